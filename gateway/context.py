@@ -1,0 +1,73 @@
+"""Per-request state shared by the stages of one request, and the response headers it yields."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from policies.principal import Principal
+from policies.requests import RequestSummary
+from policies.tiering import RouteDecision
+
+_MAX_REQUEST_ID = 128
+
+
+def request_id_from(header: str | None) -> str:
+    """Echo a caller's request id when it is sane, otherwise make one."""
+    if header and len(header) <= _MAX_REQUEST_ID and header.isprintable():
+        return header
+    return uuid.uuid4().hex
+
+
+@dataclass(slots=True)
+class Usage:
+    """Token counts reported by the backend."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+    @property
+    def total(self) -> int:
+        """Prompt plus completion tokens."""
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(slots=True)
+class RequestContext:
+    """Everything one request accumulates on its way through the gateway."""
+
+    request_id: str
+    route: str
+    started: float = field(default_factory=time.perf_counter)
+    upstream_s: float = 0.0
+    principal: Principal | None = None
+    summary: RequestSummary | None = None
+    decision: RouteDecision | None = None
+    tier: str | None = None
+    replica: str | None = None
+    attempts: int = 0
+    status: int = 0
+    usage: Usage | None = None
+    first_chunk_s: float | None = None
+    extra_headers: dict[str, str] = field(default_factory=dict)
+
+    def overhead_ms(self) -> float:
+        """Gateway time so far, upstream waiting excluded, in milliseconds."""
+        return max(0.0, (time.perf_counter() - self.started - self.upstream_s) * 1000.0)
+
+    def headers(self) -> dict[str, str]:
+        """The ``x-tiergate-*`` response headers for what is known now."""
+        out = {"x-request-id": self.request_id}
+        decision = self.decision
+        if decision is not None:
+            out["x-tiergate-tier"] = self.tier or decision.tier
+            out["x-tiergate-route-reason"] = decision.reason
+            if decision.score is not None:
+                out["x-tiergate-route-score"] = f"{decision.score:.4f}"
+        if self.attempts:
+            out["x-tiergate-attempts"] = str(self.attempts)
+        out.update(self.extra_headers)
+        out["x-tiergate-overhead-ms"] = f"{self.overhead_ms():.3f}"
+        return out

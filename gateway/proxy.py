@@ -1,0 +1,184 @@
+"""The inference endpoints: authenticate, validate, limit, route, forward, relay.
+
+This module orchestrates the stages; each stage is an object built once in ``create_app``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+import msgspec
+from litestar import Request, Response
+from litestar.background_tasks import BackgroundTask
+from litestar.response import Stream
+
+from gateway.context import RequestContext, request_id_from
+from gateway.forwarding import Forwarder
+from gateway.relay import StreamRelay, usage_from
+from gateway.routing import TierRouter
+from policies.errors import InvalidRequest, TierGateError
+from policies.ports import Admission, Authenticator, RequestLimiter
+from policies.requests import RequestKind, validate
+
+T = TypeVar("T")
+_decoder = msgspec.json.Decoder()
+
+
+class ClientGone(TierGateError):
+    """The client closed the connection before the answer was ready (nginx's 499)."""
+
+    status = 499
+    error_type = "client_closed_request"
+
+
+class RequestObserver(Protocol):
+    """Receives each finished request (telemetry: access log, metrics, spans)."""
+
+    def finished(self, ctx: RequestContext, outcome: str) -> None:
+        """Called once per request, after its last byte or its error."""
+        ...
+
+
+async def _until_disconnect(receive: Callable[[], Awaitable[Mapping[str, Any]]]) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def unless_disconnected(request: Request[Any, Any, Any], work: Awaitable[T]) -> T:
+    """Await ``work``, cancelling it (and so closing the upstream) if the client leaves."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_until_disconnect(request.receive))
+    try:
+        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        watcher.cancel()
+    if task.cancelled():
+        raise ClientGone("The client closed the connection.")
+    return task.result()
+
+
+@dataclass(slots=True)
+class ProxyService:
+    """Everything the inference endpoints need, built once."""
+
+    auth: Authenticator
+    limiter: RequestLimiter
+    router: TierRouter
+    forwarder: Forwarder
+    tier_caps: Mapping[str, int]
+    idle_timeouts: Mapping[str, float]
+    default_completion_tokens: int
+    observer: RequestObserver
+
+    async def handle(
+        self, request: Request[Any, Any, Any], kind: RequestKind, path: str
+    ) -> Response[Any]:
+        """Serve one chat or completion request."""
+        headers = request.headers
+        ctx = RequestContext(request_id_from(headers.get("x-request-id")), route=path)
+        request.state["ctx"] = ctx
+        try:
+            return await self._serve(request, ctx, kind, path)
+        except TierGateError as exc:
+            ctx.status = exc.status
+            self.observer.finished(ctx, type(exc).__name__)
+            raise
+
+    async def _serve(
+        self, request: Request[Any, Any, Any], ctx: RequestContext, kind: RequestKind, path: str
+    ) -> Response[Any]:
+        headers = request.headers
+        principal = await self.auth.authenticate(headers.get("authorization"))
+        ctx.principal = principal
+        body = _decode(await request.body())
+        summary = validate(body, kind)
+        ctx.summary = summary
+        decision = self.router.decide(summary, body, principal, headers.get("x-tiergate-tier"))
+        ctx.decision = decision
+        self._check_max_tokens(summary.max_tokens, decision.tier, principal.policy.max_tokens)
+        completion = summary.max_tokens or self.default_completion_tokens
+        admission = await self.limiter.admit(principal, summary.prompt_token_estimate + completion)
+        ctx.extra_headers.update(admission.headers)
+        try:
+            strip_usage = False
+            if summary.stream and not summary.include_usage:
+                options = body.get("stream_options") or {}
+                body["stream_options"] = {**options, "include_usage": True}
+                strip_usage = True
+            tiers = self.router.tiers_for(decision, principal)
+            exchange = await unless_disconnected(
+                request, self.forwarder.forward(ctx, path, body, tiers)
+            )
+        except BaseException:
+            await admission.settle(0)
+            raise
+        if exchange.opened.body is not None:
+            return await self._complete(ctx, exchange.opened.body, admission)
+        relay = StreamRelay(
+            exchange,
+            ctx,
+            strip_usage=strip_usage,
+            idle_s=self.idle_timeouts[ctx.tier or decision.tier],
+            on_close=self.observer.finished,
+        )
+
+        async def after() -> None:
+            await relay.close()
+            usage = ctx.usage
+            await admission.settle(usage.total if usage is not None else None)
+
+        ctx.status = 200
+        return Stream(
+            relay,
+            status_code=200,
+            media_type="text/event-stream",
+            headers={**ctx.headers(), "Cache-Control": "no-cache"},
+            background=BackgroundTask(after),
+        )
+
+    async def _complete(
+        self, ctx: RequestContext, raw: bytes, admission: Admission
+    ) -> Response[bytes]:
+        if b'"usage"' in raw:
+            with contextlib.suppress(msgspec.DecodeError):
+                ctx.usage = usage_from(_decoder.decode(raw))
+        usage = ctx.usage
+        await admission.settle(usage.total if usage is not None else None)
+        ctx.status = 200
+        response = Response(
+            content=raw, status_code=200, media_type="application/json", headers=ctx.headers()
+        )
+        self.observer.finished(ctx, "complete")
+        return response
+
+    def _check_max_tokens(self, requested: int | None, tier: str, key_cap: int | None) -> None:
+        if requested is None:
+            return
+        cap = self.tier_caps[tier]
+        if key_cap is not None:
+            cap = min(cap, key_cap)
+        if requested > cap:
+            raise InvalidRequest(
+                f"'max_tokens' is {requested}, above this route's limit of {cap}.",
+                param="max_tokens",
+                code="max_tokens_exceeded",
+            )
+
+
+def _decode(raw: bytes) -> Any:
+    if not raw:
+        raise InvalidRequest("The request body is empty; send a JSON object.")
+    try:
+        return _decoder.decode(raw)
+    except msgspec.DecodeError:
+        raise InvalidRequest("The request body is not valid JSON.", code="invalid_json") from None

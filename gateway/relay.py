@@ -1,0 +1,133 @@
+"""Relaying a backend's SSE stream to the client, event by event, never buffering the answer.
+
+The relay records ``usage`` (for token limits and telemetry), drops the usage chunk the gateway
+asked for on the caller's behalf, and keeps the streaming contract: if the backend fails or
+stalls after the first byte, the client gets an in-band error event and **no** ``[DONE]``, so
+a truncated answer never looks complete.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import aiohttp
+import msgspec
+
+from gateway.context import RequestContext, Usage
+from gateway.errors import error_body
+from gateway.forwarding import Exchange
+
+_decoder = msgspec.json.Decoder()
+_DONE = b"data: [DONE]"
+_SEP = b"\n\n"
+
+
+def usage_from(data: Any) -> Usage | None:
+    """The ``usage`` of a response or chunk object, if it has one."""
+    if not isinstance(data, dict):
+        return None
+    usage = data.get("usage")
+    if not isinstance(usage, dict):
+        return None
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    return Usage(
+        prompt_tokens=int(usage.get("prompt_tokens") or 0),
+        completion_tokens=int(usage.get("completion_tokens") or 0),
+        cached_tokens=int(cached or 0),
+    )
+
+
+def error_event(message: str, code: int) -> bytes:
+    """An in-band SSE error event in vLLM's shape."""
+    return b"data: " + error_body(message, "server_error", None, code) + _SEP
+
+
+class StreamRelay:
+    """Turns an :class:`Exchange` into the byte stream the client receives."""
+
+    def __init__(
+        self,
+        exchange: Exchange,
+        ctx: RequestContext,
+        *,
+        strip_usage: bool,
+        idle_s: float,
+        on_close: Callable[[RequestContext, str], None],
+    ) -> None:
+        self.exchange = exchange
+        self.ctx = ctx
+        self.strip_usage = strip_usage
+        self.idle_s = idle_s
+        self.on_close = on_close
+        self.done = False
+        self.closed = False
+        self.outcome = "client_disconnect"
+
+    async def close(self) -> None:
+        """Run after the response: make sure the lease is back even if iteration never ended."""
+        self._close()
+
+    def _close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.exchange.finish(abort=not self.done)
+        self.on_close(self.ctx, self.outcome)
+
+    def _event(self, event: bytes) -> bytes | None:
+        """Inspect one complete event; return what to send (``None`` to drop it)."""
+        if event.startswith(_DONE):
+            self.done = True
+            return event + _SEP
+        if b'"usage"' in event and event.startswith(b"data: "):
+            try:
+                data = _decoder.decode(event[6:])
+            except msgspec.DecodeError:
+                return event + _SEP
+            usage = usage_from(data)
+            if usage is not None:
+                self.ctx.usage = usage
+                if self.strip_usage and data.get("choices") == []:
+                    return None
+        return event + _SEP
+
+    def _split(self, buffer: bytes) -> tuple[bytes, bytes]:
+        out: list[bytes] = []
+        *events, rest = buffer.split(_SEP)
+        for event in events:
+            sent = self._event(event)
+            if sent is not None:
+                out.append(sent)
+        return b"".join(out), rest
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        response = self.exchange.opened.response
+        assert response is not None  # noqa: S101  # streams keep their response
+        try:
+            chunk, buffer = self._split(self.exchange.first_event)
+            if chunk:
+                yield chunk
+            while not self.done:
+                async with asyncio.timeout(self.idle_s):
+                    data = await response.content.readany()
+                if not data:
+                    break
+                chunk, buffer = self._split(buffer + data)
+                if chunk:
+                    yield chunk
+            if self.done:
+                self.outcome = "complete"
+            else:
+                self.outcome = "upstream_truncated"
+                yield error_event("The backend ended the stream early.", 502)
+        except TimeoutError:
+            self.outcome = "upstream_stall"
+            yield error_event("The backend stopped sending tokens.", 504)
+        except (aiohttp.ClientError, OSError):
+            self.outcome = "upstream_reset"
+            yield error_event("The connection to the backend was lost mid-stream.", 502)
+        finally:
+            self._close()

@@ -1,0 +1,78 @@
+"""The tier-routing stage: classifier score, threshold (fixed or online), rules, key policy."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from policies.principal import Principal
+from policies.requests import RequestSummary
+from policies.tiering import RouteDecision, TierCatalog, TierRules, decide_tier, fallback_tiers
+from policies.ports import TierClassifier
+
+
+class ThresholdSource:
+    """A fixed threshold; the online share controller is another implementation."""
+
+    def __init__(self, threshold: float) -> None:
+        self._threshold = threshold
+
+    @property
+    def threshold(self) -> float:
+        """The current threshold on the classifier score."""
+        return self._threshold
+
+    def observe(self, sent_precise: bool) -> None:
+        """A fixed threshold ignores traffic."""
+
+
+class TierRouter:
+    """Decides the tier of each request and the fallback order."""
+
+    def __init__(
+        self,
+        catalog: TierCatalog,
+        rules: TierRules,
+        classifier: TierClassifier,
+        threshold: ThresholdSource,
+        *,
+        fast_to_precise: bool = True,
+        precise_to_fast: bool = False,
+    ) -> None:
+        self.catalog = catalog
+        self.rules = rules
+        self.classifier = classifier
+        self.threshold = threshold
+        self.fast_to_precise = fast_to_precise
+        self.precise_to_fast = precise_to_fast
+
+    def decide(
+        self,
+        summary: RequestSummary,
+        body: Mapping[str, Any],
+        principal: Principal,
+        override: str | None,
+    ) -> RouteDecision:
+        """The tier for this request and why."""
+        decision = decide_tier(
+            summary,
+            catalog=self.catalog,
+            principal=principal,
+            rules=self.rules,
+            score=lambda: self.classifier.score(body),
+            threshold=self.threshold.threshold,
+            override=override,
+        )
+        if decision.reason == "classifier":
+            self.threshold.observe(decision.tier == self.catalog.precise)
+        return decision
+
+    def tiers_for(self, decision: RouteDecision, principal: Principal) -> tuple[str, ...]:
+        """The decided tier followed by the fallbacks this key may use."""
+        return fallback_tiers(
+            decision.tier,
+            catalog=self.catalog,
+            principal=principal,
+            fast_to_precise=self.fast_to_precise,
+            precise_to_fast=self.precise_to_fast,
+        )

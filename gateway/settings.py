@@ -1,0 +1,206 @@
+"""All configuration, read once: environment (``TIERGATE_*``) over an optional YAML file.
+
+This is the only module that reads the environment or configuration files. The YAML file may
+use ``${VAR}`` and ``${VAR:-default}``; nested settings are overridden from the environment
+with ``__`` (``TIERGATE_SERVER__PORT=9000``, ``TIERGATE_TIERS__FAST__REPLICAS='["http://..."]'``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+# The parsed YAML file for the Settings being built now (see load_settings); a ContextVar
+# rather than a global so concurrent loads in tests cannot see each other's files.
+_FILE_DATA: ContextVar[dict[str, Any]] = ContextVar("tiergate_file_data", default={})  # noqa: B039  # never mutated
+
+_INTERPOLATION = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+class ServerSettings(BaseModel):
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=0, le=65535)
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    tls_terminated_upstream: bool = False
+    shutdown_grace_s: float = Field(default=30.0, ge=0)
+
+
+class Timeouts(BaseModel):
+    connect_s: float = Field(default=2.0, gt=0)
+    first_byte_s: float = Field(default=60.0, gt=0)
+    idle_s: float = Field(default=30.0, gt=0)
+    total_s: float = Field(default=600.0, gt=0)
+
+
+class TierSettings(BaseModel):
+    model: str
+    replicas: list[str] = Field(min_length=1)
+    max_tokens_cap: int = Field(default=4096, ge=1)
+    max_concurrency: int = Field(default=64, ge=1)
+    max_queue_wait_s: float = Field(default=1.0, ge=0)
+    strategy: Literal["round_robin", "least_loaded", "prefix_affinity"] = "prefix_affinity"
+    timeouts: Timeouts = Field(default_factory=Timeouts)
+
+    @field_validator("replicas")
+    @classmethod
+    def _urls(cls, urls: list[str]) -> list[str]:
+        for url in urls:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"replica URL must start with http:// or https://: {url!r}")
+        return [u.rstrip("/") for u in urls]
+
+
+def _default_tiers() -> dict[str, TierSettings]:
+    return {
+        "fast": TierSettings(model="tiergate-fast", replicas=["http://127.0.0.1:8101"]),
+        "precise": TierSettings(model="tiergate-precise", replicas=["http://127.0.0.1:8102"]),
+    }
+
+
+class AuthSettings(BaseModel):
+    enabled: bool = True
+    store: Literal["file", "redis"] = "file"
+    keys_file: Path | None = None
+    admin_token: str | None = Field(default=None, repr=False)
+    admin_token_file: Path | None = None
+    cache_ttl_s: float = Field(default=30.0, ge=0)
+
+    def read_admin_token(self) -> str | None:
+        """The admin token from the setting or its file; ``None`` keeps admin routes off."""
+        if self.admin_token:
+            return self.admin_token
+        if self.admin_token_file is not None:
+            token = self.admin_token_file.read_text(encoding="utf-8").strip()
+            return token or None
+        return None
+
+
+class RateLimitSettings(BaseModel):
+    backend: Literal["memory", "redis"] = "memory"
+    on_redis_error: Literal["open", "closed"] = "open"
+    default_completion_tokens: int = Field(default=256, ge=1)
+
+
+class RedisSettings(BaseModel):
+    url: str = Field(default="redis://127.0.0.1:6379/0", repr=False)
+    socket_timeout_s: float = Field(default=0.25, gt=0)
+    key_prefix: str = "tiergate:"
+
+
+class RouterSettings(BaseModel):
+    artifact: Path | None = None
+    target_precise_share: float = Field(default=0.3, ge=0.0, le=1.0)
+    threshold: float | None = Field(default=None, ge=0.0, le=1.0)
+    online_control: bool = False
+    fast_tier: str = "fast"
+    precise_tier: str = "precise"
+    structured_output_to_precise: bool = True
+    tools_to_precise: bool = True
+    long_prompt_tokens: int | None = 6000
+
+
+class TelemetrySettings(BaseModel):
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["auto", "json", "console"] = "auto"
+    log_file: Path | None = None
+    access_log: bool = True
+    metrics_port: int | None = None
+    tracing: bool = False
+    trace_sample_ratio: float = Field(default=1.0, ge=0.0, le=1.0)
+    capture_content: bool = False
+
+
+class ExposureSettings(BaseModel):
+    mode: Literal["off", "warn", "strict"] = "warn"
+
+
+def _interpolate(text: str) -> str:
+    def repl(match: re.Match[str]) -> str:
+        value = os.environ.get(match.group(1))
+        if value is None or (value == "" and match.group(2) is not None):
+            return match.group(2) or ""
+        return value
+
+    return _INTERPOLATION.sub(repl, text)
+
+
+def load_yaml(path: Path) -> dict[str, Any]:
+    """Read a YAML config file with ``${VAR:-default}`` interpolation."""
+    data = yaml.safe_load(_interpolate(path.read_text(encoding="utf-8"))) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: the top level must be a mapping")
+    return data
+
+
+class Settings(BaseSettings):
+    """The whole configuration of one gateway process."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="TIERGATE_", env_nested_delimiter="__", extra="forbid"
+    )
+
+    server: ServerSettings = Field(default_factory=ServerSettings)
+    tiers: dict[str, TierSettings] = Field(default_factory=_default_tiers)
+    auth: AuthSettings = Field(default_factory=AuthSettings)
+    ratelimit: RateLimitSettings = Field(default_factory=RateLimitSettings)
+    redis: RedisSettings = Field(default_factory=RedisSettings)
+    router: RouterSettings = Field(default_factory=RouterSettings)
+    telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
+    exposure: ExposureSettings = Field(default_factory=ExposureSettings)
+
+    @model_validator(mode="after")
+    def _tiers_known(self) -> Settings:
+        for role in (self.router.fast_tier, self.router.precise_tier):
+            if role not in self.tiers:
+                raise ValueError(f"router tier {role!r} is not among tiers {list(self.tiers)}")
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, _FileSource(settings_cls))
+
+
+class _FileSource(PydanticBaseSettingsSource):
+    """The YAML file's values, below the environment and the command line."""
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return _FILE_DATA.get().get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(_FILE_DATA.get())
+
+
+def load_settings(config: Path | None = None, **overrides: Any) -> Settings:
+    """Build settings: ``overrides`` (command line) over environment over YAML over defaults.
+
+    ``overrides`` use ``section__name`` keys (``server__port=9000``); ``None`` values are
+    ignored so optional command-line flags can be passed straight through.
+    """
+    if config is None:
+        env_path = os.environ.get("TIERGATE_CONFIG")
+        config = Path(env_path) if env_path else None
+    data: dict[str, Any] = load_yaml(config) if config is not None else {}
+    nested: dict[str, dict[str, Any]] = {}
+    for dotted, value in overrides.items():
+        if value is not None:
+            section, _, name = dotted.partition("__")
+            nested.setdefault(section, {})[name] = value
+    token = _FILE_DATA.set(data)
+    try:
+        return Settings(**nested)
+    finally:
+        _FILE_DATA.reset(token)

@@ -1,0 +1,111 @@
+"""The domain error tree. Every error the gateway shows a caller starts here.
+
+Each error knows its HTTP status and its OpenAI error ``type``/``code`` so that one handler in
+the gateway can render ``{"error": {"message", "type", "param", "code"}}`` for all of them.
+Messages must never contain secrets: callers build them from safe values only.
+"""
+
+from __future__ import annotations
+
+
+class TierGateError(Exception):
+    """Base of every error rendered to a caller."""
+
+    status: int = 500
+    error_type: str = "server_error"
+    default_code: str | None = None
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code if code is not None else self.default_code
+        self.headers: dict[str, str] = dict(headers or {})
+
+
+class InvalidRequest(TierGateError):
+    """The request body or a parameter is invalid (400)."""
+
+    status = 400
+    error_type = "invalid_request_error"
+
+
+class PayloadTooLarge(TierGateError):
+    """The request body is larger than the configured limit (413)."""
+
+    status = 413
+    error_type = "invalid_request_error"
+    default_code = "request_too_large"
+
+
+class ModelNotFound(TierGateError):
+    """The ``model`` names no tier, served model or ``auto`` (404)."""
+
+    status = 404
+    error_type = "invalid_request_error"
+    default_code = "model_not_found"
+
+
+class AuthenticationFailed(TierGateError):
+    """Missing, unknown, disabled or expired key (401)."""
+
+    status = 401
+    error_type = "invalid_request_error"
+    default_code = "invalid_api_key"
+
+
+class PermissionDenied(TierGateError):
+    """The key may not do this, e.g. use that tier (403)."""
+
+    status = 403
+    error_type = "permission_error"
+    default_code = "permission_denied"
+
+
+class RateLimited(TierGateError):
+    """The key is over one of its limits (429)."""
+
+    status = 429
+    error_type = "rate_limit_error"
+    default_code = "rate_limit_exceeded"
+
+
+class Overloaded(TierGateError):
+    """Every replica that could serve the request is saturated (503)."""
+
+    status = 503
+    error_type = "server_error"
+    default_code = "overloaded"
+
+
+class UpstreamUnavailable(TierGateError):
+    """No replica could be reached or answered in time (502/503/504)."""
+
+    status = 502
+    error_type = "server_error"
+    default_code = "upstream_unavailable"
+
+    def __init__(
+        self, message: str, *, status: int = 502, headers: dict[str, str] | None = None
+    ) -> None:
+        super().__init__(message, headers=headers)
+        self.status = status
+
+
+class UpstreamRejected(TierGateError):
+    """The backend refused the request with a 4xx; its message is passed through."""
+
+    error_type = "invalid_request_error"
+
+    def __init__(
+        self, message: str, *, status: int, param: str | None = None, code: str | None = None
+    ) -> None:
+        super().__init__(message, param=param, code=code)
+        self.status = status

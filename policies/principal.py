@@ -1,0 +1,47 @@
+"""Who is calling, and what their key allows. Built by authentication, read by later stages."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Scopes a key may carry beyond plain inference.
+SCOPE_ROUTE_OVERRIDE = "route_override"  # may force a tier with the x-tiergate-tier header
+SCOPE_DOWNGRADE = "downgrade"  # may fall back from the precise tier to the fast one
+
+
+@dataclass(frozen=True, slots=True)
+class KeyPolicy:
+    """Per-key limits. ``None`` means "no limit of this kind"."""
+
+    allowed_tiers: frozenset[str] | None = None
+    rpm: int | None = None
+    tpm: int | None = None
+    max_tokens: int | None = None
+    max_concurrency: int | None = None
+    expires_at: float | None = None
+    scopes: frozenset[str] = field(default_factory=frozenset)
+
+    def allows_tier(self, tier: str) -> bool:
+        """True when this key may use ``tier``."""
+        return self.allowed_tiers is None or tier in self.allowed_tiers
+
+    def has_scope(self, scope: str) -> bool:
+        """True when the key carries ``scope``."""
+        return scope in self.scopes
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """An authenticated caller: a key id that is safe to log, never the key itself."""
+
+    key_id: str
+    tenant: str
+    policy: KeyPolicy
+
+
+# Used only when authentication is explicitly disabled for development.
+DEVELOPMENT_PRINCIPAL = Principal(
+    key_id="auth-disabled",
+    tenant="development",
+    policy=KeyPolicy(scopes=frozenset({SCOPE_ROUTE_OVERRIDE, SCOPE_DOWNGRADE})),
+)

@@ -1,0 +1,167 @@
+"""Validation of OpenAI request bodies, before anything is forwarded.
+
+Pure functions: they take the decoded JSON body and return a small summary that later stages
+use (tier choice, token reservation, prefix key), or raise :class:`InvalidRequest` naming the
+offending ``param``. Unknown fields are left in the body untouched (vLLM accepts many extras);
+fields that could steer the upstream (``api_base`` and friends) are removed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from policies.errors import InvalidRequest
+
+RequestKind = Literal["chat", "completion"]
+
+# Fields some gateways honour to pick an upstream; ours never does (LiteLLM CVE-2024-6587).
+STEERING_FIELDS = ("api_base", "base_url", "api_key", "custom_llm_provider", "api_version")
+
+_NUMBER_PARAMS = ("temperature", "top_p", "presence_penalty", "frequency_penalty")
+_CHARS_PER_TOKEN = 4
+
+
+@dataclass(frozen=True, slots=True)
+class RequestSummary:
+    """What the gateway needs to know about a validated request."""
+
+    kind: RequestKind
+    model: str
+    stream: bool
+    max_tokens: int | None
+    include_usage: bool
+    prompt_chars: int
+    has_tools: bool
+    response_format: str | None
+
+    @property
+    def prompt_token_estimate(self) -> int:
+        """A cheap upper-ish estimate of prompt tokens (about four characters a token)."""
+        return self.prompt_chars // _CHARS_PER_TOKEN + 1
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _content_chars(content: object, param: str) -> int:
+    if content is None:
+        return 0
+    if isinstance(content, str):
+        return len(content)
+    if isinstance(content, list):
+        total = 0
+        for part in content:
+            if not isinstance(part, dict):
+                raise InvalidRequest(f"'{param}' parts must be objects.", param=param)
+            text = part.get("text")
+            if isinstance(text, str):
+                total += len(text)
+        return total
+    raise InvalidRequest(f"'{param}' must be a string or a list of parts.", param=param)
+
+
+def _messages_chars(messages: object) -> int:
+    if not isinstance(messages, list) or not messages:
+        raise InvalidRequest("'messages' must be a non-empty array.", param="messages")
+    total = 0
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise InvalidRequest(f"'messages[{i}]' must be an object.", param=f"messages[{i}]")
+        role = message.get("role")
+        if not isinstance(role, str) or not role:
+            raise InvalidRequest(
+                f"'messages[{i}].role' must be a non-empty string.", param=f"messages[{i}].role"
+            )
+        total += _content_chars(message.get("content"), f"messages[{i}].content")
+    return total
+
+
+def _prompt_chars(prompt: object) -> int:
+    if isinstance(prompt, str):
+        return len(prompt)
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(p, str) for p in prompt):
+            return sum(len(p) for p in prompt)  # type: ignore[arg-type]  # checked just above
+        if all(_is_int(p) for p in prompt):
+            return len(prompt) * _CHARS_PER_TOKEN
+    raise InvalidRequest(
+        "'prompt' must be a string, an array of strings or an array of token ids.",
+        param="prompt",
+    )
+
+
+def _check_scalars(body: dict[str, Any]) -> tuple[bool, int | None]:
+    stream = body.get("stream", False)
+    if stream is not None and not isinstance(stream, bool):
+        raise InvalidRequest("'stream' must be a boolean.", param="stream")
+    for name in _NUMBER_PARAMS:
+        value = body.get(name)
+        if value is not None and not _is_number(value):
+            raise InvalidRequest(f"'{name}' must be a number.", param=name)
+    n = body.get("n")
+    if n is not None and (not _is_int(n) or n < 1):
+        raise InvalidRequest("'n' must be a positive integer.", param="n")
+    max_tokens: int | None = None
+    for name in ("max_completion_tokens", "max_tokens"):
+        value = body.get(name)
+        if value is None:
+            continue
+        if not _is_int(value) or value < 1:
+            raise InvalidRequest(f"'{name}' must be a positive integer.", param=name)
+        max_tokens = value if max_tokens is None else max(max_tokens, value)
+    return bool(stream), max_tokens
+
+
+def _include_usage(body: dict[str, Any]) -> bool:
+    options = body.get("stream_options")
+    if options is None:
+        return False
+    if not isinstance(options, dict):
+        raise InvalidRequest("'stream_options' must be an object.", param="stream_options")
+    return bool(options.get("include_usage"))
+
+
+def _response_format(body: dict[str, Any]) -> str | None:
+    fmt = body.get("response_format")
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict) or not isinstance(fmt.get("type"), str):
+        raise InvalidRequest(
+            "'response_format' must be an object with a 'type'.", param="response_format"
+        )
+    return str(fmt["type"])
+
+
+def validate(body: object, kind: RequestKind) -> RequestSummary:
+    """Check ``body`` for ``kind`` and summarise it; removes upstream-steering fields."""
+    if not isinstance(body, dict):
+        raise InvalidRequest("The request body must be a JSON object.")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest("'model' must be a non-empty string.", param="model")
+    if kind == "chat":
+        chars = _messages_chars(body.get("messages"))
+    else:
+        chars = _prompt_chars(body.get("prompt"))
+    stream, max_tokens = _check_scalars(body)
+    tools = body.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise InvalidRequest("'tools' must be an array.", param="tools")
+    for name in STEERING_FIELDS:
+        body.pop(name, None)
+    return RequestSummary(
+        kind=kind,
+        model=model,
+        stream=stream,
+        max_tokens=max_tokens,
+        include_usage=_include_usage(body),
+        prompt_chars=chars,
+        has_tools=bool(tools),
+        response_format=_response_format(body),
+    )

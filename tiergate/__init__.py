@@ -1,0 +1,1 @@
+"""The ``tiergate`` console script: dispatches to the gateway or to the simulator."""

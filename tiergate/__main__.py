@@ -1,0 +1,5 @@
+"""``python -m tiergate``."""
+
+from tiergate.cli import main
+
+raise SystemExit(main())
