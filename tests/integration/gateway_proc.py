@@ -1,0 +1,116 @@
+"""Start the gateway as a real ``tiergate serve`` subprocess on a free port.
+
+    with GatewayProcess({"auth": {"enabled": False}, "tiers": {...}}) as gw:
+        ...  # gw.url, gw.pid, gw.log_text(), gw.stop()
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    """A TCP port that was free a moment ago on 127.0.0.1."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def tiers_config(fast: list[str], precise: list[str], **tier_options: Any) -> dict[str, Any]:
+    """A ``tiers`` mapping for the simulator's default served model names."""
+    return {
+        "fast": {"model": "tiergate-fast", "replicas": fast, **tier_options},
+        "precise": {"model": "tiergate-precise", "replicas": precise, **tier_options},
+    }
+
+
+class GatewayProcess:
+    """One ``tiergate serve`` process with a YAML config written to a temporary file."""
+
+    def __init__(
+        self,
+        config: dict[str, Any],
+        *,
+        env: dict[str, str] | None = None,
+        ready_timeout: float = 30.0,
+        port: int | None = None,
+    ) -> None:
+        self.config = config
+        self.env = env or {}
+        self.ready_timeout = ready_timeout
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._dir = tempfile.TemporaryDirectory()
+        self.config_path = Path(self._dir.name) / "tiergate.yaml"
+        self.log_path = Path(self._dir.name) / "gateway.log"
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> GatewayProcess:
+        """Spawn the gateway and wait until ``/livez`` answers."""
+        self.config_path.write_text(yaml.safe_dump(self.config), encoding="utf-8")
+        env = {**os.environ, **self.env}
+        env.pop("TIERGATE_CONFIG", None)
+        command = [
+            sys.executable, "-m", "tiergate", "serve",
+            "--config", str(self.config_path), "--port", str(self.port),
+        ]
+        log = self.log_path.open("wb")
+        self._proc = subprocess.Popen(command, cwd=REPO_ROOT, stdout=log, stderr=log, env=env)
+        deadline = time.monotonic() + self.ready_timeout
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise RuntimeError(f"gateway exited early:\n{self.log_text()}")
+            try:
+                with urllib.request.urlopen(self.url + "/livez", timeout=1):  # noqa: S310  # local URL we built
+                    return self
+            except (urllib.error.URLError, OSError):
+                time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"gateway did not become live:\n{self.log_text()}")
+
+    @property
+    def pid(self) -> int:
+        """The gateway's process id."""
+        assert self._proc is not None
+        return self._proc.pid
+
+    def log_text(self) -> str:
+        """Everything the process wrote so far (stdout and stderr)."""
+        return self.log_path.read_text(encoding="utf-8", errors="replace")
+
+    def stop(self) -> None:
+        """SIGTERM, wait, clean up."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait(timeout=5)
+
+    def __enter__(self) -> GatewayProcess:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+        self._dir.cleanup()

@@ -1,0 +1,218 @@
+"""The OpenAI-compatible endpoint end to end: official client, real gateway, real simulators."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.integration.gateway_proc import GatewayProcess
+from tests.simulator.procs import SimulatorProcess
+
+CHAT = [{"role": "user", "content": "Say hello in one word."}]
+
+
+@pytest.fixture
+def client(gateway: GatewayProcess) -> openai.OpenAI:
+    """The official client pointed at the gateway."""
+    return openai.OpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=0)
+
+
+def post(gateway: GatewayProcess, body: Any, **kwargs: Any) -> httpx.Response:
+    """POST raw content or JSON to the chat endpoint."""
+    url = gateway.url + "/v1/chat/completions"
+    if isinstance(body, bytes | str):
+        return httpx.post(url, content=body, timeout=10, **kwargs)
+    return httpx.post(url, json=body, timeout=10, **kwargs)
+
+
+def test_chat_non_streaming(client: openai.OpenAI) -> None:
+    """A non-streaming chat answer has content, usage and the gateway's headers."""
+    raw = client.chat.completions.with_raw_response.create(
+        model="auto", messages=CHAT, max_tokens=8  # type: ignore[arg-type]
+    )
+    completion = raw.parse()
+    assert raw.http_response.status_code == 200
+    assert completion.choices[0].message.content
+    assert completion.usage is not None
+    assert completion.usage.total_tokens == (
+        completion.usage.prompt_tokens + completion.usage.completion_tokens
+    )
+    headers = raw.http_response.headers
+    assert headers["x-tiergate-tier"] in ("fast", "precise")
+    assert headers["x-tiergate-route-reason"] == "classifier"
+    assert float(headers["x-tiergate-overhead-ms"]) >= 0
+    assert headers["x-request-id"]
+
+
+def test_chat_streaming_with_usage(client: openai.OpenAI) -> None:
+    """A stream with include_usage ends with a usage chunk, and content arrives in chunks."""
+    stream = client.chat.completions.create(
+        model="fast", messages=CHAT, max_tokens=8, stream=True,  # type: ignore[arg-type]
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text
+    assert chunks[-1].choices == []
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens > 0
+
+
+def test_streaming_without_usage_hides_the_usage_chunk(gateway: GatewayProcess) -> None:
+    """The gateway asks for usage itself but does not show it to a caller who did not."""
+    body = {"model": "fast", "messages": CHAT, "max_tokens": 5, "stream": True}
+    with httpx.stream("POST", gateway.url + "/v1/chat/completions", json=body) as resp:
+        assert resp.status_code == 200
+        assert resp.headers["content-type"].startswith("text/event-stream")
+        events = [line for line in resp.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "data: [DONE]"
+    assert all('"usage":{' not in e.replace(" ", "") for e in events[:-1])
+
+
+def test_completions_both_modes(client: openai.OpenAI) -> None:
+    """Legacy completions work streaming and not."""
+    done = client.completions.create(model="precise", prompt="Once upon a time", max_tokens=6)
+    assert done.choices[0].text
+    parts = list(
+        client.completions.create(model="precise", prompt="Hello", max_tokens=6, stream=True)
+    )
+    assert "".join(p.choices[0].text for p in parts if p.choices)
+
+
+def test_models_lists_auto_tiers_and_served_models(client: openai.OpenAI) -> None:
+    """/v1/models lists auto, the tiers and their served models."""
+    ids = {m.id for m in client.models.list()}
+    assert {"auto", "fast", "precise", "tiergate-fast", "tiergate-precise"} <= ids
+
+
+@pytest.mark.parametrize(
+    ("model", "tier"),
+    [("fast", "fast"), ("precise", "precise"), ("tiergate-fast", "fast"),
+     ("tiergate-precise", "precise")],
+)
+def test_explicit_model_forces_tier(gateway: GatewayProcess, model: str, tier: str) -> None:
+    """A tier name or served model name in `model` forces that tier."""
+    resp = post(gateway, {"model": model, "messages": CHAT, "max_tokens": 4})
+    assert resp.status_code == 200
+    assert resp.headers["x-tiergate-tier"] == tier
+    assert resp.headers["x-tiergate-route-reason"] == "explicit"
+    assert resp.json()["model"] == f"tiergate-{tier}"
+
+
+def test_unknown_model_is_404(client: openai.OpenAI) -> None:
+    """An unknown model is a 404 model_not_found error."""
+    with pytest.raises(openai.NotFoundError) as err:
+        client.chat.completions.create(model="gpt-9", messages=CHAT)  # type: ignore[arg-type]
+    assert err.value.code == "model_not_found"
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"model": "auto"}, "messages"),
+        ({"model": "auto", "messages": "hi"}, "messages"),
+        ({"model": "auto", "messages": [{"content": "x"}]}, "messages[0].role"),
+        ({"model": "auto", "messages": CHAT, "max_tokens": "ten"}, "max_tokens"),
+        ({"model": "auto", "messages": CHAT, "stream": "yes"}, "stream"),
+        ({"model": "auto", "messages": CHAT, "temperature": "hot"}, "temperature"),
+        ({"model": 3, "messages": CHAT}, "model"),
+        ({"messages": CHAT}, "model"),
+        ({"model": "auto", "messages": CHAT, "max_tokens": 5000}, "max_tokens"),
+    ],
+)
+def test_bad_fields_are_400_with_param(
+    gateway: GatewayProcess, body: dict[str, Any], param: str
+) -> None:
+    """Wrong types, missing fields and max_tokens over the cap are 400 naming the param."""
+    resp = post(gateway, body)
+    assert resp.status_code == 400
+    error = resp.json()["error"]
+    assert error["param"] == param
+    assert error["type"] == "invalid_request_error"
+    assert error["message"]
+
+
+@pytest.mark.parametrize("raw", [b"{not json", b"", b"[1, 2]", b"null", b'"text"', b"\xff\xfe"])
+def test_malformed_bodies_are_400(gateway: GatewayProcess, raw: bytes) -> None:
+    """Malformed or non-object JSON gets a 400 OpenAI-shaped error, never a 500."""
+    resp = post(gateway, raw, headers={"content-type": "application/json"})
+    assert resp.status_code == 400
+    assert set(resp.json()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_oversized_body_is_413(gateway: GatewayProcess) -> None:
+    """A body over the configured limit is refused with 413 before it is forwarded."""
+    big = {"model": "auto", "messages": [{"role": "user", "content": "x" * 70000}]}
+    resp = post(gateway, json.dumps(big))
+    assert resp.status_code == 413
+    assert resp.json()["error"]["code"] == "request_too_large"
+
+
+def test_upstream_4xx_is_passed_through(gateway: GatewayProcess) -> None:
+    """vLLM's context-length 400 reaches the caller with its status and message."""
+    long_prompt = "word " * 3000
+    resp = post(gateway, {"model": "fast", "messages": [{"role": "user", "content": long_prompt}]})
+    assert resp.status_code == 400
+    assert "maximum context length" in resp.json()["error"]["message"]
+
+
+def test_unknown_fields_are_forwarded_and_steering_fields_dropped(
+    gateway: GatewayProcess, fast_sim: SimulatorProcess
+) -> None:
+    """vLLM extras reach the backend untouched; api_base and friends never do."""
+    body = {
+        "model": "fast", "messages": CHAT, "max_tokens": 3, "top_k": 7,
+        "chat_template_kwargs": {"x": 1}, "api_base": "http://evil.example", "api_key": "k",
+    }
+    assert post(gateway, body).status_code == 200
+    seen = fast_sim.stats()["last_request"]
+    assert seen["top_k"] == 7
+    assert seen["chat_template_kwargs"] == {"x": 1}
+    assert "api_base" not in seen
+    assert "api_key" not in seen
+    assert seen["model"] == "tiergate-fast"
+
+
+def test_request_id_is_echoed(gateway: GatewayProcess) -> None:
+    """The caller's x-request-id comes back on success and on errors."""
+    ok = post(gateway, {"model": "fast", "messages": CHAT}, headers={"x-request-id": "abc-123"})
+    bad = post(gateway, {"model": "nope", "messages": CHAT}, headers={"x-request-id": "abc-124"})
+    assert ok.headers["x-request-id"] == "abc-123"
+    assert bad.headers["x-request-id"] == "abc-124"
+    assert bad.status_code == 404
+
+
+def test_only_allowlisted_paths_exist(gateway: GatewayProcess) -> None:
+    """vLLM's admin endpoints are not reachable through the gateway."""
+    for path in ("/pause", "/abort_requests", "/update_weights", "/invocations", "/tokenize"):
+        resp = httpx.post(gateway.url + path, json={}, timeout=5)
+        assert resp.status_code in (404, 405)
+        assert "error" in resp.json()
+
+
+def test_health_endpoints(gateway: GatewayProcess) -> None:
+    """/livez is always up; /readyz is ready when every tier has a healthy replica."""
+    assert httpx.get(gateway.url + "/livez").status_code == 200
+    ready = httpx.get(gateway.url + "/readyz")
+    assert ready.status_code == 200
+    assert ready.json()["tiers"] == {"fast": True, "precise": True}
+
+
+def test_upstream_unreachable_is_clear_5xx(fast_sim: SimulatorProcess) -> None:
+    """A tier whose only replica is down answers 502/503 with a clear message, not a 500."""
+    from tests.integration.gateway_proc import free_port, tiers_config
+
+    dead = f"http://127.0.0.1:{free_port()}"
+    config = {
+        "auth": {"enabled": False},
+        "tiers": tiers_config([fast_sim.url], [dead]),
+    }
+    with GatewayProcess(config) as gw:
+        resp = post(gw, {"model": "precise", "messages": CHAT})
+        assert resp.status_code in (502, 503)
+        assert "precise" in resp.json()["error"]["message"]
+        assert httpx.get(gw.url + "/readyz").status_code == 503
