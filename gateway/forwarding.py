@@ -121,7 +121,9 @@ class Forwarder:
             tried.add(replica.url)
             ctx.replica = replica.name
             ctx.attempts += 1
-            return await self._attempt(ctx, route, replica, path, payload, headers, stream)
+            return await self._attempt(
+                ctx, route, replica, path=path, payload=payload, headers=headers, stream=stream
+            )
 
         try:
             return await loop.run(one)
@@ -154,6 +156,7 @@ class Forwarder:
         ctx: RequestContext,
         route: TierRoute,
         replica: Replica,
+        *,
         path: str,
         payload: bytes,
         headers: dict[str, str],

@@ -107,7 +107,8 @@ class _Wait(wait_base):
         if isinstance(exc, AttemptFailed) and exc.retry_after is not None:
             delay = min(exc.retry_after, policy.max_retry_after_s)
         else:
-            ceiling = min(policy.backoff_max_s, policy.backoff_base_s * 2 ** retry_state.attempt_number)
+            growth = policy.backoff_base_s * 2**retry_state.attempt_number
+            ceiling = min(policy.backoff_max_s, growth)
             delay = random.uniform(0, ceiling)  # noqa: S311  # jitter, not cryptography
         return max(0.0, min(delay, self.loop.remaining()))
 

@@ -11,7 +11,7 @@ import os
 import re
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import yaml
 from pydantic import BaseModel, Field, field_validator, model_validator
@@ -135,7 +135,7 @@ def load_yaml(path: Path) -> dict[str, Any]:
     """Read a YAML config file with ``${VAR:-default}`` interpolation."""
     data = yaml.safe_load(_interpolate(path.read_text(encoding="utf-8"))) or {}
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: the top level must be a mapping")
+        raise TypeError(f"{path}: the top level must be a mapping")
     return data
 
 
@@ -201,6 +201,6 @@ def load_settings(config: Path | None = None, **overrides: Any) -> Settings:
             nested.setdefault(section, {})[name] = value
     token = _FILE_DATA.set(data)
     try:
-        return Settings(**nested)
+        return Settings(**cast(dict[str, Any], nested))
     finally:
         _FILE_DATA.reset(token)

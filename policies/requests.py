@@ -87,7 +87,7 @@ def _prompt_chars(prompt: object) -> int:
         return len(prompt)
     if isinstance(prompt, list) and prompt:
         if all(isinstance(p, str) for p in prompt):
-            return sum(len(p) for p in prompt)  # type: ignore[arg-type]  # checked just above
+            return sum(len(p) for p in prompt)
         if all(_is_int(p) for p in prompt):
             return len(prompt) * _CHARS_PER_TOKEN
     raise InvalidRequest(
