@@ -1,0 +1,159 @@
+"""Turn benchmark measurements into the Markdown report and its PASS/FAIL checks."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from bench.overhead.wrk import WrkResult
+
+# Targets from the issue (2-core machine, one worker each).
+MIN_RATIO_VS_LITELLM = 10.0
+MAX_ADDED_P50_MS = 1.0
+MIN_C64_OVER_C16 = 0.90
+MAX_RSS_GROWTH = 0.10
+MIN_UPSTREAM_HEADROOM = 2.0  # the upstream must serve >= 2x what TierGate does through it
+
+
+@dataclass
+class Series:
+    """One setup's points: concurrency -> wrk result."""
+
+    role: str  # "upstream", "direct", "tiergate" or "litellm"
+    label: str
+    points: dict[int, WrkResult] = field(default_factory=dict)
+
+    def rps(self, concurrency: int) -> float | None:
+        """Req/s at a concurrency, if measured."""
+        point = self.points.get(concurrency)
+        return point.rps if point else None
+
+
+@dataclass(frozen=True)
+class MemorySample:
+    """TierGate's resident memory after a number of requests."""
+
+    requests: int
+    rss_mib: float
+
+
+@dataclass
+class Report:
+    """Everything one run measured, plus what could not be measured and why."""
+
+    title: str
+    command: str
+    environment: list[str]
+    series: list[Series] = field(default_factory=list)
+    memory: list[MemorySample] = field(default_factory=list)
+    unavailable: dict[str, str] = field(default_factory=dict)
+
+    def find(self, role: str) -> Series | None:
+        """The series of a role, if it ran."""
+        return next((s for s in self.series if s.role == role), None)
+
+
+@dataclass(frozen=True)
+class Check:
+    """One derived number compared with its target."""
+
+    name: str
+    value: str
+    target: str
+    passed: bool | None  # None: not measurable in this run
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def _times(v: float) -> str:
+    return f"{v:.2f}x"
+
+
+def _ms(v: float) -> str:
+    return f"{v:.2f} ms"
+
+
+def _plain(v: float) -> str:
+    return f"{v:.2f}"
+
+
+def _pct(v: float) -> str:
+    return f"{v:+.1%}"
+
+
+def checks(report: Report) -> list[Check]:
+    """The issue's targets, each with the measured value."""
+    tg, ll, direct = report.find("tiergate"), report.find("litellm"), report.find("direct")
+    out: list[Check] = []
+    for c in (16, 64):
+        r = _ratio(tg.rps(c) if tg else None, ll.rps(c) if ll else None)
+        out.append(_check(f"TierGate / LiteLLM req/s at c={c}", r, MIN_RATIO_VS_LITELLM, _times))
+    added = None
+    if tg and direct and 1 in tg.points and 1 in direct.points:
+        added = tg.points[1].p50_ms - direct.points[1].p50_ms
+    out.append(_check("TierGate added p50 at c=1", added, MAX_ADDED_P50_MS, _ms, at_least=False))
+    r = _ratio(tg.rps(64) if tg else None, tg.rps(16) if tg else None)
+    out.append(_check("TierGate req/s c=64 / c=16", r, MIN_C64_OVER_C16, _plain))
+    growth = None
+    if len(report.memory) >= 2 and report.memory[0].rss_mib > 0:
+        growth = report.memory[-1].rss_mib / report.memory[0].rss_mib - 1
+    out.append(
+        _check("TierGate RSS growth, last vs first", growth, MAX_RSS_GROWTH, _pct, at_least=False)
+    )
+    for c in (16, 64):
+        r = _ratio(direct.rps(c) if direct else None, tg.rps(c) if tg else None)
+        name = f"upstream headroom: direct / TierGate req/s at c={c}"
+        out.append(_check(name, r, MIN_UPSTREAM_HEADROOM, _times))
+    return out
+
+
+def _check(
+    name: str,
+    value: float | None,
+    target: float,
+    fmt: Callable[[float], str],
+    at_least: bool = True,
+) -> Check:
+    shown_target = ("≥ " if at_least else "≤ ") + fmt(target).lstrip("+")
+    if value is None:
+        return Check(name, "not measured", shown_target, None)
+    passed = value >= target if at_least else value <= target
+    return Check(name, fmt(value), shown_target, passed)
+
+
+def _errors(point: WrkResult) -> str:
+    bad = point.errors + point.non_2xx
+    return "0" if bad == 0 else f"**{bad}**"
+
+
+def render(report: Report) -> str:
+    """The Markdown document: environment, results table, memory, checks, gaps."""
+    lines = [f"# {report.title}", "", "Command:", "", "```", report.command, "```", ""]
+    lines += [f"- {item}" for item in report.environment]
+    lines += [
+        "",
+        "| setup | c | req/s | p50 ms | p99 ms | errors |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for series in report.series:
+        for c, p in sorted(series.points.items()):
+            lines.append(
+                f"| {series.label} | {c} | {p.rps:,.0f} | {p.p50_ms:.2f} | {p.p99_ms:.2f} "
+                f"| {_errors(p)} |"
+            )
+    if report.memory:
+        lines += ["", "TierGate resident memory (VmRSS of the serving process):", ""]
+        lines += ["| requests served | RSS MiB |", "|---:|---:|"]
+        lines += [f"| {m.requests:,} | {m.rss_mib:.1f} |" for m in report.memory]
+    lines += ["", "| check | measured | target | result |", "|---|---:|---:|---|"]
+    for check in checks(report):
+        verdict = {True: "PASS", False: "**FAIL**", None: "n/a"}[check.passed]
+        lines.append(f"| {check.name} | {check.value} | {check.target} | {verdict} |")
+    if report.unavailable:
+        lines += ["", "Not measured in this run:", ""]
+        for name, why in report.unavailable.items():
+            first = why.strip().splitlines()[0] if why.strip() else "unknown reason"
+            lines.append(f"- {name}: {first[:300]}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,315 @@
+"""Overhead benchmark: upstream direct vs TierGate vs LiteLLM, same upstream, same wrk, one run.
+
+Usage: ``.venv/bin/python bench/overhead/run.py [--quick] [--variant plain|full|full-trace100]
+[--legs direct,tiergate,litellm] [--skip-litellm] [--out FILE]``. See bench/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from bench.overhead.legs import (
+    LITELLM_VERSION,
+    REPO_ROOT,
+    Leg,
+    LegUnavailableError,
+    Placement,
+    start_fixed_upstream,
+    start_litellm,
+    start_simulator,
+    start_tiergate,
+)
+from bench.overhead.processes import rss_mib
+from bench.overhead.report import MemorySample, Report, Series, render
+from bench.overhead.variants import VARIANTS, Variant
+from bench.overhead.wrk import WrkRunner, ensure_wrk, lua_script
+
+CONCURRENCIES = (1, 16, 64)
+MEMORY_CONCURRENCY = 16
+LEGS = ("direct", "tiergate", "litellm")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How long each point runs and how many requests the memory phase sends."""
+
+    duration_s: float
+    warmup_s: float
+    memory_steps: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Bench:
+    """What every leg shares: the load generator, the plan, the work directory, the pinning."""
+
+    runner: WrkRunner
+    plan: Plan
+    workdir: Path
+    pin: Placement
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line options."""
+    p = argparse.ArgumentParser(description="TierGate overhead benchmark (see bench/README.md)")
+    p.add_argument("--quick", action="store_true", help="3 s points, 5k/50k memory requests")
+    p.add_argument("--variant", choices=sorted(VARIANTS), default="plain")
+    p.add_argument("--legs", default=",".join(LEGS), help="comma list of direct,tiergate,litellm")
+    p.add_argument("--skip-litellm", action="store_true")
+    p.add_argument("--upstream", choices=("auto", "fixed", "simulator"), default="auto")
+    p.add_argument("--duration", type=float, help="seconds per point (default 10, quick 3)")
+    p.add_argument("--no-pin", action="store_true", help="do not pin processes with taskset")
+    p.add_argument(
+        "--out", type=Path, help="Markdown file (default bench/results/overhead-VARIANT.md)"
+    )
+    return p.parse_args(argv)
+
+
+def make_plan(args: argparse.Namespace) -> Plan:
+    """Durations and memory steps for a full or quick run."""
+    if args.quick:
+        return Plan(args.duration or 3.0, 1.0, (5_000, 50_000))
+    return Plan(args.duration or 10.0, 2.0, (20_000, 200_000))
+
+
+def placement(no_pin: bool) -> Placement:
+    """Proxy alone on CPU 0; wrk, the upstream and Redis on CPU 1 (no pinning on one core)."""
+    if no_pin or (os.cpu_count() or 1) < 2:
+        return Placement((), ())
+    return Placement(("taskset", "-c", "0"), ("taskset", "-c", "1"))
+
+
+def measure(leg: Leg, role: str, bench: Bench) -> Series:
+    """Warm up, then run every concurrency point against one leg."""
+    runner, plan = bench.runner, bench.plan
+    series = Series(role, leg.name)
+    script = lua_script(leg.body(), leg.api_key)
+    for c in CONCURRENCIES:
+        runner.run(leg.chat_url, script, c, plan.warmup_s)
+        series.points[c] = point = runner.run(leg.chat_url, script, c, plan.duration_s)
+        print(
+            f"  {leg.name:<34} c={c:<3} {point.rps:>9,.0f} req/s  p50 {point.p50_ms:7.2f} ms  "
+            f"p99 {point.p99_ms:7.2f} ms  errors {point.errors + point.non_2xx}",
+            flush=True,
+        )
+    return series
+
+
+def drive(leg: Leg, runner: WrkRunner, target: int, rps: float) -> tuple[int, int]:
+    """Send about ``target`` requests at c=16; return (requests done, errors seen)."""
+    plain = lua_script(leg.body(), leg.api_key)
+    done = bad = 0
+    while done < target:
+        remaining = target - done
+        if remaining > rps * 3:
+            result = runner.run(
+                leg.chat_url, plain, MEMORY_CONCURRENCY, min(60.0, remaining / rps * 0.9)
+            )
+            rps = max(result.rps, 1.0)
+        else:
+            script = lua_script(leg.body(), leg.api_key, stop_after=remaining)
+            result = runner.run(leg.chat_url, script, MEMORY_CONCURRENCY, remaining / rps * 1.5 + 1)
+        if result.requests == 0:
+            raise LegUnavailableError(f"{leg.name} served no request while driving memory load")
+        done += result.requests
+        bad += result.errors + result.non_2xx
+    return done, bad
+
+
+def measure_memory(leg: Leg, bench: Bench, rps: float) -> list[MemorySample]:
+    """RSS of a fresh gateway process after each cumulative memory step."""
+    pid = leg.main.listener_pid()
+    samples: list[MemorySample] = []
+    served = 0
+    for step in bench.plan.memory_steps:
+        done, bad = drive(leg, bench.runner, step - served, rps)
+        served += done
+        time.sleep(0.5)
+        samples.append(MemorySample(served, rss_mib(pid)))
+        print(
+            f"  TierGate RSS after {served:,} requests: {samples[-1].rss_mib:.1f} MiB "
+            f"(errors {bad})",
+            flush=True,
+        )
+    return samples
+
+
+def _try(report: Report, name: str, action: Callable[[], Leg]) -> Leg | None:
+    try:
+        return action()
+    except LegUnavailableError as exc:
+        report.unavailable[name] = str(exc)
+        print(f"  {name}: not available: {str(exc).splitlines()[0]}", flush=True)
+        return None
+
+
+def choose_upstream(report: Report, bench: Bench, which: str) -> Leg:
+    """Measure the candidate upstreams direct; keep the fastest (at c=16) for the proxy legs."""
+    starters: dict[str, Callable[[], Leg]] = {
+        "fixed": lambda: start_fixed_upstream(bench.workdir, bench.pin),
+        "simulator": lambda: start_simulator(bench.workdir, bench.pin),
+    }
+    candidates: list[tuple[Leg, Series]] = []
+    for name, start in starters.items():
+        if which not in ("auto", name):
+            continue
+        leg = _try(report, f"{name} upstream", start)
+        if leg is not None:
+            candidates.append((leg, measure(leg, "upstream", bench)))
+    if not candidates:
+        raise SystemExit("no upstream could start:\n" + "\n".join(report.unavailable.values()))
+    best_leg, best = max(candidates, key=lambda pair: pair[1].rps(16) or 0.0)
+    best.role = "direct"
+    best.label += " — upstream used below"
+    for leg, series in candidates:
+        report.series.append(series)
+        if leg is not best_leg:
+            leg.stop()
+    return best_leg
+
+
+def run_tiergate(report: Report, bench: Bench, variant: Variant, upstream: Leg) -> None:
+    """Throughput points on one gateway process, then memory on a fresh one."""
+    name = f"TierGate ({variant.name})"
+    leg = _try(report, name, lambda: start_tiergate(variant, upstream, bench.workdir, bench.pin))
+    if leg is None:
+        return
+    try:
+        series = measure(leg, "tiergate", bench)
+        report.series.append(series)
+    finally:
+        leg.stop()
+    fresh = _try(
+        report,
+        f"{name} memory",
+        lambda: start_tiergate(variant, upstream, bench.workdir, bench.pin),
+    )
+    if fresh is None:
+        return
+    try:
+        report.memory = measure_memory(fresh, bench, series.rps(16) or 1000.0)
+    except LegUnavailableError as exc:
+        report.unavailable[f"{name} memory"] = str(exc)
+    finally:
+        fresh.stop()
+
+
+def run_litellm(report: Report, bench: Bench, upstream: Leg) -> None:
+    """LiteLLM's points, if its virtualenv installs and its proxy starts."""
+    leg = _try(report, "LiteLLM", lambda: start_litellm(upstream, bench.workdir, bench.pin))
+    if leg is None:
+        return
+    try:
+        report.series.append(measure(leg, "litellm", bench))
+    finally:
+        leg.stop()
+
+
+def environment(wrk: str, plan: Plan, pin: Placement, variant: Variant) -> list[str]:
+    """Facts that make the numbers comparable: machine, tools, pinning, run lengths."""
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor(),
+    )
+    wrk_version = subprocess.run([wrk, "--version"], capture_output=True, text=True, check=False)
+    commit = (
+        subprocess.run(
+            ["git", "-C", str(REPO_ROOT), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout.strip()
+        or "uncommitted"
+    )
+    pinning = (
+        "proxy alone on CPU 0; wrk -t1, the upstream (and Redis) on CPU 1"
+        if pin.proxy
+        else "no CPU pinning"
+    )
+    return [
+        f"date: {time.strftime('%Y-%m-%d %H:%M %Z')}; TierGate commit {commit}; "
+        f"variant `{variant.name}`",
+        f"machine: {os.cpu_count()} CPUs ({cpu}); Python {platform.python_version()}",
+        f"load: {(wrk_version.stdout or wrk_version.stderr).splitlines()[0]} `-t1`, "
+        f"{plan.duration_s:g} s per point after a {plan.warmup_s:g} s warm-up, "
+        "POST of a small non-streaming chat completion",
+        f"placement: {pinning}; one worker per server; LiteLLM {LITELLM_VERSION}",
+        f"memory: fresh TierGate process driven at c={MEMORY_CONCURRENCY}, VmRSS of the process "
+        "that owns the listening socket",
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the selected legs and write the report."""
+    args = parse_args(argv)
+    legs = {leg.strip() for leg in args.legs.split(",") if leg.strip()}
+    if args.skip_litellm:
+        legs.discard("litellm")
+    variant, plan, pin = VARIANTS[args.variant], make_plan(args), placement(args.no_pin)
+    wrk = ensure_wrk()
+    workdir = Path(tempfile.mkdtemp(prefix="tiergate-bench-"))
+    bench = Bench(WrkRunner(wrk, workdir, pin.load), plan, workdir, pin)
+    command = shlex.join([".venv/bin/python", "bench/overhead/run.py", *(argv or sys.argv[1:])])
+    report = Report(
+        f"TierGate overhead benchmark — variant `{variant.name}`"
+        + (" (quick)" if args.quick else ""),
+        command,
+        environment(wrk, plan, pin, variant),
+    )
+    print(f"work directory (configs, logs): {workdir}", flush=True)
+    upstream = choose_upstream(report, bench, args.upstream)
+    try:
+        if "tiergate" in legs:
+            run_tiergate(report, bench, variant, upstream)
+        if "litellm" in legs:
+            run_litellm(report, bench, upstream)
+    finally:
+        upstream.stop()
+    write(report, args.out or default_out(variant, args.quick))
+    return 0
+
+
+def default_out(variant: Variant, quick: bool) -> Path:
+    """bench/results/overhead-VARIANT[-quick].md."""
+    suffix = "-quick" if quick else ""
+    return REPO_ROOT / "bench" / "results" / f"overhead-{variant.name}{suffix}.md"
+
+
+def write(report: Report, out: Path) -> None:
+    """Print the Markdown report and save it, with the raw numbers as JSON beside it."""
+    text = render(report)
+    print("\n" + text)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    raw = {
+        "series": [
+            {
+                "role": s.role,
+                "label": s.label,
+                "points": {str(c): {**asdict(p), "rps": p.rps} for c, p in s.points.items()},
+            }
+            for s in report.series
+        ],
+        "memory": [asdict(m) for m in report.memory],
+        "unavailable": report.unavailable,
+    }
+    out.with_suffix(".json").write_text(json.dumps(raw, indent=2) + "\n")
+    print(f"written: {out}", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
