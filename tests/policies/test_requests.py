@@ -1,0 +1,81 @@
+"""Request validation: what is accepted, what is refused and with which param."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from policies.errors import InvalidRequest
+from policies.requests import validate
+
+CHAT = [{"role": "user", "content": "hello"}]
+
+
+def test_chat_summary() -> None:
+    """A valid chat body is summarised: stream, max_tokens, usage option, size."""
+    body = {
+        "model": "auto", "messages": CHAT, "stream": True, "max_tokens": 10,
+        "stream_options": {"include_usage": True},
+    }
+    summary = validate(body, "chat")
+    assert summary.stream
+    assert summary.max_tokens == 10
+    assert summary.include_usage
+    assert summary.prompt_chars == 5
+    assert summary.prompt_token_estimate >= 1
+
+
+def test_multimodal_parts_and_tool_messages_are_accepted() -> None:
+    """Content parts and assistant messages without content are valid."""
+    messages = [
+        {"role": "user", "content": [{"type": "text", "text": "abc"}, {"type": "image_url"}]},
+        {"role": "assistant", "content": None, "tool_calls": []},
+    ]
+    assert validate({"model": "m", "messages": messages}, "chat").prompt_chars == 3
+
+
+@pytest.mark.parametrize(
+    "prompt", ["text", ["a", "b"], [1, 2, 3]]
+)
+def test_completion_prompt_forms(prompt: Any) -> None:
+    """Completion prompts may be a string, strings or token ids."""
+    assert validate({"model": "m", "prompt": prompt}, "completion").kind == "completion"
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"model": "m", "prompt": 3}, "prompt"),
+        ({"model": "m", "prompt": []}, "prompt"),
+        ({"model": "m", "prompt": ["a", 1]}, "prompt"),
+        ({"model": "m", "prompt": "x", "n": 0}, "n"),
+        ({"model": "m", "prompt": "x", "max_tokens": True}, "max_tokens"),
+        ({"model": "m", "prompt": "x", "max_completion_tokens": -1}, "max_completion_tokens"),
+        ({"model": "m", "prompt": "x", "stream_options": "yes"}, "stream_options"),
+        ({"model": "m", "prompt": "x", "response_format": "json"}, "response_format"),
+        ({"model": "m", "prompt": "x", "tools": {}}, "tools"),
+        ({"model": "", "prompt": "x"}, "model"),
+    ],
+)
+def test_invalid_fields_name_their_param(body: dict[str, Any], param: str) -> None:
+    """Each invalid field raises InvalidRequest naming it."""
+    with pytest.raises(InvalidRequest) as err:
+        validate(body, "completion")
+    assert err.value.param == param
+    assert err.value.status == 400
+
+
+def test_non_object_body_is_refused() -> None:
+    """A JSON array or scalar is not a request."""
+    with pytest.raises(InvalidRequest):
+        validate([1, 2], "chat")
+
+
+def test_steering_fields_are_removed_and_extras_kept() -> None:
+    """api_base/base_url/api_key are dropped; unknown vLLM extras stay."""
+    body = {"model": "m", "messages": CHAT, "api_base": "x", "base_url": "y", "top_k": 3}
+    validate(body, "chat")
+    assert "api_base" not in body
+    assert "base_url" not in body
+    assert body["top_k"] == 3

@@ -1,0 +1,90 @@
+"""Tier choice: explicit names, override scope, rules, classifier, allowed tiers, fallback."""
+
+from __future__ import annotations
+
+import pytest
+
+from policies.errors import ModelNotFound, PermissionDenied
+from policies.principal import SCOPE_DOWNGRADE, SCOPE_ROUTE_OVERRIDE, KeyPolicy, Principal
+from policies.requests import RequestSummary
+from policies.tiering import TierCatalog, TierRules, decide_tier, fallback_tiers
+
+CATALOG = TierCatalog({"fast": "m-int4", "precise": "m-fp16"}, fast="fast", precise="precise")
+ANYONE = Principal("k1", "t", KeyPolicy())
+
+
+def summary(model: str = "auto", **kw: object) -> RequestSummary:
+    """A request summary with defaults."""
+    base: dict[str, object] = {
+        "kind": "chat", "model": model, "stream": False, "max_tokens": None,
+        "include_usage": False, "prompt_chars": 100, "has_tools": False, "response_format": None,
+    }
+    base.update(kw)
+    return RequestSummary(**base)  # type: ignore[arg-type]  # test builder with known keys
+
+
+def decide(s: RequestSummary, principal: Principal = ANYONE, score: float = 0.2,
+           override: str | None = None) -> tuple[str, str]:
+    """Run decide_tier with a fixed score; return (tier, reason)."""
+    d = decide_tier(s, catalog=CATALOG, principal=principal, rules=TierRules(),
+                    score=lambda: score, threshold=0.5, override=override)
+    return d.tier, d.reason
+
+
+def test_classifier_threshold() -> None:
+    """Below the threshold goes fast, at or above goes precise."""
+    assert decide(summary(), score=0.2) == ("fast", "classifier")
+    assert decide(summary(), score=0.5) == ("precise", "classifier")
+
+
+@pytest.mark.parametrize(("model", "tier"), [("fast", "fast"), ("m-fp16", "precise")])
+def test_explicit_names_bypass_classifier(model: str, tier: str) -> None:
+    """A tier or served model name forces the tier without scoring."""
+    def boom() -> float:
+        raise AssertionError("the classifier must not run")
+    d = decide_tier(summary(model), catalog=CATALOG, principal=ANYONE, rules=TierRules(),
+                    score=boom, threshold=0.5)
+    assert (d.tier, d.reason) == (tier, "explicit")
+
+
+def test_unknown_model() -> None:
+    """Anything else is model_not_found."""
+    with pytest.raises(ModelNotFound):
+        decide(summary("gpt-4"))
+
+
+@pytest.mark.parametrize(
+    ("kw", "reason"),
+    [({"response_format": "json_schema"}, "rule:json_schema"),
+     ({"response_format": "json_object"}, "rule:json_schema"),
+     ({"has_tools": True}, "rule:tools"),
+     ({"prompt_chars": 100_000}, "rule:long_prompt")],
+)
+def test_hard_rules_send_precise(kw: dict[str, object], reason: str) -> None:
+    """Structured output, tools and very long prompts go to the precise tier."""
+    assert decide(summary(**kw), score=0.0) == ("precise", reason)
+
+
+def test_override_needs_scope() -> None:
+    """The override header works only for keys with the override scope."""
+    scoped = Principal("k2", "t", KeyPolicy(scopes=frozenset({SCOPE_ROUTE_OVERRIDE})))
+    assert decide(summary(), scoped, override="precise") == ("precise", "override")
+    with pytest.raises(PermissionDenied):
+        decide(summary(), ANYONE, override="precise")
+
+
+def test_allowed_tiers_respected() -> None:
+    """A fast-only key is refused an explicit precise and moved off an automatic one."""
+    fast_only = Principal("k3", "t", KeyPolicy(allowed_tiers=frozenset({"fast"})))
+    with pytest.raises(PermissionDenied):
+        decide(summary("precise"), fast_only)
+    assert decide(summary(), fast_only, score=0.9) == ("fast", "policy:allowed_tiers")
+
+
+def test_fallback_order() -> None:
+    """fast falls back to precise; precise to fast only with the downgrade scope."""
+    down = Principal("k4", "t", KeyPolicy(scopes=frozenset({SCOPE_DOWNGRADE})))
+    kw = {"catalog": CATALOG, "fast_to_precise": True, "precise_to_fast": True}
+    assert fallback_tiers("fast", principal=ANYONE, **kw) == ("fast", "precise")  # type: ignore[arg-type]
+    assert fallback_tiers("precise", principal=ANYONE, **kw) == ("precise",)  # type: ignore[arg-type]
+    assert fallback_tiers("precise", principal=down, **kw) == ("precise", "fast")  # type: ignore[arg-type]
