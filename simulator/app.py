@@ -1,0 +1,47 @@
+"""The aiohttp application: vLLM's OpenAI-compatible routes plus the ``/sim/`` extension."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from simulator.control import add_control_routes
+from simulator.metrics import render
+from simulator.responses import models_body
+from simulator.serving import JSON, base_headers, handle_completion
+from simulator.state import SimState
+
+STATE_KEY = web.AppKey("sim_state", SimState)
+
+
+def build_app(state: SimState) -> web.Application:
+    """Create the application serving ``state``."""
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app[STATE_KEY] = state
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        return await handle_completion(request, state, chat=True)
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        return await handle_completion(request, state, chat=False)
+
+    async def models(request: web.Request) -> web.Response:
+        body = models_body(state.model, state.created, state.config.max_model_len)
+        return web.Response(body=body, content_type=JSON, headers=base_headers(request, state))
+
+    async def health(request: web.Request) -> web.Response:
+        return web.Response(status=200 if state.healthy else 503,
+                            headers=base_headers(request, state))
+
+    async def metrics(request: web.Request) -> web.Response:
+        text = render(state.engine.metrics, state.engine.gauges(), state.model,
+                      legacy=state.config.legacy_metrics)
+        return web.Response(text=text, content_type="text/plain", charset="utf-8",
+                            headers={"x-sim-replica": state.replica})
+
+    app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)
+    add_control_routes(app, state)
+    return app

@@ -1,0 +1,129 @@
+"""``tiergate simulate`` / ``python -m simulator``: run one simulated vLLM replica."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+from collections.abc import Callable
+from dataclasses import replace
+
+from aiohttp import web
+
+from simulator.app import build_app
+from simulator.faults import FaultRates
+from simulator.profiles import PROFILES
+from simulator.state import SimConfig, SimState
+
+_FAULT_OPTIONS = ("fail_429", "fail_400", "fail_404", "fail_500", "fail_503", "fail_refuse",
+                  "fail_reset", "stall_first_byte", "stall_mid_stream", "drop_mid_stream",
+                  "error_mid_stream")
+
+
+def _probability(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text} is not a probability in [0, 1]")
+    return value
+
+
+def _bounded(low: float) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        value = float(text)
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{text} must be >= {low}")
+        return value
+    return parse
+
+
+def _count(low: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{text} must be >= {low}")
+        return value
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command-line interface."""
+    parser = argparse.ArgumentParser(prog="tiergate simulate",
+                                     description="Simulated vLLM OpenAI-compatible server.")
+    add = parser.add_argument
+    add("--host", default="127.0.0.1")
+    add("--port", type=_count(0), default=8000, help="0 picks a free port")
+    add("--profile", choices=sorted(PROFILES), default="fast")
+    add("--model", help="served model name (default tiergate-<profile>)")
+    add("--replica-name", help="value of x-sim-replica (default sim-<profile>-<port>)")
+    add("--seed", type=int, default=0)
+    add("--max-num-seqs", type=_count(1), default=64, help="running slots")
+    add("--max-queue", type=_count(0), default=None, help="waiting-queue bound (default none)")
+    add("--queue-full-status", type=int, choices=(429, 503), default=503)
+    add("--kv-blocks", type=_count(1), default=2048, help="GPU KV blocks of 16 tokens")
+    add("--max-model-len", type=_count(2), default=8192)
+    add("--latency-scale", type=_bounded(0.0), default=1.0, help="0 disables every delay")
+    add("--time-factor-under-load", type=_bounded(1.0), default=2.0)
+    add("--echo", action="store_true", help="reply with the last user message / the prompt")
+    add("--output-tokens", type=_count(0), default=32,
+        help="reply length when the request sets no max_tokens")
+    add("--legacy-metrics", action="store_true",
+        help="also emit the deprecated vllm:gpu_cache_usage_perc")
+    for name in _FAULT_OPTIONS:
+        add("--" + name.replace("_", "-"), type=_probability, default=0.0, metavar="RATE")
+    add("--stall-seconds", type=_bounded(0.0), default=5.0)
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> SimConfig:
+    """A SimConfig from parsed arguments (the replica name is fixed once the port is known)."""
+    profile = PROFILES[args.profile]
+    rates = FaultRates(stall_seconds=args.stall_seconds,
+                       **{name: getattr(args, name) for name in _FAULT_OPTIONS})
+    return SimConfig(
+        profile=profile, model=args.model or profile.default_model,
+        replica=args.replica_name or "", seed=args.seed, max_num_seqs=args.max_num_seqs,
+        max_queue=args.max_queue, queue_full_status=args.queue_full_status,
+        kv_blocks=args.kv_blocks, max_model_len=args.max_model_len,
+        latency_scale=args.latency_scale, time_factor_under_load=args.time_factor_under_load,
+        echo=args.echo, output_tokens=args.output_tokens, legacy_metrics=args.legacy_metrics,
+        faults=rates,
+    )
+
+
+async def serve(config: SimConfig, host: str, port: int) -> None:
+    """Run until SIGINT or SIGTERM."""
+    state = SimState(config)
+    # handler_cancellation: a client that disconnects cancels its handler, which is how the
+    # simulator notices aborted non-streaming requests (vLLM frees the slot the same way).
+    runner = web.AppRunner(build_app(state), handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, backlog=2048)
+    await site.start()
+    bound_port = int(runner.addresses[0][1])
+    if not config.replica:
+        state.rename(f"sim-{config.profile.name}-{bound_port}")
+        state.config = replace(config, replica=state.replica)
+    print(f"simulator listening on http://{host}:{bound_port}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the process exit status."""
+    args = build_parser().parse_args(argv)
+    config = config_from_args(args)
+    try:
+        import uvloop  # noqa: PLC0415 - optional speed-up, absent on some platforms
+    except ImportError:
+        loop_factory = None
+    else:
+        loop_factory = uvloop.new_event_loop
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        runner.run(serve(config, args.host, args.port))
+    return 0

@@ -1,0 +1,198 @@
+"""The completion endpoints: faults, planning, admission, then a unary or streamed reply."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import struct
+import time
+
+from aiohttp import web
+
+from simulator.engine import QueueFullError, Sequence
+from simulator.planner import Plan
+from simulator.responses import completion_body
+from simulator.schemas import SimError, error_body
+from simulator.sse import DONE, ChunkEncoder, error_event
+from simulator.state import SimState
+
+JSON = "application/json"
+_FAULT_STATUS = {"fail_429": 429, "fail_400": 400, "fail_404": 404, "fail_500": 500,
+                 "fail_503": 503}
+_LINGER_RESET = struct.pack("ii", 1, 0)
+
+
+def base_headers(request: web.Request, state: SimState) -> dict[str, str]:
+    """``x-request-id`` (echoed or generated) and ``x-sim-replica``."""
+    request_id = request.headers.get("X-Request-Id") or os.urandom(16).hex()
+    return {"x-request-id": request_id, "x-sim-replica": state.replica}
+
+
+def error_response(error: SimError, headers: dict[str, str]) -> web.Response:
+    """An OpenAI-shaped error response."""
+    return web.Response(body=error.body(), status=error.status, content_type=JSON,
+                        headers=headers)
+
+
+async def _wait_for_disconnect() -> None:
+    """Park the handler until aiohttp cancels it for the connection we just closed."""
+    await asyncio.sleep(3600)
+
+
+async def _hang_up(request: web.Request, *, reset: bool) -> None:
+    """Close the connection without a (complete) response; with ``reset`` send a TCP RST."""
+    transport = request.transport
+    if transport is None:
+        return
+    if reset:
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
+        transport.abort()
+    else:
+        transport.close()
+    await _wait_for_disconnect()
+
+
+async def _pre_response_fault(request: web.Request, state: SimState,
+                              headers: dict[str, str]) -> web.Response | None:
+    faults = state.faults
+    stall = faults.stall_first_byte()
+    fault = faults.pre_response()
+    if stall:
+        await asyncio.sleep(stall)
+    if fault is None:
+        return None
+    if fault in ("fail_refuse", "fail_reset"):
+        await _hang_up(request, reset=fault == "fail_reset")
+        return None
+    status = _FAULT_STATUS[fault]
+    body = error_body(status, f"Simulated {status} error (fault injection).")
+    return web.Response(body=body, status=status, content_type=JSON, headers=headers)
+
+
+async def handle_completion(request: web.Request, state: SimState, *, chat: bool
+                            ) -> web.StreamResponse:
+    """Serve one chat or text completion request."""
+    state.requests_total += 1
+    headers = base_headers(request, state)
+    state.last_traceparent = request.headers.get("traceparent")
+    body = await request.read()
+    state.last_body = body
+    if state.faults.active:
+        faulted = await _pre_response_fault(request, state, headers)
+        if faulted is not None:
+            return faulted
+    try:
+        plan = state.planner.plan(body, chat=chat)
+    except SimError as error:
+        return error_response(error, headers)
+    engine = state.engine
+    seq = Sequence(plan.prompt_tokens, plan.output_tokens, plan.chain_seed, plan.total_blocks)
+    try:
+        started = engine.submit(seq)
+    except QueueFullError:
+        bound = engine.config.max_queue
+        status = state.config.queue_full_status
+        message = f"The engine's waiting queue is full ({bound} requests); retry later."
+        return error_response(SimError(status, message), headers)
+    try:
+        if plan.stream:
+            return await _stream(request, state, plan, seq, headers, started=started)
+        return await _unary(state, plan, seq, headers, started=started)
+    finally:
+        engine.abort(seq)  # no-op when the sequence already finished
+
+
+async def _unary(state: SimState, plan: Plan, seq: Sequence, headers: dict[str, str], *,
+                 started: bool) -> web.Response:
+    engine = state.engine
+    if not started:
+        await engine.wait_started(seq)
+    delay = engine.prefill_delay(seq)
+    if delay:
+        await asyncio.sleep(delay)
+    engine.first_token(seq)
+    rest = len(plan.output_tokens) - 1
+    if rest > 0:
+        delay = engine.decode_delay(rest)
+        if delay:
+            await asyncio.sleep(delay)
+        engine.tokens(seq, rest, delay / rest)
+    engine.finish(seq, plan.finish_reason)
+    prefix = "chatcmpl-" if plan.chat else "cmpl-"
+    body = completion_body(
+        prefix + headers["x-request-id"], int(time.time()), state.model, chat=plan.chat,
+        text="".join(plan.pieces), finish_reason=plan.finish_reason,
+        prompt=len(plan.prompt_tokens), completion=len(plan.output_tokens),
+        cached=seq.cached_tokens,
+    )
+    return web.Response(body=body, content_type=JSON, headers=headers)
+
+
+async def _stream(request: web.Request, state: SimState, plan: Plan, seq: Sequence,
+                  headers: dict[str, str], *, started: bool) -> web.StreamResponse:
+    engine = state.engine
+    response = web.StreamResponse(headers=headers)
+    response.content_type = "text/event-stream"
+    response.headers["Cache-Control"] = "no-cache"
+    await response.prepare(request)
+    if not started:
+        await engine.wait_started(seq)
+    delay = engine.prefill_delay(seq)
+    if delay:
+        await asyncio.sleep(delay)
+    engine.first_token(seq)
+    prefix = "chatcmpl-" if plan.chat else "cmpl-"
+    chunks = ChunkEncoder(prefix + headers["x-request-id"], int(time.time()), state.model,
+                          chat=plan.chat)
+    out: list[bytes] = [chunks.role()] if plan.chat else []
+    fault = state.faults.mid_stream()
+    fault_at = len(plan.pieces) // 2
+    last = len(plan.pieces) - 1
+    for index, piece in enumerate(plan.pieces):
+        if index:
+            delay = engine.decode_delay()
+            if delay:
+                await _flush(response, out)
+                await asyncio.sleep(delay)
+            engine.tokens(seq, 1, delay)
+        out.append(chunks.token(piece, plan.finish_reason if index == last else None))
+        if fault is not None and index == fault_at:
+            await _flush(response, out)
+            if await _mid_stream_fault(request, state, response, fault):
+                return response
+            fault = None
+    if not plan.pieces:
+        out.append(chunks.token("", plan.finish_reason))
+    engine.finish(seq, plan.finish_reason)
+    if plan.include_usage:
+        out.append(chunks.usage(len(plan.prompt_tokens), len(plan.output_tokens),
+                                seq.cached_tokens))
+    out.append(DONE)
+    await _flush(response, out)
+    await response.write_eof()
+    return response
+
+
+async def _flush(response: web.StreamResponse, out: list[bytes]) -> None:
+    if out:
+        data = b"".join(out)
+        out.clear()
+        await response.write(data)
+
+
+async def _mid_stream_fault(request: web.Request, state: SimState,
+                            response: web.StreamResponse, fault: str) -> bool:
+    """Inject ``fault`` into a running stream; True when the stream is over."""
+    if fault == "stall_mid_stream":
+        await asyncio.sleep(state.faults.rates.stall_seconds)
+        return False
+    if fault == "error_mid_stream":
+        await response.write(error_event(500, "Simulated engine error mid-stream "
+                                              "(fault injection)."))
+        await response.write_eof()
+        return True
+    await _hang_up(request, reset=False)
+    return True

@@ -1,0 +1,64 @@
+"""Server-sent event chunks for streaming chat and text completions, as vLLM emits them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from simulator.schemas import encoder, error_payload
+
+DONE = b"data: [DONE]\n\n"
+_TAIL = b"]}\n\n"
+
+
+def usage(prompt: int, completion: int, cached: int) -> dict[str, Any]:
+    """The ``usage`` object, with ``prompt_tokens_details.cached_tokens``."""
+    return {
+        "prompt_tokens": prompt,
+        "total_tokens": prompt + completion,
+        "completion_tokens": completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
+
+
+class ChunkEncoder:
+    """Encodes the events of one stream; the constant head of each chunk is encoded once."""
+
+    __slots__ = ("_chat", "_head")
+
+    def __init__(self, response_id: str, created: int, model: str, *, chat: bool) -> None:
+        self._chat = chat
+        kind = b"chat.completion.chunk" if chat else b"text_completion"
+        self._head = (
+            b'data: {"id":' + encoder.encode(response_id) + b',"object":"' + kind
+            + b'","created":' + str(created).encode() + b',"model":' + encoder.encode(model)
+            + b',"choices":['
+        )
+
+    def role(self) -> bytes:
+        """The first chat chunk: the assistant role and empty content."""
+        choice = {"index": 0, "delta": {"role": "assistant", "content": ""},
+                  "logprobs": None, "finish_reason": None}
+        return self._head + encoder.encode(choice) + _TAIL
+
+    def token(self, text: str, finish_reason: str | None) -> bytes:
+        """One token; the last one carries the finish reason."""
+        choice: dict[str, Any]
+        if self._chat:
+            choice = {"index": 0, "delta": {"content": text}, "logprobs": None,
+                      "finish_reason": finish_reason}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None,
+                      "finish_reason": finish_reason}
+        if finish_reason is not None:
+            choice["stop_reason"] = None
+        return self._head + encoder.encode(choice) + _TAIL
+
+    def usage(self, prompt: int, completion: int, cached: int) -> bytes:
+        """The ``include_usage`` chunk: no choices, only usage."""
+        return self._head + b'],"usage":' + encoder.encode(usage(prompt, completion, cached)) \
+            + b"}\n\n"
+
+
+def error_event(status: int, message: str) -> bytes:
+    """An error reported inside a stream that already answered 200."""
+    return b"data: " + encoder.encode({"error": error_payload(status, message)}) + b"\n\n"

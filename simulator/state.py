@@ -1,0 +1,104 @@
+"""The simulator's configuration and the one state object every handler shares."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from simulator.engine import Engine, EngineConfig
+from simulator.faults import FaultInjector, FaultRates
+from simulator.planner import Planner, PlannerConfig
+from simulator.prefix_cache import PrefixCache
+from simulator.profiles import Profile
+
+BLOCK_SIZE = 16
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    """Everything the command line sets."""
+
+    profile: Profile
+    model: str
+    replica: str
+    seed: int = 0
+    max_num_seqs: int = 64
+    max_queue: int | None = None
+    queue_full_status: int = 503
+    kv_blocks: int = 2048
+    max_model_len: int = 8192
+    latency_scale: float = 1.0
+    time_factor_under_load: float = 2.0
+    echo: bool = False
+    output_tokens: int = 32
+    legacy_metrics: bool = False
+    faults: FaultRates = field(default_factory=FaultRates)
+
+
+class SimState:
+    """Engine, planner, faults and the counters behind ``/sim/stats``."""
+
+    def __init__(self, config: SimConfig) -> None:
+        self.config = config
+        self.model = config.model
+        self.replica = config.replica
+        self.created = int(time.time())
+        cache = PrefixCache(config.kv_blocks, BLOCK_SIZE)
+        engine_config = EngineConfig(
+            profile=config.profile, max_num_seqs=config.max_num_seqs,
+            max_queue=config.max_queue, latency_scale=config.latency_scale,
+            time_factor_under_load=config.time_factor_under_load,
+        )
+        self.engine = Engine(engine_config, cache, config.seed + 1)
+        self.planner = Planner(
+            PlannerConfig(config.model, config.max_model_len, config.kv_blocks, BLOCK_SIZE,
+                          config.output_tokens, config.echo),
+            config.seed + 2,
+        )
+        self.faults = FaultInjector(FaultRates(**config.faults.as_dict()), config.seed + 3)
+        self.healthy = True
+        self.requests_total = 0
+        self.last_traceparent: str | None = None
+        self.last_body: bytes | None = None
+
+    def rename(self, replica: str) -> None:
+        """Set the replica name once the port is known."""
+        self.replica = replica
+
+    def stats(self) -> dict[str, Any]:
+        """The ``/sim/stats`` document."""
+        engine = self.engine
+        last_request: Any = None
+        if self.last_body is not None:
+            try:
+                last_request = msgspec.json.decode(self.last_body)
+            except msgspec.DecodeError:
+                last_request = self.last_body.decode("utf-8", "replace")
+        return {
+            "replica": self.replica,
+            "model": self.model,
+            "requests_total": self.requests_total,
+            "aborts_total": engine.aborts,
+            "running": engine.running,
+            "waiting": len(engine.waiting),
+            "kv_cache_usage": engine.cache.usage(),
+            "prefix_cache_queries": engine.metrics.prefix_queries,
+            "prefix_cache_hits": engine.metrics.prefix_hits,
+            "finished": dict(engine.metrics.finished),
+            "healthy": self.healthy,
+            "last_traceparent": self.last_traceparent,
+            "last_request": last_request,
+            "faults": self.faults.rates.as_dict(),
+        }
+
+    def reset(self) -> None:
+        """Zero the counters and histograms and forget unused cached prefixes."""
+        self.requests_total = 0
+        self.engine.aborts = 0
+        self.engine.metrics.reset()
+        self.engine.cache.drop_unused()
+        self.last_traceparent = None
+        self.last_body = None

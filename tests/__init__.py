@@ -1,0 +1,1 @@
+"""TierGate test suite."""
