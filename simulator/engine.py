@@ -186,9 +186,10 @@ class Engine:
         self._drain()
 
     def _decoded_hashes(self, seq: Sequence) -> list[int]:
-        if not seq.generated:
+        if seq.generated < 2:
             return []
-        computed = seq.prompt_tokens + seq.output_tokens[: seq.generated]
+        # The KV cache holds every token fed to the model: the last sampled one never was.
+        computed = seq.prompt_tokens + seq.output_tokens[: seq.generated - 1]
         hashes = seq.prompt_hashes
         parent = hashes[-1] if hashes else seq.chain_seed
         return chain_hashes(parent, computed, self.cache.block_size, len(hashes))

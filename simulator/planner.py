@@ -65,6 +65,9 @@ class Planner:
             request = chat_decoder.decode(body) if chat else completion_decoder.decode(body)
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:
             raise SimError(400, f"Invalid request body: {exc}") from exc
+        if request.stream_options is not None and not request.stream:
+            raise SimError(400, "Stream options can only be defined when `stream=True`.",
+                           "stream_options")
         if request.n not in (None, 1):
             raise SimError(400, "The simulator only supports n=1.", "n")
         if request.model is not None and request.model != self.config.model:
@@ -136,7 +139,7 @@ class Planner:
         if request.ignore_eos:
             return max_tokens, "length"
         low = min(max((max_tokens + 1) // 2, request.min_tokens or 0, 1), max_tokens)
-        count = rng.randint(low, max_tokens)
+        count = low + int(rng.random() * (max_tokens - low + 1))
         return count, "length" if count == max_tokens else "stop"
 
 
@@ -147,9 +150,26 @@ def _echo(text: str, max_tokens: int | None, room: int) -> tuple[list[str], list
     return pieces, tokens, "length" if truncated else "stop"
 
 
+def _word_stream(length: int) -> tuple[list[str], list[str]]:
+    """A fixed pseudo-random text; replies are slices of it (cheaper than drawing words)."""
+    draw = random.Random(0)  # noqa: S311 - simulation text, not security
+    words = [draw.choice(_VOCABULARY) for _ in range(length)]
+    return words, [f" {word}" for word in words]
+
+
+_STREAM_WORDS, _STREAM_PIECES = _word_stream(8192)
+
+
 def _words(count: int, rng: random.Random) -> tuple[list[str], list[str]]:
-    words = rng.choices(_VOCABULARY, k=count)
-    pieces = [f" {word}" for word in words]
-    if pieces:
-        pieces[0] = words[0]
+    """``count`` words from a seeded offset: (pieces with leading spaces, tokens)."""
+    if count <= 0:
+        return [], []
+    words: list[str] = []
+    pieces: list[str] = []
+    while len(words) < count:
+        start = int(rng.random() * len(_STREAM_WORDS))
+        take = min(count - len(words), len(_STREAM_WORDS) - start)
+        words += _STREAM_WORDS[start : start + take]
+        pieces += _STREAM_PIECES[start : start + take]
+    pieces[0] = words[0]
     return pieces, words

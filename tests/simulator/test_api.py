@@ -115,6 +115,8 @@ async def test_health_follows_runtime_switch(sim: SimulatorProcess) -> None:
         ({"messages": "not a list"}, 400, "BadRequestError", "Invalid request body"),
         ({"messages": CHAT, "n": 2}, 400, "BadRequestError", "n=1"),
         ({"messages": CHAT, "max_tokens": 0}, 400, "BadRequestError", "max_tokens"),
+        ({"messages": CHAT, "stream_options": {"include_usage": True}}, 400,
+         "BadRequestError", "stream=True"),
     ],
 )
 async def test_errors_have_vllm_shape(sim: SimulatorProcess, body: dict[str, object],

@@ -133,3 +133,22 @@ async def test_cache_salt_isolates_prefixes(sim: SimulatorProcess) -> None:
     assert other["cached"] == 0
     assert unsalted["cached"] == 0
     assert same["cached"] > 200
+
+
+async def test_multi_turn_reuses_prompt_and_reply_blocks(sim: SimulatorProcess) -> None:
+    """Turn 2 of a chat hits the blocks of turn 1's prompt and of its generated reply."""
+    turn1 = [{"role": "system", "content": "Be helpful. " * 30},
+             {"role": "user", "content": "Tell me about caches."}]
+    async with aiohttp.ClientSession() as session:
+        async with session.post(sim.url + "/v1/chat/completions",
+                                json={"messages": turn1, "max_tokens": 40,
+                                      "ignore_eos": True}) as response:
+            first = await response.json()
+        reply = first["choices"][0]["message"]["content"]
+        turn2 = [*turn1, {"role": "assistant", "content": reply},
+                 {"role": "user", "content": "More, please."}]
+        async with session.post(sim.url + "/v1/chat/completions",
+                                json={"messages": turn2, "max_tokens": 4}) as response:
+            second = await response.json()
+    computed = first["usage"]["prompt_tokens"] + first["usage"]["completion_tokens"] - 1
+    assert second["usage"]["prompt_tokens_details"]["cached_tokens"] == computed // 16 * 16

@@ -11,7 +11,7 @@ import pytest
 
 from tests.simulator.procs import SimulatorFactory, SimulatorProcess
 
-LONG = {"messages": [{"role": "user", "content": "Write a long essay."}], "max_tokens": 60,
+LONG = {"messages": [{"role": "user", "content": "Write a long essay."}], "max_tokens": 150,
         "ignore_eos": True}
 
 
@@ -74,7 +74,7 @@ async def test_latency_follows_profile(start_simulator: SimulatorFactory) -> Non
     ttft = arrivals[0]
     decode = arrivals[-1] - arrivals[0]
     assert 0.004 < ttft < 0.2
-    assert 19 * 0.012 * 0.5 < decode < 19 * 0.012 * 2.5
+    assert 19 * 0.012 * 0.5 < decode < 19 * 0.012 * 4
     metrics = await asyncio.to_thread(sim.metrics_text)
     assert gauge(metrics, "vllm:time_to_first_token_seconds_count") == 1
     assert gauge(metrics, "vllm:inter_token_latency_seconds_count") == 19
