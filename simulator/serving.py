@@ -7,6 +7,7 @@ import os
 import socket
 import struct
 import time
+from typing import NoReturn
 
 from aiohttp import web
 
@@ -21,6 +22,7 @@ JSON = "application/json"
 _FAULT_STATUS = {"fail_429": 429, "fail_400": 400, "fail_404": 404, "fail_500": 500,
                  "fail_503": 503}
 _LINGER_RESET = struct.pack("ii", 1, 0)
+_DISCONNECT_GRACE_S = 10.0
 
 
 def base_headers(request: web.Request, state: SimState) -> dict[str, str]:
@@ -36,23 +38,26 @@ def error_response(error: SimError, headers: dict[str, str]) -> web.Response:
 
 
 async def _wait_for_disconnect() -> None:
-    """Park the handler until aiohttp cancels it for the connection we just closed."""
-    await asyncio.sleep(3600)
+    """Park the handler until aiohttp cancels it for a connection that is closing.
+
+    With ``handler_cancellation`` the cancellation arrives as soon as the transport reports
+    the loss; the bounded sleep is only a fallback.
+    """
+    await asyncio.sleep(_DISCONNECT_GRACE_S)
 
 
-async def _hang_up(request: web.Request, *, reset: bool) -> None:
+async def _hang_up(request: web.Request, *, reset: bool) -> NoReturn:
     """Close the connection without a (complete) response; with ``reset`` send a TCP RST."""
     transport = request.transport
-    if transport is None:
-        return
-    if reset:
+    if transport is not None and reset:
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
         transport.abort()
-    else:
+    elif transport is not None:
         transport.close()
     await _wait_for_disconnect()
+    raise ConnectionResetError("connection closed by fault injection")
 
 
 async def _pre_response_fault(request: web.Request, state: SimState,
@@ -66,7 +71,6 @@ async def _pre_response_fault(request: web.Request, state: SimState,
         return None
     if fault in ("fail_refuse", "fail_reset"):
         await _hang_up(request, reset=fault == "fail_reset")
-        return None
     status = _FAULT_STATUS[fault]
     body = error_body(status, f"Simulated {status} error (fault injection).")
     return web.Response(body=body, status=status, content_type=JSON, headers=headers)
@@ -101,6 +105,12 @@ async def handle_completion(request: web.Request, state: SimState, *, chat: bool
         if plan.stream:
             return await _stream(request, state, plan, seq, headers, started=started)
         return await _unary(state, plan, seq, headers, started=started)
+    except ConnectionResetError:
+        # A write found the client gone; aiohttp cancels this handler once it sees the loss,
+        # which keeps the disconnect out of its error log.
+        engine.abort(seq)
+        await _wait_for_disconnect()
+        raise
     finally:
         engine.abort(seq)  # no-op when the sequence already finished
 
@@ -189,10 +199,9 @@ async def _mid_stream_fault(request: web.Request, state: SimState,
     if fault == "stall_mid_stream":
         await asyncio.sleep(state.faults.rates.stall_seconds)
         return False
-    if fault == "error_mid_stream":
-        await response.write(error_event(500, "Simulated engine error mid-stream "
-                                              "(fault injection)."))
-        await response.write_eof()
-        return True
-    await _hang_up(request, reset=False)
+    if fault == "drop_mid_stream":
+        await _hang_up(request, reset=False)
+    await response.write(error_event(500, "Simulated engine error mid-stream "
+                                          "(fault injection)."))
+    await response.write_eof()
     return True
