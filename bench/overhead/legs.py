@@ -76,6 +76,10 @@ class Leg:
             f"--- log tail ---\n{self.main.log_tail()}"
         )
 
+    def sessions(self) -> list[int]:
+        """Session ids of every process this leg started (each service leads its own session)."""
+        return [s.proc.pid for s in (self.main, *self.extras) if s.proc is not None]
+
     def stop(self) -> None:
         """Stop the main process, then what it depends on."""
         self.main.stop()

@@ -12,7 +12,9 @@ MIN_RATIO_VS_LITELLM = 10.0
 MAX_ADDED_P50_MS = 1.0
 MIN_C64_OVER_C16 = 0.90
 MAX_RSS_GROWTH = 0.10
-MIN_UPSTREAM_HEADROOM = 2.0  # the upstream must serve >= 2x what TierGate does through it
+MIN_UPSTREAM_HEADROOM = 2.0
+# Foreign CPU above this share of the machine during a point makes that point suspect.
+NOISY_SHARE = 0.05  # the upstream must serve >= 2x what TierGate does through it
 
 
 @dataclass
@@ -22,6 +24,7 @@ class Series:
     role: str  # "upstream", "direct", "tiergate" or "litellm"
     label: str
     points: dict[int, WrkResult] = field(default_factory=dict)
+    noise: dict[int, float] = field(default_factory=dict)  # foreign CPU share during a point
 
     def rps(self, concurrency: int) -> float | None:
         """Req/s at a concurrency, if measured."""
@@ -128,21 +131,34 @@ def _errors(point: WrkResult) -> str:
     return "0" if bad == 0 else f"**{bad}**"
 
 
+def _noise(share: float | None) -> str:
+    if share is None:
+        return "?"
+    shown = f"{share:.0%}"
+    return f"**{shown}**" if share > NOISY_SHARE else shown
+
+
 def render(report: Report) -> str:
     """The Markdown document: environment, results table, memory, checks, gaps."""
     lines = [f"# {report.title}", "", "Command:", "", "```", report.command, "```", ""]
     lines += [f"- {item}" for item in report.environment]
     lines += [
         "",
-        "| setup | c | req/s | p50 ms | p99 ms | errors |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| setup | c | req/s | p50 ms | p99 ms | errors | other CPU |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for series in report.series:
         for c, p in sorted(series.points.items()):
             lines.append(
                 f"| {series.label} | {c} | {p.rps:,.0f} | {p.p50_ms:.2f} | {p.p99_ms:.2f} "
-                f"| {_errors(p)} |"
+                f"| {_errors(p)} | {_noise(series.noise.get(c))} |"
             )
+    noisy = any(v > NOISY_SHARE for s in report.series for v in s.noise.values())
+    lines += [
+        "",
+        "*other CPU*: share of the machine used by processes outside the benchmark during the "
+        "point" + (" — **bold points ran on a busy machine; rerun them.**" if noisy else "."),
+    ]
     if report.memory:
         lines += ["", "TierGate resident memory (VmRSS of the serving process):", ""]
         lines += ["| requests served | RSS MiB |", "|---:|---:|"]

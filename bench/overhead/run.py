@@ -11,6 +11,7 @@ import json
 import os
 import platform
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -19,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from bench.overhead.cpu_noise import CpuMeter
 from bench.overhead.legs import (
     LITELLM_VERSION,
     REPO_ROOT,
@@ -68,6 +70,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--skip-litellm", action="store_true")
     p.add_argument("--upstream", choices=("auto", "fixed", "simulator"), default="auto")
     p.add_argument("--duration", type=float, help="seconds per point (default 10, quick 3)")
+    p.add_argument("--keep-workdir", action="store_true", help="keep configs and server logs")
     p.add_argument("--no-pin", action="store_true", help="do not pin processes with taskset")
     p.add_argument(
         "--out", type=Path, help="Markdown file (default bench/results/overhead-VARIANT.md)"
@@ -89,17 +92,21 @@ def placement(no_pin: bool) -> Placement:
     return Placement(("taskset", "-c", "0"), ("taskset", "-c", "1"))
 
 
-def measure(leg: Leg, role: str, bench: Bench) -> Series:
+def measure(leg: Leg, role: str, bench: Bench, upstream: Leg | None = None) -> Series:
     """Warm up, then run every concurrency point against one leg."""
     runner, plan = bench.runner, bench.plan
     series = Series(role, leg.name)
     script = lua_script(leg.body(), leg.api_key)
+    meter = CpuMeter(leg.sessions() + (upstream.sessions() if upstream else []))
     for c in CONCURRENCIES:
         runner.run(leg.chat_url, script, c, plan.warmup_s)
+        meter.start()
         series.points[c] = point = runner.run(leg.chat_url, script, c, plan.duration_s)
+        series.noise[c] = meter.stop()
         print(
             f"  {leg.name:<34} c={c:<3} {point.rps:>9,.0f} req/s  p50 {point.p50_ms:7.2f} ms  "
-            f"p99 {point.p99_ms:7.2f} ms  errors {point.errors + point.non_2xx}",
+            f"p99 {point.p99_ms:7.2f} ms  errors {point.errors + point.non_2xx}  "
+            f"other CPU {series.noise[c]:.0%}",
             flush=True,
         )
     return series
@@ -112,9 +119,8 @@ def drive(leg: Leg, runner: WrkRunner, target: int, rps: float) -> tuple[int, in
     while done < target:
         remaining = target - done
         if remaining > rps * 3:
-            result = runner.run(
-                leg.chat_url, plain, MEMORY_CONCURRENCY, min(60.0, remaining / rps * 0.9)
-            )
+            seconds = min(60, int(remaining / rps * 0.8))
+            result = runner.run(leg.chat_url, plain, MEMORY_CONCURRENCY, seconds)
             rps = max(result.rps, 1.0)
         else:
             script = lua_script(leg.body(), leg.api_key, stop_after=remaining)
@@ -185,7 +191,7 @@ def run_tiergate(report: Report, bench: Bench, variant: Variant, upstream: Leg) 
     if leg is None:
         return
     try:
-        series = measure(leg, "tiergate", bench)
+        series = measure(leg, "tiergate", bench, upstream)
         report.series.append(series)
     finally:
         leg.stop()
@@ -210,7 +216,7 @@ def run_litellm(report: Report, bench: Bench, upstream: Leg) -> None:
     if leg is None:
         return
     try:
-        report.series.append(measure(leg, "litellm", bench))
+        report.series.append(measure(leg, "litellm", bench, upstream))
     finally:
         leg.stop()
 
@@ -280,6 +286,10 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         upstream.stop()
     write(report, args.out or default_out(variant, args.quick))
+    if args.keep_workdir or report.unavailable:
+        print(f"configs and server logs kept in {workdir}", flush=True)
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
     return 0
 
 
