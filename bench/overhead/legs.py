@@ -22,7 +22,7 @@ from bench.overhead.processes import (
     post_json,
     redis_answers,
 )
-from bench.overhead.variants import Variant, gateway_config, key_create_command
+from bench.overhead.variants import Variant, gateway_config, gateway_env, key_create_command
 
 UPSTREAM_MODEL = "tiergate-fast"
 CHAT_PATH = "/v1/chat/completions"
@@ -72,7 +72,7 @@ class Leg:
                 return
             time.sleep(0.5)
         raise LegUnavailableError(
-            f"{self.name}: probe POST {self.chat_url} answered {status}: {payload[:500]!r}\n"
+            f"probe POST {self.chat_url} answered {status}: {payload[:500]!r}\n"
             f"--- log tail ---\n{self.main.log_tail()}"
         )
 
@@ -103,14 +103,12 @@ def _start(service: Service, ready_path: str, timeout_s: float = 60.0) -> Servic
     return service
 
 
-def start_fixed_upstream(workdir: Path, pin: Placement) -> Leg:
+def start_fixed_upstream(workdir: Path, pin: Placement, name: str = "fixed-upstream") -> Leg:
     """The raw uvloop+httptools fixed-response upstream, pinned to the load core."""
     port = free_port()
     script = Path(__file__).with_name("fixed_upstream.py")
     cmd = [*pin.load, sys.executable, str(script), "--port", str(port), "--model", UPSTREAM_MODEL]
-    service = _start(
-        Service("fixed-upstream", cmd, port, workdir / "fixed-upstream.log"), "/health"
-    )
+    service = _start(Service(name, cmd, port, workdir / f"{name}.log"), "/health")
     return Leg("fixed upstream (direct)", f"http://127.0.0.1:{port}", UPSTREAM_MODEL, None, service)
 
 
@@ -180,6 +178,11 @@ def start_tiergate(variant: Variant, upstream: Leg, workdir: Path, pin: Placemen
             redis = _start_redis(workdir, pin)
             extras.append(redis)
             redis_url = f"redis://127.0.0.1:{redis.port}/0"
+        sink_url = None
+        if variant.trace_sample_ratio is not None:
+            sink = start_fixed_upstream(workdir, pin, name="otlp-sink").main
+            extras.append(sink)
+            sink_url = f"http://127.0.0.1:{sink.port}"
         api_key = _create_key(workdir) if variant.needs_key else None
         config = gateway_config(variant, upstream.base_url, upstream.model, workdir, redis_url)
         config_path = workdir / f"tiergate-{variant.name}.yaml"
@@ -188,7 +191,10 @@ def start_tiergate(variant: Variant, upstream: Leg, workdir: Path, pin: Placemen
         tiergate = str(Path(sys.executable).with_name("tiergate"))
         cmd = [*pin.proxy, tiergate, "serve", "--config", str(config_path)]
         cmd += ["--host", "127.0.0.1", "--port", str(port)]
-        service = _start(Service("tiergate", cmd, port, workdir / "tiergate.log"), "/v1/models")
+        env = gateway_env(variant, sink_url)
+        service = _start(
+            Service("tiergate", cmd, port, workdir / "tiergate.log", env=env), "/v1/models"
+        )
     except LegUnavailableError:
         for extra in reversed(extras):
             extra.stop()
@@ -267,6 +273,7 @@ def start_litellm(upstream: Leg, workdir: Path, pin: Placement) -> Leg:
         "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # no network fetch of the cost map at start-up
         "LITELLM_TELEMETRY": "False",
         "LITELLM_LOG": "ERROR",
+        "LITELLM_MODE": "PRODUCTION",  # as its production checklist recommends
     }
     service = Service("litellm", cmd, port, workdir / "litellm.log", env=env)
     _start(service, "/health/liveliness", timeout_s=120)

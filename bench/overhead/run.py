@@ -33,9 +33,9 @@ from bench.overhead.legs import (
     start_tiergate,
 )
 from bench.overhead.processes import rss_mib
-from bench.overhead.report import MemorySample, Report, Series, render
+from bench.overhead.report import NOISY_SHARE, MemorySample, Report, Series, render
 from bench.overhead.variants import VARIANTS, Variant
-from bench.overhead.wrk import WrkRunner, ensure_wrk, lua_script
+from bench.overhead.wrk import WrkResult, WrkRunner, ensure_wrk, lua_script
 
 CONCURRENCIES = (1, 16, 64)
 MEMORY_CONCURRENCY = 16
@@ -49,6 +49,7 @@ class Plan:
     duration_s: float
     warmup_s: float
     memory_steps: tuple[int, ...]
+    noisy_retries: int
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--skip-litellm", action="store_true")
     p.add_argument("--upstream", choices=("auto", "fixed", "simulator"), default="auto")
     p.add_argument("--duration", type=float, help="seconds per point (default 10, quick 3)")
+    p.add_argument(
+        "--noisy-retries",
+        type=int,
+        default=2,
+        help="rerun a point this many times while other processes use > 5%% of the CPU",
+    )
     p.add_argument("--keep-workdir", action="store_true", help="keep configs and server logs")
     p.add_argument("--no-pin", action="store_true", help="do not pin processes with taskset")
     p.add_argument(
@@ -81,8 +88,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def make_plan(args: argparse.Namespace) -> Plan:
     """Durations and memory steps for a full or quick run."""
     if args.quick:
-        return Plan(args.duration or 3.0, 1.0, (5_000, 50_000))
-    return Plan(args.duration or 10.0, 2.0, (20_000, 200_000))
+        return Plan(args.duration or 3.0, 1.0, (5_000, 50_000), args.noisy_retries)
+    return Plan(args.duration or 10.0, 2.0, (20_000, 200_000), args.noisy_retries)
 
 
 def placement(no_pin: bool) -> Placement:
@@ -93,23 +100,33 @@ def placement(no_pin: bool) -> Placement:
 
 
 def measure(leg: Leg, role: str, bench: Bench, upstream: Leg | None = None) -> Series:
-    """Warm up, then run every concurrency point against one leg."""
+    """Warm up, then run every concurrency point against one leg (noisy points are retried)."""
     runner, plan = bench.runner, bench.plan
     series = Series(role, leg.name)
     script = lua_script(leg.body(), leg.api_key)
     meter = CpuMeter(leg.sessions() + (upstream.sessions() if upstream else []))
     for c in CONCURRENCIES:
         runner.run(leg.chat_url, script, c, plan.warmup_s)
-        meter.start()
-        series.points[c] = point = runner.run(leg.chat_url, script, c, plan.duration_s)
-        series.noise[c] = meter.stop()
-        print(
-            f"  {leg.name:<34} c={c:<3} {point.rps:>9,.0f} req/s  p50 {point.p50_ms:7.2f} ms  "
-            f"p99 {point.p99_ms:7.2f} ms  errors {point.errors + point.non_2xx}  "
-            f"other CPU {series.noise[c]:.0%}",
-            flush=True,
-        )
+        for attempt in range(plan.noisy_retries + 1):
+            meter.start()
+            point = runner.run(leg.chat_url, script, c, plan.duration_s)
+            noise = meter.stop()
+            _print_point(leg.name, c, point, noise, attempt)
+            if c not in series.noise or noise < series.noise[c]:
+                series.points[c], series.noise[c] = point, noise
+            if noise <= NOISY_SHARE:
+                break
     return series
+
+
+def _print_point(name: str, c: int, point: WrkResult, noise: float, attempt: int) -> None:
+    retry = f" (retry {attempt})" if attempt else ""
+    print(
+        f"  {name:<34} c={c:<3} {point.rps:>9,.0f} req/s  p50 {point.p50_ms:7.2f} ms  "
+        f"p99 {point.p99_ms:7.2f} ms  errors {point.errors + point.non_2xx}  "
+        f"other CPU {noise:.0%}{retry}",
+        flush=True,
+    )
 
 
 def drive(leg: Leg, runner: WrkRunner, target: int, rps: float) -> tuple[int, int]:

@@ -4,6 +4,8 @@
 the ``fast`` tier). ``full`` turns on what production runs: API keys from a file, the Redis
 rate limiter, the learned router (``model: auto``), tracing at 10 % sampling and logs to a file.
 ``full-trace100`` is ``full`` with every request traced, to report tracing's own overhead.
+Traced variants export spans over OTLP/HTTP to a local sink (a second fixed-response server,
+which answers 200 to every POST), so export costs what it costs against a fast collector.
 Adjust the dictionaries below when the gateway's settings change; nothing else in the
 benchmark knows their shape.
 """
@@ -72,15 +74,27 @@ def gateway_config(
         config["redis"] = {"url": redis_url}
     if variant.trace_sample_ratio is not None:
         config["telemetry"] = {
+            "tracing": True,
             "trace_sample_ratio": variant.trace_sample_ratio,
             "log_file": str(workdir / "tiergate-access.log"),
         }
     return config
 
 
+def gateway_env(variant: Variant, trace_sink_url: str | None) -> dict[str, str]:
+    """Environment for the gateway: where traced variants export spans (OTLP over HTTP)."""
+    if variant.trace_sample_ratio is None or trace_sink_url is None:
+        return {}
+    return {
+        "OTEL_TRACES_EXPORTER": "otlp",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": trace_sink_url,
+    }
+
+
 def keys_file(workdir: Path) -> Path:
     """Where the benchmark keeps the API keys file of the auth-enabled variants."""
-    return workdir / "tiergate-keys.json"
+    return workdir / "tiergate-keys.yaml"
 
 
 def key_create_command(tiergate_bin: str, workdir: Path) -> list[str]:
@@ -91,6 +105,8 @@ def key_create_command(tiergate_bin: str, workdir: Path) -> list[str]:
         "create",
         "--keys-file",
         str(keys_file(workdir)),
+        "--tenant",
+        "bench",
         "--name",
         "bench",
         "--rpm",
