@@ -1,0 +1,47 @@
+"""The command line: check-exposure and serve's start-up refusal in strict mode."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def tiergate(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m tiergate ARGS``."""
+    return subprocess.run(
+        [sys.executable, "-m", "tiergate", *args],
+        cwd=REPO, capture_output=True, text=True, timeout=60, env=env, check=False,
+    )
+
+
+def test_check_exposure_ok_for_defaults() -> None:
+    """Loopback backends and a loopback bind pass the check."""
+    result = tiergate("check-exposure")
+    assert result.returncode == 0
+    assert result.stdout.startswith("ok:")
+
+
+def test_check_exposure_strict_fails_public_backend(tmp_path: Path) -> None:
+    """A backend on a public address is an error, and strict mode exits 1."""
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump({"tiers": {
+        "fast": {"model": "f", "replicas": ["http://8.8.8.8:8000"]},
+        "precise": {"model": "p", "replicas": ["http://127.0.0.1:8102"]},
+    }}))
+    result = tiergate("check-exposure", "--config", str(config), "--strict")
+    assert result.returncode == 1
+    assert "8.8.8.8" in result.stdout
+
+
+def test_serve_refuses_public_bind_in_strict_mode(tmp_path: Path) -> None:
+    """`serve` will not start bound to all interfaces without TLS when exposure is strict."""
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump({"exposure": {"mode": "strict"}, "auth": {"enabled": False}}))
+    result = tiergate("serve", "--config", str(config), "--host", "0.0.0.0", "--port", "1")
+    assert result.returncode == 2
+    assert "refusing to start" in result.stderr
