@@ -8,10 +8,10 @@ from typing import Any
 import aiohttp
 from litestar import Litestar, Request, Response, post
 
+from gateway.auth import Access
 from gateway.errors import EXCEPTION_HANDLERS
 from gateway.forwarding import Forwarder, TierRoute
 from gateway.ops import Readiness, ops_handlers
-from gateway.passthrough import NoLimits, OpenAuthenticator
 from gateway.proxy import ProxyService, RequestObserver
 from gateway.replicas import ReplicaPool
 from gateway.retry import RetryPolicy
@@ -77,12 +77,13 @@ def create_app(
         for name, tier in settings.tiers.items()
     }
     router = build_router(settings, _PlaceholderClassifier())
-    authenticator = auth or OpenAuthenticator()
+    access = Access(settings, auth=auth, limiter=limiter)
+    authenticator = access.authenticator
     forwarder = Forwarder(None, routes, RetryPolicy())  # type: ignore[arg-type]  # session opens at start-up
     readiness = Readiness(pools)
     service = ProxyService(
         auth=authenticator,
-        limiter=limiter or NoLimits(),
+        limiter=access.limiter,
         router=router,
         forwarder=forwarder,
         tier_caps={name: tier.max_tokens_cap for name, tier in settings.tiers.items()},
@@ -103,14 +104,17 @@ def create_app(
         session = make_session()
         forwarder.session = session
         readiness.session = session
+        await access.startup()
 
     async def shutdown() -> None:
         session: aiohttp.ClientSession | None = forwarder.session
         if session is not None:
             await session.close()
+        await access.shutdown()
 
     return Litestar(
-        route_handlers=[chat, completions, *ops_handlers(router.catalog, readiness, authenticator)],
+        route_handlers=[chat, completions, *ops_handlers(router.catalog, readiness, authenticator),
+                        *access.handlers],
         exception_handlers=EXCEPTION_HANDLERS,
         on_startup=[startup],
         on_shutdown=[shutdown],

@@ -71,6 +71,10 @@ class AuthSettings(BaseModel):
     admin_token: str | None = Field(default=None, repr=False)
     admin_token_file: Path | None = None
     cache_ttl_s: float = Field(default=30.0, ge=0)
+    # Optional server-side secret: key digests become HMAC-SHA-256(pepper, key). Changing it
+    # invalidates every existing key.
+    pepper: str | None = Field(default=None, repr=False)
+    keys_reload_interval_s: float = Field(default=2.0, ge=0)
 
     def read_admin_token(self) -> str | None:
         """The admin token from the setting or its file; ``None`` keeps admin routes off."""
@@ -86,6 +90,10 @@ class RateLimitSettings(BaseModel):
     backend: Literal["memory", "redis"] = "memory"
     on_redis_error: Literal["open", "closed"] = "open"
     default_completion_tokens: int = Field(default=256, ge=1)
+    # While Redis is down and on_redis_error is "open", each replica enforces 1/N of every
+    # key's limits locally; set N to the number of gateway replicas.
+    degraded_replicas: int = Field(default=1, ge=1)
+    redis_retry_interval_s: float = Field(default=1.0, gt=0)
 
 
 class RedisSettings(BaseModel):

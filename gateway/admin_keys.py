@@ -1,0 +1,144 @@
+"""The key admin API under ``/admin/keys``: list, create, revoke, rotate.
+
+Registered only when an admin token is configured (``auth.admin_token`` or
+``auth.admin_token_file``). Callers present it as ``Authorization: Bearer <admin token>``; it is
+compared in constant time. API keys are a different credential: presenting one here gets 403,
+anything else 401. Created and rotated keys are returned once, in the response body only.
+"""
+
+from __future__ import annotations
+
+import hmac
+import time
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+from litestar import Request, Response, delete, get, post
+from litestar.params import FromPath
+
+from policies.errors import AuthenticationFailed, InvalidRequest, PermissionDenied
+from policies.keys import (
+    KEY_PREFIX,
+    KeyStore,
+    bearer_token,
+    create_key,
+    describe,
+    make_policy,
+    revoke_key,
+    rotate_stored_key,
+    valid_key_id,
+)
+
+MIN_ADMIN_TOKEN_CHARS = 16
+_encoder = msgspec.json.Encoder()
+
+
+class NewKey(msgspec.Struct, forbid_unknown_fields=True):
+    """``POST /admin/keys`` body."""
+
+    tenant: str
+    name: str = ""
+    tiers: list[str] | None = None
+    rpm: int | None = None
+    tpm: int | None = None
+    max_tokens: int | None = None
+    concurrency: int | None = None
+    expires_in_days: float | None = None
+    scopes: list[str] = msgspec.field(default_factory=list)
+
+
+class KeyNotFound(InvalidRequest):
+    """No key has this id (404)."""
+
+    status = 404
+    default_code = "key_not_found"
+
+
+def _json(data: Any, status: int = 200) -> Response[bytes]:
+    return Response(_encoder.encode(data), status_code=status, media_type="application/json",
+                    headers={"cache-control": "no-store"})
+
+
+class AdminGuard:
+    """Checks the admin credential in constant time."""
+
+    def __init__(self, token: str) -> None:
+        if len(token) < MIN_ADMIN_TOKEN_CHARS:
+            raise ValueError(f"the admin token must have at least {MIN_ADMIN_TOKEN_CHARS} "
+                             "characters")
+        self._token = token.encode("utf-8")
+
+    def check(self, authorization: str | None) -> None:
+        """Raise 401/403 unless the header carries the admin token."""
+        presented = bearer_token(authorization).encode("utf-8")
+        if hmac.compare_digest(presented, self._token):
+            return
+        if presented.startswith(KEY_PREFIX.encode() + b"-"):
+            raise PermissionDenied("API keys cannot use the admin API.", code="admin_required")
+        raise AuthenticationFailed("Invalid admin token.", code="invalid_admin_token")
+
+
+def _checked_id(key_id: str) -> str:
+    if not valid_key_id(key_id):
+        raise KeyNotFound("No key has this id.", param="key_id")
+    return key_id
+
+
+def admin_key_handlers(
+    store: KeyStore,
+    token: str,
+    *,
+    tiers: tuple[str, ...],
+    pepper: bytes | None = None,
+    clock: Callable[[], float] = time.time,
+) -> list[Any]:
+    """Route handlers for ``/admin/keys`` guarded by ``token``."""
+    guard = AdminGuard(token)
+
+    @get("/admin/keys")
+    async def list_keys(request: Request[Any, Any, Any]) -> Response[bytes]:
+        guard.check(request.headers.get("authorization"))
+        now = clock()
+        return _json({"object": "list", "data": [describe(r, now) for r in await store.all()]})
+
+    @post("/admin/keys", status_code=201)
+    async def create(request: Request[Any, Any, Any]) -> Response[bytes]:
+        guard.check(request.headers.get("authorization"))
+        try:
+            spec = msgspec.json.decode(await request.body(), type=NewKey)
+            now = clock()
+            policy = make_policy(
+                tiers=spec.tiers, rpm=spec.rpm, tpm=spec.tpm, max_tokens=spec.max_tokens,
+                concurrency=spec.concurrency, expires_in_days=spec.expires_in_days,
+                scopes=spec.scopes, now=now, known_tiers=tiers,
+            )
+        except (msgspec.ValidationError, msgspec.DecodeError, ValueError) as exc:
+            raise InvalidRequest(f"Invalid key request: {exc}") from None
+        if not spec.tenant:
+            raise InvalidRequest("A key needs a tenant.", param="tenant")
+        record, key = await create_key(store, spec.tenant, policy, now=now, name=spec.name,
+                                       pepper=pepper)
+        return _json({**describe(record, now), "key": key}, status=201)
+
+    @delete("/admin/keys/{key_id:str}", status_code=200)
+    async def revoke(request: Request[Any, Any, Any], key_id: FromPath[str]) -> Response[bytes]:
+        guard.check(request.headers.get("authorization"))
+        record = await revoke_key(store, _checked_id(key_id))
+        if record is None:
+            raise KeyNotFound("No key has this id.", param="key_id")
+        return _json(describe(record, clock()))
+
+    @post("/admin/keys/{key_id:str}/rotate", status_code=200)
+    async def rotate(request: Request[Any, Any, Any], key_id: FromPath[str]) -> Response[bytes]:
+        guard.check(request.headers.get("authorization"))
+        try:
+            result = await rotate_stored_key(store, _checked_id(key_id), pepper)
+        except ValueError as exc:
+            raise InvalidRequest(str(exc), code="key_revoked") from None
+        if result is None:
+            raise KeyNotFound("No key has this id.", param="key_id")
+        record, key = result
+        return _json({**describe(record, clock()), "key": key})
+
+    return [list_keys, create, revoke, rotate]

@@ -1,0 +1,242 @@
+"""The authentication stage: ``Authorization: Bearer tg-…`` → a Principal with its key policy.
+
+Verified records are kept in a local cache for ``auth.cache_ttl_s``: that keeps the hot path
+free of store round trips, and keeps known keys working while Redis is down (the stale record
+is used until Redis answers again). A revocation or policy change therefore reaches every
+replica within ``cache_ttl_s``; a new key works at once (unknown ids are never cached).
+Failures are closed: no branch builds a principal without a matching, usable record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+from redis.asyncio import Redis
+
+from gateway.admin_keys import admin_key_handlers
+from gateway.keystore_file import FileKeyStore
+from gateway.keystore_redis import RedisKeyStore
+from gateway.limiter_redis import open_redis
+from gateway.limits import BackendHealth, LimitMetrics, build_limiter
+from gateway.passthrough import OpenAuthenticator
+from gateway.settings import AuthSettings, Settings
+from policies.errors import AuthenticationFailed
+from policies.keys import KeyRecord, KeyStore, KeyStoreUnavailable, bearer_token, parse_key
+from policies.ports import Authenticator, RequestLimiter
+from policies.principal import Principal
+
+EVENT_STORE_DOWN = "auth.keystore_unavailable"
+EVENT_STORE_UP = "auth.keystore_recovered"
+_log = structlog.get_logger("tiergate.auth")
+_BAD_KEY = "Incorrect API key provided. Find or create your TierGate key with `tiergate keys`."
+
+
+class NoKeysConfigured(RuntimeError):
+    """Authentication is on but the key store holds no usable key: refuse to start."""
+
+
+@dataclass(slots=True)
+class _Cached:
+    record: KeyRecord
+    principal: Principal
+    fetched_at: float
+
+
+class KeyAuthenticator:
+    """The ``Authenticator`` port over a key store, with a local cache of verified records."""
+
+    def __init__(
+        self,
+        store: KeyStore,
+        *,
+        pepper: bytes | None = None,
+        cache_ttl_s: float = 30.0,
+        health: BackendHealth | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self._pepper = pepper
+        self._ttl = cache_ttl_s
+        self._health = health
+        self._clock = clock
+        self._wall = wall_clock
+        self._cache: dict[str, _Cached] = {}
+
+    async def authenticate(self, authorization: str | None) -> Principal:
+        """The principal of a valid, enabled, unexpired key; 401 otherwise."""
+        token = bearer_token(authorization)
+        key_id = parse_key(token)
+        if key_id is None:
+            raise AuthenticationFailed(_BAD_KEY)
+        entry = await self._entry(key_id)
+        if entry is None or not entry.record.matches(token, self._pepper):
+            raise AuthenticationFailed(_BAD_KEY)
+        record = entry.record
+        if record.disabled:
+            raise AuthenticationFailed(f"The API key {key_id} has been revoked.",
+                                       code="api_key_revoked")
+        if not record.usable(self._wall()):
+            raise AuthenticationFailed(f"The API key {key_id} has expired.",
+                                       code="api_key_expired")
+        return entry.principal
+
+    async def _entry(self, key_id: str) -> _Cached | None:
+        cached = self._cache.get(key_id)
+        now = self._clock()
+        if cached is not None and now - cached.fetched_at < self._ttl:
+            return cached
+        health = self._health
+        if health is not None and not health.should_try():
+            return self._stale(cached)
+        try:
+            record = await self.store.get(key_id)
+        except KeyStoreUnavailable as exc:
+            if health is not None:
+                health.failed(type(exc.__cause__ or exc).__name__)
+            return self._stale(cached)
+        if health is not None:
+            health.succeeded()
+        if record is None:
+            self._cache.pop(key_id, None)
+            return None
+        entry = _Cached(record, record.principal(), now)
+        self._cache[key_id] = entry
+        return entry
+
+    @staticmethod
+    def _stale(cached: _Cached | None) -> _Cached:
+        if cached is None:
+            raise KeyStoreUnavailable("The API key store is unavailable; try again shortly.",
+                                      headers={"retry-after": "1"})
+        return cached
+
+
+def key_store(settings: Settings, client: Redis | None) -> KeyStore:
+    """The key store ``settings.auth.store`` names."""
+    auth = settings.auth
+    if auth.store == "redis":
+        if client is None:
+            raise ValueError("auth.store 'redis' needs a Redis client")
+        return RedisKeyStore(client, settings.redis.key_prefix)
+    if auth.keys_file is None:
+        raise NoKeysConfigured(_NO_KEYS + " (auth.keys_file is not set)")
+    return FileKeyStore(auth.keys_file, reload_interval_s=auth.keys_reload_interval_s)
+
+
+def pepper_of(auth: AuthSettings) -> bytes | None:
+    """The configured pepper as bytes."""
+    return auth.pepper.encode("utf-8") if auth.pepper else None
+
+
+_NO_KEYS = (
+    "authentication is enabled but the key store has no usable API key. Create one with "
+    "`tiergate keys create --keys-file PATH --tenant NAME` (and set auth.keys_file) or "
+    "`tiergate keys create --redis-url URL ...`, or set auth.enabled: false for development"
+)
+
+
+def _any_usable(records: list[KeyRecord]) -> bool:
+    now = time.time()
+    return any(r.usable(now) for r in records)
+
+
+def require_keys_now(store: KeyStore) -> None:
+    """Synchronous start-up check for stores read at construction (the file store)."""
+    if isinstance(store, FileKeyStore) and not _any_usable(store.records()):
+        raise NoKeysConfigured(_NO_KEYS + f" ({store.path} has none)")
+
+
+async def require_keys(store: KeyStore) -> bool:
+    """Start-up check: raise when the store surely has no usable key.
+
+    Returns ``False`` when the store cannot be reached: the gateway then starts and answers
+    503 until it can, rather than refusing (Redis may come up after the gateway).
+    """
+    try:
+        records = await store.all()
+    except KeyStoreUnavailable:
+        return False
+    if not _any_usable(records):
+        raise NoKeysConfigured(_NO_KEYS)
+    return True
+
+
+def preflight(settings: Settings) -> None:
+    """Before serving: raise NoKeysConfigured when auth is on and no usable key exists."""
+    if not settings.auth.enabled:
+        return
+    if settings.auth.store != "redis":
+        require_keys_now(key_store(settings, None))
+        return
+
+    async def check() -> None:
+        client = open_redis(settings.redis)
+        try:
+            await require_keys(key_store(settings, client))
+        finally:
+            await client.aclose()
+
+    asyncio.run(check())
+
+
+class Access:
+    """Authentication, rate limiting and key admin, built from settings for ``create_app``.
+
+    Owns the Redis client (one connection pool, connecting lazily on the event loop) when any
+    part uses Redis; ``startup`` checks the key store, ``shutdown`` closes the pool.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        auth: Authenticator | None = None,
+        limiter: RequestLimiter | None = None,
+    ) -> None:
+        cfg = settings.auth
+        admin_token = cfg.read_admin_token() if cfg.enabled else None
+        uses_redis = (
+            (cfg.enabled and cfg.store == "redis" and (auth is None or admin_token is not None))
+            or (limiter is None and settings.ratelimit.backend == "redis")
+        )
+        self.client: Redis | None = open_redis(settings.redis) if uses_redis else None
+        self.metrics = LimitMetrics()
+        self.store: KeyStore | None = None
+        if cfg.enabled and (auth is None or admin_token is not None):
+            self.store = key_store(settings, self.client)
+        self._check_store = auth is None and cfg.enabled
+        if self._check_store and self.store is not None:
+            require_keys_now(self.store)
+        self.authenticator: Authenticator = auth or self._authenticator(settings)
+        self.limiter: RequestLimiter = limiter or build_limiter(settings, self.client,
+                                                                self.metrics)
+        self.handlers: list[Any] = []
+        if admin_token is not None and self.store is not None:
+            self.handlers = admin_key_handlers(self.store, admin_token, tiers=tuple(settings.tiers),
+                                               pepper=pepper_of(cfg))
+
+    def _authenticator(self, settings: Settings) -> Authenticator:
+        if self.store is None:
+            return OpenAuthenticator()
+        health = BackendHealth("redis", down_event=EVENT_STORE_DOWN, up_event=EVENT_STORE_UP,
+                               retry_interval_s=settings.ratelimit.redis_retry_interval_s)
+        return KeyAuthenticator(self.store, pepper=pepper_of(settings.auth),
+                                cache_ttl_s=settings.auth.cache_ttl_s,
+                                health=health if settings.auth.store == "redis" else None)
+
+    async def startup(self) -> None:
+        """Refuse to start (NoKeysConfigured) when the key store surely has no usable key."""
+        store = self.store
+        if self._check_store and isinstance(store, RedisKeyStore) and not await require_keys(store):
+            _log.warning(EVENT_STORE_DOWN, backend="redis", phase="startup")
+
+    async def shutdown(self) -> None:
+        """Close the Redis connection pool."""
+        if self.client is not None:
+            await self.client.aclose()

@@ -1,0 +1,161 @@
+"""The Redis rate limiter: one Lua script per admission, one per reconciliation.
+
+The scripts do policies/ratelimit.py's GCRA arithmetic inside Redis, on Redis' own clock
+(``TIME``), so every gateway replica shares one exact budget per key whatever their clocks say.
+Per key (``{id}`` is a hash tag, so a key's data stays on one cluster slot):
+
+- ``<prefix>rl:{id}``   hash: ``r`` request debt, ``t`` token debt, ``s`` stamp (µs);
+  expires once fully drained;
+- ``<prefix>rl:{id}:c`` sorted set of in-flight request slots scored by lease expiry (µs), so
+  a replica that dies mid-request cannot leak a concurrency slot for longer than the lease.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+
+from gateway.settings import RedisSettings
+from policies.ratelimit import PERIOD_S, Limit, LimitSpec, Quota, Verdict
+
+# Shared by both scripts: read both buckets and drain them to Redis' ``now``.
+_DRAIN = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local rl, tl, period = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local v = redis.call('HMGET', KEYS[1], 'r', 't', 's')
+local elapsed = now - (tonumber(v[3]) or now)
+local function drain(debt, limit)
+  if limit <= 0 or not debt then return 0 end
+  local level = tonumber(debt) - elapsed * limit / period
+  if level < 0 then return 0 end
+  return level
+end
+local r, tk = drain(v[1], rl), drain(v[2], tl)
+local function ms(units, limit) return math.ceil(units * period / limit / 1000) end
+local function store()
+  redis.call('HSET', KEYS[1], 'r', r, 't', tk, 's', now)
+  local ttl = 0
+  if rl > 0 then ttl = ms(r, rl) end
+  if tl > 0 then ttl = math.max(ttl, ms(tk, tl)) end
+  redis.call('PEXPIRE', KEYS[1], ttl + 1000)
+end
+"""
+
+# KEYS: bucket, slots. ARGV: rpm, tpm, period_us (0 = no limit), tokens, concurrency, slot,
+# lease_us. Returns {exceeded (0 none, 1 requests, 2 tokens, 3 concurrency), wait_ms (-1:
+# never fits), requests remaining, requests reset ms, tokens remaining, tokens reset ms}.
+_ACQUIRE = _DRAIN + """
+local cost, cl = tonumber(ARGV[4]), tonumber(ARGV[5])
+local exceeded, wait = 0, 0
+if rl > 0 and r + 1 > rl then
+  exceeded, wait = 1, ms(r + 1 - rl, rl)
+elseif tl > 0 and tk + cost > tl then
+  exceeded = 2
+  if cost > tl then wait = -1 else wait = ms(tk + cost - tl, tl) end
+elseif cl > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+  if redis.call('ZCARD', KEYS[2]) >= cl then exceeded, wait = 3, 1000 end
+end
+if exceeded == 0 then
+  if rl > 0 then r = r + 1 end
+  if tl > 0 then tk = tk + cost end
+  if rl > 0 or tl > 0 then store() end
+  if cl > 0 then
+    local lease = tonumber(ARGV[7])
+    redis.call('ZADD', KEYS[2], now + lease, ARGV[6])
+    redis.call('PEXPIRE', KEYS[2], math.ceil(lease / 1000) + 1000)
+  end
+end
+local rrem, rreset, trem, treset = 0, 0, 0, 0
+if rl > 0 then rrem, rreset = math.max(0, math.floor(rl - r)), ms(r, rl) end
+if tl > 0 then trem, treset = math.max(0, math.floor(tl - tk)), ms(tk, tl) end
+return {exceeded, wait, rrem, rreset, trem, treset}
+"""
+
+# KEYS: bucket, slots. ARGV: rpm, tpm, period_us, token delta, slot. Refunds never go below 0.
+_RELEASE = _DRAIN + """
+if ARGV[5] ~= '' then redis.call('ZREM', KEYS[2], ARGV[5]) end
+local delta = tonumber(ARGV[4])
+if tl > 0 and delta ~= 0 and (v[3] or delta > 0) then
+  tk = math.max(0, tk + delta)
+  store()
+end
+return 1
+"""
+
+_EXCEEDED = {1: Limit.REQUESTS, 2: Limit.TOKENS, 3: Limit.CONCURRENCY}
+
+
+class RateLimitBackendUnavailable(Exception):
+    """Redis could not be reached or answered in time; the caller applies the failure policy."""
+
+
+def open_redis(settings: RedisSettings) -> Redis:
+    """A client with its own connection pool; it connects lazily, on the first command.
+
+    One quick retry (no backoff) replaces a pooled connection that died with a restarted
+    server; anything slower must fail fast so the failure policy can act.
+    """
+    return Redis.from_url(
+        settings.url,
+        socket_timeout=settings.socket_timeout_s,
+        socket_connect_timeout=settings.socket_timeout_s,
+        retry=Retry(NoBackoff(), 1),
+        health_check_interval=0,
+    )
+
+
+def _quota(limit: int | None, remaining: int, reset_ms: int) -> Quota | None:
+    return Quota(limit, remaining, reset_ms) if limit is not None else None
+
+
+class RedisRateLimiter:
+    """Exact limits shared by every replica connected to one Redis."""
+
+    def __init__(
+        self,
+        client: Redis,
+        *,
+        prefix: str = "tiergate:",
+        period_s: float = PERIOD_S,
+        lease_s: float = 900.0,
+    ) -> None:
+        self.client = client
+        self._prefix = prefix
+        self._period_us = int(period_s * 1_000_000)
+        self._lease_us = int(lease_s * 1_000_000)
+        self._acquire = client.register_script(_ACQUIRE)
+        self._release = client.register_script(_RELEASE)
+
+    def _keys(self, key_id: str) -> list[str]:
+        bucket = f"{self._prefix}rl:{{{key_id}}}"
+        return [bucket, bucket + ":c"]
+
+    async def _run(self, script: Any, keys: list[str], args: list[Any]) -> Any:
+        try:
+            return await script(keys=keys, args=args)
+        except (RedisError, OSError) as exc:
+            raise RateLimitBackendUnavailable(type(exc).__name__) from exc
+
+    async def acquire(self, key_id: str, spec: LimitSpec, tokens: int, slot: str) -> Verdict:
+        """Check every limit and record the request, atomically, in one round trip."""
+        args = [spec.rpm or 0, spec.tpm or 0, self._period_us, tokens, spec.concurrency or 0,
+                slot, self._lease_us]
+        reply = await self._run(self._acquire, self._keys(key_id), args)
+        code, wait, rrem, rreset, trem, treset = (int(x) for x in reply)
+        return Verdict(
+            exceeded=_EXCEEDED.get(code),
+            retry_after_ms=None if wait < 0 else wait,
+            requests=_quota(spec.rpm, rrem, rreset),
+            tokens=_quota(spec.tpm, trem, treset),
+        )
+
+    async def release(self, key_id: str, spec: LimitSpec, token_delta: int, slot: str) -> None:
+        """Reconcile the token bucket with real usage and free the slot, in one round trip."""
+        args = [spec.rpm or 0, spec.tpm or 0, self._period_us, token_delta, slot]
+        await self._run(self._release, self._keys(key_id), args)

@@ -1,0 +1,331 @@
+"""The rate-limit stage: per-key rpm + tpm + concurrency, headers, reconciliation, Redis policy.
+
+``KeyLimiter`` implements the ``RequestLimiter`` port over a ``RateLimitBackend`` (memory or
+Redis). Tokens are reserved at admission (prompt estimate + ``max_tokens``) and reconciled with
+the real usage when the answer ends (``settle``), streaming included.
+
+Redis failure policy (``ratelimit.on_redis_error``):
+
+- ``open`` (default): while Redis is unreachable each replica enforces the key's limits locally
+  (divided by ``ratelimit.degraded_replicas``), so limits keep holding per replica;
+- ``closed``: requests of rate-limited keys get 503 with ``Retry-After``.
+
+Either way: one log line per transition (``ratelimit.redis_unavailable`` /
+``ratelimit.redis_recovered``), the ``tiergate_ratelimit_backend_degraded`` gauge, and a probe
+of Redis at most every ``ratelimit.redis_retry_interval_s`` while degraded; recovery is
+automatic. Nothing here raises anything but RateLimited / RateLimitUnavailable to the caller.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
+from types import MappingProxyType
+
+import structlog
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from redis.asyncio import Redis
+
+from gateway.limiter_redis import RateLimitBackendUnavailable, RedisRateLimiter
+from gateway.settings import Settings
+from policies.errors import RateLimited, TierGateError
+from policies.principal import Principal
+from policies.ratelimit import (
+    Limit,
+    LimitSpec,
+    MemoryRateLimiter,
+    RateLimitBackend,
+    Verdict,
+    format_reset,
+)
+
+EVENT_REDIS_DOWN = "ratelimit.redis_unavailable"
+EVENT_REDIS_UP = "ratelimit.redis_recovered"
+METRIC_DECISIONS = "tiergate_ratelimit_decisions"
+METRIC_DEGRADED = "tiergate_ratelimit_backend_degraded"
+ALL_LIMITS = "all"
+_log = structlog.get_logger("tiergate.ratelimit")
+
+
+class RateLimitUnavailable(TierGateError):
+    """Fail-closed policy while the shared limiter is unreachable (503)."""
+
+    status = 503
+    error_type = "server_error"
+    default_code = "ratelimit_unavailable"
+
+
+class LimitMetrics:
+    """In-process counters, exportable as a prometheus_client collector (``registry.register``).
+
+    ``decisions[(limit, outcome)]``: limit is ``all`` (admitted), ``requests``, ``tokens``,
+    ``concurrency`` or ``backend``; outcome is ``allowed`` / ``rejected`` (shared limiter),
+    ``allowed_local`` / ``rejected_local`` (per-replica fallback) or ``unavailable``
+    (fail-closed). ``degraded`` is 1 while a backend is unreachable.
+    """
+
+    def __init__(self) -> None:
+        self.decisions: Counter[tuple[str, str]] = Counter()
+        self.degraded: dict[str, int] = {}
+
+    def decision(self, limit: str, outcome: str) -> None:
+        """Count one admission decision."""
+        self.decisions[(limit, outcome)] += 1
+
+    def set_degraded(self, backend: str, degraded: bool) -> None:
+        """Set the degraded gauge of ``backend``."""
+        self.degraded[backend] = int(degraded)
+
+    def collect(self) -> Iterator[Metric]:
+        """The prometheus_client collector protocol."""
+        decisions = CounterMetricFamily(
+            METRIC_DECISIONS, "Rate-limit admission decisions.", labels=["limit", "outcome"]
+        )
+        for (limit, outcome), count in sorted(self.decisions.items()):
+            decisions.add_metric([limit, outcome], count)
+        degraded = GaugeMetricFamily(
+            METRIC_DEGRADED, "1 while the shared limit backend is unreachable.", labels=["backend"]
+        )
+        for backend, value in sorted(self.degraded.items()):
+            degraded.add_metric([backend], value)
+        yield decisions
+        yield degraded
+
+
+class BackendHealth:
+    """healthy ⇄ degraded for one remote backend; one log line per transition, never per call."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        down_event: str,
+        up_event: str,
+        retry_interval_s: float = 1.0,
+        on_change: Callable[[bool], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        **log_fields: str,
+    ) -> None:
+        self.name = name
+        self.healthy = True
+        self._down_event, self._up_event = down_event, up_event
+        self._retry_interval_s = retry_interval_s
+        self._on_change = on_change
+        self._clock = clock
+        self._since = 0.0
+        self._retry_at = 0.0
+        self._fields = log_fields
+
+    @property
+    def retry_interval_s(self) -> float:
+        """How often a degraded backend is probed."""
+        return self._retry_interval_s
+
+    def should_try(self) -> bool:
+        """True when healthy, or when a degraded backend is due for a probe."""
+        if self.healthy:
+            return True
+        now = self._clock()
+        if now >= self._retry_at:
+            self._retry_at = now + self._retry_interval_s
+            return True
+        return False
+
+    def failed(self, reason: str) -> None:
+        """A call failed: go degraded (logging once) and wait before probing again."""
+        now = self._clock()
+        self._retry_at = now + self._retry_interval_s
+        if self.healthy:
+            self.healthy = False
+            self._since = now
+            _log.warning(self._down_event, backend=self.name, error=reason, **self._fields)
+            if self._on_change is not None:
+                self._on_change(False)
+
+    def succeeded(self) -> None:
+        """A call worked: recover (logging once) if degraded."""
+        if not self.healthy:
+            self.healthy = True
+            down_s = round(self._clock() - self._since, 3)
+            _log.warning(self._up_event, backend=self.name, degraded_s=down_s, **self._fields)
+            if self._on_change is not None:
+                self._on_change(True)
+
+
+def rate_headers(verdict: Verdict) -> dict[str, str]:
+    """OpenAI's ``x-ratelimit-*`` headers for the limits a key has."""
+    headers: dict[str, str] = {}
+    for kind, quota in (("requests", verdict.requests), ("tokens", verdict.tokens)):
+        if quota is not None:
+            headers[f"x-ratelimit-limit-{kind}"] = str(quota.limit)
+            headers[f"x-ratelimit-remaining-{kind}"] = str(quota.remaining)
+            headers[f"x-ratelimit-reset-{kind}"] = format_reset(quota.reset_ms)
+    return headers
+
+
+def _rejection(principal: Principal, spec: LimitSpec, tokens: int, verdict: Verdict) -> (
+    RateLimited
+):
+    headers = rate_headers(verdict)
+    wait_ms = verdict.retry_after_ms
+    kid = principal.key_id
+    later = ""
+    if wait_ms is not None:
+        headers["retry-after"] = str(max(1, math.ceil(wait_ms / 1000)))
+        headers["retry-after-ms"] = str(wait_ms)
+        later = f" Please try again in {format_reset(wait_ms)}."
+    if verdict.exceeded is Limit.REQUESTS:
+        message = f"Rate limit reached for requests per minute on key {kid}: limit {spec.rpm}."
+    elif verdict.exceeded is Limit.CONCURRENCY:
+        message = (f"Too many concurrent requests on key {kid}: limit {spec.concurrency} "
+                   "in flight.")
+    elif wait_ms is None:
+        return RateLimited(
+            f"Request too large for key {kid}: it reserves {tokens} tokens (prompt estimate + "
+            f"max_tokens) but the key allows {spec.tpm} tokens per minute. Lower max_tokens.",
+            headers=headers,
+        )
+    else:
+        message = (f"Rate limit reached for tokens per minute on key {kid}: limit {spec.tpm}, "
+                   f"requested {tokens}.")
+    return RateLimited(message + later, headers=headers)
+
+
+class _Unlimited:
+    headers: Mapping[str, str] = MappingProxyType({})
+
+    async def settle(self, used_tokens: int | None) -> None:
+        """Nothing was reserved."""
+
+
+_UNLIMITED = _Unlimited()
+
+
+class KeyAdmission:
+    """One admitted request: its headers, and the reservation ``settle`` reconciles once."""
+
+    __slots__ = ("_backend", "_key_id", "_limiter", "_reserved", "_settled", "_slot", "_spec",
+                 "headers")
+
+    def __init__(
+        self,
+        limiter: KeyLimiter,
+        backend: RateLimitBackend,
+        *,
+        key_id: str,
+        spec: LimitSpec,
+        reserved: int,
+        slot: str,
+        headers: Mapping[str, str],
+    ) -> None:
+        self._limiter, self._backend, self._key_id = limiter, backend, key_id
+        self._spec, self._reserved, self._slot = spec, reserved, slot
+        self._settled = False
+        self.headers = headers
+
+    async def settle(self, used_tokens: int | None) -> None:
+        """Refund or charge the difference from the reservation; free the concurrency slot."""
+        if self._settled:
+            return
+        self._settled = True
+        delta = 0
+        if self._spec.tpm is not None and used_tokens is not None:
+            delta = used_tokens - self._reserved
+        if delta == 0 and not self._slot:
+            return
+        try:
+            await self._backend.release(self._key_id, self._spec, delta, self._slot)
+        except RateLimitBackendUnavailable as exc:
+            # The slot's lease expires in Redis; the reservation stays charged (safe side).
+            self._limiter.backend_failed(str(exc))
+
+
+class KeyLimiter:
+    """The ``RequestLimiter``: a key's limits on a shared backend, with a failure policy."""
+
+    def __init__(
+        self,
+        backend: RateLimitBackend,
+        *,
+        metrics: LimitMetrics,
+        health: BackendHealth | None = None,
+        fallback: RateLimitBackend | None = None,
+        fallback_share: int = 1,
+    ) -> None:
+        self._backend = backend
+        self._metrics = metrics
+        self._health = health
+        self._fallback = fallback
+        self._share = fallback_share
+
+    def backend_failed(self, reason: str) -> None:
+        """Record a failed call to the shared backend."""
+        if self._health is not None:
+            self._health.failed(reason)
+
+    async def admit(self, principal: Principal, reserve_tokens: int) -> KeyAdmission | _Unlimited:
+        """Reserve one request and ``reserve_tokens``; raises RateLimited when over a limit."""
+        spec = LimitSpec.of(principal.policy)
+        if not spec.active:
+            return _UNLIMITED
+        slot = secrets.token_hex(8) if spec.concurrency is not None else ""
+        backend, spec, verdict = await self._acquire(principal.key_id, spec, reserve_tokens, slot)
+        suffix = "" if backend is self._backend else "_local"
+        if verdict.exceeded is not None:
+            self._metrics.decision(verdict.exceeded.value, "rejected" + suffix)
+            raise _rejection(principal, spec, reserve_tokens, verdict)
+        self._metrics.decision(ALL_LIMITS, "allowed" + suffix)
+        return KeyAdmission(self, backend, key_id=principal.key_id, spec=spec,
+                            reserved=reserve_tokens, slot=slot, headers=rate_headers(verdict))
+
+    async def _acquire(
+        self, key_id: str, spec: LimitSpec, tokens: int, slot: str
+    ) -> tuple[RateLimitBackend, LimitSpec, Verdict]:
+        health = self._health
+        if health is None or health.should_try():
+            try:
+                verdict = await self._backend.acquire(key_id, spec, tokens, slot)
+            except RateLimitBackendUnavailable as exc:
+                self.backend_failed(str(exc))
+            else:
+                if health is not None:
+                    health.succeeded()
+                return self._backend, spec, verdict
+        if self._fallback is None:
+            self._metrics.decision("backend", "unavailable")
+            retry = math.ceil(health.retry_interval_s) if health is not None else 1
+            raise RateLimitUnavailable(
+                "Rate limiting is temporarily unavailable; try again shortly.",
+                headers={"retry-after": str(max(1, retry))},
+            )
+        local = spec.shared(self._share)
+        return self._fallback, local, await self._fallback.acquire(key_id, local, tokens, slot)
+
+
+def build_limiter(settings: Settings, client: Redis | None, metrics: LimitMetrics) -> KeyLimiter:
+    """The limiter ``settings.ratelimit`` asks for (``client`` is needed for Redis)."""
+    rl = settings.ratelimit
+    if rl.backend == "memory":
+        return KeyLimiter(MemoryRateLimiter(), metrics=metrics)
+    if client is None:
+        raise ValueError("ratelimit.backend 'redis' needs a Redis client")
+    lease_s = max(tier.timeouts.total_s for tier in settings.tiers.values()) + 60.0
+    metrics.set_degraded("redis", False)
+    health = BackendHealth(
+        "redis",
+        down_event=EVENT_REDIS_DOWN,
+        up_event=EVENT_REDIS_UP,
+        retry_interval_s=rl.redis_retry_interval_s,
+        on_change=lambda up: metrics.set_degraded("redis", not up),
+        policy=rl.on_redis_error,
+    )
+    return KeyLimiter(
+        RedisRateLimiter(client, prefix=settings.redis.key_prefix, lease_s=lease_s),
+        metrics=metrics,
+        health=health,
+        fallback=MemoryRateLimiter() if rl.on_redis_error == "open" else None,
+        fallback_share=rl.degraded_replicas,
+    )

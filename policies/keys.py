@@ -1,0 +1,318 @@
+"""API keys: format, digests, records with their policy, and the key-store port.
+
+A key reads ``tg-<key_id>-<secret>``. The id (10 lowercase letters/digits) is safe to log and
+is how a record is found; the secret (43 base62 characters, about 256 bits) is shown once at
+creation and never stored: a record keeps only a digest of the whole key, SHA-256 or, with a
+server-side pepper, HMAC-SHA-256. Verification compares digests in constant time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import string
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+from policies.errors import AuthenticationFailed, TierGateError
+from policies.principal import SCOPE_DOWNGRADE, SCOPE_ROUTE_OVERRIDE, KeyPolicy, Principal
+
+KEY_PREFIX = "tg"
+KNOWN_SCOPES = frozenset({SCOPE_ROUTE_OVERRIDE, SCOPE_DOWNGRADE})
+_DAY_S = 86400.0
+_ID_ALPHABET = string.ascii_lowercase + string.digits
+_SECRET_ALPHABET = string.ascii_letters + string.digits
+_ID_LENGTH = 10
+_SECRET_LENGTH = 43
+_MAX_ID_LENGTH = 64
+_MIN_SECRET, _MAX_SECRET = 16, 256
+
+
+class KeyStoreUnavailable(TierGateError):
+    """The key store cannot be reached and the key is not in the local cache (503)."""
+
+    status = 503
+    error_type = "server_error"
+    default_code = "auth_unavailable"
+
+
+def bearer_token(authorization: str | None) -> str:
+    """The token of a ``Bearer`` header; raises 401 (never quoting the header)."""
+    if not authorization:
+        raise AuthenticationFailed(
+            "You didn't provide an API key. Send it as 'Authorization: Bearer <key>'.",
+            code="missing_api_key",
+        )
+    scheme, _, token = authorization.strip().partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise AuthenticationFailed(
+            "The Authorization header must read 'Bearer <key>'.", code="invalid_api_key"
+        )
+    return token.strip()
+
+
+def new_key_id() -> str:
+    """A short random id, safe to log."""
+    return "".join(secrets.choice(_ID_ALPHABET) for _ in range(_ID_LENGTH))
+
+
+def _new_secret() -> str:
+    return "".join(secrets.choice(_SECRET_ALPHABET) for _ in range(_SECRET_LENGTH))
+
+
+def valid_key_id(key_id: str) -> bool:
+    """True for a syntactically valid key id (lowercase letters, digits, ``_``)."""
+    return 0 < len(key_id) <= _MAX_ID_LENGTH and all(
+        c in _ID_ALPHABET or c == "_" for c in key_id
+    )
+
+
+def parse_key(token: str) -> str | None:
+    """The key id of a well-formed key, else ``None``. Never echo ``token`` anywhere."""
+    prefix, sep, rest = token.partition("-")
+    key_id, sep2, secret = rest.partition("-")
+    if prefix != KEY_PREFIX or not sep or not sep2 or not valid_key_id(key_id):
+        return None
+    if not _MIN_SECRET <= len(secret) <= _MAX_SECRET or not secret.isascii():
+        return None
+    return key_id
+
+
+def key_digest(token: str, pepper: bytes | None = None) -> str:
+    """The stored form of a key: ``sha256:<hex>`` or, with a pepper, ``hmac-sha256:<hex>``."""
+    data = token.encode("utf-8")
+    if pepper:
+        return "hmac-sha256:" + hmac.new(pepper, data, hashlib.sha256).hexdigest()
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def policy_to_dict(policy: KeyPolicy) -> dict[str, Any]:
+    """A plain mapping (YAML/JSON) of a key policy."""
+    return {
+        "tiers": sorted(policy.allowed_tiers) if policy.allowed_tiers is not None else None,
+        "rpm": policy.rpm,
+        "tpm": policy.tpm,
+        "max_tokens": policy.max_tokens,
+        "concurrency": policy.max_concurrency,
+        "expires_at": policy.expires_at,
+        "scopes": sorted(policy.scopes),
+    }
+
+
+def _positive(data: dict[str, Any], name: str) -> int | None:
+    value = data.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"policy field {name!r} must be a positive integer or null")
+    return value
+
+
+def _names(data: dict[str, Any], name: str) -> frozenset[str] | None:
+    value = data.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"policy field {name!r} must be a list of names")
+    return frozenset(value)
+
+
+def policy_from_dict(data: dict[str, Any]) -> KeyPolicy:
+    """Parse and check a key policy mapping."""
+    unknown = set(data) - {"tiers", "rpm", "tpm", "max_tokens", "concurrency", "expires_at",
+                           "scopes"}
+    if unknown:
+        raise ValueError(f"unknown policy fields: {sorted(unknown)}")
+    expires = data.get("expires_at")
+    if expires is not None and (isinstance(expires, bool) or not isinstance(expires, int | float)):
+        raise ValueError("policy field 'expires_at' must be epoch seconds or null")
+    tiers = _names(data, "tiers")
+    if tiers is not None and not tiers:
+        raise ValueError("policy field 'tiers' must name at least one tier (or be null: all)")
+    return KeyPolicy(
+        allowed_tiers=tiers,
+        rpm=_positive(data, "rpm"),
+        tpm=_positive(data, "tpm"),
+        max_tokens=_positive(data, "max_tokens"),
+        max_concurrency=_positive(data, "concurrency"),
+        expires_at=float(expires) if expires is not None else None,
+        scopes=_names(data, "scopes") or frozenset(),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class KeyRecord:
+    """What a key store keeps about one key: never the key itself."""
+
+    key_id: str
+    tenant: str
+    digest: str
+    policy: KeyPolicy
+    created_at: float
+    name: str = ""
+    disabled: bool = False
+
+    def matches(self, token: str, pepper: bytes | None) -> bool:
+        """Constant-time check that ``token`` is this record's key."""
+        return hmac.compare_digest(key_digest(token, pepper), self.digest)
+
+    def usable(self, now: float) -> bool:
+        """Neither disabled nor expired at ``now`` (epoch seconds)."""
+        expires = self.policy.expires_at
+        return not self.disabled and (expires is None or now < expires)
+
+    def principal(self) -> Principal:
+        """The principal this key authenticates as."""
+        return Principal(key_id=self.key_id, tenant=self.tenant, policy=self.policy)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A plain mapping for the YAML file and Redis."""
+        return {
+            "id": self.key_id,
+            "tenant": self.tenant,
+            "name": self.name,
+            "digest": self.digest,
+            "created_at": self.created_at,
+            "disabled": self.disabled,
+            "policy": policy_to_dict(self.policy),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> KeyRecord:
+        """Parse and check a stored record."""
+        key_id, tenant, digest = data.get("id"), data.get("tenant"), data.get("digest")
+        if not isinstance(key_id, str) or not valid_key_id(key_id):
+            raise ValueError("a key record needs a valid 'id'")
+        if not isinstance(tenant, str) or not tenant:
+            raise ValueError(f"key {key_id}: 'tenant' must be a non-empty string")
+        if not isinstance(digest, str) or not digest.startswith(("sha256:", "hmac-sha256:")):
+            raise ValueError(f"key {key_id}: 'digest' must be sha256:<hex> or hmac-sha256:<hex>")
+        policy = data.get("policy") or {}
+        if not isinstance(policy, dict):
+            raise ValueError(f"key {key_id}: 'policy' must be a mapping")  # noqa: TRY004  # callers handle every malformed-input case as ValueError
+        created = data.get("created_at", 0.0)
+        if isinstance(created, bool) or not isinstance(created, int | float):
+            raise ValueError(f"key {key_id}: 'created_at' must be epoch seconds")  # noqa: TRY004  # callers handle every malformed-input case as ValueError
+        try:
+            parsed_policy = policy_from_dict(policy)
+        except ValueError as exc:
+            raise ValueError(f"key {key_id}: {exc}") from None
+        return cls(
+            key_id=key_id,
+            tenant=tenant,
+            digest=digest,
+            policy=parsed_policy,
+            created_at=float(created),
+            name=str(data.get("name") or ""),
+            disabled=bool(data.get("disabled", False)),
+        )
+
+
+def issue_key(
+    tenant: str, policy: KeyPolicy, *, now: float, name: str = "", pepper: bytes | None = None
+) -> tuple[KeyRecord, str]:
+    """A new record and its key (the only time the key exists in clear)."""
+    if not tenant:
+        raise ValueError("a key needs a tenant")
+    key_id = new_key_id()
+    token = f"{KEY_PREFIX}-{key_id}-{_new_secret()}"
+    record = KeyRecord(key_id, tenant, key_digest(token, pepper), policy, now, name)
+    return record, token
+
+
+def rotate_key(record: KeyRecord, pepper: bytes | None = None) -> tuple[KeyRecord, str]:
+    """The same id and policy with a new secret; the old key stops matching."""
+    token = f"{KEY_PREFIX}-{record.key_id}-{_new_secret()}"
+    return replace(record, digest=key_digest(token, pepper)), token
+
+
+class KeyStore(Protocol):
+    """Where key records live: a YAML file or Redis. Raises KeyStoreUnavailable on IO errors."""
+
+    async def get(self, key_id: str) -> KeyRecord | None:
+        """The record with this id, if any."""
+        ...
+
+    async def put(self, record: KeyRecord) -> None:
+        """Create or replace a record."""
+        ...
+
+    async def all(self) -> list[KeyRecord]:
+        """Every record, disabled ones included, sorted by creation time."""
+        ...
+
+
+def make_policy(
+    *,
+    tiers: list[str] | None = None,
+    rpm: int | None = None,
+    tpm: int | None = None,
+    max_tokens: int | None = None,
+    concurrency: int | None = None,
+    expires_in_days: float | None = None,
+    scopes: list[str] | None = None,
+    now: float,
+    known_tiers: tuple[str, ...] | None = None,
+) -> KeyPolicy:
+    """A checked policy from creation options (command line or admin API)."""
+    unknown_scopes = set(scopes or ()) - KNOWN_SCOPES
+    if unknown_scopes:
+        raise ValueError(f"unknown scopes {sorted(unknown_scopes)}; known: {sorted(KNOWN_SCOPES)}")
+    if tiers is not None and known_tiers is not None and set(tiers) - set(known_tiers):
+        raise ValueError(f"unknown tiers {sorted(set(tiers) - set(known_tiers))}; "
+                         f"configured: {list(known_tiers)}")
+    if expires_in_days is not None and expires_in_days <= 0:
+        raise ValueError("expires_in_days must be positive")
+    expires = now + expires_in_days * _DAY_S if expires_in_days is not None else None
+    return policy_from_dict({
+        "tiers": tiers, "rpm": rpm, "tpm": tpm, "max_tokens": max_tokens,
+        "concurrency": concurrency, "expires_at": expires, "scopes": scopes or [],
+    })
+
+
+def describe(record: KeyRecord, now: float) -> dict[str, Any]:
+    """A record for listings: everything but the digest."""
+    status = "revoked" if record.disabled else ("active" if record.usable(now) else "expired")
+    return {
+        "id": record.key_id,
+        "tenant": record.tenant,
+        "name": record.name,
+        "status": status,
+        "created_at": record.created_at,
+        "policy": policy_to_dict(record.policy),
+    }
+
+
+async def create_key(
+    store: KeyStore, tenant: str, policy: KeyPolicy, *, now: float, name: str = "",
+    pepper: bytes | None = None,
+) -> tuple[KeyRecord, str]:
+    """Issue and store a key; the returned key is never seen again."""
+    record, token = issue_key(tenant, policy, now=now, name=name, pepper=pepper)
+    await store.put(record)
+    return record, token
+
+
+async def revoke_key(store: KeyStore, key_id: str) -> KeyRecord | None:
+    """Disable a key for good (the record stays for audit); ``None`` if unknown."""
+    record = await store.get(key_id)
+    if record is None:
+        return None
+    revoked = replace(record, disabled=True)
+    await store.put(revoked)
+    return revoked
+
+
+async def rotate_stored_key(
+    store: KeyStore, key_id: str, pepper: bytes | None = None
+) -> tuple[KeyRecord, str] | None:
+    """Give a key a new secret (same id and policy); ``None`` if unknown."""
+    record = await store.get(key_id)
+    if record is None:
+        return None
+    if record.disabled:
+        raise ValueError(f"key {key_id} is revoked and cannot be rotated")
+    rotated, token = rotate_key(record, pepper)
+    await store.put(rotated)
+    return rotated, token

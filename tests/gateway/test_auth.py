@@ -1,0 +1,143 @@
+"""The authentication stage over real key stores: verdicts, cache, and Redis outages."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from redis.asyncio import Redis
+from structlog.testing import capture_logs
+
+from gateway.auth import EVENT_STORE_DOWN, EVENT_STORE_UP, KeyAuthenticator
+from gateway.keystore_file import FileKeyStore
+from gateway.keystore_redis import RedisKeyStore
+from gateway.limiter_redis import open_redis
+from gateway.limits import BackendHealth
+from gateway.settings import RedisSettings
+from policies.errors import AuthenticationFailed
+from policies.keys import KeyStoreUnavailable, create_key, revoke_key
+from policies.principal import KeyPolicy
+from tests.redis_server import RedisServer, redis_server
+
+__all__ = ["redis_server"]
+
+
+class Clock:
+    """A hand-moved monotonic clock."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def file_store(tmp_path: Path) -> FileKeyStore:
+    """An empty key file store."""
+    return FileKeyStore(tmp_path / "keys.yaml", reload_interval_s=0)
+
+
+async def test_valid_key_yields_its_principal(file_store: FileKeyStore) -> None:
+    """A good key authenticates as its id, tenant and policy."""
+    policy = KeyPolicy(allowed_tiers=frozenset({"fast"}), rpm=7)
+    record, token = await create_key(file_store, "team-a", policy, now=1.0)
+    principal = await KeyAuthenticator(file_store).authenticate(f"Bearer {token}")
+    assert (principal.key_id, principal.tenant, principal.policy) == (record.key_id, "team-a",
+                                                                      policy)
+
+
+@pytest.mark.parametrize(
+    ("header", "code"),
+    [(None, "missing_api_key"), ("Basic x", "invalid_api_key"), ("Bearer sk-x", "invalid_api_key"),
+     ("Bearer tg-unknownid-" + "x" * 43, "invalid_api_key")],
+)
+async def test_bad_headers_are_401(file_store: FileKeyStore, header: str | None,
+                                   code: str) -> None:
+    """Missing, malformed and unknown keys are refused with 401."""
+    await create_key(file_store, "t", KeyPolicy(), now=1.0)
+    with pytest.raises(AuthenticationFailed) as info:
+        await KeyAuthenticator(file_store).authenticate(header)
+    assert info.value.status == 401
+    assert info.value.code == code
+
+
+async def test_wrong_secret_for_a_real_id_is_401(file_store: FileKeyStore) -> None:
+    """Knowing a key id (it is logged) does not help without the secret."""
+    record, token = await create_key(file_store, "t", KeyPolicy(), now=1.0)
+    forged = f"tg-{record.key_id}-" + "A" * 43
+    with pytest.raises(AuthenticationFailed) as info:
+        await KeyAuthenticator(file_store).authenticate(f"Bearer {forged}")
+    assert info.value.code == "invalid_api_key"
+    assert token not in info.value.message
+
+
+async def test_revoked_and_expired_keys_are_401(file_store: FileKeyStore) -> None:
+    """Disabled and expired keys are refused and say why."""
+    revoked, revoked_token = await create_key(file_store, "t", KeyPolicy(), now=1.0)
+    await revoke_key(file_store, revoked.key_id)
+    _, expired_token = await create_key(file_store, "t", KeyPolicy(expires_at=50.0), now=1.0)
+    auth = KeyAuthenticator(file_store, wall_clock=lambda: 100.0)
+    for token, code in ((revoked_token, "api_key_revoked"), (expired_token, "api_key_expired")):
+        with pytest.raises(AuthenticationFailed) as info:
+            await auth.authenticate(f"Bearer {token}")
+        assert info.value.code == code
+
+
+async def test_revocation_reaches_a_cached_replica_within_the_ttl(
+    file_store: FileKeyStore,
+) -> None:
+    """A cached key keeps working until cache_ttl_s, then the revocation applies."""
+    clock = Clock()
+    record, token = await create_key(file_store, "t", KeyPolicy(), now=1.0)
+    auth = KeyAuthenticator(file_store, cache_ttl_s=30.0, clock=clock)
+    await auth.authenticate(f"Bearer {token}")
+    await revoke_key(file_store, record.key_id)
+    clock.now += 29.0
+    assert (await auth.authenticate(f"Bearer {token}")).key_id == record.key_id
+    clock.now += 2.0
+    with pytest.raises(AuthenticationFailed):
+        await auth.authenticate(f"Bearer {token}")
+
+
+async def test_new_key_works_at_once_on_another_replica(redis_server: RedisServer) -> None:
+    """Unknown ids are not cached: a key created elsewhere works on the next request."""
+    one, two = Redis.from_url(redis_server.url), Redis.from_url(redis_server.url)
+    try:
+        auth = KeyAuthenticator(RedisKeyStore(two), cache_ttl_s=60.0)
+        missing = "tg-abcdefghij-" + "x" * 43
+        with pytest.raises(AuthenticationFailed):
+            await auth.authenticate(f"Bearer {missing}")
+        _, token = await create_key(RedisKeyStore(one), "t", KeyPolicy(), now=1.0)
+        assert (await auth.authenticate(f"Bearer {token}")).tenant == "t"
+    finally:
+        await one.aclose()
+        await two.aclose()
+
+
+async def test_cached_keys_survive_a_redis_outage(redis_server: RedisServer) -> None:
+    """While Redis is down known keys still work from cache, unknown ones get 503."""
+    client = open_redis(RedisSettings(url=redis_server.url))
+    clock = Clock()
+    try:
+        store = RedisKeyStore(client)
+        _, token = await create_key(store, "t", KeyPolicy(), now=1.0)
+        health = BackendHealth("redis", down_event=EVENT_STORE_DOWN, up_event=EVENT_STORE_UP,
+                               retry_interval_s=0.0)
+        auth = KeyAuthenticator(store, cache_ttl_s=1.0, health=health, clock=clock)
+        await auth.authenticate(f"Bearer {token}")
+        redis_server.kill()
+        clock.now += 5.0
+        with capture_logs() as logs:
+            for _ in range(3):
+                assert (await auth.authenticate(f"Bearer {token}")).tenant == "t"
+            with pytest.raises(KeyStoreUnavailable) as info:
+                await auth.authenticate("Bearer tg-otherkeyid-" + "y" * 43)
+            assert info.value.status == 503
+            redis_server.start()
+            _, token2 = await create_key(store, "t2", KeyPolicy(), now=2.0)
+            assert (await auth.authenticate(f"Bearer {token2}")).tenant == "t2"
+        events = [entry["event"] for entry in logs]
+        assert events == [EVENT_STORE_DOWN, EVENT_STORE_UP]
+    finally:
+        await client.aclose()

@@ -1,0 +1,131 @@
+"""`tiergate keys` against a real key file and a real Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from redis.asyncio import Redis
+
+from gateway.keys_cli import main
+from gateway.keystore_file import FileKeyStore
+from gateway.keystore_redis import RedisKeyStore
+from tests.redis_server import RedisServer, redis_server
+
+__all__ = ["redis_server"]
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """Run the command in-process; returns (code, stdout, stderr)."""
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_create_prints_the_key_last_and_stores_only_its_digest(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The key is the last stdout line; the file holds its policy and digest."""
+    path = tmp_path / "keys.yaml"
+    code, out, _ = run(capsys, "create", "--keys-file", str(path), "--tenant", "search",
+                       "--name", "bot", "--tiers", "fast", "--rpm", "60", "--tpm", "5000",
+                       "--max-tokens", "512", "--concurrency", "4", "--expires-in", "30",
+                       "--scope", "route_override")
+    assert code == 0
+    key = out.strip().splitlines()[-1]
+    assert key.startswith("tg-")
+    (record,) = FileKeyStore(path).records()
+    assert record.matches(key, None)
+    assert record.policy.rpm == 60
+    assert record.policy.allowed_tiers == frozenset({"fast"})
+    assert record.policy.scopes == frozenset({"route_override"})
+    assert key not in path.read_text()
+
+
+def test_list_never_shows_secrets(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Listings (text and JSON) show ids and policies, never keys or digests."""
+    path = tmp_path / "keys.yaml"
+    _, out, _ = run(capsys, "create", "--keys-file", str(path), "--tenant", "t", "--rpm", "5")
+    key = out.strip().splitlines()[-1]
+    _, text, _ = run(capsys, "list", "--keys-file", str(path))
+    _, raw, _ = run(capsys, "list", "--keys-file", str(path), "--json")
+    (item,) = json.loads(raw)
+    assert item["status"] == "active"
+    assert item["id"] in text
+    for listing in (text, raw):
+        assert key not in listing
+        assert key.rsplit("-", 1)[1] not in listing
+        assert "sha256" not in listing
+
+
+def test_revoke_and_rotate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Rotate prints a new key for the same id; revoke disables; unknown ids fail."""
+    path = tmp_path / "keys.yaml"
+    _, out, _ = run(capsys, "create", "--keys-file", str(path), "--tenant", "t")
+    old = out.strip().splitlines()[-1]
+    key_id = old.split("-")[1]
+    code, out, _ = run(capsys, "rotate", key_id, "--keys-file", str(path))
+    new = out.strip().splitlines()[-1]
+    assert code == 0
+    assert new != old
+    assert new.split("-")[1] == key_id
+    (record,) = FileKeyStore(path).records()
+    assert record.matches(new, None)
+    assert not record.matches(old, None)
+    assert run(capsys, "revoke", key_id, "--keys-file", str(path))[0] == 0
+    assert FileKeyStore(path).records()[0].disabled
+    code, _, err = run(capsys, "revoke", "nosuchkey", "--keys-file", str(path))
+    assert code == 1
+    assert "nosuchkey" in err
+
+
+def test_bad_options_fail_cleanly(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Invalid limits or scopes exit 2 with a message and create nothing."""
+    path = tmp_path / "keys.yaml"
+    code, _, err = run(capsys, "create", "--keys-file", str(path), "--tenant", "t", "--rpm", "0")
+    assert code == 2
+    assert "rpm" in err
+    code, _, err = run(capsys, "create", "--keys-file", str(path), "--tenant", "t",
+                       "--scope", "admin")
+    assert code == 2
+    assert not path.exists()
+
+
+def test_redis_store_via_url(redis_server: RedisServer, capsys: pytest.CaptureFixture[str]) -> None:
+    """--redis-url stores the key where every replica reads it."""
+    code, out, _ = run(capsys, "create", "--redis-url", redis_server.url, "--tenant", "t",
+                       "--tpm", "100")
+    key = out.strip().splitlines()[-1]
+    assert code == 0
+
+    async def lookup() -> bool:
+        client = Redis.from_url(redis_server.url)
+        try:
+            record = await RedisKeyStore(client).get(key.split("-")[1])
+        finally:
+            await client.aclose()
+        return record is not None and record.matches(key, None)
+
+    assert asyncio.run(lookup())
+
+
+def test_unreachable_redis_is_a_clean_error(capsys: pytest.CaptureFixture[str]) -> None:
+    """A Redis that does not answer gives exit code 2 and a message, not a traceback."""
+    code, _, err = run(capsys, "list", "--redis-url", "redis://127.0.0.1:1/0")
+    assert code == 2
+    assert "unavailable" in err
+
+
+def test_console_script_dispatches_keys(tmp_path: Path) -> None:
+    """`python -m tiergate keys create` works and prints the key last."""
+    path = tmp_path / "keys.yaml"
+    result = subprocess.run(
+        [sys.executable, "-m", "tiergate", "keys", "create", "--keys-file", str(path),
+         "--tenant", "demo"],
+        capture_output=True, text=True, timeout=60, check=True,
+    )
+    assert result.stdout.strip().splitlines()[-1].startswith("tg-")

@@ -1,0 +1,160 @@
+"""One contract for both key stores: the YAML file and Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import stat
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from redis.asyncio import Redis
+
+from gateway.keystore_file import FileKeyStore
+from gateway.keystore_redis import RedisKeyStore
+from gateway.limiter_redis import open_redis
+from gateway.settings import RedisSettings
+from policies.keys import (
+    KeyStore,
+    KeyStoreUnavailable,
+    create_key,
+    revoke_key,
+    rotate_stored_key,
+)
+from policies.principal import KeyPolicy
+from tests.redis_server import RedisServer, free_port, redis_server
+
+__all__ = ["redis_server"]
+NOW = 1_700_000_000.0
+
+
+@pytest.fixture(params=["file", "redis"])
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[KeyStore]:
+    """Each key store in turn, empty."""
+    if request.param == "file":
+        yield FileKeyStore(tmp_path / "keys.yaml", reload_interval_s=0)
+        return
+    server: RedisServer = request.getfixturevalue("redis_server")
+    client = Redis.from_url(server.url)
+    try:
+        yield RedisKeyStore(client, "test:")
+    finally:
+        await client.aclose()
+
+
+async def test_empty_store_has_no_keys(store: KeyStore) -> None:
+    """A new store lists nothing and finds nothing."""
+    assert await store.all() == []
+    assert await store.get("abc") is None
+
+
+async def test_created_key_is_found_by_id(store: KeyStore) -> None:
+    """A stored record comes back equal, by id and in the listing."""
+    policy = KeyPolicy(allowed_tiers=frozenset({"fast"}), rpm=3, scopes=frozenset({"downgrade"}))
+    record, token = await create_key(store, "team-a", policy, now=NOW, name="bot")
+    found = await store.get(record.key_id)
+    assert found == record
+    assert found is not None
+    assert found.matches(token, None)
+    assert await store.all() == [record]
+
+
+async def test_listing_is_sorted_by_creation(store: KeyStore) -> None:
+    """all() returns records oldest first."""
+    first, _ = await create_key(store, "a", KeyPolicy(), now=NOW)
+    second, _ = await create_key(store, "b", KeyPolicy(), now=NOW + 1)
+    assert [r.key_id for r in await store.all()] == [first.key_id, second.key_id]
+
+
+async def test_revoke_disables_but_keeps_the_record(store: KeyStore) -> None:
+    """A revoked key stays listed, disabled; unknown ids are reported."""
+    record, _ = await create_key(store, "a", KeyPolicy(), now=NOW)
+    revoked = await revoke_key(store, record.key_id)
+    assert revoked is not None
+    assert revoked.disabled
+    stored = await store.get(record.key_id)
+    assert stored is not None
+    assert stored.disabled
+    assert await revoke_key(store, "nosuchkey") is None
+
+
+async def test_rotate_replaces_the_secret(store: KeyStore) -> None:
+    """After rotation the stored digest matches the new key only."""
+    record, old = await create_key(store, "a", KeyPolicy(rpm=1), now=NOW)
+    result = await rotate_stored_key(store, record.key_id)
+    assert result is not None
+    _, new = result
+    stored = await store.get(record.key_id)
+    assert stored is not None
+    assert stored.matches(new, None)
+    assert not stored.matches(old, None)
+    assert stored.policy == record.policy
+
+
+async def test_rotating_a_revoked_key_is_refused(store: KeyStore) -> None:
+    """A revoked key cannot be brought back by rotation."""
+    record, _ = await create_key(store, "a", KeyPolicy(), now=NOW)
+    await revoke_key(store, record.key_id)
+    with pytest.raises(ValueError, match="revoked"):
+        await rotate_stored_key(store, record.key_id)
+
+
+async def test_store_never_holds_the_key(store: KeyStore, tmp_path: Path) -> None:
+    """Neither the file nor Redis contains the key or its secret."""
+    record, token = await create_key(store, "a", KeyPolicy(), now=NOW)
+    secret = token.rsplit("-", 1)[1]
+    if isinstance(store, FileKeyStore):
+        content = store.path.read_text()
+    else:
+        assert isinstance(store, RedisKeyStore)
+        raw = await store.client.get(f"test:key:{record.key_id}")
+        content = raw.decode()
+    assert record.key_id in content
+    assert secret not in content
+
+
+async def test_file_is_private_and_shared_between_instances(tmp_path: Path) -> None:
+    """The key file is mode 0600, and a second instance (another process) sees changes."""
+    path = tmp_path / "keys.yaml"
+    writer = FileKeyStore(path)
+    reader = FileKeyStore(path, reload_interval_s=0)
+    record, _ = await create_key(writer, "a", KeyPolicy(), now=NOW)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert await reader.get(record.key_id) == record
+    other, _ = await create_key(reader, "b", KeyPolicy(), now=NOW + 1)
+    assert {r.key_id for r in await writer.all()} == {record.key_id, other.key_id}
+
+
+def test_malformed_file_is_refused_with_its_path(tmp_path: Path) -> None:
+    """A key file that does not parse stops start-up with a clear message."""
+    path = tmp_path / "keys.yaml"
+    path.write_text("keys:\n  - id: abc\n    tenant: t\n    digest: md5:00\n")
+    with pytest.raises(ValueError, match="digest"):
+        FileKeyStore(path)
+
+
+async def test_redis_store_down_raises_unavailable() -> None:
+    """With Redis unreachable the store raises KeyStoreUnavailable, never a raw error."""
+    client = open_redis(RedisSettings(url=f"redis://127.0.0.1:{free_port()}/0"))
+    try:
+        store = RedisKeyStore(client)
+        with pytest.raises(KeyStoreUnavailable):
+            await store.get("abc")
+        with pytest.raises(KeyStoreUnavailable):
+            await store.all()
+    finally:
+        await client.aclose()
+
+
+async def test_redis_key_created_by_one_replica_is_seen_by_another(
+    redis_server: RedisServer,
+) -> None:
+    """A key stored through one client is found at once through another."""
+    one, two = Redis.from_url(redis_server.url), Redis.from_url(redis_server.url)
+    try:
+        record, _ = await create_key(RedisKeyStore(one), "a", KeyPolicy(), now=NOW)
+        found = await asyncio.wait_for(RedisKeyStore(two).get(record.key_id), 5)
+        assert found == record
+    finally:
+        await one.aclose()
+        await two.aclose()
