@@ -8,6 +8,9 @@ from simulator.schemas import encoder, error_payload
 
 DONE = b"data: [DONE]\n\n"
 _TAIL = b"]}\n\n"
+_CHAT_DELTA = b'{"index":0,"delta":{"content":'
+_TEXT_DELTA = b'{"index":0,"text":'
+_OPEN_TAIL = b',"logprobs":null,"finish_reason":null}]}\n\n'
 
 
 def usage(prompt: int, completion: int, cached: int) -> dict[str, Any]:
@@ -42,6 +45,11 @@ class ChunkEncoder:
 
     def token(self, text: str, finish_reason: str | None) -> bytes:
         """One token; the last one carries the finish reason."""
+        if finish_reason is None:
+            # The hot path: a fixed byte template around the encoded text.
+            if self._chat:
+                return self._head + _CHAT_DELTA + encoder.encode(text) + b"}" + _OPEN_TAIL
+            return self._head + _TEXT_DELTA + encoder.encode(text) + _OPEN_TAIL
         choice: dict[str, Any]
         if self._chat:
             choice = {"index": 0, "delta": {"content": text}, "logprobs": None,
