@@ -17,15 +17,21 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import structlog
 import yaml
 
-from policies.keys import KeyRecord
+from policies.keys import KeyRecord, KeyStoreUnavailable
 
 FORMAT_VERSION = 1
+EVENT_RELOAD_FAILED = "auth.keys_file_unreadable"
+_log = structlog.get_logger("tiergate.auth")
 
 
 def _parse(path: Path, text: str) -> dict[str, KeyRecord]:
-    data: Any = yaml.safe_load(text) or {}
+    try:
+        data: Any = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path}: not valid YAML ({type(exc).__name__})") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: the top level must be a mapping with a 'keys' list")  # noqa: TRY004  # callers handle every malformed-input case as ValueError
     items = data.get("keys") or []
@@ -82,7 +88,12 @@ class FileKeyStore:
         now = self._clock()
         if now - self._checked_at >= self._reload_interval_s:
             self._checked_at = now
-            await asyncio.to_thread(self._reload)
+            try:
+                await asyncio.to_thread(self._reload)
+            except (OSError, ValueError) as exc:
+                # A half-edited or unreadable file must not lock everyone out: keep serving
+                # the last good records, loudly, until the file is fixed.
+                _log.warning(EVENT_RELOAD_FAILED, path=str(self.path), error=str(exc)[:200])
 
     def records(self) -> list[KeyRecord]:
         """Every record, as last read (synchronous, for start-up checks)."""
@@ -102,6 +113,11 @@ class FileKeyStore:
         """Create or replace a record in the file."""
         await asyncio.to_thread(self.put_sync, record)
 
+    def _unwritable(self, exc: OSError) -> KeyStoreUnavailable:
+        return KeyStoreUnavailable(
+            f"The key file {self.path} cannot be written ({exc.strerror or type(exc).__name__})."
+        )
+
     @contextmanager
     def _locked(self) -> Iterator[None]:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -114,13 +130,16 @@ class FileKeyStore:
 
     def put_sync(self, record: KeyRecord) -> None:
         """``put`` for the command line: read, change and write under the lock."""
-        with self._locked():
-            self._mtime_ns = None
-            self._reload()
-            records = dict(self._records)
-            records[record.key_id] = record
-            self._write(records)
-            self._records = records
+        try:
+            with self._locked():
+                self._mtime_ns = None
+                self._reload()
+                records = dict(self._records)
+                records[record.key_id] = record
+                self._write(records)
+                self._records = records
+        except OSError as exc:
+            raise self._unwritable(exc) from exc
 
     def _write(self, records: dict[str, KeyRecord]) -> None:
         fd, tmp = tempfile.mkstemp(prefix=".keys-", dir=self.path.parent)

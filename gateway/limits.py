@@ -11,13 +11,17 @@ Redis failure policy (``ratelimit.on_redis_error``):
 - ``closed``: requests of rate-limited keys get 503 with ``Retry-After``.
 
 Either way: one log line per transition (``ratelimit.redis_unavailable`` /
-``ratelimit.redis_recovered``), the ``tiergate_ratelimit_backend_degraded`` gauge, and a probe
-of Redis at most every ``ratelimit.redis_retry_interval_s`` while degraded; recovery is
-automatic. Nothing here raises anything but RateLimited / RateLimitUnavailable to the caller.
+``ratelimit.redis_recovered``), the ``tiergate_ratelimit_backend_degraded`` gauge, the
+``tiergate_ratelimit_degraded_decisions_total{outcome}`` counter, and a probe of Redis at most
+every ``ratelimit.redis_retry_interval_s`` while degraded; recovery is automatic. Nothing here
+raises anything but RateLimited / RateLimitUnavailable to the caller. (Admitted/rejected counts
+per limit, ``tiergate_ratelimit_decisions_total``, come from the request telemetry, which reads
+``KeyRateLimited.limit``.)
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import secrets
 import time
@@ -44,9 +48,10 @@ from policies.ratelimit import (
 
 EVENT_REDIS_DOWN = "ratelimit.redis_unavailable"
 EVENT_REDIS_UP = "ratelimit.redis_recovered"
-METRIC_DECISIONS = "tiergate_ratelimit_decisions"
+METRIC_DEGRADED_DECISIONS = "tiergate_ratelimit_degraded_decisions"
 METRIC_DEGRADED = "tiergate_ratelimit_backend_degraded"
 ALL_LIMITS = "all"
+_DEGRADED_OUTCOMES = ("allowed_local", "rejected_local", "unavailable")
 _log = structlog.get_logger("tiergate.ratelimit")
 
 
@@ -58,13 +63,22 @@ class RateLimitUnavailable(TierGateError):
     default_code = "ratelimit_unavailable"
 
 
+class KeyRateLimited(RateLimited):
+    """A 429 that names the limit it hit (``requests``, ``tokens``, ``concurrency``)."""
+
+    def __init__(self, message: str, *, limit: str, headers: dict[str, str]) -> None:
+        super().__init__(message, headers=headers)
+        self.limit = limit
+
+
 class LimitMetrics:
     """In-process counters, exportable as a prometheus_client collector (``registry.register``).
 
     ``decisions[(limit, outcome)]``: limit is ``all`` (admitted), ``requests``, ``tokens``,
     ``concurrency`` or ``backend``; outcome is ``allowed`` / ``rejected`` (shared limiter),
     ``allowed_local`` / ``rejected_local`` (per-replica fallback) or ``unavailable``
-    (fail-closed). ``degraded`` is 1 while a backend is unreachable.
+    (fail-closed). ``degraded`` is 1 while a backend is unreachable. Exported: the gauge, and
+    the decisions taken while degraded (the request telemetry already counts the others).
     """
 
     def __init__(self) -> None:
@@ -82,10 +96,16 @@ class LimitMetrics:
     def collect(self) -> Iterator[Metric]:
         """The prometheus_client collector protocol."""
         decisions = CounterMetricFamily(
-            METRIC_DECISIONS, "Rate-limit admission decisions.", labels=["limit", "outcome"]
+            METRIC_DEGRADED_DECISIONS,
+            "Rate-limit decisions taken while the shared backend was unreachable.",
+            labels=["outcome"],
         )
-        for (limit, outcome), count in sorted(self.decisions.items()):
-            decisions.add_metric([limit, outcome], count)
+        degraded_counts: Counter[str] = Counter()
+        for (_, outcome), count in self.decisions.items():
+            if outcome in _DEGRADED_OUTCOMES:
+                degraded_counts[outcome] += count
+        for outcome in _DEGRADED_OUTCOMES:
+            decisions.add_metric([outcome], degraded_counts[outcome])
         degraded = GaugeMetricFamily(
             METRIC_DEGRADED, "1 while the shared limit backend is unreachable.", labels=["backend"]
         )
@@ -167,7 +187,7 @@ def rate_headers(verdict: Verdict) -> dict[str, str]:
 
 
 def _rejection(principal: Principal, spec: LimitSpec, tokens: int, verdict: Verdict) -> (
-    RateLimited
+    KeyRateLimited
 ):
     headers = rate_headers(verdict)
     wait_ms = verdict.retry_after_ms
@@ -183,15 +203,16 @@ def _rejection(principal: Principal, spec: LimitSpec, tokens: int, verdict: Verd
         message = (f"Too many concurrent requests on key {kid}: limit {spec.concurrency} "
                    "in flight.")
     elif wait_ms is None:
-        return RateLimited(
+        return KeyRateLimited(
             f"Request too large for key {kid}: it reserves {tokens} tokens (prompt estimate + "
             f"max_tokens) but the key allows {spec.tpm} tokens per minute. Lower max_tokens.",
-            headers=headers,
+            limit=Limit.TOKENS.value, headers=headers,
         )
     else:
         message = (f"Rate limit reached for tokens per minute on key {kid}: limit {spec.tpm}, "
                    f"requested {tokens}.")
-    return RateLimited(message + later, headers=headers)
+    exceeded = verdict.exceeded or Limit.REQUESTS
+    return KeyRateLimited(message + later, limit=exceeded.value, headers=headers)
 
 
 class _Unlimited:
@@ -260,6 +281,9 @@ class KeyLimiter:
         self._health = health
         self._fallback = fallback
         self._share = fallback_share
+        # Slot ids: unique per process (random prefix) and cheap per request (a counter).
+        self._slot_prefix = secrets.token_hex(6) + "-"
+        self._slot_numbers = itertools.count()
 
     def backend_failed(self, reason: str) -> None:
         """Record a failed call to the shared backend."""
@@ -271,7 +295,9 @@ class KeyLimiter:
         spec = LimitSpec.of(principal.policy)
         if not spec.active:
             return _UNLIMITED
-        slot = secrets.token_hex(8) if spec.concurrency is not None else ""
+        slot = ""
+        if spec.concurrency is not None:
+            slot = self._slot_prefix + str(next(self._slot_numbers))
         backend, spec, verdict = await self._acquire(principal.key_id, spec, reserve_tokens, slot)
         suffix = "" if backend is self._backend else "_local"
         if verdict.exceeded is not None:
@@ -308,11 +334,12 @@ class KeyLimiter:
 def build_limiter(settings: Settings, client: Redis | None, metrics: LimitMetrics) -> KeyLimiter:
     """The limiter ``settings.ratelimit`` asks for (``client`` is needed for Redis)."""
     rl = settings.ratelimit
+    # A concurrency slot outlives the longest possible request, then frees itself.
+    lease_s = max(tier.timeouts.total_s for tier in settings.tiers.values()) + 60.0
     if rl.backend == "memory":
-        return KeyLimiter(MemoryRateLimiter(), metrics=metrics)
+        return KeyLimiter(MemoryRateLimiter(lease_s=lease_s), metrics=metrics)
     if client is None:
         raise ValueError("ratelimit.backend 'redis' needs a Redis client")
-    lease_s = max(tier.timeouts.total_s for tier in settings.tiers.values()) + 60.0
     metrics.set_degraded("redis", False)
     health = BackendHealth(
         "redis",
@@ -326,6 +353,6 @@ def build_limiter(settings: Settings, client: Redis | None, metrics: LimitMetric
         RedisRateLimiter(client, prefix=settings.redis.key_prefix, lease_s=lease_s),
         metrics=metrics,
         health=health,
-        fallback=MemoryRateLimiter() if rl.on_redis_error == "open" else None,
+        fallback=MemoryRateLimiter(lease_s=lease_s) if rl.on_redis_error == "open" else None,
         fallback_share=rl.degraded_replicas,
     )

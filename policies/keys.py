@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import secrets
 import string
 from dataclasses import dataclass, replace
@@ -25,8 +26,9 @@ _ID_ALPHABET = string.ascii_lowercase + string.digits
 _SECRET_ALPHABET = string.ascii_letters + string.digits
 _ID_LENGTH = 10
 _SECRET_LENGTH = 43
-_MAX_ID_LENGTH = 64
-_MIN_SECRET, _MAX_SECRET = 16, 256
+_ID_PATTERN = re.compile(r"[a-z0-9_]{1,64}")
+# tg-<id>-<secret>: the secret is 16-256 printable ASCII characters (we issue 43 base62 ones).
+_KEY_PATTERN = re.compile(KEY_PREFIX + r"-([a-z0-9_]{1,64})-[\x21-\x7e]{16,256}")
 
 
 class KeyStoreUnavailable(TierGateError):
@@ -63,20 +65,13 @@ def _new_secret() -> str:
 
 def valid_key_id(key_id: str) -> bool:
     """True for a syntactically valid key id (lowercase letters, digits, ``_``)."""
-    return 0 < len(key_id) <= _MAX_ID_LENGTH and all(
-        c in _ID_ALPHABET or c == "_" for c in key_id
-    )
+    return _ID_PATTERN.fullmatch(key_id) is not None
 
 
 def parse_key(token: str) -> str | None:
     """The key id of a well-formed key, else ``None``. Never echo ``token`` anywhere."""
-    prefix, sep, rest = token.partition("-")
-    key_id, sep2, secret = rest.partition("-")
-    if prefix != KEY_PREFIX or not sep or not sep2 or not valid_key_id(key_id):
-        return None
-    if not _MIN_SECRET <= len(secret) <= _MAX_SECRET or not secret.isascii():
-        return None
-    return key_id
+    match = _KEY_PATTERN.fullmatch(token)
+    return match.group(1) if match is not None else None
 
 
 def key_digest(token: str, pepper: bytes | None = None) -> str:

@@ -148,15 +148,22 @@ class _KeyState:
     requests: float = 0.0
     tokens: float = 0.0
     stamp: float = 0.0
-    slots: set[str] = field(default_factory=set)
+    slots: dict[str, float] = field(default_factory=dict)  # slot -> lease expiry
 
 
 class MemoryRateLimiter:
-    """The single-process limiter: same arithmetic as Redis, with an injectable clock."""
+    """The single-process limiter: same arithmetic as Redis, with an injectable clock.
 
-    def __init__(self, *, clock: Clock = time.monotonic, period_s: float = PERIOD_S) -> None:
+    Concurrency slots carry a lease, as in Redis: a slot never released frees itself after
+    ``lease_s``.
+    """
+
+    def __init__(
+        self, *, clock: Clock = time.monotonic, period_s: float = PERIOD_S, lease_s: float = 900.0
+    ) -> None:
         self._clock = clock
         self._period_s = period_s
+        self._lease_s = lease_s
         self._state: dict[str, _KeyState] = {}
 
     def _drained(self, key_id: str, spec: LimitSpec) -> tuple[_KeyState, float, float]:
@@ -173,6 +180,13 @@ class MemoryRateLimiter:
             tok = Gcra(spec.tpm, self._period_s).level(state.tokens, elapsed)
         return state, req, tok
 
+    @staticmethod
+    def _held(state: _KeyState) -> int:
+        expired = [slot for slot, until in state.slots.items() if until <= state.stamp]
+        for slot in expired:
+            del state.slots[slot]
+        return len(state.slots)
+
     async def acquire(self, key_id: str, spec: LimitSpec, tokens: int, slot: str) -> Verdict:
         """Check and record atomically (the event loop runs one coroutine step at a time)."""
         state, req, tok = self._drained(key_id, spec)
@@ -184,13 +198,13 @@ class MemoryRateLimiter:
             exceeded, wait = Limit.REQUESTS, rpm.wait_ms(req, 1)
         elif tpm is not None and not tpm.fits(tok, tokens):
             exceeded, wait = Limit.TOKENS, tpm.wait_ms(tok, tokens)
-        elif spec.concurrency is not None and len(state.slots) >= spec.concurrency:
+        elif spec.concurrency is not None and self._held(state) >= spec.concurrency:
             exceeded, wait = Limit.CONCURRENCY, int(CONCURRENCY_RETRY_S * 1000)
         if exceeded is None:
             req = req + 1 if rpm is not None else 0.0
             tok = tok + tokens if tpm is not None else 0.0
             if spec.concurrency is not None:
-                state.slots.add(slot)
+                state.slots[slot] = state.stamp + self._lease_s
         state.requests, state.tokens = req, tok
         return Verdict(
             exceeded=exceeded,
@@ -204,6 +218,6 @@ class MemoryRateLimiter:
         state, req, tok = self._drained(key_id, spec)
         state.requests = req
         state.tokens = max(0.0, tok + token_delta) if spec.tpm is not None else 0.0
-        state.slots.discard(slot)
+        state.slots.pop(slot, None)
         if not state.slots and state.requests == 0.0 and state.tokens == 0.0:
             del self._state[key_id]

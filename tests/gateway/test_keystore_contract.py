@@ -108,6 +108,7 @@ async def test_store_never_holds_the_key(store: KeyStore, tmp_path: Path) -> Non
     else:
         assert isinstance(store, RedisKeyStore)
         raw = await store.client.get(f"test:key:{record.key_id}")
+        assert isinstance(raw, bytes)
         content = raw.decode()
     assert record.key_id in content
     assert secret not in content
@@ -158,3 +159,21 @@ async def test_redis_key_created_by_one_replica_is_seen_by_another(
     finally:
         await one.aclose()
         await two.aclose()
+
+
+async def test_file_store_keeps_last_good_records_when_the_file_breaks(tmp_path: Path) -> None:
+    """A half-edited key file keeps the previous keys working instead of locking all out."""
+    path = tmp_path / "keys.yaml"
+    store = FileKeyStore(path, reload_interval_s=0)
+    record, _ = await create_key(store, "a", KeyPolicy(), now=NOW)
+    path.write_text("keys: [this is: not valid")
+    assert await store.get(record.key_id) == record
+
+
+async def test_unwritable_key_file_is_a_clean_error(tmp_path: Path) -> None:
+    """A key file that cannot be written raises KeyStoreUnavailable, not a raw OSError."""
+    path = tmp_path / "keys.yaml"
+    store = FileKeyStore(path)
+    path.mkdir()  # the path now names a folder: reading and replacing it fail, even for root
+    with pytest.raises(KeyStoreUnavailable, match="cannot be written"):
+        await create_key(store, "a", KeyPolicy(), now=NOW)

@@ -19,6 +19,12 @@ PERIOD_S = 1.2  # short, so refill is observable in real time on Redis' clock
 
 
 @pytest.fixture(params=["memory", "redis"])
+def kind(request: pytest.FixtureRequest) -> str:
+    """Which backend a test builds itself."""
+    return str(request.param)
+
+
+@pytest.fixture(params=["memory", "redis"])
 async def backend(request: pytest.FixtureRequest) -> AsyncIterator[RateLimitBackend]:
     """Each backend in turn, with a short period."""
     if request.param == "memory":
@@ -121,20 +127,27 @@ async def test_reset_reports_time_until_full(backend: RateLimitBackend) -> None:
     assert PERIOD_S * 500 - 50 <= verdict.requests.reset_ms <= PERIOD_S * 500
 
 
-async def test_redis_slot_of_a_dead_replica_expires_with_its_lease(
-    redis_server: RedisServer,
+async def test_slot_never_released_expires_with_its_lease(
+    request: pytest.FixtureRequest, kind: str
 ) -> None:
-    """A slot never released (a crashed replica) frees itself after the lease."""
-    client = Redis.from_url(redis_server.url)
-    try:
+    """A slot never released (a crashed replica, a lost settle) frees itself after the lease."""
+    client: Redis | None = None
+    backend: RateLimitBackend
+    if kind == "memory":
+        backend = MemoryRateLimiter(lease_s=0.3)
+    else:
+        server: RedisServer = request.getfixturevalue("redis_server")
+        client = Redis.from_url(server.url)
         backend = RedisRateLimiter(client, lease_s=0.3, prefix="test:")
+    try:
         spec = LimitSpec(concurrency=1)
         assert (await backend.acquire("k", spec, 0, "lost")).allowed
         assert not (await backend.acquire("k", spec, 0, "next")).allowed
         await asyncio.sleep(0.35)
         assert (await backend.acquire("k", spec, 0, "next")).allowed
     finally:
-        await client.aclose()
+        if client is not None:
+            await client.aclose()
 
 
 async def test_redis_state_expires_once_drained(redis_server: RedisServer) -> None:

@@ -94,6 +94,7 @@ async def test_over_the_limit_is_429_with_retry_after(memory: KeyLimiter,
     assert exc.headers["retry-after"] == "30"
     assert exc.headers["x-ratelimit-remaining-requests"] == "0"
     assert "requests per minute" in exc.message
+    assert getattr(exc, "limit", None) == "requests"
     assert metrics.decisions[("requests", "rejected")] == 1
     assert metrics.decisions[("all", "allowed")] == 2
 
@@ -189,5 +190,6 @@ async def test_metrics_export_through_prometheus_client(memory: KeyLimiter,
     registry = CollectorRegistry()
     registry.register(metrics)
     text = generate_latest(registry).decode()
-    assert 'tiergate_ratelimit_decisions_total{limit="all",outcome="allowed"} 1.0' in text
     assert 'tiergate_ratelimit_backend_degraded{backend="redis"} 1.0' in text
+    assert 'tiergate_ratelimit_degraded_decisions_total{outcome="allowed_local"} 0.0' in text
+    assert "tiergate_ratelimit_decisions_total" not in text  # counted by request telemetry

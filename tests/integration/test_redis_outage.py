@@ -1,0 +1,149 @@
+"""redis-server killed mid-run and restarted under two gateways: fail-open and fail-closed."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import suppress
+
+import httpx
+import pytest
+from redis.asyncio import Redis
+
+from gateway.keystore_redis import RedisKeyStore
+from policies.keys import KeyRecord, create_key
+from policies.principal import KeyPolicy
+from tests.integration.gateway_proc import GatewayProcess, tiers_config
+from tests.redis_server import RedisServer
+from tests.simulator.procs import SimulatorProcess
+
+pytestmark = pytest.mark.slow
+RPM = 6
+BODY = {"model": "fast", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+
+
+@pytest.fixture(scope="module")
+def redis() -> Iterator[RedisServer]:
+    """The shared redis-server this module kills and restarts."""
+    with RedisServer() as server:
+        yield server
+
+
+async def store_op(url: str, record: KeyRecord | None = None, *, rpm: int = 1) -> tuple[
+    KeyRecord, str
+]:
+    """Create a key (or put ``record`` back, as a persistent Redis would keep it)."""
+    client = Redis.from_url(url)
+    try:
+        store = RedisKeyStore(client)
+        if record is not None:
+            await store.put(record)
+            return record, ""
+        return await create_key(store, "outage", KeyPolicy(rpm=rpm), now=time.time())
+    finally:
+        await client.aclose()
+
+
+@pytest.fixture(scope="module")
+def keys(redis: RedisServer) -> dict[str, tuple[KeyRecord, str]]:
+    """A limited key and a practically unlimited one, stored before the gateways start."""
+    return {
+        "limited": asyncio.run(store_op(redis.url, rpm=RPM)),
+        "busy": asyncio.run(store_op(redis.url, rpm=1_000_000)),
+    }
+
+
+def gateway_config(redis: RedisServer, sim: SimulatorProcess, policy: str) -> dict[str, object]:
+    """Redis keys and limits with ``policy`` on Redis errors and a fast recovery probe."""
+    return {
+        "auth": {"store": "redis", "cache_ttl_s": 1},
+        "ratelimit": {"backend": "redis", "on_redis_error": policy,
+                      "redis_retry_interval_s": 0.2},
+        "redis": {"url": redis.url},
+        "tiers": tiers_config([sim.url], ["http://127.0.0.1:9"]),
+        "telemetry": {"access_log": False},
+    }
+
+
+@pytest.fixture(scope="module")
+def pair(redis: RedisServer, fast_sim: SimulatorProcess,
+         keys: dict[str, tuple[KeyRecord, str]]) -> Iterator[dict[str, GatewayProcess]]:
+    """One fail-open and one fail-closed gateway on the same Redis."""
+    with GatewayProcess(gateway_config(redis, fast_sim, "open")) as open_gw, \
+            GatewayProcess(gateway_config(redis, fast_sim, "closed")) as closed_gw:
+        yield {"open": open_gw, "closed": closed_gw}
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[httpx.AsyncClient]:
+    """An HTTP client."""
+    async with httpx.AsyncClient(timeout=30) as client:
+        yield client
+
+
+async def call(http: httpx.AsyncClient, gateway: GatewayProcess, key: str) -> httpx.Response:
+    """One chat request."""
+    return await http.post(gateway.url + "/v1/chat/completions", json=BODY,
+                           headers={"Authorization": f"Bearer {key}"})
+
+
+async def background_load(http: httpx.AsyncClient, gateways: list[GatewayProcess], key: str,
+                          statuses: dict[str, list[int]], stop: asyncio.Event) -> None:
+    """Keep requests flowing to every gateway until ``stop``; record every status."""
+    while not stop.is_set():
+        for gateway in gateways:
+            response = await call(http, gateway, key)
+            statuses[gateway.url].append(response.status_code)
+        await asyncio.sleep(0.01)
+
+
+async def test_outage_policies_hold_and_limits_return(
+    redis: RedisServer, pair: dict[str, GatewayProcess],
+    keys: dict[str, tuple[KeyRecord, str]], http: httpx.AsyncClient,
+) -> None:
+    """Open serves with local limits, closed answers 503; after restart Redis limits again."""
+    open_gw, closed_gw = pair["open"], pair["closed"]
+    limited_record, limited = keys["limited"]
+    busy_record, busy = keys["busy"]
+    for gateway in (open_gw, closed_gw):  # warm each replica's key cache
+        for key in (busy, limited):
+            assert (await call(http, gateway, key)).status_code == 200
+    statuses: dict[str, list[int]] = {open_gw.url: [], closed_gw.url: []}
+    stop = asyncio.Event()
+    load = asyncio.create_task(background_load(http, [open_gw, closed_gw], busy, statuses, stop))
+    try:
+        await asyncio.sleep(0.3)
+        redis.kill()
+        await asyncio.sleep(0.5)
+
+        local = [(await call(http, open_gw, limited)).status_code for _ in range(RPM + 2)]
+        assert local == [200] * RPM + [429] * 2  # the per-replica limiter still limits
+        closed = await call(http, closed_gw, limited)
+        assert closed.status_code == 503
+        assert closed.json()["error"]["code"] == "ratelimit_unavailable"
+        assert int(closed.headers["retry-after"]) >= 1
+
+        redis.start()  # restarted empty: restore the keys a persistent Redis would have kept
+        await store_op(redis.url, limited_record)
+        await store_op(redis.url, busy_record)
+        await asyncio.sleep(0.6)
+    finally:
+        stop.set()
+        await load
+
+    shared = [(await call(http, gw, limited)).status_code
+              for gw in (open_gw, closed_gw) * (RPM // 2 + 1)]
+    assert shared.count(200) == RPM  # one exact budget across both replicas again
+    assert shared.count(429) == 2
+
+    assert set(statuses[open_gw.url]) == {200}, "fail-open must keep serving"
+    assert set(statuses[closed_gw.url]) <= {200, 503}
+    assert 503 in statuses[closed_gw.url]
+    for gateway in (open_gw, closed_gw):
+        log = gateway.log_text()
+        assert log.count("ratelimit.redis_unavailable") == 1, log
+        assert log.count("ratelimit.redis_recovered") == 1, log
+        assert "Traceback" not in log
+        with suppress(httpx.HTTPError):
+            assert (await http.get(gateway.url + "/livez")).status_code == 200
