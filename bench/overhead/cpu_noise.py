@@ -70,3 +70,28 @@ class CpuMeter:
         foreign = (machine_busy_s() - self._start[1]) - (ours - self._start[2])
         capacity = elapsed * (os.cpu_count() or 1)
         return max(0.0, foreign / capacity) if capacity > 0 else 0.0
+
+
+def wait_until_quiet(
+    sessions: list[int], threshold: float, max_wait_s: float, window_s: float = 2.0
+) -> float:
+    """Wait (at most ``max_wait_s``) for a window with foreign CPU at or below ``threshold``.
+
+    Returns the last window's foreign share; the caller decides what a still-busy machine means.
+    """
+    meter = CpuMeter(sessions)
+    deadline = time.monotonic() + max_wait_s
+    told = False
+    while True:
+        meter.start()
+        time.sleep(window_s)
+        share = meter.stop()
+        if share <= threshold or time.monotonic() >= deadline:
+            return share
+        if not told:
+            print(
+                f"  machine busy ({share:.0%} CPU used elsewhere); waiting up to "
+                f"{max_wait_s:.0f} s for a quiet moment ...",
+                flush=True,
+            )
+            told = True

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from bench.overhead.cpu_noise import CpuMeter
+from bench.overhead.cpu_noise import CpuMeter, wait_until_quiet
 from bench.overhead.legs import (
     LITELLM_VERSION,
     REPO_ROOT,
@@ -50,6 +50,7 @@ class Plan:
     warmup_s: float
     memory_steps: tuple[int, ...]
     noisy_retries: int
+    quiet_wait_s: float
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=2,
         help="rerun a point this many times while other processes use > 5%% of the CPU",
     )
+    p.add_argument(
+        "--quiet-wait",
+        type=float,
+        default=60.0,
+        help="before each point, wait up to this many seconds for other processes to go quiet",
+    )
     p.add_argument("--keep-workdir", action="store_true", help="keep configs and server logs")
     p.add_argument("--no-pin", action="store_true", help="do not pin processes with taskset")
     p.add_argument(
@@ -88,8 +95,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def make_plan(args: argparse.Namespace) -> Plan:
     """Durations and memory steps for a full or quick run."""
     if args.quick:
-        return Plan(args.duration or 3.0, 1.0, (5_000, 50_000), args.noisy_retries)
-    return Plan(args.duration or 10.0, 2.0, (20_000, 200_000), args.noisy_retries)
+        return Plan(args.duration or 3.0, 1.0, (5_000, 50_000), args.noisy_retries, args.quiet_wait)
+    return Plan(args.duration or 10.0, 2.0, (20_000, 200_000), args.noisy_retries, args.quiet_wait)
 
 
 def placement(no_pin: bool) -> Placement:
@@ -106,8 +113,9 @@ def measure(leg: Leg, role: str, bench: Bench, upstream: Leg | None = None) -> S
     script = lua_script(leg.body(), leg.api_key)
     meter = CpuMeter(leg.sessions() + (upstream.sessions() if upstream else []))
     for c in CONCURRENCIES:
-        runner.run(leg.chat_url, script, c, plan.warmup_s)
         for attempt in range(plan.noisy_retries + 1):
+            wait_until_quiet(meter.sessions, NOISY_SHARE, plan.quiet_wait_s)
+            runner.run(leg.chat_url, script, c, plan.warmup_s)
             meter.start()
             point = runner.run(leg.chat_url, script, c, plan.duration_s)
             noise = meter.stop()
