@@ -1,0 +1,156 @@
+"""Classification latency on the request path: lean scorer vs scikit-learn, same run.
+
+Scores ~1 KB prompts from the project's corpus (rendered text between 800 and 1,300
+characters, chat and completion bodies) with
+
+* the lean scorer (``router_models.load().score``), warm word cache (steady state);
+* the lean scorer with its word cache cleared before every call (worst case: all words new);
+* scikit-learn: ``extract`` + CSR row + ``LogisticRegression.predict_proba``, with the same
+  folded weights (the path the lean scorer replaces);
+* scikit-learn ``predict_proba`` alone on a prebuilt CSR row.
+
+Usage: ``.venv/bin/python bench/classify/run.py [--rounds 20] [--out FILE]``; prints a Markdown
+report and writes it to ``bench/classify/results.md`` by default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+import router_models  # noqa: E402 - after the path setup above
+from router_models.artifact import load as load_model  # noqa: E402
+from router_models.corpus.build import DEFAULT_CORPUS  # noqa: E402
+from router_models.features import extract, render  # noqa: E402
+from router_models.records import body_of, read_jsonl  # noqa: E402
+from router_models.scorer import LeanScorer  # noqa: E402
+from router_models.train import featurize, sklearn_equivalent  # noqa: E402
+
+DEFAULT_OUT = Path(__file__).parent / "results.md"
+
+
+def typical_bodies(limit: int = 200) -> list[dict[str, Any]]:
+    """Corpus bodies whose scored text is about 1 KB."""
+    bodies = []
+    for record in read_jsonl(DEFAULT_CORPUS):
+        body = body_of(record)
+        if 800 <= len(render(body).text) <= 1300:
+            bodies.append(body)
+    return bodies[:limit]
+
+
+def timed(fn: Callable[[Any], object], items: Sequence[Any], rounds: int) -> list[float]:
+    """Microseconds per call of ``fn`` over ``items``, ``rounds`` times, after a warm-up."""
+    for item in items:
+        fn(item)
+    samples = []
+    for _ in range(rounds):
+        for item in items:
+            start = time.perf_counter_ns()
+            fn(item)
+            samples.append((time.perf_counter_ns() - start) / 1000)
+    return samples
+
+
+def summary(samples: list[float]) -> dict[str, float]:
+    """p50, p90, p99 and mean in microseconds."""
+    ordered = sorted(samples)
+
+    def pick(q: float) -> float:
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+    return {
+        "p50": pick(0.5),
+        "p90": pick(0.9),
+        "p99": pick(0.99),
+        "mean": statistics.fmean(ordered),
+    }
+
+
+def run(rounds: int) -> dict[str, Any]:
+    """Measure every variant on the same bodies."""
+    bodies = typical_bodies()
+    router = router_models.load()
+    lean = LeanScorer(load_model(router_models.DEFAULT_ARTIFACT))
+    clf = sklearn_equivalent(load_model(router_models.DEFAULT_ARTIFACT))
+    rows = [featurize([b]) for b in bodies]
+
+    def cold(body: dict[str, Any]) -> float:
+        lean._cache.clear()  # the benchmark measures the cold path on purpose
+        return lean.score(body)
+
+    results = {
+        "lean scorer (warm cache)": summary(timed(router.score, bodies, rounds)),
+        "lean scorer (cold cache)": summary(timed(cold, bodies, max(1, rounds // 4))),
+        "sklearn extract + predict_proba": summary(
+            timed(lambda b: clf.predict_proba(featurize([b])), bodies, max(1, rounds // 4))
+        ),
+        "sklearn predict_proba only": summary(timed(clf.predict_proba, rows, rounds)),
+    }
+    return {
+        "bodies": len(bodies),
+        "mean_chars": statistics.fmean(len(render(b).text) for b in bodies),
+        "rounds": rounds,
+        "python": platform.python_version(),
+        "cpu_count": os.cpu_count(),
+        "results": results,
+        "max_abs_diff_vs_sklearn": max(
+            abs(router.score(b) - float(clf.predict_proba(featurize([b]))[0, 1])) for b in bodies
+        ),
+        "extract_check": len(extract(bodies[0])) > 0,
+    }
+
+
+def markdown(data: dict[str, Any]) -> str:
+    """The report as Markdown."""
+    lines = [
+        "# Classification latency (router on the request path)",
+        "",
+        f"{data['bodies']} corpus prompts of ~1 KB (mean {data['mean_chars']:.0f} chars), "
+        f"{data['rounds']} rounds, Python {data['python']}, {data['cpu_count']} CPUs.",
+        "",
+        "| variant | p50 µs | p90 µs | p99 µs | mean µs |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for name, s in data["results"].items():
+        lines.append(
+            f"| {name} | {s['p50']:.1f} | {s['p90']:.1f} | {s['p99']:.1f} | {s['mean']:.1f} |"
+        )
+    lines += [
+        "",
+        f"Largest |lean - sklearn| probability difference: {data['max_abs_diff_vs_sklearn']:.2e}",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    """Run the benchmark, print and save the report."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--no-pin", action="store_true", help="do not pin to one CPU")
+    args = parser.parse_args()
+    if not args.no_pin and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {0})
+    data = run(args.rounds)
+    report = markdown(data)
+    print(report)
+    args.out.write_text(report, encoding="utf-8")
+    args.out.with_suffix(".json").write_text(json.dumps(data, indent=2), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,183 @@
+"""The cost dial: turn a target share of precise-tier traffic into a score threshold.
+
+A request goes to the precise tier when ``score >= threshold``.  Operators choose a *share*
+("30 % of traffic may use the precise tier"), never a raw threshold:
+
+* ``threshold_for_share`` derives the threshold once from a reference sample of scores, the
+  way RouteLLM calibrates its routers (the ``1 - share`` quantile of the sample);
+* ``ShareController`` keeps adjusting it online so the observed share stays near the target
+  when the traffic mix drifts.
+
+Pure standard library: this module is part of the policy core.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+def _check_share(share: float) -> None:
+    if not 0.0 <= share <= 1.0 or math.isnan(share):
+        raise ValueError(f"share must be within [0, 1], got {share!r}")
+
+
+def threshold_for_share(scores: Sequence[float], share: float) -> float:
+    """Threshold that sends ``share`` of ``scores`` to the precise tier (``score >= t``).
+
+    With ``k = ceil(share * n)`` the result is the k-th highest score, i.e. the empirical
+    ``1 - share`` quantile.  Ties: every score equal to the threshold goes to the precise tier,
+    so on a sample with ties at the boundary the realised share can exceed ``share`` (the dial
+    errs on the side of quality).  ``share == 0`` gives a threshold just above the highest
+    score (nothing is sent); ``share == 1`` gives the lowest score (everything is sent).
+    """
+    _check_share(share)
+    if not scores:
+        raise ValueError("need at least one reference score")
+    if any(math.isnan(s) for s in scores):
+        raise ValueError("reference scores contain NaN")
+    ordered = sorted(scores, reverse=True)
+    k = math.ceil(share * len(ordered) - 1e-9)
+    if k <= 0:
+        return math.nextafter(ordered[0], math.inf)
+    return ordered[min(k, len(ordered)) - 1]
+
+
+def share_at_threshold(scores: Sequence[float], threshold: float) -> float:
+    """Fraction of ``scores`` that a threshold sends to the precise tier."""
+    if not scores:
+        return 0.0
+    return sum(1 for s in scores if s >= threshold) / len(scores)
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerConfig:
+    """Tuning of the online share controller.
+
+    ``window``: how many recent requests the controller looks at.  ``adjust_every``: how many
+    requests between two adjustments.  ``max_step``: the largest threshold change per
+    adjustment.  ``dead_band``: no adjustment while the share the current threshold would give
+    on the window is within ``target_share ± dead_band`` (the hysteresis that stops hunting).
+    The band should be several standard deviations of a window's share,
+    ``sqrt(share * (1 - share) / window)`` (0.0065 for 30 % over 5,000 requests), so sampling
+    noise alone never triggers a move.
+    """
+
+    target_share: float
+    window: int = 5000
+    adjust_every: int = 100
+    min_samples: int = 1000
+    max_step: float = 0.02
+    dead_band: float = 0.03
+    min_threshold: float = 0.0
+    max_threshold: float = 1.0
+
+    def __post_init__(self) -> None:
+        _check_share(self.target_share)
+        if self.window < 1 or self.adjust_every < 1 or not 1 <= self.min_samples <= self.window:
+            raise ValueError("need window, adjust_every >= 1 and 1 <= min_samples <= window")
+        if self.max_step <= 0 or self.dead_band < 0:
+            raise ValueError("max_step must be positive and dead_band non-negative")
+        if self.min_threshold > self.max_threshold:
+            raise ValueError("min_threshold must not exceed max_threshold")
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerState:
+    """A snapshot for metrics: the threshold in force and what the window shows."""
+
+    threshold: float
+    target_share: float
+    observed_share: float
+    window_fill: int
+    adjustments: int
+
+
+class ShareController:
+    """Keeps the precise-tier share near a target over a rolling window of requests.
+
+    The gateway reports each classifier decision with ``observe(sent_precise, score)``.
+    Every ``adjust_every`` observations the controller may move the threshold:
+
+    * **with scores** (the normal case): it computes the share the *current* threshold gives
+      on the window's scores.  Inside the dead band nothing changes.  Outside it, the threshold
+      moves toward the window's ``1 - target`` quantile by at most ``max_step``.  The target of
+      a move comes from scores, not from lagging decisions, and a move never passes it, so the
+      threshold approaches the right value monotonically and does not overshoot or hunt.
+    * **decisions only** (no scores reported): it compares the observed share with the target
+      and, outside the dead band, moves by ``max_step`` in the direction that corrects it, then
+      waits a whole window so the next judgement sees only decisions made under the new
+      threshold (no reaction to its own lag).
+
+    Not thread-safe: use one per event loop (or guard it).
+    """
+
+    def __init__(self, config: ControllerConfig, initial_threshold: float) -> None:
+        self._config = config
+        self._threshold = self._clamp(initial_threshold)
+        self._scores: deque[float] = deque(maxlen=config.window)
+        self._decisions: deque[bool] = deque(maxlen=config.window)
+        self._precise = 0
+        self._since_adjust = 0
+        self._since_move = 0
+        self._adjustments = 0
+
+    @property
+    def threshold(self) -> float:
+        """The threshold currently in force."""
+        return self._threshold
+
+    def _clamp(self, value: float) -> float:
+        return min(self._config.max_threshold, max(self._config.min_threshold, value))
+
+    def decide(self, score: float) -> bool:
+        """Whether ``score`` goes to the precise tier under the current threshold."""
+        return score >= self._threshold
+
+    def observe(self, sent_precise: bool, score: float | None = None) -> None:
+        """Record one classifier decision (and its score, when known)."""
+        if len(self._decisions) == self._config.window and self._decisions[0]:
+            self._precise -= 1
+        self._decisions.append(sent_precise)
+        self._precise += sent_precise
+        if score is not None:
+            self._scores.append(score)
+        self._since_adjust += 1
+        self._since_move += 1
+        if self._since_adjust >= self._config.adjust_every:
+            self._since_adjust = 0
+            self._adjust()
+
+    def _move(self, target: float) -> None:
+        step = max(-self._config.max_step, min(self._config.max_step, target - self._threshold))
+        updated = self._clamp(self._threshold + step)
+        if updated != self._threshold:
+            self._threshold = updated
+            self._adjustments += 1
+            self._since_move = 0
+
+    def _adjust(self) -> None:
+        cfg = self._config
+        if len(self._scores) >= cfg.min_samples:
+            window = list(self._scores)
+            if abs(share_at_threshold(window, self._threshold) - cfg.target_share) > cfg.dead_band:
+                self._move(threshold_for_share(window, cfg.target_share))
+            return
+        if len(self._decisions) < cfg.min_samples or self._since_move < cfg.window:
+            return
+        error = self._precise / len(self._decisions) - cfg.target_share
+        if abs(error) > cfg.dead_band:
+            self._move(self._threshold + (cfg.max_step if error > 0 else -cfg.max_step))
+
+    def state(self) -> ControllerState:
+        """Current threshold, target, observed precise share over the window, and counters."""
+        fill = len(self._decisions)
+        return ControllerState(
+            threshold=self._threshold,
+            target_share=self._config.target_share,
+            observed_share=self._precise / fill if fill else 0.0,
+            window_fill=fill,
+            adjustments=self._adjustments,
+        )

@@ -1,0 +1,101 @@
+"""The lean scorer: the trained linear model compiled for the request path.
+
+No scikit-learn here.  The calibrated model ``p = sigmoid(a·(w·x + b) + c)`` is folded into
+one weight vector at load time.  Because every n-gram block is a sum over tokens scaled by a
+per-block factor, the scorer keeps a per-word cache of each token's unigram weight, summed
+character n-gram weight and n-gram count; scoring a prompt is then tokenisation, one dict
+lookup per token, a vectorised gather for the bigrams, a handful of regex counts for the
+structural signals, and a sigmoid.  Tests check it against scikit-learn's ``predict_proba``
+to 1e-9.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any, Final
+
+import numpy as np
+
+from router_models.artifact import FloatArray, RouterModel
+from router_models.features import (
+    BIGRAM_ADD,
+    BIGRAM_MUL_A,
+    BIGRAM_MUL_B,
+    HASH_SHIFT,
+    HASH_SIZE,
+    MASK32,
+    char_indices,
+    render,
+    structural,
+    tokenize,
+    word_hash,
+)
+
+DEFAULT_CACHE_WORDS: Final = 200_000
+_MUL_A: Final = np.uint64(BIGRAM_MUL_A)
+_MUL_B: Final = np.uint64(BIGRAM_MUL_B)
+_ADD: Final = np.uint64(BIGRAM_ADD)
+_MASK: Final = np.uint64(MASK32)
+_SHIFT: Final = np.uint64(HASH_SHIFT)
+
+# (token hash, unigram weight, summed char n-gram weight, char n-gram count)
+WordEntry = tuple[int, float, float, int]
+
+
+def sigmoid(margin: float) -> float:
+    """Numerically safe logistic function."""
+    if margin >= 0:
+        return 1.0 / (1.0 + math.exp(-margin))
+    e = math.exp(margin)
+    return e / (1.0 + e)
+
+
+class LeanScorer:
+    """Scores request bodies with a folded linear model; safe to share across requests."""
+
+    def __init__(self, model: RouterModel, cache_words: int = DEFAULT_CACHE_WORDS) -> None:
+        dense, bias = model.folded_weights()
+        self._hashed: FloatArray = dense[:HASH_SIZE].copy()
+        self._hashed_list: list[float] = self._hashed.tolist()
+        self._structural: list[float] = dense[HASH_SIZE:].tolist()
+        self._bias = bias
+        self._cache: dict[str, WordEntry] = {}
+        self._cache_words = cache_words
+
+    def _entry(self, token: str) -> WordEntry:
+        w = self._hashed_list
+        h = word_hash(token)
+        chars = char_indices(token)
+        entry = (h, w[h >> HASH_SHIFT], math.fsum(w[i] for i in chars), len(chars))
+        if len(self._cache) >= self._cache_words:
+            self._cache.clear()
+        self._cache[token] = entry
+        return entry
+
+    def _bigram_sum(self, hashes: tuple[int, ...]) -> float:
+        if len(hashes) < 2:
+            return 0.0
+        arr = np.array(hashes, dtype=np.uint64)
+        idx = ((arr[:-1] * _MUL_A + arr[1:] * _MUL_B + _ADD) & _MASK) >> _SHIFT
+        return float(self._hashed[idx.astype(np.intp)].sum())
+
+    def margin(self, body: Mapping[str, Any]) -> float:
+        """Calibrated log-odds that ``body`` needs the precise tier."""
+        rendered = render(body)
+        tokens = tokenize(rendered.text)
+        get = self._cache.get
+        entries = [get(t) or self._entry(t) for t in tokens]
+        total = self._bias
+        if entries:
+            hashes, unigram, chars, counts = zip(*entries, strict=True)
+            word_sum = sum(unigram) + self._bigram_sum(hashes)
+            total += word_sum / math.sqrt(len(tokens))
+            total += sum(chars) / math.sqrt(max(1, sum(counts)))
+        signals = structural(rendered, tokens)
+        total += sum(v * w for v, w in zip(signals, self._structural, strict=True))
+        return total
+
+    def score(self, body: Mapping[str, Any]) -> float:
+        """Probability that ``body`` needs the precise tier."""
+        return sigmoid(self.margin(body))

@@ -1,0 +1,73 @@
+"""Tests for the corpus in router_models/corpus: reproducible, labelled, varied, our own."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from router_models.corpus.build import DEFAULT_CORPUS, HARD_CASES, build, write
+from router_models.records import body_of, label_of, read_jsonl
+
+DEV = Path(__file__).resolve().parents[3] / "shared" / "datasets" / "router-dev.jsonl"
+
+
+def _text(record: dict[str, object]) -> str:
+    body = body_of(record)
+    if "messages" in body:
+        return "\n".join(str(m.get("content", "")) for m in body["messages"])
+    return str(body["prompt"])
+
+
+def test_committed_corpus_is_what_the_generator_writes(tmp_path: Path) -> None:
+    """Regenerating with the default seed reproduces the committed JSONL byte for byte."""
+    write(build(), tmp_path / "corpus.jsonl")
+    assert (tmp_path / "corpus.jsonl").read_bytes() == DEFAULT_CORPUS.read_bytes()
+
+
+def test_corpus_size_labels_and_categories() -> None:
+    """At least 3,000 labelled examples, both labels well represented, every category used."""
+    records = read_jsonl(DEFAULT_CORPUS) + read_jsonl(HARD_CASES)
+    assert len(records) >= 3000
+    labels = Counter(label_of(r) for r in records)
+    assert min(labels.values()) >= 0.35 * len(records)
+    categories = {r["category"] for r in records}
+    for needed in ("chitchat", "factual_qa", "rewrite", "classification", "extraction",
+                   "translation", "summarize_short", "math_multistep", "code", "reasoning",
+                   "json_output", "long_analysis"):
+        assert needed in categories
+
+
+def test_corpus_covers_the_hard_shapes() -> None:
+    """Multi-turn chats, system prompts, JSON response formats and long easy prompts exist."""
+    records = read_jsonl(DEFAULT_CORPUS) + read_jsonl(HARD_CASES)
+    chats = [r for r in records if "messages" in r]
+    assert sum(1 for r in chats if len(r["messages"]) > 2) >= 200
+    assert sum(1 for r in chats if r["messages"][0]["role"] == "system") >= 300
+    assert sum(1 for r in records if "response_format" in r) >= 50
+    long_easy = [r for r in records if label_of(r) == 0 and len(_text(r)) > 600]
+    short_hard = [r for r in records if label_of(r) == 1 and len(_text(r)) < 120]
+    assert len(long_easy) >= 100
+    assert len(short_hard) >= 100
+
+
+def test_prompts_are_mostly_distinct() -> None:
+    """Templates do not collapse into repeats: over 95 % of bodies are unique."""
+    records = read_jsonl(DEFAULT_CORPUS)
+    assert len({_text(r) for r in records}) >= 0.95 * len(records)
+
+
+@pytest.mark.skipif(not DEV.exists(), reason="evaluation file not present")
+def test_no_evaluation_prompt_is_copied() -> None:
+    """No corpus prompt contains a 10-word run from the external evaluation prompts."""
+    def shingles(text: str) -> set[str]:
+        words = text.lower().split()
+        return {" ".join(words[i : i + 10]) for i in range(len(words) - 9)}
+
+    dev: set[str] = set()
+    for record in read_jsonl(DEV):
+        dev |= shingles(str(record["prompt"]))
+    ours = read_jsonl(DEFAULT_CORPUS) + read_jsonl(HARD_CASES)
+    overlaps = [r["id"] for r in ours if shingles(_text(r)) & dev]
+    assert overlaps == []
