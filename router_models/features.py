@@ -8,8 +8,12 @@ same primitives (``render``, ``tokenize``, ``word_hash``, ``char_indices``,
 Layout of the vector (``FEATURE_SPEC`` records it in every artifact):
 
 * ``[0, HASH_SIZE)``: hashed word unigrams, word bigrams and character 3-5-grams taken inside
-  word boundaries (the word padded with one space each side).  Unigram and bigram counts are
-  scaled by ``1/sqrt(tokens)``, character n-gram counts by ``1/sqrt(char n-grams)``.
+  word boundaries (the word padded with one space each side), plus "edge" unigrams: the first
+  and last ``EDGE_TOKENS`` tokens hashed with their own seed, because that is where the
+  request itself usually sits around a pasted passage.  Unigram and bigram counts are scaled by
+  ``1/sqrt(tokens)``, character n-gram counts by ``CHAR_WEIGHT/sqrt(tokens)`` (so a word's
+  whole contribution is one number the scorer can cache), edge counts by
+  ``1/sqrt(edge tokens)``.
 * ``[HASH_SIZE, HASH_SIZE + len(STRUCTURAL_NAMES))``: structural signals in roughly [0, 1].
 
 Hashes are CRC-32 (``zlib.crc32``) and a fixed multiplicative mix, identical in every process;
@@ -22,8 +26,7 @@ import itertools
 import math
 import re
 import zlib
-from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -32,6 +35,9 @@ HASH_SIZE: Final = 1 << HASH_BITS
 HASH_SHIFT: Final = 32 - HASH_BITS
 CHAR_NGRAM_MIN: Final = 3
 CHAR_NGRAM_MAX: Final = 5
+CHAR_WEIGHT: Final = 0.3
+EDGE_TOKENS: Final = 16
+EDGE_SEED: Final = 0x45444745
 MAX_TEXT_CHARS: Final = 6000
 HEAD_CHARS: Final = 4000
 TAIL_CHARS: Final = 2000
@@ -71,11 +77,13 @@ STRUCTURAL_NAMES: Final = (
 )
 
 FEATURE_SPEC: Final[dict[str, Any]] = {
-    "name": "tiergate-hashed-v2",
+    "name": "tiergate-hashed-v4",
     "hash": "crc32",
     "hash_bits": HASH_BITS,
     "word_ngrams": [1, 2],
     "char_ngrams_wb": [CHAR_NGRAM_MIN, CHAR_NGRAM_MAX],
+    "char_weight": CHAR_WEIGHT,
+    "edge_unigrams": EDGE_TOKENS,
     "text": "last user message (chat) or prompt (completion), lowercased, digits as 0",
     "max_text_chars": MAX_TEXT_CHARS,
     "structural": list(STRUCTURAL_NAMES),
@@ -84,6 +92,9 @@ FEATURE_SPEC: Final[dict[str, Any]] = {
 _TOKEN_RE: Final = re.compile(r"\w+|[^\w\s]")
 _ASCII_TOKEN_RE: Final = re.compile(r"[a-z0-9_]+|[^a-z0-9_\s]")
 _DIGITS: Final = str.maketrans("123456789", "000000000")
+_ASCII_FOLD: Final = bytes.maketrans(
+    b"ABCDEFGHIJKLMNOPQRSTUVWXYZ123456789", b"abcdefghijklmnopqrstuvwxyz000000000"
+)
 _LATEX_RE: Final = re.compile(
     r"\\(?:frac|sqrt|sum|int|cdot|times|le|ge|pi|alpha|theta)|\$[^$\n]+\$"
 )
@@ -97,10 +108,20 @@ _CODE_TOKENS: Final = frozenset("{};=[]<>|&\\")
 _FORMAT_TOKENS: Final = frozenset(("json", "yaml", "xml", "csv", "schema", "jsonl"))
 _FORMAT_WORDS: Final = tuple(sorted(_FORMAT_TOKENS))
 _CONSTRAINT_TOKENS: Final = frozenset((
-    "must", "exactly", "only", "each", "every", "least", "most", "ensure", "without", "strictly",
+    "must", "exactly", "only", "each", "every", "least", "ensure", "without", "strictly",
     "never", "always",
 ))
-_SENTENCE_TOKENS: Final = (".", "!", "?")
+_SENTENCE_TOKENS: Final = frozenset((".", "!"))
+# One character per token for the structural counts (the scorer caches it per word).
+CLASS_NONE, CLASS_NUMBER, CLASS_CODE, CLASS_CONSTRAINT = "-", "n", "c", "k"
+CLASS_SENTENCE, CLASS_QUESTION, CLASS_FORMAT = "s", "q", "f"
+_TOKEN_CLASSES: Final = {
+    "?": CLASS_QUESTION,
+    **dict.fromkeys(_SENTENCE_TOKENS, CLASS_SENTENCE),
+    **dict.fromkeys(_CODE_TOKENS, CLASS_CODE),
+    **dict.fromkeys(_CONSTRAINT_TOKENS, CLASS_CONSTRAINT),
+    **dict.fromkeys(_FORMAT_TOKENS, CLASS_FORMAT),
+}
 # fmt: on
 
 
@@ -193,10 +214,10 @@ def render(body: Mapping[str, Any]) -> Rendered:
 
 def tokenize(text: str) -> list[str]:
     """Lowercased word and punctuation tokens, every digit replaced by ``0``."""
-    lowered = text.lower().translate(_DIGITS)
-    # Same tokens either way; the ASCII pattern is just faster.
-    pattern = _ASCII_TOKEN_RE if lowered.isascii() else _TOKEN_RE
-    return pattern.findall(lowered)
+    if text.isascii():
+        # Same tokens as the general path below, about twice as fast for ASCII text.
+        return _ASCII_TOKEN_RE.findall(text.encode().translate(_ASCII_FOLD).decode())
+    return _TOKEN_RE.findall(text.lower().translate(_DIGITS))
 
 
 def word_hash(token: str) -> int:
@@ -213,6 +234,18 @@ def bigram_index(first: int, second: int) -> int:
     """Hashed-space index of a word bigram from its two token hashes."""
     mixed = (first * BIGRAM_MUL_A + second * BIGRAM_MUL_B + BIGRAM_ADD) & MASK32
     return mixed >> HASH_SHIFT
+
+
+def edge_index(token: str) -> int:
+    """Hashed-space index of a token seen at the start or end of the text."""
+    return zlib.crc32(token.encode("utf-8"), EDGE_SEED) >> HASH_SHIFT
+
+
+def edge_tokens(tokens: list[str]) -> list[str]:
+    """The first and last ``EDGE_TOKENS`` tokens (all tokens, once, for short texts)."""
+    if len(tokens) <= 2 * EDGE_TOKENS:
+        return tokens
+    return tokens[:EDGE_TOKENS] + tokens[-EDGE_TOKENS:]
 
 
 def char_indices(token: str) -> list[int]:
@@ -256,35 +289,40 @@ def _has_code(text: str) -> bool:
     return "```" in text or _line_signals(text)[2]
 
 
-def _count(counts: Counter[str], vocabulary: Iterable[str]) -> int:
-    return sum(counts[t] for t in vocabulary if t in counts)
+def token_class(token: str) -> str:
+    """The structural class of a token (one character, ``CLASS_*``)."""
+    return CLASS_NUMBER if token[0] == "0" else _TOKEN_CLASSES.get(token, CLASS_NONE)
 
 
-def structural(r: Rendered, tokens: list[str]) -> tuple[float, ...]:
-    """Structural signals of a rendered request, in ``STRUCTURAL_NAMES`` order."""
+def structural(r: Rendered, tokens: list[str], classes: str | None = None) -> tuple[float, ...]:
+    """Structural signals of a rendered request, in ``STRUCTURAL_NAMES`` order.
+
+    ``classes`` is ``"".join(token_class(t) for t in tokens)``; the scorer passes it from its
+    word cache, training lets it be computed here.
+    """
     text = r.text
-    counts = Counter(tokens)
-    numbers = sum(n for t, n in counts.items() if t[0] == "0")
+    if classes is None:
+        classes = "".join(token_class(t) for t in tokens)
     indented, items, code_def = _line_signals(text)
     stripped = text.rstrip()
-    system = r.system.lower()
-    wants_format = any(t in counts for t in _FORMAT_TOKENS)
-    wants_format = wants_format or any(w in system for w in _FORMAT_WORDS)
+    wants_format = CLASS_FORMAT in classes
+    wants_format = wants_format or any(w in r.system.lower() for w in _FORMAT_WORDS)
+    questions = classes.count(CLASS_QUESTION)
     return (
         _log(r.full_chars, 10.0),
         _log(len(tokens), 8.0),
         _log(text.count("\n"), 5.0),
-        _log(numbers, 4.0),
+        _log(classes.count(CLASS_NUMBER), 4.0),
         1.0 if _has_latex(text) else 0.0,
         1.0 if "```" in text else 0.0,
-        _log(_count(counts, _CODE_TOKENS), 5.0),
+        _log(classes.count(CLASS_CODE), 5.0),
         _log(indented, 4.0),
         1.0 if code_def else 0.0,
         1.0 if wants_format else 0.0,
         _log(items, 3.0),
-        _log(_count(counts, _CONSTRAINT_TOKENS), 3.0),
-        _log(counts["?"], 3.0),
-        _log(_count(counts, _SENTENCE_TOKENS), 4.0),
+        _log(classes.count(CLASS_CONSTRAINT), 3.0),
+        _log(questions, 3.0),
+        _log(classes.count(CLASS_SENTENCE) + questions, 4.0),
         _log(len(stripped) - stripped.rfind("\n") - 1, 8.0),
         _log(r.user_turns, 3.0),
         1.0 if r.has_system else 0.0,
@@ -314,10 +352,14 @@ def extract(body: Mapping[str, Any]) -> SparseFeatures:
         _add(feats, unigram_index(h), word_scale)
     for first, second in itertools.pairwise(hashes):
         _add(feats, bigram_index(first, second), word_scale)
-    chars = [i for t in tokens for i in char_indices(t)]
-    char_scale = 1.0 / math.sqrt(max(1, len(chars)))
-    for i in chars:
-        _add(feats, i, char_scale)
+    char_scale = CHAR_WEIGHT * word_scale
+    for t in tokens:
+        for i in char_indices(t):
+            _add(feats, i, char_scale)
+    edges = edge_tokens(tokens)
+    edge_scale = 1.0 / math.sqrt(max(1, len(edges)))
+    for t in edges:
+        _add(feats, edge_index(t), edge_scale)
     for j, value in enumerate(structural(rendered, tokens)):
         if value:
             feats[HASH_SIZE + j] = value

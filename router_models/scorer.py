@@ -2,8 +2,8 @@
 
 No scikit-learn here.  The calibrated model ``p = sigmoid(a·(w·x + b) + c)`` is folded into
 one weight vector at load time.  Because every n-gram block is a sum over tokens scaled by a
-per-block factor, the scorer keeps a per-word cache of each token's unigram weight, summed
-character n-gram weight and n-gram count; scoring a prompt is then tokenisation, one dict
+per-block factor, the scorer keeps a per-word cache of each token's hash, its unigram plus
+character n-gram weight, and its edge weight; scoring a prompt is then tokenisation, one dict
 lookup per token, a vectorised gather for the bigrams, a handful of regex counts for the
 structural signals, and a sigmoid.  Tests check it against scikit-learn's ``predict_proba``
 to 1e-9.
@@ -12,6 +12,7 @@ to 1e-9.
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -22,25 +23,30 @@ from router_models.features import (
     BIGRAM_ADD,
     BIGRAM_MUL_A,
     BIGRAM_MUL_B,
+    CHAR_WEIGHT,
+    EDGE_TOKENS,
     HASH_SHIFT,
     HASH_SIZE,
     MASK32,
     char_indices,
+    edge_index,
     render,
     structural,
+    token_class,
     tokenize,
     word_hash,
 )
 
-DEFAULT_CACHE_WORDS: Final = 200_000
+DEFAULT_CACHE_WORDS: Final = 50_000  # about 10 MB; cleared (not LRU) when full
 _MUL_A: Final = np.uint64(BIGRAM_MUL_A)
 _MUL_B: Final = np.uint64(BIGRAM_MUL_B)
 _ADD: Final = np.uint64(BIGRAM_ADD)
 _MASK: Final = np.uint64(MASK32)
 _SHIFT: Final = np.uint64(HASH_SHIFT)
 
-# (token hash, unigram weight, summed char n-gram weight, char n-gram count)
-WordEntry = tuple[int, float, float, int]
+# (token hash, unigram weight + CHAR_WEIGHT * summed char n-gram weights, edge weight,
+#  structural class)
+WordEntry = tuple[int, float, float, str]
 
 
 def sigmoid(margin: float) -> float:
@@ -67,7 +73,8 @@ class LeanScorer:
         w = self._hashed_list
         h = word_hash(token)
         chars = char_indices(token)
-        entry = (h, w[h >> HASH_SHIFT], math.fsum(w[i] for i in chars), len(chars))
+        word = w[h >> HASH_SHIFT] + CHAR_WEIGHT * math.fsum(w[i] for i in chars)
+        entry = (h, word, w[edge_index(token)], token_class(token))
         if len(self._cache) >= self._cache_words:
             self._cache.clear()
         self._cache[token] = entry
@@ -87,13 +94,16 @@ class LeanScorer:
         get = self._cache.get
         entries = [get(t) or self._entry(t) for t in tokens]
         total = self._bias
+        classes = ""
         if entries:
-            hashes, unigram, chars, counts = zip(*entries, strict=True)
-            word_sum = sum(unigram) + self._bigram_sum(hashes)
-            total += word_sum / math.sqrt(len(tokens))
-            total += sum(chars) / math.sqrt(max(1, sum(counts)))
-        signals = structural(rendered, tokens)
-        total += sum(v * w for v, w in zip(signals, self._structural, strict=True))
+            hashes, words, edge, kinds = zip(*entries, strict=True)
+            classes = "".join(kinds)
+            total += (sum(words) + self._bigram_sum(hashes)) / math.sqrt(len(tokens))
+            if len(edge) > 2 * EDGE_TOKENS:
+                edge = edge[:EDGE_TOKENS] + edge[-EDGE_TOKENS:]
+            total += sum(edge) / math.sqrt(len(edge))
+        signals = structural(rendered, tokens, classes)
+        total += sum(map(operator.mul, signals, self._structural))
         return total
 
     def score(self, body: Mapping[str, Any]) -> float:

@@ -49,15 +49,18 @@ class Recipe:
 
 RECIPES: Final = (
     Recipe("chitchat", "simple", 520, (simple_talk.chitchat,)),
-    Recipe("factual_qa", "simple", 620, (simple_talk.factual_qa,)),
+    Recipe("factual_qa", "simple", 680, (simple_talk.factual_qa, simple_talk.factual_qa,
+                                          simple_talk.factual_qa, simple_talk.factual_qa,
+                                          simple_talk.factual_qa, simple_talk.true_false)),
     Recipe("general_instruction", "simple", 260, (simple_talk.general_instruction,)),
     Recipe("short_creative", "simple", 200, (simple_talk.short_creative,)),
     Recipe("advice", "simple", 200, (simple_talk.advice,)),
     Recipe("rewrite", "simple", 330, (simple_text.rewrite,)),
-    Recipe("classification", "simple", 520, (simple_text.classification,)),
-    Recipe("extraction", "simple", 340, (simple_text.extraction,)),
+    Recipe("classification", "simple", 560, (simple_text.classification,)),
+    Recipe("extraction", "simple", 460, (simple_text.extraction, simple_text.extraction,
+                                          simple_text.reading)),
     Recipe("translation", "simple", 220, (simple_text.translation,)),
-    Recipe("summarize_short", "simple", 300, (simple_text.summarize_short,)),
+    Recipe("summarize_short", "simple", 340, (simple_text.summarize_short,)),
     Recipe(
         "math_multistep",
         "complex",
@@ -70,7 +73,7 @@ RECIPES: Final = (
         "complex",
         560,
         (code_tasks.write_function, code_tasks.write_function, code_tasks.write_component,
-         code_tasks.debug, code_tasks.explain_or_refactor),
+         code_tasks.debug, code_tasks.explain_or_refactor, code_tasks.snippet_question),
     ),
     Recipe("code", "complex", 220, (code_tasks.stub, code_tasks.problem_statement), noise=False),
     Recipe(

@@ -69,6 +69,12 @@ def debug(rng: Random) -> str:
     return one(rng, phrases("code_bug_asks")).format(code=code, err=err)
 
 
+def snippet_question(rng: Random) -> str:
+    """What is wrong with / what does this short snippet print."""
+    code = one(rng, phrases("code_snippets"))
+    return one(rng, phrases("code_snippet_asks")).format(code=code)
+
+
 def explain_or_refactor(rng: Random) -> str:
     """Explain, refactor, port, test or optimise a snippet."""
     code, _ = _snippet(rng)

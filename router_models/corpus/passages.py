@@ -11,6 +11,7 @@ from random import Random
 
 from router_models.corpus.lexicon import (
     ADJECTIVES,
+    ANIMALS,
     BUSINESSES,
     CITIES,
     HOBBIES,
@@ -20,96 +21,19 @@ from router_models.corpus.lexicon import (
     PRODUCTS,
     WEEKDAYS,
     one,
+    phrases,
     some,
 )
 
 # fmt: off
-_POSITIVE = (
-    "I've been using the {p} for {n} weeks now and it's honestly {good}.",
-    "Setup took five minutes and it just works.",
-    "Battery life is way better than I expected.",
-    "The staff were friendly and the whole thing felt really well thought out.",
-    "Would buy again without thinking twice.",
-    "My partner stole it from me, which says it all.",
-    "Great value for the price, no complaints at all.",
-    "It arrived a day early and the packaging was neat.",
-    "Customer service answered my question within an hour.",
-    "Feels solid, looks nice on the desk, does exactly what it says.",
-    "Ten out of ten, my kids love it.",
-    "Honestly the best purchase I made this year.",
-    "The food came out hot and the portions were generous.",
-    "Clean rooms, quiet street, and the breakfast was lovely.",
-)
-_NEGATIVE = (
-    "The {p} stopped working after {n} days, which is {bad}.",
-    "Support kept me on hold for forty minutes and then hung up.",
-    "It looks nothing like the photos.",
-    "The app crashes every time I try to log in.",
-    "Way too loud, I can't use it when the baby is asleep.",
-    "Returned it. Not worth half the price.",
-    "The strap snapped the second time I wore it.",
-    "Our table was ready an hour late and nobody apologised.",
-    "The room smelled of smoke and the wifi never worked.",
-    "Instructions were useless and two screws were missing.",
-    "Charging takes forever and it gets really hot.",
-    "I wanted to like it but it's just {bad}.",
-    "The delivery guy left it in the rain and the box was soaked.",
-)
-_NEUTRAL = (
-    "It's fine I guess, does the job.",
-    "Nothing special but nothing wrong with it either.",
-    "The color is a bit different from the picture.",
-    "Shipping was average, about a week.",
-    "It's smaller than I thought it would be.",
-    "I haven't tried all the features yet.",
-    "My old one was similar, maybe slightly heavier.",
-)
-_NEWS_OPENERS = (
-    "{city} — Officials announced on {day} that the city will spend {money} on {thing}.",
-    "Shares of a {biz} chain rose {pct} percent on {day} after quarterly results beat forecasts.",
-    "{name} scored twice as {city} won {a}-{b} in front of a sold-out crowd on {day}.",
-    "Researchers in {city} say a new battery design could cut charging times by {pct} percent.",
-    "Heavy rain is expected across the region from {day}, with up to {n} centimetres in places.",
-    "The council in {city} voted {a} to {b} to approve a new bike lane network.",
-    "A local {job} from {city} has been named volunteer of the year.",
-    "A startup based in {city} raised {money} to expand its {biz} business.",
-    "The national team coach named {n} new players in the squad for next month's qualifiers.",
-    "Prices for {thing} climbed again in {month}, according to figures released on {day}.",
-)
-_NEWS_FOLLOWUPS = (
-    "The decision follows months of public debate.",
-    "Critics say the plan does not go far enough.",
-    "A spokesperson said more details would be published next week.",
-    "Analysts had expected a smaller increase.",
-    "Residents have been asked to avoid unnecessary travel.",
-    "It is the club's third win in a row.",
-    "The project is due to finish by {month} next year.",
-    "Several opposition members walked out before the vote.",
-    "The company plans to hire {n} more people by the end of the year.",
-    "The findings were published in a peer-reviewed journal on {day}.",
-    "Local businesses welcomed the news.",
-    "Some experts warned that the results may not hold at larger scale.",
-)
-_FILM_POSITIVE = (
-    "The film takes its time, but the last half hour is gripping from start to finish.",
-    "The lead actor carries every scene with a quiet, lived-in performance.",
-    "I laughed more than I have at any comedy in years.",
-    "The soundtrack is gorgeous and the city has never looked better on screen.",
-    "It is the rare sequel that improves on the original.",
-    "By the end half the cinema was in tears, me included.",
-    "The dialogue is sharp and the twists actually make sense on a second viewing.",
-    "A warm, clever novel that I finished in one sitting.",
-)
-_FILM_NEGATIVE = (
-    "The plot makes no sense and the ending feels like they ran out of money.",
-    "Two and a half hours of people explaining things to each other.",
-    "The jokes land maybe once every twenty minutes.",
-    "The special effects look cheap and the villain is a cardboard cutout.",
-    "I checked my phone more often than I watched the screen.",
-    "The book drags badly in the middle and the characters never feel real.",
-    "Great trailer, shame about the film.",
-    "Whoever edited this needs a holiday; scenes just stop mid-sentence.",
-)
+_REGIONS = ("northern Europe", "the Andes", "West Africa", "south-east Asia", "the Balkans",
+            "central Canada", "the Scottish Highlands", "eastern Australia", "Patagonia")
+_SURNAMES = ("Okafor", "Lindqvist", "Tanaka", "Moreau", "Silva", "Novak", "Haddad", "Kowalski")
+_STRUCTURES = ("clock tower", "harbour bridge", "opera house", "lighthouse", "railway station")
+_GAMES = ("game of Draughtsmen", "game of Kallo", "game of Stones and Rivers", "game of Fenn")
+_RIVERS = ("Avel", "Morra", "Sill", "Tarn", "Oswin", "Brenna")
+_FESTIVALS = ("Lantern Festival", "Harbour Jazz Week", "Spring Kite Fair", "Folk Days")
+_CENTURIES = ("twelfth", "fourteenth", "sixteenth", "eighteenth", "nineteenth")
 _THINGS = (
     "road repairs", "new playgrounds", "flood defences", "school meals", "electric buses",
     "housing", "a new library", "street lighting", "rental flats", "train tickets", "fuel",
@@ -118,7 +42,21 @@ _THINGS = (
 
 
 def _fill(rng: Random, template: str) -> str:
+    year = rng.randint(1850, 1990)
     return template.format(
+        region=one(rng, _REGIONS),
+        century=one(rng, _CENTURIES),
+        thing2=one(rng, _STRUCTURES),
+        surname=one(rng, _SURNAMES),
+        year=year,
+        year2=year + rng.randint(2, 15),
+        year3=year + rng.randint(20, 40),
+        game=one(rng, _GAMES),
+        river=one(rng, _RIVERS),
+        festival=one(rng, _FESTIVALS),
+        city2=one(rng, CITIES),
+        animal=one(rng, ANIMALS),
+        color=one(rng, ("red", "blue", "silver", "green", "rose gold")),
         p=one(rng, PRODUCTS),
         n=rng.randint(2, 12),
         good=one(rng, ("great", "excellent", "fantastic", "really good", "a joy")),
@@ -141,12 +79,14 @@ def review(rng: Random, sentiment: str | None = None) -> tuple[str, str]:
     """A product, hotel or restaurant review of 1-8 sentences and its sentiment."""
     mood = sentiment or one(rng, ("positive", "negative", "positive", "negative", "mixed"))
     size = rng.choice((1, 1, 2, 3, 4, 5, 6, 8))
+    positive, negative = phrases("review_positive"), phrases("review_negative")
+    neutral = phrases("review_neutral")
     if mood == "positive":
-        pool = list(_POSITIVE) + list(_NEUTRAL[:2])
+        pool = [*positive, *some(rng, neutral, 2)]
     elif mood == "negative":
-        pool = list(_NEGATIVE) + list(_NEUTRAL[:2])
+        pool = [*negative, *some(rng, neutral, 2)]
     else:
-        pool = list(_POSITIVE[:5]) + list(_NEGATIVE[:5]) + list(_NEUTRAL)
+        pool = [*some(rng, positive, 6), *some(rng, negative, 6), *neutral]
     sentences = [_fill(rng, t) for t in some(rng, pool, size)]
     return " ".join(sentences), mood
 
@@ -154,8 +94,8 @@ def review(rng: Random, sentiment: str | None = None) -> tuple[str, str]:
 def film_review(rng: Random) -> tuple[str, str]:
     """A film or book review of one to three paragraphs and its sentiment."""
     mood = one(rng, ("positive", "negative"))
-    pool = _FILM_POSITIVE if mood == "positive" else _FILM_NEGATIVE
-    other = _FILM_NEGATIVE if mood == "positive" else _FILM_POSITIVE
+    good, bad = phrases("film_positive"), phrases("film_negative")
+    pool, other = (good, bad) if mood == "positive" else (bad, good)
     paragraphs = []
     for _ in range(rng.randint(1, 3)):
         sentences = some(rng, pool, rng.randint(2, 4))
@@ -167,8 +107,23 @@ def film_review(rng: Random) -> tuple[str, str]:
 
 def news(rng: Random) -> str:
     """A short news item of one to six sentences."""
-    follow = [_fill(rng, t) for t in some(rng, _NEWS_FOLLOWUPS, rng.randint(0, 5))]
-    return " ".join([_fill(rng, one(rng, _NEWS_OPENERS)), *follow])
+    follow = [_fill(rng, t) for t in some(rng, phrases("news_followups"), rng.randint(0, 5))]
+    return " ".join([_fill(rng, one(rng, phrases("news_openers"))), *follow])
+
+
+def encyclopedia(rng: Random) -> str:
+    """A reference-style paragraph (animal, place, building, person, process)."""
+    return _fill(rng, one(rng, phrases("encyclopedia")))
+
+
+def specs(rng: Random) -> str:
+    """A number-heavy description: specs, results, timetables, reports."""
+    return _fill(rng, one(rng, phrases("specs")))
+
+
+def document(rng: Random) -> str:
+    """A practical document: recipe, policy, instructions, notice, job advert."""
+    return _fill(rng, one(rng, phrases("documents")))
 
 
 def email(rng: Random) -> tuple[str, dict[str, str]]:
@@ -291,5 +246,9 @@ def any_passage(rng: Random) -> str:
         lambda: notes(rng),
         lambda: story(rng),
         lambda: film_review(rng)[0],
+        lambda: encyclopedia(rng),
+        lambda: document(rng),
+        lambda: specs(rng),
+        lambda: specs(rng),
     )
     return makers[rng.randrange(len(makers))]()

@@ -52,7 +52,7 @@ def boolean_expression(rng: Random) -> str:
         op = one(rng, ("and", "or"))
         expr = f"( {left} {op} {right} )" if rng.random() < 0.6 else f"{left} {op} {right}"
         return f"not {expr}" if rng.random() < 0.3 else expr
-    expression = term(rng.randint(2, 3))
+    expression = term(rng.randint(1, 3))
     return one(rng, (f"{expression} is", f"Evaluate: {expression}",
                      f"What does this evaluate to? {expression}"))
 

@@ -139,6 +139,11 @@ def general_instruction(rng: Random) -> str:
     return one(rng, phrases("instructions_simple")).format(**values)
 
 
+def true_false(rng: Random) -> str:
+    """Verify an everyday factual statement."""
+    return one(rng, phrases("true_false_asks")).format(s=one(rng, phrases("statements")))
+
+
 def short_creative(rng: Random) -> str:
     """A light creative request whose answer is a few lines."""
     return one(rng, _CREATIVE).format(**_values(rng))

@@ -120,6 +120,22 @@ def extraction(rng: Random) -> str:
     return _arrange(rng, source, question)
 
 
+def reading(rng: Random) -> str:
+    """A question answered by looking something up in a given context (closed QA)."""
+    maker = one(rng, (passages.encyclopedia, passages.document, passages.news, passages.bio,
+                      passages.specs, passages.specs))
+    context = maker(rng)
+    if rng.random() < 0.2:
+        context = passages.long_document(rng, context)
+    question = one(rng, phrases("reading_q"))
+    shape = rng.randrange(3)
+    if shape == 0:
+        return f"Context: {context}\nQuestion: {question}"
+    if shape == 1:
+        return f"{context}\n\n{question}"
+    return f"Read this and answer: {question}\n\n{context}"
+
+
 def translation(rng: Random) -> str:
     """Translate a short phrase or sentence."""
     pool = "short_phrases" if rng.random() < 0.6 else "sentences"

@@ -9,7 +9,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from router_models.corpus.build import DEFAULT_CORPUS
 from router_models.features import (
+    _DIGITS,
+    _TOKEN_RE,
     HASH_SIZE,
     MAX_TEXT_CHARS,
     STRUCTURAL_NAMES,
@@ -19,6 +22,7 @@ from router_models.features import (
     structural,
     tokenize,
 )
+from router_models.records import body_of, read_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
 BODIES: list[dict[str, Any]] = [
@@ -139,3 +143,11 @@ def test_features_identical_across_processes() -> None:
     remote = [[(int(i), v) for i, v in row] for row in json.loads(out)]
     local = [sorted(extract(b).items()) for b in BODIES]
     assert remote == local
+
+
+def test_ascii_fast_path_gives_the_general_tokens() -> None:
+    """The ASCII tokeniser shortcut yields exactly the tokens of the general Unicode path."""
+    texts = [render(body_of(r)).text for r in read_jsonl(DEFAULT_CORPUS)[:300]]
+    texts += ["MiXeD CaSe 123_ABC x=1;y=[2]", "Tabs\tand\nnewlines 9.75%"]
+    for text in (t for t in texts if t.isascii()):
+        assert tokenize(text) == _TOKEN_RE.findall(text.lower().translate(_DIGITS))
