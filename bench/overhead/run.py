@@ -12,6 +12,7 @@ import os
 import platform
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -195,8 +196,14 @@ def choose_upstream(report: Report, bench: Bench, which: str) -> Leg:
         if which not in ("auto", name):
             continue
         leg = _try(report, f"{name} upstream", start)
-        if leg is not None:
+        if leg is None:
+            continue
+        try:
             candidates.append((leg, measure(leg, "upstream", bench)))
+        except BaseException:
+            for started in [leg, *(pair[0] for pair in candidates)]:
+                started.stop()
+            raise
     if not candidates:
         raise SystemExit("no upstream could start:\n" + "\n".join(report.unavailable.values()))
     best_leg, best = max(candidates, key=lambda pair: pair[1].rps(16) or 0.0)
@@ -287,6 +294,8 @@ def environment(wrk: str, plan: Plan, pin: Placement, variant: Variant) -> list[
 def main(argv: list[str] | None = None) -> int:
     """Run the selected legs and write the report."""
     args = parse_args(argv)
+    # SIGTERM unwinds like Ctrl-C, so the finally blocks stop every server this run started.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     legs = {leg.strip() for leg in args.legs.split(",") if leg.strip()}
     if args.skip_litellm:
         legs.discard("litellm")
