@@ -219,6 +219,8 @@ def plot(report: EvalReport, path: Path) -> None:
     ys = [0.0] + [p["complex_caught"] for p in report.full_curve]
     ax.plot(xs, ys, label=f"router (AUC {report.roc_auc:.3f})")
     ax.plot([0, 1], [0, 1], linestyle="--", color="grey", label="random")
+    best = report.n_complex / report.n
+    ax.plot([0, best, 1], [0, 1, 1], linestyle=":", color="green", label="perfect router")
     ax.scatter([report.op_precise_share], [report.op_complex_caught], color="red", zorder=3,
                label=f"catch {CATCH_TARGET:.0%}: simple sent {report.op_simple_sent:.1%}")
     ax.set_xlabel("share of requests sent to the precise tier")

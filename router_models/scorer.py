@@ -103,8 +103,8 @@ class LeanScorer:
                 edge = edge[:EDGE_TOKENS] + edge[-EDGE_TOKENS:]
             total += sum(edge) / math.sqrt(len(edge))
         signals = structural(rendered, tokens, classes)
-        total += sum(map(operator.mul, signals, self._structural))
-        return total
+        weighted: float = sum(map(operator.mul, signals, self._structural))
+        return total + weighted
 
     def score(self, body: Mapping[str, Any]) -> float:
         """Probability that ``body`` needs the precise tier."""

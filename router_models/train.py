@@ -5,8 +5,10 @@
 3. Platt calibration ``p = sigmoid(a·m + c)`` fitted on those out-of-fold margins.
 4. The final logistic regression on all the data (liblinear's dual coordinate descent with a
    fixed seed: deterministic, single-threaded).
-5. Reference scores = calibrated out-of-fold scores; their quantiles and the default
-   threshold (for ``DEFAULT_TARGET_SHARE``) go into the artifact metadata.
+5. Reference sample = calibrated out-of-fold scores, stratified to a traffic-like mix of
+   ``REFERENCE_COMPLEX_SHARE`` complex requests (the corpus itself is almost half complex);
+   its quantiles and the default threshold (for ``DEFAULT_TARGET_SHARE``) go into the
+   artifact metadata.
 
 Same data and settings give the same artifact bytes.
 """
@@ -33,6 +35,7 @@ MODEL_VERSION: Final = "tiergate-router-1"
 DEFAULT_DATA: Final = (DEFAULT_CORPUS, HARD_CASES)
 DEFAULT_TARGET_SHARE: Final = 0.30
 QUANTILE_POINTS: Final = 101
+REFERENCE_COMPLEX_SHARE: Final = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,9 +99,21 @@ def platt(margins: FloatArray, y: FloatArray) -> tuple[float, float]:
     return float(model.coef_[0, 0]), float(model.intercept_[0])
 
 
+def reference_sample(scores: FloatArray, y: FloatArray, complex_share: float) -> FloatArray:
+    """All simple scores plus an evenly spaced (stratified) subset of the complex ones, so
+    that complex requests make up ``complex_share`` of the sample."""
+    simple = np.sort(scores[y == 0])
+    complex_ = np.sort(scores[y == 1])
+    wanted = round(simple.size * complex_share / (1.0 - complex_share))
+    wanted = max(1, min(complex_.size, wanted))
+    picks = np.linspace(0, complex_.size - 1, wanted).round().astype(np.int64)
+    return np.concatenate([simple, complex_[picks]])
+
+
 def _metadata(
-    paths: Sequence[Path], y: FloatArray, ref: FloatArray, settings: TrainSettings
+    paths: Sequence[Path], y: FloatArray, oof: FloatArray, settings: TrainSettings
 ) -> dict[str, Any]:
+    ref = reference_sample(oof, y, REFERENCE_COMPLEX_SHARE)
     scores = ref.tolist()
     return {
         "model_version": MODEL_VERSION,
@@ -110,7 +125,9 @@ def _metadata(
         "default_target_share": settings.target_share,
         "default_threshold": threshold_for_share(scores, settings.target_share),
         "reference": {
-            "sample": "calibrated out-of-fold scores of the training corpus",
+            "sample": "calibrated out-of-fold scores of the training corpus, stratified",
+            "complex_share": REFERENCE_COMPLEX_SHARE,
+            "size": len(scores),
             "quantiles": np.quantile(ref, np.linspace(0, 1, QUANTILE_POINTS)).tolist(),
         },
         "training": {
@@ -121,7 +138,7 @@ def _metadata(
             "tol": settings.tol,
             "calibration": "Platt on out-of-fold margins",
         },
-        "cv_roc_auc": round(float(roc_auc_score(y, ref)), 6),
+        "cv_roc_auc": round(float(roc_auc_score(y, oof)), 6),
     }
 
 

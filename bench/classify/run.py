@@ -104,6 +104,7 @@ def run(rounds: int) -> dict[str, Any]:
         "rounds": rounds,
         "python": platform.python_version(),
         "cpu_count": os.cpu_count(),
+        "load_average_1m": os.getloadavg()[0],
         "results": results,
         "max_abs_diff_vs_sklearn": max(
             abs(router.score(b) - float(clf.predict_proba(featurize([b]))[0, 1])) for b in bodies
@@ -118,7 +119,8 @@ def markdown(data: dict[str, Any]) -> str:
         "# Classification latency (router on the request path)",
         "",
         f"{data['bodies']} corpus prompts of ~1 KB (mean {data['mean_chars']:.0f} chars), "
-        f"{data['rounds']} rounds, Python {data['python']}, {data['cpu_count']} CPUs.",
+        f"{data['rounds']} rounds, Python {data['python']}, {data['cpu_count']} CPUs, "
+        f"1-minute load average {data['load_average_1m']:.1f} when it started.",
         "",
         "| variant | p50 µs | p90 µs | p99 µs | mean µs |",
         "|---|---:|---:|---:|---:|",

@@ -58,9 +58,10 @@ def _arrange(rng: Random, passage: str, question: str) -> str:
 def _multiple_choice(rng: Random) -> str:
     question, *options = one(rng, phrases("multiple_choice")).split(" | ")
     letters = "ABCD"
-    shown = "\n".join(f"({letters[i]}) {o}" for i, o in enumerate(options))
+    glue = one(rng, ("\n", " ", "\n"))
+    shown = glue.join(f"({letters[i]}) {o}" for i, o in enumerate(options))
     tail = one(rng, ("Answer with the letter.", "Select A, B, C, or D.", "", "Which one?"))
-    return f"{question}\n{shown}\n{tail}".strip()
+    return f"{question}{glue}{shown}{glue}{tail}".strip()
 
 
 def _label_set(rng: Random) -> str:
