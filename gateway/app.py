@@ -8,18 +8,22 @@ from typing import Any
 import aiohttp
 from litestar import Litestar, Request, Response, post
 
+from gateway.admin_backends import admin_backends_handlers
 from gateway.auth import Access
 from gateway.errors import EXCEPTION_HANDLERS
 from gateway.forwarding import Forwarder, TierRoute
+from gateway.health import HealthConfig, HealthMonitor
 from gateway.ops import Readiness, ops_handlers
 from gateway.proxy import ProxyService, RequestObserver
-from gateway.replicas import ReplicaPool
+from gateway.replicas import EjectionPolicy, ReplicaPool
 from gateway.retry import RetryPolicy
 from gateway.routing import ThresholdSource, TierRouter
-from gateway.settings import Settings
+from gateway.settings import BalancingSettings, Settings, TierSettings
+from gateway.spillover import Spillover, SpilloverConfig
 from gateway.upstream import make_session
 from policies.ports import Authenticator, RequestLimiter, TierClassifier
-from policies.selection import LeastLoaded, RoundRobin, Strategy
+from policies.prefix import PrefixConfig
+from policies.selection import LeastLoaded, PrefixAffinity, RoundRobin, Strategy
 from policies.tiering import TierCatalog, TierRules
 
 
@@ -37,10 +41,21 @@ class _PlaceholderClassifier:
         return min(1.0, len(text) / 4000 + 0.3 * hints)
 
 
-def _strategy(name: str) -> Strategy:
-    if name == "round_robin":
+def _strategy(tier: TierSettings, balancing: BalancingSettings) -> Strategy:
+    if tier.strategy == "round_robin":
         return RoundRobin()
-    return LeastLoaded()
+    if tier.strategy == "least_loaded":
+        return LeastLoaded()
+    b = balancing
+    return PrefixAffinity(tier.model, load_factor=b.load_factor, load_slack=b.load_slack,
+                          imbalance_abs=b.imbalance_abs, imbalance_rel=b.imbalance_rel)
+
+
+def _spillover(settings: Settings, pools: Mapping[str, ReplicaPool]) -> Spillover | None:
+    config = SpilloverConfig(**settings.spillover.model_dump())
+    if not config.enabled:
+        return None
+    return Spillover(config, pools[settings.router.fast_tier], pools[settings.router.precise_tier])
 
 
 def build_router(settings: Settings, classifier: TierClassifier) -> TierRouter:
@@ -57,7 +72,8 @@ def build_router(settings: Settings, classifier: TierClassifier) -> TierRouter:
         long_prompt_tokens=r.long_prompt_tokens,
     )
     threshold = ThresholdSource(r.threshold if r.threshold is not None else 0.5)
-    return TierRouter(catalog, rules, classifier, threshold)
+    return TierRouter(catalog, rules, classifier, threshold,
+                      fast_to_precise=r.fallback_to_precise, precise_to_fast=r.downgrade_to_fast)
 
 
 def create_app(
@@ -68,19 +84,26 @@ def create_app(
     observer: RequestObserver | None = None,
 ) -> Litestar:
     """Build the gateway application for ``settings``."""
+    h = settings.health
+    ejection = EjectionPolicy(h.eject_after, h.eject_base_s, h.eject_max_s, h.max_ejected_share)
     pools = {
-        name: ReplicaPool(name, tier.replicas, tier.max_concurrency, tier.max_queue_wait_s)
+        name: ReplicaPool(name, tier.replicas, tier.max_concurrency, tier.max_queue_wait_s,
+                          ejection)
         for name, tier in settings.tiers.items()
     }
     routes = {
-        name: TierRoute(pools[name], _strategy(tier.strategy), tier.timeouts, tier.model)
+        name: TierRoute(pools[name], _strategy(tier, settings.balancing), tier.timeouts,
+                        tier.model)
         for name, tier in settings.tiers.items()
     }
+    monitor = HealthMonitor(pools, HealthConfig(h.interval_s, h.timeout_s, h.unhealthy_after,
+                                                h.healthy_after, h.scrape_metrics))
     router = build_router(settings, _PlaceholderClassifier())
     access = Access(settings, auth=auth, limiter=limiter)
     authenticator = access.authenticator
-    forwarder = Forwarder(None, routes, RetryPolicy())  # type: ignore[arg-type]  # session opens at start-up
+    forwarder = Forwarder(None, routes, RetryPolicy(**settings.retry.model_dump()))  # type: ignore[arg-type]  # session opens at start-up
     readiness = Readiness(pools)
+    readiness.monitor = monitor
     service = ProxyService(
         auth=authenticator,
         limiter=access.limiter,
@@ -90,6 +113,8 @@ def create_app(
         idle_timeouts={name: tier.timeouts.idle_s for name, tier in settings.tiers.items()},
         default_completion_tokens=settings.ratelimit.default_completion_tokens,
         observer=observer or _NullObserver(),
+        prefix=PrefixConfig(settings.balancing.block_chars, settings.balancing.max_blocks),
+        spillover=_spillover(settings, pools),
     )
 
     @post("/v1/chat/completions", status_code=200)
@@ -104,9 +129,11 @@ def create_app(
         session = make_session()
         forwarder.session = session
         readiness.session = session
+        monitor.start(session)
         await access.startup()
 
     async def shutdown() -> None:
+        await monitor.stop()
         session: aiohttp.ClientSession | None = forwarder.session
         if session is not None:
             await session.close()
@@ -114,7 +141,8 @@ def create_app(
 
     return Litestar(
         route_handlers=[chat, completions, *ops_handlers(router.catalog, readiness, authenticator),
-                        *access.handlers],
+                        *access.handlers,
+                        *admin_backends_handlers(forwarder, settings.auth.read_admin_token())],
         exception_handlers=EXCEPTION_HANDLERS,
         on_startup=[startup],
         on_shutdown=[shutdown],

@@ -8,6 +8,7 @@ first token is retried elsewhere.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from gateway.replicas import Replica, ReplicaPool
 from gateway.retry import RetryBudget, RetryLoop, RetryPolicy
 from gateway.settings import Timeouts
 from gateway.upstream import AttemptFailed, Opened, attempt
-from policies.errors import Overloaded, UpstreamRejected, UpstreamUnavailable
+from policies.errors import Overloaded, TierGateError, UpstreamRejected, UpstreamUnavailable
 from policies.selection import Strategy
 
 _encoder = msgspec.json.Encoder()
@@ -39,11 +40,19 @@ class Exchange:
     first_event: bytes = b""
     finished: bool = False
 
-    def finish(self, *, abort: bool = False) -> None:
-        """Return the lease; ``abort`` closes the connection so the engine stops work."""
+    def finish(self, *, abort: bool = False, failed: bool = False) -> None:
+        """Return the lease; ``abort`` closes the connection so the engine stops work.
+
+        ``failed``: the backend broke the stream (reset, stall, truncation), which counts
+        against the replica's health like a failed attempt.
+        """
         if self.finished:
             return
         self.finished = True
+        if failed:
+            self.pool.record_failure(
+                self.replica, "mid_stream", "The stream broke after it started.", counts=True
+            )
         response = self.opened.response
         if response is not None:
             if abort:
@@ -85,16 +94,27 @@ class Forwarder:
         tiers: Sequence[str],
         prefix_blocks: Sequence[int] = (),
     ) -> Exchange:
-        """Try ``tiers`` in order; within a tier, retry on other replicas per the rules."""
-        last: Exception | None = None
+        """Try ``tiers`` in order; within a tier, retry on other replicas per the rules.
+
+        One deadline covers the whole request, fallback tiers included. The response says
+        which tier answered (``x-tiergate-tier``) and, after a fallback, from which tier and
+        why (``x-tiergate-fallback-from``, ``x-tiergate-fallback-reason``).
+        """
+        deadline = time.monotonic() + self.routes[tiers[0]].timeouts.total_s
+        last: TierGateError | None = None
         for index, tier in enumerate(tiers):
+            if index > 0 and deadline <= time.monotonic():
+                break
             try:
-                exchange = await self._forward_tier(ctx, path, body, tier, prefix_blocks)
+                exchange = await self._forward_tier(
+                    ctx, path, body, tier, prefix_blocks=prefix_blocks, deadline=deadline
+                )
             except (UpstreamUnavailable, Overloaded) as exc:
                 last = exc
                 continue
-            if index > 0:
+            if index > 0 and last is not None:
                 ctx.extra_headers["x-tiergate-fallback-from"] = tiers[0]
+                ctx.extra_headers["x-tiergate-fallback-reason"] = str(last.code)
             ctx.tier = tier
             return exchange
         assert last is not None  # noqa: S101  # tiers is never empty
@@ -106,23 +126,32 @@ class Forwarder:
         path: str,
         body: dict[str, Any],
         tier: str,
+        *,
         prefix_blocks: Sequence[int],
+        deadline: float,
     ) -> Exchange:
         route = self.routes[tier]
         body["model"] = route.served_model
         payload = _encoder.encode(body)
         stream = bool(body.get("stream"))
         headers = {"Content-Type": "application/json", "x-request-id": ctx.request_id}
-        loop = RetryLoop(self.policy, self.budget, time.monotonic() + route.timeouts.total_s)
+        pool = route.pool
+        loop = RetryLoop(
+            self.policy, self.budget, deadline, ready_in=lambda: pool.ready_in(time.monotonic())
+        )
         tried: set[str] = set()
 
-        async def one(_: int) -> Exchange:
+        async def one(number: int) -> Exchange:
+            if number > 1 and loop.failures:
+                pool.count_retry(loop.failures[-1].kind)
             replica = await self._choose(route, frozenset(tried), prefix_blocks, loop)
             tried.add(replica.url)
             ctx.replica = replica.name
             ctx.attempts += 1
+            limit_s = max(0.001, min(route.timeouts.first_byte_s, loop.remaining()))
             return await self._attempt(
-                ctx, route, replica, path=path, payload=payload, headers=headers, stream=stream
+                ctx, route, replica, path=path, payload=payload, headers=headers,
+                stream=stream, limit_s=limit_s,
             )
 
         try:
@@ -138,18 +167,24 @@ class Forwarder:
         loop: RetryLoop,
     ) -> Replica:
         pool = route.pool
+        wait_until = time.monotonic() + pool.max_queue_wait_s  # one bounded wait in all
         while True:
-            usable = pool.usable(time.monotonic(), exclude)
+            now = time.monotonic()
+            usable = pool.usable(now, exclude)
             if not usable and exclude:
-                usable = pool.usable(time.monotonic())  # every replica tried: any is fair
+                usable = pool.usable(now)  # every replica tried: any is fair
             if not usable:
-                raise AttemptFailed("no_replica", f"No healthy replica in tier '{pool.tier}'.")
+                raise AttemptFailed(
+                    "no_replica",
+                    f"No healthy replica in tier '{pool.tier}'.",
+                    retry_after=pool.ready_in(now) or None,
+                )
             free = [r for r in usable if r.has_capacity]
             if free:
                 replica = route.strategy.choose(free, prefix_blocks, pool.next_index())
                 pool.lease(replica)
                 return replica
-            await pool.wait_for_slot(loop.remaining())
+            await pool.wait_for_slot(min(wait_until - now, loop.remaining()))
 
     async def _attempt(
         self,
@@ -161,8 +196,9 @@ class Forwarder:
         payload: bytes,
         headers: dict[str, str],
         stream: bool,
+        limit_s: float,
     ) -> Exchange:
-        timeout = route.timeouts.first_byte_s
+        pool = route.pool
         try:
             opened = await attempt(
                 self.session,
@@ -170,22 +206,45 @@ class Forwarder:
                 payload,
                 headers,
                 stream=stream,
-                timeout_s=timeout,
+                timeout_s=limit_s,
                 ctx=ctx,
+                connect_s=route.timeouts.connect_s,
             )
-        except BaseException:
-            route.pool.release(replica)
+        except AttemptFailed as failure:
+            pool.release(replica)
+            self._record_failure(pool, replica, failure)
             raise
-        exchange = Exchange(opened, replica, route.pool)
+        except BaseException:
+            pool.release(replica)
+            raise
+        exchange = Exchange(opened, replica, pool)
         if stream:
             try:
-                exchange.first_event = await _first_event(exchange, timeout, ctx)
+                exchange.first_event = await _first_event(exchange, limit_s, ctx)
+            except AttemptFailed as failure:
+                exchange.finish(abort=True)
+                self._record_failure(pool, replica, failure)
+                raise
             except BaseException:
                 exchange.finish(abort=True)
                 raise
         else:
             exchange.finish()
+        pool.record_success(replica)
         return exchange
+
+    def _record_failure(self, pool: ReplicaPool, replica: Replica, failure: AttemptFailed) -> None:
+        """Count ``failure`` on the replica; a Retry-After on 429/503 becomes a cool-down."""
+        cooldown = None
+        if failure.retry_after is not None and failure.status in (429, 503):
+            cooldown = min(failure.retry_after, self.policy.max_cooldown_s)
+        pool.record_failure(
+            replica,
+            failure.kind,
+            failure.message,
+            counts=failure.counts_against_replica and cooldown is None,
+            retry_after=cooldown,
+        )
 
 
 async def _first_event(exchange: Exchange, timeout_s: float, ctx: RequestContext) -> bytes:
@@ -205,21 +264,27 @@ async def _first_event(exchange: Exchange, timeout_s: float, ctx: RequestContext
         ctx.first_chunk_s = time.perf_counter() - ctx.started
 
 
-def _final_error(tier: str, failure: AttemptFailed) -> Exception:
+def _final_error(tier: str, failure: AttemptFailed) -> TierGateError:
+    """The caller's error once a tier gave up; its ``code`` doubles as the fallback reason."""
     status = failure.status
     if status is not None and 400 <= status < 500 and status != 429:
         body = failure.body or {}
         param = body.get("param") if isinstance(body.get("param"), str) else None
         return UpstreamRejected(failure.message, status=status, param=param)
+    retry_after = {"Retry-After": str(max(1, math.ceil(failure.retry_after or 1)))}
+    error: TierGateError
     if failure.kind == "no_replica":
-        return UpstreamUnavailable(failure.message, status=503, headers={"Retry-After": "1"})
-    if status == 429:
-        return Overloaded(
-            f"Every replica of the '{tier}' tier is busy; retry shortly.",
-            headers={"Retry-After": str(int(failure.retry_after or 1))},
+        error = UpstreamUnavailable(failure.message, status=503, headers=retry_after)
+        error.code = "no_healthy_replica"
+    elif status in (429, 503):
+        error = Overloaded(
+            f"Every replica of the '{tier}' tier is busy; retry shortly.", headers=retry_after
         )
-    if failure.kind in ("timeout", "first_byte_timeout"):
-        return UpstreamUnavailable(f"The '{tier}' tier did not answer in time.", status=504)
-    return UpstreamUnavailable(
-        f"The '{tier}' tier could not serve the request: {failure.message}", status=502
-    )
+    elif failure.kind in ("timeout", "first_byte_timeout", "connect_timeout"):
+        error = UpstreamUnavailable(f"The '{tier}' tier did not answer in time.", status=504)
+        error.code = "upstream_timeout"
+    else:
+        error = UpstreamUnavailable(
+            f"The '{tier}' tier could not serve the request: {failure.message}", status=502
+        )
+    return error

@@ -10,6 +10,7 @@ import aiohttp
 import msgspec
 from litestar import Request, Response, get
 
+from gateway.health import HealthMonitor
 from gateway.replicas import ReplicaPool
 from policies.ports import Authenticator
 from policies.tiering import AUTO_MODEL, TierCatalog
@@ -31,12 +32,17 @@ def models_body(catalog: TierCatalog, created: int) -> bytes:
 
 
 class Readiness:
-    """Ready when every tier has at least one replica answering ``/health`` with 200."""
+    """Ready when every tier has at least one replica answering ``/health`` with 200.
+
+    With a health monitor, its last probes answer (no extra request per call); until the
+    monitor has probed every replica once, the replicas are asked directly.
+    """
 
     def __init__(self, pools: dict[str, ReplicaPool], timeout_s: float = 1.0) -> None:
         self.pools = pools
         self.timeout_s = timeout_s
         self.session: aiohttp.ClientSession | None = None
+        self.monitor: HealthMonitor | None = None
 
     async def _healthy(self, url: str) -> bool:
         assert self.session is not None  # noqa: S101  # set at start-up
@@ -49,6 +55,10 @@ class Readiness:
 
     async def check(self) -> dict[str, bool]:
         """Per tier: does any replica answer?"""
+        if self.monitor is not None:
+            known = self.monitor.readiness()
+            if known is not None:
+                return known
         result: dict[str, bool] = {}
         for tier, pool in self.pools.items():
             answers = await asyncio.gather(*(self._healthy(r.url) for r in pool.replicas))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 import msgspec
@@ -20,8 +20,10 @@ from gateway.context import RequestContext, request_id_from
 from gateway.forwarding import Forwarder
 from gateway.relay import StreamRelay, usage_from
 from gateway.routing import TierRouter
+from gateway.spillover import Spillover
 from policies.errors import InvalidRequest, TierGateError
 from policies.ports import Admission, Authenticator, RequestLimiter
+from policies.prefix import PrefixConfig, prefix_blocks
 from policies.requests import RequestKind, validate
 
 T = TypeVar("T")
@@ -79,6 +81,8 @@ class ProxyService:
     idle_timeouts: Mapping[str, float]
     default_completion_tokens: int
     observer: RequestObserver
+    prefix: PrefixConfig = field(default_factory=PrefixConfig)
+    spillover: Spillover | None = None
 
     async def handle(
         self, request: Request[Any, Any, Any], kind: RequestKind, path: str
@@ -104,6 +108,9 @@ class ProxyService:
         summary = validate(body, kind)
         ctx.summary = summary
         decision = self.router.decide(summary, body, principal, headers.get("x-tiergate-tier"))
+        if self.spillover is not None:
+            threshold = self.router.threshold.threshold
+            decision = self.spillover.adjust(decision, threshold, principal)
         ctx.decision = decision
         self._check_max_tokens(summary.max_tokens, decision.tier, principal.policy.max_tokens)
         completion = summary.max_tokens or self.default_completion_tokens
@@ -116,8 +123,9 @@ class ProxyService:
                 body["stream_options"] = {**options, "include_usage": True}
                 strip_usage = True
             tiers = self.router.tiers_for(decision, principal)
+            blocks = prefix_blocks(body, kind, self.prefix)
             exchange = await unless_disconnected(
-                request, self.forwarder.forward(ctx, path, body, tiers)
+                request, self.forwarder.forward(ctx, path, body, tiers, prefix_blocks=blocks)
             )
         except BaseException:
             await admission.settle(0)

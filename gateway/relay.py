@@ -21,6 +21,11 @@ from gateway.forwarding import Exchange
 
 _decoder = msgspec.json.Decoder()
 _DONE = b"data: [DONE]"
+_UPSTREAM_ERROR = b'data: {"error"'
+# Relay outcomes that mean the backend broke the stream (they count against the replica).
+UPSTREAM_FAILURES = frozenset(
+    {"upstream_truncated", "upstream_stall", "upstream_reset", "upstream_error"}
+)
 _SEP = b"\n\n"
 
 
@@ -74,7 +79,7 @@ class StreamRelay:
         if self.closed:
             return
         self.closed = True
-        self.exchange.finish(abort=not self.done)
+        self.exchange.finish(abort=not self.done, failed=self.outcome in UPSTREAM_FAILURES)
         self.on_close(self.ctx, self.outcome)
 
     def _event(self, event: bytes) -> bytes | None:
@@ -82,6 +87,8 @@ class StreamRelay:
         if event.startswith(_DONE):
             self.done = True
             return event + _SEP
+        if event.startswith(_UPSTREAM_ERROR):
+            self.outcome = "upstream_error"  # vLLM's own in-band error: pass it on as is
         if b'"usage"' in event and event.startswith(b"data: "):
             try:
                 data = _decoder.decode(event[6:])
@@ -120,7 +127,7 @@ class StreamRelay:
                     yield chunk
             if self.done:
                 self.outcome = "complete"
-            else:
+            elif self.outcome != "upstream_error":
                 self.outcome = "upstream_truncated"
                 yield error_event("The backend ended the stream early.", 502)
         except TimeoutError:

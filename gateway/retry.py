@@ -6,6 +6,10 @@ retried (honouring ``Retry-After``), a 500 at most once, 4xx never. Backoff is j
 exponential, every attempt has its own timeout, the request has one overall deadline, and a
 retry budget caps retries at a share of the requests in flight so a sick tier cannot start a
 retry storm.
+
+``Retry-After`` is honoured per replica: the replica that sent it cools down for that long
+(see ``ReplicaPool.record_failure``), and the retry goes at once to another replica; only when
+no replica of the tier is ready does the retry wait, at most ``max_retry_after_s``.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ class RetryPolicy:
     backoff_base_s: float = 0.02
     backoff_max_s: float = 0.5
     max_retry_after_s: float = 2.0
+    max_cooldown_s: float = 30.0
     budget_ratio: float = 0.2
     budget_min: int = 3
 
@@ -83,7 +88,13 @@ class _Retry(retry_base):
             return False
         if exc.status == 500:
             self.loop.five_hundreds += 1
-        return is_retryable(exc, self.loop.five_hundreds) and self.loop.budget.allows()
+        if not is_retryable(exc, self.loop.five_hundreds):
+            return False
+        if exc.retry_after is not None and self.loop.ready_in is not None:
+            ready = self.loop.ready_in()
+            if ready is None or ready > self.loop.policy.max_retry_after_s:
+                return False  # every replica asked for a longer pause than a retry may wait
+        return self.loop.reserve_retry()
 
 
 class _Stop(stop_base):
@@ -104,25 +115,48 @@ class _Wait(wait_base):
         policy = self.loop.policy
         outcome = retry_state.outcome
         exc = outcome.exception() if outcome is not None else None
+        growth = policy.backoff_base_s * 2**retry_state.attempt_number
+        ceiling = min(policy.backoff_max_s, growth)
+        delay = random.uniform(0, ceiling)  # noqa: S311  # jitter, not cryptography
         if isinstance(exc, AttemptFailed) and exc.retry_after is not None:
-            delay = min(exc.retry_after, policy.max_retry_after_s)
-        else:
-            growth = policy.backoff_base_s * 2**retry_state.attempt_number
-            ceiling = min(policy.backoff_max_s, growth)
-            delay = random.uniform(0, ceiling)  # noqa: S311  # jitter, not cryptography
+            ready = self.loop.ready_in() if self.loop.ready_in is not None else None
+            if ready is None:  # nothing else to try: wait as the replica asked
+                ready = exc.retry_after
+            delay = max(delay, min(ready, exc.retry_after, policy.max_retry_after_s))
         return max(0.0, min(delay, self.loop.remaining()))
 
 
 class RetryLoop:
     """One request's attempts: tenacity drives, this object keeps the request's own state."""
 
-    def __init__(self, policy: RetryPolicy, budget: RetryBudget, deadline: float) -> None:
+    def __init__(
+        self,
+        policy: RetryPolicy,
+        budget: RetryBudget,
+        deadline: float,
+        ready_in: Callable[[], float | None] | None = None,
+    ) -> None:
         self.policy = policy
         self.budget = budget
         self.deadline = deadline
+        self.ready_in = ready_in
         self.five_hundreds = 0
         self.attempts = 0
         self.failures: list[AttemptFailed] = []
+        self._holding = False
+
+    def reserve_retry(self) -> bool:
+        """Take a place in the retry budget for the next attempt (held until it ends)."""
+        if not self.budget.allows():
+            return False
+        self.budget.retrying += 1
+        self._holding = True
+        return True
+
+    def _release_retry(self) -> None:
+        if self._holding:
+            self._holding = False
+            self.budget.retrying -= 1
 
     def remaining(self) -> float:
         """Seconds left before the request's overall deadline."""
@@ -141,16 +175,14 @@ class RetryLoop:
             async for try_ in retrying:
                 with try_:
                     self.attempts += 1
-                    if self.attempts > 1:
-                        self.budget.retrying += 1
                     try:
                         return await attempt(self.attempts)
                     except AttemptFailed as failure:
                         self.failures.append(failure)
                         raise
                     finally:
-                        if self.attempts > 1:
-                            self.budget.retrying -= 1
+                        self._release_retry()
         finally:
+            self._release_retry()  # reserved, then stopped by the deadline or max attempts
             self.budget.in_flight -= 1
         raise AssertionError("unreachable: tenacity re-raises the last failure")

@@ -112,6 +112,10 @@ class RouterSettings(BaseModel):
     structured_output_to_precise: bool = True
     tools_to_precise: bool = True
     long_prompt_tokens: int | None = 6000
+    # Tier fallback when the chosen tier has no healthy capacity: fast -> precise (on by
+    # default); precise -> fast only for keys with the downgrade scope and this switch on.
+    fallback_to_precise: bool = True
+    downgrade_to_fast: bool = False
 
 
 class TelemetrySettings(BaseModel):
@@ -123,6 +127,52 @@ class TelemetrySettings(BaseModel):
     tracing: bool = False
     trace_sample_ratio: float = Field(default=1.0, ge=0.0, le=1.0)
     capture_content: bool = False
+
+
+class RetrySettings(BaseModel):
+    """Retries before the first byte (gateway/retry.py)."""
+
+    max_attempts: int = Field(default=3, ge=1, le=10)
+    backoff_base_s: float = Field(default=0.02, ge=0)
+    backoff_max_s: float = Field(default=0.5, ge=0)
+    max_retry_after_s: float = Field(default=2.0, ge=0)
+    max_cooldown_s: float = Field(default=30.0, ge=0)
+    budget_ratio: float = Field(default=0.2, ge=0, le=1)
+    budget_min: int = Field(default=3, ge=0)
+
+
+class HealthSettings(BaseModel):
+    """Active health checks, /metrics scrapes and passive outlier ejection (issue 5)."""
+
+    interval_s: float = Field(default=0.5, gt=0)
+    timeout_s: float = Field(default=0.5, gt=0)
+    unhealthy_after: int = Field(default=2, ge=1)
+    healthy_after: int = Field(default=1, ge=1)
+    scrape_metrics: bool = True
+    eject_after: int = Field(default=5, ge=1)
+    eject_base_s: float = Field(default=2.0, gt=0)
+    eject_max_s: float = Field(default=60.0, gt=0)
+    max_ejected_share: float = Field(default=0.5, ge=0, le=1)
+
+
+class BalancingSettings(BaseModel):
+    """Prefix keys and the prefix-affinity strategy's load rules (policies/selection.py)."""
+
+    block_chars: int = Field(default=256, ge=16)
+    max_blocks: int = Field(default=128, ge=1)
+    load_factor: float = Field(default=1.25, ge=1.0)
+    load_slack: float = Field(default=4.0, ge=0)
+    imbalance_abs: float = Field(default=16.0, ge=0)
+    imbalance_rel: float = Field(default=1.5, ge=1.0)
+
+
+class SpilloverSettings(BaseModel):
+    """Borderline fast-tier requests to an idle precise tier when fast is saturated."""
+
+    enabled: bool = False
+    margin: float = Field(default=0.1, ge=0, le=1)
+    fast_waiting: float = Field(default=4.0, ge=0)
+    precise_max_utilisation: float = Field(default=0.5, gt=0, le=1)
 
 
 class ExposureSettings(BaseModel):
@@ -162,6 +212,10 @@ class Settings(BaseSettings):
     router: RouterSettings = Field(default_factory=RouterSettings)
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
     exposure: ExposureSettings = Field(default_factory=ExposureSettings)
+    retry: RetrySettings = Field(default_factory=RetrySettings)
+    health: HealthSettings = Field(default_factory=HealthSettings)
+    balancing: BalancingSettings = Field(default_factory=BalancingSettings)
+    spillover: SpilloverSettings = Field(default_factory=SpilloverSettings)
 
     @model_validator(mode="after")
     def _tiers_known(self) -> Settings:

@@ -122,14 +122,23 @@ async def attempt(
     stream: bool,
     timeout_s: float,
     ctx: RequestContext,
+    connect_s: float | None = None,
 ) -> Opened:
-    """POST ``payload`` to ``url``; return when the answer (or the stream's head) is there."""
+    """POST ``payload`` to ``url``; return when the answer (or the stream's head) is there.
+
+    ``timeout_s`` bounds the whole attempt up to the answer (or the stream's head);
+    ``connect_s`` bounds opening the connection alone.
+    """
     started = time.perf_counter()
     response: aiohttp.ClientResponse | None = None
     try:
         async with asyncio.timeout(timeout_s):
             response = await session.post(
-                url, data=payload, headers=headers, allow_redirects=False
+                url,
+                data=payload,
+                headers=headers,
+                allow_redirects=False,
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=connect_s),
             )
             if response.status != 200:
                 raise await _fail_from_status(response)
@@ -138,6 +147,8 @@ async def attempt(
                 return Opened(200, content_type, None, response)
             body = await response.read()
             return Opened(200, content_type, body, None)
+    except aiohttp.ConnectionTimeoutError as exc:
+        raise AttemptFailed("connect_timeout", "The backend did not accept in time.") from exc
     except TimeoutError as exc:
         if response is not None:
             response.close()

@@ -1,0 +1,216 @@
+"""Knowing the replicas: active health checks and a scrape of each replica's ``/metrics``.
+
+One background task (started at app start-up, cancelled at shutdown) probes every replica of
+every tier each ``interval_s``: ``GET /health`` (vLLM answers 200 when the engine is alive),
+then, when healthy, ``GET /metrics`` for the engine's own load and prefix-cache counters. A
+refused connection or a non-200 answer (vLLM's dead engine) marks a replica unhealthy at
+once; timeouts, which may be a passing stall, do so after ``unhealthy_after`` in a row. It
+turns healthy again after ``healthy_after`` good probes. Passive outlier ejection (from real
+traffic) lives in :mod:`gateway.replicas`; the two are independent and both keep a replica
+out of rotation.
+
+Both the current vLLM metric names and the deprecated ones are parsed; the current name wins
+when a page has both (``vllm:kv_cache_usage_perc`` over ``vllm:gpu_cache_usage_perc``,
+``vllm:prefix_cache_*`` over ``vllm:gpu_prefix_cache_*``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import aiohttp
+import structlog
+
+from gateway.replicas import ErrorRecord, Replica, ReplicaPool
+
+_log = structlog.get_logger("tiergate.health")
+_MAX_METRICS_BYTES = 4 << 20
+
+# Prometheus sample name -> (field, preference); a lower preference wins when both appear.
+_NAMES: dict[str, tuple[str, int]] = {
+    "vllm:num_requests_running": ("running", 0),
+    "vllm:num_requests_waiting": ("waiting", 0),
+    "vllm:kv_cache_usage_perc": ("kv_usage", 0),
+    "vllm:gpu_cache_usage_perc": ("kv_usage", 1),
+    "vllm:prefix_cache_queries_total": ("prefix_queries", 0),
+    "vllm:prefix_cache_queries": ("prefix_queries", 0),
+    "vllm:prefix_cache_hits_total": ("prefix_hits", 0),
+    "vllm:prefix_cache_hits": ("prefix_hits", 0),
+    "vllm:gpu_prefix_cache_queries_total": ("prefix_queries", 1),
+    "vllm:gpu_prefix_cache_queries": ("prefix_queries", 1),
+    "vllm:gpu_prefix_cache_hits_total": ("prefix_hits", 1),
+    "vllm:gpu_prefix_cache_hits": ("prefix_hits", 1),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLoad:
+    """What one ``/metrics`` page says; ``None`` where the page has no such sample."""
+
+    running: float | None = None
+    waiting: float | None = None
+    kv_usage: float | None = None
+    prefix_queries: float | None = None
+    prefix_hits: float | None = None
+
+
+def _sample(line: str) -> tuple[str, float] | None:
+    """``(name, value)`` of one exposition line, or ``None`` for comments and junk."""
+    if not line or line[0] == "#":
+        return None
+    brace = line.find("{")
+    if brace >= 0:
+        name = line[:brace]
+        close = line.rfind("}")
+        fields = line[close + 1 :].split() if close > brace else []
+    else:
+        name, *fields = line.split()
+    if not fields:
+        return None
+    try:
+        return name.strip(), float(fields[0])
+    except ValueError:
+        return None
+
+
+def parse_metrics(text: str) -> EngineLoad:
+    """Sum each known vLLM sample over its label sets (engines, models); KV usage: the max."""
+    found: dict[str, tuple[int, float]] = {}
+    for line in text.splitlines():
+        if not line.startswith("vllm:"):
+            continue
+        sample = _sample(line)
+        if sample is None or sample[0] not in _NAMES:
+            continue
+        field, rank = _NAMES[sample[0]]
+        value = sample[1]
+        held = found.get(field)
+        if held is None or rank < held[0]:
+            found[field] = (rank, value)
+        elif rank == held[0]:
+            merged = max(held[1], value) if field == "kv_usage" else held[1] + value
+            found[field] = (rank, merged)
+    return EngineLoad(**{field: value for field, (_, value) in found.items()})
+
+
+@dataclass(frozen=True, slots=True)
+class HealthConfig:
+    """How often and how patiently replicas are probed."""
+
+    interval_s: float = 0.5
+    timeout_s: float = 0.5
+    unhealthy_after: int = 2
+    healthy_after: int = 1
+    scrape_metrics: bool = True
+
+
+class HealthMonitor:
+    """Probes every replica on an interval and keeps their state on the Replica objects."""
+
+    def __init__(self, pools: Mapping[str, ReplicaPool], config: HealthConfig) -> None:
+        self.pools = pools
+        self.config = config
+        self.session: aiohttp.ClientSession | None = None
+        self.rounds = 0
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def replicas(self) -> list[Replica]:
+        """Every replica of every tier."""
+        return [r for pool in self.pools.values() for r in pool.replicas]
+
+    def start(self, session: aiohttp.ClientSession) -> None:
+        """Start probing in the background with the gateway's shared session."""
+        self.session = session
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="tiergate-health")
+
+    async def stop(self) -> None:
+        """Cancel the background task and wait for it to end."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _run(self) -> None:
+        while True:
+            started = time.monotonic()
+            await self.check_once()
+            elapsed = time.monotonic() - started
+            await asyncio.sleep(max(0.0, self.config.interval_s - elapsed))
+
+    async def check_once(self) -> None:
+        """Probe every replica once, concurrently."""
+        await asyncio.gather(*(self._probe(r) for r in self.replicas))
+        self.rounds += 1
+
+    def readiness(self) -> dict[str, bool] | None:
+        """Per tier: is some replica healthy? ``None`` until every replica was probed."""
+        if not all(r.checked for r in self.replicas):
+            return None
+        return {tier: any(r.healthy for r in pool.replicas) for tier, pool in self.pools.items()}
+
+    async def _probe(self, replica: Replica) -> None:
+        failure = await self._health(replica)
+        self._apply(replica, failure)
+        if failure is None and self.config.scrape_metrics:
+            await self._scrape(replica)
+
+    async def _get(self, url: str) -> tuple[int, bytes]:
+        session = self.session
+        if session is None:
+            raise RuntimeError("the health monitor has no session yet")
+        async with asyncio.timeout(self.config.timeout_s):
+            async with session.get(url, allow_redirects=False) as response:
+                body = await response.content.read(_MAX_METRICS_BYTES)
+                return response.status, body
+
+    async def _health(self, replica: Replica) -> tuple[str, bool] | None:
+        """``None`` when ``/health`` answered 200, else why not and whether that is final."""
+        try:
+            status, _ = await self._get(replica.url + "/health")
+        except TimeoutError:
+            return "health check timed out", False
+        except (aiohttp.ClientError, OSError):
+            return "health check could not connect", True
+        return None if status == 200 else (f"health check answered {status}", True)
+
+    def _apply(self, replica: Replica, failure: tuple[str, bool] | None) -> None:
+        now = time.monotonic()
+        replica.last_check_at = now
+        replica.checked = True
+        if failure is None:
+            replica.check_failures = 0
+            replica.check_successes += 1
+            if not replica.healthy and replica.check_successes >= self.config.healthy_after:
+                replica.healthy = True
+                _log.info("replica.healthy", tier=replica.tier, replica=replica.name)
+            return
+        error, definitive = failure
+        replica.check_successes = 0
+        replica.check_failures += 1
+        threshold = 1 if definitive else self.config.unhealthy_after
+        if replica.healthy and replica.check_failures >= threshold:
+            replica.healthy = False
+            replica.recent_errors.append(ErrorRecord(time.time(), "health_check", error))
+            _log.warning("replica.unhealthy", tier=replica.tier, replica=replica.name,
+                         reason=error)
+
+    async def _scrape(self, replica: Replica) -> None:
+        try:
+            status, body = await self._get(replica.url + "/metrics")
+        except (TimeoutError, aiohttp.ClientError, OSError):
+            return  # a missed scrape keeps the last numbers; /health decides liveness
+        if status != 200:
+            return
+        load = parse_metrics(body.decode("utf-8", "replace"))
+        for field in ("running", "waiting", "kv_usage", "prefix_queries", "prefix_hits"):
+            value = getattr(load, field)
+            if value is not None:
+                setattr(replica, field, value)
+        replica.scraped_at = time.monotonic()

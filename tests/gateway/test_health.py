@@ -1,0 +1,136 @@
+"""Knowing the replicas: /metrics parsing (current and deprecated vLLM names) and probing."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+
+from gateway.health import HealthConfig, HealthMonitor, parse_metrics
+from gateway.replicas import ReplicaPool
+from tests.integration.gateway_proc import free_port
+from tests.simulator.procs import SimulatorFactory, start_simulator
+
+__all__ = ["start_simulator"]
+
+CURRENT = """\
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 3.0
+vllm:num_requests_waiting{engine="0",model_name="m"} 7.0
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.42
+vllm:prefix_cache_queries_total{engine="0",model_name="m"} 1000.0
+vllm:prefix_cache_hits_total{engine="0",model_name="m"} 600.0
+vllm:prompt_tokens_total{engine="0",model_name="m"} 1000.0
+"""
+
+LEGACY = """\
+vllm:num_requests_running{model_name="m"} 1.0
+vllm:num_requests_waiting{model_name="m"} 0.0
+vllm:gpu_cache_usage_perc{model_name="m"} 0.9
+vllm:gpu_prefix_cache_queries_total{model_name="m"} 50.0
+vllm:gpu_prefix_cache_hits_total{model_name="m"} 10.0
+"""
+
+
+def test_parses_current_names() -> None:
+    """The V1 engine's gauges and prefix-cache counters are read."""
+    load = parse_metrics(CURRENT)
+    assert (load.running, load.waiting, load.kv_usage) == (3.0, 7.0, 0.42)
+    assert (load.prefix_queries, load.prefix_hits) == (1000.0, 600.0)
+
+
+def test_parses_deprecated_names() -> None:
+    """Older servers' gpu_cache_usage_perc and gpu_prefix_cache_* are understood."""
+    load = parse_metrics(LEGACY)
+    assert load.kv_usage == 0.9
+    assert (load.prefix_queries, load.prefix_hits) == (50.0, 10.0)
+
+
+def test_current_name_wins_over_deprecated() -> None:
+    """A page with both names (vLLM's transition releases) uses the current one."""
+    load = parse_metrics(LEGACY + CURRENT)
+    assert load.kv_usage == 0.42
+    assert load.prefix_hits == 600.0
+
+
+def test_label_sets_are_summed_and_kv_is_the_max() -> None:
+    """Several engines on one server: counts add up, KV usage is the fullest engine's."""
+    text = CURRENT + CURRENT.replace('engine="0"', 'engine="1"').replace("0.42", "0.8")
+    load = parse_metrics(text)
+    assert load.waiting == 14.0
+    assert load.kv_usage == 0.8
+
+
+def test_junk_and_missing_samples() -> None:
+    """Unparseable lines are skipped; absent samples stay None."""
+    load = parse_metrics('vllm:num_requests_running{a="b"} NaNx\nvllm:num_requests_waiting 2\n')
+    assert load.running is None
+    assert load.waiting == 2.0
+    assert load.kv_usage is None
+
+
+@pytest.fixture
+async def session() -> AsyncIterator[aiohttp.ClientSession]:
+    """A client session for the monitor."""
+    async with aiohttp.ClientSession() as client:
+        yield client
+
+
+async def test_probes_a_real_replica(start_simulator: SimulatorFactory,
+                                     session: aiohttp.ClientSession) -> None:
+    """A live simulator is healthy and its /metrics numbers land on the replica."""
+    sim = start_simulator("--latency-scale", "0", "--kv-blocks", "64")
+    pool = ReplicaPool("fast", [sim.url], 4, 0.1)
+    monitor = HealthMonitor({"fast": pool}, HealthConfig(timeout_s=2.0))
+    monitor.session = session
+    assert monitor.readiness() is None  # nothing probed yet
+    await monitor.check_once()
+    replica = pool.replicas[0]
+    assert replica.healthy
+    assert replica.scraped_at > 0
+    assert replica.kv_usage == 0.0
+    assert monitor.readiness() == {"fast": True}
+
+
+async def test_a_dead_engine_is_unhealthy_at_once_and_recovers(
+    start_simulator: SimulatorFactory, session: aiohttp.ClientSession
+) -> None:
+    """/health 503 (vLLM's dead engine) marks the replica unhealthy; 200 brings it back."""
+    sim = start_simulator("--latency-scale", "0")
+    pool = ReplicaPool("fast", [sim.url], 4, 0.1)
+    monitor = HealthMonitor({"fast": pool}, HealthConfig(timeout_s=2.0, unhealthy_after=3))
+    monitor.session = session
+    await sim.aset_faults(healthy=False)
+    await monitor.check_once()
+    replica = pool.replicas[0]
+    assert not replica.healthy
+    assert replica.recent_errors[-1].kind == "health_check"
+    assert monitor.readiness() == {"fast": False}
+    await sim.aset_faults(healthy=True)
+    await monitor.check_once()
+    assert replica.healthy
+
+
+async def test_refused_connections_mark_unhealthy(session: aiohttp.ClientSession) -> None:
+    """Nothing listening is definitive: one probe is enough."""
+    pool = ReplicaPool("fast", [f"http://127.0.0.1:{free_port()}"], 4, 0.1)
+    monitor = HealthMonitor({"fast": pool}, HealthConfig(timeout_s=1.0, unhealthy_after=3))
+    monitor.session = session
+    await monitor.check_once()
+    assert not pool.replicas[0].healthy
+
+
+async def test_start_and_stop_the_background_task(session: aiohttp.ClientSession) -> None:
+    """The monitor runs rounds in the background until stopped."""
+    pool = ReplicaPool("fast", [f"http://127.0.0.1:{free_port()}"], 4, 0.1)
+    monitor = HealthMonitor({"fast": pool}, HealthConfig(interval_s=0.05, timeout_s=0.2))
+    monitor.start(session)
+    for _ in range(100):
+        if monitor.rounds >= 2:
+            break
+        await asyncio.sleep(0.02)
+    await monitor.stop()
+    assert monitor.rounds >= 2

@@ -1,0 +1,167 @@
+"""The retry rules: what is retried, how often, how long it waits, and the retry budget."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from gateway.retry import RetryBudget, RetryLoop, RetryPolicy, is_retryable
+from gateway.upstream import AttemptFailed
+
+FAST = RetryPolicy(max_attempts=3, backoff_base_s=0.001, backoff_max_s=0.002)
+
+
+def failure(status: int | None = None, kind: str = "", retry_after: float | None = None
+            ) -> AttemptFailed:
+    """An attempt failure with ``status`` (None: a connection-level failure)."""
+    return AttemptFailed(kind or f"status_{status}", "failed", status=status,
+                         retry_after=retry_after)
+
+
+class Script:
+    """An attempt function that fails with the given errors, then succeeds."""
+
+    def __init__(self, *failures: AttemptFailed) -> None:
+        self.failures = list(failures)
+        self.calls = 0
+
+    async def __call__(self, number: int) -> str:
+        self.calls += 1
+        assert number == self.calls
+        if self.failures:
+            raise self.failures.pop(0)
+        return "answer"
+
+
+def loop(policy: RetryPolicy = FAST, budget: RetryBudget | None = None,
+         deadline_s: float = 5.0, ready_in: float | None = 0.0) -> RetryLoop:
+    """A retry loop with a fresh budget and a fixed answer for 'when is a replica ready'."""
+    return RetryLoop(policy, budget or RetryBudget(policy.budget_ratio, policy.budget_min),
+                     time.monotonic() + deadline_s, ready_in=lambda: ready_in)
+
+
+@pytest.mark.parametrize("status", [400, 401, 404, 413, 422])
+def test_client_errors_are_never_retried(status: int) -> None:
+    """Upstream 4xx other than 429 are the caller's problem: never retried."""
+    assert not is_retryable(failure(status), 0)
+
+
+@pytest.mark.parametrize("status", [429, 502, 503, 504])
+def test_busy_and_gateway_errors_are_retried(status: int) -> None:
+    """429/502/503/504 before the first byte go to another replica."""
+    assert is_retryable(failure(status), 0)
+
+
+@pytest.mark.parametrize("kind", ["connect", "connect_timeout", "reset", "timeout",
+                                  "first_byte_timeout"])
+def test_connection_failures_are_retried(kind: str) -> None:
+    """Refused, reset and timed-out attempts are retried."""
+    assert is_retryable(failure(kind=kind), 0)
+
+
+def test_no_replica_is_not_retried() -> None:
+    """With no replica to try there is nothing to retry."""
+    assert not is_retryable(failure(kind="no_replica"), 0)
+
+
+async def test_recovers_after_connection_failures() -> None:
+    """Two refused connections, then an answer on the third attempt."""
+    script = Script(failure(kind="connect"), failure(kind="reset"))
+    assert await loop().run(script) == "answer"
+    assert script.calls == 3
+
+
+async def test_stops_after_max_attempts() -> None:
+    """The last failure is re-raised once max_attempts is reached."""
+    script = Script(*(failure(502) for _ in range(5)))
+    with pytest.raises(AttemptFailed) as caught:
+        await loop().run(script)
+    assert caught.value.status == 502
+    assert script.calls == 3
+
+
+async def test_500_is_retried_at_most_once() -> None:
+    """A 500 gets one more try; a second 500 ends the request."""
+    script = Script(failure(500), failure(500))
+    with pytest.raises(AttemptFailed):
+        await loop().run(script)
+    assert script.calls == 2
+
+
+async def test_400_is_not_retried() -> None:
+    """A 400 ends the request at once."""
+    script = Script(failure(400))
+    with pytest.raises(AttemptFailed):
+        await loop().run(script)
+    assert script.calls == 1
+
+
+async def test_retry_after_with_another_replica_ready_does_not_wait() -> None:
+    """A 503 with Retry-After: 5 goes straight to another ready replica."""
+    script = Script(failure(503, retry_after=5.0))
+    started = time.monotonic()
+    assert await loop(ready_in=0.0).run(script) == "answer"
+    assert time.monotonic() - started < 0.5
+
+
+async def test_retry_after_waits_when_no_replica_is_ready() -> None:
+    """When every replica is cooling down the retry waits for the first to come back."""
+    script = Script(failure(429, retry_after=0.3))
+    started = time.monotonic()
+    assert await loop(ready_in=0.3).run(script) == "answer"
+    assert 0.25 <= time.monotonic() - started < 1.0
+
+
+async def test_retry_after_longer_than_allowed_is_not_waited_for() -> None:
+    """A pause beyond max_retry_after_s ends the request instead of hanging it."""
+    policy = RetryPolicy(max_retry_after_s=0.5)
+    script = Script(failure(503, retry_after=30.0))
+    started = time.monotonic()
+    with pytest.raises(AttemptFailed):
+        await loop(policy, ready_in=30.0).run(script)
+    assert script.calls == 1
+    assert time.monotonic() - started < 0.5
+
+
+async def test_deadline_stops_retrying() -> None:
+    """No new attempt starts after the request's deadline."""
+
+    async def slow(number: int) -> str:
+        await asyncio.sleep(0.15)
+        raise failure(kind="timeout")
+
+    started = time.monotonic()
+    with pytest.raises(AttemptFailed):
+        await loop(RetryPolicy(max_attempts=10), deadline_s=0.2).run(slow)
+    assert time.monotonic() - started < 0.5
+
+
+async def test_budget_limits_concurrent_retries() -> None:
+    """With 10 requests in flight and a 20 % budget (min 1), only 2 retry at once."""
+    policy = RetryPolicy(max_attempts=2, backoff_base_s=0.0, budget_ratio=0.2, budget_min=1)
+    budget = RetryBudget(policy.budget_ratio, policy.budget_min)
+    all_in, release = asyncio.Event(), asyncio.Event()
+    attempts: list[int] = []
+
+    async def attempt(number: int) -> str:
+        attempts.append(number)
+        if number == 1:
+            await all_in.wait()  # ten requests in flight, then every first attempt fails
+            raise failure(503)
+        await release.wait()
+        return "answer"
+
+    tasks = [asyncio.create_task(loop(policy, budget).run(attempt)) for _ in range(10)]
+    await asyncio.sleep(0.05)
+    all_in.set()
+    await asyncio.sleep(0.1)
+    assert budget.retrying == 2
+    release.set()
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    assert attempts.count(2) == 2
+    assert sum(r == "answer" for r in results) == 2
+    assert budget.refused == 8
+    assert budget.in_flight == 0
+    assert budget.retrying == 0

@@ -1,0 +1,305 @@
+"""Failure behaviour end to end: real gateway and simulator processes, injected faults."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.integration.gateway_proc import GatewayProcess, free_port
+from tests.simulator.procs import SimulatorProcess
+
+ADMIN = "admin-token-for-the-fault-tests"
+FAULTS_OFF = dict.fromkeys(
+    ("fail_429", "fail_400", "fail_404", "fail_500", "fail_503", "fail_refuse", "fail_reset",
+     "stall_first_byte", "stall_mid_stream", "drop_mid_stream", "error_mid_stream"), 0.0)
+
+
+def chat(text: str = "hello", **extra: Any) -> dict[str, Any]:
+    """A small chat body."""
+    return {"model": "fast", "messages": [{"role": "user", "content": text}],
+            "max_tokens": 8, **extra}
+
+
+def tier(model: str, urls: list[str], **options: Any) -> dict[str, Any]:
+    """One tier's settings."""
+    return {"model": model, "replicas": urls, **options}
+
+
+def config(fast: list[str], precise: list[str], **sections: Any) -> dict[str, Any]:
+    """Gateway settings: auth off, an admin token, quick health checks."""
+    fast_tier = sections.pop("fast_tier", {})
+    precise_tier = sections.pop("precise_tier", {})
+    return {
+        "auth": {"enabled": False, "admin_token": ADMIN},
+        "health": {"interval_s": 0.2},
+        "tiers": {"fast": tier("tiergate-fast", fast, **fast_tier),
+                  "precise": tier("tiergate-precise", precise, **precise_tier)},
+        **sections,
+    }
+
+
+def backends(gw: GatewayProcess) -> dict[str, Any]:
+    """GET /admin/backends with the admin token."""
+    resp = httpx.get(gw.url + "/admin/backends", headers={"Authorization": f"Bearer {ADMIN}"})
+    assert resp.status_code == 200
+    data: dict[str, Any] = resp.json()
+    return data
+
+
+def replica_view(gw: GatewayProcess, sim: SimulatorProcess, tier_name: str = "fast"
+                 ) -> dict[str, Any]:
+    """The admin view of the replica ``sim``."""
+    for replica in backends(gw)["tiers"][tier_name]["replicas"]:
+        if replica["replica"] == f"{sim.host}:{sim.port}":
+            view: dict[str, Any] = replica
+            return view
+    raise AssertionError("replica not listed")
+
+
+def sse_events(raw: bytes) -> list[str]:
+    """The data payloads of an SSE body."""
+    return [e[6:] for e in raw.decode().split("\n\n") if e.startswith("data: ")]
+
+
+@pytest.fixture(scope="module")
+def sims() -> Iterator[tuple[SimulatorProcess, SimulatorProcess, SimulatorProcess]]:
+    """Two fast replicas and one precise replica, no latency."""
+    fast = "--profile", "fast", "--model", "tiergate-fast", "--latency-scale", "0"
+    with SimulatorProcess(*fast, "--seed", "1") as a, SimulatorProcess(*fast, "--seed", "2") as b, \
+            SimulatorProcess("--profile", "precise", "--latency-scale", "0") as p:
+        yield a, b, p
+
+
+@pytest.fixture(scope="module")
+def gw(sims: tuple[SimulatorProcess, ...]) -> Iterator[GatewayProcess]:
+    """A gateway over the shared simulators; a short idle timeout on the fast tier."""
+    a, b, p = sims
+    timeouts = {"first_byte_s": 2.0, "idle_s": 0.5, "total_s": 10.0}
+    settings = config([a.url, b.url], [p.url], fast_tier={"timeouts": timeouts})
+    with GatewayProcess(settings) as gateway:
+        yield gateway
+
+
+@pytest.fixture
+def clean(sims: tuple[SimulatorProcess, ...]) -> Iterator[None]:
+    """Faults off and counters zeroed before and after the test."""
+    for sim in sims:
+        sim.set_faults(**FAULTS_OFF, healthy=True)
+        sim.reset()
+    yield
+    for sim in sims:
+        sim.set_faults(**FAULTS_OFF, healthy=True)
+
+
+def test_admin_backends_needs_the_admin_token(gw: GatewayProcess) -> None:
+    """/admin/backends refuses a missing or wrong token and names no secret."""
+    assert httpx.get(gw.url + "/admin/backends").status_code == 401
+    wrong = httpx.get(gw.url + "/admin/backends", headers={"Authorization": "Bearer nope"})
+    assert wrong.status_code == 401
+    assert ADMIN not in wrong.text
+
+
+def test_admin_backends_shows_every_replica(gw: GatewayProcess,
+                                            sims: tuple[SimulatorProcess, ...]) -> None:
+    """Each replica's state, in-flight, queue, KV usage and counters are visible."""
+    view = backends(gw)
+    assert view["tiers"]["fast"]["strategy"] == "prefix_affinity"
+    replica = view["tiers"]["fast"]["replicas"][0]
+    for field in ("state", "healthy", "in_flight", "waiting", "kv_usage", "recent_errors",
+                  "attempts", "consecutive_failures"):
+        assert field in replica
+    assert {r["state"] for r in view["tiers"]["fast"]["replicas"]} == {"healthy"}
+
+
+@pytest.mark.usefixtures("clean")
+def test_503_is_retried_on_another_replica(gw: GatewayProcess,
+                                           sims: tuple[SimulatorProcess, ...]) -> None:
+    """A replica answering 503 costs retries, never errors, and is ejected after a few."""
+    _, b, _ = sims
+    b.set_faults(fail_503=1.0)
+    attempts = []
+    for i in range(12):
+        resp = httpx.post(gw.url + "/v1/chat/completions", json=chat(f"question {i}"))
+        assert resp.status_code == 200
+        attempts.append(int(resp.headers["x-tiergate-attempts"]))
+    assert max(attempts) == 2
+    assert b.stats()["requests_total"] >= 1
+    view = replica_view(gw, b)
+    assert view["attempts"]["status_503"] >= 1
+    assert view["state"] == "ejected" or view["consecutive_failures"] > 0
+
+
+@pytest.mark.usefixtures("clean")
+def test_400_is_passed_through_and_never_counts(gw: GatewayProcess,
+                                                sims: tuple[SimulatorProcess, ...]) -> None:
+    """Upstream 400s reach the caller once (no retry) and do not count against health."""
+    a, b, _ = sims
+    for sim in (a, b):
+        sim.set_faults(fail_400=1.0)
+    for i in range(6):
+        resp = httpx.post(gw.url + "/v1/chat/completions", json=chat(f"bad {i}"))
+        assert resp.status_code == 400
+        assert resp.headers["x-tiergate-attempts"] == "1"
+    for sim in (a, b):
+        assert replica_view(gw, sim)["consecutive_failures"] == 0
+
+
+@pytest.mark.usefixtures("clean")
+def test_stall_mid_stream_ends_with_an_error_event_and_no_done(
+    gw: GatewayProcess, sims: tuple[SimulatorProcess, ...]
+) -> None:
+    """A backend that stalls after the first token: in-band error event, no [DONE], no hang."""
+    a, b, _ = sims
+    for sim in (a, b):
+        sim.set_faults(stall_mid_stream=1.0, stall_seconds=3.0)
+    started = time.monotonic()
+    body = chat("tell me more", stream=True, max_tokens=12)
+    resp = httpx.post(gw.url + "/v1/chat/completions", json=body, timeout=10)
+    elapsed = time.monotonic() - started
+    events = sse_events(resp.content)
+    assert resp.status_code == 200
+    assert "[DONE]" not in events
+    assert "error" in json.loads(events[-1])
+    assert any("choices" in json.loads(e) for e in events[:-1])
+    assert elapsed < 2.5
+
+
+@pytest.mark.usefixtures("clean")
+def test_backend_error_event_is_passed_on_without_done(
+    gw: GatewayProcess, sims: tuple[SimulatorProcess, ...]
+) -> None:
+    """vLLM's own in-band error goes to the client once, and the stream has no [DONE]."""
+    a, b, _ = sims
+    for sim in (a, b):
+        sim.set_faults(error_mid_stream=1.0)
+    body = chat("and then?", stream=True, max_tokens=12)
+    events = sse_events(httpx.post(gw.url + "/v1/chat/completions", json=body).content)
+    errors = [e for e in events if e.startswith('{"error"')]
+    assert len(errors) == 1
+    assert "[DONE]" not in events
+
+
+def test_killing_a_replica_mid_run_loses_no_request() -> None:
+    """One of two replicas dies mid-run: every non-streaming request still succeeds."""
+    fast = "--profile", "fast", "--model", "tiergate-fast", "--latency-scale", "1"
+    with SimulatorProcess(*fast, "--seed", "3") as a, SimulatorProcess(*fast, "--seed", "4") as b:
+        settings = config([a.url, b.url], [a.url])
+        with GatewayProcess(settings) as gateway:
+            statuses = asyncio.run(_kill_during_load(gateway, b))
+            assert statuses == [200] * len(statuses)
+            assert len(statuses) == 90
+            assert replica_view(gateway, b)["state"] in ("unhealthy", "ejected")
+
+
+async def _kill_during_load(gateway: GatewayProcess, victim: SimulatorProcess) -> list[int]:
+    statuses: list[int] = []
+
+    async def worker(client: httpx.AsyncClient, worker_id: int) -> None:
+        for i in range(30):
+            body = chat(f"worker {worker_id} request {i}")
+            resp = await client.post(gateway.url + "/v1/chat/completions", json=body)
+            statuses.append(resp.status_code)
+
+    async def killer() -> None:
+        await asyncio.sleep(0.4)
+        assert (await victim.astats())["requests_total"] > 0
+        victim.kill()
+
+    async with httpx.AsyncClient(timeout=10) as client:
+        await asyncio.gather(*(worker(client, w) for w in range(3)), killer())
+    return statuses
+
+
+def test_whole_fast_tier_down_falls_back_to_precise(
+    sims: tuple[SimulatorProcess, ...]
+) -> None:
+    """No fast replica answers: the precise tier serves, and the headers say so and why."""
+    _, _, p = sims
+    dead = [f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"]
+    with GatewayProcess(config(dead, [p.url])) as gateway:
+        resp = httpx.post(gateway.url + "/v1/chat/completions", json=chat())
+        assert resp.status_code == 200
+        assert resp.headers["x-tiergate-tier"] == "precise"
+        assert resp.headers["x-tiergate-fallback-from"] == "fast"
+        assert resp.headers["x-tiergate-fallback-reason"]
+        down = httpx.post(gateway.url + "/v1/chat/completions", json=chat(model="fast"))
+        assert down.status_code == 200
+
+
+def test_precise_tier_down_does_not_downgrade_by_default(
+    sims: tuple[SimulatorProcess, ...]
+) -> None:
+    """precise -> fast needs the setting (and a key allowed to downgrade)."""
+    a, _, _ = sims
+    dead = [f"http://127.0.0.1:{free_port()}"]
+    body = {**chat(), "model": "precise"}
+    with GatewayProcess(config([a.url], dead)) as gateway:
+        resp = httpx.post(gateway.url + "/v1/chat/completions", json=body)
+        assert resp.status_code in (502, 503)
+        assert resp.json()["error"]["message"]
+    downgrade = config([a.url], dead, router={"downgrade_to_fast": True})
+    with GatewayProcess(downgrade) as gateway:
+        resp = httpx.post(gateway.url + "/v1/chat/completions", json=body)
+        assert resp.status_code == 200
+        assert resp.headers["x-tiergate-tier"] == "fast"
+        assert resp.headers["x-tiergate-fallback-from"] == "precise"
+
+
+@pytest.fixture(scope="module")
+def slow() -> Iterator[tuple[SimulatorProcess, GatewayProcess]]:
+    """A slow replica (~80 ms a token) behind a gateway whose precise tier takes one request."""
+    with SimulatorProcess("--profile", "fast", "--model", "tiergate-precise", "--latency-scale",
+                          "20", "--seed", "5") as sim:
+        settings = config([sim.url], [sim.url],
+                          precise_tier={"max_concurrency": 1, "max_queue_wait_s": 0.2})
+        with GatewayProcess(settings) as gateway:
+            yield sim, gateway
+
+
+def test_saturation_sheds_with_503_and_retry_after(
+    slow: tuple[SimulatorProcess, GatewayProcess]
+) -> None:
+    """Every slot busy: 503 with Retry-After after the bounded wait, never a hang."""
+    _, gateway = slow
+    body = {**chat(), "model": "precise", "max_tokens": 20}
+
+    async def burst() -> list[httpx.Response]:
+        async with httpx.AsyncClient(timeout=10) as client:
+            calls = [client.post(gateway.url + "/v1/chat/completions", json=body)
+                     for _ in range(4)]
+            return list(await asyncio.gather(*calls))
+
+    started = time.monotonic()
+    responses = asyncio.run(burst())
+    shed = [r for r in responses if r.status_code == 503]
+    assert len(shed) == 3
+    assert all(r.headers["Retry-After"] == "1" for r in shed)
+    assert shed[0].json()["error"]["code"] == "overloaded"
+    assert time.monotonic() - started < 5.0
+
+
+def test_client_disconnect_mid_stream_aborts_and_returns_the_lease(
+    slow: tuple[SimulatorProcess, GatewayProcess]
+) -> None:
+    """Leaving mid-stream aborts the engine's request and frees the gateway's slot."""
+    sim, gateway = slow
+    before = sim.stats()["aborts_total"]
+    body = {**chat("a long story please", stream=True, max_tokens=200), "model": "precise"}
+    with httpx.stream("POST", gateway.url + "/v1/chat/completions", json=body) as resp:
+        assert resp.status_code == 200
+        next(resp.iter_raw())
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and sim.stats()["aborts_total"] == before:
+        time.sleep(0.05)
+    assert sim.stats()["aborts_total"] == before + 1
+    while time.monotonic() < deadline:
+        if replica_view(gateway, sim, "precise")["in_flight"] == 0:
+            break
+        time.sleep(0.05)
+    assert replica_view(gateway, sim, "precise")["in_flight"] == 0
