@@ -9,6 +9,7 @@ a truncated answer never looks complete.
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -20,13 +21,17 @@ from gateway.errors import error_body
 from gateway.forwarding import Exchange
 
 _decoder = msgspec.json.Decoder()
+_encoder = msgspec.json.Encoder()
 _DONE = b"data: [DONE]"
+_DATA_OBJECT = b"data: {"
 _UPSTREAM_ERROR = b'data: {"error"'
 # Relay outcomes that mean the backend broke the stream (they count against the replica).
 UPSTREAM_FAILURES = frozenset(
     {"upstream_truncated", "upstream_stall", "upstream_reset", "upstream_error"}
 )
 _SEP = b"\n\n"
+# A chunk still generating (``"finish_reason": null``, with or without the space).
+_NO_FINISH = re.compile(rb'"finish_reason": ?null')
 
 
 def usage_from(data: Any) -> Usage | None:
@@ -70,6 +75,8 @@ class StreamRelay:
         self.done = False
         self.closed = False
         self.outcome = "client_disconnect"
+        self.token_events = 0
+        self.last_data = b""
 
     async def close(self) -> None:
         """Run after the response: make sure the lease is back even if iteration never ended."""
@@ -86,7 +93,13 @@ class StreamRelay:
         """Inspect one complete event; return what to send (``None`` to drop it)."""
         if event.startswith(_DONE):
             self.done = True
+            if self.ctx.usage is None:
+                return self._estimated_usage() + event + _SEP
             return event + _SEP
+        if event.startswith(_DATA_OBJECT):
+            self.last_data = event
+            if b'"role"' not in event and _NO_FINISH.search(event):
+                self.token_events += 1
         if event.startswith(_UPSTREAM_ERROR):
             self.outcome = "upstream_error"  # vLLM's own in-band error: pass it on as is
         if b'"usage"' in event and event.startswith(b"data: "):
@@ -100,6 +113,36 @@ class StreamRelay:
                 if self.strip_usage and data.get("choices") == []:
                     return None
         return event + _SEP
+
+    def _estimated_usage(self) -> bytes:
+        """Usage for a backend that never reports it in streams (llama.cpp's server).
+
+        The prompt is the gateway's own estimate and the completion one token per content
+        chunk (llama.cpp streams one token a chunk); it settles token limits and, when the
+        caller asked for usage, goes out as the usage chunk vLLM would have sent.
+        """
+        summary = self.ctx.summary
+        completion = self.token_events
+        if summary is not None and summary.max_tokens is not None:
+            completion = min(completion, summary.max_tokens)
+        prompt = summary.prompt_token_estimate if summary is not None else 0
+        self.ctx.usage = Usage(prompt_tokens=prompt, completion_tokens=completion)
+        if self.strip_usage or not self.last_data:
+            return b""
+        try:
+            last = _decoder.decode(self.last_data[6:])
+        except msgspec.DecodeError:
+            return b""
+        if not isinstance(last, dict):
+            return b""
+        chunk = {key: last[key] for key in ("id", "object", "created", "model") if key in last}
+        chunk["choices"] = []
+        chunk["usage"] = {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+        }
+        return b"data: " + _encoder.encode(chunk) + _SEP
 
     def _split(self, buffer: bytes) -> tuple[bytes, bytes]:
         out: list[bytes] = []
