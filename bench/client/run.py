@@ -4,7 +4,8 @@ POSTs a small chat completion to the fixed-response upstream (bench/overhead/fix
 with (a) httpx.AsyncClient and its default httpcore transport, (b) httpx.AsyncClient over
 httpx_aiohttp.AiohttpTransport and (c) aiohttp.ClientSession with a tuned TCPConnector, at
 concurrency 1, 16 and 64. Every client gets the same pool size, reads the whole body and runs
-on uvloop; the client is pinned to CPU 0 and the upstream to CPU 1.
+on uvloop; the client is pinned to CPU 0 and the upstream to CPU 1, both at high priority
+(as root) so other work on a shared machine moves the numbers less.
 
 Usage: ``.venv/bin/python bench/client/run.py [--requests 3000] [--repeat 3] [--out FILE]``
 """
@@ -29,6 +30,7 @@ import httpx_aiohttp
 import uvloop
 
 from bench.overhead.legs import REPO_ROOT, Placement, start_fixed_upstream
+from bench.overhead.processes import boosted_own_session
 
 CONCURRENCIES = (1, 16, 64)
 POOL_SIZE = 100  # same connection pool size for every client, above the highest concurrency
@@ -208,14 +210,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3, help="rounds (median reported)")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "results" / "client.md")
     args = parser.parse_args(argv)
-    pinned = (os.cpu_count() or 1) >= 2
-    pin = Placement(("taskset", "-c", "0"), ("taskset", "-c", "1")) if pinned else Placement((), ())
-    if pinned:
+    pin = Placement.build(pin=True, boost=True)
+    if "taskset" in pin.proxy:
         os.sched_setaffinity(0, {0})
     workdir = Path(tempfile.mkdtemp(prefix="tiergate-client-bench-"))
     upstream = start_fixed_upstream(workdir, pin)
     try:
-        results = uvloop.run(measure_all(upstream.chat_url, args.requests, args.repeat))
+        with boosted_own_session():
+            results = uvloop.run(measure_all(upstream.chat_url, args.requests, args.repeat))
     finally:
         upstream.stop()
     cmd = " ".join([".venv/bin/python", "bench/client/run.py", *(argv or sys.argv[1:])])

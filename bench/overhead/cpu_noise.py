@@ -1,10 +1,12 @@
-"""How much CPU did processes outside the benchmark use while a point ran?
+"""Did anything outside the benchmark disturb a point?
 
 On a shared 2-core machine a compiler or a test run elsewhere can halve a proxy's throughput.
-The meter compares the machine's busy CPU time (/proc/stat) with the CPU time of the
-benchmark's own processes (the servers' sessions, read from /proc/PID/stat, plus this process
-and the wrk children it waited for); the rest is reported next to each point, so a noisy
-number is visible as such.
+Two numbers per point: *foreign CPU*, the machine's busy time (/proc/stat) minus the CPU time
+of the benchmark's own processes (the servers' sessions, plus this process and the wrk
+children it waited for), and *run-queue wait*, the time the servers' threads were runnable but
+not running (/proc/PID/task/TID/schedstat). With the servers at high priority, other work
+mostly fills idle cycles (foreign CPU stays high, harmlessly); the wait share is what shows
+that the servers themselves were held back.
 """
 
 from __future__ import annotations
@@ -45,31 +47,61 @@ def sessions_cpu_s(sessions: Iterable[int]) -> float:
     return total / _TICKS
 
 
+def sessions_run_delay_s(sessions: Iterable[int]) -> float:
+    """Seconds the threads of the given sessions spent runnable but waiting for a CPU."""
+    wanted = set(sessions)
+    total = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.getsid(int(entry.name)) not in wanted:
+                continue
+            for task in (entry / "task").iterdir():
+                total += int((task / "schedstat").read_text().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    return total / 1e9
+
+
 def own_cpu_s() -> float:
     """CPU seconds of this process and of the children it has waited for (wrk runs)."""
     t = os.times()
     return t.user + t.system + t.children_user + t.children_system
 
 
+@dataclass(frozen=True)
+class Noise:
+    """What happened around one point."""
+
+    foreign_share: float  # CPU used by other processes, as a share of all cores
+    wait_share: float  # the servers' run-queue wait, as a share of the point's wall time
+
+
 @dataclass
 class CpuMeter:
-    """Measures the share of machine capacity used by foreign processes between start/stop."""
+    """Measures foreign CPU use and the servers' run-queue wait between start and stop."""
 
-    sessions: list[int] = field(default_factory=list)
-    _start: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    sessions: list[int] = field(default_factory=list)  # every server of the benchmark
+    waiters: list[int] = field(default_factory=list)  # the servers whose wait is reported
+    _start: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
 
     def start(self) -> None:
         """Take the first sample."""
         ours = sessions_cpu_s(self.sessions) + own_cpu_s()
-        self._start = (time.monotonic(), machine_busy_s(), ours)
+        waited = sessions_run_delay_s(self.waiters)
+        self._start = (time.monotonic(), machine_busy_s(), ours, waited)
 
-    def stop(self) -> float:
-        """Foreign CPU use since start, as a fraction of all cores (0.0 .. 1.0)."""
+    def stop(self) -> Noise:
+        """Foreign CPU (share of all cores) and run-queue wait (share of wall time) since start."""
         ours = sessions_cpu_s(self.sessions) + own_cpu_s()
+        waited = sessions_run_delay_s(self.waiters) - self._start[3]
         elapsed = time.monotonic() - self._start[0]
         foreign = (machine_busy_s() - self._start[1]) - (ours - self._start[2])
         capacity = elapsed * (os.cpu_count() or 1)
-        return max(0.0, foreign / capacity) if capacity > 0 else 0.0
+        if elapsed <= 0:
+            return Noise(0.0, 0.0)
+        return Noise(max(0.0, foreign / capacity), max(0.0, waited / elapsed))
 
 
 def wait_until_quiet(
@@ -85,7 +117,7 @@ def wait_until_quiet(
     while True:
         meter.start()
         time.sleep(window_s)
-        share = meter.stop()
+        share = meter.stop().foreign_share
         if share <= threshold or time.monotonic() >= deadline:
             return share
         if not told:

@@ -7,6 +7,7 @@ message saying why the leg cannot run); ``Leg.stop`` ends everything it started.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -89,10 +90,27 @@ class Leg:
 
 @dataclass(frozen=True)
 class Placement:
-    """CPU pinning prefixes: the proxy alone on one core, load + upstream on the other."""
+    """Command prefixes: the proxy alone on CPU 0, load + upstream on CPU 1, high priority."""
 
     proxy: tuple[str, ...]
     load: tuple[str, ...]
+
+    @classmethod
+    def build(cls, pin: bool, boost: bool) -> Placement:
+        """Pin with taskset (on 2+ CPUs) and, as root, run at nice -20.
+
+        Nice -20 gives the benchmark's processes ~99 % of the CPU against nice-0 work, so
+        builds or test runs elsewhere on a shared machine barely move the numbers.
+        """
+        nice: tuple[str, ...] = ("nice", "-n", "-20") if boost and os.geteuid() == 0 else ()
+        if not pin or (os.cpu_count() or 1) < 2:
+            return cls(nice, nice)
+        return cls((*nice, "taskset", "-c", "0"), (*nice, "taskset", "-c", "1"))
+
+    @property
+    def boosted(self) -> bool:
+        """Whether the prefixes raise priority."""
+        return "nice" in self.proxy
 
 
 def _start(service: Service, ready_path: str, timeout_s: float = 60.0) -> Service:
@@ -108,7 +126,9 @@ def start_fixed_upstream(workdir: Path, pin: Placement, name: str = "fixed-upstr
     port = free_port()
     script = Path(__file__).with_name("fixed_upstream.py")
     cmd = [*pin.load, sys.executable, str(script), "--port", str(port), "--model", UPSTREAM_MODEL]
-    service = _start(Service(name, cmd, port, workdir / f"{name}.log"), "/health")
+    service = _start(
+        Service(name, cmd, port, workdir / f"{name}.log", boost=pin.boosted), "/health"
+    )
     return Leg("fixed upstream (direct)", f"http://127.0.0.1:{port}", UPSTREAM_MODEL, None, service)
 
 
@@ -129,7 +149,9 @@ def start_simulator(workdir: Path, pin: Placement) -> Leg:
         "--latency-scale",
         "0",
     ]
-    service = _start(Service("simulator", cmd, port, workdir / "simulator.log"), "/health")
+    service = _start(
+        Service("simulator", cmd, port, workdir / "simulator.log", boost=pin.boosted), "/health"
+    )
     return Leg(
         "simulator, latency 0 (direct)", f"http://127.0.0.1:{port}", UPSTREAM_MODEL, None, service
     )
@@ -149,7 +171,7 @@ def _start_redis(workdir: Path, pin: Placement) -> Service:
         "--appendonly",
         "no",
     ]
-    service = Service("redis", cmd, port, workdir / "redis.log")
+    service = Service("redis", cmd, port, workdir / "redis.log", boost=pin.boosted)
     try:
         service.start(redis_answers(port), timeout_s=20)
     except (RuntimeError, FileNotFoundError) as exc:
@@ -193,7 +215,8 @@ def start_tiergate(variant: Variant, upstream: Leg, workdir: Path, pin: Placemen
         cmd += ["--host", "127.0.0.1", "--port", str(port)]
         env = gateway_env(variant, sink_url)
         service = _start(
-            Service("tiergate", cmd, port, workdir / "tiergate.log", env=env), "/v1/models"
+            Service("tiergate", cmd, port, workdir / "tiergate.log", env, pin.boosted),
+            "/v1/models",
         )
     except LegUnavailableError:
         for extra in reversed(extras):
@@ -275,7 +298,7 @@ def start_litellm(upstream: Leg, workdir: Path, pin: Placement) -> Leg:
         "LITELLM_LOG": "ERROR",
         "LITELLM_MODE": "PRODUCTION",  # as its production checklist recommends
     }
-    service = Service("litellm", cmd, port, workdir / "litellm.log", env=env)
+    service = Service("litellm", cmd, port, workdir / "litellm.log", env, pin.boosted)
     _start(service, "/health/liveliness", timeout_s=120)
     leg = Leg(
         f"LiteLLM {LITELLM_VERSION}",

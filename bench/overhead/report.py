@@ -13,8 +13,8 @@ MAX_ADDED_P50_MS = 1.0
 MIN_C64_OVER_C16 = 0.90
 MAX_RSS_GROWTH = 0.10
 MIN_UPSTREAM_HEADROOM = 2.0
-# Foreign CPU above this share of the machine during a point makes that point suspect.
-NOISY_SHARE = 0.05  # the upstream must serve >= 2x what TierGate does through it
+# Servers waiting for a CPU more than this share of a point's time make that point suspect.
+NOISY_WAIT = 0.05  # the upstream must serve >= 2x what TierGate does through it
 
 
 @dataclass
@@ -24,7 +24,8 @@ class Series:
     role: str  # "upstream", "direct", "tiergate" or "litellm"
     label: str
     points: dict[int, WrkResult] = field(default_factory=dict)
-    noise: dict[int, float] = field(default_factory=dict)  # foreign CPU share during a point
+    wait: dict[int, float] = field(default_factory=dict)  # servers' run-queue wait share
+    foreign: dict[int, float] = field(default_factory=dict)  # other processes' CPU share
 
     def rps(self, concurrency: int) -> float | None:
         """Req/s at a concurrency, if measured."""
@@ -131,11 +132,16 @@ def _errors(point: WrkResult) -> str:
     return "0" if bad == 0 else f"**{bad}**"
 
 
-def _noise(share: float | None) -> str:
-    if share is None:
-        return "?"
-    shown = f"{share:.0%}"
-    return f"**{shown}**" if share > NOISY_SHARE else shown
+def _share(share: float | None) -> str:
+    return "?" if share is None else f"{share:.0%}"
+
+
+def _wait_cell(series: Series, c: int) -> str:
+    share = series.wait.get(c)
+    shown = _share(share)
+    if series.role in ("upstream", "direct"):
+        return shown + "†"
+    return f"**{shown}**" if share is not None and share > NOISY_WAIT else shown
 
 
 def render(report: Report) -> str:
@@ -144,20 +150,30 @@ def render(report: Report) -> str:
     lines += [f"- {item}" for item in report.environment]
     lines += [
         "",
-        "| setup | c | req/s | p50 ms | p99 ms | errors | other CPU |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| setup | c | req/s | p50 ms | p99 ms | errors | run-queue wait | other CPU |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for series in report.series:
         for c, p in sorted(series.points.items()):
             lines.append(
                 f"| {series.label} | {c} | {p.rps:,.0f} | {p.p50_ms:.2f} | {p.p99_ms:.2f} "
-                f"| {_errors(p)} | {_noise(series.noise.get(c))} |"
+                f"| {_errors(p)} | {_wait_cell(series, c)} "
+                f"| {_share(series.foreign.get(c))} |"
             )
-    noisy = any(v > NOISY_SHARE for s in report.series for v in s.noise.values())
+    noisy = any(
+        v > NOISY_WAIT
+        for s in report.series
+        if s.role not in ("upstream", "direct")
+        for v in s.wait.values()
+    )
     lines += [
         "",
-        "*other CPU*: share of the machine used by processes outside the benchmark during the "
-        "point" + (" — **bold points ran on a busy machine; rerun them.**" if noisy else "."),
+        "*run-queue wait*: time the servers' threads were runnable but not running, as a share "
+        "of the point (their own threads competing count too; † direct rows: the upstream shares "
+        "its core with wrk by design, so that wait is expected); *other CPU*: share of the "
+        "machine used by processes outside the benchmark, which mostly fills idle cycles "
+        "since the benchmark runs at high priority."
+        + (" **Bold points were held back; rerun them on a quieter machine.**" if noisy else ""),
     ]
     if report.memory:
         lines += ["", "TierGate resident memory (VmRSS of the serving process):", ""]

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from bench.overhead.cpu_noise import CpuMeter, wait_until_quiet
+from bench.overhead.cpu_noise import CpuMeter, Noise, wait_until_quiet
 from bench.overhead.legs import (
     LITELLM_VERSION,
     REPO_ROOT,
@@ -34,11 +34,12 @@ from bench.overhead.legs import (
     start_tiergate,
 )
 from bench.overhead.processes import rss_mib
-from bench.overhead.report import NOISY_SHARE, MemorySample, Report, Series, render
+from bench.overhead.report import NOISY_WAIT, MemorySample, Report, Series, render
 from bench.overhead.variants import VARIANTS, Variant
 from bench.overhead.wrk import WrkResult, WrkRunner, ensure_wrk, lua_script
 
 CONCURRENCIES = (1, 16, 64)
+QUIET_FOREIGN_SHARE = 0.05  # --quiet-wait waits for other processes to use at most this
 MEMORY_CONCURRENCY = 16
 LEGS = ("direct", "tiergate", "litellm")
 
@@ -77,15 +78,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--noisy-retries",
         type=int,
         default=2,
-        help="rerun a point this many times while other processes use > 5%% of the CPU",
+        help="rerun a point this many times while its servers wait > 5%% for a CPU",
     )
     p.add_argument(
         "--quiet-wait",
         type=float,
-        default=60.0,
+        default=0.0,
         help="before each point, wait up to this many seconds for other processes to go quiet",
     )
     p.add_argument("--keep-workdir", action="store_true", help="keep configs and server logs")
+    p.add_argument("--no-boost", action="store_true", help="do not run servers at nice -20")
     p.add_argument("--no-pin", action="store_true", help="do not pin processes with taskset")
     p.add_argument(
         "--out", type=Path, help="Markdown file (default bench/results/overhead-VARIANT.md)"
@@ -100,40 +102,37 @@ def make_plan(args: argparse.Namespace) -> Plan:
     return Plan(args.duration or 10.0, 2.0, (20_000, 200_000), args.noisy_retries, args.quiet_wait)
 
 
-def placement(no_pin: bool) -> Placement:
-    """Proxy alone on CPU 0; wrk, the upstream and Redis on CPU 1 (no pinning on one core)."""
-    if no_pin or (os.cpu_count() or 1) < 2:
-        return Placement((), ())
-    return Placement(("taskset", "-c", "0"), ("taskset", "-c", "1"))
-
-
 def measure(leg: Leg, role: str, bench: Bench, upstream: Leg | None = None) -> Series:
     """Warm up, then run every concurrency point against one leg (noisy points are retried)."""
     runner, plan = bench.runner, bench.plan
     series = Series(role, leg.name)
     script = lua_script(leg.body(), leg.api_key)
-    meter = CpuMeter(leg.sessions() + (upstream.sessions() if upstream else []))
+    meter = CpuMeter(leg.sessions() + (upstream.sessions() if upstream else []), leg.sessions())
+    # Direct legs share a core with wrk by design, so their wait says nothing about noise.
+    retries = plan.noisy_retries if upstream is not None else 0
     for c in CONCURRENCIES:
-        for attempt in range(plan.noisy_retries + 1):
-            wait_until_quiet(meter.sessions, NOISY_SHARE, plan.quiet_wait_s)
+        for attempt in range(retries + 1):
+            if plan.quiet_wait_s > 0:
+                wait_until_quiet(meter.sessions, QUIET_FOREIGN_SHARE, plan.quiet_wait_s)
             runner.run(leg.chat_url, script, c, plan.warmup_s)
             meter.start()
             point = runner.run(leg.chat_url, script, c, plan.duration_s)
             noise = meter.stop()
             _print_point(leg.name, c, point, noise, attempt)
-            if c not in series.noise or noise < series.noise[c]:
-                series.points[c], series.noise[c] = point, noise
-            if noise <= NOISY_SHARE:
+            if c not in series.wait or noise.wait_share < series.wait[c]:
+                series.points[c] = point
+                series.wait[c], series.foreign[c] = noise.wait_share, noise.foreign_share
+            if noise.wait_share <= NOISY_WAIT:
                 break
     return series
 
 
-def _print_point(name: str, c: int, point: WrkResult, noise: float, attempt: int) -> None:
+def _print_point(name: str, c: int, point: WrkResult, noise: Noise, attempt: int) -> None:
     retry = f" (retry {attempt})" if attempt else ""
     print(
-        f"  {name:<34} c={c:<3} {point.rps:>9,.0f} req/s  p50 {point.p50_ms:7.2f} ms  "
+        f"  {name:<30} c={c:<3} {point.rps:>9,.0f} req/s  p50 {point.p50_ms:7.2f} ms  "
         f"p99 {point.p99_ms:7.2f} ms  errors {point.errors + point.non_2xx}  "
-        f"other CPU {noise:.0%}{retry}",
+        f"wait {noise.wait_share:.0%}  other CPU {noise.foreign_share:.0%}{retry}",
         flush=True,
     )
 
@@ -275,9 +274,9 @@ def environment(wrk: str, plan: Plan, pin: Placement, variant: Variant) -> list[
     )
     pinning = (
         "proxy alone on CPU 0; wrk -t1, the upstream (and Redis) on CPU 1"
-        if pin.proxy
+        if "taskset" in pin.proxy
         else "no CPU pinning"
-    )
+    ) + ("; every benchmark process at nice -20" if pin.boosted else "")
     return [
         f"date: {time.strftime('%Y-%m-%d %H:%M %Z')}; TierGate commit {commit}; "
         f"variant `{variant.name}`",
@@ -299,10 +298,11 @@ def main(argv: list[str] | None = None) -> int:
     legs = {leg.strip() for leg in args.legs.split(",") if leg.strip()}
     if args.skip_litellm:
         legs.discard("litellm")
-    variant, plan, pin = VARIANTS[args.variant], make_plan(args), placement(args.no_pin)
+    variant, plan = VARIANTS[args.variant], make_plan(args)
+    pin = Placement.build(pin=not args.no_pin, boost=not args.no_boost)
     wrk = ensure_wrk()
     workdir = Path(tempfile.mkdtemp(prefix="tiergate-bench-"))
-    bench = Bench(WrkRunner(wrk, workdir, pin.load), plan, workdir, pin)
+    bench = Bench(WrkRunner(wrk, workdir, pin.load, pin.boosted), plan, workdir, pin)
     command = shlex.join([".venv/bin/python", "bench/overhead/run.py", *(argv or sys.argv[1:])])
     report = Report(
         f"TierGate overhead benchmark — variant `{variant.name}`"

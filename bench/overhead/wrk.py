@@ -15,6 +15,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.overhead.processes import boost_session
+
 JSON_MARK = "WRK_JSON "
 
 _LUA_TEMPLATE = """\
@@ -126,6 +128,7 @@ class WrkRunner:
     binary: str
     script_dir: Path
     pin: tuple[str, ...]
+    boost: bool = False
 
     def run(
         self,
@@ -150,9 +153,21 @@ class WrkRunner:
             str(path),
             url,
         ]
-        proc = subprocess.run(
-            cmd, capture_output=True, text=True, timeout=duration_s + timeout_s + 60, check=False
+        proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
         )
+        if self.boost:
+            boost_session(proc.pid)
+        try:
+            stdout, stderr = proc.communicate(timeout=duration_s + timeout_s + 60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            raise
         if proc.returncode != 0:
-            raise RuntimeError(f"wrk failed ({proc.returncode}): {proc.stderr.strip()}")
-        return parse_output(proc.stdout)
+            raise RuntimeError(f"wrk failed ({proc.returncode}): {stderr.strip()}")
+        return parse_output(stdout)
