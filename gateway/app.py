@@ -7,6 +7,7 @@ from typing import Any
 
 import aiohttp
 from litestar import Litestar, Request, Response, post
+from opentelemetry.sdk.trace.export import SpanExporter
 
 from gateway.admin_backends import admin_backends_handlers
 from gateway.auth import Access
@@ -20,16 +21,12 @@ from gateway.retry import RetryPolicy
 from gateway.routing import ThresholdSource, TierRouter
 from gateway.settings import BalancingSettings, Settings, TierSettings
 from gateway.spillover import Spillover, SpilloverConfig
+from gateway.telemetry import build_telemetry
 from gateway.upstream import make_session
 from policies.ports import Authenticator, RequestLimiter, TierClassifier
 from policies.prefix import PrefixConfig
 from policies.selection import LeastLoaded, PrefixAffinity, RoundRobin, Strategy
 from policies.tiering import TierCatalog, TierRules
-
-
-class _NullObserver:
-    def finished(self, ctx: Any, outcome: str) -> None:
-        """Telemetry switched off."""
 
 
 class _PlaceholderClassifier:
@@ -82,8 +79,13 @@ def create_app(
     auth: Authenticator | None = None,
     limiter: RequestLimiter | None = None,
     observer: RequestObserver | None = None,
+    span_exporter: SpanExporter | None = None,
 ) -> Litestar:
-    """Build the gateway application for ``settings``."""
+    """Build the gateway application for ``settings``.
+
+    ``observer`` replaces the telemetry observer; ``span_exporter`` (tests) receives every
+    finished span instead of the ``OTEL_*``-configured exporters.
+    """
     h = settings.health
     ejection = EjectionPolicy(h.eject_after, h.eject_base_s, h.eject_max_s, h.max_ejected_share)
     pools = {
@@ -99,6 +101,7 @@ def create_app(
     monitor = HealthMonitor(pools, HealthConfig(h.interval_s, h.timeout_s, h.unhealthy_after,
                                                 h.healthy_after, h.scrape_metrics))
     router = build_router(settings, _PlaceholderClassifier())
+    telemetry = build_telemetry(settings, pools, span_exporter=span_exporter)
     access = Access(settings, auth=auth, limiter=limiter)
     authenticator = access.authenticator
     forwarder = Forwarder(None, routes, RetryPolicy(**settings.retry.model_dump()))  # type: ignore[arg-type]  # session opens at start-up
@@ -112,7 +115,7 @@ def create_app(
         tier_caps={name: tier.max_tokens_cap for name, tier in settings.tiers.items()},
         idle_timeouts={name: tier.timeouts.idle_s for name, tier in settings.tiers.items()},
         default_completion_tokens=settings.ratelimit.default_completion_tokens,
-        observer=observer or _NullObserver(),
+        observer=observer or telemetry.observer,
         prefix=PrefixConfig(settings.balancing.block_chars, settings.balancing.max_blocks),
         spillover=_spillover(settings, pools),
     )
@@ -141,11 +144,11 @@ def create_app(
 
     return Litestar(
         route_handlers=[chat, completions, *ops_handlers(router.catalog, readiness, authenticator),
-                        *access.handlers,
+                        *access.handlers, *telemetry.handlers,
                         *admin_backends_handlers(forwarder, settings.auth.read_admin_token())],
         exception_handlers=EXCEPTION_HANDLERS,
-        on_startup=[startup],
-        on_shutdown=[shutdown],
+        on_startup=[startup, telemetry.startup],
+        on_shutdown=[shutdown, telemetry.shutdown],
         request_max_body_size=settings.server.max_body_bytes,
         openapi_config=None,
         debug=False,

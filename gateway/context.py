@@ -5,10 +5,15 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
+from policies.errors import TierGateError
 from policies.principal import Principal
 from policies.requests import RequestSummary
 from policies.tiering import RouteDecision
+
+if TYPE_CHECKING:
+    from gateway.telemetry.tracing import RequestTrace
 
 _MAX_REQUEST_ID = 128
 
@@ -52,6 +57,19 @@ class RequestContext:
     usage: Usage | None = None
     first_chunk_s: float | None = None
     extra_headers: dict[str, str] = field(default_factory=dict)
+    # Telemetry: the trace (None unless tracing is on), the error the request ended with,
+    # whether it passed the rate limits, the overhead when the response headers were built.
+    trace: RequestTrace | None = None
+    error: TierGateError | None = None
+    admitted: bool = False
+    overhead_s: float | None = None
+    prefix_match: bool | None = None
+
+    def mark(self, stage: str) -> None:
+        """The request path finished ``stage`` (auth, validate, classify, ratelimit)."""
+        trace = self.trace
+        if trace is not None:
+            trace.mark(stage)
 
     def overhead_ms(self) -> float:
         """Gateway time so far, upstream waiting excluded, in milliseconds."""
@@ -69,5 +87,8 @@ class RequestContext:
         if self.attempts:
             out["x-tiergate-attempts"] = str(self.attempts)
         out.update(self.extra_headers)
-        out["x-tiergate-overhead-ms"] = f"{self.overhead_ms():.3f}"
+        overhead_ms = self.overhead_ms()
+        if self.overhead_s is None:
+            self.overhead_s = overhead_ms / 1000.0
+        out["x-tiergate-overhead-ms"] = f"{overhead_ms:.3f}"
         return out

@@ -144,11 +144,23 @@ class Forwarder:
         async def one(number: int) -> Exchange:
             if number > 1 and loop.failures:
                 pool.count_retry(loop.failures[-1].kind)
+            routed_at = time.perf_counter()
             replica = await self._choose(route, frozenset(tried), prefix_blocks, loop)
             tried.add(replica.url)
             ctx.replica = replica.name
             ctx.attempts += 1
             limit_s = max(0.001, min(route.timeouts.first_byte_s, loop.remaining()))
+            trace = ctx.trace
+            if trace is not None:  # tracing on: a client span per attempt, traceparent out
+                return await trace.attempt(
+                    ctx, replica, body, headers,
+                    lambda sent: self._attempt(
+                        ctx, route, replica, path=path, payload=payload, headers=sent,
+                        stream=stream, limit_s=limit_s,
+                    ),
+                    strategy=route.strategy.name, routed_at=routed_at,
+                    prefix_blocks=len(prefix_blocks),
+                )
             return await self._attempt(
                 ctx, route, replica, path=path, payload=payload, headers=headers,
                 stream=stream, limit_s=limit_s,

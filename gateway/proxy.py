@@ -40,6 +40,10 @@ class ClientGone(TierGateError):
 class RequestObserver(Protocol):
     """Receives each finished request (telemetry: access log, metrics, spans)."""
 
+    def started(self, ctx: RequestContext, headers: Mapping[str, str]) -> None:
+        """Called once per request, first (binds log context, opens the trace)."""
+        ...
+
     def finished(self, ctx: RequestContext, outcome: str) -> None:
         """Called once per request, after its last byte or its error."""
         ...
@@ -91,11 +95,17 @@ class ProxyService:
         headers = request.headers
         ctx = RequestContext(request_id_from(headers.get("x-request-id")), route=path)
         request.state["ctx"] = ctx
+        self.observer.started(ctx, headers)
         try:
             return await self._serve(request, ctx, kind, path)
         except TierGateError as exc:
             ctx.status = exc.status
+            ctx.error = exc
             self.observer.finished(ctx, type(exc).__name__)
+            raise
+        except Exception:  # a bug: still account for the request; the handler renders the 500
+            ctx.status = 500
+            self.observer.finished(ctx, "internal_error")
             raise
 
     async def _serve(
@@ -104,17 +114,22 @@ class ProxyService:
         headers = request.headers
         principal = await self.auth.authenticate(headers.get("authorization"))
         ctx.principal = principal
+        ctx.mark("auth")
         body = _decode(await request.body())
         summary = validate(body, kind)
         ctx.summary = summary
+        ctx.mark("validate")
         decision = self.router.decide(summary, body, principal, headers.get("x-tiergate-tier"))
         if self.spillover is not None:
             threshold = self.router.threshold.threshold
             decision = self.spillover.adjust(decision, threshold, principal)
         ctx.decision = decision
         self._check_max_tokens(summary.max_tokens, decision.tier, principal.policy.max_tokens)
+        ctx.mark("classify")
         completion = summary.max_tokens or self.default_completion_tokens
         admission = await self.limiter.admit(principal, summary.prompt_token_estimate + completion)
+        ctx.admitted = True
+        ctx.mark("ratelimit")
         ctx.extra_headers.update(admission.headers)
         try:
             strip_usage = False

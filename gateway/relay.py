@@ -100,6 +100,9 @@ class StreamRelay:
             self.last_data = event
             if b'"role"' not in event and _NO_FINISH.search(event):
                 self.token_events += 1
+        trace = self.ctx.trace
+        if trace is not None:  # finish reasons (and opt-in output text) for the client span
+            trace.on_event(event)
         if event.startswith(_UPSTREAM_ERROR):
             self.outcome = "upstream_error"  # vLLM's own in-band error: pass it on as is
         if b'"usage"' in event and event.startswith(b"data: "):

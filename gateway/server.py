@@ -6,11 +6,13 @@ import uvicorn
 
 from gateway.app import create_app
 from gateway.settings import Settings
+from gateway.telemetry.logging import configure_logging
 
 
 def serve(settings: Settings) -> None:
     """Serve until interrupted; in-flight streams get ``shutdown_grace_s`` to finish."""
     app = create_app(settings)
+    logs = configure_logging(settings.telemetry)  # after the app: Litestar sets up logging too
     config = uvicorn.Config(
         app,
         host=settings.server.host,
@@ -19,10 +21,14 @@ def serve(settings: Settings) -> None:
         http="httptools",
         lifespan="on",
         access_log=False,
+        log_config=None,  # uvicorn's records go through our structlog setup
         log_level="warning",
         server_header=False,
         date_header=False,
         timeout_graceful_shutdown=int(settings.server.shutdown_grace_s),
         proxy_headers=False,
     )
-    uvicorn.Server(config).run()
+    try:
+        uvicorn.Server(config).run()
+    finally:
+        logs.close()

@@ -118,15 +118,23 @@ class RouterSettings(BaseModel):
     downgrade_to_fast: bool = False
 
 
+def _otel_environment() -> dict[str, str]:
+    """The standard ``OTEL_*`` variables (exporter, protocol, endpoint...), read here once."""
+    return {name: value for name, value in os.environ.items() if name.startswith("OTEL_")}
+
+
 class TelemetrySettings(BaseModel):
+    """Logs, metrics and traces (gateway/telemetry); trace export follows ``OTEL_*``."""
+
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["auto", "json", "console"] = "auto"
     log_file: Path | None = None
     access_log: bool = True
-    metrics_port: int | None = None
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
     tracing: bool = False
     trace_sample_ratio: float = Field(default=1.0, ge=0.0, le=1.0)
     capture_content: bool = False
+    otel_env: dict[str, str] = Field(default_factory=_otel_environment, repr=False)
 
 
 class RetrySettings(BaseModel):

@@ -1,0 +1,83 @@
+"""Observability: traces (OpenTelemetry), metrics (Prometheus) and logs (structlog).
+
+``build_telemetry`` is called by ``create_app`` and returns everything the app wires in: the
+request observer, the ``/metrics`` route (or a separate metrics port) and the start-up and
+shutdown hooks. Names live in :mod:`gateway.telemetry.semconv`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from opentelemetry.sdk.trace.export import SpanExporter
+from prometheus_client import CollectorRegistry
+
+from gateway.metrics_endpoint import MetricsServer, metrics_handler
+from gateway.replicas import ReplicaPool
+from gateway.settings import Settings
+from gateway.telemetry.metrics import GatewayMetrics
+from gateway.telemetry.observer import TelemetryObserver
+from gateway.telemetry.tracing import Tracing, build_tracer_provider
+
+__all__ = ["Telemetry", "TelemetryObserver", "build_telemetry"]
+
+
+@dataclass
+class Telemetry:
+    """The telemetry of one app."""
+
+    observer: TelemetryObserver
+    registry: CollectorRegistry
+    metrics: GatewayMetrics
+    tracing: Tracing | None
+    handlers: list[Any] = field(default_factory=list)
+    metrics_server: MetricsServer | None = None
+
+    async def startup(self) -> None:
+        """Open the separate metrics port, if configured."""
+        if self.metrics_server is not None:
+            self.metrics_server.start()
+
+    async def shutdown(self) -> None:
+        """Close the metrics port; flush queued spans without blocking the loop."""
+        if self.metrics_server is not None:
+            self.metrics_server.stop()
+        if self.tracing is not None:
+            await asyncio.to_thread(self.tracing.shutdown)
+
+
+def build_telemetry(
+    settings: Settings,
+    pools: Mapping[str, ReplicaPool],
+    *,
+    span_exporter: SpanExporter | None = None,
+    access_logger: Any = None,
+) -> Telemetry:
+    """Metrics registry, tracer provider and observer for ``settings``.
+
+    ``span_exporter`` replaces the ``OTEL_*``-configured exporters (tests use an in-memory
+    one); ``access_logger`` replaces the structlog ``tiergate.access`` logger.
+    """
+    t = settings.telemetry
+    registry = CollectorRegistry(auto_describe=True)
+    metrics = GatewayMetrics(
+        registry,
+        pools,
+        precise_tier=settings.router.precise_tier,
+        target_share=settings.router.target_precise_share,
+    )
+    provider = build_tracer_provider(t, span_exporter)
+    tracing = Tracing(provider, capture_content=t.capture_content) if provider else None
+    observer = TelemetryObserver(metrics, tracing, access_log=t.access_log, logger=access_logger)
+    telemetry = Telemetry(observer, registry, metrics, tracing)
+    if t.metrics_port is not None:
+        telemetry.metrics_server = MetricsServer(registry, settings.server.host, t.metrics_port)
+    else:
+        token = settings.auth.read_admin_token()
+        telemetry.handlers.append(
+            metrics_handler(registry, token, open_access=not settings.auth.enabled)
+        )
+    return telemetry

@@ -1,0 +1,261 @@
+"""structlog, configured once per process: JSON or console lines through one bounded queue.
+
+Every line (structlog events and the standard library's ``uvicorn``/``litestar``/
+``opentelemetry`` records alike) is rendered on the calling thread and appended to a bounded
+in-memory queue; a daemon thread writes the queue out in batches. The request path therefore
+never waits on a slow disk or a full pipe: when the queue is full, lines are dropped and
+counted, and a ``telemetry.log_lines_dropped`` line says how many.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any, TextIO
+
+import msgspec
+import structlog
+from structlog.typing import EventDict, Processor, WrappedLogger
+
+from gateway.settings import TelemetrySettings
+from gateway.telemetry import semconv as sc
+
+_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
+           "error": logging.ERROR}
+# Client libraries that would otherwise log every upstream call.
+_QUIET_LOGGERS = ("aiohttp", "httpx", "httpcore", "uvicorn.access", "urllib3", "hpack", "grpc")
+_REDACTED = "[REDACTED]"
+_SECRET_KEYS = frozenset(
+    {"authorization", "api_key", "apikey", "key", "token", "admin_token", "password",
+     "secret", "cookie", "x-api-key", "headers"}
+)
+_CONTENT_KEYS = frozenset({"prompt", "messages", "content", "completion", "input", "output"})
+# Credentials in any value: "Bearer <token>", "Basic <token>", TierGate keys (tg-<id>-<secret>).
+# Token characters stop at quotes, backslashes and commas, so a scrubbed JSON line stays valid.
+_SECRET_VALUE = re.compile(
+    r"(?:[Bb](?:earer|asic)|BEARER|BASIC)\s+[^\s\"'\\,]+|\btg-[a-z0-9]+-[A-Za-z0-9_\-]{16,}"
+)
+_encoder = msgspec.json.Encoder(enc_hook=str)
+
+
+class LogSink:
+    """A bounded queue of rendered lines and the daemon thread that writes them."""
+
+    def __init__(
+        self,
+        stream: TextIO,
+        *,
+        owns_stream: bool = False,
+        max_lines: int = 20_000,
+        flush_interval_s: float = 0.05,
+    ) -> None:
+        self.stream = stream
+        self.owns_stream = owns_stream
+        self.max_lines = max_lines
+        self.flush_interval_s = flush_interval_s
+        self.dropped = 0
+        self._reported = 0
+        self._lines: deque[str] = deque()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tiergate-log-writer", daemon=True)
+        self._thread.start()
+
+    def write(self, line: str) -> None:
+        """Queue one rendered line (never blocks; drops when the queue is full)."""
+        if len(self._lines) >= self.max_lines:
+            self.dropped += 1
+            return
+        self._lines.append(line)
+
+    def _drain(self) -> None:
+        lines = self._lines
+        batch: list[str] = []
+        while lines:
+            batch.append(lines.popleft())
+        if self.dropped != self._reported:
+            missed = self.dropped - self._reported
+            self._reported = self.dropped
+            batch.append(_encoder.encode(
+                {"event": sc.EVENT_LOGS_DROPPED, "level": "warning", "count": missed}
+            ).decode())
+        if batch:
+            self.stream.write("\n".join(batch) + "\n")
+            self.stream.flush()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.flush_interval_s):
+            self._drain()
+
+    def close(self) -> None:
+        """Write what is queued and stop the writer thread."""
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._drain()
+        if self.owns_stream:
+            self.stream.close()
+
+
+class _SinkLogger:
+    """The structlog "wrapped logger": hands the rendered line to the sink."""
+
+    def __init__(self, sink: LogSink) -> None:
+        self._write = sink.write
+
+    def msg(self, message: str) -> None:
+        """Every level ends here."""
+        self._write(message)
+
+    debug = info = warning = warn = error = critical = exception = fatal = log = msg
+
+
+class _SinkHandler(logging.Handler):
+    """Standard-library records, rendered by structlog's formatter, into the same sink."""
+
+    def __init__(self, sink: LogSink) -> None:
+        super().__init__()
+        self.sink = sink
+
+    def emit(self, record: logging.LogRecord) -> None:
+        """Format and queue one record."""
+        try:
+            self.sink.write(self.format(record))
+        except Exception:  # noqa: BLE001  # logging must never raise into the caller
+            self.handleError(record)
+
+
+def make_redactor(capture_content: bool) -> Processor:
+    """A processor that blanks secret-named fields (and prompt/completion text unless capture
+    is on). Secret-looking values anywhere in a line are scrubbed after rendering (``scrub``)."""
+    keys = _SECRET_KEYS if capture_content else _SECRET_KEYS | _CONTENT_KEYS
+
+    def redact(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:
+        for key in keys.intersection(event_dict):
+            event_dict[key] = _REDACTED
+        return event_dict
+
+    return redact
+
+
+def scrub(line: str) -> str:
+    """Replace bearer/basic credentials and TierGate API keys wherever they appear in a line."""
+    # Substring checks first: the regex is ~10x slower and almost every line has no secret.
+    if "earer" in line or "asic" in line or "tg-" in line or "EARER" in line or "ASIC" in line:
+        return _SECRET_VALUE.sub(_REDACTED, line)
+    return line
+
+
+def _scrubbed(render: Callable[[WrappedLogger, str, EventDict], str]) -> Processor:
+    def render_scrubbed(logger: WrappedLogger, name: str, event_dict: EventDict) -> str:
+        return scrub(render(logger, name, event_dict))
+
+    return render_scrubbed
+
+
+class _Timestamp:
+    """ISO-8601 UTC timestamps with microseconds; the date part is formatted once a second."""
+
+    __slots__ = ("_cached",)
+
+    def __init__(self) -> None:
+        self._cached = (-1, "")  # one tuple, swapped atomically (stdlib logs come from threads)
+
+    def __call__(self, _: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:
+        now = time.time()
+        second = int(now)
+        cached_second, prefix = self._cached
+        if second != cached_second:
+            prefix = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+            self._cached = (second, prefix)
+        event_dict["timestamp"] = f"{prefix}.{int((now - second) * 1e6):06d}Z"
+        return event_dict
+
+
+def render_json(_: WrappedLogger, __: str, event_dict: EventDict) -> str:
+    """One JSON object per line (time, level, event first), encoded by msgspec."""
+    line = {
+        "timestamp": event_dict.pop("timestamp", None),
+        "level": event_dict.pop("level", None),
+        "event": event_dict.pop("event", None),
+    }
+    line.update(event_dict)
+    return _encoder.encode(line).decode()
+
+
+def _console(telemetry: TelemetrySettings, stream: TextIO) -> bool:
+    """Console rendering when asked for, or with ``auto`` when writing to a terminal."""
+    fmt = telemetry.log_format
+    return fmt == "console" or (fmt == "auto" and stream.isatty())
+
+
+def _configure_stdlib(level: int, sink: LogSink, chain: list[Processor], render: Processor) -> None:
+    handler = _SinkHandler(sink)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=chain,
+            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, render],
+        )
+    )
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level)
+    for name in _QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(max(level, logging.WARNING))
+    for name in ("litestar", "uvicorn", "uvicorn.error"):
+        own = logging.getLogger(name)  # frameworks' own handlers: route through ours instead
+        for old in list(own.handlers):
+            own.removeHandler(old)
+        own.propagate = True
+
+
+def configure_logging(telemetry: TelemetrySettings, stream: TextIO | None = None) -> LogSink:
+    """Configure structlog and the standard library for this process; return the sink.
+
+    Call once, after the app is built (frameworks configure logging while they build);
+    ``close()`` the sink at exit. ``stream`` (default stderr) is ignored when
+    ``telemetry.log_file`` is set.
+    """
+    if telemetry.log_file is not None:
+        telemetry.log_file.parent.mkdir(parents=True, exist_ok=True)
+        out: TextIO = telemetry.log_file.open("a", encoding="utf-8", buffering=1 << 16)
+        sink = LogSink(out, owns_stream=True)
+    else:
+        out = stream or sys.stderr
+        sink = LogSink(out)
+    level = _LEVELS[telemetry.log_level]
+    json_lines = not _console(telemetry, out)
+    render = _scrubbed(render_json) if json_lines else _scrubbed(
+        structlog.dev.ConsoleRenderer(colors=out.isatty())
+    )
+    chain: list[Processor] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        _Timestamp(),
+        make_redactor(telemetry.capture_content),
+    ]
+    tail: list[Processor] = [structlog.processors.format_exc_info] if json_lines else []
+    structlog.configure(
+        processors=[*chain, *tail, render],
+        wrapper_class=structlog.make_filtering_bound_logger(level),
+        logger_factory=_factory(sink),
+        context_class=dict,
+        cache_logger_on_first_use=True,
+    )
+    _configure_stdlib(level, sink, [*chain, *tail], render)
+    return sink
+
+
+def _factory(sink: LogSink) -> Callable[..., _SinkLogger]:
+    logger = _SinkLogger(sink)
+
+    def factory(*_: Any) -> _SinkLogger:
+        return logger
+
+    return factory
+

@@ -1,0 +1,327 @@
+"""The spans of one sampled request: stage spans, route spans and GenAI client spans.
+
+Attributes come from an allowlist (``semconv``): ids, tiers, reasons, numbers and model names.
+Prompt and completion text are added only when ``telemetry.capture_content`` is on; keys and
+``Authorization`` never reach this module.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+import msgspec
+from opentelemetry.context import Context
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
+
+from gateway.telemetry import semconv as sc
+
+if TYPE_CHECKING:
+    from gateway.context import RequestContext
+    from gateway.forwarding import Exchange
+    from gateway.replicas import Replica
+
+_decoder = msgspec.json.Decoder()
+_encoder = msgspec.json.Encoder()
+_FINISH_REASON = re.compile(rb'"finish_reason"\s*:\s*"([A-Za-z_]{1,32})"')
+_STAGE_ORDER = ("auth", "validate", "classify", "ratelimit")
+_DATA = b"data: "
+
+
+def _decode(raw: bytes) -> Any:
+    try:
+        return _decoder.decode(raw)
+    except msgspec.DecodeError:
+        return None
+
+
+def _parts(content: object) -> list[dict[str, Any]]:
+    if isinstance(content, str):
+        return [{"type": "text", "content": content}]
+    if isinstance(content, list):
+        return [
+            {"type": "text", "content": p.get("text")}
+            if p.get("type") == "text"
+            else {"type": str(p.get("type"))}
+            for p in content
+            if isinstance(p, dict)
+        ]
+    return []
+
+
+def input_messages(body: Mapping[str, Any]) -> str:
+    """``gen_ai.input.messages`` (opt-in content capture) as JSON."""
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        out = [
+            {"role": str(m.get("role")), "parts": _parts(m.get("content"))}
+            for m in messages
+            if isinstance(m, dict)
+        ]
+    else:
+        out = [{"role": "user", "parts": _parts(body.get("prompt"))}]
+    return _encoder.encode(out).decode()
+
+
+def _output_messages(text: str, reasons: list[str]) -> str:
+    message = {
+        "role": "assistant",
+        "parts": [{"type": "text", "content": text}],
+        "finish_reason": reasons[0] if reasons else "",
+    }
+    return _encoder.encode([message]).decode()
+
+
+def _choice_text(choice: Mapping[str, Any]) -> str:
+    delta = choice.get("delta") or choice.get("message")
+    if isinstance(delta, dict):
+        content = delta.get("content")
+        return content if isinstance(content, str) else ""
+    text = choice.get("text")
+    return text if isinstance(text, str) else ""
+
+
+def server_finish_attributes(ctx: RequestContext, outcome: str) -> dict[str, Any]:
+    """The server span's attributes known at the end of the request."""
+    attrs: dict[str, Any] = {
+        sc.HTTP_RESPONSE_STATUS_CODE: ctx.status,
+        sc.TG_OUTCOME: outcome,
+        sc.TG_ATTEMPTS: ctx.attempts,
+    }
+    decision = ctx.decision
+    if decision is not None:
+        attrs[sc.TG_TIER] = ctx.tier or decision.tier
+        attrs[sc.TG_ROUTE_REASON] = decision.reason
+        if decision.score is not None:
+            attrs[sc.TG_ROUTE_SCORE] = decision.score
+    if ctx.replica is not None:
+        attrs[sc.TG_REPLICA] = ctx.replica
+    principal = ctx.principal
+    if principal is not None:
+        attrs[sc.TG_KEY_ID] = principal.key_id
+        attrs[sc.TG_TENANT] = principal.tenant
+    return attrs
+
+
+class StageRecorder:
+    """Marks of the request path's stages, turned into child spans when the request ends."""
+
+    __slots__ = ("marks", "parent", "start_ns", "started", "tracer")
+
+    def __init__(self, tracer: Tracer, parent: Context, start_ns: int, started: float) -> None:
+        self.tracer = tracer
+        self.parent = parent
+        self.start_ns = start_ns
+        self.started = started
+        self.marks: list[tuple[str, float]] = []
+
+    def ns(self, perf: float) -> int:
+        """A ``perf_counter`` reading as epoch nanoseconds on this request's time line."""
+        return self.start_ns + int((perf - self.started) * 1e9)
+
+    def mark(self, stage: str) -> None:
+        """``stage`` ended now."""
+        self.marks.append((stage, time.perf_counter()))
+
+    def route(
+        self, ctx: RequestContext, replica: Replica, strategy: str, routed_at: float, blocks: int
+    ) -> None:
+        """A span for one replica choice (from ``routed_at`` until now)."""
+        attrs: dict[str, Any] = {
+            sc.TG_TIER: replica.tier,
+            sc.TG_REPLICA: replica.name,
+            sc.TG_ROUTE_STRATEGY: strategy,
+            sc.TG_ROUTE_PREFIX_BLOCKS: blocks,
+        }
+        if ctx.prefix_match is not None:
+            attrs[sc.TG_ROUTE_PREFIX_MATCH] = ctx.prefix_match
+        span = self.tracer.start_span(
+            sc.SPAN_ROUTE, context=self.parent, start_time=self.ns(routed_at), attributes=attrs
+        )
+        span.end()
+
+    def _stage(self, ctx: RequestContext, stage: str, begin: float, end: float) -> Span:
+        attrs: dict[str, Any] = {}
+        if stage == "classify" and ctx.decision is not None:
+            decision = ctx.decision
+            attrs[sc.TG_TIER] = decision.tier
+            attrs[sc.TG_ROUTE_REASON] = decision.reason
+            if decision.score is not None:
+                attrs[sc.TG_ROUTE_SCORE] = decision.score
+        elif stage == "auth" and ctx.principal is not None:
+            attrs[sc.TG_KEY_ID] = ctx.principal.key_id
+            attrs[sc.TG_TENANT] = ctx.principal.tenant
+        elif stage == "ratelimit":
+            attrs[sc.TG_RATELIMIT_OUTCOME] = (
+                sc.RATELIMIT_ALLOWED if ctx.admitted else sc.RATELIMIT_REJECTED
+            )
+        return self.tracer.start_span(
+            sc.STAGE_SPANS[stage], context=self.parent, start_time=self.ns(begin), attributes=attrs
+        )
+
+    def finish(self, ctx: RequestContext, outcome: str) -> None:
+        """One span per completed stage, plus the stage that failed, if one did."""
+        begin = self.started
+        done: set[str] = set()
+        for stage, at in self.marks:
+            self._stage(ctx, stage, begin, at).end(end_time=self.ns(at))
+            done.add(stage)
+            begin = at
+        if ctx.error is None or ctx.attempts:
+            return
+        failed = next((s for s in _STAGE_ORDER if s not in done), None)
+        if failed is not None:
+            span = self._stage(ctx, failed, begin, time.perf_counter())
+            span.set_attribute(sc.ERROR_TYPE, outcome)
+            span.set_status(Status(StatusCode.ERROR))
+            span.end()
+
+
+class AttemptSpan:
+    """The GenAI client span of one upstream attempt."""
+
+    __slots__ = ("capture", "output", "reasons", "span", "started")
+
+    def __init__(self, span: Span, capture: bool) -> None:
+        self.span = span
+        self.capture = capture
+        self.started = time.perf_counter()
+        self.reasons: list[str] = []
+        self.output: list[str] = []
+
+    @classmethod
+    def start(
+        cls,
+        tracer: Tracer,
+        parent: Context,
+        ctx: RequestContext,
+        replica: Replica,
+        body: Mapping[str, Any],
+        *,
+        capture: bool,
+    ) -> AttemptSpan:
+        """Open the client span with the request's allowlisted attributes."""
+        summary = ctx.summary
+        chat = summary is None or summary.kind == "chat"
+        operation = sc.OPERATION_CHAT if chat else sc.OPERATION_TEXT_COMPLETION
+        model = str(body.get("model", ""))
+        url = urlsplit(replica.url)
+        attrs: dict[str, Any] = {
+            sc.GEN_AI_OPERATION_NAME: operation,
+            sc.GEN_AI_PROVIDER_NAME: sc.PROVIDER_VLLM,
+            sc.GEN_AI_REQUEST_MODEL: model,
+            sc.GEN_AI_REQUEST_STREAM: bool(body.get("stream")),
+            sc.SERVER_ADDRESS: url.hostname or "",
+            sc.SERVER_PORT: url.port or (443 if url.scheme == "https" else 80),
+            sc.TG_TIER: replica.tier,
+            sc.TG_REPLICA: replica.name,
+            sc.TG_ATTEMPT: ctx.attempts,
+        }
+        for field, name in sc.REQUEST_PARAMETERS:
+            value = body.get(field)
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                attrs[name] = value
+        if capture:
+            attrs[sc.GEN_AI_INPUT_MESSAGES] = input_messages(body)
+        span = tracer.start_span(
+            f"{operation} {model}", context=parent, kind=SpanKind.CLIENT, attributes=attrs
+        )
+        return cls(span, capture)
+
+    def fail(self, kind: str) -> None:
+        """The attempt failed: ``error.type`` is the failure kind."""
+        self.span.set_attribute(sc.ERROR_TYPE, kind)
+        self.span.set_status(Status(StatusCode.ERROR))
+        self.span.end()
+
+    def _response(self, data: Any) -> None:
+        if not isinstance(data, dict):
+            return
+        if isinstance(data.get("id"), str):
+            self.span.set_attribute(sc.GEN_AI_RESPONSE_ID, data["id"])
+        if isinstance(data.get("model"), str):
+            self.span.set_attribute(sc.GEN_AI_RESPONSE_MODEL, data["model"])
+
+    def opened(self, exchange: Exchange, ctx: RequestContext) -> None:
+        """The backend answered; a complete (non-streaming) answer ends the span now."""
+        body = exchange.opened.body
+        if body is None:  # a stream: the first event is already read
+            if ctx.first_chunk_s is not None:
+                offset = self.started - ctx.started
+                self.span.set_attribute(
+                    sc.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK, max(0.0, ctx.first_chunk_s - offset)
+                )
+            first = exchange.first_event
+            if first.startswith(_DATA):
+                self._response(_decode(first[len(_DATA) :]))
+            return
+        data = _decode(body)
+        self._response(data)
+        if isinstance(data, dict):
+            choices = data.get("choices")
+            if isinstance(choices, list):
+                for choice in choices:
+                    if isinstance(choice, dict):
+                        self._choice(choice)
+            usage = data.get("usage")
+            if isinstance(usage, dict):
+                self._usage(usage)
+        self._end_response(None)
+
+    def _choice(self, choice: Mapping[str, Any]) -> None:
+        reason = choice.get("finish_reason")
+        if isinstance(reason, str):
+            self.reasons.append(reason)
+        if self.capture:
+            self.output.append(_choice_text(choice))
+
+    def _usage(self, usage: Mapping[str, Any]) -> None:
+        for field, name in (
+            ("prompt_tokens", sc.GEN_AI_USAGE_INPUT_TOKENS),
+            ("completion_tokens", sc.GEN_AI_USAGE_OUTPUT_TOKENS),
+        ):
+            if isinstance(usage.get(field), int):
+                self.span.set_attribute(name, usage[field])
+        details = usage.get("prompt_tokens_details")
+        if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
+            cached = details["cached_tokens"]
+            self.span.set_attribute(sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, cached)
+
+    def on_event(self, event: bytes) -> None:
+        """A relayed SSE event: collect finish reasons (and text, when capturing)."""
+        if self.capture and event.startswith(_DATA):
+            data = _decode(event[len(_DATA) :])
+            choices = data.get("choices") if isinstance(data, dict) else None
+            if isinstance(choices, list):
+                for choice in choices:
+                    if isinstance(choice, dict):
+                        self._choice(choice)
+            return
+        if b'"finish_reason"' in event:
+            self.reasons.extend(m.decode() for m in _FINISH_REASON.findall(event))
+
+    def _end_response(self, error: str | None) -> None:
+        span = self.span
+        if self.reasons:
+            span.set_attribute(sc.GEN_AI_RESPONSE_FINISH_REASONS, self.reasons)
+        if self.capture:
+            text = "".join(self.output)
+            span.set_attribute(sc.GEN_AI_OUTPUT_MESSAGES, _output_messages(text, self.reasons))
+        if error is not None:
+            span.set_attribute(sc.ERROR_TYPE, error)
+            span.set_status(Status(StatusCode.ERROR))
+        span.end()
+
+    def finish(self, ctx: RequestContext, outcome: str) -> None:
+        """A stream ended with ``outcome``: usage, finish reasons, and the error if any."""
+        usage = ctx.usage
+        if usage is not None:
+            span = self.span
+            span.set_attribute(sc.GEN_AI_USAGE_INPUT_TOKENS, usage.prompt_tokens)
+            span.set_attribute(sc.GEN_AI_USAGE_OUTPUT_TOKENS, usage.completion_tokens)
+            if usage.cached_tokens:
+                span.set_attribute(sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, usage.cached_tokens)
+        self._end_response(None if outcome == sc.OUTCOME_COMPLETE else outcome)

@@ -1,0 +1,267 @@
+"""Tracing: the tracer provider from settings and one :class:`RequestTrace` per request.
+
+No global tracer provider is installed: each app builds its own provider and hands it down,
+so tests can build several apps (each with an in-memory exporter) in one process. With
+tracing off nothing here runs at all. When a request is sampled out, only the incoming or new
+trace context is kept, to propagate ``traceparent`` (flag 00) to the backend; no attribute is
+built. The stage spans (auth, validate, classify, rate limit) are recorded after the fact from
+timestamps the request path marks, so the request path itself never opens or closes them.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry.context import Context
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    ConsoleSpanExporter,
+    SimpleSpanProcessor,
+    SpanExporter,
+)
+from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+from opentelemetry.trace import (
+    Span,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    set_span_in_context,
+)
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from gateway.settings import TelemetrySettings
+from gateway.telemetry import semconv as sc
+from gateway.telemetry.spans import AttemptSpan, StageRecorder, server_finish_attributes
+from gateway.upstream import AttemptFailed
+
+if TYPE_CHECKING:
+    from gateway.context import RequestContext
+    from gateway.forwarding import Exchange
+    from gateway.replicas import Replica
+
+_HTTP_PROTOBUF = "http/protobuf"
+_CLEAN_OUTCOMES = frozenset({sc.OUTCOME_COMPLETE, sc.OUTCOME_CLIENT_DISCONNECT})
+
+
+class TracingConfigError(ValueError):
+    """An ``OTEL_*`` value the gateway cannot honour."""
+
+
+def _service_resource(env: Mapping[str, str]) -> Resource:
+    attributes: dict[str, str] = {}
+    try:
+        attributes["service.version"] = version("tiergate")
+    except PackageNotFoundError:
+        attributes["service.version"] = "unknown"
+    named = "OTEL_SERVICE_NAME" in env or "service.name=" in env.get("OTEL_RESOURCE_ATTRIBUTES", "")
+    if not named:
+        attributes["service.name"] = "tiergate"
+    return Resource.create(attributes)  # the SDK adds OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES
+
+
+def _otlp_exporter(env: Mapping[str, str]) -> SpanExporter:
+    protocol = env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or env.get(
+        "OTEL_EXPORTER_OTLP_PROTOCOL", _HTTP_PROTOBUF
+    )
+    if protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (  # noqa: PLC0415  # grpc loads only when asked for
+            OTLPSpanExporter as GrpcExporter,
+        )
+
+        return GrpcExporter()  # endpoint, headers, TLS, timeout: OTEL_EXPORTER_OTLP_* (SDK)
+    if protocol == _HTTP_PROTOBUF:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (  # noqa: PLC0415  # as above
+            OTLPSpanExporter as HttpExporter,
+        )
+
+        return HttpExporter()
+    raise TracingConfigError(f"unsupported OTLP protocol {protocol!r}: use grpc or http/protobuf")
+
+
+def exporters_from_env(env: Mapping[str, str]) -> list[SpanExporter]:
+    """The exporters ``OTEL_TRACES_EXPORTER`` names (``otlp`` by default, ``console``, ``none``)."""
+    names = [n.strip() for n in env.get("OTEL_TRACES_EXPORTER", "otlp").split(",") if n.strip()]
+    exporters: list[SpanExporter] = []
+    for name in names:
+        if name == "otlp":
+            exporters.append(_otlp_exporter(env))
+        elif name == "console":
+            exporters.append(ConsoleSpanExporter(out=sys.stdout))
+        elif name != "none":
+            raise TracingConfigError(f"unsupported OTEL_TRACES_EXPORTER {name!r}")
+    return exporters
+
+
+def build_tracer_provider(
+    telemetry: TelemetrySettings, span_exporter: SpanExporter | None = None
+) -> TracerProvider | None:
+    """The provider for these settings, or ``None`` when tracing is off.
+
+    ``span_exporter`` (tests) is attached with a synchronous processor; otherwise exporters
+    come from the standard ``OTEL_*`` variables behind a bounded :class:`BatchSpanProcessor`
+    (``OTEL_BSP_MAX_QUEUE_SIZE``, default 2048: spans beyond it are dropped, never waited on).
+    """
+    env = telemetry.otel_env
+    if not telemetry.tracing or env.get("OTEL_SDK_DISABLED", "").lower() == "true":
+        return None
+    provider = TracerProvider(
+        sampler=ParentBased(TraceIdRatioBased(telemetry.trace_sample_ratio)),
+        resource=_service_resource(env),
+        shutdown_on_exit=False,
+    )
+    if span_exporter is not None:
+        provider.add_span_processor(SimpleSpanProcessor(span_exporter))
+        return provider
+    for exporter in exporters_from_env(env):
+        provider.add_span_processor(BatchSpanProcessor(exporter))
+    return provider
+
+
+class Tracing:
+    """Starts request traces on one provider; W3C trace context in and out."""
+
+    def __init__(self, provider: TracerProvider, *, capture_content: bool) -> None:
+        self.provider = provider
+        self.tracer = provider.get_tracer(sc.INSTRUMENTATION_SCOPE)
+        self.propagator = TraceContextTextMapPropagator()
+        self.capture_content = capture_content
+
+    def start(self, ctx: RequestContext, traceparent: str | None, tracestate: str | None) -> None:
+        """Open the server span (child of an incoming ``traceparent``) and attach it to ``ctx``."""
+        parent: Context | None = None
+        if traceparent:
+            carrier = {"traceparent": traceparent}
+            if tracestate:
+                carrier["tracestate"] = tracestate
+            parent = self.propagator.extract(carrier)
+        start_ns = time.time_ns() - int((time.perf_counter() - ctx.started) * 1e9)
+        span = self.tracer.start_span(
+            f"POST {ctx.route}", context=parent, kind=SpanKind.SERVER, start_time=start_ns
+        )
+        ctx.trace = RequestTrace(self, span, start_ns, ctx.started)
+        if span.is_recording():
+            span.set_attributes(
+                {
+                    sc.HTTP_REQUEST_METHOD: "POST",
+                    sc.HTTP_ROUTE: ctx.route,
+                    sc.TG_REQUEST_ID: ctx.request_id,
+                }
+            )
+
+    def shutdown(self) -> None:
+        """Flush what is queued (bounded by the exporters' timeouts) and stop."""
+        self.provider.shutdown()
+
+
+def trace_headers(context: SpanContext) -> dict[str, str]:
+    """W3C ``traceparent`` (and ``tracestate``) naming ``context`` as the parent."""
+    headers = {
+        "traceparent": f"00-{context.trace_id:032x}-{context.span_id:016x}-"
+        f"{context.trace_flags:02x}"
+    }
+    if context.trace_state:
+        headers["tracestate"] = context.trace_state.to_header()
+    return headers
+
+
+class RequestTrace:
+    """One request's server span, its stage marks and its open upstream attempt.
+
+    A sampled-out request keeps only its span context: the backend still gets a
+    ``traceparent`` (not sampled), and no stage, route or client span is built.
+    """
+
+    __slots__ = ("_propagated", "open_attempt", "recording", "span", "stages", "tracing")
+
+    def __init__(self, tracing: Tracing, span: Span, start_ns: int, started: float) -> None:
+        self.tracing = tracing
+        self.span = span
+        self.recording = span.is_recording()
+        self.stages = (
+            StageRecorder(tracing.tracer, set_span_in_context(span), start_ns, started)
+            if self.recording
+            else None
+        )
+        self.open_attempt: AttemptSpan | None = None
+        self._propagated: dict[str, str] | None = None
+
+    @property
+    def trace_id(self) -> str:
+        """The trace id in hex, for log correlation."""
+        return format(self.span.get_span_context().trace_id, "032x")
+
+    @property
+    def span_id(self) -> str:
+        """The server span id in hex."""
+        return format(self.span.get_span_context().span_id, "016x")
+
+    def mark(self, stage: str) -> None:
+        """The request path finished ``stage`` now (recorded only when sampled)."""
+        stages = self.stages
+        if stages is not None:
+            stages.mark(stage)
+
+    async def attempt(
+        self,
+        ctx: RequestContext,
+        replica: Replica,
+        body: Mapping[str, Any],
+        headers: dict[str, str],
+        send: Callable[[dict[str, str]], Awaitable[Exchange]],
+        *,
+        strategy: str,
+        routed_at: float,
+        prefix_blocks: int,
+    ) -> Exchange:
+        """Run one upstream attempt (``send``) with ``traceparent`` and, if sampled, its spans."""
+        stages = self.stages
+        if stages is None:
+            if self._propagated is None:
+                self._propagated = trace_headers(self.span.get_span_context())
+            return await send({**headers, **self._propagated})
+        stages.route(ctx, replica, strategy, routed_at, prefix_blocks)
+        span = AttemptSpan.start(
+            self.tracing.tracer, stages.parent, ctx, replica, body,
+            capture=self.tracing.capture_content,
+        )
+        sent = {**headers, **trace_headers(span.span.get_span_context())}
+        try:
+            exchange = await send(sent)
+        except BaseException as exc:
+            span.fail(exc.kind if isinstance(exc, AttemptFailed) else type(exc).__name__)
+            raise
+        span.opened(exchange, ctx)
+        if exchange.opened.body is None:
+            self.open_attempt = span  # a stream: its client span ends with the request
+        return exchange
+
+    def on_event(self, event: bytes) -> None:
+        """One SSE event relayed to the client (finish reasons, opt-in output text)."""
+        attempt = self.open_attempt
+        if attempt is not None:
+            attempt.on_event(event)
+
+    def finish(self, ctx: RequestContext, outcome: str) -> None:
+        """End the open attempt, record the stage spans, end the server span."""
+        stages = self.stages
+        if stages is None:
+            self.span.end()
+            return
+        attempt = self.open_attempt
+        if attempt is not None:
+            attempt.finish(ctx, outcome)
+        stages.finish(ctx, outcome)
+        span = self.span
+        span.set_attributes(server_finish_attributes(ctx, outcome))
+        aborted = ctx.status < 400 and outcome not in _CLEAN_OUTCOMES
+        if ctx.status >= 500 or aborted:
+            span.set_attribute(sc.ERROR_TYPE, outcome)
+            span.set_status(Status(StatusCode.ERROR))
+        span.end()

@@ -1,0 +1,151 @@
+"""Logging: the bounded sink, redaction, JSON/console rendering and stdlib routing."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import structlog
+
+from gateway.settings import TelemetrySettings
+from gateway.telemetry.logging import LogSink, configure_logging, make_redactor, scrub
+
+_TOUCHED = ("aiohttp", "httpx", "uvicorn.access", "litestar", "uvicorn", "uvicorn.error")
+
+
+@pytest.fixture
+def restore_logging() -> Iterator[None]:
+    """Put structlog and the standard library back as they were."""
+    root = logging.getLogger()
+    saved_root = (list(root.handlers), root.level)
+    saved = {
+        name: (list(logging.getLogger(name).handlers), logging.getLogger(name).level,
+               logging.getLogger(name).propagate)
+        for name in _TOUCHED
+    }
+    yield
+    structlog.reset_defaults()
+    structlog.contextvars.clear_contextvars()
+    root.handlers[:] = saved_root[0]
+    root.setLevel(saved_root[1])
+    for name, (handlers, level, propagate) in saved.items():
+        logger = logging.getLogger(name)
+        logger.handlers[:] = handlers
+        logger.setLevel(level)
+        logger.propagate = propagate
+
+
+def test_sink_drops_lines_beyond_its_bound_and_says_so() -> None:
+    """A full queue drops new lines instead of blocking, then reports how many."""
+    out = io.StringIO()
+    sink = LogSink(out, max_lines=2, flush_interval_s=3600)
+    for i in range(5):
+        sink.write(f"line {i}")
+    sink.close()
+    lines = out.getvalue().splitlines()
+    assert lines[:2] == ["line 0", "line 1"]
+    assert json.loads(lines[2]) == {
+        "event": "telemetry.log_lines_dropped", "level": "warning", "count": 3
+    }
+    assert sink.dropped == 3
+
+
+def test_sink_writes_in_the_background() -> None:
+    """Lines reach the stream from the writer thread without an explicit flush."""
+    out = io.StringIO()
+    sink = LogSink(out, flush_interval_s=0.01)
+    sink.write("hello")
+    for _ in range(200):
+        if out.getvalue():
+            break
+        sink._stop.wait(0.01)
+    assert out.getvalue() == "hello\n"
+    sink.close()
+
+
+def test_redaction_blanks_secret_fields_and_content() -> None:
+    """Secret-named fields and prompt text are replaced; ids stay."""
+    redact = make_redactor(capture_content=False)
+    event = redact(None, "info", {
+        "event": "x", "authorization": "Bearer sk-1", "api_key": "sk-2",
+        "messages": [{"role": "user", "content": "secret prompt"}], "key_id": "k_1",
+    })
+    assert event == {
+        "event": "x", "authorization": "[REDACTED]", "api_key": "[REDACTED]",
+        "messages": "[REDACTED]", "key_id": "k_1",
+    }
+
+
+def test_rendered_lines_are_scrubbed_of_credentials_and_stay_json() -> None:
+    """Bearer tokens and TierGate keys are scrubbed anywhere in a line, keeping it valid."""
+    line = json.dumps({
+        "event": "upstream said: Bearer abc.def-123 was refused",
+        "note": 'auth="basic dXNlcjpwYXNz"', "key": None,
+        "echo": "got tg-8zgtkq64w6-6t45CZkwdw7LWzrJoxEW4eauAHy7jjs2uAd7YurF7LO, bye",
+        "key_id": "8zgtkq64w6",
+    })
+    record = json.loads(scrub(line))
+    assert record["event"] == "upstream said: [REDACTED] was refused"
+    assert record["note"] == 'auth="[REDACTED]"'
+    assert record["echo"] == "got [REDACTED], bye"
+    assert record["key_id"] == "8zgtkq64w6"
+
+
+def test_redaction_keeps_content_when_capture_is_on() -> None:
+    """With content capture opted in, prompts stay; keys are still blanked."""
+    redact = make_redactor(capture_content=True)
+    event = redact(None, "info", {"event": "x", "prompt": "hello", "token": "t"})
+    assert event == {"event": "x", "prompt": "hello", "token": "[REDACTED]"}
+
+
+@pytest.mark.usefixtures("restore_logging")
+def test_json_lines_carry_the_bound_request_context() -> None:
+    """Events render as one JSON object per line with the contextvars-bound fields."""
+    out = io.StringIO()
+    sink = configure_logging(TelemetrySettings(log_format="auto"), stream=out)
+    structlog.contextvars.bind_contextvars(request_id="r-1")
+    structlog.get_logger("test").info("ratelimit.rejected", key_id="k_1")
+    structlog.get_logger("test").debug("not.shown")
+    sink.close()
+    (line,) = out.getvalue().splitlines()
+    record = json.loads(line)
+    assert record["event"] == "ratelimit.rejected"
+    assert record["request_id"] == "r-1"
+    assert record["level"] == "info"
+    assert "timestamp" in record
+
+
+@pytest.mark.usefixtures("restore_logging")
+def test_console_rendering_and_level_from_settings() -> None:
+    """``console`` renders human-friendly lines; the level setting filters."""
+    out = io.StringIO()
+    sink = configure_logging(TelemetrySettings(log_format="console", log_level="warning"),
+                             stream=out)
+    structlog.get_logger("test").info("hidden.event")
+    structlog.get_logger("test").warning("shown.event", replica="r1")
+    sink.close()
+    text = out.getvalue()
+    assert "hidden.event" not in text
+    assert "shown.event" in text
+    assert "replica=r1" in text
+    assert not text.lstrip().startswith("{")
+
+
+@pytest.mark.usefixtures("restore_logging")
+def test_stdlib_records_go_to_the_same_file_and_client_loggers_are_quiet(
+    tmp_path: Path,
+) -> None:
+    """uvicorn's records land in the log file as JSON; HTTP-client INFO records do not."""
+    log_file = tmp_path / "logs" / "gateway.log"
+    sink = configure_logging(TelemetrySettings(log_file=log_file))
+    logging.getLogger("uvicorn.error").warning("server trouble")
+    logging.getLogger("aiohttp.client").info("POST http://replica/v1/chat/completions")
+    logging.getLogger("httpx").info("HTTP Request: POST ...")
+    sink.close()
+    records = [json.loads(line) for line in log_file.read_text().splitlines()]
+    assert [r["event"] for r in records] == ["server trouble"]
+    assert records[0]["level"] == "warning"

@@ -1,0 +1,185 @@
+"""Tracing without a network: provider from settings, sampling, propagation, content capture."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as Grpc
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as Http
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from gateway.context import RequestContext
+from gateway.forwarding import Exchange
+from gateway.replicas import ReplicaPool
+from gateway.settings import TelemetrySettings
+from gateway.telemetry.tracing import (
+    Tracing,
+    TracingConfigError,
+    build_tracer_provider,
+    exporters_from_env,
+)
+from gateway.upstream import Opened
+from policies.errors import AuthenticationFailed
+from tests.gateway.telemetry.factories import summary
+
+PARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+ANSWER = {
+    "id": "chatcmpl-1", "model": "tiergate-fast", "usage": {"prompt_tokens": 9,
+    "completion_tokens": 2}, "choices": [{"index": 0, "finish_reason": "stop",
+    "message": {"role": "assistant", "content": "Hi there"}}],
+}
+BODY = {"model": "tiergate-fast", "messages": [{"role": "user", "content": "Say hi"}],
+        "max_tokens": 8, "temperature": 0.5, "user": "someone@example.com"}
+
+
+def _tracing(exporter: InMemorySpanExporter, **options: object) -> Tracing:
+    settings = TelemetrySettings(tracing=True, otel_env={}, **options)  # type: ignore[arg-type]
+    provider = build_tracer_provider(settings, exporter)
+    assert provider is not None
+    return Tracing(provider, capture_content=settings.capture_content)
+
+
+async def _one_request(
+    tracing: Tracing, traceparent: str | None = None, tracestate: str | None = None
+) -> dict[str, str]:
+    """Run a non-streaming request's telemetry around a fake upstream; return sent headers."""
+    ctx = RequestContext("req-1", route="/v1/chat/completions")
+    ctx.summary = summary()
+    tracing.start(ctx, traceparent, tracestate)
+    trace = ctx.trace
+    assert trace is not None
+    for stage in ("auth", "validate", "classify", "ratelimit"):
+        trace.mark(stage)
+    pool = ReplicaPool("fast", ["http://127.0.0.1:9"], 4, 1.0)
+    replica = pool.replicas[0]
+    sent: dict[str, str] = {}
+
+    async def send(headers: dict[str, str]) -> Exchange:
+        sent.update(headers)
+        raw = json.dumps(ANSWER).encode()
+        return Exchange(Opened(200, "application/json", raw, None), replica, pool)
+
+    ctx.attempts = 1
+    await trace.attempt(ctx, replica, BODY, {"x-request-id": "req-1"}, send,
+                        strategy="round_robin", routed_at=ctx.started, prefix_blocks=0)
+    ctx.status = 200
+    trace.finish(ctx, "complete")
+    return sent
+
+
+def _by_name(spans: tuple[ReadableSpan, ...]) -> dict[str, ReadableSpan]:
+    return {span.name: span for span in spans}
+
+
+def test_tracing_is_off_by_default() -> None:
+    """Default settings build no provider at all (nothing runs, nothing is exported)."""
+    assert build_tracer_provider(TelemetrySettings()) is None
+    disabled = TelemetrySettings(tracing=True, otel_env={"OTEL_SDK_DISABLED": "true"})
+    assert build_tracer_provider(disabled) is None
+
+
+def test_exporters_follow_the_standard_environment_variables() -> None:
+    """OTLP over HTTP by default, gRPC on request, console, none; unknown names are refused."""
+    assert [type(e) for e in exporters_from_env({})] == [Http]
+    grpc = {"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc", "OTEL_TRACES_EXPORTER": "otlp"}
+    assert [type(e) for e in exporters_from_env(grpc)] == [Grpc]
+    both = {"OTEL_TRACES_EXPORTER": "console, none"}
+    assert [type(e) for e in exporters_from_env(both)] == [ConsoleSpanExporter]
+    with pytest.raises(TracingConfigError):
+        exporters_from_env({"OTEL_TRACES_EXPORTER": "zipkin"})
+    with pytest.raises(TracingConfigError):
+        exporters_from_env({"OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"})
+
+
+async def test_a_sampled_request_has_the_stage_and_client_spans() -> None:
+    """The server span parents every stage, the route and the GenAI client span."""
+    exporter = InMemorySpanExporter()
+    sent = await _one_request(_tracing(exporter))
+    spans = _by_name(exporter.get_finished_spans())
+    server = spans["POST /v1/chat/completions"]
+    assert set(spans) == {
+        "POST /v1/chat/completions", "tiergate.auth", "tiergate.validate", "tiergate.classify",
+        "tiergate.ratelimit", "tiergate.route", "chat tiergate-fast",
+    }
+    for span in spans.values():
+        if span is not server:
+            assert span.parent is not None
+            assert span.parent.span_id == server.context.span_id
+    client = spans["chat tiergate-fast"]
+    assert client.attributes is not None
+    assert client.attributes["gen_ai.request.temperature"] == 0.5
+    assert client.attributes["gen_ai.response.finish_reasons"] == ("stop",)
+    assert client.attributes["gen_ai.usage.output_tokens"] == 2
+    assert "gen_ai.input.messages" not in client.attributes
+    assert sent["traceparent"].split("-")[2] == format(client.context.span_id, "016x")
+
+
+async def test_sampled_out_requests_still_propagate_but_export_nothing() -> None:
+    """At ratio 0 the backend gets a not-sampled traceparent and no span is built."""
+    exporter = InMemorySpanExporter()
+    sent = await _one_request(_tracing(exporter, trace_sample_ratio=0.0))
+    assert exporter.get_finished_spans() == ()
+    version, trace_id, _, flags = sent["traceparent"].split("-")
+    assert (version, len(trace_id)) == ("00", 32)
+    assert int(flags, 16) & 1 == 0
+
+
+async def test_an_incoming_sampled_parent_is_honoured() -> None:
+    """A caller's sampled traceparent wins over a ratio of 0 (parent-based sampling)."""
+    exporter = InMemorySpanExporter()
+    sent = await _one_request(_tracing(exporter, trace_sample_ratio=0.0), PARENT)
+    server = _by_name(exporter.get_finished_spans())["POST /v1/chat/completions"]
+    assert format(server.context.trace_id, "032x") == "0af7651916cd43dd8448eb211c80319c"
+    assert server.parent is not None
+    assert format(server.parent.span_id, "016x") == "b7ad6b7169203331"
+    assert sent["traceparent"].split("-")[1] == "0af7651916cd43dd8448eb211c80319c"
+
+
+@pytest.mark.parametrize("ratio", [0.0, 1.0])
+async def test_the_callers_tracestate_travels_on(ratio: float) -> None:
+    """Vendor trace state from the caller reaches the backend, sampled or not."""
+    exporter = InMemorySpanExporter()
+    unsampled_parent = PARENT[:-2] + "00"
+    sent = await _one_request(
+        _tracing(exporter, trace_sample_ratio=ratio), unsampled_parent, "vendor=abc"
+    )
+    assert sent["tracestate"] == "vendor=abc"
+    assert sent["traceparent"].endswith("-00")  # the caller decided: not sampled
+    assert exporter.get_finished_spans() == ()
+
+
+async def test_content_is_captured_only_when_opted_in() -> None:
+    """capture_content adds the input and output messages to the client span."""
+    exporter = InMemorySpanExporter()
+    await _one_request(_tracing(exporter, capture_content=True))
+    client = _by_name(exporter.get_finished_spans())["chat tiergate-fast"]
+    assert client.attributes is not None
+    inputs = json.loads(str(client.attributes["gen_ai.input.messages"]))
+    outputs = json.loads(str(client.attributes["gen_ai.output.messages"]))
+    assert inputs == [{"role": "user", "parts": [{"type": "text", "content": "Say hi"}]}]
+    assert outputs[0]["parts"][0]["content"] == "Hi there"
+    assert outputs[0]["finish_reason"] == "stop"
+
+
+def test_a_request_failing_in_a_stage_gets_that_stage_as_an_error_span() -> None:
+    """An auth failure leaves a tiergate.auth span with error.type and no later stages."""
+    exporter = InMemorySpanExporter()
+    tracing = _tracing(exporter)
+    ctx = RequestContext("req-2", route="/v1/completions")
+    tracing.start(ctx, None, None)
+    assert ctx.trace is not None
+    ctx.status = 401
+    ctx.error = AuthenticationFailed("bad key")
+    ctx.trace.finish(ctx, "AuthenticationFailed")
+    spans = _by_name(exporter.get_finished_spans())
+    assert set(spans) == {"POST /v1/completions", "tiergate.auth"}
+    auth = spans["tiergate.auth"]
+    assert auth.attributes is not None
+    assert auth.attributes["error.type"] == "AuthenticationFailed"
+    server = spans["POST /v1/completions"].attributes
+    assert server is not None
+    assert server["http.response.status_code"] == 401
+    assert "error.type" not in server  # a 4xx is the caller's error, not the server's
