@@ -18,6 +18,7 @@ install_server() {
   fi
   echo "e2e: installing $WANT into $E2E_VENV (first build compiles llama.cpp: several minutes)"
   local started=$SECONDS
+  ./scripts/install-system-deps.sh cmake g++  # llama.cpp builds from source
   rm -rf "$E2E_VENV"
   python3 -m venv "$E2E_VENV"
   "$E2E_VENV/bin/pip" install -q --upgrade pip
