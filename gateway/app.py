@@ -90,7 +90,7 @@ def create_app(
     ejection = EjectionPolicy(h.eject_after, h.eject_base_s, h.eject_max_s, h.max_ejected_share)
     pools = {
         name: ReplicaPool(name, tier.replicas, tier.max_concurrency, tier.max_queue_wait_s,
-                          ejection)
+                          ejection, health_path=tier.health_path)
         for name, tier in settings.tiers.items()
     }
     routes = {

@@ -1,7 +1,8 @@
 """Knowing the replicas: active health checks and a scrape of each replica's ``/metrics``.
 
 One background task (started at app start-up, cancelled at shutdown) probes every replica of
-every tier each ``interval_s``: ``GET /health`` (vLLM answers 200 when the engine is alive),
+every tier each ``interval_s``: ``GET /health`` (vLLM answers 200 when the engine is alive;
+the tier's ``health_path`` may name another route),
 then, when healthy, ``GET /metrics`` for the engine's own load and prefix-cache counters. A
 refused connection or a non-200 answer (vLLM's dead engine) marks a replica unhealthy at
 once; timeouts, which may be a passing stall, do so after ``unhealthy_after`` in a row. It
@@ -173,7 +174,7 @@ class HealthMonitor:
     async def _health(self, replica: Replica) -> tuple[str, bool] | None:
         """``None`` when ``/health`` answered 200, else why not and whether that is final."""
         try:
-            status, _ = await self._get(replica.url + "/health")
+            status, _ = await self._get(replica.url + replica.health_path)
         except TimeoutError:
             return "health check timed out", False
         except (aiohttp.ClientError, OSError):

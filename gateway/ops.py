@@ -48,7 +48,7 @@ class Readiness:
         assert self.session is not None  # noqa: S101  # set at start-up
         try:
             async with asyncio.timeout(self.timeout_s):
-                async with self.session.get(url + "/health", allow_redirects=False) as resp:
+                async with self.session.get(url, allow_redirects=False) as resp:
                     return resp.status == 200
         except (TimeoutError, aiohttp.ClientError, OSError):
             return False
@@ -61,7 +61,8 @@ class Readiness:
                 return known
         result: dict[str, bool] = {}
         for tier, pool in self.pools.items():
-            answers = await asyncio.gather(*(self._healthy(r.url) for r in pool.replicas))
+            probes = (self._healthy(r.url + r.health_path) for r in pool.replicas)
+            answers = await asyncio.gather(*probes)
             result[tier] = any(answers)
         return result
 

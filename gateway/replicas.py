@@ -62,6 +62,7 @@ class Replica:
     url: str
     max_concurrency: int
     name: str = ""
+    health_path: str = "/health"
     in_flight: int = 0
     healthy: bool = True
     ejected_until: float = 0.0
@@ -123,9 +124,13 @@ class ReplicaPool:
         max_concurrency: int,
         max_queue_wait_s: float,
         ejection: EjectionPolicy | None = None,
+        *,
+        health_path: str = "/health",
     ) -> None:
         self.tier = tier
-        self.replicas = [Replica(tier, url, max_concurrency) for url in urls]
+        self.replicas = [
+            Replica(tier, url, max_concurrency, health_path=health_path) for url in urls
+        ]
         self.max_queue_wait_s = max_queue_wait_s
         self.ejection = ejection or EjectionPolicy()
         self.retries: Counter[str] = Counter()

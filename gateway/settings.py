@@ -47,6 +47,8 @@ class TierSettings(BaseModel):
     max_queue_wait_s: float = Field(default=1.0, ge=0)
     strategy: Literal["round_robin", "least_loaded", "prefix_affinity"] = "prefix_affinity"
     timeouts: Timeouts = Field(default_factory=Timeouts)
+    # What the health monitor probes: vLLM's /health; another server may need another path.
+    health_path: str = Field(default="/health", pattern=r"^/[^?#]*$")
 
     @field_validator("replicas")
     @classmethod

@@ -134,3 +134,16 @@ async def test_start_and_stop_the_background_task(session: aiohttp.ClientSession
         await asyncio.sleep(0.02)
     await monitor.stop()
     assert monitor.rounds >= 2
+
+
+async def test_a_tier_may_probe_another_path(start_simulator: SimulatorFactory,
+                                             session: aiohttp.ClientSession) -> None:
+    """A server without /health (llama.cpp) is probed on the tier's health_path instead."""
+    sim = start_simulator("--latency-scale", "0")
+    missing = ReplicaPool("fast", [sim.url], 4, 0.1, health_path="/no-such-route")
+    models = ReplicaPool("precise", [sim.url], 4, 0.1, health_path="/v1/models")
+    monitor = HealthMonitor({"fast": missing, "precise": models}, HealthConfig(timeout_s=2.0))
+    monitor.session = session
+    await monitor.check_once()
+    assert not missing.replicas[0].healthy
+    assert models.replicas[0].healthy
