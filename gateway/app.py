@@ -9,6 +9,7 @@ import aiohttp
 from litestar import Litestar, Request, Response, post
 from opentelemetry.sdk.trace.export import SpanExporter
 
+import router_models
 from gateway.admin_backends import admin_backends_handlers
 from gateway.auth import Access
 from gateway.errors import EXCEPTION_HANDLERS
@@ -18,7 +19,7 @@ from gateway.ops import Readiness, ops_handlers
 from gateway.proxy import ProxyService, RequestObserver
 from gateway.replicas import EjectionPolicy, ReplicaPool
 from gateway.retry import RetryPolicy
-from gateway.routing import ThresholdSource, TierRouter
+from gateway.routing import ThresholdPolicy, ThresholdSource, TierRouter
 from gateway.settings import BalancingSettings, Settings, TierSettings
 from gateway.spillover import Spillover, SpilloverConfig
 from gateway.telemetry import build_telemetry
@@ -26,16 +27,9 @@ from gateway.upstream import make_session
 from policies.ports import Authenticator, RequestLimiter, TierClassifier
 from policies.prefix import PrefixConfig
 from policies.selection import LeastLoaded, PrefixAffinity, RoundRobin, Strategy
+from policies.threshold import ControllerConfig, ShareController
 from policies.tiering import TierCatalog, TierRules
-
-
-class _PlaceholderClassifier:
-    """Until the trained router is wired in: long or code/math-looking prompts score high."""
-
-    def score(self, body: Mapping[str, Any]) -> float:
-        text = str(body.get("messages") or body.get("prompt") or "")
-        hints = sum(word in text for word in ("def ", "prove", "step by step", "JSON", "code"))
-        return min(1.0, len(text) / 4000 + 0.3 * hints)
+from router_models import Router
 
 
 def _strategy(tier: TierSettings, balancing: BalancingSettings) -> Strategy:
@@ -68,7 +62,14 @@ def build_router(settings: Settings, classifier: TierClassifier) -> TierRouter:
         tools_to_precise=r.tools_to_precise,
         long_prompt_tokens=r.long_prompt_tokens,
     )
-    threshold = ThresholdSource(r.threshold if r.threshold is not None else 0.5)
+    initial = r.threshold
+    if initial is None:
+        share = r.target_precise_share
+        initial = classifier.threshold_for_share(share) if isinstance(classifier, Router) else 0.5
+    threshold: ThresholdPolicy = ThresholdSource(initial)
+    if r.online_control:
+        config = ControllerConfig(target_share=r.target_precise_share)
+        threshold = ShareController(config, initial)
     return TierRouter(catalog, rules, classifier, threshold,
                       fast_to_precise=r.fallback_to_precise, precise_to_fast=r.downgrade_to_fast)
 
@@ -100,9 +101,10 @@ def create_app(
     }
     monitor = HealthMonitor(pools, HealthConfig(h.interval_s, h.timeout_s, h.unhealthy_after,
                                                 h.healthy_after, h.scrape_metrics))
-    router = build_router(settings, _PlaceholderClassifier())
+    router = build_router(settings, router_models.load(settings.router.artifact))
     telemetry = build_telemetry(settings, pools, span_exporter=span_exporter)
     access = Access(settings, auth=auth, limiter=limiter)
+    telemetry.registry.register(access.metrics)  # ratelimit backend-degraded gauge and counter
     authenticator = access.authenticator
     forwarder = Forwarder(None, routes, RetryPolicy(**settings.retry.model_dump()))  # type: ignore[arg-type]  # session opens at start-up
     readiness = Readiness(pools)

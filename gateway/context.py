@@ -18,6 +18,18 @@ if TYPE_CHECKING:
 _MAX_REQUEST_ID = 128
 
 
+def upstream_id_for(request_id: str) -> str:
+    """The id sent to the backend: the caller's when it is a UUID, else a fresh one.
+
+    vLLM takes any id, but other OpenAI-compatible servers (llama.cpp) refuse non-UUID ids,
+    so a caller's free-form id stays between the caller and the gateway (and its logs).
+    """
+    try:
+        return uuid.UUID(request_id).hex
+    except ValueError:
+        return uuid.uuid4().hex
+
+
 def request_id_from(header: str | None) -> str:
     """Echo a caller's request id when it is sane, otherwise make one."""
     if header and len(header) <= _MAX_REQUEST_ID and header.isprintable():
@@ -57,6 +69,7 @@ class RequestContext:
     usage: Usage | None = None
     first_chunk_s: float | None = None
     extra_headers: dict[str, str] = field(default_factory=dict)
+    upstream_request_id: str = ""
     # Telemetry: the trace (None unless tracing is on), the error the request ended with,
     # whether it passed the rate limits, the overhead when the response headers were built.
     trace: RequestTrace | None = None
@@ -64,6 +77,10 @@ class RequestContext:
     admitted: bool = False
     overhead_s: float | None = None
     prefix_match: bool | None = None
+
+    def __post_init__(self) -> None:
+        if not self.upstream_request_id:
+            self.upstream_request_id = upstream_id_for(self.request_id)
 
     def mark(self, stage: str) -> None:
         """The request path finished ``stage`` (auth, validate, classify, ratelimit)."""

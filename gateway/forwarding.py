@@ -134,7 +134,7 @@ class Forwarder:
         body["model"] = route.served_model
         payload = _encoder.encode(body)
         stream = bool(body.get("stream"))
-        headers = {"Content-Type": "application/json", "x-request-id": ctx.request_id}
+        headers = {"Content-Type": "application/json", "x-request-id": ctx.upstream_request_id}
         pool = route.pool
         loop = RetryLoop(
             self.policy, self.budget, deadline, ready_in=lambda: pool.ready_in(time.monotonic())
@@ -282,7 +282,8 @@ def _final_error(tier: str, failure: AttemptFailed) -> TierGateError:
     if status is not None and 400 <= status < 500 and status != 429:
         body = failure.body or {}
         param = body.get("param") if isinstance(body.get("param"), str) else None
-        return UpstreamRejected(failure.message, status=status, param=param)
+        code = body.get("code") if isinstance(body.get("code"), str) else None
+        return UpstreamRejected(failure.message, status=status, param=param, code=code)
     retry_after = {"Retry-After": str(max(1, math.ceil(failure.retry_after or 1)))}
     error: TierGateError
     if failure.kind == "no_replica":

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
+from policies.ports import TierClassifier
 from policies.principal import Principal
 from policies.requests import RequestSummary
 from policies.tiering import RouteDecision, TierCatalog, TierRules, decide_tier, fallback_tiers
-from policies.ports import TierClassifier
 
 
 class ThresholdSource:
@@ -22,8 +22,21 @@ class ThresholdSource:
         """The current threshold on the classifier score."""
         return self._threshold
 
-    def observe(self, sent_precise: bool) -> None:
+    def observe(self, sent_precise: bool, score: float | None = None) -> None:
         """A fixed threshold ignores traffic."""
+
+
+class ThresholdPolicy(Protocol):
+    """A fixed threshold or the online share controller (policies.threshold.ShareController)."""
+
+    @property
+    def threshold(self) -> float:
+        """The threshold in force."""
+        ...
+
+    def observe(self, sent_precise: bool, score: float | None = None) -> None:
+        """Record one classifier decision."""
+        ...
 
 
 class TierRouter:
@@ -34,7 +47,7 @@ class TierRouter:
         catalog: TierCatalog,
         rules: TierRules,
         classifier: TierClassifier,
-        threshold: ThresholdSource,
+        threshold: ThresholdPolicy,
         *,
         fast_to_precise: bool = True,
         precise_to_fast: bool = False,
@@ -64,7 +77,7 @@ class TierRouter:
             override=override,
         )
         if decision.reason == "classifier":
-            self.threshold.observe(decision.tier == self.catalog.precise)
+            self.threshold.observe(decision.tier == self.catalog.precise, decision.score)
         return decision
 
     def tiers_for(self, decision: RouteDecision, principal: Principal) -> tuple[str, ...]:

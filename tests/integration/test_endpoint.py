@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 from typing import Any
 
 import httpx
@@ -204,15 +205,18 @@ def test_health_endpoints(gateway: GatewayProcess) -> None:
 
 def test_upstream_unreachable_is_clear_5xx(fast_sim: SimulatorProcess) -> None:
     """A tier whose only replica is down answers 502/503 with a clear message, not a 500."""
-    from tests.integration.gateway_proc import free_port, tiers_config
+    from tests.integration.gateway_proc import tiers_config
 
-    dead = f"http://127.0.0.1:{free_port()}"
-    config = {
-        "auth": {"enabled": False},
-        "tiers": tiers_config([fast_sim.url], [dead]),
-    }
-    with GatewayProcess(config) as gw:
-        resp = post(gw, {"model": "precise", "messages": CHAT})
-        assert resp.status_code in (502, 503)
-        assert "precise" in resp.json()["error"]["message"]
-        assert httpx.get(gw.url + "/readyz").status_code == 503
+    # A bound but non-listening socket: connections are refused and nobody else gets the port.
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{holder.getsockname()[1]}"
+        config = {
+            "auth": {"enabled": False},
+            "tiers": tiers_config([fast_sim.url], [dead]),
+        }
+        with GatewayProcess(config) as gw:
+            resp = post(gw, {"model": "precise", "messages": CHAT})
+            assert resp.status_code in (502, 503)
+            assert "precise" in resp.json()["error"]["message"]
+            assert httpx.get(gw.url + "/readyz").status_code == 503
