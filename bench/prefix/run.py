@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import platform
 import sys
@@ -227,8 +228,13 @@ def main(argv: list[str] | None = None) -> int:
         default=KV_BLOCKS,
         help=f"KV blocks of 16 tokens per replica (default {KV_BLOCKS})",
     )
+    parser.add_argument(
+        "--turns", type=int, default=None, help="turns per chat in the chat workload (default 16)"
+    )
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL
+    if args.turns is not None:
+        plan = dataclasses.replace(plan, turns=args.turns)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="tiergate-prefix-") as tmp:
         rows = run(plan, Path(tmp), args.balancing, args.kv_blocks)
@@ -237,6 +243,8 @@ def main(argv: list[str] | None = None) -> int:
         command += f" --balancing '{json.dumps(args.balancing)}'"
     if args.kv_blocks != KV_BLOCKS:
         command += f" --kv-blocks {args.kv_blocks}"
+    if args.turns is not None:
+        command += f" --turns {args.turns}"
     sim_args = f"--kv-blocks {args.kv_blocks} " + " ".join(SIM_ARGS)
     text, passed = render(
         rows,
