@@ -173,7 +173,13 @@ def render(report: Report) -> str:
         "its core with wrk by design, so that wait is expected); *other CPU*: share of the "
         "machine used by processes outside the benchmark, which mostly fills idle cycles "
         "since the benchmark runs at high priority."
-        + (" **Bold points were held back; rerun them on a quieter machine.**" if noisy else ""),
+        + (
+            " A **bold** wait means the server was held back, by other processes or by its own "
+            "threads competing for its single core (LiteLLM runs several): rerun "
+            "(`--noisy-retries 2`) to tell the two apart."
+            if noisy
+            else ""
+        ),
     ]
     if report.memory:
         lines += ["", "TierGate resident memory (VmRSS of the serving process):", ""]

@@ -77,8 +77,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--noisy-retries",
         type=int,
-        default=2,
-        help="rerun a point this many times while its servers wait > 5%% for a CPU",
+        default=0,
+        help="rerun a proxy point up to N times while its server waits > 5%% for a CPU",
     )
     p.add_argument(
         "--quiet-wait",
@@ -137,33 +137,35 @@ def _print_point(name: str, c: int, point: WrkResult, noise: Noise, attempt: int
     )
 
 
-def drive(leg: Leg, runner: WrkRunner, target: int, rps: float) -> tuple[int, int]:
-    """Send about ``target`` requests at c=16; return (requests done, errors seen)."""
-    plain = lua_script(leg.body(), leg.api_key)
+def drive(leg: Leg, runner: WrkRunner, target: int) -> tuple[int, int]:
+    """Send ``target`` requests (plus at most the in-flight ones) at c=16: (requests, errors).
+
+    wrk runs for whole seconds; every chunk's script stops its thread once the remaining count
+    has answered, and chunks are sized from the rate measured so far (the first second
+    calibrates), so only the last chunk waits out part of a second.
+    """
     done = bad = 0
+    rps = 0.0
     while done < target:
         remaining = target - done
-        if remaining > rps * 3:
-            seconds = min(60, int(remaining / rps * 0.8))
-            result = runner.run(leg.chat_url, plain, MEMORY_CONCURRENCY, seconds)
-            rps = max(result.rps, 1.0)
-        else:
-            script = lua_script(leg.body(), leg.api_key, stop_after=remaining)
-            result = runner.run(leg.chat_url, script, MEMORY_CONCURRENCY, remaining / rps * 1.5 + 1)
+        seconds = max(1, min(30, int(remaining / rps * 0.7))) if rps else 1
+        script = lua_script(leg.body(), leg.api_key, stop_after=remaining)
+        result = runner.run(leg.chat_url, script, MEMORY_CONCURRENCY, seconds)
         if result.requests == 0:
             raise LegUnavailableError(f"{leg.name} served no request while driving memory load")
+        rps = max(rps, result.rps)
         done += result.requests
         bad += result.errors + result.non_2xx
     return done, bad
 
 
-def measure_memory(leg: Leg, bench: Bench, rps: float) -> list[MemorySample]:
+def measure_memory(leg: Leg, bench: Bench) -> list[MemorySample]:
     """RSS of a fresh gateway process after each cumulative memory step."""
     pid = leg.main.listener_pid()
     samples: list[MemorySample] = []
     served = 0
     for step in bench.plan.memory_steps:
-        done, bad = drive(leg, bench.runner, step - served, rps)
+        done, bad = drive(leg, bench.runner, step - served)
         served += done
         time.sleep(0.5)
         samples.append(MemorySample(served, rss_mib(pid)))
@@ -234,7 +236,7 @@ def run_tiergate(report: Report, bench: Bench, variant: Variant, upstream: Leg) 
     if fresh is None:
         return
     try:
-        report.memory = measure_memory(fresh, bench, series.rps(16) or 1000.0)
+        report.memory = measure_memory(fresh, bench)
     except LegUnavailableError as exc:
         report.unavailable[f"{name} memory"] = str(exc)
     finally:
