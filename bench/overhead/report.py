@@ -80,7 +80,7 @@ def _ms(v: float) -> str:
 
 
 def _plain(v: float) -> str:
-    return f"{v:.2f}"
+    return f"{v:.3f}"
 
 
 def _pct(v: float) -> str:
