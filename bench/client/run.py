@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -220,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
             results = uvloop.run(measure_all(upstream.chat_url, args.requests, args.repeat))
     finally:
         upstream.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
     cmd = " ".join([".venv/bin/python", "bench/client/run.py", *(argv or sys.argv[1:])])
     text = render(results, args.requests, args.repeat, cmd)
     print("\n" + text)
