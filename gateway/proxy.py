@@ -187,10 +187,15 @@ class ProxyService:
             with contextlib.suppress(msgspec.DecodeError):
                 ctx.usage = usage_from(_decoder.decode(raw))
         usage = ctx.usage
-        await admission.settle(usage.total if usage is not None else None)
         ctx.status = 200
+        # Reconciling the token reservation is a Redis round trip the caller need not wait
+        # for: it runs right after the response is sent.
         response = Response(
-            content=raw, status_code=200, media_type="application/json", headers=ctx.headers()
+            content=raw,
+            status_code=200,
+            media_type="application/json",
+            headers=ctx.headers(),
+            background=BackgroundTask(admission.settle, usage.total if usage is not None else None),
         )
         self.observer.finished(ctx, "complete")
         return response
