@@ -24,7 +24,9 @@ from gateway.spillover import Spillover
 from policies.errors import InvalidRequest, TierGateError
 from policies.ports import Admission, Authenticator, RequestLimiter
 from policies.prefix import PrefixConfig, prefix_blocks
-from policies.requests import RequestKind, validate
+from policies.principal import Principal
+from policies.requests import RequestKind, RequestSummary, validate
+from policies.tiering import RouteDecision
 
 T = TypeVar("T")
 _decoder = msgspec.json.Decoder()
@@ -130,15 +132,20 @@ class ProxyService:
         summary = validate(body, kind)
         ctx.summary = summary
         ctx.mark("validate")
-        decision = self.router.decide(summary, body, principal, headers.get("x-tiergate-tier"))
-        if self.spillover is not None:
-            threshold = self.router.threshold.threshold
-            decision = self.spillover.adjust(decision, threshold, principal)
-        ctx.decision = decision
-        self._check_max_tokens(summary.max_tokens, decision.tier, principal.policy.max_tokens)
-        ctx.mark("classify")
         completion = summary.max_tokens or self.default_completion_tokens
-        admission = await self.limiter.admit(principal, summary.prompt_token_estimate + completion)
+        # The rate-limit check is a Redis round trip: start it, classify while it is in
+        # flight, then wait for its verdict before anything is forwarded.
+        admitting = asyncio.ensure_future(
+            self.limiter.admit(principal, summary.prompt_token_estimate + completion)
+        )
+        try:
+            decision = self._decide(summary, body, principal, headers.get("x-tiergate-tier"))
+        except BaseException:
+            await _withdraw(admitting)
+            raise
+        ctx.decision = decision
+        ctx.mark("classify")
+        admission = await admitting
         ctx.admitted = True
         ctx.mark("ratelimit")
         ctx.extra_headers.update(admission.headers)
@@ -200,6 +207,20 @@ class ProxyService:
         self.observer.finished(ctx, "complete")
         return response
 
+    def _decide(
+        self,
+        summary: RequestSummary,
+        body: dict[str, Any],
+        principal: Principal,
+        override: str | None,
+    ) -> RouteDecision:
+        decision = self.router.decide(summary, body, principal, override)
+        if self.spillover is not None:
+            threshold = self.router.threshold.threshold
+            decision = self.spillover.adjust(decision, threshold, principal)
+        self._check_max_tokens(summary.max_tokens, decision.tier, principal.policy.max_tokens)
+        return decision
+
     def _check_max_tokens(self, requested: int | None, tier: str, key_cap: int | None) -> None:
         if requested is None:
             return
@@ -212,6 +233,15 @@ class ProxyService:
                 param="max_tokens",
                 code="max_tokens_exceeded",
             )
+
+
+async def _withdraw(admitting: asyncio.Future[Admission]) -> None:
+    """The request failed before forwarding: give back what the limiter reserved, if anything."""
+    try:
+        admission = await admitting
+    except TierGateError:
+        return  # refused by the limits too; the earlier error is the one the caller sees
+    await admission.settle(0)
 
 
 def _decode(raw: bytes) -> Any:
