@@ -138,6 +138,7 @@ class ProxyService:
         admitting = asyncio.ensure_future(
             self.limiter.admit(principal, summary.prompt_token_estimate + completion)
         )
+        await asyncio.sleep(0)  # let the check send its command before classifying
         try:
             decision = self._decide(summary, body, principal, headers.get("x-tiergate-tier"))
         except BaseException:
