@@ -35,6 +35,14 @@ class Variant:
 VARIANTS: dict[str, Variant] = {
     "plain": Variant("plain", "fast", needs_key=False, needs_redis=False, trace_sample_ratio=None),
     "full": Variant("full", "auto", needs_key=True, needs_redis=True, trace_sample_ratio=0.1),
+    # One feature at a time on top of plain, to show what each costs.
+    "router": Variant(
+        "router", "auto", needs_key=False, needs_redis=False, trace_sample_ratio=None
+    ),
+    "auth-redis": Variant(
+        "auth-redis", "fast", needs_key=True, needs_redis=True, trace_sample_ratio=None
+    ),
+    "traced": Variant("traced", "fast", needs_key=False, needs_redis=False, trace_sample_ratio=0.1),
     "full-trace100": Variant(
         "full-trace100", "auto", needs_key=True, needs_redis=True, trace_sample_ratio=1.0
     ),
