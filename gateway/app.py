@@ -77,19 +77,10 @@ def build_router(settings: Settings, classifier: TierClassifier) -> TierRouter:
                       fast_to_precise=r.fallback_to_precise, precise_to_fast=r.downgrade_to_fast)
 
 
-def create_app(
+def build_backends(
     settings: Settings,
-    *,
-    auth: Authenticator | None = None,
-    limiter: RequestLimiter | None = None,
-    observer: RequestObserver | None = None,
-    span_exporter: SpanExporter | None = None,
-) -> Litestar:
-    """Build the gateway application for ``settings``.
-
-    ``observer`` replaces the telemetry observer; ``span_exporter`` (tests) receives every
-    finished span instead of the ``OTEL_*``-configured exporters.
-    """
+) -> tuple[dict[str, ReplicaPool], dict[str, TierRoute], HealthMonitor]:
+    """Each tier's replica pool and route, and the monitor that keeps their health current."""
     h = settings.health
     ejection = EjectionPolicy(h.eject_after, h.eject_base_s, h.eject_max_s, h.max_ejected_share)
     pools = {
@@ -104,6 +95,23 @@ def create_app(
     }
     monitor = HealthMonitor(pools, HealthConfig(h.interval_s, h.timeout_s, h.unhealthy_after,
                                                 h.healthy_after, h.scrape_metrics))
+    return pools, routes, monitor
+
+
+def create_app(
+    settings: Settings,
+    *,
+    auth: Authenticator | None = None,
+    limiter: RequestLimiter | None = None,
+    observer: RequestObserver | None = None,
+    span_exporter: SpanExporter | None = None,
+) -> Litestar:
+    """Build the gateway application for ``settings``.
+
+    ``observer`` replaces the telemetry observer; ``span_exporter`` (tests) receives every
+    finished span instead of the ``OTEL_*``-configured exporters.
+    """
+    pools, routes, monitor = build_backends(settings)
     router = build_router(settings, router_models.load(settings.router.artifact))
     telemetry = build_telemetry(settings, pools, span_exporter=span_exporter)
     access = Access(settings, auth=auth, limiter=limiter)

@@ -17,7 +17,7 @@ from litestar.background_tasks import BackgroundTask
 from litestar.response import Stream
 
 from gateway.context import RequestContext, request_id_from
-from gateway.forwarding import Forwarder
+from gateway.forwarding import Exchange, Forwarder
 from gateway.relay import StreamRelay, usage_from
 from gateway.routing import TierRouter
 from gateway.spillover import Spillover
@@ -166,11 +166,17 @@ class ProxyService:
             raise
         if exchange.opened.body is not None:
             return await self._complete(ctx, exchange.opened.body, admission)
+        return self._stream(ctx, exchange, admission, strip_usage=strip_usage)
+
+    def _stream(
+        self, ctx: RequestContext, exchange: Exchange, admission: Admission, *, strip_usage: bool
+    ) -> Stream:
+        """Relay an open upstream stream; settle the limits once it has ended."""
         relay = StreamRelay(
             exchange,
             ctx,
             strip_usage=strip_usage,
-            idle_s=self.idle_timeouts[ctx.tier or decision.tier],
+            idle_s=self.idle_timeouts[ctx.tier or exchange.pool.tier],
             on_close=self.observer.finished,
         )
 
