@@ -116,12 +116,15 @@ async def run_chats(
     gateways: Sequence[str],
     chats: Sequence[Chat],
     concurrency: int,
+    *,
     max_tokens: int,
     think_s: float = 0.0,
+    start_spread_s: float = 0.0,
 ) -> RunResult:
     """Play ``chats`` turn by turn, ``concurrency`` chats at a time; turns alternate gateways.
 
-    Between turns a user "thinks" for a random time around ``think_s`` seconds.
+    Between turns a user "thinks" for a random time around ``think_s`` seconds. The users
+    arrive spread over the first ``start_spread_s`` seconds rather than all at once.
     """
     result = RunResult()
     queue = iter(chats)
@@ -141,12 +144,14 @@ async def run_chats(
                 return
             history.append({"role": "assistant", "content": outcome.text})
 
-    async def worker(session: aiohttp.ClientSession) -> None:
+    async def worker(session: aiohttp.ClientSession, delay: float) -> None:
+        await asyncio.sleep(delay)
         for chat in queue:
             await play(session, chat)
 
+    delays = [rng.uniform(0.0, start_spread_s) for _ in range(concurrency)]
     started = time.perf_counter()
     async with _session(concurrency) as session:
-        await asyncio.gather(*(worker(session) for _ in range(concurrency)))
+        await asyncio.gather(*(worker(session, delay) for delay in delays))
     result.wall_s = time.perf_counter() - started
     return result

@@ -1,13 +1,18 @@
 """Prefix-routing benchmark: prefix affinity against round-robin on four simulated replicas.
 
-Usage: ``.venv/bin/python bench/prefix/run.py [--quick] [--out bench/results/prefix.md]``
+Usage: ``.venv/bin/python bench/prefix/run.py [--quick] [--placements N] [--workloads LIST]
+[--plan JSON] [--balancing JSON] [--out bench/results/prefix.md]``
 
-Four simulator replicas of one tier (realistic prefill cost, a small KV cache so that the
-prefix cache matters) sit behind gateways that differ only in their replica strategy. Each
-workload runs against round-robin, then prefix affinity through one gateway, then prefix
+Four simulator replicas of one tier (realistic prefill cost, a KV cache sized per workload so
+that the prefix cache matters) sit behind gateways that differ only in their replica strategy.
+Each workload runs against round-robin, then prefix affinity through one gateway, then prefix
 affinity through two gateway processes that share nothing (requests alternate between them).
 Before every run the replicas' counters and unused cached prefixes are reset. The hit rate
 comes from the replicas' own ``vllm:prefix_cache_*`` counters; TTFT is measured by the client.
+
+Everything is repeated on ``--placements`` sets of fixed replica ports: prefix affinity ranks
+replicas by a hash of their URL, so each set is a different (but reproducible) layout of the
+prefixes over the replicas, and a target counts as met only when it is met on all of them.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import asyncio
 import dataclasses
 import json
 import platform
+import socket
 import sys
 import tempfile
 import time
@@ -37,7 +43,8 @@ from bench.prefix.report import Row, render  # noqa: E402  # same
 from gateway.health import parse_metrics  # noqa: E402  # same
 
 REPLICAS = 4
-KV_BLOCKS = 560
+BASE_PORT = 18401
+PLACEMENTS = 3
 SIM_ARGS = (
     "--profile",
     "precise",
@@ -65,12 +72,27 @@ class Plan:
     concurrency: int
     chat_concurrency: int
     think_s: float
+    start_spread_s: float
+    grouped_kv_blocks: int
+    chats_kv_blocks: int
+    turns_spread: float = 0.0
 
 
-FULL = Plan(groups=48, per_group=12, context_words=560, conversations=96, turns=16,
-            user_words=24, concurrency=16, chat_concurrency=48, think_s=0.3)
-QUICK = Plan(groups=48, per_group=4, context_words=560, conversations=48, turns=16,
-             user_words=24, concurrency=16, chat_concurrency=48, think_s=0.3)
+FULL = Plan(
+    groups=192,
+    per_group=6,
+    context_words=560,
+    conversations=192,
+    turns=16,
+    user_words=24,
+    concurrency=16,
+    chat_concurrency=96,
+    think_s=0.6,
+    start_spread_s=5.0,
+    grouped_kv_blocks=2150,
+    chats_kv_blocks=1100,
+)
+QUICK = dataclasses.replace(FULL, per_group=3, conversations=96)
 
 
 def _get(url: str) -> bytes:
@@ -85,11 +107,37 @@ def _post(url: str) -> None:
         response.read()
 
 
-def start_simulators(workdir: Path, kv_blocks: int) -> list[Service]:
+def _port_is_free(port: int) -> bool:
+    with socket.socket() as sock:
+        # As the simulator's server does, so that a port left in TIME_WAIT by the previous
+        # workload's replicas still counts as free.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def replica_ports(base_port: int) -> list[int]:
+    """Fixed ports when they are free, so that every run of a placement places prefixes alike.
+
+    Prefix affinity ranks replicas by a hash of their URL, as it would rank stable Service
+    names in a cluster; random ports would give each run a different placement and balance.
+    """
+    fixed = [base_port + index for index in range(REPLICAS)]
+    if all(_port_is_free(port) for port in fixed):
+        return fixed
+    print(
+        f"ports {fixed} are taken; using random ports (placement differs per run)", file=sys.stderr
+    )
+    return [free_port() for _ in range(REPLICAS)]
+
+
+def start_simulators(workdir: Path, kv_blocks: int, base_port: int) -> list[Service]:
     """Four replicas of the fast tier."""
     sims = []
-    for index in range(REPLICAS):
-        port = free_port()
+    for index, port in enumerate(replica_ports(base_port)):
         cmd = [
             sys.executable,
             "-m",
@@ -176,39 +224,58 @@ def measure(
         result = asyncio.run(client.run_independent(urls, data.bodies, plan.concurrency))
     else:
         chats = workloads.chats(
-            conversations=plan.conversations, turns=plan.turns, user_words=plan.user_words, seed=12
+            conversations=plan.conversations,
+            turns=plan.turns,
+            user_words=plan.user_words,
+            seed=12,
+            spread=plan.turns_spread,
         )
         result = asyncio.run(
             client.run_chats(
-                urls, chats, plan.chat_concurrency, max_tokens=16, think_s=plan.think_s
+                urls,
+                chats,
+                plan.chat_concurrency,
+                max_tokens=16,
+                think_s=plan.think_s,
+                start_spread_s=plan.start_spread_s,
             )
         )
     return Row.build(workload, label, result, replica_counters(sims))
 
 
-def run(plan: Plan, workdir: Path, balancing: dict[str, Any], kv_blocks: int) -> list[Row]:
-    """Every workload against every strategy, on the same replicas."""
-    sims = start_simulators(workdir, kv_blocks)
-    gateways: list[Service] = []
-    try:
-        rr = start_gateway("gw-round-robin", sims, "round_robin", workdir, balancing)
-        pa1 = start_gateway("gw-affinity-1", sims, "prefix_affinity", workdir, balancing)
-        pa2 = start_gateway("gw-affinity-2", sims, "prefix_affinity", workdir, balancing)
-        gateways = [rr, pa1, pa2]
-        rows = []
-        for workload in ("grouped", "chats"):
+def run_placement(
+    plan: Plan, workdir: Path, balancing: dict[str, Any], names: list[str], placement: int
+) -> list[Row]:
+    """Every workload against every strategy, on replicas at ``placement``'s fixed ports.
+
+    Each workload gets fresh replicas with its own KV size (``Plan.*_kv_blocks``): big enough
+    for a quarter of the workload's working set plus the imbalance hashing brings, far too
+    small for all of it, which is where routing decides whether the prefix cache pays.
+    """
+    rows = []
+    for workload in names:
+        kv_blocks = plan.grouped_kv_blocks if workload == "grouped" else plan.chats_kv_blocks
+        sims = start_simulators(workdir, kv_blocks, BASE_PORT + 1000 * placement)
+        gateways: list[Service] = []
+        try:
+            rr = start_gateway("gw-round-robin", sims, "round_robin", workdir, balancing)
+            pa1 = start_gateway("gw-affinity-1", sims, "prefix_affinity", workdir, balancing)
+            pa2 = start_gateway("gw-affinity-2", sims, "prefix_affinity", workdir, balancing)
+            gateways = [rr, pa1, pa2]
             for label, group in (
                 ("round_robin", [rr]),
                 ("prefix_affinity", [pa1]),
                 ("prefix_affinity, 2 gateways", [pa1, pa2]),
             ):
-                row = measure(label, workload, sims, group, plan)
+                row = dataclasses.replace(
+                    measure(label, workload, sims, group, plan), placement=placement
+                )
                 print(row.line(), flush=True)
                 rows.append(row)
-        return rows
-    finally:
-        for service in [*gateways, *sims]:
-            service.stop()
+        finally:
+            for service in [*gateways, *sims]:
+                service.stop()
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -223,29 +290,35 @@ def main(argv: list[str] | None = None) -> int:
         help='gateway "balancing" settings as JSON (default: the defaults)',
     )
     parser.add_argument(
-        "--kv-blocks",
+        "--placements",
         type=int,
-        default=KV_BLOCKS,
-        help=f"KV blocks of 16 tokens per replica (default {KV_BLOCKS})",
+        default=PLACEMENTS,
+        help=f"replica placements (port sets) to run, each a different hash layout "
+        f"(default {PLACEMENTS})",
     )
-    parser.add_argument(
-        "--turns", type=int, default=None, help="turns per chat in the chat workload (default 16)"
-    )
+    parser.add_argument("--workloads", default="grouped,chats", help="comma-separated")
+    parser.add_argument("--plan", type=json.loads, default={}, help="plan overrides (JSON)")
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL
-    if args.turns is not None:
-        plan = dataclasses.replace(plan, turns=args.turns)
+    plan = dataclasses.replace(plan, **args.plan)
+    names = args.workloads.split(",")
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="tiergate-prefix-") as tmp:
-        rows = run(plan, Path(tmp), args.balancing, args.kv_blocks)
+        rows = [
+            row
+            for placement in range(args.placements)
+            for row in run_placement(plan, Path(tmp), args.balancing, names, placement)
+        ]
     command = "python bench/prefix/run.py" + (" --quick" if args.quick else "")
     if args.balancing:
         command += f" --balancing '{json.dumps(args.balancing)}'"
-    if args.kv_blocks != KV_BLOCKS:
-        command += f" --kv-blocks {args.kv_blocks}"
-    if args.turns is not None:
-        command += f" --turns {args.turns}"
-    sim_args = f"--kv-blocks {args.kv_blocks} " + " ".join(SIM_ARGS)
+    if args.plan:
+        command += f" --plan '{json.dumps(args.plan)}'"
+    if args.placements != PLACEMENTS:
+        command += f" --placements {args.placements}"
+    if args.workloads != "grouped,chats":
+        command += f" --workloads {args.workloads}"
+    sim_args = "--kv-blocks <per workload> " + " ".join(SIM_ARGS)
     text, passed = render(
         rows,
         plan=plan.__dict__,

@@ -2,8 +2,9 @@
 
 * **grouped**: ``groups`` long shared contexts (system prompts), each followed by short
   questions; requests from all groups arrive interleaved in a random order.
-* **chats**: ``conversations`` multi-turn chats with a short shared system prompt; each turn
-  appends the previous answer and a new, fairly long user message, so the history grows.
+* **chats**: ``conversations`` multi-turn chats of varied length, each with its own short
+  system prompt; each turn appends the previous answer and a new, fairly long user message,
+  so the history grows.
 """
 
 from __future__ import annotations
@@ -128,16 +129,29 @@ class Chat:
     user_turns: list[str]
 
 
-def chats(*, conversations: int, turns: int, user_words: int, seed: int) -> list[Chat]:
-    """``conversations`` scripted chats of ``turns`` turns each."""
+def chats(
+    *, conversations: int, turns: int, user_words: int, seed: int, spread: float = 0.0
+) -> list[Chat]:
+    """``conversations`` scripted chats of ``turns`` turns on average.
+
+    With ``spread`` > 0 the lengths vary uniformly within ``turns * (1 +- spread)``.
+    """
     rng = random.Random(seed)
-    system = "You are a careful assistant. Answer briefly and cite the relevant paragraph."
-    return [
-        Chat(
-            system, [f"Conversation {c}, turn {t}: " + text(rng, user_words) for t in range(turns)]
+    low = max(2, round(turns * (1 - spread)))
+    high = max(low, round(turns * (1 + spread)))
+    out = []
+    for c in range(conversations):
+        # Each chat's system prompt carries its user's context (as a support assistant's
+        # would), so chats share no leading block; shared prefixes are the grouped workload.
+        system = f"You assist customer {c}. Their notes: " + text(rng, 12)
+        length = rng.randint(low, high)
+        out.append(
+            Chat(
+                system,
+                [f"Conversation {c}, turn {t}: " + text(rng, user_words) for t in range(length)],
+            )
         )
-        for c in range(conversations)
-    ]
+    return out
 
 
 def chat_body(chat: Chat, history: list[dict[str, str]], max_tokens: int) -> dict[str, Any]:
