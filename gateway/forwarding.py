@@ -146,6 +146,8 @@ class Forwarder:
                 pool.count_retry(loop.failures[-1].kind)
             routed_at = time.perf_counter()
             replica = await self._choose(route, frozenset(tried), prefix_blocks, loop)
+            # Read at once: nothing ran between the strategy's choice and here.
+            ctx.prefix_match = getattr(route.strategy, "last_affinity", None)
             tried.add(replica.url)
             ctx.replica = replica.name
             ctx.attempts += 1

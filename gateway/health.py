@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -128,7 +129,11 @@ class HealthMonitor:
         """Start probing in the background with the gateway's shared session."""
         self.session = session
         if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="tiergate-health")
+            # A clean context: started during a request, the task must not log that
+            # request's id and trace id on every probe for the rest of its life.
+            self._task = asyncio.create_task(
+                self._run(), name="tiergate-health", context=contextvars.Context()
+            )
 
     async def stop(self) -> None:
         """Cancel the background task and wait for it to end."""

@@ -133,6 +133,7 @@ class PrefixAffinity:
         self._ids: dict[str, int] = {}
         self.affinity_hits = 0
         self.load_fallbacks = 0
+        self.last_affinity: bool | None = None  # how the latest choice was made
 
     def _replica_id(self, url: str) -> int:
         rid = self._ids.get(url)
@@ -152,18 +153,26 @@ class PrefixAffinity:
         return high - low > self.imbalance_abs and high > self.imbalance_rel * low
 
     def choose(self, candidates: Sequence[R], prefix_blocks: Sequence[int], tick: int) -> R:
-        """The best-ranked candidate within the load bound, else the least-loaded one."""
+        """The best-ranked candidate within the load bound, else the least-loaded one.
+
+        ``last_affinity`` says afterwards whether the choice followed the prefix ranking (True),
+        fell back to load (False), or had no prefix to follow (None).
+        """
         if not prefix_blocks or len(candidates) == 1:
+            self.last_affinity = None
             return least_loaded(candidates, tick)
         loads = [load_of(r) for r in candidates]
         if self.imbalanced(loads):
             self.load_fallbacks += 1
+            self.last_affinity = False
             return least_loaded(candidates, tick)
         total = sum(r.in_flight for r in candidates)
         bound = self.load_factor * (total + 1) / len(candidates) + self.load_slack
         for replica in self.ranking(candidates, prefix_blocks[-1]):
             if replica.in_flight + 1 <= bound:
                 self.affinity_hits += 1
+                self.last_affinity = True
                 return replica
         self.load_fallbacks += 1
+        self.last_affinity = False
         return least_loaded(candidates, tick)

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
+import structlog
 
 from gateway.health import HealthConfig, HealthMonitor, parse_metrics
 from gateway.replicas import ReplicaPool
@@ -147,3 +148,29 @@ async def test_a_tier_may_probe_another_path(start_simulator: SimulatorFactory,
     await monitor.check_once()
     assert not missing.replicas[0].healthy
     assert models.replicas[0].healthy
+
+
+async def test_the_background_task_does_not_inherit_a_requests_context(
+    session: aiohttp.ClientSession,
+) -> None:
+    """Started while a request's log context is bound, the probes still log without it."""
+    pool = ReplicaPool("fast", [f"http://127.0.0.1:{free_port()}"], 4, 0.1)
+    monitor = HealthMonitor({"fast": pool}, HealthConfig(interval_s=0.05, timeout_s=0.2))
+    seen: list[dict[str, object]] = []
+
+    async def record() -> None:
+        seen.append(structlog.contextvars.get_contextvars())
+
+    monitor.check_once = record  # type: ignore[method-assign]
+    structlog.contextvars.bind_contextvars(request_id="req-1", trace_id="ab" * 16)
+    try:
+        monitor.start(session)
+        for _ in range(100):
+            if seen:
+                break
+            await asyncio.sleep(0.02)
+        await monitor.stop()
+    finally:
+        structlog.contextvars.clear_contextvars()
+    assert seen
+    assert all("request_id" not in ctx and "trace_id" not in ctx for ctx in seen)

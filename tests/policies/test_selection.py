@@ -137,6 +137,7 @@ def test_light_load_does_not_spread_a_hot_prefix() -> None:
     preferred = strategy.ranking(pool, key[-1])[0]
     preferred.in_flight = 3  # bound 1.25 * 4 / 4 + 4 = 5.25
     assert strategy.choose(pool, key, 0) is preferred
+    assert strategy.last_affinity is True
 
 
 def test_imbalance_guard_picks_least_loaded() -> None:
@@ -150,6 +151,7 @@ def test_imbalance_guard_picks_least_loaded() -> None:
     key = keys(1)[0]
     assert strategy.choose(pool, key, 0) is idle
     assert strategy.load_fallbacks == 1
+    assert strategy.last_affinity is False
 
 
 def test_no_key_or_one_candidate_means_least_loaded() -> None:
@@ -158,4 +160,5 @@ def test_no_key_or_one_candidate_means_least_loaded() -> None:
     pool = nodes()
     pool[0].in_flight = pool[1].in_flight = pool[3].in_flight = 1
     assert strategy.choose(pool, (), 0) is pool[2]
+    assert strategy.last_affinity is None
     assert strategy.choose(pool[:1], (1, 2), 0) is pool[0]
