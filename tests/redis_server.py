@@ -14,11 +14,12 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 from types import TracebackType
 
 import pytest
+
+from tests.processes import kill, terminate, wait_ready
 
 
 def free_port() -> int:
@@ -68,21 +69,20 @@ class RedisServer:
                    "--logfile", str(Path(self._dir.name) / "redis.log")]
         self._proc = subprocess.Popen(command, stdout=subprocess.DEVNULL,
                                       stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + self.ready_timeout
-        while time.monotonic() < deadline:
-            if _ping(self.port):
-                return self
-            if self._proc.poll() is not None:
-                break
-            time.sleep(0.02)
-        self.kill()
-        raise RuntimeError(f"redis-server did not start on port {self.port}")
+        wait_ready(
+            self._proc, lambda: _ping(self.port), timeout=self.ready_timeout, poll_s=0.02,
+            what=f"redis-server on port {self.port}", log=self.log_text,
+        )
+        return self
+
+    def log_text(self) -> str:
+        """What the server logged so far (empty before it wrote anything)."""
+        path = Path(self._dir.name) / "redis.log"
+        return path.read_text(encoding="utf-8", errors="replace") if path.exists() else ""
 
     def kill(self) -> None:
         """SIGKILL the server (an outage) and reap it."""
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.kill()
-            self._proc.wait(timeout=10)
+        kill(self._proc)
 
     def restart(self) -> RedisServer:
         """Start again on the same port (empty: persistence is off)."""
@@ -91,12 +91,7 @@ class RedisServer:
 
     def stop(self) -> None:
         """Stop the server and remove its directory."""
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.terminate()
-            try:
-                self._proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        terminate(self._proc, timeout=5)
         self._dir.cleanup()
 
     def flushall(self) -> None:

@@ -12,13 +12,11 @@ from __future__ import annotations
 import os
 import subprocess
 import tempfile
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from types import TracebackType
 
 from tests.integration.gateway_proc import free_port
+from tests.processes import http_answers, kill, terminate, wait_ready
 
 # Tiny contexts keep start-up and memory small; the suite's prompts are short.
 _CONTEXT_TOKENS = 1024
@@ -60,17 +58,11 @@ class LlamaServer:
         self._proc = subprocess.Popen(
             self.command(), stdout=self._log, stderr=subprocess.STDOUT, env=env
         )
-        deadline = time.monotonic() + self.ready_timeout
-        while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                raise RuntimeError(f"llama server exited early:\n{self.log_text()}")
-            try:
-                with urllib.request.urlopen(self.url + "/v1/models", timeout=2):  # noqa: S310  # local URL we built
-                    return self
-            except (urllib.error.URLError, OSError):
-                time.sleep(0.2)
-        self.stop()
-        raise RuntimeError(f"llama server did not become ready:\n{self.log_text()}")
+        wait_ready(
+            self._proc, lambda: http_answers(self.url + "/v1/models", timeout=2),
+            timeout=self.ready_timeout, poll_s=0.2, what="llama server", log=self.log_text,
+        )
+        return self
 
     @property
     def pid(self) -> int:
@@ -105,18 +97,11 @@ class LlamaServer:
 
     def kill(self) -> None:
         """SIGKILL the server (a crash) and reap it."""
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.kill()
-            self._proc.wait(timeout=10)
+        kill(self._proc)
 
     def stop(self) -> None:
         """SIGTERM, wait, SIGKILL if needed."""
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.terminate()
-            try:
-                self._proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        terminate(self._proc)
 
     def __enter__(self) -> LlamaServer:
         return self.start()

@@ -11,14 +11,13 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import yaml
+
+from tests.processes import http_answers, terminate, wait_ready
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -71,17 +70,11 @@ class GatewayProcess:
         ]
         log = self.log_path.open("wb")
         self._proc = subprocess.Popen(command, cwd=REPO_ROOT, stdout=log, stderr=log, env=env)
-        deadline = time.monotonic() + self.ready_timeout
-        while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                raise RuntimeError(f"gateway exited early:\n{self.log_text()}")
-            try:
-                with urllib.request.urlopen(self.url + "/livez", timeout=1):  # noqa: S310  # local URL we built
-                    return self
-            except (urllib.error.URLError, OSError):
-                time.sleep(0.1)
-        self.stop()
-        raise RuntimeError(f"gateway did not become live:\n{self.log_text()}")
+        wait_ready(
+            self._proc, lambda: http_answers(self.url + "/livez"), timeout=self.ready_timeout,
+            poll_s=0.1, what="gateway", log=self.log_text,
+        )
+        return self
 
     @property
     def pid(self) -> int:
@@ -95,13 +88,7 @@ class GatewayProcess:
 
     def stop(self) -> None:
         """SIGTERM, wait, clean up."""
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.terminate()
-            try:
-                self._proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait(timeout=5)
+        terminate(self._proc)
 
     def __enter__(self) -> GatewayProcess:
         return self.start()

@@ -22,6 +22,8 @@ from typing import Any
 
 import pytest
 
+from tests.processes import kill, terminate
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SimulatorFactory = Callable[..., "SimulatorProcess"]
 _READY = re.compile(r"simulator listening on (http://(\S+):(\d+))")
@@ -108,18 +110,11 @@ class SimulatorProcess:
 
     def kill(self) -> None:
         """SIGKILL the process (simulates a crashed replica) and reap it."""
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.kill()
-            self._proc.wait(timeout=10)
+        kill(self._proc)
 
     def stop(self) -> None:
         """SIGTERM, wait, and release resources."""
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.terminate()
-            try:
-                self._proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        terminate(self._proc, timeout=5)
         if self._proc is not None and self._proc.stdout is not None:
             self._proc.stdout.close()
         self._stderr.close()
