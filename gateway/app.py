@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -98,6 +99,60 @@ def build_backends(
     return pools, routes, monitor
 
 
+def build_service(
+    settings: Settings,
+    *,
+    access: Access,
+    router: TierRouter,
+    forwarder: Forwarder,
+    observer: RequestObserver,
+    pools: Mapping[str, ReplicaPool],
+) -> ProxyService:
+    """The request pipeline: authenticate, limit, route, forward, observe."""
+    return ProxyService(
+        auth=access.authenticator,
+        limiter=access.limiter,
+        router=router,
+        forwarder=forwarder,
+        tier_caps={name: tier.max_tokens_cap for name, tier in settings.tiers.items()},
+        idle_timeouts={name: tier.timeouts.idle_s for name, tier in settings.tiers.items()},
+        default_completion_tokens=settings.ratelimit.default_completion_tokens,
+        observer=observer,
+        prefix=PrefixConfig(settings.balancing.block_chars, settings.balancing.max_blocks),
+        spillover=_spillover(settings, pools),
+    )
+
+
+@dataclass(frozen=True)
+class _Lifecycle:
+    """Start-up and shutdown of what the handlers share: the upstream session, health, access."""
+
+    forwarder: Forwarder
+    readiness: Readiness
+    monitor: HealthMonitor
+    access: Access
+
+    async def startup(self) -> None:
+        session = make_session()
+        self.forwarder.session = session
+        self.readiness.session = session
+        self.monitor.start(session)
+        await self.access.startup()
+        # Everything built so far lives as long as the process: move it out of the collector's
+        # reach so full collections stay short (fewer latency spikes under load), and collect
+        # the young generation less often (request objects mostly die by reference counting).
+        gc.collect()
+        gc.freeze()
+        gc.set_threshold(_GC_GEN0_THRESHOLD, *gc.get_threshold()[1:])
+
+    async def shutdown(self) -> None:
+        await self.monitor.stop()
+        session: aiohttp.ClientSession | None = self.forwarder.session
+        if session is not None:
+            await session.close()
+        await self.access.shutdown()
+
+
 def create_app(
     settings: Settings,
     *,
@@ -120,18 +175,9 @@ def create_app(
     forwarder = Forwarder(None, routes, RetryPolicy(**settings.retry.model_dump()))  # type: ignore[arg-type]  # session opens at start-up
     readiness = Readiness(pools)
     readiness.monitor = monitor
-    service = ProxyService(
-        auth=authenticator,
-        limiter=access.limiter,
-        router=router,
-        forwarder=forwarder,
-        tier_caps={name: tier.max_tokens_cap for name, tier in settings.tiers.items()},
-        idle_timeouts={name: tier.timeouts.idle_s for name, tier in settings.tiers.items()},
-        default_completion_tokens=settings.ratelimit.default_completion_tokens,
-        observer=observer or telemetry.observer,
-        prefix=PrefixConfig(settings.balancing.block_chars, settings.balancing.max_blocks),
-        spillover=_spillover(settings, pools),
-    )
+    service = build_service(settings, access=access, router=router, forwarder=forwarder,
+                            observer=observer or telemetry.observer, pools=pools)
+    lifecycle = _Lifecycle(forwarder, readiness, monitor, access)
 
     @post("/v1/chat/completions", status_code=200)
     async def chat(request: Request[Any, Any, Any]) -> Response[Any]:
@@ -141,33 +187,13 @@ def create_app(
     async def completions(request: Request[Any, Any, Any]) -> Response[Any]:
         return await service.handle(request, "completion", "/v1/completions")
 
-    async def startup() -> None:
-        session = make_session()
-        forwarder.session = session
-        readiness.session = session
-        monitor.start(session)
-        await access.startup()
-        # Everything built so far lives as long as the process: move it out of the collector's
-        # reach so full collections stay short (fewer latency spikes under load), and collect
-        # the young generation less often (request objects mostly die by reference counting).
-        gc.collect()
-        gc.freeze()
-        gc.set_threshold(_GC_GEN0_THRESHOLD, *gc.get_threshold()[1:])
-
-    async def shutdown() -> None:
-        await monitor.stop()
-        session: aiohttp.ClientSession | None = forwarder.session
-        if session is not None:
-            await session.close()
-        await access.shutdown()
-
     return Litestar(
         route_handlers=[chat, completions, *ops_handlers(router.catalog, readiness, authenticator),
                         *access.handlers, *telemetry.handlers,
                         *admin_backends_handlers(forwarder, settings.auth.read_admin_token())],
         exception_handlers=EXCEPTION_HANDLERS,
-        on_startup=[startup, telemetry.startup],
-        on_shutdown=[shutdown, telemetry.shutdown],
+        on_startup=[lifecycle.startup, telemetry.startup],
+        on_shutdown=[lifecycle.shutdown, telemetry.shutdown],
         request_max_body_size=settings.server.max_body_bytes,
         openapi_config=None,
         debug=False,

@@ -147,7 +147,7 @@ class Forwarder:
             routed_at = time.perf_counter()
             replica = await self._choose(route, frozenset(tried), prefix_blocks, loop)
             # Read at once: nothing ran between the strategy's choice and here.
-            ctx.prefix_match = getattr(route.strategy, "last_affinity", None)
+            ctx.prefix_match = route.strategy.last_affinity
             tried.add(replica.url)
             ctx.replica = replica.name
             ctx.attempts += 1

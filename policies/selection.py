@@ -36,6 +36,9 @@ class Strategy(Protocol):
     """Picks one of ``candidates`` (all up and below their cap) for a request."""
 
     name: str
+    #: After ``choose``: True when the prefix ranking decided, False when load overrode it,
+    #: None when no prefix was followed (strategies without affinity always say None).
+    last_affinity: bool | None
 
     def choose(self, candidates: Sequence[R], prefix_blocks: Sequence[int], tick: int) -> R:
         """Return the chosen replica; ``candidates`` is never empty."""
@@ -55,6 +58,7 @@ class RoundRobin:
     """Each request to the next replica in turn."""
 
     name = "round_robin"
+    last_affinity: bool | None = None
 
     def choose(self, candidates: Sequence[R], prefix_blocks: Sequence[int], tick: int) -> R:
         """The candidate at ``tick`` modulo their number."""
@@ -79,6 +83,7 @@ class LeastLoaded:
     """The replica with the least load."""
 
     name = "least_loaded"
+    last_affinity: bool | None = None
 
     def choose(self, candidates: Sequence[R], prefix_blocks: Sequence[int], tick: int) -> R:
         """The least-loaded candidate."""
