@@ -6,6 +6,7 @@ Used by ``tests/redis_server.py``, ``tests/simulator/procs.py``,
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import time
 import urllib.error
@@ -14,6 +15,14 @@ from collections.abc import Callable
 from typing import Any
 
 Process = subprocess.Popen[Any]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nobody listened on a moment ago."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
 
 
 def http_answers(url: str, timeout: float = 1.0) -> bool:

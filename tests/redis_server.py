@@ -19,15 +19,7 @@ from types import TracebackType
 
 import pytest
 
-from tests.processes import kill, terminate, wait_ready
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+from tests.processes import free_port, kill, terminate, wait_ready
 
 
 def _ping(port: int) -> bool:

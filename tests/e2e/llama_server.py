@@ -15,8 +15,7 @@ import tempfile
 from pathlib import Path
 from types import TracebackType
 
-from tests.integration.gateway_proc import free_port
-from tests.processes import http_answers, kill, terminate, wait_ready
+from tests.processes import free_port, http_answers, kill, terminate, wait_ready
 
 # Tiny contexts keep start-up and memory small; the suite's prompts are short.
 _CONTEXT_TOKENS = 1024

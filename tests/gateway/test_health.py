@@ -11,7 +11,7 @@ import structlog
 
 from gateway.health import HealthConfig, HealthMonitor, parse_metrics
 from gateway.replicas import ReplicaPool
-from tests.integration.gateway_proc import free_port
+from tests.processes import free_port
 from tests.simulator.procs import SimulatorFactory, start_simulator
 
 __all__ = ["start_simulator"]

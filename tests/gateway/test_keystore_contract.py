@@ -22,7 +22,8 @@ from policies.keys import (
     rotate_stored_key,
 )
 from policies.principal import KeyPolicy
-from tests.redis_server import RedisServer, free_port, redis_server
+from tests.processes import free_port
+from tests.redis_server import RedisServer, redis_server
 
 __all__ = ["redis_server"]
 NOW = 1_700_000_000.0

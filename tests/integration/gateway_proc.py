@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -17,17 +16,10 @@ from typing import Any
 
 import yaml
 
-from tests.processes import http_answers, terminate, wait_ready
+from tests.processes import free_port, http_answers, terminate, wait_ready
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
-
-def free_port() -> int:
-    """A TCP port that was free a moment ago on 127.0.0.1."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def tiers_config(fast: list[str], precise: list[str], **tier_options: Any) -> dict[str, Any]:

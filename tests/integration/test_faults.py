@@ -11,7 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.integration.gateway_proc import GatewayProcess, free_port
+from tests.integration.gateway_proc import GatewayProcess
+from tests.processes import free_port
 from tests.simulator.procs import SimulatorProcess
 
 ADMIN = "admin-token-for-the-fault-tests"

@@ -6,7 +6,6 @@ exporter, a captured access logger) use this instead of a ``tiergate serve`` sub
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from types import TracebackType
@@ -14,13 +13,7 @@ from typing import Any
 
 import uvicorn
 
-
-def free_port() -> int:
-    """A TCP port that was free a moment ago on 127.0.0.1."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+from tests.processes import free_port
 
 
 class ServedApp:

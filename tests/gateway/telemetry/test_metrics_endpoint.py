@@ -11,7 +11,8 @@ from gateway.app import create_app
 from gateway.errors import EXCEPTION_HANDLERS
 from gateway.metrics_endpoint import metrics_handler
 from gateway.settings import Settings
-from tests.gateway.telemetry.served import ServedApp, free_port
+from tests.gateway.telemetry.served import ServedApp
+from tests.processes import free_port
 
 TOKEN = "admin-token-for-tests"
 
