@@ -23,6 +23,19 @@ def free_port() -> int:
         return port
 
 
+def port_is_free(port: int) -> bool:
+    """Whether a server could listen on 127.0.0.1:``port`` now (TIME_WAIT counts as free)."""
+    with socket.socket() as sock:
+        # As servers do (aiohttp, uvicorn), so that a port a stopped server left in TIME_WAIT
+        # is not mistaken for a taken one.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
 def http_status(url: str, body: bytes | None = None, headers: dict[str, str] | None = None) -> int:
     """Status of one request (0 when the connection fails)."""
     request = urllib.request.Request(url, data=body, headers=headers or {})  # noqa: S310 - bench URLs are http://127.0.0.1 built here

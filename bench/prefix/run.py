@@ -22,7 +22,6 @@ import asyncio
 import dataclasses
 import json
 import platform
-import socket
 import sys
 import tempfile
 import time
@@ -37,7 +36,7 @@ if str(REPO_ROOT) not in sys.path:
 
 import yaml  # noqa: E402  # after the sys.path fix so that `bench` imports as a package
 
-from bench.overhead.processes import Service, free_port, http_answers  # noqa: E402  # same
+from bench.overhead.processes import Service, free_port, http_answers, port_is_free  # noqa: E402  # same
 from bench.prefix import client, workloads  # noqa: E402  # same
 from bench.prefix.report import Row, render  # noqa: E402  # same
 from gateway.health import parse_metrics  # noqa: E402  # same
@@ -107,18 +106,6 @@ def _post(url: str) -> None:
         response.read()
 
 
-def _port_is_free(port: int) -> bool:
-    with socket.socket() as sock:
-        # As the simulator's server does, so that a port left in TIME_WAIT by the previous
-        # workload's replicas still counts as free.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
-
-
 def replica_ports(base_port: int) -> list[int]:
     """Fixed ports when they are free, so that every run of a placement places prefixes alike.
 
@@ -126,7 +113,7 @@ def replica_ports(base_port: int) -> list[int]:
     names in a cluster; random ports would give each run a different placement and balance.
     """
     fixed = [base_port + index for index in range(REPLICAS)]
-    if all(_port_is_free(port) for port in fixed):
+    if all(port_is_free(port) for port in fixed):
         return fixed
     print(
         f"ports {fixed} are taken; using random ports (placement differs per run)", file=sys.stderr
@@ -278,11 +265,13 @@ def run_placement(
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark, print and write the report; exit 1 if a target is missed."""
+DEFAULT_OUT = REPO_ROOT / "bench/results/prefix.md"
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller workloads")
-    parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench/results/prefix.md")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument(
         "--balancing",
         type=json.loads,
@@ -298,17 +287,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--workloads", default="grouped,chats", help="comma-separated")
     parser.add_argument("--plan", type=json.loads, default={}, help="plan overrides (JSON)")
-    args = parser.parse_args(argv)
-    plan = QUICK if args.quick else FULL
-    plan = dataclasses.replace(plan, **args.plan)
-    names = args.workloads.split(",")
-    started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="tiergate-prefix-") as tmp:
-        rows = [
-            row
-            for placement in range(args.placements)
-            for row in run_placement(plan, Path(tmp), args.balancing, names, placement)
-        ]
+    return parser
+
+
+def _command(args: argparse.Namespace) -> str:
+    """The command line that reproduces this run, as the report quotes it."""
     command = "python bench/prefix/run.py" + (" --quick" if args.quick else "")
     if args.balancing:
         command += f" --balancing '{json.dumps(args.balancing)}'"
@@ -318,12 +301,29 @@ def main(argv: list[str] | None = None) -> int:
         command += f" --placements {args.placements}"
     if args.workloads != "grouped,chats":
         command += f" --workloads {args.workloads}"
-    sim_args = "--kv-blocks <per workload> " + " ".join(SIM_ARGS)
+    if args.out.resolve() != DEFAULT_OUT:
+        out = args.out.resolve()
+        command += f" --out {out.relative_to(REPO_ROOT) if out.is_relative_to(REPO_ROOT) else out}"
+    return command
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark, print and write the report; exit 1 if a target is missed."""
+    args = _parser().parse_args(argv)
+    plan = dataclasses.replace(QUICK if args.quick else FULL, **args.plan)
+    names = args.workloads.split(",")
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="tiergate-prefix-") as tmp:
+        rows = [
+            row
+            for placement in range(args.placements)
+            for row in run_placement(plan, Path(tmp), args.balancing, names, placement)
+        ]
     text, passed = render(
         rows,
         plan=plan.__dict__,
-        sim_args=sim_args,
-        command=command,
+        sim_args="--kv-blocks <per workload> " + " ".join(SIM_ARGS),
+        command=_command(args),
         machine=f"{platform.machine()}, {platform.python_version()}",
         elapsed_s=time.monotonic() - started,
     )
