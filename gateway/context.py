@@ -37,6 +37,28 @@ def request_id_from(header: str | None) -> str:
     return uuid.uuid4().hex
 
 
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """What a request ended with, as plain values.
+
+    The exception itself is never kept: its traceback holds the frames of the request (and
+    so its body), and an exception stored on the context it is raised through forms a
+    reference cycle that only a full garbage collection would free.
+    """
+
+    kind: str
+    status: int
+    code: str | None = None
+    limit: str | None = None
+
+    @classmethod
+    def of(cls, exc: TierGateError) -> Failure:
+        """The values of ``exc`` the telemetry needs."""
+        limit = getattr(exc, "limit", None)
+        return cls(type(exc).__name__, exc.status, exc.code,
+                   limit if isinstance(limit, str) else None)
+
+
 @dataclass(slots=True)
 class Usage:
     """Token counts reported by the backend."""
@@ -73,7 +95,7 @@ class RequestContext:
     # Telemetry: the trace (None unless tracing is on), the error the request ended with,
     # whether it passed the rate limits, the overhead when the response headers were built.
     trace: RequestTrace | None = None
-    error: TierGateError | None = None
+    failure: Failure | None = None
     admitted: bool = False
     overhead_s: float | None = None
     prefix_match: bool | None = None

@@ -172,6 +172,8 @@ class Forwarder:
             return await loop.run(one)
         except AttemptFailed as failure:
             raise _final_error(tier, failure) from None
+        finally:
+            loop.forget_tracebacks()
 
     async def _choose(
         self,

@@ -16,7 +16,7 @@ from litestar import Request, Response
 from litestar.background_tasks import BackgroundTask
 from litestar.response import Stream
 
-from gateway.context import RequestContext, request_id_from
+from gateway.context import Failure, RequestContext, request_id_from
 from gateway.forwarding import Exchange, Forwarder
 from gateway.relay import StreamRelay, usage_from
 from gateway.routing import TierRouter
@@ -113,8 +113,8 @@ class ProxyService:
             return await self._serve(request, ctx, kind, path)
         except TierGateError as exc:
             ctx.status = exc.status
-            ctx.error = exc
-            self.observer.finished(ctx, type(exc).__name__)
+            ctx.failure = Failure.of(exc)
+            self.observer.finished(ctx, ctx.failure.kind)
             raise
         except Exception:  # a bug: still account for the request; the handler renders the 500
             ctx.status = 500

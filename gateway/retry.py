@@ -182,6 +182,18 @@ class RetryLoop:
             self._release_retry()  # reserved, then stopped by the deadline or max attempts
             self.budget.in_flight -= 1
 
+    def forget_tracebacks(self) -> None:
+        """Drop the frames the failures hold (and so the request body they reference).
+
+        A caught exception's traceback references the frame that caught it, and that frame (or
+        tenacity's retry state) references the exception again: a cycle that keeps every frame
+        of the attempt alive, request body included, until a full garbage collection. Call it
+        once the loop's outcome has been handled, from the frame that handled it.
+        """
+        for failure in self.failures:
+            failure.__traceback__ = None
+            failure.__context__ = None
+
     async def _retries(self, attempt: Callable[[int], Awaitable[T]], first: AttemptFailed) -> T:
         retrying = AsyncRetrying(
             retry=_Retry(self),

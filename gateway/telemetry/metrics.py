@@ -208,10 +208,10 @@ class GatewayMetrics:
         if ctx.admitted:
             self._allowed.inc()
             return
-        error = ctx.error
-        if isinstance(error, RateLimited):
-            limit = getattr(error, "limit", None) or error.code or "unknown"
-            self.ratelimit.child(str(limit), sc.RATELIMIT_REJECTED).inc()
+        failure = ctx.failure
+        if failure is not None and failure.kind == RateLimited.__name__:
+            limit = failure.limit or failure.code or "unknown"
+            self.ratelimit.child(limit, sc.RATELIMIT_REJECTED).inc()
 
     def _record_stream(self, ctx: RequestContext, outcome: str, tier: str, total_s: float) -> None:
         first = ctx.first_chunk_s

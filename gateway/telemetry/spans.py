@@ -170,7 +170,7 @@ class StageRecorder:
             self._stage(ctx, stage, begin, at).end(end_time=self.ns(at))
             done.add(stage)
             begin = at
-        if ctx.error is None or ctx.attempts:
+        if ctx.failure is None or ctx.attempts:
             return
         failed = next((s for s in _STAGE_ORDER if s not in done), None)
         if failed is not None:

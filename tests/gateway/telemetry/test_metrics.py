@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from gateway.context import Usage
+from gateway.context import Failure, Usage
 from gateway.replicas import ReplicaPool
 from gateway.telemetry.metrics import GatewayMetrics, ShareWindow, status_class
 from policies.errors import RateLimited
@@ -103,7 +103,7 @@ def test_rate_limit_rejections_are_counted() -> None:
     metrics = _metrics()
     ctx = finished_context(status=429)
     ctx.admitted = False
-    ctx.error = RateLimited("over the limit")
+    ctx.failure = Failure.of(RateLimited("over the limit"))
     metrics.record(ctx, "RateLimited", 0.001, 0.001)
     assert _value(metrics, "tiergate_ratelimit_decisions_total", limit="rate_limit_exceeded",
                   outcome="rejected") == 1.0

@@ -11,7 +11,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from gateway.context import RequestContext
+from gateway.context import Failure, RequestContext
 from gateway.forwarding import Exchange
 from gateway.replicas import ReplicaPool
 from gateway.settings import TelemetrySettings
@@ -172,7 +172,7 @@ def test_a_request_failing_in_a_stage_gets_that_stage_as_an_error_span() -> None
     tracing.start(ctx, None, None)
     assert ctx.trace is not None
     ctx.status = 401
-    ctx.error = AuthenticationFailed("bad key")
+    ctx.failure = Failure.of(AuthenticationFailed("bad key"))
     ctx.trace.finish(ctx, "AuthenticationFailed")
     spans = _by_name(exporter.get_finished_spans())
     assert set(spans) == {"POST /v1/completions", "tiergate.auth"}
