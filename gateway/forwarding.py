@@ -84,7 +84,7 @@ class Forwarder:
         self.session = session
         self.routes = routes
         self.policy = policy
-        self.budget = RetryBudget(policy.budget_ratio, policy.budget_min)
+        self.budget = RetryBudget(policy.budget_ratio, policy.budget_min, policy.budget_window_s)
 
     async def forward(
         self,
@@ -137,7 +137,8 @@ class Forwarder:
         headers = {"Content-Type": "application/json", "x-request-id": ctx.upstream_request_id}
         pool = route.pool
         loop = RetryLoop(
-            self.policy, self.budget, deadline, ready_in=lambda: pool.ready_in(time.monotonic())
+            self.policy, self.budget, deadline, ready_in=lambda: pool.ready_in(time.monotonic()),
+            replicas=len(pool.replicas),
         )
         tried: set[str] = set()
 

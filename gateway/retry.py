@@ -3,9 +3,14 @@
 Rules (REFERENCE §5): retry only before the first byte reached the client, always on another
 replica; connection refused/reset, connect or first-byte timeouts and 429/502/503/504 are
 retried (honouring ``Retry-After``), a 500 at most once, 4xx never. Backoff is jittered and
-exponential, every attempt has its own timeout, the request has one overall deadline, and a
-retry budget caps retries at a share of the requests in flight so a sick tier cannot start a
-retry storm.
+exponential, every attempt has its own timeout, and the request has one overall deadline.
+
+A connection that was refused (or not accepted in time) carried no request byte to the backend:
+it is always retried on another replica, at once, and never charged to anything. Every other
+retry is of a request the backend may have started, and those are capped by a retry budget:
+at most ``ratio`` of the requests that started in the last ``window_s`` seconds, plus
+``min_per_s`` a second, so a sick tier cannot start a retry storm while a replica that dies
+under load (a burst of failures at once) is still absorbed.
 
 ``Retry-After`` is honoured per replica: the replica that sent it cools down for that long
 (see ``ReplicaPool.record_failure``), and the retry goes at once to another replica; only when
@@ -14,6 +19,7 @@ no replica of the tier is ready does the retry wait, at most ``max_retry_after_s
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -30,6 +36,8 @@ from gateway.upstream import RETRYABLE_STATUSES, AttemptFailed
 T = TypeVar("T")
 
 _NEVER_RETRY_KINDS = frozenset({"no_replica"})
+# Failures where no request byte reached a backend: retried elsewhere, free of the budget.
+NOT_SENT_KINDS = frozenset({"connect", "connect_timeout"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,25 +50,69 @@ class RetryPolicy:
     max_retry_after_s: float = 2.0
     max_cooldown_s: float = 30.0
     budget_ratio: float = 0.2
-    budget_min: int = 3
+    budget_min: float = 3.0
+    budget_window_s: float = 10.0
 
 
 class RetryBudget:
-    """Allows retries only while they stay under ``ratio`` of the requests in flight."""
+    """Retries allowed over a sliding window: ``ratio`` of the requests started, plus a floor.
 
-    def __init__(self, ratio: float, minimum: int) -> None:
+    The window is ``window_s`` one-second slots; each slot counts the requests that started
+    and the retries made in it. A retry is allowed while the window's retries stay below
+    ``min_per_s * window_s + ratio * requests``. ``in_flight`` and ``retrying`` are gauges for
+    ``/admin/backends``; ``refused`` counts retries the budget turned down.
+    """
+
+    def __init__(
+        self,
+        ratio: float,
+        min_per_s: float,
+        window_s: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.ratio = ratio
-        self.minimum = minimum
+        self.min_per_s = min_per_s
+        self.slots = max(1, math.ceil(window_s))
+        self.clock = clock
+        self._requests = [0] * self.slots
+        self._retries = [0] * self.slots
+        self._second = math.floor(clock())
+        self.requests_in_window = 0
+        self.retries_in_window = 0
         self.in_flight = 0
         self.retrying = 0
         self.refused = 0
 
+    def _advance(self) -> int:
+        """Expire the slots older than the window; the index of the current second's slot."""
+        second = math.floor(self.clock())
+        if second - self._second >= self.slots:
+            self._requests = [0] * self.slots
+            self._retries = [0] * self.slots
+            self.requests_in_window = self.retries_in_window = 0
+        else:
+            for s in range(self._second + 1, second + 1):
+                index = s % self.slots
+                self.requests_in_window -= self._requests[index]
+                self.retries_in_window -= self._retries[index]
+                self._requests[index] = self._retries[index] = 0
+        self._second = max(self._second, second)
+        return self._second % self.slots
+
+    def started(self) -> None:
+        """A request started (its first attempt)."""
+        self._requests[self._advance()] += 1
+        self.requests_in_window += 1
+
     def allows(self) -> bool:
-        """True when one more concurrent retry fits the budget."""
-        cap = max(self.minimum, int(self.in_flight * self.ratio))
-        if self.retrying >= cap:
+        """Take one retry from the budget if it has one; False (and counted) when spent."""
+        index = self._advance()
+        cap = self.min_per_s * self.slots + self.ratio * self.requests_in_window
+        if self.retries_in_window >= cap:
             self.refused += 1
             return False
+        self._retries[index] += 1
+        self.retries_in_window += 1
         return True
 
 
@@ -90,6 +142,9 @@ class _Retry(retry_base):
             self.loop.five_hundreds += 1
         if not is_retryable(exc, self.loop.five_hundreds):
             return False
+        if exc.kind in NOT_SENT_KINDS and self.loop.free_retries < self.loop.replicas - 1:
+            self.loop.free_retries += 1  # nothing reached that replica: another one, for free
+            return True
         if exc.retry_after is not None and self.loop.ready_in is not None:
             ready = self.loop.ready_in()
             if ready is None or ready > self.loop.policy.max_retry_after_s:
@@ -102,7 +157,8 @@ class _Stop(stop_base):
         self.loop = loop
 
     def __call__(self, retry_state: RetryCallState) -> bool:
-        if retry_state.attempt_number >= self.loop.policy.max_attempts:
+        charged = retry_state.attempt_number - self.loop.free_retries
+        if charged >= self.loop.policy.max_attempts:
             return True
         return self.loop.remaining() <= 0
 
@@ -115,6 +171,8 @@ class _Wait(wait_base):
         policy = self.loop.policy
         outcome = retry_state.outcome
         exc = outcome.exception() if outcome is not None else None
+        if isinstance(exc, AttemptFailed) and exc.kind in NOT_SENT_KINDS:
+            return 0.0  # another replica, at once: this one never saw the request
         growth = policy.backoff_base_s * 2**retry_state.attempt_number
         ceiling = min(policy.backoff_max_s, growth)
         delay = random.uniform(0, ceiling)  # noqa: S311  # jitter, not cryptography
@@ -135,18 +193,21 @@ class RetryLoop:
         budget: RetryBudget,
         deadline: float,
         ready_in: Callable[[], float | None] | None = None,
+        replicas: int = 1,
     ) -> None:
         self.policy = policy
         self.budget = budget
         self.deadline = deadline
         self.ready_in = ready_in
+        self.replicas = replicas
+        self.free_retries = 0
         self.five_hundreds = 0
         self.attempts = 0
         self.failures: list[AttemptFailed] = []
         self._holding = False
 
     def reserve_retry(self) -> bool:
-        """Take a place in the retry budget for the next attempt (held until it ends)."""
+        """Take a retry from the budget for the next attempt (counted as retrying until it ends)."""
         if not self.budget.allows():
             return False
         self.budget.retrying += 1
@@ -170,6 +231,7 @@ class RetryLoop:
         attempt 1 so every rule sees exactly the same sequence as a pure tenacity loop.
         """
         self.budget.in_flight += 1
+        self.budget.started()
         try:
             self.attempts = 1
             try:

@@ -147,8 +147,12 @@ class RetrySettings(BaseModel):
     backoff_max_s: float = Field(default=0.5, ge=0)
     max_retry_after_s: float = Field(default=2.0, ge=0)
     max_cooldown_s: float = Field(default=30.0, ge=0)
+    # Retries of requests a backend may have started: at most budget_ratio of the requests of
+    # the last budget_window_s seconds, plus budget_min a second. Refused connections are
+    # always retried on another replica and never charged.
     budget_ratio: float = Field(default=0.2, ge=0, le=1)
-    budget_min: int = Field(default=3, ge=0)
+    budget_min: float = Field(default=3.0, ge=0)
+    budget_window_s: float = Field(default=10.0, ge=1, le=300)
 
 
 class HealthSettings(BaseModel):

@@ -138,9 +138,19 @@ async def test_deadline_stops_retrying() -> None:
     assert time.monotonic() - started < 0.5
 
 
-async def test_budget_limits_concurrent_retries() -> None:
-    """With 10 requests in flight and a 20 % budget (min 1), only 2 retry at once."""
-    policy = RetryPolicy(max_attempts=2, backoff_base_s=0.0, budget_ratio=0.2, budget_min=1)
+class Clock:
+    """A hand-moved monotonic clock."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_budget_allows_a_share_of_recent_requests_to_retry() -> None:
+    """With 10 requests started and a 20 % budget (no floor), only 2 of them are retried."""
+    policy = RetryPolicy(max_attempts=2, backoff_base_s=0.0, budget_ratio=0.2, budget_min=0)
     budget = RetryBudget(policy.budget_ratio, policy.budget_min)
     all_in, release = asyncio.Event(), asyncio.Event()
     attempts: list[int] = []
@@ -165,3 +175,57 @@ async def test_budget_limits_concurrent_retries() -> None:
     assert budget.refused == 8
     assert budget.in_flight == 0
     assert budget.retrying == 0
+
+
+def test_budget_absorbs_a_burst_after_steady_traffic_and_forgets_old_requests() -> None:
+    """A replica dying under load: 300 requests in the window pay for 60 retries at once."""
+    clock = Clock()
+    budget = RetryBudget(0.2, 0, window_s=10, clock=clock)
+    for _ in range(300):
+        budget.started()
+        clock.now += 0.01  # 3 s of steady traffic
+    assert sum(budget.allows() for _ in range(100)) == 60
+    clock.now += 10.5  # those requests left the window: nothing pays for retries any more
+    assert not budget.allows()
+
+
+def test_budget_floor_allows_retries_per_second_without_traffic() -> None:
+    """The floor: ``min_per_s`` retries a second over the window, even with no requests."""
+    clock = Clock()
+    budget = RetryBudget(0.0, 2, window_s=5, clock=clock)
+    assert sum(budget.allows() for _ in range(20)) == 10
+    assert budget.refused == 10
+
+
+async def test_refused_connections_are_retried_free_of_the_budget_and_of_max_attempts() -> None:
+    """Nothing reached a replica that refused: another one is tried, budget or not."""
+    policy = RetryPolicy(max_attempts=1, backoff_base_s=0.0, budget_ratio=0.0, budget_min=0)
+    budget = RetryBudget(0.0, 0)
+    script = Script(failure(kind="connect"), failure(kind="connect_timeout"))
+    retry_loop = RetryLoop(policy, budget, time.monotonic() + 5, ready_in=lambda: 0.0,
+                           replicas=3)
+    assert await retry_loop.run(script) == "answer"
+    assert script.calls == 3
+    assert budget.refused == 0
+
+
+async def test_free_retries_stop_once_every_replica_refused() -> None:
+    """With two replicas both refusing, the request fails after trying each once."""
+    policy = RetryPolicy(max_attempts=1, backoff_base_s=0.0, budget_ratio=0.0, budget_min=0)
+    script = Script(*(failure(kind="connect") for _ in range(5)))
+    retry_loop = RetryLoop(policy, RetryBudget(0.0, 0), time.monotonic() + 5,
+                           ready_in=lambda: 0.0, replicas=2)
+    with pytest.raises(AttemptFailed):
+        await retry_loop.run(script)
+    assert script.calls == 2
+
+
+async def test_a_maybe_started_request_is_charged_to_the_budget() -> None:
+    """A reset may have reached the backend: with the budget spent, it is not retried."""
+    policy = RetryPolicy(max_attempts=3, backoff_base_s=0.0, budget_ratio=0.0, budget_min=0)
+    script = Script(failure(kind="reset"))
+    retry_loop = RetryLoop(policy, RetryBudget(0.0, 0), time.monotonic() + 5,
+                           ready_in=lambda: 0.0, replicas=3)
+    with pytest.raises(AttemptFailed):
+        await retry_loop.run(script)
+    assert script.calls == 1

@@ -1,0 +1,76 @@
+"""P5: `kill -9` of one of two replicas under 50 concurrent requests costs no client error."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import pytest
+
+from tests.integration.gateway_proc import GatewayProcess
+from tests.simulator.procs import SimulatorProcess
+
+pytestmark = pytest.mark.slow
+CONCURRENCY = 50
+PRECISE = ("--profile", "precise", "--model", "tiergate-precise", "--latency-scale", "0.3")
+
+
+def settings(precise: list[str]) -> dict[str, object]:
+    """Auth off; the precise tier on ``precise``; the fast tier points at the same replicas."""
+    tier = {"model": "tiergate-precise", "replicas": precise}
+    return {"auth": {"enabled": False}, "health": {"interval_s": 0.5},
+            "tiers": {"fast": tier, "precise": tier}}
+
+
+async def load(url: str, victim: SimulatorProcess, *, stream: bool,
+               seconds: float = 4.0) -> list[tuple[int, bool]]:
+    """50 closed-loop clients for ``seconds``; the victim is killed a second in.
+
+    Each result is (status, complete): ``complete`` is true for a non-streaming 200 and for
+    a stream that ended with ``[DONE]``.
+    """
+    results: list[tuple[int, bool]] = []
+    stop_at = time.monotonic() + seconds
+
+    async def client_loop(client: httpx.AsyncClient, n: int) -> None:
+        i = 0
+        while time.monotonic() < stop_at:
+            body = {"model": "precise", "max_tokens": 16, "stream": stream,
+                    "messages": [{"role": "user", "content": f"client {n} request {i}"}]}
+            i += 1
+            async with client.stream("POST", url + "/v1/chat/completions", json=body) as resp:
+                text = (await resp.aread()).decode()
+            results.append((resp.status_code, not stream or "data: [DONE]" in text))
+
+    async def killer() -> None:
+        await asyncio.sleep(1.0)
+        victim.kill()
+
+    limits = httpx.Limits(max_connections=CONCURRENCY + 5)
+    async with httpx.AsyncClient(timeout=30, limits=limits) as client:
+        await asyncio.gather(*(client_loop(client, n) for n in range(CONCURRENCY)), killer())
+    return results
+
+
+def test_kill_9_under_50_concurrent_requests_costs_no_non_streaming_error() -> None:
+    """Every non-streaming request gets a 200 while one of the two replicas is SIGKILLed."""
+    with SimulatorProcess(*PRECISE, "--seed", "1") as a, \
+            SimulatorProcess(*PRECISE, "--seed", "2") as b, \
+            GatewayProcess(settings([a.url, b.url])) as gateway:
+        results = asyncio.run(load(gateway.url, b, stream=False))
+    errors = [status for status, _ in results if status != 200]
+    assert len(results) > 200
+    assert errors == [], f"{len(errors)} of {len(results)} failed: {sorted(set(errors))}"
+
+
+def test_kill_9_breaks_only_streams_already_running_and_in_band() -> None:
+    """Streams get a 200; those cut by the crash end with an error event, never a fake [DONE]."""
+    with SimulatorProcess(*PRECISE, "--seed", "1") as a, \
+            SimulatorProcess(*PRECISE, "--seed", "2") as b, \
+            GatewayProcess(settings([a.url, b.url])) as gateway:
+        results = asyncio.run(load(gateway.url, b, stream=True))
+    statuses = {status for status, _ in results}
+    broken = sum(1 for _, complete in results if not complete)
+    assert statuses == {200}
+    assert broken <= CONCURRENCY  # at most the streams that were running on the victim
