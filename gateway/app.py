@@ -20,7 +20,7 @@ from gateway.errors import EXCEPTION_HANDLERS
 from gateway.forwarding import Forwarder, TierRoute
 from gateway.health import HealthConfig, HealthMonitor
 from gateway.ops import Readiness, ops_handlers
-from gateway.proxy import ProxyService, RequestObserver
+from gateway.proxy import FieldRules, ProxyService, RequestObserver
 from gateway.replicas import EjectionPolicy, ReplicaPool
 from gateway.retry import RetryPolicy
 from gateway.routing import ThresholdPolicy, ThresholdSource, TierRouter
@@ -28,6 +28,7 @@ from gateway.settings import BalancingSettings, Settings, TierSettings
 from gateway.spillover import Spillover, SpilloverConfig
 from gateway.telemetry import build_telemetry
 from gateway.upstream import make_session
+from policies.fields import FieldPolicy
 from policies.ports import Authenticator, RequestLimiter, TierClassifier
 from policies.prefix import PrefixConfig
 from policies.selection import LeastLoaded, PrefixAffinity, RoundRobin, Strategy
@@ -126,6 +127,13 @@ def build_service(
         observer=observer,
         prefix=PrefixConfig(settings.balancing.block_chars, settings.balancing.max_blocks),
         spillover=_spillover(settings, pools),
+        fields=FieldRules(
+            structured={name: tier.structured_outputs for name, tier in settings.tiers.items()},
+            remote_media={name: tier.allow_remote_media for name, tier in settings.tiers.items()},
+            policy=FieldPolicy(settings.requests.unknown_fields,
+                               frozenset(settings.requests.allowed_extra_fields)),
+            max_depth=settings.requests.max_json_depth,
+        ),
     )
 
 

@@ -18,14 +18,16 @@ from litestar.response import Stream
 
 from gateway.context import Failure, RequestContext, request_id_from
 from gateway.forwarding import Exchange, Forwarder
+from gateway.media import check_media
 from gateway.relay import StreamRelay, usage_from
 from gateway.routing import TierRouter
 from gateway.spillover import Spillover
 from policies.errors import InvalidRequest, TierGateError
+from policies.fields import FieldPolicy, check_fields, media_urls
 from policies.ports import Admission, Authenticator, RequestLimiter
 from policies.prefix import PrefixConfig, prefix_blocks
-from policies.principal import Principal
-from policies.requests import RequestKind, RequestSummary, validate
+from policies.principal import SCOPE_ENGINE_FIELDS, Principal
+from policies.requests import RequestKind, RequestSummary, json_depth, validate
 from policies.tiering import RouteDecision
 
 T = TypeVar("T")
@@ -100,6 +102,7 @@ class ProxyService:
     observer: RequestObserver
     prefix: PrefixConfig = field(default_factory=PrefixConfig)
     spillover: Spillover | None = None
+    fields: FieldRules = field(default_factory=lambda: FieldRules({}, {}))
 
     async def handle(
         self, request: Request[Any, Any, Any], kind: RequestKind, path: str
@@ -128,7 +131,7 @@ class ProxyService:
         principal = await self.auth.authenticate(headers.get("authorization"))
         ctx.principal = principal
         ctx.mark("auth")
-        body = _decode(await request.body())
+        body = _decode(await request.body(), self.fields.max_depth)
         summary = validate(body, kind)
         ctx.summary = summary
         ctx.mark("validate")
@@ -141,6 +144,7 @@ class ProxyService:
         await asyncio.sleep(0)  # let the check send its command before classifying
         try:
             decision = self._decide(summary, body, principal, headers.get("x-tiergate-tier"))
+            await self.fields.check(body, kind, principal, decision.tier)
         except BaseException:
             await _withdraw(admitting)
             raise
@@ -251,10 +255,47 @@ async def _withdraw(admitting: asyncio.Future[Admission]) -> None:
     await admission.settle(0)
 
 
-def _decode(raw: bytes) -> Any:
+def _decode(raw: bytes, max_depth: int) -> Any:
     if not raw:
         raise InvalidRequest("The request body is empty; send a JSON object.")
     try:
-        return _decoder.decode(raw)
+        body = _decoder.decode(raw)
     except msgspec.DecodeError:
         raise InvalidRequest("The request body is not valid JSON.", code="invalid_json") from None
+    except RecursionError:  # msgspec's own guard, near 1,000 levels
+        raise _too_deep(max_depth) from None
+    # Cheap bound first: a body with fewer brackets than the limit cannot nest deeper.
+    if raw.count(b"{") + raw.count(b"[") > max_depth and json_depth(body) > max_depth:
+        raise _too_deep(max_depth)
+    return body
+
+
+def _too_deep(max_depth: int) -> InvalidRequest:
+    return InvalidRequest(
+        f"The request body nests objects and arrays more than {max_depth} levels deep.",
+        code="json_too_deep",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class FieldRules:
+    """Which fields and media each tier accepts (policies/fields.py), per key scope."""
+
+    structured: Mapping[str, bool]
+    remote_media: Mapping[str, bool]
+    policy: FieldPolicy = field(default_factory=FieldPolicy)
+    max_depth: int = 64
+
+    async def check(
+        self, body: dict[str, Any], kind: RequestKind, principal: Principal, tier: str
+    ) -> None:
+        """Refuse (400) what this key may not send to ``tier``; drop what policy drops."""
+        check_fields(
+            body, kind, self.policy,
+            engine_fields=principal.policy.has_scope(SCOPE_ENGINE_FIELDS),
+            structured_outputs=self.structured.get(tier, True),
+        )
+        if kind == "chat":
+            urls = media_urls(body)
+            if urls:
+                await check_media(urls, remote_allowed=self.remote_media.get(tier, False))

@@ -49,6 +49,10 @@ class TierSettings(BaseModel):
     timeouts: Timeouts = Field(default_factory=Timeouts)
     # What the health monitor probes: vLLM's /health; another server may need another path.
     health_path: str = Field(default="/health", pattern=r"^/[^?#]*$")
+    # http(s) media URLs (image_url...) the backend would fetch itself; data: URLs always pass.
+    allow_remote_media: bool = False
+    # Whether the tier's engine accepts structured_outputs / guided_* fields.
+    structured_outputs: bool = True
 
     @field_validator("replicas")
     @classmethod
@@ -189,6 +193,17 @@ class SpilloverSettings(BaseModel):
     precise_max_utilisation: float = Field(default=0.5, gt=0, le=1)
 
 
+class RequestSettings(BaseModel):
+    """What request bodies may contain (policies/fields.py, policies/requests.py)."""
+
+    # Fields outside OpenAI's API and the documented sampling extras: refuse (400) or drop.
+    unknown_fields: Literal["reject", "drop"] = "reject"
+    # More field names to forward for every key (e.g. a sampling extra of your engine).
+    allowed_extra_fields: list[str] = Field(default_factory=list)
+    # Deepest nesting of objects and arrays accepted in a body (OpenAI bodies need < 10).
+    max_json_depth: int = Field(default=64, ge=4, le=512)
+
+
 class ExposureSettings(BaseModel):
     mode: Literal["off", "warn", "strict"] = "warn"
 
@@ -226,6 +241,7 @@ class Settings(BaseSettings):
     router: RouterSettings = Field(default_factory=RouterSettings)
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
     exposure: ExposureSettings = Field(default_factory=ExposureSettings)
+    requests: RequestSettings = Field(default_factory=RequestSettings)
     retry: RetrySettings = Field(default_factory=RetrySettings)
     health: HealthSettings = Field(default_factory=HealthSettings)
     balancing: BalancingSettings = Field(default_factory=BalancingSettings)

@@ -17,10 +17,16 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from policies.errors import AuthenticationFailed, TierGateError
-from policies.principal import SCOPE_DOWNGRADE, SCOPE_ROUTE_OVERRIDE, KeyPolicy, Principal
+from policies.principal import (
+    SCOPE_DOWNGRADE,
+    SCOPE_ENGINE_FIELDS,
+    SCOPE_ROUTE_OVERRIDE,
+    KeyPolicy,
+    Principal,
+)
 
 KEY_PREFIX = "tg"
-KNOWN_SCOPES = frozenset({SCOPE_ROUTE_OVERRIDE, SCOPE_DOWNGRADE})
+KNOWN_SCOPES = frozenset({SCOPE_ROUTE_OVERRIDE, SCOPE_DOWNGRADE, SCOPE_ENGINE_FIELDS})
 _DAY_S = 86400.0
 _ID_ALPHABET = string.ascii_lowercase + string.digits
 _SECRET_ALPHABET = string.ascii_letters + string.digits

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 # Scopes a key may carry beyond plain inference.
 SCOPE_ROUTE_OVERRIDE = "route_override"  # may force a tier with the x-tiergate-tier header
 SCOPE_DOWNGRADE = "downgrade"  # may fall back from the precise tier to the fast one
+SCOPE_ENGINE_FIELDS = "engine_fields"  # may send engine control fields (priority, ...)
 
 
 @dataclass(frozen=True, slots=True)

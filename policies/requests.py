@@ -138,6 +138,26 @@ def _response_format(body: dict[str, Any]) -> str | None:
     return str(fmt["type"])
 
 
+def json_depth(value: object) -> int:
+    """How deeply objects and arrays nest in a decoded JSON value (a scalar is 0).
+
+    Iterative, so a hostile body cannot exhaust the interpreter's stack.
+    """
+    deepest = 0
+    stack: list[tuple[object, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        deepest = max(deepest, depth)
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+    return deepest
+
+
 def validate(body: object, kind: RequestKind) -> RequestSummary:
     """Check ``body`` for ``kind`` and summarise it; removes upstream-steering fields."""
     if not isinstance(body, dict):

@@ -161,18 +161,18 @@ def test_upstream_4xx_is_passed_through(gateway: GatewayProcess) -> None:
     assert "maximum context length" in resp.json()["error"]["message"]
 
 
-def test_unknown_fields_are_forwarded_and_steering_fields_dropped(
+def test_sampling_extras_are_forwarded_and_steering_fields_dropped(
     gateway: GatewayProcess, fast_sim: SimulatorProcess
 ) -> None:
-    """vLLM extras reach the backend untouched; api_base and friends never do."""
+    """Documented sampling extras reach the backend untouched; api_base and friends never do."""
     body = {
-        "model": "fast", "messages": CHAT, "max_tokens": 3, "top_k": 7,
-        "chat_template_kwargs": {"x": 1}, "api_base": "http://evil.example", "api_key": "k",
+        "model": "fast", "messages": CHAT, "max_tokens": 3, "top_k": 7, "min_p": 0.1,
+        "api_base": "http://evil.example", "api_key": "k",
     }
     assert post(gateway, body).status_code == 200
     seen = fast_sim.stats()["last_request"]
     assert seen["top_k"] == 7
-    assert seen["chat_template_kwargs"] == {"x": 1}
+    assert seen["min_p"] == 0.1
     assert "api_base" not in seen
     assert "api_key" not in seen
     assert seen["model"] == "tiergate-fast"
