@@ -77,14 +77,21 @@ if tl > 0 then trem, treset = math.max(0, math.floor(tl - tk)), ms(tk, tl) end
 return {exceeded, wait, rrem, rreset, trem, treset}
 """
 
-# KEYS: bucket, slots. ARGV: rpm, tpm, period_us, token delta, slot. Refunds never go below 0.
+# KEYS: bucket, slots. ARGV: rpm, tpm, period_us, token delta, slot, request delta. Refunds
+# never go below 0, and a bucket that already drained away is not recreated by a refund.
 _RELEASE = _DRAIN + """
 if ARGV[5] ~= '' then redis.call('ZREM', KEYS[2], ARGV[5]) end
-local delta = tonumber(ARGV[4])
+local delta, rdelta = tonumber(ARGV[4]), tonumber(ARGV[6])
+local changed = false
 if tl > 0 and delta ~= 0 and (v[3] or delta > 0) then
   tk = math.max(0, tk + delta)
-  store()
+  changed = true
 end
+if rl > 0 and rdelta ~= 0 and (v[3] or rdelta > 0) then
+  r = math.max(0, r + rdelta)
+  changed = true
+end
+if changed then store() end
 return 1
 """
 
@@ -155,7 +162,9 @@ class RedisRateLimiter:
             tokens=_quota(spec.tpm, trem, treset),
         )
 
-    async def release(self, key_id: str, spec: LimitSpec, token_delta: int, slot: str) -> None:
-        """Reconcile the token bucket with real usage and free the slot, in one round trip."""
-        args = [spec.rpm or 0, spec.tpm or 0, self._period_us, token_delta, slot]
+    async def release(
+        self, key_id: str, spec: LimitSpec, token_delta: int, slot: str, request_delta: int = 0
+    ) -> None:
+        """Reconcile the buckets with real usage and free the slot, in one round trip."""
+        args = [spec.rpm or 0, spec.tpm or 0, self._period_us, token_delta, slot, request_delta]
         await self._run(self._release, self._keys(key_id), args)

@@ -221,6 +221,9 @@ class _Unlimited:
     async def settle(self, used_tokens: int | None) -> None:
         """Nothing was reserved."""
 
+    async def withdraw(self) -> None:
+        """Nothing was taken."""
+
 
 _UNLIMITED = _Unlimited()
 
@@ -249,16 +252,25 @@ class KeyAdmission:
 
     async def settle(self, used_tokens: int | None) -> None:
         """Refund or charge the difference from the reservation; free the concurrency slot."""
-        if self._settled:
-            return
-        self._settled = True
         delta = 0
         if self._spec.tpm is not None and used_tokens is not None:
             delta = used_tokens - self._reserved
-        if delta == 0 and not self._slot:
+        await self._release(delta, 0)
+
+    async def withdraw(self) -> None:
+        """Refused before forwarding: give back the request, every reserved token and the slot."""
+        tokens = -self._reserved if self._spec.tpm is not None else 0
+        await self._release(tokens, -1 if self._spec.rpm is not None else 0)
+
+    async def _release(self, token_delta: int, request_delta: int) -> None:
+        if self._settled:
+            return
+        self._settled = True
+        if token_delta == 0 and request_delta == 0 and not self._slot:
             return
         try:
-            await self._backend.release(self._key_id, self._spec, delta, self._slot)
+            await self._backend.release(self._key_id, self._spec, token_delta, self._slot,
+                                        request_delta)
         except RateLimitBackendUnavailable as exc:
             # The slot's lease expires in Redis; the reservation stays charged (safe side).
             self._limiter.backend_failed(str(exc))

@@ -21,6 +21,9 @@ class _Unlimited:
     async def settle(self, used_tokens: int | None) -> None:
         """Nothing to reconcile."""
 
+    async def withdraw(self) -> None:
+        """Nothing was taken."""
+
 
 _UNLIMITED = _Unlimited()
 

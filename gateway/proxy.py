@@ -247,12 +247,13 @@ class ProxyService:
 
 
 async def _withdraw(admitting: asyncio.Future[Admission]) -> None:
-    """The request failed before forwarding: give back what the limiter reserved, if anything."""
+    """The request was refused before forwarding: give back all the limiter took (request,
+    tokens, slot), so refusals such as 403/404/400 never consume a key's limits."""
     try:
         admission = await admitting
     except TierGateError:
         return  # refused by the limits too; the earlier error is the one the caller sees
-    await admission.settle(0)
+    await admission.withdraw()
 
 
 def _decode(raw: bytes, max_depth: int) -> Any:

@@ -39,6 +39,14 @@ class Admission(Protocol):
         """Reconcile reserved tokens with the real usage (``None``: unknown) and release."""
         ...
 
+    async def withdraw(self) -> None:
+        """The request was refused before it was forwarded: give back all it took.
+
+        Its request, its reserved tokens and its concurrency slot; an alternative to
+        ``settle`` (whichever comes first counts).
+        """
+        ...
+
 
 class RequestLimiter(Protocol):
     """Applies a key's request, token and concurrency limits; raises RateLimited."""

@@ -138,8 +138,13 @@ class RateLimitBackend(Protocol):
         """Check every limit; when all allow, record one request, ``tokens`` and ``slot``."""
         ...
 
-    async def release(self, key_id: str, spec: LimitSpec, token_delta: int, slot: str) -> None:
-        """Add ``token_delta`` (negative: refund) to the token bucket and free ``slot``."""
+    async def release(
+        self, key_id: str, spec: LimitSpec, token_delta: int, slot: str, request_delta: int = 0
+    ) -> None:
+        """Add ``token_delta`` / ``request_delta`` (negative: refund) to the buckets; free ``slot``.
+
+        Refunds never take a bucket below empty.
+        """
         ...
 
 
@@ -213,10 +218,12 @@ class MemoryRateLimiter:
             tokens=tpm.quota(tok) if tpm is not None else None,
         )
 
-    async def release(self, key_id: str, spec: LimitSpec, token_delta: int, slot: str) -> None:
-        """Reconcile the token bucket and free the concurrency slot."""
+    async def release(
+        self, key_id: str, spec: LimitSpec, token_delta: int, slot: str, request_delta: int = 0
+    ) -> None:
+        """Reconcile the buckets (a withdrawn request gives its request back); free the slot."""
         state, req, tok = self._drained(key_id, spec)
-        state.requests = req
+        state.requests = max(0.0, req + request_delta) if spec.rpm is not None else 0.0
         state.tokens = max(0.0, tok + token_delta) if spec.tpm is not None else 0.0
         state.slots.pop(slot, None)
         if not state.slots and state.requests == 0.0 and state.tokens == 0.0:

@@ -176,3 +176,26 @@ async def test_redis_uses_its_own_clock_not_the_callers() -> None:
         finally:
             await one.aclose()
             await two.aclose()
+
+
+async def test_request_refund_gives_the_request_back(backend: RateLimitBackend) -> None:
+    """A release with request_delta -1 frees that request for the next caller at once."""
+    spec = LimitSpec(rpm=2, tpm=1000)
+    assert (await backend.acquire("k", spec, 400, "")).allowed
+    assert (await backend.acquire("k", spec, 400, "")).allowed
+    assert (await backend.acquire("k", spec, 1, "")).exceeded is Limit.REQUESTS
+    await backend.release("k", spec, -400, "", request_delta=-1)
+    again = await backend.acquire("k", spec, 400, "")
+    assert again.allowed
+    assert again.requests is not None
+    assert again.requests.remaining == 0
+
+
+async def test_request_refund_never_goes_below_empty(backend: RateLimitBackend) -> None:
+    """Refunding more requests than were taken leaves the bucket empty, not negative."""
+    spec = LimitSpec(rpm=2)
+    assert (await backend.acquire("k", spec, 0, "")).allowed
+    await backend.release("k", spec, 0, "", request_delta=-5)
+    for _ in range(2):
+        assert (await backend.acquire("k", spec, 0, "")).allowed
+    assert (await backend.acquire("k", spec, 0, "")).exceeded is Limit.REQUESTS

@@ -126,6 +126,35 @@ async def test_failed_upstream_refunds_all_tokens(memory: KeyLimiter) -> None:
     await memory.admit(key(tpm=100), 100)
 
 
+@pytest.fixture(params=["memory", "redis"])
+async def either(request: pytest.FixtureRequest, metrics: LimitMetrics) -> AsyncIterator[
+    KeyLimiter
+]:
+    """A limiter over each backend in turn."""
+    if request.param == "memory":
+        yield KeyLimiter(MemoryRateLimiter(), metrics=metrics)
+        return
+    server: RedisServer = request.getfixturevalue("redis_server")
+    client = open_redis(RedisSettings(url=server.url, socket_timeout_s=0.5))
+    try:
+        yield redis_limiter(client, metrics, fail_open=False)
+    finally:
+        await client.aclose()
+
+
+async def test_withdraw_gives_back_request_tokens_and_slot(either: KeyLimiter) -> None:
+    """withdraw() (refused before forwarding) returns the request, its tokens and its slot."""
+    limiter = either
+    principal = key(rpm=2, tpm=100, max_concurrency=1)
+    for _ in range(5):
+        admission = await limiter.admit(principal, 100)
+        await admission.withdraw()
+        await admission.settle(100)  # a settle after withdraw is ignored
+    kept = await limiter.admit(principal, 100)
+    assert dict(kept.headers)["x-ratelimit-remaining-requests"] == "1"
+    assert dict(kept.headers)["x-ratelimit-remaining-tokens"] == "0"
+
+
 async def test_too_large_request_has_no_retry_after(memory: KeyLimiter) -> None:
     """A reservation above the whole tpm can never pass: 429 without Retry-After."""
     with pytest.raises(RateLimited, match="Lower max_tokens") as info:
