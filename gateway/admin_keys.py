@@ -21,6 +21,7 @@ from policies.errors import AuthenticationFailed, InvalidRequest, PermissionDeni
 from policies.keys import (
     KEY_PREFIX,
     KeyStore,
+    PolicyError,
     bearer_token,
     create_key,
     describe,
@@ -100,7 +101,9 @@ def admin_key_handlers(
     async def list_keys(request: Request[Any, Any, Any]) -> Response[bytes]:
         guard.check(request.headers.get("authorization"))
         now = clock()
-        return _json({"object": "list", "data": [describe(r, now) for r in await store.all()]})
+        data = [describe(r, now) for r in await store.all()]
+        data += [entry.describe() for entry in await store.damaged()]
+        return _json({"object": "list", "data": data})
 
     @post("/admin/keys", status_code=201)
     async def create(request: Request[Any, Any, Any]) -> Response[bytes]:
@@ -113,6 +116,8 @@ def admin_key_handlers(
                 concurrency=spec.concurrency, expires_in_days=spec.expires_in_days,
                 scopes=spec.scopes, now=now, known_tiers=tiers,
             )
+        except PolicyError as exc:
+            raise InvalidRequest(f"Invalid key request: {exc}", param=exc.param) from None
         except (msgspec.ValidationError, msgspec.DecodeError, ValueError) as exc:
             raise InvalidRequest(f"Invalid key request: {exc}") from None
         if not spec.tenant:

@@ -40,6 +40,13 @@ class NoKeysConfigured(RuntimeError):
     """Authentication is on but the key store holds no usable key: refuse to start."""
 
 
+class KeyFileDamaged(NoKeysConfigured):
+    """The key file has entries that are not valid records: refuse to start until fixed.
+
+    (A running gateway instead keeps serving the valid entries and refuses the damaged ones.)
+    """
+
+
 @dataclass(slots=True)
 class _Cached:
     record: KeyRecord
@@ -148,6 +155,11 @@ def _any_usable(records: list[KeyRecord]) -> bool:
 
 def require_keys_now(store: KeyStore) -> None:
     """Synchronous start-up check for stores read at construction (the file store)."""
+    if isinstance(store, FileKeyStore) and store.damaged_now():
+        problems = "; ".join(f"{d.ref}: {d.reason}" for d in store.damaged_now()[:5])
+        raise KeyFileDamaged(f"{store.path} has entries that are not valid key records "
+                             f"({problems}); fix or remove them (`tiergate keys list` shows "
+                             "them)")
     if isinstance(store, FileKeyStore) and not _any_usable(store.records()):
         raise NoKeysConfigured(_NO_KEYS + f" ({store.path} has none)")
 

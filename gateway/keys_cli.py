@@ -49,7 +49,10 @@ def _pepper(settings: Settings) -> bytes | None:
 def _when(epoch: float | None) -> str:
     if epoch is None:
         return "never"
-    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%MZ")
+    try:
+        return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%MZ")
+    except (OverflowError, ValueError, OSError):  # beyond what datetime can show
+        return f"{epoch:g}"
 
 
 async def _create(args: argparse.Namespace, store: KeyStore, settings: Settings) -> int:
@@ -68,6 +71,8 @@ async def _create(args: argparse.Namespace, store: KeyStore, settings: Settings)
 
 
 def _row(item: dict[str, Any]) -> str:
+    if item["status"] == "damaged":
+        return f"{item['id']:<12} damaged  {item['error']}"
     policy = item["policy"]
     tiers = ",".join(policy["tiers"]) if policy["tiers"] else "all"
     limits = " ".join(
@@ -82,8 +87,9 @@ def _row(item: dict[str, Any]) -> str:
 async def _list(args: argparse.Namespace, store: KeyStore, settings: Settings) -> int:
     now = time.time()
     items = [describe(r, now) for r in await store.all()]
+    items += [entry.describe() for entry in await store.damaged()]
     if args.json:
-        print(json.dumps(items, indent=2))
+        print(json.dumps(items, indent=2, allow_nan=False))
     elif not items:
         print("no keys")
     else:

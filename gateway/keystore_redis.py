@@ -10,11 +10,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import structlog
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from policies.keys import KeyRecord, KeyStoreUnavailable
+from policies.keys import DamagedRecord, KeyRecord, KeyStoreUnavailable
 
+EVENT_RECORD_DAMAGED = "auth.key_record_damaged"
+_log = structlog.get_logger("tiergate.auth")
 _UNAVAILABLE = "The API key store is unavailable; try again shortly."
 
 
@@ -30,12 +33,19 @@ class RedisKeyStore:
         return f"{self._prefix}key:{key_id}"
 
     async def get(self, key_id: str) -> KeyRecord | None:
-        """The record with this id, if any."""
+        """The record with this id, if any (a damaged one is logged and treated as absent)."""
         try:
             raw = await self.client.get(self._key(key_id))
         except (RedisError, OSError) as exc:
             raise KeyStoreUnavailable(_UNAVAILABLE) from exc
-        return _decode(raw)
+        try:
+            record = _decode(raw)
+            if record is not None and record.key_id != key_id:
+                raise ValueError(f"the record stored under {key_id} has another id")  # noqa: TRY301  # one path for every damaged record
+        except ValueError as exc:
+            _log.warning(EVENT_RECORD_DAMAGED, key_id=key_id, error=str(exc)[:200])
+            return None
+        return record
 
     async def put(self, record: KeyRecord) -> None:
         """Create or replace a record (atomically with the id index)."""
@@ -49,21 +59,46 @@ class RedisKeyStore:
             raise KeyStoreUnavailable(_UNAVAILABLE) from exc
 
     async def all(self) -> list[KeyRecord]:
-        """Every record, sorted by creation time."""
+        """Every valid record, sorted by creation time."""
+        records, _ = await self._survey()
+        return records
+
+    async def damaged(self) -> list[DamagedRecord]:
+        """Every indexed entry that is not a valid record."""
+        _, damaged = await self._survey()
+        return damaged
+
+    async def _survey(self) -> tuple[list[KeyRecord], list[DamagedRecord]]:
         try:
-            ids = sorted(m.decode() if isinstance(m, bytes) else str(m)
+            ids = sorted(m.decode(errors="replace") if isinstance(m, bytes) else str(m)
                          for m in await self.client.smembers(self._index))
             raws = await self.client.mget([self._key(i) for i in ids]) if ids else []
         except (RedisError, OSError) as exc:
             raise KeyStoreUnavailable(_UNAVAILABLE) from exc
-        records = [r for r in (_decode(raw) for raw in raws) if r is not None]
-        return sorted(records, key=lambda r: (r.created_at, r.key_id))
+        records: list[KeyRecord] = []
+        damaged: list[DamagedRecord] = []
+        for key_id, raw in zip(ids, raws, strict=True):
+            try:
+                record = _decode(raw)
+            except ValueError as exc:
+                damaged.append(DamagedRecord(key_id[:80], str(exc)))
+                continue
+            if record is not None and record.key_id != key_id:
+                damaged.append(DamagedRecord(key_id[:80], f"the record stored under {key_id} "
+                                                          f"has id {record.key_id}"))
+            elif record is not None:
+                records.append(record)
+        return sorted(records, key=lambda r: (r.created_at, r.key_id)), damaged
 
 
 def _decode(raw: Any) -> KeyRecord | None:
+    """The record stored as ``raw``; ValueError for anything that is not a valid record."""
     if raw is None:
         return None
-    data = json.loads(raw)
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise ValueError(f"the stored value is not JSON ({type(exc).__name__})") from None
     if not isinstance(data, dict):
         raise ValueError("a stored key record is not a JSON object")  # noqa: TRY004  # callers handle every malformed-input case as ValueError
     return KeyRecord.from_dict(data)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 import re
 import secrets
 import string
@@ -28,6 +29,9 @@ from policies.principal import (
 KEY_PREFIX = "tg"
 KNOWN_SCOPES = frozenset({SCOPE_ROUTE_OVERRIDE, SCOPE_DOWNGRADE, SCOPE_ENGINE_FIELDS})
 _DAY_S = 86400.0
+MAX_EXPIRY_DAYS = 3650  # ten years: a longer-lived key is a key that should not expire
+# Limits are applied in doubles (Redis Lua): anything above 2**53 is no longer exact.
+MAX_LIMIT = 2**53
 _ID_ALPHABET = string.ascii_lowercase + string.digits
 _SECRET_ALPHABET = string.ascii_letters + string.digits
 _ID_LENGTH = 10
@@ -35,6 +39,14 @@ _SECRET_LENGTH = 43
 _ID_PATTERN = re.compile(r"[a-z0-9_]{1,64}")
 # tg-<id>-<secret>: the secret is 16-256 printable ASCII characters (we issue 43 base62 ones).
 _KEY_PATTERN = re.compile(KEY_PREFIX + r"-([a-z0-9_]{1,64})-[\x21-\x7e]{16,256}")
+
+
+class PolicyError(ValueError):
+    """A key policy option is invalid; ``param`` names the option (safe to echo)."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class KeyStoreUnavailable(TierGateError):
@@ -105,8 +117,9 @@ def _positive(data: dict[str, Any], name: str) -> int | None:
     value = data.get(name)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"policy field {name!r} must be a positive integer or null")
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_LIMIT:
+        raise PolicyError(f"policy field {name!r} must be an integer from 1 to {MAX_LIMIT} or "
+                          "null", param=name)
     return value
 
 
@@ -115,7 +128,7 @@ def _names(data: dict[str, Any], name: str) -> frozenset[str] | None:
     if value is None:
         return None
     if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
-        raise ValueError(f"policy field {name!r} must be a list of names")
+        raise PolicyError(f"policy field {name!r} must be a list of names", param=name)
     return frozenset(value)
 
 
@@ -126,11 +139,14 @@ def policy_from_dict(data: dict[str, Any]) -> KeyPolicy:
     if unknown:
         raise ValueError(f"unknown policy fields: {sorted(unknown)}")
     expires = data.get("expires_at")
-    if expires is not None and (isinstance(expires, bool) or not isinstance(expires, int | float)):
-        raise ValueError("policy field 'expires_at' must be epoch seconds or null")
+    if expires is not None and (isinstance(expires, bool) or not isinstance(expires, int | float)
+                                or not math.isfinite(expires) or expires < 0):
+        raise PolicyError("policy field 'expires_at' must be finite epoch seconds or null",
+                          param="expires_at")
     tiers = _names(data, "tiers")
     if tiers is not None and not tiers:
-        raise ValueError("policy field 'tiers' must name at least one tier (or be null: all)")
+        raise PolicyError("policy field 'tiers' must name at least one tier (or be null: all)",
+                          param="tiers")
     return KeyPolicy(
         allowed_tiers=tiers,
         rpm=_positive(data, "rpm"),
@@ -193,8 +209,9 @@ class KeyRecord:
         if not isinstance(policy, dict):
             raise ValueError(f"key {key_id}: 'policy' must be a mapping")  # noqa: TRY004  # callers handle every malformed-input case as ValueError
         created = data.get("created_at", 0.0)
-        if isinstance(created, bool) or not isinstance(created, int | float):
-            raise ValueError(f"key {key_id}: 'created_at' must be epoch seconds")  # noqa: TRY004  # callers handle every malformed-input case as ValueError
+        if (isinstance(created, bool) or not isinstance(created, int | float)
+                or not math.isfinite(created)):
+            raise ValueError(f"key {key_id}: 'created_at' must be finite epoch seconds")
         try:
             parsed_policy = policy_from_dict(policy)
         except ValueError as exc:
@@ -228,8 +245,24 @@ def rotate_key(record: KeyRecord, pepper: bytes | None = None) -> tuple[KeyRecor
     return replace(record, digest=key_digest(token, pepper)), token
 
 
+@dataclass(frozen=True, slots=True)
+class DamagedRecord:
+    """A stored entry that is not a valid key record: listed as such, never served."""
+
+    ref: str  # the key id when it can be read, else where the entry is (``entry 3``)
+    reason: str  # what is wrong, naming fields, never quoting stored values
+
+    def describe(self) -> dict[str, Any]:
+        """A listing row for this entry."""
+        return {"id": self.ref, "status": "damaged", "error": self.reason}
+
+
 class KeyStore(Protocol):
-    """Where key records live: a YAML file or Redis. Raises KeyStoreUnavailable on IO errors."""
+    """Where key records live: a YAML file or Redis. Raises KeyStoreUnavailable on IO errors.
+
+    Damaged entries (not valid records) are never returned by ``get`` / ``all``; ``damaged``
+    lists them.
+    """
 
     async def get(self, key_id: str) -> KeyRecord | None:
         """The record with this id, if any."""
@@ -241,6 +274,10 @@ class KeyStore(Protocol):
 
     async def all(self) -> list[KeyRecord]:
         """Every record, disabled ones included, sorted by creation time."""
+        ...
+
+    async def damaged(self) -> list[DamagedRecord]:
+        """Every stored entry that is not a valid record."""
         ...
 
 
@@ -259,12 +296,18 @@ def make_policy(
     """A checked policy from creation options (command line or admin API)."""
     unknown_scopes = set(scopes or ()) - KNOWN_SCOPES
     if unknown_scopes:
-        raise ValueError(f"unknown scopes {sorted(unknown_scopes)}; known: {sorted(KNOWN_SCOPES)}")
+        raise PolicyError(f"unknown scopes {sorted(unknown_scopes)}; known: "
+                          f"{sorted(KNOWN_SCOPES)}", param="scopes")
     if tiers is not None and known_tiers is not None and set(tiers) - set(known_tiers):
-        raise ValueError(f"unknown tiers {sorted(set(tiers) - set(known_tiers))}; "
-                         f"configured: {list(known_tiers)}")
-    if expires_in_days is not None and expires_in_days <= 0:
-        raise ValueError("expires_in_days must be positive")
+        raise PolicyError(f"unknown tiers {sorted(set(tiers) - set(known_tiers))}; "
+                          f"configured: {list(known_tiers)}", param="tiers")
+    if expires_in_days is not None and (
+        isinstance(expires_in_days, bool) or not isinstance(expires_in_days, int | float)
+        or not math.isfinite(expires_in_days) or not 0 < expires_in_days <= MAX_EXPIRY_DAYS
+    ):
+        raise PolicyError(f"expires_in_days must be a number of days above 0 and at most "
+                          f"{MAX_EXPIRY_DAYS} (ten years); leave it out for a key that does not "
+                          "expire", param="expires_in_days")
     expires = now + expires_in_days * _DAY_S if expires_in_days is not None else None
     return policy_from_dict({
         "tiers": tiers, "rpm": rpm, "tpm": tpm, "max_tokens": max_tokens,

@@ -211,6 +211,21 @@ async def test_admin_api_refuses_other_credentials(client: AsyncTestClient[Any],
     assert bad.status_code == 400
 
 
+@pytest.mark.parametrize("days", [1e308, 3651, 0, -5, "1e400"])
+async def test_admin_api_bounds_expiry(client: AsyncTestClient[Any], days: object) -> None:
+    """expires_in_days above ten years, non-positive or out of range: OpenAI-shaped 400."""
+    raw = b'{"tenant": "t", "expires_in_days": ' + str(days).encode() + b"}"
+    response = await client.post("/admin/keys", content=raw,
+                                 headers={**bearer(ADMIN), "content-type": "application/json"})
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == "invalid_request_error"
+    assert "expires_in_days" in error["message"]
+    listing = (await client.get("/admin/keys", headers=bearer(ADMIN))).json()["data"]
+    assert all(item["tenant"] != "t" or item["status"] != "active" for item in listing)
+
+
 async def test_admin_api_absent_without_token(sim: SimulatorProcess, keys: Keys) -> None:
     """With no admin token configured, /admin/keys does not exist."""
     keys.add()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -93,6 +94,66 @@ def test_bad_options_fail_cleanly(tmp_path: Path, capsys: pytest.CaptureFixture[
                        "--scope", "admin")
     assert code == 2
     assert not path.exists()
+
+
+@pytest.mark.parametrize("days", ["1e308", "inf", "nan", "3651", "0"])
+def test_expiry_beyond_ten_years_is_refused(
+    days: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--expires-in must be above 0 and at most 3650 days: exit 2, a clear message, no key."""
+    path = tmp_path / "keys.yaml"
+    code, out, err = run(capsys, "create", "--keys-file", str(path), "--tenant", "t",
+                         "--expires-in", days)
+    assert code == 2
+    assert "at most 3650" in err
+    assert "tg-" not in out
+    assert not path.exists()
+
+
+def test_list_shows_damaged_records_instead_of_crashing(
+    redis_server: RedisServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Stored garbage (an infinite expiry, bytes, a list) is listed as damaged; exit 0."""
+    code, _, _ = run(capsys, "create", "--redis-url", redis_server.url, "--tenant", "ok")
+    assert code == 0
+
+    async def corrupt() -> None:
+        client = Redis.from_url(redis_server.url)
+        try:
+            record = {"id": "forever", "tenant": "t", "digest": "sha256:00",
+                      "policy": {"expires_at": 1e308 * 10}}
+            for key_id, raw in (("forever", json.dumps(record)), ("bytes", b"\xfe\xff"),
+                                ("alist", "[]")):
+                await client.set(f"tiergate:key:{key_id}", raw)
+                await client.sadd("tiergate:keys", key_id)
+        finally:
+            await client.aclose()
+
+    asyncio.run(corrupt())
+    code, text, err = run(capsys, "list", "--redis-url", redis_server.url)
+    assert code == 0, err
+    rows = {line.split()[0]: line for line in text.splitlines()}
+    assert len(rows) == 4
+    for key_id in ("forever", "bytes", "alist"):
+        assert " damaged " in rows[key_id]
+    assert "expires_at" in rows["forever"]
+    code, raw, _ = run(capsys, "list", "--redis-url", redis_server.url, "--json")
+    assert code == 0
+    statuses = sorted(item["status"] for item in json.loads(raw))
+    assert statuses == ["active", "damaged", "damaged", "damaged"]
+
+
+def test_list_survives_a_far_future_expiry(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A finite expiry beyond year 9999 (written by hand) is listed, not a crash."""
+    path = tmp_path / "keys.yaml"
+    run(capsys, "create", "--keys-file", str(path), "--tenant", "t", "--expires-in", "30")
+    text = path.read_text()
+    path.write_text(re.sub(r"expires_at: [0-9.e+]+", "expires_at: 1.0e+300", text))
+    code, out, err = run(capsys, "list", "--keys-file", str(path))
+    assert code == 0, err
+    assert "expires=1e+300" in out
 
 
 def test_redis_store_via_url(redis_server: RedisServer, capsys: pytest.CaptureFixture[str]) -> None:

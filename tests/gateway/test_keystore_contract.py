@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import stat
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+import yaml
 from redis.asyncio import Redis
 
+from gateway.auth import KeyFileDamaged, require_keys_now
 from gateway.keystore_file import FileKeyStore
 from gateway.keystore_redis import RedisKeyStore
 from gateway.limiter_redis import open_redis
@@ -18,6 +21,7 @@ from policies.keys import (
     KeyStore,
     KeyStoreUnavailable,
     create_key,
+    issue_key,
     revoke_key,
     rotate_stored_key,
 )
@@ -128,11 +132,58 @@ async def test_file_is_private_and_shared_between_instances(tmp_path: Path) -> N
 
 
 def test_malformed_file_is_refused_with_its_path(tmp_path: Path) -> None:
-    """A key file that does not parse stops start-up with a clear message."""
+    """A key file with an invalid entry stops start-up with a clear message naming it."""
     path = tmp_path / "keys.yaml"
     path.write_text("keys:\n  - id: abc\n    tenant: t\n    digest: md5:00\n")
-    with pytest.raises(ValueError, match="digest"):
-        FileKeyStore(path)
+    with pytest.raises(KeyFileDamaged, match=r"keys\.yaml.*abc.*digest"):
+        require_keys_now(FileKeyStore(path))
+
+
+async def test_damaged_file_entries_are_listed_kept_and_never_served(tmp_path: Path) -> None:
+    """Damaged entries are listed, survive a rewrite unchanged, and no key is served from them."""
+    path = tmp_path / "keys.yaml"
+    good, _ = issue_key("t", KeyPolicy(), now=NOW)
+    twin, _ = issue_key("t", KeyPolicy(), now=NOW)
+    twin_entry = twin.to_dict()
+    bad_policy = {**good.to_dict(), "id": "badexpiry", "policy": {"expires_at": ".inf"}}
+    body = {"keys": [good.to_dict(), bad_policy, twin_entry, twin_entry, "junk"]}
+    path.write_text(yaml.safe_dump(body).replace("'.inf'", ".inf"))
+    store = FileKeyStore(path, reload_interval_s=0)
+    assert await store.get(good.key_id) == good
+    assert await store.get("badexpiry") is None
+    assert await store.get(twin.key_id) is None  # an id written twice: neither copy counts
+    damaged = {d.ref: d.reason for d in await store.damaged()}
+    assert set(damaged) == {"badexpiry", twin.key_id, "entry 5"}
+    assert "expires_at" in damaged["badexpiry"]
+    other, _ = await create_key(store, "u", KeyPolicy(), now=NOW + 1)
+    reread = FileKeyStore(path)
+    assert {r.key_id for r in reread.records()} == {good.key_id, other.key_id}
+    refs = {d.ref for d in reread.damaged_now()}
+    assert len(refs) == 3
+    assert {"badexpiry", twin.key_id} < refs
+    assert any(ref.startswith("entry ") for ref in refs)
+
+
+async def test_redis_damaged_records_are_listed_and_never_served(
+    redis_server: RedisServer,
+) -> None:
+    """Garbage under a key's Redis name is absent for get, listed by damaged(), kept by all()."""
+    client = Redis.from_url(redis_server.url)
+    try:
+        store = RedisKeyStore(client)
+        record, _ = await create_key(store, "a", KeyPolicy(), now=NOW)
+        garbage = {"notjson": b"\xff{", "inf": json.dumps({**record.to_dict(), "id": "inf",
+                                                          "policy": {"expires_at": 1e308 * 10}}),
+                   "list": b"[1, 2]", "other": json.dumps(record.to_dict())}
+        for key_id, raw in garbage.items():
+            await client.set(f"tiergate:key:{key_id}", raw)
+            await client.sadd("tiergate:keys", key_id)
+        for key_id in garbage:
+            assert await store.get(key_id) is None
+        assert await store.all() == [record]
+        assert {d.ref for d in await store.damaged()} == set(garbage)
+    finally:
+        await client.aclose()
 
 
 async def test_redis_store_down_raises_unavailable() -> None:

@@ -7,6 +7,7 @@ import pytest
 from policies.errors import AuthenticationFailed
 from policies.keys import (
     KeyRecord,
+    PolicyError,
     bearer_token,
     describe,
     issue_key,
@@ -113,6 +114,29 @@ def test_make_policy_checks_scopes_tiers_and_expiry() -> None:
         make_policy(scopes=["root"], now=NOW)
     with pytest.raises(ValueError, match="tiers"):
         make_policy(tiers=["gpu"], now=NOW, known_tiers=("fast",))
+
+
+@pytest.mark.parametrize("days", [0, -1, 3650.001, 1e308, float("inf"), float("nan"), True])
+def test_expiry_is_bounded_to_ten_years(days: float) -> None:
+    """expires_in_days must be finite, positive and at most 3650; the error names the option."""
+    with pytest.raises(PolicyError, match="at most 3650") as caught:
+        make_policy(expires_in_days=days, now=NOW)
+    assert caught.value.param == "expires_in_days"
+
+
+def test_ten_years_is_accepted() -> None:
+    """Exactly 3650 days is the longest expiry."""
+    assert make_policy(expires_in_days=3650, now=NOW).expires_at == NOW + 3650 * 86400
+
+
+@pytest.mark.parametrize("policy", [{"expires_at": float("inf")}, {"expires_at": float("nan")},
+                                    {"expires_at": -1}, {"rpm": 2**60}, {"tpm": 2**53 + 1}])
+def test_stored_policies_with_non_finite_or_huge_values_are_refused(
+    policy: dict[str, object],
+) -> None:
+    """A stored policy with an infinite, NaN, negative expiry or a limit above 2**53 is invalid."""
+    with pytest.raises(PolicyError):
+        policy_from_dict(policy)
 
 
 def test_usable_and_describe_report_status() -> None:
