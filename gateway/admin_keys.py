@@ -93,9 +93,18 @@ def admin_key_handlers(
     tiers: tuple[str, ...],
     pepper: bytes | None = None,
     clock: Callable[[], float] = time.time,
+    on_change: Callable[[str], None] | None = None,
 ) -> list[Any]:
-    """Route handlers for ``/admin/keys`` guarded by ``token``."""
+    """Route handlers for ``/admin/keys`` guarded by ``token``.
+
+    ``on_change(key_id)`` runs after every stored change, before the answer is sent (the
+    authenticator drops the id from its cache, so the change applies here at once).
+    """
     guard = AdminGuard(token)
+
+    def changed(key_id: str) -> None:
+        if on_change is not None:
+            on_change(key_id)
 
     @get("/admin/keys")
     async def list_keys(request: Request[Any, Any, Any]) -> Response[bytes]:
@@ -124,6 +133,7 @@ def admin_key_handlers(
             raise InvalidRequest("A key needs a tenant.", param="tenant")
         record, key = await create_key(store, spec.tenant, policy, now=now, name=spec.name,
                                        pepper=pepper)
+        changed(record.key_id)
         return _json({**describe(record, now), "key": key}, status=201)
 
     @delete("/admin/keys/{key_id:str}", status_code=200)
@@ -132,6 +142,7 @@ def admin_key_handlers(
         record = await revoke_key(store, _checked_id(key_id))
         if record is None:
             raise KeyNotFound("No key has this id.", param="key_id")
+        changed(record.key_id)
         return _json(describe(record, clock()))
 
     @post("/admin/keys/{key_id:str}/rotate", status_code=200)
@@ -144,6 +155,7 @@ def admin_key_handlers(
         if result is None:
             raise KeyNotFound("No key has this id.", param="key_id")
         record, key = result
+        changed(record.key_id)
         return _json({**describe(record, clock()), "key": key})
 
     return [list_keys, create, revoke, rotate]

@@ -1,24 +1,30 @@
 """The authentication stage: ``Authorization: Bearer tg-…`` → a Principal with its key policy.
 
-Verified records are kept in a local cache for ``auth.cache_ttl_s``: that keeps the hot path
-free of store round trips, and keeps known keys working while Redis is down (the stale record
-is used until Redis answers again). A revocation or policy change therefore reaches every
-replica within ``cache_ttl_s``; a new key works at once (unknown ids are never cached).
-Failures are closed: no branch builds a principal without a matching, usable record.
+With the Redis store, verified records (and ids Redis does not know) are kept in a local cache
+(gateway/key_cache.py): that keeps the hot path free of store round trips, and keeps known
+keys working while Redis is down (the stale record is used until Redis answers again). Every
+change is pushed to every replica over Redis pub/sub (gateway/key_feed.py) and applied at once;
+``auth.cache_ttl_s`` is only the backstop. A change made through this replica's admin API is
+applied here before the answer is sent. The file store is read from memory and re-read at most
+every ``auth.keys_reload_interval_s``, which is then the bound. Failures are closed: no branch
+builds a principal without a matching, usable record.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
+import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import structlog
 from redis.asyncio import Redis
 
 from gateway.admin_keys import admin_key_handlers
+from gateway.key_cache import CachedKey, KeyCache
+from gateway.key_feed import KeyChangeFeed
 from gateway.keystore_file import FileKeyStore
 from gateway.keystore_redis import RedisKeyStore
 from gateway.limiter_redis import open_redis
@@ -26,7 +32,16 @@ from gateway.limits import BackendHealth, LimitMetrics, build_limiter
 from gateway.passthrough import OpenAuthenticator
 from gateway.settings import AuthSettings, Settings
 from policies.errors import AuthenticationFailed
-from policies.keys import KeyRecord, KeyStore, KeyStoreUnavailable, bearer_token, parse_key
+from policies.keys import (
+    KEY_PREFIX,
+    KeyRecord,
+    KeyStore,
+    KeyStoreUnavailable,
+    bearer_token,
+    key_digest,
+    new_key_id,
+    parse_key,
+)
 from policies.ports import Authenticator, RequestLimiter
 from policies.principal import Principal
 
@@ -47,15 +62,14 @@ class KeyFileDamaged(NoKeysConfigured):
     """
 
 
-@dataclass(slots=True)
-class _Cached:
-    record: KeyRecord
-    principal: Principal
-    fetched_at: float
-
-
 class KeyAuthenticator:
-    """The ``Authenticator`` port over a key store, with a local cache of verified records."""
+    """The ``Authenticator`` port over a key store, with a local cache of verified records.
+
+    Rejection takes the same time whether or not the key id exists: the key's digest is always
+    computed and compared, against a dummy digest when there is no record, and ids the store
+    does not know are cached like known ones (``KeyCache``), so neither costs a store round
+    trip more than the other.
+    """
 
     def __init__(
         self,
@@ -63,17 +77,24 @@ class KeyAuthenticator:
         *,
         pepper: bytes | None = None,
         cache_ttl_s: float = 30.0,
+        unknown_ttl_s: float = 10.0,
         health: BackendHealth | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.store = store
         self._pepper = pepper
-        self._ttl = cache_ttl_s
+        self.cache = KeyCache(ttl_s=cache_ttl_s, unknown_ttl_s=unknown_ttl_s)
         self._health = health
         self._clock = clock
         self._wall = wall_clock
-        self._cache: dict[str, _Cached] = {}
+        # What a missing record is compared against: same algorithm and length as a real one.
+        self._dummy = key_digest(f"{KEY_PREFIX}-{new_key_id()}-{secrets.token_urlsafe(32)}",
+                                 pepper)
+
+    def forget(self, key_id: str) -> None:
+        """``key_id`` was changed here (admin API): the next request asks the store."""
+        self.cache.forget(key_id)
 
     async def authenticate(self, authorization: str | None) -> Principal:
         """The principal of a valid, enabled, unexpired key; 401 otherwise."""
@@ -82,7 +103,9 @@ class KeyAuthenticator:
         if key_id is None:
             raise AuthenticationFailed(_BAD_KEY)
         entry = await self._entry(key_id)
-        if entry is None or not entry.record.matches(token, self._pepper):
+        expected = entry.record.digest if entry is not None else self._dummy
+        matched = hmac.compare_digest(key_digest(token, self._pepper), expected)
+        if entry is None or not matched:
             raise AuthenticationFailed(_BAD_KEY)
         record = entry.record
         if record.disabled:
@@ -93,11 +116,13 @@ class KeyAuthenticator:
                                        code="api_key_expired")
         return entry.principal
 
-    async def _entry(self, key_id: str) -> _Cached | None:
-        cached = self._cache.get(key_id)
-        now = self._clock()
-        if cached is not None and now - cached.fetched_at < self._ttl:
+    async def _entry(self, key_id: str) -> CachedKey | None:
+        cache, now = self.cache, self._clock()
+        cached = cache.entry(key_id)
+        if cached is not None and cache.fresh(cached, now):
             return cached
+        if cached is None and cache.known_unknown(key_id, now):
+            return None
         health = self._health
         if health is not None and not health.should_try():
             return self._stale(cached)
@@ -110,14 +135,12 @@ class KeyAuthenticator:
         if health is not None:
             health.succeeded()
         if record is None:
-            self._cache.pop(key_id, None)
+            cache.put_unknown(key_id, now)
             return None
-        entry = _Cached(record, record.principal(), now)
-        self._cache[key_id] = entry
-        return entry
+        return cache.put(record, now)
 
     @staticmethod
-    def _stale(cached: _Cached | None) -> _Cached:
+    def _stale(cached: CachedKey | None) -> CachedKey:
         if cached is None:
             raise KeyStoreUnavailable("The API key store is unavailable; try again shortly.",
                                       headers={"retry-after": "1"})
@@ -228,27 +251,45 @@ class Access:
         self.authenticator: Authenticator = auth or self._authenticator(settings)
         self.limiter: RequestLimiter = limiter or build_limiter(settings, self.client,
                                                                 self.metrics)
+        self.feed: KeyChangeFeed | None = None
+        authenticator = self.authenticator
+        if (isinstance(authenticator, KeyAuthenticator) and isinstance(self.store, RedisKeyStore)
+                and self.client is not None):
+            self.feed = KeyChangeFeed(self.client, self.store.channel, authenticator.cache,
+                                      retry_interval_s=settings.ratelimit.redis_retry_interval_s)
         self.handlers: list[Any] = []
         if admin_token is not None and self.store is not None:
+            # A change made here applies here at once, before the answer (the feed tells the
+            # other replicas; for the file store they see it on their next reload).
+            forget = authenticator.forget if isinstance(authenticator, KeyAuthenticator) else None
             self.handlers = admin_key_handlers(self.store, admin_token, tiers=tuple(settings.tiers),
-                                               pepper=pepper_of(cfg))
+                                               pepper=pepper_of(cfg), on_change=forget)
 
     def _authenticator(self, settings: Settings) -> Authenticator:
         if self.store is None:
             return OpenAuthenticator()
+        cfg = settings.auth
+        if cfg.store != "redis":
+            # The file store already serves from memory and re-reads the file at most every
+            # keys_reload_interval_s: a second cache would only delay revocations.
+            return KeyAuthenticator(self.store, pepper=pepper_of(cfg), cache_ttl_s=0,
+                                    unknown_ttl_s=0)
         health = BackendHealth("redis", down_event=EVENT_STORE_DOWN, up_event=EVENT_STORE_UP,
                                retry_interval_s=settings.ratelimit.redis_retry_interval_s)
-        return KeyAuthenticator(self.store, pepper=pepper_of(settings.auth),
-                                cache_ttl_s=settings.auth.cache_ttl_s,
-                                health=health if settings.auth.store == "redis" else None)
+        return KeyAuthenticator(self.store, pepper=pepper_of(cfg), cache_ttl_s=cfg.cache_ttl_s,
+                                unknown_ttl_s=cfg.unknown_key_cache_ttl_s, health=health)
 
     async def startup(self) -> None:
         """Refuse to start (NoKeysConfigured) when the key store surely has no usable key."""
         store = self.store
+        if self.feed is not None:
+            self.feed.start()
         if self._check_store and isinstance(store, RedisKeyStore) and not await require_keys(store):
             _log.warning(EVENT_STORE_DOWN, backend="redis", phase="startup")
 
     async def shutdown(self) -> None:
-        """Close the Redis connection pool."""
+        """Stop the key feed; close the Redis connection pool."""
+        if self.feed is not None:
+            await self.feed.stop()
         if self.client is not None:
             await self.client.aclose()

@@ -98,12 +98,20 @@ async def _list(args: argparse.Namespace, store: KeyStore, settings: Settings) -
     return 0
 
 
+def _applies(store: KeyStore) -> str:
+    """When a change reaches running gateways, truthfully for each store."""
+    if isinstance(store, FileKeyStore):
+        return ("gateways reading this file apply it within their auth.keys_reload_interval_s "
+                "(1 s by default)")
+    return "every gateway on this Redis applies it at once"
+
+
 async def _revoke(args: argparse.Namespace, store: KeyStore, settings: Settings) -> int:
     record = await revoke_key(store, args.key_id)
     if record is None:
         print(f"tiergate keys: no key has id {args.key_id!r}", file=sys.stderr)
         return 1
-    print(f"revoked key {record.key_id} (tenant {record.tenant!r})")
+    print(f"revoked key {record.key_id} (tenant {record.tenant!r}); {_applies(store)}")
     return 0
 
 
@@ -113,7 +121,8 @@ async def _rotate(args: argparse.Namespace, store: KeyStore, settings: Settings)
         print(f"tiergate keys: no key has id {args.key_id!r}", file=sys.stderr)
         return 1
     record, key = result
-    print(f"rotated key {record.key_id}; the old key no longer works. New key, shown once:")
+    print(f"rotated key {record.key_id}: the old key stops working and the new one works; "
+          f"{_applies(store)}. New key, shown once:")
     print(key)
     return 0
 

@@ -1,8 +1,8 @@
 """The Redis key store: records shared by every gateway replica.
 
-One JSON string per key at ``<prefix>key:<id>`` and a set of ids at ``<prefix>keys``. A key
-created on one replica is found by all of them at once (lookups of unknown ids are never
-cached); a revocation reaches the others within their ``auth.cache_ttl_s``.
+One JSON string per key at ``<prefix>key:<id>`` and a set of ids at ``<prefix>keys``; every
+write also publishes the id on ``<prefix>keys:changed``, which each gateway replica listens to
+(gateway/key_feed.py) so a creation, revocation or rotation applies everywhere at once.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ class RedisKeyStore:
         self.client = client
         self._prefix = prefix
         self._index = prefix + "keys"
+        self.channel = prefix + "keys:changed"  # every write publishes the key id here
 
     def _key(self, key_id: str) -> str:
         return f"{self._prefix}key:{key_id}"
@@ -48,12 +49,17 @@ class RedisKeyStore:
         return record
 
     async def put(self, record: KeyRecord) -> None:
-        """Create or replace a record (atomically with the id index)."""
+        """Create or replace a record (atomically with the id index), and announce the change.
+
+        The id is published on ``channel`` in the same transaction, so every subscribed replica
+        has been sent it before this returns (gateway/key_feed.py).
+        """
         data = json.dumps(record.to_dict(), separators=(",", ":"))
         try:
             async with self.client.pipeline(transaction=True) as pipe:
                 pipe.set(self._key(record.key_id), data)
                 pipe.sadd(self._index, record.key_id)
+                pipe.publish(self.channel, record.key_id)
                 await pipe.execute()
         except (RedisError, OSError) as exc:
             raise KeyStoreUnavailable(_UNAVAILABLE) from exc

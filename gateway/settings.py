@@ -76,11 +76,16 @@ class AuthSettings(BaseModel):
     keys_file: Path | None = None
     admin_token: str | None = Field(default=None, repr=False)
     admin_token_file: Path | None = None
+    # Redis store: how long a verified record / an unknown id is kept locally. Changes are
+    # pushed to every replica over pub/sub at once; these are backstops (docs/key-revocation.md).
     cache_ttl_s: float = Field(default=30.0, ge=0)
+    unknown_key_cache_ttl_s: float = Field(default=10.0, ge=0)
     # Optional server-side secret: key digests become HMAC-SHA-256(pepper, key). Changing it
     # invalidates every existing key.
     pepper: str | None = Field(default=None, repr=False)
-    keys_reload_interval_s: float = Field(default=2.0, ge=0)
+    # File store: how often the key file's mtime is checked, i.e. the bound on how long a
+    # revocation written to the file by another process takes to apply here.
+    keys_reload_interval_s: float = Field(default=1.0, ge=0)
 
     def read_admin_token(self) -> str | None:
         """The admin token from the setting or its file; ``None`` keeps admin routes off."""

@@ -1,0 +1,96 @@
+"""The authenticator's local cache of key records: verified records and recently unknown ids.
+
+A record is kept for ``ttl_s`` and an unknown id for ``unknown_ttl_s``, but neither has to
+wait that long to change: a change feed (Redis pub/sub, gateway/key_feed.py) or the admin API
+``forget``s an id the moment it changes, and a feed that (re)subscribes ``revalidate``s
+everything, since changes may have been missed while it was away. Revalidation marks records
+stale rather than dropping them, so a known key still works from the cache while the store is
+unreachable.
+
+Unknown ids are remembered only while a change feed is live (otherwise a key created on another
+replica could be refused until the entry expires); while a feed is attached but down, records
+are trusted for at most ``DEGRADED_TTL_S``, so a revocation still applies within a second as
+long as the store answers. The unknown-id memory is bounded (``max_unknown``, oldest first).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from policies.keys import KeyRecord
+from policies.principal import Principal
+
+DEGRADED_TTL_S = 1.0
+_NEVER = float("-inf")
+
+
+@dataclass(slots=True)
+class CachedKey:
+    """A verified record, its principal, and when it was fetched (monotonic seconds)."""
+
+    record: KeyRecord
+    principal: Principal
+    fetched_at: float
+
+
+class KeyCache:
+    """Records by id, and ids the store said it does not know."""
+
+    def __init__(self, *, ttl_s: float, unknown_ttl_s: float, max_unknown: int = 10_000) -> None:
+        self._ttl = ttl_s
+        self._unknown_ttl = unknown_ttl_s
+        self._max_unknown = max_unknown
+        self._records: dict[str, CachedKey] = {}
+        self._unknown: dict[str, float] = {}  # id -> when the store said "no such key"
+        self.feed_live: bool | None = None  # None: no change feed attached
+
+    def _record_ttl(self) -> float:
+        return self._ttl if self.feed_live is not False else min(self._ttl, DEGRADED_TTL_S)
+
+    def entry(self, key_id: str) -> CachedKey | None:
+        """The cached record of ``key_id``, fresh or stale (the caller decides)."""
+        return self._records.get(key_id)
+
+    def fresh(self, entry: CachedKey, now: float) -> bool:
+        """True while ``entry`` may be used without asking the store."""
+        return now - entry.fetched_at < self._record_ttl()
+
+    def known_unknown(self, key_id: str, now: float) -> bool:
+        """True when the store said recently that it has no such key (and a feed is live)."""
+        since = self._unknown.get(key_id)
+        if since is None:
+            return False
+        if self.feed_live and now - since < self._unknown_ttl:
+            return True
+        del self._unknown[key_id]
+        return False
+
+    def put(self, record: KeyRecord, now: float) -> CachedKey:
+        """Remember a record the store returned."""
+        self._unknown.pop(record.key_id, None)
+        entry = CachedKey(record, record.principal(), now)
+        self._records[record.key_id] = entry
+        return entry
+
+    def put_unknown(self, key_id: str, now: float) -> None:
+        """Remember that the store has no such key (only useful while a feed is live)."""
+        self._records.pop(key_id, None)
+        if not self.feed_live or self._unknown_ttl <= 0:
+            return
+        if len(self._unknown) >= self._max_unknown:
+            del self._unknown[next(iter(self._unknown))]  # the oldest entry
+        self._unknown[key_id] = now
+
+    def forget(self, key_id: str) -> None:
+        """``key_id`` changed (created, revoked, rotated, re-scoped): ask the store next time."""
+        self._records.pop(key_id, None)
+        self._unknown.pop(key_id, None)
+
+    def revalidate(self) -> None:
+        """Changes may have been missed: every record is stale, every unknown id forgotten."""
+        for entry in self._records.values():
+            entry.fetched_at = _NEVER
+        self._unknown.clear()
+
+    def __len__(self) -> int:
+        return len(self._records) + len(self._unknown)

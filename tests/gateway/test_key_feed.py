@@ -1,0 +1,184 @@
+"""Key changes pushed over Redis pub/sub: revocation, rotation and creation apply at once."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, replace
+
+import pytest
+from redis.asyncio import Redis
+from structlog.testing import capture_logs
+
+from gateway.auth import KeyAuthenticator
+from gateway.key_feed import EVENT_FEED_DOWN, EVENT_FEED_UP, KeyChangeFeed
+from gateway.keystore_redis import RedisKeyStore
+from gateway.limiter_redis import open_redis
+from gateway.settings import RedisSettings
+from policies.errors import AuthenticationFailed
+from policies.keys import (
+    KeyStoreUnavailable,
+    create_key,
+    issue_key,
+    revoke_key,
+    rotate_stored_key,
+)
+from policies.principal import KeyPolicy
+from tests.redis_server import RedisServer, redis_server
+
+__all__ = ["redis_server"]
+
+
+@dataclass
+class Replica:
+    """One gateway's authenticator, with its own Redis client and change feed."""
+
+    client: Redis
+    auth: KeyAuthenticator
+    feed: KeyChangeFeed
+
+    async def accepts(self, token: str) -> bool:
+        """True when ``token`` authenticates here."""
+        try:
+            await self.auth.authenticate(f"Bearer {token}")
+        except AuthenticationFailed:
+            return False
+        return True
+
+
+async def until(check: Callable[[], Awaitable[bool]], within: float = 2.0) -> float:
+    """Seconds until ``check()`` is true; fails after ``within`` seconds."""
+    start = time.monotonic()
+    while not await check():
+        assert time.monotonic() - start < within, "condition not reached in time"
+        await asyncio.sleep(0.005)
+    return time.monotonic() - start
+
+
+@pytest.fixture
+async def replicas(redis_server: RedisServer) -> AsyncIterator[list[Replica]]:
+    """Two replicas with long cache TTLs: only the feed can make a change visible quickly."""
+    made: list[Replica] = []
+    for _ in range(2):
+        client = open_redis(RedisSettings(url=redis_server.url, socket_timeout_s=0.5))
+        store = RedisKeyStore(client)
+        auth = KeyAuthenticator(store, cache_ttl_s=600.0, unknown_ttl_s=600.0)
+        feed = KeyChangeFeed(client, store.channel, auth.cache, retry_interval_s=0.05,
+                             ping_interval_s=0.5)
+        feed.start()
+        made.append(Replica(client, auth, feed))
+    for replica in made:
+        await until(lambda r=replica: asyncio.sleep(0, r.feed.subscriptions > 0))
+    yield made
+    for replica in made:
+        await replica.feed.stop()
+        await replica.client.aclose()
+
+
+def store_of(replica: Replica) -> RedisKeyStore:
+    """The replica's key store."""
+    store = replica.auth.store
+    assert isinstance(store, RedisKeyStore)
+    return store
+
+
+async def test_revocation_on_one_replica_applies_on_another_within_a_second(
+    replicas: list[Replica],
+) -> None:
+    """A key cached by replica B stops working there within 1 s of a revoke through A."""
+    one, two = replicas
+    record, token = await create_key(store_of(one), "t", KeyPolicy(), now=time.time())
+    assert await two.accepts(token)  # cached on B for up to 600 s without the feed
+    await revoke_key(store_of(one), record.key_id)
+    elapsed = await until(lambda: _refused(two, token), within=1.0)
+    assert elapsed < 1.0
+
+
+async def _refused(replica: Replica, token: str) -> bool:
+    return not await replica.accepts(token)
+
+
+async def test_rotation_swaps_secrets_everywhere(replicas: list[Replica]) -> None:
+    """After rotate, the new secret works and the old one fails on every replica."""
+    one, two = replicas
+    record, old = await create_key(store_of(one), "t", KeyPolicy(), now=time.time())
+    assert await one.accepts(old)
+    assert await two.accepts(old)
+    result = await rotate_stored_key(store_of(one), record.key_id)
+    assert result is not None
+    _, new = result
+    for replica in replicas:
+        await until(lambda r=replica: r.accepts(new), within=1.0)
+        assert not await replica.accepts(old)
+
+
+async def test_unknown_ids_are_cached_until_the_key_is_created(
+    replicas: list[Replica], redis_server: RedisServer
+) -> None:
+    """Repeated unknown ids cost one GET, and creating that key elsewhere makes it work."""
+    one, two = replicas
+    record, token = issue_key("t", KeyPolicy(), now=time.time())
+    probe = Redis.from_url(redis_server.url)
+    try:
+        assert not await two.accepts(token)
+        before = await _gets(probe)
+        for _ in range(50):
+            assert not await two.accepts(token)
+        assert await _gets(probe) == before  # answered from the unknown-id cache
+        await store_of(one).put(record)
+        assert await until(lambda: two.accepts(token), within=1.0) < 1.0
+    finally:
+        await probe.aclose()
+
+
+async def _gets(client: Redis) -> int:
+    stats = await client.info("commandstats")
+    return int(stats.get("cmdstat_get", {}).get("calls", 0))
+
+
+async def test_cache_serves_through_an_outage_and_revalidates_on_reconnect(
+    replicas: list[Replica], redis_server: RedisServer
+) -> None:
+    """Redis down: cached keys work; back up: the feed resubscribes and missed revokes apply."""
+    one, two = replicas
+    record, token = await create_key(store_of(one), "t", KeyPolicy(), now=time.time())
+    assert await two.accepts(token)
+    subscribed = two.feed.subscriptions
+    with capture_logs() as logs:
+        redis_server.kill()
+        await until(lambda: asyncio.sleep(0, two.auth.cache.feed_live is False))
+        for _ in range(3):
+            assert await two.accepts(token)  # stale but served: the store is unreachable
+        with pytest.raises(KeyStoreUnavailable):
+            await two.auth.authenticate("Bearer tg-neverseen0-" + "z" * 43)
+        redis_server.start()
+        # Redis came back empty; the record returns already revoked, written without a
+        # publish: a change B never heard of, which only revalidation can apply.
+        revoked = json.dumps(replace(record, disabled=True).to_dict())
+        await one.client.set(f"tiergate:key:{record.key_id}", revoked)
+        await until(lambda: asyncio.sleep(0, two.feed.subscriptions > subscribed), within=3.0)
+        assert not await two.accepts(token)
+    events = [entry["event"] for entry in logs if entry["event"].startswith("auth.key_feed")]
+    assert events.count(EVENT_FEED_DOWN) == 2  # one line per replica, not per retry
+    assert events.count(EVENT_FEED_UP) == 2
+
+
+async def test_without_a_live_feed_records_are_trusted_for_a_second_at_most(
+    redis_server: RedisServer,
+) -> None:
+    """A feed that cannot subscribe leaves a 1 s bound on cached records, not cache_ttl_s."""
+    client = open_redis(RedisSettings(url=redis_server.url, socket_timeout_s=0.5))
+    try:
+        store = RedisKeyStore(client)
+        auth = KeyAuthenticator(store, cache_ttl_s=600.0)
+        auth.cache.feed_live = False  # as KeyChangeFeed leaves it until Redis confirms
+        record, token = await create_key(store, "t", KeyPolicy(), now=time.time())
+        await auth.authenticate(f"Bearer {token}")
+        await revoke_key(store, record.key_id)
+        replica = Replica(client, auth, KeyChangeFeed(client, store.channel, auth.cache))
+        elapsed = await until(lambda: _refused(replica, token), within=2.0)
+        assert 0.5 < elapsed < 1.5
+    finally:
+        await client.aclose()
