@@ -1,0 +1,1 @@
+"""Adversarial tests: the gateway attacked from outside, as a hostile or careless client would."""

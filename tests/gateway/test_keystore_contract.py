@@ -62,6 +62,7 @@ async def test_created_key_is_found_by_id(store: KeyStore) -> None:
     assert found is not None
     assert found.matches(token, None)
     assert await store.all() == [record]
+    assert await store.damaged() == []
 
 
 async def test_listing_is_sorted_by_creation(store: KeyStore) -> None:

@@ -124,9 +124,16 @@ async def test_outage_policies_hold_and_limits_return(
         assert closed.json()["error"]["code"] == "ratelimit_unavailable"
         assert int(closed.headers["retry-after"]) >= 1
 
-        redis.start()  # restarted empty: restore the keys a persistent Redis would have kept
+        # Restarted empty, the keys are really gone until restored (401 is then right): pause
+        # the load while restoring what a persistent Redis would have kept.
+        stop.set()
+        await load
+        redis.start()
         await store_op(redis.url, limited_record)
         await store_op(redis.url, busy_record)
+        stop = asyncio.Event()
+        load = asyncio.create_task(background_load(http, [open_gw, closed_gw], busy, statuses,
+                                                   stop))
         await asyncio.sleep(0.6)
     finally:
         stop.set()

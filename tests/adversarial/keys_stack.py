@@ -1,0 +1,65 @@
+"""Shared pieces of the key adversarial tests: simulators, keys, real `tiergate serve` stacks."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+from redis.asyncio import Redis
+
+from gateway.keystore_redis import RedisKeyStore
+from policies.keys import KeyRecord, create_key
+from policies.principal import KeyPolicy
+from tests.integration.gateway_proc import REPO_ROOT, GatewayProcess
+
+ADMIN = "adversarial-admin-token-0123456789"
+CHAT = {"model": "fast", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+
+
+def bearer(token: str) -> dict[str, str]:
+    """An Authorization header."""
+    return {"Authorization": f"Bearer {token}"}
+
+
+async def redis_key(url: str, **policy: Any) -> tuple[KeyRecord, str]:
+    """A key created straight in the Redis store (as `tiergate keys create --redis-url`)."""
+    client = Redis.from_url(url)
+    try:
+        return await create_key(RedisKeyStore(client), "adv", KeyPolicy(**policy),
+                                now=time.time())
+    finally:
+        await client.aclose()
+
+
+def start_all(procs: list[GatewayProcess]) -> list[GatewayProcess]:
+    """Start gateways in parallel (each start waits for /livez)."""
+    with ThreadPoolExecutor(len(procs)) as pool:
+        list(pool.map(GatewayProcess.start, procs))
+    return procs
+
+
+async def status(http: httpx.AsyncClient, gateway: GatewayProcess, token: str) -> int:
+    """The status of an authenticated GET /v1/models."""
+    return (await http.get(gateway.url + "/v1/models", headers=bearer(token))).status_code
+
+
+async def seconds_until(check: Callable[[], Awaitable[bool]], within: float) -> float:
+    """Seconds until ``check()`` holds (polled every 10 ms); fails after ``within`` seconds."""
+    start = time.monotonic()
+    while not await check():
+        elapsed = time.monotonic() - start
+        assert elapsed < within, f"still not true after {elapsed:.2f}s"
+        await asyncio.sleep(0.01)
+    return time.monotonic() - start
+
+
+def keys_cli(*argv: str) -> subprocess.CompletedProcess[str]:
+    """`python -m tiergate keys ...` as an operator would run it."""
+    return subprocess.run([sys.executable, "-m", "tiergate", "keys", *argv], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=60, check=False)
