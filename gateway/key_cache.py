@@ -68,6 +68,10 @@ class KeyCache:
     def put(self, record: KeyRecord, now: float) -> CachedKey:
         """Remember a record the store returned."""
         self._unknown.pop(record.key_id, None)
+        entry = self._records.get(record.key_id)
+        if entry is not None and entry.record is record:  # the file store's unchanged record
+            entry.fetched_at = now
+            return entry
         entry = CachedKey(record, record.principal(), now)
         self._records[record.key_id] = entry
         return entry

@@ -14,7 +14,7 @@ import structlog
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from policies.keys import DamagedRecord, KeyRecord, KeyStoreUnavailable
+from policies.keys import DamagedRecord, KeyRecord, KeyStoreUnavailable, valid_key_id
 
 EVENT_RECORD_DAMAGED = "auth.key_record_damaged"
 _log = structlog.get_logger("tiergate.auth")
@@ -84,14 +84,16 @@ class RedisKeyStore:
         records: list[KeyRecord] = []
         damaged: list[DamagedRecord] = []
         for key_id, raw in zip(ids, raws, strict=True):
+            # The index is shared storage: never print what it holds unless it is a plain id.
+            ref = key_id if valid_key_id(key_id) else "index entry " + ascii(key_id)[:80]
             try:
                 record = _decode(raw)
             except ValueError as exc:
-                damaged.append(DamagedRecord(key_id[:80], str(exc)))
+                damaged.append(DamagedRecord(ref, str(exc)))
                 continue
             if record is not None and record.key_id != key_id:
-                damaged.append(DamagedRecord(key_id[:80], f"the record stored under {key_id} "
-                                                          f"has id {record.key_id}"))
+                damaged.append(DamagedRecord(ref, f"the record stored under {ref} has id "
+                                                  f"{record.key_id}"))
             elif record is not None:
                 records.append(record)
         return sorted(records, key=lambda r: (r.created_at, r.key_id)), damaged

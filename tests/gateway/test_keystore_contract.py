@@ -175,14 +175,17 @@ async def test_redis_damaged_records_are_listed_and_never_served(
         record, _ = await create_key(store, "a", KeyPolicy(), now=NOW)
         garbage = {"notjson": b"\xff{", "inf": json.dumps({**record.to_dict(), "id": "inf",
                                                           "policy": {"expires_at": 1e308 * 10}}),
-                   "list": b"[1, 2]", "other": json.dumps(record.to_dict())}
+                   "list": b"[1, 2]", "other": json.dumps(record.to_dict()),
+                   "\x1b[31mred": b"{}"}
         for key_id, raw in garbage.items():
             await client.set(f"tiergate:key:{key_id}", raw)
             await client.sadd("tiergate:keys", key_id)
         for key_id in garbage:
             assert await store.get(key_id) is None
         assert await store.all() == [record]
-        assert {d.ref for d in await store.damaged()} == set(garbage)
+        refs = {d.ref for d in await store.damaged()}
+        assert refs == set(garbage) - {"\x1b[31mred"} | {"index entry '\\x1b[31mred'"}
+        assert not any("\x1b" in d.ref + d.reason for d in await store.damaged())
     finally:
         await client.aclose()
 
