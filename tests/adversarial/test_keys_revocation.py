@@ -9,6 +9,7 @@ change.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
@@ -224,3 +225,44 @@ async def test_file_store_cli_rotate_reaches_every_replica_within_about_a_second
 async def _ok_everywhere(http: httpx.AsyncClient, gateways: list[GatewayProcess],
                          token: str) -> bool:
     return all([await status(http, gw, token) == 200 for gw in gateways])
+
+
+async def test_outage_serves_cached_keys_and_reconnect_applies_missed_changes(
+    sim: SimulatorProcess, http: httpx.AsyncClient,
+) -> None:
+    """Redis killed: cached keys keep working; back (empty): a change nobody heard applies."""
+    with RedisServer() as redis:
+        record, token = await redis_key(redis.url)
+        config = {
+            "auth": {"store": "redis"},
+            "ratelimit": {"redis_retry_interval_s": 0.2},
+            "redis": {"url": redis.url},
+            "tiers": tiers_config([sim.url], ["http://127.0.0.1:9"]),
+            "telemetry": {"access_log": False},
+        }
+        gateways = start_all([GatewayProcess(config) for _ in range(2)])
+        try:
+            await warm(http, gateways, token)
+            redis.kill()
+            for _ in range(3):
+                await warm(http, gateways, token)  # stale records serve through the outage
+            redis.start()
+            # Restarted empty; the key comes back revoked without any publish.
+            client = Redis.from_url(redis.url)
+            try:
+                revoked = json.dumps(replace(record, disabled=True).to_dict())
+                await client.set(f"tiergate:key:{record.key_id}", revoked)
+            finally:
+                await client.aclose()
+            await refused_everywhere(http, gateways, token, BOUND_S + 0.5)
+            for gateway in gateways:
+                async def resubscribed(gw: GatewayProcess = gateway) -> bool:
+                    return "auth.key_feed_subscribed" in gw.log_text()
+                await seconds_until(resubscribed, 3.0)
+                log = gateway.log_text()
+                assert log.count("auth.key_feed_unavailable") == 1, log
+                assert log.count("auth.key_feed_subscribed") == 1, log
+                assert "Traceback" not in log
+        finally:
+            for gateway in gateways:
+                gateway.stop()

@@ -182,3 +182,32 @@ async def test_without_a_live_feed_records_are_trusted_for_a_second_at_most(
         assert 0.5 < elapsed < 1.5
     finally:
         await client.aclose()
+
+
+async def test_a_resubscription_revalidates_changes_missed_meanwhile(
+    redis_server: RedisServer,
+) -> None:
+    """Pub/sub connections killed: the feed resubscribes and an unpublished change applies.
+
+    The authenticator's clock is frozen, so no TTL can expire: only the revalidation that
+    follows each confirmed subscription can make the replica ask Redis again.
+    """
+    client = open_redis(RedisSettings(url=redis_server.url, socket_timeout_s=0.5))
+    store = RedisKeyStore(client)
+    auth = KeyAuthenticator(store, cache_ttl_s=600.0, clock=lambda: 1000.0)
+    feed = KeyChangeFeed(client, store.channel, auth.cache, retry_interval_s=0.05)
+    replica = Replica(client, auth, feed)
+    feed.start()
+    try:
+        await until(lambda: asyncio.sleep(0, feed.subscriptions > 0))
+        record, token = await create_key(store, "t", KeyPolicy(), now=time.time())
+        assert await replica.accepts(token)
+        revoked = json.dumps(replace(record, disabled=True).to_dict())
+        await client.set(f"tiergate:key:{record.key_id}", revoked)  # no publish: missed
+        assert await replica.accepts(token)  # the cache has not heard of it
+        await client.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+        await until(lambda: asyncio.sleep(0, feed.subscriptions > 1))
+        assert not await replica.accepts(token)
+    finally:
+        await feed.stop()
+        await client.aclose()
