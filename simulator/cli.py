@@ -7,12 +7,14 @@ import asyncio
 import signal
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 
 from aiohttp import web
 
 from simulator.app import build_app
 from simulator.faults import FaultRates
 from simulator.profiles import PROFILES
+from simulator.quality import QualityModel
 from simulator.state import SimConfig, SimState
 
 _FAULT_OPTIONS = ("fail_429", "fail_400", "fail_404", "fail_500", "fail_503", "fail_refuse",
@@ -71,6 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
     for name in _FAULT_OPTIONS:
         add("--" + name.replace("_", "-"), type=_probability, default=0.0, metavar="RATE")
     add("--stall-seconds", type=_bounded(0.0), default=5.0)
+    add("--quality-file", type=Path, default=None,
+        help="JSONL of {prompt, label}: replies become a function of the prompt")
+    add("--weak", action="store_true",
+        help="with --quality-file: answer 'complex' prompts differently (a weaker model)")
     return parser
 
 
@@ -87,6 +93,8 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         latency_scale=args.latency_scale, time_factor_under_load=args.time_factor_under_load,
         echo=args.echo, output_tokens=args.output_tokens, legacy_metrics=args.legacy_metrics,
         faults=rates,
+        quality=(QualityModel.load(args.quality_file, weak=args.weak)
+                 if args.quality_file is not None else None),
     )
 
 

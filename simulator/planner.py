@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import msgspec
 
 from simulator.prefix_cache import chain_seed
+from simulator.quality import QualityModel
 from simulator.schemas import (
     ChatRequest,
     CompletionRequest,
@@ -35,6 +36,7 @@ class PlannerConfig:
     block_size: int
     output_tokens: int
     echo: bool
+    quality: QualityModel | None = None
 
 
 @dataclass(slots=True)
@@ -79,6 +81,8 @@ class Planner:
         prompt_tokens = tokenize(prompt)
         room = self._check_context(len(prompt_tokens), max_tokens)
         rng = self._rng if request.seed is None else random.Random(request.seed)  # noqa: S311 - simulation
+        if self.config.quality is not None:  # the reply is a function of the prompt
+            rng = random.Random(self.config.quality.seed(echo_text))  # noqa: S311 - simulation
         if self.config.echo:
             pieces, output, reason = _echo(echo_text, max_tokens, room)
         else:

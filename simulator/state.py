@@ -13,6 +13,7 @@ from simulator.faults import FaultInjector, FaultRates
 from simulator.planner import Planner, PlannerConfig
 from simulator.prefix_cache import PrefixCache
 from simulator.profiles import Profile
+from simulator.quality import QualityModel
 
 BLOCK_SIZE = 16
 
@@ -36,6 +37,7 @@ class SimConfig:
     output_tokens: int = 32
     legacy_metrics: bool = False
     faults: FaultRates = field(default_factory=FaultRates)
+    quality: QualityModel | None = None
 
 
 class SimState:
@@ -55,7 +57,7 @@ class SimState:
         self.engine = Engine(engine_config, cache, config.seed + 1)
         self.planner = Planner(
             PlannerConfig(config.model, config.max_model_len, config.kv_blocks, BLOCK_SIZE,
-                          config.output_tokens, config.echo),
+                          config.output_tokens, config.echo, config.quality),
             config.seed + 2,
         )
         self.faults = FaultInjector(FaultRates(**config.faults.as_dict()), config.seed + 3)

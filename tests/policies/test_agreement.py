@@ -1,0 +1,55 @@
+"""Answer agreement: exact match for short answers, JSON compare, F1 + LCS for text."""
+
+from __future__ import annotations
+
+import pytest
+
+from policies.agreement import agreement, lcs_ratio, normalize, token_f1
+
+
+def test_normalization_ignores_case_punctuation_and_articles() -> None:
+    """'The Eiffel Tower.' and 'eiffel tower' are the same short answer."""
+    assert normalize("The  Eiffel Tower.") == "eiffel tower"
+    result = agreement("The Eiffel Tower.", "eiffel tower")
+    assert (result.score, result.method) == (1.0, "exact")
+
+
+def test_short_answers_are_all_or_nothing() -> None:
+    """'42' vs '41' disagree completely."""
+    assert agreement("42", "41").score == 0.0
+
+
+def test_json_answers_are_parsed_and_compared_by_leaf() -> None:
+    """Key order and fences do not matter; one differing leaf of four costs a quarter."""
+    a = '{"name": "Ada", "age": 36, "tags": ["x", "y"]}'
+    b = '```json\n{"tags": ["x", "y"], "age": 36, "name": "ada"}\n```'
+    assert agreement(a, b).score == 1.0
+    c = '{"name": "Ada", "age": 37, "tags": ["x", "y"]}'
+    result = agreement(a, c)
+    assert result.method == "json"
+    assert result.score == pytest.approx(0.75)
+
+
+def test_invalid_json_against_valid_json_is_a_disagreement() -> None:
+    """Strict output that does not parse scores 0 against one that does."""
+    assert agreement('{"a": 1}', '{"a": 1').score == 0.0
+
+
+def test_text_answers_use_f1_and_lcs() -> None:
+    """Same words in another order agree on F1 but not fully on LCS."""
+    a = "first boil the water then add the pasta and salt"
+    b = "add the pasta and salt then first boil the water"
+    result = agreement(a, b)
+    assert result.method == "text"
+    assert 0.5 < result.score < 1.0
+    assert agreement(a, a).score == 1.0
+    assert agreement(a, "completely unrelated words about astronomy here").score < 0.1
+
+
+def test_f1_and_lcs_edge_cases() -> None:
+    """Empty inputs and long inputs are handled."""
+    assert token_f1([], []) == 1.0
+    assert token_f1(["a"], []) == 0.0
+    assert lcs_ratio([], ["a"]) == 0.0
+    long = ["w"] * 5000
+    assert lcs_ratio(long, long) == 1.0
