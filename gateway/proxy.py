@@ -21,6 +21,7 @@ from gateway.forwarding import Exchange, Forwarder
 from gateway.media import check_media
 from gateway.relay import StreamRelay, usage_from
 from gateway.routing import TierRouter
+from gateway.shadow import ShadowRunner, answer_text
 from gateway.spillover import Spillover
 from policies.errors import InvalidRequest, TierGateError
 from policies.fields import FieldPolicy, check_fields, media_urls
@@ -103,6 +104,7 @@ class ProxyService:
     prefix: PrefixConfig = field(default_factory=PrefixConfig)
     spillover: Spillover | None = None
     fields: FieldRules = field(default_factory=lambda: FieldRules({}, {}))
+    shadow: ShadowRunner | None = None
 
     async def handle(
         self, request: Request[Any, Any, Any], kind: RequestKind, path: str
@@ -168,12 +170,24 @@ class ProxyService:
         except BaseException:
             await admission.settle(0)
             raise
+        shadow = self._shadow_of(ctx, path, body)
         if exchange.opened.body is not None:
-            return await self._complete(ctx, exchange.opened.body, admission)
-        return self._stream(ctx, exchange, admission, strip_usage=strip_usage)
+            return await self._complete(ctx, exchange.opened.body, admission, shadow)
+        return self._stream(ctx, exchange, admission, shadow, strip_usage=strip_usage)
+
+    def _shadow_of(self, ctx: RequestContext, path: str, body: dict[str, Any]) -> _Shadow | None:
+        """Whether this answered request is sampled for shadow evaluation."""
+        if self.shadow is None or ctx.tier is None:
+            return None
+        direction = self.shadow.sample(ctx.tier)
+        if direction is None:
+            return None
+        score = ctx.decision.score if ctx.decision is not None else None
+        return _Shadow(self.shadow, direction, path, body, score)
 
     def _stream(
-        self, ctx: RequestContext, exchange: Exchange, admission: Admission, *, strip_usage: bool
+        self, ctx: RequestContext, exchange: Exchange, admission: Admission,
+        shadow: _Shadow | None, *, strip_usage: bool
     ) -> Stream:
         """Relay an open upstream stream; settle the limits once it has ended."""
         relay = StreamRelay(
@@ -182,12 +196,15 @@ class ProxyService:
             strip_usage=strip_usage,
             idle_s=self.idle_timeouts[ctx.tier or exchange.pool.tier],
             on_close=self.observer.finished,
+            capture=shadow is not None,
         )
 
         async def after() -> None:
             await relay.close()
             usage = ctx.usage
             await admission.settle(usage.total if usage is not None else None)
+            if shadow is not None and relay.done and relay.captured is not None:
+                shadow.submit("".join(relay.captured))
 
         ctx.status = 200
         return Stream(
@@ -199,7 +216,7 @@ class ProxyService:
         )
 
     async def _complete(
-        self, ctx: RequestContext, raw: bytes, admission: Admission
+        self, ctx: RequestContext, raw: bytes, admission: Admission, shadow: _Shadow | None
     ) -> Response[bytes]:
         if b'"usage"' in raw:
             with contextlib.suppress(msgspec.DecodeError):
@@ -213,7 +230,8 @@ class ProxyService:
             status_code=200,
             media_type="application/json",
             headers=ctx.headers(),
-            background=BackgroundTask(admission.settle, usage.total if usage is not None else None),
+            background=BackgroundTask(_after_complete, admission,
+                                      usage.total if usage is not None else None, shadow, raw),
         )
         self.observer.finished(ctx, "complete")
         return response
@@ -244,6 +262,32 @@ class ProxyService:
                 param="max_tokens",
                 code="max_tokens_exceeded",
             )
+
+
+@dataclass(frozen=True, slots=True)
+class _Shadow:
+    """A request sampled for shadow evaluation, to hand over once its answer is known."""
+
+    runner: ShadowRunner
+    direction: str
+    path: str
+    body: dict[str, Any]
+    score: float | None
+
+    def submit(self, answer: str) -> None:
+        """Start the shadow (never awaited by the caller's response)."""
+        self.runner.submit(self.direction, self.path, self.body, answer, self.score)
+
+
+async def _after_complete(
+    admission: Admission, used: int | None, shadow: _Shadow | None, raw: bytes
+) -> None:
+    """After a non-streaming answer was sent: settle the limits, then start any shadow."""
+    await admission.settle(used)
+    if shadow is not None:
+        text = answer_text(raw)
+        if text is not None:
+            shadow.submit(text)
 
 
 async def _withdraw(admitting: asyncio.Future[Admission]) -> None:

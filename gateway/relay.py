@@ -66,8 +66,11 @@ class StreamRelay:
         strip_usage: bool,
         idle_s: float,
         on_close: Callable[[RequestContext, str], None],
+        capture: bool = False,
     ) -> None:
         self.exchange = exchange
+        # The answer's text, kept only for requests sampled for shadow evaluation.
+        self.captured: list[str] | None = [] if capture else None
         self.ctx = ctx
         self.strip_usage = strip_usage
         self.idle_s = idle_s
@@ -100,6 +103,8 @@ class StreamRelay:
             self.last_data = event
             if b'"role"' not in event and _NO_FINISH.search(event):
                 self.token_events += 1
+            if self.captured is not None:
+                self._capture(event)
         trace = self.ctx.trace
         if trace is not None:  # finish reasons (and opt-in output text) for the client span
             trace.on_event(event)
@@ -116,6 +121,20 @@ class StreamRelay:
                 if self.strip_usage and data.get("choices") == []:
                     return None
         return event + _SEP
+
+    def _capture(self, event: bytes) -> None:
+        try:
+            data = _decoder.decode(event[6:])
+        except msgspec.DecodeError:
+            return
+        choices = data.get("choices") if isinstance(data, dict) else None
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            return
+        choice = choices[0]
+        delta = choice.get("delta")
+        text = delta.get("content") if isinstance(delta, dict) else choice.get("text")
+        if isinstance(text, str) and self.captured is not None:
+            self.captured.append(text)
 
     def _estimated_usage(self) -> bytes:
         """Usage for a backend that never reports it in streams (llama.cpp's server).

@@ -113,6 +113,23 @@ class RedisSettings(BaseModel):
     key_prefix: str = "tiergate:"
 
 
+class ShadowSettings(BaseModel):
+    """Shadow evaluation (gateway/shadow.py): a sample answered again by the other tier."""
+
+    # Share of fast-routed requests also sent to precise ("did we under-route?").
+    fast_ratio: float = Field(default=0.0, ge=0, le=1)
+    # Share of precise-routed requests also sent to fast ("did we over-route?").
+    precise_ratio: float = Field(default=0.0, ge=0, le=1)
+    max_concurrent: int = Field(default=4, ge=1)
+    # Skip a shadow when the target replica reports more waiting requests than this.
+    max_waiting: float = Field(default=0.0, ge=0)
+    timeout_s: float = Field(default=60.0, gt=0)
+    window: int = Field(default=1000, ge=10)
+    # JSON-lines file of shadow records (no prompt text); None keeps them in memory only.
+    store: Path | None = None
+    max_records: int = Field(default=100_000, ge=100)
+
+
 class RouterSettings(BaseModel):
     artifact: Path | None = None
     target_precise_share: float = Field(default=0.3, ge=0.0, le=1.0)
@@ -127,6 +144,7 @@ class RouterSettings(BaseModel):
     # default); precise -> fast only for keys with the downgrade scope and this switch on.
     fallback_to_precise: bool = True
     downgrade_to_fast: bool = False
+    shadow: ShadowSettings = Field(default_factory=ShadowSettings)
 
 
 def _otel_environment() -> dict[str, str]:

@@ -121,7 +121,7 @@ async def attempt(
     *,
     stream: bool,
     timeout_s: float,
-    ctx: RequestContext,
+    ctx: RequestContext | None = None,
     connect_s: float | None = None,
 ) -> Opened:
     """POST ``payload`` to ``url``; return when the answer (or the stream's head) is there.
@@ -164,4 +164,5 @@ async def attempt(
             response.close()  # closing the connection makes vLLM abort the request
         raise
     finally:
-        ctx.upstream_s += time.perf_counter() - started
+        if ctx is not None:
+            ctx.upstream_s += time.perf_counter() - started

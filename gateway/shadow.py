@@ -1,0 +1,285 @@
+"""Shadow evaluation: a sample of requests is also answered by the other tier, off the path.
+
+Fast-routed requests shadowed on precise ask "did we under-route?"; precise-routed ones
+shadowed on fast ask "did we over-route?". The caller's response never waits for a shadow:
+it is started after the answer went out, it is never retried, never charged to the caller's
+limits, bounded in concurrency, and skipped when the target tier has no idle capacity (the
+in-flight counts and the scraped ``num_requests_waiting`` of its replicas). Each outcome — the
+two answers' agreement (``policies/agreement.py``), the route score and the direction — goes to
+the metrics, a rolling window for ``/admin/routing`` and, if configured, a bounded JSONL store
+that holds no prompt text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import random
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from contextvars import Context
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import msgspec
+
+from gateway.forwarding import TierRoute
+from gateway.replicas import Replica
+from gateway.upstream import AttemptFailed, attempt
+from policies.agreement import agreement
+
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder()
+UNDER = "fast_on_precise"  # a fast-routed request, answered again by precise
+OVER = "precise_on_fast"  # a precise-routed request, answered again by fast
+
+
+@dataclass(frozen=True, slots=True)
+class ShadowConfig:
+    """``router.shadow`` settings."""
+
+    fast_ratio: float = 0.0
+    precise_ratio: float = 0.0
+    max_concurrent: int = 4
+    max_waiting: float = 0.0
+    timeout_s: float = 60.0
+    window: int = 1000
+    store: Path | None = None
+    max_records: int = 100_000
+
+    @property
+    def enabled(self) -> bool:
+        """True when either direction samples anything."""
+        return self.fast_ratio > 0 or self.precise_ratio > 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Job:
+    """One shadow to run: the answered request and where to send it again."""
+
+    direction: str
+    target: str
+    replica: Replica
+    path: str
+    body: dict[str, Any]
+    primary: str
+    score: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class ShadowRecord:
+    """One shadow outcome: no prompt or answer text, only what evaluation needs."""
+
+    at: float
+    direction: str
+    tier: str
+    shadow_tier: str
+    score: float | None
+    agreement: float
+    method: str
+    prompt_digest: str
+
+
+def answer_text(raw: bytes) -> str | None:
+    """The first choice's text of a non-streaming chat or completion answer."""
+    try:
+        data = _decoder.decode(raw)
+    except msgspec.DecodeError:
+        return None
+    choices = data.get("choices") if isinstance(data, dict) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return None
+    choice = choices[0]
+    message = choice.get("message")
+    text = message.get("content") if isinstance(message, dict) else choice.get("text")
+    return text if isinstance(text, str) else None
+
+
+class ShadowStore:
+    """A bounded JSON-lines file of shadow records; rewritten to its newest half when full."""
+
+    def __init__(self, path: Path, max_records: int) -> None:
+        self.path = path
+        self.max_records = max_records
+        self.count = 0
+        if path.exists():
+            with path.open("rb") as existing:
+                self.count = sum(1 for _ in existing)
+
+    def append(self, record: ShadowRecord) -> None:
+        """Add one record (a local file write of one line; small enough for the loop)."""
+        if self.count >= self.max_records:
+            lines = self.path.read_text(encoding="utf-8").splitlines()[-self.max_records // 2:]
+            self.path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+            self.count = len(lines)
+        with self.path.open("a", encoding="utf-8") as out:
+            out.write(json.dumps(asdict(record)) + "\n")
+        self.count += 1
+
+
+class ShadowRunner:
+    """Samples finished requests and answers them again on the other tier."""
+
+    def __init__(
+        self,
+        config: ShadowConfig,
+        routes: Mapping[str, TierRoute],
+        *,
+        fast_tier: str,
+        precise_tier: str,
+        session: Callable[[], aiohttp.ClientSession | None],
+        on_outcome: Callable[[str, str, ShadowRecord | None], None] = lambda *_: None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.config = config
+        self.routes = routes
+        self.fast_tier = fast_tier
+        self.precise_tier = precise_tier
+        self.session = session
+        self.on_outcome = on_outcome
+        self.rng = rng or random.Random()  # noqa: S311  # sampling, not security
+        self.running = 0
+        self.recent: deque[ShadowRecord] = deque(maxlen=config.window)
+        self.counts: dict[str, int] = {}
+        # (direction, route-score bucket) -> [count, sum of agreement], for the metrics
+        self.agreement_totals: dict[tuple[str, str], list[float]] = {}
+        self.store = ShadowStore(config.store, config.max_records) if config.store else None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def sample(self, tier: str) -> str | None:
+        """The direction to shadow a request answered by ``tier`` in, or ``None`` (not sampled)."""
+        if tier == self.fast_tier:
+            ratio, direction = self.config.fast_ratio, UNDER
+        elif tier == self.precise_tier:
+            ratio, direction = self.config.precise_ratio, OVER
+        else:
+            return None
+        return direction if ratio > 0 and self.rng.random() < ratio else None
+
+    def _count(self, direction: str, outcome: str, record: ShadowRecord | None = None) -> None:
+        key = f"{direction}:{outcome}"
+        self.counts[key] = self.counts.get(key, 0) + 1
+        self.on_outcome(direction, outcome, record)
+
+    def _idle_replica(self, tier: str) -> Replica | None:
+        pool = self.routes[tier].pool
+        now = time.monotonic()
+        idle = [r for r in pool.usable(now) if r.has_capacity
+                and r.waiting <= self.config.max_waiting]
+        return min(idle, key=lambda r: r.in_flight, default=None)
+
+    def submit(self, direction: str, path: str, body: dict[str, Any], primary: str,
+               score: float | None) -> None:
+        """Start the shadow of one answered request, unless capacity says skip."""
+        if self.running >= self.config.max_concurrent:
+            self._count(direction, "skipped_concurrency")
+            return
+        target = self.precise_tier if direction == UNDER else self.fast_tier
+        replica = self._idle_replica(target)
+        session = self.session()
+        if replica is None or session is None:
+            self._count(direction, "skipped_busy")
+            return
+        self.routes[target].pool.lease(replica)
+        self.running += 1
+        job = _Job(direction, target, replica, path, body, primary, score)
+        task = asyncio.get_running_loop().create_task(
+            self._run(session, job),
+            context=Context(),  # no request's log or trace context
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, session: aiohttp.ClientSession, job: _Job) -> None:
+        direction, replica = job.direction, job.replica
+        route = self.routes[job.target]
+        body = job.body
+        shadow_body = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
+        shadow_body["model"] = route.served_model
+        headers = {"Content-Type": "application/json", "x-tiergate-shadow": direction}
+        try:
+            opened = await attempt(session, replica.url + job.path, _encoder.encode(shadow_body),
+                                   headers, stream=False, timeout_s=self.config.timeout_s,
+                                   connect_s=route.timeouts.connect_s)
+        except AttemptFailed:
+            self._count(direction, "failed")
+            return
+        finally:
+            route.pool.release(replica)
+            self.running -= 1
+        text = answer_text(opened.body or b"")
+        if text is None:
+            self._count(direction, "failed")
+            return
+        self.record(direction, job.target, job.primary, text, job.score, prompt=_prompt_of(body))
+
+    def record(self, direction: str, shadow_tier: str, primary: str, shadow: str,
+               score: float | None, *, prompt: str) -> ShadowRecord:
+        """Compare two answers and keep the outcome (metrics, rolling window, store)."""
+        result = agreement(primary, shadow)
+        tier = self.fast_tier if direction == UNDER else self.precise_tier
+        record = ShadowRecord(time.time(), direction, tier, shadow_tier, score, result.score,
+                              result.method, _digest(prompt))
+        self.recent.append(record)
+        totals = self.agreement_totals.setdefault((direction, score_bucket(score)), [0, 0.0])
+        totals[0] += 1
+        totals[1] += result.score
+        if self.store is not None:
+            with contextlib.suppress(OSError):  # a full disk must not break serving
+                self.store.append(record)
+        self._count(direction, "compared", record)
+        return record
+
+    def routing_view(self) -> dict[str, Any]:
+        """The rolling estimates for ``/admin/routing``."""
+        under = [r.agreement for r in self.recent if r.direction == UNDER]
+        over = [r.agreement for r in self.recent if r.direction == OVER]
+        return {
+            "shadow": {"fast_ratio": self.config.fast_ratio,
+                       "precise_ratio": self.config.precise_ratio,
+                       "running": self.running, "outcomes": dict(sorted(self.counts.items()))},
+            # Agreement of fast answers with what precise would have said, on fast traffic.
+            "quality_retained": _mean(under),
+            "fast_agrees_on_precise_traffic": _mean(over),
+            "samples": {UNDER: len(under), OVER: len(over)},
+        }
+
+    async def close(self) -> None:
+        """Cancel shadows still running (shutdown)."""
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+def score_bucket(score: float | None) -> str:
+    """The route-score bucket of a record: ``0.0`` .. ``0.9`` (tenths), or ``none``."""
+    if score is None:
+        return "none"
+    return f"{min(int(score * 10), 9) / 10:.1f}"
+
+
+def _mean(values: list[float]) -> float | None:
+    return round(sum(values) / len(values), 4) if values else None
+
+
+def _prompt_of(body: dict[str, Any]) -> str:
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        for message in reversed(messages):
+            if isinstance(message, dict) and message.get("role") == "user":
+                content = message.get("content")
+                return content if isinstance(content, str) else json.dumps(content)
+        return ""
+    prompt = body.get("prompt")
+    return prompt if isinstance(prompt, str) else json.dumps(prompt)
+
+
+def _digest(text: str) -> str:
+    return hashlib.blake2b(" ".join(text.split()).encode(), digest_size=12).hexdigest()
