@@ -47,6 +47,8 @@ class NewKey(msgspec.Struct, forbid_unknown_fields=True):
     concurrency: int | None = None
     expires_in_days: float | None = None
     scopes: list[str] = msgspec.field(default_factory=list)
+    budget_daily: float | None = None
+    budget_monthly: float | None = None
 
 
 class KeyNotFound(InvalidRequest):
@@ -124,6 +126,7 @@ def admin_key_handlers(
                 tiers=spec.tiers, rpm=spec.rpm, tpm=spec.tpm, max_tokens=spec.max_tokens,
                 concurrency=spec.concurrency, expires_in_days=spec.expires_in_days,
                 scopes=spec.scopes, now=now, known_tiers=tiers,
+                budget_daily=spec.budget_daily, budget_monthly=spec.budget_monthly,
             )
         except PolicyError as exc:
             raise InvalidRequest(f"Invalid key request: {exc}", param=exc.param) from None

@@ -14,8 +14,8 @@ from litestar import Litestar, Request, Response, post
 from opentelemetry.sdk.trace.export import SpanExporter
 
 import router_models
+from gateway.accounting import Accounting, build_accounting
 from gateway.admin_backends import admin_backends_handlers
-from gateway.admin_routing import ShadowCollector, admin_routing_handlers
 from gateway.auth import Access
 from gateway.errors import EXCEPTION_HANDLERS
 from gateway.forwarding import Forwarder, TierRoute
@@ -26,7 +26,6 @@ from gateway.replicas import EjectionPolicy, ReplicaPool
 from gateway.retry import RetryPolicy
 from gateway.routing import ThresholdPolicy, ThresholdSource, TierRouter
 from gateway.settings import BalancingSettings, Settings, TierSettings
-from gateway.shadow import ShadowConfig, ShadowRunner
 from gateway.spillover import Spillover, SpilloverConfig
 from gateway.telemetry import build_telemetry
 from gateway.upstream import make_session
@@ -108,16 +107,6 @@ def build_backends(
     return pools, routes, monitor
 
 
-def build_shadow(settings: Settings, forwarder: Forwarder) -> ShadowRunner | None:
-    """The shadow-evaluation runner, when ``router.shadow`` samples anything."""
-    config = ShadowConfig(**settings.router.shadow.model_dump())
-    if not config.enabled:
-        return None
-    return ShadowRunner(config, forwarder.routes, fast_tier=settings.router.fast_tier,
-                        precise_tier=settings.router.precise_tier,
-                        session=lambda: forwarder.session)
-
-
 def build_service(
     settings: Settings,
     *,
@@ -126,7 +115,7 @@ def build_service(
     forwarder: Forwarder,
     observer: RequestObserver,
     pools: Mapping[str, ReplicaPool],
-    shadow: ShadowRunner | None = None,
+    accounting: Accounting | None = None,
 ) -> ProxyService:
     """The request pipeline: authenticate, limit, route, forward, observe."""
     return ProxyService(
@@ -147,7 +136,8 @@ def build_service(
                                frozenset(settings.requests.allowed_extra_fields)),
             max_depth=settings.requests.max_json_depth,
         ),
-        shadow=shadow,
+        shadow=accounting.shadow if accounting is not None else None,
+        budgets=accounting.budgets if accounting is not None else None,
     )
 
 
@@ -166,7 +156,7 @@ class _Lifecycle:
     readiness: Readiness
     monitor: HealthMonitor
     access: Access
-    shadow: ShadowRunner | None = None
+    accounting: Accounting
     collector: asyncio.Task[None] | None = None
 
     async def startup(self) -> None:
@@ -175,6 +165,7 @@ class _Lifecycle:
         self.readiness.session = session
         self.monitor.start(session)
         await self.access.startup()
+        await self.accounting.startup()
         # Everything built so far lives as long as the process: move it out of the collector's
         # reach so full collections stay short (fewer latency spikes under load), and collect
         # the young generation less often (request objects mostly die by reference counting).
@@ -188,8 +179,7 @@ class _Lifecycle:
     async def shutdown(self) -> None:
         if self.collector is not None:
             self.collector.cancel()
-        if self.shadow is not None:
-            await self.shadow.close()
+        await self.accounting.shutdown()
         await self.monitor.stop()
         session: aiohttp.ClientSession | None = self.forwarder.session
         if session is not None:
@@ -219,17 +209,15 @@ def create_app(
     forwarder = Forwarder(None, routes, RetryPolicy(**settings.retry.model_dump()))  # type: ignore[arg-type]  # session opens at start-up
     readiness = Readiness(pools)
     readiness.monitor = monitor
-    shadow = build_shadow(settings, forwarder)
-    if shadow is not None:
-        telemetry.registry.register(ShadowCollector(shadow))
-    service = build_service(settings, access=access, router=router, forwarder=forwarder,
-                            observer=observer or telemetry.observer, pools=pools, shadow=shadow)
-    lifecycle = _Lifecycle(forwarder, readiness, monitor, access, shadow)
-    admin_token = settings.auth.read_admin_token()
-    routing_admin = admin_routing_handlers(
-        router, shadow, telemetry.metrics.share.share, settings.router.target_precise_share,
-        admin_token,
+    accounting = build_accounting(
+        settings, client=access.client, forwarder=forwarder, router=router,
+        observer=observer or telemetry.observer, registry=telemetry.registry,
+        observed_share=telemetry.metrics.share.share,
     )
+    service = build_service(settings, access=access, router=router, forwarder=forwarder,
+                            observer=accounting.observer, pools=pools, accounting=accounting)
+    lifecycle = _Lifecycle(forwarder, readiness, monitor, access, accounting)
+    admin_token = settings.auth.read_admin_token()
 
     @post("/v1/chat/completions", status_code=200)
     async def chat(request: Request[Any, Any, Any]) -> Response[Any]:
@@ -242,7 +230,8 @@ def create_app(
     return Litestar(
         route_handlers=[chat, completions, *ops_handlers(router.catalog, readiness, authenticator),
                         *access.handlers, *telemetry.handlers,
-                        *admin_backends_handlers(forwarder, admin_token), *routing_admin],
+                        *admin_backends_handlers(forwarder, admin_token),
+                        *accounting.handlers],
         exception_handlers=EXCEPTION_HANDLERS,
         on_startup=[lifecycle.startup, telemetry.startup],
         on_shutdown=[lifecycle.shutdown, telemetry.shutdown],

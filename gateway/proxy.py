@@ -16,6 +16,7 @@ from litestar import Request, Response
 from litestar.background_tasks import BackgroundTask
 from litestar.response import Stream
 
+from gateway.budgets import BudgetGate, BudgetReservation
 from gateway.context import Failure, RequestContext, request_id_from
 from gateway.forwarding import Exchange, Forwarder
 from gateway.media import check_media
@@ -105,6 +106,7 @@ class ProxyService:
     spillover: Spillover | None = None
     fields: FieldRules = field(default_factory=lambda: FieldRules({}, {}))
     shadow: ShadowRunner | None = None
+    budgets: BudgetGate | None = None
 
     async def handle(
         self, request: Request[Any, Any, Any], kind: RequestKind, path: str
@@ -153,6 +155,10 @@ class ProxyService:
         ctx.decision = decision
         ctx.mark("classify")
         admission = await admitting
+        if self.budgets is not None:
+            admission = await _with_budget(
+                self.budgets, admission, ctx, principal=principal, tier=decision.tier,
+                prompt_tokens=summary.prompt_token_estimate, completion_tokens=completion)
         ctx.admitted = True
         ctx.mark("ratelimit")
         ctx.extra_headers.update(admission.headers)
@@ -262,6 +268,37 @@ class ProxyService:
                 param="max_tokens",
                 code="max_tokens_exceeded",
             )
+
+
+@dataclass(slots=True)
+class _Budgeted:
+    """The rate-limit admission and the budget reservation, settled together."""
+
+    admission: Admission
+    reservation: BudgetReservation
+    ctx: RequestContext
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        """Both sets of ``x-ratelimit-*`` headers."""
+        return {**self.admission.headers, **self.reservation.headers}
+
+    async def settle(self, used_tokens: int | None) -> None:
+        """Settle the limits with the tokens, the budget with their cost on the serving tier."""
+        await self.admission.settle(used_tokens)
+        await self.reservation.settle(self.ctx)
+
+
+async def _with_budget(gate: BudgetGate, admission: Admission, ctx: RequestContext, *,
+                       principal: Principal, tier: str, prompt_tokens: int,
+                       completion_tokens: int) -> Admission:
+    """Reserve the request's worst-case cost; on a 429 give the rate-limit admission back."""
+    try:
+        reservation = await gate.reserve(principal, tier, prompt_tokens, completion_tokens)
+    except BaseException:
+        await admission.settle(0)
+        raise
+    return admission if reservation is None else _Budgeted(admission, reservation, ctx)
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,6 +39,31 @@ class Timeouts(BaseModel):
     total_s: float = Field(default=600.0, gt=0)
 
 
+class TierCostSettings(BaseModel):
+    """A tier's price (policies/cost.py): per 1k tokens, or per replica-hour and tokens/s."""
+
+    input_per_1k: float | None = Field(default=None, ge=0)
+    output_per_1k: float | None = Field(default=None, ge=0)
+    replica_hour: float | None = Field(default=None, ge=0)
+    tokens_per_s: float | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _one_way(self) -> TierCostSettings:
+        per_token = self.input_per_1k is not None and self.output_per_1k is not None
+        per_hour = self.replica_hour is not None and self.tokens_per_s is not None
+        if per_token == per_hour:
+            raise ValueError("set input_per_1k and output_per_1k, or replica_hour and "
+                             "tokens_per_s (one pair)")
+        return self
+
+    def prices(self) -> tuple[float, float]:
+        """(input, output) cost per 1,000 tokens."""
+        if self.input_per_1k is not None and self.output_per_1k is not None:
+            return self.input_per_1k, self.output_per_1k
+        output = float(self.replica_hour or 0) / (float(self.tokens_per_s or 1) * 3.6)
+        return output * 0.1, output
+
+
 class TierSettings(BaseModel):
     model: str
     replicas: list[str] = Field(min_length=1)
@@ -53,6 +78,8 @@ class TierSettings(BaseModel):
     allow_remote_media: bool = False
     # Whether the tier's engine accepts structured_outputs / guided_* fields.
     structured_outputs: bool = True
+    # Price for usage, savings and compute budgets; unset: precise tier 1, others 0.25 per 1k.
+    cost: TierCostSettings | None = None
 
     @field_validator("replicas")
     @classmethod

@@ -110,7 +110,19 @@ def policy_to_dict(policy: KeyPolicy) -> dict[str, Any]:
         "concurrency": policy.max_concurrency,
         "expires_at": policy.expires_at,
         "scopes": sorted(policy.scopes),
+        "budget_daily": policy.budget_daily,
+        "budget_monthly": policy.budget_monthly,
     }
+
+
+def _budget(data: dict[str, Any], name: str) -> float | None:
+    value = data.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not (
+            0 < value < 1e15):
+        raise ValueError(f"policy field {name!r} must be a positive number or null")
+    return float(value)
 
 
 def _positive(data: dict[str, Any], name: str) -> int | None:
@@ -135,7 +147,7 @@ def _names(data: dict[str, Any], name: str) -> frozenset[str] | None:
 def policy_from_dict(data: dict[str, Any]) -> KeyPolicy:
     """Parse and check a key policy mapping."""
     unknown = set(data) - {"tiers", "rpm", "tpm", "max_tokens", "concurrency", "expires_at",
-                           "scopes"}
+                           "scopes", "budget_daily", "budget_monthly"}
     if unknown:
         raise ValueError(f"unknown policy fields: {sorted(unknown)}")
     expires = data.get("expires_at")
@@ -155,6 +167,8 @@ def policy_from_dict(data: dict[str, Any]) -> KeyPolicy:
         max_concurrency=_positive(data, "concurrency"),
         expires_at=float(expires) if expires is not None else None,
         scopes=_names(data, "scopes") or frozenset(),
+        budget_daily=_budget(data, "budget_daily"),
+        budget_monthly=_budget(data, "budget_monthly"),
     )
 
 
@@ -292,6 +306,8 @@ def make_policy(
     scopes: list[str] | None = None,
     now: float,
     known_tiers: tuple[str, ...] | None = None,
+    budget_daily: float | None = None,
+    budget_monthly: float | None = None,
 ) -> KeyPolicy:
     """A checked policy from creation options (command line or admin API)."""
     unknown_scopes = set(scopes or ()) - KNOWN_SCOPES
@@ -312,6 +328,7 @@ def make_policy(
     return policy_from_dict({
         "tiers": tiers, "rpm": rpm, "tpm": tpm, "max_tokens": max_tokens,
         "concurrency": concurrency, "expires_at": expires, "scopes": scopes or [],
+        "budget_daily": budget_daily, "budget_monthly": budget_monthly,
     })
 
 

@@ -21,6 +21,9 @@ class KeyPolicy:
     max_concurrency: int | None = None
     expires_at: float | None = None
     scopes: frozenset[str] = field(default_factory=frozenset)
+    # Compute budgets in cost units (policies/cost.py) per UTC day / calendar month.
+    budget_daily: float | None = None
+    budget_monthly: float | None = None
 
     def allows_tier(self, tier: str) -> bool:
         """True when this key may use ``tier``."""

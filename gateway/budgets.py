@@ -1,0 +1,216 @@
+"""Compute budgets: per-key cost quotas per UTC day and calendar month (issue 17).
+
+A request reserves its worst-case cost on the tier it was routed to (its prompt estimate and
+its completion cap, priced by ``policies/cost.py``) before it is forwarded, and settles with
+the real usage priced on the tier that served it. A key whose reservation does not fit gets a
+429 naming the budget, with ``Retry-After`` until the window turns. The Redis store checks
+and reserves in one Lua script, so several gateways share one exact budget: the total charged
+never exceeds the budget plus the reservations in flight when it ran out (and the amount by
+which real prompts exceeded their estimate). Keys without a budget cost nothing here.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import structlog
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from gateway.context import RequestContext
+from gateway.limits import KeyRateLimited
+from policies.cost import CostModel, TierPrice
+from policies.principal import Principal
+
+_log = structlog.get_logger("tiergate.budgets")
+_RESERVE = """
+local day = tonumber(redis.call('GET', KEYS[1]) or '0')
+local month = tonumber(redis.call('GET', KEYS[2]) or '0')
+local reserve = tonumber(ARGV[3])
+local day_budget, month_budget = tonumber(ARGV[1]), tonumber(ARGV[2])
+if day_budget >= 0 and day + reserve > day_budget then return {0, 'daily', tostring(day)} end
+if month_budget >= 0 and month + reserve > month_budget then
+  return {0, 'monthly', tostring(month)}
+end
+redis.call('INCRBYFLOAT', KEYS[1], reserve)
+redis.call('EXPIRE', KEYS[1], ARGV[4])
+redis.call('INCRBYFLOAT', KEYS[2], reserve)
+redis.call('EXPIRE', KEYS[2], ARGV[5])
+return {1, tostring(day + reserve), tostring(month + reserve)}
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Windows:
+    """The day and month a moment falls in (UTC), their keys and seconds left."""
+
+    day: str
+    month: str
+    day_left_s: int
+    month_left_s: int
+
+    @classmethod
+    def at(cls, now: float) -> Windows:
+        """The windows of epoch second ``now``."""
+        moment = dt.datetime.fromtimestamp(now, dt.UTC)
+        tomorrow = (moment + dt.timedelta(days=1)).replace(hour=0, minute=0, second=0,
+                                                            microsecond=0)
+        first = moment.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+        next_month = (first + dt.timedelta(days=32)).replace(day=1)
+        return cls(moment.strftime("%Y%m%d"), moment.strftime("%Y%m"),
+                   max(1, int((tomorrow - moment).total_seconds())),
+                   max(1, int((next_month - moment).total_seconds())))
+
+
+class BudgetStore(Protocol):
+    """Reserve-then-settle spending per key and window."""
+
+    async def reserve(self, key_id: str, windows: Windows, day_budget: float | None,
+                      month_budget: float | None, amount: float) -> tuple[str | None, float]:
+        """Reserve ``amount``; ``(None, spent_today)`` or ``(budget_name, spent)`` if refused."""
+        ...
+
+    async def adjust(self, key_id: str, windows: Windows, delta: float) -> None:
+        """Add ``delta`` (negative: give back) to both windows."""
+        ...
+
+
+class MemoryBudgetStore:
+    """One process's budgets (single-node setups; not shared between gateways)."""
+
+    def __init__(self) -> None:
+        self.spent: dict[str, float] = {}
+
+    async def reserve(self, key_id: str, windows: Windows, day_budget: float | None,
+                      month_budget: float | None, amount: float) -> tuple[str | None, float]:
+        """Check both windows, then charge both."""
+        day_key, month_key = f"{key_id}:d:{windows.day}", f"{key_id}:m:{windows.month}"
+        day, month = self.spent.get(day_key, 0.0), self.spent.get(month_key, 0.0)
+        if day_budget is not None and day + amount > day_budget:
+            return "budget_daily", day
+        if month_budget is not None and month + amount > month_budget:
+            return "budget_monthly", month
+        self.spent[day_key] = day + amount
+        self.spent[month_key] = month + amount
+        return None, day + amount
+
+    async def adjust(self, key_id: str, windows: Windows, delta: float) -> None:
+        """Apply a settlement."""
+        for key in (f"{key_id}:d:{windows.day}", f"{key_id}:m:{windows.month}"):
+            self.spent[key] = self.spent.get(key, 0.0) + delta
+
+
+class RedisBudgetStore:
+    """Budgets shared by every gateway replica (hash-tagged keys: Redis Cluster safe)."""
+
+    def __init__(self, client: Redis, prefix: str) -> None:
+        self.client = client
+        self.prefix = prefix
+        self._script = client.register_script(_RESERVE)
+
+    def _keys(self, key_id: str, windows: Windows) -> list[str]:
+        base = f"{self.prefix}budget:{{{key_id}}}"
+        return [f"{base}:d:{windows.day}", f"{base}:m:{windows.month}"]
+
+    async def reserve(self, key_id: str, windows: Windows, day_budget: float | None,
+                      month_budget: float | None, amount: float) -> tuple[str | None, float]:
+        """One script: check both windows and charge both, atomically."""
+        result = await self._script(
+            keys=self._keys(key_id, windows),
+            args=[-1 if day_budget is None else day_budget,
+                  -1 if month_budget is None else month_budget, amount,
+                  windows.day_left_s + 3600, windows.month_left_s + 86400])
+        if int(result[0]) == 1:
+            return None, float(result[1])
+        return f"budget_{result[1].decode() if isinstance(result[1], bytes) else result[1]}", \
+            float(result[2])
+
+    async def adjust(self, key_id: str, windows: Windows, delta: float) -> None:
+        """Both windows in one pipeline."""
+        async with self.client.pipeline(transaction=False) as pipe:
+            for key in self._keys(key_id, windows):
+                pipe.incrbyfloat(key, delta)
+            await pipe.execute()
+
+
+@dataclass(slots=True)
+class BudgetReservation:
+    """What a request reserved; settled once with the real usage."""
+
+    gate: BudgetGate
+    principal: Principal
+    windows: Windows
+    reserved: float
+    headers: dict[str, str] = field(default_factory=dict)
+    settled: bool = False
+
+    async def settle(self, ctx: RequestContext) -> None:
+        """Charge the real cost on the tier that served (nothing when nothing was served)."""
+        if self.settled:
+            return
+        self.settled = True
+        usage, tier = ctx.usage, ctx.tier
+        actual = 0.0
+        if usage is not None and tier is not None:
+            actual = self.gate.costs.cost(tier, usage.prompt_tokens, usage.completion_tokens)
+        delta = actual - self.reserved
+        if delta:
+            try:
+                await self.gate.store.adjust(self.principal.key_id, self.windows, delta)
+            except (RedisError, OSError):
+                _log.warning("budget.settle_failed", key_id=self.principal.key_id)
+
+
+class BudgetGate:
+    """Reserves a request's worst-case cost against its key's budgets."""
+
+    def __init__(self, store: BudgetStore, costs: CostModel, *, fail_open: bool = True,
+                 clock: Callable[[], float] | None = None) -> None:
+        self.store = store
+        self.costs = costs
+        self.fail_open = fail_open
+        self.clock = clock or time.time
+
+    async def reserve(self, principal: Principal, tier: str, prompt_tokens: int,
+                      completion_tokens: int) -> BudgetReservation | None:
+        """``None`` for keys without budgets; raises a 429 when the reservation does not fit."""
+        policy = principal.policy
+        if policy.budget_daily is None and policy.budget_monthly is None:
+            return None
+        windows = Windows.at(self.clock())
+        amount = self.costs.cost(tier, prompt_tokens, completion_tokens)
+        try:
+            refused, spent = await self.store.reserve(
+                principal.key_id, windows, policy.budget_daily, policy.budget_monthly, amount)
+        except (RedisError, OSError):
+            if self.fail_open:
+                _log.warning("budget.store_unavailable", key_id=principal.key_id)
+                return None
+            raise
+        if refused is not None:
+            limit = policy.budget_daily if refused == "budget_daily" else policy.budget_monthly
+            wait = windows.day_left_s if refused == "budget_daily" else windows.month_left_s
+            raise KeyRateLimited(
+                f"This key's {refused.split('_')[1]} compute budget of {limit:g} is spent "
+                f"({spent:.4g} used; this request needs up to {amount:.4g}).",
+                limit=refused, headers={"Retry-After": str(wait),
+                                        **_headers(policy.budget_daily, spent, windows)})
+        return BudgetReservation(self, principal, windows, amount,
+                                 _headers(policy.budget_daily, spent, windows))
+
+
+def _headers(day_budget: float | None, spent_today: float, windows: Windows) -> dict[str, str]:
+    if day_budget is None:
+        return {}
+    return {"x-ratelimit-limit-budget": f"{day_budget:g}",
+            "x-ratelimit-remaining-budget": f"{max(0.0, day_budget - spent_today):.6g}",
+            "x-ratelimit-reset-budget": f"{windows.day_left_s}s"}
+
+
+def cost_model(prices: Mapping[str, tuple[float, float]], baseline: str) -> CostModel:
+    """A cost model from (input, output) prices per 1k tokens."""
+    return CostModel({tier: TierPrice(*p) for tier, p in prices.items()}, baseline)

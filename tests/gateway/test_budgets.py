@@ -1,0 +1,112 @@
+"""Compute budgets: both stores pass one contract; windows, refusals, settlement."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import AsyncIterator
+
+import pytest
+from redis.asyncio import Redis
+
+from gateway.budgets import (
+    BudgetGate,
+    BudgetStore,
+    MemoryBudgetStore,
+    RedisBudgetStore,
+    Windows,
+)
+from gateway.context import RequestContext, Usage
+from gateway.limits import KeyRateLimited
+from policies.cost import CostModel, TierPrice
+from policies.principal import KeyPolicy, Principal
+from tests.redis_server import RedisServer, redis_server
+
+__all__ = ["redis_server"]
+COSTS = CostModel({"fast": TierPrice(0.25, 0.25), "precise": TierPrice(1.0, 1.0)}, "precise")
+NOON = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.UTC).timestamp()
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def store(request: pytest.FixtureRequest) -> AsyncIterator[BudgetStore]:
+    """Each budget store in turn (Redis: a real redis-server, flushed)."""
+    if request.param == "memory":
+        yield MemoryBudgetStore()
+        return
+    server: RedisServer = request.getfixturevalue("redis_server")
+    client = Redis.from_url(server.url)
+    yield RedisBudgetStore(client, "test:")
+    await client.aclose()
+
+
+def key(daily: float | None = None, monthly: float | None = None) -> Principal:
+    """A principal with budgets."""
+    return Principal("k1", "t", KeyPolicy(budget_daily=daily, budget_monthly=monthly))
+
+
+def served(tier: str, prompt: int, completion: int) -> RequestContext:
+    """A finished request's context."""
+    ctx = RequestContext("r", route="/v1/chat/completions")
+    ctx.tier, ctx.usage = tier, Usage(prompt, completion)
+    return ctx
+
+
+def test_windows_are_utc_day_and_month() -> None:
+    """Noon on 1 December: 12 h to the next day, 31 days minus 12 h to January."""
+    w = Windows.at(NOON)
+    assert (w.day, w.month) == ("20261201", "202612")
+    assert w.day_left_s == 12 * 3600
+    assert w.month_left_s == 31 * 86400 - 12 * 3600
+
+
+async def test_keys_without_budgets_reserve_nothing(store: BudgetStore) -> None:
+    """No budget: no store call, no reservation."""
+    assert await BudgetGate(store, COSTS, clock=lambda: NOON).reserve(key(), "fast", 10, 10) is None
+
+
+async def test_reservations_stop_at_the_budget_and_settle_to_real_cost(
+        store: BudgetStore) -> None:
+    """Budget 3: two precise reservations of 1.0 fit, then settling frees room."""
+    gate = BudgetGate(store, COSTS, clock=lambda: NOON)
+    principal = key(daily=3.0)
+    first = await gate.reserve(principal, "precise", 500, 500)  # reserves 1.0
+    second = await gate.reserve(principal, "precise", 500, 500)
+    third = await gate.reserve(principal, "precise", 500, 500)
+    assert first is not None and second is not None and third is not None
+    with pytest.raises(KeyRateLimited) as info:
+        await gate.reserve(principal, "precise", 500, 500)
+    assert info.value.limit == "budget_daily"
+    assert info.value.headers["Retry-After"] == str(12 * 3600)
+    await first.settle(served("fast", 100, 100))  # really cost 0.05: 0.95 back
+    assert await gate.reserve(principal, "precise", 400, 500) is not None  # 0.9 fits now
+
+
+async def test_monthly_budget_applies_too(store: BudgetStore) -> None:
+    """A monthly budget below the daily one refuses first."""
+    gate = BudgetGate(store, COSTS, clock=lambda: NOON)
+    principal = key(daily=100.0, monthly=1.5)
+    assert await gate.reserve(principal, "precise", 500, 500) is not None
+    with pytest.raises(KeyRateLimited) as info:
+        await gate.reserve(principal, "precise", 500, 500)
+    assert info.value.limit == "budget_monthly"
+
+
+async def test_failed_requests_give_the_reservation_back(store: BudgetStore) -> None:
+    """Nothing served (no usage): the whole reservation returns."""
+    gate = BudgetGate(store, COSTS, clock=lambda: NOON)
+    principal = key(daily=1.0)
+    reservation = await gate.reserve(principal, "precise", 500, 500)
+    assert reservation is not None
+    await reservation.settle(RequestContext("r", route="/v1/completions"))
+    assert await gate.reserve(principal, "precise", 500, 500) is not None
+
+
+async def test_the_next_day_starts_afresh(store: BudgetStore) -> None:
+    """A spent daily budget is available again after midnight UTC."""
+    now = [NOON]
+    gate = BudgetGate(store, COSTS, clock=lambda: now[0])
+    principal = key(daily=1.0)
+    assert await gate.reserve(principal, "precise", 500, 500) is not None
+    with pytest.raises(KeyRateLimited):
+        await gate.reserve(principal, "precise", 500, 500)
+    now[0] += 13 * 3600
+    assert await gate.reserve(principal, "precise", 500, 500) is not None
