@@ -71,7 +71,9 @@ async def test_reservations_stop_at_the_budget_and_settle_to_real_cost(
     first = await gate.reserve(principal, "precise", 500, 500)  # reserves 1.0
     second = await gate.reserve(principal, "precise", 500, 500)
     third = await gate.reserve(principal, "precise", 500, 500)
-    assert first is not None and second is not None and third is not None
+    assert first is not None
+    assert second is not None
+    assert third is not None
     with pytest.raises(KeyRateLimited) as info:
         await gate.reserve(principal, "precise", 500, 500)
     assert info.value.limit == "budget_daily"
