@@ -10,13 +10,19 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
+from gateway.accounting import cost_model
+from gateway.admin_routing import ShadowCollector
+from gateway.settings import Settings
+from gateway.shadow import ShadowConfig, ShadowRunner
 from gateway.telemetry.metrics import GatewayMetrics
+from gateway.usage import MemoryUsageStore, UsageCollector, UsageLedger
 from tests.deploy.compose_file import REPO, environment_of, networks_of
 
 DEPLOY = REPO / "deploy"
 DASHBOARD = json.loads((DEPLOY / "grafana" / "dashboards" / "tiergate.json").read_text("utf-8"))
 SERIES = re.compile(r"\b(tiergate_[a-z_]+)\b")
-SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
+SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",),
+            "summary": ("_sum", "_count")}
 
 
 def _yaml(*parts: str) -> dict[str, Any]:
@@ -29,6 +35,13 @@ def _exported_series() -> set[str]:
     """Every series name the gateway's real metrics registry exports."""
     registry = CollectorRegistry()
     GatewayMetrics(registry, {}, precise_tier="precise", target_share=0.3)
+    ledger = UsageLedger(cost_model(Settings()), MemoryUsageStore())
+    ledger.per_tier["fast"] = [1.0, 1.0, 1.0, 0.25, 1.0]
+    registry.register(UsageCollector(ledger))
+    shadow = ShadowRunner(ShadowConfig(fast_ratio=1.0), {}, fast_tier="fast",
+                          precise_tier="precise", session=lambda: None)
+    shadow.record("fast_on_precise", "precise", "yes", "yes", 0.2, prompt="p")
+    registry.register(ShadowCollector(shadow))
     return {
         family.name + suffix for family in registry.collect() for suffix in SUFFIXES[family.type]
     }
@@ -60,10 +73,13 @@ def test_dashboard_queries_only_series_the_gateway_exports() -> None:
         "tiergate_overhead_seconds_bucket",
         "tiergate_upstream_retries_total",
         "tiergate_replica_healthy",
+        "tiergate_cost_total",
+        "tiergate_cost_baseline_total",
+        "tiergate_shadow_agreement_sum",
     ],
 )
 def test_dashboard_covers_the_required_views(series: str) -> None:
-    """Requests, latency per tier, share vs target, overhead, retries and health are shown."""
+    """Requests, latency, share vs target, overhead, retries, health, savings, quality."""
     assert series in _queried_series()
 
 
