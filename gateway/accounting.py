@@ -124,8 +124,7 @@ def build_accounting(
     token = settings.auth.read_admin_token()
     handlers = [
         *admin_usage_handlers(ledger, token),
-        *admin_routing_handlers(router, shadow, observed_share,
-                                settings.router.target_precise_share, token),
+        *admin_routing_handlers(router, shadow, observed_share, settings.router, token),
     ]
     return Accounting(LedgerObserver(observer, ledger), ledger, budgets, shadow, handlers,
                       redis_usage)

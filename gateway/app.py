@@ -24,7 +24,7 @@ from gateway.ops import Readiness, ops_handlers
 from gateway.proxy import FieldRules, ProxyService, RequestObserver
 from gateway.replicas import EjectionPolicy, ReplicaPool
 from gateway.retry import RetryPolicy
-from gateway.routing import ThresholdPolicy, ThresholdSource, TierRouter
+from gateway.routing import TierRouter, threshold_policy
 from gateway.settings import BalancingSettings, Settings, TierSettings
 from gateway.spillover import Spillover, SpilloverConfig
 from gateway.telemetry import build_telemetry
@@ -33,9 +33,7 @@ from policies.fields import FieldPolicy
 from policies.ports import Authenticator, RequestLimiter, TierClassifier
 from policies.prefix import PrefixConfig
 from policies.selection import LeastLoaded, PrefixAffinity, RoundRobin, Strategy
-from policies.threshold import ControllerConfig, ShareController
 from policies.tiering import TierCatalog, TierRules
-from router_models import Router
 
 _GC_GEN0_THRESHOLD = 10_000
 # With start-up objects frozen and the young generation collected less often, a reference
@@ -74,14 +72,8 @@ def build_router(settings: Settings, classifier: TierClassifier) -> TierRouter:
         tools_to_precise=r.tools_to_precise,
         long_prompt_tokens=r.long_prompt_tokens,
     )
-    initial = r.threshold
-    if initial is None:
-        share = r.target_precise_share
-        initial = classifier.threshold_for_share(share) if isinstance(classifier, Router) else 0.5
-    threshold: ThresholdPolicy = ThresholdSource(initial)
-    if r.online_control:
-        config = ControllerConfig(target_share=r.target_precise_share)
-        threshold = ShareController(config, initial)
+    threshold = threshold_policy(r.threshold, r.target_precise_share, r.online_control,
+                                 classifier)
     return TierRouter(catalog, rules, classifier, threshold,
                       fast_to_precise=r.fallback_to_precise, precise_to_fast=r.downgrade_to_fast)
 

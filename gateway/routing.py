@@ -8,7 +8,9 @@ from typing import Any, Protocol
 from policies.ports import TierClassifier
 from policies.principal import Principal
 from policies.requests import RequestSummary
+from policies.threshold import ControllerConfig, ShareController
 from policies.tiering import RouteDecision, TierCatalog, TierRules, decide_tier, fallback_tiers
+from router_models import Router
 
 
 class ThresholdSource:
@@ -37,6 +39,20 @@ class ThresholdPolicy(Protocol):
     def observe(self, sent_precise: bool, score: float | None = None) -> None:
         """Record one classifier decision."""
         ...
+
+
+def threshold_policy(
+    fixed: float | None, target_share: float, online: bool, classifier: TierClassifier
+) -> ThresholdPolicy:
+    """The threshold in force: ``fixed``, else the artifact's for ``target_share``; online
+    control (the share controller) starts from it when ``online``."""
+    initial = fixed
+    if initial is None:
+        initial = (classifier.threshold_for_share(target_share)
+                   if isinstance(classifier, Router) else 0.5)
+    if online:
+        return ShareController(ControllerConfig(target_share=target_share), initial)
+    return ThresholdSource(initial)
 
 
 class TierRouter:
@@ -79,6 +95,12 @@ class TierRouter:
         if decision.reason == "classifier":
             self.threshold.observe(decision.tier == self.catalog.precise, decision.score)
         return decision
+
+    def replace(self, classifier: TierClassifier, threshold: ThresholdPolicy) -> None:
+        """Swap in a new classifier and its threshold (artifact reload; one assignment each,
+        so a request sees the old pair or the new one, both consistent enough for one call)."""
+        self.classifier = classifier
+        self.threshold = threshold
 
     def tiers_for(self, decision: RouteDecision, principal: Principal) -> tuple[str, ...]:
         """The decided tier followed by the fallbacks this key may use."""
