@@ -150,13 +150,20 @@ class BudgetReservation:
 
     async def settle(self, ctx: RequestContext) -> None:
         """Charge the real cost on the tier that served (nothing when nothing was served)."""
-        if self.settled:
-            return
-        self.settled = True
         usage, tier = ctx.usage, ctx.tier
         actual = 0.0
         if usage is not None and tier is not None:
             actual = self.gate.costs.cost(tier, usage.prompt_tokens, usage.completion_tokens)
+        await self._charge(actual)
+
+    async def refund(self) -> None:
+        """Nothing was forwarded: give the whole reservation back."""
+        await self._charge(0.0)
+
+    async def _charge(self, actual: float) -> None:
+        if self.settled:
+            return
+        self.settled = True
         delta = actual - self.reserved
         if delta:
             try:

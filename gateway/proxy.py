@@ -288,6 +288,11 @@ class _Budgeted:
         await self.admission.settle(used_tokens)
         await self.reservation.settle(self.ctx)
 
+    async def withdraw(self) -> None:
+        """Refused before forwarding: the limits and the whole reservation go back."""
+        await self.admission.withdraw()
+        await self.reservation.refund()
+
 
 async def _with_budget(gate: BudgetGate, admission: Admission, ctx: RequestContext, *,
                        principal: Principal, tier: str, prompt_tokens: int,
@@ -296,7 +301,7 @@ async def _with_budget(gate: BudgetGate, admission: Admission, ctx: RequestConte
     try:
         reservation = await gate.reserve(principal, tier, prompt_tokens, completion_tokens)
     except BaseException:
-        await admission.settle(0)
+        await admission.withdraw()
         raise
     return admission if reservation is None else _Budgeted(admission, reservation, ctx)
 
