@@ -1,6 +1,6 @@
 """Upstream HTTP-client benchmark: which async client should the gateway use to reach vLLM?
 
-POSTs a small chat completion to the fixed-response upstream (bench/overhead/fixed_upstream.py)
+POSTs a small chat completion to the fixed-response upstream (bench/harness/fixed_upstream.py)
 with (a) httpx.AsyncClient and its default httpcore transport, (b) httpx.AsyncClient over
 httpx_aiohttp.AiohttpTransport and (c) aiohttp.ClientSession with a tuned TCPConnector, at
 concurrency 1, 16 and 64. Every client gets the same pool size, reads the whole body and runs
@@ -30,8 +30,8 @@ import httpx
 import httpx_aiohttp
 import uvloop
 
-from bench.overhead.legs import REPO_ROOT, Placement, start_fixed_upstream
-from bench.overhead.processes import boosted_own_session
+from bench.harness.legs import REPO_ROOT, Placement, start_fixed_upstream
+from bench.harness.processes import boosted_own_session
 
 CONCURRENCIES = (1, 16, 64)
 POOL_SIZE = 100  # same connection pool size for every client, above the highest concurrency

@@ -1,4 +1,4 @@
-"""The servers of each benchmark leg: upstreams, TierGate (per variant) and LiteLLM.
+"""The gateway legs of the overhead benchmark: TierGate (per variant) and LiteLLM.
 
 Each ``start_*`` function returns a running :class:`Leg` (or raises ``LegUnavailableError`` with a
 message saying why the leg cannot run); ``Leg.stop`` ends everything it started.
@@ -6,177 +6,28 @@ message saying why the leg cannot run); ``Leg.stop`` ends everything it started.
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
 import sys
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
-from bench.overhead.processes import (
-    Service,
-    free_port,
-    http_answers,
-    post_json,
-    redis_answers,
+from bench.harness.legs import (
+    REPO_ROOT,
+    Leg,
+    LegUnavailableError,
+    Placement,
+    probe_or_stop,
+    start_fixed_upstream,
+    start_redis,
+    start_service,
 )
+from bench.harness.processes import Service, free_port
 from bench.overhead.variants import Variant, gateway_config, gateway_env, key_create_command
 
-UPSTREAM_MODEL = "tiergate-fast"
-CHAT_PATH = "/v1/chat/completions"
 LITELLM_VERSION = "1.108.0"  # never 1.82.7 / 1.82.8: those releases were compromised
 LITELLM_MASTER_KEY = "sk-litellm-bench-master"
-REPO_ROOT = Path(__file__).resolve().parents[2]
 LITELLM_VENV = REPO_ROOT / "bench" / ".venv-litellm"
-
-
-class LegUnavailableError(RuntimeError):
-    """A leg cannot run here (missing command, failed start); the message says why."""
-
-
-@dataclass
-class Leg:
-    """A proxy or upstream under test: where to send requests and what it is running."""
-
-    name: str
-    base_url: str
-    model: str
-    api_key: str | None
-    main: Service
-    extras: list[Service] = field(default_factory=list)
-
-    @property
-    def chat_url(self) -> str:
-        """The chat completions endpoint."""
-        return self.base_url + CHAT_PATH
-
-    def body(self) -> dict[str, object]:
-        """The small non-streaming chat completion every point POSTs."""
-        return {
-            "model": self.model,
-            "messages": [{"role": "user", "content": "Say hello in five words."}],
-            "max_tokens": 16,
-        }
-
-    def probe(self, timeout_s: float = 30.0) -> None:
-        """POST one request until it answers 200 with a chat completion, else raise."""
-        deadline = time.monotonic() + timeout_s
-        status, payload = 0, b""
-        while time.monotonic() < deadline:
-            status, payload = post_json(
-                self.chat_url, json.dumps(self.body()).encode(), self.api_key
-            )
-            if status == 200 and b'"choices"' in payload:
-                return
-            time.sleep(0.5)
-        raise LegUnavailableError(
-            f"probe POST {self.chat_url} answered {status}: {payload[:500]!r}\n"
-            f"--- log tail ---\n{self.main.log_tail()}"
-        )
-
-    def sessions(self) -> list[int]:
-        """Session ids of every process this leg started (each service leads its own session)."""
-        return [s.proc.pid for s in (self.main, *self.extras) if s.proc is not None]
-
-    def stop(self) -> None:
-        """Stop the main process, then what it depends on."""
-        self.main.stop()
-        for service in reversed(self.extras):
-            service.stop()
-
-
-@dataclass(frozen=True)
-class Placement:
-    """Command prefixes: the proxy alone on CPU 0, load + upstream on CPU 1, high priority."""
-
-    proxy: tuple[str, ...]
-    load: tuple[str, ...]
-
-    @classmethod
-    def build(cls, pin: bool, boost: bool) -> Placement:
-        """Pin with taskset (on 2+ CPUs) and, as root, run at nice -20.
-
-        Nice -20 gives the benchmark's processes ~99 % of the CPU against nice-0 work, so
-        builds or test runs elsewhere on a shared machine barely move the numbers.
-        """
-        nice: tuple[str, ...] = ("nice", "-n", "-20") if boost and os.geteuid() == 0 else ()
-        if not pin or (os.cpu_count() or 1) < 2:
-            return cls(nice, nice)
-        return cls((*nice, "taskset", "-c", "0"), (*nice, "taskset", "-c", "1"))
-
-    @property
-    def boosted(self) -> bool:
-        """Whether the prefixes raise priority."""
-        return "nice" in self.proxy
-
-
-def _start(service: Service, ready_path: str, timeout_s: float = 60.0) -> Service:
-    try:
-        service.start(http_answers(f"http://127.0.0.1:{service.port}{ready_path}"), timeout_s)
-    except (RuntimeError, OSError) as exc:
-        raise LegUnavailableError(f"{service.name}: {exc}") from exc
-    return service
-
-
-def start_fixed_upstream(workdir: Path, pin: Placement, name: str = "fixed-upstream") -> Leg:
-    """The raw uvloop+httptools fixed-response upstream, pinned to the load core."""
-    port = free_port()
-    script = Path(__file__).with_name("fixed_upstream.py")
-    cmd = [*pin.load, sys.executable, str(script), "--port", str(port), "--model", UPSTREAM_MODEL]
-    service = _start(
-        Service(name, cmd, port, workdir / f"{name}.log", boost=pin.boosted), "/health"
-    )
-    return Leg("fixed upstream (direct)", f"http://127.0.0.1:{port}", UPSTREAM_MODEL, None, service)
-
-
-def start_simulator(workdir: Path, pin: Placement) -> Leg:
-    """TierGate's vLLM simulator at zero latency, pinned to the load core."""
-    port = free_port()
-    cmd = [
-        *pin.load,
-        sys.executable,
-        "-m",
-        "simulator",
-        "--port",
-        str(port),
-        "--profile",
-        "fast",
-        "--model",
-        UPSTREAM_MODEL,
-        "--latency-scale",
-        "0",
-    ]
-    service = _start(
-        Service("simulator", cmd, port, workdir / "simulator.log", boost=pin.boosted), "/health"
-    )
-    return Leg(
-        "simulator, latency 0 (direct)", f"http://127.0.0.1:{port}", UPSTREAM_MODEL, None, service
-    )
-
-
-def _start_redis(workdir: Path, pin: Placement) -> Service:
-    port = free_port()
-    cmd = [
-        *pin.load,
-        "redis-server",
-        "--port",
-        str(port),
-        "--bind",
-        "127.0.0.1",
-        "--save",
-        "",
-        "--appendonly",
-        "no",
-    ]
-    service = Service("redis", cmd, port, workdir / "redis.log", boost=pin.boosted)
-    try:
-        service.start(redis_answers(port), timeout_s=20)
-    except (RuntimeError, FileNotFoundError) as exc:
-        raise LegUnavailableError(f"redis-server could not start: {exc}") from exc
-    return service
 
 
 def _create_key(workdir: Path) -> str:
@@ -197,7 +48,7 @@ def start_tiergate(variant: Variant, upstream: Leg, workdir: Path, pin: Placemen
     try:
         redis_url = None
         if variant.needs_redis:
-            redis = _start_redis(workdir, pin)
+            redis = start_redis(workdir, pin)
             extras.append(redis)
             redis_url = f"redis://127.0.0.1:{redis.port}/0"
         sink_url = None
@@ -214,7 +65,7 @@ def start_tiergate(variant: Variant, upstream: Leg, workdir: Path, pin: Placemen
         cmd = [*pin.proxy, tiergate, "serve", "--config", str(config_path)]
         cmd += ["--host", "127.0.0.1", "--port", str(port)]
         env = gateway_env(variant, sink_url)
-        service = _start(
+        service = start_service(
             Service("tiergate", cmd, port, workdir / "tiergate.log", env, pin.boosted),
             "/v1/models",
         )
@@ -230,16 +81,7 @@ def start_tiergate(variant: Variant, upstream: Leg, workdir: Path, pin: Placemen
         service,
         extras,
     )
-    _probe_or_stop(leg)
-    return leg
-
-
-def _probe_or_stop(leg: Leg) -> None:
-    try:
-        leg.probe()
-    except LegUnavailableError:
-        leg.stop()
-        raise
+    return probe_or_stop(leg)
 
 
 def ensure_litellm() -> Path:
@@ -299,7 +141,7 @@ def start_litellm(upstream: Leg, workdir: Path, pin: Placement) -> Leg:
         "LITELLM_MODE": "PRODUCTION",  # as its production checklist recommends
     }
     service = Service("litellm", cmd, port, workdir / "litellm.log", env, pin.boosted)
-    _start(service, "/health/liveliness", timeout_s=120)
+    start_service(service, "/health/liveliness", timeout_s=120)
     leg = Leg(
         f"LiteLLM {LITELLM_VERSION}",
         f"http://127.0.0.1:{port}",
@@ -307,5 +149,4 @@ def start_litellm(upstream: Leg, workdir: Path, pin: Placement) -> Leg:
         LITELLM_MASTER_KEY,
         service,
     )
-    _probe_or_stop(leg)
-    return leg
+    return probe_or_stop(leg)

@@ -5,32 +5,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from bench.overhead.wrk import WrkResult
+from bench.harness.points import NOISY_WAIT, Series
+from bench.harness.wrk import WrkResult
 
 # Targets from the issue (2-core machine, one worker each).
 MIN_RATIO_VS_LITELLM = 10.0
 MAX_ADDED_P50_MS = 1.0
 MIN_C64_OVER_C16 = 0.90
 MAX_RSS_GROWTH = 0.10
-MIN_UPSTREAM_HEADROOM = 2.0
-# Servers waiting for a CPU more than this share of a point's time make that point suspect.
-NOISY_WAIT = 0.05  # the upstream must serve >= 2x what TierGate does through it
-
-
-@dataclass
-class Series:
-    """One setup's points: concurrency -> wrk result."""
-
-    role: str  # "upstream", "direct", "tiergate" or "litellm"
-    label: str
-    points: dict[int, WrkResult] = field(default_factory=dict)
-    wait: dict[int, float] = field(default_factory=dict)  # servers' run-queue wait share
-    foreign: dict[int, float] = field(default_factory=dict)  # other processes' CPU share
-
-    def rps(self, concurrency: int) -> float | None:
-        """Req/s at a concurrency, if measured."""
-        point = self.points.get(concurrency)
-        return point.rps if point else None
+MIN_UPSTREAM_HEADROOM = 2.0  # the upstream must serve >= 2x what TierGate does through it
 
 
 @dataclass(frozen=True)

@@ -18,51 +18,26 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
-from bench.overhead.cpu_noise import CpuMeter, Noise, wait_until_quiet
-from bench.overhead.legs import (
-    LITELLM_VERSION,
+from bench.harness.legs import (
     REPO_ROOT,
     Leg,
     LegUnavailableError,
     Placement,
     start_fixed_upstream,
-    start_litellm,
     start_simulator,
-    start_tiergate,
 )
-from bench.overhead.processes import rss_mib
-from bench.overhead.report import NOISY_WAIT, MemorySample, Report, Series, render
+from bench.harness.points import Bench, Plan, Series, measure
+from bench.harness.processes import rss_mib
+from bench.harness.wrk import WrkRunner, ensure_wrk, lua_script
+from bench.overhead.legs import LITELLM_VERSION, start_litellm, start_tiergate
+from bench.overhead.report import MemorySample, Report, render
 from bench.overhead.variants import VARIANTS, Variant
-from bench.overhead.wrk import WrkResult, WrkRunner, ensure_wrk, lua_script
 
-CONCURRENCIES = (1, 16, 64)
-QUIET_FOREIGN_SHARE = 0.05  # --quiet-wait waits for other processes to use at most this
 MEMORY_CONCURRENCY = 16
 LEGS = ("direct", "tiergate", "litellm")
-
-
-@dataclass(frozen=True)
-class Plan:
-    """How long each point runs and how many requests the memory phase sends."""
-
-    duration_s: float
-    warmup_s: float
-    memory_steps: tuple[int, ...]
-    noisy_retries: int
-    quiet_wait_s: float
-
-
-@dataclass(frozen=True)
-class Bench:
-    """What every leg shares: the load generator, the plan, the work directory, the pinning."""
-
-    runner: WrkRunner
-    plan: Plan
-    workdir: Path
-    pin: Placement
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -100,41 +75,6 @@ def make_plan(args: argparse.Namespace) -> Plan:
     if args.quick:
         return Plan(args.duration or 3.0, 1.0, (5_000, 50_000), args.noisy_retries, args.quiet_wait)
     return Plan(args.duration or 10.0, 2.0, (20_000, 200_000), args.noisy_retries, args.quiet_wait)
-
-
-def measure(leg: Leg, role: str, bench: Bench, upstream: Leg | None = None) -> Series:
-    """Warm up, then run every concurrency point against one leg (noisy points are retried)."""
-    runner, plan = bench.runner, bench.plan
-    series = Series(role, leg.name)
-    script = lua_script(leg.body(), leg.api_key)
-    meter = CpuMeter(leg.sessions() + (upstream.sessions() if upstream else []), leg.sessions())
-    # Direct legs share a core with wrk by design, so their wait says nothing about noise.
-    retries = plan.noisy_retries if upstream is not None else 0
-    for c in CONCURRENCIES:
-        for attempt in range(retries + 1):
-            if plan.quiet_wait_s > 0:
-                wait_until_quiet(meter.sessions, QUIET_FOREIGN_SHARE, plan.quiet_wait_s)
-            runner.run(leg.chat_url, script, c, plan.warmup_s)
-            meter.start()
-            point = runner.run(leg.chat_url, script, c, plan.duration_s)
-            noise = meter.stop()
-            _print_point(leg.name, c, point, noise, attempt)
-            if c not in series.wait or noise.wait_share < series.wait[c]:
-                series.points[c] = point
-                series.wait[c], series.foreign[c] = noise.wait_share, noise.foreign_share
-            if noise.wait_share <= NOISY_WAIT:
-                break
-    return series
-
-
-def _print_point(name: str, c: int, point: WrkResult, noise: Noise, attempt: int) -> None:
-    retry = f" (retry {attempt})" if attempt else ""
-    print(
-        f"  {name:<30} c={c:<3} {point.rps:>9,.0f} req/s  p50 {point.p50_ms:7.2f} ms  "
-        f"p99 {point.p99_ms:7.2f} ms  errors {point.errors + point.non_2xx}  "
-        f"wait {noise.wait_share:.0%}  other CPU {noise.foreign_share:.0%}{retry}",
-        flush=True,
-    )
 
 
 def drive(leg: Leg, runner: WrkRunner, target: int) -> tuple[int, int]:

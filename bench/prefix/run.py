@@ -36,7 +36,7 @@ if str(REPO_ROOT) not in sys.path:
 
 import yaml  # noqa: E402  # after the sys.path fix so that `bench` imports as a package
 
-from bench.overhead.processes import Service, free_port, http_answers, port_is_free  # noqa: E402  # same
+from bench.harness.processes import Service, free_port, http_answers, port_is_free  # noqa: E402  # same
 from bench.prefix import client, workloads  # noqa: E402  # same
 from bench.prefix.report import Row, render  # noqa: E402  # same
 from gateway.health import parse_metrics  # noqa: E402  # same

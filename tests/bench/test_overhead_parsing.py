@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from bench.harness.wrk import JSON_MARK, WrkResult, lua_script, parse_output
 from bench.overhead.report import MemorySample, Report, Series, checks, render
-from bench.overhead.wrk import JSON_MARK, WrkResult, lua_script, parse_output
 
 WRK_STDOUT = f"""Running 3s test @ http://127.0.0.1:8000/v1/chat/completions
   1 threads and 16 connections

@@ -5,7 +5,7 @@ chat completion, GET /health answers 200 with an empty body, GET /v1/models list
 GET /metrics exposes idle vLLM gauges. It does as little per request as an HTTP/1.1 keep-alive
 server can, so a proxy in front of it is what a benchmark measures.
 
-Run: ``python bench/overhead/fixed_upstream.py --port 8001 [--model NAME]``
+Run: ``python bench/harness/fixed_upstream.py --port 8001 [--model NAME]``
 """
 
 from __future__ import annotations

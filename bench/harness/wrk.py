@@ -15,7 +15,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.overhead.processes import boost_session
+from bench.harness.processes import boost_session
 
 JSON_MARK = "WRK_JSON "
 
@@ -67,9 +67,19 @@ class WrkResult:
         return self.requests / self.duration_s if self.duration_s > 0 else 0.0
 
 
-def lua_script(body: dict[str, object], api_key: str | None, stop_after: int = 0) -> str:
-    """Render the wrk Lua script for one POST body (and optional bearer key)."""
-    auth = f'wrk.headers["Authorization"] = "Bearer {api_key}"' if api_key else ""
+def lua_script(
+    body: dict[str, object],
+    api_key: str | None,
+    stop_after: int = 0,
+    headers: dict[str, str] | None = None,
+) -> str:
+    """Render the wrk Lua script for one POST body (optional bearer key and extra headers)."""
+    lines = [f'wrk.headers["Authorization"] = "Bearer {api_key}"'] if api_key else []
+    lines += [
+        f"wrk.headers[{_lua_string(name)}] = {_lua_string(value)}"
+        for name, value in (headers or {}).items()
+    ]
+    auth = "\n".join(lines)
     return _LUA_TEMPLATE.format(
         body=_lua_string(json.dumps(body, separators=(",", ":"))),
         auth=auth,

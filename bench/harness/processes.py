@@ -69,9 +69,11 @@ def redis_answers(port: int) -> Callable[[], bool]:
     return ping
 
 
-def post_json(url: str, body: bytes, api_key: str | None) -> tuple[int, bytes]:
+def post_json(
+    url: str, body: bytes, api_key: str | None, extra_headers: dict[str, str] | None = None
+) -> tuple[int, bytes]:
     """POST a JSON body; return status and response body (status 0 on connection failure)."""
-    headers = {"Content-Type": "application/json"}
+    headers = {"Content-Type": "application/json", **(extra_headers or {})}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
     request = urllib.request.Request(url, data=body, headers=headers)  # noqa: S310 - bench URLs are http://127.0.0.1 built here
