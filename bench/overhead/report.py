@@ -13,6 +13,17 @@ MIN_RATIO_VS_LITELLM = 10.0
 MAX_ADDED_P50_MS = 1.0
 MIN_C64_OVER_C16 = 0.90
 MAX_RSS_GROWTH = 0.10
+# Issue 16's targets, one run, ratios: the full path and the plain path against the peers.
+FULL_MAX_ADDED_P50_MS = 0.7
+FULL_MIN_RATIO_VS_LITELLM = 20.0
+FULL_MIN_RATIO_VS_PORTKEY = 1.5
+PLAIN_MIN_RATIO_VS_VLLM_ROUTER = 0.35
+PEER_ROLES = {
+    "nginx": "nginx",
+    "vllm-router": "vllm-router",
+    "portkey": "Portkey",
+    "litellm": "LiteLLM",
+}
 MIN_UPSTREAM_HEADROOM = 2.0  # the upstream must serve >= 2x what TierGate does through it
 
 
@@ -34,6 +45,7 @@ class Report:
     series: list[Series] = field(default_factory=list)
     memory: list[MemorySample] = field(default_factory=list)
     unavailable: dict[str, str] = field(default_factory=dict)
+    variant: str = "plain"
 
     def find(self, role: str) -> Series | None:
         """The series of a role, if it ran."""
@@ -93,7 +105,45 @@ def checks(report: Report) -> list[Check]:
         r = _ratio(direct.rps(c) if direct else None, tg.rps(c) if tg else None)
         name = f"upstream headroom: direct / TierGate req/s at c={c}"
         out.append(_check(name, r, MIN_UPSTREAM_HEADROOM, _times))
+    return out + peer_checks(report, added)
+
+
+def _vs(report: Report, role: str, c: int) -> float | None:
+    tg, peer = report.find("tiergate"), report.find(role)
+    return _ratio(tg.rps(c) if tg else None, peer.rps(c) if peer else None)
+
+
+def peer_checks(report: Report, added_p50_ms: float | None) -> list[Check]:
+    """Issue 16's targets for the variant that ran (``full``: the full path; ``plain``)."""
+    if report.variant == "plain":
+        r = _vs(report, "vllm-router", 16)
+        name = "issue 16, plain: TierGate / vllm-router req/s at c=16"
+        return [_check(name, r, PLAIN_MIN_RATIO_VS_VLLM_ROUTER, _times)]
+    if report.variant != "full":
+        return []
+    name = "issue 16, full: TierGate added p50 at c=1"
+    out = [_check(name, added_p50_ms, FULL_MAX_ADDED_P50_MS, _ms, at_least=False)]
+    targets = (("litellm", FULL_MIN_RATIO_VS_LITELLM), ("portkey", FULL_MIN_RATIO_VS_PORTKEY))
+    for role, target in targets:
+        for c in (16, 64):
+            name = f"issue 16, full: TierGate / {PEER_ROLES[role]} req/s at c={c}"
+            out.append(_check(name, _vs(report, role, c), target, _times))
     return out
+
+
+def ratio_lines(report: Report) -> list[str]:
+    """TierGate's req/s over each peer's, at every concurrency, from this run."""
+    peers = [(role, label) for role, label in PEER_ROLES.items() if report.find(role)]
+    if not report.find("tiergate") or not peers:
+        return []
+    lines = ["", "TierGate req/s / peer req/s, same run:", ""]
+    lines += ["| peer | c=1 | c=16 | c=64 |", "|---|---:|---:|---:|"]
+    for role, _ in peers:
+        series = report.find(role)
+        cells = [_vs(report, role, c) for c in (1, 16, 64)]
+        shown = [_times(v) if v is not None else "n/a" for v in cells]
+        lines.append(f"| {series.label if series else role} | " + " | ".join(shown) + " |")
+    return lines
 
 
 def _check(
@@ -168,6 +218,7 @@ def render(report: Report) -> str:
         lines += ["", "TierGate resident memory (VmRSS of the serving process):", ""]
         lines += ["| requests served | RSS MiB |", "|---:|---:|"]
         lines += [f"| {m.requests:,} | {m.rss_mib:.1f} |" for m in report.memory]
+    lines += ratio_lines(report)
     lines += ["", "| check | measured | target | result |", "|---|---:|---:|---|"]
     for check in checks(report):
         verdict = {True: "PASS", False: "**FAIL**", None: "n/a"}[check.passed]

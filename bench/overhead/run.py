@@ -1,7 +1,8 @@
-"""Overhead benchmark: upstream direct vs TierGate vs LiteLLM, same upstream, same wrk, one run.
+"""Overhead benchmark: upstream direct vs TierGate vs its peers, same upstream, same wrk, one run.
 
 Usage: ``.venv/bin/python bench/overhead/run.py [--quick] [--variant plain|full|full-trace100]
-[--legs direct,tiergate,litellm] [--skip-litellm] [--out FILE]``. See bench/README.md.
+[--legs direct,nginx,vllm-router,tiergate,portkey,litellm] [--skip-litellm] [--out FILE]``.
+See bench/README.md.
 """
 
 from __future__ import annotations
@@ -33,11 +34,12 @@ from bench.harness.points import Bench, Plan, Series, measure
 from bench.harness.processes import rss_mib
 from bench.harness.wrk import WrkRunner, ensure_wrk, lua_script
 from bench.overhead.legs import LITELLM_VERSION, start_litellm, start_tiergate
+from bench.overhead.peers import start_nginx, start_portkey, start_vllm_router
 from bench.overhead.report import MemorySample, Report, render
 from bench.overhead.variants import VARIANTS, Variant
 
 MEMORY_CONCURRENCY = 16
-LEGS = ("direct", "tiergate", "litellm")
+LEGS = ("direct", "nginx", "vllm-router", "tiergate", "portkey", "litellm")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -45,7 +47,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="TierGate overhead benchmark (see bench/README.md)")
     p.add_argument("--quick", action="store_true", help="3 s points, 5k/50k memory requests")
     p.add_argument("--variant", choices=sorted(VARIANTS), default="plain")
-    p.add_argument("--legs", default=",".join(LEGS), help="comma list of direct,tiergate,litellm")
+    p.add_argument("--legs", default=",".join(LEGS), help="comma list of " + ",".join(LEGS))
     p.add_argument("--skip-litellm", action="store_true")
     p.add_argument("--upstream", choices=("auto", "fixed", "simulator"), default="auto")
     p.add_argument("--duration", type=float, help="seconds per point (default 10, quick 3)")
@@ -183,13 +185,24 @@ def run_tiergate(report: Report, bench: Bench, variant: Variant, upstream: Leg) 
         fresh.stop()
 
 
-def run_litellm(report: Report, bench: Bench, upstream: Leg) -> None:
-    """LiteLLM's points, if its virtualenv installs and its proxy starts."""
-    leg = _try(report, "LiteLLM", lambda: start_litellm(upstream, bench.workdir, bench.pin))
+PeerStarter = Callable[[Leg, Path, Placement], Leg]
+PEERS: dict[str, tuple[str, PeerStarter]] = {
+    # leg name on the command line: (report role and name, starter)
+    "nginx": ("nginx", start_nginx),
+    "vllm-router": ("vllm-router", start_vllm_router),
+    "portkey": ("Portkey", start_portkey),
+    "litellm": ("LiteLLM", start_litellm),
+}
+
+
+def run_peer(report: Report, bench: Bench, leg_name: str, upstream: Leg) -> None:
+    """One peer's points, if it installs and starts; otherwise the report says why not."""
+    role, start = PEERS[leg_name]
+    leg = _try(report, role, lambda: start(upstream, bench.workdir, bench.pin))
     if leg is None:
         return
     try:
-        report.series.append(measure(leg, "litellm", bench, upstream))
+        report.series.append(measure(leg, leg_name, bench, upstream))
     finally:
         leg.stop()
 
@@ -226,7 +239,9 @@ def environment(wrk: str, plan: Plan, pin: Placement, variant: Variant) -> list[
         f"load: {(wrk_version.stdout or wrk_version.stderr).splitlines()[0]} `-t1`, "
         f"{plan.duration_s:g} s per point after a {plan.warmup_s:g} s warm-up, "
         "POST of a small non-streaming chat completion",
-        f"placement: {pinning}; one worker per server; LiteLLM {LITELLM_VERSION}",
+        f"placement: {pinning}; one worker per server (nginx `worker_processes 1`, "
+        "vllm-router and Portkey one process each, pinned like TierGate); "
+        f"LiteLLM {LITELLM_VERSION}; peers' versions are in their row names",
         f"memory: fresh TierGate process driven at c={MEMORY_CONCURRENCY}, VmRSS of the process "
         "that owns the listening socket",
     ]
@@ -238,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM unwinds like Ctrl-C, so the finally blocks stop every server this run started.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     legs = {leg.strip() for leg in args.legs.split(",") if leg.strip()}
+    if unknown := legs - set(LEGS):
+        raise SystemExit(f"unknown legs {sorted(unknown)}; choose from {', '.join(LEGS)}")
     if args.skip_litellm:
         legs.discard("litellm")
     variant, plan = VARIANTS[args.variant], make_plan(args)
@@ -251,14 +268,16 @@ def main(argv: list[str] | None = None) -> int:
         + (" (quick)" if args.quick else ""),
         command,
         environment(wrk, plan, pin, variant),
+        variant=variant.name,
     )
     print(f"work directory (configs, logs): {workdir}", flush=True)
     upstream = choose_upstream(report, bench, args.upstream)
     try:
-        if "tiergate" in legs:
-            run_tiergate(report, bench, variant, upstream)
-        if "litellm" in legs:
-            run_litellm(report, bench, upstream)
+        for name in LEGS:
+            if name == "tiergate" and name in legs:
+                run_tiergate(report, bench, variant, upstream)
+            elif name in PEERS and name in legs:
+                run_peer(report, bench, name, upstream)
     finally:
         upstream.stop()
     write(report, args.out or default_out(variant, args.quick))
