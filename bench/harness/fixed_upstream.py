@@ -1,8 +1,9 @@
 """A minimal fixed-response OpenAI-compatible upstream for benchmarks.
 
 A raw asyncio protocol on uvloop with the httptools parser: every POST answers the same small
-chat completion, GET /health answers 200 with an empty body, GET /v1/models lists one model and
-GET /metrics exposes idle vLLM gauges. It does as little per request as an HTTP/1.1 keep-alive
+chat completion (or the 400 vLLM gives to ``stream_options`` without ``stream: true``),
+GET /health answers 200 with an empty body, GET /v1/models lists one model and GET /metrics
+exposes idle vLLM gauges. It does as little per request as an HTTP/1.1 keep-alive
 server can, so a proxy in front of it is what a benchmark measures.
 
 Run: ``python bench/harness/fixed_upstream.py --port 8001 [--model NAME]``
@@ -27,6 +28,17 @@ def _response(status: str, body: bytes, content_type: str) -> bytes:
         "connection: keep-alive\r\n\r\n"
     )
     return head.encode("ascii") + body
+
+
+_STREAM_OPTIONS_ERROR = {
+    "error": {
+        "message": "Stream options can only be defined when `stream=True`.",
+        "type": "BadRequestError",
+        "param": None,
+        "code": 400,
+    }
+}
+_STREAM_OPTIONS = b'"stream_options"'
 
 
 def build_responses(model: str) -> dict[str, bytes]:
@@ -61,6 +73,9 @@ def build_responses(model: str) -> dict[str, bytes]:
         "/v1/models": _response("200 OK", json.dumps(models).encode(), js),
         "/metrics": _response("200 OK", metrics.encode(), "text/plain; version=0.0.4"),
         "404": _response("404 Not Found", b'{"error": {"message": "not found"}}', js),
+        # What vLLM answers to `stream_options` without `stream: true`: a client error that a
+        # gateway passes through (the overhead benchmark's memory phase sends it).
+        "400": _response("400 Bad Request", json.dumps(_STREAM_OPTIONS_ERROR).encode(), js),
     }
 
 
@@ -72,6 +87,7 @@ class FixedProtocol(asyncio.Protocol):
         self._parser = httptools.HttpRequestParser(self)
         self._transport: asyncio.Transport | None = None
         self._url = b""
+        self._client_error = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's TCPTransport implements asyncio.Transport without subclassing it.
@@ -87,11 +103,17 @@ class FixedProtocol(asyncio.Protocol):
     def on_url(self, url: bytes) -> None:
         self._url += url
 
+    def on_body(self, body: bytes) -> None:
+        if _STREAM_OPTIONS in body and b'"stream":true' not in body.replace(b" ", b""):
+            self._client_error = True
+
     def on_message_complete(self) -> None:
         method = self._parser.get_method()
         path = self._url.split(b"?", 1)[0].decode("latin-1")
         self._url = b""
         key = "POST" if method == b"POST" else path
+        if self._client_error:
+            key, self._client_error = "400", False
         payload = self._responses.get(key, self._responses["404"])
         if self._transport is not None:
             self._transport.write(payload)

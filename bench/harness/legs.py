@@ -37,6 +37,7 @@ class Leg:
     main: Service
     extras: list[Service] = field(default_factory=list)
     headers: dict[str, str] = field(default_factory=dict)  # sent with every request
+    other_keys: dict[str, str] = field(default_factory=dict)  # keys with other policies, by role
     chat_path: str = CHAT_PATH
 
     @property

@@ -18,6 +18,7 @@ from pathlib import Path
 from bench.harness.processes import boost_session
 
 JSON_MARK = "WRK_JSON "
+STATUS_MARK = "WRK_STATUS "  # a script that counts answers by status prints them after this
 
 _LUA_TEMPLATE = """\
 wrk.method = "POST"
@@ -76,12 +77,12 @@ def lua_script(
     """Render the wrk Lua script for one POST body (optional bearer key and extra headers)."""
     lines = [f'wrk.headers["Authorization"] = "Bearer {api_key}"'] if api_key else []
     lines += [
-        f"wrk.headers[{_lua_string(name)}] = {_lua_string(value)}"
+        f"wrk.headers[{lua_string(name)}] = {lua_string(value)}"
         for name, value in (headers or {}).items()
     ]
     auth = "\n".join(lines)
     return _LUA_TEMPLATE.format(
-        body=_lua_string(json.dumps(body, separators=(",", ":"))),
+        body=lua_string(json.dumps(body, separators=(",", ":"))),
         auth=auth,
         stop_after=stop_after,
         response_hook=_RESPONSE_HOOK if stop_after > 0 else "",
@@ -89,7 +90,8 @@ def lua_script(
     )
 
 
-def _lua_string(text: str) -> str:
+def lua_string(text: str) -> str:
+    """``text`` as a double-quoted Lua string literal."""
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
@@ -110,6 +112,15 @@ def parse_output(stdout: str) -> WrkResult:
                 mean_ms=float(raw["mean_us"]) / 1000,
             )
     raise ValueError(f"no {JSON_MARK.strip()} line in wrk output:\n{stdout[-2000:]}")
+
+
+def parse_statuses(stdout: str) -> dict[int, int]:
+    """Answers by HTTP status from the STATUS_MARK line (empty when the script has none)."""
+    for line in reversed(stdout.splitlines()):
+        if line.startswith(STATUS_MARK):
+            raw = json.loads(line[len(STATUS_MARK) :])
+            return {int(status): int(count) for status, count in raw.items()}
+    return {}
 
 
 def ensure_wrk() -> str:
@@ -149,6 +160,17 @@ class WrkRunner:
         timeout_s: float = 10.0,
     ) -> WrkResult:
         """Run one point and return its parsed result."""
+        return parse_output(self.run_raw(url, script, connections, duration_s, timeout_s))
+
+    def run_raw(
+        self,
+        url: str,
+        script: str,
+        connections: int,
+        duration_s: float,
+        timeout_s: float = 10.0,
+    ) -> str:
+        """Run one point and return wrk's standard output."""
         path = self.script_dir / f"wrk-{abs(hash(script))}.lua"
         path.write_text(script)
         cmd = [
@@ -180,4 +202,4 @@ class WrkRunner:
             raise
         if proc.returncode != 0:
             raise RuntimeError(f"wrk failed ({proc.returncode}): {stderr.strip()}")
-        return parse_output(stdout)
+        return stdout

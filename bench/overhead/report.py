@@ -36,6 +36,24 @@ class MemorySample:
 
 
 @dataclass
+class MemoryMix:
+    """What the memory phase sent (kind, expected status, share per cycle) and what came back."""
+
+    kinds: list[tuple[str, int, int]]
+    omitted: list[str] = field(default_factory=list)  # kinds this variant cannot produce
+    statuses: dict[int, int] = field(default_factory=dict)
+    socket_errors: int = 0
+
+    def unexpected(self) -> list[str]:
+        """Problems with the answers: a 5xx, or an expected status never answered."""
+        out = [f"{n:,} answers {s}" for s, n in sorted(self.statuses.items()) if s >= 500]
+        for status in sorted({k[1] for k in self.kinds}):
+            if not self.statuses.get(status):
+                out.append(f"no {status} answer")
+        return out
+
+
+@dataclass
 class Report:
     """Everything one run measured, plus what could not be measured and why."""
 
@@ -44,6 +62,7 @@ class Report:
     environment: list[str]
     series: list[Series] = field(default_factory=list)
     memory: list[MemorySample] = field(default_factory=list)
+    memory_mix: MemoryMix | None = None
     unavailable: dict[str, str] = field(default_factory=dict)
     variant: str = "plain"
 
@@ -101,6 +120,16 @@ def checks(report: Report) -> list[Check]:
     out.append(
         _check("TierGate RSS growth, last vs first", growth, MAX_RSS_GROWTH, _pct, at_least=False)
     )
+    if report.memory_mix is not None:
+        problems = report.memory_mix.unexpected()
+        out.append(
+            Check(
+                "memory mix: every expected status answered, no 5xx",
+                "; ".join(problems) or "yes",
+                "yes",
+                not problems,
+            )
+        )
     for c in (16, 64):
         r = _ratio(direct.rps(c) if direct else None, tg.rps(c) if tg else None)
         name = f"upstream headroom: direct / TierGate req/s at c={c}"
@@ -177,6 +206,19 @@ def _wait_cell(series: Series, c: int) -> str:
     return f"**{shown}**" if share is not None and share > NOISY_WAIT else shown
 
 
+def mix_lines(mix: MemoryMix) -> list[str]:
+    """The memory phase's request mix and the answers it got, by status."""
+    cycle = sum(k[2] for k in mix.kinds)
+    lines = ["", f"Memory-phase mix (one cycle of {cycle} requests, repeated):", ""]
+    lines += ["| kind | expected status | per cycle |", "|---|---:|---:|"]
+    lines += [f"| {name} | {status} | {n} |" for name, status, n in mix.kinds]
+    answers = ", ".join(f"{s}: {n:,}" for s, n in sorted(mix.statuses.items()))
+    lines += ["", f"Answers by status: {answers or 'none'}; socket errors: {mix.socket_errors:,}."]
+    if mix.omitted:
+        lines.append("Not in this variant's mix (auth is off): " + "; ".join(mix.omitted) + ".")
+    return lines
+
+
 def render(report: Report) -> str:
     """The Markdown document: environment, results table, memory, checks, gaps."""
     lines = [f"# {report.title}", "", "Command:", "", "```", report.command, "```", ""]
@@ -218,6 +260,8 @@ def render(report: Report) -> str:
         lines += ["", "TierGate resident memory (VmRSS of the serving process):", ""]
         lines += ["| requests served | RSS MiB |", "|---:|---:|"]
         lines += [f"| {m.requests:,} | {m.rss_mib:.1f} |" for m in report.memory]
+    if report.memory_mix is not None:
+        lines += mix_lines(report.memory_mix)
     lines += ratio_lines(report)
     lines += ["", "| check | measured | target | result |", "|---|---:|---:|---|"]
     for check in checks(report):

@@ -8,6 +8,7 @@ See bench/README.md.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -31,14 +32,13 @@ from bench.harness.legs import (
     start_simulator,
 )
 from bench.harness.points import Bench, Plan, Series, measure
-from bench.harness.processes import rss_mib
-from bench.harness.wrk import WrkRunner, ensure_wrk, lua_script
+from bench.harness.wrk import WrkRunner, ensure_wrk
 from bench.overhead.legs import LITELLM_VERSION, start_litellm, start_tiergate
+from bench.overhead.memory import CYCLE, MEMORY_CONCURRENCY, measure_memory
 from bench.overhead.peers import start_nginx, start_portkey, start_vllm_router
-from bench.overhead.report import MemorySample, Report, render
+from bench.overhead.report import Report, render
 from bench.overhead.variants import VARIANTS, Variant
 
-MEMORY_CONCURRENCY = 16
 LEGS = ("direct", "nginx", "vllm-router", "tiergate", "portkey", "litellm")
 
 
@@ -63,6 +63,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=0.0,
         help="before each point, wait up to this many seconds for other processes to go quiet",
     )
+    p.add_argument(
+        "--memory-requests",
+        type=memory_steps,
+        help="cumulative request counts at which the memory phase reads RSS "
+        "(default 20000,200000; quick 5000,50000)",
+    )
     p.add_argument("--keep-workdir", action="store_true", help="keep configs and server logs")
     p.add_argument("--no-boost", action="store_true", help="do not run servers at nice -20")
     p.add_argument("--no-pin", action="store_true", help="do not pin processes with taskset")
@@ -72,51 +78,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def memory_steps(text: str) -> tuple[int, ...]:
+    """Parse ``--memory-requests``: increasing cumulative request counts, at least two."""
+    try:
+        steps = tuple(int(part.replace("_", "")) for part in text.split(",") if part.strip())
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not a comma list of integers: {text!r}") from exc
+    if len(steps) < 2 or any(b <= a for a, b in itertools.pairwise(steps)):
+        raise argparse.ArgumentTypeError("give at least two increasing counts, e.g. 20000,200000")
+    if steps[0] <= 0:
+        raise argparse.ArgumentTypeError("request counts must be positive")
+    return steps
+
+
 def make_plan(args: argparse.Namespace) -> Plan:
     """Durations and memory steps for a full or quick run."""
+    retries, quiet = args.noisy_retries, args.quiet_wait
     if args.quick:
-        return Plan(args.duration or 3.0, 1.0, (5_000, 50_000), args.noisy_retries, args.quiet_wait)
-    return Plan(args.duration or 10.0, 2.0, (20_000, 200_000), args.noisy_retries, args.quiet_wait)
-
-
-def drive(leg: Leg, runner: WrkRunner, target: int) -> tuple[int, int]:
-    """Send ``target`` requests (plus at most the in-flight ones) at c=16: (requests, errors).
-
-    wrk runs for whole seconds; every chunk's script stops its thread once the remaining count
-    has answered, and chunks are sized from the rate measured so far (the first second
-    calibrates), so only the last chunk waits out part of a second.
-    """
-    done = bad = 0
-    rps = 0.0
-    while done < target:
-        remaining = target - done
-        seconds = max(1, min(30, int(remaining / rps * 0.7))) if rps else 1
-        script = lua_script(leg.body(), leg.api_key, stop_after=remaining)
-        result = runner.run(leg.chat_url, script, MEMORY_CONCURRENCY, seconds)
-        if result.requests == 0:
-            raise LegUnavailableError(f"{leg.name} served no request while driving memory load")
-        rps = max(rps, result.rps)
-        done += result.requests
-        bad += result.errors + result.non_2xx
-    return done, bad
-
-
-def measure_memory(leg: Leg, bench: Bench) -> list[MemorySample]:
-    """RSS of a fresh gateway process after each cumulative memory step."""
-    pid = leg.main.listener_pid()
-    samples: list[MemorySample] = []
-    served = 0
-    for step in bench.plan.memory_steps:
-        done, bad = drive(leg, bench.runner, step - served)
-        served += done
-        time.sleep(0.5)
-        samples.append(MemorySample(served, rss_mib(pid)))
-        print(
-            f"  TierGate RSS after {served:,} requests: {samples[-1].rss_mib:.1f} MiB "
-            f"(errors {bad})",
-            flush=True,
-        )
-    return samples
+        steps = args.memory_requests or (5_000, 50_000)
+        return Plan(args.duration or 3.0, 1.0, steps, retries, quiet)
+    steps = args.memory_requests or (20_000, 200_000)
+    return Plan(args.duration or 10.0, 2.0, steps, retries, quiet)
 
 
 def _try(report: Report, name: str, action: Callable[[], Leg]) -> Leg | None:
@@ -178,7 +160,10 @@ def run_tiergate(report: Report, bench: Bench, variant: Variant, upstream: Leg) 
     if fresh is None:
         return
     try:
-        report.memory = measure_memory(fresh, bench)
+        steps = bench.plan.memory_steps
+        report.memory, report.memory_mix = measure_memory(
+            fresh, bench.runner, steps, variant.needs_key
+        )
     except LegUnavailableError as exc:
         report.unavailable[f"{name} memory"] = str(exc)
     finally:
@@ -242,8 +227,9 @@ def environment(wrk: str, plan: Plan, pin: Placement, variant: Variant) -> list[
         f"placement: {pinning}; one worker per server (nginx `worker_processes 1`, "
         "vllm-router and Portkey one process each, pinned like TierGate); "
         f"LiteLLM {LITELLM_VERSION}; peers' versions are in their row names",
-        f"memory: fresh TierGate process driven at c={MEMORY_CONCURRENCY}, VmRSS of the process "
-        "that owns the listening socket",
+        f"memory: fresh TierGate process driven at c={MEMORY_CONCURRENCY} with a mix of good "
+        f"requests and refusals (cycle of {CYCLE}; table below), VmRSS of the process that owns "
+        "the listening socket",
     ]
 
 

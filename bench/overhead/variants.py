@@ -17,6 +17,9 @@ from pathlib import Path
 from typing import Any
 
 TIER_MAX_TOKENS_CAP = 4096
+# The gateway's request-body limit, set explicitly: the memory phase sends bodies just under
+# it (read, then refused) and over it (413).
+MAX_BODY_BYTES = 4 * 1024 * 1024
 # Far above the benchmark's 64 connections, so the gateway's own limiter never queues.
 TIER_MAX_CONCURRENCY = 1024
 
@@ -72,6 +75,7 @@ def gateway_config(
             "precise": _tier(upstream_model, upstream_url),
         },
         "auth": {"enabled": False},
+        "server": {"max_body_bytes": MAX_BODY_BYTES},
     }
     if variant.needs_key:
         config["auth"] = {"enabled": True, "store": "file", "keys_file": str(keys_file(workdir))}
@@ -105,8 +109,9 @@ def keys_file(workdir: Path) -> Path:
     return workdir / "tiergate-keys.yaml"
 
 
-def key_create_command(tiergate_bin: str, workdir: Path) -> list[str]:
-    """Command that creates the benchmark's API key; the key is stdout's last line."""
+def key_create_command(tiergate_bin: str, workdir: Path, tiers: str | None = None) -> list[str]:
+    """Command that creates a benchmark API key (all tiers, or ``tiers``); stdout's last line."""
+    only = ["--tiers", tiers] if tiers else []
     return [
         tiergate_bin,
         "keys",
@@ -121,4 +126,5 @@ def key_create_command(tiergate_bin: str, workdir: Path) -> list[str]:
         "100000000",
         "--tpm",
         "100000000000",
+        *only,
     ]
