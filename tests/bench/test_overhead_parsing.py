@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from bench.harness.points import Series
 from bench.harness.wrk import JSON_MARK, WrkResult, lua_script, parse_output
-from bench.overhead.report import MemorySample, Report, Series, checks, render
+from bench.overhead.report import MemorySample, Report, checks, render
 
 WRK_STDOUT = f"""Running 3s test @ http://127.0.0.1:8000/v1/chat/completions
   1 threads and 16 connections
