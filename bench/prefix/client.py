@@ -94,16 +94,25 @@ def _session(concurrency: int) -> aiohttp.ClientSession:
 
 
 async def run_independent(
-    gateways: Sequence[str], bodies: Sequence[dict[str, Any]], concurrency: int
+    gateways: Sequence[str],
+    bodies: Sequence[dict[str, Any]],
+    concurrency: int,
+    *,
+    model: str | None = None,
 ) -> RunResult:
-    """Send ``bodies`` with ``concurrency`` workers, alternating over ``gateways``."""
+    """Send ``bodies`` with ``concurrency`` workers, alternating over ``gateways``.
+
+    ``model`` replaces the bodies' model name (a router in front of the replicas directly
+    needs the replicas' served name, not the gateway's tier).
+    """
     result = RunResult()
     queue: Iterator[tuple[int, dict[str, Any]]] = iter(enumerate(bodies))
 
     async def worker(session: aiohttp.ClientSession) -> None:
         for index, body in queue:
             url = gateways[index % len(gateways)]
-            result.outcomes.append(await stream_once(session, url, body))
+            sent = {**body, "model": model} if model else body
+            result.outcomes.append(await stream_once(session, url, sent))
 
     started = time.perf_counter()
     async with _session(concurrency) as session:
@@ -120,11 +129,13 @@ async def run_chats(
     max_tokens: int,
     think_s: float = 0.0,
     start_spread_s: float = 0.0,
+    model: str | None = None,
 ) -> RunResult:
     """Play ``chats`` turn by turn, ``concurrency`` chats at a time; turns alternate gateways.
 
     Between turns a user "thinks" for a random time around ``think_s`` seconds. The users
-    arrive spread over the first ``start_spread_s`` seconds rather than all at once.
+    arrive spread over the first ``start_spread_s`` seconds rather than all at once. ``model``
+    replaces the model name, as in :func:`run_independent`.
     """
     result = RunResult()
     queue = iter(chats)
@@ -138,7 +149,8 @@ async def run_chats(
                 await asyncio.sleep(rng.uniform(0.5, 1.5) * think_s)
             history.append({"role": "user", "content": user})
             url = gateways[next(turn_counter) % len(gateways)]
-            outcome = await stream_once(session, url, chat_body(chat, history, max_tokens))
+            body = chat_body(chat, history, max_tokens)
+            outcome = await stream_once(session, url, {**body, "model": model} if model else body)
             result.outcomes.append(outcome)
             if not outcome.ok:
                 return

@@ -12,6 +12,7 @@ HIT_RATIO_TARGET = 3.0
 TTFT_RATIO_TARGET = 2.0
 SHARE_TARGET = 1.5
 TWO_GATEWAY_TOLERANCE = 0.05  # absolute hit-rate difference allowed between 1 and 2 gateways
+PEER = "vllm-router cache_aware"  # the peer row's strategy label (no target: a comparison)
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -151,6 +152,36 @@ def checks(rows: list[Row]) -> list[tuple[str, str, bool]]:
     return out
 
 
+def peer_lines(rows: list[Row]) -> list[str]:
+    """Prefix affinity (one gateway) against the peer router, per workload and placement."""
+    out = []
+    for workload in dict.fromkeys(r.workload for r in rows):
+        for placement in dict.fromkeys(r.placement for r in rows):
+            by = _pair(rows, workload, placement)
+            pa, peer = by.get("prefix_affinity"), by.get(PEER)
+            if pa is None or peer is None:
+                continue
+            ttft = peer.ttft_mean_ms / pa.ttft_mean_ms if pa.ttft_mean_ms else float("nan")
+            out.append(
+                f"| {workload} | {placement} | {pa.hit_rate:.1%} vs {peer.hit_rate:.1%} | "
+                f"{ttft:.2f}x | {pa.max_share:.2f} vs {peer.max_share:.2f} | "
+                f"{pa.errors} vs {peer.errors} |"
+            )
+    if not out:
+        return []
+    return [
+        "",
+        f"Peer: TierGate prefix affinity (one gateway) against {PEER} (vllm-router 0.1.17 in "
+        "front of the same four replicas, its default thresholds; the same workload, the same "
+        "client; no target, a comparison):",
+        "",
+        "| workload | placement | hit rate, affinity vs peer | mean TTFT peer / affinity | "
+        "max share, affinity vs peer | errors, affinity vs peer |",
+        "|---|---|---|---|---|---|",
+        *out,
+    ]
+
+
 def render(
     rows: list[Row],
     *,
@@ -159,6 +190,7 @@ def render(
     command: str,
     machine: str,
     elapsed_s: float,
+    unavailable: dict[str, str] | None = None,
 ) -> tuple[str, bool]:
     """The Markdown report and whether every target passed."""
     results = checks(rows)
@@ -190,6 +222,11 @@ def render(
             f"{w} " + " / ".join(f"{r:.2f}x" for r in ratios) for w, ratios in _median_ratios(rows)
         )
         + ".",
+        *peer_lines(rows),
+        *(
+            f"\n{name} not measured: {why.strip().splitlines()[0][:300]}"
+            for name, why in (unavailable or {}).items()
+        ),
         "",
         *NOTES,
     ]

@@ -36,19 +36,23 @@ if str(REPO_ROOT) not in sys.path:
 
 import yaml  # noqa: E402  # after the sys.path fix so that `bench` imports as a package
 
+from bench.harness.legs import LegUnavailableError, Placement  # noqa: E402  # same
 from bench.harness.processes import Service, free_port, http_answers, port_is_free  # noqa: E402  # same
+from bench.overhead.peers import ensure_vllm_router, vllm_router_command  # noqa: E402  # same
 from bench.prefix import client, workloads  # noqa: E402  # same
 from bench.prefix.report import Row, render  # noqa: E402  # same
 from gateway.health import parse_metrics  # noqa: E402  # same
 
 REPLICAS = 4
+SERVED_MODEL = "tiergate-fast"
+PEER_LABEL = "vllm-router cache_aware"
 BASE_PORT = 18401
 PLACEMENTS = 3
 SIM_ARGS = (
     "--profile",
     "precise",
     "--model",
-    "tiergate-fast",
+    SERVED_MODEL,
     "--latency-scale",
     "1.0",
     "--max-num-seqs",
@@ -169,6 +173,21 @@ def start_gateway(
     return service
 
 
+def start_vllm_router(sims: list[Service], workdir: Path) -> Service:
+    """vllm-router in front of the same replicas, with its ``cache_aware`` policy (defaults)."""
+    router = ensure_vllm_router()
+    port = free_port()
+    workers = [f"http://127.0.0.1:{s.port}" for s in sims]
+    no_pin = Placement.build(pin=False, boost=False)
+    cmd = vllm_router_command(router.command, port, workers, "cache_aware", no_pin)
+    service = Service("vllm-router", cmd, port, workdir / "vllm-router.log")
+    try:
+        service.start(http_answers(f"http://127.0.0.1:{port}/health"), timeout_s=90)
+    except RuntimeError as exc:
+        raise LegUnavailableError(f"vllm-router did not start: {exc}") from exc
+    return service
+
+
 def replica_counters(sims: list[Service]) -> list[dict[str, float]]:
     """Per replica: requests received and the prefix-cache counters from its /metrics."""
     out = []
@@ -193,9 +212,19 @@ def reset(sims: list[Service]) -> None:
 
 
 def measure(
-    label: str, workload: str, sims: list[Service], gateways: list[Service], plan: Plan
+    label: str,
+    workload: str,
+    sims: list[Service],
+    gateways: list[Service],
+    plan: Plan,
+    *,
+    model: str | None = None,
 ) -> Row:
-    """One run: reset, play the workload through ``gateways``, read the replicas."""
+    """One run: reset, play the workload through ``gateways``, read the replicas.
+
+    ``model`` overrides the requests' model name (the replicas' own name for a router that
+    is not TierGate).
+    """
     reset(sims)
     time.sleep(0.6)  # let the gateways' next scrape see the idle replicas
     urls = [f"http://127.0.0.1:{g.port}" for g in gateways]
@@ -208,7 +237,9 @@ def measure(
             max_tokens=16,
             seed=11,
         )
-        result = asyncio.run(client.run_independent(urls, data.bodies, plan.concurrency))
+        result = asyncio.run(
+            client.run_independent(urls, data.bodies, plan.concurrency, model=model)
+        )
     else:
         chats = workloads.chats(
             conversations=plan.conversations,
@@ -225,13 +256,36 @@ def measure(
                 max_tokens=16,
                 think_s=plan.think_s,
                 start_spread_s=plan.start_spread_s,
+                model=model,
             )
         )
     return Row.build(workload, label, result, replica_counters(sims))
 
 
+def run_peer(
+    workload: str, sims: list[Service], workdir: Path, plan: Plan, unavailable: dict[str, str]
+) -> Row | None:
+    """The same workload through vllm-router's ``cache_aware`` policy, if it installs."""
+    try:
+        router = start_vllm_router(sims, workdir)
+    except LegUnavailableError as exc:
+        unavailable[PEER_LABEL] = str(exc)
+        print(f"{PEER_LABEL}: not available: {str(exc).splitlines()[0]}", flush=True)
+        return None
+    try:
+        return measure(PEER_LABEL, workload, sims, [router], plan, model=SERVED_MODEL)
+    finally:
+        router.stop()
+
+
 def run_placement(
-    plan: Plan, workdir: Path, balancing: dict[str, Any], names: list[str], placement: int
+    plan: Plan,
+    workdir: Path,
+    balancing: dict[str, Any],
+    names: list[str],
+    placement: int,
+    *,
+    unavailable: dict[str, str] | None = None,
 ) -> list[Row]:
     """Every workload against every strategy, on replicas at ``placement``'s fixed ports.
 
@@ -259,6 +313,12 @@ def run_placement(
                 )
                 print(row.line(), flush=True)
                 rows.append(row)
+            if unavailable is not None and PEER_LABEL not in unavailable:
+                peer = run_peer(workload, sims, workdir, plan, unavailable)
+                if peer is not None:
+                    row = dataclasses.replace(peer, placement=placement)
+                    print(row.line(), flush=True)
+                    rows.append(row)
         finally:
             for service in [*gateways, *sims]:
                 service.stop()
@@ -287,6 +347,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--workloads", default="grouped,chats", help="comma-separated")
     parser.add_argument("--plan", type=json.loads, default={}, help="plan overrides (JSON)")
+    parser.add_argument(
+        "--no-peer",
+        action="store_true",
+        help=f"skip the peer row ({PEER_LABEL}, installed into bench/.peers on first use)",
+    )
     return parser
 
 
@@ -299,6 +364,8 @@ def _command(args: argparse.Namespace) -> str:
         command += f" --plan '{json.dumps(args.plan)}'"
     if args.placements != PLACEMENTS:
         command += f" --placements {args.placements}"
+    if args.no_peer:
+        command += " --no-peer"
     if args.workloads != "grouped,chats":
         command += f" --workloads {args.workloads}"
     if args.out.resolve() != DEFAULT_OUT:
@@ -313,11 +380,14 @@ def main(argv: list[str] | None = None) -> int:
     plan = dataclasses.replace(QUICK if args.quick else FULL, **args.plan)
     names = args.workloads.split(",")
     started = time.monotonic()
+    unavailable: dict[str, str] | None = None if args.no_peer else {}
     with tempfile.TemporaryDirectory(prefix="tiergate-prefix-") as tmp:
         rows = [
             row
             for placement in range(args.placements)
-            for row in run_placement(plan, Path(tmp), args.balancing, names, placement)
+            for row in run_placement(
+                plan, Path(tmp), args.balancing, names, placement, unavailable=unavailable
+            )
         ]
     text, passed = render(
         rows,
@@ -326,6 +396,7 @@ def main(argv: list[str] | None = None) -> int:
         command=_command(args),
         machine=f"{platform.machine()}, {platform.python_version()}",
         elapsed_s=time.monotonic() - started,
+        unavailable=unavailable or {},
     )
     print(text)
     args.out.write_text(text, encoding="utf-8")
