@@ -91,7 +91,7 @@ def test_mix_interleaves_every_kind_once_per_share(gateway: Leg) -> None:
 
 def test_statuses_line_and_mix_verdict() -> None:
     """The status counts parse from wrk's output; a 5xx or a missing status is a problem."""
-    assert parse_statuses(f"noise\n{STATUS_MARK}{{\"200\": 5, \"404\": 2}}\n") == {200: 5, 404: 2}
+    assert parse_statuses(f'noise\n{STATUS_MARK}{{"200": 5, "404": 2}}\n') == {200: 5, 404: 2}
     assert parse_statuses("no line\n") == {}
     mix = MemoryMix(kinds=[("good", 200, 9), ("unknown model", 404, 1)])
     mix.statuses = {200: 90, 404: 10}
