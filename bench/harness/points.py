@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.harness.cpu_noise import CpuMeter, Noise, wait_until_quiet
-from bench.harness.legs import Leg, Placement
-from bench.harness.wrk import WrkResult, WrkRunner, lua_script
+from bench.harness.legs import Leg, LegUnavailableError, Placement
+from bench.harness.wrk import WrkResult, WrkRunner, lua_script, parse_output
 
 CONCURRENCIES = (1, 16, 64)
 QUIET_FOREIGN_SHARE = 0.05  # --quiet-wait waits for other processes to use at most this
@@ -85,3 +86,43 @@ def _print_point(name: str, c: int, point: WrkResult, noise: Noise, attempt: int
         f"wait {noise.wait_share:.0%}  other CPU {noise.foreign_share:.0%}{retry}",
         flush=True,
     )
+
+
+@dataclass
+class CountedRun:
+    """A request-count run: what answered and each wrk chunk's output."""
+
+    requests: int = 0
+    socket_errors: int = 0
+    non_2xx: int = 0
+    outputs: list[str] = field(default_factory=list)
+
+
+def send_count(
+    runner: WrkRunner,
+    url: str,
+    script_for: Callable[[int], str],
+    connections: int,
+    target: int,
+) -> CountedRun:
+    """Send ``target`` requests (plus at most the in-flight ones) with wrk.
+
+    ``script_for(n)`` renders a script that stops its thread after ``n`` answers. wrk itself
+    runs for whole seconds whatever the script does, so chunks are sized from the rate measured
+    so far (the first second calibrates) and only the last one waits out part of a second.
+    """
+    run = CountedRun()
+    best_rps = 0.0
+    while run.requests < target:
+        remaining = target - run.requests
+        seconds = max(1, min(30, int(remaining / best_rps * 0.7))) if best_rps else 1
+        stdout = runner.run_raw(url, script_for(remaining), connections, seconds)
+        result = parse_output(stdout)
+        if result.requests == 0:
+            raise LegUnavailableError(f"{url} served no request in {seconds} s")
+        best_rps = max(best_rps, result.rps)
+        run.requests += result.requests
+        run.socket_errors += result.errors
+        run.non_2xx += result.non_2xx
+        run.outputs.append(stdout)
+    return run

@@ -42,8 +42,18 @@ def _create_key(workdir: Path, tiers: str | None = None) -> str:
     return lines[-1].strip()
 
 
-def start_tiergate(variant: Variant, upstream: Leg, workdir: Path, pin: Placement) -> Leg:
-    """TierGate for one variant, pinned to the proxy core, in front of ``upstream``."""
+def start_tiergate(
+    variant: Variant,
+    upstream: Leg,
+    workdir: Path,
+    pin: Placement,
+    launcher: tuple[str, ...] = (),
+) -> Leg:
+    """TierGate for one variant, pinned to the proxy core, in front of ``upstream``.
+
+    ``launcher`` runs the gateway through another command (e.g. ``python -m cProfile -o F
+    -m tiergate``) instead of the ``tiergate`` script.
+    """
     extras: list[Service] = []
     try:
         redis_url = None
@@ -63,8 +73,8 @@ def start_tiergate(variant: Variant, upstream: Leg, workdir: Path, pin: Placemen
         config_path = workdir / f"tiergate-{variant.name}.yaml"
         config_path.write_text(yaml.safe_dump(config, sort_keys=False))
         port = free_port()
-        tiergate = str(Path(sys.executable).with_name("tiergate"))
-        cmd = [*pin.proxy, tiergate, "serve", "--config", str(config_path)]
+        tiergate = launcher or (str(Path(sys.executable).with_name("tiergate")),)
+        cmd = [*pin.proxy, *tiergate, "serve", "--config", str(config_path)]
         cmd += ["--host", "127.0.0.1", "--port", str(port)]
         env = gateway_env(variant, sink_url)
         service = start_service(

@@ -15,14 +15,14 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from bench.harness.legs import Leg, LegUnavailableError
+from bench.harness.legs import Leg
+from bench.harness.points import send_count
 from bench.harness.processes import rss_mib
 from bench.harness.wrk import (
     JSON_MARK,
     STATUS_MARK,
     WrkRunner,
     lua_string,
-    parse_output,
     parse_statuses,
 )
 from bench.overhead.report import MemoryMix, MemorySample
@@ -200,29 +200,21 @@ def lua_mix_script(path: str, requests: list[Request], stop_after: int) -> str:
 def drive(
     leg: Leg, runner: WrkRunner, requests: list[Request], target: int, statuses: dict[int, int]
 ) -> tuple[int, int]:
-    """Send ``target`` requests of the mix (plus at most the in-flight ones) at c=16.
+    """Send ``target`` requests of the mix at c=16: (requests answered, socket errors).
 
-    Returns (requests answered, socket errors) and adds the answers' statuses to
-    ``statuses``. wrk runs for whole seconds; every chunk's script stops its thread once the
-    remaining count has answered, and chunks are sized from the rate measured so far (the first
-    second calibrates), so only the last chunk waits out part of a second.
+    The answers' statuses are added to ``statuses``.
     """
-    done = errors = 0
-    rps = 0.0
-    while done < target:
-        remaining = target - done
-        seconds = max(1, min(30, int(remaining / rps * 0.7))) if rps else 1
-        script = lua_mix_script(leg.chat_path, requests, stop_after=remaining)
-        stdout = runner.run_raw(leg.chat_url, script, MEMORY_CONCURRENCY, seconds)
-        result = parse_output(stdout)
-        if result.requests == 0:
-            raise LegUnavailableError(f"{leg.name} served no request while driving memory load")
+    run = send_count(
+        runner,
+        leg.chat_url,
+        lambda remaining: lua_mix_script(leg.chat_path, requests, stop_after=remaining),
+        MEMORY_CONCURRENCY,
+        target,
+    )
+    for stdout in run.outputs:
         for status, count in parse_statuses(stdout).items():
             statuses[status] = statuses.get(status, 0) + count
-        rps = max(rps, result.rps)
-        done += result.requests
-        errors += result.errors
-    return done, errors
+    return run.requests, run.socket_errors
 
 
 def measure_memory(
