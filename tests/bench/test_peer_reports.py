@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from bench.harness.legs import Leg, Placement
-from bench.harness.points import Series
+from bench.harness.legs import Leg, LegUnavailableError, Placement
+from bench.harness.points import Bench, Series
 from bench.harness.processes import Service
-from bench.harness.wrk import WrkResult, lua_script
-from bench.overhead.peers import nginx_config, vllm_router_command
+from bench.harness.wrk import WrkResult, WrkRunner, lua_script
+from bench.overhead.peers import ensure_portkey, nginx_config, vllm_router_command
 from bench.overhead.report import Report, checks, render
-from bench.overhead.run import LEGS, memory_steps
+from bench.overhead.run import LEGS, make_plan, memory_steps, parse_args, run_peer
 from bench.prefix.report import PEER, Row, peer_lines
 
 
@@ -123,3 +123,20 @@ def test_prefix_peer_table_compares_affinity_with_vllm_router() -> None:
     text = "\n".join(peer_lines(rows))
     assert "| grouped | 0 | 70.0% vs 20.0% | 3.00x | 1.10 vs 1.10 | 0 vs 0 |" in text
     assert peer_lines(rows[:1]) == []
+
+
+def test_peer_that_cannot_install_is_skipped_with_its_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without node/npm on PATH the Portkey leg is skipped and the report says why."""
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(LegUnavailableError, match="node and npm are needed"):
+        ensure_portkey()
+    report = Report("t", "cmd", [])
+    pin = Placement((), ())
+    bench = Bench(WrkRunner("wrk", tmp_path, ()), make_plan(parse_args([])), tmp_path, pin)
+    upstream = Leg("up", "http://127.0.0.1:9", "m", None, Service("up", [], 9, tmp_path / "l"))
+    run_peer(report, bench, "portkey", upstream)
+    assert report.series == []
+    assert "node and npm are needed" in report.unavailable["Portkey"]
+    assert "- Portkey: node and npm are needed" in render(report)
