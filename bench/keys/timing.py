@@ -27,7 +27,7 @@ from pathlib import Path
 import yaml
 from redis.asyncio import Redis
 
-from bench.overhead.processes import Service, free_port, http_answers, redis_answers
+from bench.harness.processes import Service, free_port, http_answers, redis_answers
 from gateway.keystore_redis import RedisKeyStore
 from policies.keys import create_key
 from policies.principal import KeyPolicy
