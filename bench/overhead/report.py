@@ -186,7 +186,10 @@ def _check(
     if value is None:
         return Check(name, "not measured", shown_target, None)
     passed = value >= target if at_least else value <= target
-    return Check(name, fmt(value), shown_target, passed)
+    shown = fmt(value)
+    if not passed and shown == fmt(target):  # 1.497x must not read as a failing 1.50x
+        shown = f"{value:.4f}"
+    return Check(name, shown, shown_target, passed)
 
 
 def _errors(point: WrkResult) -> str:

@@ -140,3 +140,12 @@ def test_peer_that_cannot_install_is_skipped_with_its_reason(
     assert report.series == []
     assert "node and npm are needed" in report.unavailable["Portkey"]
     assert "- Portkey: node and npm are needed" in render(report)
+
+
+def test_a_near_miss_shows_enough_digits_to_see_why_it_fails() -> None:
+    """A ratio just under its target is not rounded up to the target in the report."""
+    report = _report("full")
+    report.series = [s for s in report.series if s.role != "portkey"]
+    report.series.append(_series("portkey", 3000 / 1.4997))
+    verdicts = {c.name: (c.value, c.passed) for c in checks(report)}
+    assert verdicts["issue 16, full: TierGate / Portkey req/s at c=16"] == ("1.4997", False)
