@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import hmac
+
 from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
 
 from simulator.control import add_control_routes
 from simulator.metrics import render
@@ -13,9 +16,29 @@ from simulator.state import SimState
 STATE_KEY = web.AppKey("sim_state", SimState)
 
 
+_UNAUTHORIZED = b'{"error":"Unauthorized"}'
+
+
+def _api_key_guard(api_key: str) -> Middleware:
+    """vLLM's ``--api-key``: only ``/v1/*`` needs the key; /health, /metrics... stay open."""
+    expected = f"Bearer {api_key}"
+
+    @web.middleware
+    async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.method != "OPTIONS" and request.path.startswith("/v1"):
+            given = request.headers.get("Authorization", "")
+            if not hmac.compare_digest(given.encode(), expected.encode()):
+                return web.Response(body=_UNAUTHORIZED, status=401, content_type=JSON)
+        return await handler(request)
+
+    return guard
+
+
 def build_app(state: SimState) -> web.Application:
     """Create the application serving ``state``."""
-    app = web.Application(client_max_size=64 * 1024 * 1024)
+    api_key = state.config.api_key
+    middlewares = [_api_key_guard(api_key)] if api_key else []
+    app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=middlewares)
     app[STATE_KEY] = state
 
     async def chat(request: web.Request) -> web.StreamResponse:

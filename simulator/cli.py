@@ -15,7 +15,7 @@ from simulator.app import build_app
 from simulator.faults import FaultRates
 from simulator.profiles import PROFILES
 from simulator.quality import QualityModel
-from simulator.state import SimConfig, SimState
+from simulator.state import VLLM_VERSIONS, SimConfig, SimState
 
 _FAULT_OPTIONS = ("fail_429", "fail_400", "fail_404", "fail_500", "fail_503", "fail_refuse",
                   "fail_reset", "stall_first_byte", "stall_mid_stream", "drop_mid_stream",
@@ -66,8 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--latency-scale", type=_bounded(0.0), default=1.0, help="0 disables every delay")
     add("--time-factor-under-load", type=_bounded(1.0), default=2.0)
     add("--echo", action="store_true", help="reply with the last user message / the prompt")
-    add("--output-tokens", type=_count(0), default=32,
-        help="reply length when the request sets no max_tokens")
+    add("--output-tokens", type=_count(0), default=None,
+        help="reply length when a chat request sets no max_tokens (default: as vLLM, the "
+             "rest of the context)")
     add("--legacy-metrics", action="store_true",
         help="also emit the deprecated vllm:gpu_cache_usage_perc")
     for name in _FAULT_OPTIONS:
@@ -77,6 +78,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="JSONL of {prompt, label}: replies become a function of the prompt")
     add("--weak", action="store_true",
         help="with --quality-file: answer 'complex' prompts differently (a weaker model)")
+    add("--vllm-version", choices=VLLM_VERSIONS, default="current",
+        help="reproduce this vLLM release where releases differ (duplicate request ids)")
+    add("--api-key", help="as vLLM's --api-key: /v1/* needs 'Authorization: Bearer KEY'")
+    add("--enable-prompt-tokens-details", action="store_true",
+        help="as vLLM: report usage.prompt_tokens_details.cached_tokens")
     return parser
 
 
@@ -92,7 +98,8 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         kv_blocks=args.kv_blocks, max_model_len=args.max_model_len,
         latency_scale=args.latency_scale, time_factor_under_load=args.time_factor_under_load,
         echo=args.echo, output_tokens=args.output_tokens, legacy_metrics=args.legacy_metrics,
-        faults=rates,
+        faults=rates, vllm_version=args.vllm_version, api_key=args.api_key,
+        prompt_tokens_details=args.enable_prompt_tokens_details,
         quality=(QualityModel.load(args.quality_file, weak=args.weak)
                  if args.quality_file is not None else None),
     )

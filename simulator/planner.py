@@ -34,7 +34,7 @@ class PlannerConfig:
     max_model_len: int
     num_blocks: int
     block_size: int
-    output_tokens: int
+    output_tokens: int | None
     echo: bool
     quality: QualityModel | None = None
 
@@ -139,6 +139,8 @@ class Planner:
                 request: ChatRequest | CompletionRequest) -> tuple[int, str]:
         if max_tokens is None:
             wanted = self.config.output_tokens
+            if wanted is None:  # vLLM's default: the rest of the context
+                return room, "length"
             return (wanted, "stop") if wanted < room else (room, "length")
         if request.ignore_eos:
             return max_tokens, "length"

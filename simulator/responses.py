@@ -9,7 +9,8 @@ from simulator.sse import usage
 
 
 def completion_body(response_id: str, created: int, model: str, *, chat: bool, text: str,
-                    finish_reason: str, prompt: int, completion: int, cached: int) -> bytes:
+                    finish_reason: str, prompt: int, completion: int, cached: int | None
+                    ) -> bytes:
     """A ``chat.completion`` or ``text_completion`` object."""
     choice: dict[str, Any]
     if chat:
@@ -22,13 +23,15 @@ def completion_body(response_id: str, created: int, model: str, *, chat: bool, t
     else:
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason,
                   "stop_reason": None, "prompt_logprobs": None}
+    counts = usage(prompt, completion, cached)
+    counts.setdefault("prompt_tokens_details", None)  # non-streaming replies carry a null
     return encoder.encode({
         "id": response_id,
         "object": "chat.completion" if chat else "text_completion",
         "created": created,
         "model": model,
         "choices": [choice],
-        "usage": usage(prompt, completion, cached),
+        "usage": counts,
         "prompt_logprobs": None,
     })
 

@@ -76,12 +76,48 @@ async def _pre_response_fault(request: web.Request, state: SimState,
     return web.Response(body=body, status=status, content_type=JSON, headers=headers)
 
 
+def _cached(state: SimState, seq: Sequence) -> int | None:
+    """Cached prompt tokens as vLLM reports them: with the flag on, and only when some were."""
+    if state.config.prompt_tokens_details and seq.cached_tokens:
+        return seq.cached_tokens
+    return None
+
+
+def _engine_request_id(state: SimState, request_id: str) -> str | None:
+    """The engine's id for a request, or ``None`` when vLLM 0.11 would refuse it.
+
+    vLLM uses the caller's ``X-Request-Id`` as the engine request id. 0.11 refuses a second
+    request with an id already running ("Request id ... already running."); newer releases
+    add a random suffix to every id, so duplicates are accepted.
+    """
+    if state.config.vllm_version != "0.11":
+        return f"{request_id}-{os.urandom(4).hex()}"
+    if request_id in state.running_ids:
+        return None
+    return request_id
+
+
+async def _duplicate_id(request: web.Request, plan: Plan, engine_id: str,
+                        headers: dict[str, str]) -> web.StreamResponse:
+    """vLLM 0.11's answer to a duplicate id: 400, or on a stream an error event + [DONE]."""
+    message = f"Request id {engine_id} already running."
+    if not plan.stream:
+        return error_response(SimError(400, message), headers)
+    response = web.StreamResponse(headers=headers)
+    response.content_type = "text/event-stream"
+    await response.prepare(request)
+    await response.write(error_event(400, message) + DONE)
+    await response.write_eof()
+    return response
+
+
 async def handle_completion(request: web.Request, state: SimState, *, chat: bool
                             ) -> web.StreamResponse:
     """Serve one chat or text completion request."""
     state.requests_total += 1
     headers = base_headers(request, state)
     state.last_traceparent = request.headers.get("traceparent")
+    state.last_request_id = request.headers.get("X-Request-Id")
     body = await request.read()
     state.last_body = body
     if state.faults.active:
@@ -92,6 +128,19 @@ async def handle_completion(request: web.Request, state: SimState, *, chat: bool
         plan = state.planner.plan(body, chat=chat)
     except SimError as error:
         return error_response(error, headers)
+    prefix = "chatcmpl-" if chat else "cmpl-"
+    engine_id = _engine_request_id(state, prefix + headers["x-request-id"])
+    if engine_id is None:
+        return await _duplicate_id(request, plan, prefix + headers["x-request-id"], headers)
+    state.running_ids.add(engine_id)
+    try:
+        return await _run(request, state, plan, headers)
+    finally:
+        state.running_ids.discard(engine_id)
+
+
+async def _run(request: web.Request, state: SimState, plan: Plan, headers: dict[str, str]
+               ) -> web.StreamResponse:
     engine = state.engine
     seq = Sequence(plan.prompt_tokens, plan.output_tokens, plan.chain_seed, plan.total_blocks)
     try:
@@ -136,7 +185,7 @@ async def _unary(state: SimState, plan: Plan, seq: Sequence, headers: dict[str, 
         prefix + headers["x-request-id"], int(time.time()), state.model, chat=plan.chat,
         text="".join(plan.pieces), finish_reason=plan.finish_reason,
         prompt=len(plan.prompt_tokens), completion=len(plan.output_tokens),
-        cached=seq.cached_tokens,
+        cached=_cached(state, seq),
     )
     return web.Response(body=body, content_type=JSON, headers=headers)
 
@@ -179,7 +228,7 @@ async def _stream(request: web.Request, state: SimState, plan: Plan, seq: Sequen
     engine.finish(seq, plan.finish_reason)
     if plan.include_usage:
         out.append(chunks.usage(len(plan.prompt_tokens), len(plan.output_tokens),
-                                seq.cached_tokens))
+                                _cached(state, seq)))
     out.append(DONE)
     await _flush(response, out)
     await response.write_eof()
@@ -201,7 +250,8 @@ async def _mid_stream_fault(request: web.Request, state: SimState,
         return False
     if fault == "drop_mid_stream":
         await _hang_up(request, reset=False)
+    # vLLM ends every stream with [DONE], even one that failed (both 0.11 and current).
     await response.write(error_event(500, "Simulated engine error mid-stream "
-                                          "(fault injection)."))
+                                          "(fault injection).") + DONE)
     await response.write_eof()
     return True

@@ -13,14 +13,20 @@ _TEXT_DELTA = b'{"index":0,"text":'
 _OPEN_TAIL = b',"logprobs":null,"finish_reason":null}]}\n\n'
 
 
-def usage(prompt: int, completion: int, cached: int) -> dict[str, Any]:
-    """The ``usage`` object, with ``prompt_tokens_details.cached_tokens``."""
-    return {
+def usage(prompt: int, completion: int, cached: int | None) -> dict[str, Any]:
+    """The ``usage`` object; ``prompt_tokens_details.cached_tokens`` only when ``cached``.
+
+    vLLM reports cached tokens only with ``--enable-prompt-tokens-details`` and only when
+    some were cached; streams then leave the field out (``exclude_unset``).
+    """
+    out: dict[str, Any] = {
         "prompt_tokens": prompt,
         "total_tokens": prompt + completion,
         "completion_tokens": completion,
-        "prompt_tokens_details": {"cached_tokens": cached},
     }
+    if cached is not None:
+        out["prompt_tokens_details"] = {"cached_tokens": cached}
+    return out
 
 
 class ChunkEncoder:
@@ -61,7 +67,7 @@ class ChunkEncoder:
             choice["stop_reason"] = None
         return self._head + encoder.encode(choice) + _TAIL
 
-    def usage(self, prompt: int, completion: int, cached: int) -> bytes:
+    def usage(self, prompt: int, completion: int, cached: int | None) -> bytes:
         """The ``include_usage`` chunk: no choices, only usage."""
         return self._head + b'],"usage":' + encoder.encode(usage(prompt, completion, cached)) \
             + b"}\n\n"

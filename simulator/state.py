@@ -16,6 +16,8 @@ from simulator.profiles import Profile
 from simulator.quality import QualityModel
 
 BLOCK_SIZE = 16
+# The vLLM releases whose differing behaviours the simulator reproduces.
+VLLM_VERSIONS = ("0.11", "current")
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,10 +36,15 @@ class SimConfig:
     latency_scale: float = 1.0
     time_factor_under_load: float = 2.0
     echo: bool = False
-    output_tokens: int = 32
+    # None: a chat request without max_tokens generates to the end of the context, as vLLM.
+    output_tokens: int | None = None
     legacy_metrics: bool = False
     faults: FaultRates = field(default_factory=FaultRates)
     quality: QualityModel | None = None
+    # vLLM behaviours that differ by release: "0.11" or "current" (see simulator/serving.py).
+    vllm_version: str = "current"
+    api_key: str | None = field(default=None, repr=False)
+    prompt_tokens_details: bool = False
 
 
 class SimState:
@@ -65,6 +72,9 @@ class SimState:
         self.requests_total = 0
         self.last_traceparent: str | None = None
         self.last_body: bytes | None = None
+        self.last_request_id: str | None = None
+        # Engine request ids in flight (vLLM 0.11 refuses a second one with the same id).
+        self.running_ids: set[str] = set()
 
     def rename(self, replica: str) -> None:
         """Set the replica name once the port is known."""
@@ -92,6 +102,7 @@ class SimState:
             "finished": dict(engine.metrics.finished),
             "healthy": self.healthy,
             "last_traceparent": self.last_traceparent,
+            "last_request_id": self.last_request_id,
             "last_request": last_request,
             "faults": self.faults.rates.as_dict(),
         }

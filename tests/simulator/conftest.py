@@ -14,7 +14,8 @@ __all__ = ["start_simulator"]
 @pytest.fixture(scope="session")
 def zero_latency_sim() -> Iterator[SimulatorProcess]:
     """One zero-latency simulator shared by the tests that only read replies."""
-    with SimulatorProcess("--latency-scale", "0", "--seed", "7") as sim:
+    with SimulatorProcess("--latency-scale", "0", "--seed", "7",
+                          "--enable-prompt-tokens-details") as sim:
         yield sim
         assert sim.stderr_text() == ""
 

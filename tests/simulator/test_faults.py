@@ -116,7 +116,7 @@ async def test_drop_mid_stream(sim: SimulatorProcess) -> None:
 
 
 async def test_error_mid_stream(sim: SimulatorProcess) -> None:
-    """``error_mid_stream`` sends an in-band error event and ends without ``[DONE]``."""
+    """``error_mid_stream`` sends an in-band error event, then ``[DONE]`` as vLLM does."""
     await sim.aset_faults(error_mid_stream=1.0)
     async with aiohttp.ClientSession() as session, session.post(
         sim.url + "/v1/chat/completions", json=STREAM
@@ -124,9 +124,9 @@ async def test_error_mid_stream(sim: SimulatorProcess) -> None:
         text = await response.text()
     assert response.status == 200
     events = [e for e in text.split("\n\n") if e]
-    assert events[-1].startswith('data: {"error":{')
-    assert '"code":500' in events[-1]
-    assert "[DONE]" not in text
+    assert events[-1] == "data: [DONE]"
+    assert events[-2].startswith('data: {"error":{')
+    assert '"code":500' in events[-2]
 
 
 async def test_cli_fault_options(start_simulator: SimulatorFactory) -> None:
