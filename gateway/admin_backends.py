@@ -34,6 +34,7 @@ def replica_view(replica: Replica, now: float, wall: float) -> dict[str, Any]:
         "replica": replica.name,
         "state": replica.state(now),
         "healthy": replica.healthy,
+        "misconfigured": replica.misconfigured,
         "ejected_for_s": round(max(0.0, replica.ejected_until - now), 3),
         "cooldown_for_s": round(max(0.0, replica.cooldown_until - now), 3),
         "in_flight": replica.in_flight,

@@ -45,6 +45,7 @@ class NewKey(msgspec.Struct, forbid_unknown_fields=True):
     tpm: int | None = None
     max_tokens: int | None = None
     concurrency: int | None = None
+    max_n: int | None = None
     expires_in_days: float | None = None
     scopes: list[str] = msgspec.field(default_factory=list)
     budget_daily: float | None = None
@@ -125,7 +126,7 @@ def admin_key_handlers(
             policy = make_policy(
                 tiers=spec.tiers, rpm=spec.rpm, tpm=spec.tpm, max_tokens=spec.max_tokens,
                 concurrency=spec.concurrency, expires_in_days=spec.expires_in_days,
-                scopes=spec.scopes, now=now, known_tiers=tiers,
+                scopes=spec.scopes, max_n=spec.max_n, now=now, known_tiers=tiers,
                 budget_daily=spec.budget_daily, budget_monthly=spec.budget_monthly,
             )
         except PolicyError as exc:

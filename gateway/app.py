@@ -78,6 +78,11 @@ def build_router(settings: Settings, classifier: TierClassifier) -> TierRouter:
                       fast_to_precise=r.fallback_to_precise, precise_to_fast=r.downgrade_to_fast)
 
 
+def _upstream_headers(tier: TierSettings) -> dict[str, str]:
+    key = tier.read_api_key()
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
 def build_backends(
     settings: Settings,
 ) -> tuple[dict[str, ReplicaPool], dict[str, TierRoute], HealthMonitor]:
@@ -91,7 +96,7 @@ def build_backends(
     }
     routes = {
         name: TierRoute(pools[name], _strategy(tier, settings.balancing), tier.timeouts,
-                        tier.model)
+                        tier.model, _upstream_headers(tier))
         for name, tier in settings.tiers.items()
     }
     monitor = HealthMonitor(pools, HealthConfig(h.interval_s, h.timeout_s, h.unhealthy_after,
@@ -117,7 +122,10 @@ def build_service(
         forwarder=forwarder,
         tier_caps={name: tier.max_tokens_cap for name, tier in settings.tiers.items()},
         idle_timeouts={name: tier.timeouts.idle_s for name, tier in settings.tiers.items()},
-        default_completion_tokens=settings.ratelimit.default_completion_tokens,
+        default_max_tokens={
+            name: min(tier.default_max_tokens or tier.max_tokens_cap, tier.max_tokens_cap)
+            for name, tier in settings.tiers.items()
+        },
         observer=observer,
         prefix=PrefixConfig(settings.balancing.block_chars, settings.balancing.max_blocks),
         spillover=_spillover(settings, pools),

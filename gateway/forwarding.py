@@ -2,7 +2,13 @@
 
 Nothing here writes to the client, so every retry happens before the first byte reached it.
 For streams the first SSE event is read inside the attempt: a backend that stalls before its
-first token is retried elsewhere.
+first token is retried elsewhere, and one whose first event is an error is answered like an
+HTTP error of that status. A non-streaming attempt is bounded by the request's deadline only:
+vLLM sends nothing until the whole answer is ready, so a "first byte" timeout would re-send a
+request the backend is still generating and multiply its work.
+
+Every attempt carries its own ``x-request-id`` (vLLM 0.11 refuses a second request with an id
+already running); the caller's id is only echoed back to the caller.
 """
 
 from __future__ import annotations
@@ -10,8 +16,9 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -21,11 +28,13 @@ from gateway.context import RequestContext
 from gateway.replicas import Replica, ReplicaPool
 from gateway.retry import RetryBudget, RetryLoop, RetryPolicy
 from gateway.settings import Timeouts
-from gateway.upstream import AttemptFailed, Opened, attempt
+from gateway.upstream import AUTH_STATUSES, AttemptFailed, Opened, attempt
 from policies.errors import Overloaded, TierGateError, UpstreamRejected, UpstreamUnavailable
 from policies.selection import Strategy
 
 _encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder()
+_ERROR_EVENT = b'data: {"error"'
 _EVENT_END = b"\n\n"
 _MAX_EVENT = 1 << 20
 
@@ -70,6 +79,8 @@ class TierRoute:
     strategy: Strategy
     timeouts: Timeouts
     served_model: str
+    # Sent with every attempt: the tier's upstream credentials (Authorization), if any.
+    upstream_headers: Mapping[str, str] = field(default_factory=dict, repr=False)
 
 
 class Forwarder:
@@ -134,7 +145,7 @@ class Forwarder:
         body["model"] = route.served_model
         payload = _encoder.encode(body)
         stream = bool(body.get("stream"))
-        headers = {"Content-Type": "application/json", "x-request-id": ctx.upstream_request_id}
+        base_headers = {"Content-Type": "application/json", **route.upstream_headers}
         pool = route.pool
         loop = RetryLoop(
             self.policy, self.budget, deadline, ready_in=lambda: pool.ready_in(time.monotonic()),
@@ -152,7 +163,10 @@ class Forwarder:
             tried.add(replica.url)
             ctx.replica = replica.name
             ctx.attempts += 1
-            limit_s = max(0.001, min(route.timeouts.first_byte_s, loop.remaining()))
+            ctx.upstream_request_id = uuid.uuid4().hex  # unique per attempt
+            headers = {**base_headers, "x-request-id": ctx.upstream_request_id}
+            first_byte_s = route.timeouts.first_byte_s if stream else math.inf
+            limit_s = max(0.001, min(first_byte_s, loop.remaining()))
             trace = ctx.trace
             if trace is not None:  # tracing on: a client span per attempt, traceparent out
                 return await trace.attempt(
@@ -252,6 +266,8 @@ class Forwarder:
 
     def _record_failure(self, pool: ReplicaPool, replica: Replica, failure: AttemptFailed) -> None:
         """Count ``failure`` on the replica; a Retry-After on 429/503 becomes a cool-down."""
+        if failure.status in AUTH_STATUSES:
+            pool.mark_misconfigured(replica)
         cooldown = None
         if failure.retry_after is not None and failure.status in (429, 503):
             cooldown = min(failure.retry_after, self.policy.max_cooldown_s)
@@ -270,7 +286,7 @@ async def _first_event(exchange: Exchange, timeout_s: float, ctx: RequestContext
     started = time.perf_counter()
     try:
         async with asyncio.timeout(timeout_s):
-            return await response.content.readuntil(_EVENT_END, max_size=_MAX_EVENT)
+            event = await response.content.readuntil(_EVENT_END, max_size=_MAX_EVENT)
     except TimeoutError as exc:
         raise AttemptFailed("first_byte_timeout", "The backend sent no token in time.") from exc
     except (aiohttp.ClientError, OSError, ValueError) as exc:
@@ -279,18 +295,47 @@ async def _first_event(exchange: Exchange, timeout_s: float, ctx: RequestContext
         elapsed = time.perf_counter() - started
         ctx.upstream_s += elapsed
         ctx.first_chunk_s = time.perf_counter() - ctx.started
+    if event.startswith(_ERROR_EVENT):
+        raise stream_error(event)
+    return event
+
+
+def stream_error(event: bytes) -> AttemptFailed:
+    """A stream whose first event is the backend's error: a failure with that error's status.
+
+    Nothing reached the caller yet, so it is handled like an HTTP error answer (vLLM 0.11 puts
+    "Request id ... already running." there; a 5xx may be retried on another replica).
+    """
+    try:
+        data = _decoder.decode(event.strip()[len(b"data: ") :])
+    except msgspec.DecodeError:
+        data = None
+    inner = data.get("error") if isinstance(data, dict) else None
+    inner = inner if isinstance(inner, dict) else {}
+    code = inner.get("code")
+    status = code if isinstance(code, int) and 400 <= code <= 599 else 500
+    message = inner.get("message")
+    text = message[:2000] if isinstance(message, str) and message else "The backend failed."
+    return AttemptFailed(f"status_{status}", text, status=status, body=inner)
 
 
 def _final_error(tier: str, failure: AttemptFailed) -> TierGateError:
     """The caller's error once a tier gave up; its ``code`` doubles as the fallback reason."""
     status = failure.status
+    if status in AUTH_STATUSES:
+        error: TierGateError = UpstreamUnavailable(
+            f"The backend refused the gateway's credentials (HTTP {status}): check the "
+            f"upstream API key of the '{tier}' tier (tiers.{tier}.api_key or api_key_file).",
+            status=502,
+        )
+        error.code = "upstream_auth_failed"
+        return error
     if status is not None and 400 <= status < 500 and status != 429:
         body = failure.body or {}
         param = body.get("param") if isinstance(body.get("param"), str) else None
         code = body.get("code") if isinstance(body.get("code"), str) else None
         return UpstreamRejected(failure.message, status=status, param=param, code=code)
     retry_after = {"Retry-After": str(max(1, math.ceil(failure.retry_after or 1)))}
-    error: TierGateError
     if failure.kind == "no_replica":
         error = UpstreamUnavailable(failure.message, status=503, headers=retry_after)
         error.code = "no_healthy_replica"

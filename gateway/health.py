@@ -159,7 +159,7 @@ class HealthMonitor:
         """Per tier: is some replica healthy? ``None`` until every replica was probed."""
         if not all(r.checked for r in self.replicas):
             return None
-        return {tier: any(r.healthy for r in pool.replicas) for tier, pool in self.pools.items()}
+        return {tier: pool.ready() for tier, pool in self.pools.items()}
 
     async def _probe(self, replica: Replica) -> None:
         failure = await self._health(replica)

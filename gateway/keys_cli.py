@@ -60,7 +60,7 @@ async def _create(args: argparse.Namespace, store: KeyStore, settings: Settings)
     policy = make_policy(
         tiers=args.tiers, rpm=args.rpm, tpm=args.tpm, max_tokens=args.max_tokens,
         concurrency=args.concurrency, expires_in_days=args.expires_in, scopes=args.scope,
-        budget_daily=args.budget_daily, budget_monthly=args.budget_monthly,
+        budget_daily=args.budget_daily, budget_monthly=args.budget_monthly, max_n=args.max_n,
         now=now, known_tiers=tuple(settings.tiers) if args.config is not None else None,
     )
     record, key = await create_key(store, args.tenant, policy, now=now, name=args.name,
@@ -149,6 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument("--tpm", type=int, default=None, help="tokens per minute")
     create.add_argument("--max-tokens", type=int, default=None, help="max_tokens cap")
     create.add_argument("--concurrency", type=int, default=None, help="requests in flight")
+    create.add_argument("--max-n", type=int, default=None,
+                        help="completions per request (n, best_of, prompts); default 1")
     create.add_argument("--expires-in", type=float, default=None, metavar="DAYS")
     create.add_argument("--budget-daily", type=float, default=None,
                         help="compute budget in cost units per UTC day")

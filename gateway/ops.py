@@ -63,7 +63,9 @@ class Readiness:
         for tier, pool in self.pools.items():
             probes = (self._healthy(r.url + r.health_path) for r in pool.replicas)
             answers = await asyncio.gather(*probes)
-            result[tier] = any(answers)
+            result[tier] = any(
+                up and not r.misconfigured for up, r in zip(answers, pool.replicas, strict=True)
+            )
         return result
 
 

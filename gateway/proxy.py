@@ -100,7 +100,8 @@ class ProxyService:
     forwarder: Forwarder
     tier_caps: Mapping[str, int]
     idle_timeouts: Mapping[str, float]
-    default_completion_tokens: int
+    # Per tier: the max_tokens written into a request that sets none (at most the tier's cap).
+    default_max_tokens: Mapping[str, int]
     observer: RequestObserver
     prefix: PrefixConfig = field(default_factory=PrefixConfig)
     spillover: Spillover | None = None
@@ -138,13 +139,15 @@ class ProxyService:
         body = _decode(await request.body(), self.fields.max_depth)
         summary = validate(body, kind)
         ctx.summary = summary
+        _check_completions(summary, principal.policy.max_n)
         ctx.mark("validate")
-        completion = summary.max_tokens or self.default_completion_tokens
+        # Without max_tokens the backend would generate to the end of the context: the
+        # gateway writes a bound into the body (below) and reserves at least that much.
+        completion = summary.max_tokens or self._bound(self.default_max_tokens, principal)
+        reserve = summary.prompt_token_estimate + completion * summary.completions
         # The rate-limit check is a Redis round trip: start it, classify while it is in
         # flight, then wait for its verdict before anything is forwarded.
-        admitting = asyncio.ensure_future(
-            self.limiter.admit(principal, summary.prompt_token_estimate + completion)
-        )
+        admitting = asyncio.ensure_future(self.limiter.admit(principal, reserve))
         await asyncio.sleep(0)  # let the check send its command before classifying
         try:
             decision = self._decide(summary, body, principal, headers.get("x-tiergate-tier"))
@@ -158,7 +161,8 @@ class ProxyService:
         if self.budgets is not None:
             admission = await _with_budget(
                 self.budgets, admission, ctx, principal=principal, tier=decision.tier,
-                prompt_tokens=summary.prompt_token_estimate, completion_tokens=completion)
+                prompt_tokens=summary.prompt_token_estimate,
+                completion_tokens=completion * summary.completions)
         ctx.admitted = True
         ctx.mark("ratelimit")
         ctx.extra_headers.update(admission.headers)
@@ -169,6 +173,9 @@ class ProxyService:
                 body["stream_options"] = {**options, "include_usage": True}
                 strip_usage = True
             tiers = self.router.tiers_for(decision, principal)
+            if summary.max_tokens is None:
+                defaults = {tier: self.default_max_tokens[tier] for tier in tiers}
+                body["max_tokens"] = self._bound(defaults, principal, lowest=True)
             blocks = prefix_blocks(body, kind, self.prefix)
             exchange = await unless_disconnected(
                 request, self.forwarder.forward(ctx, path, body, tiers, prefix_blocks=blocks)
@@ -256,6 +263,14 @@ class ProxyService:
         self._check_max_tokens(summary.max_tokens, decision.tier, principal.policy.max_tokens)
         return decision
 
+    @staticmethod
+    def _bound(defaults: Mapping[str, int], principal: Principal, *, lowest: bool = False) -> int:
+        """The key's cap over the tiers' defaults: the highest (to reserve before the tier is
+        known) or the lowest (to write into a body any of these tiers may serve)."""
+        bound = min(defaults.values()) if lowest else max(defaults.values())
+        key_cap = principal.policy.max_tokens
+        return bound if key_cap is None else min(bound, key_cap)
+
     def _check_max_tokens(self, requested: int | None, tier: str, key_cap: int | None) -> None:
         if requested is None:
             return
@@ -330,6 +345,21 @@ async def _after_complete(
         text = answer_text(raw)
         if text is not None:
             shadow.submit(text)
+def _check_completions(summary: RequestSummary, max_n: int) -> None:
+    """``n``, ``best_of`` and list prompts within the key's ``max_n`` completions a request."""
+    if summary.completions <= max_n:
+        return
+    per_prompt = max(summary.n, summary.best_of or 1)
+    if per_prompt <= max_n:
+        param = "prompt"
+    else:
+        param = "best_of" if (summary.best_of or 0) > summary.n else "n"
+    raise InvalidRequest(
+        f"The request asks for {summary.completions} completions ('{param}'); this key "
+        f"allows {max_n} per request.",
+        param=param,
+        code="n_exceeded",
+    )
 
 
 async def _withdraw(admitting: asyncio.Future[Admission]) -> None:

@@ -3,7 +3,9 @@
 The relay records ``usage`` (for token limits and telemetry), drops the usage chunk the gateway
 asked for on the caller's behalf, and keeps the streaming contract: if the backend fails or
 stalls after the first byte, the client gets an in-band error event and **no** ``[DONE]``, so
-a truncated answer never looks complete.
+a truncated answer never looks complete. vLLM (and SGLang) follow their own in-stream error
+event with ``data: [DONE]``; the relay stops at the error, so that ``[DONE]`` never reaches the
+caller, the stream counts as failed and no usage is made up for it.
 """
 
 from __future__ import annotations
@@ -76,6 +78,7 @@ class StreamRelay:
         self.idle_s = idle_s
         self.on_close = on_close
         self.done = False
+        self.errored = False
         self.closed = False
         self.outcome = "client_disconnect"
         self.token_events = 0
@@ -109,7 +112,11 @@ class StreamRelay:
         if trace is not None:  # finish reasons (and opt-in output text) for the client span
             trace.on_event(event)
         if event.startswith(_UPSTREAM_ERROR):
-            self.outcome = "upstream_error"  # vLLM's own in-band error: pass it on as is
+            # The backend's own in-band error: pass it on as is and end there, whatever the
+            # backend sends after it (vLLM: [DONE]).
+            self.outcome = "upstream_error"
+            self.errored = True
+            return event + _SEP
         if b'"usage"' in event and event.startswith(b"data: "):
             try:
                 data = _decoder.decode(event[6:])
@@ -173,6 +180,8 @@ class StreamRelay:
             sent = self._event(event)
             if sent is not None:
                 out.append(sent)
+            if self.errored:
+                return b"".join(out), b""
         return b"".join(out), rest
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
@@ -182,7 +191,7 @@ class StreamRelay:
             chunk, buffer = self._split(self.exchange.first_event)
             if chunk:
                 yield chunk
-            while not self.done:
+            while not self.done and not self.errored:
                 async with asyncio.timeout(self.idle_s):
                     data = await response.content.readany()
                 if not data:

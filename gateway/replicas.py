@@ -81,6 +81,9 @@ class Replica:
     ejections: int = 0
     ejections_total: int = 0
     last_ejected_at: float = 0.0
+    # The backend refused the gateway's credentials (401/403): a configuration error, cleared
+    # by the next successful attempt. Such a replica is tried only when no other is usable.
+    misconfigured: bool = False
     outcomes: Counter[str] = field(default_factory=Counter)
     recent_errors: deque[ErrorRecord] = field(
         default_factory=lambda: deque(maxlen=RECENT_ERRORS)
@@ -107,6 +110,8 @@ class Replica:
         """One word for the admin view: healthy, unhealthy, ejected or cooldown."""
         if not self.healthy:
             return "unhealthy"
+        if self.misconfigured:
+            return "misconfigured"
         if self.ejected(now):
             return "ejected"
         if now < self.cooldown_until:
@@ -139,8 +144,13 @@ class ReplicaPool:
         self._rr = itertools.count()
 
     def usable(self, now: float, exclude: frozenset[str] = frozenset()) -> list[Replica]:
-        """Replicas that are up and not excluded (already tried by this request)."""
-        return [r for r in self.replicas if r.url not in exclude and r.available(now)]
+        """Replicas that are up and not excluded (already tried by this request).
+
+        Misconfigured replicas (credentials refused) only when no other one is usable.
+        """
+        usable = [r for r in self.replicas if r.url not in exclude and r.available(now)]
+        configured = [r for r in usable if not r.misconfigured]
+        return configured or usable
 
     def ready_in(self, now: float) -> float | None:
         """Seconds until some healthy replica leaves ejection or cool-down (0: one is ready).
@@ -173,6 +183,15 @@ class ReplicaPool:
         """An attempt got its answer (or its first streamed event)."""
         replica.outcomes["success"] += 1
         replica.consecutive_failures = 0
+        replica.misconfigured = False
+
+    def mark_misconfigured(self, replica: Replica) -> None:
+        """The backend refused the gateway's credentials (see ``Replica.misconfigured``)."""
+        replica.misconfigured = True
+
+    def ready(self) -> bool:
+        """Some replica is healthy and not misconfigured."""
+        return any(r.healthy and not r.misconfigured for r in self.replicas)
 
     def record_failure(
         self,

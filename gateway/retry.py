@@ -31,7 +31,7 @@ from tenacity.retry import retry_base
 from tenacity.stop import stop_base
 from tenacity.wait import wait_base
 
-from gateway.upstream import RETRYABLE_STATUSES, AttemptFailed
+from gateway.upstream import AUTH_STATUSES, RETRYABLE_STATUSES, AttemptFailed
 
 T = TypeVar("T")
 
@@ -122,8 +122,8 @@ def is_retryable(failure: AttemptFailed, five_hundreds_seen: int) -> bool:
         return False
     if failure.status is None:
         return True
-    if failure.status in RETRYABLE_STATUSES:
-        return True
+    if failure.status in RETRYABLE_STATUSES or failure.status in AUTH_STATUSES:
+        return True  # 401/403: another replica may hold the right key (this one is marked)
     return failure.status == 500 and five_hundreds_seen <= 1
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal, cast
 
 import yaml
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 # The parsed YAML file for the Settings being built now (see load_settings); a ContextVar
@@ -80,6 +80,21 @@ class TierSettings(BaseModel):
     structured_outputs: bool = True
     # Price for usage, savings and compute budgets; unset: precise tier 1, others 0.25 per 1k.
     cost: TierCostSettings | None = None
+    # The key the backends expect (vLLM's --api-key), sent as "Authorization: Bearer ...".
+    # From the setting (TIERGATE_TIERS__<TIER>__API_KEY) or a secret file; never logged.
+    api_key: SecretStr | None = Field(default=None, repr=False)
+    api_key_file: Path | None = None
+    # max_tokens written into requests that set none (None: the cap, key's or tier's).
+    default_max_tokens: int | None = Field(default=None, ge=1)
+
+    def read_api_key(self) -> str | None:
+        """The upstream key from the setting or its file; ``None`` sends no Authorization."""
+        if self.api_key is not None and self.api_key.get_secret_value():
+            return self.api_key.get_secret_value()
+        if self.api_key_file is not None:
+            key = self.api_key_file.read_text(encoding="utf-8").strip()
+            return key or None
+        return None
 
     @field_validator("replicas")
     @classmethod
@@ -127,6 +142,8 @@ class AuthSettings(BaseModel):
 class RateLimitSettings(BaseModel):
     backend: Literal["memory", "redis"] = "memory"
     on_redis_error: Literal["open", "closed"] = "open"
+    # No longer used: every forwarded request carries max_tokens (tiers.X.default_max_tokens
+    # or the cap), which is what is reserved. Kept so existing configuration files still load.
     default_completion_tokens: int = Field(default=256, ge=1)
     # While Redis is down and on_redis_error is "open", each replica enforces 1/N of every
     # key's limits locally; set N to the number of gateway replicas.

@@ -21,6 +21,8 @@ _decoder = msgspec.json.Decoder()
 
 # Upstream failures that mean "this replica, right now" and are worth another replica.
 RETRYABLE_STATUSES = frozenset({429, 502, 503, 504})
+# The backend refused the gateway's own credentials: a configuration error, never the caller's.
+AUTH_STATUSES = frozenset({401, 403})
 
 
 def make_session(limit_per_host: int = 0) -> aiohttp.ClientSession:

@@ -112,6 +112,7 @@ def policy_to_dict(policy: KeyPolicy) -> dict[str, Any]:
         "scopes": sorted(policy.scopes),
         "budget_daily": policy.budget_daily,
         "budget_monthly": policy.budget_monthly,
+        "max_n": policy.max_n,
     }
 
 
@@ -147,7 +148,7 @@ def _names(data: dict[str, Any], name: str) -> frozenset[str] | None:
 def policy_from_dict(data: dict[str, Any]) -> KeyPolicy:
     """Parse and check a key policy mapping."""
     unknown = set(data) - {"tiers", "rpm", "tpm", "max_tokens", "concurrency", "expires_at",
-                           "scopes", "budget_daily", "budget_monthly"}
+                           "scopes", "budget_daily", "budget_monthly", "max_n"}
     if unknown:
         raise ValueError(f"unknown policy fields: {sorted(unknown)}")
     expires = data.get("expires_at")
@@ -169,6 +170,7 @@ def policy_from_dict(data: dict[str, Any]) -> KeyPolicy:
         scopes=_names(data, "scopes") or frozenset(),
         budget_daily=_budget(data, "budget_daily"),
         budget_monthly=_budget(data, "budget_monthly"),
+        max_n=_positive(data, "max_n") or 1,  # absent (older records): one completion
     )
 
 
@@ -304,6 +306,7 @@ def make_policy(
     concurrency: int | None = None,
     expires_in_days: float | None = None,
     scopes: list[str] | None = None,
+    max_n: int | None = None,
     now: float,
     known_tiers: tuple[str, ...] | None = None,
     budget_daily: float | None = None,
@@ -329,6 +332,7 @@ def make_policy(
         "tiers": tiers, "rpm": rpm, "tpm": tpm, "max_tokens": max_tokens,
         "concurrency": concurrency, "expires_at": expires, "scopes": scopes or [],
         "budget_daily": budget_daily, "budget_monthly": budget_monthly,
+        "max_n": max_n,
     })
 
 

@@ -24,6 +24,8 @@ class KeyPolicy:
     # Compute budgets in cost units (policies/cost.py) per UTC day / calendar month.
     budget_daily: float | None = None
     budget_monthly: float | None = None
+    # Completions one request may ask for: n, best_of, and n x prompts of a list prompt.
+    max_n: int = 1
 
     def allows_tier(self, tier: str) -> bool:
         """True when this key may use ``tier``."""

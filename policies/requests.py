@@ -34,6 +34,14 @@ class RequestSummary:
     prompt_chars: int
     has_tools: bool
     response_format: str | None
+    n: int = 1
+    best_of: int | None = None
+    prompts: int = 1
+
+    @property
+    def completions(self) -> int:
+        """How many completions the backend generates: ``max(n, best_of)`` per prompt."""
+        return max(self.n, self.best_of or 1) * self.prompts
 
     @property
     def prompt_token_estimate(self) -> int:
@@ -104,9 +112,10 @@ def _check_scalars(body: dict[str, Any]) -> tuple[bool, int | None]:
         value = body.get(name)
         if value is not None and not _is_number(value):
             raise InvalidRequest(f"'{name}' must be a number.", param=name)
-    n = body.get("n")
-    if n is not None and (not _is_int(n) or n < 1):
-        raise InvalidRequest("'n' must be a positive integer.", param="n")
+    for name in ("n", "best_of"):
+        value = body.get(name)
+        if value is not None and (not _is_int(value) or value < 1):
+            raise InvalidRequest(f"'{name}' must be a positive integer.", param=name)
     max_tokens: int | None = None
     for name in ("max_completion_tokens", "max_tokens"):
         value = body.get(name)
@@ -175,6 +184,8 @@ def validate(body: object, kind: RequestKind) -> RequestSummary:
         raise InvalidRequest("'tools' must be an array.", param="tools")
     for name in STEERING_FIELDS:
         body.pop(name, None)
+    prompt = body.get("prompt")
+    best_of = body.get("best_of")
     return RequestSummary(
         kind=kind,
         model=model,
@@ -184,4 +195,14 @@ def validate(body: object, kind: RequestKind) -> RequestSummary:
         prompt_chars=chars,
         has_tools=bool(tools),
         response_format=_response_format(body),
+        n=body.get("n") or 1,
+        best_of=best_of if _is_int(best_of) else None,
+        prompts=_prompt_count(prompt) if kind == "completion" else 1,
     )
+
+
+def _prompt_count(prompt: object) -> int:
+    """Prompts in a completion request: a list of strings is several, token ids are one."""
+    if isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
+        return len(prompt)
+    return 1

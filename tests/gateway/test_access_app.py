@@ -17,7 +17,7 @@ from litestar.testing import AsyncTestClient
 from gateway.app import create_app
 from gateway.auth import NoKeysConfigured
 from gateway.keystore_file import FileKeyStore
-from gateway.settings import AuthSettings, RateLimitSettings, Settings, TierSettings
+from gateway.settings import AuthSettings, Settings, TierSettings
 from policies.keys import issue_key
 from policies.principal import KeyPolicy
 from tests.simulator.procs import SimulatorProcess
@@ -37,10 +37,11 @@ def sim() -> Iterator[SimulatorProcess]:
 def settings_for(sim_url: str, keys_file: Path | None, **auth: Any) -> Settings:
     """Settings with the fast tier on ``sim_url`` and keys from ``keys_file``."""
     return Settings(
-        tiers={"fast": TierSettings(model="tiergate-fast", replicas=[sim_url]),
-               "precise": TierSettings(model="tiergate-precise", replicas=[UNUSED])},
+        tiers={"fast": TierSettings(model="tiergate-fast", replicas=[sim_url],
+                                    default_max_tokens=16),
+               "precise": TierSettings(model="tiergate-precise", replicas=[UNUSED],
+                                       default_max_tokens=16)},
         auth=AuthSettings(keys_file=keys_file, cache_ttl_s=0, keys_reload_interval_s=0, **auth),
-        ratelimit=RateLimitSettings(default_completion_tokens=16),
     )
 
 

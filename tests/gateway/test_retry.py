@@ -42,10 +42,16 @@ def loop(policy: RetryPolicy = FAST, budget: RetryBudget | None = None,
                      time.monotonic() + deadline_s, ready_in=lambda: ready_in)
 
 
-@pytest.mark.parametrize("status", [400, 401, 404, 413, 422])
+@pytest.mark.parametrize("status", [400, 404, 413, 422])
 def test_client_errors_are_never_retried(status: int) -> None:
-    """Upstream 4xx other than 429 are the caller's problem: never retried."""
+    """Upstream 4xx other than 429, 401 and 403 are the caller's problem: never retried."""
     assert not is_retryable(failure(status), 0)
+
+
+@pytest.mark.parametrize("status", [401, 403])
+def test_refused_gateway_credentials_are_retried_elsewhere(status: int) -> None:
+    """An upstream 401/403 refuses the gateway's key: another replica may hold the right one."""
+    assert is_retryable(failure(status), 0)
 
 
 @pytest.mark.parametrize("status", [429, 502, 503, 504])
