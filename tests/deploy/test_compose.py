@@ -157,10 +157,11 @@ def test_services_have_health_checks(compose: dict[str, Any], name: str) -> None
 def test_vllm_services_serve_the_documented_models_on_a_gpu(
     compose: dict[str, Any], name: str, flags: list[str]
 ) -> None:
-    """vLLM runs with prefix caching, a GPU reservation and model names from variables."""
+    """vLLM runs with prefix caching and cached-token reporting, a GPU and named models."""
     service = compose["services"][name]
     command = service["command"]
     assert "--enable-prefix-caching" in command
+    assert "--enable-prompt-tokens-details" in command
     assert all(flag in command for flag in flags)
     assert command[0].startswith("${TIERGATE_")
     served = command[command.index("--served-model-name") + 1]

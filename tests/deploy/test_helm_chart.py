@@ -304,13 +304,14 @@ def test_values_schema_rejects_unsafe_or_mistyped_values(
 def test_vllm_deployments_run_the_tier_models_with_prefix_caching(
     everything_objects: list[dict[str, Any]],
 ) -> None:
-    """Each vLLM pod serves its tier's model name with prefix caching on one GPU."""
+    """Each vLLM pod serves its tier's model with prefix caching and cached-token counts."""
     config = _gateway_config(everything_objects)
     for _, template in _vllm_pods(everything_objects):
         tier = _labels(template)["tiergate.io/tier"]
         (container,) = template["spec"]["containers"]
         args = container["args"]
         assert "--enable-prefix-caching" in args
+        assert "--enable-prompt-tokens-details" in args
         assert args[args.index("--served-model-name") + 1] == config["tiers"][tier]["model"]
         assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
         assert template["spec"]["automountServiceAccountToken"] is False
