@@ -134,3 +134,20 @@ async def test_a_returned_lease_wakes_a_waiter() -> None:
     p.release(replica)
     await asyncio.wait_for(waiter, 1.0)
     assert replica.in_flight == 0
+
+
+def test_misconfigured_replicas_are_a_last_resort_and_not_ready() -> None:
+    """A replica that refused the gateway's key is used only when nothing else is usable."""
+    p = pool()
+    first, *others = p.replicas
+    p.mark_misconfigured(first)
+    assert first not in p.usable(0.0)
+    assert first.state(0.0) == "misconfigured"
+    assert p.ready()
+    for replica in others:
+        p.mark_misconfigured(replica)
+    assert not p.ready()
+    assert len(p.usable(0.0)) == len(p.replicas)  # all misconfigured: any is fair
+    p.record_success(first)
+    assert p.usable(0.0) == [first]
+    assert p.ready()

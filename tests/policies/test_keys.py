@@ -161,3 +161,13 @@ def test_bearer_token_error_never_quotes_the_header() -> None:
         bearer_token("Token tg-secretive-value")
     assert "secretive" not in info.value.message
     assert bearer_token("bearer  tg-abc ") == "tg-abc"
+
+
+def test_max_n_defaults_to_one_and_round_trips() -> None:
+    """Records without max_n (older ones) allow one completion; a set value is kept."""
+    assert policy_from_dict({}).max_n == 1
+    policy = policy_from_dict({"max_n": 4})
+    assert policy.max_n == 4
+    assert policy_from_dict(policy_to_dict(policy)) == policy
+    with pytest.raises(ValueError, match="max_n"):
+        policy_from_dict({"max_n": 0})

@@ -79,3 +79,27 @@ def test_steering_fields_are_removed_and_extras_kept() -> None:
     assert "api_base" not in body
     assert "base_url" not in body
     assert body["top_k"] == 3
+
+
+@pytest.mark.parametrize(
+    ("body", "completions"),
+    [
+        ({"prompt": "hi"}, 1),
+        ({"prompt": "hi", "n": 3}, 3),
+        ({"prompt": "hi", "n": 2, "best_of": 5}, 5),
+        ({"prompt": ["a", "b", "c"], "n": 2}, 6),
+        ({"prompt": [1, 2, 3]}, 1),
+    ],
+)
+def test_completions_count_n_best_of_and_list_prompts(body: dict[str, Any],
+                                                      completions: int) -> None:
+    """A request generates max(n, best_of) completions for each prompt of a list prompt."""
+    summary = validate({"model": "auto", **body}, "completion")
+    assert summary.completions == completions
+
+
+def test_best_of_must_be_a_positive_integer() -> None:
+    """best_of of zero is refused naming the param."""
+    with pytest.raises(InvalidRequest) as info:
+        validate({"model": "auto", "prompt": "hi", "best_of": 0}, "completion")
+    assert info.value.param == "best_of"

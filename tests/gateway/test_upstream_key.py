@@ -1,0 +1,57 @@
+"""The per-tier upstream API key: where it comes from, and that it never shows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gateway.app import build_backends
+from gateway.settings import Settings, TierSettings, load_settings
+
+SECRET = "upstream-secret-0123456789"
+
+
+def _tier(**options: object) -> TierSettings:
+    return TierSettings.model_validate({"model": "m", "replicas": ["http://127.0.0.1:1"],
+                                        **options})
+
+
+def test_key_from_setting_is_masked_in_repr_and_dumps() -> None:
+    """The key is read back for the Authorization header but never shown in repr or dumps."""
+    tier = _tier(api_key=SECRET)
+    assert tier.read_api_key() == SECRET
+    assert SECRET not in repr(tier)
+    assert SECRET not in tier.model_dump_json()
+    assert SECRET not in str(tier.model_dump())
+
+
+def test_key_from_file(tmp_path: Path) -> None:
+    """api_key_file is read (stripped); an empty file means no key."""
+    path = tmp_path / "key"
+    path.write_text(SECRET + "\n", encoding="utf-8")
+    assert _tier(api_key_file=str(path)).read_api_key() == SECRET
+    path.write_text("\n", encoding="utf-8")
+    assert _tier(api_key_file=str(path)).read_api_key() is None
+
+
+def test_key_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """TIERGATE_TIERS__<TIER>__API_KEY sets a tier's key over the YAML defaults."""
+    monkeypatch.setenv("TIERGATE_TIERS__FAST__API_KEY", SECRET)
+    monkeypatch.setenv("TIERGATE_TIERS__FAST__MODEL", "tiergate-fast")
+    monkeypatch.setenv("TIERGATE_TIERS__FAST__REPLICAS", '["http://127.0.0.1:1"]')
+    monkeypatch.setenv("TIERGATE_TIERS__PRECISE__MODEL", "tiergate-precise")
+    monkeypatch.setenv("TIERGATE_TIERS__PRECISE__REPLICAS", '["http://127.0.0.1:2"]')
+    settings = load_settings()
+    assert settings.tiers["fast"].read_api_key() == SECRET
+    assert settings.tiers["precise"].read_api_key() is None
+    assert SECRET not in repr(settings)
+
+
+def test_routes_carry_the_bearer_header_only_where_configured() -> None:
+    """Each tier's route sends 'Authorization: Bearer <key>' only when it has a key."""
+    settings = Settings(tiers={"fast": _tier(api_key=SECRET), "precise": _tier()})
+    _, routes, _ = build_backends(settings)
+    assert routes["fast"].upstream_headers == {"Authorization": f"Bearer {SECRET}"}
+    assert routes["precise"].upstream_headers == {}
+    assert SECRET not in repr(routes["fast"])
