@@ -21,6 +21,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 # rather than a global so concurrent loads in tests cannot see each other's files.
 _FILE_DATA: ContextVar[dict[str, Any]] = ContextVar("tiergate_file_data", default={})  # noqa: B039  # never mutated
 
+_HEADER_SAFE = re.compile(r"[\x21-\x7e]+")
 _INTERPOLATION = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
@@ -89,12 +90,15 @@ class TierSettings(BaseModel):
 
     def read_api_key(self) -> str | None:
         """The upstream key from the setting or its file; ``None`` sends no Authorization."""
+        key: str | None = None
         if self.api_key is not None and self.api_key.get_secret_value():
-            return self.api_key.get_secret_value()
-        if self.api_key_file is not None:
-            key = self.api_key_file.read_text(encoding="utf-8").strip()
-            return key or None
-        return None
+            key = self.api_key.get_secret_value()
+        elif self.api_key_file is not None:
+            key = self.api_key_file.read_text(encoding="utf-8").strip() or None
+        if key is not None and not _HEADER_SAFE.fullmatch(key):
+            # Never echo the value: it is a secret, and possibly a wrong file's contents.
+            raise ValueError("the tier's upstream api_key must be printable ASCII without spaces")
+        return key
 
     @field_validator("replicas")
     @classmethod

@@ -220,3 +220,18 @@ def test_gateway_sends_the_upstream_key(stack: Stack) -> None:
                       json={"model": "fast", "messages": CHAT, "max_tokens": 4})
     assert resp.status_code == 200
     assert stack.replica()["misconfigured"] is False
+
+
+def test_cached_prompt_tokens_reach_the_caller(stack: Stack) -> None:
+    """A repeated long system prompt reports cached tokens through the gateway."""
+    if not stack.backend.prompt_tokens_details:
+        pytest.xfail(f"{stack.backend.name} reports no cached-token counts")
+    messages = [{"role": "system", "content": "You are a careful assistant. " * 40},
+                {"role": "user", "content": "hi"}]
+    details = []
+    for _ in range(2):
+        resp = httpx.post(stack.gateway.url + "/v1/chat/completions", headers=stack.auth(),
+                          json={"model": "fast", "messages": messages, "max_tokens": 4})
+        assert resp.status_code == 200
+        details.append(resp.json()["usage"].get("prompt_tokens_details") or {})
+    assert details[1].get("cached_tokens", 0) > 200

@@ -55,3 +55,11 @@ def test_routes_carry_the_bearer_header_only_where_configured() -> None:
     assert routes["fast"].upstream_headers == {"Authorization": f"Bearer {SECRET}"}
     assert routes["precise"].upstream_headers == {}
     assert SECRET not in repr(routes["fast"])
+
+
+@pytest.mark.parametrize("bad", ["two words", "line\r\nX-Injected: 1", "tab\there", "é"])
+def test_keys_that_cannot_be_a_header_are_refused_without_echo(bad: str) -> None:
+    """A key with spaces or control characters fails at start-up, not on every request."""
+    with pytest.raises(ValueError, match="printable ASCII") as info:
+        _tier(api_key=bad).read_api_key()
+    assert bad not in str(info.value)
