@@ -33,6 +33,8 @@ from policies.requests import RequestKind, RequestSummary, json_depth, validate
 from policies.tiering import RouteDecision
 
 T = TypeVar("T")
+# /v1/completions without max_tokens: 16 tokens, as OpenAI's legacy API and vLLM define it.
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 _decoder = msgspec.json.Decoder()
 
 
@@ -143,7 +145,7 @@ class ProxyService:
         ctx.mark("validate")
         # Without max_tokens the backend would generate to the end of the context: the
         # gateway writes a bound into the body (below) and reserves at least that much.
-        completion = summary.max_tokens or self._bound(self.default_max_tokens, principal)
+        completion = summary.max_tokens or self._bound(self.default_max_tokens, principal, kind)
         reserve = summary.prompt_token_estimate + completion * summary.completions
         # The rate-limit check is a Redis round trip: start it, classify while it is in
         # flight, then wait for its verdict before anything is forwarded.
@@ -175,7 +177,7 @@ class ProxyService:
             tiers = self.router.tiers_for(decision, principal)
             if summary.max_tokens is None:
                 defaults = {tier: self.default_max_tokens[tier] for tier in tiers}
-                body["max_tokens"] = self._bound(defaults, principal, lowest=True)
+                body["max_tokens"] = self._bound(defaults, principal, kind, lowest=True)
             blocks = prefix_blocks(body, kind, self.prefix)
             exchange = await unless_disconnected(
                 request, self.forwarder.forward(ctx, path, body, tiers, prefix_blocks=blocks)
@@ -264,10 +266,18 @@ class ProxyService:
         return decision
 
     @staticmethod
-    def _bound(defaults: Mapping[str, int], principal: Principal, *, lowest: bool = False) -> int:
+    def _bound(
+        defaults: Mapping[str, int], principal: Principal, kind: RequestKind, *,
+        lowest: bool = False,
+    ) -> int:
         """The key's cap over the tiers' defaults: the highest (to reserve before the tier is
-        known) or the lowest (to write into a body any of these tiers may serve)."""
+        known) or the lowest (to write into a body any of these tiers may serve).
+
+        Text completions keep the API's own default of 16 tokens (OpenAI's and vLLM's).
+        """
         bound = min(defaults.values()) if lowest else max(defaults.values())
+        if kind == "completion":
+            bound = min(bound, COMPLETIONS_DEFAULT_MAX_TOKENS)
         key_cap = principal.policy.max_tokens
         return bound if key_cap is None else min(bound, key_cap)
 

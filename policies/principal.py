@@ -49,5 +49,6 @@ class Principal:
 DEVELOPMENT_PRINCIPAL = Principal(
     key_id="auth-disabled",
     tenant="development",
-    policy=KeyPolicy(scopes=frozenset({SCOPE_ROUTE_OVERRIDE, SCOPE_DOWNGRADE})),
+    # No limits in development, n and best_of included (still a bound: reservations multiply).
+    policy=KeyPolicy(scopes=frozenset({SCOPE_ROUTE_OVERRIDE, SCOPE_DOWNGRADE}), max_n=128),
 )

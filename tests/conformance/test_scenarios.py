@@ -113,6 +113,15 @@ def test_no_max_tokens_is_bounded(stack: Stack) -> None:
     assert reply.usage.completion_tokens <= TIER_CAP
 
 
+def test_completions_without_max_tokens_keep_the_api_default(stack: Stack) -> None:
+    """A text completion without max_tokens is bounded by the API's default of 16 tokens."""
+    resp = httpx.post(stack.gateway.url + "/v1/completions", headers=stack.auth(),
+                      json={"model": "fast", "prompt": "Once upon a time"})
+    assert resp.status_code == 200
+    assert stack.sim.stats()["last_request"]["max_tokens"] == 16
+    assert resp.json()["usage"]["completion_tokens"] <= 16
+
+
 async def _burst(stack: Stack, count: int) -> list[httpx.Response]:
     payload = {"model": "fast", "messages": CHAT}
     async with httpx.AsyncClient(timeout=60) as client:
