@@ -267,7 +267,7 @@ class Forwarder:
     def _record_failure(self, pool: ReplicaPool, replica: Replica, failure: AttemptFailed) -> None:
         """Count ``failure`` on the replica; a Retry-After on 429/503 becomes a cool-down."""
         if failure.status in AUTH_STATUSES:
-            pool.mark_misconfigured(replica)
+            pool.mark_misconfigured(replica, failure.status)
         cooldown = None
         if failure.retry_after is not None and failure.status in (429, 503):
             cooldown = min(failure.retry_after, self.policy.max_cooldown_s)

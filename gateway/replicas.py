@@ -21,9 +21,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+import structlog
+
 from policies.errors import Overloaded
 
 RECENT_ERRORS = 10
+_log = structlog.get_logger("tiergate.health")
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,8 +188,14 @@ class ReplicaPool:
         replica.consecutive_failures = 0
         replica.misconfigured = False
 
-    def mark_misconfigured(self, replica: Replica) -> None:
-        """The backend refused the gateway's credentials (see ``Replica.misconfigured``)."""
+    def mark_misconfigured(self, replica: Replica, status: int) -> None:
+        """The backend refused the gateway's credentials (see ``Replica.misconfigured``).
+
+        One warning when the replica becomes misconfigured (never the key itself).
+        """
+        if not replica.misconfigured:
+            _log.warning("replica.misconfigured", tier=replica.tier, replica=replica.name,
+                         status=status, reason="the backend refused the gateway's credentials")
         replica.misconfigured = True
 
     def ready(self) -> bool:

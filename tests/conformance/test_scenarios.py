@@ -213,6 +213,7 @@ def test_upstream_credentials_refused(stack: Stack) -> None:
         assert stack.replica(gw)["state"] == "misconfigured"
         ready = httpx.get(gw.url + "/readyz")
         assert ready.status_code == 503
+        assert "replica.misconfigured" in gw.log_text()
         assert "not-the-key" not in gw.log_text()
         assert "not-the-key" not in json.dumps(stack.backends(gw))
     assert ADMIN not in resp.text

@@ -140,12 +140,12 @@ def test_misconfigured_replicas_are_a_last_resort_and_not_ready() -> None:
     """A replica that refused the gateway's key is used only when nothing else is usable."""
     p = pool()
     first, *others = p.replicas
-    p.mark_misconfigured(first)
+    p.mark_misconfigured(first, 401)
     assert first not in p.usable(0.0)
     assert first.state(0.0) == "misconfigured"
     assert p.ready()
     for replica in others:
-        p.mark_misconfigured(replica)
+        p.mark_misconfigured(replica, 403)
     assert not p.ready()
     assert len(p.usable(0.0)) == len(p.replicas)  # all misconfigured: any is fair
     p.record_success(first)
