@@ -99,8 +99,12 @@ def build_backends(
                         tier.model, _upstream_headers(tier))
         for name, tier in settings.tiers.items()
     }
-    monitor = HealthMonitor(pools, HealthConfig(h.interval_s, h.timeout_s, h.unhealthy_after,
-                                                h.healthy_after, h.scrape_metrics))
+    monitor = HealthMonitor(
+        pools,
+        HealthConfig(h.interval_s, h.timeout_s, h.unhealthy_after, h.healthy_after,
+                     h.scrape_metrics),
+        credentials={name: route.upstream_headers for name, route in routes.items()},
+    )
     return pools, routes, monitor
 
 

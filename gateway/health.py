@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -31,6 +32,8 @@ from gateway.replicas import ErrorRecord, Replica, ReplicaPool
 
 _log = structlog.get_logger("tiergate.health")
 _MAX_METRICS_BYTES = 4 << 20
+# How often a misconfigured replica's credentials are tried again (GET /v1/models).
+_RECHECK_CREDENTIALS_S = 5.0
 
 # Prometheus sample name -> (field, preference); a lower preference wins when both appear.
 _NAMES: dict[str, tuple[str, int]] = {
@@ -113,9 +116,19 @@ class HealthConfig:
 class HealthMonitor:
     """Probes every replica on an interval and keeps their state on the Replica objects."""
 
-    def __init__(self, pools: Mapping[str, ReplicaPool], config: HealthConfig) -> None:
+    def __init__(
+        self,
+        pools: Mapping[str, ReplicaPool],
+        config: HealthConfig,
+        credentials: Mapping[str, Mapping[str, str]] | None = None,
+    ) -> None:
         self.pools = pools
         self.config = config
+        # Per tier, the upstream Authorization header: a replica marked misconfigured (it
+        # refused the gateway's key) is re-checked on /v1/models, so a fixed backend returns
+        # to service, and to readiness, without waiting for traffic that readiness keeps away.
+        self.credentials = credentials or {}
+        self._credentials_checked: dict[tuple[str, str], float] = {}
         self.session: aiohttp.ClientSession | None = None
         self.rounds = 0
         self._task: asyncio.Task[None] | None = None
@@ -166,13 +179,31 @@ class HealthMonitor:
         self._apply(replica, failure)
         if failure is None and self.config.scrape_metrics:
             await self._scrape(replica)
+        if failure is None and replica.misconfigured:
+            await self._recheck_credentials(replica)
 
-    async def _get(self, url: str) -> tuple[int, bytes]:
+    async def _recheck_credentials(self, replica: Replica) -> None:
+        now = time.monotonic()
+        key = (replica.tier, replica.url)
+        if now - self._credentials_checked.get(key, -math.inf) < _RECHECK_CREDENTIALS_S:
+            return
+        self._credentials_checked[key] = now
+        headers = self.credentials.get(replica.tier, {})
+        try:
+            status, _ = await self._get(replica.url + "/v1/models", headers)
+        except (TimeoutError, aiohttp.ClientError, OSError):
+            return
+        if status == 200:
+            replica.misconfigured = False
+            _log.info("replica.credentials_accepted", tier=replica.tier, replica=replica.name)
+
+    async def _get(self, url: str, headers: Mapping[str, str] | None = None
+                   ) -> tuple[int, bytes]:
         session = self.session
         if session is None:
             raise RuntimeError("the health monitor has no session yet")
         async with asyncio.timeout(self.config.timeout_s):
-            async with session.get(url, allow_redirects=False) as response:
+            async with session.get(url, allow_redirects=False, headers=headers) as response:
                 body = await response.content.read(_MAX_METRICS_BYTES)
                 return response.status, body
 

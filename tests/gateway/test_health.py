@@ -174,3 +174,25 @@ async def test_the_background_task_does_not_inherit_a_requests_context(
         structlog.contextvars.clear_contextvars()
     assert seen
     assert all("request_id" not in ctx and "trace_id" not in ctx for ctx in seen)
+
+
+async def test_misconfigured_replica_is_cleared_once_its_key_is_accepted(
+    start_simulator: SimulatorFactory,
+) -> None:
+    """The monitor re-checks a misconfigured replica on /v1/models with the tier's key."""
+    sim = start_simulator("--latency-scale", "0", "--api-key", "right")
+    wrong = ReplicaPool("fast", [sim.url], 4, 0.1)
+    right = ReplicaPool("precise", [sim.url], 4, 0.1)
+    for pool in (wrong, right):
+        pool.mark_misconfigured(pool.replicas[0], 401)
+    monitor = HealthMonitor(
+        {"fast": wrong, "precise": right}, HealthConfig(scrape_metrics=False),
+        credentials={"fast": {"Authorization": "Bearer wrong"},
+                     "precise": {"Authorization": "Bearer right"}},
+    )
+    async with aiohttp.ClientSession() as session:
+        monitor.session = session
+        await monitor.check_once()
+    assert wrong.replicas[0].misconfigured
+    assert not right.replicas[0].misconfigured
+    assert monitor.readiness() == {"fast": False, "precise": True}
