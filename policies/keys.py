@@ -112,8 +112,7 @@ def policy_to_dict(policy: KeyPolicy) -> dict[str, Any]:
         "scopes": sorted(policy.scopes),
         "budget_daily": policy.budget_daily,
         "budget_monthly": policy.budget_monthly,
-        "max_n": policy.max_n,
-    }
+    } | ({"max_n": policy.max_n} if policy.max_n != 1 else {})  # older gateways read the rest
 
 
 def _budget(data: dict[str, Any], name: str) -> float | None:
