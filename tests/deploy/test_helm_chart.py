@@ -359,3 +359,28 @@ def test_defaults_leave_optional_parts_off(default_objects: list[dict[str, Any]]
     assert not {"Ingress", "HorizontalPodAutoscaler", "ServiceMonitor"} & kinds
     assert _vllm_pods(default_objects) == []
     assert _gateway_deployment(default_objects)["spec"]["replicas"] == 2
+
+
+def _env(container: dict[str, Any]) -> dict[str, Any]:
+    return {item["name"]: item for item in container.get("env") or []}
+
+
+def test_vllm_api_key_reaches_vllm_and_the_gateway_from_a_secret(
+    everything_objects: list[dict[str, Any]], default_objects: list[dict[str, Any]],
+) -> None:
+    """With vllm.apiKeySecret, vLLM requires the key and the gateway sends it, per tier."""
+    ref = {"secretKeyRef": {"name": "vllm-api-key", "key": "VLLM_API_KEY"}}
+    tiers = set()
+    for _, template in _vllm_pods(everything_objects):
+        (container,) = template["spec"]["containers"]
+        assert _env(container)["VLLM_API_KEY"]["valueFrom"] == ref
+        tiers.add(_labels(template)["tiergate.io/tier"])
+    (gateway,) = _gateway_deployment(everything_objects)["spec"]["template"]["spec"]["containers"]
+    env = _env(gateway)
+    for tier in tiers:
+        assert env[f"TIERGATE_TIERS__{tier.upper()}__API_KEY"]["valueFrom"] == ref
+    assert not [name for name in env if name.endswith("__API_KEY") and
+                name.split("__")[1].lower() not in tiers]
+    for _, template in pod_templates(default_objects):
+        for container in template["spec"]["containers"]:
+            assert not [n for n in _env(container) if "API_KEY" in n]
