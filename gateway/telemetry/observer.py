@@ -48,6 +48,8 @@ def access_fields(
         "status": ctx.status,
         "outcome": outcome,
         "attempts": ctx.attempts,
+        # The x-request-id of the last attempt, as the backend logged it (one per attempt).
+        "upstream_request_id": ctx.upstream_request_id if ctx.attempts else None,
         "duration_ms": _ms(total_s),
         "overhead_ms": _ms(overhead_s),
         "upstream_ms": _ms(ctx.upstream_s),

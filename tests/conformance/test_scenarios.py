@@ -78,7 +78,7 @@ def test_in_stream_error_is_a_failure(stack: Stack) -> None:
     assert "[DONE]" not in text
     assert not [e for e in events if '"usage"' in e]
     assert stack.replica()["attempts"].get("mid_stream", 0) == before + 1
-    assert '"upstream_error"' in stack.gateway.log_text()
+    assert asyncio.run(_wait_for(lambda: '"upstream_error"' in stack.gateway.log_text()))
 
 
 async def _same_id_streams(stack: Stack, request_id: str) -> list[httpx.Response]:
@@ -103,6 +103,7 @@ def test_duplicate_caller_ids(stack: Stack) -> None:
     sent = stack.sim.stats()["last_request_id"]
     assert sent
     assert sent not in (request_id, uuid.UUID(request_id).hex)
+    assert asyncio.run(_wait_for(lambda: sent in _logged(stack, "upstream_request_id")))
 
 
 def test_no_max_tokens_is_bounded(stack: Stack) -> None:
@@ -173,6 +174,19 @@ def test_client_disconnect_aborts_upstream(stack: Stack) -> None:
         next(resp.iter_bytes())
     deadline = asyncio.run(_wait_for(lambda: stack.sim.stats()["aborts_total"] > before))
     assert deadline
+
+
+def _logged(stack: Stack, field: str) -> list[object]:
+    """The values of ``field`` in the gateway's JSON log lines so far."""
+    values = []
+    for line in stack.gateway.log_text().splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(entry, dict) and field in entry:
+            values.append(entry[field])
+    return values
 
 
 async def _wait_for(check: Any, timeout_s: float = 5.0) -> bool:
