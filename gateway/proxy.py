@@ -29,12 +29,17 @@ from policies.fields import FieldPolicy, check_fields, media_urls
 from policies.ports import Admission, Authenticator, RequestLimiter
 from policies.prefix import PrefixConfig, prefix_blocks
 from policies.principal import SCOPE_ENGINE_FIELDS, Principal
-from policies.requests import RequestKind, RequestSummary, json_depth, validate
+from policies.requests import (
+    RequestKind,
+    RequestSummary,
+    check_completions,
+    default_max_tokens,
+    json_depth,
+    validate,
+)
 from policies.tiering import RouteDecision
 
 T = TypeVar("T")
-# /v1/completions without max_tokens: 16 tokens, as OpenAI's legacy API and vLLM define it.
-COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 _decoder = msgspec.json.Decoder()
 
 
@@ -141,11 +146,13 @@ class ProxyService:
         body = _decode(await request.body(), self.fields.max_depth)
         summary = validate(body, kind)
         ctx.summary = summary
-        _check_completions(summary, principal.policy.max_n)
+        check_completions(summary, principal.policy.max_n)
         ctx.mark("validate")
         # Without max_tokens the backend would generate to the end of the context: the
         # gateway writes a bound into the body (below) and reserves at least that much.
-        completion = summary.max_tokens or self._bound(self.default_max_tokens, principal, kind)
+        key_cap = principal.policy.max_tokens
+        everywhere = self.default_max_tokens.values()
+        completion = summary.max_tokens or default_max_tokens(everywhere, key_cap, kind)
         reserve = summary.prompt_token_estimate + completion * summary.completions
         # The rate-limit check is a Redis round trip: start it, classify while it is in
         # flight, then wait for its verdict before anything is forwarded.
@@ -176,8 +183,8 @@ class ProxyService:
                 strip_usage = True
             tiers = self.router.tiers_for(decision, principal)
             if summary.max_tokens is None:
-                defaults = {tier: self.default_max_tokens[tier] for tier in tiers}
-                body["max_tokens"] = self._bound(defaults, principal, kind, lowest=True)
+                defaults = [self.default_max_tokens[tier] for tier in tiers]
+                body["max_tokens"] = default_max_tokens(defaults, key_cap, kind, lowest=True)
             blocks = prefix_blocks(body, kind, self.prefix)
             exchange = await unless_disconnected(
                 request, self.forwarder.forward(ctx, path, body, tiers, prefix_blocks=blocks)
@@ -265,22 +272,6 @@ class ProxyService:
         self._check_max_tokens(summary.max_tokens, decision.tier, principal.policy.max_tokens)
         return decision
 
-    @staticmethod
-    def _bound(
-        defaults: Mapping[str, int], principal: Principal, kind: RequestKind, *,
-        lowest: bool = False,
-    ) -> int:
-        """The key's cap over the tiers' defaults: the highest (to reserve before the tier is
-        known) or the lowest (to write into a body any of these tiers may serve).
-
-        Text completions keep the API's own default of 16 tokens (OpenAI's and vLLM's).
-        """
-        bound = min(defaults.values()) if lowest else max(defaults.values())
-        if kind == "completion":
-            bound = min(bound, COMPLETIONS_DEFAULT_MAX_TOKENS)
-        key_cap = principal.policy.max_tokens
-        return bound if key_cap is None else min(bound, key_cap)
-
     def _check_max_tokens(self, requested: int | None, tier: str, key_cap: int | None) -> None:
         if requested is None:
             return
@@ -355,23 +346,6 @@ async def _after_complete(
         text = answer_text(raw)
         if text is not None:
             shadow.submit(text)
-def _check_completions(summary: RequestSummary, max_n: int) -> None:
-    """``n``, ``best_of`` and list prompts within the key's ``max_n`` completions a request."""
-    if summary.completions <= max_n:
-        return
-    per_prompt = max(summary.n, summary.best_of or 1)
-    if per_prompt <= max_n:
-        param = "prompt"
-    else:
-        param = "best_of" if (summary.best_of or 0) > summary.n else "n"
-    raise InvalidRequest(
-        f"The request asks for {summary.completions} completions ('{param}'); this key "
-        f"allows {max_n} per request.",
-        param=param,
-        code="n_exceeded",
-    )
-
-
 async def _withdraw(admitting: asyncio.Future[Admission]) -> None:
     """The request was refused before forwarding: give back all the limiter took (request,
     tokens, slot), so refusals such as 403/404/400 never consume a key's limits."""

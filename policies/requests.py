@@ -8,12 +8,15 @@ fields that could steer the upstream (``api_base`` and friends) are removed.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from policies.errors import InvalidRequest
 
 RequestKind = Literal["chat", "completion"]
+# /v1/completions without max_tokens: 16 tokens, as OpenAI's legacy API and vLLM define it.
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 
 # Fields some gateways honour to pick an upstream; ours never does (LiteLLM CVE-2024-6587).
 STEERING_FIELDS = ("api_base", "base_url", "api_key", "custom_llm_provider", "api_version")
@@ -206,3 +209,35 @@ def _prompt_count(prompt: object) -> int:
     if isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
         return len(prompt)
     return 1
+
+
+def check_completions(summary: RequestSummary, max_n: int) -> None:
+    """``n``, ``best_of`` and list prompts within the key's ``max_n`` completions a request."""
+    if summary.completions <= max_n:
+        return
+    per_prompt = max(summary.n, summary.best_of or 1)
+    if per_prompt <= max_n:
+        param = "prompt"
+    else:
+        param = "best_of" if (summary.best_of or 0) > summary.n else "n"
+    raise InvalidRequest(
+        f"The request asks for {summary.completions} completions ('{param}'); this key "
+        f"allows {max_n} per request.",
+        param=param,
+        code="n_exceeded",
+    )
+
+
+def default_max_tokens(
+    tier_defaults: Iterable[int], key_cap: int | None, kind: RequestKind, *, lowest: bool = False
+) -> int:
+    """The ``max_tokens`` for a request that sets none: the key's cap over the tiers' defaults.
+
+    The highest default (to reserve before the tier is known) or the lowest (to write into a
+    body any of these tiers may serve); text completions keep the API's own default of 16.
+    """
+    values = list(tier_defaults)
+    bound = min(values) if lowest else max(values)
+    if kind == "completion":
+        bound = min(bound, COMPLETIONS_DEFAULT_MAX_TOKENS)
+    return bound if key_cap is None else min(bound, key_cap)

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from policies.errors import InvalidRequest
-from policies.requests import validate
+from policies.requests import RequestKind, check_completions, default_max_tokens, validate
 
 CHAT = [{"role": "user", "content": "hello"}]
 
@@ -103,3 +103,28 @@ def test_best_of_must_be_a_positive_integer() -> None:
     with pytest.raises(InvalidRequest) as info:
         validate({"model": "auto", "prompt": "hi", "best_of": 0}, "completion")
     assert info.value.param == "best_of"
+
+
+@pytest.mark.parametrize(
+    ("defaults", "key_cap", "kind", "lowest", "expected"),
+    [
+        ([4096, 1024], None, "chat", False, 4096),
+        ([4096, 1024], None, "chat", True, 1024),
+        ([4096, 1024], 256, "chat", False, 256),
+        ([4096], None, "completion", False, 16),
+        ([8], None, "completion", False, 8),
+    ],
+)
+def test_default_max_tokens(defaults: list[int], key_cap: int | None, kind: RequestKind,
+                            lowest: bool, expected: int) -> None:
+    """The key's cap over the tiers' defaults; completions keep the API default of 16."""
+    assert default_max_tokens(defaults, key_cap, kind, lowest=lowest) == expected
+
+
+def test_check_completions_names_the_field() -> None:
+    """Above max_n, the error names n, best_of or prompt, with code n_exceeded."""
+    summary = validate({"model": "m", "prompt": ["a", "b"], "n": 2}, "completion")
+    check_completions(summary, 4)
+    with pytest.raises(InvalidRequest) as info:
+        check_completions(summary, 3)
+    assert (info.value.param, info.value.code) == ("prompt", "n_exceeded")
