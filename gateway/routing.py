@@ -42,10 +42,13 @@ class ThresholdPolicy(Protocol):
 
 
 def threshold_policy(
-    fixed: float | None, target_share: float, online: bool, classifier: TierClassifier
+    fixed: float | None, target_share: float, online: bool | None, classifier: TierClassifier
 ) -> ThresholdPolicy:
     """The threshold in force: ``fixed``, else the artifact's for ``target_share``; online
-    control (the share controller) starts from it when ``online``."""
+    control (the share controller) starts from it when ``online``.  ``online=None`` (the
+    default setting) means on unless a fixed threshold is configured."""
+    if online is None:
+        online = fixed is None
     initial = fixed
     if initial is None:
         initial = (classifier.threshold_for_share(target_share)

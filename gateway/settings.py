@@ -182,7 +182,9 @@ class RouterSettings(BaseModel):
     artifact: Path | None = None
     target_precise_share: float = Field(default=0.3, ge=0.0, le=1.0)
     threshold: float | None = Field(default=None, ge=0.0, le=1.0)
-    online_control: bool = False
+    # None (default): the online share controller runs unless a fixed `threshold` is set;
+    # the artifact's reference scores never match a deployment's own traffic mix.
+    online_control: bool | None = None
     fast_tier: str = "fast"
     precise_tier: str = "precise"
     structured_output_to_precise: bool = True

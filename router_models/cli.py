@@ -1,4 +1,4 @@
-"""``tiergate router`` subcommands: train, eval, score.
+"""``tiergate router`` subcommands: train, eval, score, calibrate.
 
 ``tiergate router ...`` delegates here; ``python -m router_models.cli ...`` works too.
 """
@@ -16,8 +16,6 @@ import router_models
 from router_models.artifact import DEFAULT_ARTIFACT, ArtifactError
 from router_models.records import RecordError, body_of, read_jsonl
 
-DEFAULT_PLOT = Path("router-eval.png")
-
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tiergate router", description="The tier router.")
@@ -27,10 +25,14 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--out", type=Path, default=DEFAULT_ARTIFACT, help="artifact path")
     train.add_argument("--c", type=float, default=None, help="inverse regularisation strength")
     ev = sub.add_parser("eval", help="routing quality on labelled JSONL")
-    ev.add_argument("--data", type=Path, required=True, help="labelled JSONL")
+    ev.add_argument("--data", type=Path, help="labelled JSONL scored with the artifact")
+    ev.add_argument("--held-out", action="store_true",
+                    help="leave-one-source-out and leave-one-family-out over the training data")
+    ev.add_argument("--train-data", type=Path, nargs="+",
+                    help="training data for --held-out (default: corpus + router-dev2 train)")
     ev.add_argument("--json", action="store_true", help="print JSON instead of text")
-    ev.add_argument("--plot", type=Path, default=DEFAULT_PLOT, help="PNG of the curve")
-    ev.add_argument("--no-plot", action="store_true", help="do not write the PNG")
+    ev.add_argument("--plot", type=Path, default=None, help="also write the curve as a PNG")
+    ev.add_argument("--no-plot", action="store_true", help="accepted for old scripts (default)")
     ev.add_argument("--artifact", type=Path, default=None, help="artifact (default: shipped)")
     score = sub.add_parser("score", help="score JSONL lines with id and prompt/messages")
     score.add_argument("file", type=Path, help="input JSONL ('-' for stdin)")
@@ -39,6 +41,13 @@ def _parser() -> argparse.ArgumentParser:
                        help="share of traffic for the precise tier (sets the threshold)")
     score.add_argument("--reference", type=Path, default=None,
                        help="JSONL sample of your traffic to derive the threshold from")
+    cal = sub.add_parser("calibrate", help="threshold for a target share from unlabelled traffic")
+    cal.add_argument("--sample", type=Path, required=True,
+                     help="JSONL of your own requests (prompt or messages; no labels needed)")
+    cal.add_argument("--target-share", type=float, default=None,
+                     help="share of traffic for the precise tier (default: the artifact's)")
+    cal.add_argument("--artifact", type=Path, default=None)
+    cal.add_argument("--out", type=Path, default=None, help="also write the YAML snippet here")
     return parser
 
 
@@ -53,26 +62,44 @@ def _train(args: argparse.Namespace, out: TextIO) -> int:
     meta = model.metadata
     out.write(
         f"trained on {meta['n_examples']} examples ({meta['n_complex']} complex), "
-        f"{meta['data_digest']}\nout-of-fold ROC AUC {meta['cv_roc_auc']:.4f}, default "
+        f"{meta['data_digest']}\nheld-out-group ROC AUC {meta['held_out_roc_auc']:.4f}, default "
         f"threshold {meta['default_threshold']:.4f} (share {meta['default_target_share']})\n"
         f"wrote {args.out}\n"
     )
     return 0
 
 
+def _held_out(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
+    from router_models import honest  # noqa: PLC0415 - sklearn only for held-out runs
+    from router_models.train import DEFAULT_DATA, TrainSettings, prepare  # noqa: PLC0415
+
+    settings = TrainSettings()
+    records = [r for p in (args.train_data or DEFAULT_DATA) for r in read_jsonl(p)]
+    report = honest.held_out_report(prepare(records, settings), settings)
+    return report.as_dict(), honest.render_held_out(report)
+
+
 def _eval(args: argparse.Namespace, out: TextIO) -> int:
     from router_models import evaluate  # noqa: PLC0415 - only eval needs it
 
-    records = read_jsonl(args.data)
-    report = evaluate.evaluate(router_models.load(args.artifact), records)
-    if args.json:
-        out.write(json.dumps(report.as_dict(), indent=2) + "\n")
-    else:
-        out.write(evaluate.render_text(report) + "\n")
-    if not args.no_plot:
-        evaluate.plot(report, args.plot)
-        if not args.json:
-            out.write(f"\nplot written to {args.plot}\n")
+    if args.data is None and not args.held_out:
+        raise ValueError("give --data FILE, --held-out, or both")
+    result: dict[str, Any] = {}
+    texts: list[str] = []
+    if args.data is not None:
+        report = evaluate.evaluate(router_models.load(args.artifact), read_jsonl(args.data))
+        result["data"] = report.as_dict()
+        texts.append(f"== {args.data} (scored with the artifact) ==\n"
+                     + evaluate.render_text(report))
+        if args.plot is not None:
+            evaluate.plot(report, args.plot)
+            texts.append(f"plot written to {args.plot}")
+    elif args.plot is not None:
+        raise ValueError("--plot needs --data")
+    if args.held_out:
+        result["held_out"], text = _held_out(args)
+        texts.append("== held-out evaluation (every fold trained without its group) ==\n" + text)
+    out.write(json.dumps(result, indent=2) + "\n" if args.json else "\n\n".join(texts) + "\n")
     return 0
 
 
@@ -109,11 +136,42 @@ def _score(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+MIN_SAMPLE = 20
+SMALL_SAMPLE = 1000
+
+
+def _calibrate(args: argparse.Namespace, out: TextIO) -> int:
+    router = router_models.load(args.artifact)
+    share = args.target_share
+    if share is None:
+        share = float(router.metadata["default_target_share"])
+    scores = [router.score(body_of(r)) for r in read_jsonl(args.sample)]
+    if len(scores) < MIN_SAMPLE:
+        raise ValueError(f"need at least {MIN_SAMPLE} requests in the sample, got {len(scores)}")
+    threshold = router.threshold_for_share(share, scores)
+    realised = sum(1 for s in scores if s >= threshold) / len(scores)
+    snippet = (
+        "router:\n"
+        f"  target_precise_share: {share}\n"
+        f"  threshold: {threshold:.6f}  # {len(scores)} requests of {args.sample.name}\n"
+        "  online_control: true  # keeps the share as the traffic drifts\n"
+    )
+    out.write(f"scored {len(scores)} requests; threshold {threshold:.6f} sends "
+              f"{realised:.1%} of them to the precise tier (target {share:.1%})\n\n{snippet}")
+    if len(scores) < SMALL_SAMPLE:
+        sys.stderr.write(f"warning: {len(scores)} requests is a small sample; the share's "
+                         f"sampling error is about {((share * (1 - share) / len(scores)) ** 0.5):.1%}\n")
+    if args.out is not None:
+        args.out.write_text(snippet, encoding="utf-8")
+        out.write(f"wrote {args.out}\n")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     """Run a router subcommand; returns the process exit status."""
     args = _parser().parse_args(argv)
     stream = out or sys.stdout
-    handlers = {"train": _train, "eval": _eval, "score": _score}
+    handlers = {"train": _train, "eval": _eval, "score": _score, "calibrate": _calibrate}
     try:
         return handlers[args.command](args, stream)
     except (ArtifactError, RecordError, OSError, ValueError) as exc:

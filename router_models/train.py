@@ -1,14 +1,17 @@
 """Deterministic training of the tier router.
 
-1. Featurise every record with ``features.extract`` (the function serving uses too).
-2. Out-of-fold margins from a K-fold split fixed by a seeded permutation.
-3. Platt calibration ``p = sigmoid(a·m + c)`` fitted on those out-of-fold margins.
+1. Read the labelled files, keeping only rows that may be trained on (``"use": "eval"`` rows
+   never are), and featurise them with ``features.extract`` (the function serving uses too).
+2. Held-out margins by *group* (an external source, or one generator family of our corpus):
+   each row's margin comes from a model that never saw its group, so the margins look like
+   those of traffic the router was not written for.
+3. Platt calibration ``p = sigmoid(a·m + c)`` fitted on those held-out margins: a realistic
+   mixture, not a corpus whose classes are trivially separable.
 4. The final logistic regression on all the data (liblinear's dual coordinate descent with a
-   fixed seed: deterministic, single-threaded).
-5. Reference sample = calibrated out-of-fold scores, stratified to a traffic-like mix of
-   ``REFERENCE_COMPLEX_SHARE`` complex requests (the corpus itself is almost half complex);
-   its quantiles and the default threshold (for ``DEFAULT_TARGET_SHARE``) go into the
-   artifact metadata.
+   fixed seed: deterministic, single-threaded).  External rows weigh ``external_weight``.
+5. Reference sample = calibrated held-out scores, stratified to a traffic-like mix of
+   ``REFERENCE_COMPLEX_SHARE`` complex requests; its quantiles and the default threshold (for
+   ``DEFAULT_TARGET_SHARE``) go into the artifact metadata.
 
 Same data and settings give the same artifact bytes.
 """
@@ -28,11 +31,24 @@ from sklearn.metrics import roc_auc_score
 from policies.threshold import threshold_for_share
 from router_models.artifact import FloatArray, RouterModel
 from router_models.corpus.build import DEFAULT_CORPUS, HARD_CASES
+from router_models.crossval import (
+    BoolArray,
+    FitFn,
+    group_of,
+    held_out_margins,
+    liblinear,
+    platt,
+    sigmoid,
+    trainable,
+)
 from router_models.features import FEATURE_SPEC, HASH_SIZE, extract, n_features
-from router_models.records import body_of, data_digest, load_labelled
+from router_models.records import body_of, data_digest, label_of, read_jsonl
 
-MODEL_VERSION: Final = "tiergate-router-1"
-DEFAULT_DATA: Final = (DEFAULT_CORPUS, HARD_CASES)
+MODEL_VERSION: Final = "tiergate-router-2"
+# The second external set lives beside the repository (read at training time, never copied).
+SHARED_DATASETS: Final = Path(__file__).resolve().parents[2] / "shared" / "datasets"
+DEV2: Final = SHARED_DATASETS / "router-dev2.jsonl"
+DEFAULT_DATA: Final = (DEFAULT_CORPUS, HARD_CASES, DEV2)
 DEFAULT_TARGET_SHARE: Final = 0.30
 QUANTILE_POINTS: Final = 101
 REFERENCE_COMPLEX_SHARE: Final = 0.25
@@ -43,10 +59,46 @@ class TrainSettings:
     """Hyper-parameters; the defaults build the shipped artifact."""
 
     c: float = 2.0
-    folds: int = 5
     seed: int = 0
     tol: float = 1e-7
+    external_weight: float = 1.0
     target_share: float = DEFAULT_TARGET_SHARE
+
+    def fitter(self) -> FitFn:
+        """The deterministic liblinear fitter these settings describe."""
+        return liblinear(self.c, self.tol, self.seed)
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """Featurised records with everything the group-held-out fits need."""
+
+    records: list[dict[str, Any]]
+    x: sparse.csr_matrix
+    y: FloatArray
+    weight: FloatArray
+    groups: list[str]
+    train_mask: BoolArray
+
+
+def prepare(records: Sequence[dict[str, Any]], settings: TrainSettings) -> Prepared:
+    """Featurise labelled records; ``train_mask`` marks the rows that may be trained on."""
+    rows = list(records)
+    groups = [group_of(r) for r in rows]
+    external = np.array([not g.startswith("corpus/") for g in groups], dtype=np.bool_)
+    return Prepared(
+        records=rows,
+        x=featurize([body_of(r) for r in rows]),
+        y=np.asarray([label_of(r) for r in rows], dtype=np.float64),
+        weight=np.where(external, settings.external_weight, 1.0).astype(np.float64),
+        groups=groups,
+        train_mask=np.array([trainable(r) for r in rows], dtype=np.bool_),
+    )
+
+
+def load_training(paths: Sequence[Path]) -> list[dict[str, Any]]:
+    """The records of ``paths`` that may be trained on, in file order."""
+    return [r for p in paths for r in read_jsonl(p) if trainable(r)]
 
 
 def featurize(bodies: Sequence[Mapping[str, Any]]) -> sparse.csr_matrix:
@@ -66,39 +118,6 @@ def featurize(bodies: Sequence[Mapping[str, Any]]) -> sparse.csr_matrix:
     )
 
 
-def _classifier(settings: TrainSettings) -> LogisticRegression:
-    return LogisticRegression(
-        C=settings.c,
-        solver="liblinear",
-        dual=True,  # far fewer samples than hashed features: the dual is ~15x faster
-        tol=settings.tol,
-        max_iter=5000,
-        random_state=settings.seed,
-    )
-
-
-def out_of_fold_margins(
-    x: sparse.csr_matrix, y: FloatArray, settings: TrainSettings
-) -> FloatArray:
-    """Decision values of each row from a model that did not see it."""
-    order = np.random.default_rng(settings.seed).permutation(x.shape[0])
-    fold_of = np.empty(x.shape[0], dtype=np.int64)
-    fold_of[order] = np.arange(x.shape[0]) % settings.folds
-    margins = np.zeros(x.shape[0], dtype=np.float64)
-    for fold in range(settings.folds):
-        test = fold_of == fold
-        model = _classifier(settings).fit(x[~test], y[~test])
-        margins[test] = model.decision_function(x[test])
-    return margins
-
-
-def platt(margins: FloatArray, y: FloatArray) -> tuple[float, float]:
-    """Slope and offset of ``sigmoid(a·m + c)`` fitted to labels (almost unregularised)."""
-    model = LogisticRegression(C=1e6, solver="lbfgs", tol=1e-10, max_iter=1000)
-    model.fit(margins.reshape(-1, 1), y)
-    return float(model.coef_[0, 0]), float(model.intercept_[0])
-
-
 def reference_sample(scores: FloatArray, y: FloatArray, complex_share: float) -> FloatArray:
     """All simple scores plus an evenly spaced (stratified) subset of the complex ones, so
     that complex requests make up ``complex_share`` of the sample."""
@@ -111,21 +130,22 @@ def reference_sample(scores: FloatArray, y: FloatArray, complex_share: float) ->
 
 
 def _metadata(
-    paths: Sequence[Path], y: FloatArray, oof: FloatArray, settings: TrainSettings
+    paths: Sequence[Path], data: Prepared, held: FloatArray, settings: TrainSettings
 ) -> dict[str, Any]:
-    ref = reference_sample(oof, y, REFERENCE_COMPLEX_SHARE)
+    ref = reference_sample(held, data.y, REFERENCE_COMPLEX_SHARE)
     scores = ref.tolist()
     return {
         "model_version": MODEL_VERSION,
         "data_files": [p.name for p in paths],
         "data_digest": data_digest(paths),
-        "n_examples": int(y.size),
-        "n_complex": int(y.sum()),
+        "n_examples": int(data.y.size),
+        "n_complex": int(data.y.sum()),
+        "groups": sorted(set(data.groups)),
         "feature_spec": FEATURE_SPEC,
         "default_target_share": settings.target_share,
         "default_threshold": threshold_for_share(scores, settings.target_share),
         "reference": {
-            "sample": "calibrated out-of-fold scores of the training corpus, stratified",
+            "sample": "calibrated group-held-out scores of the training data, stratified",
             "complex_share": REFERENCE_COMPLEX_SHARE,
             "size": len(scores),
             "quantiles": np.quantile(ref, np.linspace(0, 1, QUANTILE_POINTS)).tolist(),
@@ -133,12 +153,12 @@ def _metadata(
         "training": {
             "estimator": "LogisticRegression(solver=liblinear, dual=True)",
             "C": settings.c,
-            "folds": settings.folds,
             "seed": settings.seed,
             "tol": settings.tol,
-            "calibration": "Platt on out-of-fold margins",
+            "external_weight": settings.external_weight,
+            "calibration": "Platt on group-held-out margins (source / generator family)",
         },
-        "cv_roc_auc": round(float(roc_auc_score(y, oof)), 6),
+        "held_out_roc_auc": round(float(roc_auc_score(data.y, held)), 6),
     }
 
 
@@ -157,27 +177,33 @@ def sklearn_equivalent(model: RouterModel) -> LogisticRegression:
     return clf
 
 
+def calibrate_held_out(data: Prepared, settings: TrainSettings) -> tuple[FloatArray, float, float]:
+    """Group-held-out margins of every trainable row and the Platt fit on them."""
+    mask = data.train_mask
+    groups = sorted({g for g, m in zip(data.groups, mask, strict=True) if m})
+    margins = held_out_margins(
+        data.x, data.y, data.weight, data.groups, mask, settings.fitter(), groups
+    )
+    a, c = platt(margins[mask], data.y[mask], data.weight[mask])
+    return margins, a, c
+
+
 def train(paths: Sequence[Path], settings: TrainSettings | None = None) -> RouterModel:
-    """Fit a calibrated router on labelled JSONL files."""
+    """Fit a calibrated router on labelled JSONL files (``"use": "eval"`` rows skipped)."""
     settings = settings or TrainSettings()
-    records, labels = load_labelled(paths)
-    if len(set(labels)) < 2:
+    data = prepare(load_training(paths), settings)
+    if np.unique(data.y).size < 2:
         raise ValueError("training data needs both simple and complex examples")
-    x = featurize([body_of(r) for r in records])
-    y = np.asarray(labels, dtype=np.float64)
-    margins = out_of_fold_margins(x, y, settings)
-    a, c = platt(margins, y)
-    reference = 1.0 / (1.0 + np.exp(-(a * margins + c)))
-    final = _classifier(settings).fit(x, y)
-    coef = final.coef_[0]
-    hashed = coef[:HASH_SIZE]
+    margins, a, c = calibrate_held_out(data, settings)
+    final = settings.fitter()(data.x, data.y, data.weight)
+    hashed = final.coef[:HASH_SIZE]
     nonzero = np.flatnonzero(hashed).astype(np.int32)
     return RouterModel(
         hashed_index=nonzero,
         hashed_weight=hashed[nonzero].astype(np.float64),
-        structural_weight=coef[HASH_SIZE:].astype(np.float64),
-        intercept=float(final.intercept_[0]),
+        structural_weight=final.coef[HASH_SIZE:].astype(np.float64),
+        intercept=final.intercept,
         platt_a=a,
         platt_c=c,
-        metadata=_metadata(paths, y, reference, settings),
+        metadata=_metadata(paths, data, sigmoid(a * margins + c), settings),
     )

@@ -21,8 +21,8 @@ _ITEMS = {
 }
 _COUNTS = ("a", "two", "three", "four", "an")
 _COLORS = ("red", "green", "blue", "yellow", "white", "black", "purple")
-_MOVES = ("Take {n} steps forward.", "Take {n} steps backward.", "Turn left.", "Turn right.",
-          "Turn around.", "Take {n} steps left.", "Take {n} steps right.")
+_MOVES = ("Walk {n} paces ahead.", "Walk {n} paces back.", "Face left.", "Face right.",
+          "Spin half a turn.", "Sidestep {n} paces to the left.", "Sidestep {n} paces to the right.")
 _ASK_TAILS = ("", " Think step by step.", " Explain.", " Answer with yes or no and show why.")
 # fmt: on
 
@@ -60,8 +60,8 @@ def boolean_expression(rng: Random) -> str:
 def navigation(rng: Random) -> str:
     """Follow movement instructions and decide where you end up."""
     steps = [one(rng, _MOVES).format(n=rng.randint(1, 9)) for _ in range(rng.randint(4, 8))]
-    lead = one(rng, ("If you follow these instructions, do you return to the starting point?",
-                     "Always face forward. Where do you end up relative to the start?"))
+    lead = one(rng, ("Follow these moves. Are you back where you began?",
+                     "Keep facing the same way. Where do you end up relative to the start?"))
     return f"{lead} {' '.join(steps)}{one(rng, _ASK_TAILS)}"
 
 
@@ -99,7 +99,7 @@ def ordering(rng: Random) -> str:
     """Deduce an order from pairwise clues."""
     things = some(rng, _COLORS, rng.randint(4, 5))
     order = list(things)
-    clues = [f"The {a} book is to the left of the {b} book." for a, b in itertools.pairwise(order)]
+    clues = [f"The {a} book sits somewhere left of the {b} one." for a, b in itertools.pairwise(order)]
     rng.shuffle(clues)
     where = one(rng, ("second from the left", "in the middle", "second from the right"))
     return (f"On a shelf there are {len(things)} books: {', '.join(things)}. "

@@ -83,11 +83,67 @@ def test_eval_json_output(tmp_path: Path) -> None:
     out = io.StringIO()
     code = main(["eval", "--data", str(DEFAULT_DATA[1]), "--json", "--no-plot"], out=out)
     assert code == 0
-    report = json.loads(out.getvalue())
+    report = json.loads(out.getvalue())["data"]
     assert 0.5 < report["roc_auc"] <= 1.0
     assert report["op_complex_caught"] >= 0.95
     assert len(report["curve"]) == 20
     assert {row["name"] for row in report["by_source"]} == {"tiergate-hard"}
+
+
+def test_eval_writes_no_png_unless_asked(tmp_path: Path) -> None:
+    """Without ``--plot`` nothing is written into the working directory."""
+    result = subprocess.run(
+        [sys.executable, "-m", "router_models.cli", "eval", "--data", str(DEFAULT_DATA[1])],
+        capture_output=True, text=True, cwd=tmp_path, check=False, timeout=120,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert list(tmp_path.iterdir()) == []
+    assert "plot written" not in result.stdout
+
+
+def test_eval_needs_data_or_held_out() -> None:
+    """``eval`` with neither ``--data`` nor ``--held-out`` is a usage error, not a traceback."""
+    result = _cli("eval")
+    assert result.returncode == 2
+    assert "--held-out" in result.stderr
+
+
+def _traffic(tmp_path: Path, n: int) -> Path:
+    records = read_jsonl(DEFAULT_DATA[0])[:n]
+    rows = [{k: v for k, v in r.items() if k in ("id", "prompt", "messages")} for r in records]
+    return _jsonl(tmp_path / "traffic.jsonl", rows)
+
+
+def test_calibrate_sets_the_threshold_from_unlabelled_traffic(tmp_path: Path) -> None:
+    """``calibrate`` prints a threshold that sends the target share of the sample, as YAML."""
+    sample = _traffic(tmp_path, 400)
+    snippet = tmp_path / "router.yaml"
+    result = _cli("calibrate", "--sample", str(sample), "--target-share", "0.25",
+                  "--out", str(snippet))
+    assert result.returncode == 0, result.stderr
+    assert "warning" in result.stderr  # 400 requests is a small sample
+    import yaml
+
+    config = yaml.safe_load(snippet.read_text())["router"]
+    assert config["target_precise_share"] == 0.25
+    scored = _cli("score", str(sample), "--target-share", "0.25", "--reference", str(sample))
+    tiers = [json.loads(line)["tier"] for line in scored.stdout.splitlines()]
+    assert tiers.count("precise") == 100
+    scores = [json.loads(line)["score"] for line in scored.stdout.splitlines()]
+    assert sum(s >= config["threshold"] - 1e-6 for s in scores) == 100
+
+
+@pytest.mark.parametrize(
+    ("share", "n", "message"),
+    [("1.5", 400, "share must be within"), ("0.3", 5, "at least 20"), ("nan", 400, "share")],
+)
+def test_calibrate_refuses_bad_input(tmp_path: Path, share: str, n: int, message: str) -> None:
+    """Bad shares and tiny samples exit with status 2 and a one-line reason."""
+    result = _cli("calibrate", "--sample", str(_traffic(tmp_path, n)), "--target-share", share)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def test_train_writes_a_loadable_artifact(tmp_path: Path) -> None:

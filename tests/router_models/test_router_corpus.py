@@ -10,7 +10,9 @@ import pytest
 from router_models.corpus.build import DEFAULT_CORPUS, HARD_CASES, build, write
 from router_models.records import body_of, label_of, read_jsonl
 
-DEV = Path(__file__).resolve().parents[3] / "shared" / "datasets" / "router-dev.jsonl"
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "datasets"
+DEV = SHARED / "router-dev.jsonl"
+DEV2 = SHARED / "router-dev2.jsonl"
 
 
 def _text(record: dict[str, object]) -> str:
@@ -58,16 +60,44 @@ def test_prompts_are_mostly_distinct() -> None:
     assert len({_text(r) for r in records}) >= 0.95 * len(records)
 
 
-@pytest.mark.skipif(not DEV.exists(), reason="evaluation file not present")
-def test_no_evaluation_prompt_is_copied() -> None:
-    """No corpus prompt contains a 10-word run from the external evaluation prompts."""
-    def shingles(text: str) -> set[str]:
-        words = text.lower().split()
-        return {" ".join(words[i : i + 10]) for i in range(len(words) - 9)}
+def _shingles(text: str, size: int = 10) -> set[str]:
+    words = text.lower().split()
+    return {" ".join(words[i : i + size]) for i in range(len(words) - size + 1)}
 
+
+@pytest.mark.parametrize("external", [DEV, DEV2], ids=["router-dev", "router-dev2"])
+def test_no_external_prompt_is_copied(external: Path) -> None:
+    """No corpus prompt shares a 10-word run with an external set (dev2: train rows too)."""
     dev: set[str] = set()
-    for record in read_jsonl(DEV):
-        dev |= shingles(str(record["prompt"]))
+    for record in read_jsonl(external):
+        dev |= _shingles(str(record["prompt"]))
     ours = read_jsonl(DEFAULT_CORPUS) + read_jsonl(HARD_CASES)
-    overlaps = [r["id"] for r in ours if shingles(_text(r)) & dev]
+    overlaps = [r["id"] for r in ours if _shingles(_text(r)) & dev]
     assert overlaps == []
+
+
+def test_no_external_prompt_is_in_the_repository() -> None:
+    """No tracked text file holds a short external prompt or a 10-word run of a long one."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True,
+                            check=True).stdout.decode().split("\0")
+    texts = []
+    for name in listed:
+        path = root / name
+        if name and path.suffix in {".py", ".md", ".jsonl", ".json", ".txt", ".yaml"}:
+            texts.append(path.read_text(encoding="utf-8", errors="replace").lower())
+    blob = "\n".join(texts)
+    blob_runs = _shingles(blob)
+    leaked = []
+    for record in read_jsonl(DEV2):
+        prompt = " ".join(str(record["prompt"]).lower().split())
+        words = prompt.split()
+        if len(words) >= 10:
+            hit = bool(_shingles(prompt) & blob_runs)
+        else:
+            hit = len(prompt) >= 50 and prompt in blob  # shorter ones are generic phrases
+        if hit:
+            leaked.append(record["id"])
+    assert leaked == []

@@ -25,7 +25,7 @@ def test_training_is_deterministic(tmp_path: Path) -> None:
     """The same data and settings give byte-identical artifacts."""
     records = read_jsonl(DEFAULT_DATA[0])[:600]
     data = _write(records, tmp_path / "small.jsonl")
-    settings = TrainSettings(folds=3)
+    settings = TrainSettings()
     save(train([data], settings), tmp_path / "a.npz")
     save(train([data], settings), tmp_path / "b.npz")
     assert (tmp_path / "a.npz").read_bytes() == (tmp_path / "b.npz").read_bytes()
@@ -52,7 +52,7 @@ def test_quality_floor_on_held_out_corpus(tmp_path: Path) -> None:
     cut = int(0.8 * len(records))
     train_part = [records[i] for i in order[:cut]]
     test_part = [records[i] for i in order[cut:]]
-    model = train([_write(train_part, tmp_path / "train.jsonl")], TrainSettings(folds=3))
+    model = train([_write(train_part, tmp_path / "train.jsonl")], TrainSettings())
     scorer = LeanScorer(model)
     scores = [scorer.score(body_of(r)) for r in test_part]
     labels = [label_of(r) for r in test_part]

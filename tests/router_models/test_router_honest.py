@@ -1,0 +1,102 @@
+"""Tests for router_models/honest.py and crossval.py: held-out evaluation that never lets a
+group, or an evaluation-only row, into its own training."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from router_models.cli import main
+from router_models.corpus.build import DEFAULT_CORPUS, HARD_CASES
+from router_models.crossval import group_of, trainable
+from router_models.honest import CUES, held_out_report, language_of, reliability
+from router_models.records import read_jsonl
+from router_models.train import TrainSettings, prepare, train
+
+
+def _small_mix() -> list[dict[str, Any]]:
+    corpus = read_jsonl(DEFAULT_CORPUS)[:500]
+    external = read_jsonl(HARD_CASES)
+    for i, record in enumerate(external):
+        record["source"] = "ext_a" if i % 2 else "ext_b"
+        record["category"] = "passage/es" if i % 3 == 0 else "passage"
+        if i % 5 == 0:
+            record["use"] = "eval"
+    return corpus + external
+
+
+def _write(records: list[dict[str, Any]], path: Path) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return path
+
+
+def test_groups_are_sources_or_corpus_families() -> None:
+    """External rows are grouped by source, our corpus by generator family (category)."""
+    assert group_of({"source": "xquad", "category": "extractive_qa/en"}) == "xquad"
+    assert group_of({"source": "tiergate-gen", "category": "code"}) == "corpus/code"
+    assert group_of({"source": "tiergate-hard", "category": "code"}) == "corpus/code"
+    assert trainable({"use": "train"}) and trainable({}) and not trainable({"use": "eval"})
+    assert language_of({"category": "so_title/ja"}) == "ja"
+    assert language_of({"category": "bbh"}) == "en"
+
+
+def test_eval_rows_never_shape_the_artifact(tmp_path: Path) -> None:
+    """Flipping the labels of ``use: eval`` rows (or dropping them) changes no weight."""
+    records = _small_mix()
+    flipped = [
+        {**r, "label": "simple" if r["label"] == "complex" else "complex"}
+        if r.get("use") == "eval" else r
+        for r in records
+    ]
+    kept = [r for r in records if r.get("use") != "eval"]
+    a = train([_write(records, tmp_path / "a.jsonl")])
+    b = train([_write(flipped, tmp_path / "b.jsonl")])
+    c = train([_write(kept, tmp_path / "c.jsonl")])
+    for other in (b, c):
+        assert np.array_equal(a.hashed_index, other.hashed_index)
+        assert np.array_equal(a.hashed_weight, other.hashed_weight)
+        assert (a.platt_a, a.platt_c) == (other.platt_a, other.platt_c)
+
+
+def test_held_out_report_covers_every_source_and_family() -> None:
+    """LOSO scores every external row, LOFO every corpus family, with cue checks."""
+    settings = TrainSettings()
+    data = prepare(_small_mix(), settings)
+    report = held_out_report(data, settings)
+    assert {g.name for g in report.loso_sources} == {"ext_a", "ext_b"}
+    assert sum(g.n for g in report.loso_sources) == len(read_jsonl(HARD_CASES))
+    families = {g for g in data.groups if g.startswith("corpus/")}
+    assert {g.name for g in report.lofo_families} == families
+    assert {g.name for g in report.loso_languages} == {"en", "es"}
+    for rel in (report.loso, report.lofo):
+        assert 0.5 < rel.roc_auc <= 1.0
+        assert 0.0 <= rel.brier <= 1.0 and 0.0 <= rel.ece <= 1.0
+    assert {c.name for c in report.cues} <= {c.name for c in CUES}
+    assert any(c.name.startswith("strip trailing") for c in report.cues)
+
+
+def test_reliability_of_perfect_and_constant_predictions() -> None:
+    """Brier and ECE are 0 for certain, correct predictions and 0.25 / 0 for p = base rate."""
+    y = np.array([0, 0, 1, 1])
+    perfect = reliability(y, np.array([0.0, 0.0, 1.0, 1.0]))
+    assert perfect.brier == 0.0 and perfect.ece == 0.0 and perfect.roc_auc == 1.0
+    half = reliability(y, np.full(4, 0.5))
+    assert half.brier == pytest.approx(0.25) and half.ece == pytest.approx(0.0)
+    assert half.roc_auc == 0.5
+
+
+def test_cli_held_out_json(tmp_path: Path) -> None:
+    """``eval --held-out --train-data`` prints the LOSO and LOFO figures as JSON."""
+    data = _write(_small_mix(), tmp_path / "mix.jsonl")
+    import io
+
+    out = io.StringIO()
+    assert main(["eval", "--held-out", "--train-data", str(data), "--json"], out=out) == 0
+    result = json.loads(out.getvalue())["held_out"]
+    assert {"loso", "loso_sources", "loso_languages", "cues", "lofo", "lofo_families"} <= set(
+        result
+    )
