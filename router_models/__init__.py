@@ -16,6 +16,7 @@ time and no pickle is ever loaded.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
@@ -71,6 +72,10 @@ class Router:
             return threshold_for_share(sample, share)
         if not 0.0 <= share <= 1.0:
             raise ValueError(f"share must be within [0, 1], got {share!r}")
+        if share == 0.0:
+            return math.nextafter(1.0, math.inf)  # no score reaches it: nothing is sent
+        if share == 1.0:
+            return 0.0
         if not self._quantiles:
             raise ArtifactError("artifact has no reference quantiles")
         position = (1.0 - share) * (len(self._quantiles) - 1)

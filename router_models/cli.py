@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections.abc import Iterator, Sequence
@@ -24,12 +25,14 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--data", type=Path, nargs="+", help="labelled JSONL (default: corpus)")
     train.add_argument("--out", type=Path, default=DEFAULT_ARTIFACT, help="artifact path")
     train.add_argument("--c", type=float, default=None, help="inverse regularisation strength")
+    train.add_argument("--external-weight", type=float, default=None,
+                       help="weight of non-corpus rows (default 0, see docs/router.md)")
     ev = sub.add_parser("eval", help="routing quality on labelled JSONL")
     ev.add_argument("--data", type=Path, help="labelled JSONL scored with the artifact")
     ev.add_argument("--held-out", action="store_true",
                     help="leave-one-source-out and leave-one-family-out over the training data")
     ev.add_argument("--train-data", type=Path, nargs="+",
-                    help="training data for --held-out (default: corpus + router-dev2 train)")
+                    help="data for --held-out (default: corpus + router-dev2)")
     ev.add_argument("--json", action="store_true", help="print JSON instead of text")
     ev.add_argument("--plot", type=Path, default=None, help="also write the curve as a PNG")
     ev.add_argument("--no-plot", action="store_true", help="accepted for old scripts (default)")
@@ -56,7 +59,11 @@ def _train(args: argparse.Namespace, out: TextIO) -> int:
     from router_models.train import DEFAULT_DATA, TrainSettings, train  # noqa: PLC0415
 
     paths = list(args.data or DEFAULT_DATA)
-    settings = TrainSettings() if args.c is None else TrainSettings(c=args.c)
+    settings = TrainSettings()
+    if args.c is not None:
+        settings = dataclasses.replace(settings, c=args.c)
+    if args.external_weight is not None:
+        settings = dataclasses.replace(settings, external_weight=args.external_weight)
     model = train(paths, settings)
     save(model, args.out)
     meta = model.metadata
@@ -71,10 +78,10 @@ def _train(args: argparse.Namespace, out: TextIO) -> int:
 
 def _held_out(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     from router_models import honest  # noqa: PLC0415 - sklearn only for held-out runs
-    from router_models.train import DEFAULT_DATA, TrainSettings, prepare  # noqa: PLC0415
+    from router_models.train import HELD_OUT_DATA, TrainSettings, prepare  # noqa: PLC0415
 
     settings = TrainSettings()
-    records = [r for p in (args.train_data or DEFAULT_DATA) for r in read_jsonl(p)]
+    records = [r for p in (args.train_data or HELD_OUT_DATA) for r in read_jsonl(p)]
     report = honest.held_out_report(prepare(records, settings), settings)
     return report.as_dict(), honest.render_held_out(report)
 
@@ -159,8 +166,9 @@ def _calibrate(args: argparse.Namespace, out: TextIO) -> int:
     out.write(f"scored {len(scores)} requests; threshold {threshold:.6f} sends "
               f"{realised:.1%} of them to the precise tier (target {share:.1%})\n\n{snippet}")
     if len(scores) < SMALL_SAMPLE:
+        error = (share * (1 - share) / len(scores)) ** 0.5
         sys.stderr.write(f"warning: {len(scores)} requests is a small sample; the share's "
-                         f"sampling error is about {((share * (1 - share) / len(scores)) ** 0.5):.1%}\n")
+                         f"sampling error is about {error:.1%}\n")
     if args.out is not None:
         args.out.write_text(snippet, encoding="utf-8")
         out.write(f"wrote {args.out}\n")

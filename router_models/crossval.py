@@ -35,7 +35,7 @@ def group_of(record: Mapping[str, Any]) -> str:
 
 def trainable(record: Mapping[str, Any]) -> bool:
     """Whether a record may be trained on (rows marked ``"use": "eval"`` never are)."""
-    return record.get("use", "train") != "eval"
+    return bool(record.get("use", "train") != "eval")
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +71,7 @@ def liblinear(c: float, tol: float, seed: int) -> FitFn:
     return fit
 
 
-def held_out_margins(
+def held_out_margins(  # noqa: PLR0917 - the arrays of one Prepared, kept explicit
     x: sparse.csr_matrix,
     y: FloatArray,
     weight: FloatArray,
@@ -94,7 +94,9 @@ def held_out_margins(
     return margins
 
 
-def platt(margins: FloatArray, y: FloatArray, weight: FloatArray | None = None) -> tuple[float, float]:
+def platt(
+    margins: FloatArray, y: FloatArray, weight: FloatArray | None = None
+) -> tuple[float, float]:
     """Slope and offset of ``sigmoid(a·m + c)`` fitted to labels (almost unregularised)."""
     model = LogisticRegression(C=1e6, solver="lbfgs", tol=1e-10, max_iter=1000)
     model.fit(margins.reshape(-1, 1), y, sample_weight=weight)

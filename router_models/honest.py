@@ -26,15 +26,16 @@ from router_models.artifact import FloatArray
 from router_models.crossval import held_out_margins, platt, sigmoid
 from router_models.evaluate import operating_threshold, roc_auc
 from router_models.records import body_of
-from router_models.train import Prepared, TrainSettings, calibrate_held_out, featurize
+from router_models.train import Prepared, TrainSettings, featurize
 
 ECE_BINS: Final = 10
 _PYTHON_RE: Final = re.compile(r"\s*\bpython\b", re.IGNORECASE)
 # ISO 639-1 codes a dataset category may name (dev2 writes e.g. ``so_title/ja``).
-_LANGUAGES: Final = frozenset(
-    "ar bn ca cs da de el en es et eu fa fi fr gl he hi hu id it ja ko nl no pl pt ro ru sk "
-    "sv sw ta te th tr uk ur vi zh".split()
-)
+_LANGUAGES: Final = frozenset((
+    "ar", "bn", "ca", "cs", "da", "de", "el", "en", "es", "et", "eu", "fa", "fi", "fr", "gl",
+    "he", "hi", "hu", "id", "it", "ja", "ko", "nl", "no", "pl", "pt", "ro", "ru", "sk", "sv",
+    "sw", "ta", "te", "th", "tr", "uk", "ur", "vi", "zh",
+))
 
 
 def _strip_question(text: str) -> str:
@@ -205,7 +206,7 @@ def _leave_out(
         rows = np.flatnonzero(inside)
         scores[rows] = sigmoid(a * model.margins(data.x[rows]) + c)
         for cue in cues:
-            hit = [i for i in rows if cue.applies(_text(data.records[i]), int(data.y[i]))]
+            hit = [int(i) for i in rows if cue.applies(_text(data.records[i]), int(data.y[i]))]
             if not hit:
                 continue
             bodies = [

@@ -22,7 +22,8 @@ _ITEMS = {
 _COUNTS = ("a", "two", "three", "four", "an")
 _COLORS = ("red", "green", "blue", "yellow", "white", "black", "purple")
 _MOVES = ("Walk {n} paces ahead.", "Walk {n} paces back.", "Face left.", "Face right.",
-          "Spin half a turn.", "Sidestep {n} paces to the left.", "Sidestep {n} paces to the right.")
+          "Spin half a turn.", "Sidestep {n} paces to the left.",
+          "Sidestep {n} paces to the right.")
 _ASK_TAILS = ("", " Think step by step.", " Explain.", " Answer with yes or no and show why.")
 # fmt: on
 
@@ -99,7 +100,8 @@ def ordering(rng: Random) -> str:
     """Deduce an order from pairwise clues."""
     things = some(rng, _COLORS, rng.randint(4, 5))
     order = list(things)
-    clues = [f"The {a} book sits somewhere left of the {b} one." for a, b in itertools.pairwise(order)]
+    clues = [f"The {a} book sits somewhere left of the {b} one."
+             for a, b in itertools.pairwise(order)]
     rng.shuffle(clues)
     where = one(rng, ("second from the left", "in the middle", "second from the right"))
     return (f"On a shelf there are {len(things)} books: {', '.join(things)}. "

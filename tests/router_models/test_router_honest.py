@@ -39,7 +39,9 @@ def test_groups_are_sources_or_corpus_families() -> None:
     assert group_of({"source": "xquad", "category": "extractive_qa/en"}) == "xquad"
     assert group_of({"source": "tiergate-gen", "category": "code"}) == "corpus/code"
     assert group_of({"source": "tiergate-hard", "category": "code"}) == "corpus/code"
-    assert trainable({"use": "train"}) and trainable({}) and not trainable({"use": "eval"})
+    assert trainable({"use": "train"})
+    assert trainable({})
+    assert not trainable({"use": "eval"})
     assert language_of({"category": "so_title/ja"}) == "ja"
     assert language_of({"category": "bbh"}) == "en"
 
@@ -53,13 +55,23 @@ def test_eval_rows_never_shape_the_artifact(tmp_path: Path) -> None:
         for r in records
     ]
     kept = [r for r in records if r.get("use") != "eval"]
-    a = train([_write(records, tmp_path / "a.jsonl")])
-    b = train([_write(flipped, tmp_path / "b.jsonl")])
-    c = train([_write(kept, tmp_path / "c.jsonl")])
+    weighted = TrainSettings(external_weight=1.0)  # external train rows do count here
+    a = train([_write(records, tmp_path / "a.jsonl")], weighted)
+    b = train([_write(flipped, tmp_path / "b.jsonl")], weighted)
+    c = train([_write(kept, tmp_path / "c.jsonl")], weighted)
     for other in (b, c):
         assert np.array_equal(a.hashed_index, other.hashed_index)
         assert np.array_equal(a.hashed_weight, other.hashed_weight)
         assert (a.platt_a, a.platt_c) == (other.platt_a, other.platt_c)
+
+
+def test_external_weight_zero_ignores_external_rows(tmp_path: Path) -> None:
+    """With the default weight 0 the external rows change no weight of the model."""
+    corpus = read_jsonl(DEFAULT_CORPUS)[:500]
+    with_external = train([_write(_small_mix(), tmp_path / "mix.jsonl")])
+    alone = train([_write(corpus, tmp_path / "corpus.jsonl")])
+    assert np.array_equal(with_external.hashed_index, alone.hashed_index)
+    assert np.allclose(with_external.hashed_weight, alone.hashed_weight, atol=1e-9)
 
 
 def test_held_out_report_covers_every_source_and_family() -> None:
@@ -74,7 +86,8 @@ def test_held_out_report_covers_every_source_and_family() -> None:
     assert {g.name for g in report.loso_languages} == {"en", "es"}
     for rel in (report.loso, report.lofo):
         assert 0.5 < rel.roc_auc <= 1.0
-        assert 0.0 <= rel.brier <= 1.0 and 0.0 <= rel.ece <= 1.0
+        assert 0.0 <= rel.brier <= 1.0
+        assert 0.0 <= rel.ece <= 1.0
     assert {c.name for c in report.cues} <= {c.name for c in CUES}
     assert any(c.name.startswith("strip trailing") for c in report.cues)
 
@@ -83,9 +96,10 @@ def test_reliability_of_perfect_and_constant_predictions() -> None:
     """Brier and ECE are 0 for certain, correct predictions and 0.25 / 0 for p = base rate."""
     y = np.array([0, 0, 1, 1])
     perfect = reliability(y, np.array([0.0, 0.0, 1.0, 1.0]))
-    assert perfect.brier == 0.0 and perfect.ece == 0.0 and perfect.roc_auc == 1.0
+    assert (perfect.brier, perfect.ece, perfect.roc_auc) == (0.0, 0.0, 1.0)
     half = reliability(y, np.full(4, 0.5))
-    assert half.brier == pytest.approx(0.25) and half.ece == pytest.approx(0.0)
+    assert half.brier == pytest.approx(0.25)
+    assert half.ece == pytest.approx(0.0)
     assert half.roc_auc == 0.5
 
 

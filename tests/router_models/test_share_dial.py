@@ -3,7 +3,6 @@ precise share within 3 points of the target at 10 %, 25 % and 50 % complex traff
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 
@@ -57,7 +56,9 @@ def test_online_dial_holds_the_share(
     assert np.all(np.abs(blocks - TARGET) <= 0.045), blocks
 
 
-def test_fixed_threshold_alone_does_not_hold(external_scores: tuple[np.ndarray, np.ndarray]) -> None:
+def test_fixed_threshold_alone_does_not_hold(
+    external_scores: tuple[np.ndarray, np.ndarray],
+) -> None:
     """Why the controller is on by default: the artifact's fixed threshold misses on this mix."""
     complex_scores, simple_scores = external_scores
     threshold = router_models.load().threshold_for_share(TARGET)
