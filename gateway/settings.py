@@ -9,13 +9,23 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from contextvars import ContextVar
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, cast
 
 import yaml
-from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic.json_schema import SkipJsonSchema
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    SettingsError,
+)
+
+from gateway.settings_strict import ConfigError, Loc, Section, env_paths, format_validation_error
 
 # The parsed YAML file for the Settings being built now (see load_settings); a ContextVar
 # rather than a global so concurrent loads in tests cannot see each other's files.
@@ -25,7 +35,7 @@ _HEADER_SAFE = re.compile(r"[\x21-\x7e]+")
 _INTERPOLATION = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
-class ServerSettings(BaseModel):
+class ServerSettings(Section):
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
@@ -33,14 +43,14 @@ class ServerSettings(BaseModel):
     shutdown_grace_s: float = Field(default=30.0, ge=0)
 
 
-class Timeouts(BaseModel):
+class Timeouts(Section):
     connect_s: float = Field(default=2.0, gt=0)
     first_byte_s: float = Field(default=60.0, gt=0)
     idle_s: float = Field(default=30.0, gt=0)
     total_s: float = Field(default=600.0, gt=0)
 
 
-class TierCostSettings(BaseModel):
+class TierCostSettings(Section):
     """A tier's price (policies/cost.py): per 1k tokens, or per replica-hour and tokens/s."""
 
     input_per_1k: float | None = Field(default=None, ge=0)
@@ -65,7 +75,7 @@ class TierCostSettings(BaseModel):
         return output * 0.1, output
 
 
-class TierSettings(BaseModel):
+class TierSettings(Section):
     model: str
     replicas: list[str] = Field(min_length=1)
     max_tokens_cap: int = Field(default=4096, ge=1)
@@ -116,7 +126,7 @@ def _default_tiers() -> dict[str, TierSettings]:
     }
 
 
-class AuthSettings(BaseModel):
+class AuthSettings(Section):
     enabled: bool = True
     store: Literal["file", "redis"] = "file"
     keys_file: Path | None = None
@@ -143,7 +153,7 @@ class AuthSettings(BaseModel):
         return None
 
 
-class RateLimitSettings(BaseModel):
+class RateLimitSettings(Section):
     backend: Literal["memory", "redis"] = "memory"
     on_redis_error: Literal["open", "closed"] = "open"
     # No longer used: every forwarded request carries max_tokens (tiers.X.default_max_tokens
@@ -155,13 +165,13 @@ class RateLimitSettings(BaseModel):
     redis_retry_interval_s: float = Field(default=1.0, gt=0)
 
 
-class RedisSettings(BaseModel):
+class RedisSettings(Section):
     url: str = Field(default="redis://127.0.0.1:6379/0", repr=False)
     socket_timeout_s: float = Field(default=0.25, gt=0)
     key_prefix: str = "tiergate:"
 
 
-class ShadowSettings(BaseModel):
+class ShadowSettings(Section):
     """Shadow evaluation (gateway/shadow.py): a sample answered again by the other tier."""
 
     # Share of fast-routed requests also sent to precise ("did we under-route?").
@@ -178,7 +188,7 @@ class ShadowSettings(BaseModel):
     max_records: int = Field(default=100_000, ge=100)
 
 
-class RouterSettings(BaseModel):
+class RouterSettings(Section):
     artifact: Path | None = None
     target_precise_share: float = Field(default=0.3, ge=0.0, le=1.0)
     threshold: float | None = Field(default=None, ge=0.0, le=1.0)
@@ -200,7 +210,7 @@ def _otel_environment() -> dict[str, str]:
     return {name: value for name, value in os.environ.items() if name.startswith("OTEL_")}
 
 
-class TelemetrySettings(BaseModel):
+class TelemetrySettings(Section):
     """Logs, metrics and traces (gateway/telemetry); trace export follows ``OTEL_*``."""
 
     log_level: Literal["debug", "info", "warning", "error"] = "info"
@@ -211,10 +221,13 @@ class TelemetrySettings(BaseModel):
     tracing: bool = False
     trace_sample_ratio: float = Field(default=1.0, ge=0.0, le=1.0)
     capture_content: bool = False
-    otel_env: dict[str, str] = Field(default_factory=_otel_environment, repr=False)
+    # Read from OTEL_* (not a setting of the file): excluded from dumps, schema and docs.
+    otel_env: SkipJsonSchema[dict[str, str]] = Field(
+        default_factory=_otel_environment, repr=False, exclude=True
+    )
 
 
-class RetrySettings(BaseModel):
+class RetrySettings(Section):
     """Retries before the first byte (gateway/retry.py)."""
 
     max_attempts: int = Field(default=3, ge=1, le=10)
@@ -230,7 +243,7 @@ class RetrySettings(BaseModel):
     budget_window_s: float = Field(default=10.0, ge=1, le=300)
 
 
-class HealthSettings(BaseModel):
+class HealthSettings(Section):
     """Active health checks, /metrics scrapes and passive outlier ejection (issue 5)."""
 
     interval_s: float = Field(default=0.5, gt=0)
@@ -244,7 +257,7 @@ class HealthSettings(BaseModel):
     max_ejected_share: float = Field(default=0.5, ge=0, le=1)
 
 
-class BalancingSettings(BaseModel):
+class BalancingSettings(Section):
     """Prefix keys and the prefix-affinity strategy's load rules (policies/selection.py)."""
 
     block_chars: int = Field(default=256, ge=16)
@@ -255,7 +268,7 @@ class BalancingSettings(BaseModel):
     imbalance_rel: float = Field(default=1.5, ge=1.0)
 
 
-class SpilloverSettings(BaseModel):
+class SpilloverSettings(Section):
     """Borderline fast-tier requests to an idle precise tier when fast is saturated."""
 
     enabled: bool = False
@@ -264,7 +277,7 @@ class SpilloverSettings(BaseModel):
     precise_max_utilisation: float = Field(default=0.5, gt=0, le=1)
 
 
-class RequestSettings(BaseModel):
+class RequestSettings(Section):
     """What request bodies may contain (policies/fields.py, policies/requests.py)."""
 
     # Fields outside OpenAI's API and the documented sampling extras: refuse (400) or drop.
@@ -275,7 +288,7 @@ class RequestSettings(BaseModel):
     max_json_depth: int = Field(default=64, ge=4, le=512)
 
 
-class ExposureSettings(BaseModel):
+class ExposureSettings(Section):
     mode: Literal["off", "warn", "strict"] = "warn"
 
 
@@ -289,12 +302,37 @@ def _interpolate(text: str) -> str:
     return _INTERPOLATION.sub(repl, text)
 
 
+def _read_config(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError([f"config file {path}: not found"]) from None
+    except IsADirectoryError:
+        raise ConfigError([f"config file {path}: is a directory, not a file"]) from None
+    except UnicodeDecodeError:
+        raise ConfigError([f"config file {path}: not UTF-8 text"]) from None
+    except OSError as exc:
+        raise ConfigError([f"config file {path}: cannot be read ({exc.strerror})"]) from None
+
+
 def load_yaml(path: Path) -> dict[str, Any]:
     """Read a YAML config file with ``${VAR:-default}`` interpolation."""
-    data = yaml.safe_load(_interpolate(path.read_text(encoding="utf-8"))) or {}
+    try:
+        data = yaml.safe_load(_interpolate(_read_config(path))) or {}
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise ConfigError([f"config file {path}{where}: invalid YAML: {exc.problem}"]) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError([f"config file {path}: invalid YAML: {exc}"]) from None
     if not isinstance(data, dict):
-        raise TypeError(f"{path}: the top level must be a mapping")
+        raise ConfigError([f"config file {path}: the top level must be a mapping of sections"])
     return data
+
+
+def interpolated_names(path: Path) -> set[str]:
+    """The variables a config file interpolates with ``${VAR}``."""
+    return {m.group(1) for m in _INTERPOLATION.finditer(_read_config(path))}
 
 
 class Settings(BaseSettings):
@@ -347,23 +385,67 @@ class _FileSource(PydanticBaseSettingsSource):
         return dict(_FILE_DATA.get())
 
 
+@dataclass(frozen=True)
+class Origins:
+    """Where each value of a loaded configuration came from: flag, env, file or default."""
+
+    config: Path | None
+    file_data: Mapping[str, Any]
+    env: Mapping[Loc, str]
+    flags: Mapping[Loc, str]
+
+    def of(self, loc: Loc) -> str:
+        """``flag --port``, ``env TIERGATE_X``, ``file PATH`` or ``default`` for ``loc``."""
+        prefixes = [loc[:n] for n in range(len(loc), 0, -1)]
+        for sources, kind in ((self.flags, "flag"), (self.env, "env")):
+            for prefix in prefixes:
+                if prefix in sources:
+                    return f"{kind} {sources[prefix]}"
+        node: Any = self.file_data
+        for part in loc:
+            try:
+                node = node[part]
+            except (KeyError, IndexError, TypeError):
+                return "default"
+        return f"file {self.config}"
+
+
 def load_settings(config: Path | None = None, **overrides: Any) -> Settings:
     """Build settings: ``overrides`` (command line) over environment over YAML over defaults.
 
     ``overrides`` use ``section__name`` keys (``server__port=9000``); ``None`` values are
-    ignored so optional command-line flags can be passed straight through.
+    ignored so optional command-line flags can be passed straight through. Raises
+    :class:`ConfigError` (one line per problem, saying what and where) for any bad input.
     """
+    return load_settings_traced(config, **overrides)[0]
+
+
+def load_settings_traced(
+    config: Path | None = None, **overrides: Any
+) -> tuple[Settings, Origins]:
+    """:func:`load_settings`, and where each value came from."""
     if config is None:
         env_path = os.environ.get("TIERGATE_CONFIG")
         config = Path(env_path) if env_path else None
     data: dict[str, Any] = load_yaml(config) if config is not None else {}
+    referenced = interpolated_names(config) if config is not None else set()
+    env, problems = env_paths(Settings, os.environ, referenced)
+    if problems:
+        raise ConfigError(problems)
     nested: dict[str, dict[str, Any]] = {}
-    for dotted, value in overrides.items():
+    flags: dict[Loc, str] = {}
+    for name, value in overrides.items():
         if value is not None:
-            section, _, name = dotted.partition("__")
-            nested.setdefault(section, {})[name] = value
+            section, _, field = name.partition("__")
+            nested.setdefault(section, {})[field] = value
+            flags[(section, field)] = f"--{field}"
+    origins = Origins(config, data, env, flags)
     token = _FILE_DATA.set(data)
     try:
-        return Settings(**cast(dict[str, Any], nested))
+        return Settings(**cast(dict[str, Any], nested)), origins
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, Settings, origins.of)) from None
+    except SettingsError as exc:  # an environment value that is not valid JSON for its field
+        raise ConfigError([f"environment: {exc}"]) from None
     finally:
         _FILE_DATA.reset(token)
