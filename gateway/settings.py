@@ -401,6 +401,9 @@ class Origins:
             for prefix in prefixes:
                 if prefix in sources:
                     return f"{kind} {sources[prefix]}"
+            below = [name for path, name in sources.items() if path[: len(loc)] == loc]
+            if loc and below:
+                return f"{kind} {below[0]}"
         node: Any = self.file_data
         for part in loc:
             try:

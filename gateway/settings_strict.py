@@ -144,7 +144,7 @@ def _walk_env(root: type[BaseModel], parts: list[str]) -> tuple[Loc | None, str 
                 hint = closest(part, model.model_fields)
                 if hint is None:
                     return None, f"unknown setting `{dotted([*loc, part])}`"
-                fixed = "__".join([*parts[:index], hint]).upper()
+                fixed = "__".join([*parts[:index], hint, *parts[index + 1 :]]).upper()
                 return None, (f"unknown setting `{dotted([*loc, part])}`; "
                               f"did you mean {ENV_PREFIX}{fixed}?")
             annotation = field.annotation
