@@ -101,7 +101,7 @@ def test_over_cap_names_the_param_as_sent(
     with pytest.raises(openai.BadRequestError) as err:
         _client(gateway, every).chat.completions.create(
             model="fast", messages=[{"role": "user", "content": "hi"}],
-            **{param: 5000},
+            extra_body={param: 5000},
         )
     body = err.value.body
     assert isinstance(body, dict)
