@@ -1,4 +1,4 @@
-"""``tiergate config schema`` and ``tiergate config check FILE``.
+"""``tiergate config schema``, ``tiergate config docs`` and ``tiergate config check FILE``.
 
 ``schema`` prints the JSON Schema of the config file, generated from the settings models (the
 published copy is ``config/tiergate.schema.json``; example configs point editors at it with a
@@ -100,6 +100,17 @@ def _schema(args: argparse.Namespace) -> int:
     return 0
 
 
+def _docs(args: argparse.Namespace) -> int:
+    from gateway.settings_docs import render  # noqa: PLC0415  # only for this command
+
+    text = render()
+    if args.out is None:
+        sys.stdout.write(text)
+    else:
+        args.out.write_text(text, encoding="utf-8")
+    return 0
+
+
 def _check(args: argparse.Namespace) -> int:
     for line in check_lines(args.file):
         print(line)
@@ -114,6 +125,9 @@ def main(argv: list[str]) -> int:
     schema = sub.add_parser("schema", help="print the config file's JSON Schema")
     schema.add_argument("--out", type=Path, default=None, help="write it to this file instead")
     schema.set_defaults(func=_schema)
+    docs = sub.add_parser("docs", help="print the settings reference (docs/settings.md)")
+    docs.add_argument("--out", type=Path, default=None, help="write it to this file instead")
+    docs.set_defaults(func=_docs)
     check = sub.add_parser("check", help="validate FILE; print every value and its source")
     check.add_argument("file", type=Path, help="YAML settings file")
     check.set_defaults(func=_check)

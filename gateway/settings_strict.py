@@ -25,7 +25,7 @@ Loc = tuple[str | int, ...]
 class Section(BaseModel):
     """The base of every settings section: unknown keys are errors, never ignored."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
 
 class ConfigError(ValueError):
