@@ -7,15 +7,17 @@ The convention: a fenced ``bash`` or ``sh`` block preceded (on the line before i
 is meant to be run exactly as printed. All marked blocks of one document run in order in one
 ``bash -euo pipefail`` session (so a block may use what an earlier one exported), in a scratch
 directory that links the repository's ``.venv``, ``config``, ``deploy``, ``docs`` and
-``scripts``; the only rewriting is of loopback addresses (``127.0.0.1:8080`` and the like) to
-the free ports of the stack the test started. Unmarked blocks (``make demo``, deployment
-commands, placeholders such as ``KEY_ID``) are documentation only.
+``scripts``; the only rewriting is of loopback ports (``127.0.0.1:8080``, ``localhost:8080``
+and a YAML ``port: 8080``) to the free ports of the stack the test started. Unmarked blocks
+(``make demo``, deployment commands, placeholders such as ``KEY_ID``) are documentation only.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import signal
 import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -74,9 +76,20 @@ def run_blocks(
         text = block.text
         for old, new in ports.items():
             text = re.sub(rf"(127\.0\.0\.1|localhost):{old}\b", rf"\g<1>:{new}", text)
+            text = re.sub(rf"\bport: {old}\b", f"port: {new}", text)
         script += [f"echo '::: block at line {block.line}' >&2", text]
     clean = {k: v for k, v in os.environ.items() if not k.upper().startswith("TIERGATE_")}
-    return subprocess.run(
-        ["bash", "-c", "\n".join(script)], cwd=cwd, capture_output=True, text=True,
-        timeout=timeout, env={**clean, **(env or {})}, check=False, start_new_session=True,
+    proc = subprocess.Popen(
+        ["bash", "-c", "\n".join(script)], cwd=cwd, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, env={**clean, **(env or {})}, start_new_session=True,
     )
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    finally:
+        # Whatever a block left running in the background (a server it started) goes too.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
