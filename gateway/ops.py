@@ -9,6 +9,7 @@ from typing import Any
 import aiohttp
 import msgspec
 from litestar import Request, Response, get
+from litestar.params import FromPath
 
 from gateway.health import HealthMonitor
 from gateway.replicas import ReplicaPool
@@ -100,7 +101,9 @@ def ops_handlers(
         return Response(models_body(catalog, principal, created), media_type="application/json")
 
     @get("/v1/models/{model_id:path}")
-    async def retrieve_model(request: Request[Any, Any, Any], model_id: str) -> Response[bytes]:
+    async def retrieve_model(
+        request: Request[Any, Any, Any], model_id: FromPath[str]
+    ) -> Response[bytes]:
         principal = await auth.authenticate(request.headers.get("authorization"))
         wanted = model_id.lstrip("/")
         if wanted not in model_ids(catalog, principal):
