@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
 from contextvars import ContextVar
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, cast
 
@@ -25,7 +23,14 @@ from pydantic_settings import (
     SettingsError,
 )
 
-from gateway.settings_strict import ConfigError, Loc, Section, env_paths, format_validation_error
+from gateway.settings_strict import (
+    ConfigError,
+    Loc,
+    Origins,
+    Section,
+    env_paths,
+    format_validation_error,
+)
 
 # The parsed YAML file for the Settings being built now (see load_settings); a ContextVar
 # rather than a global so concurrent loads in tests cannot see each other's files.
@@ -526,34 +531,6 @@ class _FileSource(PydanticBaseSettingsSource):
 
     def __call__(self) -> dict[str, Any]:
         return dict(_FILE_DATA.get())
-
-
-@dataclass(frozen=True)
-class Origins:
-    """Where each value of a loaded configuration came from: flag, env, file or default."""
-
-    config: Path | None
-    file_data: Mapping[str, Any]
-    env: Mapping[Loc, str]
-    flags: Mapping[Loc, str]
-
-    def of(self, loc: Loc) -> str:
-        """``flag --port``, ``env TIERGATE_X``, ``file PATH`` or ``default`` for ``loc``."""
-        prefixes = [loc[:n] for n in range(len(loc), 0, -1)]
-        for sources, kind in ((self.flags, "flag"), (self.env, "env")):
-            for prefix in prefixes:
-                if prefix in sources:
-                    return f"{kind} {sources[prefix]}"
-            below = [name for path, name in sources.items() if path[: len(loc)] == loc]
-            if loc and below:
-                return f"{kind} {below[0]}"
-        node: Any = self.file_data
-        for part in loc:
-            try:
-                node = node[part]
-            except (KeyError, IndexError, TypeError):
-                return "default"
-        return f"file {self.config}"
 
 
 def load_settings(config: Path | None = None, **overrides: Any) -> Settings:

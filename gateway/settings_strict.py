@@ -11,6 +11,8 @@ from __future__ import annotations
 import difflib
 import types
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -34,6 +36,34 @@ class ConfigError(ValueError):
     def __init__(self, problems: Sequence[str]) -> None:
         super().__init__("\n".join(problems))
         self.problems = list(problems)
+
+
+@dataclass(frozen=True)
+class Origins:
+    """Where each value of a loaded configuration came from: flag, env, file or default."""
+
+    config: Path | None
+    file_data: Mapping[str, Any]
+    env: Mapping[Loc, str]
+    flags: Mapping[Loc, str]
+
+    def of(self, loc: Loc) -> str:
+        """``flag --port``, ``env TIERGATE_X``, ``file PATH`` or ``default`` for ``loc``."""
+        prefixes = [loc[:n] for n in range(len(loc), 0, -1)]
+        for sources, kind in ((self.flags, "flag"), (self.env, "env")):
+            for prefix in prefixes:
+                if prefix in sources:
+                    return f"{kind} {sources[prefix]}"
+            below = [name for path, name in sources.items() if path[: len(loc)] == loc]
+            if loc and below:
+                return f"{kind} {below[0]}"
+        node: Any = self.file_data
+        for part in loc:
+            try:
+                node = node[part]
+            except (KeyError, IndexError, TypeError):
+                return "default"
+        return f"file {self.config}"
 
 
 def closest(name: str, choices: Iterable[str]) -> str | None:
