@@ -449,10 +449,27 @@ def _read_config(path: Path) -> str:
         raise ConfigError([f"config file {path}: cannot be read ({exc.strerror})"]) from None
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """A safe loader that refuses a key given twice in one mapping (the later would win)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, str | int | float | bool | None):
+                continue  # an unhashable key: SafeLoader's own error says so
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_yaml(path: Path) -> dict[str, Any]:
     """Read a YAML config file with ``${VAR:-default}`` interpolation."""
     try:
-        data = yaml.safe_load(_interpolate(_read_config(path))) or {}
+        data = yaml.load(_interpolate(_read_config(path)), Loader=_StrictLoader) or {}  # noqa: S506  # a SafeLoader subclass
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""

@@ -58,6 +58,15 @@ def test_bad_yaml_names_line_and_column(tmp_path: Path) -> None:
     _one_line_failure(tiergate("serve", "--config", str(config)), "line 3, column", "invalid YAML")
 
 
+def test_duplicate_key_refused(tmp_path: Path) -> None:
+    """A section given twice (the later would silently win) is refused with its line."""
+    config = tmp_path / "c.yaml"
+    config.write_text("ratelimit: {backend: redis}\nserver: {port: 1}\n"
+                      "ratelimit: {backend: memory}\n")
+    _one_line_failure(tiergate("serve", "--config", str(config)),
+                      "line 3, column 1", "duplicate key 'ratelimit'")
+
+
 def test_top_level_not_a_mapping(tmp_path: Path) -> None:
     """A YAML list at the top level is refused."""
     config = tmp_path / "c.yaml"
