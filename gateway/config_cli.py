@@ -24,7 +24,7 @@ _INTERPOLATION_DEF = {
     "pattern": r"\$\{[A-Za-z_][A-Za-z0-9_]*(:-[^}]*)?\}",
     "description": "An environment variable interpolation, replaced before validation.",
 }
-_SECRET_NAMES = frozenset({"admin_token", "pepper"})
+_SECRET_NAMES = frozenset({"admin_token", "pepper", "api_key"})
 
 
 def _allow_interpolation(node: Any) -> None:
