@@ -6,17 +6,26 @@ UV := $(TOOLS)/bin/uv
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint typecheck unit install redis-server bench bench-prefix bench-classify e2e clean
+.PHONY: demo test lint typecheck unit install install-dev docs redis-server bench bench-prefix bench-classify e2e clean
 
 $(UV):
 	python3 -m venv $(TOOLS)
 	$(TOOLS)/bin/pip install -q "uv==$(UV_VERSION)"
 
-$(VENV)/.synced: $(UV) pyproject.toml uv.lock
-	$(UV) sync --frozen --all-groups --quiet
+# Runtime only (the gateway, the simulator, the openai client for the demo's example): what
+# `make demo` needs. --inexact keeps the test tools of an earlier `make install-dev`.
+$(VENV)/.runtime: $(UV) pyproject.toml uv.lock
+	$(UV) sync --frozen --inexact --no-default-groups --group demo --quiet
 	touch $@
 
-install: $(VENV)/.synced
+# Everything: test, lint, type-check and deployment-validation tools.
+$(VENV)/.synced: $(UV) pyproject.toml uv.lock
+	$(UV) sync --frozen --all-groups --quiet
+	touch $@ $(VENV)/.runtime
+
+install: $(VENV)/.runtime
+
+install-dev: $(VENV)/.synced
 
 demo: install
 	./scripts/demo.sh
@@ -24,27 +33,31 @@ demo: install
 redis-server:
 	@command -v redis-server >/dev/null || ./scripts/install-system-deps.sh redis-server
 
-lint: install
+lint: install-dev
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 
-typecheck: install
+typecheck: install-dev
 	$(BIN)/mypy
 
-test: install redis-server lint typecheck
+test: install-dev redis-server lint typecheck
 	$(BIN)/pytest -q
 
-bench: install
+bench: install-dev
 	$(BIN)/python bench/overhead/run.py
 
-bench-prefix: install
+bench-prefix: install-dev
 	$(BIN)/python bench/prefix/run.py
 
-bench-classify: install
+bench-classify: install-dev
 	$(BIN)/python bench/classify/run.py
 
-e2e: install
+e2e: install-dev
 	./scripts/e2e.sh
+
+docs: install
+	$(BIN)/tiergate config docs --out docs/settings.md
+	$(BIN)/tiergate config schema --out config/tiergate.schema.json
 
 clean:
 	rm -rf $(VENV) $(TOOLS) .demo .mypy_cache .ruff_cache .pytest_cache

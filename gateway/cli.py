@@ -1,4 +1,8 @@
-"""The gateway's command line: ``serve``, ``check-exposure``, ``keys``, ``router``."""
+"""The gateway's command line: ``serve``, ``check-exposure``, ``config``, ``keys``, ``router``.
+
+Start-up failures (configuration, files, the listening port) print one ``tiergate: ...`` line
+per problem and exit 2, without a traceback unless ``--debug`` is given.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +10,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from pydantic import ValidationError
-
-from gateway.exposure import Finding, check_exposure, format_finding, refuses_start
+from gateway.exposure import Finding, Severity, check_exposure, format_finding, refuses_start
 from gateway.settings import Settings, load_settings
+from gateway.settings_strict import ConfigError
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -54,8 +57,8 @@ def _check_exposure(args: argparse.Namespace) -> int:
         print(format_finding(finding))
     if not findings:
         print("ok: private backends only; the gateway is not public without TLS in front")
-    mode = "strict" if args.strict else settings.exposure.mode
-    return 1 if refuses_start(findings, mode) else 0
+    # Any error finding fails the check, whatever exposure.mode says about starting anyway.
+    return 1 if any(f.severity is Severity.ERROR for f in findings) else 0
 
 
 def _exposure_preflight(settings: Settings) -> bool:
@@ -81,17 +84,18 @@ def build_parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check-exposure", help="check backends and bind address exposure")
     check.add_argument("--config", type=Path, default=None, help="YAML settings file")
     check.add_argument("--host", default=None, help="bind address to check")
-    check.add_argument("--strict", action="store_true", help="exit 1 on any error finding")
+    check.add_argument("--strict", action="store_true",
+                       help="accepted for scripts; any error finding exits 1 anyway")
     check.set_defaults(func=_check_exposure)
+    sub.add_parser("config", help="print the config file's JSON Schema or check a config file",
+                   add_help=False)
     sub.add_parser("router", help="train, evaluate and use the tier router", add_help=False)
     sub.add_parser("keys", help="create, list, revoke and rotate API keys", add_help=False)
     sub.add_parser("simulate", help="run the vLLM simulator", add_help=False)
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run a gateway sub-command."""
-    args_list = list(sys.argv[1:] if argv is None else argv)
+def _dispatch(args_list: list[str]) -> int:
     if args_list and args_list[0] == "router":
         from router_models.cli import main as router_main  # noqa: PLC0415  # ML deps on demand
 
@@ -100,10 +104,35 @@ def main(argv: list[str] | None = None) -> int:
         from gateway.keys_cli import main as keys_main  # noqa: PLC0415  # loaded on demand
 
         return keys_main(args_list[1:])
-    parser = build_parser()
-    args = parser.parse_args(args_list)
+    if args_list and args_list[0] == "config":
+        from gateway.config_cli import main as config_main  # noqa: PLC0415  # loaded on demand
+
+        return config_main(args_list[1:])
+    args = build_parser().parse_args(args_list)
+    return int(args.func(args))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run a gateway sub-command; ``--debug`` anywhere shows tracebacks of start-up failures."""
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args_list
+    args_list = [a for a in args_list if a != "--debug"]
     try:
-        return int(args.func(args))
-    except ValidationError as exc:
-        print(f"tiergate: invalid settings:\n{exc}", file=sys.stderr)
+        return _dispatch(args_list)
+    except ConfigError as exc:
+        if debug:
+            raise
+        for problem in exc.problems:
+            print(f"tiergate: {problem}", file=sys.stderr)
         return 2
+    except OSError as exc:  # a file named in the settings, or the listening port (ListenError)
+        if debug:
+            raise
+        print(f"tiergate: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # the last resort: one line, not a traceback, unless --debug
+        if debug:
+            raise
+        print(f"tiergate: {type(exc).__name__}: {exc} (rerun with --debug for details)",
+              file=sys.stderr)
+        return 1

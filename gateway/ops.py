@@ -9,25 +9,34 @@ from typing import Any
 import aiohttp
 import msgspec
 from litestar import Request, Response, get
+from litestar.params import FromPath
 
 from gateway.health import HealthMonitor
 from gateway.replicas import ReplicaPool
+from policies.errors import ModelNotFound
 from policies.ports import Authenticator
+from policies.principal import Principal
 from policies.tiering import AUTO_MODEL, TierCatalog
 
 _encoder = msgspec.json.Encoder()
 
 
-def models_body(catalog: TierCatalog, created: int) -> bytes:
-    """The ``/v1/models`` list: ``auto``, every tier, every served model."""
-    ids = [AUTO_MODEL, *catalog.tiers, *catalog.served_models.values()]
-    seen: list[str] = []
-    for model_id in ids:
-        if model_id not in seen:
-            seen.append(model_id)
-    data = [
-        {"id": m, "object": "model", "created": created, "owned_by": "tiergate"} for m in seen
-    ]
+def model_ids(catalog: TierCatalog, principal: Principal) -> list[str]:
+    """What ``model`` may name for this caller: ``auto``, its tiers and their served models."""
+    allowed = [tier for tier in catalog.tiers if principal.policy.allows_tier(tier)]
+    ids = [AUTO_MODEL] if allowed else []
+    ids += allowed
+    ids += [catalog.served_models[tier] for tier in allowed]
+    return list(dict.fromkeys(ids))
+
+
+def _model(model_id: str, created: int) -> dict[str, Any]:
+    return {"id": model_id, "object": "model", "created": created, "owned_by": "tiergate"}
+
+
+def models_body(catalog: TierCatalog, principal: Principal, created: int) -> bytes:
+    """The ``/v1/models`` list, filtered to what the caller's key may use."""
+    data = [_model(m, created) for m in model_ids(catalog, principal)]
     return _encoder.encode({"object": "list", "data": data})
 
 
@@ -74,7 +83,6 @@ def ops_handlers(
 ) -> list[Any]:
     """Route handlers for /livez, /readyz and /v1/models."""
     created = int(time.time())
-    models = models_body(catalog, created)
 
     @get("/livez", sync_to_thread=False)
     def livez() -> Response[bytes]:
@@ -89,7 +97,21 @@ def ops_handlers(
 
     @get("/v1/models")
     async def list_models(request: Request[Any, Any, Any]) -> Response[bytes]:
-        await auth.authenticate(request.headers.get("authorization"))
-        return Response(models, media_type="application/json")
+        principal = await auth.authenticate(request.headers.get("authorization"))
+        return Response(models_body(catalog, principal, created), media_type="application/json")
 
-    return [livez, readyz, list_models]
+    @get("/v1/models/{model_id:path}")
+    async def retrieve_model(
+        request: Request[Any, Any, Any], model_id: FromPath[str]
+    ) -> Response[bytes]:
+        principal = await auth.authenticate(request.headers.get("authorization"))
+        wanted = model_id.lstrip("/")
+        if wanted not in model_ids(catalog, principal):
+            # Unknown and forbidden look alike: a key does not learn the tiers it may not use.
+            raise ModelNotFound(
+                f"The model '{wanted[:100]}' does not exist or this key may not use it.",
+                param="model",
+            )
+        return Response(_encoder.encode(_model(wanted, created)), media_type="application/json")
+
+    return [livez, readyz, list_models, retrieve_model]

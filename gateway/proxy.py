@@ -269,10 +269,11 @@ class ProxyService:
         if self.spillover is not None:
             threshold = self.router.threshold.threshold
             decision = self.spillover.adjust(decision, threshold, principal)
-        self._check_max_tokens(summary.max_tokens, decision.tier, principal.policy.max_tokens)
+        self._check_max_tokens(summary, decision.tier, principal.policy.max_tokens)
         return decision
 
-    def _check_max_tokens(self, requested: int | None, tier: str, key_cap: int | None) -> None:
+    def _check_max_tokens(self, summary: RequestSummary, tier: str, key_cap: int | None) -> None:
+        requested = summary.max_tokens
         if requested is None:
             return
         cap = self.tier_caps[tier]
@@ -280,8 +281,8 @@ class ProxyService:
             cap = min(cap, key_cap)
         if requested > cap:
             raise InvalidRequest(
-                f"'max_tokens' is {requested}, above this route's limit of {cap}.",
-                param="max_tokens",
+                f"'{summary.max_tokens_param}' is {requested}, above this route's limit of {cap}.",
+                param=summary.max_tokens_param,
                 code="max_tokens_exceeded",
             )
 

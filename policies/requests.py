@@ -40,6 +40,8 @@ class RequestSummary:
     n: int = 1
     best_of: int | None = None
     prompts: int = 1
+    # The name the caller used for the effective completion cap, for error messages.
+    max_tokens_param: str = "max_tokens"
 
     @property
     def completions(self) -> int:
@@ -107,7 +109,7 @@ def _prompt_chars(prompt: object) -> int:
     )
 
 
-def _check_scalars(body: dict[str, Any]) -> tuple[bool, int | None]:
+def _check_scalars(body: dict[str, Any]) -> tuple[bool, int | None, str]:
     stream = body.get("stream", False)
     if stream is not None and not isinstance(stream, bool):
         raise InvalidRequest("'stream' must be a boolean.", param="stream")
@@ -120,14 +122,16 @@ def _check_scalars(body: dict[str, Any]) -> tuple[bool, int | None]:
         if value is not None and (not _is_int(value) or value < 1):
             raise InvalidRequest(f"'{name}' must be a positive integer.", param=name)
     max_tokens: int | None = None
+    param = "max_tokens"
     for name in ("max_completion_tokens", "max_tokens"):
         value = body.get(name)
         if value is None:
             continue
         if not _is_int(value) or value < 1:
             raise InvalidRequest(f"'{name}' must be a positive integer.", param=name)
-        max_tokens = value if max_tokens is None else max(max_tokens, value)
-    return bool(stream), max_tokens
+        if max_tokens is None or value > max_tokens:
+            max_tokens, param = value, name
+    return bool(stream), max_tokens, param
 
 
 def _include_usage(body: dict[str, Any]) -> bool:
@@ -181,7 +185,7 @@ def validate(body: object, kind: RequestKind) -> RequestSummary:
         chars = _messages_chars(body.get("messages"))
     else:
         chars = _prompt_chars(body.get("prompt"))
-    stream, max_tokens = _check_scalars(body)
+    stream, max_tokens, max_tokens_param = _check_scalars(body)
     tools = body.get("tools")
     if tools is not None and not isinstance(tools, list):
         raise InvalidRequest("'tools' must be an array.", param="tools")
@@ -201,6 +205,7 @@ def validate(body: object, kind: RequestKind) -> RequestSummary:
         n=body.get("n") or 1,
         best_of=best_of if _is_int(best_of) else None,
         prompts=_prompt_count(prompt) if kind == "completion" else 1,
+        max_tokens_param=max_tokens_param,
     )
 
 

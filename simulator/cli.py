@@ -69,6 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--output-tokens", type=_count(0), default=None,
         help="reply length when a chat request sets no max_tokens (default: as vLLM, the "
              "rest of the context)")
+    add("--label", default="",
+        help="text put before every reply, e.g. '[simulated reply]' (no tokens counted)")
     add("--legacy-metrics", action="store_true",
         help="also emit the deprecated vllm:gpu_cache_usage_perc")
     for name in _FAULT_OPTIONS:
@@ -102,6 +104,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         prompt_tokens_details=args.enable_prompt_tokens_details,
         quality=(QualityModel.load(args.quality_file, weak=args.weak)
                  if args.quality_file is not None else None),
+        label=args.label,
     )
 
 

@@ -37,6 +37,8 @@ class PlannerConfig:
     output_tokens: int | None
     echo: bool
     quality: QualityModel | None = None
+    # Prepended to every generated reply (the demo: "[simulated reply]"); no extra tokens.
+    label: str = ""
 
 
 @dataclass(slots=True)
@@ -88,6 +90,8 @@ class Planner:
         else:
             count, reason = self._length(max_tokens, room, rng, request)
             pieces, output = _words(count, rng)
+        if self.config.label and pieces:
+            pieces = [f"{self.config.label} {pieces[0].lstrip()}", *pieces[1:]]
         total_blocks = -(-(len(prompt_tokens) + len(output)) // self.config.block_size)
         if total_blocks > self.config.num_blocks:
             raise SimError(400, f"The request needs {total_blocks} KV-cache blocks but the "

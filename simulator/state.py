@@ -39,6 +39,7 @@ class SimConfig:
     # None: a chat request without max_tokens generates to the end of the context, as vLLM.
     output_tokens: int | None = None
     legacy_metrics: bool = False
+    label: str = ""
     faults: FaultRates = field(default_factory=FaultRates)
     quality: QualityModel | None = None
     # vLLM behaviours that differ by release: "0.11" or "current" (see simulator/serving.py).
@@ -64,7 +65,7 @@ class SimState:
         self.engine = Engine(engine_config, cache, config.seed + 1)
         self.planner = Planner(
             PlannerConfig(config.model, config.max_model_len, config.kv_blocks, BLOCK_SIZE,
-                          config.output_tokens, config.echo, config.quality),
+                          config.output_tokens, config.echo, config.quality, config.label),
             config.seed + 2,
         )
         self.faults = FaultInjector(FaultRates(**config.faults.as_dict()), config.seed + 3)

@@ -50,3 +50,13 @@ def test_completion_prompt_forms() -> None:
     assert len(planner.plan(b'{"prompt": [1, 2, 3]}', chat=False).prompt_tokens) == 3
     with pytest.raises(SimError):
         planner.plan(b'{"prompt": ["a", "b"]}', chat=False)
+
+
+def test_label_starts_every_reply_without_changing_token_counts() -> None:
+    """``--label`` text opens each generated reply; usage counts stay those of the words."""
+    plain = Planner(PlannerConfig("m", 64, 2048, 16, 10, False), seed=0)
+    labelled = Planner(PlannerConfig("m", 64, 2048, 16, 10, False, label="[simulated]"), seed=0)
+    a, b = plain.plan(_body(seed=3), chat=True), labelled.plan(_body(seed=3), chat=True)
+    assert "".join(b.pieces).startswith("[simulated] ")
+    assert "".join(b.pieces) == "[simulated] " + "".join(a.pieces)
+    assert b.output_tokens == a.output_tokens

@@ -1,0 +1,43 @@
+"""Session-wide test setup: structlog events go through the standard library, not raw stdout.
+
+Without this, events logged by in-process apps from background tasks (the health monitor
+between two tests) are printed by structlog's default PrintLogger straight into pytest's
+progress output. Routed through ``logging``, pytest captures them per test ("Captured log")
+and nothing is printed between tests. Tests that configure logging themselves
+(tests/gateway/telemetry/test_logging.py) still do, and reset it afterwards.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import pytest
+import structlog
+
+
+def _route_structlog_to_logging() -> None:
+    if structlog.is_configured():
+        return
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.KeyValueRenderer(key_order=["event"]),
+        ],
+        logger_factory=structlog.stdlib.LoggerFactory(),
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Before any fixture: route structlog to logging, and never print unhandled records."""
+    _route_structlog_to_logging()
+    logging.getLogger().addHandler(logging.NullHandler())
+
+
+@pytest.fixture(autouse=True)
+def _structlog_through_logging() -> Iterator[None]:
+    """Again before each test: a test may have reset structlog to its defaults."""
+    _route_structlog_to_logging()
+    yield
+    _route_structlog_to_logging()
