@@ -112,7 +112,7 @@ class Forwarder:
         why (``x-tiergate-fallback-from``, ``x-tiergate-fallback-reason``).
         """
         deadline = time.monotonic() + self.routes[tiers[0]].timeouts.total_s
-        last: TierGateError | None = None
+        failed: list[tuple[str, TierGateError]] = []
         for index, tier in enumerate(tiers):
             if index > 0 and deadline <= time.monotonic():
                 break
@@ -121,15 +121,14 @@ class Forwarder:
                     ctx, path, body, tier, prefix_blocks=prefix_blocks, deadline=deadline
                 )
             except (UpstreamUnavailable, Overloaded) as exc:
-                last = exc
+                failed.append((tier, exc))
                 continue
-            if index > 0 and last is not None:
+            if failed:
                 ctx.extra_headers["x-tiergate-fallback-from"] = tiers[0]
-                ctx.extra_headers["x-tiergate-fallback-reason"] = str(last.code)
+                ctx.extra_headers["x-tiergate-fallback-reason"] = str(failed[-1][1].code)
             ctx.tier = tier
             return exchange
-        assert last is not None  # noqa: S101  # tiers is never empty
-        raise last
+        raise _every_tier_failed(failed)
 
     async def _forward_tier(
         self,
@@ -158,6 +157,13 @@ class Forwarder:
                 pool.count_retry(loop.failures[-1].kind)
             routed_at = time.perf_counter()
             replica = await self._choose(route, frozenset(tried), prefix_blocks, loop)
+            try:
+                return await attempt_on(replica, routed_at)
+            except AttemptFailed as failure:
+                failure.replica = replica.name
+                raise
+
+        async def attempt_on(replica: Replica, routed_at: float) -> Exchange:
             # Read at once: nothing ran between the strategy's choice and here.
             ctx.prefix_match = route.strategy.last_affinity
             tried.add(replica.url)
@@ -186,7 +192,10 @@ class Forwarder:
         try:
             return await loop.run(one)
         except AttemptFailed as failure:
-            raise _final_error(tier, failure) from None
+            error = _final_error(tier, failure)
+            error.detail = _attempts_detail(loop.failures) if failure.kind != "no_replica" \
+                else failure.message
+            raise error from None
         finally:
             loop.forget_tracebacks()
 
@@ -207,7 +216,7 @@ class Forwarder:
             if not usable:
                 raise AttemptFailed(
                     "no_replica",
-                    f"No healthy replica in tier '{pool.tier}'.",
+                    f"No healthy replica in tier '{pool.tier}': {_why_none(pool, now)}.",
                     retry_after=pool.ready_in(now) or None,
                 )
             free = [r for r in usable if r.has_capacity]
@@ -351,3 +360,39 @@ def _final_error(tier: str, failure: AttemptFailed) -> TierGateError:
             f"The '{tier}' tier could not serve the request: {failure.message}", status=502
         )
     return error
+
+
+def _why_none(pool: ReplicaPool, now: float) -> str:
+    """Each replica of a tier with nothing usable, and why it is not usable."""
+    return "; ".join(
+        f"replica {r.name} {r.unavailable_reason(now) or 'already tried'}" for r in pool.replicas
+    )
+
+
+def _attempts_detail(failures: Sequence[AttemptFailed]) -> str:
+    """What each attempt on a tier met, in order (the message of the last one already ends
+    the caller's error; this names every replica that was tried)."""
+    return "; ".join(
+        f"replica {f.replica or '?'} {f.message.rstrip('.')}"
+        if f.kind != "no_replica" else f.message.rstrip(".")
+        for f in failures
+    )
+
+
+def _every_tier_failed(failed: Sequence[tuple[str, TierGateError]]) -> TierGateError:
+    """The caller's error when no tier could serve: the last tier's kind of error, with a
+    message naming the tier asked for, every fallback tier tried, and why each failed."""
+    _, last = failed[-1]
+    if len(failed) == 1:
+        if last.detail and last.detail != last.message:
+            last.message = f"{last.message.rstrip('.')} ({last.detail})."
+            last.args = (last.message,)
+        return last
+    parts = [
+        f"tier '{name}' ({'asked' if index == 0 else 'fallback'}): "
+        f"{(error.detail or error.message).rstrip('.')}"
+        for index, (name, error) in enumerate(failed)
+    ]
+    last.message = f"No tier could serve the request. {'; '.join(parts)}."
+    last.args = (last.message,)
+    return last

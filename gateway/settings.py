@@ -73,8 +73,13 @@ class TierSettings(BaseModel):
     max_queue_wait_s: float = Field(default=1.0, ge=0)
     strategy: Literal["round_robin", "least_loaded", "prefix_affinity"] = "prefix_affinity"
     timeouts: Timeouts = Field(default_factory=Timeouts)
-    # What the health monitor probes: vLLM's /health; another server may need another path.
-    health_path: str = Field(default="/health", pattern=r"^/[^?#]*$")
+    # Which inference server the replicas run (docs/backends.md); ``auto`` detects it.
+    kind: Literal["auto", "vllm", "sglang", "llamacpp", "ollama", "tgi", "trtllm", "openai"] = (
+        "auto"
+    )
+    # Overrides the route the health monitor probes (default: the kind's health route, else
+    # /v1/models when the server has none).
+    health_path: str | None = Field(default=None, pattern=r"^/[^?#]*$")
     # http(s) media URLs (image_url...) the backend would fetch itself; data: URLs always pass.
     allow_remote_media: bool = False
     # Whether the tier's engine accepts structured_outputs / guided_* fields.

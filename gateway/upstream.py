@@ -61,6 +61,7 @@ class AttemptFailed(Exception):
         self.status = status
         self.retry_after = retry_after
         self.body = body
+        self.replica: str | None = None  # which replica failed, for the caller's message
 
     @property
     def counts_against_replica(self) -> bool:
