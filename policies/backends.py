@@ -216,15 +216,13 @@ def classify(probes: Mapping[str, Probe]) -> Detection | None:
     """
     if not any(p.status is not None for p in probes.values()):
         return None
-    found = _metrics_kind(probes.get("/metrics", Probe(None))) or _info_kind(probes)
+    metrics = probes.get("/metrics", Probe(None))
+    found = _metrics_kind(metrics) or _info_kind(probes)
+    if found is None and metrics.ok and metrics.body.lstrip()[:1] == b"[":
+        found = Detection("trtllm", "/metrics answered JSON iteration statistics")
     if found is None:
         found = _models_kind(probes.get(MODELS_PATH, Probe(None)))
-    if found is None:
-        metrics = probes.get("/metrics", Probe(None))
-        if metrics.ok and metrics.body.lstrip()[:1] == b"[":
-            return Detection("trtllm", "/metrics answered JSON iteration statistics")
-        return Detection("openai", "answers HTTP but lists no models")
-    return found
+    return found or Detection("openai", "answers HTTP but lists no models")
 
 
 def probe_path(kind: BackendKind, probes: Mapping[str, Probe]) -> str | None:

@@ -13,6 +13,7 @@ from aiohttp import web
 
 from simulator.app import build_app
 from simulator.faults import FaultRates
+from simulator.flavors import FLAVORS
 from simulator.profiles import PROFILES
 from simulator.quality import QualityModel
 from simulator.state import VLLM_VERSIONS, SimConfig, SimState
@@ -50,7 +51,8 @@ def _count(low: int) -> Callable[[str], int]:
 def build_parser() -> argparse.ArgumentParser:
     """The command-line interface."""
     parser = argparse.ArgumentParser(prog="tiergate simulate",
-                                     description="Simulated vLLM OpenAI-compatible server.")
+                                     description="Simulated OpenAI-compatible inference server "
+                                                 "(vLLM by default; see --flavor).")
     add = parser.add_argument
     add("--host", default="127.0.0.1")
     add("--port", type=_count(0), default=8000, help="0 picks a free port")
@@ -69,6 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("--output-tokens", type=_count(0), default=None,
         help="reply length when a chat request sets no max_tokens (default: as vLLM, the "
              "rest of the context)")
+    add("--flavor", choices=sorted(FLAVORS), default="vllm",
+        help="which server to answer as: health, metrics, stream usage, ids, error bodies")
+    add("--health-delay", type=_bounded(0.0), default=None, metavar="SECONDS",
+        help="how long the health route takes (default: the flavour's; sglang 1 s)")
     add("--legacy-metrics", action="store_true",
         help="also emit the deprecated vllm:gpu_cache_usage_perc")
     for name in _FAULT_OPTIONS:
@@ -102,6 +108,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         prompt_tokens_details=args.enable_prompt_tokens_details,
         quality=(QualityModel.load(args.quality_file, weak=args.weak)
                  if args.quality_file is not None else None),
+        flavor=args.flavor, health_delay_s=args.health_delay,
     )
 
 
