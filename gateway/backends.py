@@ -21,6 +21,7 @@ from gateway.replicas import Replica
 from policies.backends import (
     DETECTION_PATHS,
     KINDS,
+    MODELS_PATH,
     BackendKind,
     Probe,
     classify,
@@ -61,13 +62,18 @@ async def resolve(replica: Replica, get: Getter, base_timeout_s: float) -> None:
     """
     probes: dict[str, Probe] = {}
     timeout_s = max(base_timeout_s, DETECTION_TIMEOUT_S)
+    before = (replica.kind, replica.probe_path)
     if replica.kind_setting == "auto":
         probes = await _ask(get, replica, DETECTION_PATHS, timeout_s, probes)
         found = classify(probes)
         if found is None:
             return
         replica.kind, replica.detection = found.kind, found.evidence
+        # A model list that did not answer in time (llama-cpp-python busy generating) leaves a
+        # generic finding provisional: use it now, look again next round.
+        provisional = found.kind == "openai" and probes[MODELS_PATH].status is None
     else:
+        provisional = False
         replica.kind, replica.detection = replica.kind_setting, "configured"
     if replica.health_override is not None:
         replica.probe_path = replica.health_override
@@ -78,7 +84,9 @@ async def resolve(replica: Replica, get: Getter, base_timeout_s: float) -> None:
         if path is None:
             return
         replica.probe_path = path
-    replica.resolved = True
+    replica.resolved = not provisional
+    if (replica.kind, replica.probe_path) == before and provisional:
+        return  # the same provisional finding as last round: said already
     _log.info("backend.detected", tier=replica.tier, replica=replica.name, kind=replica.kind,
               configured=replica.kind_setting, evidence=replica.detection,
               probe_path=replica.probe_path)

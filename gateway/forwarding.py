@@ -373,7 +373,7 @@ def _attempts_detail(failures: Sequence[AttemptFailed]) -> str:
     """What each attempt on a tier met, in order (the message of the last one already ends
     the caller's error; this names every replica that was tried)."""
     return "; ".join(
-        f"replica {f.replica or '?'} {f.message.rstrip('.')}"
+        f"replica {f.replica or '?'}: {f.message.rstrip('.')}"
         if f.kind != "no_replica" else f.message.rstrip(".")
         for f in failures
     )

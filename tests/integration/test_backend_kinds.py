@@ -129,4 +129,17 @@ def test_a_single_tier_failure_names_each_replica_tried() -> None:
     assert answer.status_code == 502
     message = answer.json()["error"]["message"]
     assert "The 'fast' tier could not serve the request" in message
-    assert f"replica 127.0.0.1:{fast.port} Simulated 500 error" in message
+    assert f"replica 127.0.0.1:{fast.port}: Simulated 500 error" in message
+
+
+def test_tgi_validation_errors_pass_through_with_their_message() -> None:
+    """TGI's 422 {"error": "...", "error_type"} reaches the caller as an OpenAI-shaped 422."""
+    fast, precise = _sim("tgi", "fast"), _sim("tgi", "precise")
+    with fast, precise, GatewayProcess(_config(fast, precise)) as gw:
+        _wait_ready(gw)
+        answer = httpx.post(gw.url + "/v1/chat/completions", json={
+            "model": "fast", "n": 2, "messages": [{"role": "user", "content": "hi"}]})
+    assert answer.status_code == 422
+    error = answer.json()["error"]
+    assert error["message"] == "The simulator only supports n=1."
+    assert set(error) == {"message", "type", "param", "code"}
