@@ -75,6 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="which server to answer as: health, metrics, stream usage, ids, error bodies")
     add("--health-delay", type=_bounded(0.0), default=None, metavar="SECONDS",
         help="how long the health route takes (default: the flavour's; sglang 1 s)")
+    add("--metrics", choices=("auto", "on", "off"), default="auto",
+        help="serve /metrics (auto: as the server does by default; sglang/llamacpp: off)")
     add("--legacy-metrics", action="store_true",
         help="also emit the deprecated vllm:gpu_cache_usage_perc")
     for name in _FAULT_OPTIONS:
@@ -109,6 +111,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         quality=(QualityModel.load(args.quality_file, weak=args.weak)
                  if args.quality_file is not None else None),
         flavor=args.flavor, health_delay_s=args.health_delay,
+        metrics=args.metrics,
     )
 
 

@@ -19,7 +19,9 @@ what a gateway sees at the edges, as each server's public documentation and sour
   usage on ``include_usage``; ``{"error": "...", "error_type": "validation"}`` and 422 where
   vLLM answers 400.
 
-Mid-stream errors keep vLLM's event shape for every flavour.
+SGLang (``--enable-metrics``) and llama-server (``--metrics``) serve ``/metrics`` only when
+asked, so those flavours do too: ``--metrics on`` (``auto``: the server's default). Mid-stream
+errors keep vLLM's event shape for every flavour.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ class Flavor:
     health_body: bytes = b""
     health_delay_s: float = 0.0
     metrics: str | None = None
+    metrics_by_default: bool = True  # SGLang and llama-server need a flag for /metrics
     stream_usage: bool = True
     uuid_request_ids: bool = False
     error_shape: str = "openai"
@@ -92,9 +95,9 @@ FLAVORS: dict[str, Flavor] = {
     for flavor in (
         Flavor("vllm", "vllm", "/health", metrics="vllm"),
         Flavor("sglang", "sglang", "/health", health_delay_s=1.0, metrics="sglang",
-               error_shape="openai_flat"),
+               metrics_by_default=False, error_shape="openai_flat"),
         Flavor("llamacpp", "llamacpp", "/health", b'{"status":"ok"}', metrics="llamacpp",
-               error_shape="llamacpp"),
+               metrics_by_default=False, error_shape="llamacpp"),
         Flavor("llamacpp-python", "me", None, stream_usage=False, uuid_request_ids=True),
         Flavor("ollama", "library", None),
         Flavor("tgi", "tgi", "/health", metrics="tgi", error_shape="tgi"),
@@ -177,6 +180,9 @@ def add_flavor_routes(app: web.Application, state: SimState) -> None:
 
     if flavor.health_path is not None:
         app.router.add_get(flavor.health_path, health)
-    if flavor.metrics is not None:
+    wanted = state.config.metrics
+    if flavor.metrics is not None and (
+        wanted == "on" or (wanted == "auto" and flavor.metrics_by_default)
+    ):
         app.router.add_get("/metrics", metrics)
     _info_routes(app, state, flavor)

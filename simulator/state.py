@@ -48,6 +48,7 @@ class SimConfig:
     prompt_tokens_details: bool = False
     flavor: str = "vllm"
     health_delay_s: float | None = None  # None: the flavour's own
+    metrics: str = "auto"  # on | off | auto (the flavour's default)
 
 
 class SimState:

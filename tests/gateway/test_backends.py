@@ -70,7 +70,7 @@ async def test_metrics_of_every_flavour_land_on_the_replica(
 ) -> None:
     """Each kind's own sample names are read into running/waiting/KV/prefix numbers."""
     sim = start_simulator("--flavor", flavor, "--latency-scale", "0", "--health-delay", "0",
-                          "--kv-blocks", "64")
+                          "--kv-blocks", "64", "--metrics", "on")
     await asyncio.to_thread(_chat, sim)
     await asyncio.to_thread(_chat, sim)  # the second one hits the prefix cache
     text = sim.metrics_text()

@@ -46,7 +46,8 @@ class Flavored:
     def __call__(self, flavor: str) -> SimulatorProcess:
         if flavor not in self.sims:
             self.sims[flavor] = SimulatorProcess(
-                "--flavor", flavor, "--latency-scale", "0", "--health-delay", "0").start()
+                "--flavor", flavor, "--latency-scale", "0", "--health-delay", "0",
+                "--metrics", "on").start()
         return self.sims[flavor]
 
 
@@ -149,3 +150,12 @@ def test_error_shapes(flavored: Flavored, flavor: str, status: int,
     got, raw = _post(sim, {"messages": []})
     assert got == status
     assert check(json.loads(raw))
+
+
+@pytest.mark.parametrize(("flavor", "served"), [("vllm", True), ("tgi", True),
+                                                ("sglang", False), ("llamacpp", False)])
+def test_metrics_off_where_the_server_needs_a_flag(start_simulator: SimulatorFactory,
+                                                   flavor: str, served: bool) -> None:
+    """SGLang and llama-server expose /metrics only when started with their metrics flag."""
+    sim = start_simulator("--flavor", flavor, "--latency-scale", "0", "--health-delay", "0")
+    assert (_get(sim, "/metrics")[0] == 200) is served
