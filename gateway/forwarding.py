@@ -362,11 +362,18 @@ def _final_error(tier: str, failure: AttemptFailed) -> TierGateError:
     return error
 
 
+_MAX_NAMED = 8  # replicas named in one message; the rest are counted
+
+
 def _why_none(pool: ReplicaPool, now: float) -> str:
     """Each replica of a tier with nothing usable, and why it is not usable."""
-    return "; ".join(
-        f"replica {r.name} {r.unavailable_reason(now) or 'already tried'}" for r in pool.replicas
+    replicas = pool.replicas
+    named = "; ".join(
+        f"replica {r.name} {r.unavailable_reason(now) or 'already tried'}"
+        for r in replicas[:_MAX_NAMED]
     )
+    more = len(replicas) - _MAX_NAMED
+    return f"{named}; and {more} more" if more > 0 else named
 
 
 def _attempts_detail(failures: Sequence[AttemptFailed]) -> str:
@@ -375,7 +382,7 @@ def _attempts_detail(failures: Sequence[AttemptFailed]) -> str:
     return "; ".join(
         f"replica {f.replica or '?'}: {f.message.rstrip('.')}"
         if f.kind != "no_replica" else f.message.rstrip(".")
-        for f in failures
+        for f in failures[:_MAX_NAMED]
     )
 
 

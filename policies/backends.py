@@ -165,6 +165,11 @@ class Detection:
     evidence: str
 
 
+def _printable(text: str, limit: int = 32) -> str:
+    """A server-chosen string made safe for a log line and the admin view."""
+    return "".join(c for c in text[:limit] if c.isprintable()) or "?"
+
+
 def _metrics_kind(probe: Probe) -> Detection | None:
     if not probe.ok:
         return None
@@ -187,7 +192,7 @@ def _info_kind(probes: Mapping[str, Probe]) -> Detection | None:
     version = probes.get("/api/version", Probe(None))
     data = version.json() if version.ok else None
     if isinstance(data, dict) and isinstance(data.get("version"), str):
-        return Detection("ollama", f"/api/version answered {data['version']}")
+        return Detection("ollama", f"/api/version answered {_printable(data['version'])}")
     return None
 
 

@@ -10,10 +10,13 @@ from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
+from pydantic import ValidationError
 
 from gateway.backends import kind_of
+from gateway.forwarding import _why_none
 from gateway.health import HealthConfig, HealthMonitor, parse_metrics
 from gateway.replicas import ReplicaPool
+from gateway.settings import TierSettings
 from policies.backends import KINDS
 from tests.processes import free_port
 from tests.simulator.procs import SimulatorFactory, SimulatorProcess, start_simulator
@@ -170,3 +173,23 @@ async def test_an_override_is_probed_as_given(
     assert replica.kind == "llamacpp"
     assert not replica.healthy
     assert replica.last_probe_error == "health check: /health answered 404"
+
+
+def test_settings_take_known_kinds_only() -> None:
+    """A tier's kind defaults to auto with no health_path; an unknown kind is refused."""
+    tier = TierSettings(model="m", replicas=["http://127.0.0.1:1"])
+    assert (tier.kind, tier.health_path) == ("auto", None)
+    assert TierSettings(model="m", replicas=["http://h:1"], kind="sglang").kind == "sglang"
+    with pytest.raises(ValidationError):
+        TierSettings(model="m", replicas=["http://h:1"], kind="vllm-ish")  # type: ignore[arg-type]
+
+
+def test_many_replicas_are_counted_not_listed() -> None:
+    """An error about a large tier names a few replicas and counts the rest."""
+    pool = ReplicaPool("fast", [f"http://10.0.0.{i}:8000" for i in range(20)], 4, 0.1)
+    for replica in pool.replicas:
+        replica.healthy = False
+        replica.last_probe_error = "health check: could not connect"
+    text = _why_none(pool, 0.0)
+    assert text.count("replica 10.0.0.") == 8
+    assert text.endswith("and 12 more")

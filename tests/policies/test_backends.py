@@ -88,3 +88,14 @@ def test_metric_prefixes() -> None:
         "vllm": "vllm:", "sglang": "sglang:", "llamacpp": "llamacpp:", "tgi": "tgi_",
         "ollama": "", "trtllm": "", "openai": "",
     }
+
+
+def test_server_strings_are_tamed_in_the_evidence() -> None:
+    """A version string with control characters or great length is cut and cleaned."""
+    hostile = json.dumps({"version": "1.0\n\x1b[31mFAKE LOG LINE" + "x" * 500}).encode()
+    found = classify({"/api/version": Probe(200, hostile)})
+    assert found is not None
+    assert found.kind == "ollama"
+    assert "\n" not in found.evidence
+    assert "\x1b" not in found.evidence
+    assert len(found.evidence) < 80
