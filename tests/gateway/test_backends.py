@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
+from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
 from gateway.backends import kind_of
@@ -17,6 +18,7 @@ from gateway.forwarding import _why_none
 from gateway.health import HealthConfig, HealthMonitor, parse_metrics
 from gateway.replicas import ReplicaPool
 from gateway.settings import TierSettings
+from gateway.telemetry.metrics import GatewayMetrics
 from policies.backends import KINDS
 from tests.processes import free_port
 from tests.simulator.procs import SimulatorFactory, SimulatorProcess, start_simulator
@@ -193,3 +195,16 @@ def test_many_replicas_are_counted_not_listed() -> None:
     text = _why_none(pool, 0.0)
     assert text.count("replica 10.0.0.") == 8
     assert text.endswith("and 12 more")
+
+
+def test_the_kind_is_a_prometheus_label() -> None:
+    """tiergate_replica_backend_info says each replica's configured and detected kind."""
+    pool = ReplicaPool("fast", ["http://10.0.0.1:8000", "http://10.0.0.2:8000"], 8, 1.0)
+    pool.replicas[0].kind = "sglang"
+    metrics = GatewayMetrics(CollectorRegistry(), {"fast": pool}, precise_tier="precise",
+                             target_share=0.3)
+    sample = metrics.registry.get_sample_value
+    assert sample("tiergate_replica_backend_info", {
+        "tier": "fast", "replica": "10.0.0.1:8000", "configured": "auto", "kind": "sglang"}) == 1
+    assert sample("tiergate_replica_backend_info", {
+        "tier": "fast", "replica": "10.0.0.2:8000", "configured": "auto", "kind": "unknown"}) == 1
