@@ -40,6 +40,8 @@ def backend_view(replica: Replica) -> dict[str, Any]:
         "probe_path": replica.health_path,
         "metrics_path": kind.metrics_path if kind.metrics else None,
         "stream_usage": kind.stream_usage,
+        "request_ids": "uuid" if kind.uuid_request_ids else "any",
+        "error_shape": kind.error_shape,
     }
 
 

@@ -157,13 +157,6 @@ class Forwarder:
                 pool.count_retry(loop.failures[-1].kind)
             routed_at = time.perf_counter()
             replica = await self._choose(route, frozenset(tried), prefix_blocks, loop)
-            try:
-                return await attempt_on(replica, routed_at)
-            except AttemptFailed as failure:
-                failure.replica = replica.name
-                raise
-
-        async def attempt_on(replica: Replica, routed_at: float) -> Exchange:
             # Read at once: nothing ran between the strategy's choice and here.
             ctx.prefix_match = route.strategy.last_affinity
             tried.add(replica.url)
@@ -275,6 +268,7 @@ class Forwarder:
 
     def _record_failure(self, pool: ReplicaPool, replica: Replica, failure: AttemptFailed) -> None:
         """Count ``failure`` on the replica; a Retry-After on 429/503 becomes a cool-down."""
+        failure.replica = replica.name  # named in the caller's error if every attempt fails
         if failure.status in AUTH_STATUSES:
             pool.mark_misconfigured(replica, failure.status)
         cooldown = None
