@@ -29,7 +29,7 @@ PRECISE_MODEL = "smollm2-precise"
 # Small enough to keep the suite fast, large enough for the limit and disconnect tests.
 MAX_TOKENS_CAP = 512
 # The admin credential of /admin/backends in this suite (a throwaway value).
-ADMIN_TOKEN = "e2e-admin-token"  # a test value, not a secret
+ADMIN_TOKEN = "e2e-admin-token-for-the-suite"  # a test value, not a secret
 # The tight key of the token-limit tests: 2 tokens/s of refill.
 TIGHT_TPM = 120
 
