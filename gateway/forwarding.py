@@ -186,8 +186,7 @@ class Forwarder:
             return await loop.run(one)
         except AttemptFailed as failure:
             error = _final_error(tier, failure)
-            error.detail = _attempts_detail(loop.failures) if failure.kind != "no_replica" \
-                else failure.message
+            error.detail = _tier_detail(tier, failure, loop.failures)
             raise error from None
         finally:
             loop.forget_tracebacks()
@@ -368,6 +367,15 @@ def _why_none(pool: ReplicaPool, now: float) -> str:
     )
     more = len(replicas) - _MAX_NAMED
     return f"{named}; and {more} more" if more > 0 else named
+
+
+def _tier_detail(tier: str, last: AttemptFailed, failures: Sequence[AttemptFailed]) -> str:
+    """What went wrong on one tier, for a message that names several tiers."""
+    if last.kind == "no_replica":
+        prefix = f"No healthy replica in tier '{tier}': "
+        reasons = last.message.removeprefix(prefix)
+        return f"no healthy replica: {reasons}" if reasons != last.message else last.message
+    return _attempts_detail(failures)
 
 
 def _attempts_detail(failures: Sequence[AttemptFailed]) -> str:

@@ -109,7 +109,8 @@ def test_unavailable_names_the_tier_asked_the_fallback_and_each_reason(
     assert error["code"] == "no_healthy_replica"
     message = error["message"]
     asked, _, fallback = message.partition("tier 'precise' (fallback)")
-    assert "tier 'fast' (asked)" in asked
+    assert message.startswith("No tier could serve the request. tier 'fast' (asked): "
+                              "no healthy replica: replica ")
     assert f"replica 127.0.0.1:{fast.port} unhealthy (health check: /health answered 404)" in asked
     assert f"replica 127.0.0.1:{precise.port} unhealthy" in fallback
     assert set(error) == {"message", "type", "param", "code"}
