@@ -185,9 +185,9 @@ class Forwarder:
         try:
             return await loop.run(one)
         except AttemptFailed as failure:
-            error = _final_error(tier, failure)
-            error.detail = _tier_detail(tier, failure, loop.failures)
-            raise error from None
+            # No local name for the error: frame and exception would hold each other (and the
+            # request body) alive until a full collection.
+            raise _final_error(tier, failure, loop.failures) from None
         finally:
             loop.forget_tracebacks()
 
@@ -321,8 +321,20 @@ def stream_error(event: bytes) -> AttemptFailed:
     return AttemptFailed(f"status_{status}", text, status=status, body=inner)
 
 
-def _final_error(tier: str, failure: AttemptFailed) -> TierGateError:
-    """The caller's error once a tier gave up; its ``code`` doubles as the fallback reason."""
+def _final_error(
+    tier: str, failure: AttemptFailed, failures: Sequence[AttemptFailed] = ()
+) -> TierGateError:
+    """The caller's error once a tier gave up; its ``code`` doubles as the fallback reason.
+
+    Its ``detail`` says what every attempt on the tier met (``failures``), for a message that
+    sums up several tiers.
+    """
+    error = _tier_error(tier, failure)
+    error.detail = _tier_detail(tier, failure, failures or (failure,))
+    return error
+
+
+def _tier_error(tier: str, failure: AttemptFailed) -> TierGateError:
     status = failure.status
     if status in AUTH_STATUSES:
         error: TierGateError = UpstreamUnavailable(
@@ -388,20 +400,25 @@ def _attempts_detail(failures: Sequence[AttemptFailed]) -> str:
     )
 
 
-def _every_tier_failed(failed: Sequence[tuple[str, TierGateError]]) -> TierGateError:
+def _every_tier_failed(failed: list[tuple[str, TierGateError]]) -> TierGateError:
     """The caller's error when no tier could serve: the last tier's kind of error, with a
-    message naming the tier asked for, every fallback tier tried, and why each failed."""
+    message naming the tier asked for, every fallback tier tried, and why each failed.
+
+    Empties ``failed``: the caller's frame must not keep the errors (and through their
+    tracebacks the request body) alive once the error is raised.
+    """
     _, last = failed[-1]
-    if len(failed) == 1:
-        if last.detail and last.detail != last.message:
-            last.message = f"{last.message.rstrip('.')} ({last.detail})."
-            last.args = (last.message,)
-        return last
     parts = [
         f"tier '{name}' ({'asked' if index == 0 else 'fallback'}): "
         f"{(error.detail or error.message).rstrip('.')}"
         for index, (name, error) in enumerate(failed)
     ]
+    failed.clear()
+    if len(parts) == 1:
+        if last.detail and last.detail != last.message:
+            last.message = f"{last.message.rstrip('.')} ({last.detail})."
+            last.args = (last.message,)
+        return last
     last.message = f"No tier could serve the request. {'; '.join(parts)}."
     last.args = (last.message,)
     return last

@@ -6,6 +6,7 @@ streams, UUID-only request ids) and SGLang's (slow /health, flat error bodies).
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -14,6 +15,7 @@ import httpx
 import openai
 import pytest
 
+from tests.adversarial.test_memory import rss_mib
 from tests.integration.gateway_proc import GatewayProcess, tiers_config
 from tests.simulator.procs import SimulatorProcess
 
@@ -144,3 +146,27 @@ def test_tgi_validation_errors_pass_through_with_their_message() -> None:
     error = answer.json()["error"]
     assert error["message"] == "The simulator only supports n=1."
     assert set(error) == {"message", "type", "param", "code"}
+
+
+def test_failing_over_big_bodies_keeps_no_memory(
+    llama_sims: tuple[SimulatorProcess, SimulatorProcess],
+) -> None:
+    """~100 MB of 3 MB requests failing on both tiers: the summed-up 503s keep nothing."""
+    fast, precise = llama_sims
+    config = _config(fast, precise, health_path="/health")
+    config["server"] = {"max_body_bytes": 4 * 1024 * 1024}
+    big = "x " * 1_500_000
+    body = json.dumps({"model": "fast", "messages": [{"role": "user", "content": big}]})
+    with GatewayProcess(config) as gw:
+        _wait_ready(gw, timeout=3)
+        with httpx.Client(timeout=30) as client:
+            def send(times: int) -> None:
+                for _ in range(times):
+                    answer = client.post(gw.url + "/v1/chat/completions", content=body,
+                                         headers={"Content-Type": "application/json"})
+                    assert answer.status_code == 503
+            send(4)  # warm-up
+            before = rss_mib(gw.pid)
+            send(32)
+            after = rss_mib(gw.pid)
+    assert after - before < 40, f"RSS grew {after - before:.0f} MiB"
