@@ -25,6 +25,7 @@ import aiohttp
 import msgspec
 
 from gateway.context import RequestContext
+from gateway.explain import every_tier_failed, tier_detail, why_none
 from gateway.replicas import Replica, ReplicaPool
 from gateway.retry import RetryBudget, RetryLoop, RetryPolicy
 from gateway.settings import Timeouts
@@ -128,7 +129,7 @@ class Forwarder:
                 ctx.extra_headers["x-tiergate-fallback-reason"] = str(failed[-1][1].code)
             ctx.tier = tier
             return exchange
-        raise _every_tier_failed(failed)
+        raise every_tier_failed(failed)
 
     async def _forward_tier(
         self,
@@ -208,7 +209,7 @@ class Forwarder:
             if not usable:
                 raise AttemptFailed(
                     "no_replica",
-                    f"No healthy replica in tier '{pool.tier}': {_why_none(pool, now)}.",
+                    f"No healthy replica in tier '{pool.tier}': {why_none(pool, now)}.",
                     retry_after=pool.ready_in(now) or None,
                 )
             free = [r for r in usable if r.has_capacity]
@@ -330,7 +331,7 @@ def _final_error(
     sums up several tiers.
     """
     error = _tier_error(tier, failure)
-    error.detail = _tier_detail(tier, failure, failures or (failure,))
+    error.detail = tier_detail(tier, failure, failures or (failure,))
     return error
 
 
@@ -365,60 +366,3 @@ def _tier_error(tier: str, failure: AttemptFailed) -> TierGateError:
             f"The '{tier}' tier could not serve the request: {failure.message}", status=502
         )
     return error
-
-
-_MAX_NAMED = 8  # replicas named in one message; the rest are counted
-
-
-def _why_none(pool: ReplicaPool, now: float) -> str:
-    """Each replica of a tier with nothing usable, and why it is not usable."""
-    replicas = pool.replicas
-    named = "; ".join(
-        f"replica {r.name} {r.unavailable_reason(now) or 'already tried'}"
-        for r in replicas[:_MAX_NAMED]
-    )
-    more = len(replicas) - _MAX_NAMED
-    return f"{named}; and {more} more" if more > 0 else named
-
-
-def _tier_detail(tier: str, last: AttemptFailed, failures: Sequence[AttemptFailed]) -> str:
-    """What went wrong on one tier, for a message that names several tiers."""
-    if last.kind == "no_replica":
-        prefix = f"No healthy replica in tier '{tier}': "
-        reasons = last.message.removeprefix(prefix)
-        return f"no healthy replica: {reasons}" if reasons != last.message else last.message
-    return _attempts_detail(failures)
-
-
-def _attempts_detail(failures: Sequence[AttemptFailed]) -> str:
-    """What each attempt on a tier met, in order (the message of the last one already ends
-    the caller's error; this names every replica that was tried)."""
-    return "; ".join(
-        f"replica {f.replica or '?'}: {f.message.rstrip('.')}"
-        if f.kind != "no_replica" else f.message.rstrip(".")
-        for f in failures[:_MAX_NAMED]
-    )
-
-
-def _every_tier_failed(failed: list[tuple[str, TierGateError]]) -> TierGateError:
-    """The caller's error when no tier could serve: the last tier's kind of error, with a
-    message naming the tier asked for, every fallback tier tried, and why each failed.
-
-    Empties ``failed``: the caller's frame must not keep the errors (and through their
-    tracebacks the request body) alive once the error is raised.
-    """
-    _, last = failed[-1]
-    parts = [
-        f"tier '{name}' ({'asked' if index == 0 else 'fallback'}): "
-        f"{(error.detail or error.message).rstrip('.')}"
-        for index, (name, error) in enumerate(failed)
-    ]
-    failed.clear()
-    if len(parts) == 1:
-        if last.detail and last.detail != last.message:
-            last.message = f"{last.message.rstrip('.')} ({last.detail})."
-            last.args = (last.message,)
-        return last
-    last.message = f"No tier could serve the request. {'; '.join(parts)}."
-    last.args = (last.message,)
-    return last

@@ -14,11 +14,13 @@ from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
 from gateway.backends import kind_of
-from gateway.forwarding import _why_none
+from gateway.explain import every_tier_failed, why_none
+from gateway.forwarding import _final_error
 from gateway.health import HealthConfig, HealthMonitor, parse_metrics
 from gateway.replicas import ReplicaPool
 from gateway.settings import TierSettings
 from gateway.telemetry.metrics import GatewayMetrics
+from gateway.upstream import AttemptFailed
 from policies.backends import KINDS
 from tests.processes import free_port
 from tests.simulator.procs import SimulatorFactory, SimulatorProcess, start_simulator
@@ -192,7 +194,7 @@ def test_many_replicas_are_counted_not_listed() -> None:
     for replica in pool.replicas:
         replica.healthy = False
         replica.last_probe_error = "health check: could not connect"
-    text = _why_none(pool, 0.0)
+    text = why_none(pool, 0.0)
     assert text.count("replica 10.0.0.") == 8
     assert text.endswith("and 12 more")
 
@@ -208,3 +210,25 @@ def test_the_kind_is_a_prometheus_label() -> None:
         "tier": "fast", "replica": "10.0.0.1:8000", "configured": "auto", "kind": "sglang"}) == 1
     assert sample("tiergate_replica_backend_info", {
         "tier": "fast", "replica": "10.0.0.2:8000", "configured": "auto", "kind": "unknown"}) == 1
+
+
+def test_summaries_name_each_distinct_answer_once() -> None:
+    """Retries that met the same answer are counted; one tier's own words stay first."""
+    failures = []
+    for _ in range(3):
+        failure = AttemptFailed("status_500", "Boom.", status=500)
+        failure.replica = "10.0.0.1:8000"
+        failures.append(failure)
+    error = _final_error("fast", failures[-1], failures)
+    assert error.detail == "replica 10.0.0.1:8000: Boom (x3)"
+    one = every_tier_failed([("fast", error)])
+    assert one.message == ("The 'fast' tier could not serve the request: Boom "
+                           "(replica 10.0.0.1:8000: Boom (x3)).")
+    pool = ReplicaPool("fast", ["http://10.0.0.2:8000"], 4, 0.1)
+    pool.replicas[0].healthy = False
+    pool.replicas[0].last_probe_error = "health check: could not connect"
+    missing = AttemptFailed("no_replica", f"No healthy replica in tier 'fast': "
+                                          f"{why_none(pool, 0.0)}.")
+    alone = every_tier_failed([("fast", _final_error("fast", missing, [missing]))])
+    assert alone.message == ("No healthy replica in tier 'fast': replica 10.0.0.2:8000 "
+                             "unhealthy (health check: could not connect).")
