@@ -16,6 +16,7 @@ import msgspec
 from litestar import Request, Response, get
 
 from gateway.admin_keys import AdminGuard
+from gateway.backends import kind_of
 from gateway.forwarding import Forwarder, TierRoute
 from gateway.replicas import Replica
 
@@ -24,8 +25,24 @@ _encoder = msgspec.json.Encoder()
 
 def _hit_rate(replica: Replica) -> float | None:
     if replica.prefix_queries <= 0:
-        return None
+        rate = replica.prefix_hit_rate  # a server that reports only a rate (SGLang)
+        return None if rate is None else round(rate, 4)
     return round(replica.prefix_hits / replica.prefix_queries, 4)
+
+
+def backend_view(replica: Replica) -> dict[str, Any]:
+    """What the gateway knows about the server behind a replica."""
+    kind = kind_of(replica)
+    return {
+        "configured": replica.kind_setting,
+        "kind": replica.kind,
+        "detection": replica.detection or None,
+        "probe_path": replica.health_path,
+        "metrics_path": kind.metrics_path if kind.metrics else None,
+        "stream_usage": kind.stream_usage,
+        "request_ids": "uuid" if kind.uuid_request_ids else "any",
+        "error_shape": kind.error_shape,
+    }
 
 
 def replica_view(replica: Replica, now: float, wall: float) -> dict[str, Any]:
@@ -35,6 +52,7 @@ def replica_view(replica: Replica, now: float, wall: float) -> dict[str, Any]:
         "state": replica.state(now),
         "healthy": replica.healthy,
         "misconfigured": replica.misconfigured,
+        "backend": backend_view(replica),
         "ejected_for_s": round(max(0.0, replica.ejected_until - now), 3),
         "cooldown_for_s": round(max(0.0, replica.cooldown_until - now), 3),
         "in_flight": replica.in_flight,

@@ -91,7 +91,7 @@ def build_backends(
     ejection = EjectionPolicy(h.eject_after, h.eject_base_s, h.eject_max_s, h.max_ejected_share)
     pools = {
         name: ReplicaPool(name, tier.replicas, tier.max_concurrency, tier.max_queue_wait_s,
-                          ejection, health_path=tier.health_path)
+                          ejection, health_path=tier.health_path, kind=tier.kind)
         for name, tier in settings.tiers.items()
     }
     routes = {

@@ -25,6 +25,7 @@ import aiohttp
 import msgspec
 
 from gateway.context import RequestContext
+from gateway.explain import every_tier_failed, tier_detail, why_none
 from gateway.replicas import Replica, ReplicaPool
 from gateway.retry import RetryBudget, RetryLoop, RetryPolicy
 from gateway.settings import Timeouts
@@ -112,7 +113,7 @@ class Forwarder:
         why (``x-tiergate-fallback-from``, ``x-tiergate-fallback-reason``).
         """
         deadline = time.monotonic() + self.routes[tiers[0]].timeouts.total_s
-        last: TierGateError | None = None
+        failed: list[tuple[str, TierGateError]] = []
         for index, tier in enumerate(tiers):
             if index > 0 and deadline <= time.monotonic():
                 break
@@ -121,15 +122,14 @@ class Forwarder:
                     ctx, path, body, tier, prefix_blocks=prefix_blocks, deadline=deadline
                 )
             except (UpstreamUnavailable, Overloaded) as exc:
-                last = exc
+                failed.append((tier, exc))
                 continue
-            if index > 0 and last is not None:
+            if failed:
                 ctx.extra_headers["x-tiergate-fallback-from"] = tiers[0]
-                ctx.extra_headers["x-tiergate-fallback-reason"] = str(last.code)
+                ctx.extra_headers["x-tiergate-fallback-reason"] = str(failed[-1][1].code)
             ctx.tier = tier
             return exchange
-        assert last is not None  # noqa: S101  # tiers is never empty
-        raise last
+        raise every_tier_failed(failed)
 
     async def _forward_tier(
         self,
@@ -186,7 +186,9 @@ class Forwarder:
         try:
             return await loop.run(one)
         except AttemptFailed as failure:
-            raise _final_error(tier, failure) from None
+            # No local name for the error: frame and exception would hold each other (and the
+            # request body) alive until a full collection.
+            raise _final_error(tier, failure, loop.failures) from None
         finally:
             loop.forget_tracebacks()
 
@@ -207,7 +209,7 @@ class Forwarder:
             if not usable:
                 raise AttemptFailed(
                     "no_replica",
-                    f"No healthy replica in tier '{pool.tier}'.",
+                    f"No healthy replica in tier '{pool.tier}': {why_none(pool, now)}.",
                     retry_after=pool.ready_in(now) or None,
                 )
             free = [r for r in usable if r.has_capacity]
@@ -266,6 +268,7 @@ class Forwarder:
 
     def _record_failure(self, pool: ReplicaPool, replica: Replica, failure: AttemptFailed) -> None:
         """Count ``failure`` on the replica; a Retry-After on 429/503 becomes a cool-down."""
+        failure.replica = replica.name  # named in the caller's error if every attempt fails
         if failure.status in AUTH_STATUSES:
             pool.mark_misconfigured(replica, failure.status)
         cooldown = None
@@ -319,8 +322,20 @@ def stream_error(event: bytes) -> AttemptFailed:
     return AttemptFailed(f"status_{status}", text, status=status, body=inner)
 
 
-def _final_error(tier: str, failure: AttemptFailed) -> TierGateError:
-    """The caller's error once a tier gave up; its ``code`` doubles as the fallback reason."""
+def _final_error(
+    tier: str, failure: AttemptFailed, failures: Sequence[AttemptFailed] = ()
+) -> TierGateError:
+    """The caller's error once a tier gave up; its ``code`` doubles as the fallback reason.
+
+    Its ``detail`` says what every attempt on the tier met (``failures``), for a message that
+    sums up several tiers.
+    """
+    error = _tier_error(tier, failure)
+    error.detail = tier_detail(tier, failure, failures or (failure,))
+    return error
+
+
+def _tier_error(tier: str, failure: AttemptFailed) -> TierGateError:
     status = failure.status
     if status in AUTH_STATUSES:
         error: TierGateError = UpstreamUnavailable(

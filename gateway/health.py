@@ -1,17 +1,19 @@
 """Knowing the replicas: active health checks and a scrape of each replica's ``/metrics``.
 
 One background task (started at app start-up, cancelled at shutdown) probes every replica of
-every tier each ``interval_s``: ``GET /health`` (vLLM answers 200 when the engine is alive;
-the tier's ``health_path`` may name another route),
-then, when healthy, ``GET /metrics`` for the engine's own load and prefix-cache counters. A
+every tier each ``interval_s``: first, once, what the replica is (:mod:`gateway.backends`:
+its kind, detected for ``auto``, and its probe route), then ``GET`` on that route (vLLM's
+``/health`` answers 200 when the engine is alive; the tier's ``health_path`` overrides it),
+then, when healthy, the kind's ``/metrics`` for the engine's own load and cache counters. A
 refused connection or a non-200 answer (vLLM's dead engine) marks a replica unhealthy at
 once; timeouts, which may be a passing stall, do so after ``unhealthy_after`` in a row. It
 turns healthy again after ``healthy_after`` good probes. Passive outlier ejection (from real
 traffic) lives in :mod:`gateway.replicas`; the two are independent and both keep a replica
 out of rotation.
 
-Both the current vLLM metric names and the deprecated ones are parsed; the current name wins
-when a page has both (``vllm:kv_cache_usage_perc`` over ``vllm:gpu_cache_usage_perc``,
+Sample names come from the kind (:data:`policies.backends.KINDS`). For vLLM both the current
+metric names and the deprecated ones are parsed; the current name wins when a page has
+both (``vllm:kv_cache_usage_perc`` over ``vllm:gpu_cache_usage_perc``,
 ``vllm:prefix_cache_*`` over ``vllm:gpu_prefix_cache_*``).
 """
 
@@ -28,29 +30,14 @@ from dataclasses import dataclass
 import aiohttp
 import structlog
 
+from gateway import backends
 from gateway.replicas import ErrorRecord, Replica, ReplicaPool
+from policies.backends import KINDS, BackendKind, Probe
 
 _log = structlog.get_logger("tiergate.health")
 _MAX_METRICS_BYTES = 4 << 20
 # How often a misconfigured replica's credentials are tried again (GET /v1/models).
 _RECHECK_CREDENTIALS_S = 5.0
-
-# Prometheus sample name -> (field, preference); a lower preference wins when both appear.
-_NAMES: dict[str, tuple[str, int]] = {
-    "vllm:num_requests_running": ("running", 0),
-    "vllm:num_requests_waiting": ("waiting", 0),
-    "vllm:kv_cache_usage_perc": ("kv_usage", 0),
-    "vllm:gpu_cache_usage_perc": ("kv_usage", 1),
-    "vllm:prefix_cache_queries_total": ("prefix_queries", 0),
-    "vllm:prefix_cache_queries": ("prefix_queries", 0),
-    "vllm:prefix_cache_hits_total": ("prefix_hits", 0),
-    "vllm:prefix_cache_hits": ("prefix_hits", 0),
-    "vllm:gpu_prefix_cache_queries_total": ("prefix_queries", 1),
-    "vllm:gpu_prefix_cache_queries": ("prefix_queries", 1),
-    "vllm:gpu_prefix_cache_hits_total": ("prefix_hits", 1),
-    "vllm:gpu_prefix_cache_hits": ("prefix_hits", 1),
-}
-
 
 @dataclass(frozen=True, slots=True)
 class EngineLoad:
@@ -61,6 +48,12 @@ class EngineLoad:
     kv_usage: float | None = None
     prefix_queries: float | None = None
     prefix_hits: float | None = None
+    prefix_hit_rate: float | None = None
+
+
+_RATIOS = frozenset({"kv_usage", "prefix_hit_rate"})
+_LOAD_FIELDS = ("running", "waiting", "kv_usage", "prefix_queries", "prefix_hits",
+                "prefix_hit_rate")
 
 
 def _sample(line: str) -> tuple[str, float] | None:
@@ -82,22 +75,25 @@ def _sample(line: str) -> tuple[str, float] | None:
         return None
 
 
-def parse_metrics(text: str) -> EngineLoad:
-    """Sum each known vLLM sample over its label sets (engines, models); KV usage: the max."""
+def parse_metrics(text: str, kind: BackendKind = KINDS["vllm"]) -> EngineLoad:
+    """Sum each of the kind's samples over its label sets (engines, models); ratios: the max."""
     found: dict[str, tuple[int, float]] = {}
+    names, prefix = kind.metrics, kind.metric_prefix
+    if not names:
+        return EngineLoad()
     for line in text.splitlines():
-        if not line.startswith("vllm:"):
+        if not line.startswith(prefix):
             continue
         sample = _sample(line)
-        if sample is None or sample[0] not in _NAMES:
+        if sample is None or sample[0] not in names:
             continue
-        field, rank = _NAMES[sample[0]]
+        field, rank = names[sample[0]]
         value = sample[1]
         held = found.get(field)
         if held is None or rank < held[0]:
             found[field] = (rank, value)
         elif rank == held[0]:
-            merged = max(held[1], value) if field == "kv_usage" else held[1] + value
+            merged = max(held[1], value) if field in _RATIOS else held[1] + value
             found[field] = (rank, merged)
     return EngineLoad(**{field: value for field, (_, value) in found.items()})
 
@@ -175,9 +171,13 @@ class HealthMonitor:
         return {tier: pool.ready() for tier, pool in self.pools.items()}
 
     async def _probe(self, replica: Replica) -> None:
+        if not replica.resolved:
+            await backends.resolve(replica, self._detect_get(replica), self.config.timeout_s)
         failure = await self._health(replica)
         self._apply(replica, failure)
-        if failure is None and self.config.scrape_metrics:
+        if failure is not None and failure[0].endswith("could not connect"):
+            backends.forget(replica)
+        elif failure is None and self.config.scrape_metrics:
             await self._scrape(replica)
         if failure is None and replica.misconfigured:
             await self._recheck_credentials(replica)
@@ -197,25 +197,43 @@ class HealthMonitor:
             replica.misconfigured = False
             _log.info("replica.credentials_accepted", tier=replica.tier, replica=replica.name)
 
-    async def _get(self, url: str, headers: Mapping[str, str] | None = None
-                   ) -> tuple[int, bytes]:
+    async def _get(self, url: str, headers: Mapping[str, str] | None = None,
+                   timeout_s: float | None = None) -> tuple[int, bytes]:
         session = self.session
         if session is None:
             raise RuntimeError("the health monitor has no session yet")
-        async with asyncio.timeout(self.config.timeout_s):
+        async with asyncio.timeout(timeout_s or self.config.timeout_s):
             async with session.get(url, allow_redirects=False, headers=headers) as response:
                 body = await response.content.read(_MAX_METRICS_BYTES)
                 return response.status, body
 
+    def _detect_get(self, replica: Replica) -> backends.Getter:
+        """GETs for detection, with the tier's upstream credentials (a model list may need them)."""
+        headers = self.credentials.get(replica.tier)
+
+        async def get(url: str, timeout_s: float) -> Probe:
+            try:
+                status, body = await self._get(url, headers, timeout_s)
+            except (TimeoutError, aiohttp.ClientError, OSError):
+                return Probe(None)
+            return Probe(status, body[:65536])
+
+        return get
+
     async def _health(self, replica: Replica) -> tuple[str, bool] | None:
-        """``None`` when ``/health`` answered 200, else why not and whether that is final."""
+        """``None`` when the probe route answered 200, else why not and whether that is final."""
+        path = replica.health_path
+        timeout_s = backends.probe_timeout(replica, self.config.timeout_s)
         try:
-            status, _ = await self._get(replica.url + replica.health_path)
+            status, _ = await self._get(replica.url + path, self.credentials.get(replica.tier),
+                                        timeout_s)
         except TimeoutError:
-            return "health check timed out", False
+            return f"health check: {path} timed out after {timeout_s:g}s", False
         except (aiohttp.ClientError, OSError):
-            return "health check could not connect", True
-        return None if status == 200 else (f"health check answered {status}", True)
+            return "health check: could not connect", True
+        if status == 200:
+            return None
+        return f"health check: {path} answered {status}", True
 
     def _apply(self, replica: Replica, failure: tuple[str, bool] | None) -> None:
         now = time.monotonic()
@@ -229,6 +247,7 @@ class HealthMonitor:
                 _log.info("replica.healthy", tier=replica.tier, replica=replica.name)
             return
         error, definitive = failure
+        replica.last_probe_error = error
         replica.check_successes = 0
         replica.check_failures += 1
         threshold = 1 if definitive else self.config.unhealthy_after
@@ -239,14 +258,17 @@ class HealthMonitor:
                          reason=error)
 
     async def _scrape(self, replica: Replica) -> None:
+        kind = backends.kind_of(replica)
+        if kind.metrics_path is None or not kind.metrics:
+            return  # a server without Prometheus load numbers: the gateway's own counts only
         try:
-            status, body = await self._get(replica.url + "/metrics")
+            status, body = await self._get(replica.url + kind.metrics_path)
         except (TimeoutError, aiohttp.ClientError, OSError):
             return  # a missed scrape keeps the last numbers; /health decides liveness
         if status != 200:
             return
-        load = parse_metrics(body.decode("utf-8", "replace"))
-        for field in ("running", "waiting", "kv_usage", "prefix_queries", "prefix_hits"):
+        load = parse_metrics(body.decode("utf-8", "replace"), kind)
+        for field in _LOAD_FIELDS:
             value = getattr(load, field)
             if value is not None:
                 setattr(replica, field, value)

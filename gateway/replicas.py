@@ -65,7 +65,15 @@ class Replica:
     url: str
     max_concurrency: int
     name: str = ""
-    health_path: str = "/health"
+    # The tier's ``health_path`` (an override) and ``kind`` setting (``auto`` or a kind name).
+    health_override: str | None = None
+    kind_setting: str = "auto"
+    # What is known: the kind (``None`` until ``auto`` found out), why, the route probed.
+    kind: str | None = None
+    detection: str = ""
+    probe_path: str | None = None
+    resolved: bool = False
+    last_probe_error: str = ""
     in_flight: int = 0
     healthy: bool = True
     ejected_until: float = 0.0
@@ -75,6 +83,7 @@ class Replica:
     kv_usage: float = 0.0
     prefix_queries: float = 0.0
     prefix_hits: float = 0.0
+    prefix_hit_rate: float | None = None
     checked: bool = False
     check_failures: int = 0
     check_successes: int = 0
@@ -95,6 +104,31 @@ class Replica:
     def __post_init__(self) -> None:
         if not self.name:
             self.name = _display_name(self.url)
+        if self.kind_setting != "auto":
+            self.kind = self.kind_setting
+
+    @property
+    def health_path(self) -> str:
+        """The route its health is probed on (the kind's default until it is resolved)."""
+        if self.probe_path is not None:
+            return self.probe_path
+        return self.health_override or "/health"
+
+    def unavailable_reason(self, now: float) -> str | None:
+        """Why it cannot take a request now, in words for an error message; ``None``: it can."""
+        if not self.healthy:
+            return f"unhealthy ({self.last_probe_error or 'failed its health checks'})"
+        if self.ejected(now):
+            return (f"ejected for {self.ejected_until - now:.1f}s after repeated failures"
+                    f" ({self._last_error()})")
+        if now < self.cooldown_until:
+            return f"cooling down for {self.cooldown_until - now:.1f}s after a Retry-After"
+        if not self.has_capacity:
+            return f"at its concurrency cap ({self.max_concurrency})"
+        return None
+
+    def _last_error(self) -> str:
+        return self.recent_errors[-1].message if self.recent_errors else "no detail"
 
     def ejected(self, now: float) -> bool:
         """Taken out of rotation by passive outlier detection right now."""
@@ -133,11 +167,13 @@ class ReplicaPool:
         max_queue_wait_s: float,
         ejection: EjectionPolicy | None = None,
         *,
-        health_path: str = "/health",
+        health_path: str | None = None,
+        kind: str = "auto",
     ) -> None:
         self.tier = tier
         self.replicas = [
-            Replica(tier, url, max_concurrency, health_path=health_path) for url in urls
+            Replica(tier, url, max_concurrency, health_override=health_path, kind_setting=kind)
+            for url in urls
         ]
         self.max_queue_wait_s = max_queue_wait_s
         self.ejection = ejection or EjectionPolicy()

@@ -109,9 +109,13 @@ class TierSettings(Section):
     """
     timeouts: Timeouts = Field(default_factory=Timeouts)
     """Upstream timeouts for this tier."""
-    # What the health monitor probes: vLLM's /health; another server may need another path.
-    health_path: str = Field(default="/health", pattern=r"^/[^?#]*$")
-    """Path the health monitor probes on each replica (vLLM: /health)."""
+    kind: Literal["auto", "vllm", "sglang", "llamacpp", "ollama", "tgi", "trtllm", "openai"] = (
+        "auto"
+    )
+    """Which inference server the replicas run (docs/backends.md); `auto` detects it."""
+    health_path: str | None = Field(default=None, pattern=r"^/[^?#]*$")
+    """Overrides the route the health monitor probes (default: the kind's health route, else
+    /v1/models when the server has none)."""
     # http(s) media URLs (image_url...) the backend would fetch itself; data: URLs always pass.
     allow_remote_media: bool = False
     """Forward http(s) media URLs (image_url...) that the backend would fetch itself; data: URLs

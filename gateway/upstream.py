@@ -61,6 +61,7 @@ class AttemptFailed(Exception):
         self.status = status
         self.retry_after = retry_after
         self.body = body
+        self.replica: str | None = None  # which replica failed, for the caller's message
 
     @property
     def counts_against_replica(self) -> bool:
@@ -89,11 +90,14 @@ def _retry_after(headers: Any) -> float | None:
 
 
 def _upstream_message(raw: bytes, status: int) -> tuple[str, dict[str, Any] | None]:
-    """The message of a vLLM error body, current (``error``) or older (flat) shape."""
+    """The message of an error body: ``{"error": {...}}`` (vLLM, llama.cpp, Ollama), flat
+    (older vLLM, SGLang) or ``{"error": "...", "error_type": ...}`` (TGI)."""
     try:
         data = _decoder.decode(raw)
     except msgspec.DecodeError:
         return f"The backend answered {status}.", None
+    if isinstance(data, dict) and isinstance(data.get("error"), str) and data["error"]:
+        return data["error"][:2000], None
     if isinstance(data, dict):
         inner = data.get("error") if isinstance(data.get("error"), dict) else data
         message = inner.get("message") if isinstance(inner, dict) else None

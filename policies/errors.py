@@ -14,6 +14,9 @@ class TierGateError(Exception):
     status: int = 500
     error_type: str = "server_error"
     default_code: str | None = None
+    # Longer, still secret-free words on what went wrong (e.g. each replica's state), used
+    # when several failures are summed up in one message.
+    detail: str | None = None
 
     def __init__(
         self,

@@ -1,4 +1,4 @@
-"""The aiohttp application: vLLM's OpenAI-compatible routes plus the ``/sim/`` extension."""
+"""The aiohttp application: the OpenAI-compatible routes, the flavour's own, and ``/sim/``."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from simulator.control import add_control_routes
-from simulator.metrics import render
+from simulator.flavors import add_flavor_routes
 from simulator.responses import models_body
 from simulator.serving import JSON, base_headers, handle_completion
 from simulator.state import SimState
@@ -48,23 +48,13 @@ def build_app(state: SimState) -> web.Application:
         return await handle_completion(request, state, chat=False)
 
     async def models(request: web.Request) -> web.Response:
-        body = models_body(state.model, state.created, state.config.max_model_len)
+        body = models_body(state.model, state.created, state.config.max_model_len,
+                           owned_by=state.flavor.owned_by)
         return web.Response(body=body, content_type=JSON, headers=base_headers(request, state))
-
-    async def health(request: web.Request) -> web.Response:
-        return web.Response(status=200 if state.healthy else 503,
-                            headers=base_headers(request, state))
-
-    async def metrics(request: web.Request) -> web.Response:
-        text = render(state.engine.metrics, state.engine.gauges(), state.model,
-                      legacy=state.config.legacy_metrics)
-        return web.Response(text=text, content_type="text/plain", charset="utf-8",
-                            headers={"x-sim-replica": state.replica})
 
     app.router.add_post("/v1/chat/completions", chat)
     app.router.add_post("/v1/completions", completions)
     app.router.add_get("/v1/models", models)
-    app.router.add_get("/health", health)
-    app.router.add_get("/metrics", metrics)
+    add_flavor_routes(app, state)
     add_control_routes(app, state)
     return app

@@ -13,6 +13,7 @@ from aiohttp import web
 
 from simulator.app import build_app
 from simulator.faults import FaultRates
+from simulator.flavors import FLAVORS
 from simulator.profiles import PROFILES
 from simulator.quality import QualityModel
 from simulator.state import VLLM_VERSIONS, SimConfig, SimState
@@ -50,7 +51,8 @@ def _count(low: int) -> Callable[[str], int]:
 def build_parser() -> argparse.ArgumentParser:
     """The command-line interface."""
     parser = argparse.ArgumentParser(prog="tiergate simulate",
-                                     description="Simulated vLLM OpenAI-compatible server.")
+                                     description="Simulated OpenAI-compatible inference server "
+                                                 "(vLLM by default; see --flavor).")
     add = parser.add_argument
     add("--host", default="127.0.0.1")
     add("--port", type=_count(0), default=8000, help="0 picks a free port")
@@ -71,6 +73,12 @@ def build_parser() -> argparse.ArgumentParser:
              "rest of the context)")
     add("--label", default="",
         help="text put before every reply, e.g. '[simulated reply]' (no tokens counted)")
+    add("--flavor", choices=sorted(FLAVORS), default="vllm",
+        help="which server to answer as: health, metrics, stream usage, ids, error bodies")
+    add("--health-delay", type=_bounded(0.0), default=None, metavar="SECONDS",
+        help="how long the health route takes (default: the flavour's; sglang 1 s)")
+    add("--metrics", choices=("auto", "on", "off"), default="auto",
+        help="serve /metrics (auto: as the server does by default; sglang/llamacpp: off)")
     add("--legacy-metrics", action="store_true",
         help="also emit the deprecated vllm:gpu_cache_usage_perc")
     for name in _FAULT_OPTIONS:
@@ -105,6 +113,8 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         quality=(QualityModel.load(args.quality_file, weak=args.weak)
                  if args.quality_file is not None else None),
         label=args.label,
+        flavor=args.flavor, health_delay_s=args.health_delay,
+        metrics=args.metrics,
     )
 
 

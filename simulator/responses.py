@@ -36,10 +36,11 @@ def completion_body(response_id: str, created: int, model: str, *, chat: bool, t
     })
 
 
-def models_body(model: str, created: int, max_model_len: int) -> bytes:
-    """``GET /v1/models``: the one served model, in vLLM's shape."""
+def models_body(model: str, created: int, max_model_len: int, *, owned_by: str = "vllm"
+                ) -> bytes:
+    """``GET /v1/models``: the one served model, in vLLM's shape (``owned_by``: the server)."""
     card = {
-        "id": model, "object": "model", "created": created, "owned_by": "vllm",
+        "id": model, "object": "model", "created": created, "owned_by": owned_by,
         "root": model, "parent": None, "max_model_len": max_model_len,
         "permission": [{
             "id": f"modelperm-{model}", "object": "model_permission", "created": created,

@@ -14,7 +14,7 @@ from aiohttp import web
 from simulator.engine import QueueFullError, Sequence
 from simulator.planner import Plan
 from simulator.responses import completion_body
-from simulator.schemas import SimError, error_body
+from simulator.schemas import SimError
 from simulator.sse import DONE, ChunkEncoder, error_event
 from simulator.state import SimState
 
@@ -31,10 +31,16 @@ def base_headers(request: web.Request, state: SimState) -> dict[str, str]:
     return {"x-request-id": request_id, "x-sim-replica": state.replica}
 
 
-def error_response(error: SimError, headers: dict[str, str]) -> web.Response:
-    """An OpenAI-shaped error response."""
-    return web.Response(body=error.body(), status=error.status, content_type=JSON,
-                        headers=headers)
+def error_response(error: SimError, headers: dict[str, str], state: SimState | None = None
+                   ) -> web.Response:
+    """An error response, in the shape of the simulated server (vLLM's by default)."""
+    if state is None:
+        return web.Response(body=error.body(), status=error.status, content_type=JSON,
+                            headers=headers)
+    flavor = state.flavor
+    status = flavor.status(error.status)
+    return web.Response(body=flavor.error_body(status, error.message, error.param),
+                        status=status, content_type=JSON, headers=headers)
 
 
 async def _wait_for_disconnect() -> None:
@@ -72,7 +78,7 @@ async def _pre_response_fault(request: web.Request, state: SimState,
     if fault in ("fail_refuse", "fail_reset"):
         await _hang_up(request, reset=fault == "fail_reset")
     status = _FAULT_STATUS[fault]
-    body = error_body(status, f"Simulated {status} error (fault injection).")
+    body = state.flavor.error_body(status, f"Simulated {status} error (fault injection).")
     return web.Response(body=body, status=status, content_type=JSON, headers=headers)
 
 
@@ -120,6 +126,8 @@ async def handle_completion(request: web.Request, state: SimState, *, chat: bool
     state.last_request_id = request.headers.get("X-Request-Id")
     body = await request.read()
     state.last_body = body
+    if state.flavor.refuses_request_id(request.headers.get("X-Request-Id")):
+        return error_response(SimError(400, "Invalid X-Request-ID: not a UUID."), headers, state)
     if state.faults.active:
         faulted = await _pre_response_fault(request, state, headers)
         if faulted is not None:
@@ -127,7 +135,7 @@ async def handle_completion(request: web.Request, state: SimState, *, chat: bool
     try:
         plan = state.planner.plan(body, chat=chat)
     except SimError as error:
-        return error_response(error, headers)
+        return error_response(error, headers, state)
     prefix = "chatcmpl-" if chat else "cmpl-"
     engine_id = _engine_request_id(state, prefix + headers["x-request-id"])
     if engine_id is None:
@@ -149,7 +157,7 @@ async def _run(request: web.Request, state: SimState, plan: Plan, headers: dict[
         bound = engine.config.max_queue
         status = state.config.queue_full_status
         message = f"The engine's waiting queue is full ({bound} requests); retry later."
-        return error_response(SimError(status, message), headers)
+        return error_response(SimError(status, message), headers, state)
     try:
         if plan.stream:
             return await _stream(request, state, plan, seq, headers, started=started)
@@ -226,7 +234,7 @@ async def _stream(request: web.Request, state: SimState, plan: Plan, seq: Sequen
     if not plan.pieces:
         out.append(chunks.token("", plan.finish_reason))
     engine.finish(seq, plan.finish_reason)
-    if plan.include_usage:
+    if plan.include_usage and state.flavor.stream_usage:
         out.append(chunks.usage(len(plan.prompt_tokens), len(plan.output_tokens),
                                 _cached(state, seq)))
     out.append(DONE)

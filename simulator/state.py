@@ -10,6 +10,7 @@ import msgspec
 
 from simulator.engine import Engine, EngineConfig
 from simulator.faults import FaultInjector, FaultRates
+from simulator.flavors import FLAVORS
 from simulator.planner import Planner, PlannerConfig
 from simulator.prefix_cache import PrefixCache
 from simulator.profiles import Profile
@@ -46,6 +47,9 @@ class SimConfig:
     vllm_version: str = "current"
     api_key: str | None = field(default=None, repr=False)
     prompt_tokens_details: bool = False
+    flavor: str = "vllm"
+    health_delay_s: float | None = None  # None: the flavour's own
+    metrics: str = "auto"  # on | off | auto (the flavour's default)
 
 
 class SimState:
@@ -53,6 +57,7 @@ class SimState:
 
     def __init__(self, config: SimConfig) -> None:
         self.config = config
+        self.flavor = FLAVORS[config.flavor]
         self.model = config.model
         self.replica = config.replica
         self.created = int(time.time())

@@ -73,14 +73,23 @@ class _LiveCollector(Collector):
             sc.M_REPLICA_IN_FLIGHT, "Requests this gateway has in flight on the replica",
             labels=("tier", "replica"),
         )
+        backend = GaugeMetricFamily(
+            sc.M_REPLICA_BACKEND, "1 per replica, labelled with its backend kind (configured: "
+            "auto or a kind; kind: what it is treated as, 'unknown' until detected)",
+            labels=("tier", "replica", "configured", "kind"),
+        )
         now = time.monotonic()
         for tier, pool in self.pools.items():
             for replica in pool.replicas:
                 labels = (tier, replica.name)
                 healthy.add_metric(labels, 1.0 if replica.available(now) else 0.0)
                 in_flight.add_metric(labels, float(replica.in_flight))
+                backend.add_metric(
+                    (*labels, replica.kind_setting, replica.kind or "unknown"), 1.0
+                )
         yield healthy
         yield in_flight
+        yield backend
         yield from self._upstream()
         yield GaugeMetricFamily(
             sc.M_PRECISE_SHARE,

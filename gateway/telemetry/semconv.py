@@ -108,6 +108,7 @@ M_UPSTREAM_ATTEMPTS: Final = "tiergate_upstream_attempts"
 M_UPSTREAM_RETRIES: Final = "tiergate_upstream_retries"
 M_REPLICA_HEALTHY: Final = "tiergate_replica_healthy"
 M_REPLICA_IN_FLIGHT: Final = "tiergate_replica_in_flight"
+M_REPLICA_BACKEND: Final = "tiergate_replica_backend_info"
 M_STREAM_ABORTS: Final = "tiergate_stream_aborts"
 
 # Label values

@@ -1,0 +1,234 @@
+"""Backend kinds against real simulator processes of every flavour: detection, probe route,
+metric parsing, re-detection after an outage, and the admin view of what was found."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.request
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+from prometheus_client import CollectorRegistry
+from pydantic import ValidationError
+
+from gateway.backends import kind_of
+from gateway.explain import every_tier_failed, why_none
+from gateway.forwarding import _final_error
+from gateway.health import HealthConfig, HealthMonitor, parse_metrics
+from gateway.replicas import ReplicaPool
+from gateway.settings import TierSettings
+from gateway.telemetry.metrics import GatewayMetrics
+from gateway.upstream import AttemptFailed
+from policies.backends import KINDS
+from tests.processes import free_port
+from tests.simulator.procs import SimulatorFactory, SimulatorProcess, start_simulator
+
+__all__ = ["start_simulator"]
+
+# flavour -> (detected kind, probe route)
+EXPECTED = {
+    "vllm": ("vllm", "/health"),
+    "sglang": ("sglang", "/health"),
+    "llamacpp": ("llamacpp", "/health"),
+    "llamacpp-python": ("llamacpp", "/docs"),
+    "ollama": ("ollama", "/api/version"),
+    "tgi": ("tgi", "/health"),
+}
+
+
+@pytest.fixture
+async def session() -> AsyncIterator[aiohttp.ClientSession]:
+    """A client session for the monitor."""
+    async with aiohttp.ClientSession() as client:
+        yield client
+
+
+def _chat(sim: SimulatorProcess) -> None:
+    body = {"messages": [{"role": "user", "content": "x " * 200}], "max_tokens": 2}
+    request = urllib.request.Request(  # noqa: S310 - local http URL built by us
+        sim.url + "/v1/chat/completions", data=json.dumps(body).encode(), method="POST",
+        headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310 - same
+        assert response.status == 200
+
+
+@pytest.mark.parametrize("flavor", sorted(EXPECTED))
+async def test_auto_detects_every_flavour(start_simulator: SimulatorFactory,
+                                          session: aiohttp.ClientSession, flavor: str) -> None:
+    """``auto`` names the server, probes a route it has, and keeps it healthy."""
+    sim = start_simulator("--flavor", flavor, "--latency-scale", "0", "--health-delay", "0")
+    pool = ReplicaPool("fast", [sim.url], 4, 0.1)
+    monitor = HealthMonitor({"fast": pool}, HealthConfig(timeout_s=2.0))
+    monitor.session = session
+    await monitor.check_once()
+    replica = pool.replicas[0]
+    assert (replica.kind, replica.health_path) == EXPECTED[flavor]
+    assert replica.resolved
+    assert replica.detection
+    assert replica.healthy
+    assert monitor.readiness() == {"fast": True}
+
+
+@pytest.mark.parametrize("flavor", ["vllm", "sglang", "llamacpp", "tgi"])
+async def test_metrics_of_every_flavour_land_on_the_replica(
+    start_simulator: SimulatorFactory, session: aiohttp.ClientSession, flavor: str
+) -> None:
+    """Each kind's own sample names are read into running/waiting/KV/prefix numbers."""
+    sim = start_simulator("--flavor", flavor, "--latency-scale", "0", "--health-delay", "0",
+                          "--kv-blocks", "64", "--metrics", "on")
+    await asyncio.to_thread(_chat, sim)
+    await asyncio.to_thread(_chat, sim)  # the second one hits the prefix cache
+    text = sim.metrics_text()
+    load = parse_metrics(text, KINDS[flavor])
+    assert (load.running, load.waiting) == (0.0, 0.0)
+    stats = sim.stats()
+    if flavor in ("vllm", "llamacpp", "sglang"):
+        assert load.kv_usage == pytest.approx(stats["kv_cache_usage"])
+    if flavor in ("vllm", "sglang"):
+        assert load.prefix_hits == stats["prefix_cache_hits"] > 0
+        assert load.prefix_queries == stats["prefix_cache_queries"]
+    if flavor == "sglang":
+        assert load.prefix_hit_rate == pytest.approx(
+            stats["prefix_cache_hits"] / stats["prefix_cache_queries"])
+    pool = ReplicaPool("fast", [sim.url], 4, 0.1)
+    monitor = HealthMonitor({"fast": pool}, HealthConfig(timeout_s=2.0))
+    monitor.session = session
+    await monitor.check_once()
+    assert pool.replicas[0].scraped_at > 0
+
+
+async def test_no_metrics_are_scraped_where_the_kind_has_none(
+    start_simulator: SimulatorFactory, session: aiohttp.ClientSession
+) -> None:
+    """Ollama has no /metrics: the monitor does not ask for it, the replica stays healthy."""
+    sim = start_simulator("--flavor", "ollama", "--latency-scale", "0")
+    pool = ReplicaPool("fast", [sim.url], 4, 0.1, kind="ollama")
+    monitor = HealthMonitor({"fast": pool}, HealthConfig(timeout_s=2.0))
+    monitor.session = session
+    await monitor.check_once()
+    replica = pool.replicas[0]
+    assert replica.healthy
+    assert replica.scraped_at == 0.0
+    assert kind_of(replica).metrics_path is None
+
+
+async def test_a_slow_sglang_health_is_not_a_timeout(
+    start_simulator: SimulatorFactory, session: aiohttp.ClientSession
+) -> None:
+    """SGLang's ~1 s /health passes with the default 0.5 s timeout: the kind allows more."""
+    sim = start_simulator("--flavor", "sglang", "--latency-scale", "0")
+    pool = ReplicaPool("fast", [sim.url], 4, 0.1, kind="sglang")
+    monitor = HealthMonitor({"fast": pool}, HealthConfig(timeout_s=0.5, unhealthy_after=1))
+    monitor.session = session
+    await monitor.check_once()
+    await monitor.check_once()
+    assert pool.replicas[0].healthy
+    assert pool.replicas[0].check_failures == 0
+
+
+async def test_a_server_without_health_is_probed_on_the_model_list(
+    start_simulator: SimulatorFactory, session: aiohttp.ClientSession
+) -> None:
+    """A configured kind whose health route the server lacks falls back to /v1/models."""
+    sim = start_simulator("--flavor", "ollama", "--latency-scale", "0")
+    pool = ReplicaPool("fast", [sim.url], 4, 0.1, kind="vllm")
+    monitor = HealthMonitor({"fast": pool}, HealthConfig(timeout_s=2.0))
+    monitor.session = session
+    await monitor.check_once()
+    replica = pool.replicas[0]
+    assert (replica.kind, replica.health_path, replica.healthy) == ("vllm", "/v1/models", True)
+
+
+async def test_detection_waits_for_the_server_and_reruns_after_an_outage(
+    session: aiohttp.ClientSession,
+) -> None:
+    """Unreachable at start-up: unknown and unhealthy; up: detected; down and back: again."""
+    port = free_port()
+    pool = ReplicaPool("fast", [f"http://127.0.0.1:{port}"], 4, 0.1)
+    monitor = HealthMonitor({"fast": pool}, HealthConfig(timeout_s=1.0))
+    monitor.session = session
+    replica = pool.replicas[0]
+    await monitor.check_once()
+    assert (replica.kind, replica.resolved, replica.healthy) == (None, False, False)
+    args = ("--port", str(port), "--latency-scale", "0", "--health-delay", "0")
+    with SimulatorProcess("--flavor", "tgi", *args):
+        await monitor.check_once()
+        assert (replica.kind, replica.healthy) == ("tgi", True)
+    await monitor.check_once()
+    assert not replica.healthy
+    assert not replica.resolved
+    with SimulatorProcess("--flavor", "llamacpp", *args):
+        await monitor.check_once()
+        assert (replica.kind, replica.healthy) == ("llamacpp", True)
+
+
+async def test_an_override_is_probed_as_given(
+    start_simulator: SimulatorFactory, session: aiohttp.ClientSession
+) -> None:
+    """The tier's health_path wins over the kind's routes, even when it answers 404."""
+    sim = start_simulator("--flavor", "llamacpp-python", "--latency-scale", "0")
+    pool = ReplicaPool("fast", [sim.url], 4, 0.1, health_path="/health")
+    monitor = HealthMonitor({"fast": pool}, HealthConfig(timeout_s=2.0))
+    monitor.session = session
+    await monitor.check_once()
+    replica = pool.replicas[0]
+    assert replica.kind == "llamacpp"
+    assert not replica.healthy
+    assert replica.last_probe_error == "health check: /health answered 404"
+
+
+def test_settings_take_known_kinds_only() -> None:
+    """A tier's kind defaults to auto with no health_path; an unknown kind is refused."""
+    tier = TierSettings(model="m", replicas=["http://127.0.0.1:1"])
+    assert (tier.kind, tier.health_path) == ("auto", None)
+    assert TierSettings(model="m", replicas=["http://h:1"], kind="sglang").kind == "sglang"
+    with pytest.raises(ValidationError):
+        TierSettings(model="m", replicas=["http://h:1"], kind="vllm-ish")  # type: ignore[arg-type]
+
+
+def test_many_replicas_are_counted_not_listed() -> None:
+    """An error about a large tier names a few replicas and counts the rest."""
+    pool = ReplicaPool("fast", [f"http://10.0.0.{i}:8000" for i in range(20)], 4, 0.1)
+    for replica in pool.replicas:
+        replica.healthy = False
+        replica.last_probe_error = "health check: could not connect"
+    text = why_none(pool, 0.0)
+    assert text.count("replica 10.0.0.") == 8
+    assert text.endswith("and 12 more")
+
+
+def test_the_kind_is_a_prometheus_label() -> None:
+    """tiergate_replica_backend_info says each replica's configured and detected kind."""
+    pool = ReplicaPool("fast", ["http://10.0.0.1:8000", "http://10.0.0.2:8000"], 8, 1.0)
+    pool.replicas[0].kind = "sglang"
+    metrics = GatewayMetrics(CollectorRegistry(), {"fast": pool}, precise_tier="precise",
+                             target_share=0.3)
+    sample = metrics.registry.get_sample_value
+    assert sample("tiergate_replica_backend_info", {
+        "tier": "fast", "replica": "10.0.0.1:8000", "configured": "auto", "kind": "sglang"}) == 1
+    assert sample("tiergate_replica_backend_info", {
+        "tier": "fast", "replica": "10.0.0.2:8000", "configured": "auto", "kind": "unknown"}) == 1
+
+
+def test_summaries_name_each_distinct_answer_once() -> None:
+    """Retries that met the same answer are counted; one tier's own words stay first."""
+    failures = []
+    for _ in range(3):
+        failure = AttemptFailed("status_500", "Boom.", status=500)
+        failure.replica = "10.0.0.1:8000"
+        failures.append(failure)
+    error = _final_error("fast", failures[-1], failures)
+    assert error.detail == "replica 10.0.0.1:8000: Boom (x3)"
+    one = every_tier_failed([("fast", error)])
+    assert one.message == ("The 'fast' tier could not serve the request: Boom "
+                           "(replica 10.0.0.1:8000: Boom (x3)).")
+    pool = ReplicaPool("fast", ["http://10.0.0.2:8000"], 4, 0.1)
+    pool.replicas[0].healthy = False
+    pool.replicas[0].last_probe_error = "health check: could not connect"
+    missing = AttemptFailed("no_replica", f"No healthy replica in tier 'fast': "
+                                          f"{why_none(pool, 0.0)}.")
+    alone = every_tier_failed([("fast", _final_error("fast", missing, [missing]))])
+    assert alone.message == ("No healthy replica in tier 'fast': replica 10.0.0.2:8000 "
+                             "unhealthy (health check: could not connect).")
