@@ -26,8 +26,9 @@ PUBLIC = "http://93.184.215.14/cat.png"
 class Stack:
     """Two simulators (fast allows remote media, precise does not) behind one gateway."""
 
-    def __init__(self, gateway: GatewayProcess, fast: SimulatorProcess,
-                 precise: SimulatorProcess) -> None:
+    def __init__(
+        self, gateway: GatewayProcess, fast: SimulatorProcess, precise: SimulatorProcess
+    ) -> None:
         self.gateway, self.fast, self.precise = gateway, fast, precise
 
     def post(self, body: dict[str, Any]) -> httpx.Response:
@@ -38,22 +39,28 @@ class Stack:
 @pytest.fixture(scope="module")
 def stack() -> Iterator[Stack]:
     """Real simulators and a gateway; fast allows remote media, precise keeps inline only."""
-    with SimulatorProcess("--profile", "fast", "--model", "tiergate-fast",
-                          "--latency-scale", "0") as fast, \
-            SimulatorProcess("--profile", "precise", "--model", "tiergate-precise",
-                             "--latency-scale", "0") as precise:
+    with (
+        SimulatorProcess(
+            "--profile", "fast", "--model", "tiergate-fast", "--latency-scale", "0"
+        ) as fast,
+        SimulatorProcess(
+            "--profile", "precise", "--model", "tiergate-precise", "--latency-scale", "0"
+        ) as precise,
+    ):
         tiers = tiers_config([fast.url], [precise.url])
         tiers["fast"]["allow_remote_media"] = True
-        config = {"auth": {"enabled": False}, "tiers": tiers,
-                  "telemetry": {"access_log": False}}
+        config = {"auth": {"enabled": False}, "tiers": tiers, "telemetry": {"access_log": False}}
         with GatewayProcess(config) as gateway:
             yield Stack(gateway, fast, precise)
 
 
 def chat(parts: list[dict[str, Any]], model: str = "fast") -> dict[str, Any]:
     """A chat body whose one user message has ``parts``."""
-    return {"model": model, "max_tokens": 4,
-            "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}, *parts]}]}
+    return {
+        "model": model,
+        "max_tokens": 4,
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}, *parts]}],
+    }
 
 
 def assert_refused_and_not_forwarded(stack: Stack, body: dict[str, Any]) -> None:
@@ -66,14 +73,18 @@ def assert_refused_and_not_forwarded(stack: Stack, body: dict[str, Any]) -> None
     assert after == before
 
 
-@pytest.mark.parametrize("part", [
-    {"image_url": {"url": METADATA}},
-    {"image_url": METADATA},
-    {"video_url": {"url": "http://127.0.0.1:6379/"}},
-    {"audio_url": {"url": "http://10.0.0.5/a.wav"}},
-])
+@pytest.mark.parametrize(
+    "part",
+    [
+        {"image_url": {"url": METADATA}},
+        {"image_url": METADATA},
+        {"video_url": {"url": "http://127.0.0.1:6379/"}},
+        {"audio_url": {"url": "http://10.0.0.5/a.wav"}},
+    ],
+)
 def test_a_media_part_without_type_is_checked_like_a_typed_one(
-        stack: Stack, part: dict[str, Any]) -> None:
+    stack: Stack, part: dict[str, Any]
+) -> None:
     """vLLM fetches an untyped part's image_url/video_url/audio_url: it must be checked too."""
     assert_refused_and_not_forwarded(stack, chat([part]))
 
@@ -84,8 +95,7 @@ def test_a_media_part_with_a_uuid_and_another_type_is_checked(stack: Stack) -> N
     assert_refused_and_not_forwarded(stack, chat([part]))
 
 
-def test_an_untyped_remote_part_is_refused_where_the_tier_allows_inline_only(
-        stack: Stack) -> None:
+def test_an_untyped_remote_part_is_refused_where_the_tier_allows_inline_only(stack: Stack) -> None:
     """The precise tier allows inline media only; an untyped remote part slips past today."""
     before = stack.precise.stats()["requests_total"]
     resp = stack.post(chat([{"image_url": {"url": PUBLIC}}], model="precise"))
@@ -101,7 +111,8 @@ def test_a_backslash_authority_is_not_read_differently_by_the_fetcher(stack: Sta
     url = "http://127.0.0.1\\@8.8.8.8/x.png"
     assert parse_url(url).host == "127.0.0.1"  # what the backend would connect to
     assert_refused_and_not_forwarded(
-        stack, chat([{"type": "image_url", "image_url": {"url": url}}]))
+        stack, chat([{"type": "image_url", "image_url": {"url": url}}])
+    )
 
 
 def dead_port() -> int:
@@ -113,12 +124,12 @@ def dead_port() -> int:
 
 def test_fallback_does_not_carry_remote_media_to_a_tier_that_forbids_it() -> None:
     """Fast (remote media allowed) is down, precise (inline only) answers: no URL reaches it."""
-    with SimulatorProcess("--profile", "precise", "--model", "tiergate-precise",
-                          "--latency-scale", "0") as precise:
+    with SimulatorProcess(
+        "--profile", "precise", "--model", "tiergate-precise", "--latency-scale", "0"
+    ) as precise:
         tiers = tiers_config([f"http://127.0.0.1:{dead_port()}"], [precise.url])
         tiers["fast"]["allow_remote_media"] = True
-        config = {"auth": {"enabled": False}, "tiers": tiers,
-                  "telemetry": {"access_log": False}}
+        config = {"auth": {"enabled": False}, "tiers": tiers, "telemetry": {"access_log": False}}
         with GatewayProcess(config) as gateway:
             body = chat([{"type": "image_url", "image_url": {"url": PUBLIC}}])
             resp = httpx.post(gateway.url + "/v1/chat/completions", json=body, timeout=15)

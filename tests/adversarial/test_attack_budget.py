@@ -1,0 +1,101 @@
+"""Attacks on compute budgets (issue 17): answers that are served but never paid for."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.integration.gateway_proc import GatewayProcess, tiers_config
+from tests.integration.test_budgets_usage import new_key, spent
+from tests.redis_server import RedisServer
+from tests.simulator.procs import SimulatorProcess
+
+pytestmark = pytest.mark.slow
+ADMIN = "attack-budget-admin-token-000000000000"
+BODY = {
+    "model": "precise",
+    "max_tokens": 200,
+    "ignore_eos": True,
+    "stream": True,
+    "messages": [{"role": "user", "content": "x" * 396}],
+}
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[tuple[RedisServer, GatewayProcess]]:
+    """One redis-server, a simulator that streams at a human pace, one gateway."""
+    with (
+        RedisServer() as redis,
+        SimulatorProcess(
+            "--profile", "precise", "--model", "tiergate-sim", "--latency-scale", "1"
+        ) as sim,
+    ):
+        asyncio.run(new_key(redis.url))  # the gateway refuses to start with no key
+        tiers = tiers_config([sim.url], [sim.url])
+        for tier in tiers.values():
+            tier["model"] = "tiergate-sim"
+        config = {
+            "auth": {"store": "redis", "admin_token": ADMIN},
+            "ratelimit": {"backend": "redis"},
+            "redis": {"url": redis.url},
+            "tiers": tiers,
+            "telemetry": {"access_log": False},
+        }
+        with GatewayProcess(config) as gateway:
+            yield redis, gateway
+
+
+def read_then_hang_up(gateway: GatewayProcess, token: str, events: int) -> str:
+    """Stream a chat answer, keep ``events`` content events, close the connection."""
+    text = []
+    with (
+        httpx.Client(timeout=30) as client,
+        client.stream(
+            "POST",
+            gateway.url + "/v1/chat/completions",
+            json=BODY,
+            headers={"Authorization": f"Bearer {token}"},
+        ) as resp,
+    ):
+        assert resp.status_code == 200
+        for line in resp.iter_lines():
+            if '"content"' in line:
+                text.append(line)
+            if len(text) >= events:
+                break
+    return "".join(text)
+
+
+def test_a_stream_the_client_hangs_up_on_is_still_charged(
+    stack: tuple[RedisServer, GatewayProcess],
+) -> None:
+    """Tokens streamed to a caller who then disconnects cost something; today they cost 0."""
+    redis, gateway = stack
+    key_id, token = asyncio.run(new_key(redis.url, budget_daily=100.0))
+    received = read_then_hang_up(gateway, token, events=40)
+    assert received
+    time.sleep(1.0)  # the settlement runs after the stream closed
+    # 100 prompt tokens and 40+ completion tokens were served on precise (1 per 1k tokens).
+    assert asyncio.run(spent(redis.url, key_id)) >= 0.1
+
+
+def test_hanging_up_repeatedly_does_not_make_a_spent_budget_unlimited(
+    stack: tuple[RedisServer, GatewayProcess],
+) -> None:
+    """A key whose budget covers two answers cannot read ten by hanging up before the end."""
+    redis, gateway = stack
+    # Each request reserves (100 + 200) / 1000 = 0.3; the budget covers about two.
+    _, token = asyncio.run(new_key(redis.url, budget_daily=0.65))
+    served = 0
+    for _ in range(10):
+        try:
+            if read_then_hang_up(gateway, token, events=30):
+                served += 1
+        except AssertionError:
+            break  # a 429: the budget held
+        time.sleep(0.3)
+    assert served <= 3, f"{served} answers streamed on a budget worth about two"
