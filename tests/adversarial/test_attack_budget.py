@@ -99,3 +99,20 @@ def test_hanging_up_repeatedly_does_not_make_a_spent_budget_unlimited(
             break  # a 429: the budget held
         time.sleep(0.3)
     assert served <= 3, f"{served} answers streamed on a budget worth about two"
+
+
+@pytest.mark.parametrize("extra", [{"n": 10}, {"n": 10, "stream": False}])
+def test_a_request_for_n_answers_reserves_n_completions(
+    stack: tuple[RedisServer, GatewayProcess], extra: dict[str, object]
+) -> None:
+    """n=10 x 200 tokens can cost 2.1 on a budget of 0.65: refused up front, not forwarded."""
+    redis, gateway = stack
+    _, token = asyncio.run(new_key(redis.url, budget_daily=0.65))
+    resp = httpx.post(
+        gateway.url + "/v1/chat/completions",
+        json={**BODY, **extra},
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=30,
+    )
+    assert resp.status_code == 429, (resp.status_code, resp.text[:300])
+    assert "budget" in resp.json()["error"]["message"]
