@@ -137,3 +137,20 @@ def test_fallback_does_not_carry_remote_media_to_a_tier_that_forbids_it() -> Non
     assert seen is None or PUBLIC not in str(seen), "precise fetched a remote URL"
     assert resp.status_code in (400, 503), (resp.status_code, resp.text)
     assert set(resp.json()["error"]) >= {"message", "type", "param", "code"}
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://[64:ff9b::a9fe:a9fe]/latest/meta-data/",  # NAT64 (RFC 6052) of 169.254.169.254
+        "http://[64:ff9b::a00:5]/x.png",  # NAT64 of 10.0.0.5
+        "http://[64:ff9b::7f00:1]/x.png",  # NAT64 of 127.0.0.1
+        "http://[2002:a00:5::]/x.png",  # 6to4 of 10.0.0.5
+        "http://[::ffff:0:a00:5]/x.png",  # IPv4-translated (SIIT) 10.0.0.5
+    ],
+)
+def test_ipv6_forms_that_embed_a_private_ipv4_are_refused(stack: Stack, url: str) -> None:
+    """On IPv6-only clusters with NAT64 these reach the embedded IPv4 address."""
+    assert_refused_and_not_forwarded(
+        stack, chat([{"type": "image_url", "image_url": {"url": url}}])
+    )
