@@ -11,6 +11,7 @@ import pytest
 
 from tests.integration.gateway_proc import GatewayProcess, tiers_config
 from tests.integration.test_budgets_usage import new_key, spent
+from tests.processes import free_port
 from tests.redis_server import RedisServer
 from tests.simulator.procs import SimulatorProcess
 
@@ -116,3 +117,56 @@ def test_a_request_for_n_answers_reserves_n_completions(
     )
     assert resp.status_code == 429, (resp.status_code, resp.text[:300])
     assert "budget" in resp.json()["error"]["message"]
+
+
+def test_fallback_to_precise_is_reserved_at_the_precise_price() -> None:
+    """Fast is down: requests reserved at the fast price are served (and charged) on precise.
+
+    The documented bound is the budget plus the reservations in flight; today 20 concurrent
+    requests overshoot it about twofold, since each reserves a quarter of what it costs.
+    """
+    budget = 0.65
+    with (
+        RedisServer() as redis,
+        SimulatorProcess(
+            "--profile", "precise", "--model", "tiergate-sim", "--latency-scale", "1"
+        ) as sim,
+    ):
+        asyncio.run(new_key(redis.url))
+        dead = httpx.URL(sim.url).copy_with(port=free_port())
+        tiers = tiers_config([str(dead)], [sim.url])
+        for tier in tiers.values():
+            tier["model"] = "tiergate-sim"
+        config = {
+            "auth": {"store": "redis", "admin_token": ADMIN},
+            "ratelimit": {"backend": "redis"},
+            "redis": {"url": redis.url},
+            "tiers": tiers,
+            "telemetry": {"access_log": False},
+        }
+        key_id, token = asyncio.run(new_key(redis.url, budget_daily=budget))
+        with GatewayProcess(config) as gateway:
+            body = {**BODY, "model": "fast", "stream": False}
+            responses = asyncio.run(burst(gateway.url, token, body, 20))
+            ok = [r for r in responses if r.status_code == 200]
+            assert ok, [r.text[:200] for r in responses[:3]]
+            assert all(r.json()["model"] == "tiergate-sim" for r in ok)
+            time.sleep(1.0)
+            charged = asyncio.run(spent(redis.url, key_id))
+    fast_reservation = (100 + 200) / 1000 * 0.25
+    bound = budget + len(ok) * fast_reservation + 0.05  # + prompt-estimate slack
+    assert charged <= bound, f"{len(ok)} answers charged {charged:.3f}, bound {bound:.3f}"
+
+
+async def burst(url: str, token: str, body: dict[str, object], n: int) -> list[httpx.Response]:
+    """``n`` concurrent chat requests."""
+    async with httpx.AsyncClient(timeout=60) as client:
+        calls = [
+            client.post(
+                url + "/v1/chat/completions",
+                json=body,
+                headers={"Authorization": f"Bearer {token}"},
+            )
+            for _ in range(n)
+        ]
+        return list(await asyncio.gather(*calls))
