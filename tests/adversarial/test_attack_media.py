@@ -89,6 +89,18 @@ def test_a_media_part_without_type_is_checked_like_a_typed_one(
     assert_refused_and_not_forwarded(stack, chat([part]))
 
 
+def test_a_responses_style_input_image_part_is_checked(stack: Stack) -> None:
+    """vLLM's MM_PARSER_MAP reads ``{"type": "input_image", "image_url": URL}`` and fetches it."""
+    assert_refused_and_not_forwarded(stack, chat([{"type": "input_image", "image_url": METADATA}]))
+
+
+@pytest.mark.parametrize("kind", ["image_embeds", "audio_embeds"])
+def test_raw_embedding_parts_need_the_engine_fields_scope(stack: Stack, kind: str) -> None:
+    """Serialized tensors go to torch.load in the engine, like the refused prompt_embeds."""
+    tensor = "UEsDBAAACAgAAAAAAAAAAAAAAAAAAAAAAAAQABIAYXJjaGl2ZS9kYXRhLnBrbA=="
+    assert_refused_and_not_forwarded(stack, chat([{"type": kind, kind: tensor}]))
+
+
 def test_a_media_part_with_a_uuid_and_another_type_is_checked(stack: Stack) -> None:
     """With a ``uuid`` vLLM ignores ``type`` and reads ``image_url``: it must be checked too."""
     part = {"type": "text", "text": "x", "uuid": "u1", "image_url": {"url": METADATA}}
