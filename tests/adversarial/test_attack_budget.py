@@ -170,3 +170,23 @@ async def burst(url: str, token: str, body: dict[str, object], n: int) -> list[h
             for _ in range(n)
         ]
         return list(await asyncio.gather(*calls))
+
+
+def test_a_stream_the_client_hangs_up_on_appears_in_admin_usage(
+    stack: tuple[RedisServer, GatewayProcess],
+) -> None:
+    """/admin/usage counts the request and the tokens it streamed before the hang-up."""
+    redis, gateway = stack
+    key_id, token = asyncio.run(new_key(redis.url))
+    assert read_then_hang_up(gateway, token, events=20)
+    time.sleep(2.0)  # settled after the stream, flushed to Redis once a second
+    resp = httpx.get(
+        gateway.url + "/admin/usage?window=1h&by=key",
+        headers={"Authorization": f"Bearer {ADMIN}"},
+        timeout=10,
+    )
+    assert resp.status_code == 200
+    rows = [row for row in resp.json()["rows"] if row["key_id"] == key_id]
+    assert rows, "the hung-up stream is missing from /admin/usage"
+    assert sum(row["requests"] for row in rows) == 1
+    assert sum(row["output_tokens"] for row in rows) >= 20
