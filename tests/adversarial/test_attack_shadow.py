@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from gateway.keystore_file import FileKeyStore
+from policies.keys import issue_key
+from policies.principal import KeyPolicy
 from tests.integration.gateway_proc import GatewayProcess, tiers_config
 from tests.simulator.procs import SimulatorProcess
 
@@ -95,3 +99,41 @@ def test_a_shadow_respects_the_target_tier_max_tokens_cap(stack: Stack) -> None:
     assert seen, "no shadow reached fast"
     asked = max(int(seen.get("max_tokens") or 0), int(seen.get("max_completion_tokens") or 0))
     assert asked <= FAST_CAP, f"the shadow asked fast for {asked} tokens (cap {FAST_CAP})"
+
+
+def test_a_shadow_never_sends_a_prompt_to_a_tier_the_key_may_not_use(
+    tmp_path: Path,
+) -> None:
+    """A fast-only key's prompts stay off precise: allowed_tiers binds shadows too."""
+    path = tmp_path / "keys.yaml"
+    record, key = issue_key("t", KeyPolicy(allowed_tiers=frozenset({"fast"})), now=time.time())
+    FileKeyStore(path).put_sync(record)
+    with (
+        SimulatorProcess(
+            "--profile", "fast", "--model", "tiergate-fast", "--latency-scale", "0"
+        ) as fast,
+        SimulatorProcess(
+            "--profile", "precise", "--model", "tiergate-precise", "--latency-scale", "0"
+        ) as precise,
+    ):
+        config = {
+            "auth": {"keys_file": str(path)},
+            "tiers": tiers_config([fast.url], [precise.url]),
+            "router": {"shadow": {"fast_ratio": 1.0, "max_waiting": 1000}},
+            "telemetry": {"access_log": False},
+        }
+        with GatewayProcess(config) as gateway:
+            body = {
+                "model": "fast",
+                "max_tokens": 4,
+                "messages": [{"role": "user", "content": "confidential: fast tier only"}],
+            }
+            resp = httpx.post(
+                gateway.url + "/v1/chat/completions",
+                json=body,
+                headers={"Authorization": f"Bearer {key}"},
+                timeout=10,
+            )
+            assert resp.status_code == 200, resp.text
+            seen = wait_for_request(precise, 0)
+    assert not seen, "a fast-only key's prompt was sent to precise by a shadow"
