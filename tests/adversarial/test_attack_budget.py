@@ -190,3 +190,45 @@ def test_a_stream_the_client_hangs_up_on_appears_in_admin_usage(
     assert rows, "the hung-up stream is missing from /admin/usage"
     assert sum(row["requests"] for row in rows) == 1
     assert sum(row["output_tokens"] for row in rows) >= 20
+
+
+def test_a_stream_the_backend_breaks_mid_way_is_charged_for_what_it_sent() -> None:
+    """The backend drops the stream after some tokens: those tokens still cost something."""
+    with (
+        RedisServer() as redis,
+        SimulatorProcess(
+            "--profile",
+            "precise",
+            "--model",
+            "tiergate-sim",
+            "--latency-scale",
+            "1",
+            "--drop-mid-stream",
+            "1.0",
+        ) as sim,
+    ):
+        asyncio.run(new_key(redis.url))
+        tiers = tiers_config([sim.url], [sim.url])
+        for tier in tiers.values():
+            tier["model"] = "tiergate-sim"
+        config = {
+            "auth": {"store": "redis", "admin_token": ADMIN},
+            "ratelimit": {"backend": "redis"},
+            "redis": {"url": redis.url},
+            "tiers": tiers,
+            "telemetry": {"access_log": False},
+        }
+        key_id, token = asyncio.run(new_key(redis.url, budget_daily=100.0))
+        with GatewayProcess(config) as gateway:
+            resp = httpx.post(
+                gateway.url + "/v1/chat/completions",
+                json=BODY,
+                timeout=30,
+                headers={"Authorization": f"Bearer {token}"},
+            )
+            content = [line for line in resp.text.splitlines() if '"content"' in line]
+            assert content, resp.text[:300]
+            assert "[DONE]" not in resp.text
+            time.sleep(1.0)
+            charged = asyncio.run(spent(redis.url, key_id))
+    assert charged > 0, f"{len(content)} content events streamed, 0 charged"
