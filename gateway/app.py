@@ -21,8 +21,9 @@ from gateway.errors import EXCEPTION_HANDLERS
 from gateway.forwarding import Forwarder, TierRoute
 from gateway.health import HealthConfig, HealthMonitor
 from gateway.ops import Readiness, ops_handlers
-from gateway.proxy import FieldRules, ProxyService, RequestObserver
+from gateway.proxy import ProxyService, RequestObserver
 from gateway.replicas import EjectionPolicy, ReplicaPool
+from gateway.request_body import FieldRules
 from gateway.retry import RetryPolicy
 from gateway.routing import TierRouter, threshold_policy
 from gateway.settings import BalancingSettings, Settings, TierSettings

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -24,6 +24,7 @@ from redis.exceptions import RedisError
 from gateway.context import RequestContext
 from gateway.limits import KeyRateLimited
 from policies.cost import CostModel, TierPrice
+from policies.ports import Admission
 from policies.principal import Principal
 
 _log = structlog.get_logger("tiergate.budgets")
@@ -182,14 +183,18 @@ class BudgetGate:
         self.fail_open = fail_open
         self.clock = clock or time.time
 
-    async def reserve(self, principal: Principal, tier: str, prompt_tokens: int,
+    async def reserve(self, principal: Principal, tiers: Sequence[str], prompt_tokens: int,
                       completion_tokens: int) -> BudgetReservation | None:
-        """``None`` for keys without budgets; raises a 429 when the reservation does not fit."""
+        """``None`` for keys without budgets; raises a 429 when the reservation does not fit.
+
+        The reservation is priced on the dearest of ``tiers`` (the routed tier and its
+        fallbacks), so a fallback to a dearer tier never charges more than was reserved.
+        """
         policy = principal.policy
         if policy.budget_daily is None and policy.budget_monthly is None:
             return None
         windows = Windows.at(self.clock())
-        amount = self.costs.cost(tier, prompt_tokens, completion_tokens)
+        amount = max(self.costs.cost(t, prompt_tokens, completion_tokens) for t in tiers)
         try:
             refused, spent = await self.store.reserve(
                 principal.key_id, windows, policy.budget_daily, policy.budget_monthly, amount)
@@ -221,3 +226,39 @@ def _headers(day_budget: float | None, spent_today: float, windows: Windows) -> 
 def cost_model(prices: Mapping[str, tuple[float, float]], baseline: str) -> CostModel:
     """A cost model from (input, output) prices per 1k tokens."""
     return CostModel({tier: TierPrice(*p) for tier, p in prices.items()}, baseline)
+
+
+@dataclass(slots=True)
+class BudgetedAdmission:
+    """The rate-limit admission and the budget reservation, settled together."""
+
+    admission: Admission
+    reservation: BudgetReservation
+    ctx: RequestContext
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        """Both sets of ``x-ratelimit-*`` headers."""
+        return {**self.admission.headers, **self.reservation.headers}
+
+    async def settle(self, used_tokens: int | None) -> None:
+        """Settle the limits with the tokens, the budget with their cost on the serving tier."""
+        await self.admission.settle(used_tokens)
+        await self.reservation.settle(self.ctx)
+
+    async def withdraw(self) -> None:
+        """Refused before forwarding: the limits and the whole reservation go back."""
+        await self.admission.withdraw()
+        await self.reservation.refund()
+
+
+async def with_budget(gate: BudgetGate, admission: Admission, ctx: RequestContext, *,
+                      principal: Principal, tiers: Sequence[str], prompt_tokens: int,
+                      completion_tokens: int) -> Admission:
+    """Reserve the request's worst-case cost; on a 429 give the rate-limit admission back."""
+    try:
+        reservation = await gate.reserve(principal, tiers, prompt_tokens, completion_tokens)
+    except BaseException:
+        await admission.withdraw()
+        raise
+    return admission if reservation is None else BudgetedAdmission(admission, reservation, ctx)

@@ -119,7 +119,8 @@ class Forwarder:
                 break
             try:
                 exchange = await self._forward_tier(
-                    ctx, path, body, tier, prefix_blocks=prefix_blocks, deadline=deadline
+                    ctx, path, body, tier, prefix_blocks=prefix_blocks, deadline=deadline,
+                    fallback=index > 0,
                 )
             except (UpstreamUnavailable, Overloaded) as exc:
                 failed.append((tier, exc))
@@ -140,6 +141,7 @@ class Forwarder:
         *,
         prefix_blocks: Sequence[int],
         deadline: float,
+        fallback: bool = False,
     ) -> Exchange:
         route = self.routes[tier]
         body["model"] = route.served_model
@@ -149,7 +151,7 @@ class Forwarder:
         pool = route.pool
         loop = RetryLoop(
             self.policy, self.budget, deadline, ready_in=lambda: pool.ready_in(time.monotonic()),
-            replicas=len(pool.replicas),
+            replicas=len(pool.replicas), counts_as_request=not fallback,
         )
         tried: set[str] = set()
 

@@ -16,25 +16,23 @@ from litestar import Request, Response
 from litestar.background_tasks import BackgroundTask
 from litestar.response import Stream
 
-from gateway.budgets import BudgetGate, BudgetReservation
+from gateway.budgets import BudgetGate, with_budget
 from gateway.context import Failure, RequestContext, request_id_from
 from gateway.forwarding import Exchange, Forwarder
-from gateway.media import check_media
 from gateway.relay import StreamRelay, usage_from
+from gateway.request_body import FieldRules, decode
 from gateway.routing import TierRouter
 from gateway.shadow import ShadowRunner, answer_text
 from gateway.spillover import Spillover
 from policies.errors import InvalidRequest, TierGateError
-from policies.fields import FieldPolicy, check_fields, media_urls
 from policies.ports import Admission, Authenticator, RequestLimiter
 from policies.prefix import PrefixConfig, prefix_blocks
-from policies.principal import SCOPE_ENGINE_FIELDS, Principal
+from policies.principal import Principal
 from policies.requests import (
     RequestKind,
     RequestSummary,
     check_completions,
     default_max_tokens,
-    json_depth,
     validate,
 )
 from policies.tiering import RouteDecision
@@ -143,7 +141,7 @@ class ProxyService:
         principal = await self.auth.authenticate(headers.get("authorization"))
         ctx.principal = principal
         ctx.mark("auth")
-        body = _decode(await request.body(), self.fields.max_depth)
+        body = decode(await request.body(), self.fields.max_depth)
         summary = validate(body, kind)
         ctx.summary = summary
         check_completions(summary, principal.policy.max_n)
@@ -160,7 +158,8 @@ class ProxyService:
         await asyncio.sleep(0)  # let the check send its command before classifying
         try:
             decision = self._decide(summary, body, principal, headers.get("x-tiergate-tier"))
-            await self.fields.check(body, kind, principal, decision.tier)
+            tiers = await self.fields.check(body, kind, principal,
+                                            self.router.tiers_for(decision, principal))
         except BaseException:
             await _withdraw(admitting)
             raise
@@ -168,8 +167,8 @@ class ProxyService:
         ctx.mark("classify")
         admission = await admitting
         if self.budgets is not None:
-            admission = await _with_budget(
-                self.budgets, admission, ctx, principal=principal, tier=decision.tier,
+            admission = await with_budget(
+                self.budgets, admission, ctx, principal=principal, tiers=tiers,
                 prompt_tokens=summary.prompt_token_estimate,
                 completion_tokens=completion * summary.completions)
         ctx.admitted = True
@@ -181,7 +180,6 @@ class ProxyService:
                 options = body.get("stream_options") or {}
                 body["stream_options"] = {**options, "include_usage": True}
                 strip_usage = True
-            tiers = self.router.tiers_for(decision, principal)
             if summary.max_tokens is None:
                 defaults = [self.default_max_tokens[tier] for tier in tiers]
                 body["max_tokens"] = default_max_tokens(defaults, key_cap, kind, lowest=True)
@@ -198,14 +196,25 @@ class ProxyService:
         return self._stream(ctx, exchange, admission, shadow, strip_usage=strip_usage)
 
     def _shadow_of(self, ctx: RequestContext, path: str, body: dict[str, Any]) -> _Shadow | None:
-        """Whether this answered request is sampled for shadow evaluation."""
-        if self.shadow is None or ctx.tier is None:
+        """Whether this answered request is sampled for shadow evaluation.
+
+        Never for a tier this key may not use or whose rules would refuse the body; the
+        shadow's ``max_tokens`` is clamped to the target tier's (and the key's) cap.
+        """
+        principal = ctx.principal
+        if self.shadow is None or ctx.tier is None or principal is None:
             return None
         direction = self.shadow.sample(ctx.tier)
         if direction is None:
             return None
+        target = self.shadow.target_of(direction)
+        if not principal.policy.allows_tier(target) or not self.fields.accepts(body, target):
+            return None
+        cap = self.tier_caps[target]
+        if principal.policy.max_tokens is not None:
+            cap = min(cap, principal.policy.max_tokens)
         score = ctx.decision.score if ctx.decision is not None else None
-        return _Shadow(self.shadow, direction, path, body, score)
+        return _Shadow(self.shadow, direction, path, body, score, cap)
 
     def _stream(
         self, ctx: RequestContext, exchange: Exchange, admission: Admission,
@@ -287,42 +296,6 @@ class ProxyService:
             )
 
 
-@dataclass(slots=True)
-class _Budgeted:
-    """The rate-limit admission and the budget reservation, settled together."""
-
-    admission: Admission
-    reservation: BudgetReservation
-    ctx: RequestContext
-
-    @property
-    def headers(self) -> Mapping[str, str]:
-        """Both sets of ``x-ratelimit-*`` headers."""
-        return {**self.admission.headers, **self.reservation.headers}
-
-    async def settle(self, used_tokens: int | None) -> None:
-        """Settle the limits with the tokens, the budget with their cost on the serving tier."""
-        await self.admission.settle(used_tokens)
-        await self.reservation.settle(self.ctx)
-
-    async def withdraw(self) -> None:
-        """Refused before forwarding: the limits and the whole reservation go back."""
-        await self.admission.withdraw()
-        await self.reservation.refund()
-
-
-async def _with_budget(gate: BudgetGate, admission: Admission, ctx: RequestContext, *,
-                       principal: Principal, tier: str, prompt_tokens: int,
-                       completion_tokens: int) -> Admission:
-    """Reserve the request's worst-case cost; on a 429 give the rate-limit admission back."""
-    try:
-        reservation = await gate.reserve(principal, tier, prompt_tokens, completion_tokens)
-    except BaseException:
-        await admission.withdraw()
-        raise
-    return admission if reservation is None else _Budgeted(admission, reservation, ctx)
-
-
 @dataclass(frozen=True, slots=True)
 class _Shadow:
     """A request sampled for shadow evaluation, to hand over once its answer is known."""
@@ -332,10 +305,12 @@ class _Shadow:
     path: str
     body: dict[str, Any]
     score: float | None
+    max_tokens: int
 
     def submit(self, answer: str) -> None:
         """Start the shadow (never awaited by the caller's response)."""
-        self.runner.submit(self.direction, self.path, self.body, answer, self.score)
+        self.runner.submit(self.direction, self.path, self.body, answer, self.score,
+                           max_tokens=self.max_tokens)
 
 
 async def _after_complete(
@@ -355,49 +330,3 @@ async def _withdraw(admitting: asyncio.Future[Admission]) -> None:
     except TierGateError:
         return  # refused by the limits too; the earlier error is the one the caller sees
     await admission.withdraw()
-
-
-def _decode(raw: bytes, max_depth: int) -> Any:
-    if not raw:
-        raise InvalidRequest("The request body is empty; send a JSON object.")
-    try:
-        body = _decoder.decode(raw)
-    except msgspec.DecodeError:
-        raise InvalidRequest("The request body is not valid JSON.", code="invalid_json") from None
-    except RecursionError:  # msgspec's own guard, near 1,000 levels
-        raise _too_deep(max_depth) from None
-    # Cheap bound first: a body with fewer brackets than the limit cannot nest deeper.
-    if raw.count(b"{") + raw.count(b"[") > max_depth and json_depth(body) > max_depth:
-        raise _too_deep(max_depth)
-    return body
-
-
-def _too_deep(max_depth: int) -> InvalidRequest:
-    return InvalidRequest(
-        f"The request body nests objects and arrays more than {max_depth} levels deep.",
-        code="json_too_deep",
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class FieldRules:
-    """Which fields and media each tier accepts (policies/fields.py), per key scope."""
-
-    structured: Mapping[str, bool]
-    remote_media: Mapping[str, bool]
-    policy: FieldPolicy = field(default_factory=FieldPolicy)
-    max_depth: int = 64
-
-    async def check(
-        self, body: dict[str, Any], kind: RequestKind, principal: Principal, tier: str
-    ) -> None:
-        """Refuse (400) what this key may not send to ``tier``; drop what policy drops."""
-        check_fields(
-            body, kind, self.policy,
-            engine_fields=principal.policy.has_scope(SCOPE_ENGINE_FIELDS),
-            structured_outputs=self.structured.get(tier, True),
-        )
-        if kind == "chat":
-            urls = media_urls(body)
-            if urls:
-                await check_media(urls, remote_allowed=self.remote_media.get(tier, False))

@@ -92,6 +92,10 @@ class StreamRelay:
         if self.closed:
             return
         self.closed = True
+        if self.ctx.usage is None and self.last_data:
+            # Ended early (client gone, backend broke): what was streamed was still served,
+            # and limits, budgets and the usage ledger count it.
+            self._count_usage()
         self.exchange.finish(abort=not self.done, failed=self.outcome in UPSTREAM_FAILURES)
         self.on_close(self.ctx, self.outcome)
 
@@ -143,6 +147,17 @@ class StreamRelay:
         if isinstance(text, str) and self.captured is not None:
             self.captured.append(text)
 
+    def _count_usage(self) -> Usage:
+        """The gateway's own count: its prompt estimate and one token per content chunk."""
+        summary = self.ctx.summary
+        completion = self.token_events
+        if summary is not None and summary.max_tokens is not None:
+            completion = min(completion, summary.max_tokens)
+        prompt = summary.prompt_token_estimate if summary is not None else 0
+        usage = Usage(prompt_tokens=prompt, completion_tokens=completion)
+        self.ctx.usage = usage
+        return usage
+
     def _estimated_usage(self) -> bytes:
         """Usage for a backend that never reports it in streams (llama.cpp's server).
 
@@ -150,12 +165,8 @@ class StreamRelay:
         chunk (llama.cpp streams one token a chunk); it settles token limits and, when the
         caller asked for usage, goes out as the usage chunk vLLM would have sent.
         """
-        summary = self.ctx.summary
-        completion = self.token_events
-        if summary is not None and summary.max_tokens is not None:
-            completion = min(completion, summary.max_tokens)
-        prompt = summary.prompt_token_estimate if summary is not None else 0
-        self.ctx.usage = Usage(prompt_tokens=prompt, completion_tokens=completion)
+        usage = self._count_usage()
+        prompt, completion = usage.prompt_tokens, usage.completion_tokens
         if self.strip_usage or not self.last_data:
             return b""
         try:

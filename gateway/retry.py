@@ -193,13 +193,17 @@ class RetryLoop:
         budget: RetryBudget,
         deadline: float,
         ready_in: Callable[[], float | None] | None = None,
+        *,
         replicas: int = 1,
+        counts_as_request: bool = True,
     ) -> None:
         self.policy = policy
         self.budget = budget
         self.deadline = deadline
         self.ready_in = ready_in
         self.replicas = replicas
+        # A fallback tier's loop is the same client request: it must not pay the budget again.
+        self.counts_as_request = counts_as_request
         self.free_retries = 0
         self.five_hundreds = 0
         self.attempts = 0
@@ -231,7 +235,8 @@ class RetryLoop:
         attempt 1 so every rule sees exactly the same sequence as a pure tenacity loop.
         """
         self.budget.in_flight += 1
-        self.budget.started()
+        if self.counts_as_request:
+            self.budget.started()
         try:
             self.attempts = 1
             try:

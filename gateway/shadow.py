@@ -173,13 +173,22 @@ class ShadowRunner:
                 and r.waiting <= self.config.max_waiting]
         return min(idle, key=lambda r: r.in_flight, default=None)
 
+    def target_of(self, direction: str) -> str:
+        """The tier a shadow in ``direction`` is sent to."""
+        return self.precise_tier if direction == UNDER else self.fast_tier
+
     def submit(self, direction: str, path: str, body: dict[str, Any], primary: str,
-               score: float | None) -> None:
-        """Start the shadow of one answered request, unless capacity says skip."""
+               score: float | None, *, max_tokens: int | None = None) -> None:
+        """Start the shadow of one answered request, unless capacity says skip.
+
+        ``max_tokens`` caps the shadow's completion (the target tier's limit).
+        """
         if self.running >= self.config.max_concurrent:
             self._count(direction, "skipped_concurrency")
             return
-        target = self.precise_tier if direction == UNDER else self.fast_tier
+        target = self.target_of(direction)
+        if max_tokens is not None:
+            body = _capped(body, max_tokens)
         replica = self._idle_replica(target)
         session = self.session()
         if replica is None or session is None:
@@ -256,6 +265,17 @@ class ShadowRunner:
         for task in list(self._tasks):
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+def _capped(body: dict[str, Any], cap: int) -> dict[str, Any]:
+    """A copy of ``body`` whose completion limits are at most ``cap``."""
+    out = dict(body)
+    for name in ("max_tokens", "max_completion_tokens"):
+        value = out.get(name)
+        out[name] = cap if not isinstance(value, int) or value > cap else value
+    if "max_completion_tokens" not in body:
+        out.pop("max_completion_tokens")
+    return out
 
 
 def score_bucket(score: float | None) -> str:

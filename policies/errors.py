@@ -7,9 +7,20 @@ Messages must never contain secrets: callers build them from safe values only.
 
 from __future__ import annotations
 
+_MAX_MESSAGE = 2000
+_MAX_PARAM = 128
+
+
+def _bounded(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
 
 class TierGateError(Exception):
-    """Base of every error rendered to a caller."""
+    """Base of every error rendered to a caller.
+
+    Messages and ``param`` often quote what the caller sent (a field name, a model); both are
+    bounded here, so a 500 kB field name is never echoed back (or logged) in full.
+    """
 
     status: int = 500
     error_type: str = "server_error"
@@ -26,9 +37,10 @@ class TierGateError(Exception):
         code: str | None = None,
         headers: dict[str, str] | None = None,
     ) -> None:
+        message = _bounded(message, _MAX_MESSAGE)
         super().__init__(message)
         self.message = message
-        self.param = param
+        self.param = _bounded(param, _MAX_PARAM) if param is not None else None
         self.code = code if code is not None else self.default_code
         self.headers: dict[str, str] = dict(headers or {})
 

@@ -62,7 +62,13 @@ ENGINE_CONTROL_FIELDS = frozenset({
     "allowed_token_ids", "bad_words", "echo_prompt", "lora_request", "data_parallel_rank",
     "media_io_kwargs", "thinking_token_budget",
 })
-MEDIA_PART_TYPES = ("image_url", "audio_url", "video_url", "input_audio", "file")
+# Keys a content part may carry media under. vLLM finds a part's media by these keys (and a
+# part with a ``uuid`` by its keys alone), not by ``type``, so every part is searched for all.
+MEDIA_KEYS = ("image_url", "input_image", "audio_url", "video_url", "input_audio", "file",
+              "image", "video", "audio")
+# Serialized tensors the engine loads as they are: only with the engine_fields scope.
+EMBEDDING_KEYS = ("image_embeds", "audio_embeds", "video_embeds", "prompt_embeds")
+_URL_FORBIDDEN = frozenset("\\") | frozenset(chr(c) for c in range(0x21)) | {chr(0x7F)}
 
 UnknownFields = Literal["reject", "drop"]
 
@@ -117,6 +123,24 @@ def check_fields(
         del body[name]
 
 
+_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+_NAT64_LOCAL = ipaddress.IPv6Network("64:ff9b:1::/48")
+_TRANSLATED = ipaddress.IPv6Network("::ffff:0:0:0/96")
+
+
+def _embedded_ipv4(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 one carries (mapped, NAT64, IPv4-translated, 6to4, Teredo)."""
+    if ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    if ip in _NAT64 or ip in _NAT64_LOCAL or ip in _TRANSLATED:
+        return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    if ip.sixtofour is not None:
+        return ip.sixtofour
+    if ip.teredo is not None:
+        return ip.teredo[1]
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class MediaUrl:
     """A URL found in a media part, with the parameter path to name in errors."""
@@ -126,17 +150,32 @@ class MediaUrl:
 
 
 def _part_urls(part: dict[str, Any]) -> Iterator[str]:
-    kind = part.get("type")
-    if kind not in MEDIA_PART_TYPES:
-        return
-    inner = part.get(kind)
-    if isinstance(inner, str):
-        yield inner
-    elif isinstance(inner, dict):
-        for key in ("url", "file_data", "data"):
-            value = inner.get(key)
-            if isinstance(value, str) and (key == "url" or ":" in value[:16]):
-                yield value
+    for kind in MEDIA_KEYS:
+        inner = part.get(kind)
+        if isinstance(inner, str):
+            yield inner
+        elif isinstance(inner, dict):
+            for key in ("url", "file_data", "data", "image_url"):
+                value = inner.get(key)
+                if isinstance(value, str) and (key in ("url", "image_url") or ":" in value[:16]):
+                    yield value
+
+
+def embedding_parts(body: dict[str, Any]) -> list[str]:
+    """The parameter paths of raw-embedding content parts in a chat body."""
+    found: list[str] = []
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return found
+    for i, message in enumerate(messages):
+        content = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(content, list):
+            continue
+        for j, part in enumerate(content):
+            if isinstance(part, dict) and (
+                    part.get("type") in EMBEDDING_KEYS or any(k in part for k in EMBEDDING_KEYS)):
+                found.append(f"messages[{i}].content[{j}]")
+    return found
 
 
 def media_urls(body: dict[str, Any]) -> list[MediaUrl]:
@@ -176,9 +215,15 @@ def remote_host(media: MediaUrl, *, remote_allowed: bool) -> tuple[str, int] | N
         )
     try:
         parts = urlsplit(url)
-        host, port = parts.hostname, parts.port
+        host, port, netloc = parts.hostname, parts.port, parts.netloc
     except ValueError:
-        host, port = None, None
+        host, port, netloc = None, None, ""
+    # Parsers disagree on backslashes, user info and control characters (``http://a\@b/``
+    # is host b here and host a to urllib3): a URL the fetcher could read differently is refused.
+    if _URL_FORBIDDEN.intersection(url) or "@" in netloc:
+        raise InvalidRequest(f"'{media.param}': the URL has characters or user info that "
+                             "parsers read differently.", param=media.param,
+                             code="invalid_media_url")
     if not host:
         raise InvalidRequest(f"'{media.param}': the URL has no valid host.",
                              param=media.param, code="invalid_media_url")
@@ -192,10 +237,10 @@ def remote_host(media: MediaUrl, *, remote_allowed: bool) -> tuple[str, int] | N
 
 def check_address(media: MediaUrl, address: str) -> None:
     """Refuse a media URL whose host is (or resolves to) a non-global address."""
-    ip = ipaddress.ip_address(address.split("%", 1)[0])
-    mapped = getattr(ip, "ipv4_mapped", None)
-    if mapped is not None:
-        ip = mapped
+    ip: ipaddress.IPv4Address | ipaddress.IPv6Address = ipaddress.ip_address(
+        address.split("%", 1)[0])
+    if isinstance(ip, ipaddress.IPv6Address):
+        ip = _embedded_ipv4(ip) or ip
     if not ip.is_global or ip.is_multicast:
         raise InvalidRequest(
             f"'{media.param}': the URL points at a private, loopback, link-local or "

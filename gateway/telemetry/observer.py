@@ -38,7 +38,7 @@ def access_fields(
         "key_id": principal.key_id if principal is not None else None,
         "tenant": principal.tenant if principal is not None else None,
         "route": ctx.route,
-        "model": summary.model if summary is not None else None,
+        "model": summary.model[:128] if summary is not None else None,  # caller-chosen
         "stream": summary.stream if summary is not None else None,
         "tier": ctx.tier or (decision.tier if decision is not None else None),
         "reason": decision.reason if decision is not None else None,
