@@ -60,7 +60,7 @@ def test_windows_are_utc_day_and_month() -> None:
 
 async def test_keys_without_budgets_reserve_nothing(store: BudgetStore) -> None:
     """No budget: no store call, no reservation."""
-    assert await BudgetGate(store, COSTS, clock=lambda: NOON).reserve(key(), "fast", 10, 10) is None
+    assert await BudgetGate(store, COSTS, clock=lambda: NOON).reserve(key(), ["fast"], 10, 10) is None
 
 
 async def test_reservations_stop_at_the_budget_and_settle_to_real_cost(
@@ -68,27 +68,27 @@ async def test_reservations_stop_at_the_budget_and_settle_to_real_cost(
     """Budget 3: two precise reservations of 1.0 fit, then settling frees room."""
     gate = BudgetGate(store, COSTS, clock=lambda: NOON)
     principal = key(daily=3.0)
-    first = await gate.reserve(principal, "precise", 500, 500)  # reserves 1.0
-    second = await gate.reserve(principal, "precise", 500, 500)
-    third = await gate.reserve(principal, "precise", 500, 500)
+    first = await gate.reserve(principal, ["precise"], 500, 500)  # reserves 1.0
+    second = await gate.reserve(principal, ["precise"], 500, 500)
+    third = await gate.reserve(principal, ["precise"], 500, 500)
     assert first is not None
     assert second is not None
     assert third is not None
     with pytest.raises(KeyRateLimited) as info:
-        await gate.reserve(principal, "precise", 500, 500)
+        await gate.reserve(principal, ["precise"], 500, 500)
     assert info.value.limit == "budget_daily"
     assert info.value.headers["Retry-After"] == str(12 * 3600)
     await first.settle(served("fast", 100, 100))  # really cost 0.05: 0.95 back
-    assert await gate.reserve(principal, "precise", 400, 500) is not None  # 0.9 fits now
+    assert await gate.reserve(principal, ["precise"], 400, 500) is not None  # 0.9 fits now
 
 
 async def test_monthly_budget_applies_too(store: BudgetStore) -> None:
     """A monthly budget below the daily one refuses first."""
     gate = BudgetGate(store, COSTS, clock=lambda: NOON)
     principal = key(daily=100.0, monthly=1.5)
-    assert await gate.reserve(principal, "precise", 500, 500) is not None
+    assert await gate.reserve(principal, ["precise"], 500, 500) is not None
     with pytest.raises(KeyRateLimited) as info:
-        await gate.reserve(principal, "precise", 500, 500)
+        await gate.reserve(principal, ["precise"], 500, 500)
     assert info.value.limit == "budget_monthly"
 
 
@@ -96,10 +96,10 @@ async def test_failed_requests_give_the_reservation_back(store: BudgetStore) -> 
     """Nothing served (no usage): the whole reservation returns."""
     gate = BudgetGate(store, COSTS, clock=lambda: NOON)
     principal = key(daily=1.0)
-    reservation = await gate.reserve(principal, "precise", 500, 500)
+    reservation = await gate.reserve(principal, ["precise"], 500, 500)
     assert reservation is not None
     await reservation.settle(RequestContext("r", route="/v1/completions"))
-    assert await gate.reserve(principal, "precise", 500, 500) is not None
+    assert await gate.reserve(principal, ["precise"], 500, 500) is not None
 
 
 async def test_the_next_day_starts_afresh(store: BudgetStore) -> None:
@@ -107,8 +107,8 @@ async def test_the_next_day_starts_afresh(store: BudgetStore) -> None:
     now = [NOON]
     gate = BudgetGate(store, COSTS, clock=lambda: now[0])
     principal = key(daily=1.0)
-    assert await gate.reserve(principal, "precise", 500, 500) is not None
+    assert await gate.reserve(principal, ["precise"], 500, 500) is not None
     with pytest.raises(KeyRateLimited):
-        await gate.reserve(principal, "precise", 500, 500)
+        await gate.reserve(principal, ["precise"], 500, 500)
     now[0] += 13 * 3600
-    assert await gate.reserve(principal, "precise", 500, 500) is not None
+    assert await gate.reserve(principal, ["precise"], 500, 500) is not None
