@@ -1,8 +1,8 @@
 """All configuration, read once: environment (``TIERGATE_*``) over an optional YAML file.
 
 With gateway/settings_file.py (the YAML file), the only code that reads the environment or
-configuration files. The YAML file may use ``${VAR}`` and ``${VAR:-default}``; nested settings are overridden from the environment
-with ``__`` (``TIERGATE_SERVER__PORT=9000``, ``TIERGATE_TIERS__FAST__REPLICAS='["http://..."]'``).
+configuration files. The YAML file may use ``${VAR}`` and ``${VAR:-default}``; nested settings
+are overridden from the environment with ``__`` (``TIERGATE_SERVER__PORT=9000``, ``TIERGATE_TIERS__FAST__REPLICAS='["http://..."]'``).
 """
 
 from __future__ import annotations
@@ -264,7 +264,7 @@ class ShadowSettings(Section):
 
 class RouterSettings(Section):
     artifact: Path | None = None
-    """A trained router (`tiergate router train`); unset: the built-in rules-based scorer."""
+    """A router artifact (`tiergate router train`); unset: the one shipped with TierGate."""
     target_precise_share: float = Field(default=0.3, ge=0.0, le=1.0)
     """The cost dial: the share of `auto` traffic meant for the precise tier."""
     threshold: float | None = Field(default=None, ge=0.0, le=1.0)

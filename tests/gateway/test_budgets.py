@@ -60,7 +60,8 @@ def test_windows_are_utc_day_and_month() -> None:
 
 async def test_keys_without_budgets_reserve_nothing(store: BudgetStore) -> None:
     """No budget: no store call, no reservation."""
-    assert await BudgetGate(store, COSTS, clock=lambda: NOON).reserve(key(), ["fast"], 10, 10) is None
+    gate = BudgetGate(store, COSTS, clock=lambda: NOON)
+    assert await gate.reserve(key(), ["fast"], 10, 10) is None
 
 
 async def test_reservations_stop_at_the_budget_and_settle_to_real_cost(
