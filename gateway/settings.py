@@ -2,7 +2,8 @@
 
 With gateway/settings_file.py (the YAML file), the only code that reads the environment or
 configuration files. The YAML file may use ``${VAR}`` and ``${VAR:-default}``; nested settings
-are overridden from the environment with ``__`` (``TIERGATE_SERVER__PORT=9000``, ``TIERGATE_TIERS__FAST__REPLICAS='["http://..."]'``).
+are overridden from the environment with ``__`` (``TIERGATE_SERVER__PORT=9000``,
+``TIERGATE_TIERS__FAST__REPLICAS='["http://..."]'``).
 """
 
 from __future__ import annotations
