@@ -1,0 +1,161 @@
+"""Drive the grid: for each shape and load, run every target in turn, then summarise."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from loadgen.client import RequestResult, RequestSpec, build_body, send
+from loadgen.metrics import summarise
+from loadgen.progress import Progress
+from loadgen.prompts import Prompt, cycle, synthetic
+from loadgen.spec import Load, Shape, Slo, SpecError, Target
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """One whole run."""
+
+    targets: list[Target]
+    shapes: list[Shape]
+    loads: list[Load]
+    num_requests: int
+    max_duration_s: float
+    warmup: int
+    chat: bool
+    ignore_eos: bool
+    timeout_s: float
+    seed: int
+    slo: Slo
+    trim: float
+    file_prompts: list[Prompt] | None = None
+    run_id: str = "0"  # keeps synthetic prompts of different runs apart (prefix caches)
+
+
+@dataclass(slots=True)
+class PointResult:
+    """The summary of one target at one grid point."""
+
+    target: Target
+    shape: Shape
+    load: Load
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+def _arrivals(load: Load, rng: random.Random) -> Iterator[float]:
+    """Seconds to wait before each request: 0 (rate inf), fixed, or exponential (Poisson)."""
+    while True:
+        if math.isinf(load.rate):
+            yield 0.0
+        elif load.arrival == "fixed":
+            yield 1.0 / load.rate
+        else:
+            yield rng.expovariate(load.rate)
+
+
+def _prompts(plan: Plan, shape: Shape, tag: str) -> Iterator[Prompt]:
+    """The user's prompts, or synthetic ones whose head is unique to this run and ``tag``."""
+    if shape.prompt_tokens is None:
+        return cycle(plan.file_prompts or [])
+    return synthetic(shape.prompt_tokens, plan.seed, f"{plan.run_id}-{tag}")
+
+
+def _spec(plan: Plan, shape: Shape) -> RequestSpec:
+    return RequestSpec(chat=plan.chat, max_tokens=shape.output_tokens,
+                       ignore_eos=plan.ignore_eos, timeout_s=plan.timeout_s)
+
+
+async def run_point(session: aiohttp.ClientSession, plan: Plan, target: Target, *,
+                    shape: Shape, load: Load, progress: Progress
+                    ) -> tuple[list[RequestResult], float]:
+    """Send the point's requests on schedule under the concurrency cap; (results, seconds).
+
+    Arrival times follow the rate; a request that arrives while the cap is reached waits
+    for a slot, and its latencies start when it is sent. No request starts after
+    ``max_duration_s``; those already sent finish (or time out).
+    """
+    spec = _spec(plan, shape)
+    # The same words for every target at this point; the heads differ (no cache sharing).
+    prompts = _prompts(plan, shape, f"{target.name}-{shape.label}-{load.label}")
+    gaps = _arrivals(load, random.Random(plan.seed))  # noqa: S311 - arrival times, not security
+    slots = asyncio.Semaphore(load.concurrency) if load.concurrency else None
+    origin = time.perf_counter()
+    deadline = origin + plan.max_duration_s
+    results: list[RequestResult] = []
+
+    async def one(body: dict[str, Any]) -> None:
+        try:
+            if slots is None:
+                results.append(await send(session, target, spec, body, origin=origin))
+                return
+            async with slots:
+                if time.perf_counter() < deadline:
+                    results.append(await send(session, target, spec, body, origin=origin))
+        finally:
+            progress.step()
+
+    tasks = []
+    for _ in range(plan.num_requests):
+        await asyncio.sleep(next(gaps))
+        if time.perf_counter() >= deadline:
+            break
+        tasks.append(asyncio.create_task(one(build_body(target, spec, next(prompts)))))
+    await asyncio.gather(*tasks)
+    progress.done += plan.num_requests - len(tasks)  # never started: past the deadline
+    return results, time.perf_counter() - origin
+
+
+async def check_target(session: aiohttp.ClientSession, plan: Plan, target: Target) -> str:
+    """Send the warm-up requests; raises SpecError when none of them succeeds."""
+    shape = plan.shapes[0]
+    spec = _spec(plan, shape)
+    prompts = _prompts(plan, shape, f"{target.name}-warmup")
+    results = [await send(session, target, spec, build_body(target, spec, next(prompts)),
+                          origin=time.perf_counter()) for _ in range(max(plan.warmup, 1))]
+    if any(r.ok for r in results):
+        return results[-1].counted_from
+    last = results[-1]
+    status = f"HTTP {last.status}" if last.status.isdigit() else last.status
+    raise SpecError(f"target {target.name} ({target.url}, model {target.model}) does not "
+                    f"answer: {status}: {last.error}")
+
+
+def _connector(plan: Plan) -> aiohttp.TCPConnector:
+    caps = [load.concurrency for load in plan.loads]
+    limit = 0 if None in caps else max(c for c in caps if c is not None)
+    return aiohttp.TCPConnector(limit=limit, force_close=False)
+
+
+async def run(plan: Plan, progress: Progress) -> list[PointResult]:
+    """Check every target, then run every (shape, load, target), targets interleaved."""
+    points: list[PointResult] = []
+    async with aiohttp.ClientSession(connector=_connector(plan)) as session:
+        for target in plan.targets:
+            await check_target(session, plan, target)
+        for shape in plan.shapes:
+            for load in plan.loads:
+                for target in plan.targets:
+                    progress.begin(f"{target.name} {shape.label} {load.label}")
+                    results, seconds = await run_point(session, plan, target, shape=shape,
+                                                       load=load, progress=progress)
+                    summary = summarise(results, seconds, plan.slo, plan.trim)
+                    progress.end_point(_one_line(summary))
+                    points.append(PointResult(target, shape, load, summary))
+    return points
+
+
+def _one_line(summary: dict[str, Any]) -> str:
+    ttft, tpot = summary["ttft_ms"]["median"], summary["tpot_ms"]["median"]
+    text = f"{summary['completed']}/{summary['requests']} ok"
+    if ttft is not None:
+        text += f", TTFT p50 {ttft:.1f} ms"
+    if tpot is not None:
+        text += f", TPOT p50 {tpot:.2f} ms"
+    return text
