@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 from collections.abc import Iterator
@@ -51,10 +52,11 @@ def synthetic(prompt_tokens: int, seed: int, tag: str) -> Iterator[Prompt]:
     TTFT measures a full prefill, in this run and in the next.
     """
     rng = random.Random(seed * 1_000_003 + prompt_tokens)  # noqa: S311 - test text, not security
+    stream = hashlib.blake2s(tag.encode(), digest_size=4).hexdigest()
     serial = 0
     while True:
-        head = f"Request {tag}-{serial}:"
-        words = [rng.choice(_WORDS) for _ in range(max(prompt_tokens - 4, 1))]
+        head = f"Request {stream}-{serial}:"  # about 5 tokens
+        words = [rng.choice(_WORDS) for _ in range(max(prompt_tokens - 5, 1))]
         yield Prompt(text=head + " " + " ".join(words))
         serial += 1
 
