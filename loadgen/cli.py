@@ -38,10 +38,11 @@ def build_parser() -> argparse.ArgumentParser:
     add("--model", help="model(s) to ask for, comma-separated: fast, precise, auto or a served "
                         "model name; each is one target with --url")
     add("--target", action="append", default=[], metavar="SPEC",
-        help="name=N,url=U[,model=M][,api-key-env=VAR|api-key-file=PATH]; repeat to run the "
-             "same load against several legs (e.g. direct and through the gateway)")
+        help="name=N,url=U[,model=M][,vs=OTHER][,api-key-env=VAR|api-key-file=PATH]; repeat "
+             "to run the same load against several legs (e.g. direct and through the "
+             "gateway); vs= names the target this one is compared with")
     add("--baseline", help="target the others are compared with (default: the first --target "
-                           "when there are several; 'none' to skip)")
+                           "when there are several and none has vs=; 'none' to skip)")
     add("--api-key-env", metavar="VAR", help="environment variable holding the API key")
     add("--api-key-file", metavar="PATH", help="file holding the API key")
     add("--prompt-tokens", default="short=128,long=1024",
@@ -91,6 +92,9 @@ def _targets(args: argparse.Namespace) -> list[Target]:
     names = [t.name for t in targets]
     if len(set(names)) != len(names):
         raise SpecError(f"target names repeat: {', '.join(names)}")
+    for target in targets:
+        if target.vs is not None and target.vs not in names:
+            raise SpecError(f"--target {target.name}: vs={target.vs} is not a target name")
     return targets
 
 
@@ -101,6 +105,8 @@ def _baseline(args: argparse.Namespace, targets: list[Target]) -> str | None:
         if args.baseline not in {t.name for t in targets}:
             raise SpecError(f"--baseline {args.baseline} is not a target name")
         return str(args.baseline)
+    if any(t.vs for t in targets):
+        return None  # the targets say what they are compared with
     return targets[0].name if len(args.target) > 1 else None
 
 

@@ -20,17 +20,21 @@ def point_key(point: PointResult) -> tuple[str, str, str]:
 
 
 def comparisons(points: list[PointResult], baseline: str | None) -> list[dict[str, Any]]:
-    """Per grid point, each target's TTFT and E2E latency minus the baseline target's."""
-    if baseline is None:
-        return []
-    base = {point_key(p): p for p in points if p.target.name == baseline}
+    """Per grid point, each target's TTFT and E2E latency minus its baseline's.
+
+    A target's baseline is its own ``vs=``, else the run's ``baseline``.
+    """
+    index = {(p.target.name, *point_key(p)): p for p in points}
     rows = []
     for point in points:
-        ref = base.get(point_key(point))
-        if point.target.name == baseline or ref is None:
+        ref_name = point.target.vs or baseline
+        if ref_name is None or ref_name == point.target.name:
+            continue
+        ref = index.get((ref_name, *point_key(point)))
+        if ref is None:
             continue
         row: dict[str, Any] = {
-            "target": point.target.name, "baseline": baseline, "shape": point.shape.label,
+            "target": point.target.name, "baseline": ref_name, "shape": point.shape.label,
             "concurrency": point.load.concurrency, "request_rate": _rate(point.load.rate),
         }
         for metric in ("ttft_ms", "e2el_ms"):

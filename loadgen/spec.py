@@ -21,6 +21,7 @@ class Target:
     url: str
     model: str
     api_key: str | None = field(default=None, repr=False, compare=False)
+    vs: str | None = None  # the target this one is compared with
 
     def endpoint(self, path: str) -> str:
         """The full URL of ``path`` (``/v1/chat/completions``...)."""
@@ -28,8 +29,11 @@ class Target:
 
     def public(self) -> dict[str, str]:
         """What reports may show: name, URL and model, never the key."""
-        return {"name": self.name, "url": self.url, "model": self.model,
-                "auth": "bearer" if self.api_key else "none"}
+        shown = {"name": self.name, "url": self.url, "model": self.model,
+                 "auth": "bearer" if self.api_key else "none"}
+        if self.vs:
+            shown["vs"] = self.vs
+        return shown
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,9 +193,9 @@ def read_api_key(env: str | None, path: str | None, what: str) -> str | None:
 
 def parse_target(text: str, default_model: str | None, default_env: str | None,
                  default_file: str | None) -> Target:
-    """``name=gw,url=http://127.0.0.1:8080[,model=fast][,api-key-env=VAR|api-key-file=P]``."""
+    """``name=gw,url=http://127.0.0.1:8080[,model=fast][,vs=direct][,api-key-env=VAR|...]``."""
     fields = dict(_pairs(text, "--target"))
-    unknown = set(fields) - {"name", "url", "model", "api-key-env", "api-key-file"}
+    unknown = set(fields) - {"name", "url", "model", "vs", "api-key-env", "api-key-file"}
     if unknown:
         raise SpecError(f"--target: unknown field(s) {', '.join(sorted(unknown))}")
     if "url" not in fields or "name" not in fields:
@@ -204,7 +208,7 @@ def parse_target(text: str, default_model: str | None, default_env: str | None,
         env, path = default_env, default_file
     what = f"--target {fields['name']}"
     return Target(name=fields["name"], url=normalise_url(fields["url"], what), model=model,
-                  api_key=read_api_key(env, path, what))
+                  api_key=read_api_key(env, path, what), vs=fields.get("vs"))
 
 
 def grid(prompts: list[tuple[str, int]] | None, outputs: list[tuple[str, int]]) -> list[Shape]:

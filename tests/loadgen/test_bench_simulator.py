@@ -198,3 +198,32 @@ def test_user_prompts_from_jsonl(precise: SimulatorProcess, tmp_path: Path) -> N
     assert point["shape"] == "file/4"
     assert point["metrics"]["completed"] == 4
     assert json.loads((out / "bench.json").read_text())["settings"]["prompt_source"] == "file"
+
+
+def test_a_server_that_never_answers_times_out(tmp_path: Path) -> None:
+    """A backend stalling longer than --timeout fails the check with a timeout message."""
+    with SimulatorProcess("--latency-scale", "0", "--stall-first-byte", "1",
+                          "--stall-seconds", "10") as sim:
+        started = time.monotonic()
+        result = bench("--url", sim.url, "--model", "tiergate-fast", "--timeout", "0.5",
+                       "--warmup", "1")
+    assert result.returncode == 2
+    assert "does not answer: timeout: no complete answer in 0.5 s" in result.stderr
+    assert time.monotonic() - started < 20
+
+
+def test_contradictory_options_are_refused() -> None:
+    """--url with --target, no cap with no rate, and an unknown vs= target exit 2."""
+    cases = [
+        (["--url", "http://127.0.0.1:1", "--model", "m", "--target",
+          "name=a,url=http://127.0.0.1:1,model=m"], "not both"),
+        (["--url", "http://127.0.0.1:1", "--model", "m", "--concurrency", "0"],
+         "give --request-rate too"),
+        (["--target", "name=a,url=http://127.0.0.1:1,model=m,vs=b"], "vs=b is not a target"),
+        (["--url", "http://127.0.0.1:1"], "--url needs --model"),
+        (["--url", "http://127.0.0.1:1", "--model", "m", "--warmup", "0"], "--warmup must be"),
+    ]
+    for args, message in cases:
+        result = bench(*args)
+        assert result.returncode == 2, args
+        assert message in result.stderr, (args, result.stderr)
