@@ -6,7 +6,7 @@ UV := $(TOOLS)/bin/uv
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint typecheck unit install redis-server bench bench-prefix bench-classify e2e clean
+.PHONY: demo test lint typecheck unit install redis-server bench bench-prefix bench-classify bench-sim e2e clean
 
 $(UV):
 	python3 -m venv $(TOOLS)
@@ -39,6 +39,9 @@ bench: install
 
 bench-prefix: install
 	$(BIN)/python bench/prefix/run.py
+
+bench-sim: install
+	./scripts/bench-sim.sh
 
 bench-classify: install
 	$(BIN)/python bench/classify/run.py
