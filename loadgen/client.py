@@ -23,7 +23,7 @@ class RequestResult:
     """What one request did. Times are seconds from the moment it was sent."""
 
     ok: bool = False
-    status: str = ""  # "200", "503", "connect", "timeout", "stream_error", "no_tokens"
+    status: str = ""  # "200", "503", "connect", "timeout", "stream_error", "not_a_stream"...
     error: str = ""
     ttft: float = 0.0
     e2el: float = 0.0
@@ -171,6 +171,11 @@ async def send(session: aiohttp.ClientSession, target: Target, spec: RequestSpec
             if response.status != 200:
                 result.error = error_message(await response.read(), target)
                 result.e2el = time.perf_counter() - start
+                return result
+            if response.content_type != "text/event-stream":
+                result.status = "not_a_stream"
+                result.error = (f"the server answered {response.content_type}, not an event "
+                                "stream (does it support stream: true?)")
                 return result
             await _read_stream(response, result, start)
     except TimeoutError:

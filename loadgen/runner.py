@@ -72,6 +72,59 @@ def _spec(plan: Plan, shape: Shape) -> RequestSpec:
                        ignore_eos=plan.ignore_eos, timeout_s=plan.timeout_s)
 
 
+class _Point:
+    """One target at one grid point: the schedule, the cap, the deadline and the results."""
+
+    def __init__(self, session: aiohttp.ClientSession, plan: Plan, target: Target, *,
+                 shape: Shape, load: Load, progress: Progress) -> None:
+        self.session, self.plan, self.target, self.progress = session, plan, target, progress
+        self.spec = _spec(plan, shape)
+        # The same words for every target at this point; the heads differ (no cache sharing).
+        self.prompts = _prompts(plan, shape, f"{target.name}-{shape.label}-{load.label}")
+        self.gaps = _arrivals(load, random.Random(plan.seed))  # noqa: S311 - arrival times
+        self.slots = asyncio.Semaphore(load.concurrency) if load.concurrency else None
+        # With an infinite rate the launcher takes the slot itself, so that at most
+        # `concurrency` tasks exist however large --num-requests is.
+        self.launcher_holds = self.slots is not None and math.isinf(load.rate)
+        self.origin = time.perf_counter()
+        self.deadline = self.origin + plan.max_duration_s
+        self.results: list[RequestResult] = []
+
+    async def _send(self, body: dict[str, Any]) -> None:
+        self.results.append(
+            await send(self.session, self.target, self.spec, body, origin=self.origin))
+
+    async def _one(self, body: dict[str, Any]) -> None:
+        try:
+            if self.slots is None or self.launcher_holds:
+                await self._send(body)
+            else:
+                async with self.slots:
+                    if time.perf_counter() < self.deadline:
+                        await self._send(body)
+        finally:
+            if self.launcher_holds and self.slots is not None:
+                self.slots.release()
+            self.progress.step()
+
+    async def run(self) -> tuple[list[RequestResult], float]:
+        """Launch on schedule, wait for every request; (results, wall seconds)."""
+        tasks = []
+        for _ in range(self.plan.num_requests):
+            await asyncio.sleep(next(self.gaps))
+            if self.launcher_holds and self.slots is not None:
+                await self.slots.acquire()
+            if time.perf_counter() >= self.deadline:
+                if self.launcher_holds and self.slots is not None:
+                    self.slots.release()
+                break
+            body = build_body(self.target, self.spec, next(self.prompts))
+            tasks.append(asyncio.create_task(self._one(body)))
+        await asyncio.gather(*tasks)
+        self.progress.done += self.plan.num_requests - len(tasks)  # past the deadline
+        return self.results, time.perf_counter() - self.origin
+
+
 async def run_point(session: aiohttp.ClientSession, plan: Plan, target: Target, *,
                     shape: Shape, load: Load, progress: Progress
                     ) -> tuple[list[RequestResult], float]:
@@ -81,35 +134,7 @@ async def run_point(session: aiohttp.ClientSession, plan: Plan, target: Target, 
     for a slot, and its latencies start when it is sent. No request starts after
     ``max_duration_s``; those already sent finish (or time out).
     """
-    spec = _spec(plan, shape)
-    # The same words for every target at this point; the heads differ (no cache sharing).
-    prompts = _prompts(plan, shape, f"{target.name}-{shape.label}-{load.label}")
-    gaps = _arrivals(load, random.Random(plan.seed))  # noqa: S311 - arrival times, not security
-    slots = asyncio.Semaphore(load.concurrency) if load.concurrency else None
-    origin = time.perf_counter()
-    deadline = origin + plan.max_duration_s
-    results: list[RequestResult] = []
-
-    async def one(body: dict[str, Any]) -> None:
-        try:
-            if slots is None:
-                results.append(await send(session, target, spec, body, origin=origin))
-                return
-            async with slots:
-                if time.perf_counter() < deadline:
-                    results.append(await send(session, target, spec, body, origin=origin))
-        finally:
-            progress.step()
-
-    tasks = []
-    for _ in range(plan.num_requests):
-        await asyncio.sleep(next(gaps))
-        if time.perf_counter() >= deadline:
-            break
-        tasks.append(asyncio.create_task(one(build_body(target, spec, next(prompts)))))
-    await asyncio.gather(*tasks)
-    progress.done += plan.num_requests - len(tasks)  # never started: past the deadline
-    return results, time.perf_counter() - origin
+    return await _Point(session, plan, target, shape=shape, load=load, progress=progress).run()
 
 
 async def check_target(session: aiohttp.ClientSession, plan: Plan, target: Target) -> str:

@@ -227,3 +227,20 @@ def test_contradictory_options_are_refused() -> None:
         result = bench(*args)
         assert result.returncode == 2, args
         assert message in result.stderr, (args, result.stderr)
+
+
+def test_many_requests_at_full_speed_stop_at_the_time_bound(tmp_path: Path) -> None:
+    """100k requests at concurrency 2 and no rate: --max-duration ends the point in time."""
+    with SimulatorProcess("--latency-scale", "0") as sim:
+        out = tmp_path / "out"
+        started = time.monotonic()
+        result = bench("--url", sim.url, "--model", "tiergate-fast", "--prompt-tokens", "8",
+                       "--output-tokens", "2", "--concurrency", "2", "--num-requests", "100000",
+                       "--max-duration", "1", "--no-plot", "--out", str(out))
+        elapsed = time.monotonic() - started
+    assert result.returncode == 0, result.stderr
+    (point,) = json.loads((out / "bench.json").read_text())["points"]
+    assert 0 < point["metrics"]["requests"] < 100000
+    assert point["metrics"]["failed"] == 0
+    assert point["metrics"]["duration_s"] < 5
+    assert elapsed < 30

@@ -48,6 +48,8 @@ async def _handler(request: web.Request) -> web.StreamResponse:
             '{"error": {"message": "engine died", "type": "x", "code": 500}}')])
     if mode == "cut":
         return await _stream(request, [role, *tokens])
+    if mode == "json":
+        return web.json_response({"choices": [{"message": {"content": "not streamed"}}]})
     if mode == "garbage":
         return await _stream(request, [role, tokens[0], _event("{not json")])
     key = request.headers.get("Authorization", "").removeprefix("Bearer ")
@@ -90,10 +92,11 @@ async def test_stream_without_usage_counts_chunks(server: str) -> None:
     ("error", "stream_error", "engine died"),
     ("cut", "stream_error", "without [DONE]"),
     ("garbage", "stream_error", "not JSON"),
+    ("json", "not_a_stream", "answered application/json, not an event stream"),
 ])
 async def test_broken_streams_are_failures(server: str, mode: str, status: str,
                                            message: str) -> None:
-    """An in-band error, a stream cut before [DONE] or a bad event fail the request."""
+    """An in-band error, a cut stream, a bad event or a reply that is no stream fail it."""
     result = await _send(server, mode)
     assert result.ok is False
     assert result.status == status
