@@ -6,7 +6,7 @@ UV := $(TOOLS)/bin/uv
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint typecheck unit install redis-server bench bench-prefix bench-classify bench-sim e2e clean
+.PHONY: demo test lint typecheck unit install redis-server bench bench-prefix bench-classify bench-sim bench-llamacpp e2e clean
 
 $(UV):
 	python3 -m venv $(TOOLS)
@@ -42,6 +42,10 @@ bench-prefix: install
 
 bench-sim: install
 	./scripts/bench-sim.sh
+
+bench-llamacpp: install
+	./scripts/e2e.sh --install-only
+	./scripts/bench-llamacpp.sh
 
 bench-classify: install
 	$(BIN)/python bench/classify/run.py

@@ -59,6 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--num-requests", type=int, default=32, help="requests per target and grid point")
     add("--max-duration", type=float, default=120.0,
         help="seconds after which a grid point starts no more requests (default 120)")
+    add("--rounds", type=int, default=1,
+        help="split each point's requests into rounds, the targets taking turns, so that a "
+             "passing slowdown hits every target alike (default 1)")
     add("--warmup", type=int, default=2,
         help="unmeasured requests per target before measuring (at least 1; default 2)")
     add("--timeout", type=float, default=120.0, help="seconds per request (default 120)")
@@ -113,6 +116,8 @@ def _baseline(args: argparse.Namespace, targets: list[Target]) -> str | None:
 def _check_numbers(args: argparse.Namespace) -> None:
     if args.num_requests < 1:
         raise SpecError("--num-requests must be >= 1")
+    if not 1 <= args.rounds <= args.num_requests:
+        raise SpecError("--rounds must be between 1 and --num-requests")
     if args.warmup < 1:
         raise SpecError("--warmup must be >= 1: the first request checks the target")
     if not args.max_duration > 0 or not args.timeout > 0:
@@ -137,7 +142,7 @@ def build_plan(args: argparse.Namespace) -> Plan:
         num_requests=args.num_requests, max_duration_s=args.max_duration, warmup=args.warmup,
         chat=chat, ignore_eos=not args.no_ignore_eos, timeout_s=args.timeout, seed=args.seed,
         slo=spec.parse_slo(args.slo) if args.slo else spec.Slo(), trim=args.trim,
-        file_prompts=file_prompts, run_id=secrets.token_hex(4),
+        file_prompts=file_prompts, rounds=args.rounds, run_id=secrets.token_hex(4),
     )
 
 

@@ -36,6 +36,7 @@ class Plan:
     slo: Slo
     trim: float
     file_prompts: list[Prompt] | None = None
+    rounds: int = 1  # each point's requests split into rounds, the targets taking turns
     run_id: str = "0"  # keeps synthetic prompts of different runs apart (prefix caches)
 
 
@@ -76,18 +77,20 @@ class _Point:
     """One target at one grid point: the schedule, the cap, the deadline and the results."""
 
     def __init__(self, session: aiohttp.ClientSession, plan: Plan, target: Target, *,
-                 shape: Shape, load: Load, progress: Progress) -> None:
+                 shape: Shape, load: Load, progress: Progress, turn: tuple[int, int]) -> None:
         self.session, self.plan, self.target, self.progress = session, plan, target, progress
         self.spec = _spec(plan, shape)
         # The same words for every target at this point; the heads differ (no cache sharing).
-        self.prompts = _prompts(plan, shape, f"{target.name}-{shape.label}-{load.label}")
+        self.prompts = _prompts(plan, shape,
+                                f"{target.name}-{shape.label}-{load.label}-{turn[0]}")
+        self.count = turn[1]
         self.gaps = _arrivals(load, random.Random(plan.seed))  # noqa: S311 - arrival times
         self.slots = asyncio.Semaphore(load.concurrency) if load.concurrency else None
         # With an infinite rate the launcher takes the slot itself, so that at most
         # `concurrency` tasks exist however large --num-requests is.
         self.launcher_holds = self.slots is not None and math.isinf(load.rate)
         self.origin = time.perf_counter()
-        self.deadline = self.origin + plan.max_duration_s
+        self.deadline = self.origin + plan.max_duration_s / plan.rounds
         self.results: list[RequestResult] = []
 
     async def _send(self, body: dict[str, Any]) -> None:
@@ -110,7 +113,7 @@ class _Point:
     async def run(self) -> tuple[list[RequestResult], float]:
         """Launch on schedule, wait for every request; (results, wall seconds)."""
         tasks = []
-        for _ in range(self.plan.num_requests):
+        for _ in range(self.count):
             await asyncio.sleep(next(self.gaps))
             if self.launcher_holds and self.slots is not None:
                 await self.slots.acquire()
@@ -121,20 +124,21 @@ class _Point:
             body = build_body(self.target, self.spec, next(self.prompts))
             tasks.append(asyncio.create_task(self._one(body)))
         await asyncio.gather(*tasks)
-        self.progress.done += self.plan.num_requests - len(tasks)  # past the deadline
+        self.progress.done += self.count - len(tasks)  # never started: past the deadline
         return self.results, time.perf_counter() - self.origin
 
 
 async def run_point(session: aiohttp.ClientSession, plan: Plan, target: Target, *,
-                    shape: Shape, load: Load, progress: Progress
+                    shape: Shape, load: Load, progress: Progress, turn: tuple[int, int]
                     ) -> tuple[list[RequestResult], float]:
-    """Send the point's requests on schedule under the concurrency cap; (results, seconds).
+    """Send round ``turn[0]``'s ``turn[1]`` requests; (results, seconds).
 
     Arrival times follow the rate; a request that arrives while the cap is reached waits
     for a slot, and its latencies start when it is sent. No request starts after
-    ``max_duration_s``; those already sent finish (or time out).
+    ``max_duration_s / rounds``; those already sent finish (or time out).
     """
-    return await _Point(session, plan, target, shape=shape, load=load, progress=progress).run()
+    point = _Point(session, plan, target, shape=shape, load=load, progress=progress, turn=turn)
+    return await point.run()
 
 
 async def check_target(session: aiohttp.ClientSession, plan: Plan, target: Target) -> str:
@@ -158,21 +162,42 @@ def _connector(plan: Plan) -> aiohttp.TCPConnector:
     return aiohttp.TCPConnector(limit=limit, force_close=False)
 
 
+def _shares(total: int, rounds: int) -> list[int]:
+    """``total`` requests split over ``rounds`` as evenly as whole numbers allow."""
+    return [total // rounds + (1 if r < total % rounds else 0) for r in range(rounds)]
+
+
+async def _point(session: aiohttp.ClientSession, plan: Plan, shape: Shape, load: Load,
+                 progress: Progress) -> list[PointResult]:
+    """Every target at one grid point, taking turns round by round, so that a passing
+    slowdown of the machine hits every target alike."""
+    results: dict[str, list[RequestResult]] = {t.name: [] for t in plan.targets}
+    seconds = dict.fromkeys(results, 0.0)
+    shares = [n for n in _shares(plan.num_requests, plan.rounds) if n]
+    for turn in enumerate(shares):
+        for target in plan.targets:
+            label = f"{target.name} {shape.label} {load.label}"
+            if len(shares) > 1:
+                label += f" (round {turn[0] + 1}/{len(shares)})"
+            progress.begin(label)
+            done, took = await run_point(session, plan, target, shape=shape, load=load,
+                                         progress=progress, turn=turn)
+            results[target.name] += done
+            seconds[target.name] += took
+            progress.end_point(_one_line(summarise(done, took, plan.slo, plan.trim)))
+    return [PointResult(t, shape, load, summarise(results[t.name], seconds[t.name], plan.slo,
+                                                  plan.trim)) for t in plan.targets]
+
+
 async def run(plan: Plan, progress: Progress) -> list[PointResult]:
-    """Check every target, then run every (shape, load, target), targets interleaved."""
+    """Check every target, then run every (shape, load), the targets taking turns."""
     points: list[PointResult] = []
     async with aiohttp.ClientSession(connector=_connector(plan)) as session:
         for target in plan.targets:
             await check_target(session, plan, target)
         for shape in plan.shapes:
             for load in plan.loads:
-                for target in plan.targets:
-                    progress.begin(f"{target.name} {shape.label} {load.label}")
-                    results, seconds = await run_point(session, plan, target, shape=shape,
-                                                       load=load, progress=progress)
-                    summary = summarise(results, seconds, plan.slo, plan.trim)
-                    progress.end_point(_one_line(summary))
-                    points.append(PointResult(target, shape, load, summary))
+                points += await _point(session, plan, shape, load, progress)
     return points
 
 

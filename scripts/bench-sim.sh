@@ -4,6 +4,8 @@
 # high limits), runs `tiergate bench` direct and through the gateway, and stops it all.
 # Ports: FAST_PORT (8101), PRECISE_PORT (8102), GATEWAY_PORT (8080). Output: OUT
 # (bench/results/tiergate-bench-sim). Extra arguments go to `tiergate bench`.
+# The simulators run with SIM_ARGS (default `--jitter 0`: exact latencies, so that the
+# direct-vs-gateway difference is the gateway's, not the simulator's random draws).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=.venv/bin
@@ -11,6 +13,7 @@ FAST_PORT=${FAST_PORT:-8101}
 PRECISE_PORT=${PRECISE_PORT:-8102}
 GATEWAY_PORT=${GATEWAY_PORT:-8080}
 OUT=${OUT:-bench/results/tiergate-bench-sim}
+read -r -a SIM_EXTRA <<< "${SIM_ARGS:---jitter 0}"
 STATE=$(mktemp -d)
 PIDS=()
 cleanup() {
@@ -28,9 +31,9 @@ for port in "$FAST_PORT" "$PRECISE_PORT" "$GATEWAY_PORT"; do
   fi
 done
 
-"$BIN/tiergate" simulate --port "$FAST_PORT" --profile fast >"$STATE/sim-fast.log" 2>&1 &
+"$BIN/tiergate" simulate --port "$FAST_PORT" --profile fast "${SIM_EXTRA[@]}" >"$STATE/sim-fast.log" 2>&1 &
 PIDS+=($!)
-"$BIN/tiergate" simulate --port "$PRECISE_PORT" --profile precise >"$STATE/sim-precise.log" 2>&1 &
+"$BIN/tiergate" simulate --port "$PRECISE_PORT" --profile precise "${SIM_EXTRA[@]}" >"$STATE/sim-precise.log" 2>&1 &
 PIDS+=($!)
 export TIERGATE_KEYS_FILE="$STATE/keys.yaml"
 TIERGATE_KEY=$("$BIN/tiergate" keys create --keys-file "$TIERGATE_KEYS_FILE" --name bench \
@@ -56,4 +59,4 @@ GW="http://127.0.0.1:$GATEWAY_PORT"
   --target "name=gateway-fast,url=$GW,model=fast,vs=direct-fast,api-key-env=TIERGATE_KEY" \
   --target "name=direct-precise,url=http://127.0.0.1:$PRECISE_PORT,model=tiergate-precise" \
   --target "name=gateway-precise,url=$GW,model=precise,vs=direct-precise,api-key-env=TIERGATE_KEY" \
-  --concurrency 1,4,16 --num-requests 16 --slo ttft_ms=300,tpot_ms=20 --out "$OUT" "$@"
+  --concurrency 1,4,16 --num-requests 16 --rounds 4 --slo ttft_ms=300,tpot_ms=20 --out "$OUT" "$@"

@@ -94,16 +94,18 @@ def test_direct_ttft_and_tpot_match_the_latency_model(precise: SimulatorProcess,
 def test_direct_and_through_the_gateway_in_one_run(precise: SimulatorProcess,
                                                    gateway: GatewayProcess,
                                                    tmp_path: Path) -> None:
-    """The same load direct and through the gateway: both match the model; the run reports
-    the gateway's added TTFT per grid point."""
+    """The same load direct and through the gateway, in turns: both match the model; the run
+    reports the gateway's added TTFT per grid point."""
     out = tmp_path / "out"
     result = bench("--target", f"name=direct,url={precise.url},model=tiergate-precise",
                    "--target", f"name=gateway,url={gateway.url}/v1,model=precise",
                    "--prompt-tokens", "300", "--output-tokens", "12", "--concurrency", "1,2",
-                   "--num-requests", "6", "--no-plot", "--out", str(out))
+                   "--num-requests", "6", "--rounds", "2", "--no-plot", "--out", str(out))
     assert result.returncode == 0, result.stderr
     doc = json.loads((out / "bench.json").read_text())
     points = {(p["target"], p["concurrency"]): p for p in doc["points"]}
+    assert all(p["metrics"]["requests"] == 6 for p in points.values())
+    assert "gateway 300/12 c=2 rate=inf (round 2/2):" in result.stderr
     assert set(points) == {("direct", 1), ("direct", 2), ("gateway", 1), ("gateway", 2)}
     _check_model(points["direct", 1])
     _check_model(points["gateway", 1])

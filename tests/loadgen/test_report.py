@@ -9,7 +9,7 @@ import pytest
 from loadgen.client import RequestResult
 from loadgen.metrics import summarise
 from loadgen.report import comparisons, document, markdown
-from loadgen.runner import Plan, PointResult
+from loadgen.runner import Plan, PointResult, _shares
 from loadgen.spec import Load, Shape, Slo, Target
 
 SHAPE = Shape("short", 64, "short", 8)
@@ -58,3 +58,9 @@ def test_document_and_markdown_carry_no_key_and_show_goodput() -> None:
     assert "| gateway | direct | short/short | 1 | inf | 15.00 / 15.00 / 15.00 |" in table
     assert "Goodput: successful requests per second with ttft_ms <= 30." in table
     assert doc["points"][1]["metrics"]["goodput"] == pytest.approx(3.0)  # 25 ms <= 30
+
+
+def test_rounds_share_the_requests_evenly() -> None:
+    """10 requests in 3 rounds are 4 + 3 + 3; more rounds than requests leave empty ones."""
+    assert _shares(10, 3) == [4, 3, 3]
+    assert _shares(2, 3) == [1, 1, 0]
