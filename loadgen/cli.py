@@ -126,6 +126,16 @@ def _check_numbers(args: argparse.Namespace) -> None:
         raise SpecError("--trim must be in [0, 0.5)")
 
 
+def _check_out(out: Path | None) -> None:
+    """Create the output directory now, so that a bad path fails before the run, not after."""
+    if out is None:
+        return
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SpecError(f"--out {out}: cannot create the directory: {exc.strerror}") from None
+
+
 def build_plan(args: argparse.Namespace) -> Plan:
     """Validate everything before the first request is sent."""
     _check_numbers(args)
@@ -166,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(raw)
     try:
         plan = build_plan(args)
+        _check_out(args.out)
         baseline = _baseline(args, plan.targets)
         total = len(plan.targets) * len(plan.shapes) * len(plan.loads) * plan.num_requests
         points = asyncio.run(run(plan, Progress(total)))

@@ -184,6 +184,8 @@ async def send(session: aiohttp.ClientSession, target: Target, spec: RequestSpec
         result.status, result.error = "connect", f"cannot connect: {exc.os_error}"
     except (aiohttp.ClientError, asyncio.IncompleteReadError, OSError) as exc:
         result.status, result.error = "connection", f"{type(exc).__name__}: {exc}"
+    except ValueError as exc:  # aiohttp's "Line is too long", an undecodable payload
+        result.status, result.error = "stream_error", f"unreadable stream: {exc}"
     if not result.ok and result.e2el == 0.0:
         result.e2el = time.perf_counter() - start
     return result

@@ -224,6 +224,8 @@ def test_contradictory_options_are_refused() -> None:
         (["--target", "name=a,url=http://127.0.0.1:1,model=m,vs=b"], "vs=b is not a target"),
         (["--url", "http://127.0.0.1:1"], "--url needs --model"),
         (["--url", "http://127.0.0.1:1", "--model", "m", "--warmup", "0"], "--warmup must be"),
+        (["--url", "http://127.0.0.1:1", "--model", "m", "--out", str(REPO / "pyproject.toml")],
+         "cannot create the directory"),
     ]
     for args, message in cases:
         result = bench(*args)

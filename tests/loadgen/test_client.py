@@ -48,6 +48,8 @@ async def _handler(request: web.Request) -> web.StreamResponse:
             '{"error": {"message": "engine died", "type": "x", "code": 500}}')])
     if mode == "cut":
         return await _stream(request, [role, *tokens])
+    if mode == "huge":
+        return await _stream(request, [role, _token("x" * 400_000), b"data: [DONE]\n\n"])
     if mode == "json":
         return web.json_response({"choices": [{"message": {"content": "not streamed"}}]})
     if mode == "garbage":
@@ -86,6 +88,13 @@ async def test_stream_without_usage_counts_chunks(server: str) -> None:
     assert result.counted_from == "chunks"
     assert len(result.itl) == 2
     assert result.ttft >= 0.03  # the empty role chunk is not the first token
+
+
+async def test_a_huge_event_is_read_whole(server: str) -> None:
+    """A 400 KB chunk (above aiohttp's line buffer) is one token, not a broken stream."""
+    result = await _send(server, "huge")
+    assert result.ok is True
+    assert result.output_tokens == 1
 
 
 @pytest.mark.parametrize(("mode", "status", "message"), [
