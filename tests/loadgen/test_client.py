@@ -37,23 +37,29 @@ async def _stream(request: web.Request, events: list[bytes], gap: float = 0.02
     return response
 
 
-async def _handler(request: web.Request) -> web.StreamResponse:
-    mode = request.headers.get("X-Mode", "")
+def _streams() -> dict[str, list[bytes]]:
     role = _event('{"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}')
     tokens = [_token(w) for w in ("a", " b", " c")]
-    if mode == "no-usage":
-        return await _stream(request, [role, *tokens, b"data: [DONE]\n\n"])
-    if mode == "error":
-        return await _stream(request, [role, tokens[0], _event(
-            '{"error": {"message": "engine died", "type": "x", "code": 500}}')])
-    if mode == "cut":
-        return await _stream(request, [role, *tokens])
-    if mode == "huge":
-        return await _stream(request, [role, _token("x" * 400_000), b"data: [DONE]\n\n"])
+    done = b"data: [DONE]\n\n"
+    error = _event('{"error": {"message": "engine died", "type": "x", "code": 500}}')
+    return {
+        "no-usage": [role, *tokens, done],
+        "error": [role, tokens[0], error],
+        "cut": [role, *tokens],
+        "garbage": [role, tokens[0], _event("{not json")],
+        "huge": [role, _token("x" * 400_000), done],
+    }
+
+
+STREAMS = _streams()
+
+
+async def _handler(request: web.Request) -> web.StreamResponse:
+    mode = request.headers.get("X-Mode", "")
+    if mode in STREAMS:
+        return await _stream(request, STREAMS[mode])
     if mode == "json":
         return web.json_response({"choices": [{"message": {"content": "not streamed"}}]})
-    if mode == "garbage":
-        return await _stream(request, [role, tokens[0], _event("{not json")])
     key = request.headers.get("Authorization", "").removeprefix("Bearer ")
     return web.json_response({"error": {"message": f"bad key {key}", "type": "auth",
                                         "param": None, "code": "invalid_api_key"}}, status=401)
