@@ -188,4 +188,5 @@ async def send(session: aiohttp.ClientSession, target: Target, spec: RequestSpec
         result.status, result.error = "stream_error", f"unreadable stream: {exc}"
     if not result.ok and result.e2el == 0.0:
         result.e2el = time.perf_counter() - start
+    result.error = redact(result.error, target)  # whatever the server said, never the key
     return result
