@@ -147,6 +147,12 @@ def build_plan(args: argparse.Namespace) -> Plan:
              for c in spec.parse_concurrency(args.concurrency)]
     if any(load.concurrency is None and load.rate == float("inf") for load in loads):
         raise SpecError("no concurrency cap and an infinite rate: give --request-rate too")
+    per_round = args.num_requests // args.rounds
+    top = max((load.concurrency or 0 for load in loads), default=0)
+    if per_round < top:
+        raise SpecError(f"--rounds {args.rounds} leaves rounds of {per_round} requests, fewer "
+                        f"than concurrency {top}: the load would never reach it (use "
+                        f"--num-requests >= {args.rounds * top})")
     return Plan(
         targets=_targets(args), shapes=spec.grid(prompts, outputs), loads=loads,
         num_requests=args.num_requests, max_duration_s=args.max_duration, warmup=args.warmup,

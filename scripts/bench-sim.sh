@@ -59,4 +59,5 @@ GW="http://127.0.0.1:$GATEWAY_PORT"
   --target "name=gateway-fast,url=$GW,model=fast,vs=direct-fast,api-key-env=TIERGATE_KEY" \
   --target "name=direct-precise,url=http://127.0.0.1:$PRECISE_PORT,model=tiergate-precise" \
   --target "name=gateway-precise,url=$GW,model=precise,vs=direct-precise,api-key-env=TIERGATE_KEY" \
-  --concurrency 1,4,16 --num-requests 16 --rounds 4 --slo ttft_ms=300,tpot_ms=20 --out "$OUT" "$@"
+  --output-tokens short=32,long=128 \
+  --concurrency 1,4,16 --num-requests 32 --rounds 2 --slo ttft_ms=300,tpot_ms=20 --out "$OUT" "$@"

@@ -215,7 +215,7 @@ def test_a_server_that_never_answers_times_out(tmp_path: Path) -> None:
 
 
 def test_contradictory_options_are_refused() -> None:
-    """--url with --target, no cap with no rate, and an unknown vs= target exit 2."""
+    """Contradictory or unusable options exit 2 before any request, saying why."""
     cases = [
         (["--url", "http://127.0.0.1:1", "--model", "m", "--target",
           "name=a,url=http://127.0.0.1:1,model=m"], "not both"),
@@ -226,6 +226,9 @@ def test_contradictory_options_are_refused() -> None:
         (["--url", "http://127.0.0.1:1", "--model", "m", "--warmup", "0"], "--warmup must be"),
         (["--url", "http://127.0.0.1:1", "--model", "m", "--out", str(REPO / "pyproject.toml")],
          "cannot create the directory"),
+        (["--url", "http://127.0.0.1:1", "--model", "m", "--concurrency", "8",
+          "--num-requests", "16", "--rounds", "4"],
+         "rounds of 4 requests, fewer than concurrency 8"),
     ]
     for args, message in cases:
         result = bench(*args)
