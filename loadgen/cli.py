@@ -149,7 +149,7 @@ def build_plan(args: argparse.Namespace) -> Plan:
         raise SpecError("no concurrency cap and an infinite rate: give --request-rate too")
     per_round = args.num_requests // args.rounds
     top = max((load.concurrency or 0 for load in loads), default=0)
-    if per_round < top:
+    if args.rounds > 1 and per_round < top:
         raise SpecError(f"--rounds {args.rounds} leaves rounds of {per_round} requests, fewer "
                         f"than concurrency {top}: the load would never reach it (use "
                         f"--num-requests >= {args.rounds * top})")
