@@ -6,7 +6,7 @@ UV := $(TOOLS)/bin/uv
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint typecheck unit install install-dev docs redis-server bench bench-prefix bench-classify e2e clean
+.PHONY: demo test lint typecheck unit install install-dev docs redis-server bench bench-prefix bench-classify bench-sim bench-llamacpp e2e clean
 
 $(UV):
 	python3 -m venv $(TOOLS)
@@ -48,6 +48,13 @@ bench: install-dev
 
 bench-prefix: install-dev
 	$(BIN)/python bench/prefix/run.py
+
+bench-sim: install-dev
+	./scripts/bench-sim.sh
+
+bench-llamacpp: install-dev
+	./scripts/e2e.sh --install-only
+	./scripts/bench-llamacpp.sh
 
 bench-classify: install-dev
 	$(BIN)/python bench/classify/run.py

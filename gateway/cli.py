@@ -92,6 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("router", help="train, evaluate and use the tier router", add_help=False)
     sub.add_parser("keys", help="create, list, revoke and rotate API keys", add_help=False)
     sub.add_parser("simulate", help="run the vLLM simulator", add_help=False)
+    sub.add_parser("bench", help="measure TTFT/TPOT of the gateway or a backend", add_help=False)
     return parser
 
 

@@ -67,6 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--max-model-len", type=_count(2), default=8192)
     add("--latency-scale", type=_bounded(0.0), default=1.0, help="0 disables every delay")
     add("--time-factor-under-load", type=_bounded(1.0), default=2.0)
+    add("--jitter", type=_bounded(0.0), default=0.2,
+        help="std of the latency noise, as a fraction of the mean (0: exact latencies)")
     add("--echo", action="store_true", help="reply with the last user message / the prompt")
     add("--output-tokens", type=_count(0), default=None,
         help="reply length when a chat request sets no max_tokens (default: as vLLM, the "
@@ -107,6 +109,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         max_queue=args.max_queue, queue_full_status=args.queue_full_status,
         kv_blocks=args.kv_blocks, max_model_len=args.max_model_len,
         latency_scale=args.latency_scale, time_factor_under_load=args.time_factor_under_load,
+        jitter=args.jitter,
         echo=args.echo, output_tokens=args.output_tokens, legacy_metrics=args.legacy_metrics,
         faults=rates, vllm_version=args.vllm_version, api_key=args.api_key,
         prompt_tokens_details=args.enable_prompt_tokens_details,

@@ -36,6 +36,7 @@ class SimConfig:
     max_model_len: int = 8192
     latency_scale: float = 1.0
     time_factor_under_load: float = 2.0
+    jitter: float = 0.2
     echo: bool = False
     # None: a chat request without max_tokens generates to the end of the context, as vLLM.
     output_tokens: int | None = None
@@ -65,7 +66,7 @@ class SimState:
         engine_config = EngineConfig(
             profile=config.profile, max_num_seqs=config.max_num_seqs,
             max_queue=config.max_queue, latency_scale=config.latency_scale,
-            time_factor_under_load=config.time_factor_under_load,
+            time_factor_under_load=config.time_factor_under_load, jitter=config.jitter,
         )
         self.engine = Engine(engine_config, cache, config.seed + 1)
         self.planner = Planner(
