@@ -4,16 +4,58 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from policies.errors import TierGateError
 from policies.principal import Principal
 from policies.requests import RequestSummary
 from policies.tiering import RouteDecision
 
-if TYPE_CHECKING:
-    from gateway.telemetry.tracing import RequestTrace
+
+class Trace(Protocol):
+    """What the request path asks of a request's trace (``telemetry.tracing.RequestTrace``).
+
+    A port, so that the context does not import the telemetry package (which imports it).
+    """
+
+    @property
+    def trace_id(self) -> str:
+        """The trace id in hex."""
+        ...
+
+    @property
+    def span_id(self) -> str:
+        """The server span's id in hex."""
+        ...
+
+    def mark(self, stage: str) -> None:
+        """The request path finished ``stage``."""
+        ...
+
+    def on_event(self, event: bytes) -> None:
+        """One SSE event relayed to the client."""
+        ...
+
+    async def attempt(
+        self,
+        ctx: RequestContext,
+        replica: Any,
+        body: Mapping[str, Any],
+        headers: dict[str, str],
+        send: Callable[[dict[str, str]], Awaitable[Any]],
+        *,
+        strategy: str,
+        routed_at: float,
+        prefix_blocks: int,
+    ) -> Any:
+        """Run one upstream attempt with trace context (and, if sampled, its spans)."""
+        ...
+
+    def finish(self, ctx: RequestContext, outcome: str) -> None:
+        """End the request's spans."""
+        ...
 
 _MAX_REQUEST_ID = 128
 
@@ -94,7 +136,7 @@ class RequestContext:
     upstream_request_id: str = ""
     # Telemetry: the trace (None unless tracing is on), the error the request ended with,
     # whether it passed the rate limits, the overhead when the response headers were built.
-    trace: RequestTrace | None = None
+    trace: Trace | None = None
     failure: Failure | None = None
     admitted: bool = False
     overhead_s: float | None = None

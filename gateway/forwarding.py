@@ -171,7 +171,7 @@ class Forwarder:
             limit_s = max(0.001, min(first_byte_s, loop.remaining()))
             trace = ctx.trace
             if trace is not None:  # tracing on: a client span per attempt, traceparent out
-                return await trace.attempt(
+                traced: Exchange = await trace.attempt(
                     ctx, replica, body, headers,
                     lambda sent: self._attempt(
                         ctx, route, replica, path=path, payload=payload, headers=sent,
@@ -180,6 +180,7 @@ class Forwarder:
                     strategy=route.strategy.name, routed_at=routed_at,
                     prefix_blocks=len(prefix_blocks),
                 )
+                return traced
             return await self._attempt(
                 ctx, route, replica, path=path, payload=payload, headers=headers,
                 stream=stream, limit_s=limit_s,

@@ -8,7 +8,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from simulator.control import add_control_routes
-from simulator.flavors import add_flavor_routes
+from simulator.flavor_routes import add_flavor_routes
 from simulator.responses import models_body
 from simulator.serving import JSON, base_headers, handle_completion
 from simulator.state import SimState

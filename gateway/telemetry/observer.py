@@ -16,7 +16,7 @@ import structlog
 from gateway.context import RequestContext
 from gateway.telemetry import semconv as sc
 from gateway.telemetry.metrics import GatewayMetrics
-from gateway.telemetry.tracing import RequestTrace, Tracing
+from gateway.telemetry.tracing import Tracing
 
 _bind = structlog.contextvars.bind_contextvars
 
@@ -30,7 +30,7 @@ def access_fields(
 ) -> dict[str, Any]:
     """The access-log line's fields: ids, routing, status, latencies, tokens; never content."""
     principal, decision, summary, usage = ctx.principal, ctx.decision, ctx.summary, ctx.usage
-    trace: RequestTrace | None = ctx.trace
+    trace = ctx.trace
     return {
         "request_id": ctx.request_id,
         "trace_id": trace.trace_id if trace is not None else None,
