@@ -18,6 +18,7 @@ from litestar.response import Stream
 
 from gateway.budgets import BudgetGate, with_budget
 from gateway.context import Failure, RequestContext, request_id_from
+from gateway.events import Outcome
 from gateway.forwarding import Exchange, Forwarder
 from gateway.relay import StreamRelay, usage_from
 from gateway.request_body import FieldRules, decode
@@ -131,7 +132,7 @@ class ProxyService:
             raise
         except Exception:  # a bug: still account for the request; the handler renders the 500
             ctx.status = 500
-            self.observer.finished(ctx, "internal_error")
+            self.observer.finished(ctx, Outcome.INTERNAL_ERROR)
             raise
 
     async def _serve(
@@ -264,7 +265,7 @@ class ProxyService:
             background=BackgroundTask(_after_complete, admission,
                                       usage.total if usage is not None else None, shadow, raw),
         )
-        self.observer.finished(ctx, "complete")
+        self.observer.finished(ctx, Outcome.COMPLETE)
         return response
 
     def _decide(

@@ -20,6 +20,7 @@ import msgspec
 
 from gateway.context import RequestContext, Usage
 from gateway.errors import error_body
+from gateway.events import UPSTREAM_FAILURES, Outcome
 from gateway.forwarding import Exchange
 
 _decoder = msgspec.json.Decoder()
@@ -27,10 +28,6 @@ _encoder = msgspec.json.Encoder()
 _DONE = b"data: [DONE]"
 _DATA_OBJECT = b"data: {"
 _UPSTREAM_ERROR = b'data: {"error"'
-# Relay outcomes that mean the backend broke the stream (they count against the replica).
-UPSTREAM_FAILURES = frozenset(
-    {"upstream_truncated", "upstream_stall", "upstream_reset", "upstream_error"}
-)
 _SEP = b"\n\n"
 # A chunk still generating (``"finish_reason": null``, with or without the space).
 _NO_FINISH = re.compile(rb'"finish_reason": ?null')
@@ -80,7 +77,7 @@ class StreamRelay:
         self.done = False
         self.errored = False
         self.closed = False
-        self.outcome = "client_disconnect"
+        self.outcome: str = Outcome.CLIENT_DISCONNECT
         self.token_events = 0
         self.last_data = b""
 
@@ -118,7 +115,7 @@ class StreamRelay:
         if event.startswith(_UPSTREAM_ERROR):
             # The backend's own in-band error: pass it on as is and end there, whatever the
             # backend sends after it (vLLM: [DONE]).
-            self.outcome = "upstream_error"
+            self.outcome = Outcome.UPSTREAM_ERROR
             self.errored = True
             return event + _SEP
         if b'"usage"' in event and event.startswith(b"data: "):
@@ -211,15 +208,15 @@ class StreamRelay:
                 if chunk:
                     yield chunk
             if self.done:
-                self.outcome = "complete"
-            elif self.outcome != "upstream_error":
-                self.outcome = "upstream_truncated"
+                self.outcome = Outcome.COMPLETE
+            elif self.outcome != Outcome.UPSTREAM_ERROR:
+                self.outcome = Outcome.UPSTREAM_TRUNCATED
                 yield error_event("The backend ended the stream early.", 502)
         except TimeoutError:
-            self.outcome = "upstream_stall"
+            self.outcome = Outcome.UPSTREAM_STALL
             yield error_event("The backend stopped sending tokens.", 504)
         except (aiohttp.ClientError, OSError):
-            self.outcome = "upstream_reset"
+            self.outcome = Outcome.UPSTREAM_RESET
             yield error_event("The connection to the backend was lost mid-stream.", 502)
         finally:
             self._close()

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Final
 
+from gateway.events import Outcome
+
 INSTRUMENTATION_SCOPE: Final = "tiergate.gateway"
 PROVIDER_VLLM: Final = "vllm"
 
@@ -121,8 +123,8 @@ RATELIMIT_REJECTED: Final = "rejected"
 RATELIMIT_ALL_LIMITS: Final = "all"
 
 # Stream outcomes (gateway.relay) other than ``complete`` are aborts.
-OUTCOME_COMPLETE: Final = "complete"
-OUTCOME_CLIENT_DISCONNECT: Final = "client_disconnect"
+OUTCOME_COMPLETE: Final = Outcome.COMPLETE
+OUTCOME_CLIENT_DISCONNECT: Final = Outcome.CLIENT_DISCONNECT
 
 # --- Log event names (dotted constants) ---
 EVENT_ACCESS: Final = "request.finished"
