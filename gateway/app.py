@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from contextvars import Context
 from dataclasses import dataclass
 from typing import Any
@@ -12,6 +12,7 @@ from typing import Any
 import aiohttp
 from litestar import Litestar, Request, Response, post
 from opentelemetry.sdk.trace.export import SpanExporter
+from prometheus_client.registry import Collector
 
 import router_models
 from gateway.accounting import Accounting, build_accounting
@@ -199,17 +200,21 @@ def create_app(
     limiter: RequestLimiter | None = None,
     observer: RequestObserver | None = None,
     span_exporter: SpanExporter | None = None,
+    collectors: Sequence[Collector] = (),
 ) -> Litestar:
     """Build the gateway application for ``settings``.
 
     ``observer`` replaces the telemetry observer; ``span_exporter`` (tests) receives every
-    finished span instead of the ``OTEL_*``-configured exporters.
+    finished span instead of the ``OTEL_*``-configured exporters; ``collectors`` join the
+    app's metrics registry (the server's connection counters).
     """
     pools, routes, monitor = build_backends(settings)
     router = build_router(settings, router_models.load(settings.router.artifact))
     telemetry = build_telemetry(settings, pools, span_exporter=span_exporter)
     access = Access(settings, auth=auth, limiter=limiter)
     telemetry.registry.register(access.metrics)  # ratelimit backend-degraded gauge and counter
+    for collector in collectors:
+        telemetry.registry.register(collector)
     authenticator = access.authenticator
     forwarder = Forwarder(None, routes, RetryPolicy(**settings.retry.model_dump()))  # type: ignore[arg-type]  # session opens at start-up
     readiness = Readiness(pools)

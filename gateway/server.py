@@ -1,15 +1,45 @@
-"""Running the app under uvicorn (uvloop + httptools, one process)."""
+"""Running the app under uvicorn (uvloop + httptools) with bounded client connections."""
 
 from __future__ import annotations
 
 import errno
+import functools
 import socket
 
+import structlog
 import uvicorn
 
 from gateway.app import create_app
-from gateway.settings import Settings
+from gateway.connections import (
+    ConnectionCollector,
+    ConnectionGuard,
+    ConnectionLimits,
+    connection_cap,
+    fd_limit,
+)
+from gateway.http_protocol import GuardedHttpToolsProtocol
+from gateway.settings import ServerSettings, Settings
 from gateway.telemetry.logging import configure_logging
+
+_log = structlog.get_logger("tiergate.server")
+
+
+def connection_limits(server: ServerSettings) -> ConnectionLimits:
+    """The connection bounds of ``server:``, the cap kept below the fd limit."""
+    fds = fd_limit()
+    cap = connection_cap(server.max_connections, fds)
+    if server.max_connections is not None and cap < server.max_connections:
+        _log.warning("server.connection_cap_lowered", configured=server.max_connections,
+                     cap=cap, fd_limit=fds)
+    return ConnectionLimits(
+        max_head_bytes=server.max_head_bytes,
+        head_timeout_s=server.head_timeout_s,
+        body_timeout_s=server.body_timeout_s,
+        body_min_rate=server.body_min_rate_bytes_s,
+        idle_timeout_s=server.idle_timeout_s,
+        max_connections=cap,
+        over_cap_reserve=server.max_connections_reserve,
+    )
 
 
 class ListenError(OSError):
@@ -46,22 +76,27 @@ def serve(settings: Settings) -> None:
 
 
 def _run(settings: Settings, sock: socket.socket) -> None:
-    app = create_app(settings)
+    limits = connection_limits(settings.server)
+    guard = ConnectionGuard(limits)
+    app = create_app(settings, collectors=[ConnectionCollector(guard)])
     logs = configure_logging(settings.telemetry)  # after the app: Litestar sets up logging too
     config = uvicorn.Config(
         app,
         host=settings.server.host,
         port=settings.server.port,
         loop="uvloop",
-        http="httptools",
+        http=functools.partial(GuardedHttpToolsProtocol, guard=guard),  # type: ignore[arg-type]  # a protocol factory
+        ws="none",
         lifespan="on",
         access_log=False,
         log_config=None,  # uvicorn's records go through our structlog setup
         log_level="warning",
         server_header=False,
         date_header=False,
+        timeout_keep_alive=max(1, round(limits.idle_timeout_s)),
         timeout_graceful_shutdown=int(settings.server.shutdown_grace_s),
         proxy_headers=False,
+        backlog=2048,
     )
     try:
         uvicorn.Server(config).run(sockets=[sock])

@@ -51,6 +51,20 @@ class ServerSettings(Section):
     """True when a TLS-terminating proxy sits in front (silences the public-bind exposure error)."""
     shutdown_grace_s: float = Field(default=30.0, ge=0)
     """On SIGTERM, how long in-flight requests and streams get to finish."""
+    max_head_bytes: int = Field(default=16 * 1024, ge=1024, le=1024 * 1024)
+    """Request line + headers limit; a longer head gets 431 and the connection is closed."""
+    head_timeout_s: float = Field(default=10.0, gt=0)
+    """A head must be complete this long after accept (first request) or its first byte: else 408."""
+    body_timeout_s: float = Field(default=10.0, gt=0)
+    """A request body pausing longer than this gets 408 and a close; also the min-rate grace."""
+    body_min_rate_bytes_s: int = Field(default=1024, ge=0)
+    """After body_timeout_s, a body slower than this on average gets 408 (0: pauses only)."""
+    idle_timeout_s: float = Field(default=75.0, gt=0)
+    """Keep-alive connections idle this long are closed (above load balancers' usual 60 s)."""
+    max_connections: int | None = Field(default=None, ge=1)
+    """Open client connections per worker; unset: half of what the fd limit leaves (docs/server.md)."""
+    max_connections_reserve: int = Field(default=64, ge=0)
+    """Past the cap, with no idle connection to close: this many more, for /livez and /readyz only."""
 
 
 class Timeouts(Section):

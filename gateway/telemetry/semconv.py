@@ -112,6 +112,9 @@ M_REPLICA_HEALTHY: Final = "tiergate_replica_healthy"
 M_REPLICA_IN_FLIGHT: Final = "tiergate_replica_in_flight"
 M_REPLICA_BACKEND: Final = "tiergate_replica_backend_info"
 M_STREAM_ABORTS: Final = "tiergate_stream_aborts"
+M_CONNECTIONS_OPEN: Final = "tiergate_connections_open"
+M_CONNECTIONS_CAP: Final = "tiergate_connections_cap"
+M_CONNECTIONS_SHED: Final = "tiergate_connections_shed"
 
 # Label values
 TOKENS_INPUT: Final = "input"
@@ -129,3 +132,4 @@ OUTCOME_CLIENT_DISCONNECT: Final = Outcome.CLIENT_DISCONNECT
 # --- Log event names (dotted constants) ---
 EVENT_ACCESS: Final = "request.finished"
 EVENT_LOGS_DROPPED: Final = "telemetry.log_lines_dropped"
+EV_CONNECTION_SHED: Final = "connection.shed"

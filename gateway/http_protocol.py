@@ -1,0 +1,199 @@
+"""uvicorn's httptools protocol with bounded heads, phase deadlines and a connection cap.
+
+httptools itself has no limit on a request head, and it grows a header value by
+concatenation, so a client streaming one endless header costs memory 1:1 and CPU that grows
+with the length. This protocol counts the bytes fed while a head is incomplete and answers 431
+as soon as they pass ``max_head_bytes``, before feeding more: the cost stays linear and
+bounded. Deadlines are enforced by :class:`gateway.connections.ConnectionGuard`'s sweeper; this
+class only stamps the phase changes (one ``loop.time()`` per head, body chunk and response).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from uvicorn._types import ASGIReceiveCallable, ASGISendCallable, Scope
+from uvicorn.config import Config
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.server import ServerState
+
+from gateway.connections import ConnectionGuard, Phase, Shed, raw_error
+
+# Served on connections accepted over the cap: a probe must still see the process alive.
+OPS_PATHS = frozenset({b"/livez", b"/readyz"})
+_RETRY_AFTER = b"retry-after: 1"
+_OVER_CAPACITY_BODY = raw_error(
+    503, "Service Unavailable", "The gateway is at its connection limit; retry shortly.",
+    "server_overloaded", (_RETRY_AFTER,),
+)
+_TIMEOUT = raw_error(408, "Request Timeout", "The request was not received in time.",
+                     "request_timeout")
+
+
+def _head_too_large(limit: int) -> bytes:
+    return raw_error(431, "Request Header Fields Too Large",
+                     f"The request line and headers exceed {limit} bytes.",
+                     "request_header_fields_too_large")
+
+
+async def _over_capacity(
+    scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
+) -> None:
+    """The answer to a request on a connection accepted over the cap (not an ops path)."""
+    body = _OVER_CAPACITY_BODY.partition(b"\r\n\r\n")[2]
+    await send({"type": "http.response.start", "status": 503, "headers": [
+        (b"content-type", b"application/json"), (b"retry-after", b"1"),
+        (b"connection", b"close"),
+    ]})
+    await send({"type": "http.response.body", "body": body})
+
+
+class GuardedHttpToolsProtocol(HttpToolsProtocol):
+    """One client connection, within the guard's limits."""
+
+    def __init__(
+        self,
+        config: Config,
+        server_state: ServerState,
+        app_state: dict[str, Any],
+        _loop: asyncio.AbstractEventLoop | None = None,
+        *,
+        guard: ConnectionGuard,
+    ) -> None:
+        super().__init__(config, server_state, app_state, _loop)
+        self.guard = guard
+        self.phase = Phase.HEAD
+        self.since = 0.0
+        self.body_started = 0.0
+        self.body_bytes = 0
+        self._head_fed = 0
+        self._head_size = 0
+        self._refusal: bytes | None = None
+        self._ops_only = False
+        self._served_app = self.app
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        """Admit the connection, or shed it when the server is past its reserve."""
+        super().connection_made(transport)
+        now = self.loop.time()
+        self.since = now
+        guard = self.guard
+        guard.start_sweeping(self.loop)
+        admitted = guard.admit(self, now)
+        if admitted is None:
+            transport.write(_OVER_CAPACITY_BODY)
+            transport.close()
+        elif not admitted:
+            self._ops_only = True
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """Forget the connection."""
+        self.guard.release(self)
+        super().connection_lost(exc)
+
+    def shed(self, reason: str) -> None:
+        """Close for ``reason``; a request cut off mid-way is told 408 first."""
+        transport = self.transport
+        if transport.is_closing():
+            return
+        cut = (reason == Shed.HEAD_TIMEOUT and self._head_fed > 0) or reason == Shed.BODY_TIMEOUT
+        if cut and (self.cycle is None or not self.cycle.response_started):
+            transport.write(_TIMEOUT)
+        transport.close()
+
+    def _refuse(self, reason: str, response: bytes) -> None:
+        guard = self.guard
+        guard.note_shed(reason, self.loop.time())
+        guard.release(self)
+        self.phase = Phase.BUSY
+        self.transport.write(response)
+        self.transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        """Feed the parser; refuse a head that grew past the limit without feeding more."""
+        counted = self.phase is Phase.HEAD
+        if counted:
+            self._head_fed += len(data)
+        super().data_received(data)
+        refusal = self._refusal
+        if refusal is not None:
+            self._refusal = None
+            self._refuse(Shed.HEAD_TOO_LARGE, refusal)
+            return
+        if self.phase is Phase.HEAD:
+            if not counted:
+                self._head_fed += len(data)
+            limit = self.guard.limits.max_head_bytes
+            if self._head_fed > limit and not self.transport.is_closing():
+                self._refuse(Shed.HEAD_TOO_LARGE, _head_too_large(limit))
+
+    def on_message_begin(self) -> None:
+        """A new request's first byte: its head clock starts (the first one's at accept)."""
+        super().on_message_begin()
+        self._head_size = 0
+        if self.phase is Phase.IDLE:
+            self.phase = Phase.HEAD
+            self.since = self.loop.time()
+            self._head_fed = 0
+
+    def on_url(self, url: bytes) -> None:
+        """Count the request target into the head size."""
+        super().on_url(url)
+        self._head_size += len(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        """Count one header into the head size."""
+        super().on_header(name, value)
+        self._head_size += len(name) + len(value) + 4
+
+    def on_headers_complete(self) -> None:
+        """Refuse an over-long head (arrived in one piece); start the body clock."""
+        limit = self.guard.limits.max_head_bytes
+        if self._head_size > limit:
+            self._refusal = _head_too_large(limit)
+            self.phase = Phase.BUSY
+            return
+        if self._ops_only:
+            allowed = self.url.partition(b"?")[0] in OPS_PATHS
+            self.app = self._served_app if allowed else _over_capacity
+            if not allowed:
+                self.guard.note_shed(Shed.OVER_CAPACITY, self.loop.time())
+        super().on_headers_complete()
+        now = self.loop.time()
+        self.phase = Phase.BODY
+        self.since = now
+        self.body_started = now
+        self.body_bytes = 0
+
+    def on_body(self, body: bytes) -> None:
+        """Count body bytes for the minimum-rate check."""
+        if self._refusal is not None:
+            return
+        super().on_body(body)
+        self.body_bytes += len(body)
+        self.since = self.loop.time()
+
+    def on_message_complete(self) -> None:
+        """The request is in; the app answers without a server deadline."""
+        if self._refusal is not None:
+            return
+        super().on_message_complete()
+        if self.phase is Phase.BODY:
+            self.phase = Phase.BUSY
+
+    def on_response_complete(self) -> None:
+        """Back to keep-alive (or on to a pipelined request)."""
+        pipelined = bool(self.pipeline)
+        super().on_response_complete()
+        self.phase = Phase.BUSY if pipelined else Phase.IDLE
+        self.since = self.loop.time()
+        self._head_fed = 0
+
+    def timeout_keep_alive_handler(self) -> None:
+        """uvicorn's keep-alive timer (set to the idle timeout): counted like the sweeper's."""
+        guard = self.guard
+        if self in guard.open and not self.transport.is_closing():
+            guard.note_shed(Shed.IDLE_TIMEOUT, self.loop.time())
+            guard.release(self)
+        super().timeout_keep_alive_handler()
