@@ -43,8 +43,8 @@ async def _over_capacity(
     """The answer to a request on a connection accepted over the cap (not an ops path)."""
     body = _OVER_CAPACITY_BODY.partition(b"\r\n\r\n")[2]
     await send({"type": "http.response.start", "status": 503, "headers": [
-        (b"content-type", b"application/json"), (b"retry-after", b"1"),
-        (b"connection", b"close"),
+        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+        (b"retry-after", b"1"), (b"connection", b"close"),
     ]})
     await send({"type": "http.response.body", "body": body})
 

@@ -7,6 +7,7 @@ counters did not exist.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
 import time
@@ -70,7 +71,7 @@ def _shed(gw: GatewayProcess, reason: str) -> float:
 
 
 def _rss_kib(pid: int) -> int:
-    for line in open(f"/proc/{pid}/status", encoding="ascii"):  # noqa: SIM115, PTH123  # short read
+    for line in open(f"/proc/{pid}/status", encoding="ascii"):  # noqa: SIM115  # short read
         if line.startswith("VmRSS:"):
             return int(line.split()[1])
     raise AssertionError("no VmRSS")
@@ -122,10 +123,8 @@ def test_many_growing_headers_do_not_grow_memory(gw: GatewayProcess) -> None:
     before = _rss_kib(gw.pid)
     for _ in range(300):
         sock = connect(gw.port)
-        try:
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             sock.sendall(b"GET /livez HTTP/1.1\r\nHost: gw\r\nX-Big: " + b"b" * 65536)
-        except (BrokenPipeError, ConnectionResetError):
-            pass
         closed, response = closed_within(sock, 5)
         sock.close()
         assert closed
@@ -219,10 +218,8 @@ def test_slow_body_upload_is_closed(gw: GatewayProcess) -> None:
     started = time.monotonic()
     while time.monotonic() - started < BODY_TIMEOUT + SLACK:
         for sock in socks:
-            try:
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                 sock.sendall(b" ")
-            except (BrokenPipeError, ConnectionResetError):
-                pass
         time.sleep(0.3)
     results = [closed_within(sock, 1.0) for sock in socks]
     for sock in socks:
@@ -255,3 +252,75 @@ def test_body_in_pieces_at_a_fair_rate_is_served(gw: GatewayProcess) -> None:
     response = read_response(sock)
     sock.close()
     assert status_of(response) == 200, response[:300]
+
+
+CAP = 20
+RESERVE = 5
+
+
+@pytest.fixture(scope="module")
+def capped(sims: tuple[SimulatorProcess, SimulatorProcess]) -> Iterator[GatewayProcess]:
+    """A gateway capped at 20 connections (+5 for probes), with long deadlines."""
+    config = gateway_config(sims, max_connections=CAP, max_connections_reserve=RESERVE,
+                            head_timeout_s=60, body_timeout_s=60, idle_timeout_s=60)
+    with GatewayProcess(config) as proc:
+        yield proc
+
+
+def _chat(port: int) -> int:
+    body = (b'{"model": "tiergate-fast", "max_tokens": 4, '
+            b'"messages": [{"role": "user", "content": "hi"}]}')
+    sock = connect(port)
+    sock.sendall(_post_head(len(body)).replace(b"Host: gw", b"Host: gw\r\nConnection: close")
+                 + body)
+    response = read_response(sock)
+    sock.close()
+    return status_of(response)
+
+
+def test_idle_connections_over_the_cap_do_not_stop_legitimate_requests(
+    capped: GatewayProcess,
+) -> None:
+    """60 silent connections against a cap of 20: new clients get served, the oldest go."""
+    silent = [connect(capped.port) for _ in range(60)]
+    try:
+        statuses = [_chat(capped.port) for _ in range(10)]
+        _, livez, _ = get(capped.port, "/livez")
+        closed = sum(closed_within(sock, 0.05)[0] for sock in silent)
+    finally:
+        for sock in silent:
+            sock.close()
+    assert statuses == [200] * 10
+    assert status_of(livez) == 200
+    assert closed >= 60 - CAP  # evicted for the newer ones; at most CAP remain
+    assert _shed(capped, "evicted_for_new_connection") >= 40
+
+
+def test_busy_connections_at_the_cap_leave_livez_served(capped: GatewayProcess) -> None:
+    """With every slot reading a body, probes still get /livez and the rest a clean 503."""
+    busy = [connect(capped.port) for _ in range(CAP)]
+    for sock in busy:
+        sock.sendall(_post_head(100))
+    time.sleep(0.3)
+    try:
+        _, livez, _ = get(capped.port, "/livez")
+        _, models, _ = get(capped.port, "/v1/models")
+        chat = _chat(capped.port)
+    finally:
+        for sock in busy:
+            sock.close()
+    assert status_of(livez) == 200
+    assert status_of(models) == 503
+    assert b"retry-after: 1" in models.lower()
+    assert json_body(models)["error"]["code"] == "server_overloaded"
+    assert chat == 503
+    assert _shed(capped, "over_capacity") >= 2
+    time.sleep(0.3)
+    assert _chat(capped.port) == 200  # once they are gone, business as usual
+
+
+def test_shedding_is_logged_at_a_bounded_rate(capped: GatewayProcess) -> None:
+    """Each kind of shedding logs a connection.shed line with a count, not one per connection."""
+    lines = [line for line in capped.log_text().splitlines() if "connection.shed" in line]
+    assert any("evicted_for_new_connection" in line for line in lines)
+    assert len(lines) < 10, lines
