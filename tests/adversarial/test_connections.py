@@ -107,10 +107,10 @@ def test_growing_header_gets_431_while_livez_stays_fast(gw: GatewayProcess) -> N
         latencies.append(elapsed)
         time.sleep(0.02)
     thread.join()
-    response = out["response"]
-    assert isinstance(response, bytes)
-    assert status_of(response) == 431, response[:200]
-    assert json_body(response)["error"]["code"] == "request_header_fields_too_large"
+    result = out["response"]
+    assert isinstance(result, bytes)
+    assert status_of(result) == 431, result[:200]
+    assert json_body(result)["error"]["code"] == "request_header_fields_too_large"
     assert out["closed"] is True
     assert max(latencies) < 0.5, latencies
     assert _shed(gw, "head_too_large") >= 1
