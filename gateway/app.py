@@ -31,6 +31,7 @@ from gateway.settings import BalancingSettings, Settings, TierSettings
 from gateway.spillover import Spillover, SpilloverConfig
 from gateway.telemetry import build_telemetry
 from gateway.upstream import make_session
+from gateway.worker_share import HealthShare, WorkerRole
 from policies.fields import FieldPolicy
 from policies.ports import Authenticator, RequestLimiter, TierClassifier
 from policies.prefix import PrefixConfig
@@ -201,16 +202,21 @@ def create_app(
     observer: RequestObserver | None = None,
     span_exporter: SpanExporter | None = None,
     collectors: Sequence[Collector] = (),
+    worker: WorkerRole | None = None,
 ) -> Litestar:
     """Build the gateway application for ``settings``.
 
     ``observer`` replaces the telemetry observer; ``span_exporter`` (tests) receives every
     finished span instead of the ``OTEL_*``-configured exporters; ``collectors`` join the
-    app's metrics registry (the server's connection counters).
+    app's metrics registry (the server's connection counters); ``worker`` says which of
+    several workers this process is (one prober, metrics of the whole group).
     """
     pools, routes, monitor = build_backends(settings)
     router = build_router(settings, router_models.load(settings.router.artifact))
-    telemetry = build_telemetry(settings, pools, span_exporter=span_exporter)
+    if worker is not None and worker.count > 1:
+        monitor.share = HealthShare(worker, pools)
+        monitor.follower = not worker.leader
+    telemetry = build_telemetry(settings, pools, span_exporter=span_exporter, worker=worker)
     access = Access(settings, auth=auth, limiter=limiter)
     telemetry.registry.register(access.metrics)  # ratelimit backend-degraded gauge and counter
     for collector in collectors:

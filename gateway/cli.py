@@ -20,23 +20,51 @@ def _settings(args: argparse.Namespace) -> Settings:
         args.config,
         server__host=getattr(args, "host", None),
         server__port=getattr(args, "port", None),
+        server__workers=getattr(args, "workers", None),
     )
 
 
 def _serve(args: argparse.Namespace) -> int:
     from gateway.auth import NoKeysConfigured, preflight  # noqa: PLC0415  # only when serving
-    from gateway.server import serve  # noqa: PLC0415  # uvicorn only when serving
+    from gateway.workers import WorkersRefused, resolve_workers, usable_cores  # noqa: PLC0415
 
     settings = _settings(args)
+    if args.worker_index is not None:
+        return _serve_worker(args, settings)
     if not _exposure_preflight(settings):
         print("tiergate: refusing to start (exposure.mode is strict)", file=sys.stderr)
         return 2
     try:
+        count = resolve_workers(settings, args.workers, usable_cores())
+        settings = settings.model_copy(
+            update={"server": settings.server.model_copy(update={"workers": count})})
         preflight(settings)
-        serve(settings)
-    except NoKeysConfigured as exc:
+        return _run(settings, count, args.config)
+    except (NoKeysConfigured, WorkersRefused) as exc:
         print(f"tiergate: refusing to start: {exc}", file=sys.stderr)
         return 2
+
+
+def _run(settings: Settings, count: int, config: Path | None) -> int:
+    if count == 1:
+        from gateway.server import serve  # noqa: PLC0415  # uvicorn only when serving
+
+        serve(settings)
+        return 0
+    from gateway.workers import Supervisor  # noqa: PLC0415  # only when serving
+
+    return Supervisor(settings, count, config).run()
+
+
+def _serve_worker(args: argparse.Namespace, settings: Settings) -> int:
+    """One worker of a group started by the supervisor (hidden options)."""
+    import socket  # noqa: PLC0415  # only in workers
+
+    from gateway.server import serve  # noqa: PLC0415  # uvicorn only when serving
+    from gateway.worker_share import WorkerRole  # noqa: PLC0415  # only in workers
+
+    role = WorkerRole(args.worker_index, args.workers, Path(args.share_dir))
+    serve(settings, worker=role, sock=socket.socket(fileno=args.worker_fd))
     return 0
 
 
@@ -80,6 +108,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--config", type=Path, default=None, help="YAML settings file")
     serve.add_argument("--host", default=None, help="bind address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=None, help="port (default 8080)")
+    serve.add_argument("--workers", type=int, default=None,
+                       help="worker processes (default: usable cores; 1 with the memory "
+                            "rate-limit backend)")
+    for hidden, kind in (("--worker-index", int), ("--worker-fd", int), ("--share-dir", str)):
+        serve.add_argument(hidden, type=kind, default=None, help=argparse.SUPPRESS)
     serve.set_defaults(func=_serve)
     check = sub.add_parser("check-exposure", help="check backends and bind address exposure")
     check.add_argument("--config", type=Path, default=None, help="YAML settings file")

@@ -32,6 +32,7 @@ import structlog
 
 from gateway import backends
 from gateway.replicas import ErrorRecord, Replica, ReplicaPool
+from gateway.worker_share import HealthShare
 from policies.backends import KINDS, BackendKind, Probe
 
 _log = structlog.get_logger("tiergate.health")
@@ -110,7 +111,11 @@ class HealthConfig:
 
 
 class HealthMonitor:
-    """Probes every replica on an interval and keeps their state on the Replica objects."""
+    """Probes every replica on an interval and keeps their state on the Replica objects.
+
+    With a ``share`` (several workers), the leader publishes each round's results and a
+    ``follower`` reads them instead of probing: one prober per gateway process group.
+    """
 
     def __init__(
         self,
@@ -125,6 +130,8 @@ class HealthMonitor:
         # to service, and to readiness, without waiting for traffic that readiness keeps away.
         self.credentials = credentials or {}
         self._credentials_checked: dict[tuple[str, str], float] = {}
+        self.share: HealthShare | None = None
+        self.follower = False
         self.session: aiohttp.ClientSession | None = None
         self.rounds = 0
         self._task: asyncio.Task[None] | None = None
@@ -155,9 +162,24 @@ class HealthMonitor:
     async def _run(self) -> None:
         while True:
             started = time.monotonic()
-            await self.check_once()
+            await self._round()
             elapsed = time.monotonic() - started
             await asyncio.sleep(max(0.0, self.config.interval_s - elapsed))
+
+    async def _round(self) -> None:
+        share = self.share
+        if share is None:
+            await self.check_once()
+            return
+        try:
+            if self.follower:
+                await share.follow()
+                self.rounds += 1
+                return
+            await self.check_once()
+            await share.publish()
+        except (OSError, ValueError) as exc:  # a full disk or a torn file: next round
+            _log.warning("health.share_failed", error=type(exc).__name__)
 
     async def check_once(self) -> None:
         """Probe every replica once, concurrently."""

@@ -287,8 +287,10 @@ class KeyLimiter:
         health: BackendHealth | None = None,
         fallback: RateLimitBackend | None = None,
         fallback_share: int = 1,
+        share: int = 1,
     ) -> None:
         self._backend = backend
+        self._primary_share = share
         self._metrics = metrics
         self._health = health
         self._fallback = fallback
@@ -307,6 +309,8 @@ class KeyLimiter:
         spec = LimitSpec.of(principal.policy)
         if not spec.active:
             return _UNLIMITED
+        if self._primary_share > 1:
+            spec = spec.shared(self._primary_share)  # per-worker memory counters
         slot = ""
         if spec.concurrency is not None:
             slot = self._slot_prefix + str(next(self._slot_numbers))
@@ -348,8 +352,10 @@ def build_limiter(settings: Settings, client: Redis | None, metrics: LimitMetric
     rl = settings.ratelimit
     # A concurrency slot outlives the longest possible request, then frees itself.
     lease_s = max(tier.timeouts.total_s for tier in settings.tiers.values()) + 60.0
+    workers = settings.server.workers or 1
     if rl.backend == "memory":
-        return KeyLimiter(MemoryRateLimiter(lease_s=lease_s), metrics=metrics)
+        share = workers if rl.memory_divide_per_worker else 1
+        return KeyLimiter(MemoryRateLimiter(lease_s=lease_s), metrics=metrics, share=share)
     if client is None:
         raise ValueError("ratelimit.backend 'redis' needs a Redis client")
     metrics.set_degraded("redis", False)
@@ -366,5 +372,5 @@ def build_limiter(settings: Settings, client: Redis | None, metrics: LimitMetric
         metrics=metrics,
         health=health,
         fallback=MemoryRateLimiter(lease_s=lease_s) if rl.on_redis_error == "open" else None,
-        fallback_share=rl.degraded_replicas,
+        fallback_share=rl.degraded_replicas * workers,
     )

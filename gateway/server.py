@@ -20,6 +20,7 @@ from gateway.connections import (
 from gateway.http_protocol import GuardedHttpToolsProtocol
 from gateway.settings import ServerSettings, Settings
 from gateway.telemetry.logging import configure_logging
+from gateway.worker_share import WorkerRole
 
 _log = structlog.get_logger("tiergate.server")
 
@@ -66,20 +67,30 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(settings: Settings) -> None:
-    """Serve until interrupted; in-flight streams get ``shutdown_grace_s`` to finish."""
-    sock = listen(settings.server.host, settings.server.port)
+def serve(
+    settings: Settings, *, worker: WorkerRole | None = None, sock: socket.socket | None = None
+) -> None:
+    """Serve until interrupted; in-flight streams get ``shutdown_grace_s`` to finish.
+
+    A ``worker`` of a group serves on the inherited ``sock`` (see :mod:`gateway.workers`).
+    """
+    own = sock is None
+    if sock is None:
+        sock = listen(settings.server.host, settings.server.port)
     try:
-        _run(settings, sock)
+        _run(settings, sock, worker)
     finally:
-        sock.close()
+        if own:
+            sock.close()
 
 
-def _run(settings: Settings, sock: socket.socket) -> None:
+def _run(settings: Settings, sock: socket.socket, worker: WorkerRole | None) -> None:
     limits = connection_limits(settings.server)
     guard = ConnectionGuard(limits)
-    app = create_app(settings, collectors=[ConnectionCollector(guard)])
-    logs = configure_logging(settings.telemetry)  # after the app: Litestar sets up logging too
+    app = create_app(settings, collectors=[ConnectionCollector(guard)], worker=worker)
+    # After the app: Litestar sets up logging too.
+    logs = configure_logging(settings.telemetry,
+                             worker=worker.index if worker is not None else None)
     config = uvicorn.Config(
         app,
         host=settings.server.host,

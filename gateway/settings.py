@@ -54,7 +54,7 @@ class ServerSettings(Section):
     max_head_bytes: int = Field(default=16 * 1024, ge=1024, le=1024 * 1024)
     """Request line + headers limit; a longer head gets 431 and the connection is closed."""
     head_timeout_s: float = Field(default=10.0, gt=0)
-    """A head must be complete this long after accept (first request) or its first byte: else 408."""
+    """A head must be complete this long after accept (or its first byte), else 408."""
     body_timeout_s: float = Field(default=10.0, gt=0)
     """A request body pausing longer than this gets 408 and a close; also the min-rate grace."""
     body_min_rate_bytes_s: int = Field(default=1024, ge=0)
@@ -62,9 +62,11 @@ class ServerSettings(Section):
     idle_timeout_s: float = Field(default=75.0, gt=0)
     """Keep-alive connections idle this long are closed (above load balancers' usual 60 s)."""
     max_connections: int | None = Field(default=None, ge=1)
-    """Open client connections per worker; unset: half of what the fd limit leaves (docs/server.md)."""
+    """Open client connections per worker; unset: half of what the fd limit leaves."""
     max_connections_reserve: int = Field(default=64, ge=0)
-    """Past the cap, with no idle connection to close: this many more, for /livez and /readyz only."""
+    """Past the cap, all busy: this many more, for /livez and /readyz only (others 503)."""
+    workers: int | None = Field(default=None, ge=1, le=256)
+    """Worker processes on one socket; unset: usable cores (1 with keys + memory limiter)."""
 
 
 class Timeouts(Section):
@@ -239,6 +241,8 @@ class RateLimitSettings(Section):
     """While Redis is down (open), each replica enforces 1/N of every key's limits; set N to the
     number of gateway replicas.
     """
+    memory_divide_per_worker: bool = False
+    """Memory backend, several workers: divide each key's limits among them (else refused)."""
     redis_retry_interval_s: float = Field(default=1.0, gt=0)
     """How often a degraded limiter tries Redis again."""
 

@@ -21,6 +21,7 @@ from gateway.settings import Settings
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.observer import TelemetryObserver
 from gateway.telemetry.tracing import Tracing, build_tracer_provider
+from gateway.worker_share import GroupMetrics, WorkerRole
 
 __all__ = ["Telemetry", "TelemetryObserver", "build_telemetry"]
 
@@ -35,14 +36,19 @@ class Telemetry:
     tracing: Tracing | None
     handlers: list[Any] = field(default_factory=list)
     metrics_server: MetricsServer | None = None
+    group: GroupMetrics | None = None
 
     async def startup(self) -> None:
-        """Open the separate metrics port, if configured."""
+        """Open the separate metrics port, if configured; share metrics with other workers."""
         if self.metrics_server is not None:
             self.metrics_server.start()
+        if self.group is not None:
+            self.group.start()
 
     async def shutdown(self) -> None:
         """Close the metrics port; flush queued spans without blocking the loop."""
+        if self.group is not None:
+            await self.group.stop()
         if self.metrics_server is not None:
             self.metrics_server.stop()
         if self.tracing is not None:
@@ -55,11 +61,14 @@ def build_telemetry(
     *,
     span_exporter: SpanExporter | None = None,
     access_logger: Any = None,
+    worker: WorkerRole | None = None,
 ) -> Telemetry:
     """Metrics registry, tracer provider and observer for ``settings``.
 
     ``span_exporter`` replaces the ``OTEL_*``-configured exporters (tests use an in-memory
-    one); ``access_logger`` replaces the structlog ``tiergate.access`` logger.
+    one); ``access_logger`` replaces the structlog ``tiergate.access`` logger. With a
+    ``worker`` of several, ``/metrics`` serves every worker's samples (labelled ``worker``), and
+    only the leader opens a separate metrics port.
     """
     t = settings.telemetry
     registry = CollectorRegistry(auto_describe=True)
@@ -73,11 +82,17 @@ def build_telemetry(
     tracing = Tracing(provider, capture_content=t.capture_content) if provider else None
     observer = TelemetryObserver(metrics, tracing, access_log=t.access_log, logger=access_logger)
     telemetry = Telemetry(observer, registry, metrics, tracing)
+    exposed = registry
+    if worker is not None and worker.count > 1:
+        telemetry.group = GroupMetrics(worker, registry)
+        exposed = CollectorRegistry(auto_describe=False)
+        exposed.register(telemetry.group)
     if t.metrics_port is not None:
-        telemetry.metrics_server = MetricsServer(registry, settings.server.host, t.metrics_port)
+        if worker is None or worker.leader:
+            telemetry.metrics_server = MetricsServer(exposed, settings.server.host, t.metrics_port)
     else:
         token = settings.auth.read_admin_token()
         telemetry.handlers.append(
-            metrics_handler(registry, token, open_access=not settings.auth.enabled)
+            metrics_handler(exposed, token, open_access=not settings.auth.enabled)
         )
     return telemetry

@@ -214,12 +214,22 @@ def _configure_stdlib(level: int, sink: LogSink, chain: list[Processor], render:
         own.propagate = True
 
 
-def configure_logging(telemetry: TelemetrySettings, stream: TextIO | None = None) -> LogSink:
+def _tag_worker(worker: int) -> Processor:
+    def tag(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:
+        event_dict.setdefault("worker", worker)
+        return event_dict
+
+    return tag
+
+
+def configure_logging(
+    telemetry: TelemetrySettings, stream: TextIO | None = None, *, worker: int | None = None
+) -> LogSink:
     """Configure structlog and the standard library for this process; return the sink.
 
     Call once, after the app is built (frameworks configure logging while they build);
     ``close()`` the sink at exit. ``stream`` (default stderr) is ignored when
-    ``telemetry.log_file`` is set.
+    ``telemetry.log_file`` is set. ``worker`` (one of several) tags every line.
     """
     if telemetry.log_file is not None:
         telemetry.log_file.parent.mkdir(parents=True, exist_ok=True)
@@ -239,6 +249,8 @@ def configure_logging(telemetry: TelemetrySettings, stream: TextIO | None = None
         _Timestamp(),
         make_redactor(telemetry.capture_content),
     ]
+    if worker is not None:
+        chain.append(_tag_worker(worker))
     tail: list[Processor] = [structlog.processors.format_exc_info] if json_lines else []
     structlog.configure(
         processors=[*chain, *tail, render],
