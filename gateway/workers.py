@@ -50,7 +50,8 @@ def usable_cores(cgroup_root: Path = Path("/sys/fs/cgroup")) -> int:
 def resolve_workers(settings: Settings, requested: int | None, cores: int) -> int:
     """How many workers to run; raises WorkersRefused for an explicit count the limits forbid."""
     count = requested if requested is not None else settings.server.workers
-    memory = settings.ratelimit.backend == "memory"
+    # Without authentication there are no per-key limits to split.
+    memory = settings.ratelimit.backend == "memory" and settings.auth.enabled
     divided = settings.ratelimit.memory_divide_per_worker
     if count is None:
         if memory and not divided and cores > 1:

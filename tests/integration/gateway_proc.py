@@ -2,6 +2,9 @@
 
     with GatewayProcess({"auth": {"enabled": False}, "tiers": {...}}) as gw:
         ...  # gw.url, gw.pid, gw.log_text(), gw.stop()
+
+``workers`` is passed as ``--workers`` (default 1: one process, whose pid is ``gw.pid``; with
+more, ``gw.pid`` is the supervisor's).
 """
 
 from __future__ import annotations
@@ -40,8 +43,10 @@ class GatewayProcess:
         env: dict[str, str] | None = None,
         ready_timeout: float = 30.0,
         port: int | None = None,
+        workers: int = 1,
     ) -> None:
         self.config = config
+        self.workers = workers
         self.env = env or {}
         self.ready_timeout = ready_timeout
         self.port = port or free_port()
@@ -59,6 +64,7 @@ class GatewayProcess:
         command = [
             sys.executable, "-m", "tiergate", "serve",
             "--config", str(self.config_path), "--port", str(self.port),
+            "--workers", str(self.workers),
         ]
         log = self.log_path.open("wb")
         self._proc = subprocess.Popen(command, cwd=REPO_ROOT, stdout=log, stderr=log, env=env)

@@ -45,18 +45,20 @@ def config(fast: list[str], precise: list[str], **sections: Any) -> dict[str, An
     }
 
 
-def backends(gw: GatewayProcess) -> dict[str, Any]:
-    """GET /admin/backends with the admin token."""
-    resp = httpx.get(gw.url + "/admin/backends", headers={"Authorization": f"Bearer {ADMIN}"})
+def backends(gw: GatewayProcess, client: httpx.Client | None = None) -> dict[str, Any]:
+    """GET /admin/backends with the admin token (on ``client``'s connection, if given)."""
+    get = client.get if client is not None else httpx.get
+    resp = get(gw.url + "/admin/backends", headers={"Authorization": f"Bearer {ADMIN}"})
     assert resp.status_code == 200
     data: dict[str, Any] = resp.json()
     return data
 
 
-def replica_view(gw: GatewayProcess, sim: SimulatorProcess, tier_name: str = "fast"
-                 ) -> dict[str, Any]:
-    """The admin view of the replica ``sim``."""
-    for replica in backends(gw)["tiers"][tier_name]["replicas"]:
+def replica_view(gw: GatewayProcess, sim: SimulatorProcess, tier_name: str = "fast",
+                 client: httpx.Client | None = None) -> dict[str, Any]:
+    """The admin view of the replica ``sim`` (passive state is per worker: pass one
+    keep-alive ``client`` to read the worker that served that client's requests)."""
+    for replica in backends(gw, client)["tiers"][tier_name]["replicas"]:
         if replica["replica"] == f"{sim.host}:{sim.port}":
             view: dict[str, Any] = replica
             return view
@@ -77,13 +79,14 @@ def sims() -> Iterator[tuple[SimulatorProcess, SimulatorProcess, SimulatorProces
         yield a, b, p
 
 
-@pytest.fixture(scope="module")
-def gw(sims: tuple[SimulatorProcess, ...]) -> Iterator[GatewayProcess]:
-    """A gateway over the shared simulators; a short idle timeout on the fast tier."""
+@pytest.fixture(scope="module", params=[1, 2], ids=["workers1", "workers2"])
+def gw(request: pytest.FixtureRequest, sims: tuple[SimulatorProcess, ...]
+       ) -> Iterator[GatewayProcess]:
+    """A gateway (one, then two workers) over the shared simulators; short fast-tier idle."""
     a, b, p = sims
     timeouts = {"first_byte_s": 2.0, "idle_s": 0.5, "total_s": 10.0}
     settings = config([a.url, b.url], [p.url], fast_tier={"timeouts": timeouts})
-    with GatewayProcess(settings) as gateway:
+    with GatewayProcess(settings, workers=request.param) as gateway:
         yield gateway
 
 
@@ -143,20 +146,23 @@ def test_400_is_passed_through_and_never_counts(gw: GatewayProcess,
     a, b, _ = sims
     # Earlier tests in this module may have left failures on a replica (the health state
     # belongs to the long-lived gateway), so compare against the state before the 400s.
-    before = {sim.port: replica_view(gw, sim) for sim in (a, b)}
+    # One keep-alive connection: with several workers, every call meets the same one.
+    client = httpx.Client()
+    before = {sim.port: replica_view(gw, sim, client=client) for sim in (a, b)}
     for sim in (a, b):
         sim.set_faults(fail_400=1.0)
     for i in range(6):
-        resp = httpx.post(gw.url + "/v1/chat/completions", json=chat(f"bad {i}"))
+        resp = client.post(gw.url + "/v1/chat/completions", json=chat(f"bad {i}"))
         assert resp.status_code == 400
         assert resp.headers["x-tiergate-attempts"] == "1"
     answered_400 = 0
     for sim in (a, b):
-        view = replica_view(gw, sim)
+        view = replica_view(gw, sim, client=client)
         assert view["consecutive_failures"] <= before[sim.port]["consecutive_failures"]
         assert view["ejections_total"] == before[sim.port]["ejections_total"]
         answered_400 += (view["attempts"].get("status_400", 0)
                          - before[sim.port]["attempts"].get("status_400", 0))
+    client.close()
     assert answered_400 == 6
 
 
@@ -195,12 +201,13 @@ def test_backend_error_event_is_passed_on_without_done(
     assert "[DONE]" not in events
 
 
-def test_killing_a_replica_mid_run_loses_no_request() -> None:
+@pytest.mark.parametrize("workers", [1, 2])
+def test_killing_a_replica_mid_run_loses_no_request(workers: int) -> None:
     """One of two replicas dies mid-run: every non-streaming request still succeeds."""
     fast = "--profile", "fast", "--model", "tiergate-fast", "--latency-scale", "1"
     with SimulatorProcess(*fast, "--seed", "3") as a, SimulatorProcess(*fast, "--seed", "4") as b:
         settings = config([a.url, b.url], [a.url])
-        with GatewayProcess(settings) as gateway:
+        with GatewayProcess(settings, workers=workers) as gateway:
             statuses = asyncio.run(_kill_during_load(gateway, b))
             assert statuses == [200] * len(statuses)
             assert len(statuses) == 90

@@ -54,9 +54,11 @@ async def new_key(redis_url: str, **policy: Any) -> str:
     return token
 
 
-@pytest.fixture(scope="module")
-def gateways(redis: RedisServer, slow_sim: SimulatorProcess) -> Iterator[list[GatewayProcess]]:
-    """Three gateways with Redis keys and Redis limits, started in parallel."""
+@pytest.fixture(scope="module", params=[1, 2], ids=["workers1", "workers2"])
+def gateways(
+    request: pytest.FixtureRequest, redis: RedisServer, slow_sim: SimulatorProcess
+) -> Iterator[list[GatewayProcess]]:
+    """Three gateways (of one, then two workers) with Redis keys and limits, started together."""
     asyncio.run(new_key(redis.url))  # a key must exist before a gateway will start
     config = {
         "auth": {"store": "redis", "cache_ttl_s": 5},
@@ -65,7 +67,7 @@ def gateways(redis: RedisServer, slow_sim: SimulatorProcess) -> Iterator[list[Ga
         "tiers": tiers_config([slow_sim.url], ["http://127.0.0.1:9"]),
         "telemetry": {"access_log": False},
     }
-    procs = [GatewayProcess(config) for _ in range(REPLICAS)]
+    procs = [GatewayProcess(config, workers=request.param) for _ in range(REPLICAS)]
     try:
         with ThreadPoolExecutor(REPLICAS) as pool:
             list(pool.map(GatewayProcess.start, procs))
