@@ -1,0 +1,61 @@
+"""How many workers ``tiergate serve`` runs: cores, cgroup quota, and the memory limiter."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from structlog.testing import capture_logs
+
+from gateway.settings import Settings
+from gateway.workers import WorkersRefused, resolve_workers, usable_cores
+
+
+def _settings(backend: str = "memory", *, auth: bool = True, divide: bool = False,
+              workers: int | None = None) -> Settings:
+    return Settings.model_validate({
+        "auth": {"enabled": auth},
+        "ratelimit": {"backend": backend, "memory_divide_per_worker": divide},
+        "server": {"workers": workers},
+    })
+
+
+def test_default_is_the_cores_with_redis_limits() -> None:
+    """No count given and shared limits: one worker per usable core."""
+    assert resolve_workers(_settings("redis"), None, cores=8) == 8
+
+
+def test_default_with_memory_limits_is_one_worker_and_says_why() -> None:
+    """The default config (memory limiter) starts, as one worker, with a log line."""
+    with capture_logs() as logs:
+        assert resolve_workers(_settings(), None, cores=8) == 1
+    assert logs[0]["event"] == "server.workers_defaulted"
+
+
+def test_explicit_workers_with_memory_limits_are_refused() -> None:
+    """--workers 4 with per-process counters is an error naming the ways out."""
+    with pytest.raises(WorkersRefused, match="memory_divide_per_worker"):
+        resolve_workers(_settings(), 4, cores=8)
+
+
+def test_division_accepted_or_no_auth_allows_workers() -> None:
+    """Accepting per-worker division, or running without keys, allows several workers."""
+    assert resolve_workers(_settings(divide=True), 4, cores=8) == 4
+    assert resolve_workers(_settings(auth=False), None, cores=8) == 8
+    assert resolve_workers(_settings(workers=3, divide=True), None, cores=8) == 3
+
+
+def test_one_worker_is_always_fine() -> None:
+    """--workers 1 keeps the old single process whatever the limiter."""
+    assert resolve_workers(_settings(), 1, cores=8) == 1
+
+
+def test_usable_cores_follow_the_cgroup_quota(tmp_path: Path) -> None:
+    """A cgroup v2 quota of 1.5 CPUs gives 2 workers at most; 'max' leaves the affinity."""
+    affinity = len(os.sched_getaffinity(0))
+    (tmp_path / "cpu.max").write_text("150000 100000\n")
+    assert usable_cores(tmp_path) == min(affinity, 2)
+    (tmp_path / "cpu.max").write_text("max 100000\n")
+    assert usable_cores(tmp_path) == affinity
+    assert usable_cores(tmp_path / "missing") == affinity

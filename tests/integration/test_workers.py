@@ -1,0 +1,169 @@
+"""``tiergate serve --workers 2``: one socket, one prober, every worker's metrics, clean stops."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import ClassVar
+
+import httpx
+import pytest
+import yaml
+
+from tests.integration.gateway_proc import REPO_ROOT, GatewayProcess, tiers_config
+from tests.simulator.procs import SimulatorProcess
+
+HEALTH_INTERVAL = 0.2
+
+
+class _Probed(BaseHTTPRequestHandler):
+    """A replica that only answers probes, and counts them."""
+
+    seen: ClassVar[Counter[str]] = Counter()
+
+    def do_GET(self) -> None:
+        """200 to /health and /metrics."""
+        type(self).seen[self.path] += 1
+        body = b"vllm:num_requests_running 0\n" if self.path == "/metrics" else b""
+        self.send_response(200)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_: object) -> None:
+        """Quiet."""
+
+
+@pytest.fixture(scope="module")
+def probed() -> Iterator[tuple[str, Counter[str]]]:
+    """A probe-counting replica on a free port."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Probed)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", _Probed.seen
+    server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def sim() -> Iterator[SimulatorProcess]:
+    """A simulator with real latency (streams take a while)."""
+    with SimulatorProcess("--profile", "fast", "--model", "tiergate-fast",
+                          "--latency-scale", "1") as proc:
+        yield proc
+
+
+@pytest.fixture(scope="module")
+def gw(sim: SimulatorProcess, probed: tuple[str, Counter[str]]) -> Iterator[GatewayProcess]:
+    """Two workers; the precise tier is the probe-counting replica."""
+    config = {"auth": {"enabled": False}, "health": {"interval_s": HEALTH_INTERVAL},
+              "telemetry": {"access_log": True},
+              "tiers": tiers_config([sim.url], [probed[0]])}
+    with GatewayProcess(config, workers=2) as proc:
+        yield proc
+
+
+def _children(pid: int) -> list[int]:
+    text = Path(f"/proc/{pid}/task/{pid}/children").read_text(encoding="ascii")
+    return [int(p) for p in text.split()]
+
+
+def _workers_seen(gw: GatewayProcess, tries: int = 40) -> set[str]:
+    seen: set[str] = set()
+    for _ in range(tries):  # a new connection each time: the kernel picks the worker
+        text = httpx.get(gw.url + "/metrics", headers={"connection": "close"}).text
+        seen |= set(re.findall(r'^tiergate_connections_open\{worker="(\d+)"\}', text, re.M))
+    return seen
+
+
+def test_two_workers_serve_and_each_scrape_shows_both(gw: GatewayProcess) -> None:
+    """Two worker processes under the supervisor; any scrape carries both workers' samples."""
+    assert len(_children(gw.pid)) == 2
+    text = httpx.get(gw.url + "/metrics").text
+    deadline = time.monotonic() + 10
+    while 'worker="1"' not in text or 'worker="0"' not in text:
+        assert time.monotonic() < deadline, text[:2000]
+        time.sleep(0.5)
+        text = httpx.get(gw.url + "/metrics").text
+    assert text.count("# TYPE tiergate_connections_open gauge") == 1  # one family, merged
+
+
+def test_one_prober_for_the_group(gw: GatewayProcess, probed: tuple[str, Counter[str]]) -> None:
+    """Only the leader probes: /health is hit at one worker's rate, not two."""
+    time.sleep(1.0)
+    start = probed[1]["/health"]
+    time.sleep(3.0)
+    probes = probed[1]["/health"] - start
+    assert 0 < probes <= 1.4 * 3.0 / HEALTH_INTERVAL, probes
+
+
+def test_logs_are_tagged_with_the_worker(gw: GatewayProcess) -> None:
+    """Every worker's log lines say which worker wrote them."""
+    body = {"model": "fast", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+    for _ in range(30):  # new connections: both workers get some
+        httpx.post(gw.url + "/v1/chat/completions", json=body, headers={"connection": "close"})
+    deadline = time.monotonic() + 10
+    lines: list[str] = []
+    while len(lines) < 30 and time.monotonic() < deadline:  # log lines are written async
+        time.sleep(0.2)
+        lines = [line for line in gw.log_text().splitlines() if "request.finished" in line]
+    tags = {m[1] for line in lines if (m := re.search(r'"worker": ?(\d+)', line))}
+    assert len(lines) >= 30
+    assert tags == {"0", "1"}
+
+
+def test_a_crashed_worker_is_replaced(gw: GatewayProcess) -> None:
+    """kill -9 of one worker: the gateway keeps answering and a new worker takes its place."""
+    victim = _children(gw.pid)[1]
+    os.kill(victim, signal.SIGKILL)
+    for _ in range(20):
+        assert httpx.get(gw.url + "/livez", headers={"connection": "close"}).status_code == 200
+    deadline = time.monotonic() + 30
+    while True:
+        children = _children(gw.pid)
+        if len(children) == 2 and victim not in children:
+            break
+        assert time.monotonic() < deadline, children
+        time.sleep(0.2)
+    assert "server.worker_exited" in gw.log_text()
+
+
+def test_sigterm_lets_running_streams_finish(sim: SimulatorProcess,
+                                             probed: tuple[str, Counter[str]]) -> None:
+    """A stream running when the supervisor gets SIGTERM ends with [DONE]; then all exit."""
+    config = {"auth": {"enabled": False}, "tiers": tiers_config([sim.url], [probed[0]])}
+    with GatewayProcess(config, workers=2) as gw:
+        body = {"model": "fast", "stream": True, "max_tokens": 60,
+                "messages": [{"role": "user", "content": "count slowly"}]}
+        with httpx.stream("POST", gw.url + "/v1/chat/completions", json=body,
+                          timeout=30) as resp:
+            chunks = resp.iter_text()
+            first = next(chunks)
+            assert first.startswith("data: ")
+            os.kill(gw.pid, signal.SIGTERM)
+            rest = "".join(chunks)
+        assert "data: [DONE]" in first + rest
+        assert gw._proc is not None
+        assert gw._proc.wait(timeout=30) == 0
+
+
+def test_explicit_workers_with_memory_limits_are_refused(tmp_path: Path) -> None:
+    """--workers 2 with keys and in-memory limits exits 2 and says what to change."""
+    config = tmp_path / "tiergate.yaml"
+    config.write_text(yaml.safe_dump({"auth": {"enabled": True}}), encoding="utf-8")
+    done = subprocess.run(
+        [sys.executable, "-m", "tiergate", "serve", "--config", str(config), "--workers", "2"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=False,
+        env={k: v for k, v in os.environ.items() if k != "TIERGATE_CONFIG"},
+    )
+    assert done.returncode == 2
+    assert "memory_divide_per_worker" in done.stderr
+    assert "ratelimit.backend 'redis'" in done.stderr
