@@ -69,6 +69,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self.body_bytes = 0
         self._head_fed = 0
         self._head_size = 0
+        self._reading_head = True  # from a message's first byte to its headers' end
         self._refusal: bytes | None = None
         self._ops_only = False
         self._served_app = self.app
@@ -112,7 +113,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def data_received(self, data: bytes) -> None:
         """Feed the parser; refuse a head that grew past the limit without feeding more."""
-        counted = self.phase is Phase.HEAD
+        counted = self._reading_head
         if counted:
             self._head_fed += len(data)
         super().data_received(data)
@@ -121,7 +122,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._refusal = None
             self._refuse(Shed.HEAD_TOO_LARGE, refusal)
             return
-        if self.phase is Phase.HEAD:
+        if self._reading_head:  # also a pipelined head behind a request in progress
             if not counted:
                 self._head_fed += len(data)
             limit = self.guard.limits.max_head_bytes
@@ -132,10 +133,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         """A new request's first byte: its head clock starts (the first one's at accept)."""
         super().on_message_begin()
         self._head_size = 0
+        if not self._reading_head:
+            self._reading_head = True
+            self._head_fed = 0
         if self.phase is Phase.IDLE:
             self.phase = Phase.HEAD
             self.since = self.loop.time()
-            self._head_fed = 0
 
     def on_url(self, url: bytes) -> None:
         """Count the request target into the head size."""
@@ -149,6 +152,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         """Refuse an over-long head (arrived in one piece); start the body clock."""
+        self._reading_head = False
         limit = self.guard.limits.max_head_bytes
         if self._head_size > limit:
             self._refusal = _head_too_large(limit)
@@ -186,9 +190,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         """Back to keep-alive (or on to a pipelined request)."""
         pipelined = bool(self.pipeline)
         super().on_response_complete()
-        self.phase = Phase.BUSY if pipelined else Phase.IDLE
+        if pipelined:
+            self.phase = Phase.BUSY
+        else:  # a head that began behind the last request gets its head deadline from now
+            self.phase = Phase.HEAD if self._reading_head else Phase.IDLE
         self.since = self.loop.time()
-        self._head_fed = 0
 
     def timeout_keep_alive_handler(self) -> None:
         """uvicorn's keep-alive timer (set to the idle timeout): counted like the sweeper's."""

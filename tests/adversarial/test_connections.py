@@ -132,6 +132,22 @@ def test_many_growing_headers_do_not_grow_memory(gw: GatewayProcess) -> None:
     assert _rss_kib(gw.pid) - before < 8 * 1024
 
 
+def test_pipelined_growing_header_gets_431(gw: GatewayProcess) -> None:
+    """A header growing behind a complete request on the same connection is cut at the limit."""
+    sock = connect(gw.port)
+    sock.sendall(b"GET /livez HTTP/1.1\r\nHost: gw\r\n\r\n"
+                 b"GET /livez HTTP/1.1\r\nHost: gw\r\nX-Grow: ")
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        for _ in range(256):
+            sock.sendall(b"p" * 1024)
+            time.sleep(0.002)
+    closed, data = closed_within(sock, 5)
+    sock.close()
+    assert closed
+    assert data.startswith(b"HTTP/1.1 200")
+    assert b"HTTP/1.1 431" in data
+
+
 def test_head_over_the_limit_in_one_piece_gets_431(gw: GatewayProcess) -> None:
     """A complete 20 KiB head sent at once is refused with 431 and the connection closed."""
     _, response, _ = get(gw.port, "/livez", extra=b"X-Big: " + b"c" * 20_000 + b"\r\n")
