@@ -68,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--p3-count", type=int, default=100)
     p.add_argument("--p3-hold", type=float, default=15.0)
     p.add_argument("--skip-attacks", action="store_true")
+    p.add_argument("--default-deadlines", action="store_true",
+                   help="the production server: defaults (10 s head/body) instead of 5 s")
     args = p.parse_args(argv)
     servers = [s for s in args.servers.split(",") if s]
     if "granian" in servers and importlib.util.find_spec("granian") is None:
@@ -80,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     upstream = start_fixed_upstream(workdir, pin)
     variant = VARIANTS["plain"]
     config = gateway_config(variant, upstream.base_url, upstream.model, workdir, None)
-    config["server"] = _SERVER
+    if not args.default_deadlines:
+        config["server"] = _SERVER
     config_path = workdir / "tiergate.yaml"
     config_path.write_text(yaml.safe_dump(config))
     body = {"model": variant.request_model, "max_tokens": 16,
