@@ -57,8 +57,7 @@ def _row(name: str, rounds: list[dict[str, WrkResult]]) -> str:
             f"{best['c64']:,.0f} (low {low['c64']:,.0f}) | {errors} |")
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the comparison and print a Markdown report."""
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--servers", default=",".join(SERVERS))
     p.add_argument("--quick", action="store_true", help="2 s points, one round")
@@ -70,7 +69,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip-attacks", action="store_true")
     p.add_argument("--default-deadlines", action="store_true",
                    help="the production server: defaults (10 s head/body) instead of 5 s")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the comparison and print a Markdown report."""
+    args = _parse_args(argv)
     servers = [s for s in args.servers.split(",") if s]
     if "granian" in servers and importlib.util.find_spec("granian") is None:
         print("granian is not installed here: skipped (pip install granian to include it)")
