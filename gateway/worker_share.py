@@ -30,7 +30,7 @@ HEALTH_FILE = "health.json"
 METRICS_PUBLISH_S = 1.0
 _SHARED_FIELDS = ("healthy", "checked", "running", "waiting", "kv_usage", "prefix_queries",
                   "prefix_hits", "last_check_at", "scraped_at", "check_failures",
-                  "check_successes")
+                  "check_successes", "misconfigured")
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import yaml
 
-from bench.overhead.legs import Placement, start_fixed_upstream
-from bench.overhead.processes import Service, free_port, http_answers
+from bench.harness.legs import Placement, start_fixed_upstream
+from bench.harness.processes import Service, free_port, http_answers
+from bench.harness.wrk import WrkResult, WrkRunner, ensure_wrk, lua_script
 from bench.overhead.variants import VARIANTS, gateway_config
-from bench.overhead.wrk import WrkResult, WrkRunner, ensure_wrk, lua_script
 from bench.servers.attacks import growing_header, slow_clients
 from bench.servers.candidate import SERVERS
 
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
                         p1 = growing_header(service.port, args.p1_seconds)
                         p3 = slow_clients(service.port, args.p3_count, args.p3_hold)
                         attacks[server] = (
-                            f"| {server} | {p1.livez_p50_ms:.1f} / {p1.livez_max_ms:.0f} ms | "
+                            f"| {server} | {p1.livez_p50_ms:.1f} / {p1.livez_max_ms:.1f} ms | "
                             f"{p1.sent_kib:,} KiB, {p1.answer} | {json.dumps(p3)} |")
                 finally:
                     service.stop()

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import yaml
 
-from bench.overhead.legs import Placement, start_fixed_upstream
-from bench.overhead.processes import Service, free_port, http_answers
+from bench.harness.legs import Placement, start_fixed_upstream
+from bench.harness.processes import Service, free_port, http_answers
+from bench.harness.wrk import WrkRunner, ensure_wrk, lua_script
 from bench.overhead.variants import VARIANTS, gateway_config
-from bench.overhead.wrk import WrkRunner, ensure_wrk, lua_script
 
 _TICK = os.sysconf("SC_CLK_TCK")
 
