@@ -128,13 +128,14 @@ def test_503_is_retried_on_another_replica(gw: GatewayProcess,
     _, b, _ = sims
     b.set_faults(fail_503=1.0)
     attempts = []
-    for i in range(12):
-        resp = httpx.post(gw.url + "/v1/chat/completions", json=chat(f"question {i}"))
-        assert resp.status_code == 200
-        attempts.append(int(resp.headers["x-tiergate-attempts"]))
+    with httpx.Client() as client:  # one connection: one worker's passive state
+        for i in range(12):
+            resp = client.post(gw.url + "/v1/chat/completions", json=chat(f"question {i}"))
+            assert resp.status_code == 200
+            attempts.append(int(resp.headers["x-tiergate-attempts"]))
+        view = replica_view(gw, b, client=client)
     assert max(attempts) == 2
     assert b.stats()["requests_total"] >= 1
-    view = replica_view(gw, b)
     assert view["attempts"]["status_503"] >= 1
     assert view["state"] == "ejected" or view["consecutive_failures"] > 0
 
