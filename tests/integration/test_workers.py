@@ -167,3 +167,35 @@ def test_explicit_workers_with_memory_limits_are_refused(tmp_path: Path) -> None
     assert done.returncode == 2
     assert "memory_divide_per_worker" in done.stderr
     assert "ratelimit.backend 'redis'" in done.stderr
+
+
+def _create_key(keys_file: Path) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "tiergate", "keys", "create", "--keys-file", str(keys_file),
+         "--tenant", "acme"],
+        cwd=REPO_ROOT, capture_output=True, text=True, check=True, timeout=60,
+    )
+    return done.stdout.strip().splitlines()[-1]
+
+
+def test_key_file_changes_reach_every_worker(tmp_path: Path, sim: SimulatorProcess,
+                                             probed: tuple[str, Counter[str]]) -> None:
+    """A key added to the file after start works on every worker within a few seconds."""
+    keys_file = tmp_path / "keys.yaml"
+    _create_key(keys_file)
+    config = {"auth": {"enabled": True, "store": "file", "keys_file": str(keys_file)},
+              "ratelimit": {"memory_divide_per_worker": True},
+              "tiers": tiers_config([sim.url], [probed[0]])}
+    with GatewayProcess(config, workers=2) as gw:
+        added = _create_key(keys_file)
+        auth = {"authorization": f"Bearer {added}", "connection": "close"}
+        deadline = time.monotonic() + 15
+        statuses: list[int] = []
+        while time.monotonic() < deadline:
+            statuses = [httpx.get(gw.url + "/v1/models", headers=auth).status_code
+                        for _ in range(20)]
+            if statuses == [200] * 20:
+                break
+            time.sleep(0.5)
+        assert statuses == [200] * 20
+        assert len(_children(gw.pid)) == 2
