@@ -110,7 +110,7 @@ def _stack(workdir: Path) -> tuple[Service, Service, str]:
     (workdir / "tiergate.yaml").write_text(yaml.safe_dump(config))
     gport = free_port()
     cmd = [sys.executable, "-m", "tiergate", "serve", "--config", str(workdir / "tiergate.yaml"),
-           "--port", str(gport)]
+           "--port", str(gport), "--workers", "1"]
     env = {k: v for k, v in os.environ.items() if k != "TIERGATE_CONFIG"}
     gateway = Service("tiergate", cmd, gport, workdir / "tiergate.log", env=env)
     gateway.start(http_answers(f"http://127.0.0.1:{gport}/livez"))

@@ -75,7 +75,7 @@ def start_tiergate(
         port = free_port()
         tiergate = launcher or (str(Path(sys.executable).with_name("tiergate")),)
         cmd = [*pin.proxy, *tiergate, "serve", "--config", str(config_path)]
-        cmd += ["--host", "127.0.0.1", "--port", str(port)]
+        cmd += ["--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
         env = gateway_env(variant, sink_url)
         service = start_service(
             Service("tiergate", cmd, port, workdir / "tiergate.log", env, pin.boosted),

@@ -118,7 +118,8 @@ def main() -> int:
         }
         (work / "gw.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
         gateway = start([sys.executable, "-m", "tiergate", "serve", "--config",
-                         str(work / "gw.yaml"), "--port", str(gateway_port)], work / "g.log")
+                         str(work / "gw.yaml"), "--port", str(gateway_port),
+                         "--workers", "1"], work / "g.log")
         try:
             for port in (fast_port, precise_port):
                 wait(f"http://127.0.0.1:{port}/health")
