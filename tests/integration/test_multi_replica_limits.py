@@ -67,7 +67,9 @@ def gateways(
         "tiers": tiers_config([slow_sim.url], ["http://127.0.0.1:9"]),
         "telemetry": {"access_log": False},
     }
-    procs = [GatewayProcess(config, workers=request.param) for _ in range(REPLICAS)]
+    # Nine processes starting at once on a shared 2-core machine: give them time.
+    procs = [GatewayProcess(config, workers=request.param, ready_timeout=90)
+             for _ in range(REPLICAS)]
     try:
         with ThreadPoolExecutor(REPLICAS) as pool:
             list(pool.map(GatewayProcess.start, procs))
