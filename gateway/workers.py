@@ -70,10 +70,9 @@ def resolve_workers(settings: Settings, requested: int | None, cores: int) -> in
 
 
 def _listen(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
+    from gateway.server import listen  # noqa: PLC0415  # the same checks and messages
+
+    sock = listen(host, port)
     sock.listen(2048)
     sock.set_inheritable(True)
     return sock
