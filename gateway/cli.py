@@ -53,6 +53,7 @@ def _run(settings: Settings, count: int, config: Path | None) -> int:
         return 0
     from gateway.workers import Supervisor  # noqa: PLC0415  # only when serving
 
+    settings.auth.read_admin_token()  # a missing token file: one error here, not one per worker
     return Supervisor(settings, count, config).run()
 
 
