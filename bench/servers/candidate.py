@@ -53,7 +53,7 @@ def _granian(settings: Settings) -> None:
         interface=Interfaces.ASGI, http=HTTPModes.http1, websockets=False, backlog=2048,
         http1_settings=HTTP1Settings(
             header_read_timeout=int(settings.server.head_timeout_s * 1000)),
-        log_level="warning",  # type: ignore[arg-type]  # granian accepts the name
+        log_level="warning",  # type: ignore[arg-type, unused-ignore]  # granian takes the name
     )
     uvloop.run(server.serve())
 
