@@ -161,38 +161,30 @@ def _part_urls(part: dict[str, Any]) -> Iterator[str]:
                     yield value
 
 
-def embedding_parts(body: dict[str, Any]) -> list[str]:
-    """The parameter paths of raw-embedding content parts in a chat body."""
-    found: list[str] = []
+def _content_parts(body: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Each object content part of a chat body's messages, with its parameter path."""
     messages = body.get("messages")
     if not isinstance(messages, list):
-        return found
-    for i, message in enumerate(messages):
-        content = message.get("content") if isinstance(message, dict) else None
-        if not isinstance(content, list):
-            continue
-        for j, part in enumerate(content):
-            if isinstance(part, dict) and (
-                    part.get("type") in EMBEDDING_KEYS or any(k in part for k in EMBEDDING_KEYS)):
-                found.append(f"messages[{i}].content[{j}]")
-    return found
-
-
-def media_urls(body: dict[str, Any]) -> list[MediaUrl]:
-    """Every URL in the media parts of a chat body's messages."""
-    found: list[MediaUrl] = []
-    messages = body.get("messages")
-    if not isinstance(messages, list):
-        return found
+        return
     for i, message in enumerate(messages):
         content = message.get("content") if isinstance(message, dict) else None
         if not isinstance(content, list):
             continue
         for j, part in enumerate(content):
             if isinstance(part, dict):
-                param = f"messages[{i}].content[{j}]"
-                found.extend(MediaUrl(param, url) for url in _part_urls(part))
-    return found
+                yield f"messages[{i}].content[{j}]", part
+
+
+def embedding_parts(body: dict[str, Any]) -> list[str]:
+    """The parameter paths of raw-embedding content parts in a chat body."""
+    return [param for param, part in _content_parts(body)
+            if part.get("type") in EMBEDDING_KEYS or any(k in part for k in EMBEDDING_KEYS)]
+
+
+def media_urls(body: dict[str, Any]) -> list[MediaUrl]:
+    """Every URL in the media parts of a chat body's messages."""
+    return [MediaUrl(param, url) for param, part in _content_parts(body)
+            for url in _part_urls(part)]
 
 
 def remote_host(media: MediaUrl, *, remote_allowed: bool) -> tuple[str, int] | None:
