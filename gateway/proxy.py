@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
@@ -176,14 +176,7 @@ class ProxyService:
         ctx.mark("ratelimit")
         ctx.extra_headers.update(admission.headers)
         try:
-            strip_usage = False
-            if summary.stream and not summary.include_usage:
-                options = body.get("stream_options") or {}
-                body["stream_options"] = {**options, "include_usage": True}
-                strip_usage = True
-            if summary.max_tokens is None:
-                defaults = [self.default_max_tokens[tier] for tier in tiers]
-                body["max_tokens"] = default_max_tokens(defaults, key_cap, kind, lowest=True)
+            strip_usage = self._prepare_upstream_body(body, summary, tiers, key_cap)
             blocks = prefix_blocks(body, kind, self.prefix)
             exchange = await unless_disconnected(
                 request, self.forwarder.forward(ctx, path, body, tiers, prefix_blocks=blocks)
@@ -195,6 +188,22 @@ class ProxyService:
         if exchange.opened.body is not None:
             return await self._complete(ctx, exchange.opened.body, admission, shadow)
         return self._stream(ctx, exchange, admission, shadow, strip_usage=strip_usage)
+
+    def _prepare_upstream_body(self, body: dict[str, Any], summary: RequestSummary,
+                               tiers: Sequence[str], key_cap: int | None) -> bool:
+        """Ask for stream usage (the gateway needs it) and bound a missing ``max_tokens``.
+
+        Returns whether the usage chunk must be hidden from a caller who did not ask for it.
+        """
+        strip_usage = False
+        if summary.stream and not summary.include_usage:
+            options = body.get("stream_options") or {}
+            body["stream_options"] = {**options, "include_usage": True}
+            strip_usage = True
+        if summary.max_tokens is None:
+            defaults = [self.default_max_tokens[tier] for tier in tiers]
+            body["max_tokens"] = default_max_tokens(defaults, key_cap, summary.kind, lowest=True)
+        return strip_usage
 
     def _shadow_of(self, ctx: RequestContext, path: str, body: dict[str, Any]) -> _Shadow | None:
         """Whether this answered request is sampled for shadow evaluation.
