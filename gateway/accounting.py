@@ -52,9 +52,13 @@ def build_shadow(settings: Settings, forwarder: Forwarder) -> ShadowRunner | Non
     config = ShadowConfig(**settings.router.shadow.model_dump())
     if not config.enabled:
         return None
-    return ShadowRunner(config, forwarder.routes, fast_tier=settings.router.fast_tier,
-                        precise_tier=settings.router.precise_tier,
-                        session=lambda: forwarder.session)
+    return ShadowRunner(
+        config,
+        forwarder.routes,
+        fast_tier=settings.router.fast_tier,
+        precise_tier=settings.router.precise_tier,
+        session=lambda: forwarder.session,
+    )
 
 
 @dataclass
@@ -114,8 +118,9 @@ def build_accounting(
     prefix = settings.redis.key_prefix
     redis_usage = RedisUsageStore(client, prefix) if shared and client is not None else None
     ledger = UsageLedger(costs, redis_usage or MemoryUsageStore())
-    store = RedisBudgetStore(client, prefix) if shared and client is not None \
-        else MemoryBudgetStore()
+    store = (
+        RedisBudgetStore(client, prefix) if shared and client is not None else MemoryBudgetStore()
+    )
     budgets = BudgetGate(store, costs, fail_open=settings.ratelimit.on_redis_error == "open")
     shadow = build_shadow(settings, forwarder)
     registry.register(UsageCollector(ledger))
@@ -126,5 +131,6 @@ def build_accounting(
         *admin_usage_handlers(ledger, token),
         *admin_routing_handlers(router, shadow, observed_share, settings.router, token),
     ]
-    return Accounting(LedgerObserver(observer, ledger), ledger, budgets, shadow, handlers,
-                      redis_usage)
+    return Accounting(
+        LedgerObserver(observer, ledger), ledger, budgets, shadow, handlers, redis_usage
+    )

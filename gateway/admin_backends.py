@@ -112,7 +112,6 @@ def admin_backends_handlers(forwarder: Forwarder, admin_token: str | None) -> li
     def admin_backends(request: Request[Any, Any, Any]) -> Response[bytes]:
         guard.check(request.headers.get("authorization"))
         body = backends_body(forwarder.routes, forwarder)
-        return Response(body, media_type="application/json",
-                        headers={"Cache-Control": "no-store"})
+        return Response(body, media_type="application/json", headers={"Cache-Control": "no-store"})
 
     return [admin_backends]

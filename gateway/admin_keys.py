@@ -60,8 +60,12 @@ class KeyNotFound(InvalidRequest):
 
 
 def _json(data: Any, status: int = 200) -> Response[bytes]:
-    return Response(_encoder.encode(data), status_code=status, media_type="application/json",
-                    headers={"cache-control": "no-store"})
+    return Response(
+        _encoder.encode(data),
+        status_code=status,
+        media_type="application/json",
+        headers={"cache-control": "no-store"},
+    )
 
 
 class AdminGuard:
@@ -69,8 +73,9 @@ class AdminGuard:
 
     def __init__(self, token: str) -> None:
         if len(token) < MIN_ADMIN_TOKEN_CHARS:
-            raise ValueError(f"the admin token must have at least {MIN_ADMIN_TOKEN_CHARS} "
-                             "characters")
+            raise ValueError(
+                f"the admin token must have at least {MIN_ADMIN_TOKEN_CHARS} characters"
+            )
         self._token = token.encode("utf-8")
 
     def check(self, authorization: str | None) -> None:
@@ -124,10 +129,18 @@ def admin_key_handlers(
             spec = msgspec.json.decode(await request.body(), type=NewKey)
             now = clock()
             policy = make_policy(
-                tiers=spec.tiers, rpm=spec.rpm, tpm=spec.tpm, max_tokens=spec.max_tokens,
-                concurrency=spec.concurrency, expires_in_days=spec.expires_in_days,
-                scopes=spec.scopes, max_n=spec.max_n, now=now, known_tiers=tiers,
-                budget_daily=spec.budget_daily, budget_monthly=spec.budget_monthly,
+                tiers=spec.tiers,
+                rpm=spec.rpm,
+                tpm=spec.tpm,
+                max_tokens=spec.max_tokens,
+                concurrency=spec.concurrency,
+                expires_in_days=spec.expires_in_days,
+                scopes=spec.scopes,
+                max_n=spec.max_n,
+                now=now,
+                known_tiers=tiers,
+                budget_daily=spec.budget_daily,
+                budget_monthly=spec.budget_monthly,
             )
         except PolicyError as exc:
             raise InvalidRequest(f"Invalid key request: {exc}", param=exc.param) from None
@@ -135,8 +148,9 @@ def admin_key_handlers(
             raise InvalidRequest(f"Invalid key request: {exc}") from None
         if not spec.tenant:
             raise InvalidRequest("A key needs a tenant.", param="tenant")
-        record, key = await create_key(store, spec.tenant, policy, now=now, name=spec.name,
-                                       pepper=pepper)
+        record, key = await create_key(
+            store, spec.tenant, policy, now=now, name=spec.name, pepper=pepper
+        )
         changed(record.key_id)
         return _json({**describe(record, now), "key": key}, status=201)
 

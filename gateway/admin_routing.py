@@ -36,7 +36,8 @@ class ShadowCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         """Outcome counters and the agreement summary by direction and route-score bucket."""
         total = CounterMetricFamily(
-            "tiergate_shadow", "Shadow requests by direction and outcome",
+            "tiergate_shadow",
+            "Shadow requests by direction and outcome",
             labels=("direction", "outcome"),
         )
         for key, count in list(self.runner.counts.items()):
@@ -71,26 +72,37 @@ class ArtifactReloader:
         classifier = self.router.classifier
         metadata = classifier.metadata if isinstance(classifier, Router) else {}
         path = self.settings.artifact or router_models.DEFAULT_ARTIFACT
-        return {"path": str(path), "version": metadata.get("version"),
-                "data_digest": metadata.get("data_digest"), "loaded_at": self.loaded_at}
+        return {
+            "path": str(path),
+            "version": metadata.get("version"),
+            "data_digest": metadata.get("data_digest"),
+            "loaded_at": self.loaded_at,
+        }
 
     def reload(self) -> dict[str, Any]:
         """Load the artifact file again; swap classifier and threshold together."""
         try:
             classifier = router_models.load(self.settings.artifact)
         except (OSError, router_models.ArtifactError) as exc:
-            raise InvalidRequest(f"The router artifact could not be loaded: {exc}",
-                                 code="artifact_invalid") from None
+            raise InvalidRequest(
+                f"The router artifact could not be loaded: {exc}", code="artifact_invalid"
+            ) from None
         s = self.settings
-        self.router.replace(classifier, threshold_policy(s.threshold, s.target_precise_share,
-                                                         s.online_control, classifier))
+        self.router.replace(
+            classifier,
+            threshold_policy(s.threshold, s.target_precise_share, s.online_control, classifier),
+        )
         self.loaded_at = time.time()
         return self.describe()
 
 
-def routing_body(router: TierRouter, runner: ShadowRunner | None,
-                 observed_share: Callable[[], float], target_share: float,
-                 reloader: ArtifactReloader | None = None) -> bytes:
+def routing_body(
+    router: TierRouter,
+    runner: ShadowRunner | None,
+    observed_share: Callable[[], float],
+    target_share: float,
+    reloader: ArtifactReloader | None = None,
+) -> bytes:
     """The JSON document of ``/admin/routing``."""
     view: dict[str, Any] = {
         "threshold": round(router.threshold.threshold, 6),
@@ -103,9 +115,13 @@ def routing_body(router: TierRouter, runner: ShadowRunner | None,
     return _encoder.encode(view)
 
 
-def admin_routing_handlers(router: TierRouter, runner: ShadowRunner | None,
-                           observed_share: Callable[[], float], settings: RouterSettings,
-                           admin_token: str | None) -> list[Any]:
+def admin_routing_handlers(
+    router: TierRouter,
+    runner: ShadowRunner | None,
+    observed_share: Callable[[], float],
+    settings: RouterSettings,
+    admin_token: str | None,
+) -> list[Any]:
     """``GET /admin/routing`` and ``POST /admin/router/reload``, or none when admin is off."""
     if not admin_token:
         return []
@@ -116,14 +132,16 @@ def admin_routing_handlers(router: TierRouter, runner: ShadowRunner | None,
     @get("/admin/routing", sync_to_thread=False)
     def admin_routing(request: Request[Any, Any, Any]) -> Response[bytes]:
         guard.check(request.headers.get("authorization"))
-        body = routing_body(router, runner, observed_share, settings.target_precise_share,
-                            reloader)
+        body = routing_body(router, runner, observed_share, settings.target_precise_share, reloader)
         return Response(body, media_type="application/json", headers=headers)
 
     @post("/admin/router/reload", status_code=200, sync_to_thread=False)
     def reload_router(request: Request[Any, Any, Any]) -> Response[bytes]:
         guard.check(request.headers.get("authorization"))
-        return Response(_encoder.encode({"artifact": reloader.reload()}),
-                        media_type="application/json", headers=headers)
+        return Response(
+            _encoder.encode({"artifact": reloader.reload()}),
+            media_type="application/json",
+            headers=headers,
+        )
 
     return [admin_routing, reload_router]

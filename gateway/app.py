@@ -51,8 +51,13 @@ def _strategy(tier: TierSettings, balancing: BalancingSettings) -> Strategy:
     if tier.strategy == "least_loaded":
         return LeastLoaded()
     b = balancing
-    return PrefixAffinity(tier.model, load_factor=b.load_factor, load_slack=b.load_slack,
-                          imbalance_abs=b.imbalance_abs, imbalance_rel=b.imbalance_rel)
+    return PrefixAffinity(
+        tier.model,
+        load_factor=b.load_factor,
+        load_slack=b.load_slack,
+        imbalance_abs=b.imbalance_abs,
+        imbalance_rel=b.imbalance_rel,
+    )
 
 
 def _spillover(settings: Settings, pools: Mapping[str, ReplicaPool]) -> Spillover | None:
@@ -75,10 +80,15 @@ def build_router(settings: Settings, classifier: TierClassifier) -> TierRouter:
         tools_to_precise=r.tools_to_precise,
         long_prompt_tokens=r.long_prompt_tokens,
     )
-    threshold = threshold_policy(r.threshold, r.target_precise_share, r.online_control,
-                                 classifier)
-    return TierRouter(catalog, rules, classifier, threshold,
-                      fast_to_precise=r.fallback_to_precise, precise_to_fast=r.downgrade_to_fast)
+    threshold = threshold_policy(r.threshold, r.target_precise_share, r.online_control, classifier)
+    return TierRouter(
+        catalog,
+        rules,
+        classifier,
+        threshold,
+        fast_to_precise=r.fallback_to_precise,
+        precise_to_fast=r.downgrade_to_fast,
+    )
 
 
 def _upstream_headers(tier: TierSettings) -> dict[str, str]:
@@ -93,19 +103,32 @@ def build_backends(
     h = settings.health
     ejection = EjectionPolicy(h.eject_after, h.eject_base_s, h.eject_max_s, h.max_ejected_share)
     pools = {
-        name: ReplicaPool(name, tier.replicas, tier.max_concurrency, tier.max_queue_wait_s,
-                          ejection, health_path=tier.health_path, kind=tier.kind)
+        name: ReplicaPool(
+            name,
+            tier.replicas,
+            tier.max_concurrency,
+            tier.max_queue_wait_s,
+            ejection,
+            health_path=tier.health_path,
+            kind=tier.kind,
+        )
         for name, tier in settings.tiers.items()
     }
     routes = {
-        name: TierRoute(pools[name], _strategy(tier, settings.balancing), tier.timeouts,
-                        tier.model, _upstream_headers(tier))
+        name: TierRoute(
+            pools[name],
+            _strategy(tier, settings.balancing),
+            tier.timeouts,
+            tier.model,
+            _upstream_headers(tier),
+        )
         for name, tier in settings.tiers.items()
     }
     monitor = HealthMonitor(
         pools,
-        HealthConfig(h.interval_s, h.timeout_s, h.unhealthy_after, h.healthy_after,
-                     h.scrape_metrics),
+        HealthConfig(
+            h.interval_s, h.timeout_s, h.unhealthy_after, h.healthy_after, h.scrape_metrics
+        ),
         credentials={name: route.upstream_headers for name, route in routes.items()},
     )
     return pools, routes, monitor
@@ -139,8 +162,9 @@ def build_service(
         fields=FieldRules(
             structured={name: tier.structured_outputs for name, tier in settings.tiers.items()},
             remote_media={name: tier.allow_remote_media for name, tier in settings.tiers.items()},
-            policy=FieldPolicy(settings.requests.unknown_fields,
-                               frozenset(settings.requests.allowed_extra_fields)),
+            policy=FieldPolicy(
+                settings.requests.unknown_fields, frozenset(settings.requests.allowed_extra_fields)
+            ),
             max_depth=settings.requests.max_json_depth,
         ),
         shadow=accounting.shadow if accounting is not None else None,
@@ -226,12 +250,23 @@ def create_app(
     readiness = Readiness(pools)
     readiness.monitor = monitor
     accounting = build_accounting(
-        settings, client=access.client, forwarder=forwarder, router=router,
-        observer=observer or telemetry.observer, registry=telemetry.registry,
+        settings,
+        client=access.client,
+        forwarder=forwarder,
+        router=router,
+        observer=observer or telemetry.observer,
+        registry=telemetry.registry,
         observed_share=telemetry.metrics.share.share,
     )
-    service = build_service(settings, access=access, router=router, forwarder=forwarder,
-                            observer=accounting.observer, pools=pools, accounting=accounting)
+    service = build_service(
+        settings,
+        access=access,
+        router=router,
+        forwarder=forwarder,
+        observer=accounting.observer,
+        pools=pools,
+        accounting=accounting,
+    )
     lifecycle = _Lifecycle(forwarder, readiness, monitor, access, accounting)
     admin_token = settings.auth.read_admin_token()
 
@@ -244,10 +279,15 @@ def create_app(
         return await service.handle(request, "completion", "/v1/completions")
 
     return Litestar(
-        route_handlers=[chat, completions, *ops_handlers(router.catalog, readiness, authenticator),
-                        *access.handlers, *telemetry.handlers,
-                        *admin_backends_handlers(forwarder, admin_token),
-                        *accounting.handlers],
+        route_handlers=[
+            chat,
+            completions,
+            *ops_handlers(router.catalog, readiness, authenticator),
+            *access.handlers,
+            *telemetry.handlers,
+            *admin_backends_handlers(forwarder, admin_token),
+            *accounting.handlers,
+        ],
         exception_handlers=EXCEPTION_HANDLERS,
         on_startup=[lifecycle.startup, telemetry.startup],
         on_shutdown=[lifecycle.shutdown, telemetry.shutdown],

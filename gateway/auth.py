@@ -89,8 +89,7 @@ class KeyAuthenticator:
         self._clock = clock
         self._wall = wall_clock
         # What a missing record is compared against: same algorithm and length as a real one.
-        self._dummy = key_digest(f"{KEY_PREFIX}-{new_key_id()}-{secrets.token_urlsafe(32)}",
-                                 pepper)
+        self._dummy = key_digest(f"{KEY_PREFIX}-{new_key_id()}-{secrets.token_urlsafe(32)}", pepper)
 
     def forget(self, key_id: str) -> None:
         """``key_id`` was changed here (admin API): the next request asks the store."""
@@ -109,11 +108,11 @@ class KeyAuthenticator:
             raise AuthenticationFailed(_BAD_KEY)
         record = entry.record
         if record.disabled:
-            raise AuthenticationFailed(f"The API key {key_id} has been revoked.",
-                                       code="api_key_revoked")
+            raise AuthenticationFailed(
+                f"The API key {key_id} has been revoked.", code="api_key_revoked"
+            )
         if not record.usable(self._wall()):
-            raise AuthenticationFailed(f"The API key {key_id} has expired.",
-                                       code="api_key_expired")
+            raise AuthenticationFailed(f"The API key {key_id} has expired.", code="api_key_expired")
         return entry.principal
 
     async def _entry(self, key_id: str) -> CachedKey | None:
@@ -142,8 +141,9 @@ class KeyAuthenticator:
     @staticmethod
     def _stale(cached: CachedKey | None) -> CachedKey:
         if cached is None:
-            raise KeyStoreUnavailable("The API key store is unavailable; try again shortly.",
-                                      headers={"retry-after": "1"})
+            raise KeyStoreUnavailable(
+                "The API key store is unavailable; try again shortly.", headers={"retry-after": "1"}
+            )
         return cached
 
 
@@ -180,9 +180,11 @@ def require_keys_now(store: KeyStore) -> None:
     """Synchronous start-up check for stores read at construction (the file store)."""
     if isinstance(store, FileKeyStore) and store.damaged_now():
         problems = "; ".join(f"{d.ref}: {d.reason}" for d in store.damaged_now()[:5])
-        raise KeyFileDamaged(f"{store.path} has entries that are not valid key records "
-                             f"({problems}); fix or remove them (`tiergate keys list` shows "
-                             "them)")
+        raise KeyFileDamaged(
+            f"{store.path} has entries that are not valid key records "
+            f"({problems}); fix or remove them (`tiergate keys list` shows "
+            "them)"
+        )
     if isinstance(store, FileKeyStore) and not _any_usable(store.records()):
         raise NoKeysConfigured(_NO_KEYS + f" ({store.path} has none)")
 
@@ -237,9 +239,8 @@ class Access:
         cfg = settings.auth
         admin_token = cfg.read_admin_token() if cfg.enabled else None
         uses_redis = (
-            (cfg.enabled and cfg.store == "redis" and (auth is None or admin_token is not None))
-            or (limiter is None and settings.ratelimit.backend == "redis")
-        )
+            cfg.enabled and cfg.store == "redis" and (auth is None or admin_token is not None)
+        ) or (limiter is None and settings.ratelimit.backend == "redis")
         self.client: Redis | None = open_redis(settings.redis) if uses_redis else None
         self.metrics = LimitMetrics()
         self.store: KeyStore | None = None
@@ -249,21 +250,32 @@ class Access:
         if self._check_store and self.store is not None:
             require_keys_now(self.store)
         self.authenticator: Authenticator = auth or self._authenticator(settings)
-        self.limiter: RequestLimiter = limiter or build_limiter(settings, self.client,
-                                                                self.metrics)
+        self.limiter: RequestLimiter = limiter or build_limiter(settings, self.client, self.metrics)
         self.feed: KeyChangeFeed | None = None
         authenticator = self.authenticator
-        if (isinstance(authenticator, KeyAuthenticator) and isinstance(self.store, RedisKeyStore)
-                and self.client is not None):
-            self.feed = KeyChangeFeed(self.client, self.store.channel, authenticator.cache,
-                                      retry_interval_s=settings.ratelimit.redis_retry_interval_s)
+        if (
+            isinstance(authenticator, KeyAuthenticator)
+            and isinstance(self.store, RedisKeyStore)
+            and self.client is not None
+        ):
+            self.feed = KeyChangeFeed(
+                self.client,
+                self.store.channel,
+                authenticator.cache,
+                retry_interval_s=settings.ratelimit.redis_retry_interval_s,
+            )
         self.handlers: list[Any] = []
         if admin_token is not None and self.store is not None:
             # A change made here applies here at once, before the answer (the feed tells the
             # other replicas; for the file store they see it on their next reload).
             forget = authenticator.forget if isinstance(authenticator, KeyAuthenticator) else None
-            self.handlers = admin_key_handlers(self.store, admin_token, tiers=tuple(settings.tiers),
-                                               pepper=pepper_of(cfg), on_change=forget)
+            self.handlers = admin_key_handlers(
+                self.store,
+                admin_token,
+                tiers=tuple(settings.tiers),
+                pepper=pepper_of(cfg),
+                on_change=forget,
+            )
 
     def _authenticator(self, settings: Settings) -> Authenticator:
         if self.store is None:
@@ -272,12 +284,22 @@ class Access:
         if cfg.store != "redis":
             # The file store already serves from memory and re-reads the file at most every
             # keys_reload_interval_s: a second cache would only delay revocations.
-            return KeyAuthenticator(self.store, pepper=pepper_of(cfg), cache_ttl_s=0,
-                                    unknown_ttl_s=0)
-        health = BackendHealth("redis", down_event=EVENT_STORE_DOWN, up_event=EVENT_STORE_UP,
-                               retry_interval_s=settings.ratelimit.redis_retry_interval_s)
-        return KeyAuthenticator(self.store, pepper=pepper_of(cfg), cache_ttl_s=cfg.cache_ttl_s,
-                                unknown_ttl_s=cfg.unknown_key_cache_ttl_s, health=health)
+            return KeyAuthenticator(
+                self.store, pepper=pepper_of(cfg), cache_ttl_s=0, unknown_ttl_s=0
+            )
+        health = BackendHealth(
+            "redis",
+            down_event=EVENT_STORE_DOWN,
+            up_event=EVENT_STORE_UP,
+            retry_interval_s=settings.ratelimit.redis_retry_interval_s,
+        )
+        return KeyAuthenticator(
+            self.store,
+            pepper=pepper_of(cfg),
+            cache_ttl_s=cfg.cache_ttl_s,
+            unknown_ttl_s=cfg.unknown_key_cache_ttl_s,
+            health=health,
+        )
 
     async def startup(self) -> None:
         """Refuse to start (NoKeysConfigured) when the key store surely has no usable key."""

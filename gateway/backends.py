@@ -47,8 +47,9 @@ def probe_timeout(replica: Replica, base_s: float) -> float:
     return max(base_s, kind_of(replica).probe_timeout_s)
 
 
-async def _ask(get: Getter, replica: Replica, paths: tuple[str, ...], timeout_s: float,
-               known: dict[str, Probe]) -> dict[str, Probe]:
+async def _ask(
+    get: Getter, replica: Replica, paths: tuple[str, ...], timeout_s: float, known: dict[str, Probe]
+) -> dict[str, Probe]:
     missing = [p for p in dict.fromkeys(paths) if p not in known]
     answers = await asyncio.gather(*(get(replica.url + p, timeout_s) for p in missing))
     return {**known, **dict(zip(missing, answers, strict=True))}
@@ -87,9 +88,15 @@ async def resolve(replica: Replica, get: Getter, base_timeout_s: float) -> None:
     replica.resolved = not provisional
     if (replica.kind, replica.probe_path) == before and provisional:
         return  # the same provisional finding as last round: said already
-    _log.info("backend.detected", tier=replica.tier, replica=replica.name, kind=replica.kind,
-              configured=replica.kind_setting, evidence=replica.detection,
-              probe_path=replica.probe_path)
+    _log.info(
+        "backend.detected",
+        tier=replica.tier,
+        replica=replica.name,
+        kind=replica.kind,
+        configured=replica.kind_setting,
+        evidence=replica.detection,
+        probe_path=replica.probe_path,
+    )
 
 
 def forget(replica: Replica) -> None:

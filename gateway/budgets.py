@@ -58,20 +58,30 @@ class Windows:
     def at(cls, now: float) -> Windows:
         """The windows of epoch second ``now``."""
         moment = dt.datetime.fromtimestamp(now, dt.UTC)
-        tomorrow = (moment + dt.timedelta(days=1)).replace(hour=0, minute=0, second=0,
-                                                            microsecond=0)
+        tomorrow = (moment + dt.timedelta(days=1)).replace(
+            hour=0, minute=0, second=0, microsecond=0
+        )
         first = moment.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
         next_month = (first + dt.timedelta(days=32)).replace(day=1)
-        return cls(moment.strftime("%Y%m%d"), moment.strftime("%Y%m"),
-                   max(1, int((tomorrow - moment).total_seconds())),
-                   max(1, int((next_month - moment).total_seconds())))
+        return cls(
+            moment.strftime("%Y%m%d"),
+            moment.strftime("%Y%m"),
+            max(1, int((tomorrow - moment).total_seconds())),
+            max(1, int((next_month - moment).total_seconds())),
+        )
 
 
 class BudgetStore(Protocol):
     """Reserve-then-settle spending per key and window."""
 
-    async def reserve(self, key_id: str, windows: Windows, day_budget: float | None,
-                      month_budget: float | None, amount: float) -> tuple[str | None, float]:
+    async def reserve(
+        self,
+        key_id: str,
+        windows: Windows,
+        day_budget: float | None,
+        month_budget: float | None,
+        amount: float,
+    ) -> tuple[str | None, float]:
         """Reserve ``amount``; ``(None, spent_today)`` or ``(budget_name, spent)`` if refused."""
         ...
 
@@ -86,8 +96,14 @@ class MemoryBudgetStore:
     def __init__(self) -> None:
         self.spent: dict[str, float] = {}
 
-    async def reserve(self, key_id: str, windows: Windows, day_budget: float | None,
-                      month_budget: float | None, amount: float) -> tuple[str | None, float]:
+    async def reserve(
+        self,
+        key_id: str,
+        windows: Windows,
+        day_budget: float | None,
+        month_budget: float | None,
+        amount: float,
+    ) -> tuple[str | None, float]:
         """Check both windows, then charge both."""
         day_key, month_key = f"{key_id}:d:{windows.day}", f"{key_id}:m:{windows.month}"
         day, month = self.spent.get(day_key, 0.0), self.spent.get(month_key, 0.0)
@@ -117,18 +133,30 @@ class RedisBudgetStore:
         base = f"{self.prefix}budget:{{{key_id}}}"
         return [f"{base}:d:{windows.day}", f"{base}:m:{windows.month}"]
 
-    async def reserve(self, key_id: str, windows: Windows, day_budget: float | None,
-                      month_budget: float | None, amount: float) -> tuple[str | None, float]:
+    async def reserve(
+        self,
+        key_id: str,
+        windows: Windows,
+        day_budget: float | None,
+        month_budget: float | None,
+        amount: float,
+    ) -> tuple[str | None, float]:
         """One script: check both windows and charge both, atomically."""
         result = await self._script(
             keys=self._keys(key_id, windows),
-            args=[-1 if day_budget is None else day_budget,
-                  -1 if month_budget is None else month_budget, amount,
-                  windows.day_left_s + 3600, windows.month_left_s + 86400])
+            args=[
+                -1 if day_budget is None else day_budget,
+                -1 if month_budget is None else month_budget,
+                amount,
+                windows.day_left_s + 3600,
+                windows.month_left_s + 86400,
+            ],
+        )
         if int(result[0]) == 1:
             return None, float(result[1])
-        return f"budget_{result[1].decode() if isinstance(result[1], bytes) else result[1]}", \
-            float(result[2])
+        return f"budget_{result[1].decode() if isinstance(result[1], bytes) else result[1]}", float(
+            result[2]
+        )
 
     async def adjust(self, key_id: str, windows: Windows, delta: float) -> None:
         """Both windows in one pipeline."""
@@ -176,15 +204,22 @@ class BudgetReservation:
 class BudgetGate:
     """Reserves a request's worst-case cost against its key's budgets."""
 
-    def __init__(self, store: BudgetStore, costs: CostModel, *, fail_open: bool = True,
-                 clock: Callable[[], float] | None = None) -> None:
+    def __init__(
+        self,
+        store: BudgetStore,
+        costs: CostModel,
+        *,
+        fail_open: bool = True,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
         self.store = store
         self.costs = costs
         self.fail_open = fail_open
         self.clock = clock or time.time
 
-    async def reserve(self, principal: Principal, tiers: Sequence[str], prompt_tokens: int,
-                      completion_tokens: int) -> BudgetReservation | None:
+    async def reserve(
+        self, principal: Principal, tiers: Sequence[str], prompt_tokens: int, completion_tokens: int
+    ) -> BudgetReservation | None:
         """``None`` for keys without budgets; raises a 429 when the reservation does not fit.
 
         The reservation is priced on the dearest of ``tiers`` (the routed tier and its
@@ -197,7 +232,8 @@ class BudgetGate:
         amount = max(self.costs.cost(t, prompt_tokens, completion_tokens) for t in tiers)
         try:
             refused, spent = await self.store.reserve(
-                principal.key_id, windows, policy.budget_daily, policy.budget_monthly, amount)
+                principal.key_id, windows, policy.budget_daily, policy.budget_monthly, amount
+            )
         except (RedisError, OSError):
             if self.fail_open:
                 _log.warning("budget.store_unavailable", key_id=principal.key_id)
@@ -209,18 +245,22 @@ class BudgetGate:
             raise KeyRateLimited(
                 f"This key's {refused.split('_')[1]} compute budget of {limit:g} is spent "
                 f"({spent:.4g} used; this request needs up to {amount:.4g}).",
-                limit=refused, headers={"Retry-After": str(wait),
-                                        **_headers(policy.budget_daily, spent, windows)})
-        return BudgetReservation(self, principal, windows, amount,
-                                 _headers(policy.budget_daily, spent, windows))
+                limit=refused,
+                headers={"Retry-After": str(wait), **_headers(policy.budget_daily, spent, windows)},
+            )
+        return BudgetReservation(
+            self, principal, windows, amount, _headers(policy.budget_daily, spent, windows)
+        )
 
 
 def _headers(day_budget: float | None, spent_today: float, windows: Windows) -> dict[str, str]:
     if day_budget is None:
         return {}
-    return {"x-ratelimit-limit-budget": f"{day_budget:g}",
-            "x-ratelimit-remaining-budget": f"{max(0.0, day_budget - spent_today):.6g}",
-            "x-ratelimit-reset-budget": f"{windows.day_left_s}s"}
+    return {
+        "x-ratelimit-limit-budget": f"{day_budget:g}",
+        "x-ratelimit-remaining-budget": f"{max(0.0, day_budget - spent_today):.6g}",
+        "x-ratelimit-reset-budget": f"{windows.day_left_s}s",
+    }
 
 
 def cost_model(prices: Mapping[str, tuple[float, float]], baseline: str) -> CostModel:
@@ -252,9 +292,16 @@ class BudgetedAdmission:
         await self.reservation.refund()
 
 
-async def with_budget(gate: BudgetGate, admission: Admission, ctx: RequestContext, *,
-                      principal: Principal, tiers: Sequence[str], prompt_tokens: int,
-                      completion_tokens: int) -> Admission:
+async def with_budget(
+    gate: BudgetGate,
+    admission: Admission,
+    ctx: RequestContext,
+    *,
+    principal: Principal,
+    tiers: Sequence[str],
+    prompt_tokens: int,
+    completion_tokens: int,
+) -> Admission:
     """Reserve the request's worst-case cost; on a 429 give the rate-limit admission back."""
     try:
         reservation = await gate.reserve(principal, tiers, prompt_tokens, completion_tokens)

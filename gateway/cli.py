@@ -37,7 +37,8 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         count = resolve_workers(settings, args.workers, usable_cores())
         settings = settings.model_copy(
-            update={"server": settings.server.model_copy(update={"workers": count})})
+            update={"server": settings.server.model_copy(update={"workers": count})}
+        )
         preflight(settings)
         return _run(settings, count, args.config)
     except (NoKeysConfigured, WorkersRefused) as exc:
@@ -109,20 +110,27 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--config", type=Path, default=None, help="YAML settings file")
     serve.add_argument("--host", default=None, help="bind address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=None, help="port (default 8080)")
-    serve.add_argument("--workers", type=int, default=None,
-                       help="worker processes (default: usable cores; 1 with the memory "
-                            "rate-limit backend)")
+    serve.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="worker processes (default: usable cores; 1 with the memory rate-limit backend)",
+    )
     for hidden, kind in (("--worker-index", int), ("--worker-fd", int), ("--share-dir", str)):
         serve.add_argument(hidden, type=kind, default=None, help=argparse.SUPPRESS)
     serve.set_defaults(func=_serve)
     check = sub.add_parser("check-exposure", help="check backends and bind address exposure")
     check.add_argument("--config", type=Path, default=None, help="YAML settings file")
     check.add_argument("--host", default=None, help="bind address to check")
-    check.add_argument("--strict", action="store_true",
-                       help="accepted for scripts; any error finding exits 1 anyway")
+    check.add_argument(
+        "--strict",
+        action="store_true",
+        help="accepted for scripts; any error finding exits 1 anyway",
+    )
     check.set_defaults(func=_check_exposure)
-    sub.add_parser("config", help="print the config file's JSON Schema or check a config file",
-                   add_help=False)
+    sub.add_parser(
+        "config", help="print the config file's JSON Schema or check a config file", add_help=False
+    )
     sub.add_parser("router", help="train, evaluate and use the tier router", add_help=False)
     sub.add_parser("keys", help="create, list, revoke and rotate API keys", add_help=False)
     sub.add_parser("simulate", help="run the vLLM simulator", add_help=False)
@@ -168,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # the last resort: one line, not a traceback, unless --debug
         if debug:
             raise
-        print(f"tiergate: {type(exc).__name__}: {exc} (rerun with --debug for details)",
-              file=sys.stderr)
+        print(
+            f"tiergate: {type(exc).__name__}: {exc} (rerun with --debug for details)",
+            file=sys.stderr,
+        )
         return 1

@@ -54,8 +54,15 @@ class Shed:
     EVICTED = "evicted_for_new_connection"
     OVER_CAPACITY = "over_capacity"
     OVER_CAPACITY_CLOSED = "over_capacity_closed"
-    ALL = (HEAD_TOO_LARGE, HEAD_TIMEOUT, BODY_TIMEOUT, IDLE_TIMEOUT, EVICTED, OVER_CAPACITY,
-           OVER_CAPACITY_CLOSED)
+    ALL = (
+        HEAD_TOO_LARGE,
+        HEAD_TIMEOUT,
+        BODY_TIMEOUT,
+        IDLE_TIMEOUT,
+        EVICTED,
+        OVER_CAPACITY,
+        OVER_CAPACITY_CLOSED,
+    )
 
 
 def fd_limit() -> int:
@@ -88,13 +95,19 @@ class ConnectionLimits:
         return min(1.0, max(0.05, shortest / 4))
 
 
-def raw_error(status: int, reason: str, message: str, code: str,
-              extra: tuple[bytes, ...] = ()) -> bytes:
+def raw_error(
+    status: int, reason: str, message: str, code: str, extra: tuple[bytes, ...] = ()
+) -> bytes:
     """A complete HTTP/1.1 error response with an OpenAI-shaped body that closes the connection."""
     kind = "server_error" if status >= 500 else "invalid_request_error"
     body = error_body(message, kind, None, code)
-    head = [f"HTTP/1.1 {status} {reason}".encode(), b"content-type: application/json",
-            b"content-length: " + str(len(body)).encode(), b"connection: close", *extra]
+    head = [
+        f"HTTP/1.1 {status} {reason}".encode(),
+        b"content-type: application/json",
+        b"content-length: " + str(len(body)).encode(),
+        b"connection: close",
+        *extra,
+    ]
     return b"\r\n".join(head) + b"\r\n\r\n" + body
 
 
@@ -125,8 +138,9 @@ class ShedLog:
         if now - self._last.get(reason, -self.interval_s) >= self.interval_s:
             self._last[reason] = now
             self._pending[reason] = 0
-            _log.warning(sc.EV_CONNECTION_SHED, reason=reason, count=pending,
-                         interval_s=self.interval_s)
+            _log.warning(
+                sc.EV_CONNECTION_SHED, reason=reason, count=pending, interval_s=self.interval_s
+            )
         else:
             self._pending[reason] = pending
 
@@ -223,12 +237,17 @@ class ConnectionCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         """Yield the gauge and the counter."""
-        yield GaugeMetricFamily(sc.M_CONNECTIONS_OPEN, "Open client connections",
-                                value=float(len(self.guard.open)))
-        yield GaugeMetricFamily(sc.M_CONNECTIONS_CAP, "The open-connection cap",
-                                value=float(self.guard.limits.max_connections))
+        yield GaugeMetricFamily(
+            sc.M_CONNECTIONS_OPEN, "Open client connections", value=float(len(self.guard.open))
+        )
+        yield GaugeMetricFamily(
+            sc.M_CONNECTIONS_CAP,
+            "The open-connection cap",
+            value=float(self.guard.limits.max_connections),
+        )
         shed = CounterMetricFamily(
-            sc.M_CONNECTIONS_SHED, "Client connections the server closed or refused, by reason",
+            sc.M_CONNECTIONS_SHED,
+            "Client connections the server closed or refused, by reason",
             labels=("reason",),
         )
         for reason, count in self.guard.shed_counts.items():

@@ -57,6 +57,7 @@ class Trace(Protocol):
         """End the request's spans."""
         ...
 
+
 _MAX_REQUEST_ID = 128
 
 
@@ -97,8 +98,9 @@ class Failure:
     def of(cls, exc: TierGateError) -> Failure:
         """The values of ``exc`` the telemetry needs."""
         limit = getattr(exc, "limit", None)
-        return cls(type(exc).__name__, exc.status, exc.code,
-                   limit if isinstance(limit, str) else None)
+        return cls(
+            type(exc).__name__, exc.status, exc.code, limit if isinstance(limit, str) else None
+        )
 
 
 @dataclass(slots=True)

@@ -25,9 +25,13 @@ class Outcome(StrEnum):
 
 
 # Outcomes where the backend broke the stream: they count against the replica.
-UPSTREAM_FAILURES: Final = frozenset({
-    Outcome.UPSTREAM_TRUNCATED, Outcome.UPSTREAM_STALL, Outcome.UPSTREAM_RESET,
-    Outcome.UPSTREAM_ERROR,
-})
+UPSTREAM_FAILURES: Final = frozenset(
+    {
+        Outcome.UPSTREAM_TRUNCATED,
+        Outcome.UPSTREAM_STALL,
+        Outcome.UPSTREAM_RESET,
+        Outcome.UPSTREAM_ERROR,
+    }
+)
 # The error kind of a request whose client left before its answer was ready.
 CLIENT_GONE: Final = "ClientGone"

@@ -39,8 +39,11 @@ def _attempts_detail(failures: Sequence[AttemptFailed]) -> str:
     """What the attempts on a tier met, in order, each distinct answer once (with a count)."""
     seen: dict[str, int] = {}
     for f in failures:
-        text = (f"replica {f.replica or '?'}: {f.message.rstrip('.')}"
-                if f.kind != "no_replica" else f.message.rstrip("."))
+        text = (
+            f"replica {f.replica or '?'}: {f.message.rstrip('.')}"
+            if f.kind != "no_replica"
+            else f.message.rstrip(".")
+        )
         seen[text] = seen.get(text, 0) + 1
     return "; ".join(
         text if count == 1 else f"{text} (x{count})"

@@ -119,7 +119,12 @@ class Forwarder:
                 break
             try:
                 exchange = await self._forward_tier(
-                    ctx, path, body, tier, prefix_blocks=prefix_blocks, deadline=deadline,
+                    ctx,
+                    path,
+                    body,
+                    tier,
+                    prefix_blocks=prefix_blocks,
+                    deadline=deadline,
                     fallback=index > 0,
                 )
             except (UpstreamUnavailable, Overloaded) as exc:
@@ -150,8 +155,12 @@ class Forwarder:
         base_headers = {"Content-Type": "application/json", **route.upstream_headers}
         pool = route.pool
         loop = RetryLoop(
-            self.policy, self.budget, deadline, ready_in=lambda: pool.ready_in(time.monotonic()),
-            replicas=len(pool.replicas), counts_as_request=not fallback,
+            self.policy,
+            self.budget,
+            deadline,
+            ready_in=lambda: pool.ready_in(time.monotonic()),
+            replicas=len(pool.replicas),
+            counts_as_request=not fallback,
         )
         tried: set[str] = set()
 
@@ -172,18 +181,34 @@ class Forwarder:
             trace = ctx.trace
             if trace is not None:  # tracing on: a client span per attempt, traceparent out
                 traced: Exchange = await trace.attempt(
-                    ctx, replica, body, headers,
+                    ctx,
+                    replica,
+                    body,
+                    headers,
                     lambda sent: self._attempt(
-                        ctx, route, replica, path=path, payload=payload, headers=sent,
-                        stream=stream, limit_s=limit_s,
+                        ctx,
+                        route,
+                        replica,
+                        path=path,
+                        payload=payload,
+                        headers=sent,
+                        stream=stream,
+                        limit_s=limit_s,
                     ),
-                    strategy=route.strategy.name, routed_at=routed_at,
+                    strategy=route.strategy.name,
+                    routed_at=routed_at,
                     prefix_blocks=len(prefix_blocks),
                 )
                 return traced
             return await self._attempt(
-                ctx, route, replica, path=path, payload=payload, headers=headers,
-                stream=stream, limit_s=limit_s,
+                ctx,
+                route,
+                replica,
+                path=path,
+                payload=payload,
+                headers=headers,
+                stream=stream,
+                limit_s=limit_s,
             )
 
         try:

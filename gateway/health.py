@@ -40,6 +40,7 @@ _MAX_METRICS_BYTES = 4 << 20
 # How often a misconfigured replica's credentials are tried again (GET /v1/models).
 _RECHECK_CREDENTIALS_S = 5.0
 
+
 @dataclass(frozen=True, slots=True)
 class EngineLoad:
     """What one ``/metrics`` page says; ``None`` where the page has no such sample."""
@@ -53,8 +54,14 @@ class EngineLoad:
 
 
 _RATIOS = frozenset({"kv_usage", "prefix_hit_rate"})
-_LOAD_FIELDS = ("running", "waiting", "kv_usage", "prefix_queries", "prefix_hits",
-                "prefix_hit_rate")
+_LOAD_FIELDS = (
+    "running",
+    "waiting",
+    "kv_usage",
+    "prefix_queries",
+    "prefix_hits",
+    "prefix_hit_rate",
+)
 
 
 def _sample(line: str) -> tuple[str, float] | None:
@@ -219,8 +226,9 @@ class HealthMonitor:
             replica.misconfigured = False
             _log.info("replica.credentials_accepted", tier=replica.tier, replica=replica.name)
 
-    async def _get(self, url: str, headers: Mapping[str, str] | None = None,
-                   timeout_s: float | None = None) -> tuple[int, bytes]:
+    async def _get(
+        self, url: str, headers: Mapping[str, str] | None = None, timeout_s: float | None = None
+    ) -> tuple[int, bytes]:
         session = self.session
         if session is None:
             raise RuntimeError("the health monitor has no session yet")
@@ -247,8 +255,9 @@ class HealthMonitor:
         path = replica.health_path
         timeout_s = backends.probe_timeout(replica, self.config.timeout_s)
         try:
-            status, _ = await self._get(replica.url + path, self.credentials.get(replica.tier),
-                                        timeout_s)
+            status, _ = await self._get(
+                replica.url + path, self.credentials.get(replica.tier), timeout_s
+            )
         except TimeoutError:
             return f"health check: {path} timed out after {timeout_s:g}s", False
         except (aiohttp.ClientError, OSError):
@@ -276,8 +285,7 @@ class HealthMonitor:
         if replica.healthy and replica.check_failures >= threshold:
             replica.healthy = False
             replica.recent_errors.append(ErrorRecord(time.time(), "health_check", error))
-            _log.warning("replica.unhealthy", tier=replica.tier, replica=replica.name,
-                         reason=error)
+            _log.warning("replica.unhealthy", tier=replica.tier, replica=replica.name, reason=error)
 
     async def _scrape(self, replica: Replica) -> None:
         kind = backends.kind_of(replica)

@@ -24,17 +24,24 @@ from gateway.connections import ConnectionGuard, Phase, Shed, raw_error
 OPS_PATHS = frozenset({b"/livez", b"/readyz"})
 _RETRY_AFTER = b"retry-after: 1"
 _OVER_CAPACITY_BODY = raw_error(
-    503, "Service Unavailable", "The gateway is at its connection limit; retry shortly.",
-    "server_overloaded", (_RETRY_AFTER,),
+    503,
+    "Service Unavailable",
+    "The gateway is at its connection limit; retry shortly.",
+    "server_overloaded",
+    (_RETRY_AFTER,),
 )
-_TIMEOUT = raw_error(408, "Request Timeout", "The request was not received in time.",
-                     "request_timeout")
+_TIMEOUT = raw_error(
+    408, "Request Timeout", "The request was not received in time.", "request_timeout"
+)
 
 
 def _head_too_large(limit: int) -> bytes:
-    return raw_error(431, "Request Header Fields Too Large",
-                     f"The request line and headers exceed {limit} bytes.",
-                     "request_header_fields_too_large")
+    return raw_error(
+        431,
+        "Request Header Fields Too Large",
+        f"The request line and headers exceed {limit} bytes.",
+        "request_header_fields_too_large",
+    )
 
 
 async def _over_capacity(
@@ -42,10 +49,18 @@ async def _over_capacity(
 ) -> None:
     """The answer to a request on a connection accepted over the cap (not an ops path)."""
     body = _OVER_CAPACITY_BODY.partition(b"\r\n\r\n")[2]
-    await send({"type": "http.response.start", "status": 503, "headers": [
-        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-        (b"retry-after", b"1"), (b"connection", b"close"),
-    ]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 503,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"retry-after", b"1"),
+                (b"connection", b"close"),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 

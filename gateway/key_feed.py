@@ -65,8 +65,9 @@ class KeyChangeFeed:
     def start(self) -> None:
         """Start listening (on the running loop)."""
         if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run(),
-                                                                name="tiergate-key-feed")
+            self._task = asyncio.get_running_loop().create_task(
+                self._run(), name="tiergate-key-feed"
+            )
 
     async def stop(self) -> None:
         """Stop listening."""

@@ -58,15 +58,26 @@ def _when(epoch: float | None) -> str:
 async def _create(args: argparse.Namespace, store: KeyStore, settings: Settings) -> int:
     now = time.time()
     policy = make_policy(
-        tiers=args.tiers, rpm=args.rpm, tpm=args.tpm, max_tokens=args.max_tokens,
-        concurrency=args.concurrency, expires_in_days=args.expires_in, scopes=args.scope,
-        budget_daily=args.budget_daily, budget_monthly=args.budget_monthly, max_n=args.max_n,
-        now=now, known_tiers=tuple(settings.tiers) if args.config is not None else None,
+        tiers=args.tiers,
+        rpm=args.rpm,
+        tpm=args.tpm,
+        max_tokens=args.max_tokens,
+        concurrency=args.concurrency,
+        expires_in_days=args.expires_in,
+        scopes=args.scope,
+        budget_daily=args.budget_daily,
+        budget_monthly=args.budget_monthly,
+        max_n=args.max_n,
+        now=now,
+        known_tiers=tuple(settings.tiers) if args.config is not None else None,
     )
-    record, key = await create_key(store, args.tenant, policy, now=now, name=args.name,
-                                   pepper=_pepper(settings))
-    print(f"created key {record.key_id} for tenant {record.tenant!r} "
-          f"(expires {_when(policy.expires_at)}); it is shown once, store it now:")
+    record, key = await create_key(
+        store, args.tenant, policy, now=now, name=args.name, pepper=_pepper(settings)
+    )
+    print(
+        f"created key {record.key_id} for tenant {record.tenant!r} "
+        f"(expires {_when(policy.expires_at)}); it is shown once, store it now:"
+    )
     print(key)
     return 0
 
@@ -81,8 +92,10 @@ def _row(item: dict[str, Any]) -> str:
         for name in ("rpm", "tpm", "max_tokens", "concurrency")
     )
     scopes = ",".join(policy["scopes"]) or "-"
-    return (f"{item['id']:<12} {item['status']:<8} {item['tenant']:<16} {item['name'] or '-':<16}"
-            f" tiers={tiers} {limits} scopes={scopes} expires={_when(policy['expires_at'])}")
+    return (
+        f"{item['id']:<12} {item['status']:<8} {item['tenant']:<16} {item['name'] or '-':<16}"
+        f" tiers={tiers} {limits} scopes={scopes} expires={_when(policy['expires_at'])}"
+    )
 
 
 async def _list(args: argparse.Namespace, store: KeyStore, settings: Settings) -> int:
@@ -102,8 +115,10 @@ async def _list(args: argparse.Namespace, store: KeyStore, settings: Settings) -
 def _applies(store: KeyStore) -> str:
     """When a change reaches running gateways, truthfully for each store."""
     if isinstance(store, FileKeyStore):
-        return ("gateways reading this file apply it within their auth.keys_reload_interval_s "
-                "(1 s by default)")
+        return (
+            "gateways reading this file apply it within their auth.keys_reload_interval_s "
+            "(1 s by default)"
+        )
     return "every gateway on this Redis applies it at once"
 
 
@@ -122,8 +137,10 @@ async def _rotate(args: argparse.Namespace, store: KeyStore, settings: Settings)
         print(f"tiergate keys: no key has id {args.key_id!r}", file=sys.stderr)
         return 1
     record, key = result
-    print(f"rotated key {record.key_id}: the old key stops working and the new one works; "
-          f"{_applies(store)}. New key, shown once:")
+    print(
+        f"rotated key {record.key_id}: the old key stops working and the new one works; "
+        f"{_applies(store)}. New key, shown once:"
+    )
     print(key)
     return 0
 
@@ -137,8 +154,11 @@ def _add_store_options(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``tiergate keys`` parser."""
-    parser = argparse.ArgumentParser(prog="tiergate keys", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="tiergate keys",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="action", required=True)
     create = sub.add_parser("create", help="create a key and print it once")
     _add_store_options(create)
@@ -149,22 +169,37 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument("--tpm", type=int, default=None, help="tokens per minute")
     create.add_argument("--max-tokens", type=int, default=None, help="max_tokens cap")
     create.add_argument("--concurrency", type=int, default=None, help="requests in flight")
-    create.add_argument("--max-n", type=int, default=None,
-                        help="completions per request (n, best_of, prompts); default 1")
+    create.add_argument(
+        "--max-n",
+        type=int,
+        default=None,
+        help="completions per request (n, best_of, prompts); default 1",
+    )
     create.add_argument("--expires-in", type=float, default=None, metavar="DAYS")
-    create.add_argument("--budget-daily", type=float, default=None,
-                        help="compute budget in cost units per UTC day")
-    create.add_argument("--budget-monthly", type=float, default=None,
-                        help="compute budget in cost units per calendar month")
-    create.add_argument("--scope", action="append", default=[],
-                        help="extra scope: route_override, downgrade (repeatable)")
+    create.add_argument(
+        "--budget-daily", type=float, default=None, help="compute budget in cost units per UTC day"
+    )
+    create.add_argument(
+        "--budget-monthly",
+        type=float,
+        default=None,
+        help="compute budget in cost units per calendar month",
+    )
+    create.add_argument(
+        "--scope",
+        action="append",
+        default=[],
+        help="extra scope: route_override, downgrade (repeatable)",
+    )
     create.set_defaults(run=_create)
     listing = sub.add_parser("list", help="list keys (never secrets or digests)")
     _add_store_options(listing)
     listing.add_argument("--json", action="store_true", help="JSON output")
     listing.set_defaults(run=_list)
-    for name, run, text in (("revoke", _revoke, "disable a key for good"),
-                            ("rotate", _rotate, "new secret, same id and policy")):
+    for name, run, text in (
+        ("revoke", _revoke, "disable a key for good"),
+        ("rotate", _rotate, "new secret, same id and policy"),
+    ):
         action = sub.add_parser(name, help=text)
         _add_store_options(action)
         action.add_argument("key_id")
@@ -178,15 +213,20 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
     if args.keys_file is not None:
         store = FileKeyStore(args.keys_file)
     elif args.redis_url is not None or settings.auth.store == "redis":
-        redis = RedisSettings(url=args.redis_url or settings.redis.url,
-                              key_prefix=settings.redis.key_prefix, socket_timeout_s=5.0)
+        redis = RedisSettings(
+            url=args.redis_url or settings.redis.url,
+            key_prefix=settings.redis.key_prefix,
+            socket_timeout_s=5.0,
+        )
         client = open_redis(redis)
         store = RedisKeyStore(client, redis.key_prefix)
     elif settings.auth.keys_file is not None:
         store = FileKeyStore(settings.auth.keys_file)
     else:
-        raise ValueError("say where keys live: --keys-file PATH, --redis-url URL, or a --config "
-                         "with auth.keys_file / auth.store: redis")
+        raise ValueError(
+            "say where keys live: --keys-file PATH, --redis-url URL, or a --config "
+            "with auth.keys_file / auth.store: redis"
+        )
     command: _Command = args.run
     try:
         return await command(args, store, settings)

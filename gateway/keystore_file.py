@@ -72,8 +72,9 @@ def _parse(path: Path, text: str) -> _Parsed:
             continue
         result.raw_damaged.append((kid, item))
         if all(d.ref != kid for d in result.damaged):
-            result.damaged.append(DamagedRecord(
-                kid, f"key {kid}: the id appears {counts[kid]} times in the file"))
+            result.damaged.append(
+                DamagedRecord(kid, f"key {kid}: the id appears {counts[kid]} times in the file")
+            )
     return result
 
 
@@ -186,8 +187,7 @@ class FileKeyStore:
                 self._write(records, parsed.raw_damaged)
                 parsed.records = records
                 parsed.damaged = [d for d in parsed.damaged if d.ref != record.key_id]
-                parsed.raw_damaged = [(r, i) for r, i in parsed.raw_damaged
-                                      if r != record.key_id]
+                parsed.raw_damaged = [(r, i) for r, i in parsed.raw_damaged if r != record.key_id]
         except OSError as exc:
             raise self._unwritable(exc) from exc
 

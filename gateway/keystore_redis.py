@@ -76,8 +76,10 @@ class RedisKeyStore:
 
     async def _survey(self) -> tuple[list[KeyRecord], list[DamagedRecord]]:
         try:
-            ids = sorted(m.decode(errors="replace") if isinstance(m, bytes) else str(m)
-                         for m in await self.client.smembers(self._index))
+            ids = sorted(
+                m.decode(errors="replace") if isinstance(m, bytes) else str(m)
+                for m in await self.client.smembers(self._index)
+            )
             raws = await self.client.mget([self._key(i) for i in ids]) if ids else []
         except (RedisError, OSError) as exc:
             raise KeyStoreUnavailable(_UNAVAILABLE) from exc
@@ -92,8 +94,9 @@ class RedisKeyStore:
                 damaged.append(DamagedRecord(ref, str(exc)))
                 continue
             if record is not None and record.key_id != key_id:
-                damaged.append(DamagedRecord(ref, f"the record stored under {ref} has id "
-                                                  f"{record.key_id}"))
+                damaged.append(
+                    DamagedRecord(ref, f"the record stored under {ref} has id {record.key_id}")
+                )
             elif record is not None:
                 records.append(record)
         return sorted(records, key=lambda r: (r.created_at, r.key_id)), damaged

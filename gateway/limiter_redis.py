@@ -49,7 +49,9 @@ end
 # KEYS: bucket, slots. ARGV: rpm, tpm, period_us (0 = no limit), tokens, concurrency, slot,
 # lease_us. Returns {exceeded (0 none, 1 requests, 2 tokens, 3 concurrency), wait_ms (-1:
 # never fits), requests remaining, requests reset ms, tokens remaining, tokens reset ms}.
-_ACQUIRE = _DRAIN + """
+_ACQUIRE = (
+    _DRAIN
+    + """
 local cost, cl = tonumber(ARGV[4]), tonumber(ARGV[5])
 local exceeded, wait = 0, 0
 if rl > 0 and r + 1 > rl then
@@ -76,10 +78,13 @@ if rl > 0 then rrem, rreset = math.max(0, math.floor(rl - r)), ms(r, rl) end
 if tl > 0 then trem, treset = math.max(0, math.floor(tl - tk)), ms(tk, tl) end
 return {exceeded, wait, rrem, rreset, trem, treset}
 """
+)
 
 # KEYS: bucket, slots. ARGV: rpm, tpm, period_us, token delta, slot, request delta. Refunds
 # never go below 0, and a bucket that already drained away is not recreated by a refund.
-_RELEASE = _DRAIN + """
+_RELEASE = (
+    _DRAIN
+    + """
 if ARGV[5] ~= '' then redis.call('ZREM', KEYS[2], ARGV[5]) end
 local delta, rdelta = tonumber(ARGV[4]), tonumber(ARGV[6])
 local changed = false
@@ -94,6 +99,7 @@ end
 if changed then store() end
 return 1
 """
+)
 
 _EXCEEDED = {1: Limit.REQUESTS, 2: Limit.TOKENS, 3: Limit.CONCURRENCY}
 
@@ -151,8 +157,15 @@ class RedisRateLimiter:
 
     async def acquire(self, key_id: str, spec: LimitSpec, tokens: int, slot: str) -> Verdict:
         """Check every limit and record the request, atomically, in one round trip."""
-        args = [spec.rpm or 0, spec.tpm or 0, self._period_us, tokens, spec.concurrency or 0,
-                slot, self._lease_us]
+        args = [
+            spec.rpm or 0,
+            spec.tpm or 0,
+            self._period_us,
+            tokens,
+            spec.concurrency or 0,
+            slot,
+            self._lease_us,
+        ]
         reply = await self._run(self._acquire, self._keys(key_id), args)
         code, wait, rrem, rreset, trem, treset = (int(x) for x in reply)
         return Verdict(

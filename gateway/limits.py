@@ -186,9 +186,9 @@ def rate_headers(verdict: Verdict) -> dict[str, str]:
     return headers
 
 
-def _rejection(principal: Principal, spec: LimitSpec, tokens: int, verdict: Verdict) -> (
-    KeyRateLimited
-):
+def _rejection(
+    principal: Principal, spec: LimitSpec, tokens: int, verdict: Verdict
+) -> KeyRateLimited:
     headers = rate_headers(verdict)
     wait_ms = verdict.retry_after_ms
     kid = principal.key_id
@@ -200,17 +200,19 @@ def _rejection(principal: Principal, spec: LimitSpec, tokens: int, verdict: Verd
     if verdict.exceeded is Limit.REQUESTS:
         message = f"Rate limit reached for requests per minute on key {kid}: limit {spec.rpm}."
     elif verdict.exceeded is Limit.CONCURRENCY:
-        message = (f"Too many concurrent requests on key {kid}: limit {spec.concurrency} "
-                   "in flight.")
+        message = f"Too many concurrent requests on key {kid}: limit {spec.concurrency} in flight."
     elif wait_ms is None:
         return KeyRateLimited(
             f"Request too large for key {kid}: it reserves {tokens} tokens (prompt estimate + "
             f"max_tokens) but the key allows {spec.tpm} tokens per minute. Lower max_tokens.",
-            limit=Limit.TOKENS.value, headers=headers,
+            limit=Limit.TOKENS.value,
+            headers=headers,
         )
     else:
-        message = (f"Rate limit reached for tokens per minute on key {kid}: limit {spec.tpm}, "
-                   f"requested {tokens}.")
+        message = (
+            f"Rate limit reached for tokens per minute on key {kid}: limit {spec.tpm}, "
+            f"requested {tokens}."
+        )
     exceeded = verdict.exceeded or Limit.REQUESTS
     return KeyRateLimited(message + later, limit=exceeded.value, headers=headers)
 
@@ -231,8 +233,16 @@ _UNLIMITED = _Unlimited()
 class KeyAdmission:
     """One admitted request: its headers, and the reservation ``settle`` reconciles once."""
 
-    __slots__ = ("_backend", "_key_id", "_limiter", "_reserved", "_settled", "_slot", "_spec",
-                 "headers")
+    __slots__ = (
+        "_backend",
+        "_key_id",
+        "_limiter",
+        "_reserved",
+        "_settled",
+        "_slot",
+        "_spec",
+        "headers",
+    )
 
     def __init__(
         self,
@@ -269,8 +279,9 @@ class KeyAdmission:
         if token_delta == 0 and request_delta == 0 and not self._slot:
             return
         try:
-            await self._backend.release(self._key_id, self._spec, token_delta, self._slot,
-                                        request_delta)
+            await self._backend.release(
+                self._key_id, self._spec, token_delta, self._slot, request_delta
+            )
         except RateLimitBackendUnavailable as exc:
             # The slot's lease expires in Redis; the reservation stays charged (safe side).
             self._limiter.backend_failed(str(exc))
@@ -320,8 +331,15 @@ class KeyLimiter:
             self._metrics.decision(verdict.exceeded.value, "rejected" + suffix)
             raise _rejection(principal, spec, reserve_tokens, verdict)
         self._metrics.decision(ALL_LIMITS, "allowed" + suffix)
-        return KeyAdmission(self, backend, key_id=principal.key_id, spec=spec,
-                            reserved=reserve_tokens, slot=slot, headers=rate_headers(verdict))
+        return KeyAdmission(
+            self,
+            backend,
+            key_id=principal.key_id,
+            spec=spec,
+            reserved=reserve_tokens,
+            slot=slot,
+            headers=rate_headers(verdict),
+        )
 
     async def _acquire(
         self, key_id: str, spec: LimitSpec, tokens: int, slot: str

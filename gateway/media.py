@@ -32,7 +32,10 @@ async def check_media(urls: Sequence[MediaUrl], *, remote_allowed: bool) -> None
             async with asyncio.timeout(_RESOLVE_TIMEOUT_S):
                 infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
         except (OSError, TimeoutError, UnicodeError):
-            raise InvalidRequest(f"'{media.param}': the URL's host could not be resolved.",
-                                 param=media.param, code="invalid_media_url") from None
+            raise InvalidRequest(
+                f"'{media.param}': the URL's host could not be resolved.",
+                param=media.param,
+                code="invalid_media_url",
+            ) from None
         for info in infos:
             check_address(media, str(info[4][0]))

@@ -78,9 +78,7 @@ class Readiness:
         return result
 
 
-def ops_handlers(
-    catalog: TierCatalog, readiness: Readiness, auth: Authenticator
-) -> list[Any]:
+def ops_handlers(catalog: TierCatalog, readiness: Readiness, auth: Authenticator) -> list[Any]:
     """Route handlers for /livez, /readyz and /v1/models."""
     created = int(time.time())
 

@@ -159,8 +159,9 @@ class ProxyService:
         await asyncio.sleep(0)  # let the check send its command before classifying
         try:
             decision = self._decide(summary, body, principal, headers.get("x-tiergate-tier"))
-            tiers = await self.fields.check(body, kind, principal,
-                                            self.router.tiers_for(decision, principal))
+            tiers = await self.fields.check(
+                body, kind, principal, self.router.tiers_for(decision, principal)
+            )
         except BaseException:
             await _withdraw(admitting)
             raise
@@ -169,9 +170,14 @@ class ProxyService:
         admission = await admitting
         if self.budgets is not None:
             admission = await with_budget(
-                self.budgets, admission, ctx, principal=principal, tiers=tiers,
+                self.budgets,
+                admission,
+                ctx,
+                principal=principal,
+                tiers=tiers,
                 prompt_tokens=summary.prompt_token_estimate,
-                completion_tokens=completion * summary.completions)
+                completion_tokens=completion * summary.completions,
+            )
         ctx.admitted = True
         ctx.mark("ratelimit")
         ctx.extra_headers.update(admission.headers)
@@ -189,8 +195,13 @@ class ProxyService:
             return await self._complete(ctx, exchange.opened.body, admission, shadow)
         return self._stream(ctx, exchange, admission, shadow, strip_usage=strip_usage)
 
-    def _prepare_upstream_body(self, body: dict[str, Any], summary: RequestSummary,
-                               tiers: Sequence[str], key_cap: int | None) -> bool:
+    def _prepare_upstream_body(
+        self,
+        body: dict[str, Any],
+        summary: RequestSummary,
+        tiers: Sequence[str],
+        key_cap: int | None,
+    ) -> bool:
         """Ask for stream usage (the gateway needs it) and bound a missing ``max_tokens``.
 
         Returns whether the usage chunk must be hidden from a caller who did not ask for it.
@@ -227,8 +238,13 @@ class ProxyService:
         return _Shadow(self.shadow, direction, path, body, score, cap)
 
     def _stream(
-        self, ctx: RequestContext, exchange: Exchange, admission: Admission,
-        shadow: _Shadow | None, *, strip_usage: bool
+        self,
+        ctx: RequestContext,
+        exchange: Exchange,
+        admission: Admission,
+        shadow: _Shadow | None,
+        *,
+        strip_usage: bool,
     ) -> Stream:
         """Relay an open upstream stream; settle the limits once it has ended."""
         relay = StreamRelay(
@@ -271,8 +287,9 @@ class ProxyService:
             status_code=200,
             media_type="application/json",
             headers=ctx.headers(),
-            background=BackgroundTask(_after_complete, admission,
-                                      usage.total if usage is not None else None, shadow, raw),
+            background=BackgroundTask(
+                _after_complete, admission, usage.total if usage is not None else None, shadow, raw
+            ),
         )
         self.observer.finished(ctx, Outcome.COMPLETE)
         return response
@@ -319,8 +336,9 @@ class _Shadow:
 
     def submit(self, answer: str) -> None:
         """Start the shadow (never awaited by the caller's response)."""
-        self.runner.submit(self.direction, self.path, self.body, answer, self.score,
-                           max_tokens=self.max_tokens)
+        self.runner.submit(
+            self.direction, self.path, self.body, answer, self.score, max_tokens=self.max_tokens
+        )
 
 
 async def _after_complete(
@@ -332,6 +350,8 @@ async def _after_complete(
         text = answer_text(raw)
         if text is not None:
             shadow.submit(text)
+
+
 async def _withdraw(admitting: asyncio.Future[Admission]) -> None:
     """The request was refused before forwarding: give back all the limiter took (request,
     tokens, slot), so refusals such as 403/404/400 never consume a key's limits."""

@@ -97,9 +97,7 @@ class Replica:
     # by the next successful attempt. Such a replica is tried only when no other is usable.
     misconfigured: bool = False
     outcomes: Counter[str] = field(default_factory=Counter)
-    recent_errors: deque[ErrorRecord] = field(
-        default_factory=lambda: deque(maxlen=RECENT_ERRORS)
-    )
+    recent_errors: deque[ErrorRecord] = field(default_factory=lambda: deque(maxlen=RECENT_ERRORS))
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -119,8 +117,10 @@ class Replica:
         if not self.healthy:
             return f"unhealthy ({self.last_probe_error or 'failed its health checks'})"
         if self.ejected(now):
-            return (f"ejected for {self.ejected_until - now:.1f}s after repeated failures"
-                    f" ({self._last_error()})")
+            return (
+                f"ejected for {self.ejected_until - now:.1f}s after repeated failures"
+                f" ({self._last_error()})"
+            )
         if now < self.cooldown_until:
             return f"cooling down for {self.cooldown_until - now:.1f}s after a Retry-After"
         if not self.has_capacity:
@@ -230,8 +230,13 @@ class ReplicaPool:
         One warning when the replica becomes misconfigured (never the key itself).
         """
         if not replica.misconfigured:
-            _log.warning("replica.misconfigured", tier=replica.tier, replica=replica.name,
-                         status=status, reason="the backend refused the gateway's credentials")
+            _log.warning(
+                "replica.misconfigured",
+                tier=replica.tier,
+                replica=replica.name,
+                status=status,
+                reason="the backend refused the gateway's credentials",
+            )
         replica.misconfigured = True
 
     def ready(self) -> bool:

@@ -68,7 +68,10 @@ class FieldRules:
     max_depth: int = 64
 
     async def check(
-        self, body: dict[str, Any], kind: RequestKind, principal: Principal,
+        self,
+        body: dict[str, Any],
+        kind: RequestKind,
+        principal: Principal,
         tiers: Sequence[str],
     ) -> tuple[str, ...]:
         """Refuse (400) what this key may not send to ``tiers[0]``; the tiers that accept it.
@@ -77,25 +80,33 @@ class FieldRules:
         """
         tier = tiers[0]
         engine = principal.policy.has_scope(SCOPE_ENGINE_FIELDS)
-        check_fields(body, kind, self.policy, engine_fields=engine,
-                     structured_outputs=self.structured.get(tier, True))
+        check_fields(
+            body,
+            kind,
+            self.policy,
+            engine_fields=engine,
+            structured_outputs=self.structured.get(tier, True),
+        )
         urls: list[MediaUrl] = []
         if kind == "chat":
             embeds = embedding_parts(body)
             if embeds and not engine:
                 raise InvalidRequest(
                     f"'{embeds[0]}': raw embedding parts are loaded by the engine; this key may "
-                    "not send them.", param=embeds[0], code="field_not_allowed")
+                    "not send them.",
+                    param=embeds[0],
+                    code="field_not_allowed",
+                )
             urls = media_urls(body)
             if urls:
                 await check_media(urls, remote_allowed=self.remote_media.get(tier, False))
         return (tier, *(t for t in tiers[1:] if self.accepts(body, t, urls)))
 
-    def accepts(self, body: Mapping[str, Any], tier: str,
-                urls: Sequence[MediaUrl] | None = None) -> bool:
+    def accepts(
+        self, body: Mapping[str, Any], tier: str, urls: Sequence[MediaUrl] | None = None
+    ) -> bool:
         """Whether ``tier`` takes a body another tier already accepted (its tier rules only)."""
-        if not self.structured.get(tier, True) and any(k in STRUCTURED_OUTPUT_FIELDS
-                                                       for k in body):
+        if not self.structured.get(tier, True) and any(k in STRUCTURED_OUTPUT_FIELDS for k in body):
             return False
         if urls is None:
             urls = media_urls(dict(body)) if "messages" in body else []

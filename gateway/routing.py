@@ -51,8 +51,9 @@ def threshold_policy(
         online = fixed is None
     initial = fixed
     if initial is None:
-        initial = (classifier.threshold_for_share(target_share)
-                   if isinstance(classifier, Router) else 0.5)
+        initial = (
+            classifier.threshold_for_share(target_share) if isinstance(classifier, Router) else 0.5
+        )
     if online:
         return ShareController(ControllerConfig(target_share=target_share), initial)
     return ThresholdSource(initial)

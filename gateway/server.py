@@ -30,8 +30,12 @@ def connection_limits(server: ServerSettings) -> ConnectionLimits:
     fds = fd_limit()
     cap = connection_cap(server.max_connections, fds)
     if server.max_connections is not None and cap < server.max_connections:
-        _log.warning("server.connection_cap_lowered", configured=server.max_connections,
-                     cap=cap, fd_limit=fds)
+        _log.warning(
+            "server.connection_cap_lowered",
+            configured=server.max_connections,
+            cap=cap,
+            fd_limit=fds,
+        )
     return ConnectionLimits(
         max_head_bytes=server.max_head_bytes,
         head_timeout_s=server.head_timeout_s,
@@ -89,8 +93,9 @@ def _run(settings: Settings, sock: socket.socket, worker: WorkerRole | None) -> 
     guard = ConnectionGuard(limits)
     app = create_app(settings, collectors=[ConnectionCollector(guard)], worker=worker)
     # After the app: Litestar sets up logging too.
-    logs = configure_logging(settings.telemetry,
-                             worker=worker.index if worker is not None else None)
+    logs = configure_logging(
+        settings.telemetry, worker=worker.index if worker is not None else None
+    )
     config = uvicorn.Config(
         app,
         host=settings.server.host,

@@ -97,8 +97,9 @@ class TierCostSettings(Section):
         per_token = self.input_per_1k is not None and self.output_per_1k is not None
         per_hour = self.replica_hour is not None and self.tokens_per_s is not None
         if per_token == per_hour:
-            raise ValueError("set input_per_1k and output_per_1k, or replica_hour and "
-                             "tokens_per_s (one pair)")
+            raise ValueError(
+                "set input_per_1k and output_per_1k, or replica_hour and tokens_per_s (one pair)"
+            )
         return self
 
     def prices(self) -> tuple[float, float]:
@@ -454,7 +455,9 @@ class Settings(BaseSettings):
     """The whole configuration of one gateway process."""
 
     model_config = SettingsConfigDict(
-        env_prefix="TIERGATE_", env_nested_delimiter="__", extra="forbid",
+        env_prefix="TIERGATE_",
+        env_nested_delimiter="__",
+        extra="forbid",
         use_attribute_docstrings=True,
     )
 
@@ -524,9 +527,7 @@ def load_settings(config: Path | None = None, **overrides: Any) -> Settings:
     return load_settings_traced(config, **overrides)[0]
 
 
-def load_settings_traced(
-    config: Path | None = None, **overrides: Any
-) -> tuple[Settings, Origins]:
+def load_settings_traced(config: Path | None = None, **overrides: Any) -> tuple[Settings, Origins]:
     """:func:`load_settings`, and where each value came from."""
     if config is None:
         env_path = os.environ.get("TIERGATE_CONFIG")

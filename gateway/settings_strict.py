@@ -175,8 +175,9 @@ def _walk_env(root: type[BaseModel], parts: list[str]) -> tuple[Loc | None, str 
                 if hint is None:
                     return None, f"unknown setting `{dotted([*loc, part])}`"
                 fixed = "__".join([*parts[:index], hint, *parts[index + 1 :]]).upper()
-                return None, (f"unknown setting `{dotted([*loc, part])}`; "
-                              f"did you mean {ENV_PREFIX}{fixed}?")
+                return None, (
+                    f"unknown setting `{dotted([*loc, part])}`; did you mean {ENV_PREFIX}{fixed}?"
+                )
             annotation = field.annotation
         else:
             child = next((c for c in map(_children, _options(annotation)) if c), None)
@@ -233,6 +234,8 @@ def env_paths(
         if fixed is not None:
             problems.append(f"environment variable {name}: not a setting; did you mean {fixed}?")
         elif hint is not None and difflib.SequenceMatcher(None, rest, hint).ratio() >= 0.8:
-            problems.append(f"environment variable {name}: not a setting; "
-                            f"did you mean {ENV_PREFIX}{hint.upper()}?")
+            problems.append(
+                f"environment variable {name}: not a setting; "
+                f"did you mean {ENV_PREFIX}{hint.upper()}?"
+            )
     return paths, problems

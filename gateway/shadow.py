@@ -114,7 +114,7 @@ class ShadowStore:
     def append(self, record: ShadowRecord) -> None:
         """Add one record (a local file write of one line; small enough for the loop)."""
         if self.count >= self.max_records:
-            lines = self.path.read_text(encoding="utf-8").splitlines()[-self.max_records // 2:]
+            lines = self.path.read_text(encoding="utf-8").splitlines()[-self.max_records // 2 :]
             self.path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
             self.count = len(lines)
         with self.path.open("a", encoding="utf-8") as out:
@@ -169,16 +169,25 @@ class ShadowRunner:
     def _idle_replica(self, tier: str) -> Replica | None:
         pool = self.routes[tier].pool
         now = time.monotonic()
-        idle = [r for r in pool.usable(now) if r.has_capacity
-                and r.waiting <= self.config.max_waiting]
+        idle = [
+            r for r in pool.usable(now) if r.has_capacity and r.waiting <= self.config.max_waiting
+        ]
         return min(idle, key=lambda r: r.in_flight, default=None)
 
     def target_of(self, direction: str) -> str:
         """The tier a shadow in ``direction`` is sent to."""
         return self.precise_tier if direction == UNDER else self.fast_tier
 
-    def submit(self, direction: str, path: str, body: dict[str, Any], primary: str,
-               score: float | None, *, max_tokens: int | None = None) -> None:
+    def submit(
+        self,
+        direction: str,
+        path: str,
+        body: dict[str, Any],
+        primary: str,
+        score: float | None,
+        *,
+        max_tokens: int | None = None,
+    ) -> None:
         """Start the shadow of one answered request, unless capacity says skip.
 
         ``max_tokens`` caps the shadow's completion (the target tier's limit).
@@ -212,9 +221,15 @@ class ShadowRunner:
         shadow_body["model"] = route.served_model
         headers = {"Content-Type": "application/json", "x-tiergate-shadow": direction}
         try:
-            opened = await attempt(session, replica.url + job.path, _encoder.encode(shadow_body),
-                                   headers, stream=False, timeout_s=self.config.timeout_s,
-                                   connect_s=route.timeouts.connect_s)
+            opened = await attempt(
+                session,
+                replica.url + job.path,
+                _encoder.encode(shadow_body),
+                headers,
+                stream=False,
+                timeout_s=self.config.timeout_s,
+                connect_s=route.timeouts.connect_s,
+            )
         except AttemptFailed:
             self._count(direction, "failed")
             return
@@ -227,13 +242,29 @@ class ShadowRunner:
             return
         self.record(direction, job.target, job.primary, text, job.score, prompt=_prompt_of(body))
 
-    def record(self, direction: str, shadow_tier: str, primary: str, shadow: str,
-               score: float | None, *, prompt: str) -> ShadowRecord:
+    def record(
+        self,
+        direction: str,
+        shadow_tier: str,
+        primary: str,
+        shadow: str,
+        score: float | None,
+        *,
+        prompt: str,
+    ) -> ShadowRecord:
         """Compare two answers and keep the outcome (metrics, rolling window, store)."""
         result = agreement(primary, shadow)
         tier = self.fast_tier if direction == UNDER else self.precise_tier
-        record = ShadowRecord(time.time(), direction, tier, shadow_tier, score, result.score,
-                              result.method, _digest(prompt))
+        record = ShadowRecord(
+            time.time(),
+            direction,
+            tier,
+            shadow_tier,
+            score,
+            result.score,
+            result.method,
+            _digest(prompt),
+        )
         self.recent.append(record)
         totals = self.agreement_totals.setdefault((direction, score_bucket(score)), [0, 0.0])
         totals[0] += 1
@@ -249,9 +280,12 @@ class ShadowRunner:
         under = [r.agreement for r in self.recent if r.direction == UNDER]
         over = [r.agreement for r in self.recent if r.direction == OVER]
         return {
-            "shadow": {"fast_ratio": self.config.fast_ratio,
-                       "precise_ratio": self.config.precise_ratio,
-                       "running": self.running, "outcomes": dict(sorted(self.counts.items()))},
+            "shadow": {
+                "fast_ratio": self.config.fast_ratio,
+                "precise_ratio": self.config.precise_ratio,
+                "running": self.running,
+                "outcomes": dict(sorted(self.counts.items())),
+            },
             # Agreement of fast answers with what precise would have said, on fast traffic.
             "quality_retained": _mean(under),
             "fast_agrees_on_precise_traffic": _mean(over),

@@ -60,9 +60,9 @@ class Spillover:
         waiting = sum(r.waiting for r in usable)
         return waiting < 1 and busy / capacity < self.config.precise_max_utilisation
 
-    def adjust(self, decision: RouteDecision, threshold: float, principal: Principal) -> (
-        RouteDecision
-    ):
+    def adjust(
+        self, decision: RouteDecision, threshold: float, principal: Principal
+    ) -> RouteDecision:
         """``decision`` or, for a borderline fast request under saturation, the precise tier."""
         config = self.config
         score = decision.score

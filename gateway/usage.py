@@ -103,8 +103,9 @@ class RedisUsageStore:
 
     def start(self) -> None:
         """Start the flusher (at start-up)."""
-        self._task = asyncio.get_running_loop().create_task(self._flush_forever(),
-                                                            context=Context())
+        self._task = asyncio.get_running_loop().create_task(
+            self._flush_forever(), context=Context()
+        )
 
     async def stop(self) -> None:
         """Flush what is left and stop."""
@@ -130,8 +131,7 @@ class RedisUsageStore:
                     name = f"{self.prefix}usage:{hour}"
                     for (tier, tenant, key_id), values in bucket.items():
                         for field_name, value in zip(FIELDS, values, strict=True):
-                            pipe.hincrbyfloat(name, f"{tier}|{tenant}|{key_id}|{field_name}",
-                                              value)
+                            pipe.hincrbyfloat(name, f"{tier}|{tenant}|{key_id}|{field_name}", value)
                     pipe.expire(name, 32 * 86400)
                 await pipe.execute()
         except (RedisError, OSError):
@@ -189,22 +189,38 @@ class UsageLedger:
             totals = grouped[group]
             for index, value in enumerate(values):
                 totals[index] += value
-        labels = {"tier": ("tier",), "tenant": ("tenant", "tier"),
-                  "key": ("key_id", "tenant", "tier")}[by]
-        out_rows = [_row(dict(zip(labels, group, strict=True)), values)
-                    for group, values in sorted(grouped.items())]
+        labels = {
+            "tier": ("tier",),
+            "tenant": ("tenant", "tier"),
+            "key": ("key_id", "tenant", "tier"),
+        }[by]
+        out_rows = [
+            _row(dict(zip(labels, group, strict=True)), values)
+            for group, values in sorted(grouped.items())
+        ]
         total = [sum(r[i] for r in grouped.values()) for i in range(len(FIELDS))]
-        return {"window": window, "by": by, "rows": out_rows, "total": _row({}, total),
-                "baseline_tier": self.costs.baseline_tier}
+        return {
+            "window": window,
+            "by": by,
+            "rows": out_rows,
+            "total": _row({}, total),
+            "baseline_tier": self.costs.baseline_tier,
+        }
 
 
 def _row(labels: Mapping[str, str], values: list[float]) -> dict[str, Any]:
     requests, inputs, outputs, cost, baseline = values
     saved = baseline - cost
-    return {**labels, "requests": int(requests), "input_tokens": int(inputs),
-            "output_tokens": int(outputs), "cost": round(cost, 6),
-            "baseline_cost": round(baseline, 6), "savings": round(saved, 6),
-            "savings_share": round(saved / baseline, 4) if baseline else 0.0}
+    return {
+        **labels,
+        "requests": int(requests),
+        "input_tokens": int(inputs),
+        "output_tokens": int(outputs),
+        "cost": round(cost, 6),
+        "baseline_cost": round(baseline, 6),
+        "savings": round(saved, 6),
+        "savings_share": round(saved / baseline, 4) if baseline else 0.0,
+    }
 
 
 class UsageCollector(Collector):
@@ -215,11 +231,14 @@ class UsageCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         """Cost and the all-precise baseline, per tier."""
-        cost = CounterMetricFamily("tiergate_cost", "Cost of served tokens, by tier",
-                                   labels=("tier",))
+        cost = CounterMetricFamily(
+            "tiergate_cost", "Cost of served tokens, by tier", labels=("tier",)
+        )
         baseline = CounterMetricFamily(
             "tiergate_cost_baseline",
-            "What the same tokens would have cost on the precise tier", labels=("tier",))
+            "What the same tokens would have cost on the precise tier",
+            labels=("tier",),
+        )
         for tier, values in list(self.ledger.per_tier.items()):
             cost.add_metric((tier,), values[3])
             baseline.add_metric((tier,), values[4])
@@ -243,7 +262,6 @@ def admin_usage_handlers(ledger: UsageLedger, admin_token: str | None) -> list[A
         if by not in GROUPINGS:
             raise InvalidRequest(f"'by' must be one of {list(GROUPINGS)}.", param="by")
         body = _encoder.encode(await ledger.view(window, by))
-        return Response(body, media_type="application/json",
-                        headers={"Cache-Control": "no-store"})
+        return Response(body, media_type="application/json", headers={"Cache-Control": "no-store"})
 
     return [admin_usage]

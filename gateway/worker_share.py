@@ -28,9 +28,20 @@ from gateway.replicas import Replica, ReplicaPool
 
 HEALTH_FILE = "health.json"
 METRICS_PUBLISH_S = 1.0
-_SHARED_FIELDS = ("healthy", "checked", "running", "waiting", "kv_usage", "prefix_queries",
-                  "prefix_hits", "last_check_at", "scraped_at", "check_failures",
-                  "check_successes", "misconfigured")
+_SHARED_FIELDS = (
+    "healthy",
+    "checked",
+    "running",
+    "waiting",
+    "kv_usage",
+    "prefix_queries",
+    "prefix_hits",
+    "last_check_at",
+    "scraped_at",
+    "check_failures",
+    "check_successes",
+    "misconfigured",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,8 +79,9 @@ class HealthShare:
 
     def snapshot(self) -> bytes:
         """The shared fields of every replica, as JSON."""
-        return json.dumps({key: {f: getattr(r, f) for f in _SHARED_FIELDS}
-                           for key, r in _replicas(self.pools)}).encode()
+        return json.dumps(
+            {key: {f: getattr(r, f) for f in _SHARED_FIELDS} for key, r in _replicas(self.pools)}
+        ).encode()
 
     async def publish(self) -> None:
         """Write the current state (the leader, after each probe round)."""
@@ -134,8 +146,9 @@ class GroupMetrics(Collector):
         """One family per name, with every worker's samples."""
         merged: dict[str, Metric] = {}
         for family in [*self.own.collect(), *self._others()]:
-            into = merged.setdefault(family.name, Metric(family.name, family.documentation,
-                                                         family.type, family.unit))
+            into = merged.setdefault(
+                family.name, Metric(family.name, family.documentation, family.type, family.unit)
+            )
             into.samples.extend(family.samples)
         return iter(merged.values())
 

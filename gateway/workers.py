@@ -55,8 +55,12 @@ def resolve_workers(settings: Settings, requested: int | None, cores: int) -> in
     divided = settings.ratelimit.memory_divide_per_worker
     if count is None:
         if memory and not divided and cores > 1:
-            _log.info("server.workers_defaulted", workers=1, cores=cores,
-                      reason="ratelimit.backend is memory: limits are exact in one process only")
+            _log.info(
+                "server.workers_defaulted",
+                workers=1,
+                cores=cores,
+                reason="ratelimit.backend is memory: limits are exact in one process only",
+            )
             return 1
         return cores
     if count > 1 and memory and not divided:
@@ -101,18 +105,35 @@ class Supervisor:
 
     def _spawn(self, index: int) -> None:
         s = self.settings.server
-        cmd = [sys.executable, "-m", "tiergate", "serve", "--host", s.host,
-               "--port", str(self.sock.getsockname()[1]), "--workers", str(self.count),
-               "--worker-index", str(index), "--worker-fd", str(self.sock.fileno()),
-               "--share-dir", str(self.share_dir)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "tiergate",
+            "serve",
+            "--host",
+            s.host,
+            "--port",
+            str(self.sock.getsockname()[1]),
+            "--workers",
+            str(self.count),
+            "--worker-index",
+            str(index),
+            "--worker-fd",
+            str(self.sock.fileno()),
+            "--share-dir",
+            str(self.share_dir),
+        ]
         if self.config is not None:
             cmd += ["--config", str(self.config)]
         env = dict(os.environ)
         attrs = env.get("OTEL_RESOURCE_ATTRIBUTES", "")
         env["OTEL_RESOURCE_ATTRIBUTES"] = ",".join(
-            a for a in (attrs, f"tiergate.worker={index}") if a)
+            a for a in (attrs, f"tiergate.worker={index}") if a
+        )
         self.children[index] = subprocess.Popen(  # noqa: S603  # our own interpreter and options
-            cmd, pass_fds=(self.sock.fileno(),), env=env,
+            cmd,
+            pass_fds=(self.sock.fileno(),),
+            env=env,
             preexec_fn=_die_with_parent,  # noqa: PLW1509  # one prctl call, no locks taken
         )
         self.started_at[index] = time.monotonic()

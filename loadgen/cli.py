@@ -31,47 +31,94 @@ API keys are read from an environment variable or a file, never from the command
 def build_parser() -> argparse.ArgumentParser:
     """The command-line interface."""
     parser = argparse.ArgumentParser(
-        prog="tiergate bench", description=__doc__, epilog=_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        prog="tiergate bench",
+        description=__doc__,
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add = parser.add_argument
     add("--url", help="server to measure (the gateway or a backend), e.g. http://127.0.0.1:8080")
-    add("--model", help="model(s) to ask for, comma-separated: fast, precise, auto or a served "
-                        "model name; each is one target with --url")
-    add("--target", action="append", default=[], metavar="SPEC",
+    add(
+        "--model",
+        help="model(s) to ask for, comma-separated: fast, precise, auto or a served "
+        "model name; each is one target with --url",
+    )
+    add(
+        "--target",
+        action="append",
+        default=[],
+        metavar="SPEC",
         help="name=N,url=U[,model=M][,vs=OTHER][,api-key-env=VAR|api-key-file=PATH]; repeat "
-             "to run the same load against several legs (e.g. direct and through the "
-             "gateway); vs= names the target this one is compared with")
-    add("--baseline", help="target the others are compared with (default: the first --target "
-                           "when there are several and none has vs=; 'none' to skip)")
+        "to run the same load against several legs (e.g. direct and through the "
+        "gateway); vs= names the target this one is compared with",
+    )
+    add(
+        "--baseline",
+        help="target the others are compared with (default: the first --target "
+        "when there are several and none has vs=; 'none' to skip)",
+    )
     add("--api-key-env", metavar="VAR", help="environment variable holding the API key")
     add("--api-key-file", metavar="PATH", help="file holding the API key")
-    add("--prompt-tokens", default="short=128,long=1024",
-        help="synthetic prompt lengths in tokens (default short=128,long=1024)")
-    add("--output-tokens", default="short=32,long=256",
-        help="max_tokens per request (default short=32,long=256)")
-    add("--prompts", type=Path, metavar="JSONL",
+    add(
+        "--prompt-tokens",
+        default="short=128,long=1024",
+        help="synthetic prompt lengths in tokens (default short=128,long=1024)",
+    )
+    add(
+        "--output-tokens",
+        default="short=32,long=256",
+        help="max_tokens per request (default short=32,long=256)",
+    )
+    add(
+        "--prompts",
+        type=Path,
+        metavar="JSONL",
         help='your prompts, one {"prompt": ...} or {"messages": [...]} per line '
-             "(replaces --prompt-tokens)")
+        "(replaces --prompt-tokens)",
+    )
     add("--concurrency", default="1,4", help="concurrency levels (default 1,4; 0: no cap)")
     add("--request-rate", default="inf", help="requests/s, comma-separated (default inf)")
-    add("--arrival", choices=("poisson", "fixed"), default="poisson",
-        help="inter-arrival times with a finite rate (default poisson)")
+    add(
+        "--arrival",
+        choices=("poisson", "fixed"),
+        default="poisson",
+        help="inter-arrival times with a finite rate (default poisson)",
+    )
     add("--num-requests", type=int, default=32, help="requests per target and grid point")
-    add("--max-duration", type=float, default=120.0,
-        help="seconds after which a grid point starts no more requests (default 120)")
-    add("--rounds", type=int, default=1,
+    add(
+        "--max-duration",
+        type=float,
+        default=120.0,
+        help="seconds after which a grid point starts no more requests (default 120)",
+    )
+    add(
+        "--rounds",
+        type=int,
+        default=1,
         help="split each point's requests into rounds, the targets taking turns, so that a "
-             "passing slowdown hits every target alike (default 1)")
-    add("--warmup", type=int, default=2,
-        help="unmeasured requests per target before measuring (at least 1; default 2)")
+        "passing slowdown hits every target alike (default 1)",
+    )
+    add(
+        "--warmup",
+        type=int,
+        default=2,
+        help="unmeasured requests per target before measuring (at least 1; default 2)",
+    )
     add("--timeout", type=float, default=120.0, help="seconds per request (default 120)")
     add("--endpoint", choices=("chat", "completions"), default="chat")
-    add("--no-ignore-eos", action="store_true",
-        help="do not send ignore_eos (for servers that reject unknown fields)")
+    add(
+        "--no-ignore-eos",
+        action="store_true",
+        help="do not send ignore_eos (for servers that reject unknown fields)",
+    )
     add("--seed", type=int, default=0, help="seed of the synthetic prompts and arrivals")
     add("--slo", help="goodput limits, e.g. ttft_ms=500,tpot_ms=50,e2el_ms=10000")
-    add("--trim", type=float, default=0.05,
-        help="fraction cut from each end for the trimmed mean (default 0.05)")
+    add(
+        "--trim",
+        type=float,
+        default=0.05,
+        help="fraction cut from each end for the trimmed mean (default 0.05)",
+    )
     add("--out", type=Path, help="directory for bench.json, bench.md and bench.png")
     add("--no-plot", action="store_true", help="skip the PNG plot")
     return parser
@@ -81,8 +128,10 @@ def _targets(args: argparse.Namespace) -> list[Target]:
     if args.url and args.target:
         raise SpecError("give --url or --target, not both")
     if args.target:
-        targets = [spec.parse_target(t, args.model, args.api_key_env, args.api_key_file)
-                   for t in args.target]
+        targets = [
+            spec.parse_target(t, args.model, args.api_key_env, args.api_key_file)
+            for t in args.target
+        ]
     elif args.url:
         if not args.model:
             raise SpecError("--url needs --model (fast, precise, auto or a served model name)")
@@ -143,22 +192,37 @@ def build_plan(args: argparse.Namespace) -> Plan:
     file_prompts = load_jsonl(args.prompts, chat=chat) if args.prompts else None
     prompts = None if file_prompts else spec.parse_lengths(args.prompt_tokens, "--prompt-tokens")
     outputs = spec.parse_lengths(args.output_tokens, "--output-tokens")
-    loads = [Load(c, r, args.arrival) for r in spec.parse_rates(args.request_rate)
-             for c in spec.parse_concurrency(args.concurrency)]
+    loads = [
+        Load(c, r, args.arrival)
+        for r in spec.parse_rates(args.request_rate)
+        for c in spec.parse_concurrency(args.concurrency)
+    ]
     if any(load.concurrency is None and load.rate == float("inf") for load in loads):
         raise SpecError("no concurrency cap and an infinite rate: give --request-rate too")
     per_round = args.num_requests // args.rounds
     top = max((load.concurrency or 0 for load in loads), default=0)
     if args.rounds > 1 and per_round < top:
-        raise SpecError(f"--rounds {args.rounds} leaves rounds of {per_round} requests, fewer "
-                        f"than concurrency {top}: the load would never reach it (use "
-                        f"--num-requests >= {args.rounds * top})")
+        raise SpecError(
+            f"--rounds {args.rounds} leaves rounds of {per_round} requests, fewer "
+            f"than concurrency {top}: the load would never reach it (use "
+            f"--num-requests >= {args.rounds * top})"
+        )
     return Plan(
-        targets=_targets(args), shapes=spec.grid(prompts, outputs), loads=loads,
-        num_requests=args.num_requests, max_duration_s=args.max_duration, warmup=args.warmup,
-        chat=chat, ignore_eos=not args.no_ignore_eos, timeout_s=args.timeout, seed=args.seed,
-        slo=spec.parse_slo(args.slo) if args.slo else spec.Slo(), trim=args.trim,
-        file_prompts=file_prompts, rounds=args.rounds, run_id=secrets.token_hex(4),
+        targets=_targets(args),
+        shapes=spec.grid(prompts, outputs),
+        loads=loads,
+        num_requests=args.num_requests,
+        max_duration_s=args.max_duration,
+        warmup=args.warmup,
+        chat=chat,
+        ignore_eos=not args.no_ignore_eos,
+        timeout_s=args.timeout,
+        seed=args.seed,
+        slo=spec.parse_slo(args.slo) if args.slo else spec.Slo(),
+        trim=args.trim,
+        file_prompts=file_prompts,
+        rounds=args.rounds,
+        run_id=secrets.token_hex(4),
     )
 
 

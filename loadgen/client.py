@@ -54,8 +54,11 @@ class RequestSpec:
 def build_body(target: Target, spec: RequestSpec, prompt: Prompt) -> dict[str, Any]:
     """A streaming request with usage asked for and ``max_tokens`` set."""
     body: dict[str, Any] = {
-        "model": target.model, "stream": True, "max_tokens": spec.max_tokens,
-        "stream_options": {"include_usage": True}, "temperature": 0,
+        "model": target.model,
+        "stream": True,
+        "max_tokens": spec.max_tokens,
+        "stream_options": {"include_usage": True},
+        "temperature": 0,
     }
     if spec.ignore_eos:
         body["ignore_eos"] = True
@@ -128,8 +131,9 @@ def _on_event(result: RequestResult, data: bytes, now: float, last: float) -> fl
     return now
 
 
-async def _read_stream(response: aiohttp.ClientResponse, result: RequestResult,
-                       start: float) -> None:
+async def _read_stream(
+    response: aiohttp.ClientResponse, result: RequestResult, start: float
+) -> None:
     last = 0.0
     done = False
     async for raw in response.content:
@@ -156,8 +160,14 @@ async def _read_stream(response: aiohttp.ClientResponse, result: RequestResult,
         result.ok = True
 
 
-async def send(session: aiohttp.ClientSession, target: Target, spec: RequestSpec,
-               body: dict[str, Any], *, origin: float) -> RequestResult:
+async def send(
+    session: aiohttp.ClientSession,
+    target: Target,
+    spec: RequestSpec,
+    body: dict[str, Any],
+    *,
+    origin: float,
+) -> RequestResult:
     """Send one request; every failure is recorded in the result, never raised."""
     result = RequestResult()
     path = CHAT_PATH if spec.chat else COMPLETIONS_PATH
@@ -165,8 +175,9 @@ async def send(session: aiohttp.ClientSession, target: Target, spec: RequestSpec
     result.sent_at = start - origin
     timeout = aiohttp.ClientTimeout(total=spec.timeout_s)
     try:
-        async with session.post(target.endpoint(path), json=body, headers=headers(target),
-                                timeout=timeout) as response:
+        async with session.post(
+            target.endpoint(path), json=body, headers=headers(target), timeout=timeout
+        ) as response:
             result.status = str(response.status)
             if response.status != 200:
                 result.error = error_message(await response.read(), target)
@@ -174,8 +185,10 @@ async def send(session: aiohttp.ClientSession, target: Target, spec: RequestSpec
                 return result
             if response.content_type != "text/event-stream":
                 result.status = "not_a_stream"
-                result.error = (f"the server answered {response.content_type}, not an event "
-                                "stream (does it support stream: true?)")
+                result.error = (
+                    f"the server answered {response.content_type}, not an event "
+                    "stream (does it support stream: true?)"
+                )
                 return result
             await _read_stream(response, result, start)
     except TimeoutError:

@@ -34,13 +34,26 @@ def trimmed_mean(values: Sequence[float], fraction: float) -> float:
 def distribution(seconds: Sequence[float], trim: float) -> dict[str, float | int | None]:
     """mean, median, p90, p99, std and trimmed mean in milliseconds (None when empty)."""
     if not seconds:
-        return {"count": 0, "mean": None, "median": None, "p90": None, "p99": None,
-                "std": None, "trimmed_mean": None}
+        return {
+            "count": 0,
+            "mean": None,
+            "median": None,
+            "p90": None,
+            "p99": None,
+            "std": None,
+            "trimmed_mean": None,
+        }
     ms = np.asarray(seconds, dtype=float) * 1000.0
     p50, p90, p99 = (float(v) for v in np.percentile(ms, PERCENTILES))
-    return {"count": len(seconds), "mean": float(ms.mean()), "median": p50, "p90": p90,
-            "p99": p99, "std": float(ms.std()),
-            "trimmed_mean": trimmed_mean([float(v) for v in ms], trim)}
+    return {
+        "count": len(seconds),
+        "mean": float(ms.mean()),
+        "median": p50,
+        "p90": p90,
+        "p99": p99,
+        "std": float(ms.std()),
+        "trimmed_mean": trimmed_mean([float(v) for v in ms], trim),
+    }
 
 
 def meets(result: RequestResult, slo: Slo) -> bool:
@@ -63,8 +76,9 @@ def counted_from(results: Sequence[RequestResult]) -> str:
     return sources.pop() if len(sources) == 1 else "mixed"
 
 
-def summarise(results: Sequence[RequestResult], duration_s: float, slo: Slo,
-              trim: float) -> dict[str, Any]:
+def summarise(
+    results: Sequence[RequestResult], duration_s: float, slo: Slo, trim: float
+) -> dict[str, Any]:
     """Every metric of one grid point."""
     good = [r for r in results if r.ok]
     tpots = [t for t in (r.tpot for r in good) if t is not None]

@@ -51,15 +51,20 @@ def write_plot(doc: dict[str, Any], path: Path) -> None:
         raise PlotUnavailable("the plot needs matplotlib: pip install 'tiergate[plot]'") from None
     ttft, tpot = rows(doc, "ttft_ms"), rows(doc, "tpot_ms")
     names = list(ttft) or ["(no capped points)"]
-    fig, axes = plt.subplots(len(names), 2, figsize=(11, 3.2 * len(names) + 0.8),
-                             squeeze=False)
+    fig, axes = plt.subplots(len(names), 2, figsize=(11, 3.2 * len(names) + 0.8), squeeze=False)
     for i, name in enumerate(names):
         _draw(axes[i][0], ttft.get(name, {}), f"{name}: TTFT p50 (ms)")
         _draw(axes[i][1], tpot.get(name, {}), f"{name}: TPOT p50 (ms)")
     handles, labels = axes[0][0].get_legend_handles_labels()
     if handles:
-        fig.legend(handles, labels, loc="upper center", ncol=min(4, len(labels)),
-                   fontsize="small", bbox_to_anchor=(0.5, 1.0))
+        fig.legend(
+            handles,
+            labels,
+            loc="upper center",
+            ncol=min(4, len(labels)),
+            fontsize="small",
+            bbox_to_anchor=(0.5, 1.0),
+        )
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.5 / fig.get_figheight()))
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -48,6 +48,7 @@ class Progress:
         filled = int(_WIDTH * self.done / max(self.total, 1))
         bar = "#" * filled + "." * (_WIDTH - filled)
         elapsed = now - self._started
-        self.stream.write(f"\r\x1b[2K[{bar}] {self.done}/{self.total} {elapsed:5.1f}s "
-                          f"{self._label}")
+        self.stream.write(
+            f"\r\x1b[2K[{bar}] {self.done}/{self.total} {elapsed:5.1f}s {self._label}"
+        )
         self.stream.flush()

@@ -15,16 +15,105 @@ from loadgen.spec import SpecError
 # Common English words that are one token in the usual BPE vocabularies (with their leading
 # space), so that N words are close to N tokens on real servers too.
 _WORDS = (
-    "the", "time", "people", "way", "day", "man", "thing", "woman", "life", "child", "world",
-    "school", "state", "family", "group", "country", "problem", "hand", "part", "place",
-    "case", "week", "company", "system", "program", "question", "work", "number", "night",
-    "point", "home", "water", "room", "mother", "area", "money", "story", "fact", "month",
-    "lot", "right", "study", "book", "eye", "job", "word", "business", "issue", "side",
-    "kind", "head", "house", "service", "friend", "father", "power", "hour", "game", "line",
-    "end", "member", "law", "car", "city", "name", "team", "minute", "idea", "kid", "body",
-    "back", "parent", "face", "level", "office", "door", "health", "person", "art", "war",
-    "history", "party", "result", "change", "morning", "reason", "research", "girl", "guy",
-    "moment", "air", "teacher", "force", "order", "long", "small", "good", "new", "first",
+    "the",
+    "time",
+    "people",
+    "way",
+    "day",
+    "man",
+    "thing",
+    "woman",
+    "life",
+    "child",
+    "world",
+    "school",
+    "state",
+    "family",
+    "group",
+    "country",
+    "problem",
+    "hand",
+    "part",
+    "place",
+    "case",
+    "week",
+    "company",
+    "system",
+    "program",
+    "question",
+    "work",
+    "number",
+    "night",
+    "point",
+    "home",
+    "water",
+    "room",
+    "mother",
+    "area",
+    "money",
+    "story",
+    "fact",
+    "month",
+    "lot",
+    "right",
+    "study",
+    "book",
+    "eye",
+    "job",
+    "word",
+    "business",
+    "issue",
+    "side",
+    "kind",
+    "head",
+    "house",
+    "service",
+    "friend",
+    "father",
+    "power",
+    "hour",
+    "game",
+    "line",
+    "end",
+    "member",
+    "law",
+    "car",
+    "city",
+    "name",
+    "team",
+    "minute",
+    "idea",
+    "kid",
+    "body",
+    "back",
+    "parent",
+    "face",
+    "level",
+    "office",
+    "door",
+    "health",
+    "person",
+    "art",
+    "war",
+    "history",
+    "party",
+    "result",
+    "change",
+    "morning",
+    "reason",
+    "research",
+    "girl",
+    "guy",
+    "moment",
+    "air",
+    "teacher",
+    "force",
+    "order",
+    "long",
+    "small",
+    "good",
+    "new",
+    "first",
 )
 
 Messages = list[dict[str, Any]]
@@ -66,12 +155,17 @@ def _parse_line(obj: Any, where: str) -> Prompt:
         raise SpecError(f"{where}: expected a JSON object with `prompt` or `messages`")
     if "messages" in obj:
         messages = obj["messages"]
-        if not isinstance(messages, list) or not messages or not all(
-            isinstance(m, dict) and isinstance(m.get("role"), str) and "content" in m
-            for m in messages
+        if (
+            not isinstance(messages, list)
+            or not messages
+            or not all(
+                isinstance(m, dict) and isinstance(m.get("role"), str) and "content" in m
+                for m in messages
+            )
         ):
-            raise SpecError(f"{where}: `messages` must be a non-empty list of "
-                            "{role, content} objects")
+            raise SpecError(
+                f"{where}: `messages` must be a non-empty list of {{role, content}} objects"
+            )
         return Prompt(messages=messages)
     prompt = obj.get("prompt")
     if not isinstance(prompt, str) or not prompt:

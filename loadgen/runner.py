@@ -69,20 +69,32 @@ def _prompts(plan: Plan, shape: Shape, tag: str) -> Iterator[Prompt]:
 
 
 def _spec(plan: Plan, shape: Shape) -> RequestSpec:
-    return RequestSpec(chat=plan.chat, max_tokens=shape.output_tokens,
-                       ignore_eos=plan.ignore_eos, timeout_s=plan.timeout_s)
+    return RequestSpec(
+        chat=plan.chat,
+        max_tokens=shape.output_tokens,
+        ignore_eos=plan.ignore_eos,
+        timeout_s=plan.timeout_s,
+    )
 
 
 class _Point:
     """One target at one grid point: the schedule, the cap, the deadline and the results."""
 
-    def __init__(self, session: aiohttp.ClientSession, plan: Plan, target: Target, *,
-                 shape: Shape, load: Load, progress: Progress, turn: tuple[int, int]) -> None:
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        plan: Plan,
+        target: Target,
+        *,
+        shape: Shape,
+        load: Load,
+        progress: Progress,
+        turn: tuple[int, int],
+    ) -> None:
         self.session, self.plan, self.target, self.progress = session, plan, target, progress
         self.spec = _spec(plan, shape)
         # The same words for every target at this point; the heads differ (no cache sharing).
-        self.prompts = _prompts(plan, shape,
-                                f"{target.name}-{shape.label}-{load.label}-{turn[0]}")
+        self.prompts = _prompts(plan, shape, f"{target.name}-{shape.label}-{load.label}-{turn[0]}")
         self.count = turn[1]
         self.gaps = _arrivals(load, random.Random(plan.seed))  # noqa: S311 - arrival times
         self.slots = asyncio.Semaphore(load.concurrency) if load.concurrency else None
@@ -95,7 +107,8 @@ class _Point:
 
     async def _send(self, body: dict[str, Any]) -> None:
         self.results.append(
-            await send(self.session, self.target, self.spec, body, origin=self.origin))
+            await send(self.session, self.target, self.spec, body, origin=self.origin)
+        )
 
     async def _one(self, body: dict[str, Any]) -> None:
         try:
@@ -128,9 +141,16 @@ class _Point:
         return self.results, time.perf_counter() - self.origin
 
 
-async def run_point(session: aiohttp.ClientSession, plan: Plan, target: Target, *,
-                    shape: Shape, load: Load, progress: Progress, turn: tuple[int, int]
-                    ) -> tuple[list[RequestResult], float]:
+async def run_point(
+    session: aiohttp.ClientSession,
+    plan: Plan,
+    target: Target,
+    *,
+    shape: Shape,
+    load: Load,
+    progress: Progress,
+    turn: tuple[int, int],
+) -> tuple[list[RequestResult], float]:
     """Send round ``turn[0]``'s ``turn[1]`` requests; (results, seconds).
 
     Arrival times follow the rate; a request that arrives while the cap is reached waits
@@ -146,14 +166,24 @@ async def check_target(session: aiohttp.ClientSession, plan: Plan, target: Targe
     shape = plan.shapes[0]
     spec = _spec(plan, shape)
     prompts = _prompts(plan, shape, f"{target.name}-warmup")
-    results = [await send(session, target, spec, build_body(target, spec, next(prompts)),
-                          origin=time.perf_counter()) for _ in range(max(plan.warmup, 1))]
+    results = [
+        await send(
+            session,
+            target,
+            spec,
+            build_body(target, spec, next(prompts)),
+            origin=time.perf_counter(),
+        )
+        for _ in range(max(plan.warmup, 1))
+    ]
     if any(r.ok for r in results):
         return results[-1].counted_from
     last = results[-1]
     status = f"HTTP {last.status}" if last.status.isdigit() else last.status
-    raise SpecError(f"target {target.name} ({target.url}, model {target.model}) does not "
-                    f"answer: {status}: {last.error}")
+    raise SpecError(
+        f"target {target.name} ({target.url}, model {target.model}) does not "
+        f"answer: {status}: {last.error}"
+    )
 
 
 def _connector(plan: Plan) -> aiohttp.TCPConnector:
@@ -167,8 +197,9 @@ def _shares(total: int, rounds: int) -> list[int]:
     return [total // rounds + (1 if r < total % rounds else 0) for r in range(rounds)]
 
 
-async def _point(session: aiohttp.ClientSession, plan: Plan, shape: Shape, load: Load,
-                 progress: Progress) -> list[PointResult]:
+async def _point(
+    session: aiohttp.ClientSession, plan: Plan, shape: Shape, load: Load, progress: Progress
+) -> list[PointResult]:
     """Every target at one grid point, taking turns round by round, so that a passing
     slowdown of the machine hits every target alike."""
     results: dict[str, list[RequestResult]] = {t.name: [] for t in plan.targets}
@@ -180,13 +211,18 @@ async def _point(session: aiohttp.ClientSession, plan: Plan, shape: Shape, load:
             if len(shares) > 1:
                 label += f" (round {turn[0] + 1}/{len(shares)})"
             progress.begin(label)
-            done, took = await run_point(session, plan, target, shape=shape, load=load,
-                                         progress=progress, turn=turn)
+            done, took = await run_point(
+                session, plan, target, shape=shape, load=load, progress=progress, turn=turn
+            )
             results[target.name] += done
             seconds[target.name] += took
             progress.end_point(_one_line(summarise(done, took, plan.slo, plan.trim)))
-    return [PointResult(t, shape, load, summarise(results[t.name], seconds[t.name], plan.slo,
-                                                  plan.trim)) for t in plan.targets]
+    return [
+        PointResult(
+            t, shape, load, summarise(results[t.name], seconds[t.name], plan.slo, plan.trim)
+        )
+        for t in plan.targets
+    ]
 
 
 async def run(plan: Plan, progress: Progress) -> list[PointResult]:

@@ -29,8 +29,12 @@ class Target:
 
     def public(self) -> dict[str, str]:
         """What reports may show: name, URL and model, never the key."""
-        shown = {"name": self.name, "url": self.url, "model": self.model,
-                 "auth": "bearer" if self.api_key else "none"}
+        shown = {
+            "name": self.name,
+            "url": self.url,
+            "model": self.model,
+            "auth": "bearer" if self.api_key else "none",
+        }
         if self.vs:
             shown["vs"] = self.vs
         return shown
@@ -191,8 +195,9 @@ def read_api_key(env: str | None, path: str | None, what: str) -> str | None:
     return None
 
 
-def parse_target(text: str, default_model: str | None, default_env: str | None,
-                 default_file: str | None) -> Target:
+def parse_target(
+    text: str, default_model: str | None, default_env: str | None, default_file: str | None
+) -> Target:
     """``name=gw,url=http://127.0.0.1:8080[,model=fast][,vs=direct][,api-key-env=VAR|...]``."""
     fields = dict(_pairs(text, "--target"))
     unknown = set(fields) - {"name", "url", "model", "vs", "api-key-env", "api-key-file"}
@@ -207,8 +212,13 @@ def parse_target(text: str, default_model: str | None, default_env: str | None,
     if env is None and path is None:
         env, path = default_env, default_file
     what = f"--target {fields['name']}"
-    return Target(name=fields["name"], url=normalise_url(fields["url"], what), model=model,
-                  api_key=read_api_key(env, path, what), vs=fields.get("vs"))
+    return Target(
+        name=fields["name"],
+        url=normalise_url(fields["url"], what),
+        model=model,
+        api_key=read_api_key(env, path, what),
+        vs=fields.get("vs"),
+    )
 
 
 def grid(prompts: list[tuple[str, int]] | None, outputs: list[tuple[str, int]]) -> list[Shape]:

@@ -116,8 +116,9 @@ def agreement(a: str, b: str) -> Agreement:
     parsed_a, parsed_b = _parse_json(a), _parse_json(b)
     if parsed_a is not None and parsed_b is not None:
         return Agreement(json_agreement(parsed_a, parsed_b), "json")
-    if (parsed_a is None) != (parsed_b is None) and (a.strip()[:1] in "{[" or
-                                                     b.strip()[:1] in "{["):
+    if (parsed_a is None) != (parsed_b is None) and (
+        a.strip()[:1] in "{[" or b.strip()[:1] in "{["
+    ):
         return Agreement(0.0, "json")  # one answer is valid JSON, the other is not
     ta, tb = tokens(a), tokens(b)
     if len(ta) <= SHORT_WORDS and len(tb) <= SHORT_WORDS:

@@ -26,7 +26,12 @@ KIND_NAMES: tuple[str, ...] = ("vllm", "sglang", "llamacpp", "ollama", "tgi", "t
 MODELS_PATH = "/v1/models"
 # What ``auto`` asks each replica once, at start-up and again after it was unreachable.
 DETECTION_PATHS: tuple[str, ...] = (
-    "/health", MODELS_PATH, "/metrics", "/api/version", "/info", "/get_model_info",
+    "/health",
+    MODELS_PATH,
+    "/metrics",
+    "/api/version",
+    "/info",
+    "/get_model_info",
 )
 
 # Prometheus sample name -> (field, preference); a lower preference wins when both appear.
@@ -110,21 +115,49 @@ class BackendKind:
 KINDS: dict[str, BackendKind] = {
     kind.name: kind
     for kind in (
-        BackendKind("vllm", ("/health",), 0.0, "/metrics", _VLLM_METRICS,
-                    description="vLLM's OpenAI server"),
+        BackendKind(
+            "vllm", ("/health",), 0.0, "/metrics", _VLLM_METRICS, description="vLLM's OpenAI server"
+        ),
         # /health waits for a one-token generation (about 1 s at least, by default).
-        BackendKind("sglang", ("/health",), 3.0, "/metrics", _SGLANG_METRICS,
-                    error_shape="openai_flat", description="SGLang"),
+        BackendKind(
+            "sglang",
+            ("/health",),
+            3.0,
+            "/metrics",
+            _SGLANG_METRICS,
+            error_shape="openai_flat",
+            description="SGLang",
+        ),
         # llama-server has /health; llama-cpp-python's server has none, and its /v1/models
         # waits behind a running generation, while /docs answers at once. CPU servers are slow.
-        BackendKind("llamacpp", ("/health", "/docs"), 2.0, "/metrics", _LLAMACPP_METRICS,
-                    stream_usage=False, uuid_request_ids=True,
-                    error_shape="llamacpp", description="llama.cpp (llama-server or "
-                    "llama-cpp-python)"),
-        BackendKind("ollama", ("/api/version",), 1.0, None, error_shape="openai",
-                    description="Ollama's OpenAI-compatible API"),
-        BackendKind("tgi", ("/health",), 1.0, "/metrics", _TGI_METRICS,
-                    error_shape="tgi", description="Hugging Face TGI"),
+        BackendKind(
+            "llamacpp",
+            ("/health", "/docs"),
+            2.0,
+            "/metrics",
+            _LLAMACPP_METRICS,
+            stream_usage=False,
+            uuid_request_ids=True,
+            error_shape="llamacpp",
+            description="llama.cpp (llama-server or llama-cpp-python)",
+        ),
+        BackendKind(
+            "ollama",
+            ("/api/version",),
+            1.0,
+            None,
+            error_shape="openai",
+            description="Ollama's OpenAI-compatible API",
+        ),
+        BackendKind(
+            "tgi",
+            ("/health",),
+            1.0,
+            "/metrics",
+            _TGI_METRICS,
+            error_shape="tgi",
+            description="Hugging Face TGI",
+        ),
         # /metrics is JSON iteration statistics, not Prometheus text: not parsed.
         BackendKind("trtllm", ("/health",), 1.0, None, description="TensorRT-LLM trtllm-serve"),
         BackendKind("openai", ("/health",), 1.0, None, description="any OpenAI-compatible server"),
@@ -174,8 +207,13 @@ def _metrics_kind(probe: Probe) -> Detection | None:
     if not probe.ok:
         return None
     text = probe.body.decode("utf-8", "replace")
-    for prefix, kind in (("vllm:", "vllm"), ("sglang:", "sglang"), ("llamacpp:", "llamacpp"),
-                         ("tgi_", "tgi"), ("trtllm_", "trtllm")):
+    for prefix, kind in (
+        ("vllm:", "vllm"),
+        ("sglang:", "sglang"),
+        ("llamacpp:", "llamacpp"),
+        ("tgi_", "tgi"),
+        ("trtllm_", "trtllm"),
+    ):
         if any(line.startswith(prefix) for line in text.splitlines()):
             return Detection(kind, f"/metrics has {prefix}* samples")
     return None
@@ -196,9 +234,17 @@ def _info_kind(probes: Mapping[str, Probe]) -> Detection | None:
     return None
 
 
-_OWNERS = {"vllm": "vllm", "sglang": "sglang", "llamacpp": "llamacpp", "me": "llamacpp",
-           "library": "ollama", "ollama": "ollama", "tensorrt_llm": "trtllm", "tgi": "tgi",
-           "text-generation-inference": "tgi"}
+_OWNERS = {
+    "vllm": "vllm",
+    "sglang": "sglang",
+    "llamacpp": "llamacpp",
+    "me": "llamacpp",
+    "library": "ollama",
+    "ollama": "ollama",
+    "tensorrt_llm": "trtllm",
+    "tgi": "tgi",
+    "text-generation-inference": "tgi",
+}
 
 
 def _models_kind(probe: Probe) -> Detection | None:

@@ -54,4 +54,5 @@ class CostModel:
     def savings(self, tier: str, input_tokens: int, output_tokens: int) -> float:
         """Baseline minus actual: positive when a cheaper tier served the request."""
         return self.baseline(input_tokens, output_tokens) - self.cost(
-            tier, input_tokens, output_tokens)
+            tier, input_tokens, output_tokens
+        )

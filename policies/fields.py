@@ -30,42 +30,128 @@ from urllib.parse import urlsplit
 from policies.errors import InvalidRequest
 from policies.requests import STEERING_FIELDS, RequestKind
 
-_COMMON = frozenset({
-    "model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "n", "stop",
-    "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "seed", "user",
-    "response_format", "suffix",
-})
-OPENAI_CHAT_FIELDS = _COMMON | frozenset({
-    "messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
-    "parallel_tool_calls", "functions", "function_call", "modalities", "audio", "metadata",
-    "store", "service_tier", "reasoning_effort", "prediction", "web_search_options",
-    "verbosity", "prompt_cache_key", "safety_identifier",
-})
+_COMMON = frozenset(
+    {
+        "model",
+        "stream",
+        "stream_options",
+        "max_tokens",
+        "temperature",
+        "top_p",
+        "n",
+        "stop",
+        "presence_penalty",
+        "frequency_penalty",
+        "logit_bias",
+        "logprobs",
+        "seed",
+        "user",
+        "response_format",
+        "suffix",
+    }
+)
+OPENAI_CHAT_FIELDS = _COMMON | frozenset(
+    {
+        "messages",
+        "max_completion_tokens",
+        "top_logprobs",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "functions",
+        "function_call",
+        "modalities",
+        "audio",
+        "metadata",
+        "store",
+        "service_tier",
+        "reasoning_effort",
+        "prediction",
+        "web_search_options",
+        "verbosity",
+        "prompt_cache_key",
+        "safety_identifier",
+    }
+)
 OPENAI_COMPLETION_FIELDS = _COMMON | frozenset({"prompt", "echo", "best_of"})
 # Sampling and output extras engines document; harmless to forward for any key.
-SAMPLING_EXTRAS = frozenset({
-    "top_k", "min_p", "repetition_penalty", "length_penalty", "min_tokens", "ignore_eos",
-    "stop_token_ids", "include_stop_str_in_output", "skip_special_tokens",
-    "spaces_between_special_tokens", "truncate_prompt_tokens", "cache_salt", "typical_p",
-    "tfs_z", "mirostat", "mirostat_tau", "mirostat_eta", "dynamic_temperature",
-})
-STRUCTURED_OUTPUT_FIELDS = frozenset({
-    "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
-    "guided_decoding_backend", "guided_whitespace_pattern", "json_schema", "grammar", "regex",
-})
+SAMPLING_EXTRAS = frozenset(
+    {
+        "top_k",
+        "min_p",
+        "repetition_penalty",
+        "length_penalty",
+        "min_tokens",
+        "ignore_eos",
+        "stop_token_ids",
+        "include_stop_str_in_output",
+        "skip_special_tokens",
+        "spaces_between_special_tokens",
+        "truncate_prompt_tokens",
+        "cache_salt",
+        "typical_p",
+        "tfs_z",
+        "mirostat",
+        "mirostat_tau",
+        "mirostat_eta",
+        "dynamic_temperature",
+    }
+)
+STRUCTURED_OUTPUT_FIELDS = frozenset(
+    {
+        "structured_outputs",
+        "guided_json",
+        "guided_regex",
+        "guided_choice",
+        "guided_grammar",
+        "guided_decoding_backend",
+        "guided_whitespace_pattern",
+        "json_schema",
+        "grammar",
+        "regex",
+    }
+)
 # Fields that control the engine rather than the sampling: only with the engine_fields scope.
-ENGINE_CONTROL_FIELDS = frozenset({
-    "priority", "chat_template", "chat_template_kwargs", "kv_transfer_params",
-    "logits_processors", "vllm_xargs", "request_id", "prompt_logprobs", "use_beam_search",
-    "add_generation_prompt", "continue_final_message", "add_special_tokens", "documents",
-    "mm_processor_kwargs", "return_tokens_as_token_ids", "return_token_ids",
-    "allowed_token_ids", "bad_words", "echo_prompt", "lora_request", "data_parallel_rank",
-    "media_io_kwargs", "thinking_token_budget",
-})
+ENGINE_CONTROL_FIELDS = frozenset(
+    {
+        "priority",
+        "chat_template",
+        "chat_template_kwargs",
+        "kv_transfer_params",
+        "logits_processors",
+        "vllm_xargs",
+        "request_id",
+        "prompt_logprobs",
+        "use_beam_search",
+        "add_generation_prompt",
+        "continue_final_message",
+        "add_special_tokens",
+        "documents",
+        "mm_processor_kwargs",
+        "return_tokens_as_token_ids",
+        "return_token_ids",
+        "allowed_token_ids",
+        "bad_words",
+        "echo_prompt",
+        "lora_request",
+        "data_parallel_rank",
+        "media_io_kwargs",
+        "thinking_token_budget",
+    }
+)
 # Keys a content part may carry media under. vLLM finds a part's media by these keys (and a
 # part with a ``uuid`` by its keys alone), not by ``type``, so every part is searched for all.
-MEDIA_KEYS = ("image_url", "input_image", "audio_url", "video_url", "input_audio", "file",
-              "image", "video", "audio")
+MEDIA_KEYS = (
+    "image_url",
+    "input_image",
+    "audio_url",
+    "video_url",
+    "input_audio",
+    "file",
+    "image",
+    "video",
+    "audio",
+)
 # Serialized tensors the engine loads as they are: only with the engine_fields scope.
 EMBEDDING_KEYS = ("image_embeds", "audio_embeds", "video_embeds", "prompt_embeds")
 _URL_FORBIDDEN = frozenset("\\") | frozenset(chr(c) for c in range(0x21)) | {chr(0x7F)}
@@ -100,14 +186,16 @@ def check_fields(
                 continue
             raise InvalidRequest(
                 f"'{name}': this route does not support structured outputs.",
-                param=name, code="unsupported_parameter",
+                param=name,
+                code="unsupported_parameter",
             )
         if name in ENGINE_CONTROL_FIELDS:
             if engine_fields:
                 continue
             raise InvalidRequest(
                 f"'{name}' controls the inference engine; this key may not send it.",
-                param=name, code="field_not_allowed",
+                param=name,
+                code="field_not_allowed",
             )
         if name in STEERING_FIELDS:
             continue  # already removed by validation; never forwarded
@@ -117,7 +205,8 @@ def check_fields(
     if policy.unknown == "reject":
         raise InvalidRequest(
             f"Unrecognized request argument supplied: '{unknown[0]}'.",
-            param=unknown[0], code="unsupported_parameter",
+            param=unknown[0],
+            code="unsupported_parameter",
         )
     for name in unknown:
         del body[name]
@@ -177,14 +266,18 @@ def _content_parts(body: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]
 
 def embedding_parts(body: dict[str, Any]) -> list[str]:
     """The parameter paths of raw-embedding content parts in a chat body."""
-    return [param for param, part in _content_parts(body)
-            if part.get("type") in EMBEDDING_KEYS or any(k in part for k in EMBEDDING_KEYS)]
+    return [
+        param
+        for param, part in _content_parts(body)
+        if part.get("type") in EMBEDDING_KEYS or any(k in part for k in EMBEDDING_KEYS)
+    ]
 
 
 def media_urls(body: dict[str, Any]) -> list[MediaUrl]:
     """Every URL in the media parts of a chat body's messages."""
-    return [MediaUrl(param, url) for param, part in _content_parts(body)
-            for url in _part_urls(part)]
+    return [
+        MediaUrl(param, url) for param, part in _content_parts(body) for url in _part_urls(part)
+    ]
 
 
 def remote_host(media: MediaUrl, *, remote_allowed: bool) -> tuple[str, int] | None:
@@ -198,12 +291,16 @@ def remote_host(media: MediaUrl, *, remote_allowed: bool) -> tuple[str, int] | N
     if scheme == "data":
         return None
     if scheme not in ("http", "https"):
-        raise InvalidRequest(f"'{media.param}': only data: and http(s) URLs are accepted.",
-                             param=media.param, code="invalid_media_url")
+        raise InvalidRequest(
+            f"'{media.param}': only data: and http(s) URLs are accepted.",
+            param=media.param,
+            code="invalid_media_url",
+        )
     if not remote_allowed:
         raise InvalidRequest(
             f"'{media.param}': this route accepts inline (data:) media only, not URLs.",
-            param=media.param, code="remote_media_not_allowed",
+            param=media.param,
+            code="remote_media_not_allowed",
         )
     try:
         parts = urlsplit(url)
@@ -213,12 +310,17 @@ def remote_host(media: MediaUrl, *, remote_allowed: bool) -> tuple[str, int] | N
     # Parsers disagree on backslashes, user info and control characters (``http://a\@b/``
     # is host b here and host a to urllib3): a URL the fetcher could read differently is refused.
     if _URL_FORBIDDEN.intersection(url) or "@" in netloc:
-        raise InvalidRequest(f"'{media.param}': the URL has characters or user info that "
-                             "parsers read differently.", param=media.param,
-                             code="invalid_media_url")
+        raise InvalidRequest(
+            f"'{media.param}': the URL has characters or user info that parsers read differently.",
+            param=media.param,
+            code="invalid_media_url",
+        )
     if not host:
-        raise InvalidRequest(f"'{media.param}': the URL has no valid host.",
-                             param=media.param, code="invalid_media_url")
+        raise InvalidRequest(
+            f"'{media.param}': the URL has no valid host.",
+            param=media.param,
+            code="invalid_media_url",
+        )
     try:
         address = ipaddress.ip_address(host)
     except ValueError:
@@ -230,12 +332,14 @@ def remote_host(media: MediaUrl, *, remote_allowed: bool) -> tuple[str, int] | N
 def check_address(media: MediaUrl, address: str) -> None:
     """Refuse a media URL whose host is (or resolves to) a non-global address."""
     ip: ipaddress.IPv4Address | ipaddress.IPv6Address = ipaddress.ip_address(
-        address.split("%", 1)[0])
+        address.split("%", 1)[0]
+    )
     if isinstance(ip, ipaddress.IPv6Address):
         ip = _embedded_ipv4(ip) or ip
     if not ip.is_global or ip.is_multicast:
         raise InvalidRequest(
             f"'{media.param}': the URL points at a private, loopback, link-local or "
             "metadata address.",
-            param=media.param, code="media_url_forbidden",
+            param=media.param,
+            code="media_url_forbidden",
         )

@@ -119,8 +119,7 @@ def _budget(data: dict[str, Any], name: str) -> float | None:
     value = data.get(name)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not (
-            0 < value < 1e15):
+    if isinstance(value, bool) or not isinstance(value, int | float) or not (0 < value < 1e15):
         raise ValueError(f"policy field {name!r} must be a positive number or null")
     return float(value)
 
@@ -130,8 +129,9 @@ def _positive(data: dict[str, Any], name: str) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_LIMIT:
-        raise PolicyError(f"policy field {name!r} must be an integer from 1 to {MAX_LIMIT} or "
-                          "null", param=name)
+        raise PolicyError(
+            f"policy field {name!r} must be an integer from 1 to {MAX_LIMIT} or null", param=name
+        )
     return value
 
 
@@ -146,19 +146,35 @@ def _names(data: dict[str, Any], name: str) -> frozenset[str] | None:
 
 def policy_from_dict(data: dict[str, Any]) -> KeyPolicy:
     """Parse and check a key policy mapping."""
-    unknown = set(data) - {"tiers", "rpm", "tpm", "max_tokens", "concurrency", "expires_at",
-                           "scopes", "budget_daily", "budget_monthly", "max_n"}
+    unknown = set(data) - {
+        "tiers",
+        "rpm",
+        "tpm",
+        "max_tokens",
+        "concurrency",
+        "expires_at",
+        "scopes",
+        "budget_daily",
+        "budget_monthly",
+        "max_n",
+    }
     if unknown:
         raise ValueError(f"unknown policy fields: {sorted(unknown)}")
     expires = data.get("expires_at")
-    if expires is not None and (isinstance(expires, bool) or not isinstance(expires, int | float)
-                                or not math.isfinite(expires) or expires < 0):
-        raise PolicyError("policy field 'expires_at' must be finite epoch seconds or null",
-                          param="expires_at")
+    if expires is not None and (
+        isinstance(expires, bool)
+        or not isinstance(expires, int | float)
+        or not math.isfinite(expires)
+        or expires < 0
+    ):
+        raise PolicyError(
+            "policy field 'expires_at' must be finite epoch seconds or null", param="expires_at"
+        )
     tiers = _names(data, "tiers")
     if tiers is not None and not tiers:
-        raise PolicyError("policy field 'tiers' must name at least one tier (or be null: all)",
-                          param="tiers")
+        raise PolicyError(
+            "policy field 'tiers' must name at least one tier (or be null: all)", param="tiers"
+        )
     return KeyPolicy(
         allowed_tiers=tiers,
         rpm=_positive(data, "rpm"),
@@ -224,8 +240,11 @@ class KeyRecord:
         if not isinstance(policy, dict):
             raise ValueError(f"key {key_id}: 'policy' must be a mapping")  # noqa: TRY004  # callers handle every malformed-input case as ValueError
         created = data.get("created_at", 0.0)
-        if (isinstance(created, bool) or not isinstance(created, int | float)
-                or not math.isfinite(created)):
+        if (
+            isinstance(created, bool)
+            or not isinstance(created, int | float)
+            or not math.isfinite(created)
+        ):
             raise ValueError(f"key {key_id}: 'created_at' must be finite epoch seconds")
         try:
             parsed_policy = policy_from_dict(policy)
@@ -314,25 +333,43 @@ def make_policy(
     """A checked policy from creation options (command line or admin API)."""
     unknown_scopes = set(scopes or ()) - KNOWN_SCOPES
     if unknown_scopes:
-        raise PolicyError(f"unknown scopes {sorted(unknown_scopes)}; known: "
-                          f"{sorted(KNOWN_SCOPES)}", param="scopes")
+        raise PolicyError(
+            f"unknown scopes {sorted(unknown_scopes)}; known: {sorted(KNOWN_SCOPES)}",
+            param="scopes",
+        )
     if tiers is not None and known_tiers is not None and set(tiers) - set(known_tiers):
-        raise PolicyError(f"unknown tiers {sorted(set(tiers) - set(known_tiers))}; "
-                          f"configured: {list(known_tiers)}", param="tiers")
+        raise PolicyError(
+            f"unknown tiers {sorted(set(tiers) - set(known_tiers))}; "
+            f"configured: {list(known_tiers)}",
+            param="tiers",
+        )
     if expires_in_days is not None and (
-        isinstance(expires_in_days, bool) or not isinstance(expires_in_days, int | float)
-        or not math.isfinite(expires_in_days) or not 0 < expires_in_days <= MAX_EXPIRY_DAYS
+        isinstance(expires_in_days, bool)
+        or not isinstance(expires_in_days, int | float)
+        or not math.isfinite(expires_in_days)
+        or not 0 < expires_in_days <= MAX_EXPIRY_DAYS
     ):
-        raise PolicyError(f"expires_in_days must be a number of days above 0 and at most "
-                          f"{MAX_EXPIRY_DAYS} (ten years); leave it out for a key that does not "
-                          "expire", param="expires_in_days")
+        raise PolicyError(
+            f"expires_in_days must be a number of days above 0 and at most "
+            f"{MAX_EXPIRY_DAYS} (ten years); leave it out for a key that does not "
+            "expire",
+            param="expires_in_days",
+        )
     expires = now + expires_in_days * _DAY_S if expires_in_days is not None else None
-    return policy_from_dict({
-        "tiers": tiers, "rpm": rpm, "tpm": tpm, "max_tokens": max_tokens,
-        "concurrency": concurrency, "expires_at": expires, "scopes": scopes or [],
-        "budget_daily": budget_daily, "budget_monthly": budget_monthly,
-        "max_n": max_n,
-    })
+    return policy_from_dict(
+        {
+            "tiers": tiers,
+            "rpm": rpm,
+            "tpm": tpm,
+            "max_tokens": max_tokens,
+            "concurrency": concurrency,
+            "expires_at": expires,
+            "scopes": scopes or [],
+            "budget_daily": budget_daily,
+            "budget_monthly": budget_monthly,
+            "max_n": max_n,
+        }
+    )
 
 
 def describe(record: KeyRecord, now: float) -> dict[str, Any]:
@@ -349,7 +386,12 @@ def describe(record: KeyRecord, now: float) -> dict[str, Any]:
 
 
 async def create_key(
-    store: KeyStore, tenant: str, policy: KeyPolicy, *, now: float, name: str = "",
+    store: KeyStore,
+    tenant: str,
+    policy: KeyPolicy,
+    *,
+    now: float,
+    name: str = "",
     pepper: bytes | None = None,
 ) -> tuple[KeyRecord, str]:
     """Issue and store a key; the returned key is never seen again."""

@@ -52,8 +52,7 @@ class PrefixConfig:
 
 def _canonical(value: Any) -> str:
     """A stable text form of JSON-like data (sorted keys, no spaces)."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                      default=str)
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
 
 
 def _header(body: Mapping[str, Any]) -> str:

@@ -149,8 +149,7 @@ class PrefixAffinity:
 
     def ranking(self, candidates: Sequence[R], key: int) -> list[R]:
         """``candidates`` from most to least preferred for ``key``."""
-        return sorted(candidates, key=lambda r: _mix(key ^ self._replica_id(r.url)),
-                      reverse=True)
+        return sorted(candidates, key=lambda r: _mix(key ^ self._replica_id(r.url)), reverse=True)
 
     def imbalanced(self, loads: Sequence[float]) -> bool:
         """SGLang's guard: the spread is large in absolute and in relative terms."""

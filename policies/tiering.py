@@ -95,9 +95,9 @@ def _forced(tier: str, reason: str, principal: Principal) -> RouteDecision:
     return RouteDecision(tier=tier, reason=reason)
 
 
-def _respect_allowed(decision: RouteDecision, catalog: TierCatalog, principal: Principal) -> (
-    RouteDecision
-):
+def _respect_allowed(
+    decision: RouteDecision, catalog: TierCatalog, principal: Principal
+) -> RouteDecision:
     if principal.policy.allows_tier(decision.tier):
         return decision
     for tier in (catalog.fast, catalog.precise, *catalog.tiers):
@@ -154,9 +154,7 @@ def fallback_tiers(
     if tier == catalog.fast and fast_to_precise:
         order.append(catalog.precise)
     elif (
-        tier == catalog.precise
-        and precise_to_fast
-        and principal.policy.has_scope(SCOPE_DOWNGRADE)
+        tier == catalog.precise and precise_to_fast and principal.policy.has_scope(SCOPE_DOWNGRADE)
     ):
         order.append(catalog.fast)
     return tuple(t for t in order if principal.policy.allows_tier(t))

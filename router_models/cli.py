@@ -25,14 +25,25 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--data", type=Path, nargs="+", help="labelled JSONL (default: corpus)")
     train.add_argument("--out", type=Path, default=DEFAULT_ARTIFACT, help="artifact path")
     train.add_argument("--c", type=float, default=None, help="inverse regularisation strength")
-    train.add_argument("--external-weight", type=float, default=None,
-                       help="weight of non-corpus rows (default 0, see docs/router.md)")
+    train.add_argument(
+        "--external-weight",
+        type=float,
+        default=None,
+        help="weight of non-corpus rows (default 0, see docs/router.md)",
+    )
     ev = sub.add_parser("eval", help="routing quality on labelled JSONL")
     ev.add_argument("--data", type=Path, help="labelled JSONL scored with the artifact")
-    ev.add_argument("--held-out", action="store_true",
-                    help="leave-one-source-out and leave-one-family-out over the training data")
-    ev.add_argument("--train-data", type=Path, nargs="+",
-                    help="data for --held-out (default: corpus + router-dev2)")
+    ev.add_argument(
+        "--held-out",
+        action="store_true",
+        help="leave-one-source-out and leave-one-family-out over the training data",
+    )
+    ev.add_argument(
+        "--train-data",
+        type=Path,
+        nargs="+",
+        help="data for --held-out (default: corpus + router-dev2)",
+    )
     ev.add_argument("--json", action="store_true", help="print JSON instead of text")
     ev.add_argument("--plot", type=Path, default=None, help="also write the curve as a PNG")
     ev.add_argument("--no-plot", action="store_true", help="accepted for old scripts (default)")
@@ -40,15 +51,31 @@ def _parser() -> argparse.ArgumentParser:
     score = sub.add_parser("score", help="score JSONL lines with id and prompt/messages")
     score.add_argument("file", type=Path, help="input JSONL ('-' for stdin)")
     score.add_argument("--artifact", type=Path, default=None)
-    score.add_argument("--target-share", type=float, default=None,
-                       help="share of traffic for the precise tier (sets the threshold)")
-    score.add_argument("--reference", type=Path, default=None,
-                       help="JSONL sample of your traffic to derive the threshold from")
+    score.add_argument(
+        "--target-share",
+        type=float,
+        default=None,
+        help="share of traffic for the precise tier (sets the threshold)",
+    )
+    score.add_argument(
+        "--reference",
+        type=Path,
+        default=None,
+        help="JSONL sample of your traffic to derive the threshold from",
+    )
     cal = sub.add_parser("calibrate", help="threshold for a target share from unlabelled traffic")
-    cal.add_argument("--sample", type=Path, required=True,
-                     help="JSONL of your own requests (prompt or messages; no labels needed)")
-    cal.add_argument("--target-share", type=float, default=None,
-                     help="share of traffic for the precise tier (default: the artifact's)")
+    cal.add_argument(
+        "--sample",
+        type=Path,
+        required=True,
+        help="JSONL of your own requests (prompt or messages; no labels needed)",
+    )
+    cal.add_argument(
+        "--target-share",
+        type=float,
+        default=None,
+        help="share of traffic for the precise tier (default: the artifact's)",
+    )
     cal.add_argument("--artifact", type=Path, default=None)
     cal.add_argument("--out", type=Path, default=None, help="also write the YAML snippet here")
     return parser
@@ -96,8 +123,9 @@ def _eval(args: argparse.Namespace, out: TextIO) -> int:
     if args.data is not None:
         report = evaluate.evaluate(router_models.load(args.artifact), read_jsonl(args.data))
         result["data"] = report.as_dict()
-        texts.append(f"== {args.data} (scored with the artifact) ==\n"
-                     + evaluate.render_text(report))
+        texts.append(
+            f"== {args.data} (scored with the artifact) ==\n" + evaluate.render_text(report)
+        )
         if args.plot is not None:
             evaluate.plot(report, args.plot)
             texts.append(f"plot written to {args.plot}")
@@ -126,8 +154,9 @@ def _threshold(router: router_models.Router, args: argparse.Namespace) -> float:
     share = args.target_share
     if args.reference is not None:
         sample = [router.score(body_of(r)) for r in read_jsonl(args.reference)]
-        return router.threshold_for_share(share if share is not None else
-                                          float(router.metadata["default_target_share"]), sample)
+        return router.threshold_for_share(
+            share if share is not None else float(router.metadata["default_target_share"]), sample
+        )
     if share is not None:
         return router.threshold_for_share(share)
     return router.default_threshold
@@ -163,12 +192,16 @@ def _calibrate(args: argparse.Namespace, out: TextIO) -> int:
         f"  threshold: {threshold:.6f}  # {len(scores)} requests of {args.sample.name}\n"
         "  online_control: true  # keeps the share as the traffic drifts\n"
     )
-    out.write(f"scored {len(scores)} requests; threshold {threshold:.6f} sends "
-              f"{realised:.1%} of them to the precise tier (target {share:.1%})\n\n{snippet}")
+    out.write(
+        f"scored {len(scores)} requests; threshold {threshold:.6f} sends "
+        f"{realised:.1%} of them to the precise tier (target {share:.1%})\n\n{snippet}"
+    )
     if len(scores) < SMALL_SAMPLE:
         error = (share * (1 - share) / len(scores)) ** 0.5
-        sys.stderr.write(f"warning: {len(scores)} requests is a small sample; the share's "
-                         f"sampling error is about {error:.1%}\n")
+        sys.stderr.write(
+            f"warning: {len(scores)} requests is a small sample; the share's "
+            f"sampling error is about {error:.1%}\n"
+        )
     if args.out is not None:
         args.out.write_text(snippet, encoding="utf-8")
         out.write(f"wrote {args.out}\n")

@@ -116,8 +116,11 @@ def _sample_curve(curve: Sequence[Mapping[str, float]]) -> list[dict[str, float]
 
 
 def _group_rows(
-    names: Sequence[str], scores: npt.NDArray[np.float64], labels: npt.NDArray[np.int_],
-    default: float, op: float,
+    names: Sequence[str],
+    scores: npt.NDArray[np.float64],
+    labels: npt.NDArray[np.int_],
+    default: float,
+    op: float,
 ) -> list[GroupRow]:
     groups: dict[str, list[int]] = defaultdict(list)
     for i, name in enumerate(names):
@@ -172,8 +175,11 @@ def evaluate(router: Router, records: Sequence[Mapping[str, Any]]) -> EvalReport
 
 
 def _table(title: str, rows: Sequence[GroupRow]) -> list[str]:
-    lines = [title, f"  {'name':<28}{'n':>6}{'complex':>9}{'mean p':>8}{'acc@def':>9}"
-                    f"{'precise@op':>11}{'auc':>7}"]
+    lines = [
+        title,
+        f"  {'name':<28}{'n':>6}{'complex':>9}{'mean p':>8}{'acc@def':>9}"
+        f"{'precise@op':>11}{'auc':>7}",
+    ]
     for r in rows:
         auc = f"{r.roc_auc:.3f}" if r.roc_auc is not None else "-"
         lines.append(
@@ -201,8 +207,10 @@ def render_text(report: EvalReport) -> str:
             f"  {p['target_share']:>5.2f} -> {p['complex_caught']:.3f}  "
             f"(simple {p['simple_sent']:.3f}, t={p['threshold']:.4f})"
         )
-    lines += ["", *_table("by category (precise@op: share sent at the operating point)",
-                          report.by_category)]
+    lines += [
+        "",
+        *_table("by category (precise@op: share sent at the operating point)", report.by_category),
+    ]
     lines += ["", *_table("by source", report.by_source)]
     return "\n".join(lines)
 
@@ -221,8 +229,13 @@ def plot(report: EvalReport, path: Path) -> None:
     ax.plot([0, 1], [0, 1], linestyle="--", color="grey", label="random")
     best = report.n_complex / report.n
     ax.plot([0, best, 1], [0, 1, 1], linestyle=":", color="green", label="perfect router")
-    ax.scatter([report.op_precise_share], [report.op_complex_caught], color="red", zorder=3,
-               label=f"catch {CATCH_TARGET:.0%}: simple sent {report.op_simple_sent:.1%}")
+    ax.scatter(
+        [report.op_precise_share],
+        [report.op_complex_caught],
+        color="red",
+        zorder=3,
+        label=f"catch {CATCH_TARGET:.0%}: simple sent {report.op_simple_sent:.1%}",
+    )
     ax.set_xlabel("share of requests sent to the precise tier")
     ax.set_ylabel("share of complex requests caught")
     ax.set_xlim(0, 1)

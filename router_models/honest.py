@@ -31,11 +31,49 @@ from router_models.train import Prepared, TrainSettings, featurize
 ECE_BINS: Final = 10
 _PYTHON_RE: Final = re.compile(r"\s*\bpython\b", re.IGNORECASE)
 # ISO 639-1 codes a dataset category may name (dev2 writes e.g. ``so_title/ja``).
-_LANGUAGES: Final = frozenset((
-    "ar", "bn", "ca", "cs", "da", "de", "el", "en", "es", "et", "eu", "fa", "fi", "fr", "gl",
-    "he", "hi", "hu", "id", "it", "ja", "ko", "nl", "no", "pl", "pt", "ro", "ru", "sk", "sv",
-    "sw", "ta", "te", "th", "tr", "uk", "ur", "vi", "zh",
-))
+_LANGUAGES: Final = frozenset(
+    (
+        "ar",
+        "bn",
+        "ca",
+        "cs",
+        "da",
+        "de",
+        "el",
+        "en",
+        "es",
+        "et",
+        "eu",
+        "fa",
+        "fi",
+        "fr",
+        "gl",
+        "he",
+        "hi",
+        "hu",
+        "id",
+        "it",
+        "ja",
+        "ko",
+        "nl",
+        "no",
+        "pl",
+        "pt",
+        "ro",
+        "ru",
+        "sk",
+        "sv",
+        "sw",
+        "ta",
+        "te",
+        "th",
+        "tr",
+        "uk",
+        "ur",
+        "vi",
+        "zh",
+    )
+)
 
 
 def _strip_question(text: str) -> str:
@@ -60,12 +98,21 @@ class Cue:
 
 
 CUES: Final = (
-    Cue("strip trailing '?' (simple rows ending in '?')",
-        lambda t, y: y == 0 and t.rstrip().endswith(("?", "\uff1f", "\u061f")), _strip_question),
-    Cue("add trailing '?' (complex rows not ending in '?')",
-        lambda t, y: y == 1 and not t.rstrip().endswith(("?", "\uff1f")), _add_question),
-    Cue("remove the word 'python' (rows containing it)",
-        lambda t, y: _PYTHON_RE.search(t) is not None, _mask_python),
+    Cue(
+        "strip trailing '?' (simple rows ending in '?')",
+        lambda t, y: y == 0 and t.rstrip().endswith(("?", "\uff1f", "\u061f")),
+        _strip_question,
+    ),
+    Cue(
+        "add trailing '?' (complex rows not ending in '?')",
+        lambda t, y: y == 1 and not t.rstrip().endswith(("?", "\uff1f")),
+        _add_question,
+    ),
+    Cue(
+        "remove the word 'python' (rows containing it)",
+        lambda t, y: _PYTHON_RE.search(t) is not None,
+        _mask_python,
+    ),
 )
 
 
@@ -160,11 +207,17 @@ def group_figures(
     for name, idx in sorted(members.items()):
         gy, gp = y[idx], p[idx]
         both = 0 < gy.sum() < gy.size
-        rows.append(GroupFigures(
-            name=name, n=int(gy.size), n_complex=int(gy.sum()), mean_score=float(gp.mean()),
-            roc_auc=roc_auc(gy, gp) if both else None,
-            sent_at_op=float((gp >= op).mean()), sent_at_half=float((gp >= 0.5).mean()),
-        ))
+        rows.append(
+            GroupFigures(
+                name=name,
+                n=int(gy.size),
+                n_complex=int(gy.sum()),
+                mean_score=float(gp.mean()),
+                roc_auc=roc_auc(gy, gp) if both else None,
+                sent_at_op=float((gp >= op).mean()),
+                sent_at_half=float((gp >= 0.5).mean()),
+            )
+        )
     return rows
 
 
@@ -190,7 +243,10 @@ class _Fold:
 
 
 def _leave_out(
-    data: Prepared, settings: TrainSettings, held: Sequence[str], calib: FloatArray,
+    data: Prepared,
+    settings: TrainSettings,
+    held: Sequence[str],
+    calib: FloatArray,
     cues: Sequence[Cue],
 ) -> _Fold:
     names = np.asarray(data.groups)
@@ -226,21 +282,35 @@ def _cue_figures(fold: _Fold, op: float) -> list[CueFigures]:
         idx = np.array(sorted(changed))
         before = fold.scores[idx]
         after = np.array([changed[i] for i in idx])
-        out.append(CueFigures(
-            name=name, n=int(idx.size), mean_before=float(before.mean()),
-            mean_after=float(after.mean()), sent_at_op_before=float((before >= op).mean()),
-            sent_at_op_after=float((after >= op).mean()),
-            max_abs_change=float(np.abs(after - before).max()),
-        ))
+        out.append(
+            CueFigures(
+                name=name,
+                n=int(idx.size),
+                mean_before=float(before.mean()),
+                mean_after=float(after.mean()),
+                sent_at_op_before=float((before >= op).mean()),
+                sent_at_op_after=float((after >= op).mean()),
+                max_abs_change=float(np.abs(after - before).max()),
+            )
+        )
     return out
 
 
 def held_out_report(data: Prepared, settings: TrainSettings) -> HeldOutReport:
     """LOSO over the external sources and LOFO over the corpus families of ``data``."""
-    calib = held_out_margins(
-        data.x, data.y, data.weight, data.groups, data.train_mask, settings.fitter(),
-        sorted({g for g, m in zip(data.groups, data.train_mask, strict=True) if m}),
-    ) if data.train_mask.any() else np.zeros(0)
+    calib = (
+        held_out_margins(
+            data.x,
+            data.y,
+            data.weight,
+            data.groups,
+            data.train_mask,
+            settings.fitter(),
+            sorted({g for g, m in zip(data.groups, data.train_mask, strict=True) if m}),
+        )
+        if data.train_mask.any()
+        else np.zeros(0)
+    )
     external = sorted({g for g in data.groups if not g.startswith("corpus/")})
     families = sorted({g for g in data.groups if g.startswith("corpus/")})
     y = data.y.astype(np.int_)
@@ -252,14 +322,20 @@ def held_out_report(data: Prepared, settings: TrainSettings) -> HeldOutReport:
     lofo_rel = reliability(y[fam], lofo.scores[fam])
     return HeldOutReport(
         loso=loso_rel,
-        loso_sources=group_figures([data.groups[i] for i in ext], y[ext], loso.scores[ext],
-                                   loso_rel.op_threshold),
-        loso_languages=group_figures([language_of(data.records[i]) for i in ext], y[ext],
-                                     loso.scores[ext], loso_rel.op_threshold),
+        loso_sources=group_figures(
+            [data.groups[i] for i in ext], y[ext], loso.scores[ext], loso_rel.op_threshold
+        ),
+        loso_languages=group_figures(
+            [language_of(data.records[i]) for i in ext],
+            y[ext],
+            loso.scores[ext],
+            loso_rel.op_threshold,
+        ),
         cues=_cue_figures(loso, loso_rel.op_threshold),
         lofo=lofo_rel,
-        lofo_families=group_figures([data.groups[i] for i in fam], y[fam], lofo.scores[fam],
-                                    lofo_rel.op_threshold),
+        lofo_families=group_figures(
+            [data.groups[i] for i in fam], y[fam], lofo.scores[fam], lofo_rel.op_threshold
+        ),
         settings={"C": settings.c, "external_weight": settings.external_weight},
     )
 
@@ -275,26 +351,36 @@ def _rel_lines(title: str, r: Reliability) -> list[str]:
 
 
 def _group_lines(title: str, rows: Sequence[GroupFigures]) -> list[str]:
-    lines = [title, f"  {'name':<26}{'n':>6}{'complex':>9}{'mean p':>8}{'auc':>7}"
-                    f"{'sent@op':>9}{'sent@0.5':>9}"]
+    lines = [
+        title,
+        f"  {'name':<26}{'n':>6}{'complex':>9}{'mean p':>8}{'auc':>7}{'sent@op':>9}{'sent@0.5':>9}",
+    ]
     for g in rows:
         auc = f"{g.roc_auc:.3f}" if g.roc_auc is not None else "-"
-        lines.append(f"  {g.name[:25]:<26}{g.n:>6}{g.n_complex:>9}{g.mean_score:>8.3f}"
-                     f"{auc:>7}{g.sent_at_op:>9.3f}{g.sent_at_half:>9.3f}")
+        lines.append(
+            f"  {g.name[:25]:<26}{g.n:>6}{g.n_complex:>9}{g.mean_score:>8.3f}"
+            f"{auc:>7}{g.sent_at_op:>9.3f}{g.sent_at_half:>9.3f}"
+        )
     return lines
 
 
 def render_held_out(report: HeldOutReport) -> str:
     """Human-readable held-out report."""
     lines = _rel_lines("leave-one-source-out (external sources)", report.loso)
-    lines += ["", *_group_lines("LOSO by source (sent@op: share sent at the 95 % point)",
-                                report.loso_sources)]
+    lines += [
+        "",
+        *_group_lines(
+            "LOSO by source (sent@op: share sent at the 95 % point)", report.loso_sources
+        ),
+    ]
     lines += ["", *_group_lines("LOSO by language", report.loso_languages)]
     lines += ["", "cue checks on the LOSO models (score of the same rows, cue changed)"]
     for c in report.cues:
-        lines.append(f"  {c.name}: n={c.n}, mean {c.mean_before:.3f} -> {c.mean_after:.3f}, "
-                     f"sent@op {c.sent_at_op_before:.3f} -> {c.sent_at_op_after:.3f}, "
-                     f"largest change {c.max_abs_change:.3f}")
+        lines.append(
+            f"  {c.name}: n={c.n}, mean {c.mean_before:.3f} -> {c.mean_after:.3f}, "
+            f"sent@op {c.sent_at_op_before:.3f} -> {c.sent_at_op_after:.3f}, "
+            f"largest change {c.max_abs_change:.3f}"
+        )
     lines += ["", *_rel_lines("leave-one-family-out (our corpus)", report.lofo)]
     lines += ["", *_group_lines("LOFO by family", report.lofo_families)]
     return "\n".join(lines)

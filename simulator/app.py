@@ -48,8 +48,9 @@ def build_app(state: SimState) -> web.Application:
         return await handle_completion(request, state, chat=False)
 
     async def models(request: web.Request) -> web.Response:
-        body = models_body(state.model, state.created, state.config.max_model_len,
-                           owned_by=state.flavor.owned_by)
+        body = models_body(
+            state.model, state.created, state.config.max_model_len, owned_by=state.flavor.owned_by
+        )
         return web.Response(body=body, content_type=JSON, headers=base_headers(request, state))
 
     app.router.add_post("/v1/chat/completions", chat)

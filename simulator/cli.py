@@ -18,9 +18,19 @@ from simulator.profiles import PROFILES
 from simulator.quality import QualityModel
 from simulator.state import VLLM_VERSIONS, SimConfig, SimState
 
-_FAULT_OPTIONS = ("fail_429", "fail_400", "fail_404", "fail_500", "fail_503", "fail_refuse",
-                  "fail_reset", "stall_first_byte", "stall_mid_stream", "drop_mid_stream",
-                  "error_mid_stream")
+_FAULT_OPTIONS = (
+    "fail_429",
+    "fail_400",
+    "fail_404",
+    "fail_500",
+    "fail_503",
+    "fail_refuse",
+    "fail_reset",
+    "stall_first_byte",
+    "stall_mid_stream",
+    "drop_mid_stream",
+    "error_mid_stream",
+)
 
 
 def _probability(text: str) -> float:
@@ -36,6 +46,7 @@ def _bounded(low: float) -> Callable[[str], float]:
         if value < low:
             raise argparse.ArgumentTypeError(f"{text} must be >= {low}")
         return value
+
     return parse
 
 
@@ -45,14 +56,16 @@ def _count(low: int) -> Callable[[str], int]:
         if value < low:
             raise argparse.ArgumentTypeError(f"{text} must be >= {low}")
         return value
+
     return parse
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The command-line interface."""
-    parser = argparse.ArgumentParser(prog="tiergate simulate",
-                                     description="Simulated OpenAI-compatible inference server "
-                                                 "(vLLM by default; see --flavor).")
+    parser = argparse.ArgumentParser(
+        prog="tiergate simulate",
+        description="Simulated OpenAI-compatible inference server (vLLM by default; see --flavor).",
+    )
     add = parser.add_argument
     add("--host", default="127.0.0.1")
     add("--port", type=_count(0), default=8000, help="0 picks a free port")
@@ -67,56 +80,112 @@ def build_parser() -> argparse.ArgumentParser:
     add("--max-model-len", type=_count(2), default=8192)
     add("--latency-scale", type=_bounded(0.0), default=1.0, help="0 disables every delay")
     add("--time-factor-under-load", type=_bounded(1.0), default=2.0)
-    add("--jitter", type=_bounded(0.0), default=0.2,
-        help="std of the latency noise, as a fraction of the mean (0: exact latencies)")
+    add(
+        "--jitter",
+        type=_bounded(0.0),
+        default=0.2,
+        help="std of the latency noise, as a fraction of the mean (0: exact latencies)",
+    )
     add("--echo", action="store_true", help="reply with the last user message / the prompt")
-    add("--output-tokens", type=_count(0), default=None,
+    add(
+        "--output-tokens",
+        type=_count(0),
+        default=None,
         help="reply length when a chat request sets no max_tokens (default: as vLLM, the "
-             "rest of the context)")
-    add("--label", default="",
-        help="text put before every reply, e.g. '[simulated reply]' (no tokens counted)")
-    add("--flavor", choices=sorted(FLAVORS), default="vllm",
-        help="which server to answer as: health, metrics, stream usage, ids, error bodies")
-    add("--health-delay", type=_bounded(0.0), default=None, metavar="SECONDS",
-        help="how long the health route takes (default: the flavour's; sglang 1 s)")
-    add("--metrics", choices=("auto", "on", "off"), default="auto",
-        help="serve /metrics (auto: as the server does by default; sglang/llamacpp: off)")
-    add("--legacy-metrics", action="store_true",
-        help="also emit the deprecated vllm:gpu_cache_usage_perc")
+        "rest of the context)",
+    )
+    add(
+        "--label",
+        default="",
+        help="text put before every reply, e.g. '[simulated reply]' (no tokens counted)",
+    )
+    add(
+        "--flavor",
+        choices=sorted(FLAVORS),
+        default="vllm",
+        help="which server to answer as: health, metrics, stream usage, ids, error bodies",
+    )
+    add(
+        "--health-delay",
+        type=_bounded(0.0),
+        default=None,
+        metavar="SECONDS",
+        help="how long the health route takes (default: the flavour's; sglang 1 s)",
+    )
+    add(
+        "--metrics",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="serve /metrics (auto: as the server does by default; sglang/llamacpp: off)",
+    )
+    add(
+        "--legacy-metrics",
+        action="store_true",
+        help="also emit the deprecated vllm:gpu_cache_usage_perc",
+    )
     for name in _FAULT_OPTIONS:
         add("--" + name.replace("_", "-"), type=_probability, default=0.0, metavar="RATE")
     add("--stall-seconds", type=_bounded(0.0), default=5.0)
-    add("--quality-file", type=Path, default=None,
-        help="JSONL of {prompt, label}: replies become a function of the prompt")
-    add("--weak", action="store_true",
-        help="with --quality-file: answer 'complex' prompts differently (a weaker model)")
-    add("--vllm-version", choices=VLLM_VERSIONS, default="current",
-        help="reproduce this vLLM release where releases differ (duplicate request ids)")
+    add(
+        "--quality-file",
+        type=Path,
+        default=None,
+        help="JSONL of {prompt, label}: replies become a function of the prompt",
+    )
+    add(
+        "--weak",
+        action="store_true",
+        help="with --quality-file: answer 'complex' prompts differently (a weaker model)",
+    )
+    add(
+        "--vllm-version",
+        choices=VLLM_VERSIONS,
+        default="current",
+        help="reproduce this vLLM release where releases differ (duplicate request ids)",
+    )
     add("--api-key", help="as vLLM's --api-key: /v1/* needs 'Authorization: Bearer KEY'")
-    add("--enable-prompt-tokens-details", action="store_true",
-        help="as vLLM: report usage.prompt_tokens_details.cached_tokens")
+    add(
+        "--enable-prompt-tokens-details",
+        action="store_true",
+        help="as vLLM: report usage.prompt_tokens_details.cached_tokens",
+    )
     return parser
 
 
 def config_from_args(args: argparse.Namespace) -> SimConfig:
     """A SimConfig from parsed arguments (the replica name is fixed once the port is known)."""
     profile = PROFILES[args.profile]
-    rates = FaultRates(stall_seconds=args.stall_seconds,
-                       **{name: getattr(args, name) for name in _FAULT_OPTIONS})
+    rates = FaultRates(
+        stall_seconds=args.stall_seconds, **{name: getattr(args, name) for name in _FAULT_OPTIONS}
+    )
     return SimConfig(
-        profile=profile, model=args.model or profile.default_model,
-        replica=args.replica_name or "", seed=args.seed, max_num_seqs=args.max_num_seqs,
-        max_queue=args.max_queue, queue_full_status=args.queue_full_status,
-        kv_blocks=args.kv_blocks, max_model_len=args.max_model_len,
-        latency_scale=args.latency_scale, time_factor_under_load=args.time_factor_under_load,
+        profile=profile,
+        model=args.model or profile.default_model,
+        replica=args.replica_name or "",
+        seed=args.seed,
+        max_num_seqs=args.max_num_seqs,
+        max_queue=args.max_queue,
+        queue_full_status=args.queue_full_status,
+        kv_blocks=args.kv_blocks,
+        max_model_len=args.max_model_len,
+        latency_scale=args.latency_scale,
+        time_factor_under_load=args.time_factor_under_load,
         jitter=args.jitter,
-        echo=args.echo, output_tokens=args.output_tokens, legacy_metrics=args.legacy_metrics,
-        faults=rates, vllm_version=args.vllm_version, api_key=args.api_key,
+        echo=args.echo,
+        output_tokens=args.output_tokens,
+        legacy_metrics=args.legacy_metrics,
+        faults=rates,
+        vllm_version=args.vllm_version,
+        api_key=args.api_key,
         prompt_tokens_details=args.enable_prompt_tokens_details,
-        quality=(QualityModel.load(args.quality_file, weak=args.weak)
-                 if args.quality_file is not None else None),
+        quality=(
+            QualityModel.load(args.quality_file, weak=args.weak)
+            if args.quality_file is not None
+            else None
+        ),
         label=args.label,
-        flavor=args.flavor, health_delay_s=args.health_delay,
+        flavor=args.flavor,
+        health_delay_s=args.health_delay,
         metrics=args.metrics,
     )
 

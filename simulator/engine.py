@@ -65,8 +65,13 @@ class Engine:
 
     def gauges(self) -> Gauges:
         """Live state for a metrics scrape."""
-        return Gauges(self.running, len(self.waiting), self.cache.usage(),
-                      self.cache.block_size, self.cache.num_blocks)
+        return Gauges(
+            self.running,
+            len(self.waiting),
+            self.cache.usage(),
+            self.cache.block_size,
+            self.cache.num_blocks,
+        )
 
     # -- admission -------------------------------------------------------------------------
 

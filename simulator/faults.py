@@ -13,8 +13,15 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 # Order matters only for how the unit interval is carved up.
-PRE_RESPONSE = ("fail_refuse", "fail_reset", "fail_429", "fail_400", "fail_404",
-                "fail_500", "fail_503")
+PRE_RESPONSE = (
+    "fail_refuse",
+    "fail_reset",
+    "fail_429",
+    "fail_400",
+    "fail_404",
+    "fail_500",
+    "fail_503",
+)
 MID_STREAM = ("stall_mid_stream", "drop_mid_stream", "error_mid_stream")
 
 
@@ -54,8 +61,9 @@ class FaultInjector:
 
     def _refresh(self) -> None:
         rates = self.rates
-        self.active = any(getattr(rates, name) > 0 for name in (*PRE_RESPONSE, *MID_STREAM,
-                                                                "stall_first_byte"))
+        self.active = any(
+            getattr(rates, name) > 0 for name in (*PRE_RESPONSE, *MID_STREAM, "stall_first_byte")
+        )
 
     def update(self, changes: dict[str, Any]) -> None:
         """Apply a partial update; raises ValueError/TypeError on a bad field or value."""

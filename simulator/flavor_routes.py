@@ -45,10 +45,14 @@ def _info_routes(app: web.Application, state: SimState, flavor: Flavor) -> None:
         app.router.add_get("/get_server_info", _json(server))
         app.router.add_get("/server_info", _json(server))
     elif flavor.name == "tgi":
-        info = {"model_id": model, "version": "3.3.6", "router": "text-generation-router",
-                "max_concurrent_requests": state.config.max_num_seqs,
-                "max_input_tokens": state.config.max_model_len - 1,
-                "max_total_tokens": state.config.max_model_len}
+        info = {
+            "model_id": model,
+            "version": "3.3.6",
+            "router": "text-generation-router",
+            "max_concurrent_requests": state.config.max_num_seqs,
+            "max_input_tokens": state.config.max_model_len - 1,
+            "max_total_tokens": state.config.max_model_len,
+        }
         app.router.add_get("/info", _json(info))
     elif flavor.name == "ollama":
         app.router.add_get("/", _text("Ollama is running"))
@@ -73,18 +77,33 @@ def add_flavor_routes(app: web.Application, state: SimState) -> None:
         if delay:
             await asyncio.sleep(delay)
         if not state.healthy:
-            return web.Response(status=503, body=flavor.error_body(503, "unhealthy"),
-                                content_type=JSON_TYPE, headers={"x-sim-replica": state.replica})
+            return web.Response(
+                status=503,
+                body=flavor.error_body(503, "unhealthy"),
+                content_type=JSON_TYPE,
+                headers={"x-sim-replica": state.replica},
+            )
         content_type = JSON_TYPE if flavor.health_body else None
-        return web.Response(body=flavor.health_body, content_type=content_type,
-                            headers={"x-sim-replica": state.replica})
+        return web.Response(
+            body=flavor.health_body,
+            content_type=content_type,
+            headers={"x-sim-replica": state.replica},
+        )
 
     async def metrics(_: web.Request) -> web.Response:
         render = RENDERERS[flavor.metrics or "vllm"]
-        text = render(state.engine.metrics, state.engine.gauges(), state.model,
-                      legacy=state.config.legacy_metrics)
-        return web.Response(text=text, content_type="text/plain", charset="utf-8",
-                            headers={"x-sim-replica": state.replica})
+        text = render(
+            state.engine.metrics,
+            state.engine.gauges(),
+            state.model,
+            legacy=state.config.legacy_metrics,
+        )
+        return web.Response(
+            text=text,
+            content_type="text/plain",
+            charset="utf-8",
+            headers={"x-sim-replica": state.replica},
+        )
 
     if flavor.health_path is not None:
         app.router.add_get(flavor.health_path, health)

@@ -60,8 +60,13 @@ class Flavor:
         if self.error_shape == "tgi":
             return {"error": message, "error_type": _TGI_ERROR_TYPES.get(status, "generation")}
         if self.error_shape == "openai_flat":
-            return {"object": "error", "message": message,
-                    "type": ERROR_TYPES.get(status, "APIError"), "param": param, "code": status}
+            return {
+                "object": "error",
+                "message": message,
+                "type": ERROR_TYPES.get(status, "APIError"),
+                "param": param,
+                "code": status,
+            }
         if self.error_shape == "llamacpp":
             kind = "invalid_request_error" if status < 500 else "server_error"
             return {"error": {"code": status, "message": message, "type": kind}}
@@ -86,14 +91,26 @@ FLAVORS: dict[str, Flavor] = {
     flavor.name: flavor
     for flavor in (
         Flavor("vllm", "vllm", "/health", metrics="vllm"),
-        Flavor("sglang", "sglang", "/health", health_delay_s=1.0, metrics="sglang",
-               metrics_by_default=False, error_shape="openai_flat"),
-        Flavor("llamacpp", "llamacpp", "/health", b'{"status":"ok"}', metrics="llamacpp",
-               metrics_by_default=False, error_shape="llamacpp"),
+        Flavor(
+            "sglang",
+            "sglang",
+            "/health",
+            health_delay_s=1.0,
+            metrics="sglang",
+            metrics_by_default=False,
+            error_shape="openai_flat",
+        ),
+        Flavor(
+            "llamacpp",
+            "llamacpp",
+            "/health",
+            b'{"status":"ok"}',
+            metrics="llamacpp",
+            metrics_by_default=False,
+            error_shape="llamacpp",
+        ),
         Flavor("llamacpp-python", "me", None, stream_usage=False, uuid_request_ids=True),
         Flavor("ollama", "library", None),
         Flavor("tgi", "tgi", "/health", metrics="tgi", error_shape="tgi"),
     )
 }
-
-

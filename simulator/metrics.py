@@ -6,12 +6,74 @@ from bisect import bisect_left
 from dataclasses import dataclass, field
 
 # Bucket bounds follow vLLM's V1 engine (seconds).
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
-                2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0,
-               2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
-E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
-               60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+ITL_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+E2E_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
 FINISH_REASONS = ("stop", "length", "abort")
 
 
@@ -87,20 +149,32 @@ _HELP: dict[str, tuple[str, str]] = {
     "vllm:num_requests_waiting": ("gauge", "Number of requests waiting to be processed."),
     "vllm:kv_cache_usage_perc": ("gauge", "KV-cache usage. 1 means 100 percent usage."),
     "vllm:gpu_cache_usage_perc": (
-        "gauge", "GPU KV-cache usage. 1 means 100 percent usage (deprecated)."),
+        "gauge",
+        "GPU KV-cache usage. 1 means 100 percent usage (deprecated).",
+    ),
     "vllm:prefix_cache_queries_total": (
-        "counter", "Prefix cache queries, in terms of number of queried tokens."),
+        "counter",
+        "Prefix cache queries, in terms of number of queried tokens.",
+    ),
     "vllm:prefix_cache_hits_total": (
-        "counter", "Prefix cache hits, in terms of number of cached tokens."),
+        "counter",
+        "Prefix cache hits, in terms of number of cached tokens.",
+    ),
     "vllm:prompt_tokens_total": ("counter", "Number of prefill tokens processed."),
     "vllm:generation_tokens_total": ("counter", "Number of generation tokens processed."),
     "vllm:request_success_total": ("counter", "Count of successfully processed requests."),
     "vllm:time_to_first_token_seconds": (
-        "histogram", "Histogram of time to first token in seconds."),
+        "histogram",
+        "Histogram of time to first token in seconds.",
+    ),
     "vllm:inter_token_latency_seconds": (
-        "histogram", "Histogram of inter-token latency in seconds."),
+        "histogram",
+        "Histogram of inter-token latency in seconds.",
+    ),
     "vllm:e2e_request_latency_seconds": (
-        "histogram", "Histogram of e2e request latency in seconds."),
+        "histogram",
+        "Histogram of e2e request latency in seconds.",
+    ),
     "vllm:cache_config_info": ("gauge", "Information of the LLMEngine CacheConfig"),
 }
 
@@ -132,14 +206,16 @@ def render(metrics: EngineMetrics, gauges: Gauges, model: str, *, legacy: bool) 
     _sample(out, "vllm:generation_tokens_total", labels, metrics.generation_tokens)
     _header(out, "vllm:request_success_total")
     for reason, count in metrics.finished.items():
-        out.append(f'vllm:request_success_total{{{labels},finished_reason="{reason}"}} '
-                   f"{float(count)}")
-    for name, histogram in (("vllm:time_to_first_token_seconds", metrics.ttft),
-                            ("vllm:inter_token_latency_seconds", metrics.itl),
-                            ("vllm:e2e_request_latency_seconds", metrics.e2e)):
+        out.append(
+            f'vllm:request_success_total{{{labels},finished_reason="{reason}"}} {float(count)}'
+        )
+    for name, histogram in (
+        ("vllm:time_to_first_token_seconds", metrics.ttft),
+        ("vllm:inter_token_latency_seconds", metrics.itl),
+        ("vllm:e2e_request_latency_seconds", metrics.e2e),
+    ):
         _header(out, name)
         histogram.render(name, labels, out)
-    info = (f'block_size="{gauges.block_size}",engine="0",'
-            f'num_gpu_blocks="{gauges.num_gpu_blocks}"')
+    info = f'block_size="{gauges.block_size}",engine="0",num_gpu_blocks="{gauges.num_gpu_blocks}"'
     _sample(out, "vllm:cache_config_info", info, 1)
     return "\n".join(out) + "\n"

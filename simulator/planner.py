@@ -19,10 +19,43 @@ from simulator.schemas import (
 from simulator.tokenize import content_text, count_tokens, render_chat, split_pieces, tokenize
 
 _VOCABULARY = (
-    "the", "model", "answers", "with", "a", "short", "plausible", "sentence", "about", "tiers",
-    "routing", "cache", "and", "latency", "while", "every", "token", "arrives", "at", "its",
-    "own", "pace", "so", "gateways", "can", "measure", "time", "to", "first", "throughput",
-    "queueing", "aborts", "retries", "streaming", "behaviour", "under", "load",
+    "the",
+    "model",
+    "answers",
+    "with",
+    "a",
+    "short",
+    "plausible",
+    "sentence",
+    "about",
+    "tiers",
+    "routing",
+    "cache",
+    "and",
+    "latency",
+    "while",
+    "every",
+    "token",
+    "arrives",
+    "at",
+    "its",
+    "own",
+    "pace",
+    "so",
+    "gateways",
+    "can",
+    "measure",
+    "time",
+    "to",
+    "first",
+    "throughput",
+    "queueing",
+    "aborts",
+    "retries",
+    "streaming",
+    "behaviour",
+    "under",
+    "load",
 )
 
 
@@ -70,8 +103,9 @@ class Planner:
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:
             raise SimError(400, f"Invalid request body: {exc}") from exc
         if request.stream_options is not None and not request.stream:
-            raise SimError(400, "Stream options can only be defined when `stream=True`.",
-                           "stream_options")
+            raise SimError(
+                400, "Stream options can only be defined when `stream=True`.", "stream_options"
+            )
         if request.n not in (None, 1):
             raise SimError(400, "The simulator only supports n=1.", "n")
         if request.model is not None and request.model != self.config.model:
@@ -94,21 +128,29 @@ class Planner:
             pieces = [f"{self.config.label} {pieces[0].lstrip()}", *pieces[1:]]
         total_blocks = -(-(len(prompt_tokens) + len(output)) // self.config.block_size)
         if total_blocks > self.config.num_blocks:
-            raise SimError(400, f"The request needs {total_blocks} KV-cache blocks but the "
-                                f"cache has only {self.config.num_blocks}.")
+            raise SimError(
+                400,
+                f"The request needs {total_blocks} KV-cache blocks but the "
+                f"cache has only {self.config.num_blocks}.",
+            )
         options = request.stream_options
         return Plan(
-            chat=chat, stream=bool(request.stream),
+            chat=chat,
+            stream=bool(request.stream),
             include_usage=bool(request.stream and options and options.include_usage),
-            prompt_tokens=prompt_tokens, pieces=pieces, output_tokens=output,
-            finish_reason=reason, chain_seed=chain_seed(self.config.model, request.cache_salt),
+            prompt_tokens=prompt_tokens,
+            pieces=pieces,
+            output_tokens=output,
+            finish_reason=reason,
+            chain_seed=chain_seed(self.config.model, request.cache_salt),
             total_blocks=total_blocks,
         )
 
     @staticmethod
     def _chat_prompt(request: ChatRequest) -> tuple[str, str, int | None]:
         prompt = render_chat(
-            [(m.role, m.content, m.tool_calls) for m in request.messages], request.tools)
+            [(m.role, m.content, m.tool_calls) for m in request.messages], request.tools
+        )
         last_user = next((m for m in reversed(request.messages) if m.role == "user"), None)
         echo_text = content_text(last_user.content) if last_user is not None else ""
         max_tokens = request.max_completion_tokens or request.max_tokens
@@ -129,18 +171,29 @@ class Planner:
     def _check_context(self, prompt_len: int, max_tokens: int | None) -> int:
         limit = self.config.max_model_len
         if prompt_len >= limit:
-            raise SimError(400, f"This model's maximum context length is {limit} tokens. "
-                                f"However, your request has {prompt_len} input tokens. "
-                                "Please reduce the length of the input messages.")
+            raise SimError(
+                400,
+                f"This model's maximum context length is {limit} tokens. "
+                f"However, your request has {prompt_len} input tokens. "
+                "Please reduce the length of the input messages.",
+            )
         if max_tokens is not None and prompt_len + max_tokens > limit:
-            raise SimError(400, f"'max_tokens' or 'max_completion_tokens' is too large: "
-                                f"{max_tokens}. This model's maximum context length is {limit} "
-                                f"tokens and your request has {prompt_len} input tokens "
-                                f"({max_tokens} > {limit} - {prompt_len}).")
+            raise SimError(
+                400,
+                f"'max_tokens' or 'max_completion_tokens' is too large: "
+                f"{max_tokens}. This model's maximum context length is {limit} "
+                f"tokens and your request has {prompt_len} input tokens "
+                f"({max_tokens} > {limit} - {prompt_len}).",
+            )
         return limit - prompt_len
 
-    def _length(self, max_tokens: int | None, room: int, rng: random.Random,
-                request: ChatRequest | CompletionRequest) -> tuple[int, str]:
+    def _length(
+        self,
+        max_tokens: int | None,
+        room: int,
+        rng: random.Random,
+        request: ChatRequest | CompletionRequest,
+    ) -> tuple[int, str]:
         if max_tokens is None:
             wanted = self.config.output_tokens
             if wanted is None:  # vLLM's default: the rest of the context

@@ -87,8 +87,12 @@ class SimError(Exception):
 
 def error_payload(status: int, message: str, param: str | None = None) -> dict[str, Any]:
     """The ``error`` object vLLM puts in error responses and in-stream error events."""
-    return {"message": message, "type": ERROR_TYPES.get(status, "APIError"), "param": param,
-            "code": status}
+    return {
+        "message": message,
+        "type": ERROR_TYPES.get(status, "APIError"),
+        "param": param,
+        "code": status,
+    }
 
 
 def error_body(status: int, message: str, param: str | None = None) -> bytes:

@@ -19,8 +19,13 @@ from simulator.sse import DONE, ChunkEncoder, error_event
 from simulator.state import SimState
 
 JSON = "application/json"
-_FAULT_STATUS = {"fail_429": 429, "fail_400": 400, "fail_404": 404, "fail_500": 500,
-                 "fail_503": 503}
+_FAULT_STATUS = {
+    "fail_429": 429,
+    "fail_400": 400,
+    "fail_404": 404,
+    "fail_500": 500,
+    "fail_503": 503,
+}
 _LINGER_RESET = struct.pack("ii", 1, 0)
 _DISCONNECT_GRACE_S = 10.0
 
@@ -31,16 +36,22 @@ def base_headers(request: web.Request, state: SimState) -> dict[str, str]:
     return {"x-request-id": request_id, "x-sim-replica": state.replica}
 
 
-def error_response(error: SimError, headers: dict[str, str], state: SimState | None = None
-                   ) -> web.Response:
+def error_response(
+    error: SimError, headers: dict[str, str], state: SimState | None = None
+) -> web.Response:
     """An error response, in the shape of the simulated server (vLLM's by default)."""
     if state is None:
-        return web.Response(body=error.body(), status=error.status, content_type=JSON,
-                            headers=headers)
+        return web.Response(
+            body=error.body(), status=error.status, content_type=JSON, headers=headers
+        )
     flavor = state.flavor
     status = flavor.status(error.status)
-    return web.Response(body=flavor.error_body(status, error.message, error.param),
-                        status=status, content_type=JSON, headers=headers)
+    return web.Response(
+        body=flavor.error_body(status, error.message, error.param),
+        status=status,
+        content_type=JSON,
+        headers=headers,
+    )
 
 
 async def _wait_for_disconnect() -> None:
@@ -66,8 +77,9 @@ async def _hang_up(request: web.Request, *, reset: bool) -> NoReturn:
     raise ConnectionResetError("connection closed by fault injection")
 
 
-async def _pre_response_fault(request: web.Request, state: SimState,
-                              headers: dict[str, str]) -> web.Response | None:
+async def _pre_response_fault(
+    request: web.Request, state: SimState, headers: dict[str, str]
+) -> web.Response | None:
     faults = state.faults
     stall = faults.stall_first_byte()
     fault = faults.pre_response()
@@ -103,8 +115,9 @@ def _engine_request_id(state: SimState, request_id: str) -> str | None:
     return request_id
 
 
-async def _duplicate_id(request: web.Request, plan: Plan, engine_id: str,
-                        headers: dict[str, str]) -> web.StreamResponse:
+async def _duplicate_id(
+    request: web.Request, plan: Plan, engine_id: str, headers: dict[str, str]
+) -> web.StreamResponse:
     """vLLM 0.11's answer to a duplicate id: 400, or on a stream an error event + [DONE]."""
     message = f"Request id {engine_id} already running."
     if not plan.stream:
@@ -117,8 +130,9 @@ async def _duplicate_id(request: web.Request, plan: Plan, engine_id: str,
     return response
 
 
-async def handle_completion(request: web.Request, state: SimState, *, chat: bool
-                            ) -> web.StreamResponse:
+async def handle_completion(
+    request: web.Request, state: SimState, *, chat: bool
+) -> web.StreamResponse:
     """Serve one chat or text completion request."""
     state.requests_total += 1
     headers = base_headers(request, state)
@@ -147,8 +161,9 @@ async def handle_completion(request: web.Request, state: SimState, *, chat: bool
         state.running_ids.discard(engine_id)
 
 
-async def _run(request: web.Request, state: SimState, plan: Plan, headers: dict[str, str]
-               ) -> web.StreamResponse:
+async def _run(
+    request: web.Request, state: SimState, plan: Plan, headers: dict[str, str]
+) -> web.StreamResponse:
     engine = state.engine
     seq = Sequence(plan.prompt_tokens, plan.output_tokens, plan.chain_seed, plan.total_blocks)
     try:
@@ -172,8 +187,9 @@ async def _run(request: web.Request, state: SimState, plan: Plan, headers: dict[
         engine.abort(seq)  # no-op when the sequence already finished
 
 
-async def _unary(state: SimState, plan: Plan, seq: Sequence, headers: dict[str, str], *,
-                 started: bool) -> web.Response:
+async def _unary(
+    state: SimState, plan: Plan, seq: Sequence, headers: dict[str, str], *, started: bool
+) -> web.Response:
     engine = state.engine
     if not started:
         await engine.wait_started(seq)
@@ -190,16 +206,28 @@ async def _unary(state: SimState, plan: Plan, seq: Sequence, headers: dict[str, 
     engine.finish(seq, plan.finish_reason)
     prefix = "chatcmpl-" if plan.chat else "cmpl-"
     body = completion_body(
-        prefix + headers["x-request-id"], int(time.time()), state.model, chat=plan.chat,
-        text="".join(plan.pieces), finish_reason=plan.finish_reason,
-        prompt=len(plan.prompt_tokens), completion=len(plan.output_tokens),
+        prefix + headers["x-request-id"],
+        int(time.time()),
+        state.model,
+        chat=plan.chat,
+        text="".join(plan.pieces),
+        finish_reason=plan.finish_reason,
+        prompt=len(plan.prompt_tokens),
+        completion=len(plan.output_tokens),
         cached=_cached(state, seq),
     )
     return web.Response(body=body, content_type=JSON, headers=headers)
 
 
-async def _stream(request: web.Request, state: SimState, plan: Plan, seq: Sequence,
-                  headers: dict[str, str], *, started: bool) -> web.StreamResponse:
+async def _stream(
+    request: web.Request,
+    state: SimState,
+    plan: Plan,
+    seq: Sequence,
+    headers: dict[str, str],
+    *,
+    started: bool,
+) -> web.StreamResponse:
     engine = state.engine
     response = web.StreamResponse(headers=headers)
     response.content_type = "text/event-stream"
@@ -212,8 +240,9 @@ async def _stream(request: web.Request, state: SimState, plan: Plan, seq: Sequen
         await asyncio.sleep(delay)
     engine.first_token(seq)
     prefix = "chatcmpl-" if plan.chat else "cmpl-"
-    chunks = ChunkEncoder(prefix + headers["x-request-id"], int(time.time()), state.model,
-                          chat=plan.chat)
+    chunks = ChunkEncoder(
+        prefix + headers["x-request-id"], int(time.time()), state.model, chat=plan.chat
+    )
     out: list[bytes] = [chunks.role()] if plan.chat else []
     fault = state.faults.mid_stream()
     fault_at = len(plan.pieces) // 2
@@ -235,8 +264,9 @@ async def _stream(request: web.Request, state: SimState, plan: Plan, seq: Sequen
         out.append(chunks.token("", plan.finish_reason))
     engine.finish(seq, plan.finish_reason)
     if plan.include_usage and state.flavor.stream_usage:
-        out.append(chunks.usage(len(plan.prompt_tokens), len(plan.output_tokens),
-                                _cached(state, seq)))
+        out.append(
+            chunks.usage(len(plan.prompt_tokens), len(plan.output_tokens), _cached(state, seq))
+        )
     out.append(DONE)
     await _flush(response, out)
     await response.write_eof()
@@ -250,8 +280,9 @@ async def _flush(response: web.StreamResponse, out: list[bytes]) -> None:
         await response.write(data)
 
 
-async def _mid_stream_fault(request: web.Request, state: SimState,
-                            response: web.StreamResponse, fault: str) -> bool:
+async def _mid_stream_fault(
+    request: web.Request, state: SimState, response: web.StreamResponse, fault: str
+) -> bool:
     """Inject ``fault`` into a running stream; True when the stream is over."""
     if fault == "stall_mid_stream":
         await asyncio.sleep(state.faults.rates.stall_seconds)
@@ -259,7 +290,8 @@ async def _mid_stream_fault(request: web.Request, state: SimState,
     if fault == "drop_mid_stream":
         await _hang_up(request, reset=False)
     # vLLM ends every stream with [DONE], even one that failed (both 0.11 and current).
-    await response.write(error_event(500, "Simulated engine error mid-stream "
-                                          "(fault injection).") + DONE)
+    await response.write(
+        error_event(500, "Simulated engine error mid-stream (fault injection).") + DONE
+    )
     await response.write_eof()
     return True

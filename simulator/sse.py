@@ -38,15 +38,25 @@ class ChunkEncoder:
         self._chat = chat
         kind = b"chat.completion.chunk" if chat else b"text_completion"
         self._head = (
-            b'data: {"id":' + encoder.encode(response_id) + b',"object":"' + kind
-            + b'","created":' + str(created).encode() + b',"model":' + encoder.encode(model)
+            b'data: {"id":'
+            + encoder.encode(response_id)
+            + b',"object":"'
+            + kind
+            + b'","created":'
+            + str(created).encode()
+            + b',"model":'
+            + encoder.encode(model)
             + b',"choices":['
         )
 
     def role(self) -> bytes:
         """The first chat chunk: the assistant role and empty content."""
-        choice = {"index": 0, "delta": {"role": "assistant", "content": ""},
-                  "logprobs": None, "finish_reason": None}
+        choice = {
+            "index": 0,
+            "delta": {"role": "assistant", "content": ""},
+            "logprobs": None,
+            "finish_reason": None,
+        }
         return self._head + encoder.encode(choice) + _TAIL
 
     def token(self, text: str, finish_reason: str | None) -> bytes:
@@ -58,19 +68,26 @@ class ChunkEncoder:
             return self._head + _TEXT_DELTA + encoder.encode(text) + _OPEN_TAIL
         choice: dict[str, Any]
         if self._chat:
-            choice = {"index": 0, "delta": {"content": text}, "logprobs": None,
-                      "finish_reason": finish_reason}
+            choice = {
+                "index": 0,
+                "delta": {"content": text},
+                "logprobs": None,
+                "finish_reason": finish_reason,
+            }
         else:
-            choice = {"index": 0, "text": text, "logprobs": None,
-                      "finish_reason": finish_reason}
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
         if finish_reason is not None:
             choice["stop_reason"] = None
         return self._head + encoder.encode(choice) + _TAIL
 
     def usage(self, prompt: int, completion: int, cached: int | None) -> bytes:
         """The ``include_usage`` chunk: no choices, only usage."""
-        return self._head + b'],"usage":' + encoder.encode(usage(prompt, completion, cached)) \
+        return (
+            self._head
+            + b'],"usage":'
+            + encoder.encode(usage(prompt, completion, cached))
             + b"}\n\n"
+        )
 
 
 def error_event(status: int, message: str) -> bytes:

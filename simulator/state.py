@@ -64,14 +64,25 @@ class SimState:
         self.created = int(time.time())
         cache = PrefixCache(config.kv_blocks, BLOCK_SIZE)
         engine_config = EngineConfig(
-            profile=config.profile, max_num_seqs=config.max_num_seqs,
-            max_queue=config.max_queue, latency_scale=config.latency_scale,
-            time_factor_under_load=config.time_factor_under_load, jitter=config.jitter,
+            profile=config.profile,
+            max_num_seqs=config.max_num_seqs,
+            max_queue=config.max_queue,
+            latency_scale=config.latency_scale,
+            time_factor_under_load=config.time_factor_under_load,
+            jitter=config.jitter,
         )
         self.engine = Engine(engine_config, cache, config.seed + 1)
         self.planner = Planner(
-            PlannerConfig(config.model, config.max_model_len, config.kv_blocks, BLOCK_SIZE,
-                          config.output_tokens, config.echo, config.quality, config.label),
+            PlannerConfig(
+                config.model,
+                config.max_model_len,
+                config.kv_blocks,
+                BLOCK_SIZE,
+                config.output_tokens,
+                config.echo,
+                config.quality,
+                config.label,
+            ),
             config.seed + 2,
         )
         self.faults = FaultInjector(FaultRates(**config.faults.as_dict()), config.seed + 3)

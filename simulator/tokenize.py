@@ -62,9 +62,7 @@ def content_text(content: str | list[Any] | None) -> str:
     return "\n".join(parts)
 
 
-def render_chat(
-    messages: Sequence[tuple[str, str | list[Any] | None, Any]], tools: Any
-) -> str:
+def render_chat(messages: Sequence[tuple[str, str | list[Any] | None, Any]], tools: Any) -> str:
     """Render a conversation with a fixed template; ``messages`` are (role, content, tool_calls).
 
     The whole conversation (tools first, then every message, then the generation prompt) is

@@ -80,8 +80,13 @@ def run_blocks(
         script += [f"echo '::: block at line {block.line}' >&2", text]
     clean = {k: v for k, v in os.environ.items() if not k.upper().startswith("TIERGATE_")}
     proc = subprocess.Popen(
-        ["bash", "-c", "\n".join(script)], cwd=cwd, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True, env={**clean, **(env or {})}, start_new_session=True,
+        ["bash", "-c", "\n".join(script)],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**clean, **(env or {})},
+        start_new_session=True,
     )
     try:
         stdout, stderr = proc.communicate(timeout=timeout)

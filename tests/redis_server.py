@@ -56,14 +56,29 @@ class RedisServer:
 
     def start(self) -> RedisServer:
         """Start the server and wait until it answers PING."""
-        command = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
-                   "--save", "", "--appendonly", "no", "--dir", self._dir.name,
-                   "--logfile", str(Path(self._dir.name) / "redis.log")]
-        self._proc = subprocess.Popen(command, stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.DEVNULL)
+        command = [
+            self.binary,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            self._dir.name,
+            "--logfile",
+            str(Path(self._dir.name) / "redis.log"),
+        ]
+        self._proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_ready(
-            self._proc, lambda: _ping(self.port), timeout=self.ready_timeout, poll_s=0.02,
-            what=f"redis-server on port {self.port}", log=self.log_text,
+            self._proc,
+            lambda: _ping(self.port),
+            timeout=self.ready_timeout,
+            poll_s=0.02,
+            what=f"redis-server on port {self.port}",
+            log=self.log_text,
         )
         return self
 
@@ -95,8 +110,12 @@ class RedisServer:
     def __enter__(self) -> RedisServer:
         return self.start()
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self.stop()
 
 

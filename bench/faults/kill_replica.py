@@ -20,9 +20,11 @@ from tests.simulator.procs import SimulatorProcess
 
 def one_run(stream: bool, seconds: float) -> tuple[int, int, int]:
     """(requests, non-200 answers, streams cut in-band) for one run."""
-    with SimulatorProcess(*PRECISE, "--seed", "1") as a, \
-            SimulatorProcess(*PRECISE, "--seed", "2") as b, \
-            GatewayProcess(settings([a.url, b.url])) as gateway:
+    with (
+        SimulatorProcess(*PRECISE, "--seed", "1") as a,
+        SimulatorProcess(*PRECISE, "--seed", "2") as b,
+        GatewayProcess(settings([a.url, b.url])) as gateway,
+    ):
         results = asyncio.run(load(gateway.url, b, stream=stream, seconds=seconds))
     errors = sum(1 for status, _ in results if status != 200)
     cut = sum(1 for status, complete in results if status == 200 and not complete)
@@ -39,8 +41,10 @@ def main() -> int:
         for run in range(1, args.runs + 1):
             sent, errors, cut = one_run(stream, args.seconds)
             kind = "streaming" if stream else "non-streaming"
-            print(f"{kind} run {run}: {sent} requests, {errors} client errors (non-200)"
-                  + (f", {cut} running streams ended by an in-band error event" if stream else ""))
+            print(
+                f"{kind} run {run}: {sent} requests, {errors} client errors (non-200)"
+                + (f", {cut} running streams ended by an in-band error event" if stream else "")
+            )
     return 0
 
 

@@ -60,8 +60,15 @@ def _probe(conn: http.client.HTTPConnection, token: str) -> int:
     return elapsed
 
 
-def measure(host: str, port: int, known_id: str, *, tries: int = 1000, warmup: int = 50,
-            seed: int | None = None) -> Medians:
+def measure(
+    host: str,
+    port: int,
+    known_id: str,
+    *,
+    tries: int = 1000,
+    warmup: int = 50,
+    seed: int | None = None,
+) -> Medians:
     """Interleaved tries of an unknown id and of ``known_id`` with a wrong secret."""
     rng = random.Random(seed)
     unknown = f"tg-{'q' * 10}-" + "W" * 43  # a well-formed key whose id no store has
@@ -97,20 +104,38 @@ def _stack(workdir: Path) -> tuple[Service, Service, str]:
     if binary is None:
         raise SystemExit("redis-server is not installed (make redis-server)")
     rport = free_port()
-    redis = Service("redis", [binary, "--port", str(rport), "--save", "", "--appendonly", "no"],
-                    rport, workdir / "redis.log")
+    redis = Service(
+        "redis",
+        [binary, "--port", str(rport), "--save", "", "--appendonly", "no"],
+        rport,
+        workdir / "redis.log",
+    )
     redis.start(redis_answers(rport))
     url = f"redis://127.0.0.1:{rport}/0"
     known_id = asyncio.run(_new_key(url))
-    config = {"auth": {"store": "redis"}, "redis": {"url": url},
-              "telemetry": {"access_log": False},
-              "tiers": {"fast": {"model": "tiergate-fast", "replicas": ["http://127.0.0.1:9"]},
-                        "precise": {"model": "tiergate-precise",
-                                    "replicas": ["http://127.0.0.1:9"]}}}
+    config = {
+        "auth": {"store": "redis"},
+        "redis": {"url": url},
+        "telemetry": {"access_log": False},
+        "tiers": {
+            "fast": {"model": "tiergate-fast", "replicas": ["http://127.0.0.1:9"]},
+            "precise": {"model": "tiergate-precise", "replicas": ["http://127.0.0.1:9"]},
+        },
+    }
     (workdir / "tiergate.yaml").write_text(yaml.safe_dump(config))
     gport = free_port()
-    cmd = [sys.executable, "-m", "tiergate", "serve", "--config", str(workdir / "tiergate.yaml"),
-           "--port", str(gport), "--workers", "1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "tiergate",
+        "serve",
+        "--config",
+        str(workdir / "tiergate.yaml"),
+        "--port",
+        str(gport),
+        "--workers",
+        "1",
+    ]
     env = {k: v for k, v in os.environ.items() if k != "TIERGATE_CONFIG"}
     gateway = Service("tiergate", cmd, gport, workdir / "tiergate.log", env=env)
     gateway.start(http_answers(f"http://127.0.0.1:{gport}/livez"))
@@ -119,8 +144,9 @@ def _stack(workdir: Path) -> tuple[Service, Service, str]:
 
 def main(argv: list[str] | None = None) -> int:
     """Start a stack, print the medians of each round; exit 1 if no round is within 20 µs."""
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--tries", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args(argv)
@@ -131,9 +157,11 @@ def main(argv: list[str] | None = None) -> int:
             for round_no in range(1, args.rounds + 1):
                 m = measure("127.0.0.1", gateway.port, known_id, tries=args.tries)
                 gaps.append(abs(m.gap_us))
-                print(f"round {round_no}: unknown id median {m.unknown_id_us:.1f} us, known id + "
-                      f"wrong secret median {m.known_id_us:.1f} us, gap {m.gap_us:+.1f} us "
-                      f"({args.tries} tries each, interleaved)")
+                print(
+                    f"round {round_no}: unknown id median {m.unknown_id_us:.1f} us, known id + "
+                    f"wrong secret median {m.known_id_us:.1f} us, gap {m.gap_us:+.1f} us "
+                    f"({args.tries} tries each, interleaved)"
+                )
         finally:
             gateway.stop()
             redis.stop()

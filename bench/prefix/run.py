@@ -167,8 +167,18 @@ def start_gateway(
     path = workdir / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config), encoding="utf-8")
     port = free_port()
-    cmd = [sys.executable, "-m", "tiergate", "serve", "--config", str(path), "--port", str(port),
-           "--workers", "1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "tiergate",
+        "serve",
+        "--config",
+        str(path),
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+    ]
     service = Service(name, cmd, port, workdir / f"{name}.log")
     service.start(http_answers(f"http://127.0.0.1:{port}/livez"))
     return service

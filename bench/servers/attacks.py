@@ -76,8 +76,13 @@ def growing_header(port: int, seconds: float) -> GrowingHeader:
         time.sleep(0.05)
     thread.join()
     latencies = latencies or [_livez_s(port)]
-    return GrowingHeader(seconds, sent[0] // 1024, statistics.median(latencies) * 1000,
-                         max(latencies) * 1000, answer[0])
+    return GrowingHeader(
+        seconds,
+        sent[0] // 1024,
+        statistics.median(latencies) * 1000,
+        max(latencies) * 1000,
+        answer[0],
+    )
 
 
 def _still_open(sock: socket.socket) -> bool:
@@ -99,8 +104,10 @@ def slow_clients(port: int, count: int, hold_s: float) -> dict[str, int]:
     kinds = {
         "slowloris": b"GET /livez HTTP/1.1\r\nHost: b\r\nX-Slow: ",
         "mid_headers": b"POST /v1/chat/completions HTTP/1.1\r\nHost: b\r\n",
-        "slow_body": (b"POST /v1/chat/completions HTTP/1.1\r\nHost: b\r\n"
-                      b"Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n{"),
+        "slow_body": (
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: b\r\n"
+            b"Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n{"
+        ),
     }
     socks: dict[str, list[socket.socket]] = {}
     for kind, start in kinds.items():

@@ -34,9 +34,20 @@ def _uvicorn(app: Any, settings: Settings, server: str, guard: ConnectionGuard) 
     if server == "h11":
         extra["h11_max_incomplete_event_size"] = settings.server.max_head_bytes
     config = uvicorn.Config(
-        app, host=settings.server.host, port=settings.server.port, loop="uvloop", http=http,
-        ws="none", lifespan="on", access_log=False, log_config=None, log_level="warning",
-        server_header=False, date_header=False, proxy_headers=False, **extra,
+        app,
+        host=settings.server.host,
+        port=settings.server.port,
+        loop="uvloop",
+        http=http,
+        ws="none",
+        lifespan="on",
+        access_log=False,
+        log_config=None,
+        log_level="warning",
+        server_header=False,
+        date_header=False,
+        proxy_headers=False,
+        **extra,
     )
     uvicorn.Server(config).run()
 
@@ -49,10 +60,16 @@ def _granian(settings: Settings) -> None:
 
     app = create_app(settings)
     server = Server(
-        app, address=settings.server.host, port=settings.server.port,
-        interface=Interfaces.ASGI, http=HTTPModes.http1, websockets=False, backlog=2048,
+        app,
+        address=settings.server.host,
+        port=settings.server.port,
+        interface=Interfaces.ASGI,
+        http=HTTPModes.http1,
+        websockets=False,
+        backlog=2048,
         http1_settings=HTTP1Settings(
-            header_read_timeout=int(settings.server.head_timeout_s * 1000)),
+            header_read_timeout=int(settings.server.head_timeout_s * 1000)
+        ),
         log_level="warning",  # type: ignore[arg-type, unused-ignore]  # granian takes the name
     )
     uvloop.run(server.serve())

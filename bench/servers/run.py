@@ -35,15 +35,26 @@ _SERVER = {"head_timeout_s": 5.0, "body_timeout_s": 5.0, "idle_timeout_s": 5.0}
 
 def _start(server: str, config: Path, workdir: Path, pin: Placement) -> Service:
     port = free_port()
-    cmd = [*pin.proxy, sys.executable, "-m", "bench.servers.candidate", "--server", server,
-           "--config", str(config), "--port", str(port)]
+    cmd = [
+        *pin.proxy,
+        sys.executable,
+        "-m",
+        "bench.servers.candidate",
+        "--server",
+        server,
+        "--config",
+        str(config),
+        "--port",
+        str(port),
+    ]
     service = Service(server, cmd, port, workdir / f"{server}.log", boost=pin.boosted)
     service.start(http_answers(f"http://127.0.0.1:{port}/livez"), 60)
     return service
 
 
-def _throughput(wrk: WrkRunner, url: str, body: dict[str, object],
-                duration: float) -> dict[str, WrkResult]:
+def _throughput(
+    wrk: WrkRunner, url: str, body: dict[str, object], duration: float
+) -> dict[str, WrkResult]:
     script = lua_script(body, None)
     return {f"c{c}": wrk.run(url, script, c, duration) for c in (1, 16, 64)}
 
@@ -53,8 +64,10 @@ def _row(name: str, rounds: list[dict[str, WrkResult]]) -> str:
     best = {k: max(r[k].rps for r in rounds) for k in ("c16", "c64")}
     low = {k: min(r[k].rps for r in rounds) for k in ("c16", "c64")}
     errors = sum(r[k].errors + r[k].non_2xx for r in rounds for k in r)
-    return (f"| {name} | {p50:.2f} ms | {best['c16']:,.0f} (low {low['c16']:,.0f}) | "
-            f"{best['c64']:,.0f} (low {low['c64']:,.0f}) | {errors} |")
+    return (
+        f"| {name} | {p50:.2f} ms | {best['c16']:,.0f} (low {low['c16']:,.0f}) | "
+        f"{best['c64']:,.0f} (low {low['c64']:,.0f}) | {errors} |"
+    )
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -67,8 +80,11 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--p3-count", type=int, default=100)
     p.add_argument("--p3-hold", type=float, default=15.0)
     p.add_argument("--skip-attacks", action="store_true")
-    p.add_argument("--default-deadlines", action="store_true",
-                   help="the production server: defaults (10 s head/body) instead of 5 s")
+    p.add_argument(
+        "--default-deadlines",
+        action="store_true",
+        help="the production server: defaults (10 s head/body) instead of 5 s",
+    )
     return p.parse_args(argv)
 
 
@@ -90,13 +106,16 @@ def main(argv: list[str] | None = None) -> int:
         config["server"] = _SERVER
     config_path = workdir / "tiergate.yaml"
     config_path.write_text(yaml.safe_dump(config))
-    body = {"model": variant.request_model, "max_tokens": 16,
-            "messages": [{"role": "user", "content": "Say hello in five words."}]}
+    body = {
+        "model": variant.request_model,
+        "max_tokens": 16,
+        "messages": [{"role": "user", "content": "Say hello in five words."}],
+    }
     results: dict[str, list[dict[str, WrkResult]]] = {s: [] for s in servers}
     attacks: dict[str, str] = {}
     try:
         for round_no in range(rounds):
-            order = servers[round_no % len(servers):] + servers[:round_no % len(servers)]
+            order = servers[round_no % len(servers) :] + servers[: round_no % len(servers)]
             for server in order:
                 service = _start(server, config_path, workdir, pin)
                 try:
@@ -107,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
                         p3 = slow_clients(service.port, args.p3_count, args.p3_hold)
                         attacks[server] = (
                             f"| {server} | {p1.livez_p50_ms:.1f} / {p1.livez_max_ms:.1f} ms | "
-                            f"{p1.sent_kib:,} KiB, {p1.answer} | {json.dumps(p3)} |")
+                            f"{p1.sent_kib:,} KiB, {p1.answer} | {json.dumps(p3)} |"
+                        )
                 finally:
                     service.stop()
     finally:
@@ -117,9 +137,11 @@ def main(argv: list[str] | None = None) -> int:
     for server in servers:
         print(_row(server, results[server]))
     if attacks:
-        print(f"\n| server | P1 /livez p50 / max while a header streams {args.p1_seconds:.0f} s "
-              f"| P1 what the streamer got | P3 still open after {args.p3_hold:.0f} s "
-              f"(of {args.p3_count} each) |\n|---|---:|---|---|")
+        print(
+            f"\n| server | P1 /livez p50 / max while a header streams {args.p1_seconds:.0f} s "
+            f"| P1 what the streamer got | P3 still open after {args.p3_hold:.0f} s "
+            f"(of {args.p3_count} each) |\n|---|---:|---|---|"
+        )
         for server in servers:
             print(attacks.get(server, f"| {server} | - | - | - |"))
     return 0

@@ -37,11 +37,29 @@ def _tree(pid: int) -> list[int]:
     return found
 
 
-def _point(workers: int, config: Path, workdir: Path, wrk: WrkRunner, *, body: dict[str, object],
-           duration: float, upstream_pid: int) -> str:
+def _point(
+    workers: int,
+    config: Path,
+    workdir: Path,
+    wrk: WrkRunner,
+    *,
+    body: dict[str, object],
+    duration: float,
+    upstream_pid: int,
+) -> str:
     port = free_port()
-    cmd = [sys.executable, "-m", "tiergate", "serve", "--config", str(config),
-           "--port", str(port), "--workers", str(workers)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "tiergate",
+        "serve",
+        "--config",
+        str(config),
+        "--port",
+        str(port),
+        "--workers",
+        str(workers),
+    ]
     service = Service(f"tiergate-w{workers}", cmd, port, workdir / f"w{workers}.log")
     service.start(http_answers(f"http://127.0.0.1:{port}/livez"), 90)
     try:
@@ -56,8 +74,10 @@ def _point(workers: int, config: Path, workdir: Path, wrk: WrkRunner, *, body: d
     finally:
         service.stop()
     share_text = ", ".join(f"{n}: {s:.0%}" for n, s in shares.items())
-    return (f"| {workers} | {result.rps:,.0f} | {result.p50_ms:.2f} ms | "
-            f"{result.errors + result.non_2xx} | {share_text} |")
+    return (
+        f"| {workers} | {result.rps:,.0f} | {result.p50_ms:.2f} ms | "
+        f"{result.errors + result.non_2xx} | {share_text} |"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,20 +91,35 @@ def main(argv: list[str] | None = None) -> int:
     upstream = start_fixed_upstream(workdir, pin)
     variant = VARIANTS["plain"]
     config = workdir / "tiergate.yaml"
-    config.write_text(yaml.safe_dump(
-        gateway_config(variant, upstream.base_url, upstream.model, workdir, None)))
-    body = {"model": variant.request_model, "max_tokens": 16,
-            "messages": [{"role": "user", "content": "Say hello in five words."}]}
+    config.write_text(
+        yaml.safe_dump(gateway_config(variant, upstream.base_url, upstream.model, workdir, None))
+    )
+    body = {
+        "model": variant.request_model,
+        "max_tokens": 16,
+        "messages": [{"role": "user", "content": "Say hello in five words."}],
+    }
     assert upstream.main.proc is not None
     rows = []
     try:
         for workers in (1, 2):
-            rows.append(_point(workers, config, workdir, wrk, body=body, duration=args.duration,
-                               upstream_pid=upstream.main.proc.pid))
+            rows.append(
+                _point(
+                    workers,
+                    config,
+                    workdir,
+                    wrk,
+                    body=body,
+                    duration=args.duration,
+                    upstream_pid=upstream.main.proc.pid,
+                )
+            )
     finally:
         upstream.main.stop()
-    print(f"| workers | c=64 req/s | p50 | errors | CPU share ({args.duration:.0f} s, "
-          f"{os.cpu_count()} CPUs; wrk not shown) |\n|---:|---:|---:|---:|---|")
+    print(
+        f"| workers | c=64 req/s | p50 | errors | CPU share ({args.duration:.0f} s, "
+        f"{os.cpu_count()} CPUs; wrk not shown) |\n|---:|---:|---:|---:|---|"
+    )
     print("\n".join(rows))
     return 0
 

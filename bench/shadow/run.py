@@ -73,8 +73,11 @@ async def load(url: str, prompts: list[str], concurrency: int) -> dict[int, int]
     async def worker(session: aiohttp.ClientSession) -> None:
         while queue:
             prompt = queue.pop()
-            body = {"model": "auto", "max_tokens": 24,
-                    "messages": [{"role": "user", "content": prompt}]}
+            body = {
+                "model": "auto",
+                "max_tokens": 24,
+                "messages": [{"role": "user", "content": prompt}],
+            }
             async with session.post(url + "/v1/chat/completions", json=body) as resp:
                 await resp.read()
                 statuses[resp.status] = statuses.get(resp.status, 0) + 1
@@ -97,29 +100,60 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         labels = work / "labels.jsonl"
-        labels.write_text("".join(json.dumps({"prompt": r["prompt"], "label": r["label"]}) + "\n"
-                                  for r in rows), encoding="utf-8")
-        sim = [sys.executable, "-m", "simulator", "--latency-scale", "0.05",
-               "--quality-file", str(labels), "--max-model-len", "32768"]
+        labels.write_text(
+            "".join(json.dumps({"prompt": r["prompt"], "label": r["label"]}) + "\n" for r in rows),
+            encoding="utf-8",
+        )
+        sim = [
+            sys.executable,
+            "-m",
+            "simulator",
+            "--latency-scale",
+            "0.05",
+            "--quality-file",
+            str(labels),
+            "--max-model-len",
+            "32768",
+        ]
         fast_port, precise_port, gateway_port = free_port(), free_port(), free_port()
-        fast = start([*sim, "--profile", "fast", "--port", str(fast_port), "--weak"],
-                     work / "f.log")
-        precise = start([*sim, "--profile", "precise", "--port", str(precise_port)],
-                        work / "p.log")
+        fast = start(
+            [*sim, "--profile", "fast", "--port", str(fast_port), "--weak"], work / "f.log"
+        )
+        precise = start([*sim, "--profile", "precise", "--port", str(precise_port)], work / "p.log")
         config = {
             "auth": {"enabled": False, "admin_token": ADMIN},
-            "tiers": {"fast": {"model": "tiergate-fast",
-                               "replicas": [f"http://127.0.0.1:{fast_port}"]},
-                      "precise": {"model": "tiergate-precise",
-                                  "replicas": [f"http://127.0.0.1:{precise_port}"]}},
-            "router": {"shadow": {"fast_ratio": args.shadow, "precise_ratio": args.shadow,
-                                  "max_concurrent": 8}},
+            "tiers": {
+                "fast": {"model": "tiergate-fast", "replicas": [f"http://127.0.0.1:{fast_port}"]},
+                "precise": {
+                    "model": "tiergate-precise",
+                    "replicas": [f"http://127.0.0.1:{precise_port}"],
+                },
+            },
+            "router": {
+                "shadow": {
+                    "fast_ratio": args.shadow,
+                    "precise_ratio": args.shadow,
+                    "max_concurrent": 8,
+                }
+            },
             "telemetry": {"access_log": False},
         }
         (work / "gw.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
-        gateway = start([sys.executable, "-m", "tiergate", "serve", "--config",
-                         str(work / "gw.yaml"), "--port", str(gateway_port),
-                         "--workers", "1"], work / "g.log")
+        gateway = start(
+            [
+                sys.executable,
+                "-m",
+                "tiergate",
+                "serve",
+                "--config",
+                str(work / "gw.yaml"),
+                "--port",
+                str(gateway_port),
+                "--workers",
+                "1",
+            ],
+            work / "g.log",
+        )
         try:
             for port in (fast_port, precise_port):
                 wait(f"http://127.0.0.1:{port}/health")
@@ -133,12 +167,15 @@ def main() -> int:
             for proc in (gateway, fast, precise):
                 proc.terminate()
                 proc.wait(timeout=10)
-    command = f".venv/bin/python bench/shadow/run.py --requests {args.requests} " \
-              f"--shadow {args.shadow}"
-    report = (f"# Shadow evaluation and savings on the simulator\n\n`{command}`\n\n"
-              f"Statuses: {statuses}\n\n## GET /admin/routing\n\n```json\n"
-              f"{json.dumps(routing, indent=2)}\n```\n\n## GET /admin/usage?window=1h&by=tier\n\n"
-              f"```json\n{json.dumps(usage, indent=2)}\n```\n")
+    command = (
+        f".venv/bin/python bench/shadow/run.py --requests {args.requests} --shadow {args.shadow}"
+    )
+    report = (
+        f"# Shadow evaluation and savings on the simulator\n\n`{command}`\n\n"
+        f"Statuses: {statuses}\n\n## GET /admin/routing\n\n```json\n"
+        f"{json.dumps(routing, indent=2)}\n```\n\n## GET /admin/usage?window=1h&by=tier\n\n"
+        f"```json\n{json.dumps(usage, indent=2)}\n```\n"
+    )
     args.out.write_text(report, encoding="utf-8")
     print(report)
     return 0

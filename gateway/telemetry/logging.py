@@ -25,14 +25,29 @@ from structlog.typing import EventDict, Processor, WrappedLogger
 from gateway.settings import TelemetrySettings
 from gateway.telemetry import semconv as sc
 
-_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
-           "error": logging.ERROR}
+_LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+}
 # Client libraries that would otherwise log every upstream call.
 _QUIET_LOGGERS = ("aiohttp", "httpx", "httpcore", "uvicorn.access", "urllib3", "hpack", "grpc")
 _REDACTED = "[REDACTED]"
 _SECRET_KEYS = frozenset(
-    {"authorization", "api_key", "apikey", "key", "token", "admin_token", "password",
-     "secret", "cookie", "x-api-key", "headers"}
+    {
+        "authorization",
+        "api_key",
+        "apikey",
+        "key",
+        "token",
+        "admin_token",
+        "password",
+        "secret",
+        "cookie",
+        "x-api-key",
+        "headers",
+    }
 )
 _CONTENT_KEYS = frozenset({"prompt", "messages", "content", "completion", "input", "output"})
 # Credentials in any value: "Bearer <token>", "Basic <token>", TierGate keys (tg-<id>-<secret>).
@@ -80,9 +95,11 @@ class LogSink:
         if self.dropped != self._reported:
             missed = self.dropped - self._reported
             self._reported = self.dropped
-            batch.append(_encoder.encode(
-                {"event": sc.EVENT_LOGS_DROPPED, "level": "warning", "count": missed}
-            ).decode())
+            batch.append(
+                _encoder.encode(
+                    {"event": sc.EVENT_LOGS_DROPPED, "level": "warning", "count": missed}
+                ).decode()
+            )
         if batch:
             self.stream.write("\n".join(batch) + "\n")
             self.stream.flush()
@@ -240,8 +257,10 @@ def configure_logging(
         sink = LogSink(out)
     level = _LEVELS[telemetry.log_level]
     json_lines = not _console(telemetry, out)
-    render = _scrubbed(render_json) if json_lines else _scrubbed(
-        structlog.dev.ConsoleRenderer(colors=out.isatty())
+    render = (
+        _scrubbed(render_json)
+        if json_lines
+        else _scrubbed(structlog.dev.ConsoleRenderer(colors=out.isatty()))
     )
     chain: list[Processor] = [
         structlog.contextvars.merge_contextvars,
@@ -270,4 +289,3 @@ def _factory(sink: LogSink) -> Callable[..., _SinkLogger]:
         return logger
 
     return factory
-

@@ -26,7 +26,18 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 6.4, 12.8, 30.0)
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
 OVERHEAD_BUCKETS = (
-    0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1,
+    0.0001,
+    0.00025,
+    0.0005,
+    0.00075,
+    0.001,
+    0.0015,
+    0.002,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
 )
 _STATUS_CLASSES = {1: "1xx", 2: "2xx", 3: "3xx", 4: "4xx", 5: "5xx"}
 
@@ -67,15 +78,18 @@ class _LiveCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         """Yield the live gauges."""
         healthy = GaugeMetricFamily(
-            sc.M_REPLICA_HEALTHY, "1 when the replica is healthy and not ejected",
+            sc.M_REPLICA_HEALTHY,
+            "1 when the replica is healthy and not ejected",
             labels=("tier", "replica"),
         )
         in_flight = GaugeMetricFamily(
-            sc.M_REPLICA_IN_FLIGHT, "Requests this gateway has in flight on the replica",
+            sc.M_REPLICA_IN_FLIGHT,
+            "Requests this gateway has in flight on the replica",
             labels=("tier", "replica"),
         )
         backend = GaugeMetricFamily(
-            sc.M_REPLICA_BACKEND, "1 per replica, labelled with its backend kind (configured: "
+            sc.M_REPLICA_BACKEND,
+            "1 per replica, labelled with its backend kind (configured: "
             "auto or a kind; kind: what it is treated as, 'unknown' until detected)",
             labels=("tier", "replica", "configured", "kind"),
         )
@@ -85,9 +99,7 @@ class _LiveCollector(Collector):
                 labels = (tier, replica.name)
                 healthy.add_metric(labels, 1.0 if replica.available(now) else 0.0)
                 in_flight.add_metric(labels, float(replica.in_flight))
-                backend.add_metric(
-                    (*labels, replica.kind_setting, replica.kind or "unknown"), 1.0
-                )
+                backend.add_metric((*labels, replica.kind_setting, replica.kind or "unknown"), 1.0)
         yield healthy
         yield in_flight
         yield backend
@@ -98,19 +110,21 @@ class _LiveCollector(Collector):
             value=self.share.share(),
         )
         yield GaugeMetricFamily(
-            sc.M_PRECISE_SHARE_TARGET, "Configured target share of the precise tier",
+            sc.M_PRECISE_SHARE_TARGET,
+            "Configured target share of the precise tier",
             value=self.target_share,
         )
-
 
     def _upstream(self) -> Iterator[Metric]:
         """Attempt outcomes and retries, as the replica pools count them (one source of truth)."""
         attempts = CounterMetricFamily(
-            sc.M_UPSTREAM_ATTEMPTS, "Attempts against backend replicas, by outcome",
+            sc.M_UPSTREAM_ATTEMPTS,
+            "Attempts against backend replicas, by outcome",
             labels=("tier", "replica", "outcome"),
         )
         retries = CounterMetricFamily(
-            sc.M_UPSTREAM_RETRIES, "Retries on another replica, by the failure that caused them",
+            sc.M_UPSTREAM_RETRIES,
+            "Retries on another replica, by the failure that caused them",
             labels=("tier", "reason"),
         )
         for tier, pool in self.pools.items():
@@ -180,13 +194,13 @@ class GatewayMetrics:
             sc.M_TPOT, "Time per output token after the first (streams)", ("tier",), TPOT_BUCKETS
         )
         self.overhead = Histogram(
-            sc.M_OVERHEAD, "Gateway time before the first byte, upstream waiting excluded",
-            registry=registry, buckets=OVERHEAD_BUCKETS,
+            sc.M_OVERHEAD,
+            "Gateway time before the first byte, upstream waiting excluded",
+            registry=registry,
+            buckets=OVERHEAD_BUCKETS,
         )
         self.tokens = counter(sc.M_TOKENS, "Tokens reported by the backends", ("tier", "direction"))
-        self.decisions = counter(
-            sc.M_ROUTE_DECISIONS, "Tier routing decisions", ("tier", "reason")
-        )
+        self.decisions = counter(sc.M_ROUTE_DECISIONS, "Tier routing decisions", ("tier", "reason"))
         self.ratelimit = counter(
             sc.M_RATELIMIT_DECISIONS, "Rate-limit decisions", ("limit", "outcome")
         )

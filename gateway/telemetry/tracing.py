@@ -228,7 +228,11 @@ class RequestTrace:
             return await send({**headers, **self._propagated})
         stages.route(ctx, replica, strategy, routed_at, prefix_blocks)
         span = AttemptSpan.start(
-            self.tracing.tracer, stages.parent, ctx, replica, body,
+            self.tracing.tracer,
+            stages.parent,
+            ctx,
+            replica,
+            body,
             capture=self.tracing.capture_content,
         )
         sent = {**headers, **trace_headers(span.span.get_span_context())}

@@ -49,31 +49,55 @@ class Recipe:
 
 RECIPES: Final = (
     Recipe("chitchat", "simple", 520, (simple_talk.chitchat,)),
-    Recipe("factual_qa", "simple", 680, (simple_talk.factual_qa, simple_talk.factual_qa,
-                                          simple_talk.factual_qa, simple_talk.factual_qa,
-                                          simple_talk.factual_qa, simple_talk.true_false)),
+    Recipe(
+        "factual_qa",
+        "simple",
+        680,
+        (
+            simple_talk.factual_qa,
+            simple_talk.factual_qa,
+            simple_talk.factual_qa,
+            simple_talk.factual_qa,
+            simple_talk.factual_qa,
+            simple_talk.true_false,
+        ),
+    ),
     Recipe("general_instruction", "simple", 260, (simple_talk.general_instruction,)),
     Recipe("short_creative", "simple", 200, (simple_talk.short_creative,)),
     Recipe("advice", "simple", 200, (simple_talk.advice,)),
     Recipe("rewrite", "simple", 330, (simple_text.rewrite,)),
     Recipe("classification", "simple", 560, (simple_text.classification,)),
-    Recipe("extraction", "simple", 460, (simple_text.extraction, simple_text.extraction,
-                                          simple_text.reading)),
+    Recipe(
+        "extraction",
+        "simple",
+        460,
+        (simple_text.extraction, simple_text.extraction, simple_text.reading),
+    ),
     Recipe("translation", "simple", 220, (simple_text.translation,)),
     Recipe("summarize_short", "simple", 340, (simple_text.summarize_short,)),
     Recipe(
         "math_multistep",
         "complex",
         660,
-        (math_problems.word_problem, math_problems.word_problem, math_problems.symbolic,
-         math_problems.short_math),
+        (
+            math_problems.word_problem,
+            math_problems.word_problem,
+            math_problems.symbolic,
+            math_problems.short_math,
+        ),
     ),
     Recipe(
         "code",
         "complex",
         560,
-        (code_tasks.write_function, code_tasks.write_function, code_tasks.write_component,
-         code_tasks.debug, code_tasks.explain_or_refactor, code_tasks.snippet_question),
+        (
+            code_tasks.write_function,
+            code_tasks.write_function,
+            code_tasks.write_component,
+            code_tasks.debug,
+            code_tasks.explain_or_refactor,
+            code_tasks.snippet_question,
+        ),
     ),
     Recipe("code", "complex", 220, (code_tasks.stub, code_tasks.problem_statement), noise=False),
     Recipe(
@@ -86,16 +110,28 @@ RECIPES: Final = (
         "reasoning",
         "complex",
         200,
-        (reasoning_tasks.date_arithmetic, reasoning_tasks.boolean_expression,
-         reasoning_tasks.navigation, reasoning_tasks.swaps, reasoning_tasks.web_of_lies,
-         reasoning_tasks.object_counting, reasoning_tasks.ordering),
+        (
+            reasoning_tasks.date_arithmetic,
+            reasoning_tasks.boolean_expression,
+            reasoning_tasks.navigation,
+            reasoning_tasks.swaps,
+            reasoning_tasks.web_of_lies,
+            reasoning_tasks.object_counting,
+            reasoning_tasks.ordering,
+        ),
     ),
     Recipe("json_output", "complex", 340, (structured.json_extract, structured.json_generate)),
     Recipe("long_analysis", "complex", 360, (reasoning.essay,)),
 )
 HISTORY_POOL: Final = (
-    simple_talk.chitchat, simple_talk.factual_qa, simple_text.rewrite, code_tasks.write_function,
-    math_problems.word_problem, reasoning.essay, simple_talk.advice, simple_text.translation,
+    simple_talk.chitchat,
+    simple_talk.factual_qa,
+    simple_text.rewrite,
+    code_tasks.write_function,
+    math_problems.word_problem,
+    reasoning.essay,
+    simple_talk.advice,
+    simple_text.translation,
 )
 JSON_CHATS: Final = 120
 FOLLOWUPS: Final = 150
@@ -164,9 +200,7 @@ def build(seed: int = DEFAULT_SEED) -> list[dict[str, Any]]:
     records.extend(_json_chats(rng))
     records.extend(_followups(rng))
     rng.shuffle(records)
-    return [
-        {"id": f"gen-{i:05d}", "source": SOURCE, **record} for i, record in enumerate(records)
-    ]
+    return [{"id": f"gen-{i:05d}", "source": SOURCE, **record} for i, record in enumerate(records)]
 
 
 def write(records: list[dict[str, Any]], path: Path) -> None:

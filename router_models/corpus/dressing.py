@@ -86,7 +86,9 @@ def noisy(rng: Random, text: str) -> str:
 def system_prompt(rng: Random) -> str:
     """A system prompt unrelated to the label."""
     return one(rng, phrases("systems")).format(
-        biz=one(rng, BUSINESSES), lang=one(rng, PROG_LANGS), name=one(rng, NAMES),
+        biz=one(rng, BUSINESSES),
+        lang=one(rng, PROG_LANGS),
+        name=one(rng, NAMES),
         date=f"2025-0{rng.randint(1, 9)}-1{rng.randint(0, 9)}",
     )
 

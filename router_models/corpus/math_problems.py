@@ -24,15 +24,33 @@ def _numbers(rng: Random) -> dict[str, object]:
     cows = rng.randint(3, heads - 3)
     a, b, c = some(rng, NAMES, 3)
     return {
-        "n1": rng.randint(12, 60), "n2": rng.randint(3, 30), "k": rng.randint(2, 9),
-        "h": rng.randint(2, 9), "m": rng.randint(2, 12), "d": rng.randint(60, 480),
-        "s1": rng.randint(40, 120), "s2": rng.randint(15, 90), "w": rng.randint(12, 45),
-        "w2": rng.randint(1, 6), "p": rng.randint(5, 40), "q": rng.randint(5, 30),
-        "u": rng.randint(2, 60), "bulk": rng.randint(10, 99), "big": rng.randint(120, 2000),
-        "bill": one(rng, (20, 50, 100)), "month_count": rng.randint(2, 6),
-        "heads": heads, "legs": 2 * heads + 2 * cows, "a": a, "b": b, "c": c,
-        "c1": one(rng, CITIES), "c2": one(rng, CITIES), "food": one(rng, FOODS),
-        "s": one(rng, _ACTIVITIES), "month": one(rng, MONTHS),
+        "n1": rng.randint(12, 60),
+        "n2": rng.randint(3, 30),
+        "k": rng.randint(2, 9),
+        "h": rng.randint(2, 9),
+        "m": rng.randint(2, 12),
+        "d": rng.randint(60, 480),
+        "s1": rng.randint(40, 120),
+        "s2": rng.randint(15, 90),
+        "w": rng.randint(12, 45),
+        "w2": rng.randint(1, 6),
+        "p": rng.randint(5, 40),
+        "q": rng.randint(5, 30),
+        "u": rng.randint(2, 60),
+        "bulk": rng.randint(10, 99),
+        "big": rng.randint(120, 2000),
+        "bill": one(rng, (20, 50, 100)),
+        "month_count": rng.randint(2, 6),
+        "heads": heads,
+        "legs": 2 * heads + 2 * cows,
+        "a": a,
+        "b": b,
+        "c": c,
+        "c1": one(rng, CITIES),
+        "c2": one(rng, CITIES),
+        "food": one(rng, FOODS),
+        "s": one(rng, _ACTIVITIES),
+        "month": one(rng, MONTHS),
     }
 
 
@@ -46,8 +64,14 @@ def symbolic(rng: Random) -> str:
     """Algebra, calculus, number theory, probability or proof."""
     small = {k: rng.randint(2, 9) for k in ("a", "b", "c", "d", "e", "m", "n")}
     s = rng.randint(3, 12)
-    values = {**small, "s": s, "p": rng.randint(2, s * s // 4), "big": rng.randint(20, 1000),
-              "big2": rng.randint(10, 500), "a2": small["a"] + rng.randint(2, 9)}
+    values = {
+        **small,
+        "s": s,
+        "p": rng.randint(2, s * s // 4),
+        "big": rng.randint(20, 1000),
+        "big2": rng.randint(10, 500),
+        "a2": small["a"] + rng.randint(2, 9),
+    }
     return one(rng, _MATH_LEADS) + one(rng, phrases("math_symbolic")).format(**values)
 
 

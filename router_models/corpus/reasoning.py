@@ -35,12 +35,29 @@ def _values(rng: Random) -> dict[str, object]:
     t1, t2 = some(rng, TOPICS, 2)
     job, job2 = some(rng, JOBS, 2)
     return {
-        "a": a, "b": b, "c": c, "d": d, "e": e, "n": rng.randint(3, 9), "m": rng.randint(10, 120),
-        "day": one(rng, WEEKDAYS), "big": rng.randint(20, 400), "h": rng.randint(1, 12),
-        "mm": one(rng, ("15", "20", "40", "45", "50")), "job": job, "job2": job2,
-        "ordinal": one(rng, _ORDINALS), "thing": one(rng, _FERMI_THINGS), "city": one(rng, CITIES),
-        "product": one(rng, PRODUCTS), "biz": one(rng, BUSINESSES), "hobby": one(rng, HOBBIES),
-        "big2": rng.randint(22, 45) * 1000, "topic": t1, "topic2": t2, "group": one(rng, _GROUPS),
+        "a": a,
+        "b": b,
+        "c": c,
+        "d": d,
+        "e": e,
+        "n": rng.randint(3, 9),
+        "m": rng.randint(10, 120),
+        "day": one(rng, WEEKDAYS),
+        "big": rng.randint(20, 400),
+        "h": rng.randint(1, 12),
+        "mm": one(rng, ("15", "20", "40", "45", "50")),
+        "job": job,
+        "job2": job2,
+        "ordinal": one(rng, _ORDINALS),
+        "thing": one(rng, _FERMI_THINGS),
+        "city": one(rng, CITIES),
+        "product": one(rng, PRODUCTS),
+        "biz": one(rng, BUSINESSES),
+        "hobby": one(rng, HOBBIES),
+        "big2": rng.randint(22, 45) * 1000,
+        "topic": t1,
+        "topic2": t2,
+        "group": one(rng, _GROUPS),
     }
 
 

@@ -32,20 +32,31 @@ def date_arithmetic(rng: Random) -> str:
     """Date reasoning with an explicit output format."""
     start = dt.date(rng.randint(1990, 2030), rng.randint(1, 12), rng.randint(1, 28))
     n = rng.randint(2, 400)
-    shown = one(rng, (start.strftime("%m/%d/%Y"), f"{MONTHS[start.month - 1]} {start.day}, "
-                      f"{start.year}", start.isoformat()))
-    return one(rng, (
-        f"Today is {shown}. What was the date {n} days ago in MM/DD/YYYY?",
-        f"Yesterday was {shown}. What is the date {n} days from today?",
-        f"A project started on {shown} and takes {n} working days (no weekends). When does it end?",
-        f"If {shown} is a {start.strftime('%A')}, what day of the week is {n} days later, and "
-        "what is the date?",
-        f"My passport expires {n} days after {shown}. Which month and year is that?",
-    ))
+    shown = one(
+        rng,
+        (
+            start.strftime("%m/%d/%Y"),
+            f"{MONTHS[start.month - 1]} {start.day}, {start.year}",
+            start.isoformat(),
+        ),
+    )
+    return one(
+        rng,
+        (
+            f"Today is {shown}. What was the date {n} days ago in MM/DD/YYYY?",
+            f"Yesterday was {shown}. What is the date {n} days from today?",
+            f"A project started on {shown} and takes {n} working days (no weekends). "
+            "When does it end?",
+            f"If {shown} is a {start.strftime('%A')}, what day of the week is {n} days later, and "
+            "what is the date?",
+            f"My passport expires {n} days after {shown}. Which month and year is that?",
+        ),
+    )
 
 
 def boolean_expression(rng: Random) -> str:
     """Evaluate a nested boolean expression."""
+
     def term(depth: int) -> str:
         if depth == 0:
             return one(rng, ("True", "False"))
@@ -53,16 +64,28 @@ def boolean_expression(rng: Random) -> str:
         op = one(rng, ("and", "or"))
         expr = f"( {left} {op} {right} )" if rng.random() < 0.6 else f"{left} {op} {right}"
         return f"not {expr}" if rng.random() < 0.3 else expr
+
     expression = term(rng.randint(1, 3))
-    return one(rng, (f"{expression} is", f"Evaluate: {expression}",
-                     f"What does this evaluate to? {expression}"))
+    return one(
+        rng,
+        (
+            f"{expression} is",
+            f"Evaluate: {expression}",
+            f"What does this evaluate to? {expression}",
+        ),
+    )
 
 
 def navigation(rng: Random) -> str:
     """Follow movement instructions and decide where you end up."""
     steps = [one(rng, _MOVES).format(n=rng.randint(1, 9)) for _ in range(rng.randint(4, 8))]
-    lead = one(rng, ("Follow these moves. Are you back where you began?",
-                     "Keep facing the same way. Where do you end up relative to the start?"))
+    lead = one(
+        rng,
+        (
+            "Follow these moves. Are you back where you began?",
+            "Keep facing the same way. Where do you end up relative to the start?",
+        ),
+    )
     return f"{lead} {' '.join(steps)}{one(rng, _ASK_TAILS)}"
 
 
@@ -74,8 +97,10 @@ def swaps(rng: Random) -> str:
     pairs = (some(rng, people, 2) for _ in range(rng.randint(3, 5)))
     trades = [f"{x} and {y} swap balls" for x, y in pairs]
     sequence = ". Then ".join(trades)
-    return (f"At the start of a game, {owned}. First, {sequence}. At the end, which ball does "
-            f"{one(rng, people)} have?")
+    return (
+        f"At the start of a game, {owned}. First, {sequence}. At the end, which ball does "
+        f"{one(rng, people)} have?"
+    )
 
 
 def web_of_lies(rng: Random) -> str:
@@ -100,9 +125,12 @@ def ordering(rng: Random) -> str:
     """Deduce an order from pairwise clues."""
     things = some(rng, _COLORS, rng.randint(4, 5))
     order = list(things)
-    clues = [f"The {a} book sits somewhere left of the {b} one."
-             for a, b in itertools.pairwise(order)]
+    clues = [
+        f"The {a} book sits somewhere left of the {b} one." for a, b in itertools.pairwise(order)
+    ]
     rng.shuffle(clues)
     where = one(rng, ("second from the left", "in the middle", "second from the right"))
-    return (f"On a shelf there are {len(things)} books: {', '.join(things)}. "
-            f"{' '.join(clues)} Which book is {where}?")
+    return (
+        f"On a shelf there are {len(things)} books: {', '.join(things)}. "
+        f"{' '.join(clues)} Which book is {where}?"
+    )

@@ -78,9 +78,14 @@ def _choose_from_list(rng: Random) -> str:
 def _numbered_sentences(rng: Random) -> str:
     sentences = some(rng, phrases("sentences"), rng.randint(3, 5))
     listed = " ".join(f"({i + 1}) {s}" for i, s in enumerate(sentences))
-    ask = one(rng, ("Which sentence is the most formal? Output the index.",
-                    "Which sentence mentions time? Give the number.",
-                    "Select the longest sentence, output the sentence index."))
+    ask = one(
+        rng,
+        (
+            "Which sentence is the most formal? Output the index.",
+            "Which sentence mentions time? Give the number.",
+            "Select the longest sentence, output the sentence index.",
+        ),
+    )
     return f"{ask}\n\n{listed}"
 
 
@@ -123,8 +128,17 @@ def extraction(rng: Random) -> str:
 
 def reading(rng: Random) -> str:
     """A question answered by looking something up in a given context (closed QA)."""
-    maker = one(rng, (passages.encyclopedia, passages.document, passages.news, passages.bio,
-                      passages.specs, passages.specs))
+    maker = one(
+        rng,
+        (
+            passages.encyclopedia,
+            passages.document,
+            passages.news,
+            passages.bio,
+            passages.specs,
+            passages.specs,
+        ),
+    )
     context = maker(rng)
     if rng.random() < 0.2:
         context = passages.long_document(rng, context)

@@ -31,8 +31,7 @@ async def redis_key(url: str, **policy: Any) -> tuple[KeyRecord, str]:
     """A key created straight in the Redis store (as `tiergate keys create --redis-url`)."""
     client = Redis.from_url(url)
     try:
-        return await create_key(RedisKeyStore(client), "adv", KeyPolicy(**policy),
-                                now=time.time())
+        return await create_key(RedisKeyStore(client), "adv", KeyPolicy(**policy), now=time.time())
     finally:
         await client.aclose()
 
@@ -61,5 +60,11 @@ async def seconds_until(check: Callable[[], Awaitable[bool]], within: float) -> 
 
 def keys_cli(*argv: str) -> subprocess.CompletedProcess[str]:
     """`python -m tiergate keys ...` as an operator would run it."""
-    return subprocess.run([sys.executable, "-m", "tiergate", "keys", *argv], cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=60, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "tiergate", "keys", *argv],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )

@@ -47,14 +47,22 @@ def json_body(response: bytes) -> Any:
     return json.loads(response.partition(b"\r\n\r\n")[2])
 
 
-def get(port: int, path: str, *, keep_alive: bool = False,
-        extra: bytes = b"") -> tuple[socket.socket, bytes, float]:
+def get(
+    port: int, path: str, *, keep_alive: bool = False, extra: bytes = b""
+) -> tuple[socket.socket, bytes, float]:
     """One GET on a new connection: the socket (open when ``keep_alive``), response, seconds."""
     sock = connect(port)
     started = time.perf_counter()
     connection = b"keep-alive" if keep_alive else b"close"
-    sock.sendall(b"GET " + path.encode() + b" HTTP/1.1\r\nHost: gw\r\nConnection: "
-                 + connection + CRLF + extra + CRLF)
+    sock.sendall(
+        b"GET "
+        + path.encode()
+        + b" HTTP/1.1\r\nHost: gw\r\nConnection: "
+        + connection
+        + CRLF
+        + extra
+        + CRLF
+    )
     response = read_response(sock)
     elapsed = time.perf_counter() - started
     if not keep_alive:

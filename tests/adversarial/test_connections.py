@@ -36,20 +36,29 @@ SLACK = 1.5  # the sweeper's tick plus a loaded 2-core machine
 @pytest.fixture(scope="module")
 def sims() -> Iterator[tuple[SimulatorProcess, SimulatorProcess]]:
     """Zero-latency fast and precise simulators."""
-    with SimulatorProcess("--profile", "fast", "--model", "tiergate-fast",
-                          "--latency-scale", "0") as fast, \
-         SimulatorProcess("--profile", "precise", "--model", "tiergate-precise",
-                          "--latency-scale", "0") as precise:
+    with (
+        SimulatorProcess(
+            "--profile", "fast", "--model", "tiergate-fast", "--latency-scale", "0"
+        ) as fast,
+        SimulatorProcess(
+            "--profile", "precise", "--model", "tiergate-precise", "--latency-scale", "0"
+        ) as precise,
+    ):
         yield fast, precise
 
 
-def gateway_config(sims: tuple[SimulatorProcess, SimulatorProcess],
-                   **server: object) -> dict[str, object]:
+def gateway_config(
+    sims: tuple[SimulatorProcess, SimulatorProcess], **server: object
+) -> dict[str, object]:
     """Auth off, short connection deadlines, ``server`` overrides."""
     return {
         "auth": {"enabled": False},
-        "server": {"head_timeout_s": HEAD_TIMEOUT, "body_timeout_s": BODY_TIMEOUT,
-                   "idle_timeout_s": IDLE_TIMEOUT, **server},
+        "server": {
+            "head_timeout_s": HEAD_TIMEOUT,
+            "body_timeout_s": BODY_TIMEOUT,
+            "idle_timeout_s": IDLE_TIMEOUT,
+            **server,
+        },
         "tiers": tiers_config([sims[0].url], [sims[1].url]),
     }
 
@@ -65,7 +74,8 @@ def _shed(gw: GatewayProcess, reason: str) -> float:
     with urllib.request.urlopen(gw.url + "/metrics", timeout=5) as response:  # noqa: S310  # loopback
         text = response.read().decode()
     match = re.search(
-        r'^tiergate_connections_shed_total\{reason="' + reason + r'"\} (\S+)$', text, re.M)
+        r'^tiergate_connections_shed_total\{reason="' + reason + r'"\} (\S+)$', text, re.M
+    )
     assert match is not None, text
     return float(match[1])
 
@@ -135,8 +145,9 @@ def test_many_growing_headers_do_not_grow_memory(gw: GatewayProcess) -> None:
 def test_pipelined_growing_header_gets_431(gw: GatewayProcess) -> None:
     """A header growing behind a complete request on the same connection is cut at the limit."""
     sock = connect(gw.port)
-    sock.sendall(b"GET /livez HTTP/1.1\r\nHost: gw\r\n\r\n"
-                 b"GET /livez HTTP/1.1\r\nHost: gw\r\nX-Grow: ")
+    sock.sendall(
+        b"GET /livez HTTP/1.1\r\nHost: gw\r\n\r\nGET /livez HTTP/1.1\r\nHost: gw\r\nX-Grow: "
+    )
     with contextlib.suppress(BrokenPipeError, ConnectionResetError):
         for _ in range(256):
             sock.sendall(b"p" * 1024)
@@ -221,9 +232,10 @@ def test_idle_keep_alive_connection_is_closed(gw: GatewayProcess) -> None:
 
 
 def _post_head(length: int) -> bytes:
-    return (b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\n"
-            b"Content-Type: application/json\r\nContent-Length: " + str(length).encode()
-            + b"\r\n\r\n")
+    return (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\n"
+        b"Content-Type: application/json\r\nContent-Length: " + str(length).encode() + b"\r\n\r\n"
+    )
 
 
 def test_slow_body_upload_is_closed(gw: GatewayProcess) -> None:
@@ -257,14 +269,16 @@ def test_stalled_body_is_closed(gw: GatewayProcess) -> None:
 
 def test_body_in_pieces_at_a_fair_rate_is_served(gw: GatewayProcess) -> None:
     """A body sent in four pieces over 0.6 s is read and answered normally."""
-    body = (b'{"model": "tiergate-fast", "max_tokens": 4, '
-            b'"messages": [{"role": "user", "content": "' + b"y" * 4000 + b'"}]}')
+    body = (
+        b'{"model": "tiergate-fast", "max_tokens": 4, '
+        b'"messages": [{"role": "user", "content": "' + b"y" * 4000 + b'"}]}'
+    )
     sock = connect(gw.port)
     sock.sendall(_post_head(len(body)))
     step = len(body) // 4 + 1
     for i in range(0, len(body), step):
         time.sleep(0.2)
-        sock.sendall(body[i:i + step])
+        sock.sendall(body[i : i + step])
     response = read_response(sock)
     sock.close()
     assert status_of(response) == 200, response[:300]
@@ -277,18 +291,27 @@ RESERVE = 5
 @pytest.fixture(scope="module")
 def capped(sims: tuple[SimulatorProcess, SimulatorProcess]) -> Iterator[GatewayProcess]:
     """A gateway capped at 20 connections (+5 for probes), with long deadlines."""
-    config = gateway_config(sims, max_connections=CAP, max_connections_reserve=RESERVE,
-                            head_timeout_s=60, body_timeout_s=60, idle_timeout_s=60)
+    config = gateway_config(
+        sims,
+        max_connections=CAP,
+        max_connections_reserve=RESERVE,
+        head_timeout_s=60,
+        body_timeout_s=60,
+        idle_timeout_s=60,
+    )
     with GatewayProcess(config) as proc:
         yield proc
 
 
 def _chat(port: int) -> int:
-    body = (b'{"model": "tiergate-fast", "max_tokens": 4, '
-            b'"messages": [{"role": "user", "content": "hi"}]}')
+    body = (
+        b'{"model": "tiergate-fast", "max_tokens": 4, '
+        b'"messages": [{"role": "user", "content": "hi"}]}'
+    )
     sock = connect(port)
-    sock.sendall(_post_head(len(body)).replace(b"Host: gw", b"Host: gw\r\nConnection: close")
-                 + body)
+    sock.sendall(
+        _post_head(len(body)).replace(b"Host: gw", b"Host: gw\r\nConnection: close") + body
+    )
     response = read_response(sock)
     sock.close()
     return status_of(response)

@@ -54,8 +54,9 @@ class Stack:
     def post(self, body: dict[str, Any], key: str | None = None) -> httpx.Response:
         """POST a chat body with ``key`` (the plain key by default)."""
         headers = {"Authorization": f"Bearer {key or self.plain}"}
-        return httpx.post(self.gateway.url + "/v1/chat/completions", json=body,
-                          headers=headers, timeout=10)
+        return httpx.post(
+            self.gateway.url + "/v1/chat/completions", json=body, headers=headers, timeout=10
+        )
 
 
 @pytest.fixture(scope="module")
@@ -63,14 +64,17 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """Real simulator and gateway processes with two keys in a key file."""
     path = tmp_path_factory.mktemp("keys") / "keys.yaml"
     store = FileKeyStore(path)
-    plain_record, plain = issue_key("t", KeyPolicy(allowed_tiers=frozenset({"fast"})),
-                                    now=time.time())
+    plain_record, plain = issue_key(
+        "t", KeyPolicy(allowed_tiers=frozenset({"fast"})), now=time.time()
+    )
     engine_record, engine = issue_key(
-        "t", KeyPolicy(scopes=frozenset({SCOPE_ENGINE_FIELDS})), now=time.time())
+        "t", KeyPolicy(scopes=frozenset({SCOPE_ENGINE_FIELDS})), now=time.time()
+    )
     store.put_sync(plain_record)
     store.put_sync(engine_record)
-    with SimulatorProcess("--profile", "fast", "--model", "tiergate-fast",
-                          "--latency-scale", "0") as sim:
+    with SimulatorProcess(
+        "--profile", "fast", "--model", "tiergate-fast", "--latency-scale", "0"
+    ) as sim:
         tiers = tiers_config([sim.url], [sim.url])
         tiers["fast"]["allow_remote_media"] = True
         config = {"auth": {"keys_file": str(path)}, "tiers": tiers}
@@ -99,8 +103,9 @@ def test_engine_control_fields_are_refused_for_a_key_without_the_scope(
 
 def test_engine_fields_reach_the_backend_with_the_scope(stack: Stack) -> None:
     """A key with the engine_fields scope may send them; they arrive untouched."""
-    resp = stack.post(chat(priority=5, chat_template_kwargs={"enable_thinking": False}),
-                      stack.engine)
+    resp = stack.post(
+        chat(priority=5, chat_template_kwargs={"enable_thinking": False}), stack.engine
+    )
     assert resp.status_code == 200
     seen = stack.sim.stats()["last_request"]
     assert seen["priority"] == 5
@@ -121,8 +126,15 @@ def test_unknown_fields_are_refused_like_openai(stack: Stack) -> None:
 
 def image(url: str) -> list[dict[str, Any]]:
     """A user message with one image part."""
-    return [{"role": "user", "content": [{"type": "text", "text": "what is this?"},
-                                         {"type": "image_url", "image_url": {"url": url}}]}]
+    return [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "what is this?"},
+                {"type": "image_url", "image_url": {"url": url}},
+            ],
+        }
+    ]
 
 
 @pytest.mark.parametrize("url", FORBIDDEN_MEDIA)
@@ -144,8 +156,9 @@ def test_inline_media_and_public_addresses_pass(stack: Stack) -> None:
 
 def test_remote_media_is_refused_where_the_tier_does_not_allow_it(stack: Stack) -> None:
     """The precise tier keeps the default (inline media only)."""
-    resp = stack.post(chat(model="precise", messages=image("http://93.184.215.14/c.png")),
-                      stack.engine)
+    resp = stack.post(
+        chat(model="precise", messages=image("http://93.184.215.14/c.png")), stack.engine
+    )
     assert resp.status_code == 400
     assert resp.json()["error"]["code"] == "remote_media_not_allowed"
 
@@ -153,11 +166,18 @@ def test_remote_media_is_refused_where_the_tier_does_not_allow_it(stack: Stack) 
 @pytest.mark.parametrize("depth", [100, 990, 5000])
 def test_deeply_nested_json_is_a_400_not_a_500(stack: Stack, depth: int) -> None:
     """Bodies nested past the depth limit (and past msgspec's own guard) get a clean 400."""
-    raw = ('{"model": "fast", "messages": [{"role": "user", "content": "hi"}], "metadata": '
-           + "[" * depth + "]" * depth + "}")
-    resp = httpx.post(stack.gateway.url + "/v1/chat/completions", content=raw,
-                      headers={"Authorization": f"Bearer {stack.plain}",
-                               "Content-Type": "application/json"}, timeout=10)
+    raw = (
+        '{"model": "fast", "messages": [{"role": "user", "content": "hi"}], "metadata": '
+        + "[" * depth
+        + "]" * depth
+        + "}"
+    )
+    resp = httpx.post(
+        stack.gateway.url + "/v1/chat/completions",
+        content=raw,
+        headers={"Authorization": f"Bearer {stack.plain}", "Content-Type": "application/json"},
+        timeout=10,
+    )
     assert resp.status_code == 400
     assert resp.json()["error"]["code"] == "json_too_deep"
     assert httpx.get(stack.gateway.url + "/livez").status_code == 200

@@ -51,8 +51,9 @@ def redis() -> Iterator[RedisServer]:
 @pytest.fixture(scope="module")
 def sim() -> Iterator[SimulatorProcess]:
     """A zero-latency fast-tier simulator."""
-    with SimulatorProcess("--profile", "fast", "--model", "tiergate-fast",
-                          "--latency-scale", "0") as process:
+    with SimulatorProcess(
+        "--profile", "fast", "--model", "tiergate-fast", "--latency-scale", "0"
+    ) as process:
         yield process
 
 
@@ -107,22 +108,27 @@ async def warm(http: httpx.AsyncClient, gateways: list[GatewayProcess], token: s
         assert await status(http, gateway, token) == 200
 
 
-async def refused_everywhere(http: httpx.AsyncClient, gateways: list[GatewayProcess],
-                             token: str, within: float) -> None:
+async def refused_everywhere(
+    http: httpx.AsyncClient, gateways: list[GatewayProcess], token: str, within: float
+) -> None:
     """Every gateway answers 401 for ``token`` within ``within`` seconds."""
     for gateway in gateways:
+
         async def refused(gw: GatewayProcess = gateway) -> bool:
             return await status(http, gw, token) == 401
+
         await seconds_until(refused, within)
 
 
 async def test_admin_rotate_swaps_secrets_here_at_once_and_elsewhere_within_a_second(
-    redis_gateways: list[GatewayProcess], http: httpx.AsyncClient,
+    redis_gateways: list[GatewayProcess],
+    http: httpx.AsyncClient,
 ) -> None:
     """After an admin-API rotate, the new key works and the old fails at once on that replica."""
     here, *others = redis_gateways
-    created = await http.post(here.url + "/admin/keys", json={"tenant": "adv"},
-                              headers=bearer(ADMIN))
+    created = await http.post(
+        here.url + "/admin/keys", json={"tenant": "adv"}, headers=bearer(ADMIN)
+    )
     old, key_id = created.json()["key"], created.json()["id"]
     await warm(http, redis_gateways, old)
     rotated = await http.post(f"{here.url}/admin/keys/{key_id}/rotate", headers=bearer(ADMIN))
@@ -136,15 +142,17 @@ async def test_admin_rotate_swaps_secrets_here_at_once_and_elsewhere_within_a_se
 
 
 async def test_admin_revoke_applies_here_at_once_and_elsewhere_within_a_second(
-    redis_gateways: list[GatewayProcess], http: httpx.AsyncClient,
+    redis_gateways: list[GatewayProcess],
+    http: httpx.AsyncClient,
 ) -> None:
     """An admin-API revoke refuses the key on that replica at once, on the others within 1 s."""
     here, *others = redis_gateways
     _, token = await redis_key(redis_gateways[0].config["redis"]["url"])
     await warm(http, redis_gateways, token)
     key_id = token.split("-")[1]
-    assert (await http.delete(f"{here.url}/admin/keys/{key_id}",
-                              headers=bearer(ADMIN))).status_code == 200
+    assert (
+        await http.delete(f"{here.url}/admin/keys/{key_id}", headers=bearer(ADMIN))
+    ).status_code == 200
     refused = await http.get(here.url + "/v1/models", headers=bearer(token))
     assert refused.status_code == 401
     assert refused.json()["error"]["code"] == "api_key_revoked"
@@ -152,7 +160,9 @@ async def test_admin_revoke_applies_here_at_once_and_elsewhere_within_a_second(
 
 
 async def test_cli_revoke_and_rotate_are_true_when_the_cli_says_so(
-    redis: RedisServer, redis_gateways: list[GatewayProcess], http: httpx.AsyncClient,
+    redis: RedisServer,
+    redis_gateways: list[GatewayProcess],
+    http: httpx.AsyncClient,
 ) -> None:
     """`tiergate keys rotate/revoke --redis-url` apply on every replica within a second."""
     record, old = await redis_key(redis.url)
@@ -169,14 +179,17 @@ async def test_cli_revoke_and_rotate_are_true_when_the_cli_says_so(
 
 
 async def test_policy_change_applies_on_every_replica_within_a_second(
-    redis: RedisServer, redis_gateways: list[GatewayProcess], http: httpx.AsyncClient,
+    redis: RedisServer,
+    redis_gateways: list[GatewayProcess],
+    http: httpx.AsyncClient,
 ) -> None:
     """A record rewritten with a fast-only policy gets 403 for precise within 1 s everywhere."""
     record, token = await redis_key(redis.url)
     precise = {**CHAT, "model": "precise"}
     for gateway in redis_gateways:  # warm: the precise tier is allowed (its replica is down)
-        response = await http.post(gateway.url + "/v1/chat/completions", json=precise,
-                                   headers=bearer(token))
+        response = await http.post(
+            gateway.url + "/v1/chat/completions", json=precise, headers=bearer(token)
+        )
         assert response.status_code != 403
     client = Redis.from_url(redis.url)
     try:
@@ -185,30 +198,39 @@ async def test_policy_change_applies_on_every_replica_within_a_second(
     finally:
         await client.aclose()
     for gateway in redis_gateways:
+
         async def forbidden(gw: GatewayProcess = gateway) -> bool:
-            response = await http.post(gw.url + "/v1/chat/completions", json=precise,
-                                       headers=bearer(token))
+            response = await http.post(
+                gw.url + "/v1/chat/completions", json=precise, headers=bearer(token)
+            )
             return response.status_code == 403
+
         await seconds_until(forbidden, BOUND_S)
 
 
 async def test_file_store_revocation_reaches_every_replica_within_about_a_second(
-    keys_file: Path, file_gateways: list[GatewayProcess], http: httpx.AsyncClient,
+    keys_file: Path,
+    file_gateways: list[GatewayProcess],
+    http: httpx.AsyncClient,
 ) -> None:
     """File keys: admin revoke applies here at once, on the other replica within ~1 s."""
     here, other = file_gateways
-    created = await http.post(here.url + "/admin/keys", json={"tenant": "adv"},
-                              headers=bearer(ADMIN))
+    created = await http.post(
+        here.url + "/admin/keys", json={"tenant": "adv"}, headers=bearer(ADMIN)
+    )
     token, key_id = created.json()["key"], created.json()["id"]
     await seconds_until(lambda: _ok_everywhere(http, file_gateways, token), BOUND_S + 0.5)
-    assert (await http.delete(f"{here.url}/admin/keys/{key_id}",
-                              headers=bearer(ADMIN))).status_code == 200
+    assert (
+        await http.delete(f"{here.url}/admin/keys/{key_id}", headers=bearer(ADMIN))
+    ).status_code == 200
     assert await status(http, here, token) == 401
     await refused_everywhere(http, [other], token, BOUND_S + 0.5)
 
 
 async def test_file_store_cli_rotate_reaches_every_replica_within_about_a_second(
-    keys_file: Path, file_gateways: list[GatewayProcess], http: httpx.AsyncClient,
+    keys_file: Path,
+    file_gateways: list[GatewayProcess],
+    http: httpx.AsyncClient,
 ) -> None:
     """File keys: after `tiergate keys rotate --keys-file` both replicas swap within ~1 s."""
     record, old = issue_key("adv", KeyPolicy(), now=time.time())
@@ -222,13 +244,15 @@ async def test_file_store_cli_rotate_reaches_every_replica_within_about_a_second
     assert await _ok_everywhere(http, file_gateways, new)
 
 
-async def _ok_everywhere(http: httpx.AsyncClient, gateways: list[GatewayProcess],
-                         token: str) -> bool:
+async def _ok_everywhere(
+    http: httpx.AsyncClient, gateways: list[GatewayProcess], token: str
+) -> bool:
     return all([await status(http, gw, token) == 200 for gw in gateways])
 
 
 async def test_outage_serves_cached_keys_and_reconnect_applies_missed_changes(
-    sim: SimulatorProcess, http: httpx.AsyncClient,
+    sim: SimulatorProcess,
+    http: httpx.AsyncClient,
 ) -> None:
     """Redis killed: cached keys keep working; back (empty): a change nobody heard applies."""
     with RedisServer() as redis:
@@ -256,8 +280,10 @@ async def test_outage_serves_cached_keys_and_reconnect_applies_missed_changes(
                 await client.aclose()
             await refused_everywhere(http, gateways, token, BOUND_S + 0.5)
             for gateway in gateways:
+
                 async def resubscribed(gw: GatewayProcess = gateway) -> bool:
                     return "auth.key_feed_subscribed" in gw.log_text()
+
                 await seconds_until(resubscribed, 3.0)
                 log = gateway.log_text()
                 assert log.count("auth.key_feed_unavailable") == 1, log

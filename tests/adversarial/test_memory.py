@@ -34,8 +34,16 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[GatewayPro
     path = tmp_path_factory.mktemp("keys") / "keys.yaml"
     record, key = issue_key("mem", KeyPolicy(allowed_tiers=frozenset({"fast"})), now=time.time())
     FileKeyStore(path).put_sync(record)
-    with SimulatorProcess("--profile", "fast", "--model", "tiergate-fast",
-                          "--latency-scale", "0", "--max-model-len", "4096") as sim:
+    with SimulatorProcess(
+        "--profile",
+        "fast",
+        "--model",
+        "tiergate-fast",
+        "--latency-scale",
+        "0",
+        "--max-model-len",
+        "4096",
+    ) as sim:
         config = {
             "auth": {"keys_file": str(path)},
             "server": {"max_body_bytes": 4 * 1024 * 1024},
@@ -62,8 +70,13 @@ def refusals(key: str) -> list[tuple[int, bytes, dict[str, str]]]:
         (404, chat(model="no-such-model"), auth),
         (413, chat(extra="y" * 2_000_000), auth),
         (400, chat(max_tokens=8), auth),  # the backend's context-length 400, passed through
-        (200, json.dumps({"model": "fast", "max_tokens": 4,
-                          "messages": [{"role": "user", "content": "hi"}]}).encode(), auth),
+        (
+            200,
+            json.dumps(
+                {"model": "fast", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
+            ).encode(),
+            auth,
+        ),
     ]
 
 

@@ -19,12 +19,16 @@ PRECISE = ("--profile", "precise", "--model", "tiergate-precise", "--latency-sca
 def settings(precise: list[str]) -> dict[str, object]:
     """Auth off; the precise tier on ``precise``; the fast tier points at the same replicas."""
     tier = {"model": "tiergate-precise", "replicas": precise}
-    return {"auth": {"enabled": False}, "health": {"interval_s": 0.5},
-            "tiers": {"fast": tier, "precise": tier}}
+    return {
+        "auth": {"enabled": False},
+        "health": {"interval_s": 0.5},
+        "tiers": {"fast": tier, "precise": tier},
+    }
 
 
-async def load(url: str, victim: SimulatorProcess, *, stream: bool,
-               seconds: float = 4.0) -> list[tuple[int, bool]]:
+async def load(
+    url: str, victim: SimulatorProcess, *, stream: bool, seconds: float = 4.0
+) -> list[tuple[int, bool]]:
     """50 closed-loop clients for ``seconds``; the victim is killed a second in.
 
     Each result is (status, complete): ``complete`` is true for a non-streaming 200 and for
@@ -36,8 +40,12 @@ async def load(url: str, victim: SimulatorProcess, *, stream: bool,
     async def client_loop(client: httpx.AsyncClient, n: int) -> None:
         i = 0
         while time.monotonic() < stop_at:
-            body = {"model": "precise", "max_tokens": 16, "stream": stream,
-                    "messages": [{"role": "user", "content": f"client {n} request {i}"}]}
+            body = {
+                "model": "precise",
+                "max_tokens": 16,
+                "stream": stream,
+                "messages": [{"role": "user", "content": f"client {n} request {i}"}],
+            }
             i += 1
             async with client.stream("POST", url + "/v1/chat/completions", json=body) as resp:
                 text = (await resp.aread()).decode()
@@ -55,9 +63,11 @@ async def load(url: str, victim: SimulatorProcess, *, stream: bool,
 
 def test_kill_9_under_50_concurrent_requests_costs_no_non_streaming_error() -> None:
     """Every non-streaming request gets a 200 while one of the two replicas is SIGKILLed."""
-    with SimulatorProcess(*PRECISE, "--seed", "1") as a, \
-            SimulatorProcess(*PRECISE, "--seed", "2") as b, \
-            GatewayProcess(settings([a.url, b.url])) as gateway:
+    with (
+        SimulatorProcess(*PRECISE, "--seed", "1") as a,
+        SimulatorProcess(*PRECISE, "--seed", "2") as b,
+        GatewayProcess(settings([a.url, b.url])) as gateway,
+    ):
         results = asyncio.run(load(gateway.url, b, stream=False))
     errors = [status for status, _ in results if status != 200]
     assert len(results) > 200
@@ -66,9 +76,11 @@ def test_kill_9_under_50_concurrent_requests_costs_no_non_streaming_error() -> N
 
 def test_kill_9_breaks_only_streams_already_running_and_in_band() -> None:
     """Streams get a 200; those cut by the crash end with an error event, never a fake [DONE]."""
-    with SimulatorProcess(*PRECISE, "--seed", "1") as a, \
-            SimulatorProcess(*PRECISE, "--seed", "2") as b, \
-            GatewayProcess(settings([a.url, b.url])) as gateway:
+    with (
+        SimulatorProcess(*PRECISE, "--seed", "1") as a,
+        SimulatorProcess(*PRECISE, "--seed", "2") as b,
+        GatewayProcess(settings([a.url, b.url])) as gateway,
+    ):
         results = asyncio.run(load(gateway.url, b, stream=True))
     statuses = {status for status, _ in results}
     broken = sum(1 for _, complete in results if not complete)

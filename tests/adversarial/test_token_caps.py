@@ -33,8 +33,12 @@ class Stack:
 
     def post(self, path: str, body: dict[str, Any], key: str) -> httpx.Response:
         """POST ``body`` to ``path`` with ``key``."""
-        return httpx.post(self.gateway.url + path, json={"model": "fast", **body},
-                          headers={"Authorization": f"Bearer {key}"}, timeout=60)
+        return httpx.post(
+            self.gateway.url + path,
+            json={"model": "fast", **body},
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=60,
+        )
 
 
 @pytest.fixture(scope="module")
@@ -46,10 +50,20 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     multi, multi_key = issue_key("p4", KeyPolicy(max_tokens=256, tpm=1000, max_n=4), now=now)
     store.put_sync(burst)
     store.put_sync(multi)
-    with SimulatorProcess("--profile", "fast", "--model", "tiergate-fast", "--latency-scale",
-                          "0.2", "--max-model-len", "8192") as sim:
-        config = {"auth": {"keys_file": str(store.path)},
-                  "tiers": tiers_config([sim.url], [sim.url])}
+    with SimulatorProcess(
+        "--profile",
+        "fast",
+        "--model",
+        "tiergate-fast",
+        "--latency-scale",
+        "0.2",
+        "--max-model-len",
+        "8192",
+    ) as sim:
+        config = {
+            "auth": {"keys_file": str(store.path)},
+            "tiers": tiers_config([sim.url], [sim.url]),
+        }
         config["tiers"]["precise"]["model"] = "tiergate-fast"
         with GatewayProcess(config) as gateway:
             yield Stack(gateway, sim, burst_key, multi_key)
@@ -57,10 +71,14 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 async def _burst(stack: Stack, count: int) -> list[httpx.Response]:
     async with httpx.AsyncClient(timeout=60) as client:
-        sends = [client.post(stack.gateway.url + "/v1/chat/completions",
-                             json={"model": "fast", "messages": CHAT},
-                             headers={"Authorization": f"Bearer {stack.burst_key}"})
-                 for _ in range(count)]
+        sends = [
+            client.post(
+                stack.gateway.url + "/v1/chat/completions",
+                json={"model": "fast", "messages": CHAT},
+                headers={"Authorization": f"Bearer {stack.burst_key}"},
+            )
+            for _ in range(count)
+        ]
         return list(await asyncio.gather(*sends))
 
 
@@ -85,7 +103,10 @@ def test_burst_without_max_tokens_stays_within_tpm(stack: Stack) -> None:
     ],
 )
 def test_more_completions_than_the_key_allows_are_refused(
-    stack: Stack, path: str, body: dict[str, Any], param: str,
+    stack: Stack,
+    path: str,
+    body: dict[str, Any],
+    param: str,
 ) -> None:
     """n, best_of and list prompts above the key's max_n: 400 naming the field, not forwarded."""
     before = stack.sim.stats()["requests_total"]

@@ -55,8 +55,13 @@ class Stack:
 
 def gateway_config(sim: SimulatorProcess, keys_file: Path, **tier_options: Any) -> dict[str, Any]:
     """Both tiers on ``sim``, keys from ``keys_file``, the upstream key unless overridden."""
-    tier = {"model": "tiergate-fast", "replicas": [sim.url], "max_tokens_cap": TIER_CAP,
-            "api_key": UPSTREAM_KEY, **tier_options}
+    tier = {
+        "model": "tiergate-fast",
+        "replicas": [sim.url],
+        "max_tokens_cap": TIER_CAP,
+        "api_key": UPSTREAM_KEY,
+        **tier_options,
+    }
     return {
         "auth": {"keys_file": str(keys_file), "admin_token": ADMIN, "cache_ttl_s": 0},
         "health": {"interval_s": 0.2},
@@ -75,14 +80,23 @@ def _keys(path: Path) -> tuple[str, str]:
 
 
 @pytest.fixture(scope="module", params=BACKENDS, ids=lambda b: b.name)
-def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-          ) -> Iterator[Stack]:
+def stack(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Stack]:
     """A simulator of the variant (fast profile, real latencies) and a gateway in front."""
     backend: Backend = request.param
     keys_file = tmp_path_factory.mktemp("conformance") / "keys.yaml"
     key, capped_key = _keys(keys_file)
-    args = [*backend.sim_args, "--profile", "fast", "--model", "tiergate-fast",
-            "--max-model-len", str(MAX_MODEL_LEN), "--enable-prompt-tokens-details"]
+    args = [
+        *backend.sim_args,
+        "--profile",
+        "fast",
+        "--model",
+        "tiergate-fast",
+        "--max-model-len",
+        str(MAX_MODEL_LEN),
+        "--enable-prompt-tokens-details",
+    ]
     if backend.api_key:
         args += ["--api-key", UPSTREAM_KEY]
     with SimulatorProcess(*args) as sim, GatewayProcess(gateway_config(sim, keys_file)) as gw:

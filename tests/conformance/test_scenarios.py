@@ -30,18 +30,25 @@ def _events(text: str) -> list[str]:
     return [e for e in text.split("\n\n") if e.strip()]
 
 
-def _stream(stack: Stack, body: dict[str, Any], headers: dict[str, str] | None = None
-            ) -> tuple[int, str]:
+def _stream(
+    stack: Stack, body: dict[str, Any], headers: dict[str, str] | None = None
+) -> tuple[int, str]:
     payload = {"model": "fast", "messages": CHAT, "stream": True, **body}
-    with httpx.stream("POST", stack.gateway.url + "/v1/chat/completions", json=payload,
-                      headers={**stack.auth(), **(headers or {})}, timeout=30) as resp:
+    with httpx.stream(
+        "POST",
+        stack.gateway.url + "/v1/chat/completions",
+        json=payload,
+        headers={**stack.auth(), **(headers or {})},
+        timeout=30,
+    ) as resp:
         return resp.status_code, resp.read().decode()
 
 
 def test_non_streaming(stack: Stack) -> None:
     """A plain chat completion comes back whole, with usage and the caller's request id."""
     raw = _client(stack).chat.completions.with_raw_response.create(
-        model="fast", messages=CHAT, max_tokens=8, extra_headers={"x-request-id": "conf-1"})  # type: ignore[arg-type]
+        model="fast", messages=CHAT, max_tokens=8, extra_headers={"x-request-id": "conf-1"}
+    )  # type: ignore[arg-type]
     reply = raw.parse()
     assert raw.headers["x-request-id"] == "conf-1"
     assert reply.choices[0].message.content
@@ -68,8 +75,9 @@ def test_in_stream_error_is_a_failure(stack: Stack) -> None:
     before = stack.replica()["attempts"].get("mid_stream", 0)
     stack.sim.set_faults(error_mid_stream=1.0)
     try:
-        status, text = _stream(stack, {"max_tokens": 20, "ignore_eos": True,
-                                       "stream_options": {"include_usage": True}})
+        status, text = _stream(
+            stack, {"max_tokens": 20, "ignore_eos": True, "stream_options": {"include_usage": True}}
+        )
     finally:
         stack.sim.set_faults(error_mid_stream=0.0)
     events = _events(text)
@@ -82,12 +90,19 @@ def test_in_stream_error_is_a_failure(stack: Stack) -> None:
 
 
 async def _same_id_streams(stack: Stack, request_id: str) -> list[httpx.Response]:
-    payload = {"model": "fast", "messages": CHAT, "stream": True, "max_tokens": 60,
-               "ignore_eos": True}
+    payload = {
+        "model": "fast",
+        "messages": CHAT,
+        "stream": True,
+        "max_tokens": 60,
+        "ignore_eos": True,
+    }
     headers = {**stack.auth(), "x-request-id": request_id}
     async with httpx.AsyncClient(timeout=30) as client:
-        sends = [client.post(stack.gateway.url + "/v1/chat/completions", json=payload,
-                             headers=headers) for _ in range(2)]
+        sends = [
+            client.post(stack.gateway.url + "/v1/chat/completions", json=payload, headers=headers)
+            for _ in range(2)
+        ]
         return list(await asyncio.gather(*sends))
 
 
@@ -116,8 +131,11 @@ def test_no_max_tokens_is_bounded(stack: Stack) -> None:
 
 def test_completions_without_max_tokens_keep_the_api_default(stack: Stack) -> None:
     """A text completion without max_tokens is bounded by the API's default of 16 tokens."""
-    resp = httpx.post(stack.gateway.url + "/v1/completions", headers=stack.auth(),
-                      json={"model": "fast", "prompt": "Once upon a time"})
+    resp = httpx.post(
+        stack.gateway.url + "/v1/completions",
+        headers=stack.auth(),
+        json={"model": "fast", "prompt": "Once upon a time"},
+    )
     assert resp.status_code == 200
     assert stack.sim.stats()["last_request"]["max_tokens"] == 16
     assert resp.json()["usage"]["completion_tokens"] <= 16
@@ -126,8 +144,14 @@ def test_completions_without_max_tokens_keep_the_api_default(stack: Stack) -> No
 async def _burst(stack: Stack, count: int) -> list[httpx.Response]:
     payload = {"model": "fast", "messages": CHAT}
     async with httpx.AsyncClient(timeout=60) as client:
-        sends = [client.post(stack.gateway.url + "/v1/chat/completions", json=payload,
-                             headers=stack.auth(stack.capped_key)) for _ in range(count)]
+        sends = [
+            client.post(
+                stack.gateway.url + "/v1/chat/completions",
+                json=payload,
+                headers=stack.auth(stack.capped_key),
+            )
+            for _ in range(count)
+        ]
         return list(await asyncio.gather(*sends))
 
 
@@ -146,8 +170,11 @@ def test_token_caps_hold_without_max_tokens(stack: Stack) -> None:
 def test_n_is_bounded_by_the_key(stack: Stack) -> None:
     """n above the key's max_n (default 1) is refused before anything is forwarded."""
     before = stack.sim.stats()["requests_total"]
-    resp = httpx.post(stack.gateway.url + "/v1/chat/completions", headers=stack.auth(),
-                      json={"model": "fast", "messages": CHAT, "max_tokens": 4, "n": 3})
+    resp = httpx.post(
+        stack.gateway.url + "/v1/chat/completions",
+        headers=stack.auth(),
+        json={"model": "fast", "messages": CHAT, "max_tokens": 4, "n": 3},
+    )
     assert resp.status_code == 400
     assert resp.json()["error"]["param"] == "n"
     assert resp.json()["error"]["code"] == "n_exceeded"
@@ -157,8 +184,11 @@ def test_n_is_bounded_by_the_key(stack: Stack) -> None:
 def test_client_errors_pass_through(stack: Stack) -> None:
     """A backend 400 (prompt over the context) reaches the caller as 400 with its message."""
     long_prompt = [{"role": "user", "content": "word " * 2100}]
-    resp = httpx.post(stack.gateway.url + "/v1/chat/completions", headers=stack.auth(),
-                      json={"model": "fast", "messages": long_prompt, "max_tokens": 4})
+    resp = httpx.post(
+        stack.gateway.url + "/v1/chat/completions",
+        headers=stack.auth(),
+        json={"model": "fast", "messages": long_prompt, "max_tokens": 4},
+    )
     assert resp.status_code == 400
     assert "maximum context length" in resp.json()["error"]["message"]
     assert stack.replica()["misconfigured"] is False
@@ -167,10 +197,20 @@ def test_client_errors_pass_through(stack: Stack) -> None:
 def test_client_disconnect_aborts_upstream(stack: Stack) -> None:
     """A caller leaving mid-stream makes the backend abort the request."""
     before = stack.sim.stats()["aborts_total"]
-    payload = {"model": "fast", "messages": CHAT, "stream": True, "max_tokens": 250,
-               "ignore_eos": True}
-    with httpx.stream("POST", stack.gateway.url + "/v1/chat/completions", json=payload,
-                      headers=stack.auth(), timeout=30) as resp:
+    payload = {
+        "model": "fast",
+        "messages": CHAT,
+        "stream": True,
+        "max_tokens": 250,
+        "ignore_eos": True,
+    }
+    with httpx.stream(
+        "POST",
+        stack.gateway.url + "/v1/chat/completions",
+        json=payload,
+        headers=stack.auth(),
+        timeout=30,
+    ) as resp:
         next(resp.iter_bytes())
     deadline = asyncio.run(_wait_for(lambda: stack.sim.stats()["aborts_total"] > before))
     assert deadline
@@ -199,13 +239,17 @@ async def _wait_for(check: Any, timeout_s: float = 5.0) -> bool:
 
 def test_slow_non_streaming_reply_is_generated_once(stack: Stack) -> None:
     """A non-streaming reply slower than first_byte_s is waited for, never sent again."""
-    config = gateway_config(stack.sim, stack.keys_file,
-                            timeouts={"first_byte_s": 0.1, "total_s": 30})
+    config = gateway_config(
+        stack.sim, stack.keys_file, timeouts={"first_byte_s": 0.1, "total_s": 30}
+    )
     with GatewayProcess(config) as gw:
         before = stack.sim.stats()["requests_total"]
-        resp = httpx.post(gw.url + "/v1/chat/completions", headers=stack.auth(), timeout=30,
-                          json={"model": "fast", "messages": CHAT, "max_tokens": 80,
-                                "ignore_eos": True})
+        resp = httpx.post(
+            gw.url + "/v1/chat/completions",
+            headers=stack.auth(),
+            timeout=30,
+            json={"model": "fast", "messages": CHAT, "max_tokens": 80, "ignore_eos": True},
+        )
         assert resp.status_code == 200, resp.text
         assert stack.sim.stats()["requests_total"] == before + 1
 
@@ -217,8 +261,11 @@ def test_upstream_credentials_refused(stack: Stack) -> None:
         pytest.xfail(f"{stack.backend.name} has no API key option")
     config = gateway_config(stack.sim, stack.keys_file, api_key="not-the-key")
     with GatewayProcess(config) as gw:
-        resp = httpx.post(gw.url + "/v1/chat/completions", headers=stack.auth(),
-                          json={"model": "fast", "messages": CHAT, "max_tokens": 4})
+        resp = httpx.post(
+            gw.url + "/v1/chat/completions",
+            headers=stack.auth(),
+            json={"model": "fast", "messages": CHAT, "max_tokens": 4},
+        )
         assert resp.status_code == 502
         error = resp.json()["error"]
         assert error["code"] == "upstream_auth_failed"
@@ -237,11 +284,15 @@ def test_gateway_sends_the_upstream_key(stack: Stack) -> None:
     """The backend refuses callers without its key; through the gateway the key is sent."""
     if not stack.backend.api_key:
         pytest.xfail(f"{stack.backend.name} has no API key option")
-    direct = httpx.post(stack.sim.url + "/v1/chat/completions",
-                        json={"messages": CHAT, "max_tokens": 4})
+    direct = httpx.post(
+        stack.sim.url + "/v1/chat/completions", json={"messages": CHAT, "max_tokens": 4}
+    )
     assert direct.status_code == 401
-    resp = httpx.post(stack.gateway.url + "/v1/chat/completions", headers=stack.auth(),
-                      json={"model": "fast", "messages": CHAT, "max_tokens": 4})
+    resp = httpx.post(
+        stack.gateway.url + "/v1/chat/completions",
+        headers=stack.auth(),
+        json={"model": "fast", "messages": CHAT, "max_tokens": 4},
+    )
     assert resp.status_code == 200
     assert stack.replica()["misconfigured"] is False
 
@@ -250,12 +301,17 @@ def test_cached_prompt_tokens_reach_the_caller(stack: Stack) -> None:
     """A repeated long system prompt reports cached tokens through the gateway."""
     if not stack.backend.prompt_tokens_details:
         pytest.xfail(f"{stack.backend.name} reports no cached-token counts")
-    messages = [{"role": "system", "content": "You are a careful assistant. " * 40},
-                {"role": "user", "content": "hi"}]
+    messages = [
+        {"role": "system", "content": "You are a careful assistant. " * 40},
+        {"role": "user", "content": "hi"},
+    ]
     details = []
     for _ in range(2):
-        resp = httpx.post(stack.gateway.url + "/v1/chat/completions", headers=stack.auth(),
-                          json={"model": "fast", "messages": messages, "max_tokens": 4})
+        resp = httpx.post(
+            stack.gateway.url + "/v1/chat/completions",
+            headers=stack.auth(),
+            json={"model": "fast", "messages": messages, "max_tokens": 4},
+        )
         assert resp.status_code == 200
         details.append(resp.json()["usage"].get("prompt_tokens_details") or {})
     assert details[1].get("cached_tokens", 0) > 200

@@ -366,7 +366,8 @@ def _env(container: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_vllm_api_key_reaches_vllm_and_the_gateway_from_a_secret(
-    everything_objects: list[dict[str, Any]], default_objects: list[dict[str, Any]],
+    everything_objects: list[dict[str, Any]],
+    default_objects: list[dict[str, Any]],
 ) -> None:
     """With vllm.apiKeySecret, vLLM requires the key and the gateway sends it, per tier."""
     ref = {"secretKeyRef": {"name": "vllm-api-key", "key": "VLLM_API_KEY"}}
@@ -379,8 +380,11 @@ def test_vllm_api_key_reaches_vllm_and_the_gateway_from_a_secret(
     env = _env(gateway)
     for tier in tiers:
         assert env[f"TIERGATE_TIERS__{tier.upper()}__API_KEY"]["valueFrom"] == ref
-    assert not [name for name in env if name.endswith("__API_KEY") and
-                name.split("__")[1].lower() not in tiers]
+    assert not [
+        name
+        for name in env
+        if name.endswith("__API_KEY") and name.split("__")[1].lower() not in tiers
+    ]
     for _, template in pod_templates(default_objects):
         for container in template["spec"]["containers"]:
             assert not [n for n in _env(container) if "API_KEY" in n]

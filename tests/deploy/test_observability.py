@@ -21,8 +21,12 @@ from tests.deploy.compose_file import REPO, environment_of, networks_of
 DEPLOY = REPO / "deploy"
 DASHBOARD = json.loads((DEPLOY / "grafana" / "dashboards" / "tiergate.json").read_text("utf-8"))
 SERIES = re.compile(r"\b(tiergate_[a-z_]+)\b")
-SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",),
-            "summary": ("_sum", "_count")}
+SUFFIXES = {
+    "counter": ("_total",),
+    "histogram": ("_bucket", "_sum", "_count"),
+    "gauge": ("",),
+    "summary": ("_sum", "_count"),
+}
 
 
 def _yaml(*parts: str) -> dict[str, Any]:
@@ -38,8 +42,13 @@ def _exported_series() -> set[str]:
     ledger = UsageLedger(cost_model(Settings()), MemoryUsageStore())
     ledger.per_tier["fast"] = [1.0, 1.0, 1.0, 0.25, 1.0]
     registry.register(UsageCollector(ledger))
-    shadow = ShadowRunner(ShadowConfig(fast_ratio=1.0), {}, fast_tier="fast",
-                          precise_tier="precise", session=lambda: None)
+    shadow = ShadowRunner(
+        ShadowConfig(fast_ratio=1.0),
+        {},
+        fast_tier="fast",
+        precise_tier="precise",
+        session=lambda: None,
+    )
     shadow.record("fast_on_precise", "precise", "yes", "yes", 0.2, prompt="p")
     registry.register(ShadowCollector(shadow))
     return {

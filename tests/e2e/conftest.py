@@ -63,8 +63,18 @@ def llama(alias: str) -> LlamaServer:
 def create_key(keys_file: Path, name: str, *options: str) -> str:
     """Create an API key with ``tiergate keys create``; the key is stdout's last line."""
     command = [
-        sys.executable, "-m", "tiergate", "keys", "create", "--keys-file", str(keys_file),
-        "--tenant", "e2e", "--name", name, *options,
+        sys.executable,
+        "-m",
+        "tiergate",
+        "keys",
+        "create",
+        "--keys-file",
+        str(keys_file),
+        "--tenant",
+        "e2e",
+        "--name",
+        name,
+        *options,
     ]
     done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, check=False)
     if done.returncode != 0:
@@ -83,8 +93,12 @@ def gateway_config(
         "timeouts": {"first_byte_s": 60, "idle_s": 30},
     }
     return {
-        "auth": {"enabled": True, "store": "file", "keys_file": str(keys_file),
-                 "admin_token": ADMIN_TOKEN},
+        "auth": {
+            "enabled": True,
+            "store": "file",
+            "keys_file": str(keys_file),
+            "admin_token": ADMIN_TOKEN,
+        },
         "ratelimit": {"backend": "redis"},
         "redis": {"url": redis_url},
         "telemetry": {"tracing": True, "log_format": "json"},

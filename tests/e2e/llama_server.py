@@ -41,12 +41,24 @@ class LlamaServer:
     def command(self) -> list[str]:
         """The server's command line."""
         return [
-            str(self.python), "-m", "llama_cpp.server",
-            "--model", str(self.model), "--model_alias", self.alias,
-            "--host", "127.0.0.1", "--port", str(self.port),
-            "--n_ctx", str(_CONTEXT_TOKENS), "--n_threads", "1",
+            str(self.python),
+            "-m",
+            "llama_cpp.server",
+            "--model",
+            str(self.model),
+            "--model_alias",
+            self.alias,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--n_ctx",
+            str(_CONTEXT_TOKENS),
+            "--n_threads",
+            "1",
             # Without this a queued request makes the server end the running stream early.
-            "--interrupt_requests", "False",
+            "--interrupt_requests",
+            "False",
         ]
 
     def start(self) -> LlamaServer:
@@ -58,8 +70,12 @@ class LlamaServer:
             self.command(), stdout=self._log, stderr=subprocess.STDOUT, env=env
         )
         wait_ready(
-            self._proc, lambda: http_answers(self.url + "/v1/models", timeout=2),
-            timeout=self.ready_timeout, poll_s=0.2, what="llama server", log=self.log_text,
+            self._proc,
+            lambda: http_answers(self.url + "/v1/models", timeout=2),
+            timeout=self.ready_timeout,
+            poll_s=0.2,
+            what="llama server",
+            log=self.log_text,
         )
         return self
 

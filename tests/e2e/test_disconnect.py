@@ -30,7 +30,11 @@ def test_leaving_mid_stream_closes_the_connection_to_the_real_server(
     """After a few tokens the client leaves: the server logs the gateway's connection as gone."""
     seen_before = len(disconnected_ports(fast_server))
     body = {
-        "model": "fast", "messages": STORY, "max_tokens": 400, "stream": True, "temperature": 0,
+        "model": "fast",
+        "messages": STORY,
+        "max_tokens": 400,
+        "stream": True,
+        "temperature": 0,
     }
     headers = {"Authorization": f"Bearer {keys.open}"}
     with httpx.stream(
@@ -59,8 +63,6 @@ def test_server_serves_the_next_request_after_a_disconnect(
     """The abandoned generation does not poison the server: the next request is answered."""
     body = {"model": "fast", "messages": STORY, "max_tokens": 6}
     headers = {"Authorization": f"Bearer {keys.open}"}
-    resp = httpx.post(
-        gateway.url + "/v1/chat/completions", json=body, headers=headers, timeout=60
-    )
+    resp = httpx.post(gateway.url + "/v1/chat/completions", json=body, headers=headers, timeout=60)
     assert resp.status_code == 200
     assert resp.json()["choices"][0]["message"]["content"]

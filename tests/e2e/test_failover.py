@@ -70,7 +70,10 @@ def test_killing_the_fast_server_mid_stream_ends_the_stream_with_an_error(
     body = {"model": "fast", "messages": STORY, "max_tokens": 400, "stream": True}
     headers = {"Authorization": f"Bearer {keys.open}"}
     with httpx.stream(
-        "POST", stack.gateway.url + "/v1/chat/completions", json=body, headers=headers,
+        "POST",
+        stack.gateway.url + "/v1/chat/completions",
+        json=body,
+        headers=headers,
         timeout=60,
     ) as resp:
         assert resp.status_code == 200
@@ -92,7 +95,10 @@ def test_fast_traffic_fails_over_to_precise(
     """With the fast server dead, fast-bound requests are answered by precise, flagged as such."""
     assert not stack.fast.running
     with client.chat.completions.with_streaming_response.create(
-        model=model, messages=HELLO, max_tokens=6, stream=stream,
+        model=model,
+        messages=HELLO,
+        max_tokens=6,
+        stream=stream,
     ) as raw:
         assert raw.status_code == 200
         assert raw.headers["x-tiergate-tier"] == "precise"
@@ -122,8 +128,10 @@ def test_with_both_servers_dead_errors_are_openai_shaped_not_500(
     stack.precise.kill()
     body = {"model": model, "messages": HELLO, "max_tokens": 4}
     resp = httpx.post(
-        stack.gateway.url + "/v1/chat/completions", json=body,
-        headers={"Authorization": f"Bearer {keys.open}"}, timeout=60,
+        stack.gateway.url + "/v1/chat/completions",
+        json=body,
+        headers={"Authorization": f"Bearer {keys.open}"},
+        timeout=60,
     )
     assert resp.status_code in (502, 503)
     error = resp.json()["error"]

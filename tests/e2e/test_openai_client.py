@@ -37,7 +37,10 @@ def test_chat_non_streaming_has_content_and_consistent_usage(client: openai.Open
 def test_chat_streaming_ends_with_a_consistent_usage_chunk(client: openai.OpenAI) -> None:
     """A stream asked for usage delivers text chunks, then one usage chunk with no choices."""
     stream = client.chat.completions.create(
-        model="precise", messages=HELLO, max_tokens=12, stream=True,
+        model="precise",
+        messages=HELLO,
+        max_tokens=12,
+        stream=True,
         stream_options={"include_usage": True},
     )
     chunks = list(stream)
@@ -77,10 +80,15 @@ def test_completions_both_modes(client: openai.OpenAI) -> None:
     assert done.choices[0].text
     assert done.usage is not None
     assert done.usage.total_tokens == done.usage.prompt_tokens + done.usage.completion_tokens
-    parts = list(client.completions.create(
-        model="precise", prompt="Once upon a time", max_tokens=8, stream=True,
-        stream_options={"include_usage": True},
-    ))
+    parts = list(
+        client.completions.create(
+            model="precise",
+            prompt="Once upon a time",
+            max_tokens=8,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert "".join(p.choices[0].text for p in parts if p.choices)
     assert parts[-1].usage is not None
     assert 0 < parts[-1].usage.completion_tokens <= 8
@@ -106,7 +114,9 @@ def test_readyz_is_ready_with_real_servers(gateway: GatewayProcess) -> None:
 def test_a_callers_own_request_id_is_kept(client: openai.OpenAI) -> None:
     """A caller's non-UUID x-request-id is echoed and does not upset the backend."""
     raw = client.chat.completions.with_raw_response.create(
-        model="fast", messages=HELLO, max_tokens=4,
+        model="fast",
+        messages=HELLO,
+        max_tokens=4,
         extra_headers={"x-request-id": "order-42/checkout"},
     )
     assert raw.http_response.status_code == 200
@@ -120,7 +130,9 @@ def test_tracing_exports_a_span_in_the_callers_trace(
     """With tracing on, the request's spans join the caller's trace (W3C traceparent)."""
     trace_id = uuid.uuid4().hex
     client.chat.completions.create(
-        model="fast", messages=HELLO, max_tokens=4,
+        model="fast",
+        messages=HELLO,
+        max_tokens=4,
         extra_headers={"traceparent": f"00-{trace_id}-00f067aa0ba902b7-01"},
     )
     deadline = time.monotonic() + 15

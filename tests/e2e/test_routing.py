@@ -49,7 +49,8 @@ def test_auto_sends_each_prompt_to_its_tier(
     servers = {"fast": fast_server, "precise": precise_server}
     before = {name: served_requests(server) for name, server in servers.items()}
     raw = client.chat.completions.with_raw_response.create(
-        model="auto", messages=[{"role": "user", "content": prompt}],
+        model="auto",
+        messages=[{"role": "user", "content": prompt}],
         max_tokens=8,
     )
     headers = raw.http_response.headers

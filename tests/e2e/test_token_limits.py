@@ -36,9 +36,7 @@ def ask(client: openai.OpenAI, max_tokens: int) -> tuple[int, CompletionUsage | 
     return int(raw.headers["x-ratelimit-remaining-tokens"]), raw.parse().usage
 
 
-def check_reconciled(
-    client: openai.OpenAI, first_remaining: int, used: int, since: float
-) -> None:
+def check_reconciled(client: openai.OpenAI, first_remaining: int, used: int, since: float) -> None:
     """The next request fits, and its headers show the first one charged at ``used`` tokens."""
     reserved_first = TIGHT_TPM - first_remaining
     reserve_next = reserved_first - BIG_MAX_TOKENS + SMALL_MAX_TOKENS
@@ -72,8 +70,13 @@ def test_streaming_reservation_is_corrected_to_reported_usage(
     client = client_for(gateway, keys.tight_stream)
     started = time.monotonic()
     with client.chat.completions.with_streaming_response.create(
-        model="fast", messages=HELLO, max_tokens=BIG_MAX_TOKENS, temperature=0, stop=["."],
-        stream=True, stream_options={"include_usage": True},
+        model="fast",
+        messages=HELLO,
+        max_tokens=BIG_MAX_TOKENS,
+        temperature=0,
+        stop=["."],
+        stream=True,
+        stream_options={"include_usage": True},
     ) as raw:
         first_remaining = int(raw.headers["x-ratelimit-remaining-tokens"])
         chunks = list(raw.parse())

@@ -29,18 +29,21 @@ UNUSED = "http://127.0.0.1:9"
 @pytest.fixture(scope="module")
 def sim() -> Iterator[SimulatorProcess]:
     """A zero-latency fast-tier simulator."""
-    with SimulatorProcess("--profile", "fast", "--model", "tiergate-fast",
-                          "--latency-scale", "0") as process:
+    with SimulatorProcess(
+        "--profile", "fast", "--model", "tiergate-fast", "--latency-scale", "0"
+    ) as process:
         yield process
 
 
 def settings_for(sim_url: str, keys_file: Path | None, **auth: Any) -> Settings:
     """Settings with the fast tier on ``sim_url`` and keys from ``keys_file``."""
     return Settings(
-        tiers={"fast": TierSettings(model="tiergate-fast", replicas=[sim_url],
-                                    default_max_tokens=16),
-               "precise": TierSettings(model="tiergate-precise", replicas=[UNUSED],
-                                       default_max_tokens=16)},
+        tiers={
+            "fast": TierSettings(model="tiergate-fast", replicas=[sim_url], default_max_tokens=16),
+            "precise": TierSettings(
+                model="tiergate-precise", replicas=[UNUSED], default_max_tokens=16
+            ),
+        },
         auth=AuthSettings(keys_file=keys_file, cache_ttl_s=0, keys_reload_interval_s=0, **auth),
     )
 
@@ -76,8 +79,12 @@ async def client(sim: SimulatorProcess, keys: Keys) -> AsyncIterator[AsyncTestCl
 
 def chat(max_tokens: int = 8, model: str = "fast", **extra: Any) -> dict[str, Any]:
     """A small chat request body."""
-    return {"model": model, "messages": [{"role": "user", "content": "hello there"}],
-            "max_tokens": max_tokens, **extra}
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": "hello there"}],
+        "max_tokens": max_tokens,
+        **extra,
+    }
 
 
 def bearer(token: str) -> dict[str, str]:
@@ -97,8 +104,9 @@ async def test_missing_key_is_openai_shaped_401(client: AsyncTestClient[Any]) ->
 async def test_forbidden_tier_is_403(client: AsyncTestClient[Any], keys: Keys) -> None:
     """A fast-only key asking for the precise tier gets 403."""
     token = keys.add(allowed_tiers=frozenset({"fast"}))
-    response = await client.post("/v1/chat/completions", json=chat(model="precise"),
-                                 headers=bearer(token))
+    response = await client.post(
+        "/v1/chat/completions", json=chat(model="precise"), headers=bearer(token)
+    )
     assert response.status_code == 403
     assert response.json()["error"]["type"] == "permission_error"
 
@@ -106,8 +114,9 @@ async def test_forbidden_tier_is_403(client: AsyncTestClient[Any], keys: Keys) -
 async def test_key_max_tokens_cap_is_enforced(client: AsyncTestClient[Any], keys: Keys) -> None:
     """A request above the key's max_tokens cap is refused before any limit is spent."""
     token = keys.add(max_tokens=10)
-    response = await client.post("/v1/chat/completions", json=chat(max_tokens=11),
-                                 headers=bearer(token))
+    response = await client.post(
+        "/v1/chat/completions", json=chat(max_tokens=11), headers=bearer(token)
+    )
     assert response.status_code == 400
     assert response.json()["error"]["param"] == "max_tokens"
 
@@ -128,12 +137,14 @@ async def test_rpm_limit_headers_and_429(client: AsyncTestClient[Any], keys: Key
     assert third.json()["error"]["code"] == "rate_limit_exceeded"
 
 
-async def test_streaming_response_carries_limit_headers(client: AsyncTestClient[Any],
-                                                        keys: Keys) -> None:
+async def test_streaming_response_carries_limit_headers(
+    client: AsyncTestClient[Any], keys: Keys
+) -> None:
     """A streamed answer has the x-ratelimit headers too."""
     token = keys.add(rpm=10, tpm=10_000)
-    async with client.stream("POST", "/v1/chat/completions", json=chat(stream=True),
-                             headers=bearer(token)) as response:
+    async with client.stream(
+        "POST", "/v1/chat/completions", json=chat(stream=True), headers=bearer(token)
+    ) as response:
         body = b"".join([chunk async for chunk in response.aiter_bytes()])
     assert response.status_code == 200
     assert b"[DONE]" in body
@@ -142,12 +153,17 @@ async def test_streaming_response_carries_limit_headers(client: AsyncTestClient[
 
 
 @pytest.mark.parametrize("stream", [False, True])
-async def test_tokens_reconciled_with_real_usage(client: AsyncTestClient[Any], keys: Keys,
-                                                 stream: bool) -> None:
+async def test_tokens_reconciled_with_real_usage(
+    client: AsyncTestClient[Any], keys: Keys, stream: bool
+) -> None:
     """After an answer, the token budget reflects its real usage, not the reservation."""
     token = keys.add(tpm=600)  # refills 10 tokens/s: slow enough to compare exactly
-    body = chat(max_tokens=200, stream=stream, ignore_eos=True,
-                stream_options={"include_usage": True} if stream else None)
+    body = chat(
+        max_tokens=200,
+        stream=stream,
+        ignore_eos=True,
+        stream_options={"include_usage": True} if stream else None,
+    )
     if not stream:
         body.pop("stream_options")
     response = await client.post("/v1/chat/completions", json=body, headers=bearer(token))
@@ -155,8 +171,9 @@ async def test_tokens_reconciled_with_real_usage(client: AsyncTestClient[Any], k
     reserved_left = int(response.headers["x-ratelimit-remaining-tokens"])
     used = _usage(response, stream)
     await asyncio.sleep(0.2)  # the stream's settle runs after its last byte
-    probe = await client.post("/v1/chat/completions", json=chat(max_tokens=1),
-                              headers=bearer(token))
+    probe = await client.post(
+        "/v1/chat/completions", json=chat(max_tokens=1), headers=bearer(token)
+    )
     after = int(probe.headers["x-ratelimit-remaining-tokens"])
     probe_cost = 600 - reserved_left - 200 + 1  # prompt estimate + max_tokens=1
     assert reserved_left < 400
@@ -179,9 +196,11 @@ def _usage(response: httpx.Response, stream: bool) -> int:
 async def test_admin_api_lifecycle(client: AsyncTestClient[Any]) -> None:
     """Create, use, list, rotate and revoke a key over /admin/keys."""
     admin = bearer(ADMIN)
-    created = await client.post("/admin/keys", json={"tenant": "ops", "tiers": ["fast"],
-                                                     "rpm": 100, "scopes": ["downgrade"]},
-                                headers=admin)
+    created = await client.post(
+        "/admin/keys",
+        json={"tenant": "ops", "tiers": ["fast"], "rpm": 100, "scopes": ["downgrade"]},
+        headers=admin,
+    )
     assert created.status_code == 201
     key, key_id = created.json()["key"], created.json()["id"]
     assert (await client.get("/v1/models", headers=bearer(key))).status_code == 200
@@ -200,15 +219,17 @@ async def test_admin_api_lifecycle(client: AsyncTestClient[Any]) -> None:
     assert missing.status_code == 404
 
 
-async def test_admin_api_refuses_other_credentials(client: AsyncTestClient[Any],
-                                                  keys: Keys) -> None:
+async def test_admin_api_refuses_other_credentials(
+    client: AsyncTestClient[Any], keys: Keys
+) -> None:
     """An API key gets 403 on the admin API, a wrong token 401, a bad body 400."""
     token = keys.add()
     assert (await client.get("/admin/keys", headers=bearer(token))).status_code == 403
     assert (await client.get("/admin/keys", headers=bearer("x" * 32))).status_code == 401
     assert (await client.get("/admin/keys")).status_code == 401
-    bad = await client.post("/admin/keys", json={"tenant": "t", "tiers": ["gpu"]},
-                            headers=bearer(ADMIN))
+    bad = await client.post(
+        "/admin/keys", json={"tenant": "t", "tiers": ["gpu"]}, headers=bearer(ADMIN)
+    )
     assert bad.status_code == 400
 
 
@@ -216,8 +237,9 @@ async def test_admin_api_refuses_other_credentials(client: AsyncTestClient[Any],
 async def test_admin_api_bounds_expiry(client: AsyncTestClient[Any], days: object) -> None:
     """expires_in_days above ten years, non-positive or out of range: OpenAI-shaped 400."""
     raw = b'{"tenant": "t", "expires_in_days": ' + str(days).encode() + b"}"
-    response = await client.post("/admin/keys", content=raw,
-                                 headers={**bearer(ADMIN), "content-type": "application/json"})
+    response = await client.post(
+        "/admin/keys", content=raw, headers={**bearer(ADMIN), "content-type": "application/json"}
+    )
     assert response.status_code == 400
     error = response.json()["error"]
     assert set(error) == {"message", "type", "param", "code"}
@@ -257,7 +279,10 @@ def test_serve_exits_non_zero_without_keys(tmp_path: Path) -> None:
     config.write_text(f"auth:\n  keys_file: {tmp_path / 'keys.yaml'}\n")
     result = subprocess.run(
         [sys.executable, "-m", "tiergate", "serve", "--config", str(config), "--port", "0"],
-        capture_output=True, text=True, timeout=60, check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert result.returncode == 2
     assert "refusing to start" in result.stderr

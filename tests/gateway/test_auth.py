@@ -43,17 +43,23 @@ async def test_valid_key_yields_its_principal(file_store: FileKeyStore) -> None:
     policy = KeyPolicy(allowed_tiers=frozenset({"fast"}), rpm=7)
     record, token = await create_key(file_store, "team-a", policy, now=1.0)
     principal = await KeyAuthenticator(file_store).authenticate(f"Bearer {token}")
-    assert (principal.key_id, principal.tenant, principal.policy) == (record.key_id, "team-a",
-                                                                      policy)
+    assert (principal.key_id, principal.tenant, principal.policy) == (
+        record.key_id,
+        "team-a",
+        policy,
+    )
 
 
 @pytest.mark.parametrize(
     ("header", "code"),
-    [(None, "missing_api_key"), ("Basic x", "invalid_api_key"), ("Bearer sk-x", "invalid_api_key"),
-     ("Bearer tg-unknownid-" + "x" * 43, "invalid_api_key")],
+    [
+        (None, "missing_api_key"),
+        ("Basic x", "invalid_api_key"),
+        ("Bearer sk-x", "invalid_api_key"),
+        ("Bearer tg-unknownid-" + "x" * 43, "invalid_api_key"),
+    ],
 )
-async def test_bad_headers_are_401(file_store: FileKeyStore, header: str | None,
-                                   code: str) -> None:
+async def test_bad_headers_are_401(file_store: FileKeyStore, header: str | None, code: str) -> None:
     """Missing, malformed and unknown keys are refused with 401."""
     await create_key(file_store, "t", KeyPolicy(), now=1.0)
     with pytest.raises(AuthenticationFailed) as info:
@@ -122,8 +128,9 @@ async def test_cached_keys_survive_a_redis_outage(redis_server: RedisServer) -> 
     try:
         store = RedisKeyStore(client)
         _, token = await create_key(store, "t", KeyPolicy(), now=1.0)
-        health = BackendHealth("redis", down_event=EVENT_STORE_DOWN, up_event=EVENT_STORE_UP,
-                               retry_interval_s=0.0)
+        health = BackendHealth(
+            "redis", down_event=EVENT_STORE_DOWN, up_event=EVENT_STORE_UP, retry_interval_s=0.0
+        )
         auth = KeyAuthenticator(store, cache_ttl_s=1.0, health=health, clock=clock)
         await auth.authenticate(f"Bearer {token}")
         redis_server.kill()

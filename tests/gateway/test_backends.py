@@ -48,15 +48,19 @@ async def session() -> AsyncIterator[aiohttp.ClientSession]:
 def _chat(sim: SimulatorProcess) -> None:
     body = {"messages": [{"role": "user", "content": "x " * 200}], "max_tokens": 2}
     request = urllib.request.Request(  # noqa: S310 - local http URL built by us
-        sim.url + "/v1/chat/completions", data=json.dumps(body).encode(), method="POST",
-        headers={"Content-Type": "application/json"})
+        sim.url + "/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310 - same
         assert response.status == 200
 
 
 @pytest.mark.parametrize("flavor", sorted(EXPECTED))
-async def test_auto_detects_every_flavour(start_simulator: SimulatorFactory,
-                                          session: aiohttp.ClientSession, flavor: str) -> None:
+async def test_auto_detects_every_flavour(
+    start_simulator: SimulatorFactory, session: aiohttp.ClientSession, flavor: str
+) -> None:
     """``auto`` names the server, probes a route it has, and keeps it healthy."""
     sim = start_simulator("--flavor", flavor, "--latency-scale", "0", "--health-delay", "0")
     pool = ReplicaPool("fast", [sim.url], 4, 0.1)
@@ -76,8 +80,18 @@ async def test_metrics_of_every_flavour_land_on_the_replica(
     start_simulator: SimulatorFactory, session: aiohttp.ClientSession, flavor: str
 ) -> None:
     """Each kind's own sample names are read into running/waiting/KV/prefix numbers."""
-    sim = start_simulator("--flavor", flavor, "--latency-scale", "0", "--health-delay", "0",
-                          "--kv-blocks", "64", "--metrics", "on")
+    sim = start_simulator(
+        "--flavor",
+        flavor,
+        "--latency-scale",
+        "0",
+        "--health-delay",
+        "0",
+        "--kv-blocks",
+        "64",
+        "--metrics",
+        "on",
+    )
     await asyncio.to_thread(_chat, sim)
     await asyncio.to_thread(_chat, sim)  # the second one hits the prefix cache
     text = sim.metrics_text()
@@ -91,7 +105,8 @@ async def test_metrics_of_every_flavour_land_on_the_replica(
         assert load.prefix_queries == stats["prefix_cache_queries"]
     if flavor == "sglang":
         assert load.prefix_hit_rate == pytest.approx(
-            stats["prefix_cache_hits"] / stats["prefix_cache_queries"])
+            stats["prefix_cache_hits"] / stats["prefix_cache_queries"]
+        )
     pool = ReplicaPool("fast", [sim.url], 4, 0.1)
     monitor = HealthMonitor({"fast": pool}, HealthConfig(timeout_s=2.0))
     monitor.session = session
@@ -203,13 +218,24 @@ def test_the_kind_is_a_prometheus_label() -> None:
     """tiergate_replica_backend_info says each replica's configured and detected kind."""
     pool = ReplicaPool("fast", ["http://10.0.0.1:8000", "http://10.0.0.2:8000"], 8, 1.0)
     pool.replicas[0].kind = "sglang"
-    metrics = GatewayMetrics(CollectorRegistry(), {"fast": pool}, precise_tier="precise",
-                             target_share=0.3)
+    metrics = GatewayMetrics(
+        CollectorRegistry(), {"fast": pool}, precise_tier="precise", target_share=0.3
+    )
     sample = metrics.registry.get_sample_value
-    assert sample("tiergate_replica_backend_info", {
-        "tier": "fast", "replica": "10.0.0.1:8000", "configured": "auto", "kind": "sglang"}) == 1
-    assert sample("tiergate_replica_backend_info", {
-        "tier": "fast", "replica": "10.0.0.2:8000", "configured": "auto", "kind": "unknown"}) == 1
+    assert (
+        sample(
+            "tiergate_replica_backend_info",
+            {"tier": "fast", "replica": "10.0.0.1:8000", "configured": "auto", "kind": "sglang"},
+        )
+        == 1
+    )
+    assert (
+        sample(
+            "tiergate_replica_backend_info",
+            {"tier": "fast", "replica": "10.0.0.2:8000", "configured": "auto", "kind": "unknown"},
+        )
+        == 1
+    )
 
 
 def test_summaries_name_each_distinct_answer_once() -> None:
@@ -222,13 +248,17 @@ def test_summaries_name_each_distinct_answer_once() -> None:
     error = _final_error("fast", failures[-1], failures)
     assert error.detail == "replica 10.0.0.1:8000: Boom (x3)"
     one = every_tier_failed([("fast", error)])
-    assert one.message == ("The 'fast' tier could not serve the request: Boom "
-                           "(replica 10.0.0.1:8000: Boom (x3)).")
+    assert one.message == (
+        "The 'fast' tier could not serve the request: Boom (replica 10.0.0.1:8000: Boom (x3))."
+    )
     pool = ReplicaPool("fast", ["http://10.0.0.2:8000"], 4, 0.1)
     pool.replicas[0].healthy = False
     pool.replicas[0].last_probe_error = "health check: could not connect"
-    missing = AttemptFailed("no_replica", f"No healthy replica in tier 'fast': "
-                                          f"{why_none(pool, 0.0)}.")
+    missing = AttemptFailed(
+        "no_replica", f"No healthy replica in tier 'fast': {why_none(pool, 0.0)}."
+    )
     alone = every_tier_failed([("fast", _final_error("fast", missing, [missing]))])
-    assert alone.message == ("No healthy replica in tier 'fast': replica 10.0.0.2:8000 "
-                             "unhealthy (health check: could not connect).")
+    assert alone.message == (
+        "No healthy replica in tier 'fast': replica 10.0.0.2:8000 "
+        "unhealthy (health check: could not connect)."
+    )

@@ -64,8 +64,7 @@ async def test_keys_without_budgets_reserve_nothing(store: BudgetStore) -> None:
     assert await gate.reserve(key(), ["fast"], 10, 10) is None
 
 
-async def test_reservations_stop_at_the_budget_and_settle_to_real_cost(
-        store: BudgetStore) -> None:
+async def test_reservations_stop_at_the_budget_and_settle_to_real_cost(store: BudgetStore) -> None:
     """Budget 3: two precise reservations of 1.0 fit, then settling frees room."""
     gate = BudgetGate(store, COSTS, clock=lambda: NOON)
     principal = key(daily=3.0)

@@ -15,7 +15,12 @@ def tiergate(*args: str, env: dict[str, str] | None = None) -> subprocess.Comple
     """Run ``python -m tiergate ARGS``."""
     return subprocess.run(
         [sys.executable, "-m", "tiergate", *args],
-        cwd=REPO, capture_output=True, text=True, timeout=60, env=env, check=False,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        check=False,
     )
 
 
@@ -29,10 +34,16 @@ def test_check_exposure_ok_for_defaults() -> None:
 def test_check_exposure_strict_fails_public_backend(tmp_path: Path) -> None:
     """A backend on a public address is an error, and strict mode exits 1."""
     config = tmp_path / "c.yaml"
-    config.write_text(yaml.safe_dump({"tiers": {
-        "fast": {"model": "f", "replicas": ["http://8.8.8.8:8000"]},
-        "precise": {"model": "p", "replicas": ["http://127.0.0.1:8102"]},
-    }}))
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "tiers": {
+                    "fast": {"model": "f", "replicas": ["http://8.8.8.8:8000"]},
+                    "precise": {"model": "p", "replicas": ["http://127.0.0.1:8102"]},
+                }
+            }
+        )
+    )
     result = tiergate("check-exposure", "--config", str(config), "--strict")
     assert result.returncode == 1
     assert "8.8.8.8" in result.stdout

@@ -33,8 +33,14 @@ class FakeConnection:
         self.shed_for.append(reason)
 
 
-LIMITS = ConnectionLimits(head_timeout_s=10, body_timeout_s=5, body_min_rate=100,
-                          idle_timeout_s=60, max_connections=2, over_cap_reserve=1)
+LIMITS = ConnectionLimits(
+    head_timeout_s=10,
+    body_timeout_s=5,
+    body_min_rate=100,
+    idle_timeout_s=60,
+    max_connections=2,
+    over_cap_reserve=1,
+)
 
 
 def test_at_the_cap_the_longest_waiting_idle_connection_is_evicted() -> None:
@@ -108,7 +114,10 @@ def test_shed_log_is_rate_limited_with_counts() -> None:
         log.note(Shed.HEAD_TIMEOUT, 10.0)
         log.note(Shed.IDLE_TIMEOUT, 10.0)
     assert [(e["reason"], e["count"]) for e in logs] == [
-        (Shed.HEAD_TIMEOUT, 1), (Shed.HEAD_TIMEOUT, 100), (Shed.IDLE_TIMEOUT, 1)]
+        (Shed.HEAD_TIMEOUT, 1),
+        (Shed.HEAD_TIMEOUT, 100),
+        (Shed.IDLE_TIMEOUT, 1),
+    ]
 
 
 def test_raw_error_is_a_complete_openai_shaped_response() -> None:
@@ -118,5 +127,11 @@ def test_raw_error_is_a_complete_openai_shaped_response() -> None:
     assert head.startswith(b"HTTP/1.1 431 ")
     assert b"connection: close" in head
     assert f"content-length: {len(body)}".encode() in head
-    assert json.loads(body) == {"error": {"message": "too big", "type": "invalid_request_error",
-                                          "param": None, "code": "head"}}
+    assert json.loads(body) == {
+        "error": {
+            "message": "too big",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "head",
+        }
+    }

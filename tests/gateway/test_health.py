@@ -80,8 +80,9 @@ async def session() -> AsyncIterator[aiohttp.ClientSession]:
         yield client
 
 
-async def test_probes_a_real_replica(start_simulator: SimulatorFactory,
-                                     session: aiohttp.ClientSession) -> None:
+async def test_probes_a_real_replica(
+    start_simulator: SimulatorFactory, session: aiohttp.ClientSession
+) -> None:
     """A live simulator is healthy and its /metrics numbers land on the replica."""
     sim = start_simulator("--latency-scale", "0", "--kv-blocks", "64")
     pool = ReplicaPool("fast", [sim.url], 4, 0.1)
@@ -137,8 +138,9 @@ async def test_start_and_stop_the_background_task(session: aiohttp.ClientSession
     assert monitor.rounds >= 2
 
 
-async def test_a_tier_may_probe_another_path(start_simulator: SimulatorFactory,
-                                             session: aiohttp.ClientSession) -> None:
+async def test_a_tier_may_probe_another_path(
+    start_simulator: SimulatorFactory, session: aiohttp.ClientSession
+) -> None:
     """A server without /health (llama.cpp) is probed on the tier's health_path instead."""
     sim = start_simulator("--latency-scale", "0")
     missing = ReplicaPool("fast", [sim.url], 4, 0.1, health_path="/no-such-route")
@@ -186,9 +188,12 @@ async def test_misconfigured_replica_is_cleared_once_its_key_is_accepted(
     for pool in (wrong, right):
         pool.mark_misconfigured(pool.replicas[0], 401)
     monitor = HealthMonitor(
-        {"fast": wrong, "precise": right}, HealthConfig(scrape_metrics=False),
-        credentials={"fast": {"Authorization": "Bearer wrong"},
-                     "precise": {"Authorization": "Bearer right"}},
+        {"fast": wrong, "precise": right},
+        HealthConfig(scrape_metrics=False),
+        credentials={
+            "fast": {"Authorization": "Bearer wrong"},
+            "precise": {"Authorization": "Bearer right"},
+        },
     )
     async with aiohttp.ClientSession() as session:
         monitor.session = session

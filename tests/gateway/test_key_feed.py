@@ -65,8 +65,9 @@ async def replicas(redis_server: RedisServer) -> AsyncIterator[list[Replica]]:
         client = open_redis(RedisSettings(url=redis_server.url, socket_timeout_s=0.5))
         store = RedisKeyStore(client)
         auth = KeyAuthenticator(store, cache_ttl_s=600.0, unknown_ttl_s=600.0)
-        feed = KeyChangeFeed(client, store.channel, auth.cache, retry_interval_s=0.05,
-                             ping_interval_s=0.5)
+        feed = KeyChangeFeed(
+            client, store.channel, auth.cache, retry_interval_s=0.05, ping_interval_s=0.5
+        )
         feed.start()
         made.append(Replica(client, auth, feed))
     for replica in made:

@@ -32,10 +32,30 @@ def test_create_prints_the_key_last_and_stores_only_its_digest(
 ) -> None:
     """The key is the last stdout line; the file holds its policy and digest."""
     path = tmp_path / "keys.yaml"
-    code, out, _ = run(capsys, "create", "--keys-file", str(path), "--tenant", "search",
-                       "--name", "bot", "--tiers", "fast", "--rpm", "60", "--tpm", "5000",
-                       "--max-tokens", "512", "--concurrency", "4", "--expires-in", "30",
-                       "--scope", "route_override")
+    code, out, _ = run(
+        capsys,
+        "create",
+        "--keys-file",
+        str(path),
+        "--tenant",
+        "search",
+        "--name",
+        "bot",
+        "--tiers",
+        "fast",
+        "--rpm",
+        "60",
+        "--tpm",
+        "5000",
+        "--max-tokens",
+        "512",
+        "--concurrency",
+        "4",
+        "--expires-in",
+        "30",
+        "--scope",
+        "route_override",
+    )
     assert code == 0
     key = out.strip().splitlines()[-1]
     assert key.startswith("tg-")
@@ -90,8 +110,9 @@ def test_bad_options_fail_cleanly(tmp_path: Path, capsys: pytest.CaptureFixture[
     code, _, err = run(capsys, "create", "--keys-file", str(path), "--tenant", "t", "--rpm", "0")
     assert code == 2
     assert "rpm" in err
-    code, _, err = run(capsys, "create", "--keys-file", str(path), "--tenant", "t",
-                       "--scope", "admin")
+    code, _, err = run(
+        capsys, "create", "--keys-file", str(path), "--tenant", "t", "--scope", "admin"
+    )
     assert code == 2
     assert not path.exists()
 
@@ -102,8 +123,9 @@ def test_expiry_beyond_ten_years_is_refused(
 ) -> None:
     """--expires-in must be above 0 and at most 3650 days: exit 2, a clear message, no key."""
     path = tmp_path / "keys.yaml"
-    code, out, err = run(capsys, "create", "--keys-file", str(path), "--tenant", "t",
-                         "--expires-in", days)
+    code, out, err = run(
+        capsys, "create", "--keys-file", str(path), "--tenant", "t", "--expires-in", days
+    )
     assert code == 2
     assert "at most 3650" in err
     assert "tg-" not in out
@@ -120,10 +142,17 @@ def test_list_shows_damaged_records_instead_of_crashing(
     async def corrupt() -> None:
         client = Redis.from_url(redis_server.url)
         try:
-            record = {"id": "forever", "tenant": "t", "digest": "sha256:00",
-                      "policy": {"expires_at": 1e308 * 10}}
-            for key_id, raw in (("forever", json.dumps(record)), ("bytes", b"\xfe\xff"),
-                                ("alist", "[]")):
+            record = {
+                "id": "forever",
+                "tenant": "t",
+                "digest": "sha256:00",
+                "policy": {"expires_at": 1e308 * 10},
+            }
+            for key_id, raw in (
+                ("forever", json.dumps(record)),
+                ("bytes", b"\xfe\xff"),
+                ("alist", "[]"),
+            ):
                 await client.set(f"tiergate:key:{key_id}", raw)
                 await client.sadd("tiergate:keys", key_id)
         finally:
@@ -158,8 +187,9 @@ def test_list_survives_a_far_future_expiry(
 
 def test_redis_store_via_url(redis_server: RedisServer, capsys: pytest.CaptureFixture[str]) -> None:
     """--redis-url stores the key where every replica reads it."""
-    code, out, _ = run(capsys, "create", "--redis-url", redis_server.url, "--tenant", "t",
-                       "--tpm", "100")
+    code, out, _ = run(
+        capsys, "create", "--redis-url", redis_server.url, "--tenant", "t", "--tpm", "100"
+    )
     key = out.strip().splitlines()[-1]
     assert code == 0
 
@@ -185,8 +215,20 @@ def test_console_script_dispatches_keys(tmp_path: Path) -> None:
     """`python -m tiergate keys create` works and prints the key last."""
     path = tmp_path / "keys.yaml"
     result = subprocess.run(
-        [sys.executable, "-m", "tiergate", "keys", "create", "--keys-file", str(path),
-         "--tenant", "demo"],
-        capture_output=True, text=True, timeout=60, check=True,
+        [
+            sys.executable,
+            "-m",
+            "tiergate",
+            "keys",
+            "create",
+            "--keys-file",
+            str(path),
+            "--tenant",
+            "demo",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
     )
     assert result.stdout.strip().splitlines()[-1].startswith("tg-")

@@ -173,10 +173,15 @@ async def test_redis_damaged_records_are_listed_and_never_served(
     try:
         store = RedisKeyStore(client)
         record, _ = await create_key(store, "a", KeyPolicy(), now=NOW)
-        garbage = {"notjson": b"\xff{", "inf": json.dumps({**record.to_dict(), "id": "inf",
-                                                          "policy": {"expires_at": 1e308 * 10}}),
-                   "list": b"[1, 2]", "other": json.dumps(record.to_dict()),
-                   "\x1b[31mred": b"{}"}
+        garbage = {
+            "notjson": b"\xff{",
+            "inf": json.dumps(
+                {**record.to_dict(), "id": "inf", "policy": {"expires_at": 1e308 * 10}}
+            ),
+            "list": b"[1, 2]",
+            "other": json.dumps(record.to_dict()),
+            "\x1b[31mred": b"{}",
+        }
         for key_id, raw in garbage.items():
             await client.set(f"tiergate:key:{key_id}", raw)
             await client.sadd("tiergate:keys", key_id)

@@ -27,8 +27,9 @@ from tests.redis_server import RedisServer, redis_server
 __all__ = ["redis_server"]
 
 
-def key(rpm: int | None = None, tpm: int | None = None,
-        max_concurrency: int | None = None) -> Principal:
+def key(
+    rpm: int | None = None, tpm: int | None = None, max_concurrency: int | None = None
+) -> Principal:
     """A principal whose policy has these limits."""
     return Principal("kid", "tenant", KeyPolicy(rpm=rpm, tpm=tpm, max_concurrency=max_concurrency))
 
@@ -55,11 +56,19 @@ async def redis_client(redis_server: RedisServer) -> AsyncIterator[Redis]:
 
 def redis_limiter(client: Redis, metrics: LimitMetrics, *, fail_open: bool) -> KeyLimiter:
     """A Redis limiter with the gateway's failure policy and a fast probe."""
-    health = BackendHealth("redis", down_event=EVENT_REDIS_DOWN, up_event=EVENT_REDIS_UP,
-                           retry_interval_s=0.0,
-                           on_change=lambda up: metrics.set_degraded("redis", not up))
-    return KeyLimiter(RedisRateLimiter(client, prefix="t:"), metrics=metrics, health=health,
-                      fallback=MemoryRateLimiter() if fail_open else None)
+    health = BackendHealth(
+        "redis",
+        down_event=EVENT_REDIS_DOWN,
+        up_event=EVENT_REDIS_UP,
+        retry_interval_s=0.0,
+        on_change=lambda up: metrics.set_degraded("redis", not up),
+    )
+    return KeyLimiter(
+        RedisRateLimiter(client, prefix="t:"),
+        metrics=metrics,
+        health=health,
+        fallback=MemoryRateLimiter() if fail_open else None,
+    )
 
 
 async def test_unlimited_key_gets_no_headers(memory: KeyLimiter) -> None:
@@ -81,16 +90,20 @@ async def test_headers_follow_openai_names(memory: KeyLimiter) -> None:
     assert headers["x-ratelimit-reset-tokens"] == "6s"
 
 
-async def test_over_the_limit_is_429_with_retry_after(memory: KeyLimiter,
-                                                      metrics: LimitMetrics) -> None:
+async def test_over_the_limit_is_429_with_retry_after(
+    memory: KeyLimiter, metrics: LimitMetrics
+) -> None:
     """The request past rpm is a rate_limit_exceeded 429 with Retry-After and headers."""
     await memory.admit(key(rpm=2), 1)
     await memory.admit(key(rpm=2), 1)
     with pytest.raises(RateLimited) as info:
         await memory.admit(key(rpm=2), 1)
     exc = info.value
-    assert (exc.status, exc.code, exc.error_type) == (429, "rate_limit_exceeded",
-                                                      "rate_limit_error")
+    assert (exc.status, exc.code, exc.error_type) == (
+        429,
+        "rate_limit_exceeded",
+        "rate_limit_error",
+    )
     assert exc.headers["retry-after"] == "30"
     assert exc.headers["x-ratelimit-remaining-requests"] == "0"
     assert "requests per minute" in exc.message
@@ -127,9 +140,9 @@ async def test_failed_upstream_refunds_all_tokens(memory: KeyLimiter) -> None:
 
 
 @pytest.fixture(params=["memory", "redis"])
-async def either(request: pytest.FixtureRequest, metrics: LimitMetrics) -> AsyncIterator[
-    KeyLimiter
-]:
+async def either(
+    request: pytest.FixtureRequest, metrics: LimitMetrics
+) -> AsyncIterator[KeyLimiter]:
     """A limiter over each backend in turn."""
     if request.param == "memory":
         yield KeyLimiter(MemoryRateLimiter(), metrics=metrics)
@@ -162,9 +175,9 @@ async def test_too_large_request_has_no_retry_after(memory: KeyLimiter) -> None:
     assert "retry-after" not in info.value.headers
 
 
-async def test_fail_open_uses_local_limits_and_recovers(redis_server: RedisServer,
-                                                        redis_client: Redis,
-                                                        metrics: LimitMetrics) -> None:
+async def test_fail_open_uses_local_limits_and_recovers(
+    redis_server: RedisServer, redis_client: Redis, metrics: LimitMetrics
+) -> None:
     """Redis down: admitted locally with limits, one log line each way, gauge follows."""
     limiter = redis_limiter(redis_client, metrics, fail_open=True)
     await limiter.admit(key(rpm=3), 1)
@@ -186,9 +199,9 @@ async def test_fail_open_uses_local_limits_and_recovers(redis_server: RedisServe
     assert metrics.decisions[("requests", "rejected_local")] == 1
 
 
-async def test_fail_closed_answers_503_then_recovers(redis_server: RedisServer,
-                                                     redis_client: Redis,
-                                                     metrics: LimitMetrics) -> None:
+async def test_fail_closed_answers_503_then_recovers(
+    redis_server: RedisServer, redis_client: Redis, metrics: LimitMetrics
+) -> None:
     """Fail-closed: 503 with Retry-After while Redis is down, normal service after."""
     limiter = redis_limiter(redis_client, metrics, fail_open=False)
     redis_server.kill()
@@ -201,8 +214,9 @@ async def test_fail_closed_answers_503_then_recovers(redis_server: RedisServer,
     assert metrics.decisions[("backend", "unavailable")] == 1
 
 
-async def test_settle_survives_redis_loss(redis_server: RedisServer, redis_client: Redis,
-                                          metrics: LimitMetrics) -> None:
+async def test_settle_survives_redis_loss(
+    redis_server: RedisServer, redis_client: Redis, metrics: LimitMetrics
+) -> None:
     """A settle while Redis is down does not raise; the limiter goes degraded."""
     limiter = redis_limiter(redis_client, metrics, fail_open=True)
     admission = await limiter.admit(key(tpm=100, max_concurrency=2), 50)
@@ -211,8 +225,9 @@ async def test_settle_survives_redis_loss(redis_server: RedisServer, redis_clien
     assert metrics.degraded == {"redis": 1}
 
 
-async def test_metrics_export_through_prometheus_client(memory: KeyLimiter,
-                                                        metrics: LimitMetrics) -> None:
+async def test_metrics_export_through_prometheus_client(
+    memory: KeyLimiter, metrics: LimitMetrics
+) -> None:
     """The counters register as a collector with the documented names."""
     await memory.admit(key(rpm=1), 1)
     metrics.set_degraded("redis", True)

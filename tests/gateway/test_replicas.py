@@ -19,8 +19,7 @@ def pool(urls: list[str] = URLS, *, max_s: float = 60.0) -> ReplicaPool:
     return ReplicaPool("fast", urls, 4, 0.2, policy)
 
 
-def fail(p: ReplicaPool, replica: Replica, times: int, now: float, *, counts: bool = True
-         ) -> None:
+def fail(p: ReplicaPool, replica: Replica, times: int, now: float, *, counts: bool = True) -> None:
     """Record ``times`` failures at ``now``."""
     for _ in range(times):
         p.record_failure(replica, "connect", "refused", counts=counts, now=now)

@@ -13,11 +13,13 @@ from gateway.upstream import AttemptFailed
 FAST = RetryPolicy(max_attempts=3, backoff_base_s=0.001, backoff_max_s=0.002)
 
 
-def failure(status: int | None = None, kind: str = "", retry_after: float | None = None
-            ) -> AttemptFailed:
+def failure(
+    status: int | None = None, kind: str = "", retry_after: float | None = None
+) -> AttemptFailed:
     """An attempt failure with ``status`` (None: a connection-level failure)."""
-    return AttemptFailed(kind or f"status_{status}", "failed", status=status,
-                         retry_after=retry_after)
+    return AttemptFailed(
+        kind or f"status_{status}", "failed", status=status, retry_after=retry_after
+    )
 
 
 class Script:
@@ -35,11 +37,19 @@ class Script:
         return "answer"
 
 
-def loop(policy: RetryPolicy = FAST, budget: RetryBudget | None = None,
-         deadline_s: float = 5.0, ready_in: float | None = 0.0) -> RetryLoop:
+def loop(
+    policy: RetryPolicy = FAST,
+    budget: RetryBudget | None = None,
+    deadline_s: float = 5.0,
+    ready_in: float | None = 0.0,
+) -> RetryLoop:
     """A retry loop with a fresh budget and a fixed answer for 'when is a replica ready'."""
-    return RetryLoop(policy, budget or RetryBudget(policy.budget_ratio, policy.budget_min),
-                     time.monotonic() + deadline_s, ready_in=lambda: ready_in)
+    return RetryLoop(
+        policy,
+        budget or RetryBudget(policy.budget_ratio, policy.budget_min),
+        time.monotonic() + deadline_s,
+        ready_in=lambda: ready_in,
+    )
 
 
 @pytest.mark.parametrize("status", [400, 404, 413, 422])
@@ -60,8 +70,9 @@ def test_busy_and_gateway_errors_are_retried(status: int) -> None:
     assert is_retryable(failure(status), 0)
 
 
-@pytest.mark.parametrize("kind", ["connect", "connect_timeout", "reset", "timeout",
-                                  "first_byte_timeout"])
+@pytest.mark.parametrize(
+    "kind", ["connect", "connect_timeout", "reset", "timeout", "first_byte_timeout"]
+)
 def test_connection_failures_are_retried(kind: str) -> None:
     """Refused, reset and timed-out attempts are retried."""
     assert is_retryable(failure(kind=kind), 0)
@@ -208,8 +219,7 @@ async def test_refused_connections_are_retried_free_of_the_budget_and_of_max_att
     policy = RetryPolicy(max_attempts=1, backoff_base_s=0.0, budget_ratio=0.0, budget_min=0)
     budget = RetryBudget(0.0, 0)
     script = Script(failure(kind="connect"), failure(kind="connect_timeout"))
-    retry_loop = RetryLoop(policy, budget, time.monotonic() + 5, ready_in=lambda: 0.0,
-                           replicas=3)
+    retry_loop = RetryLoop(policy, budget, time.monotonic() + 5, ready_in=lambda: 0.0, replicas=3)
     assert await retry_loop.run(script) == "answer"
     assert script.calls == 3
     assert budget.refused == 0
@@ -219,8 +229,9 @@ async def test_free_retries_stop_once_every_replica_refused() -> None:
     """With two replicas both refusing, the request fails after trying each once."""
     policy = RetryPolicy(max_attempts=1, backoff_base_s=0.0, budget_ratio=0.0, budget_min=0)
     script = Script(*(failure(kind="connect") for _ in range(5)))
-    retry_loop = RetryLoop(policy, RetryBudget(0.0, 0), time.monotonic() + 5,
-                           ready_in=lambda: 0.0, replicas=2)
+    retry_loop = RetryLoop(
+        policy, RetryBudget(0.0, 0), time.monotonic() + 5, ready_in=lambda: 0.0, replicas=2
+    )
     with pytest.raises(AttemptFailed):
         await retry_loop.run(script)
     assert script.calls == 2
@@ -230,8 +241,9 @@ async def test_a_maybe_started_request_is_charged_to_the_budget() -> None:
     """A reset may have reached the backend: with the budget spent, it is not retried."""
     policy = RetryPolicy(max_attempts=3, backoff_base_s=0.0, budget_ratio=0.0, budget_min=0)
     script = Script(failure(kind="reset"))
-    retry_loop = RetryLoop(policy, RetryBudget(0.0, 0), time.monotonic() + 5,
-                           ready_in=lambda: 0.0, replicas=3)
+    retry_loop = RetryLoop(
+        policy, RetryBudget(0.0, 0), time.monotonic() + 5, ready_in=lambda: 0.0, replicas=3
+    )
     with pytest.raises(AttemptFailed):
         await retry_loop.run(script)
     assert script.calls == 1

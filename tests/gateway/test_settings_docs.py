@@ -41,8 +41,9 @@ def test_settings_reference_lists_every_option() -> None:
 
 def test_every_option_has_a_description() -> None:
     """No option is documented with an empty description (write a field docstring)."""
-    empty = [line for line in render().splitlines() if line.startswith("| `") and
-             line.endswith("|  |")]
+    empty = [
+        line for line in render().splitlines() if line.startswith("| `") and line.endswith("|  |")
+    ]
     assert empty == []
 
 

@@ -45,10 +45,14 @@ def _problems(config: Path | None = None) -> list[str]:
         ({"ratelimit": {"backnd": "redis"}}, "ratelimit.backnd (file "),
         ({"telemetry": {"tracng": True}}, "did you mean `tracing`?"),
         ({"serer": {}}, "serer (file"),
-        ({"tiers": {**TIERS, "fast": {**TIERS["fast"], "max_token_cap": 1}}},
-         "tiers.fast.max_token_cap (file"),
-        ({"tiers": {**TIERS, "fast": {**TIERS["fast"], "timeouts": {"conect_s": 1}}}},
-         "tiers.fast.timeouts.conect_s"),
+        (
+            {"tiers": {**TIERS, "fast": {**TIERS["fast"], "max_token_cap": 1}}},
+            "tiers.fast.max_token_cap (file",
+        ),
+        (
+            {"tiers": {**TIERS, "fast": {**TIERS["fast"], "timeouts": {"conect_s": 1}}}},
+            "tiers.fast.timeouts.conect_s",
+        ),
     ],
 )
 def test_file_typos_refused_at_every_depth(

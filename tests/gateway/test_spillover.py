@@ -22,8 +22,9 @@ def pools(fast_waiting: float = 10.0, precise_in_flight: int = 0) -> tuple[Repli
     return fast, precise
 
 
-def decide(spill: Spillover, score: float, reason: str = "classifier",
-           principal: Principal = ANYONE) -> RouteDecision:
+def decide(
+    spill: Spillover, score: float, reason: str = "classifier", principal: Principal = ANYONE
+) -> RouteDecision:
     """Adjust a fast-tier decision with ``score``."""
     return spill.adjust(RouteDecision("fast", reason, score), THRESHOLD, principal)
 
@@ -65,6 +66,7 @@ def test_off_by_default() -> None:
 
 def test_keys_without_the_precise_tier_do_not_spill() -> None:
     """A key limited to the fast tier stays there."""
-    fast_only = Principal(key_id="k", tenant="t",
-                          policy=KeyPolicy(allowed_tiers=frozenset({"fast"})))
+    fast_only = Principal(
+        key_id="k", tenant="t", policy=KeyPolicy(allowed_tiers=frozenset({"fast"}))
+    )
     assert decide(Spillover(ON, *pools()), 0.45, principal=fast_only).tier == "fast"

@@ -18,8 +18,13 @@ def tiergate(*args: str, env: dict[str, str] | None = None) -> subprocess.Comple
     """Run ``python -m tiergate ARGS`` with no TIERGATE_* variable but ``env``."""
     clean = {k: v for k, v in os.environ.items() if not k.upper().startswith("TIERGATE_")}
     return subprocess.run(
-        [sys.executable, "-m", "tiergate", *args], cwd=REPO, capture_output=True, text=True,
-        timeout=60, env={**clean, **(env or {})}, check=False,
+        [sys.executable, "-m", "tiergate", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**clean, **(env or {})},
+        check=False,
     )
 
 
@@ -61,10 +66,12 @@ def test_bad_yaml_names_line_and_column(tmp_path: Path) -> None:
 def test_duplicate_key_refused(tmp_path: Path) -> None:
     """A section given twice (the later would silently win) is refused with its line."""
     config = tmp_path / "c.yaml"
-    config.write_text("ratelimit: {backend: redis}\nserver: {port: 1}\n"
-                      "ratelimit: {backend: memory}\n")
-    _one_line_failure(tiergate("serve", "--config", str(config)),
-                      "line 3, column 1", "duplicate key 'ratelimit'")
+    config.write_text(
+        "ratelimit: {backend: redis}\nserver: {port: 1}\nratelimit: {backend: memory}\n"
+    )
+    _one_line_failure(
+        tiergate("serve", "--config", str(config)), "line 3, column 1", "duplicate key 'ratelimit'"
+    )
 
 
 def test_top_level_not_a_mapping(tmp_path: Path) -> None:
@@ -85,8 +92,9 @@ def test_nested_typo_in_file(tmp_path: Path) -> None:
     """A typo inside a section stops the gateway with a suggestion."""
     config = tmp_path / "c.yaml"
     config.write_text(yaml.safe_dump({"ratelimit": {"backnd": "redis"}}))
-    _one_line_failure(tiergate("serve", "--config", str(config)),
-                      "ratelimit.backnd", "did you mean `backend`?")
+    _one_line_failure(
+        tiergate("serve", "--config", str(config)), "ratelimit.backnd", "did you mean `backend`?"
+    )
 
 
 def test_environment_typo() -> None:
@@ -117,20 +125,31 @@ def test_debug_shows_traceback(tmp_path: Path) -> None:
 def test_missing_admin_token_file(tmp_path: Path) -> None:
     """A settings file path that does not exist (admin token file) is one line, not a trace."""
     config = tmp_path / "c.yaml"
-    config.write_text(yaml.safe_dump({
-        "auth": {"enabled": False, "admin_token_file": str(tmp_path / "absent")},
-        "exposure": {"mode": "off"},
-    }))
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "auth": {"enabled": False, "admin_token_file": str(tmp_path / "absent")},
+                "exposure": {"mode": "off"},
+            }
+        )
+    )
     _one_line_failure(tiergate("serve", "--config", str(config), "--port", "0"), "absent")
 
 
 def test_check_exposure_error_exits_nonzero(tmp_path: Path) -> None:
     """check-exposure exits 1 whenever it prints an error finding, even in warn mode."""
     config = tmp_path / "c.yaml"
-    config.write_text(yaml.safe_dump({"tiers": {
-        "fast": {"model": "f", "replicas": ["http://8.8.8.8:8000"]},
-        "precise": {"model": "p", "replicas": ["http://127.0.0.1:8102"]},
-    }, "exposure": {"mode": "warn"}}))
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "tiers": {
+                    "fast": {"model": "f", "replicas": ["http://8.8.8.8:8000"]},
+                    "precise": {"model": "p", "replicas": ["http://127.0.0.1:8102"]},
+                },
+                "exposure": {"mode": "warn"},
+            }
+        )
+    )
     result = tiergate("check-exposure", "--config", str(config))
     assert "error:" in result.stdout
     assert result.returncode == 1
@@ -139,10 +158,15 @@ def test_check_exposure_error_exits_nonzero(tmp_path: Path) -> None:
 def test_config_check_shows_sources_and_masks_secrets(tmp_path: Path) -> None:
     """config check lists each value with default/file/env/flag and hides secrets."""
     config = tmp_path / "c.yaml"
-    config.write_text(yaml.safe_dump({"server": {"port": 9000},
-                                      "auth": {"admin_token": "s3cret-admin-token"}}))
-    result = tiergate("config", "check", str(config),
-                      env={"TIERGATE_REDIS__URL": "redis://user:hunter2@10.0.0.5:6379/0"})
+    config.write_text(
+        yaml.safe_dump({"server": {"port": 9000}, "auth": {"admin_token": "s3cret-admin-token"}})
+    )
+    result = tiergate(
+        "config",
+        "check",
+        str(config),
+        env={"TIERGATE_REDIS__URL": "redis://user:hunter2@10.0.0.5:6379/0"},
+    )
     assert result.returncode == 0, result.stderr
     lines = {line.split(":")[0]: line for line in result.stdout.splitlines()}
     assert lines["server.port"].endswith(f"(file {config})")

@@ -17,11 +17,12 @@ from gateway.upstream import make_session
 from policies.errors import UpstreamRejected
 from policies.selection import RoundRobin
 
-ERROR_400 = (b'data: {"error":{"message":"Request id chatcmpl-x already running.",'
-             b'"type":"BadRequestError","param":null,"code":400}}\n\ndata: [DONE]\n\n')
+ERROR_400 = (
+    b'data: {"error":{"message":"Request id chatcmpl-x already running.",'
+    b'"type":"BadRequestError","param":null,"code":400}}\n\ndata: [DONE]\n\n'
+)
 ERROR_503 = b'data: {"error":{"message":"engine busy","code":503}}\n\ndata: [DONE]\n\n'
-GOOD = (b'data: {"id":"c","choices":[{"index":0,"delta":{"role":"assistant"}}]}\n\n'
-        b"data: [DONE]\n\n")
+GOOD = b'data: {"id":"c","choices":[{"index":0,"delta":{"role":"assistant"}}]}\n\ndata: [DONE]\n\n'
 
 
 async def _sse(request: web.Request, payload: bytes) -> web.StreamResponse:

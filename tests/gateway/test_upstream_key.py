@@ -13,8 +13,9 @@ SECRET = "upstream-secret-0123456789"
 
 
 def _tier(**options: object) -> TierSettings:
-    return TierSettings.model_validate({"model": "m", "replicas": ["http://127.0.0.1:1"],
-                                        **options})
+    return TierSettings.model_validate(
+        {"model": "m", "replicas": ["http://127.0.0.1:1"], **options}
+    )
 
 
 def test_key_from_setting_is_masked_in_repr_and_dumps() -> None:

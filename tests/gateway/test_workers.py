@@ -12,13 +12,16 @@ from gateway.settings import Settings
 from gateway.workers import WorkersRefused, resolve_workers, usable_cores
 
 
-def _settings(backend: str = "memory", *, auth: bool = True, divide: bool = False,
-              workers: int | None = None) -> Settings:
-    return Settings.model_validate({
-        "auth": {"enabled": auth},
-        "ratelimit": {"backend": backend, "memory_divide_per_worker": divide},
-        "server": {"workers": workers},
-    })
+def _settings(
+    backend: str = "memory", *, auth: bool = True, divide: bool = False, workers: int | None = None
+) -> Settings:
+    return Settings.model_validate(
+        {
+            "auth": {"enabled": auth},
+            "ratelimit": {"backend": backend, "memory_divide_per_worker": divide},
+            "server": {"workers": workers},
+        }
+    )
 
 
 def test_default_is_the_cores_with_redis_limits() -> None:

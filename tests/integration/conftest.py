@@ -16,8 +16,14 @@ __all__ = ["start_simulator"]
 def fast_sim() -> Iterator[SimulatorProcess]:
     """A zero-latency fast-tier simulator."""
     with SimulatorProcess(
-        "--profile", "fast", "--model", "tiergate-fast", "--latency-scale", "0",
-        "--max-model-len", "2048",
+        "--profile",
+        "fast",
+        "--model",
+        "tiergate-fast",
+        "--latency-scale",
+        "0",
+        "--max-model-len",
+        "2048",
     ) as sim:
         yield sim
 

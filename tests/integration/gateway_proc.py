@@ -24,7 +24,6 @@ from tests.processes import free_port, http_answers, terminate, wait_ready
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-
 def tiers_config(fast: list[str], precise: list[str], **tier_options: Any) -> dict[str, Any]:
     """A ``tiers`` mapping for the simulator's default served model names."""
     return {
@@ -62,15 +61,26 @@ class GatewayProcess:
         env = {**os.environ, **self.env}
         env.pop("TIERGATE_CONFIG", None)
         command = [
-            sys.executable, "-m", "tiergate", "serve",
-            "--config", str(self.config_path), "--port", str(self.port),
-            "--workers", str(self.workers),
+            sys.executable,
+            "-m",
+            "tiergate",
+            "serve",
+            "--config",
+            str(self.config_path),
+            "--port",
+            str(self.port),
+            "--workers",
+            str(self.workers),
         ]
         log = self.log_path.open("wb")
         self._proc = subprocess.Popen(command, cwd=REPO_ROOT, stdout=log, stderr=log, env=env)
         wait_ready(
-            self._proc, lambda: http_answers(self.url + "/livez"), timeout=self.ready_timeout,
-            poll_s=0.1, what="gateway", log=self.log_text,
+            self._proc,
+            lambda: http_answers(self.url + "/livez"),
+            timeout=self.ready_timeout,
+            poll_s=0.1,
+            what="gateway",
+            log=self.log_text,
         )
         return self
 

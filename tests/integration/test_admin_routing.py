@@ -18,20 +18,24 @@ ADMIN = {"Authorization": "Bearer routing-admin-token-0000000000000"}
 
 
 @pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory,
-            fast_sim: SimulatorProcess) -> Iterator[tuple[GatewayProcess, Path]]:
+def gateway(
+    tmp_path_factory: pytest.TempPathFactory, fast_sim: SimulatorProcess
+) -> Iterator[tuple[GatewayProcess, Path]]:
     """A gateway whose router artifact is a copy we can replace."""
     artifact = tmp_path_factory.mktemp("artifact") / "router.npz"
     shutil.copy(router_models.DEFAULT_ARTIFACT, artifact)
-    config = {"auth": {"enabled": False, "admin_token": ADMIN["Authorization"][7:]},
-              "tiers": tiers_config([fast_sim.url], [fast_sim.url]),
-              "router": {"artifact": str(artifact)}}
+    config = {
+        "auth": {"enabled": False, "admin_token": ADMIN["Authorization"][7:]},
+        "tiers": tiers_config([fast_sim.url], [fast_sim.url]),
+        "router": {"artifact": str(artifact)},
+    }
     with GatewayProcess(config) as gw:
         yield gw, artifact
 
 
 def test_routing_view_names_the_artifact_and_reload_swaps_it(
-        gateway: tuple[GatewayProcess, Path]) -> None:
+    gateway: tuple[GatewayProcess, Path],
+) -> None:
     """A broken file is refused (the live artifact stays); a good one is loaded at once."""
     gw, artifact = gateway
     view = httpx.get(gw.url + "/admin/routing", headers=ADMIN).json()

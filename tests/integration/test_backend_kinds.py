@@ -23,8 +23,9 @@ ADMIN = "admin-token-for-kinds-tests"
 
 
 def _sim(flavor: str, profile: str) -> SimulatorProcess:
-    return SimulatorProcess("--flavor", flavor, "--profile", profile, "--latency-scale", "0",
-                            "--health-delay", "0")
+    return SimulatorProcess(
+        "--flavor", flavor, "--profile", profile, "--latency-scale", "0", "--health-delay", "0"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +46,10 @@ def _wait_ready(gw: GatewayProcess, timeout: float = 20.0) -> dict[str, Any]:
 
 
 def _config(fast: SimulatorProcess, precise: SimulatorProcess, **tier: Any) -> dict[str, Any]:
-    return {"auth": {"enabled": False, "admin_token": ADMIN},
-            "tiers": tiers_config([fast.url], [precise.url], **tier)}
+    return {
+        "auth": {"enabled": False, "admin_token": ADMIN},
+        "tiers": tiers_config([fast.url], [precise.url], **tier),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -61,8 +64,11 @@ def test_defaults_serve_a_llama_cpp_python_server(gateway: GatewayProcess) -> No
     assert _wait_ready(gateway)["status"] == "ready"
     client = openai.OpenAI(base_url=gateway.url + "/v1", api_key="x", max_retries=0)
     raw = client.chat.completions.with_raw_response.create(
-        model="fast", messages=[{"role": "user", "content": "hi"}], max_tokens=4,
-        extra_headers={"x-request-id": "not-a-uuid-at-all"})
+        model="fast",
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=4,
+        extra_headers={"x-request-id": "not-a-uuid-at-all"},
+    )
     assert raw.http_response.status_code == 200
     assert raw.headers["x-tiergate-tier"] == "fast"
     assert raw.headers["x-request-id"] == "not-a-uuid-at-all"
@@ -71,22 +77,32 @@ def test_defaults_serve_a_llama_cpp_python_server(gateway: GatewayProcess) -> No
 def test_stream_usage_is_counted_when_the_server_sends_none(gateway: GatewayProcess) -> None:
     """llama-cpp-python sends no usage chunk; the caller who asked still gets one."""
     client = openai.OpenAI(base_url=gateway.url + "/v1", api_key="x", max_retries=0)
-    chunks = list(client.chat.completions.create(
-        model="fast", messages=[{"role": "user", "content": "count"}], max_tokens=5,
-        stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(
+            model="fast",
+            messages=[{"role": "user", "content": "count"}],
+            max_tokens=5,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     usage = chunks[-1].usage
     assert usage is not None
     # One token per content chunk still generating (llama.cpp's last chunk carries none).
-    tokens = sum(1 for c in chunks if c.choices and c.choices[0].finish_reason is None
-                 and c.choices[0].delta.content)
+    tokens = sum(
+        1
+        for c in chunks
+        if c.choices and c.choices[0].finish_reason is None and c.choices[0].delta.content
+    )
     assert usage.completion_tokens == tokens >= 1
 
 
 def test_admin_view_shows_what_was_detected(gateway: GatewayProcess) -> None:
     """/admin/backends says each replica's configured and detected kind, and why."""
     _wait_ready(gateway)
-    view = httpx.get(gateway.url + "/admin/backends",
-                     headers={"Authorization": f"Bearer {ADMIN}"}).json()
+    view = httpx.get(
+        gateway.url + "/admin/backends", headers={"Authorization": f"Bearer {ADMIN}"}
+    ).json()
     backend = view["tiers"]["fast"]["replicas"][0]["backend"]
     assert backend["configured"] == "auto"
     assert backend["kind"] == "llamacpp"
@@ -104,15 +120,18 @@ def test_unavailable_names_the_tier_asked_the_fallback_and_each_reason(
     fast, precise = llama_sims
     with GatewayProcess(_config(fast, precise, health_path="/health")) as gw:
         assert _wait_ready(gw, timeout=3)["status"] == "not_ready"
-        answer = httpx.post(gw.url + "/v1/chat/completions", json={
-            "model": "fast", "messages": [{"role": "user", "content": "hi"}]})
+        answer = httpx.post(
+            gw.url + "/v1/chat/completions",
+            json={"model": "fast", "messages": [{"role": "user", "content": "hi"}]},
+        )
     assert answer.status_code == 503
     error = answer.json()["error"]
     assert error["code"] == "no_healthy_replica"
     message = error["message"]
     asked, _, fallback = message.partition("tier 'precise' (fallback)")
-    assert message.startswith("No tier could serve the request. tier 'fast' (asked): "
-                              "no healthy replica: replica ")
+    assert message.startswith(
+        "No tier could serve the request. tier 'fast' (asked): no healthy replica: replica "
+    )
     assert f"replica 127.0.0.1:{fast.port} unhealthy (health check: /health answered 404)" in asked
     assert f"replica 127.0.0.1:{precise.port} unhealthy" in fallback
     assert set(error) == {"message", "type", "param", "code"}
@@ -127,8 +146,10 @@ def test_a_single_tier_failure_names_each_replica_tried() -> None:
         config["router"] = {"fallback_to_precise": False}
         with GatewayProcess(config) as gw:
             _wait_ready(gw)
-            answer = httpx.post(gw.url + "/v1/chat/completions", json={
-                "model": "fast", "messages": [{"role": "user", "content": "hi"}]})
+            answer = httpx.post(
+                gw.url + "/v1/chat/completions",
+                json={"model": "fast", "messages": [{"role": "user", "content": "hi"}]},
+            )
     assert answer.status_code == 502
     message = answer.json()["error"]["message"]
     assert "The 'fast' tier could not serve the request" in message
@@ -140,8 +161,10 @@ def test_tgi_validation_errors_pass_through_with_their_message() -> None:
     fast, precise = _sim("tgi", "fast"), _sim("tgi", "precise")
     with fast, precise, GatewayProcess(_config(fast, precise)) as gw:
         _wait_ready(gw)
-        answer = httpx.post(gw.url + "/v1/chat/completions", json={
-            "model": "fast", "n": 2, "messages": [{"role": "user", "content": "hi"}]})
+        answer = httpx.post(
+            gw.url + "/v1/chat/completions",
+            json={"model": "fast", "n": 2, "messages": [{"role": "user", "content": "hi"}]},
+        )
     assert answer.status_code == 422
     error = answer.json()["error"]
     assert error["message"] == "The simulator only supports n=1."
@@ -160,11 +183,16 @@ def test_failing_over_big_bodies_keeps_no_memory(
     with GatewayProcess(config) as gw:
         _wait_ready(gw, timeout=3)
         with httpx.Client(timeout=30) as client:
+
             def send(times: int) -> None:
                 for _ in range(times):
-                    answer = client.post(gw.url + "/v1/chat/completions", content=body,
-                                         headers={"Content-Type": "application/json"})
+                    answer = client.post(
+                        gw.url + "/v1/chat/completions",
+                        content=body,
+                        headers={"Content-Type": "application/json"},
+                    )
                     assert answer.status_code == 503
+
             send(4)  # warm-up
             before = rss_mib(gw.pid)
             send(32)

@@ -62,7 +62,8 @@ def test_disconnect_before_first_token_aborts_upstream(
     body = {"model": "fast", "messages": CHAT, "max_tokens": 200, "stream": True}
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(
-            slow_gateway.url + "/v1/chat/completions", json=body,
+            slow_gateway.url + "/v1/chat/completions",
+            json=body,
             timeout=httpx.Timeout(5.0, read=0.1),
         )
     assert wait_for_abort(slow_sim, before) == before + 1
@@ -76,7 +77,8 @@ def test_disconnect_non_streaming_aborts_upstream(
     body = {"model": "fast", "messages": CHAT, "max_tokens": 100}
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(
-            slow_gateway.url + "/v1/chat/completions", json=body,
+            slow_gateway.url + "/v1/chat/completions",
+            json=body,
             timeout=httpx.Timeout(5.0, read=0.6),
         )
     assert wait_for_abort(slow_sim, before) == before + 1

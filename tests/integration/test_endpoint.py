@@ -33,7 +33,9 @@ def post(gateway: GatewayProcess, body: Any, **kwargs: Any) -> httpx.Response:
 def test_chat_non_streaming(client: openai.OpenAI) -> None:
     """A non-streaming chat answer has content, usage and the gateway's headers."""
     raw = client.chat.completions.with_raw_response.create(
-        model="auto", messages=CHAT, max_tokens=8  # type: ignore[arg-type]
+        model="auto",
+        messages=CHAT,
+        max_tokens=8,  # type: ignore[arg-type]
     )
     completion = raw.parse()
     assert raw.http_response.status_code == 200
@@ -52,7 +54,10 @@ def test_chat_non_streaming(client: openai.OpenAI) -> None:
 def test_chat_streaming_with_usage(client: openai.OpenAI) -> None:
     """A stream with include_usage ends with a usage chunk, and content arrives in chunks."""
     stream = client.chat.completions.create(
-        model="fast", messages=CHAT, max_tokens=8, stream=True,  # type: ignore[arg-type]
+        model="fast",
+        messages=CHAT,
+        max_tokens=8,
+        stream=True,  # type: ignore[arg-type]
         stream_options={"include_usage": True},
     )
     chunks = list(stream)
@@ -92,8 +97,12 @@ def test_models_lists_auto_tiers_and_served_models(client: openai.OpenAI) -> Non
 
 @pytest.mark.parametrize(
     ("model", "tier"),
-    [("fast", "fast"), ("precise", "precise"), ("tiergate-fast", "fast"),
-     ("tiergate-precise", "precise")],
+    [
+        ("fast", "fast"),
+        ("precise", "precise"),
+        ("tiergate-fast", "fast"),
+        ("tiergate-precise", "precise"),
+    ],
 )
 def test_explicit_model_forces_tier(gateway: GatewayProcess, model: str, tier: str) -> None:
     """A tier name or served model name in `model` forces that tier."""
@@ -166,8 +175,13 @@ def test_sampling_extras_are_forwarded_and_steering_fields_dropped(
 ) -> None:
     """Documented sampling extras reach the backend untouched; api_base and friends never do."""
     body = {
-        "model": "fast", "messages": CHAT, "max_tokens": 3, "top_k": 7, "min_p": 0.1,
-        "api_base": "http://evil.example", "api_key": "k",
+        "model": "fast",
+        "messages": CHAT,
+        "max_tokens": 3,
+        "top_k": 7,
+        "min_p": 0.1,
+        "api_base": "http://evil.example",
+        "api_key": "k",
     }
     assert post(gateway, body).status_code == 200
     seen = fast_sim.stats()["last_request"]

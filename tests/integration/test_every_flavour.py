@@ -30,11 +30,23 @@ class Stack:
 
     def __call__(self, flavor: str) -> GatewayProcess:
         if flavor not in self.running:
-            sims = [SimulatorProcess("--flavor", flavor, "--profile", profile,
-                                     "--latency-scale", "0", "--health-delay", "0").start()
-                    for profile in ("fast", "precise")]
-            config = {"auth": {"enabled": False},
-                      "tiers": tiers_config([sims[0].url], [sims[1].url])}
+            sims = [
+                SimulatorProcess(
+                    "--flavor",
+                    flavor,
+                    "--profile",
+                    profile,
+                    "--latency-scale",
+                    "0",
+                    "--health-delay",
+                    "0",
+                ).start()
+                for profile in ("fast", "precise")
+            ]
+            config = {
+                "auth": {"enabled": False},
+                "tiers": tiers_config([sims[0].url], [sims[1].url]),
+            }
             gateway = GatewayProcess(config).start()
             self.running[flavor] = (sims[0], sims[1], gateway)
             _wait_ready(gateway)
@@ -72,8 +84,11 @@ def _client(gateway: GatewayProcess) -> openai.OpenAI:
 def test_unary_answer_with_usage_and_the_callers_id(stack: Stack, flavor: str) -> None:
     """A non-streaming chat answers 200 from the tier asked, with usage and the caller's id."""
     raw = _client(stack(flavor)).chat.completions.with_raw_response.create(
-        model="fast", messages=MESSAGES, max_tokens=4,
-        extra_headers={"x-request-id": "caller-chosen-id-1"})
+        model="fast",
+        messages=MESSAGES,
+        max_tokens=4,
+        extra_headers={"x-request-id": "caller-chosen-id-1"},
+    )
     assert raw.headers["x-tiergate-tier"] == "fast"
     assert raw.headers["x-request-id"] == "caller-chosen-id-1"
     completion = raw.parse()
@@ -85,9 +100,16 @@ def test_unary_answer_with_usage_and_the_callers_id(stack: Stack, flavor: str) -
 @pytest.mark.parametrize("flavor", FLAVOURS)
 def test_stream_with_usage_asked(stack: Stack, flavor: str) -> None:
     """A stream that asked for usage ends with a usage chunk, counted if the server sent none."""
-    chunks = list(_client(stack(flavor)).chat.completions.create(
-        model="fast", messages=MESSAGES, max_tokens=4, stream=True,
-        stream_options={"include_usage": True}, extra_headers={"x-request-id": str(uuid.uuid4())}))
+    chunks = list(
+        _client(stack(flavor)).chat.completions.create(
+            model="fast",
+            messages=MESSAGES,
+            max_tokens=4,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_headers={"x-request-id": str(uuid.uuid4())},
+        )
+    )
     assert chunks[-1].choices == []
     assert chunks[-1].usage is not None
     assert chunks[-1].usage.completion_tokens >= 1
@@ -107,8 +129,11 @@ def test_stream_without_usage_ends_with_done_and_no_usage(stack: Stack, flavor: 
 @pytest.mark.parametrize("flavor", FLAVOURS)
 def test_a_refused_request_keeps_the_servers_message(stack: Stack, flavor: str) -> None:
     """The server's 4xx (400, TGI's 422) reaches the caller OpenAI-shaped with its message."""
-    answer = httpx.post(stack(flavor).url + "/v1/chat/completions", timeout=20, json={
-        "model": "fast", "n": 2, "messages": MESSAGES})
+    answer = httpx.post(
+        stack(flavor).url + "/v1/chat/completions",
+        timeout=20,
+        json={"model": "fast", "n": 2, "messages": MESSAGES},
+    )
     assert answer.status_code == (422 if flavor == "tgi" else 400)
     error = answer.json()["error"]
     assert set(error) == {"message", "type", "param", "code"}

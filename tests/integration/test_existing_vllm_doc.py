@@ -24,8 +24,9 @@ DOC = REPO / "docs/existing-vllm.md"
 def backends() -> Iterator[tuple[SimulatorProcess, SimulatorProcess, RedisServer]]:
     """Simulated `qwen-awq` and `qwen-fp16` servers and a redis-server."""
     fast = SimulatorProcess("--profile", "fast", "--model", "qwen-awq", "--latency-scale", "0")
-    precise = SimulatorProcess("--profile", "precise", "--model", "qwen-fp16",
-                               "--latency-scale", "0")
+    precise = SimulatorProcess(
+        "--profile", "precise", "--model", "qwen-fp16", "--latency-scale", "0"
+    )
     with fast, precise, RedisServer() as redis:
         yield fast, precise, redis
 
@@ -35,8 +36,13 @@ def test_walkthrough_runs_as_printed(
 ) -> None:
     """Config, check, keys in Redis, start with 5 % tracing, calls, admin API: all succeed."""
     fast, precise, redis = backends
-    ports = {8001: fast.port, 8002: precise.port, 6379: redis.port, 8080: free_port(),
-             4318: free_port()}
+    ports = {
+        8001: fast.port,
+        8002: precise.port,
+        6379: redis.port,
+        8080: free_port(),
+        4318: free_port(),
+    }
     blocks = marked_blocks(DOC)
     assert len(blocks) >= 5
     result = run_blocks(blocks, cwd=scratch_dir(tmp_path / "clone"), ports=ports)

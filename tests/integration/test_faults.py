@@ -17,14 +17,31 @@ from tests.simulator.procs import SimulatorProcess
 
 ADMIN = "admin-token-for-the-fault-tests"
 FAULTS_OFF = dict.fromkeys(
-    ("fail_429", "fail_400", "fail_404", "fail_500", "fail_503", "fail_refuse", "fail_reset",
-     "stall_first_byte", "stall_mid_stream", "drop_mid_stream", "error_mid_stream"), 0.0)
+    (
+        "fail_429",
+        "fail_400",
+        "fail_404",
+        "fail_500",
+        "fail_503",
+        "fail_refuse",
+        "fail_reset",
+        "stall_first_byte",
+        "stall_mid_stream",
+        "drop_mid_stream",
+        "error_mid_stream",
+    ),
+    0.0,
+)
 
 
 def chat(text: str = "hello", **extra: Any) -> dict[str, Any]:
     """A small chat body."""
-    return {"model": "fast", "messages": [{"role": "user", "content": text}],
-            "max_tokens": 8, **extra}
+    return {
+        "model": "fast",
+        "messages": [{"role": "user", "content": text}],
+        "max_tokens": 8,
+        **extra,
+    }
 
 
 def tier(model: str, urls: list[str], **options: Any) -> dict[str, Any]:
@@ -39,8 +56,10 @@ def config(fast: list[str], precise: list[str], **sections: Any) -> dict[str, An
     return {
         "auth": {"enabled": False, "admin_token": ADMIN},
         "health": {"interval_s": 0.2},
-        "tiers": {"fast": tier("tiergate-fast", fast, **fast_tier),
-                  "precise": tier("tiergate-precise", precise, **precise_tier)},
+        "tiers": {
+            "fast": tier("tiergate-fast", fast, **fast_tier),
+            "precise": tier("tiergate-precise", precise, **precise_tier),
+        },
         **sections,
     }
 
@@ -54,8 +73,12 @@ def backends(gw: GatewayProcess, client: httpx.Client | None = None) -> dict[str
     return data
 
 
-def replica_view(gw: GatewayProcess, sim: SimulatorProcess, tier_name: str = "fast",
-                 client: httpx.Client | None = None) -> dict[str, Any]:
+def replica_view(
+    gw: GatewayProcess,
+    sim: SimulatorProcess,
+    tier_name: str = "fast",
+    client: httpx.Client | None = None,
+) -> dict[str, Any]:
     """The admin view of the replica ``sim`` (passive state is per worker: pass one
     keep-alive ``client`` to read the worker that served that client's requests)."""
     for replica in backends(gw, client)["tiers"][tier_name]["replicas"]:
@@ -74,14 +97,18 @@ def sse_events(raw: bytes) -> list[str]:
 def sims() -> Iterator[tuple[SimulatorProcess, SimulatorProcess, SimulatorProcess]]:
     """Two fast replicas and one precise replica, no latency."""
     fast = "--profile", "fast", "--model", "tiergate-fast", "--latency-scale", "0"
-    with SimulatorProcess(*fast, "--seed", "1") as a, SimulatorProcess(*fast, "--seed", "2") as b, \
-            SimulatorProcess("--profile", "precise", "--latency-scale", "0") as p:
+    with (
+        SimulatorProcess(*fast, "--seed", "1") as a,
+        SimulatorProcess(*fast, "--seed", "2") as b,
+        SimulatorProcess("--profile", "precise", "--latency-scale", "0") as p,
+    ):
         yield a, b, p
 
 
 @pytest.fixture(scope="module", params=[1, 2], ids=["workers1", "workers2"])
-def gw(request: pytest.FixtureRequest, sims: tuple[SimulatorProcess, ...]
-       ) -> Iterator[GatewayProcess]:
+def gw(
+    request: pytest.FixtureRequest, sims: tuple[SimulatorProcess, ...]
+) -> Iterator[GatewayProcess]:
     """A gateway (one, then two workers) over the shared simulators; short fast-tier idle."""
     a, b, p = sims
     timeouts = {"first_byte_s": 2.0, "idle_s": 0.5, "total_s": 10.0}
@@ -109,21 +136,31 @@ def test_admin_backends_needs_the_admin_token(gw: GatewayProcess) -> None:
     assert ADMIN not in wrong.text
 
 
-def test_admin_backends_shows_every_replica(gw: GatewayProcess,
-                                            sims: tuple[SimulatorProcess, ...]) -> None:
+def test_admin_backends_shows_every_replica(
+    gw: GatewayProcess, sims: tuple[SimulatorProcess, ...]
+) -> None:
     """Each replica's state, in-flight, queue, KV usage and counters are visible."""
     view = backends(gw)
     assert view["tiers"]["fast"]["strategy"] == "prefix_affinity"
     replica = view["tiers"]["fast"]["replicas"][0]
-    for field in ("state", "healthy", "in_flight", "waiting", "kv_usage", "recent_errors",
-                  "attempts", "consecutive_failures"):
+    for field in (
+        "state",
+        "healthy",
+        "in_flight",
+        "waiting",
+        "kv_usage",
+        "recent_errors",
+        "attempts",
+        "consecutive_failures",
+    ):
         assert field in replica
     assert {r["state"] for r in view["tiers"]["fast"]["replicas"]} == {"healthy"}
 
 
 @pytest.mark.usefixtures("clean")
-def test_503_is_retried_on_another_replica(gw: GatewayProcess,
-                                           sims: tuple[SimulatorProcess, ...]) -> None:
+def test_503_is_retried_on_another_replica(
+    gw: GatewayProcess, sims: tuple[SimulatorProcess, ...]
+) -> None:
     """A replica answering 503 costs retries, never errors, and is ejected after a few."""
     _, b, _ = sims
     b.set_faults(fail_503=1.0)
@@ -141,8 +178,9 @@ def test_503_is_retried_on_another_replica(gw: GatewayProcess,
 
 
 @pytest.mark.usefixtures("clean")
-def test_400_is_passed_through_and_never_counts(gw: GatewayProcess,
-                                                sims: tuple[SimulatorProcess, ...]) -> None:
+def test_400_is_passed_through_and_never_counts(
+    gw: GatewayProcess, sims: tuple[SimulatorProcess, ...]
+) -> None:
     """Upstream 400s reach the caller once (no retry) and do not count against health."""
     a, b, _ = sims
     # Earlier tests in this module may have left failures on a replica (the health state
@@ -161,8 +199,9 @@ def test_400_is_passed_through_and_never_counts(gw: GatewayProcess,
         view = replica_view(gw, sim, client=client)
         assert view["consecutive_failures"] <= before[sim.port]["consecutive_failures"]
         assert view["ejections_total"] == before[sim.port]["ejections_total"]
-        answered_400 += (view["attempts"].get("status_400", 0)
-                         - before[sim.port]["attempts"].get("status_400", 0))
+        answered_400 += view["attempts"].get("status_400", 0) - before[sim.port]["attempts"].get(
+            "status_400", 0
+        )
     client.close()
     assert answered_400 == 6
 
@@ -234,9 +273,7 @@ async def _kill_during_load(gateway: GatewayProcess, victim: SimulatorProcess) -
     return statuses
 
 
-def test_whole_fast_tier_down_falls_back_to_precise(
-    sims: tuple[SimulatorProcess, ...]
-) -> None:
+def test_whole_fast_tier_down_falls_back_to_precise(sims: tuple[SimulatorProcess, ...]) -> None:
     """No fast replica answers: the precise tier serves, and the headers say so and why."""
     _, _, p = sims
     dead = [f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"]
@@ -251,7 +288,7 @@ def test_whole_fast_tier_down_falls_back_to_precise(
 
 
 def test_precise_tier_down_does_not_downgrade_by_default(
-    sims: tuple[SimulatorProcess, ...]
+    sims: tuple[SimulatorProcess, ...],
 ) -> None:
     """precise -> fast needs the setting (and a key allowed to downgrade)."""
     a, _, _ = sims
@@ -272,16 +309,18 @@ def test_precise_tier_down_does_not_downgrade_by_default(
 @pytest.fixture(scope="module")
 def slow() -> Iterator[tuple[SimulatorProcess, GatewayProcess]]:
     """A slow replica (~80 ms a token) behind a gateway whose precise tier takes one request."""
-    with SimulatorProcess("--profile", "fast", "--model", "tiergate-precise", "--latency-scale",
-                          "20", "--seed", "5") as sim:
-        settings = config([sim.url], [sim.url],
-                          precise_tier={"max_concurrency": 1, "max_queue_wait_s": 0.2})
+    with SimulatorProcess(
+        "--profile", "fast", "--model", "tiergate-precise", "--latency-scale", "20", "--seed", "5"
+    ) as sim:
+        settings = config(
+            [sim.url], [sim.url], precise_tier={"max_concurrency": 1, "max_queue_wait_s": 0.2}
+        )
         with GatewayProcess(settings) as gateway:
             yield sim, gateway
 
 
 def test_saturation_sheds_with_503_and_retry_after(
-    slow: tuple[SimulatorProcess, GatewayProcess]
+    slow: tuple[SimulatorProcess, GatewayProcess],
 ) -> None:
     """Every slot busy: 503 with Retry-After after the bounded wait, never a hang."""
     _, gateway = slow
@@ -289,8 +328,7 @@ def test_saturation_sheds_with_503_and_retry_after(
 
     async def burst() -> list[httpx.Response]:
         async with httpx.AsyncClient(timeout=10) as client:
-            calls = [client.post(gateway.url + "/v1/chat/completions", json=body)
-                     for _ in range(4)]
+            calls = [client.post(gateway.url + "/v1/chat/completions", json=body) for _ in range(4)]
             return list(await asyncio.gather(*calls))
 
     started = time.monotonic()
@@ -303,7 +341,7 @@ def test_saturation_sheds_with_503_and_retry_after(
 
 
 def test_client_disconnect_mid_stream_aborts_and_returns_the_lease(
-    slow: tuple[SimulatorProcess, GatewayProcess]
+    slow: tuple[SimulatorProcess, GatewayProcess],
 ) -> None:
     """Leaving mid-stream aborts the engine's request and frees the gateway's slot."""
     sim, gateway = slow

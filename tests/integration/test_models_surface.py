@@ -26,8 +26,9 @@ def keys_and_gateway(
     path: Path = tmp_path_factory.mktemp("keys") / "keys.yaml"
     store = FileKeyStore(path)
     every, every_key = issue_key("every", KeyPolicy(), now=time.time())
-    fast, fast_key = issue_key("fast-only", KeyPolicy(allowed_tiers=frozenset({"fast"})),
-                               now=time.time())
+    fast, fast_key = issue_key(
+        "fast-only", KeyPolicy(allowed_tiers=frozenset({"fast"})), now=time.time()
+    )
     store.put_sync(every)
     store.put_sync(fast)
     config = {
@@ -100,7 +101,8 @@ def test_over_cap_names_the_param_as_sent(
     every, _, gateway = keys_and_gateway
     with pytest.raises(openai.BadRequestError) as err:
         _client(gateway, every).chat.completions.create(
-            model="fast", messages=[{"role": "user", "content": "hi"}],
+            model="fast",
+            messages=[{"role": "user", "content": "hi"}],
             extra_body={param: 5000},
         )
     body = err.value.body

@@ -24,8 +24,12 @@ REPLICAS = 3
 N = 10
 # Every request carries the same body, so every request reserves the same tokens.
 MAX_TOKENS = 100
-BODY = {"model": "fast", "messages": [{"role": "user", "content": "Count to three."}],
-        "max_tokens": MAX_TOKENS, "ignore_eos": True}
+BODY = {
+    "model": "fast",
+    "messages": [{"role": "user", "content": "Count to three."}],
+    "max_tokens": MAX_TOKENS,
+    "ignore_eos": True,
+}
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +42,9 @@ def redis() -> Iterator[RedisServer]:
 @pytest.fixture(scope="module")
 def slow_sim() -> Iterator[SimulatorProcess]:
     """A fast-tier simulator with real latency (about a second per answer)."""
-    with SimulatorProcess("--profile", "fast", "--model", "tiergate-fast",
-                          "--latency-scale", "2.5") as sim:
+    with SimulatorProcess(
+        "--profile", "fast", "--model", "tiergate-fast", "--latency-scale", "2.5"
+    ) as sim:
         yield sim
 
 
@@ -47,8 +52,9 @@ async def new_key(redis_url: str, **policy: Any) -> str:
     """Create a key in the shared Redis key store (as `tiergate keys create` would)."""
     client = Redis.from_url(redis_url)
     try:
-        _, token = await create_key(RedisKeyStore(client), "bench", KeyPolicy(**policy),
-                                    now=time.time())
+        _, token = await create_key(
+            RedisKeyStore(client), "bench", KeyPolicy(**policy), now=time.time()
+        )
     finally:
         await client.aclose()
     return token
@@ -68,8 +74,9 @@ def gateways(
         "telemetry": {"access_log": False},
     }
     # Nine processes starting at once on a shared 2-core machine: give them time.
-    procs = [GatewayProcess(config, workers=request.param, ready_timeout=90)
-             for _ in range(REPLICAS)]
+    procs = [
+        GatewayProcess(config, workers=request.param, ready_timeout=90) for _ in range(REPLICAS)
+    ]
     try:
         with ThreadPoolExecutor(REPLICAS) as pool:
             list(pool.map(GatewayProcess.start, procs))
@@ -87,15 +94,19 @@ async def http() -> AsyncIterator[httpx.AsyncClient]:
         yield client
 
 
-async def burst(http: httpx.AsyncClient, gateways: list[GatewayProcess], key: str,
-                count: int) -> list[httpx.Response]:
+async def burst(
+    http: httpx.AsyncClient, gateways: list[GatewayProcess], key: str, count: int
+) -> list[httpx.Response]:
     """``count`` simultaneous requests spread round-robin over the gateways."""
     headers = {"Authorization": f"Bearer {key}"}
-    return await asyncio.gather(*(
-        http.post(gateways[i % len(gateways)].url + "/v1/chat/completions", json=BODY,
-                  headers=headers)
-        for i in range(count)
-    ))
+    return await asyncio.gather(
+        *(
+            http.post(
+                gateways[i % len(gateways)].url + "/v1/chat/completions", json=BODY, headers=headers
+            )
+            for i in range(count)
+        )
+    )
 
 
 def check_split(responses: list[httpx.Response], allowed: int) -> None:
@@ -109,7 +120,8 @@ def check_split(responses: list[httpx.Response], allowed: int) -> None:
             assert response.json()["error"]["code"] == "rate_limit_exceeded"
         else:
             assert "x-ratelimit-remaining-requests" in response.headers or (
-                "x-ratelimit-remaining-tokens" in response.headers)
+                "x-ratelimit-remaining-tokens" in response.headers
+            )
 
 
 async def test_requests_per_minute_are_exact_across_replicas(

@@ -23,9 +23,24 @@ WRONG_KEY = "tg-doesnotexist-QmFkS2V5VGhhdE11c3ROb3RMZWFrMTIz"
 
 def _create_key(keys_file: Path) -> str:
     done = subprocess.run(
-        [sys.executable, "-m", "tiergate", "keys", "create", "--keys-file", str(keys_file),
-         "--tenant", "acme", "--name", "secrets-test"],
-        cwd=REPO_ROOT, capture_output=True, text=True, check=True, timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "tiergate",
+            "keys",
+            "create",
+            "--keys-file",
+            str(keys_file),
+            "--tenant",
+            "acme",
+            "--name",
+            "secrets-test",
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
     )
     return done.stdout.strip().splitlines()[-1]
 
@@ -39,14 +54,16 @@ def _traffic(url: str, key: str) -> list[str]:
         done = client.post("/v1/chat/completions", json=chat, headers=auth)
         assert done.status_code == 200
         answers.append(done.json()["choices"][0]["message"]["content"])
-        with client.stream("POST", "/v1/chat/completions", json={**chat, "stream": True},
-                           headers=auth) as resp:
+        with client.stream(
+            "POST", "/v1/chat/completions", json={**chat, "stream": True}, headers=auth
+        ) as resp:
             assert resp.status_code == 200
             resp.read()
         text = {"model": "precise", "prompt": MARKER, "max_tokens": 8}
         assert client.post("/v1/completions", json=text, headers=auth).status_code == 200
-        bad = client.post("/v1/chat/completions", json=chat,
-                          headers={"Authorization": f"Bearer {WRONG_KEY}"})
+        bad = client.post(
+            "/v1/chat/completions", json=chat, headers={"Authorization": f"Bearer {WRONG_KEY}"}
+        )
         assert bad.status_code == 401
     return answers
 
@@ -56,22 +73,36 @@ def test_key_and_prompt_never_appear_in_spans_logs_or_metrics(tmp_path: Path) ->
     keys_file = tmp_path / "keys.yaml"
     key = _create_key(keys_file)
     log_file = tmp_path / "access.log"
-    with SimulatorProcess("--profile", "fast", "--model", "tiergate-fast",
-                          "--latency-scale", "0") as fast, \
-         SimulatorProcess("--profile", "precise", "--model", "tiergate-precise",
-                          "--latency-scale", "0") as precise:
+    with (
+        SimulatorProcess(
+            "--profile", "fast", "--model", "tiergate-fast", "--latency-scale", "0"
+        ) as fast,
+        SimulatorProcess(
+            "--profile", "precise", "--model", "tiergate-precise", "--latency-scale", "0"
+        ) as precise,
+    ):
         config = {
-            "auth": {"enabled": True, "store": "file", "keys_file": str(keys_file),
-                     "admin_token": ADMIN},
+            "auth": {
+                "enabled": True,
+                "store": "file",
+                "keys_file": str(keys_file),
+                "admin_token": ADMIN,
+            },
             "tiers": tiers_config([fast.url], [precise.url]),
-            "telemetry": {"tracing": True, "trace_sample_ratio": 1.0, "log_format": "json",
-                          "log_file": str(log_file), "capture_content": False},
+            "telemetry": {
+                "tracing": True,
+                "trace_sample_ratio": 1.0,
+                "log_format": "json",
+                "log_file": str(log_file),
+                "capture_content": False,
+            },
         }
         env = {"OTEL_TRACES_EXPORTER": "console", "OTEL_BSP_SCHEDULE_DELAY": "50"}
         with GatewayProcess(config, env=env) as gateway:
             answers = _traffic(gateway.url, key)
-            metrics = httpx.get(gateway.url + "/metrics", timeout=10,
-                                headers={"Authorization": f"Bearer {ADMIN}"}).text
+            metrics = httpx.get(
+                gateway.url + "/metrics", timeout=10, headers={"Authorization": f"Bearer {ADMIN}"}
+            ).text
             gateway.stop()  # flushes the span queue and the log file
             spans = gateway.log_text()
         logs = log_file.read_text(encoding="utf-8")
@@ -81,8 +112,15 @@ def test_key_and_prompt_never_appear_in_spans_logs_or_metrics(tmp_path: Path) ->
     assert logs.count('"request.finished"') == 4
     assert f'"key_id":"{key_id}"' in logs  # the key id is logged; the key never is
     assert "tiergate_requests_total" in metrics
-    secrets = [key, key.rsplit("-", 1)[1], WRONG_KEY, WRONG_KEY.rsplit("-", 1)[1], "ZEBRA-CANARY",
-               "Bearer", *[a for a in answers if len(a) > 12]]
+    secrets = [
+        key,
+        key.rsplit("-", 1)[1],
+        WRONG_KEY,
+        WRONG_KEY.rsplit("-", 1)[1],
+        "ZEBRA-CANARY",
+        "Bearer",
+        *[a for a in answers if len(a) > 12],
+    ]
     for where, text in (("spans", spans), ("logs", logs), ("metrics", metrics)):
         for secret in secrets:
             assert secret not in text, f"{secret!r} leaked into {where}"

@@ -34,12 +34,20 @@ class DemoStack:
     def start(self, timeout: float = 60.0) -> DemoStack:
         """Start the demo and wait for its banner."""
         env = {k: v for k, v in os.environ.items() if not k.upper().startswith("TIERGATE_")}
-        env.update(DEMO_STATE=str(self.state), DEMO_GATEWAY_PORT=str(self.ports[8080]),
-                   DEMO_FAST_PORT=str(self.ports[8101]), DEMO_PRECISE_PORT=str(self.ports[8102]))
+        env.update(
+            DEMO_STATE=str(self.state),
+            DEMO_GATEWAY_PORT=str(self.ports[8080]),
+            DEMO_FAST_PORT=str(self.ports[8101]),
+            DEMO_PRECISE_PORT=str(self.ports[8102]),
+        )
         with self.output.open("wb") as out:
-            self.proc = subprocess.Popen([str(REPO / "scripts/demo.sh")], stdout=out,
-                                         stderr=subprocess.STDOUT, env=env,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(
+                [str(REPO / "scripts/demo.sh")],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
         deadline = time.monotonic() + timeout
         while "Press Ctrl-C" not in self.text():
             if self.proc.poll() is not None or time.monotonic() > deadline:

@@ -30,9 +30,9 @@ def redis() -> Iterator[RedisServer]:
         yield server
 
 
-async def store_op(url: str, record: KeyRecord | None = None, *, rpm: int = 1) -> tuple[
-    KeyRecord, str
-]:
+async def store_op(
+    url: str, record: KeyRecord | None = None, *, rpm: int = 1
+) -> tuple[KeyRecord, str]:
     """Create a key (or put ``record`` back, as a persistent Redis would keep it)."""
     client = Redis.from_url(url)
     try:
@@ -58,8 +58,7 @@ def gateway_config(redis: RedisServer, sim: SimulatorProcess, policy: str) -> di
     """Redis keys and limits with ``policy`` on Redis errors and a fast recovery probe."""
     return {
         "auth": {"store": "redis", "cache_ttl_s": 1},
-        "ratelimit": {"backend": "redis", "on_redis_error": policy,
-                      "redis_retry_interval_s": 0.2},
+        "ratelimit": {"backend": "redis", "on_redis_error": policy, "redis_retry_interval_s": 0.2},
         "redis": {"url": redis.url},
         "tiers": tiers_config([sim.url], ["http://127.0.0.1:9"]),
         "telemetry": {"access_log": False},
@@ -67,11 +66,14 @@ def gateway_config(redis: RedisServer, sim: SimulatorProcess, policy: str) -> di
 
 
 @pytest.fixture(scope="module")
-def pair(redis: RedisServer, fast_sim: SimulatorProcess,
-         keys: dict[str, tuple[KeyRecord, str]]) -> Iterator[dict[str, GatewayProcess]]:
+def pair(
+    redis: RedisServer, fast_sim: SimulatorProcess, keys: dict[str, tuple[KeyRecord, str]]
+) -> Iterator[dict[str, GatewayProcess]]:
     """One fail-open and one fail-closed gateway on the same Redis."""
-    with GatewayProcess(gateway_config(redis, fast_sim, "open")) as open_gw, \
-            GatewayProcess(gateway_config(redis, fast_sim, "closed")) as closed_gw:
+    with (
+        GatewayProcess(gateway_config(redis, fast_sim, "open")) as open_gw,
+        GatewayProcess(gateway_config(redis, fast_sim, "closed")) as closed_gw,
+    ):
         yield {"open": open_gw, "closed": closed_gw}
 
 
@@ -84,12 +86,18 @@ async def http() -> AsyncIterator[httpx.AsyncClient]:
 
 async def call(http: httpx.AsyncClient, gateway: GatewayProcess, key: str) -> httpx.Response:
     """One chat request."""
-    return await http.post(gateway.url + "/v1/chat/completions", json=BODY,
-                           headers={"Authorization": f"Bearer {key}"})
+    return await http.post(
+        gateway.url + "/v1/chat/completions", json=BODY, headers={"Authorization": f"Bearer {key}"}
+    )
 
 
-async def background_load(http: httpx.AsyncClient, gateways: list[GatewayProcess], key: str,
-                          statuses: dict[str, list[int]], stop: asyncio.Event) -> None:
+async def background_load(
+    http: httpx.AsyncClient,
+    gateways: list[GatewayProcess],
+    key: str,
+    statuses: dict[str, list[int]],
+    stop: asyncio.Event,
+) -> None:
     """Keep requests flowing to every gateway until ``stop``; record every status."""
     while not stop.is_set():
         for gateway in gateways:
@@ -99,8 +107,10 @@ async def background_load(http: httpx.AsyncClient, gateways: list[GatewayProcess
 
 
 async def test_outage_policies_hold_and_limits_return(
-    redis: RedisServer, pair: dict[str, GatewayProcess],
-    keys: dict[str, tuple[KeyRecord, str]], http: httpx.AsyncClient,
+    redis: RedisServer,
+    pair: dict[str, GatewayProcess],
+    keys: dict[str, tuple[KeyRecord, str]],
+    http: httpx.AsyncClient,
 ) -> None:
     """Open serves with local limits, closed answers 503; after restart Redis limits again."""
     open_gw, closed_gw = pair["open"], pair["closed"]
@@ -132,15 +142,17 @@ async def test_outage_policies_hold_and_limits_return(
         await store_op(redis.url, limited_record)
         await store_op(redis.url, busy_record)
         stop = asyncio.Event()
-        load = asyncio.create_task(background_load(http, [open_gw, closed_gw], busy, statuses,
-                                                   stop))
+        load = asyncio.create_task(
+            background_load(http, [open_gw, closed_gw], busy, statuses, stop)
+        )
         await asyncio.sleep(0.6)
     finally:
         stop.set()
         await load
 
-    shared = [(await call(http, gw, limited)).status_code
-              for gw in (open_gw, closed_gw) * (RPM // 2 + 1)]
+    shared = [
+        (await call(http, gw, limited)).status_code for gw in (open_gw, closed_gw) * (RPM // 2 + 1)
+    ]
     assert shared.count(200) == RPM  # one exact budget across both replicas again
     assert shared.count(429) == 2
 

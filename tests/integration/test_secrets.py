@@ -26,8 +26,9 @@ def key_and_gateway(
 ) -> Iterator[tuple[str, str, GatewayProcess]]:
     """A gateway at debug log level with one fast-only, rpm-3 key; yields (key, id, gateway)."""
     path: Path = tmp_path_factory.mktemp("keys") / "keys.yaml"
-    record, key = issue_key("secrets", KeyPolicy(allowed_tiers=frozenset({"fast"}), rpm=3),
-                            now=time.time())
+    record, key = issue_key(
+        "secrets", KeyPolicy(allowed_tiers=frozenset({"fast"}), rpm=3), now=time.time()
+    )
     FileKeyStore(path).put_sync(record)
     config = {
         "auth": {"keys_file": str(path), "admin_token": ADMIN},
@@ -43,19 +44,27 @@ def exchanges(url: str, key: str, key_id: str) -> list[httpx.Response]:
     wrong = f"tg-{key_id}-" + "Z" * 43
     chat = url + "/v1/chat/completions"
     with httpx.Client(timeout=10) as client:
+
         def post(headers: dict[str, str], body: object = CHAT) -> httpx.Response:
             return client.post(chat, json=body, headers=headers)
 
         good = {"Authorization": f"Bearer {key}", "x-api-key": key, "Cookie": f"k={key}"}
         responses = [post(good), post(good, {**CHAT, "stream": True})]
-        responses += [post({"Authorization": header}) for header in (
-            f"Bearer {wrong}", f"Basic {key}", key, f"Bearer {key} trailing", f"Bearer {key}x")]
+        responses += [
+            post({"Authorization": header})
+            for header in (
+                f"Bearer {wrong}",
+                f"Basic {key}",
+                key,
+                f"Bearer {key} trailing",
+                f"Bearer {key}x",
+            )
+        ]
         responses.append(post(good, {**CHAT, "model": "precise"}))
         responses += [post(good) for _ in range(3)]  # past rpm=3: 429s
         responses.append(client.get(url + "/admin/keys", headers=good))
         responses.append(client.get(url + f"/v1/nothing?api_key={key}", headers=good))
-        responses.append(client.get(url + "/metrics",
-                                    headers={"Authorization": f"Bearer {ADMIN}"}))
+        responses.append(client.get(url + "/metrics", headers={"Authorization": f"Bearer {ADMIN}"}))
     return responses
 
 

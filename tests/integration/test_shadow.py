@@ -26,22 +26,42 @@ COMPLEX = [f"Prove step by step that lemma {i} holds for every prime p." for i i
 class Stack:
     """The gateway, its two simulators, the caller's key and the shadow store."""
 
-    def __init__(self, gateway: GatewayProcess, fast: SimulatorProcess,
-                 precise: SimulatorProcess, key: str, store: Path) -> None:
+    def __init__(
+        self,
+        gateway: GatewayProcess,
+        fast: SimulatorProcess,
+        precise: SimulatorProcess,
+        key: str,
+        store: Path,
+    ) -> None:
         self.gateway, self.fast, self.precise, self.key, self.store = (
-            gateway, fast, precise, key, store)
+            gateway,
+            fast,
+            precise,
+            key,
+            store,
+        )
 
     def chat(self, prompt: str, model: str = "fast", **extra: Any) -> httpx.Response:
         """One chat request with the caller's key."""
-        body = {"model": model, "max_tokens": 12,
-                "messages": [{"role": "user", "content": prompt}], **extra}
-        return httpx.post(self.gateway.url + "/v1/chat/completions", json=body, timeout=30,
-                          headers={"Authorization": f"Bearer {self.key}"})
+        body = {
+            "model": model,
+            "max_tokens": 12,
+            "messages": [{"role": "user", "content": prompt}],
+            **extra,
+        }
+        return httpx.post(
+            self.gateway.url + "/v1/chat/completions",
+            json=body,
+            timeout=30,
+            headers={"Authorization": f"Bearer {self.key}"},
+        )
 
     def routing(self) -> dict[str, Any]:
         """GET /admin/routing."""
-        resp = httpx.get(self.gateway.url + "/admin/routing",
-                         headers={"Authorization": f"Bearer {ADMIN}"})
+        resp = httpx.get(
+            self.gateway.url + "/admin/routing", headers={"Authorization": f"Bearer {ADMIN}"}
+        )
         assert resp.status_code == 200
         data: dict[str, Any] = resp.json()
         return data
@@ -62,24 +82,45 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """Weak fast simulator, strong (and slow) precise one, shadowing every request."""
     tmp = tmp_path_factory.mktemp("shadow")
     labels = tmp / "labels.jsonl"
-    labels.write_text("".join(json.dumps({"prompt": p, "label": "simple"}) + "\n" for p in SIMPLE)
-                      + "".join(json.dumps({"prompt": p, "label": "complex"}) + "\n"
-                                for p in COMPLEX), encoding="utf-8")
+    labels.write_text(
+        "".join(json.dumps({"prompt": p, "label": "simple"}) + "\n" for p in SIMPLE)
+        + "".join(json.dumps({"prompt": p, "label": "complex"}) + "\n" for p in COMPLEX),
+        encoding="utf-8",
+    )
     keys = tmp / "keys.yaml"
     record, key = issue_key("t", KeyPolicy(rpm=40), now=time.time())
     FileKeyStore(keys).put_sync(record)
     store = tmp / "shadow.jsonl"
     quality = ("--quality-file", str(labels))
-    with SimulatorProcess("--profile", "fast", "--model", "tiergate-fast", "--latency-scale",
-                          "0", *quality, "--weak") as fast, \
-            SimulatorProcess("--profile", "precise", "--model", "tiergate-precise",
-                             "--latency-scale", "3", *quality) as precise:
+    with (
+        SimulatorProcess(
+            "--profile",
+            "fast",
+            "--model",
+            "tiergate-fast",
+            "--latency-scale",
+            "0",
+            *quality,
+            "--weak",
+        ) as fast,
+        SimulatorProcess(
+            "--profile", "precise", "--model", "tiergate-precise", "--latency-scale", "3", *quality
+        ) as precise,
+    ):
         config = {
             "auth": {"keys_file": str(keys), "admin_token": ADMIN},
-            "tiers": {"fast": {"model": "tiergate-fast", "replicas": [fast.url]},
-                      "precise": {"model": "tiergate-precise", "replicas": [precise.url]}},
-            "router": {"shadow": {"fast_ratio": 1.0, "precise_ratio": 1.0,
-                                  "max_concurrent": 64, "store": str(store)}},
+            "tiers": {
+                "fast": {"model": "tiergate-fast", "replicas": [fast.url]},
+                "precise": {"model": "tiergate-precise", "replicas": [precise.url]},
+            },
+            "router": {
+                "shadow": {
+                    "fast_ratio": 1.0,
+                    "precise_ratio": 1.0,
+                    "max_concurrent": 64,
+                    "store": str(store),
+                }
+            },
         }
         with GatewayProcess(config) as gateway:
             yield Stack(gateway, fast, precise, key, store)
@@ -127,7 +168,8 @@ def test_the_store_and_metrics_hold_no_prompt_text(stack: Stack) -> None:
     assert {"direction", "agreement", "score", "prompt_digest", "method"} <= set(records[0])
     for prompt in SIMPLE + COMPLEX:
         assert prompt not in text
-    metrics = httpx.get(stack.gateway.url + "/metrics",
-                        headers={"Authorization": f"Bearer {ADMIN}"}).text
+    metrics = httpx.get(
+        stack.gateway.url + "/metrics", headers={"Authorization": f"Bearer {ADMIN}"}
+    ).text
     assert 'tiergate_shadow_agreement_count{direction="fast_on_precise"' in metrics
     assert 'tiergate_shadow_total{direction="fast_on_precise",outcome="compared"}' in metrics

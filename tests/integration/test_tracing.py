@@ -28,14 +28,16 @@ CHAT = [{"role": "user", "content": "Name a colour."}]
 
 
 def _settings(fast: list[str], precise: list[str], **fast_options: Any) -> Settings:
-    return Settings.model_validate({
-        "auth": {"enabled": False},
-        "tiers": {
-            "fast": {"model": "tiergate-fast", "replicas": fast, **fast_options},
-            "precise": {"model": "tiergate-precise", "replicas": precise},
-        },
-        "telemetry": {"tracing": True, "trace_sample_ratio": 1.0, "access_log": False},
-    })
+    return Settings.model_validate(
+        {
+            "auth": {"enabled": False},
+            "tiers": {
+                "fast": {"model": "tiergate-fast", "replicas": fast, **fast_options},
+                "precise": {"model": "tiergate-precise", "replicas": precise},
+            },
+            "telemetry": {"tracing": True, "trace_sample_ratio": 1.0, "access_log": False},
+        }
+    )
 
 
 @pytest.fixture
@@ -91,22 +93,30 @@ def test_non_streaming_request_span_tree(
     assert server.name == "POST /v1/chat/completions"
     assert _attrs(server)["tiergate.request_id"] == resp.headers["x-request-id"]
     assert {
-        "http.request.method": "POST", "http.route": "/v1/chat/completions",
-        "http.response.status_code": 200, "tiergate.tier": "fast",
-        "tiergate.route.reason": "explicit", "tiergate.attempts": 1,
+        "http.request.method": "POST",
+        "http.route": "/v1/chat/completions",
+        "http.response.status_code": 200,
+        "tiergate.tier": "fast",
+        "tiergate.route.reason": "explicit",
+        "tiergate.attempts": 1,
         "tiergate.outcome": "complete",
     }.items() <= _attrs(server).items()
     assert _names(children) == sorted([*STAGES, "tiergate.route", "chat tiergate-fast"])
     (client,) = [s for s in children if s.kind is SpanKind.CLIENT]
     attrs = _attrs(client)
     assert {
-        "gen_ai.operation.name": "chat", "gen_ai.provider.name": "vllm",
-        "gen_ai.request.model": "tiergate-fast", "gen_ai.request.max_tokens": 6,
-        "gen_ai.request.temperature": 0.2, "gen_ai.request.stream": False,
-        "gen_ai.response.id": answer["id"], "gen_ai.response.model": answer["model"],
+        "gen_ai.operation.name": "chat",
+        "gen_ai.provider.name": "vllm",
+        "gen_ai.request.model": "tiergate-fast",
+        "gen_ai.request.max_tokens": 6,
+        "gen_ai.request.temperature": 0.2,
+        "gen_ai.request.stream": False,
+        "gen_ai.response.id": answer["id"],
+        "gen_ai.response.model": answer["model"],
         "gen_ai.usage.input_tokens": answer["usage"]["prompt_tokens"],
         "gen_ai.usage.output_tokens": answer["usage"]["completion_tokens"],
-        "server.address": fast_sim.host, "server.port": fast_sim.port,
+        "server.address": fast_sim.host,
+        "server.port": fast_sim.port,
     }.items() <= attrs.items()
     assert attrs["gen_ai.response.finish_reasons"] == (answer["choices"][0]["finish_reason"],)
     assert "gen_ai.input.messages" not in attrs

@@ -56,17 +56,21 @@ def probed() -> Iterator[tuple[str, Counter[str]]]:
 @pytest.fixture(scope="module")
 def sim() -> Iterator[SimulatorProcess]:
     """A simulator with real latency (streams take a while)."""
-    with SimulatorProcess("--profile", "fast", "--model", "tiergate-fast",
-                          "--latency-scale", "1") as proc:
+    with SimulatorProcess(
+        "--profile", "fast", "--model", "tiergate-fast", "--latency-scale", "1"
+    ) as proc:
         yield proc
 
 
 @pytest.fixture(scope="module")
 def gw(sim: SimulatorProcess, probed: tuple[str, Counter[str]]) -> Iterator[GatewayProcess]:
     """Two workers; the precise tier is the probe-counting replica."""
-    config = {"auth": {"enabled": False}, "health": {"interval_s": HEALTH_INTERVAL},
-              "telemetry": {"access_log": True},
-              "tiers": tiers_config([sim.url], [probed[0]])}
+    config = {
+        "auth": {"enabled": False},
+        "health": {"interval_s": HEALTH_INTERVAL},
+        "telemetry": {"access_log": True},
+        "tiers": tiers_config([sim.url], [probed[0]]),
+    }
     with GatewayProcess(config, workers=2) as proc:
         yield proc
 
@@ -136,15 +140,19 @@ def test_a_crashed_worker_is_replaced(gw: GatewayProcess) -> None:
     assert "server.worker_exited" in gw.log_text()
 
 
-def test_sigterm_lets_running_streams_finish(sim: SimulatorProcess,
-                                             probed: tuple[str, Counter[str]]) -> None:
+def test_sigterm_lets_running_streams_finish(
+    sim: SimulatorProcess, probed: tuple[str, Counter[str]]
+) -> None:
     """A stream running when the supervisor gets SIGTERM ends with [DONE]; then all exit."""
     config = {"auth": {"enabled": False}, "tiers": tiers_config([sim.url], [probed[0]])}
     with GatewayProcess(config, workers=2) as gw:
-        body = {"model": "fast", "stream": True, "max_tokens": 60,
-                "messages": [{"role": "user", "content": "count slowly"}]}
-        with httpx.stream("POST", gw.url + "/v1/chat/completions", json=body,
-                          timeout=30) as resp:
+        body = {
+            "model": "fast",
+            "stream": True,
+            "max_tokens": 60,
+            "messages": [{"role": "user", "content": "count slowly"}],
+        }
+        with httpx.stream("POST", gw.url + "/v1/chat/completions", json=body, timeout=30) as resp:
             chunks = resp.iter_text()
             first = next(chunks)
             assert first.startswith("data: ")
@@ -161,7 +169,11 @@ def test_explicit_workers_with_memory_limits_are_refused(tmp_path: Path) -> None
     config.write_text(yaml.safe_dump({"auth": {"enabled": True}}), encoding="utf-8")
     done = subprocess.run(
         [sys.executable, "-m", "tiergate", "serve", "--config", str(config), "--workers", "2"],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=False,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
         env={k: v for k, v in os.environ.items() if k != "TIERGATE_CONFIG"},
     )
     assert done.returncode == 2
@@ -171,29 +183,46 @@ def test_explicit_workers_with_memory_limits_are_refused(tmp_path: Path) -> None
 
 def _create_key(keys_file: Path) -> str:
     done = subprocess.run(
-        [sys.executable, "-m", "tiergate", "keys", "create", "--keys-file", str(keys_file),
-         "--tenant", "acme"],
-        cwd=REPO_ROOT, capture_output=True, text=True, check=True, timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "tiergate",
+            "keys",
+            "create",
+            "--keys-file",
+            str(keys_file),
+            "--tenant",
+            "acme",
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
     )
     return done.stdout.strip().splitlines()[-1]
 
 
-def test_key_file_changes_reach_every_worker(tmp_path: Path, sim: SimulatorProcess,
-                                             probed: tuple[str, Counter[str]]) -> None:
+def test_key_file_changes_reach_every_worker(
+    tmp_path: Path, sim: SimulatorProcess, probed: tuple[str, Counter[str]]
+) -> None:
     """A key added to the file after start works on every worker within a few seconds."""
     keys_file = tmp_path / "keys.yaml"
     _create_key(keys_file)
-    config = {"auth": {"enabled": True, "store": "file", "keys_file": str(keys_file)},
-              "ratelimit": {"memory_divide_per_worker": True},
-              "tiers": tiers_config([sim.url], [probed[0]])}
+    config = {
+        "auth": {"enabled": True, "store": "file", "keys_file": str(keys_file)},
+        "ratelimit": {"memory_divide_per_worker": True},
+        "tiers": tiers_config([sim.url], [probed[0]]),
+    }
     with GatewayProcess(config, workers=2) as gw:
         added = _create_key(keys_file)
         auth = {"authorization": f"Bearer {added}", "connection": "close"}
         deadline = time.monotonic() + 15
         statuses: list[int] = []
         while time.monotonic() < deadline:
-            statuses = [httpx.get(gw.url + "/v1/models", headers=auth).status_code
-                        for _ in range(20)]
+            statuses = [
+                httpx.get(gw.url + "/v1/models", headers=auth).status_code for _ in range(20)
+            ]
             if statuses == [200] * 20:
                 break
             time.sleep(0.5)

@@ -30,8 +30,14 @@ TPOT_ABS_MS = 1.5
 
 def bench(*args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
     """Run ``python -m tiergate bench ARGS``."""
-    return subprocess.run([sys.executable, "-m", "tiergate", "bench", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=timeout, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "tiergate", "bench", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +57,9 @@ def fast() -> Iterator[SimulatorProcess]:
 @pytest.fixture(scope="module")
 def gateway(fast: SimulatorProcess, precise: SimulatorProcess) -> Iterator[GatewayProcess]:
     """A gateway, auth off, in front of both simulators."""
-    with GatewayProcess({"auth": {"enabled": False},
-                         "tiers": tiers_config([fast.url], [precise.url])}) as gw:
+    with GatewayProcess(
+        {"auth": {"enabled": False}, "tiers": tiers_config([fast.url], [precise.url])}
+    ) as gw:
         yield gw
 
 
@@ -65,21 +72,37 @@ def _check_model(point: dict[str, Any]) -> None:
     assert m["completed"] == m["requests"], m["first_errors"]
     assert m["tokens_counted_from"] == "usage"
     assert m["mean_output_tokens"] == point["output_tokens"]  # ignore_eos honoured
-    expected_ttft = (PRECISE.base_overhead_s + m["mean_prompt_tokens"]
-                     * PRECISE.prefill_per_token_s) * 1000
+    expected_ttft = (
+        PRECISE.base_overhead_s + m["mean_prompt_tokens"] * PRECISE.prefill_per_token_s
+    ) * 1000
     expected_tpot = PRECISE.inter_token_s * 1000
-    assert _close(m["ttft_ms"]["median"], expected_ttft, TTFT_ABS_MS), (m["ttft_ms"],
-                                                                         expected_ttft)
+    assert _close(m["ttft_ms"]["median"], expected_ttft, TTFT_ABS_MS), (m["ttft_ms"], expected_ttft)
     assert _close(m["tpot_ms"]["median"], expected_tpot, TPOT_ABS_MS), m["tpot_ms"]
 
 
-def test_direct_ttft_and_tpot_match_the_latency_model(precise: SimulatorProcess,
-                                                      tmp_path: Path) -> None:
+def test_direct_ttft_and_tpot_match_the_latency_model(
+    precise: SimulatorProcess, tmp_path: Path
+) -> None:
     """Direct to a backend, median TTFT and TPOT match the simulator's model."""
     out = tmp_path / "out"
-    result = bench("--url", precise.url, "--model", "tiergate-precise", "--prompt-tokens",
-                   "long=400", "--output-tokens", "short=16", "--concurrency", "1",
-                   "--num-requests", "8", "--slo", "ttft_ms=5000,tpot_ms=500", "--out", str(out))
+    result = bench(
+        "--url",
+        precise.url,
+        "--model",
+        "tiergate-precise",
+        "--prompt-tokens",
+        "long=400",
+        "--output-tokens",
+        "short=16",
+        "--concurrency",
+        "1",
+        "--num-requests",
+        "8",
+        "--slo",
+        "ttft_ms=5000,tpot_ms=500",
+        "--out",
+        str(out),
+    )
     assert result.returncode == 0, result.stderr
     doc = json.loads((out / "bench.json").read_text())
     (point,) = doc["points"]
@@ -91,16 +114,31 @@ def test_direct_ttft_and_tpot_match_the_latency_model(precise: SimulatorProcess,
     assert (out / "bench.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_direct_and_through_the_gateway_in_one_run(precise: SimulatorProcess,
-                                                   gateway: GatewayProcess,
-                                                   tmp_path: Path) -> None:
+def test_direct_and_through_the_gateway_in_one_run(
+    precise: SimulatorProcess, gateway: GatewayProcess, tmp_path: Path
+) -> None:
     """The same load direct and through the gateway, in turns: both match the model; the run
     reports the gateway's added TTFT per grid point."""
     out = tmp_path / "out"
-    result = bench("--target", f"name=direct,url={precise.url},model=tiergate-precise",
-                   "--target", f"name=gateway,url={gateway.url}/v1,model=precise",
-                   "--prompt-tokens", "300", "--output-tokens", "12", "--concurrency", "1,2",
-                   "--num-requests", "6", "--rounds", "2", "--no-plot", "--out", str(out))
+    result = bench(
+        "--target",
+        f"name=direct,url={precise.url},model=tiergate-precise",
+        "--target",
+        f"name=gateway,url={gateway.url}/v1,model=precise",
+        "--prompt-tokens",
+        "300",
+        "--output-tokens",
+        "12",
+        "--concurrency",
+        "1,2",
+        "--num-requests",
+        "6",
+        "--rounds",
+        "2",
+        "--no-plot",
+        "--out",
+        str(out),
+    )
     assert result.returncode == 0, result.stderr
     doc = json.loads((out / "bench.json").read_text())
     points = {(p["target"], p["concurrency"]): p for p in doc["points"]}
@@ -114,8 +152,10 @@ def test_direct_and_through_the_gateway_in_one_run(precise: SimulatorProcess,
     assert rows[1]["target"] == "gateway"
     assert rows[1]["baseline"] == "direct"
     added = rows[1]["added_ttft_ms"]["median"]
-    assert added == pytest.approx(points["gateway", 1]["metrics"]["ttft_ms"]["median"]
-                                  - points["direct", 1]["metrics"]["ttft_ms"]["median"])
+    assert added == pytest.approx(
+        points["gateway", 1]["metrics"]["ttft_ms"]["median"]
+        - points["direct", 1]["metrics"]["ttft_ms"]["median"]
+    )
     assert -TTFT_ABS_MS < added < 50
     assert "| gateway | direct | 300/12 | 1 | inf |" in result.stdout
     assert not (out / "bench.png").exists()
@@ -125,9 +165,25 @@ def test_errors_are_counted_by_status(tmp_path: Path) -> None:
     """A backend failing a third of requests with 503: the error rate and statuses show it."""
     with SimulatorProcess("--latency-scale", "0", "--fail-503", "0.35", "--seed", "3") as sim:
         out = tmp_path / "out"
-        result = bench("--url", sim.url, "--model", "tiergate-fast", "--prompt-tokens", "16",
-                       "--output-tokens", "4", "--concurrency", "4", "--num-requests", "60",
-                       "--warmup", "5", "--no-plot", "--out", str(out))
+        result = bench(
+            "--url",
+            sim.url,
+            "--model",
+            "tiergate-fast",
+            "--prompt-tokens",
+            "16",
+            "--output-tokens",
+            "4",
+            "--concurrency",
+            "4",
+            "--num-requests",
+            "60",
+            "--warmup",
+            "5",
+            "--no-plot",
+            "--out",
+            str(out),
+        )
     assert result.returncode == 0, result.stderr
     (point,) = json.loads((out / "bench.json").read_text())["points"]
     m = point["metrics"]
@@ -142,10 +198,27 @@ def test_poisson_rate_and_time_bound(tmp_path: Path) -> None:
     with SimulatorProcess("--latency-scale", "0") as sim:
         out = tmp_path / "out"
         started = time.monotonic()
-        result = bench("--url", sim.url, "--model", "tiergate-fast", "--prompt-tokens", "8",
-                       "--output-tokens", "4", "--concurrency", "0", "--request-rate", "20",
-                       "--num-requests", "10000", "--max-duration", "1.5", "--no-plot",
-                       "--out", str(out))
+        result = bench(
+            "--url",
+            sim.url,
+            "--model",
+            "tiergate-fast",
+            "--prompt-tokens",
+            "8",
+            "--output-tokens",
+            "4",
+            "--concurrency",
+            "0",
+            "--request-rate",
+            "20",
+            "--num-requests",
+            "10000",
+            "--max-duration",
+            "1.5",
+            "--no-plot",
+            "--out",
+            str(out),
+        )
         elapsed = time.monotonic() - started
     assert result.returncode == 0, result.stderr
     (point,) = json.loads((out / "bench.json").read_text())["points"]
@@ -164,13 +237,15 @@ def test_unreachable_url_is_a_clear_error() -> None:
     url = f"http://127.0.0.1:{free_port()}"
     result = bench("--url", url, "--model", "fast", "--num-requests", "1")
     assert result.returncode == 2
-    assert f"target fast ({url}, model fast) does not answer: connect: cannot connect" \
-        in result.stderr
+    assert (
+        f"target fast ({url}, model fast) does not answer: connect: cannot connect" in result.stderr
+    )
     assert result.stdout == ""
 
 
-def test_wrong_model_and_bad_jsonl_are_clear_errors(precise: SimulatorProcess,
-                                                    tmp_path: Path) -> None:
+def test_wrong_model_and_bad_jsonl_are_clear_errors(
+    precise: SimulatorProcess, tmp_path: Path
+) -> None:
     """A model the server lacks shows the server's 404 message; a bad file names its line."""
     result = bench("--url", precise.url, "--model", "nope", "--num-requests", "1")
     assert result.returncode == 2
@@ -188,13 +263,29 @@ def test_wrong_model_and_bad_jsonl_are_clear_errors(precise: SimulatorProcess,
 def test_user_prompts_from_jsonl(precise: SimulatorProcess, tmp_path: Path) -> None:
     """Prompts and chat messages from the user's file drive the run (shape file/<output>)."""
     prompts = tmp_path / "p.jsonl"
-    prompts.write_text('{"prompt": "Tell me about tiers."}\n'
-                       '{"messages": [{"role": "system", "content": "Be brief."}, '
-                       '{"role": "user", "content": "Why a gateway?"}]}\n')
+    prompts.write_text(
+        '{"prompt": "Tell me about tiers."}\n'
+        '{"messages": [{"role": "system", "content": "Be brief."}, '
+        '{"role": "user", "content": "Why a gateway?"}]}\n'
+    )
     out = tmp_path / "out"
-    result = bench("--url", precise.url, "--model", "tiergate-precise", "--prompts",
-                   str(prompts), "--output-tokens", "4", "--concurrency", "2",
-                   "--num-requests", "4", "--no-plot", "--out", str(out))
+    result = bench(
+        "--url",
+        precise.url,
+        "--model",
+        "tiergate-precise",
+        "--prompts",
+        str(prompts),
+        "--output-tokens",
+        "4",
+        "--concurrency",
+        "2",
+        "--num-requests",
+        "4",
+        "--no-plot",
+        "--out",
+        str(out),
+    )
     assert result.returncode == 0, result.stderr
     (point,) = json.loads((out / "bench.json").read_text())["points"]
     assert point["shape"] == "file/4"
@@ -204,11 +295,13 @@ def test_user_prompts_from_jsonl(precise: SimulatorProcess, tmp_path: Path) -> N
 
 def test_a_server_that_never_answers_times_out(tmp_path: Path) -> None:
     """A backend stalling longer than --timeout fails the check with a timeout message."""
-    with SimulatorProcess("--latency-scale", "0", "--stall-first-byte", "1",
-                          "--stall-seconds", "10") as sim:
+    with SimulatorProcess(
+        "--latency-scale", "0", "--stall-first-byte", "1", "--stall-seconds", "10"
+    ) as sim:
         started = time.monotonic()
-        result = bench("--url", sim.url, "--model", "tiergate-fast", "--timeout", "0.5",
-                       "--warmup", "1")
+        result = bench(
+            "--url", sim.url, "--model", "tiergate-fast", "--timeout", "0.5", "--warmup", "1"
+        )
     assert result.returncode == 2
     assert "does not answer: timeout: no complete answer in 0.5 s" in result.stderr
     assert time.monotonic() - started < 20
@@ -217,18 +310,43 @@ def test_a_server_that_never_answers_times_out(tmp_path: Path) -> None:
 def test_contradictory_options_are_refused() -> None:
     """Contradictory or unusable options exit 2 before any request, saying why."""
     cases = [
-        (["--url", "http://127.0.0.1:1", "--model", "m", "--target",
-          "name=a,url=http://127.0.0.1:1,model=m"], "not both"),
-        (["--url", "http://127.0.0.1:1", "--model", "m", "--concurrency", "0"],
-         "give --request-rate too"),
+        (
+            [
+                "--url",
+                "http://127.0.0.1:1",
+                "--model",
+                "m",
+                "--target",
+                "name=a,url=http://127.0.0.1:1,model=m",
+            ],
+            "not both",
+        ),
+        (
+            ["--url", "http://127.0.0.1:1", "--model", "m", "--concurrency", "0"],
+            "give --request-rate too",
+        ),
         (["--target", "name=a,url=http://127.0.0.1:1,model=m,vs=b"], "vs=b is not a target"),
         (["--url", "http://127.0.0.1:1"], "--url needs --model"),
         (["--url", "http://127.0.0.1:1", "--model", "m", "--warmup", "0"], "--warmup must be"),
-        (["--url", "http://127.0.0.1:1", "--model", "m", "--out", str(REPO / "pyproject.toml")],
-         "cannot create the directory"),
-        (["--url", "http://127.0.0.1:1", "--model", "m", "--concurrency", "8",
-          "--num-requests", "16", "--rounds", "4"],
-         "rounds of 4 requests, fewer than concurrency 8"),
+        (
+            ["--url", "http://127.0.0.1:1", "--model", "m", "--out", str(REPO / "pyproject.toml")],
+            "cannot create the directory",
+        ),
+        (
+            [
+                "--url",
+                "http://127.0.0.1:1",
+                "--model",
+                "m",
+                "--concurrency",
+                "8",
+                "--num-requests",
+                "16",
+                "--rounds",
+                "4",
+            ],
+            "rounds of 4 requests, fewer than concurrency 8",
+        ),
     ]
     for args, message in cases:
         result = bench(*args)
@@ -241,9 +359,25 @@ def test_many_requests_at_full_speed_stop_at_the_time_bound(tmp_path: Path) -> N
     with SimulatorProcess("--latency-scale", "0") as sim:
         out = tmp_path / "out"
         started = time.monotonic()
-        result = bench("--url", sim.url, "--model", "tiergate-fast", "--prompt-tokens", "8",
-                       "--output-tokens", "2", "--concurrency", "2", "--num-requests", "100000",
-                       "--max-duration", "1", "--no-plot", "--out", str(out))
+        result = bench(
+            "--url",
+            sim.url,
+            "--model",
+            "tiergate-fast",
+            "--prompt-tokens",
+            "8",
+            "--output-tokens",
+            "2",
+            "--concurrency",
+            "2",
+            "--num-requests",
+            "100000",
+            "--max-duration",
+            "1",
+            "--no-plot",
+            "--out",
+            str(out),
+        )
         elapsed = time.monotonic() - started
     assert result.returncode == 0, result.stderr
     (point,) = json.loads((out / "bench.json").read_text())["points"]

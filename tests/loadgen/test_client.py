@@ -26,8 +26,9 @@ def _token(content: str) -> bytes:
     return _event(json.dumps({"choices": [{"index": 0, "delta": {"content": content}}]}))
 
 
-async def _stream(request: web.Request, events: list[bytes], gap: float = 0.02
-                  ) -> web.StreamResponse:
+async def _stream(
+    request: web.Request, events: list[bytes], gap: float = 0.02
+) -> web.StreamResponse:
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await response.prepare(request)
     for event in events:
@@ -61,8 +62,17 @@ async def _handler(request: web.Request) -> web.StreamResponse:
     if mode == "json":
         return web.json_response({"choices": [{"message": {"content": "not streamed"}}]})
     key = request.headers.get("Authorization", "").removeprefix("Bearer ")
-    return web.json_response({"error": {"message": f"bad key {key}", "type": "auth",
-                                        "param": None, "code": "invalid_api_key"}}, status=401)
+    return web.json_response(
+        {
+            "error": {
+                "message": f"bad key {key}",
+                "type": "auth",
+                "param": None,
+                "code": "invalid_api_key",
+            }
+        },
+        status=401,
+    )
 
 
 @pytest.fixture
@@ -103,14 +113,18 @@ async def test_a_huge_event_is_read_whole(server: str) -> None:
     assert result.output_tokens == 1
 
 
-@pytest.mark.parametrize(("mode", "status", "message"), [
-    ("error", "stream_error", "engine died"),
-    ("cut", "stream_error", "without [DONE]"),
-    ("garbage", "stream_error", "not JSON"),
-    ("json", "not_a_stream", "answered application/json, not an event stream"),
-])
-async def test_broken_streams_are_failures(server: str, mode: str, status: str,
-                                           message: str) -> None:
+@pytest.mark.parametrize(
+    ("mode", "status", "message"),
+    [
+        ("error", "stream_error", "engine died"),
+        ("cut", "stream_error", "without [DONE]"),
+        ("garbage", "stream_error", "not JSON"),
+        ("json", "not_a_stream", "answered application/json, not an event stream"),
+    ],
+)
+async def test_broken_streams_are_failures(
+    server: str, mode: str, status: str, message: str
+) -> None:
     """An in-band error, a cut stream, a bad event or a reply that is no stream fail it."""
     result = await _send(server, mode)
     assert result.ok is False
@@ -119,12 +133,27 @@ async def test_broken_streams_are_failures(server: str, mode: str, status: str,
 
 
 async def test_a_key_echoed_by_the_server_is_never_printed(
-        server: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    server: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """A 401 whose message repeats the key is reported with the key masked; exit status 2."""
     monkeypatch.setenv("LG_TEST_KEY", "sk-echo-me-123")
-    code = await asyncio.to_thread(main, ["--url", server, "--model", "m",
-                                          "--api-key-env", "LG_TEST_KEY", "--num-requests", "1",
-                                          "--concurrency", "1", "--warmup", "1"])
+    code = await asyncio.to_thread(
+        main,
+        [
+            "--url",
+            server,
+            "--model",
+            "m",
+            "--api-key-env",
+            "LG_TEST_KEY",
+            "--num-requests",
+            "1",
+            "--concurrency",
+            "1",
+            "--warmup",
+            "1",
+        ],
+    )
     out = capsys.readouterr()
     assert code == 2
     assert "HTTP 401: bad key ***" in out.err

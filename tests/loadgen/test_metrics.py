@@ -15,8 +15,15 @@ from loadgen.spec import Slo
 
 def _ok(ttft: float, e2el: float, tokens: int, source: str = "usage") -> RequestResult:
     gaps = [(e2el - ttft) / (tokens - 1)] * (tokens - 1) if tokens > 1 else []
-    return RequestResult(ok=True, status="200", ttft=ttft, e2el=e2el, itl=gaps,
-                         output_tokens=tokens, counted_from=source)
+    return RequestResult(
+        ok=True,
+        status="200",
+        ttft=ttft,
+        e2el=e2el,
+        itl=gaps,
+        output_tokens=tokens,
+        counted_from=source,
+    )
 
 
 def test_tpot_excludes_the_first_token() -> None:
@@ -66,9 +73,13 @@ def test_goodput_counts_requests_within_every_limit() -> None:
 
 def test_summary_throughput_errors_and_goodput() -> None:
     """Throughput counts successful requests only; errors are grouped by status."""
-    results = [_ok(0.05, 0.5, 10), _ok(0.2, 0.6, 10), RequestResult(status="503", error="busy"),
-               RequestResult(status="connect", error="refused"),
-               RequestResult(status="503", error="busy again")]
+    results = [
+        _ok(0.05, 0.5, 10),
+        _ok(0.2, 0.6, 10),
+        RequestResult(status="503", error="busy"),
+        RequestResult(status="connect", error="refused"),
+        RequestResult(status="503", error="busy again"),
+    ]
     summary = summarise(results, 2.0, Slo(ttft_ms=100), 0.0)
     assert summary["completed"] == 2
     assert summary["error_rate"] == pytest.approx(0.6)

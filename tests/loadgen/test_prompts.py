@@ -40,14 +40,17 @@ def test_jsonl_prompts_and_messages(tmp_path: Path) -> None:
     assert prompts[1].chat_messages() == [{"role": "user", "content": "hi"}]
 
 
-@pytest.mark.parametrize(("text", "message"), [
-    ('{"prompt": "ok"}\n{"prompt": \n', r"p\.jsonl:2: not JSON"),
-    ('["a list"]\n', r"p\.jsonl:1: expected a JSON object"),
-    ('{"text": "x"}\n', r"p\.jsonl:1: expected a non-empty string `prompt`"),
-    ('{"messages": []}\n', r"p\.jsonl:1: `messages` must be"),
-    ('{"messages": [{"content": "no role"}]}\n', r"p\.jsonl:1: `messages` must be"),
-    ("\n\n", "has no prompts"),
-])
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('{"prompt": "ok"}\n{"prompt": \n', r"p\.jsonl:2: not JSON"),
+        ('["a list"]\n', r"p\.jsonl:1: expected a JSON object"),
+        ('{"text": "x"}\n', r"p\.jsonl:1: expected a non-empty string `prompt`"),
+        ('{"messages": []}\n', r"p\.jsonl:1: `messages` must be"),
+        ('{"messages": [{"content": "no role"}]}\n', r"p\.jsonl:1: `messages` must be"),
+        ("\n\n", "has no prompts"),
+    ],
+)
 def test_bad_jsonl_names_the_line(tmp_path: Path, text: str, message: str) -> None:
     """Each bad file is refused with its path, line number and what is wrong."""
     path = tmp_path / "p.jsonl"

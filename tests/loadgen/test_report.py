@@ -17,15 +17,35 @@ LOAD = Load(1, float("inf"))
 
 
 def _point(target: Target, ttft: float) -> PointResult:
-    results = [RequestResult(ok=True, status="200", ttft=ttft, e2el=ttft + 0.07,
-                             output_tokens=8, counted_from="usage") for _ in range(3)]
+    results = [
+        RequestResult(
+            ok=True,
+            status="200",
+            ttft=ttft,
+            e2el=ttft + 0.07,
+            output_tokens=8,
+            counted_from="usage",
+        )
+        for _ in range(3)
+    ]
     return PointResult(target, SHAPE, LOAD, summarise(results, 1.0, Slo(ttft_ms=30), 0.0))
 
 
 def _plan(targets: list[Target]) -> Plan:
-    return Plan(targets=targets, shapes=[SHAPE], loads=[LOAD], num_requests=3,
-                max_duration_s=10, warmup=1, chat=True, ignore_eos=True, timeout_s=10, seed=0,
-                slo=Slo(ttft_ms=30), trim=0.0)
+    return Plan(
+        targets=targets,
+        shapes=[SHAPE],
+        loads=[LOAD],
+        num_requests=3,
+        max_duration_s=10,
+        warmup=1,
+        chat=True,
+        ignore_eos=True,
+        timeout_s=10,
+        seed=0,
+        slo=Slo(ttft_ms=30),
+        trim=0.0,
+    )
 
 
 def test_each_target_is_compared_with_its_own_vs() -> None:
@@ -34,8 +54,12 @@ def test_each_target_is_compared_with_its_own_vs() -> None:
     d_prec = Target("direct-precise", "http://b", "tiergate-precise")
     g_fast = Target("gw-fast", "http://g", "fast", vs="direct-fast")
     g_prec = Target("gw-precise", "http://g", "precise", vs="direct-precise")
-    points = [_point(d_fast, 0.010), _point(g_fast, 0.013), _point(d_prec, 0.020),
-              _point(g_prec, 0.022)]
+    points = [
+        _point(d_fast, 0.010),
+        _point(g_fast, 0.013),
+        _point(d_prec, 0.020),
+        _point(g_prec, 0.022),
+    ]
     rows = {r["target"]: r for r in comparisons(points, None)}
     assert set(rows) == {"gw-fast", "gw-precise"}
     assert rows["gw-fast"]["baseline"] == "direct-fast"

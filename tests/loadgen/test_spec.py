@@ -21,8 +21,9 @@ from loadgen.spec import (
 def test_target_with_key_from_env_never_shows_it(monkeypatch: pytest.MonkeyPatch) -> None:
     """The key is read from the named variable and kept out of repr and the public view."""
     monkeypatch.setenv("BENCH_KEY", "sk-very-secret")
-    target = parse_target("name=gw,url=http://127.0.0.1:8080/v1/,model=fast,api-key-env=BENCH_KEY",
-                          None, None, None)
+    target = parse_target(
+        "name=gw,url=http://127.0.0.1:8080/v1/,model=fast,api-key-env=BENCH_KEY", None, None, None
+    )
     assert target.url == "http://127.0.0.1:8080"
     assert target.api_key == "sk-very-secret"
     assert "sk-very-secret" not in repr(target)
@@ -38,16 +39,19 @@ def test_target_key_from_file_and_defaults(tmp_path: Path) -> None:
     assert (target.model, target.api_key) == ("precise", "sk-file")
 
 
-@pytest.mark.parametrize(("spec", "message"), [
-    ("url=http://127.0.0.1:1,model=m", "needs name= and url="),
-    ("name=a,url=http://127.0.0.1:1", "needs model="),
-    ("name=a,url=ftp://x,model=m", "not an http"),
-    ("name=a,url=http://u:p@127.0.0.1:1,model=m", "credentials"),
-    ("name=a,url=http://127.0.0.1:1,model=m,colour=red", "unknown field"),
-    ("name=a,url=http://127.0.0.1:1,model=m,api-key-env=NO_SUCH_VAR_X", "NO_SUCH_VAR_X"),
-    ("name=a,url=http://127.0.0.1:1,model=m,api-key-file=/no/such/file", "cannot read key"),
-    ("name a", "key=value"),
-])
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("url=http://127.0.0.1:1,model=m", "needs name= and url="),
+        ("name=a,url=http://127.0.0.1:1", "needs model="),
+        ("name=a,url=ftp://x,model=m", "not an http"),
+        ("name=a,url=http://u:p@127.0.0.1:1,model=m", "credentials"),
+        ("name=a,url=http://127.0.0.1:1,model=m,colour=red", "unknown field"),
+        ("name=a,url=http://127.0.0.1:1,model=m,api-key-env=NO_SUCH_VAR_X", "NO_SUCH_VAR_X"),
+        ("name=a,url=http://127.0.0.1:1,model=m,api-key-file=/no/such/file", "cannot read key"),
+        ("name a", "key=value"),
+    ],
+)
 def test_bad_targets_are_refused(spec: str, message: str) -> None:
     """Each malformed target names what is wrong."""
     with pytest.raises(SpecError, match=message):

@@ -10,8 +10,9 @@ from policies.backends import KIND_NAMES, KINDS, MODELS_PATH, Probe, classify, p
 
 
 def _models(owner: str) -> Probe:
-    return Probe(200, json.dumps({"object": "list", "data": [{"id": "m", "owned_by": owner}]})
-                 .encode())
+    return Probe(
+        200, json.dumps({"object": "list", "data": [{"id": "m", "owned_by": owner}]}).encode()
+    )
 
 
 def test_every_kind_is_described() -> None:
@@ -69,10 +70,14 @@ def test_metric_names_beat_routes() -> None:
 def test_probe_path_prefers_an_existing_health_route() -> None:
     """The first health route that exists is probed, even when it says 503 (loading)."""
     kind = KINDS["llamacpp"]
-    assert probe_path(kind, {"/health": Probe(503), "/docs": Probe(200),
-                             MODELS_PATH: Probe(200)}) == "/health"
-    assert probe_path(kind, {"/health": Probe(404), "/docs": Probe(200),
-                             MODELS_PATH: Probe(200)}) == "/docs"
+    assert (
+        probe_path(kind, {"/health": Probe(503), "/docs": Probe(200), MODELS_PATH: Probe(200)})
+        == "/health"
+    )
+    assert (
+        probe_path(kind, {"/health": Probe(404), "/docs": Probe(200), MODELS_PATH: Probe(200)})
+        == "/docs"
+    )
 
 
 def test_probe_path_falls_back_to_the_model_list() -> None:
@@ -85,8 +90,13 @@ def test_probe_path_falls_back_to_the_model_list() -> None:
 def test_metric_prefixes() -> None:
     """Each kind's sample filter is its servers' own prefix; kinds without metrics have none."""
     assert {name: k.metric_prefix for name, k in KINDS.items()} == {
-        "vllm": "vllm:", "sglang": "sglang:", "llamacpp": "llamacpp:", "tgi": "tgi_",
-        "ollama": "", "trtllm": "", "openai": "",
+        "vllm": "vllm:",
+        "sglang": "sglang:",
+        "llamacpp": "llamacpp:",
+        "tgi": "tgi_",
+        "ollama": "",
+        "trtllm": "",
+        "openai": "",
     }
 
 

@@ -24,17 +24,31 @@ def body(**fields: Any) -> dict[str, Any]:
     return {"model": "fast", "messages": [{"role": "user", "content": "hi"}], **fields}
 
 
-def check(b: dict[str, Any], *, engine: bool = False, structured: bool = True,
-          policy: FieldPolicy | None = None) -> None:
+def check(
+    b: dict[str, Any],
+    *,
+    engine: bool = False,
+    structured: bool = True,
+    policy: FieldPolicy | None = None,
+) -> None:
     """check_fields for a chat body."""
-    check_fields(b, "chat", policy or FieldPolicy(), engine_fields=engine,
-                 structured_outputs=structured)
+    check_fields(
+        b, "chat", policy or FieldPolicy(), engine_fields=engine, structured_outputs=structured
+    )
 
 
 def test_openai_fields_and_sampling_extras_pass() -> None:
     """OpenAI's own fields and documented extras need no scope."""
-    b = body(temperature=0.1, top_k=5, min_p=0.05, repetition_penalty=1.1, tools=[],
-             max_completion_tokens=5, stream_options={"include_usage": True}, seed=1)
+    b = body(
+        temperature=0.1,
+        top_k=5,
+        min_p=0.05,
+        repetition_penalty=1.1,
+        tools=[],
+        max_completion_tokens=5,
+        stream_options={"include_usage": True},
+        seed=1,
+    )
     check(b)
     assert b["top_k"] == 5
 
@@ -68,11 +82,21 @@ def test_unknown_fields_are_refused_or_dropped_by_policy() -> None:
 
 def test_completion_fields_differ_from_chat() -> None:
     """'prompt' and 'echo' are completion fields; 'messages' is not."""
-    check_fields({"model": "m", "prompt": "x", "echo": True}, "completion", FieldPolicy(),
-                 engine_fields=False, structured_outputs=True)
+    check_fields(
+        {"model": "m", "prompt": "x", "echo": True},
+        "completion",
+        FieldPolicy(),
+        engine_fields=False,
+        structured_outputs=True,
+    )
     with pytest.raises(InvalidRequest):
-        check_fields({"model": "m", "prompt": "x", "messages": []}, "completion",
-                     FieldPolicy(), engine_fields=False, structured_outputs=True)
+        check_fields(
+            {"model": "m", "prompt": "x", "messages": []},
+            "completion",
+            FieldPolicy(),
+            engine_fields=False,
+            structured_outputs=True,
+        )
 
 
 def test_media_urls_are_found_in_every_part_kind() -> None:
@@ -85,19 +109,23 @@ def test_media_urls_are_found_in_every_part_kind() -> None:
         {"type": "text", "text": "http://not-media"},
     ]
     found = media_urls({"messages": [{"role": "user", "content": parts}]})
-    assert [m.url for m in found] == ["http://a/1", "http://a/2", "http://a/3",
-                                      "data:application/pdf;base64,AA=="]
+    assert [m.url for m in found] == [
+        "http://a/1",
+        "http://a/2",
+        "http://a/3",
+        "data:application/pdf;base64,AA==",
+    ]
     assert found[0].param == "messages[0].content[0]"
 
 
 def test_remote_host_rules() -> None:
     """data: passes; other schemes never; remote only where allowed; literal IPs checked."""
+
     def m(url: str) -> MediaUrl:
         return MediaUrl("p", url)
 
     assert remote_host(m("data:image/png;base64,AA"), remote_allowed=False) is None
-    assert remote_host(m("https://cdn.example/x.png"), remote_allowed=True) == (
-        "cdn.example", 443)
+    assert remote_host(m("https://cdn.example/x.png"), remote_allowed=True) == ("cdn.example", 443)
     for url in ("file:///etc/passwd", "ftp://x/y", "javascript:alert(1)"):
         with pytest.raises(InvalidRequest):
             remote_host(m(url), remote_allowed=True)
@@ -107,10 +135,23 @@ def test_remote_host_rules() -> None:
         remote_host(m("http://169.254.169.254/"), remote_allowed=True)
 
 
-@pytest.mark.parametrize("address", ["127.0.0.1", "10.0.0.1", "172.16.5.4", "192.168.1.1",
-                                     "169.254.169.254", "100.100.100.200", "0.0.0.0", "::1",
-                                     "fd00:ec2::254", "fe80::1", "::ffff:10.0.0.1",
-                                     "224.0.0.1"])
+@pytest.mark.parametrize(
+    "address",
+    [
+        "127.0.0.1",
+        "10.0.0.1",
+        "172.16.5.4",
+        "192.168.1.1",
+        "169.254.169.254",
+        "100.100.100.200",
+        "0.0.0.0",
+        "::1",
+        "fd00:ec2::254",
+        "fe80::1",
+        "::ffff:10.0.0.1",
+        "224.0.0.1",
+    ],
+)
 def test_non_global_addresses_are_refused(address: str) -> None:
     """Every non-global address class (and IPv4-mapped forms) is refused."""
     with pytest.raises(InvalidRequest):

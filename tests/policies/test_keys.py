@@ -77,8 +77,17 @@ def test_rotation_keeps_id_and_policy_and_invalidates_old_key() -> None:
 
 @pytest.mark.parametrize(
     "token",
-    ["", "sk-abc", "tg-", "tg-abc", "tg-ABC-" + "x" * 40, "tg-abc-short", "tg-a b-" + "x" * 40,
-     "xx-abc-" + "x" * 40, "tg-abc-" + "é" * 40],
+    [
+        "",
+        "sk-abc",
+        "tg-",
+        "tg-abc",
+        "tg-ABC-" + "x" * 40,
+        "tg-abc-short",
+        "tg-a b-" + "x" * 40,
+        "xx-abc-" + "x" * 40,
+        "tg-abc-" + "é" * 40,
+    ],
 )
 def test_malformed_keys_do_not_parse(token: str) -> None:
     """Anything not shaped like a TierGate key yields no id."""
@@ -87,8 +96,15 @@ def test_malformed_keys_do_not_parse(token: str) -> None:
 
 def test_record_round_trips_through_a_mapping() -> None:
     """to_dict/from_dict preserve every field."""
-    policy = KeyPolicy(allowed_tiers=frozenset({"fast"}), rpm=1, tpm=2, max_tokens=3,
-                       max_concurrency=4, expires_at=NOW + 5, scopes=frozenset({"downgrade"}))
+    policy = KeyPolicy(
+        allowed_tiers=frozenset({"fast"}),
+        rpm=1,
+        tpm=2,
+        max_tokens=3,
+        max_concurrency=4,
+        expires_at=NOW + 5,
+        scopes=frozenset({"downgrade"}),
+    )
     record, _ = issue_key("team", policy, now=NOW, name="bot")
     assert KeyRecord.from_dict(record.to_dict()) == record
 
@@ -106,8 +122,14 @@ def test_policy_validation_rejects_bad_values() -> None:
 
 def test_make_policy_checks_scopes_tiers_and_expiry() -> None:
     """Creation options are checked against known scopes and configured tiers."""
-    policy = make_policy(tiers=["fast"], rpm=10, expires_in_days=1, scopes=[SCOPE_ROUTE_OVERRIDE],
-                         now=NOW, known_tiers=("fast", "precise"))
+    policy = make_policy(
+        tiers=["fast"],
+        rpm=10,
+        expires_in_days=1,
+        scopes=[SCOPE_ROUTE_OVERRIDE],
+        now=NOW,
+        known_tiers=("fast", "precise"),
+    )
     assert policy.expires_at == NOW + 86400
     assert policy.allowed_tiers == frozenset({"fast"})
     with pytest.raises(ValueError, match="scopes"):
@@ -129,8 +151,16 @@ def test_ten_years_is_accepted() -> None:
     assert make_policy(expires_in_days=3650, now=NOW).expires_at == NOW + 3650 * 86400
 
 
-@pytest.mark.parametrize("policy", [{"expires_at": float("inf")}, {"expires_at": float("nan")},
-                                    {"expires_at": -1}, {"rpm": 2**60}, {"tpm": 2**53 + 1}])
+@pytest.mark.parametrize(
+    "policy",
+    [
+        {"expires_at": float("inf")},
+        {"expires_at": float("nan")},
+        {"expires_at": -1},
+        {"rpm": 2**60},
+        {"tpm": 2**53 + 1},
+    ],
+)
 def test_stored_policies_with_non_finite_or_huge_values_are_refused(
     policy: dict[str, object],
 ) -> None:

@@ -15,8 +15,7 @@ CONFIG = PrefixConfig(block_chars=64, max_blocks=256)
 
 def chat(*messages: tuple[str, str], **extra: Any) -> dict[str, Any]:
     """A chat body with ``(role, content)`` messages."""
-    return {"model": "auto", "messages": [{"role": r, "content": c} for r, c in messages],
-            **extra}
+    return {"model": "auto", "messages": [{"role": r, "content": c} for r, c in messages], **extra}
 
 
 def key(body: dict[str, Any], kind: str = "chat") -> tuple[int, ...]:
@@ -60,10 +59,20 @@ def test_different_system_prompts_differ() -> None:
 def test_every_turn_of_a_conversation_has_the_same_key() -> None:
     """Turns 2..n of one chat share the anchor (system + first user message)."""
     first_user = ("user", "Here is my code, please review it: " + "def f(x): return x\n" * 20)
-    turn2 = chat(("system", "Be brief."), first_user, ("assistant", "Looks fine."),
-                 ("user", "And the tests?"))
-    turn3 = chat(("system", "Be brief."), first_user, ("assistant", "Looks fine."),
-                 ("user", "And the tests?"), ("assistant", "Add some."), ("user", "Which?"))
+    turn2 = chat(
+        ("system", "Be brief."),
+        first_user,
+        ("assistant", "Looks fine."),
+        ("user", "And the tests?"),
+    )
+    turn3 = chat(
+        ("system", "Be brief."),
+        first_user,
+        ("assistant", "Looks fine."),
+        ("user", "And the tests?"),
+        ("assistant", "Add some."),
+        ("user", "Which?"),
+    )
     assert key(turn2) == key(turn3)
 
 
@@ -71,16 +80,28 @@ def test_a_chat_with_a_short_system_prompt_keeps_its_key_from_turn_one() -> None
     """With a short system prompt the first turn already has the key of the later turns."""
     first_user = ("user", "Please review this function for me: " + "x = compute(y)\n" * 30)
     turn1 = chat(("system", "Be brief."), first_user)
-    turn4 = chat(("system", "Be brief."), first_user, ("assistant", "ok"), ("user", "more"),
-                 ("assistant", "sure"), ("user", "and?"), ("assistant", "done"), ("user", "!"))
+    turn4 = chat(
+        ("system", "Be brief."),
+        first_user,
+        ("assistant", "ok"),
+        ("user", "more"),
+        ("assistant", "sure"),
+        ("user", "and?"),
+        ("assistant", "done"),
+        ("user", "!"),
+    )
     assert key(turn1) == key(turn4)
 
 
 def test_long_system_prompt_chats_key_on_their_first_message_from_turn_two() -> None:
     """Single turns after a long system prompt share a key; chats split off by first message."""
     turn1 = chat(("system", SYSTEM), ("user", "My printer is broken."))
-    turn2 = chat(("system", SYSTEM), ("user", "My printer is broken."), ("assistant", "Hm."),
-                 ("user", "It is an LX-200."))
+    turn2 = chat(
+        ("system", SYSTEM),
+        ("user", "My printer is broken."),
+        ("assistant", "Hm."),
+        ("user", "It is an LX-200."),
+    )
     other = chat(("system", SYSTEM), ("user", "Billing question"))
     assert key(turn1) == key(other)
     assert key(turn2)[-1] != key(turn1)[-1]
@@ -132,16 +153,17 @@ def test_long_shared_document_in_one_user_message() -> None:
 
 def test_short_unrelated_prompts_spread() -> None:
     """Unrelated short prompts get different keys (nothing to keep together)."""
-    keys = {key(chat(("user", f"Question number {i} about something else entirely")))[-1]
-            for i in range(20)}
+    keys = {
+        key(chat(("user", f"Question number {i} about something else entirely")))[-1]
+        for i in range(20)
+    }
     assert len(keys) == 20
 
 
 def test_completion_prompts_with_a_shared_prefix() -> None:
     """Legacy completions key on the leading half of the prompt, rounded to 2**k blocks."""
     doc = "A" * 3000
-    assert key({"prompt": doc + "one"}, "completion") == key({"prompt": doc + "two?"},
-                                                              "completion")
+    assert key({"prompt": doc + "one"}, "completion") == key({"prompt": doc + "two?"}, "completion")
     assert len(anchor_bytes({"prompt": doc}, "completion", CONFIG)) == 16 * 64
 
 
@@ -151,8 +173,10 @@ def test_multimodal_parts_are_rendered() -> None:
     one = chat(("user", "q"))
     one["messages"][0]["content"] = [{"type": "text", "text": "look"}, image]
     two = chat(("user", "q"))
-    two["messages"][0]["content"] = [{"type": "text", "text": "look"},
-                                     {**image, "image_url": {"url": "https://example.com/b.png"}}]
+    two["messages"][0]["content"] = [
+        {"type": "text", "text": "look"},
+        {**image, "image_url": {"url": "https://example.com/b.png"}},
+    ]
     assert key(one) != key(two)
 
 

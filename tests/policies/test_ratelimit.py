@@ -75,8 +75,15 @@ def test_gcra_never_admits_more_than_the_limit_at_one_instant(limit: int, costs:
 
 @pytest.mark.parametrize(
     ("ms", "text"),
-    [(0, "0ms"), (20, "20ms"), (1000, "1s"), (1500, "1.5s"), (60_000, "1m0s"), (360_000, "6m0s"),
-     (61_250, "1m1.25s")],
+    [
+        (0, "0ms"),
+        (20, "20ms"),
+        (1000, "1s"),
+        (1500, "1.5s"),
+        (60_000, "1m0s"),
+        (360_000, "6m0s"),
+        (61_250, "1m1.25s"),
+    ],
 )
 def test_format_reset_matches_openai_style(ms: int, text: str) -> None:
     """Reset durations read like OpenAI's: 20ms, 1.5s, 6m0s."""
@@ -91,8 +98,9 @@ def test_spec_from_policy_and_shared_split() -> None:
     assert not LimitSpec().active
 
 
-async def test_memory_requests_refill_with_the_clock(limiter: MemoryRateLimiter,
-                                                     clock: FakeClock) -> None:
+async def test_memory_requests_refill_with_the_clock(
+    limiter: MemoryRateLimiter, clock: FakeClock
+) -> None:
     """Three per minute: three pass, the fourth waits 20 s, and passes 20 s later."""
     spec = LimitSpec(rpm=3)
     for _ in range(3):

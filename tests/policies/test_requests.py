@@ -15,7 +15,10 @@ CHAT = [{"role": "user", "content": "hello"}]
 def test_chat_summary() -> None:
     """A valid chat body is summarised: stream, max_tokens, usage option, size."""
     body = {
-        "model": "auto", "messages": CHAT, "stream": True, "max_tokens": 10,
+        "model": "auto",
+        "messages": CHAT,
+        "stream": True,
+        "max_tokens": 10,
         "stream_options": {"include_usage": True},
     }
     summary = validate(body, "chat")
@@ -35,9 +38,7 @@ def test_multimodal_parts_and_tool_messages_are_accepted() -> None:
     assert validate({"model": "m", "messages": messages}, "chat").prompt_chars == 3
 
 
-@pytest.mark.parametrize(
-    "prompt", ["text", ["a", "b"], [1, 2, 3]]
-)
+@pytest.mark.parametrize("prompt", ["text", ["a", "b"], [1, 2, 3]])
 def test_completion_prompt_forms(prompt: Any) -> None:
     """Completion prompts may be a string, strings or token ids."""
     assert validate({"model": "m", "prompt": prompt}, "completion").kind == "completion"
@@ -91,8 +92,9 @@ def test_steering_fields_are_removed_and_extras_kept() -> None:
         ({"prompt": [1, 2, 3]}, 1),
     ],
 )
-def test_completions_count_n_best_of_and_list_prompts(body: dict[str, Any],
-                                                      completions: int) -> None:
+def test_completions_count_n_best_of_and_list_prompts(
+    body: dict[str, Any], completions: int
+) -> None:
     """A request generates max(n, best_of) completions for each prompt of a list prompt."""
     summary = validate({"model": "auto", **body}, "completion")
     assert summary.completions == completions
@@ -115,8 +117,9 @@ def test_best_of_must_be_a_positive_integer() -> None:
         ([8], None, "completion", False, 8),
     ],
 )
-def test_default_max_tokens(defaults: list[int], key_cap: int | None, kind: RequestKind,
-                            lowest: bool, expected: int) -> None:
+def test_default_max_tokens(
+    defaults: list[int], key_cap: int | None, kind: RequestKind, lowest: bool, expected: int
+) -> None:
     """The key's cap over the tiers' defaults; completions keep the API default of 16."""
     assert default_max_tokens(defaults, key_cap, kind, lowest=lowest) == expected
 

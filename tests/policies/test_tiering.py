@@ -16,18 +16,35 @@ ANYONE = Principal("k1", "t", KeyPolicy())
 def summary(model: str = "auto", **kw: object) -> RequestSummary:
     """A request summary with defaults."""
     base: dict[str, object] = {
-        "kind": "chat", "model": model, "stream": False, "max_tokens": None,
-        "include_usage": False, "prompt_chars": 100, "has_tools": False, "response_format": None,
+        "kind": "chat",
+        "model": model,
+        "stream": False,
+        "max_tokens": None,
+        "include_usage": False,
+        "prompt_chars": 100,
+        "has_tools": False,
+        "response_format": None,
     }
     base.update(kw)
     return RequestSummary(**base)  # type: ignore[arg-type]  # test builder with known keys
 
 
-def decide(s: RequestSummary, principal: Principal = ANYONE, score: float = 0.2,
-           override: str | None = None) -> tuple[str, str]:
+def decide(
+    s: RequestSummary,
+    principal: Principal = ANYONE,
+    score: float = 0.2,
+    override: str | None = None,
+) -> tuple[str, str]:
     """Run decide_tier with a fixed score; return (tier, reason)."""
-    d = decide_tier(s, catalog=CATALOG, principal=principal, rules=TierRules(),
-                    score=lambda: score, threshold=0.5, override=override)
+    d = decide_tier(
+        s,
+        catalog=CATALOG,
+        principal=principal,
+        rules=TierRules(),
+        score=lambda: score,
+        threshold=0.5,
+        override=override,
+    )
     return d.tier, d.reason
 
 
@@ -40,10 +57,18 @@ def test_classifier_threshold() -> None:
 @pytest.mark.parametrize(("model", "tier"), [("fast", "fast"), ("m-fp16", "precise")])
 def test_explicit_names_bypass_classifier(model: str, tier: str) -> None:
     """A tier or served model name forces the tier without scoring."""
+
     def boom() -> float:
         raise AssertionError("the classifier must not run")
-    d = decide_tier(summary(model), catalog=CATALOG, principal=ANYONE, rules=TierRules(),
-                    score=boom, threshold=0.5)
+
+    d = decide_tier(
+        summary(model),
+        catalog=CATALOG,
+        principal=ANYONE,
+        rules=TierRules(),
+        score=boom,
+        threshold=0.5,
+    )
     assert (d.tier, d.reason) == (tier, "explicit")
 
 
@@ -55,10 +80,12 @@ def test_unknown_model() -> None:
 
 @pytest.mark.parametrize(
     ("kw", "reason"),
-    [({"response_format": "json_schema"}, "rule:json_schema"),
-     ({"response_format": "json_object"}, "rule:json_schema"),
-     ({"has_tools": True}, "rule:tools"),
-     ({"prompt_chars": 100_000}, "rule:long_prompt")],
+    [
+        ({"response_format": "json_schema"}, "rule:json_schema"),
+        ({"response_format": "json_object"}, "rule:json_schema"),
+        ({"has_tools": True}, "rule:tools"),
+        ({"prompt_chars": 100_000}, "rule:long_prompt"),
+    ],
 )
 def test_hard_rules_send_precise(kw: dict[str, object], reason: str) -> None:
     """Structured output, tools and very long prompts go to the precise tier."""

@@ -30,8 +30,15 @@ def test_load_accepts_str_and_path() -> None:
 def test_metadata_describes_the_artifact() -> None:
     """Metadata carries version, data digest, feature set and the default threshold."""
     meta = router_models.load().metadata
-    for key in ("model_version", "data_digest", "feature_spec", "default_threshold",
-                "default_target_share", "reference", "version"):
+    for key in (
+        "model_version",
+        "data_digest",
+        "feature_spec",
+        "default_threshold",
+        "default_target_share",
+        "reference",
+        "version",
+    ):
         assert key in meta
     assert meta["data_digest"].startswith("sha256:")
 

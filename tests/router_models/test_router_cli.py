@@ -56,8 +56,15 @@ def test_score_target_share_and_reference_move_the_threshold(tmp_path: Path) -> 
     """A target share of 0 sends nothing to precise; 1 sends everything; stdin works."""
     data = "".join(json.dumps(r) + "\n" for r in PROMPTS)
     none = _cli("score", "-", "--target-share", "0", stdin=data)
-    every = _cli("score", "-", "--target-share", "1", "--reference",
-                 str(_jsonl(tmp_path / "ref.jsonl", PROMPTS)), stdin=data)
+    every = _cli(
+        "score",
+        "-",
+        "--target-share",
+        "1",
+        "--reference",
+        str(_jsonl(tmp_path / "ref.jsonl", PROMPTS)),
+        stdin=data,
+    )
     assert none.returncode == every.returncode == 0
     assert {json.loads(x)["tier"] for x in none.stdout.splitlines()} == {"fast"}
     assert {json.loads(x)["tier"] for x in every.stdout.splitlines()} == {"precise"}
@@ -72,8 +79,15 @@ def test_eval_prints_tables_and_writes_png(tmp_path: Path) -> None:
     plot = tmp_path / "curve.png"
     result = _cli("eval", "--data", str(data), "--plot", str(plot))
     assert result.returncode == 0, result.stderr
-    for needle in ("ROC AUC", "operating point", "by category", "by source", "odd", "even",
-                   "share sent to precise"):
+    for needle in (
+        "ROC AUC",
+        "operating point",
+        "by category",
+        "by source",
+        "odd",
+        "even",
+        "share sent to precise",
+    ):
         assert needle in result.stdout
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -94,7 +108,11 @@ def test_eval_writes_no_png_unless_asked(tmp_path: Path) -> None:
     """Without ``--plot`` nothing is written into the working directory."""
     result = subprocess.run(
         [sys.executable, "-m", "router_models.cli", "eval", "--data", str(DEFAULT_DATA[1])],
-        capture_output=True, text=True, cwd=tmp_path, check=False, timeout=120,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        check=False,
+        timeout=120,
         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
     )
     assert result.returncode == 0, result.stderr
@@ -119,8 +137,9 @@ def test_calibrate_sets_the_threshold_from_unlabelled_traffic(tmp_path: Path) ->
     """``calibrate`` prints a threshold that sends the target share of the sample, as YAML."""
     sample = _traffic(tmp_path, 400)
     snippet = tmp_path / "router.yaml"
-    result = _cli("calibrate", "--sample", str(sample), "--target-share", "0.25",
-                  "--out", str(snippet))
+    result = _cli(
+        "calibrate", "--sample", str(sample), "--target-share", "0.25", "--out", str(snippet)
+    )
     assert result.returncode == 0, result.stderr
     assert "warning" in result.stderr  # 400 requests is a small sample
     import yaml
@@ -153,8 +172,9 @@ def test_train_writes_a_loadable_artifact(tmp_path: Path) -> None:
     out = io.StringIO()
     assert main(["train", "--data", str(data), "--out", str(tmp_path / "m.npz")], out=out) == 0
     assert "trained on 400 examples" in out.getvalue()
-    result = _cli("score", str(_jsonl(tmp_path / "in.jsonl", PROMPTS)), "--artifact",
-                  str(tmp_path / "m.npz"))
+    result = _cli(
+        "score", str(_jsonl(tmp_path / "in.jsonl", PROMPTS)), "--artifact", str(tmp_path / "m.npz")
+    )
     assert result.returncode == 0, result.stderr
     assert len(result.stdout.splitlines()) == len(PROMPTS)
 
@@ -174,7 +194,11 @@ def test_errors_exit_with_status_2(args: list[str]) -> None:
 def test_bad_artifact_is_reported(tmp_path: Path) -> None:
     """A file that is not an artifact is refused with a clear message."""
     (tmp_path / "bad.npz").write_bytes(b"nope")
-    result = _cli("score", str(_jsonl(tmp_path / "in.jsonl", PROMPTS)), "--artifact",
-                  str(tmp_path / "bad.npz"))
+    result = _cli(
+        "score",
+        str(_jsonl(tmp_path / "in.jsonl", PROMPTS)),
+        "--artifact",
+        str(tmp_path / "bad.npz"),
+    )
     assert result.returncode == 2
     assert "artifact" in result.stderr

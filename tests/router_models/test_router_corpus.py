@@ -35,9 +35,20 @@ def test_corpus_size_labels_and_categories() -> None:
     labels = Counter(label_of(r) for r in records)
     assert min(labels.values()) >= 0.35 * len(records)
     categories = {r["category"] for r in records}
-    for needed in ("chitchat", "factual_qa", "rewrite", "classification", "extraction",
-                   "translation", "summarize_short", "math_multistep", "code", "reasoning",
-                   "json_output", "long_analysis"):
+    for needed in (
+        "chitchat",
+        "factual_qa",
+        "rewrite",
+        "classification",
+        "extraction",
+        "translation",
+        "summarize_short",
+        "math_multistep",
+        "code",
+        "reasoning",
+        "json_output",
+        "long_analysis",
+    ):
         assert needed in categories
 
 
@@ -81,8 +92,11 @@ def test_no_external_prompt_is_in_the_repository() -> None:
     import subprocess
 
     root = Path(__file__).resolve().parents[2]
-    listed = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True,
-                            check=True).stdout.decode().split("\0")
+    listed = (
+        subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True, check=True)
+        .stdout.decode()
+        .split("\0")
+    )
     texts = []
     for name in listed:
         path = root / name

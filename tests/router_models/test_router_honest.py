@@ -51,7 +51,8 @@ def test_eval_rows_never_shape_the_artifact(tmp_path: Path) -> None:
     records = _small_mix()
     flipped = [
         {**r, "label": "simple" if r["label"] == "complex" else "complex"}
-        if r.get("use") == "eval" else r
+        if r.get("use") == "eval"
+        else r
         for r in records
     ]
     kept = [r for r in records if r.get("use") != "eval"]

@@ -32,11 +32,13 @@ def _run(complex_share: float, scores: tuple[np.ndarray, np.ndarray], seed: int)
     complex_scores, simple_scores = scores
     rng = np.random.default_rng(seed)
     is_complex = rng.random(REQUESTS) < complex_share
-    stream = np.where(is_complex, rng.choice(complex_scores, REQUESTS),
-                      rng.choice(simple_scores, REQUESTS))
+    stream = np.where(
+        is_complex, rng.choice(complex_scores, REQUESTS), rng.choice(simple_scores, REQUESTS)
+    )
     router = router_models.load()
-    controller = ShareController(ControllerConfig(target_share=TARGET),
-                                 router.threshold_for_share(TARGET))
+    controller = ShareController(
+        ControllerConfig(target_share=TARGET), router.threshold_for_share(TARGET)
+    )
     sent = np.zeros(REQUESTS, dtype=bool)
     for i, score in enumerate(stream.tolist()):
         sent[i] = controller.decide(score)

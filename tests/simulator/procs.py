@@ -1,7 +1,7 @@
 """Start the simulator as a real subprocess, for these tests and the gateway's integration tests.
 
-    with SimulatorProcess("--profile", "fast", "--latency-scale", "0") as sim:
-        ...  # sim.url, sim.stats(), sim.set_faults(fail_500=1.0), sim.kill()
+with SimulatorProcess("--profile", "fast", "--latency-scale", "0") as sim:
+    ...  # sim.url, sim.stats(), sim.set_faults(fail_500=1.0), sim.kill()
 """
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ class SimulatorProcess:
         """Spawn the process and wait for its ``listening`` line."""
         command = [sys.executable, "-m", "simulator", "--port", "0", *self.args]
         self._proc = subprocess.Popen(
-            command, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=self._stderr, text=True)
+            command, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=self._stderr, text=True
+        )
         stdout = self._proc.stdout
         assert stdout is not None
         deadline = time.monotonic() + self.ready_timeout
@@ -122,8 +123,12 @@ class SimulatorProcess:
     def __enter__(self) -> SimulatorProcess:
         return self.start()
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self.stop()
 
 

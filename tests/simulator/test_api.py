@@ -9,8 +9,10 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from tests.simulator.procs import SimulatorFactory, SimulatorProcess
 
-CHAT: list[ChatCompletionMessageParam] = [{"role": "system", "content": "You are terse."},
-        {"role": "user", "content": "Name three colours."}]
+CHAT: list[ChatCompletionMessageParam] = [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": "Name three colours."},
+]
 
 
 def _client(sim: SimulatorProcess) -> openai.AsyncOpenAI:
@@ -21,8 +23,11 @@ async def test_chat_non_streaming_with_openai_client(sim: SimulatorProcess) -> N
     """A chat completion parses with the openai client and carries ids, usage and headers."""
     async with _client(sim) as client:
         raw = await client.chat.completions.with_raw_response.create(
-            model="tiergate-fast", messages=CHAT, max_tokens=8,
-            extra_headers={"x-request-id": "req-123"})
+            model="tiergate-fast",
+            messages=CHAT,
+            max_tokens=8,
+            extra_headers={"x-request-id": "req-123"},
+        )
     reply = raw.parse()
     assert raw.headers["x-request-id"] == "req-123"
     assert raw.headers["x-sim-replica"] == f"sim-fast-{sim.port}"
@@ -43,8 +48,12 @@ async def test_chat_streaming_with_usage(sim: SimulatorProcess) -> None:
     """A stream starts with the role, sends one token per chunk and ends with a usage chunk."""
     async with _client(sim) as client:
         stream = await client.chat.completions.create(
-            model="tiergate-fast", messages=CHAT, max_tokens=6, stream=True,
-            stream_options={"include_usage": True})
+            model="tiergate-fast",
+            messages=CHAT,
+            max_tokens=6,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
         chunks = [chunk async for chunk in stream]
     assert chunks[0].choices[0].delta.role == "assistant"
     token_chunks = [c for c in chunks[1:] if c.choices]
@@ -60,9 +69,10 @@ async def test_chat_streaming_with_usage(sim: SimulatorProcess) -> None:
 async def test_stream_wire_format(sim: SimulatorProcess) -> None:
     """The raw stream is text/event-stream, ``data:`` events, and ends with ``[DONE]``."""
     body = {"messages": CHAT, "max_tokens": 3, "stream": True}
-    async with aiohttp.ClientSession() as session, session.post(
-        sim.url + "/v1/chat/completions", json=body
-    ) as response:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(sim.url + "/v1/chat/completions", json=body) as response,
+    ):
         text = await response.text()
         assert response.headers["Content-Type"].startswith("text/event-stream")
     events = [e for e in text.split("\n\n") if e]
@@ -74,11 +84,16 @@ async def test_stream_wire_format(sim: SimulatorProcess) -> None:
 async def test_text_completions(sim: SimulatorProcess) -> None:
     """``/v1/completions`` answers unary and streamed text completions."""
     async with _client(sim) as client:
-        unary = await client.completions.create(model="tiergate-fast", prompt="Once upon",
-                                                max_tokens=5)
+        unary = await client.completions.create(
+            model="tiergate-fast", prompt="Once upon", max_tokens=5
+        )
         stream = await client.completions.create(
-            model="tiergate-fast", prompt="Once upon", max_tokens=5, stream=True,
-            stream_options={"include_usage": True})
+            model="tiergate-fast",
+            prompt="Once upon",
+            max_tokens=5,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
         chunks = [chunk async for chunk in stream]
     assert unary.id.startswith("cmpl-")
     assert unary.object == "text_completion"
@@ -115,16 +130,22 @@ async def test_health_follows_runtime_switch(sim: SimulatorProcess) -> None:
         ({"messages": "not a list"}, 400, "BadRequestError", "Invalid request body"),
         ({"messages": CHAT, "n": 2}, 400, "BadRequestError", "n=1"),
         ({"messages": CHAT, "max_tokens": 0}, 400, "BadRequestError", "max_tokens"),
-        ({"messages": CHAT, "stream_options": {"include_usage": True}}, 400,
-         "BadRequestError", "stream=True"),
+        (
+            {"messages": CHAT, "stream_options": {"include_usage": True}},
+            400,
+            "BadRequestError",
+            "stream=True",
+        ),
     ],
 )
-async def test_errors_have_vllm_shape(sim: SimulatorProcess, body: dict[str, object],
-                                      status: int, error_type: str, fragment: str) -> None:
+async def test_errors_have_vllm_shape(
+    sim: SimulatorProcess, body: dict[str, object], status: int, error_type: str, fragment: str
+) -> None:
     """Bad requests get vLLM's ``{"error": {message, type, param, code}}`` body."""
-    async with aiohttp.ClientSession() as session, session.post(
-        sim.url + "/v1/chat/completions", json=body
-    ) as response:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(sim.url + "/v1/chat/completions", json=body) as response,
+    ):
         payload = await response.json()
     assert response.status == status
     assert set(payload["error"]) == {"message", "type", "param", "code"}
@@ -135,9 +156,10 @@ async def test_errors_have_vllm_shape(sim: SimulatorProcess, body: dict[str, obj
 
 async def test_malformed_json_is_400(sim: SimulatorProcess) -> None:
     """A body that is not JSON is a 400, never a 500."""
-    async with aiohttp.ClientSession() as session, session.post(
-        sim.url + "/v1/chat/completions", data=b"{not json"
-    ) as response:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(sim.url + "/v1/chat/completions", data=b"{not json") as response,
+    ):
         assert response.status == 400
 
 
@@ -145,9 +167,12 @@ async def test_traceparent_and_last_request_recorded(sim: SimulatorProcess) -> N
     """``/sim/stats`` shows the received traceparent and the last request body."""
     traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
     body = {"messages": CHAT, "max_tokens": 2, "temperature": 0.3, "top_k": 5}
-    async with aiohttp.ClientSession() as session, session.post(
-        sim.url + "/v1/chat/completions", json=body, headers={"traceparent": traceparent}
-    ) as response:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            sim.url + "/v1/chat/completions", json=body, headers={"traceparent": traceparent}
+        ) as response,
+    ):
         assert response.status == 200
         assert len(response.headers["x-request-id"]) == 32
     stats = await sim.astats()
@@ -161,10 +186,13 @@ async def test_echo_mode_replies_with_last_user_message(start_simulator: Simulat
     sim = start_simulator("--echo", "--latency-scale", "0", "--profile", "precise")
     async with _client(sim) as client:
         full = await client.chat.completions.create(
-            model="tiergate-precise", messages=[*CHAT, {"role": "user", "content": "Hi, you!"}])
+            model="tiergate-precise", messages=[*CHAT, {"role": "user", "content": "Hi, you!"}]
+        )
         cut = await client.chat.completions.create(
-            model="tiergate-precise", max_tokens=3,
-            messages=[{"role": "user", "content": "one two three four five"}])
+            model="tiergate-precise",
+            max_tokens=3,
+            messages=[{"role": "user", "content": "one two three four five"}],
+        )
     assert full.choices[0].message.content == "Hi, you!"
     assert full.choices[0].finish_reason == "stop"
     assert cut.choices[0].message.content == "one two three"

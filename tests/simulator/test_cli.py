@@ -18,8 +18,15 @@ def test_profile_defaults() -> None:
     assert fast.max_queue is None
 
 
-@pytest.mark.parametrize("argv", [["--fail-429", "1.5"], ["--max-num-seqs", "0"],
-                                  ["--latency-scale", "-1"], ["--queue-full-status", "500"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--fail-429", "1.5"],
+        ["--max-num-seqs", "0"],
+        ["--latency-scale", "-1"],
+        ["--queue-full-status", "500"],
+    ],
+)
 def test_bad_arguments_exit(argv: list[str]) -> None:
     """Out-of-range options are usage errors."""
     with pytest.raises(SystemExit):

@@ -13,8 +13,11 @@ from tests.simulator.procs import SimulatorProcess
 
 # fast profile x5: 50 ms base, 0.6 ms per prompt token, 20 ms per output token.
 ARGS = ("--latency-scale", "5", "--max-num-seqs", "1")
-DECODE = {"messages": [{"role": "user", "content": "Count slowly."}], "max_tokens": 200,
-          "ignore_eos": True}
+DECODE = {
+    "messages": [{"role": "user", "content": "Count slowly."}],
+    "max_tokens": 200,
+    "ignore_eos": True,
+}
 
 
 @pytest.fixture(scope="module")
@@ -59,8 +62,9 @@ def _abort_count(sim: SimulatorProcess) -> float:
 async def test_streaming_disconnect_mid_decode(slow_sim: SimulatorProcess) -> None:
     """Closing a stream after the first tokens aborts the request and frees its blocks."""
     async with aiohttp.ClientSession() as session:
-        response = await session.post(slow_sim.url + "/v1/chat/completions",
-                                      json={**DECODE, "stream": True})
+        response = await session.post(
+            slow_sim.url + "/v1/chat/completions", json={**DECODE, "stream": True}
+        )
         await response.content.readline()
         assert (await slow_sim.astats())["kv_cache_usage"] > 0
         response.close()
@@ -72,8 +76,11 @@ async def test_streaming_disconnect_mid_decode(slow_sim: SimulatorProcess) -> No
 
 async def test_streaming_disconnect_before_first_token(slow_sim: SimulatorProcess) -> None:
     """Leaving during a long prefill (headers sent, no token yet) aborts the request."""
-    body = {"messages": [{"role": "user", "content": "word " * 2000}], "max_tokens": 5,
-            "stream": True}
+    body = {
+        "messages": [{"role": "user", "content": "word " * 2000}],
+        "max_tokens": 5,
+        "stream": True,
+    }
     async with aiohttp.ClientSession() as session:
         response = await session.post(slow_sim.url + "/v1/chat/completions", json=body)
         assert response.status == 200
@@ -90,7 +97,8 @@ async def test_non_streaming_disconnect_mid_decode(slow_sim: SimulatorProcess) -
     async with aiohttp.ClientSession() as session:
         with pytest.raises(TimeoutError):
             await asyncio.wait_for(
-                session.post(slow_sim.url + "/v1/chat/completions", json=DECODE), 0.3)
+                session.post(slow_sim.url + "/v1/chat/completions", json=DECODE), 0.3
+            )
     stats = await _settled(slow_sim, aborts=1)
     assert stats["kv_cache_usage"] == 0
     assert _abort_count(slow_sim) == 1
@@ -99,11 +107,11 @@ async def test_non_streaming_disconnect_mid_decode(slow_sim: SimulatorProcess) -
 async def test_disconnect_while_queued(slow_sim: SimulatorProcess) -> None:
     """A request waiting for a slot leaves the queue when its client goes away."""
     async with aiohttp.ClientSession() as session:
-        busy = asyncio.create_task(session.post(slow_sim.url + "/v1/chat/completions",
-                                                json=DECODE))
+        busy = asyncio.create_task(session.post(slow_sim.url + "/v1/chat/completions", json=DECODE))
         await asyncio.sleep(0.1)
-        queued = asyncio.create_task(session.post(slow_sim.url + "/v1/chat/completions",
-                                                  json=DECODE))
+        queued = asyncio.create_task(
+            session.post(slow_sim.url + "/v1/chat/completions", json=DECODE)
+        )
         for _ in range(100):
             if (await slow_sim.astats())["waiting"] == 1:
                 break

@@ -9,16 +9,20 @@ from simulator.prefix_cache import PrefixCache, chain_seed
 from simulator.profiles import FAST
 
 
-def _engine(slots: int = 1, queue: int | None = None, blocks: int = 64,
-            scale: float = 1.0) -> Engine:
-    config = EngineConfig(profile=FAST, max_num_seqs=slots, max_queue=queue,
-                          latency_scale=scale)
+def _engine(
+    slots: int = 1, queue: int | None = None, blocks: int = 64, scale: float = 1.0
+) -> Engine:
+    config = EngineConfig(profile=FAST, max_num_seqs=slots, max_queue=queue, latency_scale=scale)
     return Engine(config, PrefixCache(blocks, 16), seed=1)
 
 
 def _seq(prompt: int = 20, output: int = 4, blocks: int = 2) -> Sequence:
-    return Sequence([f"p{i}" for i in range(prompt)], [f"o{i}" for i in range(output)],
-                    chain_seed("m", None), blocks)
+    return Sequence(
+        [f"p{i}" for i in range(prompt)],
+        [f"o{i}" for i in range(output)],
+        chain_seed("m", None),
+        blocks,
+    )
 
 
 async def test_fifo_admission_when_slots_free_up() -> None:

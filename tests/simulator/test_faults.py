@@ -10,8 +10,11 @@ import pytest
 from simulator.faults import FaultInjector, FaultRates
 from tests.simulator.procs import SimulatorFactory, SimulatorProcess
 
-BODY = {"messages": [{"role": "user", "content": "Tell me a story."}], "max_tokens": 8,
-        "ignore_eos": True}
+BODY = {
+    "messages": [{"role": "user", "content": "Tell me a story."}],
+    "max_tokens": 8,
+    "ignore_eos": True,
+}
 STREAM = {**BODY, "stream": True}
 
 
@@ -47,9 +50,10 @@ async def _collect(response: aiohttp.ClientResponse, parts: list[bytes]) -> None
 async def test_status_faults(sim: SimulatorProcess, status: int) -> None:
     """``fail_<status>`` answers that status with a vLLM error body."""
     await sim.aset_faults(**{f"fail_{status}": 1.0})
-    async with aiohttp.ClientSession() as session, session.post(
-        sim.url + "/v1/chat/completions", json=BODY
-    ) as response:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(sim.url + "/v1/chat/completions", json=BODY) as response,
+    ):
         payload = await response.json()
     assert response.status == status
     assert payload["error"]["code"] == status
@@ -87,9 +91,10 @@ async def test_stall_before_first_byte(sim: SimulatorProcess) -> None:
 async def test_stall_mid_stream(sim: SimulatorProcess) -> None:
     """``stall_mid_stream`` pauses a stream half-way and then completes it."""
     await sim.aset_faults(stall_mid_stream=1.0, stall_seconds=0.4)
-    async with aiohttp.ClientSession() as session, session.post(
-        sim.url + "/v1/chat/completions", json=STREAM
-    ) as response:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(sim.url + "/v1/chat/completions", json=STREAM) as response,
+    ):
         first = await response.content.readany()
         started = time.monotonic()
         rest = await response.read()
@@ -103,9 +108,10 @@ async def test_drop_mid_stream(sim: SimulatorProcess) -> None:
     """``drop_mid_stream`` cuts the connection after some tokens, without ``[DONE]``."""
     await sim.aset_faults(drop_mid_stream=1.0)
     parts: list[bytes] = []
-    async with aiohttp.ClientSession() as session, session.post(
-        sim.url + "/v1/chat/completions", json=STREAM
-    ) as response:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(sim.url + "/v1/chat/completions", json=STREAM) as response,
+    ):
         assert response.status == 200
         with pytest.raises(aiohttp.ClientPayloadError):
             await _collect(response, parts)
@@ -118,9 +124,10 @@ async def test_drop_mid_stream(sim: SimulatorProcess) -> None:
 async def test_error_mid_stream(sim: SimulatorProcess) -> None:
     """``error_mid_stream`` sends an in-band error event, then ``[DONE]`` as vLLM does."""
     await sim.aset_faults(error_mid_stream=1.0)
-    async with aiohttp.ClientSession() as session, session.post(
-        sim.url + "/v1/chat/completions", json=STREAM
-    ) as response:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(sim.url + "/v1/chat/completions", json=STREAM) as response,
+    ):
         text = await response.text()
     assert response.status == 200
     events = [e for e in text.split("\n\n") if e]
@@ -132,16 +139,18 @@ async def test_error_mid_stream(sim: SimulatorProcess) -> None:
 async def test_cli_fault_options(start_simulator: SimulatorFactory) -> None:
     """Fault rates given on the command line apply from the first request."""
     sim = start_simulator("--latency-scale", "0", "--fail-503", "1", "--seed", "3")
-    async with aiohttp.ClientSession() as session, session.post(
-        sim.url + "/v1/completions", json={"prompt": "hi"}
-    ) as response:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(sim.url + "/v1/completions", json={"prompt": "hi"}) as response,
+    ):
         assert response.status == 503
     assert (await sim.astats())["faults"]["fail_503"] == 1.0
 
 
 async def test_fault_endpoint_validates(sim: SimulatorProcess) -> None:
     """``POST /sim/faults`` rejects an out-of-range rate with a 400."""
-    async with aiohttp.ClientSession() as session, session.post(
-        sim.url + "/sim/faults", json={"fail_500": 2}
-    ) as response:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(sim.url + "/sim/faults", json={"fail_500": 2}) as response,
+    ):
         assert response.status == 400

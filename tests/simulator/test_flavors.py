@@ -25,11 +25,15 @@ def _get(sim: SimulatorProcess, path: str) -> tuple[int, bytes]:
         return error.code, error.read()
 
 
-def _post(sim: SimulatorProcess, body: dict[str, Any], headers: dict[str, str] | None = None
-          ) -> tuple[int, bytes]:
+def _post(
+    sim: SimulatorProcess, body: dict[str, Any], headers: dict[str, str] | None = None
+) -> tuple[int, bytes]:
     request = urllib.request.Request(  # noqa: S310 - local http URL built by us
-        sim.url + "/v1/chat/completions", data=json.dumps(body).encode(), method="POST",
-        headers={"Content-Type": "application/json", **(headers or {})})
+        sim.url + "/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json", **(headers or {})},
+    )
     try:
         with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310 - same
             return response.status, response.read()
@@ -46,8 +50,8 @@ class Flavored:
     def __call__(self, flavor: str) -> SimulatorProcess:
         if flavor not in self.sims:
             self.sims[flavor] = SimulatorProcess(
-                "--flavor", flavor, "--latency-scale", "0", "--health-delay", "0",
-                "--metrics", "on").start()
+                "--flavor", flavor, "--latency-scale", "0", "--health-delay", "0", "--metrics", "on"
+            ).start()
         return self.sims[flavor]
 
 
@@ -71,8 +75,9 @@ def flavored() -> Iterator[Flavored]:
         ("tgi", 200, "tgi_", "tgi"),
     ],
 )
-def test_health_metrics_and_model_owner(flavored: Flavored, flavor: str,
-                                        health: int, prefix: str | None, owner: str) -> None:
+def test_health_metrics_and_model_owner(
+    flavored: Flavored, flavor: str, health: int, prefix: str | None, owner: str
+) -> None:
     """/health, /metrics and /v1/models answer as the real server does."""
     sim = flavored(flavor)
     assert _get(sim, "/health")[0] == health
@@ -90,11 +95,14 @@ def test_health_metrics_and_model_owner(flavored: Flavored, flavor: str,
 
 @pytest.mark.parametrize(
     ("flavor", "path", "key"),
-    [("sglang", "/get_model_info", "model_path"), ("tgi", "/info", "model_id"),
-     ("ollama", "/api/version", "version"), ("llamacpp", "/props", "total_slots")],
+    [
+        ("sglang", "/get_model_info", "model_path"),
+        ("tgi", "/info", "model_id"),
+        ("ollama", "/api/version", "version"),
+        ("llamacpp", "/props", "total_slots"),
+    ],
 )
-def test_native_routes(flavored: Flavored, flavor: str, path: str, key: str
-                       ) -> None:
+def test_native_routes(flavored: Flavored, flavor: str, path: str, key: str) -> None:
     """Each server's own info route answers JSON with its telltale field."""
     sim = flavored(flavor)
     status, body = _get(sim, path)
@@ -117,8 +125,10 @@ def _stream_events(sim: SimulatorProcess, headers: dict[str, str] | None = None)
     return [e for e in raw.decode().split("\n\n") if e.startswith("data: ")]
 
 
-@pytest.mark.parametrize(("flavor", "usage"), [("vllm", True), ("sglang", True),
-                                               ("llamacpp-python", False), ("tgi", True)])
+@pytest.mark.parametrize(
+    ("flavor", "usage"),
+    [("vllm", True), ("sglang", True), ("llamacpp-python", False), ("tgi", True)],
+)
 def test_stream_usage(flavored: Flavored, flavor: str, usage: bool) -> None:
     """A usage chunk follows include_usage, except on llama-cpp-python's server."""
     sim = flavored(flavor)
@@ -143,8 +153,7 @@ def test_llamacpp_python_refuses_non_uuid_ids(flavored: Flavored) -> None:
         ("tgi", 422, lambda b: isinstance(b["error"], str) and b["error_type"] == "validation"),
     ],
 )
-def test_error_shapes(flavored: Flavored, flavor: str, status: int,
-                      check: Any) -> None:
+def test_error_shapes(flavored: Flavored, flavor: str, status: int, check: Any) -> None:
     """A bad request gets each server's own error status and body shape."""
     sim = flavored(flavor)
     got, raw = _post(sim, {"messages": []})
@@ -152,10 +161,12 @@ def test_error_shapes(flavored: Flavored, flavor: str, status: int,
     assert check(json.loads(raw))
 
 
-@pytest.mark.parametrize(("flavor", "served"), [("vllm", True), ("tgi", True),
-                                                ("sglang", False), ("llamacpp", False)])
-def test_metrics_off_where_the_server_needs_a_flag(start_simulator: SimulatorFactory,
-                                                   flavor: str, served: bool) -> None:
+@pytest.mark.parametrize(
+    ("flavor", "served"), [("vllm", True), ("tgi", True), ("sglang", False), ("llamacpp", False)]
+)
+def test_metrics_off_where_the_server_needs_a_flag(
+    start_simulator: SimulatorFactory, flavor: str, served: bool
+) -> None:
     """SGLang and llama-server expose /metrics only when started with their metrics flag."""
     sim = start_simulator("--flavor", flavor, "--latency-scale", "0", "--health-delay", "0")
     assert (_get(sim, "/metrics")[0] == 200) is served

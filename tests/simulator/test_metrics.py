@@ -32,9 +32,13 @@ def test_histogram_buckets_are_cumulative() -> None:
     histogram.observe(5.0)
     out: list[str] = []
     histogram.render("h", 'a="b"', out)
-    assert out == ['h_bucket{a="b",le="0.1"} 1.0', 'h_bucket{a="b",le="1.0"} 3.0',
-                   'h_bucket{a="b",le="+Inf"} 4.0', 'h_sum{a="b"} 6.05',
-                   'h_count{a="b"} 4.0']
+    assert out == [
+        'h_bucket{a="b",le="0.1"} 1.0',
+        'h_bucket{a="b",le="1.0"} 3.0',
+        'h_bucket{a="b",le="+Inf"} 4.0',
+        'h_sum{a="b"} 6.05',
+        'h_count{a="b"} 4.0',
+    ]
 
 
 def test_render_parses_and_escapes_model_names() -> None:
@@ -50,16 +54,18 @@ def test_render_parses_and_escapes_model_names() -> None:
 async def test_metrics_endpoint_names(sim: SimulatorProcess) -> None:
     """A live replica exposes every vLLM metric the gateway reads, with label model_name."""
     async with aiohttp.ClientSession() as session:
-        async with session.post(sim.url + "/v1/completions",
-                                json={"prompt": "hi", "max_tokens": 3}) as response:
+        async with session.post(
+            sim.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 3}
+        ) as response:
             assert response.status == 200
         async with session.get(sim.url + "/metrics") as response:
             page = await response.text()
     families = {f.name: f for f in text_string_to_metric_families(page)}
     assert {name: families[name].type for name in NAMES} == NAMES
     assert "vllm:gpu_cache_usage_perc" not in families
-    success = {s.labels["finished_reason"]: s.value
-               for s in families["vllm:request_success"].samples}
+    success = {
+        s.labels["finished_reason"]: s.value for s in families["vllm:request_success"].samples
+    }
     assert success["stop"] + success["length"] == 1
     info = families["vllm:cache_config_info"].samples[0].labels
     assert info["block_size"] == "16"

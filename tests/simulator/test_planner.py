@@ -37,7 +37,8 @@ def test_context_length_errors_use_vllm_messages() -> None:
         planner.plan(_body(messages=[{"role": "user", "content": "a b c d e f g"}]), chat=True)
     assert long_prompt.value.status == 400
     assert long_prompt.value.message.startswith(
-        "This model's maximum context length is 8 tokens. However, your request has")
+        "This model's maximum context length is 8 tokens. However, your request has"
+    )
     with pytest.raises(SimError) as too_many:
         planner.plan(json.dumps({"prompt": "hi", "max_tokens": 8}).encode(), chat=False)
     assert "maximum context length is 8 tokens" in too_many.value.message

@@ -90,12 +90,12 @@ def test_decode_blocks_are_cached_on_release() -> None:
     assert follow_up.hit_blocks == 2
 
 
-async def _chat(session: aiohttp.ClientSession, sim: SimulatorProcess, question: str,
-                salt: str | None = None) -> dict[str, int]:
+async def _chat(
+    session: aiohttp.ClientSession, sim: SimulatorProcess, question: str, salt: str | None = None
+) -> dict[str, int]:
     system = "You are a careful assistant. " * 40
     body: dict[str, object] = {
-        "messages": [{"role": "system", "content": system},
-                     {"role": "user", "content": question}],
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}],
         "max_tokens": 4,
     }
     if salt is not None:
@@ -119,8 +119,10 @@ async def test_repeated_prefix_hits_the_cache(sim: SimulatorProcess) -> None:
     assert stats["prefix_cache_queries"] == first["prompt"] + second["prompt"]
     assert stats["prefix_cache_hits"] == second["cached"]
     metrics = sim.metrics_text()
-    assert f'vllm:prefix_cache_hits_total{{engine="0",model_name="tiergate-fast"}} ' \
-           f'{float(second["cached"])}' in metrics
+    assert (
+        f'vllm:prefix_cache_hits_total{{engine="0",model_name="tiergate-fast"}} '
+        f"{float(second['cached'])}" in metrics
+    )
 
 
 async def test_cache_salt_isolates_prefixes(sim: SimulatorProcess) -> None:
@@ -137,18 +139,25 @@ async def test_cache_salt_isolates_prefixes(sim: SimulatorProcess) -> None:
 
 async def test_multi_turn_reuses_prompt_and_reply_blocks(sim: SimulatorProcess) -> None:
     """Turn 2 of a chat hits the blocks of turn 1's prompt and of its generated reply."""
-    turn1 = [{"role": "system", "content": "Be helpful. " * 30},
-             {"role": "user", "content": "Tell me about caches."}]
+    turn1 = [
+        {"role": "system", "content": "Be helpful. " * 30},
+        {"role": "user", "content": "Tell me about caches."},
+    ]
     async with aiohttp.ClientSession() as session:
-        async with session.post(sim.url + "/v1/chat/completions",
-                                json={"messages": turn1, "max_tokens": 40,
-                                      "ignore_eos": True}) as response:
+        async with session.post(
+            sim.url + "/v1/chat/completions",
+            json={"messages": turn1, "max_tokens": 40, "ignore_eos": True},
+        ) as response:
             first = await response.json()
         reply = first["choices"][0]["message"]["content"]
-        turn2 = [*turn1, {"role": "assistant", "content": reply},
-                 {"role": "user", "content": "More, please."}]
-        async with session.post(sim.url + "/v1/chat/completions",
-                                json={"messages": turn2, "max_tokens": 4}) as response:
+        turn2 = [
+            *turn1,
+            {"role": "assistant", "content": reply},
+            {"role": "user", "content": "More, please."},
+        ]
+        async with session.post(
+            sim.url + "/v1/chat/completions", json={"messages": turn2, "max_tokens": 4}
+        ) as response:
             second = await response.json()
     computed = first["usage"]["prompt_tokens"] + first["usage"]["completion_tokens"] - 1
     assert second["usage"]["prompt_tokens_details"]["cached_tokens"] == computed // 16 * 16

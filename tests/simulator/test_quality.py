@@ -22,10 +22,17 @@ def answer(sim: SimulatorProcess, prompt: str) -> str:
 def test_weak_and_strong_agree_on_simple_prompts_only(tmp_path: Path) -> None:
     """Same file, same model name: simple prompts get one reply everywhere, complex ones not."""
     labels = tmp_path / "labels.jsonl"
-    labels.write_text("\n".join(json.dumps(row) for row in [
-        {"prompt": "What is the capital of France?", "label": "simple"},
-        {"prompt": "Prove that there are  infinitely many primes.", "label": "complex"},
-    ]) + "\n", encoding="utf-8")
+    labels.write_text(
+        "\n".join(
+            json.dumps(row)
+            for row in [
+                {"prompt": "What is the capital of France?", "label": "simple"},
+                {"prompt": "Prove that there are  infinitely many primes.", "label": "complex"},
+            ]
+        )
+        + "\n",
+        encoding="utf-8",
+    )
     common = ("--model", "m", "--latency-scale", "0", "--quality-file", str(labels))
     with SimulatorProcess(*common, "--weak") as weak, SimulatorProcess(*common) as strong:
         simple = "What is the capital of France?"

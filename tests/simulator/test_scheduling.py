@@ -11,8 +11,11 @@ import pytest
 
 from tests.simulator.procs import SimulatorFactory, SimulatorProcess
 
-LONG = {"messages": [{"role": "user", "content": "Write a long essay."}], "max_tokens": 150,
-        "ignore_eos": True}
+LONG = {
+    "messages": [{"role": "user", "content": "Write a long essay."}],
+    "max_tokens": 150,
+    "ignore_eos": True,
+}
 
 
 def gauge(metrics: str, name: str) -> float:
@@ -31,8 +34,10 @@ async def _post(session: aiohttp.ClientSession, sim: SimulatorProcess) -> int:
 async def _wait_for(sim: SimulatorProcess, running: int, waiting: int) -> str:
     for _ in range(200):
         metrics = await asyncio.to_thread(sim.metrics_text)
-        if (gauge(metrics, "vllm:num_requests_running") == running
-                and gauge(metrics, "vllm:num_requests_waiting") == waiting):
+        if (
+            gauge(metrics, "vllm:num_requests_running") == running
+            and gauge(metrics, "vllm:num_requests_waiting") == waiting
+        ):
             return metrics
         await asyncio.sleep(0.01)
     raise AssertionError(f"never saw running={running} waiting={waiting}")
@@ -41,8 +46,16 @@ async def _wait_for(sim: SimulatorProcess, running: int, waiting: int) -> str:
 @pytest.mark.parametrize("status", [503, 429])
 async def test_full_queue_is_refused(start_simulator: SimulatorFactory, status: int) -> None:
     """With every slot busy and the queue at its bound, the next request gets 503 (or 429)."""
-    sim = start_simulator("--max-num-seqs", "1", "--max-queue", "1", "--latency-scale", "1",
-                          "--queue-full-status", str(status))
+    sim = start_simulator(
+        "--max-num-seqs",
+        "1",
+        "--max-queue",
+        "1",
+        "--latency-scale",
+        "1",
+        "--queue-full-status",
+        str(status),
+    )
     async with aiohttp.ClientSession() as session:
         first = asyncio.create_task(_post(session, sim))
         await _wait_for(sim, running=1, waiting=0)

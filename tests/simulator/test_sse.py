@@ -28,11 +28,16 @@ def test_chunks_are_valid_json(chat: bool) -> None:
     assert (choice["delta"]["content"] if chat else choice["text"]) == 'say "hi"\n'
     assert last["choices"][0]["finish_reason"] == "length"  # type: ignore[index]  # JSON
     assert usage["choices"] == []
-    assert usage["usage"] == {"prompt_tokens": 10, "total_tokens": 12, "completion_tokens": 2,
-                              "prompt_tokens_details": {"cached_tokens": 8}}
+    assert usage["usage"] == {
+        "prompt_tokens": 10,
+        "total_tokens": 12,
+        "completion_tokens": 2,
+        "prompt_tokens_details": {"cached_tokens": 8},
+    }
 
 
 def test_error_event_shape() -> None:
     """An in-stream error carries vLLM's error object."""
-    assert _decode(error_event(500, "boom")) == {"error": {
-        "message": "boom", "type": "InternalServerError", "param": None, "code": 500}}
+    assert _decode(error_event(500, "boom")) == {
+        "error": {"message": "boom", "type": "InternalServerError", "param": None, "code": 500}
+    }

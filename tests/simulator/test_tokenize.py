@@ -30,8 +30,10 @@ def test_conversation_render_extends_previous_turn() -> None:
 
 def test_tools_and_parts_are_rendered() -> None:
     """Tools JSON and text parts of multi-part content are part of the prompt."""
-    text = render_chat([("user", [{"type": "text", "text": "look"}, {"type": "image_url"}],
-                         None)], [{"type": "function", "function": {"name": "f"}}])
+    text = render_chat(
+        [("user", [{"type": "text", "text": "look"}, {"type": "image_url"}], None)],
+        [{"type": "function", "function": {"name": "f"}}],
+    )
     assert '"name":"f"' in text
     assert "look" in text
     assert "<image_url>" in text

@@ -13,11 +13,15 @@ CHAT = [{"role": "user", "content": "Tell me about tiers."}]
 LONG_SYSTEM = "You are a careful assistant. " * 40
 
 
-async def _post(sim: SimulatorProcess, body: dict[str, object],
-                headers: dict[str, str] | None = None) -> tuple[int, str]:
-    async with aiohttp.ClientSession() as session, session.post(
-        sim.url + "/v1/chat/completions", json=body, headers=headers or {}
-    ) as response:
+async def _post(
+    sim: SimulatorProcess, body: dict[str, object], headers: dict[str, str] | None = None
+) -> tuple[int, str]:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            sim.url + "/v1/chat/completions", json=body, headers=headers or {}
+        ) as response,
+    ):
         return response.status, await response.text()
 
 
@@ -26,9 +30,10 @@ async def test_no_max_tokens_generates_to_the_end_of_the_context(
 ) -> None:
     """A chat request without max_tokens writes max_model_len - prompt tokens, as vLLM does."""
     sim = start_simulator("--latency-scale", "0", "--max-model-len", "300")
-    async with aiohttp.ClientSession() as session, session.post(
-        sim.url + "/v1/chat/completions", json={"messages": CHAT}
-    ) as response:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(sim.url + "/v1/chat/completions", json={"messages": CHAT}) as response,
+    ):
         reply = await response.json()
     usage = reply["usage"]
     assert usage["prompt_tokens"] + usage["completion_tokens"] == 300
@@ -38,9 +43,12 @@ async def test_no_max_tokens_generates_to_the_end_of_the_context(
 async def _hold_stream(sim: SimulatorProcess, request_id: str, started: asyncio.Event) -> str:
     """A long stream with ``request_id``; sets ``started`` once its first event arrived."""
     body = {"messages": CHAT, "max_tokens": 150, "ignore_eos": True, "stream": True}
-    async with aiohttp.ClientSession() as session, session.post(
-        sim.url + "/v1/chat/completions", json=body, headers={"x-request-id": request_id}
-    ) as response:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            sim.url + "/v1/chat/completions", json=body, headers={"x-request-id": request_id}
+        ) as response,
+    ):
         first = await response.content.readuntil(b"\n\n")
         started.set()
         return (first + await response.content.read()).decode()
@@ -48,7 +56,8 @@ async def _hold_stream(sim: SimulatorProcess, request_id: str, started: asyncio.
 
 @pytest.mark.parametrize("stream", [False, True])
 async def test_vllm_011_refuses_a_duplicate_running_request_id(
-    start_simulator: SimulatorFactory, stream: bool,
+    start_simulator: SimulatorFactory,
+    stream: bool,
 ) -> None:
     """0.11: a second request with an id already running fails (400, or error event + [DONE])."""
     sim = start_simulator("--vllm-version", "0.11", "--profile", "fast")
@@ -78,8 +87,9 @@ async def test_current_vllm_accepts_duplicate_request_ids(
     started = asyncio.Event()
     holder = asyncio.create_task(_hold_stream(sim, "same-id", started))
     await started.wait()
-    status, text = await _post(sim, {"messages": CHAT, "max_tokens": 4},
-                               {"x-request-id": "same-id"})
+    status, text = await _post(
+        sim, {"messages": CHAT, "max_tokens": 4}, {"x-request-id": "same-id"}
+    )
     assert (await holder).rstrip().endswith("data: [DONE]")
     assert status == 200, text
 
@@ -101,8 +111,10 @@ async def test_api_key_guards_only_v1_paths(start_simulator: SimulatorFactory) -
 
 
 async def _cached_details(sim: SimulatorProcess) -> list[object]:
-    body = {"messages": [{"role": "system", "content": LONG_SYSTEM},
-                         {"role": "user", "content": "hi"}], "max_tokens": 4}
+    body = {
+        "messages": [{"role": "system", "content": LONG_SYSTEM}, {"role": "user", "content": "hi"}],
+        "max_tokens": 4,
+    }
     out: list[object] = []
     async with aiohttp.ClientSession() as session:
         for _ in range(2):

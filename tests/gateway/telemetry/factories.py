@@ -11,8 +11,14 @@ from policies.tiering import RouteDecision
 def summary(*, stream: bool = False, model: str = "auto") -> RequestSummary:
     """A validated chat request."""
     return RequestSummary(
-        kind="chat", model=model, stream=stream, max_tokens=16, include_usage=False,
-        prompt_chars=40, has_tools=False, response_format=None,
+        kind="chat",
+        model=model,
+        stream=stream,
+        max_tokens=16,
+        include_usage=False,
+        prompt_chars=40,
+        has_tools=False,
+        response_format=None,
     )
 
 

@@ -23,8 +23,13 @@ class ServedApp:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         config = uvicorn.Config(
-            app, host="127.0.0.1", port=self.port, loop="asyncio", lifespan="on",
-            log_level="warning", access_log=False,
+            app,
+            host="127.0.0.1",
+            port=self.port,
+            loop="asyncio",
+            lifespan="on",
+            log_level="warning",
+            access_log=False,
         )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, name="served-app", daemon=True)

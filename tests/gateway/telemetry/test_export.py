@@ -109,8 +109,11 @@ def test_otlp_over_grpc_when_asked(
 ) -> None:
     """``OTEL_EXPORTER_OTLP_PROTOCOL=grpc`` exports over gRPC; OTEL_SERVICE_NAME is kept."""
     endpoint, servicer = grpc_receiver
-    env = {"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc", "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
-           "OTEL_SERVICE_NAME": "gateway-eu-1"}
+    env = {
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+        "OTEL_SERVICE_NAME": "gateway-eu-1",
+    }
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     _export_one_span(env)

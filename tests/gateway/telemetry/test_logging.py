@@ -23,8 +23,11 @@ def restore_logging() -> Iterator[None]:
     root = logging.getLogger()
     saved_root = (list(root.handlers), root.level)
     saved = {
-        name: (list(logging.getLogger(name).handlers), logging.getLogger(name).level,
-               logging.getLogger(name).propagate)
+        name: (
+            list(logging.getLogger(name).handlers),
+            logging.getLogger(name).level,
+            logging.getLogger(name).propagate,
+        )
         for name in _TOUCHED
     }
     yield
@@ -49,7 +52,9 @@ def test_sink_drops_lines_beyond_its_bound_and_says_so() -> None:
     lines = out.getvalue().splitlines()
     assert lines[:2] == ["line 0", "line 1"]
     assert json.loads(lines[2]) == {
-        "event": "telemetry.log_lines_dropped", "level": "warning", "count": 3
+        "event": "telemetry.log_lines_dropped",
+        "level": "warning",
+        "count": 3,
     }
     assert sink.dropped == 3
 
@@ -70,24 +75,37 @@ def test_sink_writes_in_the_background() -> None:
 def test_redaction_blanks_secret_fields_and_content() -> None:
     """Secret-named fields and prompt text are replaced; ids stay."""
     redact = make_redactor(capture_content=False)
-    event = redact(None, "info", {
-        "event": "x", "authorization": "Bearer sk-1", "api_key": "sk-2",
-        "messages": [{"role": "user", "content": "secret prompt"}], "key_id": "k_1",
-    })
+    event = redact(
+        None,
+        "info",
+        {
+            "event": "x",
+            "authorization": "Bearer sk-1",
+            "api_key": "sk-2",
+            "messages": [{"role": "user", "content": "secret prompt"}],
+            "key_id": "k_1",
+        },
+    )
     assert event == {
-        "event": "x", "authorization": "[REDACTED]", "api_key": "[REDACTED]",
-        "messages": "[REDACTED]", "key_id": "k_1",
+        "event": "x",
+        "authorization": "[REDACTED]",
+        "api_key": "[REDACTED]",
+        "messages": "[REDACTED]",
+        "key_id": "k_1",
     }
 
 
 def test_rendered_lines_are_scrubbed_of_credentials_and_stay_json() -> None:
     """Bearer tokens and TierGate keys are scrubbed anywhere in a line, keeping it valid."""
-    line = json.dumps({
-        "event": "upstream said: Bearer abc.def-123 was refused",
-        "note": 'auth="basic dXNlcjpwYXNz"', "key": None,
-        "echo": "got tg-8zgtkq64w6-6t45CZkwdw7LWzrJoxEW4eauAHy7jjs2uAd7YurF7LO, bye",
-        "key_id": "8zgtkq64w6",
-    })
+    line = json.dumps(
+        {
+            "event": "upstream said: Bearer abc.def-123 was refused",
+            "note": 'auth="basic dXNlcjpwYXNz"',
+            "key": None,
+            "echo": "got tg-8zgtkq64w6-6t45CZkwdw7LWzrJoxEW4eauAHy7jjs2uAd7YurF7LO, bye",
+            "key_id": "8zgtkq64w6",
+        }
+    )
     record = json.loads(scrub(line))
     assert record["event"] == "upstream said: [REDACTED] was refused"
     assert record["note"] == 'auth="[REDACTED]"'
@@ -123,8 +141,9 @@ def test_json_lines_carry_the_bound_request_context() -> None:
 def test_console_rendering_and_level_from_settings() -> None:
     """``console`` renders human-friendly lines; the level setting filters."""
     out = io.StringIO()
-    sink = configure_logging(TelemetrySettings(log_format="console", log_level="warning"),
-                             stream=out)
+    sink = configure_logging(
+        TelemetrySettings(log_format="console", log_level="warning"), stream=out
+    )
     structlog.get_logger("test").info("hidden.event")
     structlog.get_logger("test").warning("shown.event", replica="r1")
     sink.close()

@@ -37,19 +37,21 @@ def test_share_window_forgets_the_oldest() -> None:
 
 def test_status_classes() -> None:
     """Statuses group by hundreds; a request without a status counts as a server error."""
-    assert [status_class(s) for s in (200, 404, 499, 502, 0)] == [
-        "2xx", "4xx", "4xx", "5xx", "5xx"
-    ]
+    assert [status_class(s) for s in (200, 404, 499, 502, 0)] == ["2xx", "4xx", "4xx", "5xx", "5xx"]
 
 
 def test_two_apps_in_one_process_do_not_clash() -> None:
     """Each app registers the same metric names on its own registry."""
     first, second = _metrics(), _metrics()
     first.record(finished_context(), "complete", 0.1, 0.0005)
-    assert _value(first, "tiergate_requests_total", route=ROUTE, tier="fast",
-                  status_class="2xx") == 1.0
-    assert _value(second, "tiergate_requests_total", route=ROUTE, tier="fast",
-                  status_class="2xx") is None
+    assert (
+        _value(first, "tiergate_requests_total", route=ROUTE, tier="fast", status_class="2xx")
+        == 1.0
+    )
+    assert (
+        _value(second, "tiergate_requests_total", route=ROUTE, tier="fast", status_class="2xx")
+        is None
+    )
 
 
 def test_a_non_streaming_request_records_counts_latency_tokens_and_routing() -> None:
@@ -57,18 +59,22 @@ def test_a_non_streaming_request_records_counts_latency_tokens_and_routing() -> 
     metrics = _metrics()
     ctx = finished_context(tier="precise", usage=Usage(100, 20, 64))
     metrics.record(ctx, "complete", 0.25, 0.0004)
-    assert _value(metrics, "tiergate_request_duration_seconds_count", route=ROUTE,
-                  tier="precise") == 1.0
+    assert (
+        _value(metrics, "tiergate_request_duration_seconds_count", route=ROUTE, tier="precise")
+        == 1.0
+    )
     assert _value(metrics, "tiergate_overhead_seconds_bucket", le="0.0005") == 1.0
     assert _value(metrics, "tiergate_overhead_seconds_bucket", le="0.00025") == 0.0
     assert _value(metrics, "tiergate_tokens_total", tier="precise", direction="input") == 100
     assert _value(metrics, "tiergate_tokens_total", tier="precise", direction="output") == 20
-    assert _value(metrics, "tiergate_tokens_total", tier="precise",
-                  direction="cached_input") == 64
-    assert _value(metrics, "tiergate_route_decisions_total", tier="precise",
-                  reason="classifier") == 1.0
-    assert _value(metrics, "tiergate_ratelimit_decisions_total", limit="all",
-                  outcome="allowed") == 1.0
+    assert _value(metrics, "tiergate_tokens_total", tier="precise", direction="cached_input") == 64
+    assert (
+        _value(metrics, "tiergate_route_decisions_total", tier="precise", reason="classifier")
+        == 1.0
+    )
+    assert (
+        _value(metrics, "tiergate_ratelimit_decisions_total", limit="all", outcome="allowed") == 1.0
+    )
     assert _value(metrics, "tiergate_time_to_first_token_seconds_count", tier="precise") is None
     assert _value(metrics, "tiergate_precise_share") == 1.0
 
@@ -105,10 +111,18 @@ def test_rate_limit_rejections_are_counted() -> None:
     ctx.admitted = False
     ctx.failure = Failure.of(RateLimited("over the limit"))
     metrics.record(ctx, "RateLimited", 0.001, 0.001)
-    assert _value(metrics, "tiergate_ratelimit_decisions_total", limit="rate_limit_exceeded",
-                  outcome="rejected") == 1.0
-    assert _value(metrics, "tiergate_ratelimit_decisions_total", limit="all",
-                  outcome="allowed") == 0.0
+    assert (
+        _value(
+            metrics,
+            "tiergate_ratelimit_decisions_total",
+            limit="rate_limit_exceeded",
+            outcome="rejected",
+        )
+        == 1.0
+    )
+    assert (
+        _value(metrics, "tiergate_ratelimit_decisions_total", limit="all", outcome="allowed") == 0.0
+    )
 
 
 def test_replica_gauges_attempts_and_retries_are_read_at_scrape_time() -> None:
@@ -121,12 +135,19 @@ def test_replica_gauges_attempts_and_retries_are_read_at_scrape_time() -> None:
     pool.record_success(up)
     pool.record_failure(down, "connect", "refused", counts=True)
     pool.count_retry("connect")
-    assert _value(metrics, "tiergate_replica_in_flight", tier="fast",
-                  replica="10.0.0.1:8000") == 1.0
-    assert _value(metrics, "tiergate_replica_healthy", tier="fast",
-                  replica="10.0.0.2:8000") == 0.0
-    assert _value(metrics, "tiergate_upstream_attempts_total", tier="fast",
-                  replica="10.0.0.2:8000", outcome="connect") == 1.0
-    assert _value(metrics, "tiergate_upstream_retries_total", tier="fast",
-                  reason="connect") == 1.0
+    assert (
+        _value(metrics, "tiergate_replica_in_flight", tier="fast", replica="10.0.0.1:8000") == 1.0
+    )
+    assert _value(metrics, "tiergate_replica_healthy", tier="fast", replica="10.0.0.2:8000") == 0.0
+    assert (
+        _value(
+            metrics,
+            "tiergate_upstream_attempts_total",
+            tier="fast",
+            replica="10.0.0.2:8000",
+            outcome="connect",
+        )
+        == 1.0
+    )
+    assert _value(metrics, "tiergate_upstream_retries_total", tier="fast", reason="connect") == 1.0
     assert _value(metrics, "tiergate_precise_share_target") == 0.3

@@ -19,12 +19,16 @@ TOKEN = "admin-token-for-tests"
 
 def _settings(**telemetry: object) -> Settings:
     dead = f"http://127.0.0.1:{free_port()}"
-    return Settings.model_validate({
-        "auth": {"enabled": False, "admin_token": TOKEN},
-        "tiers": {"fast": {"model": "m-fast", "replicas": [dead]},
-                  "precise": {"model": "m-precise", "replicas": [dead]}},
-        "telemetry": telemetry,
-    })
+    return Settings.model_validate(
+        {
+            "auth": {"enabled": False, "admin_token": TOKEN},
+            "tiers": {
+                "fast": {"model": "m-fast", "replicas": [dead]},
+                "precise": {"model": "m-precise", "replicas": [dead]},
+            },
+            "telemetry": telemetry,
+        }
+    )
 
 
 def _client(admin_token: str | None, *, open_access: bool) -> TestClient[Litestar]:
@@ -62,12 +66,17 @@ def test_the_app_serves_its_own_registry_on_the_main_port() -> None:
     """create_app mounts /metrics with the gateway's metric names behind the admin token."""
     with ServedApp(create_app(_settings())) as served:
         denied = httpx.get(served.url + "/metrics", timeout=5)
-        page = httpx.get(served.url + "/metrics", timeout=5,
-                         headers={"Authorization": f"Bearer {TOKEN}"})
+        page = httpx.get(
+            served.url + "/metrics", timeout=5, headers={"Authorization": f"Bearer {TOKEN}"}
+        )
     assert denied.status_code == 401
     assert page.status_code == 200
-    for name in ("tiergate_replica_healthy", "tiergate_replica_in_flight",
-                 "tiergate_precise_share_target", "tiergate_overhead_seconds"):
+    for name in (
+        "tiergate_replica_healthy",
+        "tiergate_replica_in_flight",
+        "tiergate_precise_share_target",
+        "tiergate_overhead_seconds",
+    ):
         assert name in page.text
 
 
@@ -75,8 +84,9 @@ def test_a_metrics_port_moves_metrics_off_the_main_port() -> None:
     """With telemetry.metrics_port the main port has no /metrics and the other port serves it."""
     port = free_port()
     with ServedApp(create_app(_settings(metrics_port=port))) as served:
-        main = httpx.get(served.url + "/metrics", timeout=5,
-                         headers={"Authorization": f"Bearer {TOKEN}"})
+        main = httpx.get(
+            served.url + "/metrics", timeout=5, headers={"Authorization": f"Bearer {TOKEN}"}
+        )
         side = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5)
     assert main.status_code == 404
     assert side.status_code == 200

@@ -27,12 +27,24 @@ from tests.gateway.telemetry.factories import summary
 
 PARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 ANSWER = {
-    "id": "chatcmpl-1", "model": "tiergate-fast", "usage": {"prompt_tokens": 9,
-    "completion_tokens": 2}, "choices": [{"index": 0, "finish_reason": "stop",
-    "message": {"role": "assistant", "content": "Hi there"}}],
+    "id": "chatcmpl-1",
+    "model": "tiergate-fast",
+    "usage": {"prompt_tokens": 9, "completion_tokens": 2},
+    "choices": [
+        {
+            "index": 0,
+            "finish_reason": "stop",
+            "message": {"role": "assistant", "content": "Hi there"},
+        }
+    ],
 }
-BODY = {"model": "tiergate-fast", "messages": [{"role": "user", "content": "Say hi"}],
-        "max_tokens": 8, "temperature": 0.5, "user": "someone@example.com"}
+BODY = {
+    "model": "tiergate-fast",
+    "messages": [{"role": "user", "content": "Say hi"}],
+    "max_tokens": 8,
+    "temperature": 0.5,
+    "user": "someone@example.com",
+}
 
 
 def _tracing(exporter: InMemorySpanExporter, **options: object) -> Tracing:
@@ -63,8 +75,16 @@ async def _one_request(
         return Exchange(Opened(200, "application/json", raw, None), replica, pool)
 
     ctx.attempts = 1
-    await trace.attempt(ctx, replica, BODY, {"x-request-id": "req-1"}, send,
-                        strategy="round_robin", routed_at=ctx.started, prefix_blocks=0)
+    await trace.attempt(
+        ctx,
+        replica,
+        BODY,
+        {"x-request-id": "req-1"},
+        send,
+        strategy="round_robin",
+        routed_at=ctx.started,
+        prefix_blocks=0,
+    )
     ctx.status = 200
     trace.finish(ctx, "complete")
     return sent
@@ -101,8 +121,13 @@ async def test_a_sampled_request_has_the_stage_and_client_spans() -> None:
     spans = _by_name(exporter.get_finished_spans())
     server = spans["POST /v1/chat/completions"]
     assert set(spans) == {
-        "POST /v1/chat/completions", "tiergate.auth", "tiergate.validate", "tiergate.classify",
-        "tiergate.ratelimit", "tiergate.route", "chat tiergate-fast",
+        "POST /v1/chat/completions",
+        "tiergate.auth",
+        "tiergate.validate",
+        "tiergate.classify",
+        "tiergate.ratelimit",
+        "tiergate.route",
+        "chat tiergate-fast",
     }
     for span in spans.values():
         if span is not server:
