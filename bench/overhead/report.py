@@ -33,6 +33,7 @@ class MemorySample:
 
     requests: int
     rss_mib: float
+    elapsed_s: float = 0.0  # wall time of the step that ended here
 
 
 @dataclass
@@ -65,6 +66,7 @@ class Report:
     memory_mix: MemoryMix | None = None
     unavailable: dict[str, str] = field(default_factory=dict)
     variant: str = "plain"
+    memory_only: bool = False  # --memory-only: no throughput points, only the memory checks
 
     def find(self, role: str) -> Series | None:
         """The series of a role, if it ran."""
@@ -101,8 +103,30 @@ def _pct(v: float) -> str:
     return f"{v:+.1%}"
 
 
+def memory_checks(report: Report) -> list[Check]:
+    """RSS growth from the first to the last step, and the mix's answers."""
+    growth = None
+    if len(report.memory) >= 2 and report.memory[0].rss_mib > 0:
+        growth = report.memory[-1].rss_mib / report.memory[0].rss_mib - 1
+    name = "TierGate RSS growth, last vs first"
+    out = [_check(name, growth, MAX_RSS_GROWTH, _pct, at_least=False)]
+    if report.memory_mix is not None:
+        problems = report.memory_mix.unexpected()
+        out.append(
+            Check(
+                "memory mix: every expected status answered, no 5xx",
+                "; ".join(problems) or "yes",
+                "yes",
+                not problems,
+            )
+        )
+    return out
+
+
 def checks(report: Report) -> list[Check]:
-    """The issue's targets, each with the measured value."""
+    """The issue's targets, each with the measured value (only memory's in a memory-only run)."""
+    if report.memory_only:
+        return memory_checks(report)
     tg, ll, direct = report.find("tiergate"), report.find("litellm"), report.find("direct")
     out: list[Check] = []
     for c in (16, 64):
@@ -114,22 +138,7 @@ def checks(report: Report) -> list[Check]:
     out.append(_check("TierGate added p50 at c=1", added, MAX_ADDED_P50_MS, _ms, at_least=False))
     r = _ratio(tg.rps(64) if tg else None, tg.rps(16) if tg else None)
     out.append(_check("TierGate req/s c=64 / c=16", r, MIN_C64_OVER_C16, _plain))
-    growth = None
-    if len(report.memory) >= 2 and report.memory[0].rss_mib > 0:
-        growth = report.memory[-1].rss_mib / report.memory[0].rss_mib - 1
-    out.append(
-        _check("TierGate RSS growth, last vs first", growth, MAX_RSS_GROWTH, _pct, at_least=False)
-    )
-    if report.memory_mix is not None:
-        problems = report.memory_mix.unexpected()
-        out.append(
-            Check(
-                "memory mix: every expected status answered, no 5xx",
-                "; ".join(problems) or "yes",
-                "yes",
-                not problems,
-            )
-        )
+    out += memory_checks(report)
     for c in (16, 64):
         r = _ratio(direct.rps(c) if direct else None, tg.rps(c) if tg else None)
         name = f"upstream headroom: direct / TierGate req/s at c={c}"
@@ -222,10 +231,9 @@ def mix_lines(mix: MemoryMix) -> list[str]:
     return lines
 
 
-def render(report: Report) -> str:
-    """The Markdown document: environment, results table, memory, checks, gaps."""
-    lines = [f"# {report.title}", "", "Command:", "", "```", report.command, "```", ""]
-    lines += [f"- {item}" for item in report.environment]
+def _points_lines(report: Report) -> list[str]:
+    """The throughput and latency table, with its legend."""
+    lines: list[str] = []
     lines += [
         "",
         "| setup | c | req/s | p50 ms | p99 ms | errors | run-queue wait | other CPU |",
@@ -259,10 +267,21 @@ def render(report: Report) -> str:
             else ""
         ),
     ]
+    return lines
+
+
+def render(report: Report) -> str:
+    """The Markdown document: environment, results table, memory, checks, gaps."""
+    lines = [f"# {report.title}", "", "Command:", "", "```", report.command, "```", ""]
+    lines += [f"- {item}" for item in report.environment]
+    if not report.memory_only:
+        lines += _points_lines(report)
     if report.memory:
         lines += ["", "TierGate resident memory (VmRSS of the serving process):", ""]
-        lines += ["| requests served | RSS MiB |", "|---:|---:|"]
-        lines += [f"| {m.requests:,} | {m.rss_mib:.1f} |" for m in report.memory]
+        lines += ["| requests served | RSS MiB | step wall time s |", "|---:|---:|---:|"]
+        lines += [
+            f"| {m.requests:,} | {m.rss_mib:.1f} | {m.elapsed_s:.0f} |" for m in report.memory
+        ]
     if report.memory_mix is not None:
         lines += mix_lines(report.memory_mix)
     lines += ratio_lines(report)

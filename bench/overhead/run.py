@@ -69,6 +69,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="cumulative request counts at which the memory phase reads RSS "
         "(default 20000,200000; quick 5000,50000)",
     )
+    p.add_argument(
+        "--memory-only",
+        action="store_true",
+        help="only the memory phase: no throughput points, no peers, the fixed upstream "
+        "unmeasured (default out bench/results/overhead-VARIANT-memory.md)",
+    )
     p.add_argument("--keep-workdir", action="store_true", help="keep configs and server logs")
     p.add_argument("--no-boost", action="store_true", help="do not run servers at nice -20")
     p.add_argument("--no-pin", action="store_true", help="do not pin processes with taskset")
@@ -152,11 +158,13 @@ def run_tiergate(report: Report, bench: Bench, variant: Variant, upstream: Leg) 
         report.series.append(series)
     finally:
         leg.stop()
-    fresh = _try(
-        report,
-        f"{name} memory",
-        lambda: start_tiergate(variant, upstream, bench.workdir, bench.pin),
-    )
+    run_memory(report, bench, variant, upstream)
+
+
+def run_memory(report: Report, bench: Bench, variant: Variant, upstream: Leg) -> None:
+    """The memory phase on a fresh gateway process."""
+    name = f"TierGate ({variant.name}) memory"
+    fresh = _try(report, name, lambda: start_tiergate(variant, upstream, bench.workdir, bench.pin))
     if fresh is None:
         return
     try:
@@ -165,7 +173,7 @@ def run_tiergate(report: Report, bench: Bench, variant: Variant, upstream: Leg) 
             fresh, bench.runner, steps, variant.needs_key
         )
     except LegUnavailableError as exc:
-        report.unavailable[f"{name} memory"] = str(exc)
+        report.unavailable[name] = str(exc)
     finally:
         fresh.stop()
 
@@ -192,7 +200,9 @@ def run_peer(report: Report, bench: Bench, leg_name: str, upstream: Leg) -> None
         leg.stop()
 
 
-def environment(wrk: str, plan: Plan, pin: Placement, variant: Variant) -> list[str]:
+def environment(
+    wrk: str, plan: Plan, pin: Placement, variant: Variant, memory_only: bool = False
+) -> list[str]:
     """Facts that make the numbers comparable: machine, tools, pinning, run lengths."""
     cpu = next(
         (
@@ -222,8 +232,12 @@ def environment(wrk: str, plan: Plan, pin: Placement, variant: Variant) -> list[
         f"variant `{variant.name}`",
         f"machine: {os.cpu_count()} CPUs ({cpu}); Python {platform.python_version()}",
         f"load: {(wrk_version.stdout or wrk_version.stderr).splitlines()[0]} `-t1`, "
-        f"{plan.duration_s:g} s per point after a {plan.warmup_s:g} s warm-up, "
-        "POST of a small non-streaming chat completion",
+        + (
+            "memory phase only (no throughput points)"
+            if memory_only
+            else f"{plan.duration_s:g} s per point after a {plan.warmup_s:g} s warm-up, "
+            "POST of a small non-streaming chat completion"
+        ),
         f"placement: {pinning}; one worker per server (nginx `worker_processes 1`, "
         "vllm-router and Portkey one process each, pinned like TierGate); "
         f"LiteLLM {LITELLM_VERSION}; peers' versions are in their row names",
@@ -253,20 +267,26 @@ def main(argv: list[str] | None = None) -> int:
         f"TierGate overhead benchmark — variant `{variant.name}`"
         + (" (quick)" if args.quick else ""),
         command,
-        environment(wrk, plan, pin, variant),
+        environment(wrk, plan, pin, variant, args.memory_only),
         variant=variant.name,
     )
     print(f"work directory (configs, logs): {workdir}", flush=True)
-    upstream = choose_upstream(report, bench, args.upstream)
+    if args.memory_only:
+        report.memory_only = True
+        upstream = start_fixed_upstream(workdir, pin)
+    else:
+        upstream = choose_upstream(report, bench, args.upstream)
     try:
-        for name in LEGS:
+        for name in LEGS if not args.memory_only else ():
             if name == "tiergate" and name in legs:
                 run_tiergate(report, bench, variant, upstream)
             elif name in PEERS and name in legs:
                 run_peer(report, bench, name, upstream)
+        if args.memory_only:
+            run_memory(report, bench, variant, upstream)
     finally:
         upstream.stop()
-    write(report, args.out or default_out(variant, args.quick))
+    write(report, args.out or default_out(variant, args.quick, args.memory_only))
     if args.keep_workdir or report.unavailable:
         print(f"configs and server logs kept in {workdir}", flush=True)
     else:
@@ -274,9 +294,9 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def default_out(variant: Variant, quick: bool) -> Path:
-    """bench/results/overhead-VARIANT[-quick].md."""
-    suffix = "-quick" if quick else ""
+def default_out(variant: Variant, quick: bool, memory_only: bool = False) -> Path:
+    """bench/results/overhead-VARIANT[-quick][-memory].md."""
+    suffix = ("-quick" if quick else "") + ("-memory" if memory_only else "")
     return REPO_ROOT / "bench" / "results" / f"overhead-{variant.name}{suffix}.md"
 
 
