@@ -88,6 +88,7 @@ class Accounting:
     shadow: ShadowRunner | None
     handlers: list[Any] = field(default_factory=list)
     redis_usage: RedisUsageStore | None = None
+    redis_budgets: RedisBudgetStore | None = None
 
     async def startup(self) -> None:
         """Start the usage flusher (Redis)."""
@@ -100,6 +101,8 @@ class Accounting:
             await self.shadow.close()
         if self.redis_usage is not None:
             await self.redis_usage.stop()
+        if self.redis_budgets is not None:
+            await self.redis_budgets.aclose()  # settlements still held back go out first
 
 
 def build_accounting(
@@ -132,5 +135,11 @@ def build_accounting(
         *admin_routing_handlers(router, shadow, observed_share, settings.router, token),
     ]
     return Accounting(
-        LedgerObserver(observer, ledger), ledger, budgets, shadow, handlers, redis_usage
+        LedgerObserver(observer, ledger),
+        ledger,
+        budgets,
+        shadow,
+        handlers,
+        redis_usage,
+        store if isinstance(store, RedisBudgetStore) else None,
     )

@@ -310,8 +310,11 @@ class Access:
             _log.warning(EVENT_STORE_DOWN, backend="redis", phase="startup")
 
     async def shutdown(self) -> None:
-        """Stop the key feed; close the Redis connection pool."""
+        """Stop the key feed; send the limiter's held-back settlements; close the Redis pool."""
         if self.feed is not None:
             await self.feed.stop()
+        close_limiter = getattr(self.limiter, "aclose", None)
+        if close_limiter is not None:
+            await close_limiter()
         if self.client is not None:
             await self.client.aclose()

@@ -11,6 +11,7 @@ which real prompts exceeded their estimate). Keys without a budget cost nothing 
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -23,6 +24,7 @@ from redis.exceptions import RedisError
 
 from gateway.context import RequestContext
 from gateway.limits import KeyRateLimited
+from gateway.redis_pipeline import LuaScript, ScriptRunner, script_runner
 from policies.cost import CostModel, TierPrice
 from policies.ports import Admission
 from policies.principal import Principal
@@ -43,6 +45,8 @@ redis.call('INCRBYFLOAT', KEYS[2], reserve)
 redis.call('EXPIRE', KEYS[2], ARGV[5])
 return {1, tostring(day + reserve), tostring(month + reserve)}
 """
+_RESERVE_SCRIPT = LuaScript(_RESERVE, keys=2, args=5)
+LINGER_S = 0.005  # how long a settlement may wait for the next command to carry it
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,12 +126,16 @@ class MemoryBudgetStore:
 
 
 class RedisBudgetStore:
-    """Budgets shared by every gateway replica (hash-tagged keys: Redis Cluster safe)."""
+    """Budgets shared by every gateway replica (hash-tagged keys: Redis Cluster safe).
 
-    def __init__(self, client: Redis, prefix: str) -> None:
+    Commands go over the limiter's kind of pipelined connection (gateway/redis_pipeline.py);
+    a settlement is lazy: it rides on the next command, or goes alone after ``LINGER_S``.
+    """
+
+    def __init__(self, client: Redis, prefix: str, *, runner: ScriptRunner | None = None) -> None:
         self.client = client
         self.prefix = prefix
-        self._script = client.register_script(_RESERVE)
+        self._runner = runner or script_runner(client, linger_s=LINGER_S)
 
     def _keys(self, key_id: str, windows: Windows) -> list[str]:
         base = f"{self.prefix}budget:{{{key_id}}}"
@@ -142,15 +150,16 @@ class RedisBudgetStore:
         amount: float,
     ) -> tuple[str | None, float]:
         """One script: check both windows and charge both, atomically."""
-        result = await self._script(
-            keys=self._keys(key_id, windows),
-            args=[
+        result = await self._runner.run(
+            _RESERVE_SCRIPT,
+            self._keys(key_id, windows),
+            (
                 -1 if day_budget is None else day_budget,
                 -1 if month_budget is None else month_budget,
                 amount,
                 windows.day_left_s + 3600,
                 windows.month_left_s + 86400,
-            ],
+            ),
         )
         if int(result[0]) == 1:
             return None, float(result[1])
@@ -159,11 +168,17 @@ class RedisBudgetStore:
         )
 
     async def adjust(self, key_id: str, windows: Windows, delta: float) -> None:
-        """Both windows in one pipeline."""
-        async with self.client.pipeline(transaction=False) as pipe:
-            for key in self._keys(key_id, windows):
-                pipe.incrbyfloat(key, delta)
-            await pipe.execute()
+        """Both windows, sent with the next command (lazy); returns once Redis applied both."""
+        await asyncio.gather(
+            *(
+                self._runner.command("INCRBYFLOAT", key, delta, lazy=True)
+                for key in self._keys(key_id, windows)
+            )
+        )
+
+    async def aclose(self) -> None:
+        """Send the settlements still held back; close the pipelined connection."""
+        await self._runner.aclose()
 
 
 @dataclass(slots=True)

@@ -1,5 +1,13 @@
 """The Redis rate limiter: one Lua script per admission, one per reconciliation.
 
+Both run on one pipelined connection (gateway/redis_pipeline.py). An admission is written at
+once; a reconciliation is *lazy*: it goes out in the same write as the next admission (one
+round trip for both), or after ``LINGER_S`` when no admission comes. Commands run in the order
+they were written, so this replica's next admission always sees its earlier settlements; other
+replicas see a settlement at most ``LINGER_S`` (plus one round trip) after it was made. Until
+then a refund is simply not yet given back (the safe side: never more admitted than the
+limits allow, only briefly less); a slot is freed that much later.
+
 The scripts do policies/ratelimit.py's GCRA arithmetic inside Redis, on Redis' own clock
 (``TIME``), so every gateway replica shares one exact budget per key whatever their clocks say.
 Per key (``{id}`` is a hash tag, so a key's data stays on one cluster slot):
@@ -12,13 +20,12 @@ Per key (``{id}`` is a hash tag, so a key's data stays on one cluster slot):
 
 from __future__ import annotations
 
-from typing import Any
-
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
+from gateway.redis_pipeline import LuaScript, ScriptRunner, script_runner
 from gateway.settings import RedisSettings
 from policies.ratelimit import PERIOD_S, Limit, LimitSpec, Quota, Verdict
 
@@ -101,6 +108,11 @@ return 1
 """
 )
 
+ACQUIRE = LuaScript(_ACQUIRE, keys=2, args=7)
+RELEASE = LuaScript(_RELEASE, keys=2, args=6)
+# How long a settlement may wait for the next admission to carry it to Redis.
+LINGER_S = 0.005
+_MAX_CACHED_KEYS = 10_000
 _EXCEEDED = {1: Limit.REQUESTS, 2: Limit.TOKENS, 3: Limit.CONCURRENCY}
 
 
@@ -137,27 +149,27 @@ class RedisRateLimiter:
         prefix: str = "tiergate:",
         period_s: float = PERIOD_S,
         lease_s: float = 900.0,
+        runner: ScriptRunner | None = None,
     ) -> None:
         self.client = client
         self._prefix = prefix
         self._period_us = int(period_s * 1_000_000)
         self._lease_us = int(lease_s * 1_000_000)
-        self._acquire = client.register_script(_ACQUIRE)
-        self._release = client.register_script(_RELEASE)
+        self._runner = runner or script_runner(client, linger_s=LINGER_S)
+        self._key_names: dict[str, tuple[str, str]] = {}
 
-    def _keys(self, key_id: str) -> list[str]:
-        bucket = f"{self._prefix}rl:{{{key_id}}}"
-        return [bucket, bucket + ":c"]
-
-    async def _run(self, script: Any, keys: list[str], args: list[Any]) -> Any:
-        try:
-            return await script(keys=keys, args=args)
-        except (RedisError, OSError) as exc:
-            raise RateLimitBackendUnavailable(type(exc).__name__) from exc
+    def _keys(self, key_id: str) -> tuple[str, str]:
+        keys = self._key_names.get(key_id)
+        if keys is None:
+            if len(self._key_names) >= _MAX_CACHED_KEYS:
+                self._key_names.clear()
+            bucket = f"{self._prefix}rl:{{{key_id}}}"
+            keys = self._key_names[key_id] = (bucket, bucket + ":c")
+        return keys
 
     async def acquire(self, key_id: str, spec: LimitSpec, tokens: int, slot: str) -> Verdict:
         """Check every limit and record the request, atomically, in one round trip."""
-        args = [
+        args = (
             spec.rpm or 0,
             spec.tpm or 0,
             self._period_us,
@@ -165,8 +177,11 @@ class RedisRateLimiter:
             spec.concurrency or 0,
             slot,
             self._lease_us,
-        ]
-        reply = await self._run(self._acquire, self._keys(key_id), args)
+        )
+        try:
+            reply = await self._runner.run(ACQUIRE, self._keys(key_id), args)
+        except (RedisError, OSError) as exc:
+            raise RateLimitBackendUnavailable(type(exc).__name__) from exc
         code, wait, rrem, rreset, trem, treset = (int(x) for x in reply)
         return Verdict(
             exceeded=_EXCEEDED.get(code),
@@ -176,8 +191,25 @@ class RedisRateLimiter:
         )
 
     async def release(
-        self, key_id: str, spec: LimitSpec, token_delta: int, slot: str, request_delta: int = 0
+        self,
+        key_id: str,
+        spec: LimitSpec,
+        token_delta: int,
+        slot: str,
+        request_delta: int = 0,
+        *,
+        lazy: bool = False,
     ) -> None:
-        """Reconcile the buckets with real usage and free the slot, in one round trip."""
-        args = [spec.rpm or 0, spec.tpm or 0, self._period_us, token_delta, slot, request_delta]
-        await self._run(self._release, self._keys(key_id), args)
+        """Reconcile the buckets with real usage and free the slot, in one round trip.
+
+        ``lazy``: the command waits (up to ``LINGER_S``) for the next admission's write.
+        """
+        args = (spec.rpm or 0, spec.tpm or 0, self._period_us, token_delta, slot, request_delta)
+        try:
+            await self._runner.run(RELEASE, self._keys(key_id), args, lazy=lazy)
+        except (RedisError, OSError) as exc:
+            raise RateLimitBackendUnavailable(type(exc).__name__) from exc
+
+    async def aclose(self) -> None:
+        """Send the settlements still lingering, then close the pipelined connection."""
+        await self._runner.aclose()

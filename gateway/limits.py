@@ -261,18 +261,23 @@ class KeyAdmission:
         self.headers = headers
 
     async def settle(self, used_tokens: int | None) -> None:
-        """Refund or charge the difference from the reservation; free the concurrency slot."""
+        """Refund or charge the difference from the reservation; free the concurrency slot.
+
+        Nothing is sent for a key with only a request limit (settled at admission). The
+        release is lazy: it rides on this replica's next admission to Redis (one round trip
+        for both), or goes alone after ``limiter_redis.LINGER_S``.
+        """
         delta = 0
         if self._spec.tpm is not None and used_tokens is not None:
             delta = used_tokens - self._reserved
-        await self._release(delta, 0)
+        await self._release(delta, 0, lazy=True)
 
     async def withdraw(self) -> None:
         """Refused before forwarding: give back the request, every reserved token and the slot."""
         tokens = -self._reserved if self._spec.tpm is not None else 0
-        await self._release(tokens, -1 if self._spec.rpm is not None else 0)
+        await self._release(tokens, -1 if self._spec.rpm is not None else 0, lazy=False)
 
-    async def _release(self, token_delta: int, request_delta: int) -> None:
+    async def _release(self, token_delta: int, request_delta: int, *, lazy: bool) -> None:
         if self._settled:
             return
         self._settled = True
@@ -280,7 +285,7 @@ class KeyAdmission:
             return
         try:
             await self._backend.release(
-                self._key_id, self._spec, token_delta, self._slot, request_delta
+                self._key_id, self._spec, token_delta, self._slot, request_delta, lazy=lazy
             )
         except RateLimitBackendUnavailable as exc:
             # The slot's lease expires in Redis; the reservation stays charged (safe side).
@@ -309,6 +314,12 @@ class KeyLimiter:
         # Slot ids: unique per process (random prefix) and cheap per request (a counter).
         self._slot_prefix = secrets.token_hex(6) + "-"
         self._slot_numbers = itertools.count()
+
+    async def aclose(self) -> None:
+        """Shutdown: send the settlements still held back, close the backend's connection."""
+        close = getattr(self._backend, "aclose", None)
+        if close is not None:
+            await close()
 
     def backend_failed(self, reason: str) -> None:
         """Record a failed call to the shared backend."""

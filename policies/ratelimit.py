@@ -139,11 +139,20 @@ class RateLimitBackend(Protocol):
         ...
 
     async def release(
-        self, key_id: str, spec: LimitSpec, token_delta: int, slot: str, request_delta: int = 0
+        self,
+        key_id: str,
+        spec: LimitSpec,
+        token_delta: int,
+        slot: str,
+        request_delta: int = 0,
+        *,
+        lazy: bool = False,
     ) -> None:
         """Add ``token_delta`` / ``request_delta`` (negative: refund) to the buckets; free ``slot``.
 
-        Refunds never take a bucket below empty.
+        Refunds never take a bucket below empty. ``lazy``: a remote backend may hold the
+        release back briefly to send it with this replica's next admission (it still applies
+        before that admission); a local one applies it at once.
         """
         ...
 
@@ -219,9 +228,19 @@ class MemoryRateLimiter:
         )
 
     async def release(
-        self, key_id: str, spec: LimitSpec, token_delta: int, slot: str, request_delta: int = 0
+        self,
+        key_id: str,
+        spec: LimitSpec,
+        token_delta: int,
+        slot: str,
+        request_delta: int = 0,
+        *,
+        lazy: bool = False,
     ) -> None:
-        """Reconcile the buckets (a withdrawn request gives its request back); free the slot."""
+        """Reconcile the buckets (a withdrawn request gives its request back); free the slot.
+
+        Applied at once, ``lazy`` or not.
+        """
         state, req, tok = self._drained(key_id, spec)
         state.requests = max(0.0, req + request_delta) if spec.rpm is not None else 0.0
         state.tokens = max(0.0, tok + token_delta) if spec.tpm is not None else 0.0
