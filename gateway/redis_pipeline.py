@@ -249,7 +249,10 @@ def _fail(future: asyncio.Future[Any], error: Exception) -> None:
 
 
 def _hello(kwargs: dict[str, Any]) -> list[bytes]:
-    """The commands a new connection sends first: ``AUTH`` and ``SELECT`` as configured."""
+    """The commands a new connection sends first: ``AUTH`` and ``SELECT`` as configured.
+
+    (``ScriptPipeline`` adds a ``SCRIPT LOAD`` of every script it has run.)
+    """
     commands: list[bytes] = []
     password, username = kwargs.get("password"), kwargs.get("username")
     if password is not None:
@@ -275,6 +278,7 @@ class ScriptPipeline:
         self._pending_futures: list[asyncio.Future[Any]] = []
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._scripts: dict[str, LuaScript] = {}
 
     @staticmethod
     def supports(client: Redis) -> bool:
@@ -290,6 +294,12 @@ class ScriptPipeline:
     ) -> Any:
         """``EVALSHA``; a script the server lost is sent again in full (``EVAL``)."""
         tail = b"".join([bulk(k.encode()) for k in keys] + [bulk(encode(a)) for a in args])
+        if script.sha not in self._scripts:
+            # First use: sent in full, so it keeps its place in the order of commands (a
+            # NOSCRIPT retry would run after the commands written behind it); every new
+            # connection loads the scripts used so far before anything else.
+            self._scripts[script.sha] = script
+            return await self._call(script.head(by_sha=False) + tail, lazy)
         try:
             return await self._call(script.head(by_sha=True) + tail, lazy)
         except ResponseError as exc:
@@ -414,7 +424,7 @@ class ScriptPipeline:
             raise RedisTimeoutError("Timeout connecting to Redis") from exc
         except OSError as exc:
             raise RedisConnectionError(f"Error connecting to Redis: {exc}") from exc
-        hello = _hello(kwargs)
+        hello = _hello(kwargs) + [pack("SCRIPT", "LOAD", s.source) for s in self._scripts.values()]
         if hello:
             futures = [loop.create_future() for _ in hello]
             wire.send(b"".join(hello), futures)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
@@ -237,3 +238,34 @@ async def test_metrics_export_through_prometheus_client(
     assert 'tiergate_ratelimit_backend_degraded{backend="redis"} 1.0' in text
     assert 'tiergate_ratelimit_degraded_decisions_total{outcome="allowed_local"} 0.0' in text
     assert "tiergate_ratelimit_decisions_total" not in text  # counted by request telemetry
+
+
+async def test_redis_settle_applies_before_the_next_admission(
+    redis_client: Redis, metrics: LimitMetrics
+) -> None:
+    """The lazy settlement goes out with (and before) this replica's next admission."""
+    limiter = redis_limiter(redis_client, metrics, fail_open=False)
+    principal = Principal("lazy", "tenant", KeyPolicy(tpm=1000, max_concurrency=1))
+    first = await limiter.admit(principal, 1000)
+    settling = asyncio.ensure_future(first.settle(100))  # 900 tokens back, the slot freed
+    await asyncio.sleep(0)
+    second = await limiter.admit(principal, 900)  # fits only after the settlement
+    assert settling.done()
+    assert second.headers["x-ratelimit-remaining-tokens"] == "0"
+    await second.withdraw()
+    await limiter.aclose()
+
+
+async def test_limiter_close_sends_held_back_settlements(
+    redis_client: Redis, metrics: LimitMetrics
+) -> None:
+    """Shutdown writes the settlements still waiting for an admission to ride on."""
+    limiter = redis_limiter(redis_client, metrics, fail_open=False)
+    principal = Principal("closing", "tenant", KeyPolicy(tpm=1000, max_concurrency=1))
+    admission = await limiter.admit(principal, 600)
+    settling = asyncio.ensure_future(admission.settle(0))
+    await asyncio.sleep(0)
+    await limiter.aclose()
+    await settling
+    assert await redis_client.zcard("t:rl:{closing}:c") == 0  # the slot is free
+    assert float(await redis_client.hget("t:rl:{closing}", "t") or 0) < 1.0  # tokens back

@@ -105,9 +105,10 @@ async def test_restarted_server_is_reconnected(redis_server: RedisServer) -> Non
     client = open_redis(RedisSettings(url=redis_server.url, socket_timeout_s=0.5))
     pipeline = ScriptPipeline(client)
     try:
-        assert await pipeline.command("PING") == b"PONG"
+        assert (await pipeline.run(ECHO, ["k"], ["a", 1]))[2] == 2
         redis_server.restart()
-        assert await pipeline.command("PING") == b"PONG"
+        assert await pipeline.command("SCRIPT", "EXISTS", ECHO.sha) == [1]  # loaded on connect
+        assert (await pipeline.run(ECHO, ["k"], ["a", 2]))[2] == 3
         redis_server.kill()
         with pytest.raises(RedisConnectionError):
             await pipeline.command("PING")
