@@ -36,6 +36,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 Arg = int | str | bytes | float
 _CRLF = b"\r\n"
 _INCOMPLETE = -1
+_MAX_PACKED_KEYS = 10_000
 _KNOWN = frozenset({"host", "port", "path", "db", "username", "password", "socket_timeout"})
 # Connection settings that change nothing on the wire this module writes.
 _HARMLESS = frozenset(
@@ -70,6 +71,20 @@ def encode(value: Arg) -> bytes:
     if isinstance(value, int):
         return b"%d" % value
     return repr(float(value)).encode()
+
+
+def _bulk_args(args: Sequence[Arg]) -> bytes:
+    """Arguments as bulk strings (ints and strs, the common cases, without a call each)."""
+    out = []
+    for arg in args:
+        if isinstance(arg, int):
+            value = b"%d" % arg
+        elif isinstance(arg, str):
+            value = arg.encode()
+        else:
+            value = encode(arg)
+        out.append(b"$%d\r\n%s\r\n" % (len(value), value))
+    return b"".join(out)
 
 
 def pack(*parts: Arg) -> bytes:
@@ -279,6 +294,7 @@ class ScriptPipeline:
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._scripts: dict[str, LuaScript] = {}
+        self._keys: dict[tuple[str, ...], bytes] = {}
 
     @staticmethod
     def supports(client: Redis) -> bool:
@@ -293,7 +309,7 @@ class ScriptPipeline:
         self, script: LuaScript, keys: Sequence[str], args: Sequence[Arg], *, lazy: bool = False
     ) -> Any:
         """``EVALSHA``; a script the server lost is sent again in full (``EVAL``)."""
-        tail = b"".join([bulk(k.encode()) for k in keys] + [bulk(encode(a)) for a in args])
+        tail = self._packed_keys(keys) + _bulk_args(args)
         if script.sha not in self._scripts:
             # First use: sent in full, so it keeps its place in the order of commands (a
             # NOSCRIPT retry would run after the commands written behind it); every new
@@ -310,6 +326,16 @@ class ScriptPipeline:
     async def command(self, *parts: Arg, lazy: bool = False) -> Any:
         """Any command; the reply."""
         return await self._call(pack(*parts), lazy)
+
+    def _packed_keys(self, keys: Sequence[str]) -> bytes:
+        """Key names packed once (a limiter sends the same few keys over and over)."""
+        names = tuple(keys)
+        packed = self._keys.get(names)
+        if packed is None:
+            if len(self._keys) >= _MAX_PACKED_KEYS:
+                self._keys.clear()
+            packed = self._keys[names] = b"".join(bulk(k.encode()) for k in names)
+        return packed
 
     async def aclose(self) -> None:
         """Write what is pending, wait for its replies (bounded), then close the connection."""
