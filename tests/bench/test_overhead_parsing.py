@@ -7,6 +7,7 @@ import pytest
 from bench.harness.points import Series
 from bench.harness.wrk import JSON_MARK, WrkResult, lua_script, parse_output
 from bench.overhead.report import MemorySample, Report, checks, render
+from bench.overhead.run import make_plan, parse_args
 
 WRK_STDOUT = f"""Running 3s test @ http://127.0.0.1:8000/v1/chat/completions
   1 threads and 16 connections
@@ -78,3 +79,24 @@ def test_render_marks_missing_legs_not_measured() -> None:
     assert "| tg | 16 | 2,000 |" in text
     assert "| TierGate / LiteLLM req/s at c=16 | not measured | ≥ 10.00x | n/a |" in text
     assert "- LiteLLM: pip install failed" in text
+
+
+def test_memory_only_report_has_only_the_memory_phase() -> None:
+    """``--memory-only``: no throughput table, and only the memory checks, judged."""
+    report = Report("t", "cmd", ["env"], variant="full", memory_only=True)
+    report.memory = [MemorySample(20_000, 100.0, 20.0), MemorySample(200_000, 109.0, 200.0)]
+    assert [c.name for c in checks(report)] == ["TierGate RSS growth, last vs first"]
+    assert checks(report)[0].passed is True
+    text = render(report)
+    assert "| setup | c | req/s" not in text
+    assert "| 200,000 | 109.0 | 200 |" in text
+    report.memory[-1] = MemorySample(200_000, 111.0, 200.0)
+    assert checks(report)[0].passed is False
+
+
+def test_memory_steps_default_to_20k_then_200k() -> None:
+    """The memory phase reads RSS at 20k and 200k requests unless told otherwise."""
+    assert make_plan(parse_args([])).memory_steps == (20_000, 200_000)
+    args = parse_args(["--memory-only", "--memory-requests", "20000,100000,200000"])
+    assert args.memory_only
+    assert make_plan(args).memory_steps == (20_000, 100_000, 200_000)
