@@ -295,6 +295,8 @@ class ScriptPipeline:
         self._tasks: set[asyncio.Task[None]] = set()
         self._scripts: dict[str, LuaScript] = {}
         self._keys: dict[tuple[str, ...], bytes] = {}
+        self._burst = False  # a command was written in this pass of the event loop
+        self._burst_due = False  # and others queued behind it
 
     @staticmethod
     def supports(client: Redis) -> bool:
@@ -370,6 +372,14 @@ class ScriptPipeline:
             if self._timer is None:
                 self._timer = loop.call_later(self._linger, self._flush)
             return await future
+        if self._burst:
+            # A command already went out in this pass of the event loop: this one waits for
+            # the end of the pass and goes out in one write with the others (busy gateways
+            # admit many requests per pass; the first of each pass is never delayed).
+            self._pending.append(data)
+            self._pending_futures.append(future)
+            self._burst_due = True
+            return await future
         wire = self._wire
         if wire is None or wire.lost:
             wire = await self._connect()
@@ -378,7 +388,16 @@ class ScriptPipeline:
             wire.send(data, [*self._take_pending(), future])
         else:
             wire.send(data, (future,))
+        self._burst = True
+        loop.call_soon(self._end_burst)
         return await future
+
+    def _end_burst(self) -> None:
+        """The event loop's pass is over: write what queued behind its first command."""
+        self._burst = False
+        if self._burst_due:
+            self._burst_due = False
+            self._flush()
 
     def _bind(self, loop: asyncio.AbstractEventLoop) -> None:
         """First use, or a new event loop (tests): forget the old loop's connection."""
@@ -387,6 +406,7 @@ class ScriptPipeline:
                 self._wire.transport.abort()
         self._loop, self._wire, self._connecting, self._timer = loop, None, None, None
         self._pending, self._pending_futures = [], []
+        self._burst = self._burst_due = False
 
     def _take_pending(self) -> list[asyncio.Future[Any]]:
         futures = self._pending_futures

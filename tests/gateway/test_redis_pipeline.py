@@ -62,6 +62,14 @@ async def test_many_callers_share_one_connection_in_order(pipe: ScriptPipeline) 
     await pipe.command("DEL", "p:n")
 
 
+async def test_commands_of_one_loop_pass_go_out_together_in_order(pipe: ScriptPipeline) -> None:
+    """The first command of a pass is written at once; the rest follow at its end, in order."""
+    calls = [pipe.command("SET", "p:pass", 1), pipe.command("INCR", "p:pass")]
+    calls += [pipe.command("INCR", "p:pass"), pipe.command("GET", "p:pass")]
+    assert await asyncio.gather(*calls) == [b"OK", 2, 3, b"3"]
+    await pipe.command("DEL", "p:pass")
+
+
 async def test_lazy_command_goes_before_the_next_one(pipe: ScriptPipeline) -> None:
     """A lazy command is held back, then written with (and before) the next eager command."""
     held = asyncio.ensure_future(pipe.command("SET", "p:lazy", "1", lazy=True))
