@@ -68,14 +68,23 @@ class ArtifactReloader:
         self.loaded_at = time.time()
 
     def describe(self) -> dict[str, Any]:
-        """Which artifact is live."""
+        """Which artifact is live: its id (``sha256:`` of the file loaded), path, provenance."""
         classifier = self.router.classifier
-        metadata = classifier.metadata if isinstance(classifier, Router) else {}
+        live = classifier if isinstance(classifier, Router) else None
+        metadata = live.metadata if live is not None else {}
         path = self.settings.artifact or router_models.DEFAULT_ARTIFACT
+        shadow = metadata.get("shadow")
         return {
+            "id": live.artifact_id if live is not None else None,
             "path": str(path),
             "version": metadata.get("version"),
+            "model_version": metadata.get("model_version"),
             "data_digest": metadata.get("data_digest"),
+            "trained_from_shadow": (
+                {"prompts": shadow.get("prompts"), "base_artifact": shadow.get("base_artifact")}
+                if isinstance(shadow, dict)
+                else None
+            ),
             "loaded_at": self.loaded_at,
         }
 

@@ -277,9 +277,14 @@ class ShadowSettings(Section):
     """Shadow results kept for the live agreement figures."""
     # JSON-lines file of shadow records (no prompt text); None keeps them in memory only.
     store: Path | None = None
-    """JSON-lines file of shadow records (no prompt text); unset: in memory only."""
+    """JSON-lines file of shadow records: the router's hashed feature vector, score, tier,
+    direction and agreement of each shadow, no prompt text (`tiergate router train
+    --from-shadow` learns from it); unset: in memory only."""
     max_records: int = Field(default=100_000, ge=100)
-    """Records kept in the store at most."""
+    """Records kept in the store at most (two files, `store` and `store`.1, half each)."""
+    store_prompts: bool = False
+    """Also write each shadowed prompt's text into the store (off: it may hold personal data;
+    training needs only the feature vectors)."""
 
 
 class RouterSettings(Section):

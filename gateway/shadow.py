@@ -51,6 +51,7 @@ class ShadowConfig:
     window: int = 1000
     store: Path | None = None
     max_records: int = 100_000
+    store_prompts: bool = False
 
     @property
     def enabled(self) -> bool:
@@ -73,7 +74,13 @@ class _Job:
 
 @dataclass(frozen=True, slots=True)
 class ShadowRecord:
-    """One shadow outcome: no prompt or answer text, only what evaluation needs."""
+    """One shadow outcome: no answer text, and no prompt text unless ``store_prompts`` is on.
+
+    ``features`` is the router's hashed feature vector of the request (``index``/``value``
+    lists, what ``tiergate router train --from-shadow`` learns from), ``feature_space`` the
+    space it lives in (a record of another space is stale) and ``artifact`` the id of the
+    artifact that computed ``score``.
+    """
 
     at: float
     direction: str
@@ -83,6 +90,24 @@ class ShadowRecord:
     agreement: float
     method: str
     prompt_digest: str
+    feature_space: str | None = None
+    artifact: str | None = None
+    features: dict[str, list[Any]] | None = None
+    prompt: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFeatures:
+    """What a record learns about its request from the router (``Featurizer``'s answer)."""
+
+    feature_space: str
+    artifact: str | None
+    index: list[int]
+    value: list[float]
+
+
+# The live router's features of a request body; None when the classifier has none.
+Featurizer = Callable[[Mapping[str, Any]], RequestFeatures | None]
 
 
 def answer_text(raw: bytes) -> str | None:
@@ -101,25 +126,40 @@ def answer_text(raw: bytes) -> str | None:
 
 
 class ShadowStore:
-    """A bounded JSON-lines file of shadow records; rewritten to its newest half when full."""
+    """A bounded JSON-lines file of shadow records, rotated in two halves.
+
+    ``path`` takes new records; when it holds ``max_records // 2`` it is renamed to
+    ``path.1`` (replacing the older half) and a new ``path`` begins. The two files together
+    hold at most ``max_records`` records, newest last, and a rotation is one rename (never a
+    rewrite of a large file on the event loop). ``files()`` lists them oldest first.
+    """
 
     def __init__(self, path: Path, max_records: int) -> None:
         self.path = path
-        self.max_records = max_records
+        self.half = max(1, max_records // 2)
         self.count = 0
         if path.exists():
             with path.open("rb") as existing:
                 self.count = sum(1 for _ in existing)
 
+    def files(self) -> list[Path]:
+        """The store's files that exist, oldest records first."""
+        return [p for p in (rotated(self.path), self.path) if p.exists()]
+
     def append(self, record: ShadowRecord) -> None:
         """Add one record (a local file write of one line; small enough for the loop)."""
-        if self.count >= self.max_records:
-            lines = self.path.read_text(encoding="utf-8").splitlines()[-self.max_records // 2 :]
-            self.path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-            self.count = len(lines)
+        if self.count >= self.half:
+            self.path.replace(rotated(self.path))
+            self.count = 0
+        line = json.dumps(asdict(record))
         with self.path.open("a", encoding="utf-8") as out:
-            out.write(json.dumps(asdict(record)) + "\n")
+            out.write(line + "\n")
         self.count += 1
+
+
+def rotated(path: Path) -> Path:
+    """Where the store's older half lives: ``path`` with ``.1`` appended."""
+    return path.with_name(path.name + ".1")
 
 
 class ShadowRunner:
@@ -135,8 +175,10 @@ class ShadowRunner:
         session: Callable[[], aiohttp.ClientSession | None],
         on_outcome: Callable[[str, str, ShadowRecord | None], None] = lambda *_: None,
         rng: random.Random | None = None,
+        featurizer: Featurizer | None = None,
     ) -> None:
         self.config = config
+        self.featurizer = featurizer
         self.routes = routes
         self.fast_tier = fast_tier
         self.precise_tier = precise_tier
@@ -240,7 +282,9 @@ class ShadowRunner:
         if text is None:
             self._count(direction, "failed")
             return
-        self.record(direction, job.target, job.primary, text, job.score, prompt=_prompt_of(body))
+        self.record(
+            direction, job.target, job.primary, text, job.score, prompt=_prompt_of(body), body=body
+        )
 
     def record(
         self,
@@ -251,10 +295,16 @@ class ShadowRunner:
         score: float | None,
         *,
         prompt: str,
+        body: Mapping[str, Any] | None = None,
     ) -> ShadowRecord:
-        """Compare two answers and keep the outcome (metrics, rolling window, store)."""
+        """Compare two answers and keep the outcome (metrics, rolling window, store).
+
+        With a featurizer and the request ``body``, the record carries the router's hashed
+        feature vector of the request; the prompt text only when ``store_prompts`` is on.
+        """
         result = agreement(primary, shadow)
         tier = self.fast_tier if direction == UNDER else self.precise_tier
+        feats = self.featurizer(body) if self.featurizer is not None and body is not None else None
         record = ShadowRecord(
             time.time(),
             direction,
@@ -264,6 +314,10 @@ class ShadowRunner:
             result.score,
             result.method,
             _digest(prompt),
+            feature_space=feats.feature_space if feats is not None else None,
+            artifact=feats.artifact if feats is not None else None,
+            features={"index": feats.index, "value": feats.value} if feats is not None else None,
+            prompt=prompt if self.config.store_prompts else None,
         )
         self.recent.append(record)
         totals = self.agreement_totals.setdefault((direction, score_bucket(score)), [0, 0.0])

@@ -16,6 +16,7 @@ time and no pickle is ever loaded.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -26,7 +27,15 @@ from router_models.artifact import DEFAULT_ARTIFACT, ArtifactError, RouterModel
 from router_models.artifact import load as load_model
 from router_models.scorer import LeanScorer
 
-__all__ = ["DEFAULT_ARTIFACT", "FAST", "PRECISE", "ArtifactError", "Router", "load"]
+__all__ = [
+    "DEFAULT_ARTIFACT",
+    "FAST",
+    "PRECISE",
+    "ArtifactError",
+    "Router",
+    "artifact_digest",
+    "load",
+]
 
 PRECISE: Final = "precise"
 FAST: Final = "fast"
@@ -35,8 +44,10 @@ FAST: Final = "fast"
 class Router:
     """A loaded router artifact: scoring plus the share-to-threshold dial."""
 
-    def __init__(self, model: RouterModel) -> None:
+    def __init__(self, model: RouterModel, artifact_id: str | None = None) -> None:
         self._model = model
+        # ``sha256:<hex>`` of the artifact file's bytes (None for a model built in memory).
+        self.artifact_id = artifact_id
         self._scorer = LeanScorer(model)
         quantiles = model.metadata.get("reference", {}).get("quantiles", [])
         self._quantiles: list[float] = [float(q) for q in quantiles]
@@ -85,6 +96,12 @@ class Router:
         return self._quantiles[low] * (1.0 - frac) + self._quantiles[high] * frac
 
 
+def artifact_digest(path: Path) -> str:
+    """``sha256:<hex>`` of a file's bytes: the id of the artifact it holds."""
+    return "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
+
+
 def load(path: str | Path | None = None) -> Router:
     """Load a router artifact (the shipped default when ``path`` is None)."""
-    return Router(load_model(Path(path) if path is not None else DEFAULT_ARTIFACT))
+    where = Path(path) if path is not None else DEFAULT_ARTIFACT
+    return Router(load_model(where), artifact_digest(where))

@@ -31,6 +31,7 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="weight of non-corpus rows (default 0, see docs/router.md)",
     )
+    _shadow_arguments(train)
     ev = sub.add_parser("eval", help="routing quality on labelled JSONL")
     ev.add_argument("--data", type=Path, help="labelled JSONL scored with the artifact")
     ev.add_argument(
@@ -81,7 +82,60 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _shadow_arguments(train: argparse.ArgumentParser) -> None:
+    train.add_argument(
+        "--from-shadow",
+        type=Path,
+        default=None,
+        metavar="STORE",
+        help="also learn from a shadow store (router.shadow.store); needs --out",
+    )
+    train.add_argument(
+        "--base",
+        type=Path,
+        default=None,
+        help="with --from-shadow: the artifact compared against (default: shipped)",
+    )
+    train.add_argument("--shadow-weight", type=float, default=None, help="weight of a shadow row")
+    train.add_argument(
+        "--held-out-share", type=float, default=None, help="shadow prompts held out (default 0.2)"
+    )
+    train.add_argument("--report", type=Path, default=None, help="also write the report as JSON")
+
+
+def _train_from_shadow(args: argparse.Namespace, out: TextIO) -> int:
+    from router_models.retrain import retrain  # noqa: PLC0415 - sklearn only when training
+    from router_models.shadow_eval import render  # noqa: PLC0415
+    from router_models.shadow_train import ShadowSettings  # noqa: PLC0415
+    from router_models.train import DEFAULT_DATA  # noqa: PLC0415
+
+    if args.out.resolve() == DEFAULT_ARTIFACT.resolve():
+        raise ValueError("--from-shadow writes a new artifact: give --out (not the shipped one)")
+    settings = ShadowSettings()
+    if args.shadow_weight is not None:
+        settings = dataclasses.replace(settings, shadow_weight=args.shadow_weight)
+    if args.held_out_share is not None:
+        settings = dataclasses.replace(settings, held_out_share=args.held_out_share)
+    base = args.base or DEFAULT_ARTIFACT
+    report = retrain(args.from_shadow, args.out, base, list(args.data or DEFAULT_DATA), settings)
+    out.write(
+        f"shadow store: {report['records']} records ({report['stale_records']} stale), "
+        f"{report['prompts']} prompts, {report['train_prompts']} trained on\n"
+        f"base {report['base_artifact']}\n"
+    )
+    if "comparison" in report:
+        out.write(render(report["comparison"]) + "\n")
+    else:
+        out.write("held-out prompts lack one of the labels: no comparison\n")
+    out.write(f"wrote {args.out} ({report['artifact']['id']})\n")
+    if args.report is not None:
+        args.report.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    return 0
+
+
 def _train(args: argparse.Namespace, out: TextIO) -> int:
+    if args.from_shadow is not None:
+        return _train_from_shadow(args, out)
     from router_models.artifact import save  # noqa: PLC0415 - sklearn only when training
     from router_models.train import DEFAULT_DATA, TrainSettings, train  # noqa: PLC0415
 

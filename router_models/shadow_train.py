@@ -1,0 +1,267 @@
+"""Learning from shadow records: the router retrained on a deployment's own traffic, no text.
+
+A shadow record (``gateway/shadow.py``) holds the router's hashed feature vector of a request
+and how well the two tiers' answers agreed. That is a label:
+
+* a fast-routed request whose precise shadow *disagreed* should have gone precise (complex);
+* a precise-routed request whose fast shadow *agreed* could have gone fast (simple);
+* and likewise the other two cases (agreement confirms fast, disagreement confirms precise).
+
+So every record gives ``complex`` when its agreement is below ``agree_at`` and ``simple``
+otherwise; records of one prompt (same ``prompt_digest``) are merged, their agreement averaged.
+Records of another feature space (written before the feature code changed) are stale and
+skipped. The prompts are split by a hash of their digest: a held-out share is never trained
+on and is where ``shadow_eval`` compares the old and new artifacts.
+
+Training blends these rows, weighted ``shadow_weight``, with the shipped corpus (featurised
+from its text as ``train.train`` does): out-of-fold margins over ``folds`` hash folds give the
+Platt calibration and the reference quantiles, then one fit on everything gives the weights.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import numpy as np
+import numpy.typing as npt
+from scipy import sparse
+
+from policies.threshold import threshold_for_share
+from router_models.artifact import FloatArray, RouterModel
+from router_models.crossval import held_out_margins, platt, sigmoid
+from router_models.features import FEATURE_SPEC, HASH_SIZE, n_features
+from router_models.records import RecordError, data_digest
+from router_models.train import (
+    DEFAULT_DATA,
+    MODEL_VERSION,
+    QUANTILE_POINTS,
+    REFERENCE_COMPLEX_SHARE,
+    TrainSettings,
+    load_training,
+    prepare,
+    reference_sample,
+)
+from router_models.vectors import HashedVector, feature_space
+
+BoolArray = npt.NDArray[np.bool_]
+SPLIT_SALT: Final = "tiergate-shadow-split:"
+
+
+@dataclass(frozen=True, slots=True)
+class ShadowSettings:
+    """How shadow records become training rows."""
+
+    agree_at: float = 0.5  # agreement below this labels a prompt complex
+    shadow_weight: float = 1.0  # weight of one shadow prompt against one corpus row
+    held_out_share: float = 0.2  # prompts (by digest hash) kept for the comparison
+    folds: int = 5
+    base: TrainSettings = field(default_factory=TrainSettings)
+
+
+@dataclass(frozen=True, slots=True)
+class ShadowSet:
+    """Shadow prompts as rows: one vector, mean agreement and label per prompt digest."""
+
+    digests: list[str]
+    vectors: list[HashedVector]
+    agreement: FloatArray
+    y: FloatArray
+    records: int
+    stale: int
+
+    def subset(self, mask: BoolArray) -> ShadowSet:
+        """The rows where ``mask`` is true (record counts kept)."""
+        rows = np.flatnonzero(mask)
+        return ShadowSet(
+            [self.digests[i] for i in rows],
+            [self.vectors[i] for i in rows],
+            self.agreement[rows],
+            self.y[rows],
+            self.records,
+            self.stale,
+        )
+
+
+def store_files(store: Path) -> list[Path]:
+    """A shadow store's files, oldest first: ``STORE.1`` (rotated half) then ``STORE``."""
+    files = [p for p in (store.with_name(store.name + ".1"), store) if p.exists()]
+    if not files:
+        raise FileNotFoundError(f"no shadow store at {store}")
+    return files
+
+
+def _records(paths: Iterable[Path]) -> Iterable[dict[str, Any]]:
+    for path in paths:
+        with path.open(encoding="utf-8") as fh:
+            for number, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise RecordError(f"{path}:{number}: invalid JSON: {exc}") from exc
+                if isinstance(record, dict):
+                    yield record
+
+
+def read_shadow(paths: Sequence[Path], agree_at: float = 0.5) -> ShadowSet:
+    """Shadow records merged by prompt digest; records of another feature space skipped."""
+    space = feature_space()
+    merged: dict[str, tuple[HashedVector, list[float]]] = {}
+    records = stale = 0
+    for record in _records(paths):
+        records += 1
+        feats = record.get("features")
+        if record.get("feature_space") != space or not isinstance(feats, dict):
+            stale += 1
+            continue
+        vector = HashedVector(space, tuple(feats["index"]), tuple(feats["value"]))
+        digest = str(record["prompt_digest"])
+        entry = merged.setdefault(digest, (vector, []))
+        entry[1].append(float(record["agreement"]))
+    digests = sorted(merged)
+    agreement = np.asarray([np.mean(merged[d][1]) for d in digests], dtype=np.float64)
+    return ShadowSet(
+        digests,
+        [merged[d][0] for d in digests],
+        agreement,
+        (agreement < agree_at).astype(np.float64),
+        records,
+        stale,
+    )
+
+
+def hash_unit(key: str, salt: str = SPLIT_SALT) -> float:
+    """A deterministic number in [0, 1) for ``key`` (the held-out split and the folds)."""
+    data = hashlib.blake2b((salt + key).encode(), digest_size=8).digest()
+    return int.from_bytes(data, "big") / 2.0**64
+
+
+def held_out_mask(digests: Sequence[str], share: float) -> BoolArray:
+    """Which prompts are held out: those whose digest hashes below ``share``."""
+    return np.asarray([hash_unit(d) < share for d in digests], dtype=np.bool_)
+
+
+def to_csr(vectors: Sequence[HashedVector]) -> sparse.csr_matrix:
+    """One CSR row per vector; ``ValueError`` for a vector of another feature space."""
+    space, width = feature_space(), n_features()
+    indptr = [0]
+    indices: list[int] = []
+    values: list[float] = []
+    for vector in vectors:
+        if vector.space != space:
+            raise ValueError(f"vector of feature space {vector.space!r}, not {space!r}")
+        if len(vector.index) != len(vector.value):
+            raise ValueError("vector index and value lengths differ")
+        if vector.index and (min(vector.index) < 0 or max(vector.index) >= width):
+            raise ValueError("vector index out of range")
+        indices.extend(vector.index)
+        values.extend(vector.value)
+        indptr.append(len(indices))
+    return sparse.csr_matrix(
+        (np.asarray(values, dtype=np.float64), np.asarray(indices, dtype=np.int32), indptr),
+        shape=(len(vectors), width),
+    )
+
+
+def scores(model: RouterModel, x: sparse.csr_matrix) -> FloatArray:
+    """Each row's calibrated probability of needing precise (the lean scorer's number)."""
+    dense, bias = model.folded_weights()
+    return sigmoid(np.asarray(x @ dense + bias, dtype=np.float64))
+
+
+@dataclass(frozen=True, slots=True)
+class Blend:
+    """Corpus rows then shadow rows, with weights and hash folds."""
+
+    x: sparse.csr_matrix
+    y: FloatArray
+    weight: FloatArray
+    folds: list[str]
+    n_corpus: int
+
+
+def blend(corpus: Sequence[Path], shadow: ShadowSet, settings: ShadowSettings) -> Blend:
+    """The training matrix: the corpus featurised from text, the shadow rows from vectors."""
+    data = prepare(load_training(corpus), settings.base)
+    keys = [str(r.get("id", i)) for i, r in enumerate(data.records)] + shadow.digests
+    folds = [f"fold{int(hash_unit(k, 'fold:') * settings.folds)}" for k in keys]
+    return Blend(
+        sparse.vstack([data.x, to_csr(shadow.vectors)], format="csr"),
+        np.concatenate([data.y, shadow.y]),
+        np.concatenate([data.weight, np.full(len(shadow.y), settings.shadow_weight)]),
+        folds,
+        int(data.y.size),
+    )
+
+
+def _metadata(
+    corpus: Sequence[Path],
+    data: Blend,
+    reference: FloatArray,
+    shadow: dict[str, Any],
+    share: float,
+) -> dict[str, Any]:
+    return {
+        "model_version": MODEL_VERSION,
+        "data_files": [p.name for p in corpus],
+        "data_digest": data_digest(corpus),
+        "n_examples": int(data.y.size),
+        "n_complex": int(data.y.sum()),
+        "feature_spec": FEATURE_SPEC,
+        "default_target_share": share,
+        "default_threshold": threshold_for_share(reference.tolist(), share),
+        "reference": {
+            "sample": "calibrated out-of-fold scores of corpus and shadow rows, stratified",
+            "complex_share": REFERENCE_COMPLEX_SHARE,
+            "size": int(reference.size),
+            "quantiles": np.quantile(reference, np.linspace(0, 1, QUANTILE_POINTS)).tolist(),
+        },
+        "shadow": shadow,
+    }
+
+
+def train_from_shadow(
+    corpus: Sequence[Path],
+    shadow: ShadowSet,
+    settings: ShadowSettings,
+    provenance: dict[str, Any],
+) -> RouterModel:
+    """A calibrated artifact fitted on the corpus plus ``shadow`` (the training prompts)."""
+    data = blend(corpus, shadow, settings)
+    if np.unique(data.y).size < 2:
+        raise ValueError("training data needs both simple and complex examples")
+    fit = settings.base.fitter()
+    used = data.weight > 0
+    names = sorted(set(data.folds))
+    oof = held_out_margins(data.x, data.y, data.weight, data.folds, used, fit, names)
+    a, c = platt(oof[used], data.y[used], data.weight[used])
+    final = fit(data.x[used], data.y[used], data.weight[used])
+    hashed = final.coef[:HASH_SIZE]
+    nonzero = np.flatnonzero(hashed).astype(np.int32)
+    reference = reference_sample(sigmoid(a * oof[used] + c), data.y[used], REFERENCE_COMPLEX_SHARE)
+    about = {
+        **provenance,
+        "prompts": len(shadow.digests),
+        "complex": int(shadow.y.sum()),
+        "agree_at": settings.agree_at,
+        "shadow_weight": settings.shadow_weight,
+        "folds": settings.folds,
+    }
+    return RouterModel(
+        hashed_index=nonzero,
+        hashed_weight=hashed[nonzero].astype(np.float64),
+        structural_weight=final.coef[HASH_SIZE:].astype(np.float64),
+        intercept=final.intercept,
+        platt_a=a,
+        platt_c=c,
+        metadata=_metadata(corpus, data, reference, about, settings.base.target_share),
+    )
+
+
+__all__ = ["DEFAULT_DATA", "ShadowSet", "ShadowSettings", "read_shadow", "train_from_shadow"]

@@ -1,0 +1,67 @@
+"""Shadow records: the router's feature vector, no prompt text by default, a bounded store."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from gateway.shadow import RequestFeatures, ShadowConfig, ShadowRunner, ShadowStore, rotated
+
+BODY = {"messages": [{"role": "user", "content": "What is two plus two?"}]}
+
+
+def featurizer(body: Mapping[str, Any]) -> RequestFeatures:
+    """A fixed vector, standing in for the live router's."""
+    assert body is BODY
+    return RequestFeatures("space:1", "sha256:abc", [3, 7], [0.5, 0.25])
+
+
+def runner(store: Path, *, store_prompts: bool = False) -> ShadowRunner:
+    """A runner writing to ``store``."""
+    config = ShadowConfig(fast_ratio=1.0, store=store, max_records=100, store_prompts=store_prompts)
+    return ShadowRunner(
+        config,
+        {},
+        fast_tier="fast",
+        precise_tier="precise",
+        session=lambda: None,
+        featurizer=featurizer,
+    )
+
+
+def test_a_record_holds_the_vector_and_no_prompt(tmp_path: Path) -> None:
+    """The stored line has the features, their space and artifact, and no prompt text."""
+    store = tmp_path / "s.jsonl"
+    runner(store).record("fast_on_precise", "precise", "4", "4", 0.2, prompt="What?", body=BODY)
+    line = store.read_text(encoding="utf-8")
+    assert "What?" not in line
+    record = json.loads(line)
+    assert record["features"] == {"index": [3, 7], "value": [0.5, 0.25]}
+    assert record["feature_space"] == "space:1"
+    assert record["artifact"] == "sha256:abc"
+    assert record["prompt"] is None
+    assert record["agreement"] == 1.0
+    assert record["tier"] == "fast"
+
+
+def test_prompts_are_stored_only_when_asked(tmp_path: Path) -> None:
+    """``store_prompts`` puts the prompt text into the record."""
+    store = tmp_path / "s.jsonl"
+    shadow = runner(store, store_prompts=True)
+    shadow.record("fast_on_precise", "precise", "4", "5", 0.2, prompt="What?", body=BODY)
+    assert json.loads(store.read_text(encoding="utf-8"))["prompt"] == "What?"
+
+
+def test_the_store_rotates_in_halves(tmp_path: Path) -> None:
+    """At most max_records lines in the two files; the newest are in ``store``."""
+    store = tmp_path / "s.jsonl"
+    shadow = runner(store)
+    for i in range(230):
+        shadow.record("fast_on_precise", "precise", "a", "a", i / 230, prompt=str(i), body=BODY)
+    lines = rotated(store).read_text().splitlines() + store.read_text().splitlines()
+    assert len(lines) == 80  # 230 = 4 full halves of 50, then 30 in the current file
+    assert [json.loads(x)["score"] for x in lines][-1] == 229 / 230
+    assert ShadowStore(store, 100).files() == [rotated(store), store]
+    assert ShadowStore(store, 100).count == 30
