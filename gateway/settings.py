@@ -280,11 +280,15 @@ class ShadowSettings(Section):
     """JSON-lines file of shadow records: the router's hashed feature vector, score, tier,
     direction and agreement of each shadow, no prompt text (`tiergate router train
     --from-shadow` learns from it); unset: in memory only."""
-    max_records: int = Field(default=100_000, ge=100)
-    """Records kept in the store at most (two files, `store` and `store`.1, half each)."""
+    max_records: int = Field(default=20_000, ge=100)
+    """Records kept in the store at most (two files, `store` and `store`.1, half each). A record
+    with its feature vector is about 9 KB for a 300-character prompt (more for long ones)."""
     store_prompts: bool = False
     """Also write each shadowed prompt's text into the store (off: it may hold personal data;
     training needs only the feature vectors)."""
+    judge_ratio: float = Field(default=0.0, ge=0, le=1)
+    """Share of compared shadows whose fast answer is also graded by the precise tier with a
+    fixed rubric (a judge call; policies/judge.py); 0: off."""
 
 
 class RouterSettings(Section):

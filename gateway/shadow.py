@@ -32,11 +32,14 @@ from gateway.forwarding import TierRoute
 from gateway.replicas import Replica
 from gateway.upstream import AttemptFailed, attempt
 from policies.agreement import agreement
+from policies.judge import MAX_TOKENS as JUDGE_MAX_TOKENS
+from policies.judge import judge_messages, parse_score
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder()
 UNDER = "fast_on_precise"  # a fast-routed request, answered again by precise
 OVER = "precise_on_fast"  # a precise-routed request, answered again by fast
+JUDGE = "judge"  # the precise tier grading a fast answer (counted like a direction)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,8 +53,9 @@ class ShadowConfig:
     timeout_s: float = 60.0
     window: int = 1000
     store: Path | None = None
-    max_records: int = 100_000
+    max_records: int = 20_000
     store_prompts: bool = False
+    judge_ratio: float = 0.0
 
     @property
     def enabled(self) -> bool:
@@ -94,6 +98,7 @@ class ShadowRecord:
     artifact: str | None = None
     features: dict[str, list[Any]] | None = None
     prompt: str | None = None
+    judge: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,9 +287,66 @@ class ShadowRunner:
         if text is None:
             self._count(direction, "failed")
             return
+        prompt = _prompt_of(body)
+        judged = None
+        if self.config.judge_ratio > 0 and self.rng.random() < self.config.judge_ratio:
+            fast_answer, precise_answer = (
+                (job.primary, text) if direction == UNDER else (text, job.primary)
+            )
+            judged = await self.judge(session, prompt, precise_answer, fast_answer)
         self.record(
-            direction, job.target, job.primary, text, job.score, prompt=_prompt_of(body), body=body
+            direction,
+            job.target,
+            job.primary,
+            text,
+            job.score,
+            prompt=prompt,
+            body=body,
+            judge=judged,
         )
+
+    async def judge(
+        self, session: aiohttp.ClientSession, question: str, reference: str, candidate: str
+    ) -> float | None:
+        """The precise tier's rubric score of ``candidate`` (``policies/judge.py``), or None.
+
+        One attempt on an idle precise replica, within ``max_concurrent``; outcomes are
+        counted under ``judge`` (``scored``, ``unparsed``, ``failed``, ``skipped_busy``).
+        """
+        replica = self._idle_replica(self.precise_tier)
+        if replica is None or self.running >= self.config.max_concurrent:
+            self._count(JUDGE, "skipped_busy")
+            return None
+        route = self.routes[self.precise_tier]
+        body = {
+            "model": route.served_model,
+            "messages": judge_messages(question, reference, candidate),
+            "max_tokens": JUDGE_MAX_TOKENS,
+            "temperature": 0,
+        }
+        headers = {"Content-Type": "application/json", "x-tiergate-shadow": JUDGE}
+        route.pool.lease(replica)
+        self.running += 1
+        try:
+            opened = await attempt(
+                session,
+                replica.url + "/v1/chat/completions",
+                _encoder.encode(body),
+                headers,
+                stream=False,
+                timeout_s=self.config.timeout_s,
+                connect_s=route.timeouts.connect_s,
+            )
+        except AttemptFailed:
+            self._count(JUDGE, "failed")
+            return None
+        finally:
+            route.pool.release(replica)
+            self.running -= 1
+        reply = answer_text(opened.body or b"")
+        score = parse_score(reply) if reply is not None else None
+        self._count(JUDGE, "failed" if reply is None else "unparsed" if score is None else "scored")
+        return score
 
     def record(
         self,
@@ -296,6 +358,7 @@ class ShadowRunner:
         *,
         prompt: str,
         body: Mapping[str, Any] | None = None,
+        judge: float | None = None,
     ) -> ShadowRecord:
         """Compare two answers and keep the outcome (metrics, rolling window, store).
 
@@ -318,6 +381,7 @@ class ShadowRunner:
             artifact=feats.artifact if feats is not None else None,
             features={"index": feats.index, "value": feats.value} if feats is not None else None,
             prompt=prompt if self.config.store_prompts else None,
+            judge=judge,
         )
         self.recent.append(record)
         totals = self.agreement_totals.setdefault((direction, score_bucket(score)), [0, 0.0])
@@ -333,6 +397,7 @@ class ShadowRunner:
         """The rolling estimates for ``/admin/routing``."""
         under = [r.agreement for r in self.recent if r.direction == UNDER]
         over = [r.agreement for r in self.recent if r.direction == OVER]
+        judged = [r.judge for r in self.recent if r.judge is not None]
         return {
             "shadow": {
                 "fast_ratio": self.config.fast_ratio,
@@ -344,6 +409,12 @@ class ShadowRunner:
             "quality_retained": _mean(under),
             "fast_agrees_on_precise_traffic": _mean(over),
             "samples": {UNDER: len(under), OVER: len(over)},
+            # The precise tier's rubric score of fast answers, on the judged sample.
+            "judge": {
+                "ratio": self.config.judge_ratio,
+                "mean_score": _mean(judged),
+                "samples": len(judged),
+            },
         }
 
     async def close(self) -> None:

@@ -14,7 +14,7 @@ skipped. The prompts are split by a hash of their digest: a held-out share is ne
 on and is where ``shadow_eval`` compares the old and new artifacts.
 
 Training blends these rows, weighted ``shadow_weight``, with the shipped corpus (featurised
-from its text as ``train.train`` does): out-of-fold margins over ``folds`` hash folds give the
+from its text as ``train.train`` does): out-of-fold margins over ``folds`` (3) hash folds give the
 Platt calibration and the reference quantiles, then one fit on everything gives the weights.
 """
 
@@ -59,7 +59,7 @@ class ShadowSettings:
     agree_at: float = 0.5  # agreement below this labels a prompt complex
     shadow_weight: float = 1.0  # weight of one shadow prompt against one corpus row
     held_out_share: float = 0.2  # prompts (by digest hash) kept for the comparison
-    folds: int = 5
+    folds: int = 3  # out-of-fold margins for the calibration: one fit per fold
     base: TrainSettings = field(default_factory=TrainSettings)
 
 

@@ -12,8 +12,8 @@
    labels), a gateway on the shipped artifact with every request shadowed
    (``router.shadow`` ratio 1.0 both ways) into a store. Requests go until ``--requests``
    shadows were compared.
-4. **Retrain.** ``tiergate router train --from-shadow STORE`` (the real CLI), on the store
-   cut to each step's first N records.
+4. **Retrain.** ``tiergate router train --from-shadow STORE`` (the CLI's entry point), on
+   the store cut to each step's first N records.
 5. **Score.** On the held-out rows, with their dataset labels: simple prompts sent to precise
    by the old and new artifacts at equal complex caught (``router_models.shadow_eval``).
 6. **Reload.** The last artifact is written over the gateway's configured one and loaded with
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import io
 import json
 import random
 import shutil
@@ -41,6 +42,7 @@ from typing import Any, Final
 import numpy as np
 
 import router_models
+from router_models import cli as router_cli
 from router_models.artifact import load as load_model
 from router_models.shadow_eval import compare
 from router_models.shadow_train import hash_unit, scores, to_csr
@@ -183,8 +185,8 @@ def drive(
         if done < sent:  # shadows still running
             time.sleep(0.05)
             continue
-        batch = [rng.choice(traffic)["prompt"] for _ in range(min(256, wanted - have))]
-        sent += asyncio.run(_send(url, batch, 8))
+        batch = [rng.choice(traffic)["prompt"] for _ in range(min(512, wanted - have))]
+        sent += asyncio.run(_send(url, batch, 16))
 
 
 def truncate_store(store: Path, records: int, out: Path) -> Path:
@@ -196,22 +198,14 @@ def truncate_store(store: Path, records: int, out: Path) -> Path:
 
 
 def retrain(store: Path, out: Path, report: Path) -> dict[str, Any]:
-    """Run ``tiergate router train --from-shadow`` (the real CLI); its JSON report."""
-    command = [
-        sys.executable,
-        "-m",
-        "tiergate",
-        "router",
-        "train",
-        "--from-shadow",
-        str(store),
-        "--out",
-        str(out),
-        "--report",
-        str(report),
-    ]
-    subprocess.run(command, cwd=REPO, check=True, capture_output=True, timeout=600)
+    """``tiergate router train --from-shadow STORE`` (the CLI's own entry point, in this
+    process: its ML imports are already paid for); its JSON report."""
+    args = ["train", "--from-shadow", str(store), "--out", str(out), "--report", str(report)]
+    printed = io.StringIO()
+    if router_cli.main(args, out=printed) != 0:
+        raise RuntimeError(f"tiergate router {' '.join(args)} failed")
     data: dict[str, Any] = json.loads(report.read_text(encoding="utf-8"))
+    data["printed"] = printed.getvalue()
     return data
 
 
@@ -291,12 +285,16 @@ def run(work: Path, requests: int, steps: Sequence[int]) -> dict[str, Any]:
     shutil.copyfile(router_models.DEFAULT_ARTIFACT, live)
     url, procs = _stack(work, work / "labels.jsonl", store, live, admin)
     try:
-        loop = drive(url, admin, traffic, requests)
+        started = time.monotonic()
+        loop: dict[str, Any] = {**drive(url, admin, traffic, requests)}
+        loop["seconds"] = round(time.monotonic() - started, 1)
         results = []
         for step in steps:
             cut = truncate_store(store, step, work / f"store-{step}.jsonl")
             new = work / f"new-{step}.npz"
+            started = time.monotonic()
             report = retrain(cut, new, work / f"report-{step}.json")
+            report["seconds"] = round(time.monotonic() - started, 1)
             results.append(
                 {
                     "records": step,

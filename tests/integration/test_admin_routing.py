@@ -41,6 +41,7 @@ def test_routing_view_names_the_artifact_and_reload_swaps_it(
     view = httpx.get(gw.url + "/admin/routing", headers=ADMIN).json()
     assert view["artifact"]["path"] == str(artifact)
     assert view["artifact"]["data_digest"]
+    assert view["artifact"]["id"] == router_models.artifact_digest(artifact)
     first_loaded = view["artifact"]["loaded_at"]
     assert httpx.post(gw.url + "/admin/router/reload").status_code == 401
     good = artifact.read_bytes()

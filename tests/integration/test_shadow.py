@@ -144,6 +144,8 @@ def test_shadows_measure_agreement_without_delaying_or_charging_the_caller(stack
     view = stack.wait_for(len(SIMPLE) + len(COMPLEX))
     assert view["quality_retained"] < 0.75
     assert view["shadow"]["outcomes"]["fast_on_precise:compared"] == len(SIMPLE) + len(COMPLEX)
+    assert view["judge"]["samples"] == 0  # the judge call is off by default
+    assert not any(k.startswith("judge:") for k in view["shadow"]["outcomes"])
     # 13 caller requests and 12 shadows: the key's rpm of 40 was charged the 13 only (the
     # GCRA refills while the test runs, so at least 27 remain; with shadows it would be 15).
     remaining = stack.chat("one more")
