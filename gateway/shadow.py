@@ -6,8 +6,8 @@ it is started after the answer went out, it is never retried, never charged to t
 limits, bounded in concurrency, and skipped when the target tier has no idle capacity (the
 in-flight counts and the scraped ``num_requests_waiting`` of its replicas). Each outcome — the
 two answers' agreement (``policies/agreement.py``), the route score and the direction — goes to
-the metrics, a rolling window for ``/admin/routing`` and, if configured, a bounded JSONL store
-that holds no prompt text.
+the metrics, a rolling window for ``/admin/routing`` and, if configured, the bounded store of
+``gateway/shadow_store.py`` (the router's feature vector, no prompt text).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from contextvars import Context
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ import msgspec
 
 from gateway.forwarding import TierRoute
 from gateway.replicas import Replica
+from gateway.shadow_store import Featurizer, RequestFeatures, ShadowRecord, ShadowStore, rotated
 from gateway.upstream import AttemptFailed, attempt
 from policies.agreement import agreement
 from policies.judge import MAX_TOKENS as JUDGE_MAX_TOKENS
@@ -40,6 +41,21 @@ _decoder = msgspec.json.Decoder()
 UNDER = "fast_on_precise"  # a fast-routed request, answered again by precise
 OVER = "precise_on_fast"  # a precise-routed request, answered again by fast
 JUDGE = "judge"  # the precise tier grading a fast answer (counted like a direction)
+# Re-exported: the record types live in gateway/shadow_store.py.
+__all__ = [
+    "JUDGE",
+    "OVER",
+    "UNDER",
+    "Featurizer",
+    "RequestFeatures",
+    "ShadowConfig",
+    "ShadowRecord",
+    "ShadowRunner",
+    "ShadowStore",
+    "answer_text",
+    "rotated",
+    "score_bucket",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,45 +92,6 @@ class _Job:
     score: float | None
 
 
-@dataclass(frozen=True, slots=True)
-class ShadowRecord:
-    """One shadow outcome: no answer text, and no prompt text unless ``store_prompts`` is on.
-
-    ``features`` is the router's hashed feature vector of the request (``index``/``value``
-    lists, what ``tiergate router train --from-shadow`` learns from), ``feature_space`` the
-    space it lives in (a record of another space is stale) and ``artifact`` the id of the
-    artifact that computed ``score``.
-    """
-
-    at: float
-    direction: str
-    tier: str
-    shadow_tier: str
-    score: float | None
-    agreement: float
-    method: str
-    prompt_digest: str
-    feature_space: str | None = None
-    artifact: str | None = None
-    features: dict[str, list[Any]] | None = None
-    prompt: str | None = None
-    judge: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class RequestFeatures:
-    """What a record learns about its request from the router (``Featurizer``'s answer)."""
-
-    feature_space: str
-    artifact: str | None
-    index: list[int]
-    value: list[float]
-
-
-# The live router's features of a request body; None when the classifier has none.
-Featurizer = Callable[[Mapping[str, Any]], RequestFeatures | None]
-
-
 def answer_text(raw: bytes) -> str | None:
     """The first choice's text of a non-streaming chat or completion answer."""
     try:
@@ -128,43 +105,6 @@ def answer_text(raw: bytes) -> str | None:
     message = choice.get("message")
     text = message.get("content") if isinstance(message, dict) else choice.get("text")
     return text if isinstance(text, str) else None
-
-
-class ShadowStore:
-    """A bounded JSON-lines file of shadow records, rotated in two halves.
-
-    ``path`` takes new records; when it holds ``max_records // 2`` it is renamed to
-    ``path.1`` (replacing the older half) and a new ``path`` begins. The two files together
-    hold at most ``max_records`` records, newest last, and a rotation is one rename (never a
-    rewrite of a large file on the event loop). ``files()`` lists them oldest first.
-    """
-
-    def __init__(self, path: Path, max_records: int) -> None:
-        self.path = path
-        self.half = max(1, max_records // 2)
-        self.count = 0
-        if path.exists():
-            with path.open("rb") as existing:
-                self.count = sum(1 for _ in existing)
-
-    def files(self) -> list[Path]:
-        """The store's files that exist, oldest records first."""
-        return [p for p in (rotated(self.path), self.path) if p.exists()]
-
-    def append(self, record: ShadowRecord) -> None:
-        """Add one record (a local file write of one line; small enough for the loop)."""
-        if self.count >= self.half:
-            self.path.replace(rotated(self.path))
-            self.count = 0
-        line = json.dumps(asdict(record))
-        with self.path.open("a", encoding="utf-8") as out:
-            out.write(line + "\n")
-        self.count += 1
-
-
-def rotated(path: Path) -> Path:
-    """Where the store's older half lives: ``path`` with ``.1`` appended."""
-    return path.with_name(path.name + ".1")
 
 
 class ShadowRunner:

@@ -1,4 +1,4 @@
-"""Shadow records: the router's feature vector, no prompt text by default, a bounded store."""
+"""Shadow records: the router's feature vector, and no prompt text unless asked."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from gateway.shadow import RequestFeatures, ShadowConfig, ShadowRunner, ShadowStore, rotated
+from gateway.shadow import RequestFeatures, ShadowConfig, ShadowRunner
 
 BODY = {"messages": [{"role": "user", "content": "What is two plus two?"}]}
 
@@ -52,16 +52,3 @@ def test_prompts_are_stored_only_when_asked(tmp_path: Path) -> None:
     shadow = runner(store, store_prompts=True)
     shadow.record("fast_on_precise", "precise", "4", "5", 0.2, prompt="What?", body=BODY)
     assert json.loads(store.read_text(encoding="utf-8"))["prompt"] == "What?"
-
-
-def test_the_store_rotates_in_halves(tmp_path: Path) -> None:
-    """At most max_records lines in the two files; the newest are in ``store``."""
-    store = tmp_path / "s.jsonl"
-    shadow = runner(store)
-    for i in range(230):
-        shadow.record("fast_on_precise", "precise", "a", "a", i / 230, prompt=str(i), body=BODY)
-    lines = rotated(store).read_text().splitlines() + store.read_text().splitlines()
-    assert len(lines) == 80  # 230 = 4 full halves of 50, then 30 in the current file
-    assert [json.loads(x)["score"] for x in lines][-1] == 229 / 230
-    assert ShadowStore(store, 100).files() == [rotated(store), store]
-    assert ShadowStore(store, 100).count == 30
