@@ -96,7 +96,9 @@ def _shadow_arguments(train: argparse.ArgumentParser) -> None:
         default=None,
         help="with --from-shadow: the artifact compared against (default: shipped)",
     )
-    train.add_argument("--shadow-weight", type=float, default=None, help="weight of a shadow row")
+    train.add_argument(
+        "--shadow-weight", type=float, default=None, help="weight of a shadow prompt (default 0.1)"
+    )
     train.add_argument(
         "--held-out-share", type=float, default=None, help="shadow prompts held out (default 0.2)"
     )

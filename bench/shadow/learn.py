@@ -64,10 +64,14 @@ def body_of(prompt: str) -> dict[str, Any]:
     }
 
 
+def every_row(path: Path = DATASET) -> list[dict[str, Any]]:
+    """Every row of the set (``"use": "eval"`` ones are only ever scored, never learned)."""
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+
+
 def train_rows(path: Path = DATASET) -> list[dict[str, Any]]:
     """The rows marked ``"use": "train"``."""
-    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
-    return [r for r in rows if r.get("use") == "train"]
+    return [r for r in every_row(path) if r.get("use") == "train"]
 
 
 def misrouting(rows: Sequence[dict[str, Any]], router: router_models.Router) -> dict[str, float]:
@@ -219,6 +223,21 @@ def held_out_comparison(old: Path, new: Path, held: Sequence[dict[str, Any]]) ->
     )
 
 
+def other_sources_auc(old: Path, new: Path, rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """ROC AUC of both artifacts on rows of the sources *not* learned (the price of learning)."""
+    from sklearn.metrics import roc_auc_score  # noqa: PLC0415 - only for this check
+
+    x = to_csr([hashed_vector(body_of(r["prompt"])) for r in rows])
+    y = np.asarray([1.0 if r["label"] == "complex" else 0.0 for r in rows])
+    old_auc = roc_auc_score(y, scores(load_model(old), x))
+    new_auc = roc_auc_score(y, scores(load_model(new), x))
+    return {
+        "rows": len(rows),
+        "old_auc": round(float(old_auc), 4),
+        "new_auc": round(float(new_auc), 4),
+    }
+
+
 def reload_live(url: str, admin: str, new: Path, live: Path) -> dict[str, Any]:
     """Put ``new`` where the gateway's artifact is configured and hot-reload it."""
     staged = live.with_name(live.name + ".new")
@@ -278,6 +297,7 @@ def run(work: Path, requests: int, steps: Sequence[int]) -> dict[str, Any]:
     shipped = router_models.load()
     rows = train_rows()
     sources = worst_sources(rows, shipped)
+    others = [r for r in every_row() if r["source"] not in sources]
     chosen = [r for r in rows if r["source"] in sources]
     traffic, held = split(chosen)
     write_quality_file(chosen, work / "labels.jsonl")
@@ -300,6 +320,7 @@ def run(work: Path, requests: int, steps: Sequence[int]) -> dict[str, Any]:
                     "records": step,
                     "shadow_report": report,
                     "held_out": held_out_comparison(live, new, held),
+                    "other_sources": other_sources_auc(live, new, others),
                 }
             )
         live_view = reload_live(url, admin, work / f"new-{steps[-1]}.npz", live)
@@ -350,6 +371,16 @@ def markdown(result: dict[str, Any], command: str) -> str:
         held = step["held_out"]
         for point in [held["operating_point"], *held["curve"]]:
             lines.append(_row(step["records"], point))
+    lines.append(
+        "\nThe price: ROC AUC on the router-dev2 rows of every *other* source (eval rows "
+        "included), shipped -> retrained:\n"
+    )
+    for step in result["steps"]:
+        other = step["other_sources"]
+        lines.append(
+            f"- {step['records']} shadow records: {other['old_auc']:.3f} -> "
+            f"{other['new_auc']:.3f} ({other['rows']} rows)"
+        )
     lines.append(
         f"\nAfter `POST /admin/router/reload`, `/admin/routing` names the live artifact "
         f"`{live['id']}` (trained from shadows: `{json.dumps(live['trained_from_shadow'])}`).\n"
