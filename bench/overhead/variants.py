@@ -4,6 +4,8 @@
 the ``fast`` tier). ``full`` turns on what production runs: API keys from a file, the Redis
 rate limiter, the learned router (``model: auto``), tracing at 10 % sampling and logs to a file.
 ``full-trace100`` is ``full`` with every request traced, to report tracing's own overhead.
+``router-shadow5`` is ``router`` with 5 % of requests in each direction shadowed on the other
+tier (the same upstream here), to show a shadow costs the caller nothing it can see.
 Traced variants export spans over OTLP/HTTP to a local sink (a second fixed-response server,
 which answers 200 to every POST), so export costs what it costs against a fast collector.
 Adjust the dictionaries below when the gateway's settings change; nothing else in the
@@ -33,6 +35,8 @@ class Variant:
     needs_key: bool
     needs_redis: bool
     trace_sample_ratio: float | None
+    # Share of requests shadowed on the other tier, in each direction (issue 17's latency check).
+    shadow_ratio: float = 0.0
 
 
 VARIANTS: dict[str, Variant] = {
@@ -41,6 +45,15 @@ VARIANTS: dict[str, Variant] = {
     # One feature at a time on top of plain, to show what each costs.
     "router": Variant(
         "router", "auto", needs_key=False, needs_redis=False, trace_sample_ratio=None
+    ),
+    # The router variant with 5 % of requests also answered by the other tier, off the path.
+    "router-shadow5": Variant(
+        "router-shadow5",
+        "auto",
+        needs_key=False,
+        needs_redis=False,
+        trace_sample_ratio=None,
+        shadow_ratio=0.05,
     ),
     "auth-redis": Variant(
         "auth-redis", "fast", needs_key=True, needs_redis=True, trace_sample_ratio=None
@@ -77,6 +90,9 @@ def gateway_config(
         "auth": {"enabled": False},
         "server": {"max_body_bytes": MAX_BODY_BYTES},
     }
+    if variant.shadow_ratio:
+        ratio = variant.shadow_ratio
+        config["router"] = {"shadow": {"fast_ratio": ratio, "precise_ratio": ratio}}
     if variant.needs_key:
         config["auth"] = {"enabled": True, "store": "file", "keys_file": str(keys_file(workdir))}
     if variant.needs_redis:
