@@ -79,9 +79,15 @@ def held_out_margins(  # noqa: PLR0917 - the arrays of one Prepared, kept explic
     train_mask: BoolArray,
     fit: FitFn,
     held_out: Sequence[str],
+    *,
+    fit_x: sparse.csr_matrix | None = None,
 ) -> FloatArray:
     """For each group in ``held_out``: fit on the trainable rows of every *other* group and
-    write the margins of all that group's rows.  Rows of other groups stay NaN."""
+    write the margins of all that group's rows.  Rows of other groups stay NaN.
+
+    ``fit_x`` (same shape as ``x``) is what the fits see, when it differs from the scored
+    features (``Prepared.x_fit``)."""
+    fit_rows = x if fit_x is None else fit_x
     names = np.asarray(groups)
     margins = np.full(x.shape[0], np.nan, dtype=np.float64)
     for group in held_out:
@@ -89,7 +95,7 @@ def held_out_margins(  # noqa: PLR0917 - the arrays of one Prepared, kept explic
         use = train_mask & ~inside
         if np.unique(y[use]).size < 2:
             raise ValueError(f"holding out {group!r} leaves a single label to train on")
-        model = fit(x[use], y[use], weight[use])
+        model = fit(fit_rows[use], y[use], weight[use])
         margins[inside] = model.margins(x[inside])
     return margins
 

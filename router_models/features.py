@@ -2,19 +2,29 @@
 
 One definition serves training and serving.  ``extract(body)`` turns an OpenAI chat or
 completion request body into a sparse vector ``{index: value}``; the lean scorer reuses the
-same primitives (``render``, ``tokenize``, ``word_hash``, ``char_indices``,
-``bigram_index``, ``structural``), and a test checks both paths agree, so they cannot drift.
+same primitives (``render``, ``parts_of``, ``tokenize``, ``word_hash``, ``char_indices``,
+``bigram_index``, ``material_index``, ``structural``), and a test checks both paths agree, so
+they cannot drift.
 
-Layout of the vector (``FEATURE_SPEC`` records it in every artifact):
+The scored text is first split (``textparts.split_instruction``) into *material* (a pasted
+passage, article or specification) and the *instruction* (the request itself: the question,
+the imperative, the asked-for format).  Prompts without long material are all instruction.
 
-* ``[0, HASH_SIZE)``: hashed word unigrams, word bigrams and character 3-5-grams taken inside
-  word boundaries (the word padded with one space each side), plus "edge" unigrams: the first
-  and last ``EDGE_TOKENS`` tokens hashed with their own seed, because that is where the
-  request itself usually sits around a pasted passage.  Unigram and bigram counts are scaled by
-  ``1/sqrt(tokens)``, character n-gram counts by ``CHAR_WEIGHT/sqrt(tokens)`` (so a word's
-  whole contribution is one number the scorer can cache), edge counts by
-  ``1/sqrt(edge tokens)``.
-* ``[HASH_SIZE, HASH_SIZE + len(STRUCTURAL_NAMES))``: structural signals in roughly [0, 1].
+Layout of the vector (``FEATURE_SPEC`` records it in every artifact; its ``name`` identifies
+the feature space):
+
+* ``[0, HASH_SIZE)``: hashed word unigrams, word bigrams and character 3-5-grams (of the UTF-8
+  bytes, inside word boundaries: the word padded with one space each side) of the
+  *instruction*, plus "edge" unigrams: its first and last ``EDGE_TOKENS`` tokens hashed with
+  their own seed.  Unigram and bigram counts are scaled by ``1/sqrt(tokens)``, character
+  n-gram counts by ``CHAR_WEIGHT/sqrt(tokens)`` (so a word's whole contribution is one number
+  the scorer can cache), edge counts by ``1/sqrt(edge tokens)``.  The *material* adds only
+  unigrams hashed with ``MATERIAL_SEED``, scaled by ``MATERIAL_WEIGHT/sqrt(material tokens)``:
+  its size and shape matter (structural block), its vocabulary barely.
+* ``[HASH_SIZE, HASH_SIZE + len(STRUCTURAL_NAMES))``: structural signals in roughly [0, 1],
+  including the material's size, option lines, and script-independent code and maths shape
+  (operators, brackets, identifiers with underscores or in camelCase, dotted names, calls,
+  backticks, maths-symbol and digit density, programming terms).
 
 Hashes are CRC-32 (``zlib.crc32``) and a fixed multiplicative mix, identical in every process;
 Python's salted ``hash()`` is never used.
@@ -28,7 +38,9 @@ import re
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
+
+from router_models.textparts import TECH_TERMS, cjk_tech_terms, split_instruction
 
 HASH_BITS: Final = 18
 HASH_SIZE: Final = 1 << HASH_BITS
@@ -38,6 +50,8 @@ CHAR_NGRAM_MAX: Final = 5
 CHAR_WEIGHT: Final = 0.3
 EDGE_TOKENS: Final = 16
 EDGE_SEED: Final = 0x45444745
+MATERIAL_SEED: Final = 0x4D415452
+MATERIAL_WEIGHT: Final = 0.3
 MAX_TEXT_CHARS: Final = 6000
 HEAD_CHARS: Final = 4000
 TAIL_CHARS: Final = 2000
@@ -74,16 +88,31 @@ STRUCTURAL_NAMES: Final = (
     "response_format_json",
     "has_tools",
     "is_chat",
+    "has_material",
+    "log_material_chars",
+    "log_material_lines",
+    "log_instruction_chars",
+    "log_instruction_tokens",
+    "log_option_lines",
+    "log_brackets",
+    "log_underscore_idents",
+    "log_backticks",
+    "math_density",
+    "number_density",
+    "log_tech_terms",
 )
 
 FEATURE_SPEC: Final[dict[str, Any]] = {
-    "name": "tiergate-hashed-v4",
+    "name": "tiergate-hashed-v5",
     "hash": "crc32",
     "hash_bits": HASH_BITS,
     "word_ngrams": [1, 2],
     "char_ngrams_wb": [CHAR_NGRAM_MIN, CHAR_NGRAM_MAX],
     "char_weight": CHAR_WEIGHT,
     "edge_unigrams": EDGE_TOKENS,
+    "split": "material = text up to the last line of >= 200 chars (or all but the last "
+    "sentence of a single >= 600-char block); n-grams and edges from the instruction only",
+    "material_unigrams": {"seed": MATERIAL_SEED, "weight": MATERIAL_WEIGHT},
     "text": "last user message (chat) or prompt (completion), lowercased, digits as 0",
     "max_text_chars": MAX_TEXT_CHARS,
     "structural": list(STRUCTURAL_NAMES),
@@ -104,6 +133,7 @@ _CODE_STARTS: Final = (
     "select ", "SELECT ", "package ", "const ", "let ", "var ", "return ", "for (", "if (",
 )
 _BULLETS: Final = ("- ", "* ", "\u2022 ")
+_OPTION_LETTERS: Final = frozenset("ABCDEabcde")
 _CODE_TOKENS: Final = frozenset("{};=[]<>|&\\")
 _FORMAT_TOKENS: Final = frozenset(("json", "yaml", "xml", "csv", "schema", "jsonl"))
 _FORMAT_WORDS: Final = tuple(sorted(_FORMAT_TOKENS))
@@ -114,8 +144,13 @@ _CONSTRAINT_TOKENS: Final = frozenset((
 _SENTENCE_TOKENS: Final = frozenset((".", "!"))
 # One character per token for the structural counts (the scorer caches it per word).
 CLASS_NONE, CLASS_NUMBER, CLASS_CODE, CLASS_CONSTRAINT = "-", "n", "c", "k"
-CLASS_SENTENCE, CLASS_QUESTION, CLASS_FORMAT = "s", "q", "f"
+CLASS_SENTENCE, CLASS_QUESTION, CLASS_FORMAT, CLASS_TECH = "s", "q", "f", "t"
+CLASS_BRACKET, CLASS_MATH, CLASS_BACKTICK, CLASS_IDENT = "b", "m", "g", "u"
 _TOKEN_CLASSES: Final = {
+    **dict.fromkeys(TECH_TERMS, CLASS_TECH),
+    **dict.fromkeys("()", CLASS_BRACKET),
+    **dict.fromkeys("+*/^%\u00d7\u00f7\u2212\u221a\u2264\u2265\u2260", CLASS_MATH),
+    "`": CLASS_BACKTICK,
     "?": CLASS_QUESTION,
     **dict.fromkeys(_SENTENCE_TOKENS, CLASS_SENTENCE),
     **dict.fromkeys(_CODE_TOKENS, CLASS_CODE),
@@ -262,9 +297,18 @@ def _log(value: float, scale: float) -> float:
     return math.log1p(value) / scale
 
 
-def _line_signals(text: str) -> tuple[int, int, bool]:
-    """Indented lines, bulleted or numbered lines, and whether a line starts like code."""
-    indented = items = 0
+def _is_option(head: str) -> bool:
+    """``A. ...``, ``B) ...``, ``C: ...``, ``D ...`` or ``(E) ...``: a multiple-choice line."""
+    if head[:1] == "(":
+        return head[1:2] in _OPTION_LETTERS and head[2:3] == ")"
+    sep = head[1:2]
+    return head[:1] in _OPTION_LETTERS and (sep in (".", ")", ":") or (sep == " " and head < "a"))
+
+
+def _line_signals(text: str) -> tuple[int, int, bool, int]:
+    """Indented lines, bulleted or numbered lines, whether a line starts like code, and
+    multiple-choice option lines."""
+    indented = items = options = 0
     code = False
     for line in text.split("\n"):
         head = line.lstrip()
@@ -277,7 +321,9 @@ def _line_signals(text: str) -> tuple[int, int, bool]:
         rest = head.lstrip("0123456789")
         if head.startswith(_BULLETS) or (len(rest) < len(head) and rest[:2] in (". ", ") ")):
             items += 1
-    return indented, items, code
+        if _is_option(head):
+            options += 1
+    return indented, items, code, options
 
 
 def _has_latex(text: str) -> bool:
@@ -291,19 +337,66 @@ def _has_code(text: str) -> bool:
 
 def token_class(token: str) -> str:
     """The structural class of a token (one character, ``CLASS_*``)."""
-    return CLASS_NUMBER if token[0] == "0" else _TOKEN_CLASSES.get(token, CLASS_NONE)
+    if token[0] == "0":
+        return CLASS_NUMBER
+    if "_" in token and len(token) > 1 and token not in _TOKEN_CLASSES:
+        return CLASS_IDENT  # an identifier_with_underscores
+    return _TOKEN_CLASSES.get(token, CLASS_NONE)
 
 
-def structural(r: Rendered, tokens: list[str], classes: str | None = None) -> tuple[float, ...]:
+class Parts(NamedTuple):
+    """The instruction / material split of a text and the material's token count."""
+
+    material: str
+    instruction: str
+    material_tokens: int
+
+
+def parts_of(text: str) -> tuple[Parts, list[str], list[str]]:
+    """The split of ``text`` with the material's and the instruction's tokens."""
+    material, instruction = split_instruction(text)
+    m_tokens = tokenize(material) if material else []
+    i_tokens = tokenize(instruction)
+    return Parts(material, instruction, len(m_tokens)), m_tokens, i_tokens
+
+
+def _shape_signals(
+    text: str, parts: Parts, classes: str, n_tokens: int, options: int
+) -> tuple[float, ...]:
+    """The instruction/material and code/maths shape block of ``structural``."""
+    per_token = 1.0 / max(1, n_tokens)
+    code_math = classes.count(CLASS_MATH) + classes.count(CLASS_CODE)
+    return (
+        1.0 if parts.material else 0.0,
+        _log(len(parts.material), 10.0),
+        _log(parts.material.count("\n"), 5.0),
+        _log(len(parts.instruction), 8.0),
+        _log(n_tokens - parts.material_tokens, 6.0),
+        _log(options, 2.0),
+        _log(classes.count(CLASS_BRACKET), 4.0),
+        _log(classes.count(CLASS_IDENT), 3.0),
+        _log(classes.count(CLASS_BACKTICK), 3.0),
+        min(1.0, 4.0 * code_math * per_token),
+        min(1.0, 4.0 * classes.count(CLASS_NUMBER) * per_token),
+        _log(classes.count(CLASS_TECH) + cjk_tech_terms(text), 3.0),
+    )
+
+
+def structural(
+    r: Rendered, tokens: list[str], classes: str | None = None, parts: Parts | None = None
+) -> tuple[float, ...]:
     """Structural signals of a rendered request, in ``STRUCTURAL_NAMES`` order.
 
-    ``classes`` is ``"".join(token_class(t) for t in tokens)``; the scorer passes it from its
-    word cache, training lets it be computed here.
+    ``tokens`` are the text's tokens (material first, then instruction); ``classes`` is
+    ``"".join(token_class(t) for t in tokens)`` and ``parts`` the text's ``parts_of`` split:
+    the scorer passes both, training lets them be computed here.
     """
     text = r.text
     if classes is None:
         classes = "".join(token_class(t) for t in tokens)
-    indented, items, code_def = _line_signals(text)
+    if parts is None:
+        parts = parts_of(text)[0]
+    indented, items, code_def, options = _line_signals(text)
     stripped = text.rstrip()
     wants_format = CLASS_FORMAT in classes
     wants_format = wants_format or any(w in r.system.lower() for w in _FORMAT_WORDS)
@@ -334,6 +427,7 @@ def structural(r: Rendered, tokens: list[str], classes: str | None = None) -> tu
         1.0 if r.response_format_json else 0.0,
         _log(r.n_tools, 2.0),
         1.0 if r.is_chat else 0.0,
+        *_shape_signals(text, parts, classes, len(tokens), options),
     )
 
 
@@ -341,11 +435,13 @@ def _add(feats: SparseFeatures, index: int, value: float) -> None:
     feats[index] = feats.get(index, 0.0) + value
 
 
-def extract(body: Mapping[str, Any]) -> SparseFeatures:
-    """Sparse feature vector ``{index: value}`` of an OpenAI request body."""
-    rendered = render(body)
-    tokens = tokenize(rendered.text)
-    feats: SparseFeatures = {}
+def material_index(token: str) -> int:
+    """Hashed-space index of a word of the material (pasted passage) part."""
+    return zlib.crc32(token.encode("utf-8"), MATERIAL_SEED) >> HASH_SHIFT
+
+
+def _add_ngrams(feats: SparseFeatures, tokens: list[str]) -> None:
+    """Word unigrams, bigrams and character n-grams of the instruction tokens."""
     word_scale = 1.0 / math.sqrt(max(1, len(tokens)))
     hashes = [word_hash(t) for t in tokens]
     for h in hashes:
@@ -356,11 +452,23 @@ def extract(body: Mapping[str, Any]) -> SparseFeatures:
     for t in tokens:
         for i in char_indices(t):
             _add(feats, i, char_scale)
-    edges = edge_tokens(tokens)
+
+
+def extract(body: Mapping[str, Any]) -> SparseFeatures:
+    """Sparse feature vector ``{index: value}`` of an OpenAI request body."""
+    rendered = render(body)
+    parts, m_tokens, i_tokens = parts_of(rendered.text)
+    feats: SparseFeatures = {}
+    _add_ngrams(feats, i_tokens)
+    if m_tokens:
+        material_scale = MATERIAL_WEIGHT / math.sqrt(len(m_tokens))
+        for t in m_tokens:
+            _add(feats, material_index(t), material_scale)
+    edges = edge_tokens(i_tokens)
     edge_scale = 1.0 / math.sqrt(max(1, len(edges)))
     for t in edges:
         _add(feats, edge_index(t), edge_scale)
-    for j, value in enumerate(structural(rendered, tokens)):
+    for j, value in enumerate(structural(rendered, m_tokens + i_tokens, parts=parts)):
         if value:
             feats[HASH_SIZE + j] = value
     return feats

@@ -256,7 +256,7 @@ def _leave_out(
     for group in held:
         inside = names == group
         use = data.train_mask & ~inside
-        model = fit(data.x[use], data.y[use], data.weight[use])
+        model = fit(data.x_fit[use], data.y[use], data.weight[use])
         calib_rows = data.train_mask & ~inside
         a, c = platt(calib[calib_rows], data.y[calib_rows], data.weight[calib_rows])
         rows = np.flatnonzero(inside)
@@ -307,6 +307,7 @@ def held_out_report(data: Prepared, settings: TrainSettings) -> HeldOutReport:
             data.train_mask,
             settings.fitter(),
             sorted({g for g, m in zip(data.groups, data.train_mask, strict=True) if m}),
+            fit_x=data.x_fit,
         )
         if data.train_mask.any()
         else np.zeros(0)
@@ -336,7 +337,11 @@ def held_out_report(data: Prepared, settings: TrainSettings) -> HeldOutReport:
         lofo_families=group_figures(
             [data.groups[i] for i in fam], y[fam], lofo.scores[fam], lofo_rel.op_threshold
         ),
-        settings={"C": settings.c, "external_weight": settings.external_weight},
+        settings={
+            "C": settings.c,
+            "external_weight": settings.external_weight,
+            "external_hashed": settings.external_hashed,
+        },
     )
 
 

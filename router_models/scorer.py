@@ -28,12 +28,14 @@ from router_models.features import (
     HASH_SHIFT,
     HASH_SIZE,
     MASK32,
+    MATERIAL_WEIGHT,
     char_indices,
     edge_index,
+    material_index,
+    parts_of,
     render,
     structural,
     token_class,
-    tokenize,
     word_hash,
 )
 
@@ -45,8 +47,8 @@ _MASK: Final = np.uint64(MASK32)
 _SHIFT: Final = np.uint64(HASH_SHIFT)
 
 # (token hash, unigram weight + CHAR_WEIGHT * summed char n-gram weights, edge weight,
-#  structural class)
-WordEntry = tuple[int, float, float, str]
+#  structural class, MATERIAL_WEIGHT * material-unigram weight)
+WordEntry = tuple[int, float, float, str, float]
 
 
 def sigmoid(margin: float) -> float:
@@ -74,7 +76,8 @@ class LeanScorer:
         h = word_hash(token)
         chars = char_indices(token)
         word = w[h >> HASH_SHIFT] + CHAR_WEIGHT * math.fsum(w[i] for i in chars)
-        entry = (h, word, w[edge_index(token)], token_class(token))
+        material = MATERIAL_WEIGHT * w[material_index(token)]
+        entry = (h, word, w[edge_index(token)], token_class(token), material)
         if len(self._cache) >= self._cache_words:
             self._cache.clear()
         self._cache[token] = entry
@@ -90,19 +93,23 @@ class LeanScorer:
     def margin(self, body: Mapping[str, Any]) -> float:
         """Calibrated log-odds that ``body`` needs the precise tier."""
         rendered = render(body)
-        tokens = tokenize(rendered.text)
+        parts, m_tokens, i_tokens = parts_of(rendered.text)
         get = self._cache.get
-        entries = [get(t) or self._entry(t) for t in tokens]
         total = self._bias
         classes = ""
+        if m_tokens:
+            m_entries = [get(t) or self._entry(t) for t in m_tokens]
+            classes = "".join(e[3] for e in m_entries)
+            total += sum(e[4] for e in m_entries) / math.sqrt(len(m_entries))
+        entries = [get(t) or self._entry(t) for t in i_tokens]
         if entries:
-            hashes, words, edge, kinds = zip(*entries, strict=True)
-            classes = "".join(kinds)
-            total += (sum(words) + self._bigram_sum(hashes)) / math.sqrt(len(tokens))
+            hashes, words, edge, kinds, _ = zip(*entries, strict=True)
+            classes += "".join(kinds)
+            total += (sum(words) + self._bigram_sum(hashes)) / math.sqrt(len(entries))
             if len(edge) > 2 * EDGE_TOKENS:
                 edge = edge[:EDGE_TOKENS] + edge[-EDGE_TOKENS:]
             total += sum(edge) / math.sqrt(len(edge))
-        signals = structural(rendered, tokens, classes)
+        signals = structural(rendered, m_tokens + i_tokens, classes, parts)
         weighted: float = sum(map(operator.mul, signals, self._structural))
         return total + weighted
 

@@ -68,6 +68,9 @@ class TrainSettings:
     # router-dev2 falls as it grows (ROC AUC 0.72 at 0, 0.69 at 0.05, 0.66 at 0.25, 0.63 at 1):
     # rows of a few single-label sources teach their packaging, not the task.
     external_weight: float = 0.0
+    # Whether external rows' hashed n-grams take part in the fits.  When False they teach
+    # only the structural and shape signals (see ``Prepared.x_fit``).
+    external_hashed: bool = True
     target_share: float = DEFAULT_TARGET_SHARE
 
     def fitter(self) -> FitFn:
@@ -81,6 +84,7 @@ class Prepared:
 
     records: list[dict[str, Any]]
     x: sparse.csr_matrix
+    x_fit: sparse.csr_matrix
     y: FloatArray
     weight: FloatArray
     groups: list[str]
@@ -92,14 +96,25 @@ def prepare(records: Sequence[dict[str, Any]], settings: TrainSettings) -> Prepa
     rows = list(records)
     groups = [group_of(r) for r in rows]
     external = np.array([not g.startswith("corpus/") for g in groups], dtype=np.bool_)
+    x = featurize([body_of(r) for r in rows])
     return Prepared(
         records=rows,
-        x=featurize([body_of(r) for r in rows]),
+        x=x,
+        x_fit=x if settings.external_hashed else _without_hashed(x, external),
         y=np.asarray([label_of(r) for r in rows], dtype=np.float64),
         weight=np.where(external, settings.external_weight, 1.0).astype(np.float64),
         groups=groups,
         train_mask=np.array([trainable(r) for r in rows], dtype=np.bool_),
     )
+
+
+def _without_hashed(x: sparse.csr_matrix, rows: BoolArray) -> sparse.csr_matrix:
+    """``x`` with the hashed n-gram block of ``rows`` set to zero (structural block kept)."""
+    keep = sparse.diags(np.where(rows, 0.0, 1.0))
+    hashed = (keep @ x[:, :HASH_SIZE]).tocsr()
+    out = sparse.hstack([hashed, x[:, HASH_SIZE:]], format="csr")
+    out.eliminate_zeros()
+    return sparse.csr_matrix(out)
 
 
 def load_training(paths: Sequence[Path]) -> list[dict[str, Any]]:
@@ -162,6 +177,7 @@ def _metadata(
             "seed": settings.seed,
             "tol": settings.tol,
             "external_weight": settings.external_weight,
+            "external_hashed": settings.external_hashed,
             "calibration": "Platt on group-held-out margins (source / generator family)",
         },
         "held_out_roc_auc": round(float(roc_auc_score(data.y, held)), 6),
@@ -188,7 +204,7 @@ def calibrate_held_out(data: Prepared, settings: TrainSettings) -> tuple[FloatAr
     mask = data.train_mask
     groups = sorted({g for g, m in zip(data.groups, mask, strict=True) if m})
     margins = held_out_margins(
-        data.x, data.y, data.weight, data.groups, mask, settings.fitter(), groups
+        data.x, data.y, data.weight, data.groups, mask, settings.fitter(), groups, fit_x=data.x_fit
     )
     a, c = platt(margins[mask], data.y[mask], data.weight[mask])
     return margins, a, c
@@ -201,7 +217,7 @@ def train(paths: Sequence[Path], settings: TrainSettings | None = None) -> Route
     if np.unique(data.y).size < 2:
         raise ValueError("training data needs both simple and complex examples")
     margins, a, c = calibrate_held_out(data, settings)
-    final = settings.fitter()(data.x, data.y, data.weight)
+    final = settings.fitter()(data.x_fit, data.y, data.weight)
     hashed = final.coef[:HASH_SIZE]
     nonzero = np.flatnonzero(hashed).astype(np.int32)
     return RouterModel(

@@ -13,6 +13,7 @@ import pytest
 from router_models.cli import main
 from router_models.corpus.build import DEFAULT_CORPUS, HARD_CASES
 from router_models.crossval import group_of, trainable
+from router_models.features import HASH_SIZE
 from router_models.honest import CUES, held_out_report, language_of, reliability
 from router_models.records import read_jsonl
 from router_models.train import TrainSettings, prepare, train
@@ -115,3 +116,16 @@ def test_cli_held_out_json(tmp_path: Path) -> None:
     assert {"loso", "loso_sources", "loso_languages", "cues", "lofo", "lofo_families"} <= set(
         result
     )
+
+
+def test_external_rows_can_be_kept_out_of_the_hashed_fits() -> None:
+    """``external_hashed=False``: fits see external rows' structural block only; scoring
+    (``x``) still sees every feature, and corpus rows are untouched."""
+    data = prepare(_small_mix(), TrainSettings(external_weight=1.0, external_hashed=False))
+    external = np.array([not g.startswith("corpus/") for g in data.groups])
+    assert data.x_fit[external][:, :HASH_SIZE].nnz == 0
+    assert data.x[external][:, :HASH_SIZE].nnz > 0
+    assert (data.x_fit[~external] != data.x[~external]).nnz == 0
+    assert (data.x_fit[:, HASH_SIZE:] != data.x[:, HASH_SIZE:]).nnz == 0
+    same = prepare(_small_mix()[:50], TrainSettings())
+    assert same.x_fit is same.x
