@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
+from gateway.events import AttemptEnd, AttemptStart
 from policies.errors import TierGateError
 from policies.principal import Principal
 from policies.requests import RequestSummary
@@ -38,19 +39,12 @@ class Trace(Protocol):
         """One SSE event relayed to the client."""
         ...
 
-    async def attempt(
-        self,
-        ctx: RequestContext,
-        replica: Any,
-        body: Mapping[str, Any],
-        headers: dict[str, str],
-        send: Callable[[dict[str, str]], Awaitable[Any]],
-        *,
-        strategy: str,
-        routed_at: float,
-        prefix_blocks: int,
-    ) -> Any:
-        """Run one upstream attempt with trace context (and, if sampled, its spans)."""
+    def attempt_started(self, ctx: RequestContext, start: AttemptStart) -> Mapping[str, str]:
+        """An upstream attempt starts; the trace context to send with it."""
+        ...
+
+    def attempt_ended(self, ctx: RequestContext, end: AttemptEnd) -> None:
+        """The upstream attempt started last ended (its client span ends, unless a stream)."""
         ...
 
     def finish(self, ctx: RequestContext, outcome: str) -> None:

@@ -12,6 +12,14 @@ from policies.errors import TierGateError
 
 _encoder = msgspec.json.Encoder()
 
+
+class ClientGone(TierGateError):
+    """The client closed the connection before the answer was ready (nginx's 499)."""
+
+    status = 499
+    error_type = "client_closed_request"
+
+
 _STATUS_TYPES = {
     400: "invalid_request_error",
     401: "invalid_request_error",

@@ -1,15 +1,22 @@
-"""The request path's vocabulary: how a request ended, as values rather than bare strings.
+"""The request path's vocabulary: how an attempt or a request ended, and what it reports.
 
 ``Outcome`` is what the observer (access log, metrics, spans) is told when a request ends; an
 error that ended it before any answer is named by its error class (``Failure.kind``), e.g.
-``CLIENT_GONE``. ``StrEnum`` members compare equal to their strings, so logs and metric labels
-keep their values.
+``ClientGone``. ``FailureKind`` says how one upstream attempt failed (retry rules, replica
+health, the ``outcome``/``reason`` metric labels); an HTTP error answer is ``status_<code>``.
+``StrEnum`` members compare equal to their strings, so logs and metric labels keep their values.
+
+Forwarding reports each upstream attempt as values (:class:`AttemptStart`,
+:class:`AttemptEnd`) to an :class:`AttemptEvents` listener; the pipeline records them on the
+request's context and hands them on to telemetry. :data:`NO_EVENTS` listens to nothing.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from enum import StrEnum
-from typing import Final
+from typing import Any, Final, Protocol
 
 
 class Outcome(StrEnum):
@@ -33,5 +40,87 @@ UPSTREAM_FAILURES: Final = frozenset(
         Outcome.UPSTREAM_ERROR,
     }
 )
-# The error kind of a request whose client left before its answer was ready.
-CLIENT_GONE: Final = "ClientGone"
+
+
+class FailureKind(StrEnum):
+    """How one upstream attempt failed, when it was not an HTTP error answer."""
+
+    NO_REPLICA = "no_replica"
+    CONNECT = "connect"
+    CONNECT_TIMEOUT = "connect_timeout"
+    TIMEOUT = "timeout"
+    FIRST_BYTE_TIMEOUT = "first_byte_timeout"
+    RESET = "reset"
+    MID_STREAM = "mid_stream"
+
+
+# Failures where no request byte reached a backend: retried elsewhere, free of the budget.
+NOT_SENT: Final = frozenset({FailureKind.CONNECT, FailureKind.CONNECT_TIMEOUT})
+# Failures where the backend took too long (the caller gets a 504).
+TIMEOUTS: Final = frozenset(
+    {FailureKind.TIMEOUT, FailureKind.FIRST_BYTE_TIMEOUT, FailureKind.CONNECT_TIMEOUT}
+)
+
+
+def status_kind(status: int) -> str:
+    """The failure kind of an HTTP error answer: ``status_<code>``."""
+    return f"status_{status}"
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptStart:
+    """One upstream attempt is about to be sent (its replica chosen, its id fresh)."""
+
+    tier: str
+    replica: str  # host:port
+    url: str
+    strategy: str
+    routed_at: float  # perf_counter when the replica choice began
+    prefix_blocks: int
+    # True when the prefix ranking chose the replica, False when load overrode it, None when
+    # no prefix was followed.
+    prefix_match: bool | None
+    upstream_request_id: str
+    body: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptEnd:
+    """One upstream attempt ended: opened (``failure`` None) or failed (its kind)."""
+
+    upstream_s: float  # time spent waiting on the backend
+    first_chunk_at: float | None = None  # perf_counter when a stream's first event came
+    failure: str | None = None  # a FailureKind, status_<code>, or an exception's class name
+    body: bytes | None = None  # a complete answer
+    first_event: bytes = b""  # a stream's first SSE event
+
+
+class AttemptEvents(Protocol):
+    """Listens to the upstream attempts of one request."""
+
+    def attempt_started(self, start: AttemptStart) -> Mapping[str, str]:
+        """An attempt starts; returns extra headers to send with it (trace context)."""
+        ...
+
+    def attempt_ended(self, end: AttemptEnd) -> None:
+        """The attempt started last has ended."""
+        ...
+
+
+_NO_HEADERS: Final[Mapping[str, str]] = {}
+
+
+class _NoEvents:
+    """Listens to nothing."""
+
+    __slots__ = ()
+
+    def attempt_started(self, start: AttemptStart) -> Mapping[str, str]:
+        """No extra headers."""
+        return _NO_HEADERS
+
+    def attempt_ended(self, end: AttemptEnd) -> None:
+        """Nothing to record."""
+
+
+NO_EVENTS: Final[AttemptEvents] = _NoEvents()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from gateway.events import FailureKind
 from gateway.replicas import ReplicaPool
 from gateway.upstream import AttemptFailed
 from policies.errors import TierGateError
@@ -28,7 +29,7 @@ def why_none(pool: ReplicaPool, now: float) -> str:
 
 def tier_detail(tier: str, last: AttemptFailed, failures: Sequence[AttemptFailed]) -> str:
     """What went wrong on one tier, for a message that names several tiers."""
-    if last.kind == "no_replica":
+    if last.kind == FailureKind.NO_REPLICA:
         prefix = f"No healthy replica in tier '{tier}': "
         reasons = last.message.removeprefix(prefix)
         return f"no healthy replica: {reasons}" if reasons != last.message else last.message
@@ -41,7 +42,7 @@ def _attempts_detail(failures: Sequence[AttemptFailed]) -> str:
     for f in failures:
         text = (
             f"replica {f.replica or '?'}: {f.message.rstrip('.')}"
-            if f.kind != "no_replica"
+            if f.kind != FailureKind.NO_REPLICA
             else f.message.rstrip(".")
         )
         seen[text] = seen.get(text, 0) + 1

@@ -24,14 +24,22 @@ from typing import Any
 import aiohttp
 import msgspec
 
-from gateway.context import RequestContext
+from gateway.events import (
+    NO_EVENTS,
+    TIMEOUTS,
+    AttemptEnd,
+    AttemptEvents,
+    AttemptStart,
+    FailureKind,
+    status_kind,
+)
 from gateway.explain import every_tier_failed, tier_detail, why_none
 from gateway.replicas import Replica, ReplicaPool
 from gateway.retry import RetryBudget, RetryLoop, RetryPolicy
 from gateway.settings import Timeouts
 from gateway.upstream import AUTH_STATUSES, AttemptFailed, Opened, attempt
 from policies.errors import Overloaded, TierGateError, UpstreamRejected, UpstreamUnavailable
-from policies.selection import Strategy
+from policies.selection import Choice, Strategy
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder()
@@ -61,7 +69,10 @@ class Exchange:
         self.finished = True
         if failed:
             self.pool.record_failure(
-                self.replica, "mid_stream", "The stream broke after it started.", counts=True
+                self.replica,
+                FailureKind.MID_STREAM,
+                "The stream broke after it started.",
+                counts=True,
             )
         response = self.opened.response
         if response is not None:
@@ -70,6 +81,20 @@ class Exchange:
             else:
                 response.release()
         self.pool.release(self.replica)
+
+
+@dataclass(frozen=True, slots=True)
+class Forwarded:
+    """What :meth:`Forwarder.forward` returns: the open answer and which tier gave it.
+
+    ``fallback_from`` and ``fallback_reason`` are set when a fallback tier answered: the tier
+    asked for and the code of the error it gave up with.
+    """
+
+    exchange: Exchange
+    tier: str
+    fallback_from: str | None = None
+    fallback_reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +107,27 @@ class TierRoute:
     served_model: str
     # Sent with every attempt: the tier's upstream credentials (Authorization), if any.
     upstream_headers: Mapping[str, str] = field(default_factory=dict, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class _Send:
+    """One attempt's request, as built for the replica it goes to."""
+
+    path: str
+    payload: bytes
+    headers: dict[str, str]
+    stream: bool
+    limit_s: float
+
+
+class _Waited:
+    """Time one attempt spent waiting on its backend (a local of one attempt)."""
+
+    __slots__ = ("first_chunk_at", "upstream_s")
+
+    def __init__(self) -> None:
+        self.upstream_s = 0.0
+        self.first_chunk_at: float | None = None
 
 
 class Forwarder:
@@ -100,17 +146,17 @@ class Forwarder:
 
     async def forward(
         self,
-        ctx: RequestContext,
         path: str,
         body: dict[str, Any],
         tiers: Sequence[str],
         prefix_blocks: Sequence[int] = (),
-    ) -> Exchange:
+        events: AttemptEvents = NO_EVENTS,
+    ) -> Forwarded:
         """Try ``tiers`` in order; within a tier, retry on other replicas per the rules.
 
-        One deadline covers the whole request, fallback tiers included. The response says
-        which tier answered (``x-tiergate-tier``) and, after a fallback, from which tier and
-        why (``x-tiergate-fallback-from``, ``x-tiergate-fallback-reason``).
+        One deadline covers the whole request, fallback tiers included. Each attempt is
+        reported to ``events`` (started, then ended); the result says which tier answered and,
+        after a fallback, from which tier and why.
         """
         deadline = time.monotonic() + self.routes[tiers[0]].timeouts.total_s
         failed: list[tuple[str, TierGateError]] = []
@@ -119,10 +165,10 @@ class Forwarder:
                 break
             try:
                 exchange = await self._forward_tier(
-                    ctx,
                     path,
                     body,
                     tier,
+                    events,
                     prefix_blocks=prefix_blocks,
                     deadline=deadline,
                     fallback=index > 0,
@@ -131,18 +177,16 @@ class Forwarder:
                 failed.append((tier, exc))
                 continue
             if failed:
-                ctx.extra_headers["x-tiergate-fallback-from"] = tiers[0]
-                ctx.extra_headers["x-tiergate-fallback-reason"] = str(failed[-1][1].code)
-            ctx.tier = tier
-            return exchange
+                return Forwarded(exchange, tier, tiers[0], str(failed[-1][1].code))
+            return Forwarded(exchange, tier)
         raise every_tier_failed(failed)
 
     async def _forward_tier(
         self,
-        ctx: RequestContext,
         path: str,
         body: dict[str, Any],
         tier: str,
+        events: AttemptEvents,
         *,
         prefix_blocks: Sequence[int],
         deadline: float,
@@ -168,48 +212,27 @@ class Forwarder:
             if number > 1 and loop.failures:
                 pool.count_retry(loop.failures[-1].kind)
             routed_at = time.perf_counter()
-            replica = await self._choose(route, frozenset(tried), prefix_blocks, loop)
-            # Read at once: nothing ran between the strategy's choice and here.
-            ctx.prefix_match = route.strategy.last_affinity
+            choice = await self._choose(route, frozenset(tried), prefix_blocks, loop)
+            replica = choice.replica
             tried.add(replica.url)
-            ctx.replica = replica.name
-            ctx.attempts += 1
-            ctx.upstream_request_id = uuid.uuid4().hex  # unique per attempt
-            headers = {**base_headers, "x-request-id": ctx.upstream_request_id}
+            upstream_id = uuid.uuid4().hex  # unique per attempt
+            start = AttemptStart(
+                tier,
+                replica.name,
+                replica.url,
+                route.strategy.name,
+                routed_at,
+                len(prefix_blocks),
+                choice.affinity,
+                upstream_id,
+                body,
+            )
+            extra = events.attempt_started(start)
+            headers = {**base_headers, "x-request-id": upstream_id, **extra}
             first_byte_s = route.timeouts.first_byte_s if stream else math.inf
             limit_s = max(0.001, min(first_byte_s, loop.remaining()))
-            trace = ctx.trace
-            if trace is not None:  # tracing on: a client span per attempt, traceparent out
-                traced: Exchange = await trace.attempt(
-                    ctx,
-                    replica,
-                    body,
-                    headers,
-                    lambda sent: self._attempt(
-                        ctx,
-                        route,
-                        replica,
-                        path=path,
-                        payload=payload,
-                        headers=sent,
-                        stream=stream,
-                        limit_s=limit_s,
-                    ),
-                    strategy=route.strategy.name,
-                    routed_at=routed_at,
-                    prefix_blocks=len(prefix_blocks),
-                )
-                return traced
-            return await self._attempt(
-                ctx,
-                route,
-                replica,
-                path=path,
-                payload=payload,
-                headers=headers,
-                stream=stream,
-                limit_s=limit_s,
-            )
+            send = _Send(path, payload, headers, stream, limit_s)
+            return await self._attempt(route, replica, send, events)
 
         try:
             return await loop.run(one)
@@ -226,7 +249,7 @@ class Forwarder:
         exclude: frozenset[str],
         prefix_blocks: Sequence[int],
         loop: RetryLoop,
-    ) -> Replica:
+    ) -> Choice[Replica]:
         pool = route.pool
         wait_until = time.monotonic() + pool.max_queue_wait_s  # one bounded wait in all
         while True:
@@ -236,39 +259,52 @@ class Forwarder:
                 usable = pool.usable(now)  # every replica tried: any is fair
             if not usable:
                 raise AttemptFailed(
-                    "no_replica",
+                    FailureKind.NO_REPLICA,
                     f"No healthy replica in tier '{pool.tier}': {why_none(pool, now)}.",
                     retry_after=pool.ready_in(now) or None,
                 )
             free = [r for r in usable if r.has_capacity]
             if free:
-                replica = route.strategy.choose(free, prefix_blocks, pool.next_index())
-                pool.lease(replica)
-                return replica
+                choice = route.strategy.choose(free, prefix_blocks, pool.next_index())
+                pool.lease(choice.replica)
+                return choice
             await pool.wait_for_slot(min(wait_until - now, loop.remaining()))
 
     async def _attempt(
-        self,
-        ctx: RequestContext,
-        route: TierRoute,
-        replica: Replica,
-        *,
-        path: str,
-        payload: bytes,
-        headers: dict[str, str],
-        stream: bool,
-        limit_s: float,
+        self, route: TierRoute, replica: Replica, send: _Send, events: AttemptEvents
+    ) -> Exchange:
+        """One attempt, reported to ``events`` as ended (opened or failed) whatever happens."""
+        waited = _Waited()
+        try:
+            exchange = await self._open(route, replica, send, waited)
+        except BaseException as exc:
+            kind = exc.kind if isinstance(exc, AttemptFailed) else type(exc).__name__
+            events.attempt_ended(AttemptEnd(waited.upstream_s, waited.first_chunk_at, kind))
+            raise
+        opened = exchange.opened
+        events.attempt_ended(
+            AttemptEnd(
+                waited.upstream_s,
+                waited.first_chunk_at,
+                body=opened.body,
+                first_event=exchange.first_event,
+            )
+        )
+        return exchange
+
+    async def _open(
+        self, route: TierRoute, replica: Replica, send: _Send, waited: _Waited
     ) -> Exchange:
         pool = route.pool
+        started = time.perf_counter()
         try:
             opened = await attempt(
                 self.session,
-                replica.url + path,
-                payload,
-                headers,
-                stream=stream,
-                timeout_s=limit_s,
-                ctx=ctx,
+                replica.url + send.path,
+                send.payload,
+                send.headers,
+                stream=send.stream,
+                timeout_s=send.limit_s,
                 connect_s=route.timeouts.connect_s,
             )
         except AttemptFailed as failure:
@@ -278,10 +314,12 @@ class Forwarder:
         except BaseException:
             pool.release(replica)
             raise
+        finally:
+            waited.upstream_s += time.perf_counter() - started
         exchange = Exchange(opened, replica, pool)
-        if stream:
+        if send.stream:
             try:
-                exchange.first_event = await _first_event(exchange, limit_s, ctx)
+                exchange.first_event = await _first_event(exchange, send.limit_s, waited)
             except AttemptFailed as failure:
                 exchange.finish(abort=True)
                 self._record_failure(pool, replica, failure)
@@ -311,7 +349,7 @@ class Forwarder:
         )
 
 
-async def _first_event(exchange: Exchange, timeout_s: float, ctx: RequestContext) -> bytes:
+async def _first_event(exchange: Exchange, timeout_s: float, waited: _Waited) -> bytes:
     response = exchange.opened.response
     assert response is not None  # noqa: S101  # streams always keep their response
     started = time.perf_counter()
@@ -319,13 +357,16 @@ async def _first_event(exchange: Exchange, timeout_s: float, ctx: RequestContext
         async with asyncio.timeout(timeout_s):
             event = await response.content.readuntil(_EVENT_END, max_size=_MAX_EVENT)
     except TimeoutError as exc:
-        raise AttemptFailed("first_byte_timeout", "The backend sent no token in time.") from exc
+        raise AttemptFailed(
+            FailureKind.FIRST_BYTE_TIMEOUT, "The backend sent no token in time."
+        ) from exc
     except (aiohttp.ClientError, OSError, ValueError) as exc:
-        raise AttemptFailed("reset", "The backend closed the stream before any output.") from exc
+        raise AttemptFailed(
+            FailureKind.RESET, "The backend closed the stream before any output."
+        ) from exc
     finally:
-        elapsed = time.perf_counter() - started
-        ctx.upstream_s += elapsed
-        ctx.first_chunk_s = time.perf_counter() - ctx.started
+        waited.first_chunk_at = now = time.perf_counter()
+        waited.upstream_s += now - started
     if event.startswith(_ERROR_EVENT):
         raise stream_error(event)
     return event
@@ -347,7 +388,7 @@ def stream_error(event: bytes) -> AttemptFailed:
     status = code if isinstance(code, int) and 400 <= code <= 599 else 500
     message = inner.get("message")
     text = message[:2000] if isinstance(message, str) and message else "The backend failed."
-    return AttemptFailed(f"status_{status}", text, status=status, body=inner)
+    return AttemptFailed(status_kind(status), text, status=status, body=inner)
 
 
 def _final_error(
@@ -358,39 +399,52 @@ def _final_error(
     Its ``detail`` says what every attempt on the tier met (``failures``), for a message that
     sums up several tiers.
     """
-    error = _tier_error(tier, failure)
-    error.detail = tier_detail(tier, failure, failures or (failure,))
-    return error
-
-
-def _tier_error(tier: str, failure: AttemptFailed) -> TierGateError:
+    detail = tier_detail(tier, failure, failures or (failure,))
     status = failure.status
     if status in AUTH_STATUSES:
-        error: TierGateError = UpstreamUnavailable(
+        return UpstreamUnavailable(
             f"The backend refused the gateway's credentials (HTTP {status}): check the "
             f"upstream API key of the '{tier}' tier (tiers.{tier}.api_key or api_key_file).",
             status=502,
+            code="upstream_auth_failed",
+            detail=detail,
         )
-        error.code = "upstream_auth_failed"
-        return error
     if status is not None and 400 <= status < 500 and status != 429:
         body = failure.body or {}
         param = body.get("param") if isinstance(body.get("param"), str) else None
         code = body.get("code") if isinstance(body.get("code"), str) else None
-        return UpstreamRejected(failure.message, status=status, param=param, code=code)
+        return UpstreamRejected(
+            failure.message, status=status, param=param, code=code, detail=detail
+        )
+    return _unavailable(tier, failure, detail)
+
+
+def _unavailable(tier: str, failure: AttemptFailed, detail: str) -> TierGateError:
+    """The error of a tier that could not answer (no replica, busy, timed out, broken)."""
     retry_after = {"Retry-After": str(max(1, math.ceil(failure.retry_after or 1)))}
-    if failure.kind == "no_replica":
-        error = UpstreamUnavailable(failure.message, status=503, headers=retry_after)
-        error.code = "no_healthy_replica"
-    elif status in (429, 503):
-        error = Overloaded(
-            f"Every replica of the '{tier}' tier is busy; retry shortly.", headers=retry_after
+    if failure.kind == FailureKind.NO_REPLICA:
+        return UpstreamUnavailable(
+            failure.message,
+            status=503,
+            code="no_healthy_replica",
+            headers=retry_after,
+            detail=detail,
         )
-    elif failure.kind in ("timeout", "first_byte_timeout", "connect_timeout"):
-        error = UpstreamUnavailable(f"The '{tier}' tier did not answer in time.", status=504)
-        error.code = "upstream_timeout"
-    else:
-        error = UpstreamUnavailable(
-            f"The '{tier}' tier could not serve the request: {failure.message}", status=502
+    if failure.status in (429, 503):
+        return Overloaded(
+            f"Every replica of the '{tier}' tier is busy; retry shortly.",
+            headers=retry_after,
+            detail=detail,
         )
-    return error
+    if failure.kind in TIMEOUTS:
+        return UpstreamUnavailable(
+            f"The '{tier}' tier did not answer in time.",
+            status=504,
+            code="upstream_timeout",
+            detail=detail,
+        )
+    return UpstreamUnavailable(
+        f"The '{tier}' tier could not serve the request: {failure.message}",
+        status=502,
+        detail=detail,
+    )

@@ -17,9 +17,10 @@ from litestar.background_tasks import BackgroundTask
 from litestar.response import Stream
 
 from gateway.budgets import BudgetGate, with_budget
-from gateway.context import Failure, RequestContext, request_id_from
-from gateway.events import Outcome
-from gateway.forwarding import Exchange, Forwarder
+from gateway.context import Failure, RequestContext, Trace, Usage, request_id_from
+from gateway.errors import ClientGone
+from gateway.events import AttemptEnd, AttemptStart, Outcome
+from gateway.forwarding import Exchange, Forwarded, Forwarder
 from gateway.relay import StreamRelay, usage_from
 from gateway.request_body import FieldRules, decode
 from gateway.routing import TierRouter
@@ -40,20 +41,14 @@ from policies.tiering import RouteDecision
 
 T = TypeVar("T")
 _decoder = msgspec.json.Decoder()
-
-
-class ClientGone(TierGateError):
-    """The client closed the connection before the answer was ready (nginx's 499)."""
-
-    status = 499
-    error_type = "client_closed_request"
+_NO_HEADERS: Mapping[str, str] = {}
 
 
 class RequestObserver(Protocol):
     """Receives each finished request (telemetry: access log, metrics, spans)."""
 
-    def started(self, ctx: RequestContext, headers: Mapping[str, str]) -> None:
-        """Called once per request, first (binds log context, opens the trace)."""
+    def started(self, ctx: RequestContext, headers: Mapping[str, str]) -> Trace | None:
+        """Called once per request, first (binds log context); the request's trace, if any."""
         ...
 
     def finished(self, ctx: RequestContext, outcome: str) -> None:
@@ -122,7 +117,7 @@ class ProxyService:
         headers = request.headers
         ctx = RequestContext(request_id_from(headers.get("x-request-id")), route=path)
         request.state["ctx"] = ctx
-        self.observer.started(ctx, headers)
+        ctx.trace = self.observer.started(ctx, headers)
         try:
             return await self._serve(request, ctx, kind, path)
         except TierGateError as exc:
@@ -184,13 +179,14 @@ class ProxyService:
         try:
             strip_usage = self._prepare_upstream_body(body, summary, tiers, key_cap)
             blocks = prefix_blocks(body, kind, self.prefix)
-            exchange = await unless_disconnected(
-                request, self.forwarder.forward(ctx, path, body, tiers, prefix_blocks=blocks)
-            )
+            forwarding = self.forwarder.forward(path, body, tiers, blocks, _Attempts(ctx))
+            forwarded = await unless_disconnected(request, forwarding)
         except BaseException:
             await admission.settle(0)
             raise
+        _answered(ctx, forwarded)
         shadow = self._shadow_of(ctx, path, body)
+        exchange = forwarded.exchange
         if exchange.opened.body is not None:
             return await self._complete(ctx, exchange.opened.body, admission, shadow)
         return self._stream(ctx, exchange, admission, shadow, strip_usage=strip_usage)
@@ -247,12 +243,22 @@ class ProxyService:
         strip_usage: bool,
     ) -> Stream:
         """Relay an open upstream stream; settle the limits once it has ended."""
+        observer = self.observer
+
+        def ended(outcome: str, usage: Usage | None) -> None:
+            ctx.usage = usage
+            observer.finished(ctx, outcome)
+
+        summary = ctx.summary
+        trace = ctx.trace
         relay = StreamRelay(
             exchange,
-            ctx,
             strip_usage=strip_usage,
             idle_s=self.idle_timeouts[ctx.tier or exchange.pool.tier],
-            on_close=self.observer.finished,
+            on_close=ended,
+            on_event=trace.on_event if trace is not None else None,
+            prompt_tokens=summary.prompt_token_estimate if summary is not None else 0,
+            max_tokens=summary.max_tokens if summary is not None else None,
             capture=shadow is not None,
         )
 
@@ -321,6 +327,47 @@ class ProxyService:
                 param=summary.max_tokens_param,
                 code="max_tokens_exceeded",
             )
+
+
+class _Attempts:
+    """Records one request's upstream attempts on its context and tells its trace.
+
+    The pipeline's listener for :meth:`Forwarder.forward`: forwarding reports values, and
+    only the pipeline writes the request's context.
+    """
+
+    __slots__ = ("ctx",)
+
+    def __init__(self, ctx: RequestContext) -> None:
+        self.ctx = ctx
+
+    def attempt_started(self, start: AttemptStart) -> Mapping[str, str]:
+        """Name the attempt's replica and id on the context; the trace context to send."""
+        ctx = self.ctx
+        ctx.replica = start.replica
+        ctx.attempts += 1
+        ctx.upstream_request_id = start.upstream_request_id
+        ctx.prefix_match = start.prefix_match
+        trace = ctx.trace
+        return trace.attempt_started(ctx, start) if trace is not None else _NO_HEADERS
+
+    def attempt_ended(self, end: AttemptEnd) -> None:
+        """Count the time spent on the backend and when a stream's first event came."""
+        ctx = self.ctx
+        ctx.upstream_s += end.upstream_s
+        if end.first_chunk_at is not None:
+            ctx.first_chunk_s = end.first_chunk_at - ctx.started
+        trace = ctx.trace
+        if trace is not None:
+            trace.attempt_ended(ctx, end)
+
+
+def _answered(ctx: RequestContext, forwarded: Forwarded) -> None:
+    """Which tier answered, and after a fallback from which tier and why."""
+    ctx.tier = forwarded.tier
+    if forwarded.fallback_from is not None:
+        ctx.extra_headers["x-tiergate-fallback-from"] = forwarded.fallback_from
+        ctx.extra_headers["x-tiergate-fallback-reason"] = str(forwarded.fallback_reason)
 
 
 @dataclass(frozen=True, slots=True)

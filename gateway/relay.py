@@ -18,7 +18,7 @@ from typing import Any
 import aiohttp
 import msgspec
 
-from gateway.context import RequestContext, Usage
+from gateway.context import Usage
 from gateway.errors import error_body
 from gateway.events import UPSTREAM_FAILURES, Outcome
 from gateway.forwarding import Exchange
@@ -55,22 +55,33 @@ def error_event(message: str, code: int) -> bytes:
 
 
 class StreamRelay:
-    """Turns an :class:`Exchange` into the byte stream the client receives."""
+    """Turns an :class:`Exchange` into the byte stream the client receives.
+
+    The relay reports to its caller only: ``on_event`` (if given) sees each event relayed,
+    ``on_close`` is called exactly once, with the outcome and the usage (the backend's, or
+    the relay's own count from ``prompt_tokens`` and the content chunks, at most
+    ``max_tokens``).
+    """
 
     def __init__(
         self,
         exchange: Exchange,
-        ctx: RequestContext,
         *,
         strip_usage: bool,
         idle_s: float,
-        on_close: Callable[[RequestContext, str], None],
+        on_close: Callable[[str, Usage | None], None],
+        on_event: Callable[[bytes], None] | None = None,
+        prompt_tokens: int = 0,
+        max_tokens: int | None = None,
         capture: bool = False,
     ) -> None:
         self.exchange = exchange
         # The answer's text, kept only for requests sampled for shadow evaluation.
         self.captured: list[str] | None = [] if capture else None
-        self.ctx = ctx
+        self.usage: Usage | None = None
+        self.on_event = on_event
+        self.prompt_tokens = prompt_tokens
+        self.max_tokens = max_tokens
         self.strip_usage = strip_usage
         self.idle_s = idle_s
         self.on_close = on_close
@@ -89,18 +100,18 @@ class StreamRelay:
         if self.closed:
             return
         self.closed = True
-        if self.ctx.usage is None and self.last_data:
+        if self.usage is None and self.last_data:
             # Ended early (client gone, backend broke): what was streamed was still served,
             # and limits, budgets and the usage ledger count it.
             self._count_usage()
         self.exchange.finish(abort=not self.done, failed=self.outcome in UPSTREAM_FAILURES)
-        self.on_close(self.ctx, self.outcome)
+        self.on_close(self.outcome, self.usage)
 
     def _event(self, event: bytes) -> bytes | None:
         """Inspect one complete event; return what to send (``None`` to drop it)."""
         if event.startswith(_DONE):
             self.done = True
-            if self.ctx.usage is None:
+            if self.usage is None:
                 return self._estimated_usage() + event + _SEP
             return event + _SEP
         if event.startswith(_DATA_OBJECT):
@@ -109,9 +120,9 @@ class StreamRelay:
                 self.token_events += 1
             if self.captured is not None:
                 self._capture(event)
-        trace = self.ctx.trace
-        if trace is not None:  # finish reasons (and opt-in output text) for the client span
-            trace.on_event(event)
+        on_event = self.on_event
+        if on_event is not None:
+            on_event(event)
         if event.startswith(_UPSTREAM_ERROR):
             # The backend's own in-band error: pass it on as is and end there, whatever the
             # backend sends after it (vLLM: [DONE]).
@@ -125,7 +136,7 @@ class StreamRelay:
                 return event + _SEP
             usage = usage_from(data)
             if usage is not None:
-                self.ctx.usage = usage
+                self.usage = usage
                 if self.strip_usage and data.get("choices") == []:
                     return None
         return event + _SEP
@@ -146,13 +157,11 @@ class StreamRelay:
 
     def _count_usage(self) -> Usage:
         """The gateway's own count: its prompt estimate and one token per content chunk."""
-        summary = self.ctx.summary
         completion = self.token_events
-        if summary is not None and summary.max_tokens is not None:
-            completion = min(completion, summary.max_tokens)
-        prompt = summary.prompt_token_estimate if summary is not None else 0
-        usage = Usage(prompt_tokens=prompt, completion_tokens=completion)
-        self.ctx.usage = usage
+        if self.max_tokens is not None:
+            completion = min(completion, self.max_tokens)
+        usage = Usage(prompt_tokens=self.prompt_tokens, completion_tokens=completion)
+        self.usage = usage
         return usage
 
     def _estimated_usage(self) -> bytes:

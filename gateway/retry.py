@@ -31,13 +31,12 @@ from tenacity.retry import retry_base
 from tenacity.stop import stop_base
 from tenacity.wait import wait_base
 
+from gateway.events import NOT_SENT, FailureKind
 from gateway.upstream import AUTH_STATUSES, RETRYABLE_STATUSES, AttemptFailed
 
 T = TypeVar("T")
 
-_NEVER_RETRY_KINDS = frozenset({"no_replica"})
-# Failures where no request byte reached a backend: retried elsewhere, free of the budget.
-NOT_SENT_KINDS = frozenset({"connect", "connect_timeout"})
+_NEVER_RETRY_KINDS = frozenset({FailureKind.NO_REPLICA})
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,7 +141,7 @@ class _Retry(retry_base):
             self.loop.five_hundreds += 1
         if not is_retryable(exc, self.loop.five_hundreds):
             return False
-        if exc.kind in NOT_SENT_KINDS and self.loop.free_retries < self.loop.replicas - 1:
+        if exc.kind in NOT_SENT and self.loop.free_retries < self.loop.replicas - 1:
             self.loop.free_retries += 1  # nothing reached that replica: another one, for free
             return True
         if exc.retry_after is not None and self.loop.ready_in is not None:
@@ -171,7 +170,7 @@ class _Wait(wait_base):
         policy = self.loop.policy
         outcome = retry_state.outcome
         exc = outcome.exception() if outcome is not None else None
-        if isinstance(exc, AttemptFailed) and exc.kind in NOT_SENT_KINDS:
+        if isinstance(exc, AttemptFailed) and exc.kind in NOT_SENT:
             return 0.0  # another replica, at once: this one never saw the request
         growth = policy.backoff_base_s * 2**retry_state.attempt_number
         ceiling = min(policy.backoff_max_s, growth)

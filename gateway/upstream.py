@@ -8,14 +8,13 @@ redirects are followed; the caller's credentials are never forwarded.
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 import msgspec
 
-from gateway.context import RequestContext
+from gateway.events import FailureKind, status_kind
 
 _decoder = msgspec.json.Decoder()
 
@@ -44,7 +43,11 @@ def make_session(limit_per_host: int = 0) -> aiohttp.ClientSession:
 
 
 class AttemptFailed(Exception):
-    """One attempt against one replica failed; ``kind`` says how, for retries and metrics."""
+    """One attempt against one replica failed; ``kind`` says how, for retries and metrics.
+
+    ``kind`` is a :class:`FailureKind`, or ``status_<code>`` (:func:`status_kind`) for an
+    HTTP error answer.
+    """
 
     def __init__(
         self,
@@ -113,9 +116,12 @@ async def _fail_from_status(response: aiohttp.ClientResponse) -> AttemptFailed:
     finally:
         response.release()
     message, body = _upstream_message(raw, status)
-    kind = f"status_{status}"
     return AttemptFailed(
-        kind, message, status=status, retry_after=_retry_after(response.headers), body=body
+        status_kind(status),
+        message,
+        status=status,
+        retry_after=_retry_after(response.headers),
+        body=body,
     )
 
 
@@ -127,7 +133,6 @@ async def attempt(
     *,
     stream: bool,
     timeout_s: float,
-    ctx: RequestContext | None = None,
     connect_s: float | None = None,
 ) -> Opened:
     """POST ``payload`` to ``url``; return when the answer (or the stream's head) is there.
@@ -135,7 +140,6 @@ async def attempt(
     ``timeout_s`` bounds the whole attempt up to the answer (or the stream's head);
     ``connect_s`` bounds opening the connection alone.
     """
-    started = time.perf_counter()
     response: aiohttp.ClientResponse | None = None
     try:
         async with asyncio.timeout(timeout_s):
@@ -154,21 +158,20 @@ async def attempt(
             body = await response.read()
             return Opened(200, content_type, body, None)
     except aiohttp.ConnectionTimeoutError as exc:
-        raise AttemptFailed("connect_timeout", "The backend did not accept in time.") from exc
+        raise AttemptFailed(
+            FailureKind.CONNECT_TIMEOUT, "The backend did not accept in time."
+        ) from exc
     except TimeoutError as exc:
         if response is not None:
             response.close()
-        raise AttemptFailed("timeout", "The backend did not answer in time.") from exc
+        raise AttemptFailed(FailureKind.TIMEOUT, "The backend did not answer in time.") from exc
     except aiohttp.ClientConnectorError as exc:
-        raise AttemptFailed("connect", "The backend refused the connection.") from exc
+        raise AttemptFailed(FailureKind.CONNECT, "The backend refused the connection.") from exc
     except (aiohttp.ClientError, OSError) as exc:
         if response is not None:
             response.close()
-        raise AttemptFailed("reset", "The connection to the backend was lost.") from exc
+        raise AttemptFailed(FailureKind.RESET, "The connection to the backend was lost.") from exc
     except asyncio.CancelledError:
         if response is not None:
             response.close()  # closing the connection makes vLLM abort the request
         raise
-    finally:
-        if ctx is not None:
-            ctx.upstream_s += time.perf_counter() - started

@@ -36,6 +36,7 @@ class TierGateError(Exception):
         param: str | None = None,
         code: str | None = None,
         headers: dict[str, str] | None = None,
+        detail: str | None = None,
     ) -> None:
         message = _bounded(message, _MAX_MESSAGE)
         super().__init__(message)
@@ -43,6 +44,8 @@ class TierGateError(Exception):
         self.param = _bounded(param, _MAX_PARAM) if param is not None else None
         self.code = code if code is not None else self.default_code
         self.headers: dict[str, str] = dict(headers or {})
+        if detail is not None:
+            self.detail = detail
 
 
 class InvalidRequest(TierGateError):
@@ -108,9 +111,15 @@ class UpstreamUnavailable(TierGateError):
     default_code = "upstream_unavailable"
 
     def __init__(
-        self, message: str, *, status: int = 502, headers: dict[str, str] | None = None
+        self,
+        message: str,
+        *,
+        status: int = 502,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+        detail: str | None = None,
     ) -> None:
-        super().__init__(message, headers=headers)
+        super().__init__(message, code=code, headers=headers, detail=detail)
         self.status = status
 
 
@@ -120,7 +129,13 @@ class UpstreamRejected(TierGateError):
     error_type = "invalid_request_error"
 
     def __init__(
-        self, message: str, *, status: int, param: str | None = None, code: str | None = None
+        self,
+        message: str,
+        *,
+        status: int,
+        param: str | None = None,
+        code: str | None = None,
+        detail: str | None = None,
     ) -> None:
-        super().__init__(message, param=param, code=code)
+        super().__init__(message, param=param, code=code, detail=detail)
         self.status = status

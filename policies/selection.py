@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from typing import Protocol, TypeVar
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
 
 
 class ReplicaLoad(Protocol):
@@ -32,15 +33,24 @@ class ReplicaLoad(Protocol):
 R = TypeVar("R", bound=ReplicaLoad)
 
 
+@dataclass(frozen=True, slots=True)
+class Choice(Generic[R]):
+    """A strategy's pick for one request, and how it was made.
+
+    ``affinity``: True when the prefix ranking decided, False when load overrode it, None
+    when no prefix was followed (strategies without affinity always say None).
+    """
+
+    replica: R
+    affinity: bool | None = None
+
+
 class Strategy(Protocol):
     """Picks one of ``candidates`` (all up and below their cap) for a request."""
 
     name: str
-    #: After ``choose``: True when the prefix ranking decided, False when load overrode it,
-    #: None when no prefix was followed (strategies without affinity always say None).
-    last_affinity: bool | None
 
-    def choose(self, candidates: Sequence[R], prefix_blocks: Sequence[int], tick: int) -> R:
+    def choose(self, candidates: Sequence[R], prefix_blocks: Sequence[int], tick: int) -> Choice[R]:
         """Return the chosen replica; ``candidates`` is never empty."""
         ...
 
@@ -58,11 +68,10 @@ class RoundRobin:
     """Each request to the next replica in turn."""
 
     name = "round_robin"
-    last_affinity: bool | None = None
 
-    def choose(self, candidates: Sequence[R], prefix_blocks: Sequence[int], tick: int) -> R:
+    def choose(self, candidates: Sequence[R], prefix_blocks: Sequence[int], tick: int) -> Choice[R]:
         """The candidate at ``tick`` modulo their number."""
-        return candidates[tick % len(candidates)]
+        return Choice(candidates[tick % len(candidates)])
 
 
 def least_loaded(candidates: Sequence[R], tick: int) -> R:
@@ -83,11 +92,10 @@ class LeastLoaded:
     """The replica with the least load."""
 
     name = "least_loaded"
-    last_affinity: bool | None = None
 
-    def choose(self, candidates: Sequence[R], prefix_blocks: Sequence[int], tick: int) -> R:
+    def choose(self, candidates: Sequence[R], prefix_blocks: Sequence[int], tick: int) -> Choice[R]:
         """The least-loaded candidate."""
-        return least_loaded(candidates, tick)
+        return Choice(least_loaded(candidates, tick))
 
 
 _MASK = (1 << 64) - 1
@@ -138,7 +146,6 @@ class PrefixAffinity:
         self._ids: dict[str, int] = {}
         self.affinity_hits = 0
         self.load_fallbacks = 0
-        self.last_affinity: bool | None = None  # how the latest choice was made
 
     def _replica_id(self, url: str) -> int:
         rid = self._ids.get(url)
@@ -156,27 +163,23 @@ class PrefixAffinity:
         low, high = min(loads), max(loads)
         return high - low > self.imbalance_abs and high > self.imbalance_rel * low
 
-    def choose(self, candidates: Sequence[R], prefix_blocks: Sequence[int], tick: int) -> R:
+    def choose(self, candidates: Sequence[R], prefix_blocks: Sequence[int], tick: int) -> Choice[R]:
         """The best-ranked candidate within the load bound, else the least-loaded one.
 
-        ``last_affinity`` says afterwards whether the choice followed the prefix ranking (True),
-        fell back to load (False), or had no prefix to follow (None).
+        The choice's ``affinity`` says whether it followed the prefix ranking (True), fell
+        back to load (False), or had no prefix to follow (None).
         """
         if not prefix_blocks or len(candidates) == 1:
-            self.last_affinity = None
-            return least_loaded(candidates, tick)
+            return Choice(least_loaded(candidates, tick))
         loads = [load_of(r) for r in candidates]
         if self.imbalanced(loads):
             self.load_fallbacks += 1
-            self.last_affinity = False
-            return least_loaded(candidates, tick)
+            return Choice(least_loaded(candidates, tick), affinity=False)
         total = sum(r.in_flight for r in candidates)
         bound = self.load_factor * (total + 1) / len(candidates) + self.load_slack
         for replica in self.ranking(candidates, prefix_blocks[-1]):
             if replica.in_flight + 1 <= bound:
                 self.affinity_hits += 1
-                self.last_affinity = True
-                return replica
+                return Choice(replica, affinity=True)
         self.load_fallbacks += 1
-        self.last_affinity = False
-        return least_loaded(candidates, tick)
+        return Choice(least_loaded(candidates, tick), affinity=False)

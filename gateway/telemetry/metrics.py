@@ -17,7 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from gateway.context import RequestContext
-from gateway.events import CLIENT_GONE
+from gateway.errors import ClientGone
 from gateway.replicas import ReplicaPool
 from gateway.telemetry import semconv as sc
 from policies.errors import RateLimited
@@ -252,4 +252,4 @@ class GatewayMetrics:
 
 def _abort_cause(outcome: str) -> str | None:
     """Errors before the stream started are not aborts, except the client leaving."""
-    return sc.OUTCOME_CLIENT_DISCONNECT if outcome == CLIENT_GONE else None
+    return sc.OUTCOME_CLIENT_DISCONNECT if outcome == ClientGone.__name__ else None

@@ -16,7 +16,7 @@ import structlog
 from gateway.context import RequestContext
 from gateway.telemetry import semconv as sc
 from gateway.telemetry.metrics import GatewayMetrics
-from gateway.telemetry.tracing import Tracing
+from gateway.telemetry.tracing import RequestTrace, Tracing
 
 _bind = structlog.contextvars.bind_contextvars
 
@@ -76,15 +76,15 @@ class TelemetryObserver:
         self.access_log = access_log
         self.log = logger  # resolved on first use: logging is configured after the app is built
 
-    def started(self, ctx: RequestContext, headers: Mapping[str, str]) -> None:
-        """Bind the request id to this request's log lines; open its trace if tracing is on."""
+    def started(self, ctx: RequestContext, headers: Mapping[str, str]) -> RequestTrace | None:
+        """Bind the request id to this request's log lines; its trace if tracing is on."""
         tracing = self.tracing
         if tracing is None:
             _bind(request_id=ctx.request_id)
-            return
-        tracing.start(ctx, headers.get("traceparent"), headers.get("tracestate"))
-        trace = ctx.trace
-        _bind(request_id=ctx.request_id, trace_id=trace.trace_id if trace is not None else None)
+            return None
+        trace = tracing.start(ctx, headers.get("traceparent"), headers.get("tracestate"))
+        _bind(request_id=ctx.request_id, trace_id=trace.trace_id)
+        return trace
 
     def finished(self, ctx: RequestContext, outcome: str) -> None:
         """Record one finished request (called exactly once per request)."""

@@ -17,12 +17,11 @@ import msgspec
 from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
 
+from gateway.events import AttemptEnd, AttemptStart
 from gateway.telemetry import semconv as sc
 
 if TYPE_CHECKING:
     from gateway.context import RequestContext
-    from gateway.forwarding import Exchange
-    from gateway.replicas import Replica
 
 _decoder = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()
@@ -126,20 +125,21 @@ class StageRecorder:
         """``stage`` ended now."""
         self.marks.append((stage, time.perf_counter()))
 
-    def route(
-        self, ctx: RequestContext, replica: Replica, strategy: str, routed_at: float, blocks: int
-    ) -> None:
-        """A span for one replica choice (from ``routed_at`` until now)."""
+    def route(self, start: AttemptStart) -> None:
+        """A span for one replica choice (from ``start.routed_at`` until now)."""
         attrs: dict[str, Any] = {
-            sc.TG_TIER: replica.tier,
-            sc.TG_REPLICA: replica.name,
-            sc.TG_ROUTE_STRATEGY: strategy,
-            sc.TG_ROUTE_PREFIX_BLOCKS: blocks,
+            sc.TG_TIER: start.tier,
+            sc.TG_REPLICA: start.replica,
+            sc.TG_ROUTE_STRATEGY: start.strategy,
+            sc.TG_ROUTE_PREFIX_BLOCKS: start.prefix_blocks,
         }
-        if ctx.prefix_match is not None:
-            attrs[sc.TG_ROUTE_PREFIX_MATCH] = ctx.prefix_match
+        if start.prefix_match is not None:
+            attrs[sc.TG_ROUTE_PREFIX_MATCH] = start.prefix_match
         span = self.tracer.start_span(
-            sc.SPAN_ROUTE, context=self.parent, start_time=self.ns(routed_at), attributes=attrs
+            sc.SPAN_ROUTE,
+            context=self.parent,
+            start_time=self.ns(start.routed_at),
+            attributes=attrs,
         )
         span.end()
 
@@ -198,17 +198,17 @@ class AttemptSpan:
         tracer: Tracer,
         parent: Context,
         ctx: RequestContext,
-        replica: Replica,
-        body: Mapping[str, Any],
+        start: AttemptStart,
         *,
         capture: bool,
     ) -> AttemptSpan:
         """Open the client span with the request's allowlisted attributes."""
+        body = start.body
         summary = ctx.summary
         chat = summary is None or summary.kind == "chat"
         operation = sc.OPERATION_CHAT if chat else sc.OPERATION_TEXT_COMPLETION
         model = str(body.get("model", ""))
-        url = urlsplit(replica.url)
+        url = urlsplit(start.url)
         attrs: dict[str, Any] = {
             sc.GEN_AI_OPERATION_NAME: operation,
             sc.GEN_AI_PROVIDER_NAME: sc.PROVIDER_VLLM,
@@ -216,8 +216,8 @@ class AttemptSpan:
             sc.GEN_AI_REQUEST_STREAM: bool(body.get("stream")),
             sc.SERVER_ADDRESS: url.hostname or "",
             sc.SERVER_PORT: url.port or (443 if url.scheme == "https" else 80),
-            sc.TG_TIER: replica.tier,
-            sc.TG_REPLICA: replica.name,
+            sc.TG_TIER: start.tier,
+            sc.TG_REPLICA: start.replica,
             sc.TG_ATTEMPT: ctx.attempts,
         }
         for field, name in sc.REQUEST_PARAMETERS:
@@ -245,16 +245,16 @@ class AttemptSpan:
         if isinstance(data.get("model"), str):
             self.span.set_attribute(sc.GEN_AI_RESPONSE_MODEL, data["model"])
 
-    def opened(self, exchange: Exchange, ctx: RequestContext) -> None:
+    def opened(self, end: AttemptEnd, ctx: RequestContext) -> None:
         """The backend answered; a complete (non-streaming) answer ends the span now."""
-        body = exchange.opened.body
+        body = end.body
         if body is None:  # a stream: the first event is already read
             if ctx.first_chunk_s is not None:
                 offset = self.started - ctx.started
                 self.span.set_attribute(
                     sc.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK, max(0.0, ctx.first_chunk_s - offset)
                 )
-            first = exchange.first_event
+            first = end.first_event
             if first.startswith(_DATA):
                 self._response(_decode(first[len(_DATA) :]))
             return

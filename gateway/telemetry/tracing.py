@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from importlib.metadata import PackageNotFoundError, version
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
@@ -36,15 +36,13 @@ from opentelemetry.trace import (
 )
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from gateway.events import AttemptEnd, AttemptStart
 from gateway.settings import TelemetrySettings
 from gateway.telemetry import semconv as sc
 from gateway.telemetry.spans import AttemptSpan, StageRecorder, server_finish_attributes
-from gateway.upstream import AttemptFailed
 
 if TYPE_CHECKING:
     from gateway.context import RequestContext
-    from gateway.forwarding import Exchange
-    from gateway.replicas import Replica
 
 _HTTP_PROTOBUF = "http/protobuf"
 _CLEAN_OUTCOMES = frozenset({sc.OUTCOME_COMPLETE, sc.OUTCOME_CLIENT_DISCONNECT})
@@ -133,8 +131,10 @@ class Tracing:
         self.propagator = TraceContextTextMapPropagator()
         self.capture_content = capture_content
 
-    def start(self, ctx: RequestContext, traceparent: str | None, tracestate: str | None) -> None:
-        """Open the server span (child of an incoming ``traceparent``) and attach it to ``ctx``."""
+    def start(
+        self, ctx: RequestContext, traceparent: str | None, tracestate: str | None
+    ) -> RequestTrace:
+        """Open the server span (child of an incoming ``traceparent``): the request's trace."""
         parent: Context | None = None
         if traceparent:
             carrier = {"traceparent": traceparent}
@@ -145,8 +145,8 @@ class Tracing:
         span = self.tracer.start_span(
             f"POST {ctx.route}", context=parent, kind=SpanKind.SERVER, start_time=start_ns
         )
-        ctx.trace = RequestTrace(self, span, start_ns, ctx.started)
-        if span.is_recording():
+        trace = RequestTrace(self, span, start_ns, ctx.started)
+        if trace.recording:
             span.set_attributes(
                 {
                     sc.HTTP_REQUEST_METHOD: "POST",
@@ -154,6 +154,7 @@ class Tracing:
                     sc.TG_REQUEST_ID: ctx.request_id,
                 }
             )
+        return trace
 
     def shutdown(self) -> None:
         """Flush what is queued (bounded by the exporters' timeouts) and stop."""
@@ -178,7 +179,15 @@ class RequestTrace:
     ``traceparent`` (not sampled), and no stage, route or client span is built.
     """
 
-    __slots__ = ("_propagated", "open_attempt", "recording", "span", "stages", "tracing")
+    __slots__ = (
+        "_attempt",
+        "_propagated",
+        "open_attempt",
+        "recording",
+        "span",
+        "stages",
+        "tracing",
+    )
 
     def __init__(self, tracing: Tracing, span: Span, start_ns: int, started: float) -> None:
         self.tracing = tracing
@@ -190,6 +199,7 @@ class RequestTrace:
             else None
         )
         self.open_attempt: AttemptSpan | None = None
+        self._attempt: AttemptSpan | None = None  # the attempt in flight
         self._propagated: dict[str, str] | None = None
 
     @property
@@ -208,43 +218,40 @@ class RequestTrace:
         if stages is not None:
             stages.mark(stage)
 
-    async def attempt(
-        self,
-        ctx: RequestContext,
-        replica: Replica,
-        body: Mapping[str, Any],
-        headers: dict[str, str],
-        send: Callable[[dict[str, str]], Awaitable[Exchange]],
-        *,
-        strategy: str,
-        routed_at: float,
-        prefix_blocks: int,
-    ) -> Exchange:
-        """Run one upstream attempt (``send``) with ``traceparent`` and, if sampled, its spans."""
+    def attempt_started(self, ctx: RequestContext, start: AttemptStart) -> Mapping[str, str]:
+        """An upstream attempt starts: its ``traceparent`` and, if sampled, its spans."""
         stages = self.stages
         if stages is None:
-            if self._propagated is None:
-                self._propagated = trace_headers(self.span.get_span_context())
-            return await send({**headers, **self._propagated})
-        stages.route(ctx, replica, strategy, routed_at, prefix_blocks)
+            propagated = self._propagated
+            if propagated is None:
+                propagated = self._propagated = trace_headers(self.span.get_span_context())
+            return propagated
+        stages.route(start)
         span = AttemptSpan.start(
             self.tracing.tracer,
             stages.parent,
             ctx,
-            replica,
-            body,
+            start,
             capture=self.tracing.capture_content,
         )
-        sent = {**headers, **trace_headers(span.span.get_span_context())}
-        try:
-            exchange = await send(sent)
-        except BaseException as exc:
-            span.fail(exc.kind if isinstance(exc, AttemptFailed) else type(exc).__name__)
-            raise
-        span.opened(exchange, ctx)
-        if exchange.opened.body is None:
+        self._attempt = span
+        return trace_headers(span.span.get_span_context())
+
+    def attempt_ended(self, ctx: RequestContext, end: AttemptEnd) -> None:
+        """The attempt failed (its span ends with ``error.type``) or opened.
+
+        A complete answer ends the client span now; a stream's ends with the request.
+        """
+        span = self._attempt
+        if span is None:
+            return
+        self._attempt = None
+        if end.failure is not None:
+            span.fail(end.failure)
+            return
+        span.opened(end, ctx)
+        if end.body is None:
             self.open_attempt = span  # a stream: its client span ends with the request
-        return exchange
 
     def on_event(self, event: bytes) -> None:
         """One SSE event relayed to the client (finish reasons, opt-in output text)."""

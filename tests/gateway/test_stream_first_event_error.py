@@ -8,7 +8,6 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from gateway.context import RequestContext
 from gateway.forwarding import Forwarder, TierRoute, stream_error
 from gateway.replicas import ReplicaPool
 from gateway.retry import RetryPolicy
@@ -77,9 +76,8 @@ async def test_first_event_4xx_error_is_answered_with_its_status(
     runner = await _server(ERROR_400, seen)
     try:
         forwarder, pool = _forwarder(session, [_url(runner)])
-        ctx = RequestContext("caller-id", route="/v1/chat/completions")
         with pytest.raises(UpstreamRejected) as info:
-            await forwarder.forward(ctx, "/v1/chat/completions", _body(), ["fast"])
+            await forwarder.forward("/v1/chat/completions", _body(), ["fast"])
         assert info.value.status == 400
         assert "already running" in str(info.value)
         assert len(seen) == 1  # 4xx: not retried
@@ -98,8 +96,8 @@ async def test_first_event_5xx_error_is_retried_elsewhere_with_a_new_id(
     good = await _server(GOOD, good_seen)
     try:
         forwarder, pool = _forwarder(session, [_url(bad), _url(good)])
-        ctx = RequestContext("caller-id", route="/v1/chat/completions")
-        exchange = await forwarder.forward(ctx, "/v1/chat/completions", _body(), ["fast"])
+        forwarded = await forwarder.forward("/v1/chat/completions", _body(), ["fast"])
+        exchange = forwarded.exchange
         assert exchange.first_event.startswith(b'data: {"id"')
         exchange.finish()
         assert len(bad_seen) == 1

@@ -37,7 +37,7 @@ def keys(n: int, seed: int = 1) -> list[tuple[int, ...]]:
 def test_round_robin_cycles() -> None:
     """Round-robin takes each candidate in turn."""
     pool = nodes()
-    picks = [RoundRobin().choose(pool, (), tick).url for tick in range(8)]
+    picks = [RoundRobin().choose(pool, (), tick).replica.url for tick in range(8)]
     assert picks == URLS + URLS
 
 
@@ -51,13 +51,13 @@ def test_least_loaded_picks_the_minimum() -> None:
     """Least-loaded picks the replica with the smallest load."""
     pool = nodes()
     pool[0].in_flight, pool[1].in_flight, pool[2].waiting, pool[3].in_flight = 4, 2, 5, 1
-    assert LeastLoaded().choose(pool, (), 0) is pool[3]
+    assert LeastLoaded().choose(pool, (), 0).replica is pool[3]
 
 
 def test_least_loaded_ties_spread_with_the_tick() -> None:
     """Equal loads are broken by the tick so idle replicas share the work."""
     pool = nodes()
-    picks = {LeastLoaded().choose(pool, (), tick).url for tick in range(4)}
+    picks = {LeastLoaded().choose(pool, (), tick).replica.url for tick in range(4)}
     assert picks == set(URLS)
 
 
@@ -66,15 +66,15 @@ def test_affinity_is_sticky_for_a_key() -> None:
     strategy = PrefixAffinity("tiergate-fast")
     pool = nodes()
     for key in keys(50):
-        first = strategy.choose(pool, key, 0)
-        assert all(strategy.choose(pool, key, tick) is first for tick in range(1, 5))
+        first = strategy.choose(pool, key, 0).replica
+        assert all(strategy.choose(pool, key, tick).replica is first for tick in range(1, 5))
 
 
 def test_affinity_uses_the_deepest_block() -> None:
     """Keys that share leading blocks but differ in the last one may go elsewhere."""
     strategy = PrefixAffinity("m")
     pool = nodes()
-    targets = {strategy.choose(pool, (7, k), 0).url for k in range(40)}
+    targets = {strategy.choose(pool, (7, k), 0).replica.url for k in range(40)}
     assert len(targets) > 1
 
 
@@ -85,14 +85,14 @@ def test_two_gateways_agree_without_talking() -> None:
     pool = nodes()
     shuffled = list(reversed(pool))
     for key in keys(200):
-        assert one.choose(pool, key, 0).url == two.choose(shuffled, key, 3).url
+        assert one.choose(pool, key, 0).replica.url == two.choose(shuffled, key, 3).replica.url
 
 
 def test_affinity_spreads_keys_evenly() -> None:
     """Many distinct prefixes spread over the replicas close to evenly."""
     strategy = PrefixAffinity("tiergate-fast")
     pool = nodes()
-    counts = Counter(strategy.choose(pool, key, 0).url for key in keys(4000))
+    counts = Counter(strategy.choose(pool, key, 0).replica.url for key in keys(4000))
     assert len(counts) == 4
     assert max(counts.values()) < 1.15 * 1000
     assert min(counts.values()) > 0.85 * 1000
@@ -102,7 +102,9 @@ def test_model_seed_changes_the_mapping() -> None:
     """Each tier (served model) has its own mapping of prefixes to replicas."""
     pool = nodes()
     fast, precise = PrefixAffinity("tiergate-fast"), PrefixAffinity("tiergate-precise")
-    same = sum(fast.choose(pool, k, 0) is precise.choose(pool, k, 0) for k in keys(400))
+    same = sum(
+        fast.choose(pool, k, 0).replica is precise.choose(pool, k, 0).replica for k in keys(400)
+    )
     assert same < 200
 
 
@@ -110,10 +112,10 @@ def test_losing_a_replica_moves_only_its_prefixes() -> None:
     """Rendezvous hashing: when a replica leaves, keys on the others stay where they were."""
     strategy = PrefixAffinity("m")
     pool = nodes()
-    before = {key: strategy.choose(pool, key, 0).url for key in keys(500)}
+    before = {key: strategy.choose(pool, key, 0).replica.url for key in keys(500)}
     remaining = pool[1:]
     for key, url in before.items():
-        after = strategy.choose(remaining, key, 0).url
+        after = strategy.choose(remaining, key, 0).replica.url
         if url != URLS[0]:
             assert after == url
 
@@ -125,8 +127,8 @@ def test_overloaded_preferred_replica_falls_to_the_next_ranked() -> None:
     key = keys(1)[0]
     ranking = strategy.ranking(pool, key[-1])
     ranking[0].in_flight = 6  # mean 1.5: bound 1.25 * 7 / 4 + 2 = 4.19
-    assert strategy.choose(pool, key, 0) is ranking[1]
-    assert PrefixAffinity("m").choose(list(reversed(pool)), key, 0) is ranking[1]
+    assert strategy.choose(pool, key, 0).replica is ranking[1]
+    assert PrefixAffinity("m").choose(list(reversed(pool)), key, 0).replica is ranking[1]
 
 
 def test_light_load_does_not_spread_a_hot_prefix() -> None:
@@ -136,8 +138,9 @@ def test_light_load_does_not_spread_a_hot_prefix() -> None:
     key = keys(1)[0]
     preferred = strategy.ranking(pool, key[-1])[0]
     preferred.in_flight = 3  # bound 1.25 * 4 / 4 + 4 = 5.25
-    assert strategy.choose(pool, key, 0) is preferred
-    assert strategy.last_affinity is True
+    choice = strategy.choose(pool, key, 0)
+    assert choice.replica is preferred
+    assert choice.affinity is True
 
 
 def test_imbalance_guard_picks_least_loaded() -> None:
@@ -149,9 +152,10 @@ def test_imbalance_guard_picks_least_loaded() -> None:
     idle = pool[2]
     idle.waiting = 0
     key = keys(1)[0]
-    assert strategy.choose(pool, key, 0) is idle
+    choice = strategy.choose(pool, key, 0)
+    assert choice.replica is idle
     assert strategy.load_fallbacks == 1
-    assert strategy.last_affinity is False
+    assert choice.affinity is False
 
 
 def test_no_key_or_one_candidate_means_least_loaded() -> None:
@@ -159,6 +163,7 @@ def test_no_key_or_one_candidate_means_least_loaded() -> None:
     strategy = PrefixAffinity("m")
     pool = nodes()
     pool[0].in_flight = pool[1].in_flight = pool[3].in_flight = 1
-    assert strategy.choose(pool, (), 0) is pool[2]
-    assert strategy.last_affinity is None
-    assert strategy.choose(pool[:1], (1, 2), 0) is pool[0]
+    choice = strategy.choose(pool, (), 0)
+    assert choice.replica is pool[2]
+    assert choice.affinity is None
+    assert strategy.choose(pool[:1], (1, 2), 0).replica is pool[0]

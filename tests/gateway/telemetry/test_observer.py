@@ -59,7 +59,7 @@ def test_the_access_line_carries_trace_and_span_ids_when_tracing() -> None:
     observer = _observer(log, Tracing(provider, capture_content=False))
     ctx = finished_context()
     parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
-    observer.started(ctx, {"traceparent": parent})
+    ctx.trace = observer.started(ctx, {"traceparent": parent})
     observer.finished(ctx, "complete")
     (server,) = exporter.get_finished_spans()
     fields = log.lines[0][1]

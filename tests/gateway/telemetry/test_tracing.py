@@ -12,8 +12,7 @@ from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from gateway.context import Failure, RequestContext
-from gateway.forwarding import Exchange
-from gateway.replicas import ReplicaPool
+from gateway.events import AttemptEnd, AttemptStart
 from gateway.settings import TelemetrySettings
 from gateway.telemetry.tracing import (
     Tracing,
@@ -21,7 +20,6 @@ from gateway.telemetry.tracing import (
     build_tracer_provider,
     exporters_from_env,
 )
-from gateway.upstream import Opened
 from policies.errors import AuthenticationFailed
 from tests.gateway.telemetry.factories import summary
 
@@ -60,31 +58,15 @@ async def _one_request(
     """Run a non-streaming request's telemetry around a fake upstream; return sent headers."""
     ctx = RequestContext("req-1", route="/v1/chat/completions")
     ctx.summary = summary()
-    tracing.start(ctx, traceparent, tracestate)
-    trace = ctx.trace
-    assert trace is not None
+    trace = ctx.trace = tracing.start(ctx, traceparent, tracestate)
     for stage in ("auth", "validate", "classify", "ratelimit"):
         trace.mark(stage)
-    pool = ReplicaPool("fast", ["http://127.0.0.1:9"], 4, 1.0)
-    replica = pool.replicas[0]
-    sent: dict[str, str] = {}
-
-    async def send(headers: dict[str, str]) -> Exchange:
-        sent.update(headers)
-        raw = json.dumps(ANSWER).encode()
-        return Exchange(Opened(200, "application/json", raw, None), replica, pool)
-
-    ctx.attempts = 1
-    await trace.attempt(
-        ctx,
-        replica,
-        BODY,
-        {"x-request-id": "req-1"},
-        send,
-        strategy="round_robin",
-        routed_at=ctx.started,
-        prefix_blocks=0,
+    start = AttemptStart(
+        "fast", "127.0.0.1:9", "http://127.0.0.1:9", "round_robin", ctx.started, 0, None, "u1", BODY
     )
+    ctx.attempts = 1
+    sent = {"x-request-id": "req-1", **trace.attempt_started(ctx, start)}
+    trace.attempt_ended(ctx, AttemptEnd(0.001, body=json.dumps(ANSWER).encode()))
     ctx.status = 200
     trace.finish(ctx, "complete")
     return sent
@@ -194,8 +176,7 @@ def test_a_request_failing_in_a_stage_gets_that_stage_as_an_error_span() -> None
     exporter = InMemorySpanExporter()
     tracing = _tracing(exporter)
     ctx = RequestContext("req-2", route="/v1/completions")
-    tracing.start(ctx, None, None)
-    assert ctx.trace is not None
+    ctx.trace = tracing.start(ctx, None, None)
     ctx.status = 401
     ctx.failure = Failure.of(AuthenticationFailed("bad key"))
     ctx.trace.finish(ctx, "AuthenticationFailed")
