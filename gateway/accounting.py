@@ -16,7 +16,7 @@ from redis.asyncio import Redis
 
 from gateway.admin_routing import ShadowCollector, admin_routing_handlers
 from gateway.budgets import BudgetGate, MemoryBudgetStore, RedisBudgetStore
-from gateway.context import RequestContext
+from gateway.context import RequestContext, Trace
 from gateway.forwarding import Forwarder
 from gateway.proxy import RequestObserver
 from gateway.routing import TierRouter
@@ -95,9 +95,9 @@ class LedgerObserver:
     inner: RequestObserver
     ledger: UsageLedger
 
-    def started(self, ctx: RequestContext, headers: Mapping[str, str]) -> None:
+    def started(self, ctx: RequestContext, headers: Mapping[str, str]) -> Trace | None:
         """As the inner observer."""
-        self.inner.started(ctx, headers)
+        return self.inner.started(ctx, headers)
 
     def finished(self, ctx: RequestContext, outcome: str) -> None:
         """Telemetry first, then the ledger."""

@@ -8,11 +8,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from gateway.events import AttemptEnd, AttemptStart
+from gateway.events import AttemptEnd, AttemptStart, Usage
 from policies.errors import TierGateError
 from policies.principal import Principal
 from policies.requests import RequestSummary
 from policies.tiering import RouteDecision
+
+__all__ = [  # Usage is re-exported: the context's token counts
+    "Failure",
+    "RequestContext",
+    "Trace",
+    "Usage",
+    "request_id_from",
+    "upstream_id_for",
+]
 
 
 class Trace(Protocol):
@@ -95,20 +104,6 @@ class Failure:
         return cls(
             type(exc).__name__, exc.status, exc.code, limit if isinstance(limit, str) else None
         )
-
-
-@dataclass(slots=True)
-class Usage:
-    """Token counts reported by the backend."""
-
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cached_tokens: int = 0
-
-    @property
-    def total(self) -> int:
-        """Prompt plus completion tokens."""
-        return self.prompt_tokens + self.completion_tokens
 
 
 @dataclass(slots=True)

@@ -67,6 +67,20 @@ def status_kind(status: int) -> str:
     return f"status_{status}"
 
 
+@dataclass(slots=True)
+class Usage:
+    """Token counts reported by the backend (or, when it reports none, counted by the relay)."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+    @property
+    def total(self) -> int:
+        """Prompt plus completion tokens."""
+        return self.prompt_tokens + self.completion_tokens
+
+
 @dataclass(frozen=True, slots=True)
 class AttemptStart:
     """One upstream attempt is about to be sent (its replica chosen, its id fresh)."""

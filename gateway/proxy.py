@@ -17,9 +17,9 @@ from litestar.background_tasks import BackgroundTask
 from litestar.response import Stream
 
 from gateway.budgets import BudgetGate, with_budget
-from gateway.context import Failure, RequestContext, Trace, Usage, request_id_from
+from gateway.context import Failure, RequestContext, Trace, request_id_from
 from gateway.errors import ClientGone
-from gateway.events import AttemptEnd, AttemptStart, Outcome
+from gateway.events import AttemptEnd, AttemptStart, Outcome, Usage
 from gateway.forwarding import Exchange, Forwarded, Forwarder
 from gateway.relay import StreamRelay, usage_from
 from gateway.request_body import FieldRules, decode

@@ -18,9 +18,8 @@ from typing import Any
 import aiohttp
 import msgspec
 
-from gateway.context import Usage
 from gateway.errors import error_body
-from gateway.events import UPSTREAM_FAILURES, Outcome
+from gateway.events import UPSTREAM_FAILURES, Outcome, Usage
 from gateway.forwarding import Exchange
 
 _decoder = msgspec.json.Decoder()
