@@ -20,7 +20,7 @@ from gateway.context import RequestContext, Trace
 from gateway.forwarding import Forwarder
 from gateway.proxy import RequestObserver
 from gateway.routing import TierRouter
-from gateway.settings import Settings
+from gateway.settings import RateLimitSettings, RouterSettings, TierSettings
 from gateway.shadow import Featurizer, RequestFeatures, ShadowConfig, ShadowRunner
 from gateway.usage import (
     MemoryUsageStore,
@@ -36,11 +36,10 @@ from router_models.vectors import hashed_vector
 FAST_RELATIVE_PRICE = 0.25  # an INT4 tier's token at about a quarter of an FP16 one's
 
 
-def cost_model(settings: Settings) -> CostModel:
-    """Each tier's configured price; unset: 1 per 1k tokens on precise, 0.25 elsewhere."""
-    precise = settings.router.precise_tier
+def cost_model(tiers: Mapping[str, TierSettings], precise: str) -> CostModel:
+    """Each tier's configured price; unset: 1 per 1k tokens on ``precise``, 0.25 elsewhere."""
     prices: dict[str, TierPrice] = {}
-    for name, tier in settings.tiers.items():
+    for name, tier in tiers.items():
         if tier.cost is not None:
             prices[name] = TierPrice(*tier.cost.prices())
         else:
@@ -50,18 +49,18 @@ def cost_model(settings: Settings) -> CostModel:
 
 
 def build_shadow(
-    settings: Settings, forwarder: Forwarder, router: TierRouter
+    settings: RouterSettings, forwarder: Forwarder, router: TierRouter
 ) -> ShadowRunner | None:
-    """The shadow-evaluation runner, when ``router.shadow`` samples anything."""
-    config = ShadowConfig(**settings.router.shadow.model_dump())
+    """The shadow-evaluation runner, when ``settings.shadow`` samples anything."""
+    config = ShadowConfig(**settings.shadow.model_dump())
     if not config.enabled:
         return None
     return ShadowRunner(
         config,
         forwarder.routes,
-        fast_tier=settings.router.fast_tier,
-        precise_tier=settings.router.precise_tier,
-        session=lambda: forwarder.session,
+        fast_tier=settings.fast_tier,
+        precise_tier=settings.precise_tier,
+        session=forwarder.upstream.current,
         featurizer=router_featurizer(router),
     )
 
@@ -133,33 +132,41 @@ class Accounting:
 
 
 def build_accounting(
-    settings: Settings,
+    tiers: Mapping[str, TierSettings],
+    router_settings: RouterSettings,
+    ratelimit: RateLimitSettings,
     *,
     client: Redis | None,
+    key_prefix: str,
+    admin_token: str | None,
     forwarder: Forwarder,
     router: TierRouter,
     observer: RequestObserver,
     registry: CollectorRegistry,
     observed_share: Callable[[], float],
 ) -> Accounting:
-    """Shadow runner, ledger, budgets, their routes and metrics."""
-    costs = cost_model(settings)
-    shared = client is not None and settings.ratelimit.backend == "redis"
-    prefix = settings.redis.key_prefix
-    redis_usage = RedisUsageStore(client, prefix) if shared and client is not None else None
+    """Shadow runner, ledger, budgets, their routes and metrics.
+
+    Usage and budgets live in Redis (``client``, keys under ``key_prefix``) when the limiter
+    does, in memory otherwise.
+    """
+    costs = cost_model(tiers, router_settings.precise_tier)
+    shared = client is not None and ratelimit.backend == "redis"
+    redis_usage = RedisUsageStore(client, key_prefix) if shared and client is not None else None
     ledger = UsageLedger(costs, redis_usage or MemoryUsageStore())
     store = (
-        RedisBudgetStore(client, prefix) if shared and client is not None else MemoryBudgetStore()
+        RedisBudgetStore(client, key_prefix)
+        if shared and client is not None
+        else MemoryBudgetStore()
     )
-    budgets = BudgetGate(store, costs, fail_open=settings.ratelimit.on_redis_error == "open")
-    shadow = build_shadow(settings, forwarder, router)
+    budgets = BudgetGate(store, costs, fail_open=ratelimit.on_redis_error == "open")
+    shadow = build_shadow(router_settings, forwarder, router)
     registry.register(UsageCollector(ledger))
     if shadow is not None:
         registry.register(ShadowCollector(shadow))
-    token = settings.auth.read_admin_token()
     handlers = [
-        *admin_usage_handlers(ledger, token),
-        *admin_routing_handlers(router, shadow, observed_share, settings.router, token),
+        *admin_usage_handlers(ledger, admin_token),
+        *admin_routing_handlers(router, shadow, observed_share, router_settings, admin_token),
     ]
     return Accounting(
         LedgerObserver(observer, ledger),

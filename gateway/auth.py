@@ -233,11 +233,14 @@ class Access:
         self,
         settings: Settings,
         *,
+        admin_token: str | None = None,
         auth: Authenticator | None = None,
         limiter: RequestLimiter | None = None,
     ) -> None:
         cfg = settings.auth
-        admin_token = cfg.read_admin_token() if cfg.enabled else None
+        # The key admin routes: only with authentication on (``admin_token`` is read once,
+        # by the composition root).
+        admin_token = admin_token if cfg.enabled else None
         uses_redis = (
             cfg.enabled and cfg.store == "redis" and (auth is None or admin_token is not None)
         ) or (limiter is None and settings.ratelimit.backend == "redis")

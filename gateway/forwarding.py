@@ -37,7 +37,7 @@ from gateway.explain import every_tier_failed, tier_detail, why_none
 from gateway.replicas import Replica, ReplicaPool
 from gateway.retry import RetryBudget, RetryLoop, RetryPolicy
 from gateway.settings import Timeouts
-from gateway.upstream import AUTH_STATUSES, AttemptFailed, Opened, attempt
+from gateway.upstream import AUTH_STATUSES, AttemptFailed, Opened, UpstreamClient, attempt
 from policies.errors import Overloaded, TierGateError, UpstreamRejected, UpstreamUnavailable
 from policies.selection import Choice, Strategy
 
@@ -135,11 +135,11 @@ class Forwarder:
 
     def __init__(
         self,
-        session: aiohttp.ClientSession,
+        upstream: UpstreamClient,
         routes: Mapping[str, TierRoute],
         policy: RetryPolicy,
     ) -> None:
-        self.session = session
+        self.upstream = upstream
         self.routes = routes
         self.policy = policy
         self.budget = RetryBudget(policy.budget_ratio, policy.budget_min, policy.budget_window_s)
@@ -299,7 +299,7 @@ class Forwarder:
         started = time.perf_counter()
         try:
             opened = await attempt(
-                self.session,
+                self.upstream.session,
                 replica.url + send.path,
                 send.payload,
                 send.headers,

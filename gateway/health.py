@@ -129,6 +129,9 @@ class HealthMonitor:
         pools: Mapping[str, ReplicaPool],
         config: HealthConfig,
         credentials: Mapping[str, Mapping[str, str]] | None = None,
+        *,
+        share: HealthShare | None = None,
+        follower: bool = False,
     ) -> None:
         self.pools = pools
         self.config = config
@@ -137,8 +140,8 @@ class HealthMonitor:
         # to service, and to readiness, without waiting for traffic that readiness keeps away.
         self.credentials = credentials or {}
         self._credentials_checked: dict[tuple[str, str], float] = {}
-        self.share: HealthShare | None = None
-        self.follower = False
+        self.share = share
+        self.follower = follower
         self.session: aiohttp.ClientSession | None = None
         self.rounds = 0
         self._task: asyncio.Task[None] | None = None

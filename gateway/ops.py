@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
@@ -13,6 +14,7 @@ from litestar.params import FromPath
 
 from gateway.health import HealthMonitor
 from gateway.replicas import ReplicaPool
+from gateway.upstream import UpstreamClient
 from policies.errors import ModelNotFound
 from policies.ports import Authenticator
 from policies.principal import Principal
@@ -47,17 +49,23 @@ class Readiness:
     monitor has probed every replica once, the replicas are asked directly.
     """
 
-    def __init__(self, pools: dict[str, ReplicaPool], timeout_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        pools: Mapping[str, ReplicaPool],
+        upstream: UpstreamClient,
+        monitor: HealthMonitor | None = None,
+        timeout_s: float = 1.0,
+    ) -> None:
         self.pools = pools
+        self.upstream = upstream
+        self.monitor = monitor
         self.timeout_s = timeout_s
-        self.session: aiohttp.ClientSession | None = None
-        self.monitor: HealthMonitor | None = None
 
     async def _healthy(self, url: str) -> bool:
-        assert self.session is not None  # noqa: S101  # set at start-up
+        session = self.upstream.session
         try:
             async with asyncio.timeout(self.timeout_s):
-                async with self.session.get(url, allow_redirects=False) as resp:
+                async with session.get(url, allow_redirects=False) as resp:
                     return resp.status == 200
         except (TimeoutError, aiohttp.ClientError, OSError):
             return False

@@ -42,6 +42,47 @@ def make_session(limit_per_host: int = 0) -> aiohttp.ClientSession:
     )
 
 
+class UpstreamClient:
+    """The pooled session of a gateway process: built with the other long-lived objects,
+    opened at start-up (on the event loop), closed at shutdown.
+
+    ``session`` is for use while open; ``current`` may be asked at any time (``None`` while
+    closed).
+    """
+
+    __slots__ = ("_session", "limit_per_host")
+
+    def __init__(
+        self, session: aiohttp.ClientSession | None = None, *, limit_per_host: int = 0
+    ) -> None:
+        self._session = session
+        self.limit_per_host = limit_per_host
+
+    def current(self) -> aiohttp.ClientSession | None:
+        """The open session, if any."""
+        return self._session
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        """The open session (RuntimeError before start-up: a wiring bug)."""
+        session = self._session
+        if session is None:
+            raise RuntimeError("the upstream session is opened at start-up")
+        return session
+
+    def open(self) -> aiohttp.ClientSession:
+        """Open the session (once); it must run on the event loop that will use it."""
+        if self._session is None:
+            self._session = make_session(self.limit_per_host)
+        return self._session
+
+    async def close(self) -> None:
+        """Close the session, if open."""
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+
+
 class AttemptFailed(Exception):
     """One attempt against one replica failed; ``kind`` says how, for retries and metrics.
 

@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 
 from gateway.metrics_endpoint import MetricsServer, metrics_handler
 from gateway.replicas import ReplicaPool
-from gateway.settings import Settings
+from gateway.settings import RouterSettings, TelemetrySettings
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.observer import TelemetryObserver
 from gateway.telemetry.tracing import Tracing, build_tracer_provider
@@ -56,27 +56,32 @@ class Telemetry:
 
 
 def build_telemetry(
-    settings: Settings,
+    t: TelemetrySettings,
     pools: Mapping[str, ReplicaPool],
     *,
+    router: RouterSettings,
+    metrics_host: str,
+    admin_token: str | None,
+    open_metrics: bool,
     span_exporter: SpanExporter | None = None,
     access_logger: Any = None,
     worker: WorkerRole | None = None,
 ) -> Telemetry:
-    """Metrics registry, tracer provider and observer for ``settings``.
+    """Metrics registry, tracer provider and observer for the telemetry settings ``t``.
 
-    ``span_exporter`` replaces the ``OTEL_*``-configured exporters (tests use an in-memory
-    one); ``access_logger`` replaces the structlog ``tiergate.access`` logger. With a
-    ``worker`` of several, ``/metrics`` serves every worker's samples (labelled ``worker``), and
-    only the leader opens a separate metrics port.
+    ``router`` names the precise tier and its target share (a gauge); the metrics port, if
+    any, listens on ``metrics_host``; ``/metrics`` on the main port needs ``admin_token``
+    unless ``open_metrics`` (auth off). ``span_exporter`` replaces the ``OTEL_*``-configured
+    exporters (tests use an in-memory one); ``access_logger`` replaces the structlog
+    ``tiergate.access`` logger. With a ``worker`` of several, ``/metrics`` serves every
+    worker's samples (labelled ``worker``), and only the leader opens a separate metrics port.
     """
-    t = settings.telemetry
     registry = CollectorRegistry(auto_describe=True)
     metrics = GatewayMetrics(
         registry,
         pools,
-        precise_tier=settings.router.precise_tier,
-        target_share=settings.router.target_precise_share,
+        precise_tier=router.precise_tier,
+        target_share=router.target_precise_share,
     )
     provider = build_tracer_provider(t, span_exporter)
     tracing = Tracing(provider, capture_content=t.capture_content) if provider else None
@@ -89,10 +94,7 @@ def build_telemetry(
         exposed.register(telemetry.group)
     if t.metrics_port is not None:
         if worker is None or worker.leader:
-            telemetry.metrics_server = MetricsServer(exposed, settings.server.host, t.metrics_port)
+            telemetry.metrics_server = MetricsServer(exposed, metrics_host, t.metrics_port)
     else:
-        token = settings.auth.read_admin_token()
-        telemetry.handlers.append(
-            metrics_handler(exposed, token, open_access=not settings.auth.enabled)
-        )
+        telemetry.handlers.append(metrics_handler(exposed, admin_token, open_access=open_metrics))
     return telemetry

@@ -39,7 +39,9 @@ def _exported_series() -> set[str]:
     """Every series name the gateway's real metrics registry exports."""
     registry = CollectorRegistry()
     GatewayMetrics(registry, {}, precise_tier="precise", target_share=0.3)
-    ledger = UsageLedger(cost_model(Settings()), MemoryUsageStore())
+    settings = Settings()
+    costs = cost_model(settings.tiers, settings.router.precise_tier)
+    ledger = UsageLedger(costs, MemoryUsageStore())
     ledger.per_tier["fast"] = [1.0, 1.0, 1.0, 0.25, 1.0]
     registry.register(UsageCollector(ledger))
     shadow = ShadowRunner(

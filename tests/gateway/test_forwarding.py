@@ -21,7 +21,7 @@ from gateway.relay import StreamRelay
 from gateway.replicas import ReplicaPool
 from gateway.retry import RetryPolicy
 from gateway.settings import Timeouts
-from gateway.upstream import AttemptFailed, attempt, make_session
+from gateway.upstream import AttemptFailed, UpstreamClient, attempt, make_session
 from policies.errors import UpstreamUnavailable
 from policies.selection import RoundRobin
 from simulator.app import build_app
@@ -100,7 +100,7 @@ def _forwarder(session: aiohttp.ClientSession, tiers: dict[str, list[str]]) -> F
         name: TierRoute(ReplicaPool(name, urls, 8, 0.1), RoundRobin(), Timeouts(), "tiergate-fast")
         for name, urls in tiers.items()
     }
-    return Forwarder(session, routes, RetryPolicy(backoff_base_s=0.0))
+    return Forwarder(UpstreamClient(session), routes, RetryPolicy(backoff_base_s=0.0))
 
 
 def _body(*, stream: bool = False) -> dict[str, Any]:

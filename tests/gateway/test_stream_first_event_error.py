@@ -12,7 +12,7 @@ from gateway.forwarding import Forwarder, TierRoute, stream_error
 from gateway.replicas import ReplicaPool
 from gateway.retry import RetryPolicy
 from gateway.settings import Timeouts
-from gateway.upstream import make_session
+from gateway.upstream import UpstreamClient, make_session
 from policies.errors import UpstreamRejected
 from policies.selection import RoundRobin
 
@@ -61,7 +61,9 @@ async def session() -> AsyncIterator[aiohttp.ClientSession]:
 def _forwarder(session: aiohttp.ClientSession, urls: list[str]) -> tuple[Forwarder, ReplicaPool]:
     pool = ReplicaPool("fast", urls, 8, 0.1)
     route = TierRoute(pool, RoundRobin(), Timeouts(), "m")
-    return Forwarder(session, {"fast": route}, RetryPolicy(backoff_base_s=0.0)), pool
+    return Forwarder(
+        UpstreamClient(session), {"fast": route}, RetryPolicy(backoff_base_s=0.0)
+    ), pool
 
 
 def _body() -> dict[str, object]:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.app import build_backends
+from gateway.composition import build_backends
 from gateway.settings import Settings, TierSettings, load_settings
 
 SECRET = "upstream-secret-0123456789"
@@ -52,7 +52,7 @@ def test_key_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_routes_carry_the_bearer_header_only_where_configured() -> None:
     """Each tier's route sends 'Authorization: Bearer <key>' only when it has a key."""
     settings = Settings(tiers={"fast": _tier(api_key=SECRET), "precise": _tier()})
-    _, routes, _ = build_backends(settings)
+    _, routes, _ = build_backends(settings.tiers, settings.health, settings.balancing)
     assert routes["fast"].upstream_headers == {"Authorization": f"Bearer {SECRET}"}
     assert routes["precise"].upstream_headers == {}
     assert SECRET not in repr(routes["fast"])

@@ -1,0 +1,310 @@
+"""The composition root: every long-lived object of a gateway, built once, in one place.
+
+:func:`build_gateway` is the only function that sees the whole ``Settings``; each builder it
+calls gets the sections it needs. Nothing is patched after construction: what needs the
+event loop (the upstream session) is opened at start-up by the object that owns it.
+``create_app`` (``gateway/app.py``) then wires the built :class:`Gateway` into Litestar.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from opentelemetry.sdk.trace.export import SpanExporter
+from prometheus_client.registry import Collector
+
+import router_models
+from gateway.accounting import Accounting, build_accounting
+from gateway.admin_backends import admin_backends_handlers
+from gateway.auth import Access
+from gateway.forwarding import Forwarder, TierRoute
+from gateway.health import HealthConfig, HealthMonitor
+from gateway.ops import Readiness, ops_handlers
+from gateway.proxy import ProxyService, RequestObserver
+from gateway.replicas import EjectionPolicy, ReplicaPool
+from gateway.request_body import FieldRules
+from gateway.retry import RetryPolicy
+from gateway.routing import TierRouter, threshold_policy
+from gateway.settings import (
+    BalancingSettings,
+    HealthSettings,
+    RequestSettings,
+    RouterSettings,
+    Settings,
+    SpilloverSettings,
+    TierSettings,
+)
+from gateway.spillover import Spillover, SpilloverConfig
+from gateway.telemetry import Telemetry, build_telemetry
+from gateway.upstream import UpstreamClient
+from gateway.worker_share import HealthShare, WorkerRole
+from policies.fields import FieldPolicy
+from policies.ports import Authenticator, RequestLimiter, TierClassifier
+from policies.prefix import PrefixConfig
+from policies.selection import LeastLoaded, PrefixAffinity, RoundRobin, Strategy
+from policies.tiering import TierCatalog, TierRules
+
+
+def _strategy(tier: TierSettings, balancing: BalancingSettings) -> Strategy:
+    if tier.strategy == "round_robin":
+        return RoundRobin()
+    if tier.strategy == "least_loaded":
+        return LeastLoaded()
+    b = balancing
+    return PrefixAffinity(
+        tier.model,
+        load_factor=b.load_factor,
+        load_slack=b.load_slack,
+        imbalance_abs=b.imbalance_abs,
+        imbalance_rel=b.imbalance_rel,
+    )
+
+
+def _spillover(
+    spillover: SpilloverSettings, router: RouterSettings, pools: Mapping[str, ReplicaPool]
+) -> Spillover | None:
+    config = SpilloverConfig(**spillover.model_dump())
+    if not config.enabled:
+        return None
+    return Spillover(config, pools[router.fast_tier], pools[router.precise_tier])
+
+
+def build_router(
+    router: RouterSettings, tiers: Mapping[str, TierSettings], classifier: TierClassifier
+) -> TierRouter:
+    """The tier-routing stage from the router settings and the tiers' served models."""
+    r = router
+    catalog = TierCatalog(
+        {name: tier.model for name, tier in tiers.items()},
+        fast=r.fast_tier,
+        precise=r.precise_tier,
+    )
+    rules = TierRules(
+        structured_output_to_precise=r.structured_output_to_precise,
+        tools_to_precise=r.tools_to_precise,
+        long_prompt_tokens=r.long_prompt_tokens,
+    )
+    threshold = threshold_policy(r.threshold, r.target_precise_share, r.online_control, classifier)
+    return TierRouter(
+        catalog,
+        rules,
+        classifier,
+        threshold,
+        fast_to_precise=r.fallback_to_precise,
+        precise_to_fast=r.downgrade_to_fast,
+    )
+
+
+def _upstream_headers(tier: TierSettings) -> dict[str, str]:
+    key = tier.read_api_key()
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def build_backends(
+    tiers: Mapping[str, TierSettings],
+    health: HealthSettings,
+    balancing: BalancingSettings,
+    *,
+    worker: WorkerRole | None = None,
+) -> tuple[dict[str, ReplicaPool], dict[str, TierRoute], HealthMonitor]:
+    """Each tier's replica pool and route, and the monitor that keeps their health current.
+
+    With a ``worker`` of several, the monitor shares its probes: the leader probes, the
+    others follow.
+    """
+    h = health
+    ejection = EjectionPolicy(h.eject_after, h.eject_base_s, h.eject_max_s, h.max_ejected_share)
+    pools = {
+        name: ReplicaPool(
+            name,
+            tier.replicas,
+            tier.max_concurrency,
+            tier.max_queue_wait_s,
+            ejection,
+            health_path=tier.health_path,
+            kind=tier.kind,
+        )
+        for name, tier in tiers.items()
+    }
+    routes = {
+        name: TierRoute(
+            pools[name],
+            _strategy(tier, balancing),
+            tier.timeouts,
+            tier.model,
+            _upstream_headers(tier),
+        )
+        for name, tier in tiers.items()
+    }
+    shared = worker is not None and worker.count > 1
+    monitor = HealthMonitor(
+        pools,
+        HealthConfig(
+            h.interval_s, h.timeout_s, h.unhealthy_after, h.healthy_after, h.scrape_metrics
+        ),
+        credentials={name: route.upstream_headers for name, route in routes.items()},
+        share=HealthShare(worker, pools) if shared and worker is not None else None,
+        follower=shared and worker is not None and not worker.leader,
+    )
+    return pools, routes, monitor
+
+
+def _field_rules(tiers: Mapping[str, TierSettings], requests: RequestSettings) -> FieldRules:
+    return FieldRules(
+        structured={name: tier.structured_outputs for name, tier in tiers.items()},
+        remote_media={name: tier.allow_remote_media for name, tier in tiers.items()},
+        policy=FieldPolicy(requests.unknown_fields, frozenset(requests.allowed_extra_fields)),
+        max_depth=requests.max_json_depth,
+    )
+
+
+def build_service(
+    tiers: Mapping[str, TierSettings],
+    balancing: BalancingSettings,
+    requests: RequestSettings,
+    *,
+    access: Access,
+    router: TierRouter,
+    forwarder: Forwarder,
+    observer: RequestObserver,
+    spillover: Spillover | None = None,
+    accounting: Accounting | None = None,
+) -> ProxyService:
+    """The request pipeline: authenticate, limit, route, forward, observe."""
+    return ProxyService(
+        auth=access.authenticator,
+        limiter=access.limiter,
+        router=router,
+        forwarder=forwarder,
+        tier_caps={name: tier.max_tokens_cap for name, tier in tiers.items()},
+        idle_timeouts={name: tier.timeouts.idle_s for name, tier in tiers.items()},
+        default_max_tokens={
+            name: min(tier.default_max_tokens or tier.max_tokens_cap, tier.max_tokens_cap)
+            for name, tier in tiers.items()
+        },
+        observer=observer,
+        prefix=PrefixConfig(balancing.block_chars, balancing.max_blocks),
+        spillover=spillover,
+        fields=_field_rules(tiers, requests),
+        shadow=accounting.shadow if accounting is not None else None,
+        budgets=accounting.budgets if accounting is not None else None,
+    )
+
+
+@dataclass(frozen=True)
+class Gateway:
+    """Every long-lived object of one gateway app, built by :func:`build_gateway`."""
+
+    upstream: UpstreamClient
+    monitor: HealthMonitor
+    readiness: Readiness
+    access: Access
+    telemetry: Telemetry
+    accounting: Accounting
+    forwarder: Forwarder
+    service: ProxyService
+    handlers: Sequence[Any]  # every route but the two inference endpoints
+
+
+@dataclass(frozen=True)
+class Overrides:
+    """What tests and the server put in place of the settings-built parts."""
+
+    auth: Authenticator | None = None
+    limiter: RequestLimiter | None = None
+    observer: RequestObserver | None = None
+    span_exporter: SpanExporter | None = None
+    collectors: Sequence[Collector] = ()
+    worker: WorkerRole | None = None
+
+
+def build_gateway(
+    settings: Settings, overrides: Overrides = Overrides()
+) -> Gateway:  # frozen, never mutated
+    """Build every long-lived object of a gateway from ``settings`` (read here, once)."""
+    o = overrides
+    admin_token = settings.auth.read_admin_token()  # the one read of the token (file)
+    pools, routes, monitor = build_backends(
+        settings.tiers, settings.health, settings.balancing, worker=o.worker
+    )
+    router = build_router(
+        settings.router, settings.tiers, router_models.load(settings.router.artifact)
+    )
+    telemetry = build_telemetry(
+        settings.telemetry,
+        pools,
+        router=settings.router,
+        metrics_host=settings.server.host,
+        admin_token=admin_token,
+        open_metrics=not settings.auth.enabled,
+        span_exporter=o.span_exporter,
+        worker=o.worker,
+    )
+    access = Access(settings, admin_token=admin_token, auth=o.auth, limiter=o.limiter)
+    for collector in (access.metrics, *o.collectors):  # access: the ratelimit backend gauges
+        telemetry.registry.register(collector)
+    upstream = UpstreamClient()
+    forwarder = Forwarder(upstream, routes, RetryPolicy(**settings.retry.model_dump()))
+    accounting = build_accounting(
+        settings.tiers,
+        settings.router,
+        settings.ratelimit,
+        client=access.client,
+        key_prefix=settings.redis.key_prefix,
+        admin_token=admin_token,
+        forwarder=forwarder,
+        router=router,
+        observer=o.observer or telemetry.observer,
+        registry=telemetry.registry,
+        observed_share=telemetry.metrics.share.share,
+    )
+    return _assemble(
+        settings,
+        upstream=upstream,
+        monitor=monitor,
+        router=router,
+        telemetry=telemetry,
+        access=access,
+        forwarder=forwarder,
+        accounting=accounting,
+        admin_token=admin_token,
+    )
+
+
+def _assemble(
+    settings: Settings,
+    *,
+    upstream: UpstreamClient,
+    monitor: HealthMonitor,
+    router: TierRouter,
+    telemetry: Telemetry,
+    access: Access,
+    forwarder: Forwarder,
+    accounting: Accounting,
+    admin_token: str | None,
+) -> Gateway:
+    """The pipeline and the routes over the built parts."""
+    service = build_service(
+        settings.tiers,
+        settings.balancing,
+        settings.requests,
+        access=access,
+        router=router,
+        forwarder=forwarder,
+        observer=accounting.observer,
+        spillover=_spillover(settings.spillover, settings.router, monitor.pools),
+        accounting=accounting,
+    )
+    readiness = Readiness(monitor.pools, upstream, monitor)
+    handlers = [
+        *ops_handlers(router.catalog, readiness, access.authenticator),
+        *access.handlers,
+        *telemetry.handlers,
+        *admin_backends_handlers(forwarder, admin_token),
+        *accounting.handlers,
+    ]
+    return Gateway(
+        upstream, monitor, readiness, access, telemetry, accounting, forwarder, service, handlers
+    )
