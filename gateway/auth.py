@@ -17,6 +17,7 @@ import hmac
 import secrets
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
@@ -28,7 +29,7 @@ from gateway.key_feed import KeyChangeFeed
 from gateway.keystore_file import FileKeyStore
 from gateway.keystore_redis import RedisKeyStore
 from gateway.limiter_redis import open_redis
-from gateway.limits import BackendHealth, LimitMetrics, build_limiter
+from gateway.limits import BackendHealth, LimitMetrics
 from gateway.passthrough import OpenAuthenticator
 from gateway.settings import AuthSettings, Settings
 from policies.errors import AuthenticationFailed
@@ -147,13 +148,12 @@ class KeyAuthenticator:
         return cached
 
 
-def key_store(settings: Settings, client: Redis | None) -> KeyStore:
-    """The key store ``settings.auth.store`` names."""
-    auth = settings.auth
+def key_store(auth: AuthSettings, client: Redis | None, key_prefix: str) -> KeyStore:
+    """The key store ``auth.store`` names (Redis keys under ``key_prefix``)."""
     if auth.store == "redis":
         if client is None:
             raise ValueError("auth.store 'redis' needs a Redis client")
-        return RedisKeyStore(client, settings.redis.key_prefix)
+        return RedisKeyStore(client, key_prefix)
     if auth.keys_file is None:
         raise NoKeysConfigured(_NO_KEYS + " (auth.keys_file is not set)")
     return FileKeyStore(auth.keys_file, reload_interval_s=auth.keys_reload_interval_s)
@@ -209,107 +209,43 @@ def preflight(settings: Settings) -> None:
     if not settings.auth.enabled:
         return
     if settings.auth.store != "redis":
-        require_keys_now(key_store(settings, None))
+        require_keys_now(key_store(settings.auth, None, settings.redis.key_prefix))
         return
 
     async def check() -> None:
         client = open_redis(settings.redis)
         try:
-            await require_keys(key_store(settings, client))
+            await require_keys(key_store(settings.auth, client, settings.redis.key_prefix))
         finally:
             await client.aclose()
 
     asyncio.run(check())
 
 
+@dataclass
 class Access:
-    """Authentication, rate limiting and key admin, built from settings for ``create_app``.
+    """Authentication, rate limiting and key admin, as :func:`build_access` made them.
 
     Owns the Redis client (one connection pool, connecting lazily on the event loop) when any
     part uses Redis; ``startup`` checks the key store, ``shutdown`` closes the pool.
     """
 
-    def __init__(
-        self,
-        settings: Settings,
-        *,
-        admin_token: str | None = None,
-        auth: Authenticator | None = None,
-        limiter: RequestLimiter | None = None,
-    ) -> None:
-        cfg = settings.auth
-        # The key admin routes: only with authentication on (``admin_token`` is read once,
-        # by the composition root).
-        admin_token = admin_token if cfg.enabled else None
-        uses_redis = (
-            cfg.enabled and cfg.store == "redis" and (auth is None or admin_token is not None)
-        ) or (limiter is None and settings.ratelimit.backend == "redis")
-        self.client: Redis | None = open_redis(settings.redis) if uses_redis else None
-        self.metrics = LimitMetrics()
-        self.store: KeyStore | None = None
-        if cfg.enabled and (auth is None or admin_token is not None):
-            self.store = key_store(settings, self.client)
-        self._check_store = auth is None and cfg.enabled
-        if self._check_store and self.store is not None:
-            require_keys_now(self.store)
-        self.authenticator: Authenticator = auth or self._authenticator(settings)
-        self.limiter: RequestLimiter = limiter or build_limiter(settings, self.client, self.metrics)
-        self.feed: KeyChangeFeed | None = None
-        authenticator = self.authenticator
-        if (
-            isinstance(authenticator, KeyAuthenticator)
-            and isinstance(self.store, RedisKeyStore)
-            and self.client is not None
-        ):
-            self.feed = KeyChangeFeed(
-                self.client,
-                self.store.channel,
-                authenticator.cache,
-                retry_interval_s=settings.ratelimit.redis_retry_interval_s,
-            )
-        self.handlers: list[Any] = []
-        if admin_token is not None and self.store is not None:
-            # A change made here applies here at once, before the answer (the feed tells the
-            # other replicas; for the file store they see it on their next reload).
-            forget = authenticator.forget if isinstance(authenticator, KeyAuthenticator) else None
-            self.handlers = admin_key_handlers(
-                self.store,
-                admin_token,
-                tiers=tuple(settings.tiers),
-                pepper=pepper_of(cfg),
-                on_change=forget,
-            )
-
-    def _authenticator(self, settings: Settings) -> Authenticator:
-        if self.store is None:
-            return OpenAuthenticator()
-        cfg = settings.auth
-        if cfg.store != "redis":
-            # The file store already serves from memory and re-reads the file at most every
-            # keys_reload_interval_s: a second cache would only delay revocations.
-            return KeyAuthenticator(
-                self.store, pepper=pepper_of(cfg), cache_ttl_s=0, unknown_ttl_s=0
-            )
-        health = BackendHealth(
-            "redis",
-            down_event=EVENT_STORE_DOWN,
-            up_event=EVENT_STORE_UP,
-            retry_interval_s=settings.ratelimit.redis_retry_interval_s,
-        )
-        return KeyAuthenticator(
-            self.store,
-            pepper=pepper_of(cfg),
-            cache_ttl_s=cfg.cache_ttl_s,
-            unknown_ttl_s=cfg.unknown_key_cache_ttl_s,
-            health=health,
-        )
+    authenticator: Authenticator
+    limiter: RequestLimiter
+    metrics: LimitMetrics
+    client: Redis | None = None
+    store: KeyStore | None = None
+    feed: KeyChangeFeed | None = None
+    handlers: list[Any] = field(default_factory=list)
+    # Whether start-up checks that the store has a usable key (the gateway's own auth only).
+    check_store: bool = False
 
     async def startup(self) -> None:
         """Refuse to start (NoKeysConfigured) when the key store surely has no usable key."""
         store = self.store
         if self.feed is not None:
             self.feed.start()
-        if self._check_store and isinstance(store, RedisKeyStore) and not await require_keys(store):
+        if self.check_store and isinstance(store, RedisKeyStore) and not await require_keys(store):
             _log.warning(EVENT_STORE_DOWN, backend="redis", phase="startup")
 
     async def shutdown(self) -> None:
@@ -321,3 +257,96 @@ class Access:
             await close_limiter()
         if self.client is not None:
             await self.client.aclose()
+
+
+def _authenticator(
+    cfg: AuthSettings, store: KeyStore | None, retry_interval_s: float
+) -> Authenticator:
+    if store is None:
+        return OpenAuthenticator()
+    if cfg.store != "redis":
+        # The file store already serves from memory and re-reads the file at most every
+        # keys_reload_interval_s: a second cache would only delay revocations.
+        return KeyAuthenticator(store, pepper=pepper_of(cfg), cache_ttl_s=0, unknown_ttl_s=0)
+    health = BackendHealth(
+        "redis",
+        down_event=EVENT_STORE_DOWN,
+        up_event=EVENT_STORE_UP,
+        retry_interval_s=retry_interval_s,
+    )
+    return KeyAuthenticator(
+        store,
+        pepper=pepper_of(cfg),
+        cache_ttl_s=cfg.cache_ttl_s,
+        unknown_ttl_s=cfg.unknown_key_cache_ttl_s,
+        health=health,
+    )
+
+
+def _key_feed(
+    authenticator: Authenticator,
+    store: KeyStore | None,
+    client: Redis | None,
+    retry_interval_s: float,
+) -> KeyChangeFeed | None:
+    """Key changes pushed over Redis pub/sub, for the gateway's own cached authenticator."""
+    if (
+        isinstance(authenticator, KeyAuthenticator)
+        and isinstance(store, RedisKeyStore)
+        and client is not None
+    ):
+        return KeyChangeFeed(
+            client, store.channel, authenticator.cache, retry_interval_s=retry_interval_s
+        )
+    return None
+
+
+def build_access(
+    cfg: AuthSettings,
+    *,
+    client: Redis | None,
+    key_prefix: str,
+    admin_token: str | None,
+    tiers: tuple[str, ...],
+    limiter: RequestLimiter,
+    metrics: LimitMetrics,
+    retry_interval_s: float,
+    auth: Authenticator | None = None,
+) -> Access:
+    """The key store, authenticator, key feed and key admin routes over ``client``.
+
+    ``auth`` replaces the key authenticator (tests); the key admin routes exist only with
+    authentication on and an ``admin_token``. ``client`` is the Redis client when any part
+    uses Redis (:func:`uses_redis`).
+    """
+    admin_token = admin_token if cfg.enabled else None
+    store: KeyStore | None = None
+    if cfg.enabled and (auth is None or admin_token is not None):
+        store = key_store(cfg, client, key_prefix)
+    check_store = auth is None and cfg.enabled
+    if check_store and store is not None:
+        require_keys_now(store)
+    authenticator = auth or _authenticator(cfg, store, retry_interval_s)
+    handlers: list[Any] = []
+    if admin_token is not None and store is not None:
+        # A change made here applies here at once, before the answer (the feed tells the
+        # other replicas; for the file store they see it on their next reload).
+        forget = authenticator.forget if isinstance(authenticator, KeyAuthenticator) else None
+        handlers = admin_key_handlers(
+            store, admin_token, tiers=tiers, pepper=pepper_of(cfg), on_change=forget
+        )
+    feed = _key_feed(authenticator, store, client, retry_interval_s)
+    return Access(authenticator, limiter, metrics, client, store, feed, handlers, check_store)
+
+
+def uses_redis(
+    cfg: AuthSettings,
+    admin_token: str | None,
+    *,
+    auth: Authenticator | None,
+    redis_limiter: bool,
+) -> bool:
+    """Whether the key store or the limiter (``redis_limiter``) needs the Redis client."""
+    admin_token = admin_token if cfg.enabled else None
+    keys = cfg.enabled and cfg.store == "redis" and (auth is None or admin_token is not None)
+    return keys or redis_limiter

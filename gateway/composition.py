@@ -18,9 +18,11 @@ from prometheus_client.registry import Collector
 import router_models
 from gateway.accounting import Accounting, build_accounting
 from gateway.admin_backends import admin_backends_handlers
-from gateway.auth import Access
+from gateway.auth import Access, build_access, uses_redis
 from gateway.forwarding import Forwarder, TierRoute
 from gateway.health import HealthConfig, HealthMonitor
+from gateway.limiter_redis import open_redis
+from gateway.limits import LimitMetrics, build_limiter
 from gateway.ops import Readiness, ops_handlers
 from gateway.proxy import ProxyService, RequestObserver
 from gateway.replicas import EjectionPolicy, ReplicaPool
@@ -220,6 +222,26 @@ class Overrides:
     worker: WorkerRole | None = None
 
 
+def _access(settings: Settings, admin_token: str | None, o: Overrides) -> Access:
+    """The Redis client (if any part needs it), the limiter, and authentication over them."""
+    redis_limiter = o.limiter is None and settings.ratelimit.backend == "redis"
+    needed = uses_redis(settings.auth, admin_token, auth=o.auth, redis_limiter=redis_limiter)
+    client = open_redis(settings.redis) if needed else None
+    metrics = LimitMetrics()
+    limiter = o.limiter or build_limiter(settings, client, metrics)
+    return build_access(
+        settings.auth,
+        client=client,
+        key_prefix=settings.redis.key_prefix,
+        admin_token=admin_token,
+        tiers=tuple(settings.tiers),
+        limiter=limiter,
+        metrics=metrics,
+        retry_interval_s=settings.ratelimit.redis_retry_interval_s,
+        auth=o.auth,
+    )
+
+
 def build_gateway(
     settings: Settings, overrides: Overrides = Overrides()
 ) -> Gateway:  # frozen, never mutated
@@ -242,7 +264,7 @@ def build_gateway(
         span_exporter=o.span_exporter,
         worker=o.worker,
     )
-    access = Access(settings, admin_token=admin_token, auth=o.auth, limiter=o.limiter)
+    access = _access(settings, admin_token, o)
     for collector in (access.metrics, *o.collectors):  # access: the ratelimit backend gauges
         telemetry.registry.register(collector)
     upstream = UpstreamClient()
