@@ -20,6 +20,9 @@ Per key (``{id}`` is a hash tag, so a key's data stays on one cluster slot):
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
@@ -157,6 +160,7 @@ class RedisRateLimiter:
         self._lease_us = int(lease_s * 1_000_000)
         self._runner = runner or script_runner(client, linger_s=LINGER_S)
         self._key_names: dict[str, tuple[str, str]] = {}
+        self._orphans: set[asyncio.Task[None]] = set()
 
     def _keys(self, key_id: str) -> tuple[str, str]:
         keys = self._key_names.get(key_id)
@@ -182,6 +186,10 @@ class RedisRateLimiter:
             reply = await self._runner.run(ACQUIRE, self._keys(key_id), args)
         except (RedisError, OSError) as exc:
             raise RateLimitBackendUnavailable(type(exc).__name__) from exc
+        except asyncio.CancelledError:
+            if slot:
+                self._free_orphan(key_id, spec, slot)
+            raise
         code, wait, rrem, rreset, trem, treset = (int(x) for x in reply)
         return Verdict(
             exceeded=_EXCEEDED.get(code),
@@ -189,6 +197,18 @@ class RedisRateLimiter:
             requests=_quota(spec.rpm, rrem, rreset),
             tokens=_quota(spec.tpm, trem, treset),
         )
+
+    def _free_orphan(self, key_id: str, spec: LimitSpec, slot: str) -> None:
+        """The caller of an admission gave up (cancelled) after its command may have gone out:
+        free the slot it may hold (behind it on the same connection; a no-op if it never ran).
+        Its request and tokens stay charged (the safe side; they drain within a period)."""
+        task = asyncio.get_running_loop().create_task(self._release_quietly(key_id, spec, slot))
+        self._orphans.add(task)
+        task.add_done_callback(self._orphans.discard)
+
+    async def _release_quietly(self, key_id: str, spec: LimitSpec, slot: str) -> None:
+        with contextlib.suppress(RateLimitBackendUnavailable):
+            await self.release(key_id, spec, 0, slot, lazy=True)
 
     async def release(
         self,
@@ -206,10 +226,13 @@ class RedisRateLimiter:
         """
         args = (spec.rpm or 0, spec.tpm or 0, self._period_us, token_delta, slot, request_delta)
         try:
-            await self._runner.run(RELEASE, self._keys(key_id), args, lazy=lazy)
+            # Never sent twice: a refund applied once already must not be given again.
+            await self._runner.run(RELEASE, self._keys(key_id), args, lazy=lazy, retry=False)
         except (RedisError, OSError) as exc:
             raise RateLimitBackendUnavailable(type(exc).__name__) from exc
 
     async def aclose(self) -> None:
         """Send the settlements still lingering, then close the pipelined connection."""
+        if self._orphans:
+            await asyncio.gather(*self._orphans, return_exceptions=True)
         await self._runner.aclose()
