@@ -360,9 +360,12 @@ class ScriptPipeline:
         return packed
 
     async def aclose(self) -> None:
-        """Write what is pending, wait for its replies (bounded), then close the connection."""
-        if self._pending and self._loop is asyncio.get_running_loop():
-            waiting = list(self._pending_futures)
+        """Write what is pending, wait for its replies and those of every command in flight
+        (bounded by the timeout), then close the connection."""
+        wire = self._wire
+        in_flight = [f for f, _ in wire.waiting] if wire is not None and not wire.lost else []
+        if (self._pending or in_flight) and self._loop is asyncio.get_running_loop():
+            waiting = [*in_flight, *self._pending_futures]
             self._flush()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self._timeout):

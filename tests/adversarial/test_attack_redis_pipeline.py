@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -14,6 +15,7 @@ import pytest
 
 from gateway.budgets import RedisBudgetStore, Windows
 from gateway.limiter_redis import RateLimitBackendUnavailable, RedisRateLimiter, open_redis
+from gateway.redis_pipeline import ScriptPipeline
 from gateway.settings import RedisSettings
 from policies.ratelimit import Limit, LimitSpec
 from tests.redis_server import RedisServer
@@ -142,3 +144,76 @@ async def test_cancelled_budget_reservation_is_given_back() -> None:
         finally:
             await store.aclose()
             await client.aclose()
+
+
+async def test_shutdown_waits_for_settlements_already_written() -> None:
+    """Closing while a settlement is in flight (Redis slow) waits for its reply, bounded."""
+    spec = LimitSpec(concurrency=1)
+    with RedisServer() as server:
+        client = open_redis(RedisSettings(url=server.url, socket_timeout_s=2.0))
+        limiter = RedisRateLimiter(client, lease_s=600)
+        try:
+            assert (await limiter.acquire("k", spec, 0, "a")).exceeded is None
+            with stopped(server):
+                settling = asyncio.ensure_future(limiter.release("k", spec, 0, "a", lazy=True))
+                await asyncio.sleep(0.05)  # its linger is over: written, not answered
+                resume = threading.Timer(0.3, os.kill, (server._proc.pid, signal.SIGCONT))
+                resume.start()
+                started = time.monotonic()
+                await limiter.aclose()
+                closed_s = time.monotonic() - started
+                resume.join()
+            assert 0.2 < closed_s < 2.0
+            assert settling.done()
+            assert settling.exception() is None  # answered, not cut off by the close
+        finally:
+            await client.aclose()
+
+
+async def test_cancelled_callers_do_not_shift_the_replies_of_others() -> None:
+    """Hundreds in flight on one connection, a third of them given up: each reply still
+    reaches its own caller."""
+    with RedisServer() as server:
+        client = open_redis(RedisSettings(url=server.url, socket_timeout_s=2.0))
+        pipe = ScriptPipeline(client)
+        try:
+            assert await pipe.command("PING") == b"PONG"
+            with stopped(server):
+                calls = [asyncio.ensure_future(pipe.command("ECHO", i)) for i in range(300)]
+                await asyncio.sleep(0.05)
+                for call in calls[::3]:
+                    call.cancel()
+            results = await asyncio.gather(*calls, return_exceptions=True)
+            for i, result in enumerate(results):
+                if i % 3:
+                    assert result == str(i).encode()
+                else:
+                    assert isinstance(result, asyncio.CancelledError)
+            assert await pipe.command("ECHO", "after") == b"after"
+        finally:
+            await pipe.aclose()
+            await client.aclose()
+
+
+async def test_two_replicas_never_admit_more_than_the_limits() -> None:
+    """Two pipelined connections (two replicas), 200 concurrent admissions each."""
+    spec = LimitSpec(rpm=50, concurrency=7)
+    with RedisServer() as server:
+        async with limiter_on(server.url) as one, limiter_on(server.url) as two:
+            calls = [
+                limiter.acquire("k", spec, 0, f"{n}-{i}")
+                for i in range(200)
+                for n, limiter in enumerate((one, two))
+            ]
+            verdicts = await asyncio.gather(*calls)
+            assert sum(v.exceeded is None for v in verdicts) == 7
+            # Everything settles, lazily, on both replicas; the frees reach the other one.
+            await asyncio.gather(
+                *(
+                    limiter.release("k", spec, 0, f"{n}-{i}", lazy=True)
+                    for i in range(200)
+                    for n, limiter in enumerate((one, two))
+                )
+            )
+            more = await asyncio.gather(*(two.acquire("k", spec, 0, f"x{i}") for i in range(60)))
+            assert sum(v.exceeded is None for v in more) == 7  # slots free, rpm 50-7 left
