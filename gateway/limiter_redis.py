@@ -21,12 +21,11 @@ Per key (``{id}`` is a hash tag, so a key's data stays on one cluster slot):
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from gateway.redis_pipeline import LuaScript, ScriptRunner, script_runner
 from gateway.settings import RedisSettings
@@ -116,6 +115,10 @@ RELEASE = LuaScript(_RELEASE, keys=2, args=6)
 # How long a settlement may wait for the next admission to carry it to Redis.
 LINGER_S = 0.005
 _MAX_CACHED_KEYS = 10_000
+# Slots of admissions nobody settles are freed by retrying, this often, this many times.
+_ORPHAN_RETRY_S = 0.5
+_ORPHAN_TRIES = 120
+_MAX_ORPHANS = 10_000
 _EXCEEDED = {1: Limit.REQUESTS, 2: Limit.TOKENS, 3: Limit.CONCURRENCY}
 
 
@@ -185,6 +188,8 @@ class RedisRateLimiter:
         try:
             reply = await self._runner.run(ACQUIRE, self._keys(key_id), args)
         except (RedisError, OSError) as exc:
+            if slot and not isinstance(exc, ResponseError):
+                self._free_orphan(key_id, spec, slot)  # it may run once Redis wakes up
             raise RateLimitBackendUnavailable(type(exc).__name__) from exc
         except asyncio.CancelledError:
             if slot:
@@ -199,16 +204,30 @@ class RedisRateLimiter:
         )
 
     def _free_orphan(self, key_id: str, spec: LimitSpec, slot: str) -> None:
-        """The caller of an admission gave up (cancelled) after its command may have gone out:
-        free the slot it may hold (behind it on the same connection; a no-op if it never ran).
-        Its request and tokens stay charged (the safe side; they drain within a period)."""
-        task = asyncio.get_running_loop().create_task(self._release_quietly(key_id, spec, slot))
+        """An admission nobody will settle (its caller gave up, or Redis did not answer in
+        time) may still run in Redis: free the slot it may take, so that it does not hold one
+        of the key's concurrency slots for the whole lease. Its request and tokens stay
+        charged (the safe side; they drain within a period)."""
+        if len(self._orphans) >= _MAX_ORPHANS:
+            return  # a long outage: the lease bounds what is left
+        task = asyncio.get_running_loop().create_task(self._release_orphan(key_id, spec, slot))
         self._orphans.add(task)
         task.add_done_callback(self._orphans.discard)
 
-    async def _release_quietly(self, key_id: str, spec: LimitSpec, slot: str) -> None:
-        with contextlib.suppress(RateLimitBackendUnavailable):
-            await self.release(key_id, spec, 0, slot, lazy=True)
+    async def _release_orphan(self, key_id: str, spec: LimitSpec, slot: str) -> None:
+        """``ZREM`` the slot until Redis has answered it twice: the admission may sit unread
+        on a connection given up on; once a later connection's command was answered, Redis
+        has read what was sent before it, so the second answered ``ZREM`` comes after it."""
+        answered = 0
+        for _ in range(_ORPHAN_TRIES):
+            try:
+                await self.release(key_id, spec, 0, slot, lazy=answered == 0)
+            except RateLimitBackendUnavailable:
+                await asyncio.sleep(_ORPHAN_RETRY_S)
+                continue
+            answered += 1
+            if answered == 2:
+                return
 
     async def release(
         self,
@@ -234,5 +253,7 @@ class RedisRateLimiter:
     async def aclose(self) -> None:
         """Send the settlements still lingering, then close the pipelined connection."""
         if self._orphans:
-            await asyncio.gather(*self._orphans, return_exceptions=True)
+            _, late = await asyncio.wait(self._orphans, timeout=_ORPHAN_RETRY_S)
+            for task in late:
+                task.cancel()
         await self._runner.aclose()

@@ -217,3 +217,22 @@ async def test_two_replicas_never_admit_more_than_the_limits() -> None:
             )
             more = await asyncio.gather(*(two.acquire("k", spec, 0, f"x{i}") for i in range(60)))
             assert sum(v.exceeded is None for v in more) == 7  # slots free, rpm 50-7 left
+
+
+async def test_admission_that_timed_out_does_not_keep_its_slot() -> None:
+    """Redis stalls longer than the timeout, then runs the admission it had not read: the
+    slot must not stay taken for the lease (a key of concurrency 1 would be shut out)."""
+    spec = LimitSpec(concurrency=1)
+    with RedisServer() as server:
+        async with limiter_on(server.url, timeout_s=0.2) as limiter:
+            assert (await limiter.acquire("k", spec, 0, "warm")).exceeded is None
+            await limiter.release("k", spec, 0, "warm")
+            with stopped(server), pytest.raises(RateLimitBackendUnavailable):
+                await limiter.acquire("k", spec, 0, "late")
+            deadline = time.monotonic() + 5.0
+            while (await limiter.acquire("k", spec, 0, "probe")).exceeded is not None:
+                assert time.monotonic() < deadline, "the late admission kept the slot"
+                await asyncio.sleep(0.1)
+            await limiter.release("k", spec, 0, "probe")
+            await asyncio.sleep(1.5)  # every retry of the freeing is over: still free
+            assert (await limiter.acquire("k", spec, 0, "next")).exceeded is None
