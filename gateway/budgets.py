@@ -16,7 +16,7 @@ import datetime as dt
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import structlog
 from redis.asyncio import Redis
@@ -136,6 +136,7 @@ class RedisBudgetStore:
         self.client = client
         self.prefix = prefix
         self._runner = runner or script_runner(client, linger_s=LINGER_S)
+        self._orphans: set[asyncio.Task[None]] = set()
 
     def _keys(self, key_id: str, windows: Windows) -> list[str]:
         base = f"{self.prefix}budget:{{{key_id}}}"
@@ -149,18 +150,29 @@ class RedisBudgetStore:
         month_budget: float | None,
         amount: float,
     ) -> tuple[str | None, float]:
-        """One script: check both windows and charge both, atomically."""
-        result = await self._runner.run(
-            _RESERVE_SCRIPT,
-            self._keys(key_id, windows),
-            (
-                -1 if day_budget is None else day_budget,
-                -1 if month_budget is None else month_budget,
-                amount,
-                windows.day_left_s + 3600,
-                windows.month_left_s + 86400,
-            ),
+        """One script: check both windows and charge both, atomically.
+
+        A caller that gives up (cancelled) while the script may run gets its charge given back
+        once Redis answers: a reservation nobody holds would stay spent for the whole window.
+        """
+        call = asyncio.ensure_future(
+            self._runner.run(
+                _RESERVE_SCRIPT,
+                self._keys(key_id, windows),
+                (
+                    -1 if day_budget is None else day_budget,
+                    -1 if month_budget is None else month_budget,
+                    amount,
+                    windows.day_left_s + 3600,
+                    windows.month_left_s + 86400,
+                ),
+            )
         )
+        try:
+            result = await asyncio.shield(call)
+        except asyncio.CancelledError:
+            call.add_done_callback(lambda done: self._give_back(done, key_id, windows, amount))
+            raise
         if int(result[0]) == 1:
             return None, float(result[1])
         return f"budget_{result[1].decode() if isinstance(result[1], bytes) else result[1]}", float(
@@ -171,13 +183,31 @@ class RedisBudgetStore:
         """Both windows, sent with the next command (lazy); returns once Redis applied both."""
         await asyncio.gather(
             *(
-                self._runner.command("INCRBYFLOAT", key, delta, lazy=True)
+                self._runner.command("INCRBYFLOAT", key, delta, lazy=True, retry=False)
                 for key in self._keys(key_id, windows)
             )
         )
 
+    def _give_back(
+        self, done: asyncio.Future[Any], key_id: str, windows: Windows, amount: float
+    ) -> None:
+        """An orphaned reservation's reply: refund it if it was charged."""
+        if done.cancelled() or done.exception() is not None or int(done.result()[0]) != 1:
+            return
+        task = asyncio.get_running_loop().create_task(self._refund_quietly(key_id, windows, amount))
+        self._orphans.add(task)
+        task.add_done_callback(self._orphans.discard)
+
+    async def _refund_quietly(self, key_id: str, windows: Windows, amount: float) -> None:
+        try:
+            await self.adjust(key_id, windows, -amount)
+        except (RedisError, OSError):
+            _log.warning("budget.settle_failed", key_id=key_id)
+
     async def aclose(self) -> None:
         """Send the settlements still held back; close the pipelined connection."""
+        if self._orphans:
+            await asyncio.gather(*self._orphans, return_exceptions=True)
         await self._runner.aclose()
 
 

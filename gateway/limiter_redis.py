@@ -20,10 +20,12 @@ Per key (``{id}`` is a hash tag, so a key's data stays on one cluster slot):
 
 from __future__ import annotations
 
+import asyncio
+
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from gateway.redis_pipeline import LuaScript, ScriptRunner, script_runner
 from gateway.settings import RedisSettings
@@ -113,6 +115,10 @@ RELEASE = LuaScript(_RELEASE, keys=2, args=6)
 # How long a settlement may wait for the next admission to carry it to Redis.
 LINGER_S = 0.005
 _MAX_CACHED_KEYS = 10_000
+# Slots of admissions nobody settles are freed by retrying, this often, this many times.
+_ORPHAN_RETRY_S = 0.5
+_ORPHAN_TRIES = 120
+_MAX_ORPHANS = 10_000
 _EXCEEDED = {1: Limit.REQUESTS, 2: Limit.TOKENS, 3: Limit.CONCURRENCY}
 
 
@@ -157,6 +163,7 @@ class RedisRateLimiter:
         self._lease_us = int(lease_s * 1_000_000)
         self._runner = runner or script_runner(client, linger_s=LINGER_S)
         self._key_names: dict[str, tuple[str, str]] = {}
+        self._orphans: set[asyncio.Task[None]] = set()
 
     def _keys(self, key_id: str) -> tuple[str, str]:
         keys = self._key_names.get(key_id)
@@ -181,7 +188,13 @@ class RedisRateLimiter:
         try:
             reply = await self._runner.run(ACQUIRE, self._keys(key_id), args)
         except (RedisError, OSError) as exc:
+            if slot and not isinstance(exc, ResponseError):
+                self._free_orphan(key_id, spec, slot)  # it may run once Redis wakes up
             raise RateLimitBackendUnavailable(type(exc).__name__) from exc
+        except asyncio.CancelledError:
+            if slot:
+                self._free_orphan(key_id, spec, slot)
+            raise
         code, wait, rrem, rreset, trem, treset = (int(x) for x in reply)
         return Verdict(
             exceeded=_EXCEEDED.get(code),
@@ -189,6 +202,32 @@ class RedisRateLimiter:
             requests=_quota(spec.rpm, rrem, rreset),
             tokens=_quota(spec.tpm, trem, treset),
         )
+
+    def _free_orphan(self, key_id: str, spec: LimitSpec, slot: str) -> None:
+        """An admission nobody will settle (its caller gave up, or Redis did not answer in
+        time) may still run in Redis: free the slot it may take, so that it does not hold one
+        of the key's concurrency slots for the whole lease. Its request and tokens stay
+        charged (the safe side; they drain within a period)."""
+        if len(self._orphans) >= _MAX_ORPHANS:
+            return  # a long outage: the lease bounds what is left
+        task = asyncio.get_running_loop().create_task(self._release_orphan(key_id, spec, slot))
+        self._orphans.add(task)
+        task.add_done_callback(self._orphans.discard)
+
+    async def _release_orphan(self, key_id: str, spec: LimitSpec, slot: str) -> None:
+        """``ZREM`` the slot until Redis has answered it twice: the admission may sit unread
+        on a connection given up on; once a later connection's command was answered, Redis
+        has read what was sent before it, so the second answered ``ZREM`` comes after it."""
+        answered = 0
+        for _ in range(_ORPHAN_TRIES):
+            try:
+                await self.release(key_id, spec, 0, slot, lazy=answered == 0)
+            except RateLimitBackendUnavailable:
+                await asyncio.sleep(_ORPHAN_RETRY_S)
+                continue
+            answered += 1
+            if answered == 2:
+                return
 
     async def release(
         self,
@@ -206,10 +245,15 @@ class RedisRateLimiter:
         """
         args = (spec.rpm or 0, spec.tpm or 0, self._period_us, token_delta, slot, request_delta)
         try:
-            await self._runner.run(RELEASE, self._keys(key_id), args, lazy=lazy)
+            # Never sent twice: a refund applied once already must not be given again.
+            await self._runner.run(RELEASE, self._keys(key_id), args, lazy=lazy, retry=False)
         except (RedisError, OSError) as exc:
             raise RateLimitBackendUnavailable(type(exc).__name__) from exc
 
     async def aclose(self) -> None:
         """Send the settlements still lingering, then close the pipelined connection."""
+        if self._orphans:
+            _, late = await asyncio.wait(self._orphans, timeout=_ORPHAN_RETRY_S)
+            for task in late:
+                task.cancel()
         await self._runner.aclose()

@@ -15,6 +15,10 @@ redis-py itself (``_ClientScripts``), with the same interface. Errors are redis-
 (``ConnectionError``, ``TimeoutError``, ``ResponseError``: all ``RedisError``), so callers
 handle both the same way. A script the server has forgotten (restart, ``SCRIPT FLUSH``) is
 sent again in full (``EVAL``) and cached for the next call.
+
+A command whose connection died before its reply is sent once more on a new connection
+(a restarted server), unless the caller says ``retry=False``: the server may have run it
+already, so a command that must not run twice (a refund) fails instead.
 """
 
 from __future__ import annotations
@@ -120,12 +124,21 @@ class ScriptRunner(Protocol):
     """Runs registered scripts and plain commands (``ScriptPipeline`` or ``_ClientScripts``)."""
 
     async def run(
-        self, script: LuaScript, keys: Sequence[str], args: Sequence[Arg], *, lazy: bool = False
+        self,
+        script: LuaScript,
+        keys: Sequence[str],
+        args: Sequence[Arg],
+        *,
+        lazy: bool = False,
+        retry: bool = True,
     ) -> Any:
-        """``EVALSHA`` the script with ``keys`` and ``args``; the reply."""
+        """``EVALSHA`` the script with ``keys`` and ``args``; the reply.
+
+        ``retry=False``: never sent twice (a lost connection fails the call).
+        """
         ...
 
-    async def command(self, *parts: Arg, lazy: bool = False) -> Any:
+    async def command(self, *parts: Arg, lazy: bool = False, retry: bool = True) -> Any:
         """Any other command; the reply."""
         ...
 
@@ -308,7 +321,13 @@ class ScriptPipeline:
         return not any(pool.connection_kwargs[k] for k in extra if k not in _HARMLESS)
 
     async def run(
-        self, script: LuaScript, keys: Sequence[str], args: Sequence[Arg], *, lazy: bool = False
+        self,
+        script: LuaScript,
+        keys: Sequence[str],
+        args: Sequence[Arg],
+        *,
+        lazy: bool = False,
+        retry: bool = True,
     ) -> Any:
         """``EVALSHA``; a script the server lost is sent again in full (``EVAL``)."""
         tail = self._packed_keys(keys) + _bulk_args(args)
@@ -317,17 +336,18 @@ class ScriptPipeline:
             # NOSCRIPT retry would run after the commands written behind it); every new
             # connection loads the scripts used so far before anything else.
             self._scripts[script.sha] = script
-            return await self._call(script.head(by_sha=False) + tail, lazy)
+            return await self._call(script.head(by_sha=False) + tail, lazy, retry)
         try:
-            return await self._call(script.head(by_sha=True) + tail, lazy)
+            return await self._call(script.head(by_sha=True) + tail, lazy, retry)
         except ResponseError as exc:
             if not str(exc).startswith("NOSCRIPT"):
                 raise
-        return await self._call(script.head(by_sha=False) + tail, False)
+        # NOSCRIPT: the server ran nothing, so sending it again is safe whatever ``retry``.
+        return await self._call(script.head(by_sha=False) + tail, False, retry)
 
-    async def command(self, *parts: Arg, lazy: bool = False) -> Any:
+    async def command(self, *parts: Arg, lazy: bool = False, retry: bool = True) -> Any:
         """Any command; the reply."""
-        return await self._call(pack(*parts), lazy)
+        return await self._call(pack(*parts), lazy, retry)
 
     def _packed_keys(self, keys: Sequence[str]) -> bytes:
         """Key names packed once (a limiter sends the same few keys over and over)."""
@@ -340,9 +360,12 @@ class ScriptPipeline:
         return packed
 
     async def aclose(self) -> None:
-        """Write what is pending, wait for its replies (bounded), then close the connection."""
-        if self._pending and self._loop is asyncio.get_running_loop():
-            waiting = list(self._pending_futures)
+        """Write what is pending, wait for its replies and those of every command in flight
+        (bounded by the timeout), then close the connection."""
+        wire = self._wire
+        in_flight = [f for f, _ in wire.waiting] if wire is not None and not wire.lost else []
+        if (self._pending or in_flight) and self._loop is asyncio.get_running_loop():
+            waiting = [*in_flight, *self._pending_futures]
             self._flush()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self._timeout):
@@ -354,11 +377,16 @@ class ScriptPipeline:
             self._wire.close()
             self._wire = None
 
-    async def _call(self, data: bytes, lazy: bool) -> Any:
-        """Send once; a connection found dead (a restarted server) is replaced once."""
+    async def _call(self, data: bytes, lazy: bool, retry: bool) -> Any:
+        """Send once; a connection found dead (a restarted server) is replaced once.
+
+        Without ``retry`` the failure is the caller's: the command may have run already.
+        """
         try:
             return await self._send(data, lazy)
         except RedisConnectionError:
+            if not retry:
+                raise
             return await self._send(data, False)
 
     async def _send(self, data: bytes, lazy: bool) -> Any:
@@ -490,15 +518,24 @@ class _ClientScripts:
         self._scripts: dict[LuaScript, Any] = {}
 
     async def run(
-        self, script: LuaScript, keys: Sequence[str], args: Sequence[Arg], *, lazy: bool = False
+        self,
+        script: LuaScript,
+        keys: Sequence[str],
+        args: Sequence[Arg],
+        *,
+        lazy: bool = False,
+        retry: bool = True,
     ) -> Any:
-        """redis-py's ``Script`` (``EVALSHA``, loading the script when the server lost it)."""
+        """redis-py's ``Script`` (``EVALSHA``, loading the script when the server lost it).
+
+        ``retry`` is the client's own (``open_redis``: one retry on a dead connection).
+        """
         registered = self._scripts.get(script)
         if registered is None:
             registered = self._scripts[script] = self._client.register_script(script.source)
         return await registered(keys=list(keys), args=list(args))
 
-    async def command(self, *parts: Arg, lazy: bool = False) -> Any:
+    async def command(self, *parts: Arg, lazy: bool = False, retry: bool = True) -> Any:
         """``execute_command``."""
         return await self._client.execute_command(*parts)  # type: ignore[no-untyped-call]
 
