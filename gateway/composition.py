@@ -22,7 +22,7 @@ from gateway.auth import Access, build_access, uses_redis
 from gateway.forwarding import Forwarder, TierRoute
 from gateway.health import HealthConfig, HealthMonitor
 from gateway.limiter_redis import open_redis
-from gateway.limits import LimitMetrics, build_limiter
+from gateway.limits import LimitMetrics, build_limiter, limiter_lease_s
 from gateway.ops import Readiness, ops_handlers
 from gateway.proxy import ProxyService, RequestObserver
 from gateway.replicas import EjectionPolicy, ReplicaPool
@@ -228,7 +228,14 @@ def _access(settings: Settings, admin_token: str | None, o: Overrides) -> Access
     needed = uses_redis(settings.auth, admin_token, auth=o.auth, redis_limiter=redis_limiter)
     client = open_redis(settings.redis) if needed else None
     metrics = LimitMetrics()
-    limiter = o.limiter or build_limiter(settings, client, metrics)
+    limiter = o.limiter or build_limiter(
+        settings.ratelimit,
+        key_prefix=settings.redis.key_prefix,
+        lease_s=limiter_lease_s(settings.tiers),
+        workers=settings.server.workers or 1,
+        client=client,
+        metrics=metrics,
+    )
     return build_access(
         settings.auth,
         client=client,

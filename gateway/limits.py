@@ -34,7 +34,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from redis.asyncio import Redis
 
 from gateway.limiter_redis import RateLimitBackendUnavailable, RedisRateLimiter
-from gateway.settings import Settings
+from gateway.settings import RateLimitSettings, TierSettings
 from policies.errors import RateLimited, TierGateError
 from policies.principal import Principal
 from policies.ratelimit import (
@@ -376,12 +376,25 @@ class KeyLimiter:
         return self._fallback, local, await self._fallback.acquire(key_id, local, tokens, slot)
 
 
-def build_limiter(settings: Settings, client: Redis | None, metrics: LimitMetrics) -> KeyLimiter:
-    """The limiter ``settings.ratelimit`` asks for (``client`` is needed for Redis)."""
-    rl = settings.ratelimit
-    # A concurrency slot outlives the longest possible request, then frees itself.
-    lease_s = max(tier.timeouts.total_s for tier in settings.tiers.values()) + 60.0
-    workers = settings.server.workers or 1
+def limiter_lease_s(tiers: Mapping[str, TierSettings]) -> float:
+    """How long a concurrency slot may stay held: past the longest possible request, then free."""
+    return max(tier.timeouts.total_s for tier in tiers.values()) + 60.0
+
+
+def build_limiter(
+    rl: RateLimitSettings,
+    *,
+    key_prefix: str,
+    lease_s: float,
+    workers: int,
+    client: Redis | None,
+    metrics: LimitMetrics,
+) -> KeyLimiter:
+    """The limiter ``rl`` asks for (``client`` is needed for Redis), for ``workers`` processes.
+
+    ``lease_s`` bounds a concurrency slot's life (:func:`limiter_lease_s`); ``key_prefix``
+    namespaces the Redis keys.
+    """
     if rl.backend == "memory":
         share = workers if rl.memory_divide_per_worker else 1
         return KeyLimiter(MemoryRateLimiter(lease_s=lease_s), metrics=metrics, share=share)
@@ -397,7 +410,7 @@ def build_limiter(settings: Settings, client: Redis | None, metrics: LimitMetric
         policy=rl.on_redis_error,
     )
     return KeyLimiter(
-        RedisRateLimiter(client, prefix=settings.redis.key_prefix, lease_s=lease_s),
+        RedisRateLimiter(client, prefix=key_prefix, lease_s=lease_s),
         metrics=metrics,
         health=health,
         fallback=MemoryRateLimiter(lease_s=lease_s) if rl.on_redis_error == "open" else None,
