@@ -8,7 +8,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import httpx
 import pytest
@@ -21,6 +21,7 @@ from gateway.keystore_file import FileKeyStore
 from gateway.settings import AuthSettings, Settings, TierSettings
 from policies.keys import issue_key
 from policies.principal import KeyPolicy
+from tests.key_fields import KeyPolicyFields
 from tests.simulator.procs import SimulatorProcess
 
 ADMIN = "admin-token-for-tests-0123456789"
@@ -36,7 +37,14 @@ def sim() -> Iterator[SimulatorProcess]:
         yield process
 
 
-def settings_for(sim_url: str, keys_file: Path | None, **auth: Any) -> Settings:
+class AuthOptions(TypedDict, total=False):
+    """The auth settings a test varies."""
+
+    admin_token: str | None
+    enabled: bool
+
+
+def settings_for(sim_url: str, keys_file: Path | None, **auth: Unpack[AuthOptions]) -> Settings:
     """Settings with the fast tier on ``sim_url`` and keys from ``keys_file``."""
     return Settings(
         tiers={
@@ -56,7 +64,7 @@ class Keys:
         self.store = FileKeyStore(path)
         self.path = path
 
-    def add(self, **policy: Any) -> str:
+    def add(self, **policy: Unpack[KeyPolicyFields]) -> str:
         """Store a new key with ``policy`` fields; returns the key."""
         record, token = issue_key("team", KeyPolicy(**policy), now=time.time())
         self.store.put_sync(record)
