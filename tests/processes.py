@@ -12,9 +12,9 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from typing import Any
 
-Process = subprocess.Popen[Any]
+# Binary (redis, the gateway, llama-server) or text-mode (the simulator) pipes alike.
+Process = subprocess.Popen[bytes] | subprocess.Popen[str]
 
 
 def free_port() -> int:

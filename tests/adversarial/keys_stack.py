@@ -8,7 +8,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Unpack
 
 import httpx
 from redis.asyncio import Redis
@@ -17,6 +17,7 @@ from gateway.keystore_redis import RedisKeyStore
 from policies.keys import KeyRecord, create_key
 from policies.principal import KeyPolicy
 from tests.integration.gateway_proc import REPO_ROOT, GatewayProcess
+from tests.key_fields import KeyPolicyFields
 
 ADMIN = "adversarial-admin-token-0123456789"
 CHAT = {"model": "fast", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
@@ -27,7 +28,7 @@ def bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
-async def redis_key(url: str, **policy: Any) -> tuple[KeyRecord, str]:
+async def redis_key(url: str, **policy: Unpack[KeyPolicyFields]) -> tuple[KeyRecord, str]:
     """A key created straight in the Redis store (as `tiergate keys create --redis-url`)."""
     client = Redis.from_url(url)
     try:

@@ -144,13 +144,12 @@ async def test_concurrent_refusals_of_every_kind_spend_no_requests_or_tokens(
     gateway = gateways[backend]
     token = await admin_key(http, gateway, rpm=RPM, tpm=100_000, tiers=["fast"])
     twin = await admin_key(http, gateway, rpm=RPM, tpm=100_000, tiers=["fast"])
-    refusals = await asyncio.gather(
-        *(
-            chat(http, gateway, token, **body)
-            for body in [{"model": "precise"}, {"model": "no-such-model"}, {"max_tokens": CAP + 1}]
-            * RPM
-        )
-    )
+    kinds: list[dict[str, object]] = [
+        {"model": "precise"},
+        {"model": "no-such-model"},
+        {"max_tokens": CAP + 1},
+    ]
+    refusals = await asyncio.gather(*(chat(http, gateway, token, **body) for body in kinds * RPM))
     assert sorted({r.status_code for r in refusals}) == [400, 403, 404]
     for refusal in refusals:
         assert set(refusal.json()["error"]) == {"message", "type", "param", "code"}

@@ -9,17 +9,19 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from tests.conformance.conftest import ADMIN, TIER_CAP, Stack, gateway_config
 from tests.integration.gateway_proc import GatewayProcess
 
 pytestmark = pytest.mark.slow
-CHAT = [{"role": "user", "content": "Tell me about tiers."}]
+CHAT: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Tell me about tiers."}]
 
 
 def _client(stack: Stack) -> openai.OpenAI:
@@ -48,7 +50,7 @@ def test_non_streaming(stack: Stack) -> None:
     """A plain chat completion comes back whole, with usage and the caller's request id."""
     raw = _client(stack).chat.completions.with_raw_response.create(
         model="fast", messages=CHAT, max_tokens=8, extra_headers={"x-request-id": "conf-1"}
-    )  # type: ignore[arg-type]
+    )
     reply = raw.parse()
     assert raw.headers["x-request-id"] == "conf-1"
     assert reply.choices[0].message.content
@@ -123,7 +125,7 @@ def test_duplicate_caller_ids(stack: Stack) -> None:
 
 def test_no_max_tokens_is_bounded(stack: Stack) -> None:
     """Without max_tokens the gateway forwards the tier's cap, so the backend stops there."""
-    reply = _client(stack).chat.completions.create(model="fast", messages=CHAT)  # type: ignore[arg-type]
+    reply = _client(stack).chat.completions.create(model="fast", messages=CHAT)
     assert stack.sim.stats()["last_request"]["max_tokens"] == TIER_CAP
     assert reply.usage is not None
     assert reply.usage.completion_tokens <= TIER_CAP
@@ -229,7 +231,7 @@ def _logged(stack: Stack, field: str) -> list[object]:
     return values
 
 
-async def _wait_for(check: Any, timeout_s: float = 5.0) -> bool:
+async def _wait_for(check: Callable[[], bool], timeout_s: float = 5.0) -> bool:
     for _ in range(int(timeout_s / 0.05)):
         if await asyncio.to_thread(check):
             return True

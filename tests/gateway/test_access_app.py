@@ -8,10 +8,11 @@ import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import httpx
 import pytest
+from litestar import Litestar
 from litestar.testing import AsyncTestClient
 
 from gateway.app import create_app
@@ -20,6 +21,7 @@ from gateway.keystore_file import FileKeyStore
 from gateway.settings import AuthSettings, Settings, TierSettings
 from policies.keys import issue_key
 from policies.principal import KeyPolicy
+from tests.key_fields import KeyPolicyFields
 from tests.simulator.procs import SimulatorProcess
 
 ADMIN = "admin-token-for-tests-0123456789"
@@ -35,7 +37,14 @@ def sim() -> Iterator[SimulatorProcess]:
         yield process
 
 
-def settings_for(sim_url: str, keys_file: Path | None, **auth: Any) -> Settings:
+class AuthOptions(TypedDict, total=False):
+    """The auth settings a test varies."""
+
+    admin_token: str | None
+    enabled: bool
+
+
+def settings_for(sim_url: str, keys_file: Path | None, **auth: Unpack[AuthOptions]) -> Settings:
     """Settings with the fast tier on ``sim_url`` and keys from ``keys_file``."""
     return Settings(
         tiers={
@@ -55,7 +64,7 @@ class Keys:
         self.store = FileKeyStore(path)
         self.path = path
 
-    def add(self, **policy: Any) -> str:
+    def add(self, **policy: Unpack[KeyPolicyFields]) -> str:
         """Store a new key with ``policy`` fields; returns the key."""
         record, token = issue_key("team", KeyPolicy(**policy), now=time.time())
         self.store.put_sync(record)
@@ -69,7 +78,7 @@ def keys(tmp_path: Path) -> Keys:
 
 
 @pytest.fixture
-async def client(sim: SimulatorProcess, keys: Keys) -> AsyncIterator[AsyncTestClient[Any]]:
+async def client(sim: SimulatorProcess, keys: Keys) -> AsyncIterator[AsyncTestClient[Litestar]]:
     """The app with file keys and an admin token (one bootstrap key so it may start)."""
     keys.add()
     app = create_app(settings_for(sim.url, keys.path, admin_token=ADMIN))
@@ -92,7 +101,7 @@ def bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
-async def test_missing_key_is_openai_shaped_401(client: AsyncTestClient[Any]) -> None:
+async def test_missing_key_is_openai_shaped_401(client: AsyncTestClient[Litestar]) -> None:
     """No Authorization header: 401 with the OpenAI error envelope."""
     response = await client.post("/v1/chat/completions", json=chat())
     assert response.status_code == 401
@@ -101,7 +110,7 @@ async def test_missing_key_is_openai_shaped_401(client: AsyncTestClient[Any]) ->
     assert error["code"] == "missing_api_key"
 
 
-async def test_forbidden_tier_is_403(client: AsyncTestClient[Any], keys: Keys) -> None:
+async def test_forbidden_tier_is_403(client: AsyncTestClient[Litestar], keys: Keys) -> None:
     """A fast-only key asking for the precise tier gets 403."""
     token = keys.add(allowed_tiers=frozenset({"fast"}))
     response = await client.post(
@@ -111,7 +120,9 @@ async def test_forbidden_tier_is_403(client: AsyncTestClient[Any], keys: Keys) -
     assert response.json()["error"]["type"] == "permission_error"
 
 
-async def test_key_max_tokens_cap_is_enforced(client: AsyncTestClient[Any], keys: Keys) -> None:
+async def test_key_max_tokens_cap_is_enforced(
+    client: AsyncTestClient[Litestar], keys: Keys
+) -> None:
     """A request above the key's max_tokens cap is refused before any limit is spent."""
     token = keys.add(max_tokens=10)
     response = await client.post(
@@ -121,7 +132,7 @@ async def test_key_max_tokens_cap_is_enforced(client: AsyncTestClient[Any], keys
     assert response.json()["error"]["param"] == "max_tokens"
 
 
-async def test_rpm_limit_headers_and_429(client: AsyncTestClient[Any], keys: Keys) -> None:
+async def test_rpm_limit_headers_and_429(client: AsyncTestClient[Litestar], keys: Keys) -> None:
     """Two per minute: headers count down, the third is a 429 with Retry-After."""
     token = keys.add(rpm=2)
     first = await client.post("/v1/chat/completions", json=chat(), headers=bearer(token))
@@ -138,7 +149,7 @@ async def test_rpm_limit_headers_and_429(client: AsyncTestClient[Any], keys: Key
 
 
 async def test_streaming_response_carries_limit_headers(
-    client: AsyncTestClient[Any], keys: Keys
+    client: AsyncTestClient[Litestar], keys: Keys
 ) -> None:
     """A streamed answer has the x-ratelimit headers too."""
     token = keys.add(rpm=10, tpm=10_000)
@@ -154,7 +165,7 @@ async def test_streaming_response_carries_limit_headers(
 
 @pytest.mark.parametrize("stream", [False, True])
 async def test_tokens_reconciled_with_real_usage(
-    client: AsyncTestClient[Any], keys: Keys, stream: bool
+    client: AsyncTestClient[Litestar], keys: Keys, stream: bool
 ) -> None:
     """After an answer, the token budget reflects its real usage, not the reservation."""
     token = keys.add(tpm=600)  # refills 10 tokens/s: slow enough to compare exactly
@@ -193,7 +204,7 @@ def _usage(response: httpx.Response, stream: bool) -> int:
     raise AssertionError("no usage in the stream")
 
 
-async def test_admin_api_lifecycle(client: AsyncTestClient[Any]) -> None:
+async def test_admin_api_lifecycle(client: AsyncTestClient[Litestar]) -> None:
     """Create, use, list, rotate and revoke a key over /admin/keys."""
     admin = bearer(ADMIN)
     created = await client.post(
@@ -220,7 +231,7 @@ async def test_admin_api_lifecycle(client: AsyncTestClient[Any]) -> None:
 
 
 async def test_admin_api_refuses_other_credentials(
-    client: AsyncTestClient[Any], keys: Keys
+    client: AsyncTestClient[Litestar], keys: Keys
 ) -> None:
     """An API key gets 403 on the admin API, a wrong token 401, a bad body 400."""
     token = keys.add()
@@ -234,7 +245,7 @@ async def test_admin_api_refuses_other_credentials(
 
 
 @pytest.mark.parametrize("days", [1e308, 3651, 0, -5, "1e400"])
-async def test_admin_api_bounds_expiry(client: AsyncTestClient[Any], days: object) -> None:
+async def test_admin_api_bounds_expiry(client: AsyncTestClient[Litestar], days: object) -> None:
     """expires_in_days above ten years, non-positive or out of range: OpenAI-shaped 400."""
     raw = b'{"tenant": "t", "expires_in_days": ' + str(days).encode() + b"}"
     response = await client.post(

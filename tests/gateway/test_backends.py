@@ -200,7 +200,7 @@ def test_settings_take_known_kinds_only() -> None:
     assert (tier.kind, tier.health_path) == ("auto", None)
     assert TierSettings(model="m", replicas=["http://h:1"], kind="sglang").kind == "sglang"
     with pytest.raises(ValidationError):
-        TierSettings(model="m", replicas=["http://h:1"], kind="vllm-ish")  # type: ignore[arg-type]
+        TierSettings(model="m", replicas=["http://h:1"], kind="vllm-ish")  # type: ignore[arg-type]  # the refusal under test
 
 
 def test_many_replicas_are_counted_not_listed() -> None:

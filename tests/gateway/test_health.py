@@ -157,13 +157,13 @@ async def test_the_background_task_does_not_inherit_a_requests_context(
 ) -> None:
     """Started while a request's log context is bound, the probes still log without it."""
     pool = ReplicaPool("fast", [f"http://127.0.0.1:{free_port()}"], 4, 0.1)
-    monitor = HealthMonitor({"fast": pool}, HealthConfig(interval_s=0.05, timeout_s=0.2))
     seen: list[dict[str, object]] = []
 
-    async def record() -> None:
-        seen.append(structlog.contextvars.get_contextvars())
+    class Recording(HealthMonitor):
+        async def check_once(self) -> None:
+            seen.append(structlog.contextvars.get_contextvars())
 
-    monitor.check_once = record  # type: ignore[method-assign]
+    monitor = Recording({"fast": pool}, HealthConfig(interval_s=0.05, timeout_s=0.2))
     structlog.contextvars.bind_contextvars(request_id="req-1", trace_id="ab" * 16)
     try:
         monitor.start(session)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -57,6 +58,10 @@ async def until(check: Callable[[], Awaitable[bool]], within: float = 2.0) -> fl
     return time.monotonic() - start
 
 
+async def _subscribed(feed: KeyChangeFeed) -> bool:
+    return feed.subscriptions > 0
+
+
 @pytest.fixture
 async def replicas(redis_server: RedisServer) -> AsyncIterator[list[Replica]]:
     """Two replicas with long cache TTLs: only the feed can make a change visible quickly."""
@@ -71,7 +76,7 @@ async def replicas(redis_server: RedisServer) -> AsyncIterator[list[Replica]]:
         feed.start()
         made.append(Replica(client, auth, feed))
     for replica in made:
-        await until(lambda r=replica: asyncio.sleep(0, r.feed.subscriptions > 0))
+        await until(functools.partial(_subscribed, replica.feed))
     yield made
     for replica in made:
         await replica.feed.stop()
@@ -111,7 +116,7 @@ async def test_rotation_swaps_secrets_everywhere(replicas: list[Replica]) -> Non
     assert result is not None
     _, new = result
     for replica in replicas:
-        await until(lambda r=replica: r.accepts(new), within=1.0)
+        await until(functools.partial(replica.accepts, new), within=1.0)
         assert not await replica.accepts(old)
 
 
@@ -206,7 +211,7 @@ async def test_a_resubscription_revalidates_changes_missed_meanwhile(
         revoked = json.dumps(replace(record, disabled=True).to_dict())
         await client.set(f"tiergate:key:{record.key_id}", revoked)  # no publish: missed
         assert await replica.accepts(token)  # the cache has not heard of it
-        await client.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+        await client.client_kill_filter(_type="pubsub")
         await until(lambda: asyncio.sleep(0, feed.subscriptions > 1))
         assert not await replica.accepts(token)
     finally:

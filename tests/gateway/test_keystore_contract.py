@@ -173,7 +173,7 @@ async def test_redis_damaged_records_are_listed_and_never_served(
     try:
         store = RedisKeyStore(client)
         record, _ = await create_key(store, "a", KeyPolicy(), now=NOW)
-        garbage = {
+        garbage: dict[str, bytes | str] = {
             "notjson": b"\xff{",
             "inf": json.dumps(
                 {**record.to_dict(), "id": "inf", "policy": {"expires_at": 1e308 * 10}}

@@ -152,7 +152,7 @@ def test_secret_values_not_echoed(tmp_path: Path) -> None:
     assert "hunter2" not in " ".join(_problems(config))
 
 
-def _models(annotation: Any, seen: set[type[BaseModel]]) -> None:
+def _models(annotation: object, seen: set[type[BaseModel]]) -> None:
     model = model_at(annotation, [])
     if model is None or model in seen:
         return

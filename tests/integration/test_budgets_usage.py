@@ -6,7 +6,7 @@ import asyncio
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Unpack
 
 import httpx
 import pytest
@@ -16,6 +16,7 @@ from gateway.keystore_redis import RedisKeyStore
 from policies.keys import create_key
 from policies.principal import KeyPolicy
 from tests.integration.gateway_proc import GatewayProcess, tiers_config
+from tests.key_fields import KeyPolicyFields
 from tests.redis_server import RedisServer
 from tests.simulator.procs import SimulatorProcess
 
@@ -31,7 +32,7 @@ BODY = {
 }
 
 
-async def new_key(url: str, **policy: Any) -> tuple[str, str]:
+async def new_key(url: str, **policy: Unpack[KeyPolicyFields]) -> tuple[str, str]:
     """A key in the shared Redis store; (key id, token)."""
     client = Redis.from_url(url)
     try:

@@ -9,11 +9,12 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from tests.integration.gateway_proc import GatewayProcess
 from tests.simulator.procs import SimulatorProcess
 
-CHAT = [{"role": "user", "content": "Say hello in one word."}]
+CHAT: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Say hello in one word."}]
 
 
 @pytest.fixture
@@ -35,7 +36,7 @@ def test_chat_non_streaming(client: openai.OpenAI) -> None:
     raw = client.chat.completions.with_raw_response.create(
         model="auto",
         messages=CHAT,
-        max_tokens=8,  # type: ignore[arg-type]
+        max_tokens=8,
     )
     completion = raw.parse()
     assert raw.http_response.status_code == 200
@@ -57,7 +58,7 @@ def test_chat_streaming_with_usage(client: openai.OpenAI) -> None:
         model="fast",
         messages=CHAT,
         max_tokens=8,
-        stream=True,  # type: ignore[arg-type]
+        stream=True,
         stream_options={"include_usage": True},
     )
     chunks = list(stream)
@@ -116,7 +117,7 @@ def test_explicit_model_forces_tier(gateway: GatewayProcess, model: str, tier: s
 def test_unknown_model_is_404(client: openai.OpenAI) -> None:
     """An unknown model is a 404 model_not_found error."""
     with pytest.raises(openai.NotFoundError) as err:
-        client.chat.completions.create(model="gpt-9", messages=CHAT)  # type: ignore[arg-type]
+        client.chat.completions.create(model="gpt-9", messages=CHAT)
     assert err.value.code == "model_not_found"
 
 

@@ -6,7 +6,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Unpack
 
 import httpx
 import pytest
@@ -16,6 +16,7 @@ from gateway.keystore_redis import RedisKeyStore
 from policies.keys import create_key
 from policies.principal import KeyPolicy
 from tests.integration.gateway_proc import GatewayProcess, tiers_config
+from tests.key_fields import KeyPolicyFields
 from tests.redis_server import RedisServer
 from tests.simulator.procs import SimulatorProcess
 
@@ -48,7 +49,7 @@ def slow_sim() -> Iterator[SimulatorProcess]:
         yield sim
 
 
-async def new_key(redis_url: str, **policy: Any) -> str:
+async def new_key(redis_url: str, **policy: Unpack[KeyPolicyFields]) -> str:
     """Create a key in the shared Redis key store (as `tiergate keys create` would)."""
     client = Redis.from_url(redis_url)
     try:

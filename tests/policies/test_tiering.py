@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+from typing import TypedDict, Unpack
+
 import pytest
 
 from policies.errors import ModelNotFound, PermissionDenied
@@ -13,20 +17,29 @@ CATALOG = TierCatalog({"fast": "m-int4", "precise": "m-fp16"}, fast="fast", prec
 ANYONE = Principal("k1", "t", KeyPolicy())
 
 
-def summary(model: str = "auto", **kw: object) -> RequestSummary:
+class SummaryChanges(TypedDict, total=False):
+    """Fields a test may set on the default summary."""
+
+    response_format: str | None
+    has_tools: bool
+    prompt_chars: int
+
+
+DEFAULT_SUMMARY = RequestSummary(
+    kind="chat",
+    model="auto",
+    stream=False,
+    max_tokens=None,
+    include_usage=False,
+    prompt_chars=100,
+    has_tools=False,
+    response_format=None,
+)
+
+
+def summary(model: str = "auto", **kw: Unpack[SummaryChanges]) -> RequestSummary:
     """A request summary with defaults."""
-    base: dict[str, object] = {
-        "kind": "chat",
-        "model": model,
-        "stream": False,
-        "max_tokens": None,
-        "include_usage": False,
-        "prompt_chars": 100,
-        "has_tools": False,
-        "response_format": None,
-    }
-    base.update(kw)
-    return RequestSummary(**base)  # type: ignore[arg-type]  # test builder with known keys
+    return dataclasses.replace(DEFAULT_SUMMARY, model=model, **kw)
 
 
 def decide(
@@ -87,7 +100,7 @@ def test_unknown_model() -> None:
         ({"prompt_chars": 100_000}, "rule:long_prompt"),
     ],
 )
-def test_hard_rules_send_precise(kw: dict[str, object], reason: str) -> None:
+def test_hard_rules_send_precise(kw: SummaryChanges, reason: str) -> None:
     """Structured output, tools and very long prompts go to the precise tier."""
     assert decide(summary(**kw), score=0.0) == ("precise", reason)
 
@@ -111,7 +124,9 @@ def test_allowed_tiers_respected() -> None:
 def test_fallback_order() -> None:
     """fast falls back to precise; precise to fast only with the downgrade scope."""
     down = Principal("k4", "t", KeyPolicy(scopes=frozenset({SCOPE_DOWNGRADE})))
-    kw = {"catalog": CATALOG, "fast_to_precise": True, "precise_to_fast": True}
-    assert fallback_tiers("fast", principal=ANYONE, **kw) == ("fast", "precise")  # type: ignore[arg-type]
-    assert fallback_tiers("precise", principal=ANYONE, **kw) == ("precise",)  # type: ignore[arg-type]
-    assert fallback_tiers("precise", principal=down, **kw) == ("precise", "fast")  # type: ignore[arg-type]
+    fallback = functools.partial(
+        fallback_tiers, catalog=CATALOG, fast_to_precise=True, precise_to_fast=True
+    )
+    assert fallback("fast", principal=ANYONE) == ("fast", "precise")
+    assert fallback("precise", principal=ANYONE) == ("precise",)
+    assert fallback("precise", principal=down) == ("precise", "fast")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import router_models
 from router_models.artifact import load as load_model
@@ -10,7 +11,7 @@ from router_models.features import FEATURE_SPEC, extract
 from router_models.shadow_train import scores, to_csr
 from router_models.vectors import feature_space, hashed_vector
 
-BODIES = [
+BODIES: list[dict[str, Any]] = [  # request bodies: arbitrary JSON
     {"messages": [{"role": "user", "content": "What is the capital of France?"}]},
     {"prompt": "Prove that there are infinitely many primes, step by step.", "max_tokens": 9},
     {"messages": [{"role": "system", "content": "Be terse."}, {"role": "user", "content": ""}]},

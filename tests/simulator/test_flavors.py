@@ -7,7 +7,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -153,7 +153,9 @@ def test_llamacpp_python_refuses_non_uuid_ids(flavored: Flavored) -> None:
         ("tgi", 422, lambda b: isinstance(b["error"], str) and b["error_type"] == "validation"),
     ],
 )
-def test_error_shapes(flavored: Flavored, flavor: str, status: int, check: Any) -> None:
+def test_error_shapes(
+    flavored: Flavored, flavor: str, status: int, check: Callable[[Any], bool]
+) -> None:
     """A bad request gets each server's own error status and body shape."""
     sim = flavored(flavor)
     got, raw = _post(sim, {"messages": []})

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 import pytest
 
 from simulator.sse import ChunkEncoder, error_event
 
 
-def _decode(event: bytes) -> dict[str, object]:
+def _decode(event: bytes) -> dict[str, Any]:
     assert event.startswith(b"data: ")
     assert event.endswith(b"\n\n")
-    decoded: dict[str, object] = msgspec.json.decode(event[6:])
+    decoded: dict[str, Any] = msgspec.json.decode(event[6:])
     return decoded
 
 
@@ -24,9 +26,9 @@ def test_chunks_are_valid_json(chat: bool) -> None:
     usage = _decode(chunks.usage(10, 2, 8))
     assert middle["object"] == ("chat.completion.chunk" if chat else "text_completion")
     assert middle["id"] == 'id-"1"'
-    choice = middle["choices"][0]  # type: ignore[index]  # decoded JSON
+    choice = middle["choices"][0]
     assert (choice["delta"]["content"] if chat else choice["text"]) == 'say "hi"\n'
-    assert last["choices"][0]["finish_reason"] == "length"  # type: ignore[index]  # JSON
+    assert last["choices"][0]["finish_reason"] == "length"
     assert usage["choices"] == []
     assert usage["usage"] == {
         "prompt_tokens": 10,

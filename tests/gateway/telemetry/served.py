@@ -9,9 +9,9 @@ from __future__ import annotations
 import threading
 import time
 from types import TracebackType
-from typing import Any
 
 import uvicorn
+from litestar import Litestar
 
 from tests.processes import free_port
 
@@ -19,7 +19,7 @@ from tests.processes import free_port
 class ServedApp:
     """``with ServedApp(app) as served: httpx.get(served.url + ...)``."""
 
-    def __init__(self, app: Any, *, ready_timeout: float = 20.0) -> None:
+    def __init__(self, app: Litestar, *, ready_timeout: float = 20.0) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         config = uvicorn.Config(

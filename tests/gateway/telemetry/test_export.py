@@ -8,7 +8,7 @@ from concurrent import futures
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, ClassVar
 
-import grpc  # type: ignore[import-untyped]  # grpcio ships no type stubs
+import grpc
 import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
@@ -16,10 +16,11 @@ from gateway.settings import TelemetrySettings
 from gateway.telemetry.tracing import build_tracer_provider
 
 Request = trace_service_pb2.ExportTraceServiceRequest
+Received = list[tuple[str, Request]]  # (path, decoded export request)
 
 
 class _HttpReceiver(BaseHTTPRequestHandler):
-    received: ClassVar[list[Any]] = []  # replaced per fixture by a subclass
+    received: ClassVar[Received] = []  # replaced per fixture by a subclass
 
     def do_POST(self) -> None:
         """Decode one export request and answer 200."""
@@ -38,18 +39,20 @@ class _HttpReceiver(BaseHTTPRequestHandler):
 
 class _GrpcReceiver(trace_service_pb2_grpc.TraceServiceServicer):
     def __init__(self) -> None:
-        self.received: list[Any] = []
+        self.received: list[Request] = []
 
-    def Export(self, request: Any, context: Any) -> Any:  # noqa: N802  # gRPC method name
+    def Export(  # noqa: N802  # gRPC method name
+        self, request: Request, context: grpc.ServicerContext
+    ) -> trace_service_pb2.ExportTraceServiceResponse:
         """Keep the request."""
         self.received.append(request)
         return trace_service_pb2.ExportTraceServiceResponse()
 
 
 @pytest.fixture
-def http_receiver() -> Iterator[tuple[str, list[Any]]]:
+def http_receiver() -> Iterator[tuple[str, Received]]:
     """An OTLP/HTTP receiver on a free port: (endpoint, received requests)."""
-    received: list[Any] = []
+    received: Received = []
     handler = type("Handler", (_HttpReceiver,), {"received": received})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -79,7 +82,7 @@ def _export_one_span(otel_env: dict[str, str]) -> None:
     provider.shutdown()  # flushes the batch processor
 
 
-def _names(requests: list[Any]) -> tuple[list[str], list[str]]:
+def _names(requests: list[Request]) -> tuple[list[str], list[str]]:
     spans, services = [], []
     for request in requests:
         for resource_spans in request.resource_spans:
@@ -92,7 +95,7 @@ def _names(requests: list[Any]) -> tuple[list[str], list[str]]:
 
 
 def test_otlp_over_http_by_default(
-    http_receiver: tuple[str, list[Any]], monkeypatch: pytest.MonkeyPatch
+    http_receiver: tuple[str, Received], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With no protocol set, spans go as OTLP/HTTP protobuf to ``/v1/traces``."""
     endpoint, received = http_receiver

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import TypedDict, Unpack
 
 import pytest
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as Grpc
@@ -45,8 +46,15 @@ BODY = {
 }
 
 
-def _tracing(exporter: InMemorySpanExporter, **options: object) -> Tracing:
-    settings = TelemetrySettings(tracing=True, otel_env={}, **options)  # type: ignore[arg-type]
+class _Options(TypedDict, total=False):
+    """The telemetry settings a test varies."""
+
+    trace_sample_ratio: float
+    capture_content: bool
+
+
+def _tracing(exporter: InMemorySpanExporter, **options: Unpack[_Options]) -> Tracing:
+    settings = TelemetrySettings(tracing=True, otel_env={}, **options)
     provider = build_tracer_provider(settings, exporter)
     assert provider is not None
     return Tracing(provider, capture_content=settings.capture_content)
