@@ -54,6 +54,13 @@ class RedisServer:
         """True while the process is alive."""
         return self._proc is not None and self._proc.poll() is None
 
+    @property
+    def pid(self) -> int:
+        """The running server's process id (to stop or signal it); an error when not started."""
+        if self._proc is None:
+            raise RuntimeError("redis-server is not started")
+        return self._proc.pid
+
     def start(self) -> RedisServer:
         """Start the server and wait until it answers PING."""
         command = [

@@ -24,7 +24,7 @@ from tests.redis_server import RedisServer
 @contextmanager
 def stopped(server: RedisServer) -> Iterator[None]:
     """SIGSTOP the server for the block (a stalled Redis: it accepts, reads nothing)."""
-    pid = server._proc.pid  # the test's own process
+    pid = server.pid
     os.kill(pid, signal.SIGSTOP)
     try:
         yield
@@ -157,7 +157,7 @@ async def test_shutdown_waits_for_settlements_already_written() -> None:
             with stopped(server):
                 settling = asyncio.ensure_future(limiter.release("k", spec, 0, "a", lazy=True))
                 await asyncio.sleep(0.05)  # its linger is over: written, not answered
-                resume = threading.Timer(0.3, os.kill, (server._proc.pid, signal.SIGCONT))
+                resume = threading.Timer(0.3, os.kill, (server.pid, signal.SIGCONT))
                 resume.start()
                 started = time.monotonic()
                 await limiter.aclose()
