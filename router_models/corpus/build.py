@@ -127,15 +127,21 @@ RECIPES: Final = (
     Recipe(
         "passage_logic",
         "complex",
-        260,
+        220,
         (
             passage_logic.argument_choice,
             passage_logic.argument_choice,
-            passage_logic.schedule_puzzle,
             passage_logic.passage_deduction,
         ),
     ),
     Recipe("passage_logic", "simple", 130, (passage_logic.passage_lookup_choice,)),
+    Recipe(
+        "choice_puzzles",
+        "complex",
+        180,
+        (passage_logic.schedule_puzzle, passage_logic.schedule_gap, passage_logic.ordering_choice),
+    ),
+    Recipe("choice_puzzles", "simple", 130, (passage_logic.technical_lookup,)),
     Recipe("multilingual", "complex", 300, (multilingual.code_request,)),
     Recipe("multilingual", "simple", 160, (multilingual.simple_short,)),
     Recipe("factual_qa", "simple", 200, (simple_talk.factual_plain,)),

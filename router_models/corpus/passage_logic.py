@@ -8,6 +8,7 @@ form, is simple (see also ``simple_text.reading``).  All wording is written here
 
 from __future__ import annotations
 
+import itertools
 from random import Random
 
 from router_models.corpus import passages
@@ -96,8 +97,16 @@ def argument_choice(rng: Random) -> str:
 def schedule_puzzle(rng: Random) -> str:
     """Assign people to slots under several conditions, then choose a valid arrangement."""
     people = some(rng, NAMES, rng.randint(4, 6))
-    what = one(rng, ("talks on one morning", "shifts this week", "stalls at the fair",
-                     "seats in one row", "slots on the radio show"))
+    what = one(
+        rng,
+        (
+            "talks on one morning",
+            "shifts this week",
+            "stalls at the fair",
+            "seats in one row",
+            "slots on the radio show",
+        ),
+    )
     rules = [
         f"{people[0]} goes before {people[1]}.",
         f"{people[2]} is not first or last.",
@@ -138,3 +147,65 @@ def passage_lookup_choice(rng: Random) -> str:
     text = passages.long_document(rng, passages.any_passage(rng))
     options = _options(rng, some(rng, CITIES + NAMES, 4))
     return f"{text}\n\n{one(rng, _LOOKUPS)}\n{options}\n{one(rng, _TAILS[:3])}".strip()
+
+
+# fmt: off
+_TECH_LOOKUPS = ("According to the passage, what is this called?", "What year is mentioned?",
+                 "Which number appears in the text?", "What is the topic of the paragraph?",
+                 "Name one example given in the text.", "Según el texto, ¿de qué trata?",
+                 "Was ist laut Text das Thema?", "О чём этот текст?",
+                 "What does the text say happens first?", "Where, according to the text?")
+_PLACES = ("library", "bakery", "gym", "post office", "museum", "dentist", "hardware store",
+           "swimming pool", "bank", "market")
+# fmt: on
+
+
+def technical_lookup(rng: Random) -> str:
+    """A technical reference paragraph (often not English) and a look-up question: simple."""
+    text = passages.technical(rng)
+    if rng.random() < 0.3:
+        text = f"{text}\n\n{passages.encyclopedia(rng)}"
+    return (
+        f"{text}\n{one(rng, _TECH_LOOKUPS)}"
+        if rng.random() < 0.5
+        else (f"{one(rng, _TECH_LOOKUPS)}\n\n{text}")
+    )
+
+
+def schedule_gap(rng: Random) -> str:
+    """A day's timetable with one free gap; deduce when a visit could have happened."""
+    name, place = one(rng, NAMES), one(rng, _PLACES)
+    start = rng.randint(6, 9)
+    hours = list(range(start, start + rng.randint(5, 8)))
+    free = rng.randrange(1, len(hours) - 1)
+    lines = [f"{name} got up at {start}:00."]
+    lines += [
+        f"From {h}:00 to {h + 1}:00 {name} was seen at the {one(rng, _PLACES)}."
+        for h in hours
+        if h != hours[free]
+    ]
+    lines.append(f"The {place} shuts at {hours[-1] + 1}:00.")
+    rng.shuffle(lines)
+    spans = [f"{h}:00-{h + 1}:00" for h in some(rng, hours, 4)]
+    ask = one(
+        rng,
+        (
+            f"When could {name} have gone to the {place}?",
+            f"In which window was the visit to the {place} possible?",
+        ),
+    )
+    return f"{' '.join(lines)}\n{ask}\n{_options(rng, spans)}"
+
+
+def ordering_choice(rng: Random) -> str:
+    """Items in a fixed row with relative-position clues; choose the true option."""
+    things = some(rng, PRODUCTS, rng.randint(3, 6))
+    clues = [f"The {a} is to the left of the {b}." for a, b in itertools.pairwise(things)]
+    rng.shuffle(clues)
+    claims = [f"The {t} is {one(rng, ('first', 'second', 'last', 'third'))}." for t in things[:4]]
+    lead = one(rng, ("A shelf holds", "In a shop window stand", "On a table, in a row, are"))
+    return (
+        f"{lead} {len(things)} items: {', '.join(sorted(things))}. {' '.join(clues)}\n"
+        f"{one(rng, ('Which option is correct?', 'Which of these is true?'))}\n"
+        f"{_options(rng, claims)}"
+    )
