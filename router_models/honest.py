@@ -258,7 +258,7 @@ def _leave_out(
         use = data.train_mask & ~inside
         model = fit(data.x_fit[use], data.y[use], data.weight[use])
         calib_rows = data.train_mask & ~inside
-        a, c = platt(calib[calib_rows], data.y[calib_rows], data.weight[calib_rows])
+        a, c = platt(calib[calib_rows], data.y[calib_rows], data.calib_weight[calib_rows])
         rows = np.flatnonzero(inside)
         scores[rows] = sigmoid(a * model.margins(data.x[rows]) + c)
         for cue in cues:
@@ -341,6 +341,7 @@ def held_out_report(data: Prepared, settings: TrainSettings) -> HeldOutReport:
             "C": settings.c,
             "external_weight": settings.external_weight,
             "external_hashed": settings.external_hashed,
+            "calibration_external_weight": settings.calibration_external_weight,
         },
     )
 

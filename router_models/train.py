@@ -71,6 +71,10 @@ class TrainSettings:
     # Whether external rows' hashed n-grams take part in the fits.  When False they teach
     # only the structural and shape signals (see ``Prepared.x_fit``).
     external_hashed: bool = True
+    # Weight of external rows' group-held-out margins in the Platt fit (corpus rows weigh 1).
+    # At 0 the calibration sees only the generated corpus; above 0 it sees the mixture of
+    # sources the router will meet, so a score means the same on external traffic.
+    calibration_external_weight: float = 0.0
     target_share: float = DEFAULT_TARGET_SHARE
 
     def fitter(self) -> FitFn:
@@ -87,6 +91,7 @@ class Prepared:
     x_fit: sparse.csr_matrix
     y: FloatArray
     weight: FloatArray
+    calib_weight: FloatArray
     groups: list[str]
     train_mask: BoolArray
 
@@ -103,6 +108,9 @@ def prepare(records: Sequence[dict[str, Any]], settings: TrainSettings) -> Prepa
         x_fit=x if settings.external_hashed else _without_hashed(x, external),
         y=np.asarray([label_of(r) for r in rows], dtype=np.float64),
         weight=np.where(external, settings.external_weight, 1.0).astype(np.float64),
+        calib_weight=np.where(external, settings.calibration_external_weight, 1.0).astype(
+            np.float64
+        ),
         groups=groups,
         train_mask=np.array([trainable(r) for r in rows], dtype=np.bool_),
     )
@@ -178,6 +186,7 @@ def _metadata(
             "tol": settings.tol,
             "external_weight": settings.external_weight,
             "external_hashed": settings.external_hashed,
+            "calibration_external_weight": settings.calibration_external_weight,
             "calibration": "Platt on group-held-out margins (source / generator family)",
         },
         "held_out_roc_auc": round(float(roc_auc_score(data.y, held)), 6),
@@ -206,7 +215,7 @@ def calibrate_held_out(data: Prepared, settings: TrainSettings) -> tuple[FloatAr
     margins = held_out_margins(
         data.x, data.y, data.weight, data.groups, mask, settings.fitter(), groups, fit_x=data.x_fit
     )
-    a, c = platt(margins[mask], data.y[mask], data.weight[mask])
+    a, c = platt(margins[mask], data.y[mask], data.calib_weight[mask])
     return margins, a, c
 
 

@@ -20,6 +20,8 @@ from router_models.corpus import (
     code_tasks,
     dressing,
     math_problems,
+    multilingual,
+    passage_logic,
     reasoning,
     reasoning_tasks,
     simple_talk,
@@ -122,6 +124,27 @@ RECIPES: Final = (
     ),
     Recipe("json_output", "complex", 340, (structured.json_extract, structured.json_generate)),
     Recipe("long_analysis", "complex", 360, (reasoning.essay,)),
+    Recipe(
+        "passage_logic",
+        "complex",
+        220,
+        (
+            passage_logic.argument_choice,
+            passage_logic.argument_choice,
+            passage_logic.passage_deduction,
+        ),
+    ),
+    Recipe("passage_logic", "simple", 130, (passage_logic.passage_lookup_choice,)),
+    Recipe(
+        "choice_puzzles",
+        "complex",
+        180,
+        (passage_logic.schedule_puzzle, passage_logic.schedule_gap, passage_logic.ordering_choice),
+    ),
+    Recipe("choice_puzzles", "simple", 130, (passage_logic.technical_lookup,)),
+    Recipe("multilingual", "complex", 300, (multilingual.code_request,)),
+    Recipe("multilingual", "simple", 160, (multilingual.simple_short,)),
+    Recipe("factual_qa", "simple", 200, (simple_talk.factual_plain,)),
 )
 HISTORY_POOL: Final = (
     simple_talk.chitchat,

@@ -116,6 +116,11 @@ def encyclopedia(rng: Random) -> str:
     return _fill(rng, one(rng, phrases("encyclopedia")))
 
 
+def technical(rng: Random) -> str:
+    """A technical reference paragraph (science, computing, engineering), some not English."""
+    return _fill(rng, one(rng, phrases("technical")))
+
+
 def specs(rng: Random) -> str:
     """A number-heavy description: specs, results, timetables, reports."""
     return _fill(rng, one(rng, phrases("specs")))

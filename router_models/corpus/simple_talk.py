@@ -176,3 +176,25 @@ def short_creative(rng: Random) -> str:
 def advice(rng: Random) -> str:
     """An everyday how-to or recommendation question with a short answer."""
     return one(rng, _ADVICE).format(**_values(rng))
+
+
+# fmt: off
+_FACT_SHAPES = (
+    "name the capital of {country}", "Tell me who wrote {book}.", "{element} atomic number",
+    "the year {event} happened", "Population of {country}, roughly.", "I need the author of {book}",
+    "{landmark} - where is it", "Give me the currency used in {country}.",
+    "What's {term}? one line", "who invented {invention}", "height of {landmark}",
+    "Which country is {city} in", "meaning of the word {word}",
+    "official language of {country}", "State the chemical symbol for {element}.",
+    "I forgot which ocean borders {country}", "the inventor of {invention}, please",
+    "Tell me when {event} was.", "fact check: {city} is in {country}", "define {term}",
+    "Is {city} the capital of {country}", "Remind me who the author of {book} is.",
+    "capital city of {country}", "{book} - who's the author", "How many people live in {city}",
+    "List the colours of the flag of {country}.", "Boiling point of water in Fahrenheit.",
+)
+# fmt: on
+
+
+def factual_plain(rng: Random) -> str:
+    """A short factual look-up phrased as a command, a fragment or a question."""
+    return one(rng, _FACT_SHAPES).format(**_values(rng))

@@ -115,3 +115,32 @@ def test_no_external_prompt_is_in_the_repository() -> None:
         if hit:
             leaked.append(record["id"])
     assert leaked == []
+
+
+def _non_latin(text: str) -> bool:
+    return any(ord(ch) > 0x3FF for ch in text)
+
+
+def test_script_and_passage_presence_carry_both_labels() -> None:
+    """Short non-Latin-script prompts and long prompts that end in a lettered choice exist
+    with both labels, each at least 50 times, so neither shape predicts the label."""
+    records = read_jsonl(DEFAULT_CORPUS)
+    short_script = Counter(
+        label_of(r) for r in records if len(_text(r)) < 120 and _non_latin(_text(r))
+    )
+    long_choice = Counter(
+        label_of(r)
+        for r in records
+        if len(_text(r)) > 600 and ("\nA. " in _text(r) or " A. " in _text(r))
+    )
+    assert min(short_script[0], short_script[1]) >= 50
+    assert min(long_choice[0], long_choice[1]) >= 50
+
+
+def test_contrast_pairs_are_single_families() -> None:
+    """The multilingual and passage families hold both labels, so leaving one family out
+    removes both halves of its contrast together."""
+    records = read_jsonl(DEFAULT_CORPUS)
+    for family in ("multilingual", "passage_logic", "choice_puzzles"):
+        labels = Counter(label_of(r) for r in records if r["category"] == family)
+        assert min(labels[0], labels[1]) >= 100

@@ -129,3 +129,18 @@ def test_external_rows_can_be_kept_out_of_the_hashed_fits() -> None:
     assert (data.x_fit[:, HASH_SIZE:] != data.x[:, HASH_SIZE:]).nnz == 0
     same = prepare(_small_mix()[:50], TrainSettings())
     assert same.x_fit is same.x
+
+
+def test_calibration_weight_of_external_rows_is_its_own_setting() -> None:
+    """``calibration_external_weight`` sets external rows' weight in the Platt fit only: the
+    fit weights stay ``external_weight`` and corpus rows weigh 1 in the calibration."""
+    rows = _small_mix()
+    off = prepare(rows, TrainSettings())
+    on = prepare(rows, TrainSettings(calibration_external_weight=1.0))
+    external = np.array([not g.startswith("corpus/") for g in on.groups])
+    assert external.any()
+    assert (~external).any()
+    assert (off.calib_weight[external] == 0).all()
+    assert (on.calib_weight[external] == 1).all()
+    assert (on.calib_weight[~external] == 1).all()
+    assert (on.weight == off.weight).all()
