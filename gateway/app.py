@@ -9,21 +9,29 @@ from __future__ import annotations
 
 import asyncio
 import gc
-from collections.abc import Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from contextvars import Context
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from litestar import Litestar, Request, Response, post
+from litestar.background_tasks import BackgroundTask
+from litestar.exceptions import HTTPException
+from litestar.response import Stream
 from opentelemetry.sdk.trace.export import SpanExporter
 from prometheus_client.registry import Collector
 
 from gateway.composition import Gateway, Overrides, build_gateway
-from gateway.errors import EXCEPTION_HANDLERS
+from gateway.errors import EXCEPTION_HANDLERS, ClientGone
+from gateway.native import CHAT_PATH, COMPLETIONS_PATH
 from gateway.proxy import RequestObserver
+from gateway.replies import Reply
 from gateway.settings import Settings
 from gateway.worker_share import WorkerRole
+from policies.errors import PayloadTooLarge
 from policies.ports import Authenticator, RequestLimiter
+
+T = TypeVar("T")
 
 _GC_GEN0_THRESHOLD = 10_000
 # With start-up objects frozen and the young generation collected less often, a reference
@@ -37,6 +45,78 @@ async def _collect_garbage_periodically(interval_s: float) -> None:
     while True:
         await asyncio.sleep(interval_s)
         gc.collect()
+
+
+class _FrameworkInbound:
+    """An inference request as Litestar received it (the app's own routes, the test client)."""
+
+    __slots__ = ("request",)
+
+    def __init__(self, request: Request[Any, Any, Any]) -> None:
+        self.request = request
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        """Litestar's case-insensitive headers."""
+        return self.request.headers
+
+    async def read_body(self) -> bytes:
+        """The body; Litestar enforces ``request_max_body_size``."""
+        try:
+            return await self.request.body()
+        except HTTPException as exc:
+            if exc.status_code == 413:
+                raise PayloadTooLarge("The request body is too large.") from None
+            raise
+
+    async def unless_gone(self, work: Awaitable[T]) -> T:
+        """Await ``work`` in this task; if the client leaves first, cancel it.
+
+        One watcher task listens for ``http.disconnect`` and cancels the handler's own task,
+        which is cheaper than running ``work`` in a second task and waiting on both.
+        """
+        handler = asyncio.current_task()
+        assert handler is not None  # noqa: S101  # always called from a request task
+        gone = False
+        receive = self.request.receive
+
+        async def watch() -> None:
+            nonlocal gone
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            gone = True
+            handler.cancel()
+
+        watcher = asyncio.get_running_loop().create_task(watch())
+        try:
+            return await work
+        except asyncio.CancelledError:
+            if gone:
+                handler.uncancel()
+                raise ClientGone("The client closed the connection.") from None
+            raise
+        finally:
+            watcher.cancel()
+
+
+def _response(reply: Reply) -> Response[Any]:
+    """A :class:`Reply` as Litestar's response."""
+    background = BackgroundTask(reply.after) if reply.after is not None else None
+    if reply.stream is not None:
+        return Stream(
+            reply.stream,
+            status_code=reply.status,
+            media_type=reply.media_type,
+            headers=reply.headers,
+            background=background,
+        )
+    return Response(
+        content=reply.body,
+        status_code=reply.status,
+        media_type=reply.media_type,
+        headers=reply.headers,
+        background=background,
+    )
 
 
 @dataclass
@@ -90,18 +170,24 @@ def create_app(
     several workers this process is (one prober, metrics of the whole group).
     """
     overrides = Overrides(auth, limiter, observer, span_exporter, collectors, worker)
-    gateway = build_gateway(settings, overrides)
+    return app_for(build_gateway(settings, overrides), settings)
+
+
+def app_for(gateway: Gateway, settings: Settings) -> Litestar:
+    """The Litestar app over an already built :class:`Gateway` (the server keeps the gateway
+    too: it serves the inference endpoints natively, see :mod:`gateway.native`)."""
     service = gateway.service
     lifecycle = _Lifecycle(gateway)
     telemetry = gateway.telemetry
 
-    @post("/v1/chat/completions", status_code=200)
+    @post(CHAT_PATH, status_code=200)
     async def chat(request: Request[Any, Any, Any]) -> Response[Any]:
-        return await service.handle(request, "chat", "/v1/chat/completions")
+        return _response(await service.handle(_FrameworkInbound(request), "chat", CHAT_PATH))
 
-    @post("/v1/completions", status_code=200)
+    @post(COMPLETIONS_PATH, status_code=200)
     async def completions(request: Request[Any, Any, Any]) -> Response[Any]:
-        return await service.handle(request, "completion", "/v1/completions")
+        reply = await service.handle(_FrameworkInbound(request), "completion", COMPLETIONS_PATH)
+        return _response(reply)
 
     return Litestar(
         route_handlers=[chat, completions, *gateway.handlers],

@@ -58,17 +58,16 @@ def error_response(
     )
 
 
-def _domain(request: Request[Any, Any, Any], exc: TierGateError) -> Response[bytes]:
-    ctx = request.state.get("ctx")
-    headers = ctx.headers() if ctx is not None else {}
-    headers.update(exc.headers)
+def _domain(_request: Request[Any, Any, Any], exc: TierGateError) -> Response[bytes]:
+    # The inference endpoints render their own errors (gateway/replies.py); these come from
+    # the admin and key routes.
     return error_response(
         exc.status,
         exc.message,
         error_type=exc.error_type,
         param=exc.param,
         code=exc.code,
-        headers=headers,
+        headers=dict(exc.headers),
     )
 
 

@@ -19,6 +19,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
 from gateway.connections import ConnectionGuard, Phase, Shed, raw_error
+from gateway.native import ROUTES, Handler, NativeCycle
 
 # Served on connections accepted over the cap: a probe must still see the process alive.
 OPS_PATHS = frozenset({b"/livez", b"/readyz"})
@@ -75,9 +76,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         _loop: asyncio.AbstractEventLoop | None = None,
         *,
         guard: ConnectionGuard,
+        native: Handler | None = None,
     ) -> None:
         super().__init__(config, server_state, app_state, _loop)
         self.guard = guard
+        self.native = native
         self.phase = Phase.HEAD
         self.since = 0.0
         self.body_started = 0.0
@@ -178,12 +181,42 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self.app = self._served_app if allowed else _over_capacity
             if not allowed:
                 self.guard.note_shed(Shed.OVER_CAPACITY, self.loop.time())
-        super().on_headers_complete()
+        if self._ops_only or not self._start_native():
+            super().on_headers_complete()
         now = self.loop.time()
         self.phase = Phase.BODY
         self.since = now
         self.body_started = now
         self.body_bytes = 0
+
+    def _start_native(self) -> bool:
+        """Serve an inference request natively (:mod:`gateway.native`); False if not one."""
+        native = self.native
+        if native is None:
+            return False
+        route = ROUTES.get(self.url.partition(b"?")[0])
+        parser = self.parser
+        if route is None or parser.get_method() != b"POST" or parser.should_upgrade():
+            return False
+        keep_alive = parser.get_http_version() != "1.0" and parser.should_keep_alive()
+        existing = self.cycle
+        cycle = NativeCycle(
+            native,
+            route,
+            self.headers,
+            self.transport,
+            self.flow,
+            keep_alive=keep_alive,
+            expect_continue=self.expect_100_continue,
+            on_response=self.on_response_complete,
+        )
+        self.cycle = cycle  # type: ignore[assignment]  # stands in for uvicorn's cycle
+        if existing is None or existing.response_complete:
+            self._start_asgi_task(cycle, self.app)  # type: ignore[arg-type]  # runs run_asgi
+        else:  # pipelined behind a request still being answered
+            self.flow.pause_reading()
+            self.pipeline.appendleft((cycle, self.app))  # type: ignore[arg-type]  # as above
+        return True
 
     def on_body(self, body: bytes) -> None:
         """Count body bytes for the minimum-rate check."""
@@ -198,7 +231,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if self._refusal is not None:
             return
         super().on_message_complete()
-        if self.phase is Phase.BODY:
+        cycle = self.cycle
+        if isinstance(cycle, NativeCycle) and cycle.lingering:  # a refused body has ended
+            self.transport.close()
+        elif self.phase is Phase.BODY:
             self.phase = Phase.BUSY
 
     def on_response_complete(self) -> None:

@@ -7,21 +7,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 import msgspec
-from litestar import Request, Response
-from litestar.background_tasks import BackgroundTask
-from litestar.response import Stream
+import structlog
 
 from gateway.budgets import BudgetGate, with_budget
 from gateway.context import Failure, RequestContext, Trace, request_id_from
-from gateway.errors import ClientGone
 from gateway.events import AttemptEnd, AttemptStart, Outcome, Usage
 from gateway.forwarding import Exchange, Forwarded, Forwarder
 from gateway.relay import StreamRelay, usage_from
+from gateway.replies import EVENT_STREAM, Inbound, Reply, error_reply, internal_error_reply
 from gateway.request_body import FieldRules, decode
 from gateway.routing import TierRouter
 from gateway.shadow import ShadowRunner, answer_text
@@ -41,6 +39,7 @@ from policies.tiering import RouteDecision
 
 T = TypeVar("T")
 _decoder = msgspec.json.Decoder()
+_log = structlog.get_logger("tiergate.proxy")
 _NO_HEADERS: Mapping[str, str] = {}
 
 
@@ -54,41 +53,6 @@ class RequestObserver(Protocol):
     def finished(self, ctx: RequestContext, outcome: str) -> None:
         """Called once per request, after its last byte or its error."""
         ...
-
-
-async def _until_disconnect(receive: Callable[[], Awaitable[Mapping[str, Any]]]) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return
-
-
-async def unless_disconnected(request: Request[Any, Any, Any], work: Awaitable[T]) -> T:
-    """Await ``work`` in this task; if the client leaves first, cancel it (closing the upstream).
-
-    One watcher task per request listens for ``http.disconnect`` and cancels the handler's own
-    task, which is cheaper than running ``work`` in a second task and waiting on both.
-    """
-    handler = asyncio.current_task()
-    assert handler is not None  # noqa: S101  # always called from a request task
-    gone = False
-
-    async def watch() -> None:
-        nonlocal gone
-        await _until_disconnect(request.receive)
-        gone = True
-        handler.cancel()
-
-    watcher = asyncio.get_running_loop().create_task(watch())
-    try:
-        return await work
-    except asyncio.CancelledError:
-        if gone:
-            handler.uncancel()
-            raise ClientGone("The client closed the connection.") from None
-        raise
-    finally:
-        watcher.cancel()
 
 
 @dataclass(slots=True)
@@ -110,34 +74,32 @@ class ProxyService:
     shadow: ShadowRunner | None = None
     budgets: BudgetGate | None = None
 
-    async def handle(
-        self, request: Request[Any, Any, Any], kind: RequestKind, path: str
-    ) -> Response[Any]:
-        """Serve one chat or completion request."""
-        headers = request.headers
+    async def handle(self, inbound: Inbound, kind: RequestKind, path: str) -> Reply:
+        """Serve one chat or completion request; every error becomes its OpenAI-shaped reply."""
+        headers = inbound.headers
         ctx = RequestContext(request_id_from(headers.get("x-request-id")), route=path)
-        request.state["ctx"] = ctx
         ctx.trace = self.observer.started(ctx, headers)
         try:
-            return await self._serve(request, ctx, kind, path)
+            return await self._serve(inbound, ctx, kind, path)
         except TierGateError as exc:
             ctx.status = exc.status
             ctx.failure = Failure.of(exc)
             self.observer.finished(ctx, ctx.failure.kind)
-            raise
-        except Exception:  # a bug: still account for the request; the handler renders the 500
+            return error_reply(exc, ctx.headers())
+        except Exception:  # noqa: BLE001  # a bug: account for the request and answer 500, never a traceback
+            _log.exception("request.unhandled_error")
             ctx.status = 500
             self.observer.finished(ctx, Outcome.INTERNAL_ERROR)
-            raise
+            return internal_error_reply(ctx.headers())
 
     async def _serve(
-        self, request: Request[Any, Any, Any], ctx: RequestContext, kind: RequestKind, path: str
-    ) -> Response[Any]:
-        headers = request.headers
+        self, inbound: Inbound, ctx: RequestContext, kind: RequestKind, path: str
+    ) -> Reply:
+        headers = inbound.headers
         principal = await self.auth.authenticate(headers.get("authorization"))
         ctx.principal = principal
         ctx.mark("auth")
-        body = decode(await request.body(), self.fields.max_depth)
+        body = decode(await inbound.read_body(), self.fields.max_depth)
         summary = validate(body, kind)
         ctx.summary = summary
         check_completions(summary, principal.policy.max_n)
@@ -180,7 +142,7 @@ class ProxyService:
             strip_usage = self._prepare_upstream_body(body, summary, tiers, key_cap)
             blocks = prefix_blocks(body, kind, self.prefix)
             forwarding = self.forwarder.forward(path, body, tiers, blocks, _Attempts(ctx))
-            forwarded = await unless_disconnected(request, forwarding)
+            forwarded = await inbound.unless_gone(forwarding)
         except BaseException:
             await admission.settle(0)
             raise
@@ -241,7 +203,7 @@ class ProxyService:
         shadow: _Shadow | None,
         *,
         strip_usage: bool,
-    ) -> Stream:
+    ) -> Reply:
         """Relay an open upstream stream; settle the limits once it has ended."""
         observer = self.observer
 
@@ -270,35 +232,28 @@ class ProxyService:
                 shadow.submit("".join(relay.captured))
 
         ctx.status = 200
-        return Stream(
-            relay,
-            status_code=200,
-            media_type="text/event-stream",
-            headers={**ctx.headers(), "Cache-Control": "no-cache"},
-            background=BackgroundTask(after),
-        )
+        headers = ctx.headers()
+        headers["cache-control"] = "no-cache"
+        return Reply(200, headers, EVENT_STREAM, stream=relay.__aiter__(), after=after)
 
     async def _complete(
         self, ctx: RequestContext, raw: bytes, admission: Admission, shadow: _Shadow | None
-    ) -> Response[bytes]:
+    ) -> Reply:
         if b'"usage"' in raw:
             with contextlib.suppress(msgspec.DecodeError):
                 ctx.usage = usage_from(_decoder.decode(raw))
         usage = ctx.usage
         ctx.status = 200
+        used = usage.total if usage is not None else None
+
         # Reconciling the token reservation is a Redis round trip the caller need not wait
         # for: it runs right after the response is sent.
-        response = Response(
-            content=raw,
-            status_code=200,
-            media_type="application/json",
-            headers=ctx.headers(),
-            background=BackgroundTask(
-                _after_complete, admission, usage.total if usage is not None else None, shadow, raw
-            ),
-        )
+        async def after() -> None:
+            await _after_complete(admission, used, shadow, raw)
+
+        reply = Reply(200, ctx.headers(), body=raw, after=after)
         self.observer.finished(ctx, Outcome.COMPLETE)
-        return response
+        return reply
 
     def _decide(
         self,

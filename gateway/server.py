@@ -9,7 +9,8 @@ import socket
 import structlog
 import uvicorn
 
-from gateway.app import create_app
+from gateway.app import app_for
+from gateway.composition import Overrides, build_gateway
 from gateway.connections import (
     ConnectionCollector,
     ConnectionGuard,
@@ -18,6 +19,7 @@ from gateway.connections import (
     fd_limit,
 )
 from gateway.http_protocol import GuardedHttpToolsProtocol
+from gateway.native import Handler
 from gateway.settings import ServerSettings, Settings
 from gateway.telemetry.logging import configure_logging
 from gateway.worker_share import WorkerRole
@@ -91,7 +93,11 @@ def serve(
 def _run(settings: Settings, sock: socket.socket, worker: WorkerRole | None) -> None:
     limits = connection_limits(settings.server)
     guard = ConnectionGuard(limits)
-    app = create_app(settings, collectors=[ConnectionCollector(guard)], worker=worker)
+    gateway = build_gateway(
+        settings, Overrides(collectors=[ConnectionCollector(guard)], worker=worker)
+    )
+    app = app_for(gateway, settings)
+    native = Handler(gateway.service.handle, settings.server.max_body_bytes)
     # After the app: Litestar sets up logging too.
     logs = configure_logging(
         settings.telemetry, worker=worker.index if worker is not None else None
@@ -101,7 +107,7 @@ def _run(settings: Settings, sock: socket.socket, worker: WorkerRole | None) -> 
         host=settings.server.host,
         port=settings.server.port,
         loop="uvloop",
-        http=functools.partial(GuardedHttpToolsProtocol, guard=guard),  # type: ignore[arg-type]  # a protocol factory
+        http=functools.partial(GuardedHttpToolsProtocol, guard=guard, native=native),  # type: ignore[arg-type]  # a protocol factory
         ws="none",
         lifespan="on",
         access_log=False,
