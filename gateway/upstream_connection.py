@@ -119,6 +119,11 @@ class Connection(asyncio.Protocol):
             raise
         return Response(self)
 
+    @property
+    def buffered(self) -> int:
+        """Body bytes received and not read yet."""
+        return self._size
+
     def header(self, name: bytes) -> str | None:
         """A header of the current answer (``name`` in lower case), if present."""
         value = self._headers.get(name)
@@ -300,6 +305,11 @@ class Response:
         self._conn = conn
         self._done = False  # released or closed: the connection may serve another request
         self.status = conn.status
+
+    @property
+    def buffered(self) -> int:
+        """Body bytes received and not read yet (bounded by the flow control)."""
+        return self._conn.buffered
 
     def header(self, name: str) -> str | None:
         """A header's value, by case-insensitive name."""
