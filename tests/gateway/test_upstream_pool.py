@@ -168,6 +168,31 @@ async def test_a_stale_reused_connection_is_retried_once_on_a_new_one(pool: Upst
     assert len(server.requests) == 3
 
 
+async def test_a_reused_connection_closing_after_answer_bytes_is_not_retried(
+    pool: UpstreamPool,
+) -> None:
+    """Part of an answer came back before the close: the backend's failure, not resent."""
+
+    async def half_head(n: int, _r: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        if n == 2:
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-")
+            await writer.drain()
+            return False
+        writer.write(answer(b"ok"))
+        return True
+
+    server = await _serve(half_head)
+    try:
+        response = await pool.post(server.url + PATH, b"{}", HEADERS)
+        await response.read()
+        response.release()
+        with pytest.raises(ConnectionLost):
+            await pool.post(server.url + PATH, b"{}", HEADERS)
+    finally:
+        await server.stop()
+    assert len(server.requests) == 2
+
+
 async def test_a_new_connection_closing_without_an_answer_is_not_retried(
     pool: UpstreamPool,
 ) -> None:
