@@ -60,7 +60,7 @@ def build_shadow(
         forwarder.routes,
         fast_tier=settings.fast_tier,
         precise_tier=settings.precise_tier,
-        session=forwarder.upstream.current,
+        upstream=forwarder.upstream.current_pool,
         featurizer=router_featurizer(router),
     )
 

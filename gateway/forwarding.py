@@ -21,7 +21,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
 import msgspec
 
 from gateway.events import (
@@ -299,7 +298,7 @@ class Forwarder:
         started = time.perf_counter()
         try:
             opened = await attempt(
-                self.upstream.session,
+                self.upstream.pool,
                 replica.url + send.path,
                 send.payload,
                 send.headers,
@@ -355,12 +354,12 @@ async def _first_event(exchange: Exchange, timeout_s: float, waited: _Waited) ->
     started = time.perf_counter()
     try:
         async with asyncio.timeout(timeout_s):
-            event = await response.content.readuntil(_EVENT_END, max_size=_MAX_EVENT)
+            event = await response.readuntil(_EVENT_END, _MAX_EVENT)
     except TimeoutError as exc:
         raise AttemptFailed(
             FailureKind.FIRST_BYTE_TIMEOUT, "The backend sent no token in time."
         ) from exc
-    except (aiohttp.ClientError, OSError, ValueError) as exc:
+    except (OSError, ValueError) as exc:
         raise AttemptFailed(
             FailureKind.RESET, "The backend closed the stream before any output."
         ) from exc

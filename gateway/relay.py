@@ -15,7 +15,6 @@ import re
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import aiohttp
 import msgspec
 
 from gateway.errors import error_body
@@ -209,7 +208,7 @@ class StreamRelay:
                 yield chunk
             while not self.done and not self.errored:
                 async with asyncio.timeout(self.idle_s):
-                    data = await response.content.readany()
+                    data = await response.readany()
                 if not data:
                     break
                 chunk, buffer = self._split(buffer + data)
@@ -223,7 +222,7 @@ class StreamRelay:
         except TimeoutError:
             self.outcome = Outcome.UPSTREAM_STALL
             yield error_event("The backend stopped sending tokens.", 504)
-        except (aiohttp.ClientError, OSError):
+        except OSError:
             self.outcome = Outcome.UPSTREAM_RESET
             yield error_event("The connection to the backend was lost mid-stream.", 502)
         finally:

@@ -25,13 +25,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import msgspec
 
 from gateway.forwarding import TierRoute
 from gateway.replicas import Replica
 from gateway.shadow_store import Featurizer, RequestFeatures, ShadowRecord, ShadowStore, rotated
 from gateway.upstream import AttemptFailed, attempt
+from gateway.upstream_pool import UpstreamPool
 from policies.agreement import agreement
 from policies.judge import MAX_TOKENS as JUDGE_MAX_TOKENS
 from policies.judge import judge_messages, parse_score
@@ -117,7 +117,7 @@ class ShadowRunner:
         *,
         fast_tier: str,
         precise_tier: str,
-        session: Callable[[], aiohttp.ClientSession | None],
+        upstream: Callable[[], UpstreamPool | None],
         on_outcome: Callable[[str, str, ShadowRecord | None], None] = lambda *_: None,
         rng: random.Random | None = None,
         featurizer: Featurizer | None = None,
@@ -127,7 +127,7 @@ class ShadowRunner:
         self.routes = routes
         self.fast_tier = fast_tier
         self.precise_tier = precise_tier
-        self.session = session
+        self.upstream = upstream
         self.on_outcome = on_outcome
         self.rng = rng or random.Random()  # noqa: S311  # sampling, not security
         self.running = 0
@@ -186,21 +186,21 @@ class ShadowRunner:
         if max_tokens is not None:
             body = _capped(body, max_tokens)
         replica = self._idle_replica(target)
-        session = self.session()
-        if replica is None or session is None:
+        upstream = self.upstream()
+        if replica is None or upstream is None:
             self._count(direction, "skipped_busy")
             return
         self.routes[target].pool.lease(replica)
         self.running += 1
         job = _Job(direction, target, replica, path, body, primary, score)
         task = asyncio.get_running_loop().create_task(
-            self._run(session, job),
+            self._run(upstream, job),
             context=Context(),  # no request's log or trace context
         )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _run(self, session: aiohttp.ClientSession, job: _Job) -> None:
+    async def _run(self, upstream: UpstreamPool, job: _Job) -> None:
         direction, replica = job.direction, job.replica
         route = self.routes[job.target]
         body = job.body
@@ -209,7 +209,7 @@ class ShadowRunner:
         headers = {"Content-Type": "application/json", "x-tiergate-shadow": direction}
         try:
             opened = await attempt(
-                session,
+                upstream,
                 replica.url + job.path,
                 _encoder.encode(shadow_body),
                 headers,
@@ -233,7 +233,7 @@ class ShadowRunner:
             fast_answer, precise_answer = (
                 (job.primary, text) if direction == UNDER else (text, job.primary)
             )
-            judged = await self.judge(session, prompt, precise_answer, fast_answer)
+            judged = await self.judge(upstream, prompt, precise_answer, fast_answer)
         self.record(
             direction,
             job.target,
@@ -246,7 +246,7 @@ class ShadowRunner:
         )
 
     async def judge(
-        self, session: aiohttp.ClientSession, question: str, reference: str, candidate: str
+        self, upstream: UpstreamPool, question: str, reference: str, candidate: str
     ) -> float | None:
         """The precise tier's rubric score of ``candidate`` (``policies/judge.py``), or None.
 
@@ -269,7 +269,7 @@ class ShadowRunner:
         self.running += 1
         try:
             opened = await attempt(
-                session,
+                upstream,
                 replica.url + "/v1/chat/completions",
                 _encoder.encode(body),
                 headers,

@@ -1,8 +1,10 @@
-"""The shared, pooled HTTP client to the backends and one attempt against one replica.
+"""The shared, pooled HTTP clients to the backends and one attempt against one replica.
 
-aiohttp is used directly: on this machine it is 4-25x faster than httpx's default transport
-(bench/client, REFERENCE §9). One session is created at start-up and closed at shutdown; no
-redirects are followed; the caller's credentials are never forwarded.
+Attempts (the request path) go through the gateway's own keep-alive client
+(:mod:`gateway.upstream_pool`), faster per request than aiohttp (bench/results/client.md);
+health probes, shadow calls and ops checks keep an aiohttp session. Both are opened at
+start-up and closed at shutdown; no redirects are followed; the caller's credentials are
+never forwarded.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import aiohttp
 import msgspec
 
 from gateway.events import FailureKind, status_kind
+from gateway.upstream_connection import ConnectFailed, ConnectTimedOut, Response
+from gateway.upstream_pool import UpstreamPool
 
 _decoder = msgspec.json.Decoder()
 
@@ -43,24 +47,35 @@ def make_session(limit_per_host: int = 0) -> aiohttp.ClientSession:
 
 
 class UpstreamClient:
-    """The pooled session of a gateway process: built with the other long-lived objects,
+    """The pooled clients of a gateway process: built with the other long-lived objects,
     opened at start-up (on the event loop), closed at shutdown.
 
-    ``session`` is for use while open; ``current`` may be asked at any time (``None`` while
-    closed).
+    ``pool`` (attempts) and ``session`` (aiohttp: probes, shadow, ops) are for use while open;
+    ``current`` may be asked at any time (``None`` while closed).
     """
 
-    __slots__ = ("_session", "limit_per_host")
+    __slots__ = ("_pool", "_session", "keepalive_s", "limit_per_host")
 
     def __init__(
-        self, session: aiohttp.ClientSession | None = None, *, limit_per_host: int = 0
+        self,
+        session: aiohttp.ClientSession | None = None,
+        *,
+        pool: UpstreamPool | None = None,
+        limit_per_host: int = 0,
+        keepalive_s: float = 30.0,
     ) -> None:
         self._session = session
+        self._pool = pool
         self.limit_per_host = limit_per_host
+        self.keepalive_s = keepalive_s
 
     def current(self) -> aiohttp.ClientSession | None:
         """The open session, if any."""
         return self._session
+
+    def current_pool(self) -> UpstreamPool | None:
+        """The open connection pool, if any (shadow calls ask at any time)."""
+        return self._pool
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -70,15 +85,30 @@ class UpstreamClient:
             raise RuntimeError("the upstream session is opened at start-up")
         return session
 
+    @property
+    def pool(self) -> UpstreamPool:
+        """The open connection pool of the request path (RuntimeError before start-up)."""
+        pool = self._pool
+        if pool is None:
+            raise RuntimeError("the upstream pool is opened at start-up")
+        return pool
+
     def open(self) -> aiohttp.ClientSession:
-        """Open the session (once); it must run on the event loop that will use it."""
+        """Open the session and the pool (once); it must run on the event loop that uses them."""
         if self._session is None:
             self._session = make_session(self.limit_per_host)
+        if self._pool is None:
+            self._pool = UpstreamPool(
+                limit_per_host=self.limit_per_host, keepalive_s=self.keepalive_s
+            )
         return self._session
 
     async def close(self) -> None:
-        """Close the session, if open."""
+        """Close the session and the pool, if open."""
         session, self._session = self._session, None
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            await pool.close()
         if session is not None:
             await session.close()
 
@@ -120,11 +150,10 @@ class Opened:
     status: int
     content_type: str
     body: bytes | None
-    response: aiohttp.ClientResponse | None
+    response: Response | None
 
 
-def _retry_after(headers: Any) -> float | None:
-    value = headers.get("Retry-After")
+def _retry_after(value: str | None) -> float | None:
     if value is None:
         return None
     try:
@@ -150,10 +179,10 @@ def _upstream_message(raw: bytes, status: int) -> tuple[str, dict[str, Any] | No
     return f"The backend answered {status}.", None
 
 
-async def _fail_from_status(response: aiohttp.ClientResponse) -> AttemptFailed:
+async def _fail_from_status(response: Response) -> AttemptFailed:
     status = response.status
     try:
-        raw = await response.content.read(65536)
+        raw = await response.read_at_most(65536)
     finally:
         response.release()
     message, body = _upstream_message(raw, status)
@@ -161,13 +190,13 @@ async def _fail_from_status(response: aiohttp.ClientResponse) -> AttemptFailed:
         status_kind(status),
         message,
         status=status,
-        retry_after=_retry_after(response.headers),
+        retry_after=_retry_after(response.header("Retry-After")),
         body=body,
     )
 
 
 async def attempt(
-    session: aiohttp.ClientSession,
+    pool: UpstreamPool,
     url: str,
     payload: bytes,
     headers: dict[str, str],
@@ -181,24 +210,19 @@ async def attempt(
     ``timeout_s`` bounds the whole attempt up to the answer (or the stream's head);
     ``connect_s`` bounds opening the connection alone.
     """
-    response: aiohttp.ClientResponse | None = None
+    response: Response | None = None
     try:
         async with asyncio.timeout(timeout_s):
-            response = await session.post(
-                url,
-                data=payload,
-                headers=headers,
-                allow_redirects=False,
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=connect_s),
-            )
+            response = await pool.post(url, payload, headers, connect_s=connect_s)
             if response.status != 200:
                 raise await _fail_from_status(response)
-            content_type = response.headers.get("Content-Type", "application/json")
+            content_type = response.header("Content-Type") or "application/json"
             if stream:
                 return Opened(200, content_type, None, response)
             body = await response.read()
+            response.release()
             return Opened(200, content_type, body, None)
-    except aiohttp.ConnectionTimeoutError as exc:
+    except ConnectTimedOut as exc:
         raise AttemptFailed(
             FailureKind.CONNECT_TIMEOUT, "The backend did not accept in time."
         ) from exc
@@ -206,9 +230,9 @@ async def attempt(
         if response is not None:
             response.close()
         raise AttemptFailed(FailureKind.TIMEOUT, "The backend did not answer in time.") from exc
-    except aiohttp.ClientConnectorError as exc:
+    except ConnectFailed as exc:
         raise AttemptFailed(FailureKind.CONNECT, "The backend refused the connection.") from exc
-    except (aiohttp.ClientError, OSError) as exc:
+    except OSError as exc:
         if response is not None:
             response.close()
         raise AttemptFailed(FailureKind.RESET, "The connection to the backend was lost.") from exc

@@ -2,12 +2,15 @@
 
 POSTs a small chat completion to the fixed-response upstream (bench/harness/fixed_upstream.py)
 with (a) httpx.AsyncClient and its default httpcore transport, (b) httpx.AsyncClient over
-httpx_aiohttp.AiohttpTransport and (c) aiohttp.ClientSession with a tuned TCPConnector, at
-concurrency 1, 16 and 64. Every client gets the same pool size, reads the whole body and runs
-on uvloop; the client is pinned to CPU 0 and the upstream to CPU 1, both at high priority
-(as root) so other work on a shared machine moves the numbers less.
+httpx_aiohttp.AiohttpTransport, (c) aiohttp.ClientSession with a tuned TCPConnector and (d)
+the gateway's own request-path client (gateway/upstream_pool.py), at concurrency 1, 16 and
+64. Every client gets the same pool size, reads the whole body and runs on uvloop; the client
+is pinned to CPU 0 and the upstream to CPU 1, both at high priority (as root) so other work
+on a shared machine moves the numbers less.
 
-Usage: ``.venv/bin/python bench/client/run.py [--requests 3000] [--repeat 3] [--out FILE]``
+Usage: ``.venv/bin/python bench/client/run.py [--requests 3000] [--repeat 3] [--out FILE]
+[--clients aiohttp.clientsession,tiergate]`` (``--clients``: only the clients whose name
+contains one of the words).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import uvloop
 
 from bench.harness.legs import REPO_ROOT, Placement, start_fixed_upstream
 from bench.harness.processes import boosted_own_session
+from gateway.upstream_pool import UpstreamPool
 
 CONCURRENCIES = (1, 16, 64)
 POOL_SIZE = 100  # same connection pool size for every client, above the highest concurrency
@@ -99,10 +103,24 @@ def make_aiohttp(url: str) -> Client:
     return Client(post, session.close)
 
 
+def make_tiergate(url: str) -> Client:
+    """TierGate's own request-path client (gateway/upstream_pool.py), pool size like the others."""
+    pool = UpstreamPool(limit_per_host=POOL_SIZE, keepalive_s=30.0)
+
+    async def post() -> int:
+        response = await pool.post(url, BODY, HEADERS)
+        await response.read()
+        response.release()
+        return response.status
+
+    return Client(post, pool.close)
+
+
 CLIENTS: dict[str, Callable[[str], Client]] = {
     "`httpx.AsyncClient` (default httpcore transport)": make_httpx,
     "`httpx.AsyncClient(transport=httpx_aiohttp.AiohttpTransport(...))`": make_httpx_aiohttp,
     "`aiohttp.ClientSession` (tuned `TCPConnector`)": make_aiohttp,
+    "TierGate `UpstreamPool` (asyncio protocol + httptools)": make_tiergate,
 }
 
 
@@ -153,12 +171,14 @@ def median_point(points: list[Point]) -> tuple[Point, float, float]:
     return ordered[len(ordered) // 2], ordered[0].rps, ordered[-1].rps
 
 
-async def measure_all(url: str, total: int, repeat: int) -> dict[str, dict[int, list[Point]]]:
+async def measure_all(
+    url: str, total: int, repeat: int, clients: dict[str, Callable[[str], Client]]
+) -> dict[str, dict[int, list[Point]]]:
     """Every client at every concurrency, ``repeat`` times each, interleaved to spread noise."""
-    results: dict[str, dict[int, list[Point]]] = {name: {} for name in CLIENTS}
+    results: dict[str, dict[int, list[Point]]] = {name: {} for name in clients}
     for round_no in range(repeat):
         for c in CONCURRENCIES:
-            for name, make in CLIENTS.items():
+            for name, make in clients.items():
                 point = await run_point(make, url, total, c)
                 results[name].setdefault(c, []).append(point)
                 print(
@@ -210,7 +230,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=3000, help="POSTs per point")
     parser.add_argument("--repeat", type=int, default=3, help="rounds (median reported)")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "results" / "client.md")
+    parser.add_argument(
+        "--clients", default="", help="comma-separated words; only clients whose name has one"
+    )
     args = parser.parse_args(argv)
+    words = [w.strip().lower() for w in args.clients.split(",") if w.strip()]
+    clients = {
+        name: make
+        for name, make in CLIENTS.items()
+        if not words or any(w in name.lower() for w in words)
+    }
     pin = Placement.build(pin=True, boost=True)
     if "taskset" in pin.proxy:
         os.sched_setaffinity(0, {0})
@@ -218,7 +247,9 @@ def main(argv: list[str] | None = None) -> int:
     upstream = start_fixed_upstream(workdir, pin)
     try:
         with boosted_own_session():
-            results = uvloop.run(measure_all(upstream.chat_url, args.requests, args.repeat))
+            results = uvloop.run(
+                measure_all(upstream.chat_url, args.requests, args.repeat, clients)
+            )
     finally:
         upstream.stop()
         shutil.rmtree(workdir, ignore_errors=True)

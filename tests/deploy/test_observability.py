@@ -49,7 +49,7 @@ def _exported_series() -> set[str]:
         {},
         fast_tier="fast",
         precise_tier="precise",
-        session=lambda: None,
+        upstream=lambda: None,
     )
     shadow.record("fast_on_precise", "precise", "yes", "yes", 0.2, prompt="p")
     registry.register(ShadowCollector(shadow))

@@ -1,7 +1,7 @@
 """Forwarding, upstream attempts and the relay in-process, against the simulator on a real port.
 
-No gateway app is built: a Forwarder over a real aiohttp session talks to the simulator's
-aiohttp app listening on 127.0.0.1, and what forwarding reports comes back as values.
+No gateway app is built: a Forwarder over the gateway's real upstream client talks to the
+simulator's aiohttp app listening on 127.0.0.1, and what forwarding reports comes back as values.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ import socket
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-import aiohttp
 import msgspec
 import pytest
 from aiohttp import web
@@ -21,7 +20,7 @@ from gateway.relay import StreamRelay
 from gateway.replicas import ReplicaPool
 from gateway.retry import RetryPolicy
 from gateway.settings import Timeouts
-from gateway.upstream import AttemptFailed, UpstreamClient, attempt, make_session
+from gateway.upstream import AttemptFailed, UpstreamClient, attempt
 from policies.errors import UpstreamUnavailable
 from policies.selection import RoundRobin
 from simulator.app import build_app
@@ -79,10 +78,14 @@ def _refusing_url() -> str:
 
 
 @pytest.fixture
-async def session() -> AsyncIterator[aiohttp.ClientSession]:
-    """The gateway's pooled client session."""
-    async with make_session() as client:
+async def upstream() -> AsyncIterator[UpstreamClient]:
+    """The gateway's pooled upstream clients, open."""
+    client = UpstreamClient()
+    client.open()
+    try:
         yield client
+    finally:
+        await client.close()
 
 
 @pytest.fixture
@@ -95,12 +98,12 @@ async def simulator() -> AsyncIterator[str]:
         await runner.cleanup()
 
 
-def _forwarder(session: aiohttp.ClientSession, tiers: dict[str, list[str]]) -> Forwarder:
+def _forwarder(upstream: UpstreamClient, tiers: dict[str, list[str]]) -> Forwarder:
     routes = {
         name: TierRoute(ReplicaPool(name, urls, 8, 0.1), RoundRobin(), Timeouts(), "tiergate-fast")
         for name, urls in tiers.items()
     }
-    return Forwarder(UpstreamClient(session), routes, RetryPolicy(backoff_base_s=0.0))
+    return Forwarder(upstream, routes, RetryPolicy(backoff_base_s=0.0))
 
 
 def _body(*, stream: bool = False) -> dict[str, Any]:
@@ -112,10 +115,10 @@ def _body(*, stream: bool = False) -> dict[str, Any]:
 
 
 async def test_a_complete_answer_comes_back_as_values(
-    session: aiohttp.ClientSession, simulator: str
+    upstream: UpstreamClient, simulator: str
 ) -> None:
     """One attempt: the answer, its tier, no fallback, and one start and one end reported."""
-    forwarder = _forwarder(session, {"fast": [simulator]})
+    forwarder = _forwarder(upstream, {"fast": [simulator]})
     events = Recorded()
     forwarded = await forwarder.forward(PATH, _body(), ["fast"], events=events)
     assert (forwarded.tier, forwarded.fallback_from, forwarded.fallback_reason) == (
@@ -139,11 +142,11 @@ async def test_a_complete_answer_comes_back_as_values(
 
 
 async def test_a_refused_replica_is_retried_on_the_next_and_both_are_reported(
-    session: aiohttp.ClientSession, simulator: str
+    upstream: UpstreamClient, simulator: str
 ) -> None:
     """Connection refused is retried elsewhere; the failed attempt's end names its kind."""
     dead = _refusing_url()
-    forwarder = _forwarder(session, {"fast": [dead, simulator]})
+    forwarder = _forwarder(upstream, {"fast": [dead, simulator]})
     events = Recorded()
     forwarded = await forwarder.forward(PATH, _body(), ["fast"], events=events)
     assert forwarded.exchange.replica.url == simulator
@@ -154,20 +157,20 @@ async def test_a_refused_replica_is_retried_on_the_next_and_both_are_reported(
 
 
 async def test_a_fallback_tier_answer_names_the_tier_asked_and_why(
-    session: aiohttp.ClientSession, simulator: str
+    upstream: UpstreamClient, simulator: str
 ) -> None:
     """The first tier cannot connect anywhere: the second answers, the result says so."""
-    forwarder = _forwarder(session, {"fast": [_refusing_url()], "precise": [simulator]})
+    forwarder = _forwarder(upstream, {"fast": [_refusing_url()], "precise": [simulator]})
     forwarded = await forwarder.forward(PATH, _body(), ["fast", "precise"])
     assert forwarded.tier == "precise"
     assert forwarded.fallback_from == "fast"
     assert forwarded.fallback_reason == UpstreamUnavailable.default_code
 
 
-async def test_every_tier_failing_raises_the_callers_error(session: aiohttp.ClientSession) -> None:
+async def test_every_tier_failing_raises_the_callers_error(upstream: UpstreamClient) -> None:
     """No tier can connect: one 502 whose message names the tier and its replica."""
     dead = _refusing_url()
-    forwarder = _forwarder(session, {"fast": [dead]})
+    forwarder = _forwarder(upstream, {"fast": [dead]})
     with pytest.raises(UpstreamUnavailable) as caught:
         await forwarder.forward(PATH, _body(), ["fast"])
     assert caught.value.status == 502
@@ -175,10 +178,10 @@ async def test_every_tier_failing_raises_the_callers_error(session: aiohttp.Clie
 
 
 async def test_a_stream_is_relayed_to_done_and_reports_its_usage(
-    session: aiohttp.ClientSession, simulator: str
+    upstream: UpstreamClient, simulator: str
 ) -> None:
     """The first event is read in the attempt; the relay ends with [DONE] and the usage."""
-    forwarder = _forwarder(session, {"fast": [simulator]})
+    forwarder = _forwarder(upstream, {"fast": [simulator]})
     events = Recorded()
     forwarded = await forwarder.forward(PATH, _body(stream=True), ["fast"], events=events)
     (end,) = events.ends
@@ -203,19 +206,23 @@ async def test_a_stream_is_relayed_to_done_and_reports_its_usage(
 
 
 async def test_attempt_opens_an_answer_and_turns_an_error_status_into_a_failure(
-    session: aiohttp.ClientSession, simulator: str
+    upstream: UpstreamClient, simulator: str
 ) -> None:
     """upstream.attempt alone: a 200 comes back opened, a 503 as a status failure."""
     payload = msgspec.json.encode({**_body(), "model": "tiergate-fast"})
     headers = {"Content-Type": "application/json"}
-    opened = await attempt(session, simulator + PATH, payload, headers, stream=False, timeout_s=5.0)
+    opened = await attempt(
+        upstream.pool, simulator + PATH, payload, headers, stream=False, timeout_s=5.0
+    )
     assert opened.status == 200
     assert opened.body is not None
     assert opened.response is None
     busy = await _simulator(FaultRates(fail_503=1.0))
     try:
         with pytest.raises(AttemptFailed) as caught:
-            await attempt(session, _url(busy) + PATH, payload, headers, stream=False, timeout_s=5.0)
+            await attempt(
+                upstream.pool, _url(busy) + PATH, payload, headers, stream=False, timeout_s=5.0
+            )
     finally:
         await busy.cleanup()
     assert caught.value.kind == "status_503"

@@ -26,7 +26,7 @@ def runner(store: Path, *, store_prompts: bool = False) -> ShadowRunner:
         {},
         fast_tier="fast",
         precise_tier="precise",
-        session=lambda: None,
+        upstream=lambda: None,
         featurizer=featurizer,
     )
 

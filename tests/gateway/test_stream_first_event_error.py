@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-import aiohttp
 import pytest
 from aiohttp import web
 
@@ -12,7 +11,7 @@ from gateway.forwarding import Forwarder, TierRoute, stream_error
 from gateway.replicas import ReplicaPool
 from gateway.retry import RetryPolicy
 from gateway.settings import Timeouts
-from gateway.upstream import UpstreamClient, make_session
+from gateway.upstream import UpstreamClient
 from policies.errors import UpstreamRejected
 from policies.selection import RoundRobin
 
@@ -52,18 +51,20 @@ def _url(runner: web.AppRunner) -> str:
 
 
 @pytest.fixture
-async def session() -> AsyncIterator[aiohttp.ClientSession]:
-    """The gateway's pooled client session."""
-    async with make_session() as client:
+async def upstream() -> AsyncIterator[UpstreamClient]:
+    """The gateway's pooled upstream clients, open."""
+    client = UpstreamClient()
+    client.open()
+    try:
         yield client
+    finally:
+        await client.close()
 
 
-def _forwarder(session: aiohttp.ClientSession, urls: list[str]) -> tuple[Forwarder, ReplicaPool]:
+def _forwarder(upstream: UpstreamClient, urls: list[str]) -> tuple[Forwarder, ReplicaPool]:
     pool = ReplicaPool("fast", urls, 8, 0.1)
     route = TierRoute(pool, RoundRobin(), Timeouts(), "m")
-    return Forwarder(
-        UpstreamClient(session), {"fast": route}, RetryPolicy(backoff_base_s=0.0)
-    ), pool
+    return Forwarder(upstream, {"fast": route}, RetryPolicy(backoff_base_s=0.0)), pool
 
 
 def _body() -> dict[str, object]:
@@ -71,13 +72,13 @@ def _body() -> dict[str, object]:
 
 
 async def test_first_event_4xx_error_is_answered_with_its_status(
-    session: aiohttp.ClientSession,
+    upstream: UpstreamClient,
 ) -> None:
     """vLLM 0.11's duplicate-id error as a stream's first event becomes a 400, not a 200."""
     seen: list[str] = []
     runner = await _server(ERROR_400, seen)
     try:
-        forwarder, pool = _forwarder(session, [_url(runner)])
+        forwarder, pool = _forwarder(upstream, [_url(runner)])
         with pytest.raises(UpstreamRejected) as info:
             await forwarder.forward("/v1/chat/completions", _body(), ["fast"])
         assert info.value.status == 400
@@ -89,7 +90,7 @@ async def test_first_event_4xx_error_is_answered_with_its_status(
 
 
 async def test_first_event_5xx_error_is_retried_elsewhere_with_a_new_id(
-    session: aiohttp.ClientSession,
+    upstream: UpstreamClient,
 ) -> None:
     """A 5xx error as the first event is retried on another replica, with a fresh upstream id."""
     bad_seen: list[str] = []
@@ -97,7 +98,7 @@ async def test_first_event_5xx_error_is_retried_elsewhere_with_a_new_id(
     bad = await _server(ERROR_503, bad_seen)
     good = await _server(GOOD, good_seen)
     try:
-        forwarder, pool = _forwarder(session, [_url(bad), _url(good)])
+        forwarder, pool = _forwarder(upstream, [_url(bad), _url(good)])
         forwarded = await forwarder.forward("/v1/chat/completions", _body(), ["fast"])
         exchange = forwarded.exchange
         assert exchange.first_event.startswith(b'data: {"id"')

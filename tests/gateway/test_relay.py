@@ -1,0 +1,126 @@
+"""The stream relay's outcomes over the request path's own client, against scripted streams.
+
+A Forwarder opens each stream (its first event read in the attempt) from a raw loopback server
+that then completes, resets, stalls or ends the stream early; the relay must say which.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from gateway.events import Outcome, Usage
+from gateway.forwarding import Forwarder, TierRoute
+from gateway.relay import StreamRelay
+from gateway.replicas import ReplicaPool
+from gateway.retry import RetryPolicy
+from gateway.settings import Timeouts
+from gateway.upstream import UpstreamClient
+from policies.selection import RoundRobin
+from tests.gateway.raw_upstream import RawUpstream, Respond, reset
+
+PATH = "/v1/chat/completions"
+HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+FIRST = b'data: {"id":"c","choices":[{"index":0,"delta":{"role":"assistant"}}]}\n\n'
+TOKEN = b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"x"},"finish_reason":null}]}\n\n'
+DONE = b"data: [DONE]\n\n"
+
+
+def _chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+@pytest.fixture
+async def upstream() -> AsyncIterator[UpstreamClient]:
+    """The gateway's upstream clients, open."""
+    client = UpstreamClient()
+    client.open()
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+def _stream(ending: str, left: asyncio.Event) -> Respond:
+    """The stream's script; ``left`` is set once the client closed a stalled stream."""
+
+    async def respond(_n: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        writer.write(HEAD + _chunk(FIRST) + _chunk(TOKEN))
+        await writer.drain()
+        await asyncio.sleep(0.02)
+        if ending == "done":
+            writer.write(_chunk(TOKEN + DONE) + b"0\r\n\r\n")
+            return True
+        if ending == "reset":
+            reset(writer)
+            return False
+        if ending == "early":
+            writer.write(b"0\r\n\r\n")  # a well-formed end without [DONE]
+            return True
+        while await reader.read(65536):  # stall until the client leaves
+            pass
+        left.set()
+        return False
+
+    return respond
+
+
+async def _relay(upstream: UpstreamClient, ending: str) -> tuple[bytes, str]:
+    left = asyncio.Event()
+    server = await RawUpstream(_stream(ending, left)).start()
+    pool = ReplicaPool("fast", [server.url], 8, 0.1)
+    route = TierRoute(pool, RoundRobin(), Timeouts(), "m")
+    forwarder = Forwarder(upstream, {"fast": route}, RetryPolicy(backoff_base_s=0.0))
+    closed: list[tuple[str, Usage | None]] = []
+    try:
+        body = {"messages": [{"role": "user", "content": "hi"}], "stream": True}
+        forwarded = await forwarder.forward(PATH, body, ["fast"])
+        assert forwarded.exchange.first_event == FIRST
+        relay = StreamRelay(
+            forwarded.exchange,
+            strip_usage=False,
+            idle_s=0.2,
+            on_close=lambda outcome, usage: closed.append((outcome, usage)),
+        )
+        text = b"".join([chunk async for chunk in relay])
+        assert pool.replicas[0].in_flight == 0
+        if ending == "stall":
+            await asyncio.wait_for(left.wait(), 2.0)  # the abort reached the backend
+    finally:
+        await server.stop()
+    ((outcome, _usage),) = closed
+    return text, outcome
+
+
+async def test_a_complete_stream_ends_with_done(upstream: UpstreamClient) -> None:
+    """Every event, then [DONE]: COMPLETE."""
+    text, outcome = await _relay(upstream, "done")
+    assert outcome == Outcome.COMPLETE
+    assert text.startswith(FIRST)
+    assert text.endswith(DONE)
+
+
+async def test_a_reset_mid_stream_is_an_upstream_reset(upstream: UpstreamClient) -> None:
+    """A TCP reset after the first tokens: UPSTREAM_RESET and an in-band error, no [DONE]."""
+    text, outcome = await _relay(upstream, "reset")
+    assert outcome == Outcome.UPSTREAM_RESET
+    assert b"lost mid-stream" in text
+    assert DONE not in text
+
+
+async def test_a_stream_ended_without_done_is_truncated(upstream: UpstreamClient) -> None:
+    """The body ends cleanly but without [DONE]: UPSTREAM_TRUNCATED."""
+    text, outcome = await _relay(upstream, "early")
+    assert outcome == Outcome.UPSTREAM_TRUNCATED
+    assert DONE not in text
+
+
+async def test_a_stalled_stream_is_a_stall_and_its_connection_closes(
+    upstream: UpstreamClient,
+) -> None:
+    """No event within idle_s: UPSTREAM_STALL, and the backend sees the connection close."""
+    text, outcome = await _relay(upstream, "stall")
+    assert outcome == Outcome.UPSTREAM_STALL
+    assert b"stopped sending" in text
