@@ -46,7 +46,8 @@ FINDINGS = "<!-- findings -->"  # what follows it in the output file survives a 
 AREAS = {
     "litestar request handling (routing, request, response)": "/litestar/",
     "uvicorn + httptools (HTTP parsing, ASGI glue)": "/uvicorn/",
-    "aiohttp (upstream client)": "/aiohttp/",
+    "aiohttp (health probes; the request path's client until 2026-12-03)": "/aiohttp/",
+    "gateway's own upstream client (gateway/upstream_*.py)": "/gateway/upstream_",
     "redis client (limiter round trips)": "/redis/",
     "opentelemetry (spans, sampling, export)": "/opentelemetry/",
     "structlog (logging)": "/structlog/",
