@@ -44,7 +44,7 @@ _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder()
 _ERROR_EVENT = b'data: {"error"'
 _EVENT_END = b"\n\n"
-_MAX_EVENT = 1 << 20
+MAX_EVENT = 1 << 20  # the largest SSE event read from a backend
 
 
 @dataclass(slots=True)
@@ -354,7 +354,7 @@ async def _first_event(exchange: Exchange, timeout_s: float, waited: _Waited) ->
     started = time.perf_counter()
     try:
         async with asyncio.timeout(timeout_s):
-            event = await response.readuntil(_EVENT_END, _MAX_EVENT)
+            event = await response.readuntil(_EVENT_END, MAX_EVENT)
     except TimeoutError as exc:
         raise AttemptFailed(
             FailureKind.FIRST_BYTE_TIMEOUT, "The backend sent no token in time."

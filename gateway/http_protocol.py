@@ -21,6 +21,8 @@ from uvicorn.server import ServerState
 from gateway.connections import ConnectionGuard, Phase, Shed, raw_error
 from gateway.native import ROUTES, Handler, NativeCycle
 
+# Bytes read and kept unparsed behind a request waiting its turn, before reading pauses.
+HOLD_LIMIT = 64 * 1024
 # Served on connections accepted over the cap: a probe must still see the process alive.
 OPS_PATHS = frozenset({b"/livez", b"/readyz"})
 _RETRY_AFTER = b"retry-after: 1"
@@ -91,6 +93,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._refusal: bytes | None = None
         self._ops_only = False
         self._served_app = self.app
+        self._serving: Any = None  # the cycle being answered (``cycle`` is the newest one)
+        self._held: list[bytes] | None = None  # read behind a waiting request, not yet parsed
+        self._held_size = 0
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         """Admit the connection, or shed it when the server is past its reserve."""
@@ -107,9 +112,22 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._ops_only = True
 
     def connection_lost(self, exc: Exception | None) -> None:
-        """Forget the connection."""
+        """Forget the connection; the cycle being answered learns the client is gone.
+
+        uvicorn tells only the newest cycle: with a request pipelined behind the one being
+        answered, that one would go on (and its backend keep generating) for nobody.
+        """
         self.guard.release(self)
+        serving = self._serving
+        if serving is not None and serving is not self.cycle and not serving.response_complete:
+            serving.disconnected = True
+            serving.message_event.set()
         super().connection_lost(exc)
+
+    def _start_asgi_task(self, cycle: Any, app: Any) -> None:
+        """Start answering ``cycle`` (the next in line), remembered until the next starts."""
+        self._serving = cycle
+        super()._start_asgi_task(cycle, app)
 
     def shed(self, reason: str) -> None:
         """Close for ``reason``; a request cut off mid-way is told 408 first."""
@@ -131,6 +149,13 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def data_received(self, data: bytes) -> None:
         """Feed the parser; refuse a head that grew past the limit without feeding more."""
+        held = self._held
+        if held is not None:  # parsed once the requests before it are answered
+            held.append(data)
+            self._held_size += len(data)
+            if self._held_size > HOLD_LIMIT:
+                self.flow.pause_reading()
+            return
         counted = self._reading_head
         if counted:
             self._head_fed += len(data)
@@ -212,7 +237,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         )
         self.cycle = cycle  # type: ignore[assignment]  # stands in for uvicorn's cycle
         if existing is None or existing.response_complete:
-            self._start_asgi_task(cycle, self.app)  # type: ignore[arg-type]  # runs run_asgi
+            self._start_asgi_task(cycle, self.app)  # runs run_asgi
         else:  # pipelined behind a request still being answered
             self.flow.pause_reading()
             self.pipeline.appendleft((cycle, self.app))  # type: ignore[arg-type]  # as above
@@ -234,18 +259,36 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         cycle = self.cycle
         if isinstance(cycle, NativeCycle) and cycle.lingering:  # a refused body has ended
             self.transport.close()
-        elif self.phase is Phase.BODY:
+            return
+        if self.phase is Phase.BODY:
             self.phase = Phase.BUSY
+        self._keep_reading()
+
+    def _keep_reading(self) -> None:
+        """Read on while the request is answered, so a client that leaves is noticed at once.
+
+        uvicorn pauses reading above 64 KiB of body, and behind a pipelined request, until
+        the next request is served: a paused socket never reports the client's close, and the
+        backend would generate for nobody. Once a message is whole, reading resumes; what
+        arrives behind a request that waits its turn is kept unparsed (up to HOLD_LIMIT).
+        """
+        if self.pipeline and self._held is None:
+            self._held = []
+            self._held_size = 0
+        self.flow.resume_reading()
 
     def on_response_complete(self) -> None:
-        """Back to keep-alive (or on to a pipelined request)."""
+        """Back to keep-alive (or on to a pipelined request, and what was held behind it)."""
         pipelined = bool(self.pipeline)
+        held, self._held = self._held, None
         super().on_response_complete()
         if pipelined:
             self.phase = Phase.BUSY
         else:  # a head that began behind the last request gets its head deadline from now
             self.phase = Phase.HEAD if self._reading_head else Phase.IDLE
         self.since = self.loop.time()
+        if held and not self.transport.is_closing():
+            self.data_received(b"".join(held))
 
     def timeout_keep_alive_handler(self) -> None:
         """uvicorn's keep-alive timer (set to the idle timeout): counted like the sweeper's."""

@@ -19,7 +19,7 @@ import msgspec
 
 from gateway.errors import error_body
 from gateway.events import UPSTREAM_FAILURES, Outcome, Usage
-from gateway.forwarding import Exchange
+from gateway.forwarding import MAX_EVENT, Exchange
 
 _decoder = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()
@@ -214,6 +214,10 @@ class StreamRelay:
                 chunk, buffer = self._split(buffer + data)
                 if chunk:
                     yield chunk
+                if len(buffer) > MAX_EVENT:  # an event without end: never buffer it whole
+                    self.outcome = Outcome.UPSTREAM_ERROR
+                    yield error_event("The backend sent an event above the size limit.", 502)
+                    return
             if self.done:
                 self.outcome = Outcome.COMPLETE
             elif self.outcome != Outcome.UPSTREAM_ERROR:

@@ -17,6 +17,9 @@ import httptools
 
 HIGH_WATER = 256 * 1024  # unread bytes above which reading from the backend pauses
 LOW_WATER = 64 * 1024  # ... and below which it resumes
+# An answer's status line and headers (1xx heads included) past this: a broken backend. httptools
+# has no bound and grows a header value by concatenation (memory, and CPU with the length).
+MAX_HEAD_BYTES = 64 * 1024
 _NO_BODY_STATUSES = frozenset({204, 304})
 
 
@@ -51,6 +54,7 @@ class Connection(asyncio.Protocol):
         "_buffer",
         "_complete",
         "_head_done",
+        "_head_fed",
         "_headers",
         "_keep_alive",
         "_lost",
@@ -90,6 +94,7 @@ class Connection(asyncio.Protocol):
         self._headers: dict[bytes, bytes] = {}
         self._buffer: list[bytes] = []
         self._size = 0
+        self._head_fed = 0
         self._head_done = self._complete = self._received = False
         self._keep_alive = self._until_eof = self._paused = False
         self._lost: str | None = None
@@ -101,7 +106,7 @@ class Connection(asyncio.Protocol):
         """Write ``request`` and wait for the answer's head; any failure closes the connection."""
         self._headers = {}
         self._buffer = []
-        self._size = 0
+        self._size = self._head_fed = 0
         self._head_done = self._complete = self._received = False
         self._lost = None
         self.busy = True
@@ -236,10 +241,19 @@ class Connection(asyncio.Protocol):
         self._received = True
         try:
             self._parser.feed_data(data)
-        except httptools.HttpParserError:
-            self._lost = "The backend sent a malformed answer."
-            self._wake()
-            self.abort()
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade):
+            self._fail("The backend sent a malformed answer.")
+            return
+        if not self._head_done:
+            self._head_fed += len(data)  # one read at most past the bound: recv-sized
+            if self._head_fed > MAX_HEAD_BYTES:
+                self._fail("The backend's answer head is too large.")
+
+    def _fail(self, reason: str) -> None:
+        """The answer cannot be read: fail it and close the connection."""
+        self._lost = reason
+        self._wake()
+        self.abort()
 
     def eof_received(self) -> bool | None:
         """The backend closed its side: close ours too (an EOF-delimited body ends here)."""
@@ -257,6 +271,11 @@ class Connection(asyncio.Protocol):
         self._on_lost(self)
 
     # -- httptools callbacks ------------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        """A second answer to one request is never read (nor appended to the first's body)."""
+        if self._complete:
+            raise ValueError("an answer nobody asked for")  # httptools: HttpParserError
 
     def on_header(self, name: bytes, value: bytes) -> None:
         """Keep a header, by its lower-case name."""
