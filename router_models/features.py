@@ -47,7 +47,9 @@ HASH_SIZE: Final = 1 << HASH_BITS
 HASH_SHIFT: Final = 32 - HASH_BITS
 CHAR_NGRAM_MIN: Final = 3
 CHAR_NGRAM_MAX: Final = 5
-CHAR_WEIGHT: Final = 0.3
+# Weight of character n-grams against word n-grams (chosen by leave-one-family-out over the
+# corpus and by a selection over router-dev2's trainable sources; see docs/router.md).
+CHAR_WEIGHT: Final = 0.6
 EDGE_TOKENS: Final = 16
 EDGE_SEED: Final = 0x45444745
 MATERIAL_SEED: Final = 0x4D415452
@@ -103,7 +105,7 @@ STRUCTURAL_NAMES: Final = (
 )
 
 FEATURE_SPEC: Final[dict[str, Any]] = {
-    "name": "tiergate-hashed-v5",
+    "name": "tiergate-hashed-v6",
     "hash": "crc32",
     "hash_bits": HASH_BITS,
     "word_ngrams": [1, 2],
