@@ -17,20 +17,24 @@ from typing import Any
 
 import uvicorn
 
-from gateway.app import create_app
+from gateway.app import app_for, create_app
+from gateway.composition import Overrides, build_gateway
 from gateway.connections import ConnectionCollector, ConnectionGuard
 from gateway.http_protocol import GuardedHttpToolsProtocol
+from gateway.native import Handler
 from gateway.server import connection_limits
 from gateway.settings import Settings, load_settings
 
 SERVERS = ("guarded", "httptools", "h11", "granian")
 
 
-def _uvicorn(app: Any, settings: Settings, server: str, guard: ConnectionGuard) -> None:
+def _uvicorn(
+    app: Any, settings: Settings, server: str, guard: ConnectionGuard, native: Handler
+) -> None:
     http: Any = {"httptools": "httptools", "h11": "h11"}.get(server)
     extra: dict[str, Any] = {}
-    if server == "guarded":
-        http = functools.partial(GuardedHttpToolsProtocol, guard=guard)
+    if server == "guarded":  # as `tiergate serve`: the inference endpoints served natively
+        http = functools.partial(GuardedHttpToolsProtocol, guard=guard, native=native)
     if server == "h11":
         extra["h11_max_incomplete_event_size"] = settings.server.max_head_bytes
     config = uvicorn.Config(
@@ -88,8 +92,9 @@ def main() -> None:
         _granian(settings)
         return
     guard = ConnectionGuard(connection_limits(settings.server))
-    app = create_app(settings, collectors=[ConnectionCollector(guard)])
-    _uvicorn(app, settings, args.server, guard)
+    gateway = build_gateway(settings, Overrides(collectors=[ConnectionCollector(guard)]))
+    native = Handler(gateway.service.handle, settings.server.max_body_bytes)
+    _uvicorn(app_for(gateway, settings), settings, args.server, guard, native)
 
 
 if __name__ == "__main__":
