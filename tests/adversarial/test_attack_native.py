@@ -64,6 +64,26 @@ def _wait_idle(sim: SimulatorProcess, aborts: int, timeout: float = 5.0) -> dict
     return stats
 
 
+def _settled(sim: SimulatorProcess, timeout: float = 10.0) -> dict[str, Any]:
+    """Wait until nothing runs and the abort counter holds still (earlier tests' aborts)."""
+    deadline = time.monotonic() + timeout
+    stats = sim.stats()
+    while time.monotonic() < deadline:
+        time.sleep(0.3)
+        now = sim.stats()
+        if now["running"] == 0 and now["aborts_total"] == stats["aborts_total"]:
+            return now
+        stats = now
+    return stats
+
+
+def _running(sim: SimulatorProcess, timeout: float = 10.0) -> None:
+    """Wait until the simulator is generating a request."""
+    deadline = time.monotonic() + timeout
+    while sim.stats()["running"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def _open_fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
@@ -72,7 +92,7 @@ def test_leaving_with_a_request_pipelined_behind_a_stream_aborts_it(
     gw: GatewayProcess, slow_sim: SimulatorProcess
 ) -> None:
     """A client that pipelines a request behind a stream and then leaves aborts the stream."""
-    before = slow_sim.stats()["aborts_total"]
+    before = _settled(slow_sim)["aborts_total"]
     with connect(gw.port) as sock:
         sock.sendall(_post(STREAM) + b"GET /v1/models HTTP/1.1\r\nHost: t\r\n\r\n")
         sock.settimeout(5.0)
@@ -87,11 +107,11 @@ def test_leaving_with_a_post_pipelined_behind_a_wait_aborts_it(
     gw: GatewayProcess, slow_sim: SimulatorProcess
 ) -> None:
     """A non-streaming request with another POST pipelined behind it is aborted on leaving."""
-    before = slow_sim.stats()["aborts_total"]
+    before = _settled(slow_sim)["aborts_total"]
     body = {"model": "fast", "messages": CHAT, "max_tokens": 100}
     with connect(gw.port) as sock:
         sock.sendall(_post(body) + _post(body))
-        time.sleep(0.6)  # the first is generating, the second waits behind it
+        _running(slow_sim)  # the first is generating, the second waits behind it
     stats = _wait_idle(slow_sim, before)
     assert stats["aborts_total"] == before + 1
     assert stats["running"] == 0
@@ -138,11 +158,11 @@ def test_leaving_after_a_body_over_64_kib_aborts_the_backend_request(
     gw: GatewayProcess, slow_sim: SimulatorProcess
 ) -> None:
     """A client that sent a large body (the protocol paused reading) and left is noticed."""
-    before = slow_sim.stats()["aborts_total"]
+    before = _settled(slow_sim)["aborts_total"]
     body = {"model": "fast", "messages": CHAT, "max_tokens": 100}
     with connect(gw.port) as sock:
         sock.sendall(_post(body, pad=100_000))  # JSON whitespace: a large body, a short prompt
-        time.sleep(0.8)  # the backend is generating
+        _running(slow_sim)  # the backend is generating
     stats = _wait_idle(slow_sim, before)
     assert stats["aborts_total"] == before + 1
     assert stats["running"] == 0
