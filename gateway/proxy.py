@@ -104,10 +104,37 @@ class ProxyService:
         ctx.summary = summary
         check_completions(summary, principal.policy.max_n)
         ctx.mark("validate")
-        # Without max_tokens the backend would generate to the end of the context: the
-        # gateway writes a bound into the body (below) and reserves at least that much.
+        tiers, admission = await self._admit(ctx, body, summary, principal, headers)
         key_cap = principal.policy.max_tokens
+        try:
+            strip_usage = self._prepare_upstream_body(body, summary, tiers, key_cap)
+            blocks = prefix_blocks(body, kind, self.prefix)
+            forwarding = self.forwarder.forward(path, body, tiers, blocks, _Attempts(ctx))
+            forwarded = await inbound.unless_gone(forwarding)
+        except BaseException:
+            await admission.settle(0)
+            raise
+        _answered(ctx, forwarded)
+        shadow = self._shadow_of(ctx, path, body)
+        exchange = forwarded.exchange
+        if exchange.opened.body is not None:
+            return await self._complete(ctx, exchange.opened.body, admission, shadow)
+        return self._stream(ctx, exchange, admission, shadow, strip_usage=strip_usage)
+
+    async def _admit(
+        self,
+        ctx: RequestContext,
+        body: dict[str, Any],
+        summary: RequestSummary,
+        principal: Principal,
+        headers: Mapping[str, str],
+    ) -> tuple[tuple[str, ...], Admission]:
+        """Route the request while the limits admit it: its tiers and its admission."""
+        kind = summary.kind
+        # Without max_tokens the backend would generate to the end of the context: the
+        # gateway writes a bound into the body (before forwarding) and reserves that much.
         everywhere = self.default_max_tokens.values()
+        key_cap = principal.policy.max_tokens
         completion = summary.max_tokens or default_max_tokens(everywhere, key_cap, kind)
         reserve = summary.prompt_token_estimate + completion * summary.completions
         # The rate-limit check is a Redis round trip: start it, classify while it is in
@@ -138,20 +165,7 @@ class ProxyService:
         ctx.admitted = True
         ctx.mark("ratelimit")
         ctx.extra_headers.update(admission.headers)
-        try:
-            strip_usage = self._prepare_upstream_body(body, summary, tiers, key_cap)
-            blocks = prefix_blocks(body, kind, self.prefix)
-            forwarding = self.forwarder.forward(path, body, tiers, blocks, _Attempts(ctx))
-            forwarded = await inbound.unless_gone(forwarding)
-        except BaseException:
-            await admission.settle(0)
-            raise
-        _answered(ctx, forwarded)
-        shadow = self._shadow_of(ctx, path, body)
-        exchange = forwarded.exchange
-        if exchange.opened.body is not None:
-            return await self._complete(ctx, exchange.opened.body, admission, shadow)
-        return self._stream(ctx, exchange, admission, shadow, strip_usage=strip_usage)
+        return tiers, admission
 
     def _prepare_upstream_body(
         self,
