@@ -10,10 +10,12 @@ and nothing is printed between tests. Tests that configure logging themselves
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 import structlog
+
+from gateway.upstream import UpstreamClient
 
 
 def _route_structlog_to_logging() -> None:
@@ -41,3 +43,14 @@ def _structlog_through_logging() -> Iterator[None]:
     _route_structlog_to_logging()
     yield
     _route_structlog_to_logging()
+
+
+@pytest.fixture
+async def upstream() -> AsyncIterator[UpstreamClient]:
+    """The gateway's upstream clients (the request path's pool and aiohttp), open."""
+    client = UpstreamClient()
+    client.open()
+    try:
+        yield client
+    finally:
+        await client.close()

@@ -8,7 +8,6 @@ output until a timeout (httptools grows a header by concatenation: memory and CP
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import pytest
 
@@ -48,17 +47,6 @@ def _endless(prefix: bytes, piece: bytes, written: list[int]) -> Respond:
         return False
 
     return respond
-
-
-@pytest.fixture
-async def upstream() -> AsyncIterator[UpstreamClient]:
-    """The gateway's upstream clients, open."""
-    client = UpstreamClient()
-    client.open()
-    try:
-        yield client
-    finally:
-        await client.close()
 
 
 async def test_an_endless_answer_head_is_refused_after_a_bound() -> None:

@@ -78,17 +78,6 @@ def _refusing_url() -> str:
 
 
 @pytest.fixture
-async def upstream() -> AsyncIterator[UpstreamClient]:
-    """The gateway's pooled upstream clients, open."""
-    client = UpstreamClient()
-    client.open()
-    try:
-        yield client
-    finally:
-        await client.close()
-
-
-@pytest.fixture
 async def simulator() -> AsyncIterator[str]:
     """The simulator's app on a real port; its base URL."""
     runner = await _simulator()

@@ -7,9 +7,6 @@ that then completes, resets, stalls or ends the stream early; the relay must say
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-
-import pytest
 
 from gateway.events import Outcome, Usage
 from gateway.forwarding import Forwarder, TierRoute
@@ -30,17 +27,6 @@ DONE = b"data: [DONE]\n\n"
 
 def _chunk(data: bytes) -> bytes:
     return b"%x\r\n%s\r\n" % (len(data), data)
-
-
-@pytest.fixture
-async def upstream() -> AsyncIterator[UpstreamClient]:
-    """The gateway's upstream clients, open."""
-    client = UpstreamClient()
-    client.open()
-    try:
-        yield client
-    finally:
-        await client.close()
 
 
 def _stream(ending: str, left: asyncio.Event) -> Respond:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
 from aiohttp import web
 
@@ -48,17 +46,6 @@ async def _server(payload: bytes, seen: list[str]) -> web.AppRunner:
 def _url(runner: web.AppRunner) -> str:
     host, port = runner.addresses[0][:2]
     return f"http://{host}:{port}"
-
-
-@pytest.fixture
-async def upstream() -> AsyncIterator[UpstreamClient]:
-    """The gateway's pooled upstream clients, open."""
-    client = UpstreamClient()
-    client.open()
-    try:
-        yield client
-    finally:
-        await client.close()
 
 
 def _forwarder(upstream: UpstreamClient, urls: list[str]) -> tuple[Forwarder, ReplicaPool]:
