@@ -261,9 +261,9 @@ class NativeCycle:
         transport = self.transport
         flow = self.flow
         try:
+            if self.was_disconnected:  # before the guard: no cancellation left pending
+                return
             with self._guard():
-                if self.was_disconnected:
-                    return
                 self.response_started = True
                 transport.write(reply_head(reply, keep_alive=self.keep_alive, length=None))
                 async for chunk in stream:
