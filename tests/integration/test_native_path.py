@@ -58,20 +58,38 @@ def _post(path: str, body: bytes, *extra: str) -> bytes:
     return ("\r\n".join(head) + "\r\n\r\n").encode() + body
 
 
+class _Responses:
+    """Reads Content-Length responses off one socket, keeping what follows each one."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buffer = b""
+
+    def next(self) -> tuple[bytes, bytes]:
+        """The next response: (head, body)."""
+        while b"\r\n\r\n" not in self.buffer:
+            self.buffer += self._recv()
+        head, _, rest = self.buffer.partition(b"\r\n\r\n")
+        length = next(
+            int(line.split(b":", 1)[1])
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length:")
+        )
+        while len(rest) < length:
+            rest += self._recv()
+        self.buffer = rest[length:]
+        return head, rest[:length]
+
+    def _recv(self) -> bytes:
+        data = self.sock.recv(65536)
+        if not data:
+            raise AssertionError("the connection closed mid-response")
+        return data
+
+
 def _read_response(sock: socket.socket) -> tuple[bytes, bytes]:
-    """One response with a Content-Length body: (head, body)."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        data += sock.recv(65536)
-    head, _, body = data.partition(b"\r\n\r\n")
-    length = next(
-        int(line.split(b":", 1)[1])
-        for line in head.split(b"\r\n")
-        if line.lower().startswith(b"content-length:")
-    )
-    while len(body) < length:
-        body += sock.recv(65536)
-    return head, body[:length]
+    """One response on a connection that carries no other."""
+    return _Responses(sock).next()
 
 
 def test_pipelined_requests_are_answered_in_order(gw: GatewayProcess) -> None:
@@ -84,7 +102,8 @@ def test_pipelined_requests_are_answered_in_order(gw: GatewayProcess) -> None:
                 for i, b in enumerate(bodies)
             )
         )
-        heads = [_read_response(sock)[0] for _ in bodies]
+        responses = _Responses(sock)
+        heads = [responses.next()[0] for _ in bodies]
     assert [status_of(h) for h in heads] == [200, 200, 200]
     assert [b"x-request-id: r%d" % i in h for i, h in enumerate(heads)] == [True] * 3
 
