@@ -8,6 +8,7 @@ import socket
 
 import structlog
 import uvicorn
+from litestar import Litestar
 
 from gateway.app import app_for
 from gateway.composition import Overrides, build_gateway
@@ -90,14 +91,22 @@ def serve(
             sock.close()
 
 
-def _run(settings: Settings, sock: socket.socket, worker: WorkerRole | None) -> None:
-    limits = connection_limits(settings.server)
-    guard = ConnectionGuard(limits)
+def served(
+    settings: Settings, guard: ConnectionGuard, worker: WorkerRole | None = None
+) -> tuple[Litestar, Handler]:
+    """What ``tiergate serve`` serves: the app, and the natively served inference endpoints
+    (:mod:`gateway.native`) over the same gateway."""
     gateway = build_gateway(
         settings, Overrides(collectors=[ConnectionCollector(guard)], worker=worker)
     )
-    app = app_for(gateway, settings)
     native = Handler(gateway.service.handle, settings.server.max_body_bytes)
+    return app_for(gateway, settings), native
+
+
+def _run(settings: Settings, sock: socket.socket, worker: WorkerRole | None) -> None:
+    limits = connection_limits(settings.server)
+    guard = ConnectionGuard(limits)
+    app, native = served(settings, guard, worker)
     # After the app: Litestar sets up logging too.
     logs = configure_logging(
         settings.telemetry, worker=worker.index if worker is not None else None

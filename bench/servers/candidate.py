@@ -17,12 +17,11 @@ from typing import Any
 
 import uvicorn
 
-from gateway.app import app_for, create_app
-from gateway.composition import Overrides, build_gateway
-from gateway.connections import ConnectionCollector, ConnectionGuard
+from gateway.app import create_app
+from gateway.connections import ConnectionGuard
 from gateway.http_protocol import GuardedHttpToolsProtocol
 from gateway.native import Handler
-from gateway.server import connection_limits
+from gateway.server import connection_limits, served
 from gateway.settings import Settings, load_settings
 
 SERVERS = ("guarded", "httptools", "h11", "granian")
@@ -92,9 +91,8 @@ def main() -> None:
         _granian(settings)
         return
     guard = ConnectionGuard(connection_limits(settings.server))
-    gateway = build_gateway(settings, Overrides(collectors=[ConnectionCollector(guard)]))
-    native = Handler(gateway.service.handle, settings.server.max_body_bytes)
-    _uvicorn(app_for(gateway, settings), settings, args.server, guard, native)
+    app, native = served(settings, guard)
+    _uvicorn(app, settings, args.server, guard, native)
 
 
 if __name__ == "__main__":
