@@ -38,6 +38,13 @@ async def _serve(respond: object) -> RawUpstream:
     return await server.start()
 
 
+async def _post_ok(pool: UpstreamPool, server: RawUpstream) -> None:
+    """One POST whose answer is ``ok``, read whole and released to the pool."""
+    response = await pool.post(server.url + PATH, b"{}", HEADERS)
+    assert await response.read() == b"ok"
+    response.release()
+
+
 async def _ok(_n: int, _r: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
     """Answer every request with ``ok`` and keep the connection."""
     writer.write(answer(b"ok", extra=b"X-Answer: Yes\r\n"))
@@ -83,9 +90,7 @@ async def test_a_keep_alive_connection_is_reused(pool: UpstreamPool) -> None:
     server = await _serve(_ok)
     try:
         for _ in range(2):
-            response = await pool.post(server.url + PATH, b"{}", HEADERS)
-            assert await response.read() == b"ok"
-            response.release()
+            await _post_ok(pool, server)
     finally:
         await server.stop()
     assert server.connections == 1
@@ -99,9 +104,7 @@ async def test_an_unread_body_closes_the_connection_instead_of_pooling_it(
     server = await _serve(_ok)
     try:
         (await pool.post(server.url + PATH, b"{}", HEADERS)).release()
-        response = await pool.post(server.url + PATH, b"{}", HEADERS)
-        assert await response.read() == b"ok"
-        response.release()
+        await _post_ok(pool, server)
     finally:
         await server.stop()
     assert server.connections == 2
@@ -117,9 +120,7 @@ async def test_connection_close_is_honoured(pool: UpstreamPool) -> None:
     server = await _serve(closing)
     try:
         for _ in range(2):
-            response = await pool.post(server.url + PATH, b"{}", HEADERS)
-            assert await response.read() == b"ok"
-            response.release()
+            await _post_ok(pool, server)
     finally:
         await server.stop()
     assert server.connections == 2
@@ -138,9 +139,7 @@ async def test_a_connection_the_server_closed_while_idle_is_not_reused(
     server = await _serve(once)
     try:
         for _ in range(2):
-            response = await pool.post(server.url + PATH, b"{}", HEADERS)
-            assert await response.read() == b"ok"
-            response.release()
+            await _post_ok(pool, server)
             await asyncio.sleep(0.05)  # the close reaches the client
     finally:
         await server.stop()
@@ -159,9 +158,7 @@ async def test_a_stale_reused_connection_is_retried_once_on_a_new_one(pool: Upst
     server = await _serve(drop_second)
     try:
         for _ in range(2):
-            response = await pool.post(server.url + PATH, b"{}", HEADERS)
-            assert await response.read() == b"ok"
-            response.release()
+            await _post_ok(pool, server)
     finally:
         await server.stop()
     assert server.connections == 2
