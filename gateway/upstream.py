@@ -1,10 +1,9 @@
 """The shared, pooled HTTP clients to the backends and one attempt against one replica.
 
-Attempts (the request path) go through the gateway's own keep-alive client
+Attempts (the request path) and shadow calls go through the gateway's own keep-alive client
 (:mod:`gateway.upstream_pool`), faster per request than aiohttp (bench/results/client.md);
-health probes, shadow calls and ops checks keep an aiohttp session. Both are opened at
-start-up and closed at shutdown; no redirects are followed; the caller's credentials are
-never forwarded.
+health probes and ops checks keep an aiohttp session. Both are opened at start-up and closed
+at shutdown; no redirects are followed; the caller's credentials are never forwarded.
 """
 
 from __future__ import annotations
@@ -50,8 +49,8 @@ class UpstreamClient:
     """The pooled clients of a gateway process: built with the other long-lived objects,
     opened at start-up (on the event loop), closed at shutdown.
 
-    ``pool`` (attempts) and ``session`` (aiohttp: probes, shadow, ops) are for use while open;
-    ``current`` may be asked at any time (``None`` while closed).
+    ``pool`` (attempts, shadow calls) and ``session`` (aiohttp: probes, ops) are for use while
+    open; ``current_pool`` may be asked at any time (``None`` while closed).
     """
 
     __slots__ = ("_pool", "_session", "keepalive_s", "limit_per_host")
@@ -68,10 +67,6 @@ class UpstreamClient:
         self._pool = pool
         self.limit_per_host = limit_per_host
         self.keepalive_s = keepalive_s
-
-    def current(self) -> aiohttp.ClientSession | None:
-        """The open session, if any."""
-        return self._session
 
     def current_pool(self) -> UpstreamPool | None:
         """The open connection pool, if any (shadow calls ask at any time)."""
