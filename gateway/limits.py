@@ -306,6 +306,7 @@ class KeyLimiter:
         share: int = 1,
     ) -> None:
         self._backend = backend
+        self._in_process = isinstance(backend, MemoryRateLimiter) and health is None
         self._primary_share = share
         self._metrics = metrics
         self._health = health
@@ -325,6 +326,10 @@ class KeyLimiter:
         """Record a failed call to the shared backend."""
         if self._health is not None:
             self._health.failed(reason)
+
+    def admits_at_once(self, principal: Principal) -> bool:
+        """No round trip: the key has no limits, or its counters live in this process."""
+        return self._in_process or not LimitSpec.of(principal.policy).active
 
     async def admit(self, principal: Principal, reserve_tokens: int) -> KeyAdmission | _Unlimited:
         """Reserve one request and ``reserve_tokens``; raises RateLimited when over a limit."""

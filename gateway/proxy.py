@@ -137,6 +137,18 @@ class ProxyService:
         key_cap = principal.policy.max_tokens
         completion = summary.max_tokens or default_max_tokens(everywhere, key_cap, kind)
         reserve = summary.prompt_token_estimate + completion * summary.completions
+        if self.limiter.admits_at_once(principal):
+            # Nothing to wait for (no limits, or in-process counters): no task, no loop turn.
+            decision = self._decide(summary, body, principal, headers.get("x-tiergate-tier"))
+            tiers = await self.fields.check(
+                body, kind, principal, self.router.tiers_for(decision, principal)
+            )
+            ctx.decision = decision
+            ctx.mark("classify")
+            admission = await self.limiter.admit(principal, reserve)
+            return await self._admitted(
+                ctx, tiers, admission, principal=principal, summary=summary, completion=completion
+            )
         # The rate-limit check is a Redis round trip: start it, classify while it is in
         # flight, then wait for its verdict before anything is forwarded.
         admitting = asyncio.ensure_future(self.limiter.admit(principal, reserve))
@@ -152,6 +164,21 @@ class ProxyService:
         ctx.decision = decision
         ctx.mark("classify")
         admission = await admitting
+        return await self._admitted(
+            ctx, tiers, admission, principal=principal, summary=summary, completion=completion
+        )
+
+    async def _admitted(
+        self,
+        ctx: RequestContext,
+        tiers: tuple[str, ...],
+        admission: Admission,
+        *,
+        principal: Principal,
+        summary: RequestSummary,
+        completion: int,
+    ) -> tuple[tuple[str, ...], Admission]:
+        """An admitted request: through any budget, then marked and its headers set."""
         if self.budgets is not None:
             admission = await with_budget(
                 self.budgets,
@@ -260,14 +287,16 @@ class ProxyService:
         ctx.status = 200
         used = usage.total if usage is not None else None
 
-        # Reconciling the token reservation is a Redis round trip the caller need not wait
-        # for: it runs right after the response is sent.
+        observer = self.observer
+
+        # Recording the request (metrics, spans, the access line) and reconciling the token
+        # reservation (a Redis round trip) are work the caller need not wait for: they run
+        # right after the answer is written, so its duration is time to the last byte.
         async def after() -> None:
+            observer.finished(ctx, Outcome.COMPLETE)
             await _after_complete(admission, used, shadow, raw)
 
-        reply = Reply(200, ctx.headers(), body=raw, after=after)
-        self.observer.finished(ctx, Outcome.COMPLETE)
-        return reply
+        return Reply(200, ctx.headers(), body=raw, after=after)
 
     def _decide(
         self,

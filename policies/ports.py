@@ -54,3 +54,7 @@ class RequestLimiter(Protocol):
     async def admit(self, principal: Principal, reserve_tokens: int) -> Admission:
         """Reserve one request and ``reserve_tokens`` tokens for ``principal``."""
         ...
+
+    def admits_at_once(self, principal: Principal) -> bool:
+        """Whether ``admit`` for this principal completes without waiting on any IO."""
+        ...

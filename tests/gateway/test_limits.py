@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any, TypeVar
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
@@ -26,6 +27,8 @@ from policies.ratelimit import MemoryRateLimiter
 from tests.redis_server import RedisServer, redis_server
 
 __all__ = ["redis_server"]
+
+T = TypeVar("T")
 
 
 def key(
@@ -269,3 +272,34 @@ async def test_limiter_close_sends_held_back_settlements(
     await settling
     assert await redis_client.zcard("t:rl:{closing}:c") == 0  # the slot is free
     assert float(await redis_client.hget("t:rl:{closing}", "t") or 0) < 1.0  # tokens back
+
+
+def _completes_at_once(coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` one step; it must finish without suspending (no IO, no loop turn)."""
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        result: T = done.value
+        return result
+    coro.close()
+    raise AssertionError("the coroutine suspended")
+
+
+async def test_admits_at_once_says_when_admission_needs_no_round_trip(
+    memory: KeyLimiter, redis_client: Redis, metrics: LimitMetrics
+) -> None:
+    """Memory counters and keys without limits admit without suspending; Redis limits do not.
+
+    The proxy relies on this: it overlaps classification with the admission only when the
+    admission waits on a round trip, and otherwise saves the task and the loop turn.
+    """
+    limited, unlimited = key(rpm=10, tpm=1000, max_concurrency=2), key()
+    assert memory.admits_at_once(limited)
+    assert memory.admits_at_once(unlimited)
+    admission = _completes_at_once(memory.admit(limited, 10))
+    assert admission.headers["x-ratelimit-remaining-requests"] == "9"
+    redis = redis_limiter(redis_client, metrics, fail_open=True)
+    assert not redis.admits_at_once(limited)
+    assert redis.admits_at_once(unlimited)
+    assert dict(_completes_at_once(redis.admit(unlimited, 10)).headers) == {}
+    assert dict((await redis.admit(limited, 10)).headers)  # a real round trip, with headers

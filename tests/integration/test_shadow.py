@@ -163,7 +163,9 @@ def test_precise_traffic_is_shadowed_on_fast(stack: Stack) -> None:
 
 def test_the_store_and_metrics_hold_no_prompt_text(stack: Stack) -> None:
     """Records carry digests, scores and agreement; /metrics has the agreement summary."""
-    stack.wait_for(1)
+    before = stack.routing()["samples"]["fast_on_precise"]
+    assert stack.chat(SIMPLE[0]).status_code == 200  # its own shadow: runs alone too
+    stack.wait_for(before + 1)
     text = stack.store.read_text(encoding="utf-8")
     records = [json.loads(line) for line in text.splitlines()]
     assert records
