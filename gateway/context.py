@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from gateway.events import AttemptEnd, AttemptStart, Usage
+from gateway.ids import fresh_id
 from policies.errors import TierGateError
 from policies.principal import Principal
 from policies.requests import RequestSummary
@@ -73,14 +74,14 @@ def upstream_id_for(request_id: str) -> str:
     try:
         return uuid.UUID(request_id).hex
     except ValueError:
-        return uuid.uuid4().hex
+        return fresh_id()
 
 
 def request_id_from(header: str | None) -> str:
     """Echo a caller's request id when it is sane, otherwise make one."""
     if header and len(header) <= _MAX_REQUEST_ID and header.isprintable():
         return header
-    return uuid.uuid4().hex
+    return fresh_id()
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +32,7 @@ from gateway.events import (
     status_kind,
 )
 from gateway.explain import every_tier_failed, tier_detail, why_none
+from gateway.ids import fresh_id
 from gateway.replicas import Replica, ReplicaPool
 from gateway.retry import RetryBudget, RetryLoop, RetryPolicy
 from gateway.settings import Timeouts
@@ -214,7 +214,7 @@ class Forwarder:
             choice = await self._choose(route, frozenset(tried), prefix_blocks, loop)
             replica = choice.replica
             tried.add(replica.url)
-            upstream_id = uuid.uuid4().hex  # unique per attempt
+            upstream_id = fresh_id()  # unique per attempt
             start = AttemptStart(
                 tier,
                 replica.name,
