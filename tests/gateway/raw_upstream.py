@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import ssl
 import struct
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -40,12 +41,14 @@ class RawUpstream:
     server: asyncio.Server | None = None
     writers: set[asyncio.StreamWriter] = field(default_factory=set)
     url: str = ""  # the base URL it listens on, once started
+    tls: ssl.SSLContext | None = None  # serve HTTPS with this context
 
     async def start(self) -> RawUpstream:
         """Listen on a free loopback port."""
-        self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0, ssl=self.tls)
         port = self.server.sockets[0].getsockname()[1]
-        self.url = f"http://127.0.0.1:{port}"
+        scheme = "https" if self.tls is not None else "http"
+        self.url = f"{scheme}://127.0.0.1:{port}"
         return self
 
     async def stop(self) -> None:
