@@ -352,6 +352,12 @@ class TelemetrySettings(Section):
     """
     capture_content: bool = False
     """Put prompts and completions into spans (off: they may hold personal data)."""
+    stage_spans: bool = False
+    """One child span per request stage (auth, validate, classify, ratelimit, and a route span
+    per attempt). Off: the stages' durations are attributes of the server span
+    (``tiergate.stage.<stage>.duration_ms``) and the route's of the client span: the same
+    facts in 2 spans instead of 7, less than half the CPU per traced request.
+    """
     # Read from OTEL_* (not a setting of the file): excluded from dumps, schema and docs.
     otel_env: SkipJsonSchema[dict[str, str]] = Field(
         default_factory=_otel_environment, repr=False, exclude=True

@@ -84,7 +84,11 @@ def build_telemetry(
         target_share=router.target_precise_share,
     )
     provider = build_tracer_provider(t, span_exporter)
-    tracing = Tracing(provider, capture_content=t.capture_content) if provider else None
+    tracing = (
+        Tracing(provider, capture_content=t.capture_content, stage_spans=t.stage_spans)
+        if provider
+        else None
+    )
     observer = TelemetryObserver(metrics, tracing, access_log=t.access_log, logger=access_logger)
     telemetry = Telemetry(observer, registry, metrics, tracing)
     exposed = registry

@@ -81,6 +81,10 @@ TG_ATTEMPT: Final = "tiergate.attempt"
 TG_ATTEMPTS: Final = "tiergate.attempts"
 TG_OUTCOME: Final = "tiergate.outcome"
 TG_RATELIMIT_OUTCOME: Final = "tiergate.ratelimit.outcome"
+# Without stage spans: each stage's duration on the server span, and the stage that failed.
+TG_STAGE_DURATION: Final = "tiergate.stage.{}.duration_ms"
+TG_STAGE_FAILED: Final = "tiergate.stage.failed"
+TG_ROUTE_DURATION: Final = "tiergate.route.duration_ms"
 
 # --- Span names of the request stages (children of the server span) ---
 SPAN_AUTH: Final = "tiergate.auth"

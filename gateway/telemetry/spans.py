@@ -106,15 +106,19 @@ def server_finish_attributes(ctx: RequestContext, outcome: str) -> dict[str, Any
 
 
 class StageRecorder:
-    """Marks of the request path's stages, turned into child spans when the request ends."""
+    """Marks of the request path's stages, turned into child spans when the request ends
+    (``spans``), or else into duration attributes of the server span."""
 
-    __slots__ = ("marks", "parent", "start_ns", "started", "tracer")
+    __slots__ = ("marks", "parent", "spans", "start_ns", "started", "tracer")
 
-    def __init__(self, tracer: Tracer, parent: Context, start_ns: int, started: float) -> None:
+    def __init__(
+        self, tracer: Tracer, parent: Context, start_ns: int, started: float, *, spans: bool
+    ) -> None:
         self.tracer = tracer
         self.parent = parent
         self.start_ns = start_ns
         self.started = started
+        self.spans = spans
         self.marks: list[tuple[str, float]] = []
 
     def ns(self, perf: float) -> int:
@@ -125,8 +129,9 @@ class StageRecorder:
         """``stage`` ended now."""
         self.marks.append((stage, time.perf_counter()))
 
-    def route(self, start: AttemptStart) -> None:
-        """A span for one replica choice (from ``start.routed_at`` until now)."""
+    def route(self, start: AttemptStart) -> dict[str, Any]:
+        """One replica choice (from ``start.routed_at`` until now): a route span, or else the
+        attributes the attempt's client span carries instead."""
         attrs: dict[str, Any] = {
             sc.TG_TIER: start.tier,
             sc.TG_REPLICA: start.replica,
@@ -135,6 +140,9 @@ class StageRecorder:
         }
         if start.prefix_match is not None:
             attrs[sc.TG_ROUTE_PREFIX_MATCH] = start.prefix_match
+        if not self.spans:
+            attrs[sc.TG_ROUTE_DURATION] = _ms(time.perf_counter() - start.routed_at)
+            return attrs
         span = self.tracer.start_span(
             sc.SPAN_ROUTE,
             context=self.parent,
@@ -142,6 +150,7 @@ class StageRecorder:
             attributes=attrs,
         )
         span.end()
+        return {}
 
     def _stage(self, ctx: RequestContext, stage: str, begin: float, end: float) -> Span:
         attrs: dict[str, Any] = {}
@@ -162,8 +171,13 @@ class StageRecorder:
             sc.STAGE_SPANS[stage], context=self.parent, start_time=self.ns(begin), attributes=attrs
         )
 
-    def finish(self, ctx: RequestContext, outcome: str) -> None:
-        """One span per completed stage, plus the stage that failed, if one did."""
+    def finish(self, ctx: RequestContext, outcome: str, server: dict[str, Any]) -> None:
+        """One span per completed stage, plus the stage that failed, if one did; without
+        stage spans, their durations and the failed stage go into ``server`` (the server
+        span's attributes; they already hold each stage span's own attributes)."""
+        if not self.spans:
+            self._durations(ctx, server)
+            return
         begin = self.started
         done: set[str] = set()
         for stage, at in self.marks:
@@ -178,6 +192,28 @@ class StageRecorder:
             span.set_attribute(sc.ERROR_TYPE, outcome)
             span.set_status(Status(StatusCode.ERROR))
             span.end()
+
+    def _durations(self, ctx: RequestContext, server: dict[str, Any]) -> None:
+        begin = self.started
+        done: set[str] = set()
+        for stage, at in self.marks:
+            server[sc.TG_STAGE_DURATION.format(stage)] = _ms(at - begin)
+            done.add(stage)
+            begin = at
+        failed = None
+        if ctx.failure is not None and not ctx.attempts:
+            failed = next((s for s in _STAGE_ORDER if s not in done), None)
+        if "ratelimit" in done or failed == "ratelimit":
+            server[sc.TG_RATELIMIT_OUTCOME] = (
+                sc.RATELIMIT_ALLOWED if ctx.admitted else sc.RATELIMIT_REJECTED
+            )
+        if failed is not None:
+            server[sc.TG_STAGE_FAILED] = failed
+            server[sc.TG_STAGE_DURATION.format(failed)] = _ms(time.perf_counter() - begin)
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000.0, 3)
 
 
 class AttemptSpan:
@@ -201,8 +237,10 @@ class AttemptSpan:
         start: AttemptStart,
         *,
         capture: bool,
+        route: Mapping[str, Any] | None = None,
     ) -> AttemptSpan:
-        """Open the client span with the request's allowlisted attributes."""
+        """Open the client span with the request's allowlisted attributes (and ``route``'s:
+        the replica choice, when it has no span of its own)."""
         body = start.body
         summary = ctx.summary
         chat = summary is None or summary.kind == "chat"
@@ -224,6 +262,8 @@ class AttemptSpan:
             value = body.get(field)
             if isinstance(value, int | float) and not isinstance(value, bool):
                 attrs[name] = value
+        if route:
+            attrs.update(route)
         if capture:
             attrs[sc.GEN_AI_INPUT_MESSAGES] = input_messages(body)
         span = tracer.start_span(

@@ -125,11 +125,14 @@ def build_tracer_provider(
 class Tracing:
     """Starts request traces on one provider; W3C trace context in and out."""
 
-    def __init__(self, provider: TracerProvider, *, capture_content: bool) -> None:
+    def __init__(
+        self, provider: TracerProvider, *, capture_content: bool, stage_spans: bool = False
+    ) -> None:
         self.provider = provider
         self.tracer = provider.get_tracer(sc.INSTRUMENTATION_SCOPE)
         self.propagator = TraceContextTextMapPropagator()
         self.capture_content = capture_content
+        self.stage_spans = stage_spans
 
     def start(
         self, ctx: RequestContext, traceparent: str | None, tracestate: str | None
@@ -194,7 +197,13 @@ class RequestTrace:
         self.span = span
         self.recording = span.is_recording()
         self.stages = (
-            StageRecorder(tracing.tracer, set_span_in_context(span), start_ns, started)
+            StageRecorder(
+                tracing.tracer,
+                set_span_in_context(span),
+                start_ns,
+                started,
+                spans=tracing.stage_spans,
+            )
             if self.recording
             else None
         )
@@ -226,13 +235,14 @@ class RequestTrace:
             if propagated is None:
                 propagated = self._propagated = trace_headers(self.span.get_span_context())
             return propagated
-        stages.route(start)
+        route = stages.route(start)
         span = AttemptSpan.start(
             self.tracing.tracer,
             stages.parent,
             ctx,
             start,
             capture=self.tracing.capture_content,
+            route=route,
         )
         self._attempt = span
         return trace_headers(span.span.get_span_context())
@@ -268,9 +278,10 @@ class RequestTrace:
         attempt = self.open_attempt
         if attempt is not None:
             attempt.finish(ctx, outcome)
-        stages.finish(ctx, outcome)
         span = self.span
-        span.set_attributes(server_finish_attributes(ctx, outcome))
+        attrs = server_finish_attributes(ctx, outcome)
+        stages.finish(ctx, outcome, attrs)
+        span.set_attributes(attrs)
         aborted = ctx.status < 400 and outcome not in _CLEAN_OUTCOMES
         if ctx.status >= 500 or aborted:
             span.set_attribute(sc.ERROR_TYPE, outcome)

@@ -1,7 +1,8 @@
 """Span trees end to end: a real gateway socket, real simulator processes, in-memory export.
 
 Each test checks the tree (server span → stage spans, route spans, one GenAI client span per
-upstream attempt), the attributes, and that the simulator received the client span's
+upstream attempt; or, by default, server span → client spans with the stages as attributes), the
+attributes, and that the simulator received the client span's
 ``traceparent`` (so vLLM's own spans would nest under ours).
 """
 
@@ -27,7 +28,9 @@ STAGES = ("tiergate.auth", "tiergate.validate", "tiergate.classify", "tiergate.r
 CHAT = [{"role": "user", "content": "Name a colour."}]
 
 
-def _settings(fast: list[str], precise: list[str], **fast_options: Any) -> Settings:
+def _settings(
+    fast: list[str], precise: list[str], *, stage_spans: bool = True, **fast_options: Any
+) -> Settings:
     return Settings.model_validate(
         {
             "auth": {"enabled": False},
@@ -35,7 +38,12 @@ def _settings(fast: list[str], precise: list[str], **fast_options: Any) -> Setti
                 "fast": {"model": "tiergate-fast", "replicas": fast, **fast_options},
                 "precise": {"model": "tiergate-precise", "replicas": precise},
             },
-            "telemetry": {"tracing": True, "trace_sample_ratio": 1.0, "access_log": False},
+            "telemetry": {
+                "tracing": True,
+                "trace_sample_ratio": 1.0,
+                "access_log": False,
+                "stage_spans": stage_spans,
+            },
         }
     )
 
@@ -178,3 +186,30 @@ def test_retry_gets_one_client_span_per_attempt(
     assert "error.type" not in _attrs(second)
     assert failing.stats()["last_traceparent"] == _traceparent_of(first)
     assert healthy.stats()["last_traceparent"] == _traceparent_of(second)
+
+
+def test_default_tree_is_a_server_and_a_client_span_with_stage_durations(
+    fast_sim: SimulatorProcess, precise_sim: SimulatorProcess
+) -> None:
+    """Without stage spans (the default) the same facts travel in two spans."""
+    exporter = InMemorySpanExporter()
+    settings = _settings([fast_sim.url], [precise_sim.url], stage_spans=False)
+    with ServedApp(create_app(settings, span_exporter=exporter)) as served:
+        body = {"model": "auto", "messages": CHAT, "max_tokens": 6}
+        resp = httpx.post(served.url + "/v1/chat/completions", json=body)
+    assert resp.status_code == 200
+    server, children = _tree(exporter)
+    (client,) = children
+    assert client.kind is SpanKind.CLIENT
+    attrs = _attrs(server)
+    for stage in ("auth", "validate", "classify", "ratelimit"):
+        assert attrs[f"tiergate.stage.{stage}.duration_ms"] >= 0
+    assert attrs["tiergate.ratelimit.outcome"] == "allowed"
+    assert attrs["tiergate.tier"] in {"fast", "precise"}
+    assert attrs["tiergate.tier"] == resp.headers["x-tiergate-tier"]
+    assert attrs["tiergate.route.reason"] == resp.headers["x-tiergate-route-reason"]
+    assert 0.0 <= attrs["tiergate.route.score"] <= 1.0  # model "auto": the classifier scored it
+    route = _attrs(client)
+    assert route["tiergate.route.strategy"]
+    assert route["tiergate.route.duration_ms"] >= 0
+    assert "tiergate.route.prefix_blocks" in route

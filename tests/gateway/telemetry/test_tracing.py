@@ -51,13 +51,16 @@ class _Options(TypedDict, total=False):
 
     trace_sample_ratio: float
     capture_content: bool
+    stage_spans: bool
 
 
 def _tracing(exporter: InMemorySpanExporter, **options: Unpack[_Options]) -> Tracing:
     settings = TelemetrySettings(tracing=True, otel_env={}, **options)
     provider = build_tracer_provider(settings, exporter)
     assert provider is not None
-    return Tracing(provider, capture_content=settings.capture_content)
+    return Tracing(
+        provider, capture_content=settings.capture_content, stage_spans=settings.stage_spans
+    )
 
 
 async def _one_request(
@@ -69,6 +72,7 @@ async def _one_request(
     trace = ctx.trace = tracing.start(ctx, traceparent, tracestate)
     for stage in ("auth", "validate", "classify", "ratelimit"):
         trace.mark(stage)
+    ctx.admitted = True
     start = AttemptStart(
         "fast", "127.0.0.1:9", "http://127.0.0.1:9", "round_robin", ctx.started, 0, None, "u1", BODY
     )
@@ -105,9 +109,10 @@ def test_exporters_follow_the_standard_environment_variables() -> None:
 
 
 async def test_a_sampled_request_has_the_stage_and_client_spans() -> None:
-    """The server span parents every stage, the route and the GenAI client span."""
+    """With stage spans on, the server span parents every stage, the route and the GenAI
+    client span."""
     exporter = InMemorySpanExporter()
-    sent = await _one_request(_tracing(exporter))
+    sent = await _one_request(_tracing(exporter, stage_spans=True))
     spans = _by_name(exporter.get_finished_spans())
     server = spans["POST /v1/chat/completions"]
     assert set(spans) == {
@@ -182,7 +187,7 @@ async def test_content_is_captured_only_when_opted_in() -> None:
 def test_a_request_failing_in_a_stage_gets_that_stage_as_an_error_span() -> None:
     """An auth failure leaves a tiergate.auth span with error.type and no later stages."""
     exporter = InMemorySpanExporter()
-    tracing = _tracing(exporter)
+    tracing = _tracing(exporter, stage_spans=True)
     ctx = RequestContext("req-2", route="/v1/completions")
     ctx.trace = tracing.start(ctx, None, None)
     ctx.status = 401
@@ -197,3 +202,45 @@ def test_a_request_failing_in_a_stage_gets_that_stage_as_an_error_span() -> None
     assert server is not None
     assert server["http.response.status_code"] == 401
     assert "error.type" not in server  # a 4xx is the caller's error, not the server's
+
+
+async def test_by_default_stages_are_attributes_of_two_spans() -> None:
+    """Stage spans off (the default): a server and a client span carry the same facts."""
+    exporter = InMemorySpanExporter()
+    sent = await _one_request(_tracing(exporter))
+    spans = _by_name(exporter.get_finished_spans())
+    assert set(spans) == {"POST /v1/chat/completions", "chat tiergate-fast"}
+    server, client = spans["POST /v1/chat/completions"], spans["chat tiergate-fast"]
+    assert server.attributes is not None
+    assert client.attributes is not None
+    for stage in ("auth", "validate", "classify", "ratelimit"):
+        duration = server.attributes[f"tiergate.stage.{stage}.duration_ms"]
+        assert isinstance(duration, float)
+        assert duration >= 0
+    assert server.attributes["tiergate.ratelimit.outcome"] == "allowed"
+    assert "tiergate.stage.failed" not in server.attributes
+    assert client.attributes["tiergate.route.strategy"] == "round_robin"
+    assert client.attributes["tiergate.route.prefix_blocks"] == 0
+    assert client.attributes["tiergate.route.duration_ms"] >= 0  # type: ignore[operator]
+    assert client.parent is not None
+    assert client.parent.span_id == server.context.span_id
+    assert sent["traceparent"].split("-")[2] == format(client.context.span_id, "016x")
+
+
+def test_by_default_a_failed_stage_is_named_on_the_server_span() -> None:
+    """An auth failure: ``tiergate.stage.failed`` is auth, with its duration; one span."""
+    exporter = InMemorySpanExporter()
+    tracing = _tracing(exporter)
+    ctx = RequestContext("req-3", route="/v1/completions")
+    ctx.trace = tracing.start(ctx, None, None)
+    ctx.status = 401
+    ctx.failure = Failure.of(AuthenticationFailed("bad key"))
+    ctx.trace.finish(ctx, "AuthenticationFailed")
+    spans = _by_name(exporter.get_finished_spans())
+    assert set(spans) == {"POST /v1/completions"}
+    server = spans["POST /v1/completions"].attributes
+    assert server is not None
+    assert server["tiergate.stage.failed"] == "auth"
+    assert "tiergate.stage.auth.duration_ms" in server
+    assert "tiergate.ratelimit.outcome" not in server
+    assert server["tiergate.outcome"] == "AuthenticationFailed"

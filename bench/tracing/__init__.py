@@ -1,0 +1,1 @@
+"""What a traced request costs: stage spans on and off."""

@@ -1,0 +1,26 @@
+"""bench/tracing runs the gateway's real tracing: the span counts it reports are the tree's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench.tracing.run import main, measure
+
+
+def test_stage_spans_setting_changes_the_spans_per_traced_request() -> None:
+    """Seven spans with stage spans (server, four stages, route, client), two without."""
+    _, with_stages = measure(stage_spans=True, requests=50)
+    _, default = measure(stage_spans=False, requests=50)
+    assert with_stages == 7
+    assert default == 2
+
+
+def test_the_report_names_both_settings_and_the_command(tmp_path: Path) -> None:
+    """A tiny run writes the table and the ratio."""
+    out = tmp_path / "tracing.md"
+    main(["--requests", "50", "--rounds", "1", "--out", str(out)])
+    text = out.read_text(encoding="utf-8")
+    assert "| true | 7 |" in text
+    assert "| false (default) | 2 |" in text
+    assert ".venv/bin/python bench/tracing/run.py --requests 50" in text
+    assert "x** the CPU per traced request" in text
