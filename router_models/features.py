@@ -61,7 +61,7 @@ MATERIAL_WEIGHT: Final = 0.3
 # a deduction from it).  Weight chosen over router-dev2's trainable rows within a band of
 # leave-one-family-out AUC; see docs/router.md, "Instruction words after material (v7)".
 AFTER_SEED: Final = 0x41465452
-AFTER_WEIGHT: Final = 0.5
+AFTER_WEIGHT: Final = 0.7
 MAX_TEXT_CHARS: Final = 6000
 HEAD_CHARS: Final = 4000
 TAIL_CHARS: Final = 2000

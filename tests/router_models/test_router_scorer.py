@@ -25,6 +25,11 @@ def _bodies() -> list[dict[str, Any]]:
         {"prompt": "x" * 20_000},
         {"messages": [{"role": "assistant", "content": "only an assistant turn"}]},
         {"prompt": "naïve café — 東京 ünïcödé 123", "tools": [{}], "max_tokens": 10},
+        # material followed by a question (the after-material block), one long line and
+        # wrapped prose, and material with nothing after it
+        {"prompt": "The river floods every spring. " * 12 + "\nWhen does the river flood?"},
+        {"prompt": "\n".join(["Rain fell on the old town all night long."] * 20) + "\nWhy?"},
+        {"prompt": "Notes on the plan. " * 40},
     ]
     return bodies
 
