@@ -20,7 +20,10 @@ the feature space):
   n-gram counts by ``CHAR_WEIGHT/sqrt(tokens)`` (so a word's whole contribution is one number
   the scorer can cache), edge counts by ``1/sqrt(edge tokens)``.  The *material* adds only
   unigrams hashed with ``MATERIAL_SEED``, scaled by ``MATERIAL_WEIGHT/sqrt(material tokens)``:
-  its size and shape matter (structural block), its vocabulary barely.
+  its size and shape matter (structural block), its vocabulary barely.  When material is
+  present, the instruction's unigrams and character n-grams are added once more under
+  ``AFTER_SEED``, scaled by ``AFTER_WEIGHT``: the model can weigh a word differently when it
+  asks about a passage.
 * ``[HASH_SIZE, HASH_SIZE + len(STRUCTURAL_NAMES))``: structural signals in roughly [0, 1],
   including the material's size, option lines, and script-independent code and maths shape
   (operators, brackets, identifiers with underscores or in camelCase, dotted names, calls,
@@ -37,7 +40,6 @@ import math
 import re
 import zlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Final, NamedTuple
 
 from router_models.textparts import TECH_TERMS, cjk_tech_terms, split_instruction
@@ -54,6 +56,12 @@ EDGE_TOKENS: Final = 16
 EDGE_SEED: Final = 0x45444745
 MATERIAL_SEED: Final = 0x4D415452
 MATERIAL_WEIGHT: Final = 0.3
+# Instruction words seen again, under their own seed, when material precedes them (the
+# same word after a pasted passage is a different signal: a look-up over the passage versus
+# a deduction from it).  Weight chosen over router-dev2's trainable rows within a band of
+# leave-one-family-out AUC; see docs/router.md, "Instruction words after material (v7)".
+AFTER_SEED: Final = 0x41465452
+AFTER_WEIGHT: Final = 0.7
 MAX_TEXT_CHARS: Final = 6000
 HEAD_CHARS: Final = 4000
 TAIL_CHARS: Final = 2000
@@ -105,7 +113,7 @@ STRUCTURAL_NAMES: Final = (
 )
 
 FEATURE_SPEC: Final[dict[str, Any]] = {
-    "name": "tiergate-hashed-v6",
+    "name": "tiergate-hashed-v7",
     "hash": "crc32",
     "hash_bits": HASH_BITS,
     "word_ngrams": [1, 2],
@@ -115,6 +123,11 @@ FEATURE_SPEC: Final[dict[str, Any]] = {
     "split": "material = text up to the last line of >= 200 chars (or all but the last "
     "sentence of a single >= 600-char block); n-grams and edges from the instruction only",
     "material_unigrams": {"seed": MATERIAL_SEED, "weight": MATERIAL_WEIGHT},
+    "after_material": {
+        "what": "instruction unigrams + char n-grams again when material is present",
+        "seed": AFTER_SEED,
+        "weight": AFTER_WEIGHT,
+    },
     "text": "last user message (chat) or prompt (completion), lowercased, digits as 0",
     "max_text_chars": MAX_TEXT_CHARS,
     "structural": list(STRUCTURAL_NAMES),
@@ -136,6 +149,7 @@ _CODE_STARTS: Final = (
 )
 _BULLETS: Final = ("- ", "* ", "\u2022 ")
 _OPTION_LETTERS: Final = frozenset("ABCDEabcde")
+_OPTION_HEADS: Final = frozenset("ABCDEabcde(")
 _CODE_TOKENS: Final = frozenset("{};=[]<>|&\\")
 _FORMAT_TOKENS: Final = frozenset(("json", "yaml", "xml", "csv", "schema", "jsonl"))
 _FORMAT_WORDS: Final = tuple(sorted(_FORMAT_TOKENS))
@@ -162,9 +176,9 @@ _TOKEN_CLASSES: Final = {
 # fmt: on
 
 
-@dataclass(frozen=True, slots=True)
-class Rendered:
-    """The parts of a request body that the features look at."""
+class Rendered(NamedTuple):
+    """The parts of a request body that the features look at (a tuple: cheap to build on
+    the request path)."""
 
     text: str
     full_chars: int
@@ -295,6 +309,19 @@ def char_indices(token: str) -> list[int]:
     return out
 
 
+def after_indices(token: str) -> tuple[int, list[int]]:
+    """Hashed indices of ``token``'s unigram and character 3-5-grams under ``AFTER_SEED``
+    (the instruction word seen after material)."""
+    data = token.encode("utf-8")
+    padded = b" " + data + b" "
+    size = len(padded)
+    chars: list[int] = []
+    for n in range(CHAR_NGRAM_MIN, CHAR_NGRAM_MAX + 1):
+        seed = AFTER_SEED ^ n
+        chars.extend(zlib.crc32(padded[i : i + n], seed) >> HASH_SHIFT for i in range(size - n + 1))
+    return zlib.crc32(data, AFTER_SEED) >> HASH_SHIFT, chars
+
+
 def _log(value: float, scale: float) -> float:
     return math.log1p(value) / scale
 
@@ -323,7 +350,7 @@ def _line_signals(text: str) -> tuple[int, int, bool, int]:
         rest = head.lstrip("0123456789")
         if head.startswith(_BULLETS) or (len(rest) < len(head) and rest[:2] in (". ", ") ")):
             items += 1
-        if _is_option(head):
+        if head[0] in _OPTION_HEADS and _is_option(head):
             options += 1
     return indented, items, code, options
 
@@ -385,27 +412,36 @@ def _shape_signals(
 
 
 def structural(
-    r: Rendered, tokens: list[str], classes: str | None = None, parts: Parts | None = None
+    r: Rendered, tokens: list[str] | int, classes: str | None = None, parts: Parts | None = None
 ) -> tuple[float, ...]:
     """Structural signals of a rendered request, in ``STRUCTURAL_NAMES`` order.
 
-    ``tokens`` are the text's tokens (material first, then instruction); ``classes`` is
-    ``"".join(token_class(t) for t in tokens)`` and ``parts`` the text's ``parts_of`` split:
-    the scorer passes both, training lets them be computed here.
+    ``tokens`` are the text's tokens (material first, then instruction), or only their number
+    when ``classes`` is given; ``classes`` is ``"".join(token_class(t) for t in tokens)`` and
+    ``parts`` the text's ``parts_of`` split: the scorer passes both, training lets them be
+    computed here.
     """
     text = r.text
-    if classes is None:
-        classes = "".join(token_class(t) for t in tokens)
+    if isinstance(tokens, int):
+        n_tokens = tokens
+        if classes is None:
+            raise ValueError("structural() needs the tokens or their classes")
+    else:
+        n_tokens = len(tokens)
+        if classes is None:
+            classes = "".join(token_class(t) for t in tokens)
     if parts is None:
         parts = parts_of(text)[0]
     indented, items, code_def, options = _line_signals(text)
     stripped = text.rstrip()
     wants_format = CLASS_FORMAT in classes
-    wants_format = wants_format or any(w in r.system.lower() for w in _FORMAT_WORDS)
+    if not wants_format and r.system:
+        system = r.system.lower()
+        wants_format = any(w in system for w in _FORMAT_WORDS)
     questions = classes.count(CLASS_QUESTION)
     return (
         _log(r.full_chars, 10.0),
-        _log(len(tokens), 8.0),
+        _log(n_tokens, 8.0),
         _log(text.count("\n"), 5.0),
         _log(classes.count(CLASS_NUMBER), 4.0),
         1.0 if _has_latex(text) else 0.0,
@@ -429,7 +465,7 @@ def structural(
         1.0 if r.response_format_json else 0.0,
         _log(r.n_tools, 2.0),
         1.0 if r.is_chat else 0.0,
-        *_shape_signals(text, parts, classes, len(tokens), options),
+        *_shape_signals(text, parts, classes, n_tokens, options),
     )
 
 
@@ -466,6 +502,13 @@ def extract(body: Mapping[str, Any]) -> SparseFeatures:
         material_scale = MATERIAL_WEIGHT / math.sqrt(len(m_tokens))
         for t in m_tokens:
             _add(feats, material_index(t), material_scale)
+        if i_tokens:
+            after_scale = AFTER_WEIGHT / math.sqrt(len(i_tokens))
+            for t in i_tokens:
+                word, chars = after_indices(t)
+                _add(feats, word, after_scale)
+                for i in chars:
+                    _add(feats, i, CHAR_WEIGHT * after_scale)
     edges = edge_tokens(i_tokens)
     edge_scale = 1.0 / math.sqrt(max(1, len(edges)))
     for t in edges:

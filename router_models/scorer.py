@@ -14,12 +14,13 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import numpy as np
 
 from router_models.artifact import FloatArray, RouterModel
 from router_models.features import (
+    AFTER_WEIGHT,
     BIGRAM_ADD,
     BIGRAM_MUL_A,
     BIGRAM_MUL_B,
@@ -29,6 +30,7 @@ from router_models.features import (
     HASH_SIZE,
     MASK32,
     MATERIAL_WEIGHT,
+    after_indices,
     char_indices,
     edge_index,
     material_index,
@@ -47,8 +49,12 @@ _MASK: Final = np.uint64(MASK32)
 _SHIFT: Final = np.uint64(HASH_SHIFT)
 
 # (token hash, unigram weight + CHAR_WEIGHT * summed char n-gram weights, edge weight,
-#  structural class, MATERIAL_WEIGHT * material-unigram weight)
-WordEntry = tuple[int, float, float, str, float]
+#  structural class, MATERIAL_WEIGHT * material-unigram weight,
+#  AFTER_WEIGHT * the same word's weight as an instruction word after material, or NaN until
+#  the word is first met there: most words never are, and it costs a second set of character
+#  n-gram hashes)
+WordEntry = tuple[int, float, float, str, float, float]
+_HASH, _WORD, _EDGE, _CLASS, _MATERIAL, _AFTER = (operator.itemgetter(i) for i in range(6))
 
 
 def sigmoid(margin: float) -> float:
@@ -71,45 +77,80 @@ class LeanScorer:
         self._cache: dict[str, WordEntry] = {}
         self._cache_words = cache_words
 
-    def _entry(self, token: str) -> WordEntry:
+    def _entry(self, token: str, after_material: bool = False) -> WordEntry:
         w = self._hashed_list
         h = word_hash(token)
         chars = char_indices(token)
         word = w[h >> HASH_SHIFT] + CHAR_WEIGHT * math.fsum(w[i] for i in chars)
         material = MATERIAL_WEIGHT * w[material_index(token)]
-        entry = (h, word, w[edge_index(token)], token_class(token), material)
+        after = math.nan
+        if after_material:
+            after_word, after_chars = after_indices(token)
+            after = AFTER_WEIGHT * (
+                w[after_word] + CHAR_WEIGHT * math.fsum(w[i] for i in after_chars)
+            )
+        entry = (h, word, w[edge_index(token)], token_class(token), material, after)
         if len(self._cache) >= self._cache_words:
             self._cache.clear()
         self._cache[token] = entry
         return entry
 
-    def _bigram_sum(self, hashes: tuple[int, ...]) -> float:
-        if len(hashes) < 2:
+    def _entries(self, tokens: list[str], after_material: bool = False) -> list[WordEntry]:
+        """The cache entries of ``tokens`` (one C-level pass when every word is cached)."""
+        found: list[WordEntry | None] = list(map(self._cache.get, tokens))
+        if None in found:
+            get = self._cache.get
+            return [get(t) or self._entry(t, after_material) for t in tokens]
+        return cast("list[WordEntry]", found)  # no None left
+
+    def _after_sum(self, tokens: list[str], entries: list[WordEntry]) -> float:
+        """Summed after-material weights of the instruction ``tokens`` (``entries`` are
+        their cache entries; words not yet met after material get their weight now)."""
+        total: float = sum(map(_AFTER, entries))
+        if math.isnan(total):
+            total = 0.0
+            for token, entry in zip(tokens, entries, strict=True):
+                value = entry[5]
+                if math.isnan(value):  # met before, not after material: look again, then fill
+                    value = self._cache.get(token, entry)[5]
+                    if math.isnan(value):
+                        value = self._entry(token, after_material=True)[5]
+                total += value
+        return total
+
+    def _bigram_sum(self, entries: list[WordEntry]) -> float:
+        n = len(entries)
+        if n < 2:
             return 0.0
-        arr = np.array(hashes, dtype=np.uint64)
+        arr = np.fromiter(map(_HASH, entries), dtype=np.uint64, count=n)
         idx = ((arr[:-1] * _MUL_A + arr[1:] * _MUL_B + _ADD) & _MASK) >> _SHIFT
-        return float(self._hashed[idx.astype(np.intp)].sum())
+        return float(self._hashed[idx].sum())
 
     def margin(self, body: Mapping[str, Any]) -> float:
         """Calibrated log-odds that ``body`` needs the precise tier."""
         rendered = render(body)
         parts, m_tokens, i_tokens = parts_of(rendered.text)
-        get = self._cache.get
         total = self._bias
         classes = ""
         if m_tokens:
-            m_entries = [get(t) or self._entry(t) for t in m_tokens]
-            classes = "".join(e[3] for e in m_entries)
-            total += sum(e[4] for e in m_entries) / math.sqrt(len(m_entries))
-        entries = [get(t) or self._entry(t) for t in i_tokens]
+            m_entries = self._entries(m_tokens)
+            classes = "".join(map(_CLASS, m_entries))
+            total += sum(map(_MATERIAL, m_entries)) / math.sqrt(len(m_entries))
+        entries = self._entries(i_tokens, after_material=bool(m_tokens))
         if entries:
-            hashes, words, edge, kinds, _ = zip(*entries, strict=True)
-            classes += "".join(kinds)
-            total += (sum(words) + self._bigram_sum(hashes)) / math.sqrt(len(entries))
-            if len(edge) > 2 * EDGE_TOKENS:
-                edge = edge[:EDGE_TOKENS] + edge[-EDGE_TOKENS:]
-            total += sum(edge) / math.sqrt(len(edge))
-        signals = structural(rendered, m_tokens + i_tokens, classes, parts)
+            classes += "".join(map(_CLASS, entries))
+            word_sum = sum(map(_WORD, entries)) + self._bigram_sum(entries)
+            if m_tokens:
+                word_sum += self._after_sum(i_tokens, entries)
+            total += word_sum / math.sqrt(len(entries))
+            if len(entries) > 2 * EDGE_TOKENS:
+                edge = sum(map(_EDGE, entries[:EDGE_TOKENS])) + sum(
+                    map(_EDGE, entries[-EDGE_TOKENS:])
+                )
+                total += edge / math.sqrt(2 * EDGE_TOKENS)
+            else:
+                total += sum(map(_EDGE, entries)) / math.sqrt(len(entries))
+        signals = structural(rendered, len(m_tokens) + len(i_tokens), classes, parts)
         weighted: float = sum(map(operator.mul, signals, self._structural))
         return total + weighted
 

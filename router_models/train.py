@@ -61,7 +61,9 @@ REFERENCE_COMPLEX_SHARE: Final = 0.25
 class TrainSettings:
     """Hyper-parameters; the defaults build the shipped artifact."""
 
-    c: float = 2.0
+    # 4 since tiergate-hashed-v7 (2 before): chosen with the after-material weight by the
+    # selection in docs/router.md, "Instruction words after material (v7)".
+    c: float = 4.0
     seed: int = 0
     tol: float = 1e-7
     # Weight of external (non-corpus) rows in the fits.  Leave-one-source-out over

@@ -13,13 +13,18 @@ from router_models.corpus.build import DEFAULT_CORPUS
 from router_models.features import (
     _DIGITS,
     _TOKEN_RE,
+    AFTER_WEIGHT,
+    CHAR_WEIGHT,
     HASH_SIZE,
     MAX_TEXT_CHARS,
     STRUCTURAL_NAMES,
+    after_indices,
     extract,
     n_features,
+    parts_of,
     render,
     structural,
+    token_class,
     tokenize,
 )
 from router_models.records import body_of, read_jsonl
@@ -151,3 +156,30 @@ def test_ascii_fast_path_gives_the_general_tokens() -> None:
     texts += ["MiXeD CaSe 123_ABC x=1;y=[2]", "Tabs\tand\nnewlines 9.75%"]
     for text in (t for t in texts if t.isascii()):
         assert tokenize(text) == _TOKEN_RE.findall(text.lower().translate(_DIGITS))
+
+
+PASSAGE = " ".join(["The committee met on Tuesday and reviewed the budget for the year."] * 6)
+
+
+def test_instruction_words_after_material_get_their_own_features() -> None:
+    """With material, each instruction word adds its after-material unigram and char n-grams
+    (weight ``AFTER_WEIGHT``); without material, no after-material index appears."""
+    question = "When did the committee meet?"
+    with_material = extract({"prompt": PASSAGE + "\n" + question})
+    alone = extract({"prompt": question})
+    _, m_tokens, i_tokens = parts_of(PASSAGE + "\n" + question)
+    assert m_tokens
+    assert i_tokens == tokenize(question)
+    scale = AFTER_WEIGHT / len(i_tokens) ** 0.5
+    word, chars = after_indices("committee")
+    assert with_material[word] >= scale - 1e-12
+    assert all(with_material[i] >= CHAR_WEIGHT * scale - 1e-12 for i in chars)
+    assert not any(after_indices(t)[0] in alone for t in tokenize(question))
+
+
+def test_structural_takes_a_token_count_with_classes() -> None:
+    """The scorer passes the number of tokens and their classes: same signals as the list."""
+    rendered = render({"prompt": PASSAGE + "\nWhich of the following must be true? (A) x"})
+    tokens = tokenize(rendered.text)
+    classes = "".join(token_class(t) for t in tokens)
+    assert structural(rendered, len(tokens), classes) == structural(rendered, tokens)

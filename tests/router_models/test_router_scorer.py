@@ -25,6 +25,11 @@ def _bodies() -> list[dict[str, Any]]:
         {"prompt": "x" * 20_000},
         {"messages": [{"role": "assistant", "content": "only an assistant turn"}]},
         {"prompt": "naïve café — 東京 ünïcödé 123", "tools": [{}], "max_tokens": 10},
+        # material followed by a question (the after-material block), one long line and
+        # wrapped prose, and material with nothing after it
+        {"prompt": "The river floods every spring. " * 12 + "\nWhen does the river flood?"},
+        {"prompt": "\n".join(["Rain fell on the old town all night long."] * 20) + "\nWhy?"},
+        {"prompt": "Notes on the plan. " * 40},
     ]
     return bodies
 
@@ -69,3 +74,17 @@ def test_sigmoid_is_stable_at_extremes(margin: float) -> None:
     assert 0.0 <= value <= 1.0
     assert value + sigmoid(-margin) == pytest.approx(1.0)
     assert not math.isnan(value)
+
+
+def test_words_met_first_without_material_score_the_same_after_it() -> None:
+    """A word cached from a prompt without material gets its after-material weight when it
+    is first met after material: same score as a scorer that never saw it before."""
+    model = load_model(router_models.DEFAULT_ARTIFACT)
+    question = "When does the river flood, and why does it matter?"
+    with_material = {"prompt": "The river floods every spring. " * 12 + "\n" + question}
+    warm = LeanScorer(model)
+    warm.score({"prompt": question})
+    assert warm.score(with_material) == pytest.approx(LeanScorer(model).score(with_material))
+    clf = sklearn_equivalent(model)
+    expected = float(clf.predict_proba(featurize([with_material]))[0, 1])
+    assert warm.score(with_material) == pytest.approx(expected, abs=1e-9)
