@@ -80,6 +80,17 @@ async def tls_server(certificate: tuple[Path, Path]) -> AsyncIterator[RawUpstrea
         await server.stop()
 
 
+async def _refused(server: RawUpstream, base_url: str, reason: str) -> None:
+    """A POST to ``base_url`` fails to connect for ``reason``; ``server`` got no request."""
+    pool = UpstreamPool()
+    try:
+        with pytest.raises(ConnectFailed, match=reason):
+            await pool.post(base_url + PATH, b"{}", HEADERS)
+        assert server.requests == []
+    finally:
+        await pool.close()
+
+
 async def test_https_backend_is_verified_and_kept_alive(
     tls_server: RawUpstream, certificate: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -108,13 +119,7 @@ async def test_untrusted_certificate_is_refused_before_anything_is_sent(
     empty.write_text("")
     monkeypatch.setenv("SSL_CERT_FILE", str(empty))
     monkeypatch.setenv("SSL_CERT_DIR", str(tmp_path))
-    pool = UpstreamPool()
-    try:
-        with pytest.raises(ConnectFailed, match="CERTIFICATE_VERIFY_FAILED"):
-            await pool.post(tls_server.url + PATH, b"{}", HEADERS)
-        assert tls_server.requests == []
-    finally:
-        await pool.close()
+    await _refused(tls_server, tls_server.url, "CERTIFICATE_VERIFY_FAILED")
 
 
 async def test_a_name_the_certificate_does_not_carry_is_refused(
@@ -122,11 +127,4 @@ async def test_a_name_the_certificate_does_not_carry_is_refused(
 ) -> None:
     """Host names are checked: a trusted certificate for 127.0.0.1 does not serve localhost."""
     monkeypatch.setenv("SSL_CERT_FILE", str(certificate[0]))
-    pool = UpstreamPool()
-    try:
-        url = tls_server.url.replace("127.0.0.1", "localhost")
-        with pytest.raises(ConnectFailed, match="mismatch"):
-            await pool.post(url + PATH, b"{}", HEADERS)
-        assert tls_server.requests == []
-    finally:
-        await pool.close()
+    await _refused(tls_server, tls_server.url.replace("127.0.0.1", "localhost"), "mismatch")

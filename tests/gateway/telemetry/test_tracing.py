@@ -184,16 +184,21 @@ async def test_content_is_captured_only_when_opted_in() -> None:
     assert outputs[0]["finish_reason"] == "stop"
 
 
-def test_a_request_failing_in_a_stage_gets_that_stage_as_an_error_span() -> None:
-    """An auth failure leaves a tiergate.auth span with error.type and no later stages."""
+def _auth_failure(*, stage_spans: bool) -> dict[str, ReadableSpan]:
+    """The spans of a request refused at auth (401), by name."""
     exporter = InMemorySpanExporter()
-    tracing = _tracing(exporter, stage_spans=True)
+    tracing = _tracing(exporter, stage_spans=stage_spans)
     ctx = RequestContext("req-2", route="/v1/completions")
     ctx.trace = tracing.start(ctx, None, None)
     ctx.status = 401
     ctx.failure = Failure.of(AuthenticationFailed("bad key"))
     ctx.trace.finish(ctx, "AuthenticationFailed")
-    spans = _by_name(exporter.get_finished_spans())
+    return _by_name(exporter.get_finished_spans())
+
+
+def test_a_request_failing_in_a_stage_gets_that_stage_as_an_error_span() -> None:
+    """An auth failure leaves a tiergate.auth span with error.type and no later stages."""
+    spans = _auth_failure(stage_spans=True)
     assert set(spans) == {"POST /v1/completions", "tiergate.auth"}
     auth = spans["tiergate.auth"]
     assert auth.attributes is not None
@@ -229,14 +234,7 @@ async def test_by_default_stages_are_attributes_of_two_spans() -> None:
 
 def test_by_default_a_failed_stage_is_named_on_the_server_span() -> None:
     """An auth failure: ``tiergate.stage.failed`` is auth, with its duration; one span."""
-    exporter = InMemorySpanExporter()
-    tracing = _tracing(exporter)
-    ctx = RequestContext("req-3", route="/v1/completions")
-    ctx.trace = tracing.start(ctx, None, None)
-    ctx.status = 401
-    ctx.failure = Failure.of(AuthenticationFailed("bad key"))
-    ctx.trace.finish(ctx, "AuthenticationFailed")
-    spans = _by_name(exporter.get_finished_spans())
+    spans = _auth_failure(stage_spans=False)
     assert set(spans) == {"POST /v1/completions"}
     server = spans["POST /v1/completions"].attributes
     assert server is not None
