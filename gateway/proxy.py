@@ -139,34 +139,39 @@ class ProxyService:
         reserve = summary.prompt_token_estimate + completion * summary.completions
         if self.limiter.admits_at_once(principal):
             # Nothing to wait for (no limits, or in-process counters): no task, no loop turn.
-            decision = self._decide(summary, body, principal, headers.get("x-tiergate-tier"))
-            tiers = await self.fields.check(
-                body, kind, principal, self.router.tiers_for(decision, principal)
-            )
-            ctx.decision = decision
-            ctx.mark("classify")
+            tiers = await self._classify(ctx, body, summary, principal, headers)
             admission = await self.limiter.admit(principal, reserve)
-            return await self._admitted(
-                ctx, tiers, admission, principal=principal, summary=summary, completion=completion
-            )
-        # The rate-limit check is a Redis round trip: start it, classify while it is in
-        # flight, then wait for its verdict before anything is forwarded.
-        admitting = asyncio.ensure_future(self.limiter.admit(principal, reserve))
-        await asyncio.sleep(0)  # let the check send its command before classifying
-        try:
-            decision = self._decide(summary, body, principal, headers.get("x-tiergate-tier"))
-            tiers = await self.fields.check(
-                body, kind, principal, self.router.tiers_for(decision, principal)
-            )
-        except BaseException:
-            await _withdraw(admitting)
-            raise
-        ctx.decision = decision
-        ctx.mark("classify")
-        admission = await admitting
+        else:
+            # The rate-limit check is a Redis round trip: start it, classify while it is in
+            # flight, then wait for its verdict before anything is forwarded.
+            admitting = asyncio.ensure_future(self.limiter.admit(principal, reserve))
+            await asyncio.sleep(0)  # let the check send its command before classifying
+            try:
+                tiers = await self._classify(ctx, body, summary, principal, headers)
+            except BaseException:
+                await _withdraw(admitting)
+                raise
+            admission = await admitting
         return await self._admitted(
             ctx, tiers, admission, principal=principal, summary=summary, completion=completion
         )
+
+    async def _classify(
+        self,
+        ctx: RequestContext,
+        body: dict[str, Any],
+        summary: RequestSummary,
+        principal: Principal,
+        headers: Mapping[str, str],
+    ) -> tuple[str, ...]:
+        """The request's route decision (on ``ctx``) and the tiers its fields allow."""
+        decision = self._decide(summary, body, principal, headers.get("x-tiergate-tier"))
+        tiers = await self.fields.check(
+            body, summary.kind, principal, self.router.tiers_for(decision, principal)
+        )
+        ctx.decision = decision
+        ctx.mark("classify")
+        return tiers
 
     async def _admitted(
         self,

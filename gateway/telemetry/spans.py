@@ -175,41 +175,53 @@ class StageRecorder:
         """One span per completed stage, plus the stage that failed, if one did; without
         stage spans, their durations and the failed stage go into ``server`` (the server
         span's attributes; they already hold each stage span's own attributes)."""
+        stages, failed = self._walk(ctx)
         if not self.spans:
-            self._durations(ctx, server)
+            self._durations(ctx, server, stages, failed)
             return
-        begin = self.started
-        done: set[str] = set()
-        for stage, at in self.marks:
-            self._stage(ctx, stage, begin, at).end(end_time=self.ns(at))
-            done.add(stage)
-            begin = at
-        if ctx.failure is None or ctx.attempts:
-            return
-        failed = next((s for s in _STAGE_ORDER if s not in done), None)
+        for stage, begin, end in stages:
+            self._stage(ctx, stage, begin, end).end(end_time=self.ns(end))
         if failed is not None:
-            span = self._stage(ctx, failed, begin, time.perf_counter())
+            stage, begin = failed
+            span = self._stage(ctx, stage, begin, time.perf_counter())
             span.set_attribute(sc.ERROR_TYPE, outcome)
             span.set_status(Status(StatusCode.ERROR))
             span.end()
 
-    def _durations(self, ctx: RequestContext, server: dict[str, Any]) -> None:
+    def _walk(
+        self, ctx: RequestContext
+    ) -> tuple[list[tuple[str, float, float]], tuple[str, float] | None]:
+        """Each completed stage with its start and end, and the stage that failed (with its
+        start) when the request failed before any upstream attempt."""
         begin = self.started
-        done: set[str] = set()
+        stages: list[tuple[str, float, float]] = []
         for stage, at in self.marks:
-            server[sc.TG_STAGE_DURATION.format(stage)] = _ms(at - begin)
-            done.add(stage)
+            stages.append((stage, begin, at))
             begin = at
-        failed = None
-        if ctx.failure is not None and not ctx.attempts:
-            failed = next((s for s in _STAGE_ORDER if s not in done), None)
-        if "ratelimit" in done or failed == "ratelimit":
+        if ctx.failure is None or ctx.attempts:
+            return stages, None
+        done = {stage for stage, _ in self.marks}
+        failed = next((s for s in _STAGE_ORDER if s not in done), None)
+        return stages, (failed, begin) if failed is not None else None
+
+    @staticmethod
+    def _durations(
+        ctx: RequestContext,
+        server: dict[str, Any],
+        stages: list[tuple[str, float, float]],
+        failed: tuple[str, float] | None,
+    ) -> None:
+        for stage, begin, end in stages:
+            server[sc.TG_STAGE_DURATION.format(stage)] = _ms(end - begin)
+        ratelimit_done = any(stage == "ratelimit" for stage, _, _ in stages)
+        if ratelimit_done or (failed is not None and failed[0] == "ratelimit"):
             server[sc.TG_RATELIMIT_OUTCOME] = (
                 sc.RATELIMIT_ALLOWED if ctx.admitted else sc.RATELIMIT_REJECTED
             )
         if failed is not None:
-            server[sc.TG_STAGE_FAILED] = failed
-            server[sc.TG_STAGE_DURATION.format(failed)] = _ms(time.perf_counter() - begin)
+            stage, begin = failed
+            server[sc.TG_STAGE_FAILED] = stage
+            server[sc.TG_STAGE_DURATION.format(stage)] = _ms(time.perf_counter() - begin)
 
 
 def _ms(seconds: float) -> float:
