@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -21,7 +20,6 @@ __all__ = [  # Usage is re-exported: the context's token counts
     "Trace",
     "Usage",
     "request_id_from",
-    "upstream_id_for",
 ]
 
 
@@ -63,18 +61,6 @@ class Trace(Protocol):
 
 
 _MAX_REQUEST_ID = 128
-
-
-def upstream_id_for(request_id: str) -> str:
-    """The id sent to the backend: the caller's when it is a UUID, else a fresh one.
-
-    vLLM takes any id, but other OpenAI-compatible servers (llama.cpp) refuse non-UUID ids,
-    so a caller's free-form id stays between the caller and the gateway (and its logs).
-    """
-    try:
-        return uuid.UUID(request_id).hex
-    except ValueError:
-        return fresh_id()
 
 
 def request_id_from(header: str | None) -> str:
@@ -133,10 +119,6 @@ class RequestContext:
     admitted: bool = False
     overhead_s: float | None = None
     prefix_match: bool | None = None
-
-    def __post_init__(self) -> None:
-        if not self.upstream_request_id:
-            self.upstream_request_id = upstream_id_for(self.request_id)
 
     def mark(self, stage: str) -> None:
         """The request path finished ``stage`` (auth, validate, classify, ratelimit)."""

@@ -10,13 +10,13 @@ caller, the stream counts as failed and no usage is made up for it.
 
 from __future__ import annotations
 
-import asyncio
 import re
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import msgspec
 
+from gateway.deadline import deadline
 from gateway.errors import error_body
 from gateway.events import UPSTREAM_FAILURES, Outcome, Usage
 from gateway.forwarding import MAX_EVENT, Exchange
@@ -207,7 +207,7 @@ class StreamRelay:
             if chunk:
                 yield chunk
             while not self.done and not self.errored:
-                async with asyncio.timeout(self.idle_s):
+                with deadline(self.idle_s):
                     data = await response.readany()
                 if not data:
                     break

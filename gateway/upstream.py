@@ -15,6 +15,7 @@ from typing import Any
 import aiohttp
 import msgspec
 
+from gateway.deadline import deadline
 from gateway.events import FailureKind, status_kind
 from gateway.upstream_connection import ConnectFailed, ConnectTimedOut, Response
 from gateway.upstream_pool import UpstreamPool
@@ -207,7 +208,7 @@ async def attempt(
     """
     response: Response | None = None
     try:
-        async with asyncio.timeout(timeout_s):
+        with deadline(timeout_s):
             response = await pool.post(url, payload, headers, connect_s=connect_s)
             if response.status != 200:
                 raise await _fail_from_status(response)

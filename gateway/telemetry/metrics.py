@@ -1,20 +1,28 @@
 """Prometheus metrics of one gateway app, on the app's own ``CollectorRegistry``.
 
 Every app gets its own registry (never the process-wide default one), so several apps in one
-test process cannot clash. Label children are bound once and cached per label tuple, so the
-request path does a dict lookup and an ``inc``/``observe``. Replica health and in-flight
-counts and the precise-tier share are read from live objects when Prometheus scrapes.
+test process cannot clash. The request path's counters and histograms are plain values keyed
+by label tuple (no lock: only the event loop writes them), rendered when Prometheus scrapes.
+Replica health and in-flight counts and the precise-tier share are read from live objects
+when Prometheus scrapes.
 """
 
 from __future__ import annotations
 
 import time
+from bisect import bisect_left
 from collections.abc import Iterator, Mapping
-from typing import Any
+from itertools import accumulate
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from gateway.context import RequestContext
 from gateway.errors import ClientGone
@@ -40,6 +48,7 @@ OVERHEAD_BUCKETS = (
     0.1,
 )
 _STATUS_CLASSES = {1: "1xx", 2: "2xx", 3: "3xx", 4: "4xx", 5: "5xx"}
+_ALLOWED = (sc.RATELIMIT_ALL_LIMITS, sc.RATELIMIT_ALLOWED)
 
 
 class ShareWindow:
@@ -137,19 +146,95 @@ class _LiveCollector(Collector):
         yield retries
 
 
-class _Family:
-    """A labelled metric with its children bound once per label tuple."""
+class _Counter:
+    """A labelled counter kept as plain floats, one per label tuple.
 
-    def __init__(self, metric: Any) -> None:
-        self.metric = metric
-        self.children: dict[tuple[str, ...], Any] = {}
+    The request path is single-threaded (the event loop), so an increment needs no lock:
+    prometheus_client's children take one on every ``inc`` and check observability, which
+    cost as much as the rest of the bookkeeping. A scrape (any thread) copies the values in
+    one C-level step and renders them as a counter family.
+    """
 
-    def child(self, *labels: str) -> Any:
-        """The bound child for ``labels`` (created on first use)."""
-        found = self.children.get(labels)
-        if found is None:
-            found = self.children[labels] = self.metric.labels(*labels)
-        return found
+    __slots__ = ("doc", "labels", "name", "values")
+
+    def __init__(self, name: str, doc: str, labels: tuple[str, ...]) -> None:
+        self.name = name
+        self.doc = doc
+        self.labels = labels
+        self.values: dict[tuple[str, ...], float] = {}
+
+    def inc(self, labels: tuple[str, ...], amount: float = 1.0) -> None:
+        """Add ``amount`` to the series of ``labels``."""
+        values = self.values
+        values[labels] = values.get(labels, 0.0) + amount
+
+    def family(self) -> Metric:
+        """The counter family as it is now."""
+        family = CounterMetricFamily(self.name, self.doc, labels=self.labels)
+        for labels, value in list(self.values.items()):
+            family.add_metric(labels, value)
+        return family
+
+
+class _Series:
+    """One histogram series: per-bucket counts (not cumulative) and the sum."""
+
+    __slots__ = ("counts", "total")
+
+    def __init__(self, buckets: int) -> None:
+        self.counts = [0] * (buckets + 1)  # the last one is +Inf
+        self.total = 0.0
+
+
+class _Histogram:
+    """A labelled histogram kept as plain counts (lock-free, as ``_Counter``)."""
+
+    __slots__ = ("bounds", "doc", "labels", "name", "series")
+
+    def __init__(
+        self, name: str, doc: str, labels: tuple[str, ...], buckets: tuple[float, ...]
+    ) -> None:
+        self.name = name
+        self.doc = doc
+        self.labels = labels
+        self.bounds = buckets
+        self.series: dict[tuple[str, ...], _Series] = {}
+
+    def observe(self, labels: tuple[str, ...], value: float) -> None:
+        """Count ``value`` in its bucket (upper bounds inclusive, as Prometheus defines them)."""
+        series = self.series.get(labels)
+        if series is None:
+            series = self.series[labels] = _Series(len(self.bounds))
+        series.counts[bisect_left(self.bounds, value)] += 1
+        series.total += value
+
+    def family(self) -> Metric:
+        """The histogram family as it is now (cumulative buckets, count, sum)."""
+        family = HistogramMetricFamily(self.name, self.doc, labels=self.labels)
+        edges = [_bound(b) for b in self.bounds] + ["+Inf"]
+        for labels, series in list(self.series.items()):
+            counts = list(series.counts)
+            cumulative = list(accumulate(counts))
+            family.add_metric(labels, list(zip(edges, cumulative, strict=True)), series.total)
+        return family
+
+
+def _bound(value: float) -> str:
+    """A bucket bound as prometheus_client writes ``le`` (``0.005``, ``1.0``, ``30.0``)."""
+    rendered: str = floatToGoString(value)  # type: ignore[no-untyped-call]  # untyped helper
+    return rendered
+
+
+class _Families(Collector):
+    """The request path's counters and histograms, rendered when Prometheus scrapes."""
+
+    def __init__(self, families: list[_Counter | _Histogram]) -> None:
+        self.families = families
+
+    def collect(self) -> Iterator[Metric]:
+        """Every family with its current values."""
+        for family in self.families:
+            yield family.family()
 
 
 def status_class(status: int) -> str:
@@ -175,47 +260,62 @@ class GatewayMetrics:
         self._build(registry)
 
     def _build(self, registry: CollectorRegistry) -> None:
-        def counter(name: str, doc: str, labels: tuple[str, ...]) -> _Family:
-            return _Family(Counter(name, doc, labels, registry=registry))
-
-        def histogram(name: str, doc: str, labels: tuple[str, ...], buckets: Any) -> _Family:
-            return _Family(Histogram(name, doc, labels, registry=registry, buckets=buckets))
-
-        self.requests = counter(
+        self.requests = _Counter(
             sc.M_REQUESTS, "Finished inference requests", ("route", "tier", "status_class")
         )
-        self.duration = histogram(
+        self.duration = _Histogram(
             sc.M_REQUEST_DURATION, "End-to-end request latency", ("route", "tier"), LATENCY_BUCKETS
         )
-        self.ttft = histogram(
+        self.ttft = _Histogram(
             sc.M_TTFT, "Time to the first streamed token", ("tier",), TTFT_BUCKETS
         )
-        self.tpot = histogram(
+        self.tpot = _Histogram(
             sc.M_TPOT, "Time per output token after the first (streams)", ("tier",), TPOT_BUCKETS
         )
-        self.overhead = Histogram(
+        self.overhead = _Histogram(
             sc.M_OVERHEAD,
             "Gateway time before the first byte, upstream waiting excluded",
-            registry=registry,
-            buckets=OVERHEAD_BUCKETS,
+            (),
+            OVERHEAD_BUCKETS,
         )
-        self.tokens = counter(sc.M_TOKENS, "Tokens reported by the backends", ("tier", "direction"))
-        self.decisions = counter(sc.M_ROUTE_DECISIONS, "Tier routing decisions", ("tier", "reason"))
-        self.ratelimit = counter(
+        self.tokens = _Counter(
+            sc.M_TOKENS, "Tokens reported by the backends", ("tier", "direction")
+        )
+        self.decisions = _Counter(
+            sc.M_ROUTE_DECISIONS, "Tier routing decisions", ("tier", "reason")
+        )
+        self.ratelimit = _Counter(
             sc.M_RATELIMIT_DECISIONS, "Rate-limit decisions", ("limit", "outcome")
         )
-        self.aborts = counter(sc.M_STREAM_ABORTS, "Streams that did not complete", ("cause",))
-        self._allowed = self.ratelimit.child(sc.RATELIMIT_ALL_LIMITS, sc.RATELIMIT_ALLOWED)
+        self.aborts = _Counter(sc.M_STREAM_ABORTS, "Streams that did not complete", ("cause",))
+        # Exposed from the start, before the first request (as prometheus_client would).
+        self.ratelimit.inc(_ALLOWED, 0.0)
+        self.overhead.series[()] = _Series(len(OVERHEAD_BUCKETS))
+        registry.register(
+            _Families(
+                [
+                    self.requests,
+                    self.duration,
+                    self.ttft,
+                    self.tpot,
+                    self.overhead,
+                    self.tokens,
+                    self.decisions,
+                    self.ratelimit,
+                    self.aborts,
+                ]
+            )
+        )
 
     def record(self, ctx: RequestContext, outcome: str, total_s: float, overhead_s: float) -> None:
         """Account for one finished request."""
         decision = ctx.decision
         tier = ctx.tier or (decision.tier if decision is not None else sc.NO_TIER)
-        self.requests.child(ctx.route, tier, status_class(ctx.status)).inc()
-        self.duration.child(ctx.route, tier).observe(total_s)
-        self.overhead.observe(overhead_s)
+        self.requests.inc((ctx.route, tier, status_class(ctx.status)))
+        self.duration.observe((ctx.route, tier), total_s)
+        self.overhead.observe((), overhead_s)
         if decision is not None:
-            self.decisions.child(decision.tier, decision.reason).inc()
+            self.decisions.inc((decision.tier, decision.reason))
             self.share.add(tier == self.precise_tier)
         self._record_limits(ctx)
         summary = ctx.summary
@@ -223,31 +323,32 @@ class GatewayMetrics:
             self._record_stream(ctx, outcome, tier, total_s)
         usage = ctx.usage
         if usage is not None:
-            self.tokens.child(tier, sc.TOKENS_INPUT).inc(usage.prompt_tokens)
-            self.tokens.child(tier, sc.TOKENS_OUTPUT).inc(usage.completion_tokens)
+            self.tokens.inc((tier, sc.TOKENS_INPUT), usage.prompt_tokens)
+            self.tokens.inc((tier, sc.TOKENS_OUTPUT), usage.completion_tokens)
             if usage.cached_tokens:
-                self.tokens.child(tier, sc.TOKENS_CACHED_INPUT).inc(usage.cached_tokens)
+                self.tokens.inc((tier, sc.TOKENS_CACHED_INPUT), usage.cached_tokens)
 
     def _record_limits(self, ctx: RequestContext) -> None:
         if ctx.admitted:
-            self._allowed.inc()
+            self.ratelimit.inc(_ALLOWED)
             return
         failure = ctx.failure
         if failure is not None and failure.kind == RateLimited.__name__:
             limit = failure.limit or failure.code or "unknown"
-            self.ratelimit.child(limit, sc.RATELIMIT_REJECTED).inc()
+            self.ratelimit.inc((limit, sc.RATELIMIT_REJECTED))
 
     def _record_stream(self, ctx: RequestContext, outcome: str, tier: str, total_s: float) -> None:
         first = ctx.first_chunk_s
         if first is not None:
-            self.ttft.child(tier).observe(first)
+            self.ttft.observe((tier,), first)
             usage = ctx.usage
             if usage is not None and usage.completion_tokens > 1 and outcome == sc.OUTCOME_COMPLETE:
-                self.tpot.child(tier).observe((total_s - first) / (usage.completion_tokens - 1))
+                per_token = (total_s - first) / (usage.completion_tokens - 1)
+                self.tpot.observe((tier,), per_token)
         if outcome != sc.OUTCOME_COMPLETE:
             cause = outcome if ctx.status == 200 else _abort_cause(outcome)
             if cause is not None:
-                self.aborts.child(cause).inc()
+                self.aborts.inc((cause,))
 
 
 def _abort_cause(outcome: str) -> str | None:

@@ -15,6 +15,7 @@ import structlog
 
 from gateway.context import RequestContext
 from gateway.telemetry import semconv as sc
+from gateway.telemetry.logging import access_logger
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.tracing import RequestTrace, Tracing
 
@@ -99,5 +100,5 @@ class TelemetryObserver:
         if self.access_log:
             log = self.log
             if log is None:
-                log = self.log = structlog.get_logger("tiergate.access").bind()
+                log = self.log = access_logger()
             log.info(sc.EVENT_ACCESS, **access_fields(ctx, outcome, total_s, overhead_s))

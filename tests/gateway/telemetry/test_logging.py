@@ -12,7 +12,17 @@ import pytest
 import structlog
 
 from gateway.settings import TelemetrySettings
-from gateway.telemetry.logging import LogSink, configure_logging, make_redactor, scrub
+from gateway.telemetry import semconv as sc
+from gateway.telemetry.logging import (
+    AccessLines,
+    LogSink,
+    access_logger,
+    configure_logging,
+    make_redactor,
+    scrub,
+)
+from gateway.telemetry.observer import access_fields
+from tests.gateway.telemetry.factories import finished_context
 
 _TOUCHED = ("aiohttp", "httpx", "uvicorn.access", "litestar", "uvicorn", "uvicorn.error")
 
@@ -168,3 +178,67 @@ def test_stdlib_records_go_to_the_same_file_and_client_loggers_are_quiet(
     records = [json.loads(line) for line in log_file.read_text().splitlines()]
     assert [r["event"] for r in records] == ["server trouble"]
     assert records[0]["level"] == "warning"
+
+
+def _rendered_by_both(worker: int | None) -> tuple[dict[str, object], dict[str, object]]:
+    """The same access line through structlog's chain and through the direct writer."""
+    out = io.StringIO()
+    sink = configure_logging(TelemetrySettings(log_format="json"), stream=out, worker=worker)
+    fields = access_fields(finished_context(), "complete", 0.25, 0.001)
+    structlog.contextvars.bind_contextvars(request_id=fields["request_id"], trace_id=None)
+    structlog.get_logger("tiergate.access").bind().info(sc.EVENT_ACCESS, **fields)
+    writer = access_logger()
+    assert isinstance(writer, AccessLines)
+    writer.info(sc.EVENT_ACCESS, **fields)
+    sink.close()
+    by_chain, direct = (json.loads(line) for line in out.getvalue().splitlines())
+    return by_chain, direct
+
+
+@pytest.mark.usefixtures("restore_logging")
+@pytest.mark.parametrize("worker", [None, 1])
+def test_direct_access_lines_match_what_structlog_renders(worker: int | None) -> None:
+    """The direct JSON writer gives the chain's line: same keys in the same order, same values
+    (the timestamps differ by the time between the two calls)."""
+    by_chain, direct = _rendered_by_both(worker)
+    assert list(by_chain) == list(direct)
+    assert by_chain.pop("timestamp") <= direct.pop("timestamp")  # type: ignore[operator]
+    assert by_chain == direct
+    assert direct["level"] == "info"
+    assert direct.get("worker") == worker
+
+
+@pytest.mark.usefixtures("restore_logging")
+def test_access_lines_use_structlog_when_not_json_or_above_info() -> None:
+    """Console rendering and a level above info keep structlog's logger (which filters); a
+    closed sink takes its direct writer with it."""
+    for telemetry in (
+        TelemetrySettings(log_format="console"),
+        TelemetrySettings(log_format="json", log_level="warning"),
+    ):
+        sink = configure_logging(telemetry, stream=io.StringIO())
+        assert not isinstance(access_logger(), AccessLines)
+        sink.close()
+    sink = configure_logging(TelemetrySettings(log_format="json"), stream=io.StringIO())
+    assert isinstance(access_logger(), AccessLines)
+    sink.close()
+    assert not isinstance(access_logger(), AccessLines)
+
+
+def test_access_fields_need_no_redaction_by_name() -> None:
+    """The direct writer skips the name-based redactor: no access field may be one it blanks."""
+    fields = access_fields(finished_context(), "complete", 0.25, 0.001)
+    redact = make_redactor(capture_content=False)
+    assert redact(None, "info", dict(fields)) == fields
+
+
+@pytest.mark.usefixtures("restore_logging")
+def test_direct_access_lines_are_scrubbed() -> None:
+    """A credential in a caller-chosen value (the model name) is scrubbed on the direct path."""
+    out = io.StringIO()
+    sink = configure_logging(TelemetrySettings(log_format="json"), stream=out)
+    access_logger().info(sc.EVENT_ACCESS, model="Bearer sk-live-123456", status=200)
+    sink.close()
+    (line,) = out.getvalue().splitlines()
+    assert "sk-live" not in line
+    assert json.loads(line)["model"] == "[REDACTED]"

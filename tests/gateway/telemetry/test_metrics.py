@@ -151,3 +151,21 @@ def test_replica_gauges_attempts_and_retries_are_read_at_scrape_time() -> None:
     )
     assert _value(metrics, "tiergate_upstream_retries_total", tier="fast", reason="connect") == 1.0
     assert _value(metrics, "tiergate_precise_share_target") == 0.3
+
+
+def test_families_are_exposed_before_the_first_request_and_buckets_include_their_bound() -> None:
+    """The unlabelled overhead histogram and the allowed counter show zeros at start; a value
+    equal to a bucket's bound counts in that bucket (Prometheus ``le``)."""
+    registry = CollectorRegistry(auto_describe=True)
+    metrics = GatewayMetrics(registry, {}, precise_tier="precise", target_share=0.3)
+    text = generate_latest(registry).decode()
+    assert 'tiergate_overhead_seconds_bucket{le="+Inf"} 0.0' in text
+    assert 'tiergate_ratelimit_decisions_total{limit="all",outcome="allowed"} 0.0' in text
+    ctx = finished_context()
+    metrics.record(ctx, "complete", 0.025, 0.0005)
+    assert _value(metrics, "tiergate_overhead_seconds_bucket", le="0.0005") == 1.0
+    assert _value(metrics, "tiergate_overhead_seconds_bucket", le="0.00025") == 0.0
+    assert _value(metrics, "tiergate_overhead_seconds_count") == 1.0
+    bucket = "tiergate_request_duration_seconds_bucket"
+    assert _value(metrics, bucket, le="0.025", route=ctx.route, tier="fast") == 1.0
+    assert _value(metrics, bucket, le="0.01", route=ctx.route, tier="fast") == 0.0
