@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -238,4 +239,18 @@ def start_portkey(upstream: Leg, workdir: Path, pin: Placement) -> Leg:
             "x-portkey-custom-host": upstream.base_url + "/v1",
         },
     )
+    return probe_or_stop(leg)
+
+
+def start_python_floor(upstream: Leg, workdir: Path, pin: Placement) -> Leg:
+    """The minimal Python proxy (``bench/harness/python_floor.py``) on the proxy core."""
+    port = free_port()
+    script = Path(__file__).resolve().parents[1] / "harness" / "python_floor.py"
+    upstream_addr = upstream.base_url.removeprefix("http://")
+    cmd = [*pin.proxy, sys.executable, str(script), "--port", str(port)]
+    cmd += ["--upstream", upstream_addr, "--model", upstream.model]
+    service = Service("python-floor", cmd, port, workdir / "python-floor.log", boost=pin.boosted)
+    start_service(service, "/health", timeout_s=30)
+    leg = Leg("Python floor (uvloop + httptools)", f"http://127.0.0.1:{port}", upstream.model,
+              None, service)  # fmt: skip
     return probe_or_stop(leg)

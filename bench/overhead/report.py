@@ -21,6 +21,7 @@ PLAIN_MIN_RATIO_VS_VLLM_ROUTER = 0.35
 PEER_ROLES = {
     "nginx": "nginx",
     "vllm-router": "vllm-router",
+    "python-floor": "Python floor",
     "portkey": "Portkey",
     "litellm": "LiteLLM",
 }

@@ -1,7 +1,8 @@
 """Overhead benchmark: upstream direct vs TierGate vs its peers, same upstream, same wrk, one run.
 
 Usage: ``.venv/bin/python bench/overhead/run.py [--quick] [--variant plain|full|full-trace100]
-[--legs direct,nginx,vllm-router,tiergate,portkey,litellm] [--skip-litellm] [--out FILE]``.
+[--legs direct,nginx,vllm-router,python-floor,tiergate,portkey,litellm] [--skip-litellm]
+[--out FILE]``.
 See bench/README.md.
 """
 
@@ -35,11 +36,16 @@ from bench.harness.points import Bench, Plan, Series, measure
 from bench.harness.wrk import WrkRunner, ensure_wrk
 from bench.overhead.legs import LITELLM_VERSION, start_litellm, start_tiergate
 from bench.overhead.memory import CYCLE, MEMORY_CONCURRENCY, measure_memory
-from bench.overhead.peers import start_nginx, start_portkey, start_vllm_router
+from bench.overhead.peers import (
+    start_nginx,
+    start_portkey,
+    start_python_floor,
+    start_vllm_router,
+)
 from bench.overhead.report import Report, render
 from bench.overhead.variants import VARIANTS, Variant
 
-LEGS = ("direct", "nginx", "vllm-router", "tiergate", "portkey", "litellm")
+LEGS = ("direct", "nginx", "vllm-router", "python-floor", "tiergate", "portkey", "litellm")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -183,6 +189,7 @@ PEERS: dict[str, tuple[str, PeerStarter]] = {
     # leg name on the command line: (report role and name, starter)
     "nginx": ("nginx", start_nginx),
     "vllm-router": ("vllm-router", start_vllm_router),
+    "python-floor": ("Python floor", start_python_floor),
     "portkey": ("Portkey", start_portkey),
     "litellm": ("LiteLLM", start_litellm),
 }

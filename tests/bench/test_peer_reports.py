@@ -110,7 +110,15 @@ def test_memory_steps_parse_and_refuse_bad_input() -> None:
     for bad in ("20000", "200000,20000", "0,10", "a,b"):
         with pytest.raises(argparse.ArgumentTypeError):
             memory_steps(bad)
-    assert LEGS == ("direct", "nginx", "vllm-router", "tiergate", "portkey", "litellm")
+    assert LEGS == (
+        "direct",
+        "nginx",
+        "vllm-router",
+        "python-floor",
+        "tiergate",
+        "portkey",
+        "litellm",
+    )
 
 
 def _row(strategy: str, hit: float, ttft: float) -> Row:
