@@ -41,8 +41,10 @@ lint: install-dev
 typecheck: install-dev
 	$(BIN)/mypy
 
+# Two pytest workers (pytest-xdist): most tests wait on real processes and sockets, so two
+# halve the wall time on the 2-core CI machine (855 s -> 413 s, 2026-12-03).
 test: install-dev redis-server lint typecheck
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n 2
 
 bench: install-dev
 	$(BIN)/python bench/overhead/run.py
