@@ -41,6 +41,7 @@ import structlog  # noqa: E402  # after the path fix
 import uvloop  # noqa: E402  # same
 from prometheus_client import CollectorRegistry, Counter, Histogram  # noqa: E402  # same
 
+from bench.harness.markdown import report_head  # noqa: E402  # same
 from gateway.context import RequestContext  # noqa: E402  # same
 from gateway.deadline import deadline  # noqa: E402  # same
 from gateway.events import Usage  # noqa: E402  # same
@@ -193,14 +194,7 @@ def measure(before: Step, after: Step, requests: int, rounds: int) -> tuple[floa
 def report(rows: list[tuple[str, float, float]], command: str) -> str:
     """The Markdown table."""
     lines = [
-        "# Per-request bookkeeping: before and after",
-        "",
-        "Command:",
-        "",
-        "```",
-        command,
-        "```",
-        "",
+        *report_head("Per-request bookkeeping: before and after", command),
         f"- date: {time.strftime('%Y-%m-%d %H:%M %Z')}; Python {sys.version.split()[0]}",
         "- CPU µs per request (median of the rounds, before and after alternating)",
         "",

@@ -34,6 +34,7 @@ import httpx_aiohttp
 import uvloop
 
 from bench.harness.legs import REPO_ROOT, Placement, start_fixed_upstream
+from bench.harness.markdown import report_head
 from bench.harness.processes import boosted_own_session
 from gateway.upstream_pool import UpstreamPool
 
@@ -193,14 +194,7 @@ def render(results: dict[str, dict[int, list[Point]]], total: int, repeat: int, 
     """Markdown: one row per client, median req/s (range) and median-run p50/p99 per C."""
     head = " | ".join(f"C={c} req/s (p50 / p99 ms)" for c in CONCURRENCIES)
     lines = [
-        "# Upstream HTTP-client benchmark",
-        "",
-        "Command:",
-        "",
-        "```",
-        cmd,
-        "```",
-        "",
+        *report_head("Upstream HTTP-client benchmark", cmd),
         f"- {total:,} POSTs per point after a 300-request warm-up, fresh client per point, "
         f"{repeat} interleaved rounds: median req/s with the range in brackets",
         f"- fixed-response upstream (raw uvloop + httptools) pinned to CPU 1, client on CPU 0; "

@@ -79,15 +79,14 @@ def build_responses(model: str) -> dict[str, bytes]:
     }
 
 
-class FixedProtocol(asyncio.Protocol):
-    """One keep-alive HTTP/1.1 connection answering pre-rendered responses."""
+class RequestProtocol(asyncio.Protocol):
+    """An HTTP/1.1 server connection fed to httptools' request parser (closed on a bad request);
+    subclasses answer in the parser's callbacks (``on_body``, ``on_message_complete``)."""
 
-    def __init__(self, responses: dict[str, bytes]) -> None:
-        self._responses = responses
+    def __init__(self) -> None:
         self._parser = httptools.HttpRequestParser(self)
         self._transport: asyncio.Transport | None = None
         self._url = b""
-        self._client_error = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's TCPTransport implements asyncio.Transport without subclassing it.
@@ -102,6 +101,15 @@ class FixedProtocol(asyncio.Protocol):
 
     def on_url(self, url: bytes) -> None:
         self._url += url
+
+
+class FixedProtocol(RequestProtocol):
+    """One keep-alive HTTP/1.1 connection answering pre-rendered responses."""
+
+    def __init__(self, responses: dict[str, bytes]) -> None:
+        super().__init__()
+        self._responses = responses
+        self._client_error = False
 
     def on_body(self, body: bytes) -> None:
         if _STREAM_OPTIONS in body and b'"stream":true' not in body.replace(b" ", b""):

@@ -17,11 +17,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
+from pathlib import Path
 from typing import Any, cast
 
 import httptools
 import msgspec
 import uvloop
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+from bench.harness.fixed_upstream import RequestProtocol  # noqa: E402  # after the path fix
 
 _decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
@@ -103,28 +111,13 @@ class Floor:
         return backend
 
 
-class Client(asyncio.Protocol):
+class Client(RequestProtocol):
     """One client connection: parse a request, forward it in a task, write the answer."""
 
     def __init__(self, floor: Floor) -> None:
+        super().__init__()
         self._floor = floor
-        self._parser = httptools.HttpRequestParser(self)
-        self._transport: asyncio.Transport | None = None
-        self._url = b""
         self._body: list[bytes] = []
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = cast("asyncio.Transport", transport)
-
-    def data_received(self, data: bytes) -> None:
-        try:
-            self._parser.feed_data(data)
-        except httptools.HttpParserError:
-            if self._transport is not None:
-                self._transport.close()
-
-    def on_url(self, url: bytes) -> None:
-        self._url += url
 
     def on_body(self, body: bytes) -> None:
         self._body.append(body)

@@ -33,6 +33,7 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 from bench.harness.legs import Placement, start_fixed_upstream  # noqa: E402  # after the path fix
+from bench.harness.markdown import report_head  # noqa: E402  # same
 from bench.harness.wrk import WrkRunner, ensure_wrk, lua_script  # noqa: E402  # same
 from bench.overhead.legs import start_tiergate  # noqa: E402  # same
 from bench.overhead.variants import VARIANTS  # noqa: E402  # same
@@ -145,14 +146,10 @@ def report(args: argparse.Namespace, commits: list[str], points: dict[str, list[
         return float(statistics.median(float(getattr(p, attr)) for p in points[commit]))
 
     lines = [
-        f"# Before and after, interleaved: variant `{args.variant}`",
-        "",
-        "Command:",
-        "",
-        "```",
-        f".venv/bin/python bench/overhead/ab.py {given}".rstrip(),
-        "```",
-        "",
+        *report_head(
+            f"Before and after, interleaved: variant `{args.variant}`",
+            f".venv/bin/python bench/overhead/ab.py {given}".rstrip(),
+        ),
         f"- date: {time.strftime('%Y-%m-%d %H:%M %Z')}; {args.rounds} rounds of "
         f"{args.duration:g} s points, revisions interleaved in each round; pinned and boosted "
         "as `bench/overhead`, fixed upstream; medians over the rounds.",

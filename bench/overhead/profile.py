@@ -35,6 +35,7 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 from bench.harness.legs import Leg, Placement, start_fixed_upstream  # noqa: E402  # after the path fix
+from bench.harness.markdown import report_head  # noqa: E402  # same
 from bench.harness.wrk import WrkRunner, ensure_wrk, lua_script  # noqa: E402  # same
 from bench.overhead.legs import start_tiergate  # noqa: E402  # same
 from bench.overhead.variants import VARIANTS  # noqa: E402  # same
@@ -179,14 +180,7 @@ def render(run: Run, stats: pstats.Stats, variant: str, top: int) -> str:
     total = sum(v[2] for v in raw.values())
     return "\n".join(
         [
-            f"# Profile of TierGate's `{variant}` path",
-            "",
-            "Command:",
-            "",
-            "```",
-            run.command,
-            "```",
-            "",
+            *report_head(f"Profile of TierGate's `{variant}` path", run.command),
             f"- {run.requests:,} requests profiled (the benchmark's small non-streaming chat "
             "completion, wrk -t1, pinned and boosted as `bench/overhead`), fixed upstream;",
             f"- rate: {run.unprofiled_rps:,.0f} req/s without the profiler, "

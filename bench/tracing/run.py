@@ -35,6 +35,7 @@ from opentelemetry.exporter.otlp.proto.common.trace_encoder import (  # noqa: E4
 from opentelemetry.sdk.trace import ReadableSpan  # noqa: E402  # same
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult  # noqa: E402  # same
 
+from bench.harness.markdown import report_head  # noqa: E402  # same
 from gateway.context import RequestContext  # noqa: E402  # same
 from gateway.events import AttemptEnd, AttemptStart  # noqa: E402  # same
 from gateway.settings import TelemetrySettings  # noqa: E402  # same
@@ -171,14 +172,7 @@ def main(argv: list[str] | None = None) -> None:
     given = sys.argv[1:] if argv is None else argv
     command = " ".join([".venv/bin/python bench/tracing/run.py", *given])
     lines = [
-        "# What a traced request costs: stage spans on and off",
-        "",
-        "Command:",
-        "",
-        "```",
-        command,
-        "```",
-        "",
+        *report_head("What a traced request costs: stage spans on and off", command),
         f"- date: {time.strftime('%Y-%m-%d %H:%M %Z')}; Python {sys.version.split()[0]}; "
         f"{args.requests:,} sampled non-streaming requests per round, {args.rounds} rounds "
         "alternating the settings;",
