@@ -9,7 +9,7 @@ from typing import Protocol
 
 from gateway.events import AttemptEnd, AttemptStart, Usage
 from gateway.ids import fresh_id
-from policies.errors import TierGateError
+from policies.errors import RateLimited, TierGateError
 from policies.principal import Principal
 from policies.requests import RequestSummary
 from policies.tiering import RouteDecision
@@ -83,13 +83,20 @@ class Failure:
     status: int
     code: str | None = None
     limit: str | None = None
+    # A rate-limit refusal (RateLimited or a subclass: the key limiter and budgets raise
+    # subclasses, so the class name alone does not say it).
+    rate_limited: bool = False
 
     @classmethod
     def of(cls, exc: TierGateError) -> Failure:
         """The values of ``exc`` the telemetry needs."""
         limit = getattr(exc, "limit", None)
         return cls(
-            type(exc).__name__, exc.status, exc.code, limit if isinstance(limit, str) else None
+            type(exc).__name__,
+            exc.status,
+            exc.code,
+            limit if isinstance(limit, str) else None,
+            rate_limited=isinstance(exc, RateLimited),
         )
 
 

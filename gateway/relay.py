@@ -40,10 +40,12 @@ def usage_from(data: Any) -> Usage | None:
         return None
     details = usage.get("prompt_tokens_details")
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    # Counts from the backend, never below zero: a negative one would refund tokens the key
+    # never got back and make the token counters go down.
     return Usage(
-        prompt_tokens=int(usage.get("prompt_tokens") or 0),
-        completion_tokens=int(usage.get("completion_tokens") or 0),
-        cached_tokens=int(cached or 0),
+        prompt_tokens=max(0, int(usage.get("prompt_tokens") or 0)),
+        completion_tokens=max(0, int(usage.get("completion_tokens") or 0)),
+        cached_tokens=max(0, int(cached or 0)),
     )
 
 

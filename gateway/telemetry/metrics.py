@@ -28,7 +28,6 @@ from gateway.context import RequestContext
 from gateway.errors import ClientGone
 from gateway.replicas import ReplicaPool
 from gateway.telemetry import semconv as sc
-from policies.errors import RateLimited
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 6.4, 12.8, 30.0)
@@ -164,9 +163,10 @@ class _Counter:
         self.values: dict[tuple[str, ...], float] = {}
 
     def inc(self, labels: tuple[str, ...], amount: float = 1.0) -> None:
-        """Add ``amount`` to the series of ``labels``."""
+        """Add ``amount`` to the series of ``labels`` (a negative amount counts as zero: a
+        counter never goes down)."""
         values = self.values
-        values[labels] = values.get(labels, 0.0) + amount
+        values[labels] = values.get(labels, 0.0) + max(0.0, amount)
 
     def family(self) -> Metric:
         """The counter family as it is now."""
@@ -333,7 +333,7 @@ class GatewayMetrics:
             self.ratelimit.inc(_ALLOWED)
             return
         failure = ctx.failure
-        if failure is not None and failure.kind == RateLimited.__name__:
+        if failure is not None and failure.rate_limited:
             limit = failure.limit or failure.code or "unknown"
             self.ratelimit.inc((limit, sc.RATELIMIT_REJECTED))
 

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from gateway.context import Failure, Usage
+from gateway.limits import KeyLimiter, LimitMetrics
+from gateway.relay import usage_from
 from gateway.replicas import ReplicaPool
 from gateway.telemetry.metrics import GatewayMetrics, ShareWindow, status_class
 from policies.errors import RateLimited
+from policies.principal import KeyPolicy, Principal
+from policies.ratelimit import MemoryRateLimiter
 from tests.gateway.telemetry.factories import finished_context
 
 ROUTE = "/v1/chat/completions"
@@ -169,3 +174,32 @@ def test_families_are_exposed_before_the_first_request_and_buckets_include_their
     bucket = "tiergate_request_duration_seconds_bucket"
     assert _value(metrics, bucket, le="0.025", route=ctx.route, tier="fast") == 1.0
     assert _value(metrics, bucket, le="0.01", route=ctx.route, tier="fast") == 0.0
+
+
+async def test_the_key_limiters_own_refusals_are_counted_by_the_limit_they_hit() -> None:
+    """The limiter raises a subclass of RateLimited (naming requests, tokens or concurrency):
+    it is counted as rejected under that limit (the check once compared class names)."""
+    limiter = KeyLimiter(MemoryRateLimiter(), metrics=LimitMetrics())
+    principal = Principal("kid", "tenant", KeyPolicy(rpm=1))
+    await limiter.admit(principal, 10)
+    with pytest.raises(RateLimited) as refused:
+        await limiter.admit(principal, 10)
+    metrics = _metrics()
+    ctx = finished_context(status=429)
+    ctx.admitted = False
+    ctx.failure = Failure.of(refused.value)
+    metrics.record(ctx, ctx.failure.kind, 0.001, 0.001)
+    name = "tiergate_ratelimit_decisions_total"
+    assert _value(metrics, name, limit="requests", outcome="rejected") == 1.0
+
+
+def test_negative_usage_from_a_backend_never_lowers_the_token_counters() -> None:
+    """A backend that reports negative token counts: they count as zero (a counter that goes
+    down reads as a reset to Prometheus), and the limits are settled with zero, not a refund."""
+    usage = usage_from({"usage": {"prompt_tokens": -1000, "completion_tokens": -5}})
+    assert usage == Usage(0, 0, 0)
+    metrics = _metrics()
+    ctx = finished_context(usage=Usage(12, 7, 0))
+    metrics.record(ctx, "complete", 0.001, 0.001)
+    metrics.tokens.inc(("fast", "input"), -1000)
+    assert _value(metrics, "tiergate_tokens_total", tier="fast", direction="input") == 12.0
