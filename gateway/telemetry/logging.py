@@ -52,8 +52,12 @@ _SECRET_KEYS = frozenset(
 _CONTENT_KEYS = frozenset({"prompt", "messages", "content", "completion", "input", "output"})
 # Credentials in any value: "Bearer <token>", "Basic <token>", TierGate keys (tg-<id>-<secret>).
 # Token characters stop at quotes, backslashes and commas, so a scrubbed JSON line stays valid.
+# Between the scheme and the token: whitespace, or whitespace as JSON writes it in a rendered
+# line (``\t``, ``\u000b``...). A TierGate key is matched wherever it starts, even glued to
+# a word: a few redacted words cost less than one key in a log.
 _SECRET_VALUE = re.compile(
-    r"(?:[Bb](?:earer|asic)|BEARER|BASIC)\s+[^\s\"'\\,]+|\btg-[a-z0-9]+-[A-Za-z0-9_\-]{16,}"
+    r"(?:[Bb](?:earer|asic)|BEARER|BASIC)(?:\s|\\[tnrfb]|\\u00[0-9a-fA-F]{2})+[^\s\"'\\,]+"
+    r"|tg-[a-z0-9]+-[A-Za-z0-9_\-]{16,}"
 )
 _encoder = msgspec.json.Encoder(enc_hook=str)
 

@@ -8,6 +8,7 @@ import logging
 from collections.abc import Iterator
 from pathlib import Path
 
+import msgspec
 import pytest
 import structlog
 
@@ -242,3 +243,25 @@ def test_direct_access_lines_are_scrubbed() -> None:
     (line,) = out.getvalue().splitlines()
     assert "sk-live" not in line
     assert json.loads(line)["model"] == "[REDACTED]"
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "Bearer\tsk-live-1234567890",
+        "Bearer\u000bsk-live-1234567890",
+        "basic\r\ndXNlcjpwYXNzd29yZA==",
+        "Xtg-k1abc-6t45CZkwdw7LWzrJoxEW4e",
+        "_tg-k1abc-6t45CZkwdw7LWzrJoxEW4e",
+    ],
+)
+def test_credentials_split_by_json_escapes_or_glued_to_a_word_are_scrubbed(value: str) -> None:
+    """A caller-chosen value (the model name) rendered by the JSON encoder: a tab or a control
+    character between scheme and token becomes an escape, not whitespace; a key may follow a
+    letter. Neither gets past the scrubber, and the line stays JSON."""
+    line = msgspec.json.encode({"model": value}).decode()
+    scrubbed = scrub(line)
+    assert "sk-live" not in scrubbed
+    assert "dXNlcjpwYXNz" not in scrubbed
+    assert "6t45CZkwdw7" not in scrubbed
+    assert "[REDACTED]" in json.loads(scrubbed)["model"]
