@@ -16,12 +16,13 @@ from types import TracebackType
 
 
 class deadline:  # noqa: N801  # used like asyncio.timeout, a context manager named as a verb
-    """``with deadline(seconds):`` inside a task; ``TimeoutError`` when the time runs out."""
+    """``with deadline(seconds):`` inside a task; ``TimeoutError`` when the time runs out
+    (``None``: no limit)."""
 
     __slots__ = ("_cancelling", "_delay", "_expired", "_handle", "_task")
 
-    def __init__(self, seconds: float) -> None:
-        self._delay = seconds
+    def __init__(self, seconds: float | None) -> None:
+        self._delay = seconds  # None: no limit (as asyncio.timeout(None))
         self._expired = False
         self._handle: asyncio.TimerHandle | None = None
 
@@ -31,7 +32,8 @@ class deadline:  # noqa: N801  # used like asyncio.timeout, a context manager na
             raise RuntimeError("deadline() must be used inside a task")
         self._task = task
         self._cancelling = task.cancelling()
-        self._handle = task.get_loop().call_later(self._delay, self._expire)
+        if self._delay is not None:
+            self._handle = task.get_loop().call_later(self._delay, self._expire)
 
     def _expire(self) -> None:
         self._task.cancel()

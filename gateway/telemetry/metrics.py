@@ -201,7 +201,10 @@ class _Histogram:
         self.series: dict[tuple[str, ...], _Series] = {}
 
     def observe(self, labels: tuple[str, ...], value: float) -> None:
-        """Count ``value`` in its bucket (upper bounds inclusive, as Prometheus defines them)."""
+        """Count ``value`` in its bucket (upper bounds inclusive, as Prometheus defines them);
+        NaN is not counted (it would fall in every bucket and make the sum NaN)."""
+        if value != value:  # noqa: PLR0124  # NaN is the one value unequal to itself
+            return
         series = self.series.get(labels)
         if series is None:
             series = self.series[labels] = _Series(len(self.bounds))

@@ -102,3 +102,9 @@ def test_outside_a_task_is_refused() -> None:
     """A deadline needs a task to cancel."""
     with pytest.raises(RuntimeError):
         deadline(1.0).__enter__()
+
+
+async def test_none_means_no_limit_as_with_asyncio_timeout() -> None:
+    """``deadline(None)`` arms no timer; the block runs to its end."""
+    with deadline(None):
+        await asyncio.sleep(0.02)

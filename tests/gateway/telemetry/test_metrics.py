@@ -203,3 +203,13 @@ def test_negative_usage_from_a_backend_never_lowers_the_token_counters() -> None
     metrics.record(ctx, "complete", 0.001, 0.001)
     metrics.tokens.inc(("fast", "input"), -1000)
     assert _value(metrics, "tiergate_tokens_total", tier="fast", direction="input") == 12.0
+
+
+def test_a_nan_observation_is_not_counted() -> None:
+    """NaN would sit in every bucket (every comparison fails) and poison the sum: it is left out."""
+    metrics = _metrics()
+    metrics.overhead.observe((), float("nan"))
+    metrics.overhead.observe((), 0.0003)
+    assert _value(metrics, "tiergate_overhead_seconds_count") == 1.0
+    assert _value(metrics, "tiergate_overhead_seconds_sum") == 0.0003
+    assert _value(metrics, "tiergate_overhead_seconds_bucket", le="0.0001") == 0.0
