@@ -30,7 +30,8 @@ LITELLM_MASTER_KEY = "sk-litellm-bench-master"
 LITELLM_VENV = REPO_ROOT / "bench" / ".venv-litellm"
 
 
-def _create_key(workdir: Path, tiers: str | None = None) -> str:
+def create_key(workdir: Path, tiers: str | None = None) -> str:
+    """A new benchmark API key (all tiers, or ``tiers``) in ``workdir``'s key file."""
     cmd = key_create_command(str(Path(sys.executable).with_name("tiergate")), workdir, tiers)
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
     lines = proc.stdout.strip().splitlines()
@@ -66,9 +67,9 @@ def start_tiergate(
             sink = start_fixed_upstream(workdir, pin, name="otlp-sink").main
             extras.append(sink)
             sink_url = f"http://127.0.0.1:{sink.port}"
-        api_key = _create_key(workdir) if variant.needs_key else None
+        api_key = create_key(workdir) if variant.needs_key else None
         # The memory phase's 403s: a key that may use the fast tier only.
-        other_keys = {"fast-only": _create_key(workdir, tiers="fast")} if variant.needs_key else {}
+        other_keys = {"fast-only": create_key(workdir, tiers="fast")} if variant.needs_key else {}
         config = gateway_config(variant, upstream.base_url, upstream.model, workdir, redis_url)
         config_path = workdir / f"tiergate-{variant.name}.yaml"
         config_path.write_text(yaml.safe_dump(config, sort_keys=False))

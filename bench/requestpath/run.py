@@ -23,7 +23,6 @@ import cProfile
 import io
 import pstats
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,7 +38,8 @@ import uvloop  # noqa: E402  # after the path fix
 import yaml  # noqa: E402  # same
 
 from bench.harness.markdown import report_head  # noqa: E402  # same
-from bench.overhead.variants import VARIANTS, gateway_config, key_create_command, keys_file  # noqa: E402  # same
+from bench.overhead.legs import create_key  # noqa: E402  # same
+from bench.overhead.variants import VARIANTS, gateway_config, keys_file  # noqa: E402  # same
 from gateway.composition import build_gateway  # noqa: E402  # same
 from gateway.events import NO_EVENTS, AttemptEvents  # noqa: E402  # same
 from gateway.forwarding import Exchange, Forwarded, Forwarder  # noqa: E402  # same
@@ -98,11 +98,7 @@ def service_for(setting: str, workdir: Path) -> tuple[ProxyService, Inbound]:
     config = gateway_config(VARIANTS["plain"], "http://127.0.0.1:9", "m", workdir, None)
     headers = {"content-type": "application/json", "content-length": str(len(REQUEST))}
     if setting == "keys":
-        tiergate = str(Path(sys.executable).with_name("tiergate"))
-        made = subprocess.run(  # our own command line
-            key_create_command(tiergate, workdir), capture_output=True, text=True, check=True
-        )
-        headers["authorization"] = "Bearer " + made.stdout.strip().splitlines()[-1]
+        headers["authorization"] = "Bearer " + create_key(workdir)
         config["auth"] = {"enabled": True, "store": "file", "keys_file": str(keys_file(workdir))}
     path = workdir / f"{setting}.yaml"
     path.write_text(yaml.safe_dump(config))

@@ -189,7 +189,7 @@ class _Series:
 class _Histogram:
     """A labelled histogram kept as plain counts (lock-free, as ``_Counter``)."""
 
-    __slots__ = ("bounds", "doc", "labels", "name", "series")
+    __slots__ = ("bounds", "doc", "edges", "labels", "name", "series")
 
     def __init__(
         self, name: str, doc: str, labels: tuple[str, ...], buckets: tuple[float, ...]
@@ -198,7 +198,10 @@ class _Histogram:
         self.doc = doc
         self.labels = labels
         self.bounds = buckets
+        self.edges = [_bound(b) for b in buckets] + ["+Inf"]  # the ``le`` values, rendered once
         self.series: dict[tuple[str, ...], _Series] = {}
+        if not labels:  # one series, exposed from the start (as prometheus_client does)
+            self.series[()] = _Series(len(buckets))
 
     def observe(self, labels: tuple[str, ...], value: float) -> None:
         """Count ``value`` in its bucket (upper bounds inclusive, as Prometheus defines them);
@@ -214,11 +217,9 @@ class _Histogram:
     def family(self) -> Metric:
         """The histogram family as it is now (cumulative buckets, count, sum)."""
         family = HistogramMetricFamily(self.name, self.doc, labels=self.labels)
-        edges = [_bound(b) for b in self.bounds] + ["+Inf"]
         for labels, series in list(self.series.items()):
-            counts = list(series.counts)
-            cumulative = list(accumulate(counts))
-            family.add_metric(labels, list(zip(edges, cumulative, strict=True)), series.total)
+            cumulative = accumulate(list(series.counts))
+            family.add_metric(labels, list(zip(self.edges, cumulative, strict=True)), series.total)
         return family
 
 
@@ -291,9 +292,7 @@ class GatewayMetrics:
             sc.M_RATELIMIT_DECISIONS, "Rate-limit decisions", ("limit", "outcome")
         )
         self.aborts = _Counter(sc.M_STREAM_ABORTS, "Streams that did not complete", ("cause",))
-        # Exposed from the start, before the first request (as prometheus_client would).
-        self.ratelimit.inc(_ALLOWED, 0.0)
-        self.overhead.series[()] = _Series(len(OVERHEAD_BUCKETS))
+        self.ratelimit.inc(_ALLOWED, 0.0)  # exposed from the start, as before the first request
         registry.register(
             _Families(
                 [

@@ -28,6 +28,9 @@ async def test_a_block_that_finishes_in_time_is_untouched() -> None:
     with deadline(0.05):
         await asyncio.sleep(0)
     await asyncio.sleep(0.1)  # would be cancelled here if the timer were still armed
+    task = asyncio.current_task()
+    assert task is not None
+    assert task.cancelling() == 0
 
 
 async def test_errors_inside_the_block_pass_through() -> None:
@@ -106,5 +109,11 @@ def test_outside_a_task_is_refused() -> None:
 
 async def test_none_means_no_limit_as_with_asyncio_timeout() -> None:
     """``deadline(None)`` arms no timer; the block runs to its end."""
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    finished = False
     with deadline(None):
         await asyncio.sleep(0.02)
+        finished = True
+    assert finished
+    assert loop.time() - started >= 0.02
