@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import functools
 import socket
+import sys
 
 import structlog
 import uvicorn
@@ -26,6 +27,12 @@ from gateway.telemetry.logging import configure_logging
 from gateway.worker_share import WorkerRole
 
 _log = structlog.get_logger("tiergate.server")
+# How long a thread may hold the GIL while another waits for it. The event loop shares the GIL
+# with the span exporter's thread, whose batches are pure-Python protobuf encoding (about 15 ms
+# of CPU for 512 spans). At CPython's default of 5 ms, a request arriving during an export waits
+# up to 5 ms at each of its awaits; at 0.5 ms its wait per await is a tenth of that, and the
+# exporter still gets its turns (bench/results/gil-switch.md).
+GIL_SWITCH_INTERVAL_S = 0.0005
 
 
 def connection_limits(server: ServerSettings) -> ConnectionLimits:
@@ -129,7 +136,10 @@ def _run(settings: Settings, sock: socket.socket, worker: WorkerRole | None) -> 
         proxy_headers=False,
         backlog=2048,
     )
+    default_interval = sys.getswitchinterval()
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     try:
         uvicorn.Server(config).run(sockets=[sock])
     finally:
+        sys.setswitchinterval(default_interval)
         logs.close()
