@@ -14,6 +14,7 @@ Pure standard library: this module is part of the policy core.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -38,11 +39,16 @@ def threshold_for_share(scores: Sequence[float], share: float) -> float:
         raise ValueError("need at least one reference score")
     if any(math.isnan(s) for s in scores):
         raise ValueError("reference scores contain NaN")
-    ordered = sorted(scores, reverse=True)
-    k = math.ceil(share * len(ordered) - 1e-9)
+    return _threshold_of_ranked(sorted(scores), share)
+
+
+def _threshold_of_ranked(ranked: Sequence[float], share: float) -> float:
+    """:func:`threshold_for_share` of scores already in ascending order (at least one)."""
+    n = len(ranked)
+    k = math.ceil(share * n - 1e-9)
     if k <= 0:
-        return math.nextafter(ordered[0], math.inf)
-    return ordered[min(k, len(ordered)) - 1]
+        return math.nextafter(ranked[-1], math.inf)
+    return ranked[n - min(k, n)]
 
 
 def share_at_threshold(scores: Sequence[float], threshold: float) -> float:
@@ -50,6 +56,11 @@ def share_at_threshold(scores: Sequence[float], threshold: float) -> float:
     if not scores:
         return 0.0
     return sum(1 for s in scores if s >= threshold) / len(scores)
+
+
+def _share_of_ranked(ranked: Sequence[float], threshold: float) -> float:
+    """:func:`share_at_threshold` of scores already in ascending order (at least one)."""
+    return (len(ranked) - bisect_left(ranked, threshold)) / len(ranked)
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,13 +122,19 @@ class ShareController:
       waits a whole window so the next judgement sees only decisions made under the new
       threshold (no reaction to its own lag).
 
+    The window's scores are also kept in ascending order, updated as each one arrives and
+    leaves (a binary search and a shift, about 1 µs for a window of 5,000), so an adjustment
+    reads the share and the quantile at once instead of scanning and sorting the window: no
+    request pays for the controller more than any other. A NaN score is not recorded.
+
     Not thread-safe: use one per event loop (or guard it).
     """
 
     def __init__(self, config: ControllerConfig, initial_threshold: float) -> None:
         self._config = config
         self._threshold = self._clamp(initial_threshold)
-        self._scores: deque[float] = deque(maxlen=config.window)
+        self._scores: deque[float] = deque()  # the window's scores in arrival order
+        self._ranked: list[float] = []  # the same scores in ascending order
         self._decisions: deque[bool] = deque(maxlen=config.window)
         self._precise = 0
         self._since_adjust = 0
@@ -142,13 +159,20 @@ class ShareController:
             self._precise -= 1
         self._decisions.append(sent_precise)
         self._precise += sent_precise
-        if score is not None:
-            self._scores.append(score)
+        if score is not None and not math.isnan(score):
+            self._record(score)
         self._since_adjust += 1
         self._since_move += 1
         if self._since_adjust >= self._config.adjust_every:
             self._since_adjust = 0
             self._adjust()
+
+    def _record(self, score: float) -> None:
+        scores, ranked = self._scores, self._ranked
+        if len(scores) == self._config.window:
+            del ranked[bisect_left(ranked, scores.popleft())]
+        scores.append(score)
+        insort(ranked, score)
 
     def _move(self, target: float) -> None:
         step = max(-self._config.max_step, min(self._config.max_step, target - self._threshold))
@@ -160,10 +184,10 @@ class ShareController:
 
     def _adjust(self) -> None:
         cfg = self._config
-        if len(self._scores) >= cfg.min_samples:
-            window = list(self._scores)
-            if abs(share_at_threshold(window, self._threshold) - cfg.target_share) > cfg.dead_band:
-                self._move(threshold_for_share(window, cfg.target_share))
+        ranked = self._ranked
+        if len(ranked) >= cfg.min_samples:
+            if abs(_share_of_ranked(ranked, self._threshold) - cfg.target_share) > cfg.dead_band:
+                self._move(_threshold_of_ranked(ranked, cfg.target_share))
             return
         if len(self._decisions) < cfg.min_samples or self._since_move < cfg.window:
             return

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+from collections import deque
 from collections.abc import Callable
 
 import pytest
@@ -173,3 +174,69 @@ def test_controller_window_forgets_old_decisions() -> None:
         controller.observe(False)
     assert controller.state().observed_share == 0.0
     assert controller.state().window_fill == 10
+
+
+class _ScanningController:
+    """The controller as first written: every adjustment scans, and on a move sorts, a copy of
+    the whole window. The reference the incremental controller must match move for move."""
+
+    def __init__(self, config: ControllerConfig, initial: float) -> None:
+        self.config = config
+        self.threshold = initial
+        self.scores: deque[float] = deque(maxlen=config.window)
+        self.since_adjust = 0
+
+    def observe(self, score: float) -> None:
+        cfg = self.config
+        self.scores.append(score)
+        self.since_adjust += 1
+        if self.since_adjust < cfg.adjust_every:
+            return
+        self.since_adjust = 0
+        if len(self.scores) < cfg.min_samples:
+            return
+        window = list(self.scores)
+        if abs(share_at_threshold(window, self.threshold) - cfg.target_share) > cfg.dead_band:
+            target = threshold_for_share(window, cfg.target_share)
+            step = max(-cfg.max_step, min(cfg.max_step, target - self.threshold))
+            self.threshold = min(cfg.max_threshold, max(cfg.min_threshold, self.threshold + step))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_incremental_window_moves_exactly_like_a_full_scan(seed: int) -> None:
+    """Keeping the window's scores sorted as they come and go changes no decision: on traffic
+    with drifts, heavy ties (scores from a coarse grid) and a window that wraps many times,
+    the threshold after every request equals the one a full scan and sort gives."""
+    rng = random.Random(seed)
+    config = ControllerConfig(
+        target_share=rng.choice((0.1, 0.3, 0.5)),
+        window=rng.choice((50, 200, 1000)),
+        adjust_every=rng.choice((1, 7, 50)),
+        min_samples=20,
+        max_step=0.05,
+        dead_band=rng.choice((0.0, 0.02)),
+    )
+    incremental = ShareController(config, initial_threshold=0.6)
+    reference = _ScanningController(config, 0.6)
+    for i in range(6_000):
+        mix = 0.2 if (i // 1500) % 2 else 0.7  # the traffic mix flips every 1,500 requests
+        score = rng.random() if rng.random() < mix else rng.random() * 0.4
+        if rng.random() < 0.5:
+            score = round(score, 1)  # ties at the boundary
+        incremental.observe(incremental.decide(score), score)
+        reference.observe(score)
+        assert incremental.threshold == reference.threshold, f"request {i}"
+    assert incremental.state().adjustments > 0
+
+
+def test_controller_ignores_nan_scores() -> None:
+    """A NaN score (a broken model) is not put in the window and stops nothing: the controller
+    keeps adjusting on the real scores around it."""
+    config = ControllerConfig(target_share=0.3, window=200, min_samples=50, adjust_every=10)
+    controller = ShareController(config, initial_threshold=0.99)
+    rng = random.Random(3)
+    for i in range(3_000):
+        score = math.nan if i % 3 == 0 else rng.random()
+        controller.observe(controller.decide(score), score)
+    assert controller.threshold < 0.9
+    assert abs(controller.threshold - 0.7) < 0.1
