@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import router_models
+from router_models import scorer
 from router_models.artifact import load as load_model
 from router_models.corpus.build import DEFAULT_CORPUS, HARD_CASES
 from router_models.records import body_of, read_jsonl
@@ -48,6 +49,22 @@ def test_lean_scorer_matches_sklearn_predict_proba() -> None:
     got_m = np.array([lean.margin(b) for b in bodies])
     assert np.max(np.abs(got_p - expected_p)) <= 1e-9
     assert np.max(np.abs(got_m - expected_m) / np.maximum(1.0, np.abs(expected_m))) <= 1e-9
+
+
+def test_short_prompts_sum_bigrams_in_python_as_numpy_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Bigrams of short instructions are summed in a Python loop, longer ones with numpy: the
+    margins agree to 1e-12 with numpy used for every length, on bodies on both sides."""
+    model = load_model(router_models.DEFAULT_ARTIFACT)
+    bodies = _bodies()
+    bodies += [{"prompt": " ".join(f"w{i}" for i in range(n))} for n in range(1, 40)]
+    lean = LeanScorer(model)
+    margins = [lean.margin(body) for body in bodies]
+    monkeypatch.setattr(scorer, "_PYTHON_BIGRAMS", 0)
+    numpy_only = LeanScorer(model)
+    for body, margin in zip(bodies, margins, strict=True):
+        assert margin == pytest.approx(numpy_only.margin(body), abs=1e-12)
 
 
 def test_word_cache_eviction_does_not_change_scores() -> None:
