@@ -10,23 +10,20 @@ timestamps the request path marks, so the request path itself never opens or clo
 
 from __future__ import annotations
 
-import os
 import sys
-import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING
 
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import (
     BatchSpanProcessor,
     ConsoleSpanExporter,
     SimpleSpanProcessor,
     SpanExporter,
-    SpanExportResult,
 )
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from opentelemetry.trace import (
@@ -48,12 +45,6 @@ if TYPE_CHECKING:
     from gateway.context import RequestContext
 
 _HTTP_PROTOBUF = "http/protobuf"
-# How much lower (in nice steps) the thread that encodes and sends span batches runs than the
-# event loop's thread: with both on one core, the loop then preempts it as soon as a request
-# wakes it, instead of waiting out the exporter's time slice (a few ms of protobuf encoding).
-# Every request traced: c=1 p99 4.3 -> 3.9 ms, lower in each of 3 interleaved rounds; at 10 %
-# sampling within the noise (bench/results/exporter-priority-*.md).
-EXPORTER_NICE_STEPS = 10
 _CLEAN_OUTCOMES = frozenset({sc.OUTCOME_COMPLETE, sc.OUTCOME_CLIENT_DISCONNECT})
 
 
@@ -127,55 +118,8 @@ def build_tracer_provider(
         provider.add_span_processor(SimpleSpanProcessor(span_exporter))
         return provider
     for exporter in exporters_from_env(env):
-        provider.add_span_processor(BatchSpanProcessor(BackgroundExporter(exporter)))
+        provider.add_span_processor(BatchSpanProcessor(exporter))
     return provider
-
-
-class BackgroundExporter(SpanExporter):
-    """``inner``, run at a lower OS priority in whichever background thread exports.
-
-    The batch processor's worker thread encodes spans in pure Python (about 15 ms of CPU for
-    512). On one core (a pinned process, a container limited to one CPU) the scheduler lets
-    that thread finish its time slice while a request's wake-up waits: the lower priority lets
-    the event loop's thread preempt it at once. Linux only (elsewhere a thread id is not a
-    process id ``setpriority`` accepts); exports from the main thread (a flush at shutdown)
-    are left as they are.
-    """
-
-    def __init__(self, inner: SpanExporter) -> None:
-        self.inner = inner
-        self._lowered: set[int] = set()
-
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        """Lower the calling thread's priority the first time it exports, then delegate."""
-        if threading.current_thread() is not threading.main_thread():
-            tid = threading.get_native_id()
-            if tid not in self._lowered:
-                self._lowered.add(tid)
-                lower_thread_priority(tid, EXPORTER_NICE_STEPS)
-        return self.inner.export(spans)
-
-    def shutdown(self) -> None:
-        """Shut the wrapped exporter down."""
-        self.inner.shutdown()
-
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        """Flush the wrapped exporter."""
-        return self.inner.force_flush(timeout_millis)
-
-
-def lower_thread_priority(tid: int, steps: int) -> bool:
-    """Raise thread ``tid``'s nice value by ``steps`` (at most 19); whether it was changed."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        current = os.getpriority(os.PRIO_PROCESS, tid)
-        if current >= 19:
-            return False
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, current + steps))
-    except OSError:
-        return False
-    return True
 
 
 class Tracing:
