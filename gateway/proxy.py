@@ -104,12 +104,12 @@ class ProxyService:
         ctx.summary = summary
         check_completions(summary, principal.policy.max_n)
         ctx.mark("validate")
-        tiers, admission = await self._admit(ctx, body, summary, principal, headers)
-        key_cap = principal.policy.max_tokens
+        admitted = await self._admit(ctx, body, summary, principal, headers)
+        admission = admitted.admission
         try:
-            strip_usage = self._prepare_upstream_body(body, summary, tiers, key_cap)
-            blocks = prefix_blocks(body, kind, self.prefix)
-            forwarding = self.forwarder.forward(path, body, tiers, blocks, _Attempts(ctx))
+            forwarding = self.forwarder.forward(
+                path, body, admitted.tiers, admitted.blocks, _Attempts(ctx)
+            )
             forwarded = await inbound.unless_gone(forwarding)
         except BaseException:
             await admission.settle(0)
@@ -119,7 +119,7 @@ class ProxyService:
         exchange = forwarded.exchange
         if exchange.opened.body is not None:
             return await self._complete(ctx, exchange.opened.body, admission, shadow)
-        return self._stream(ctx, exchange, admission, shadow, strip_usage=strip_usage)
+        return self._stream(ctx, exchange, admission, shadow, strip_usage=admitted.strip_usage)
 
     async def _admit(
         self,
@@ -128,8 +128,8 @@ class ProxyService:
         summary: RequestSummary,
         principal: Principal,
         headers: Mapping[str, str],
-    ) -> tuple[tuple[str, ...], Admission]:
-        """Route the request while the limits admit it: its tiers and its admission."""
+    ) -> _Admitted:
+        """Route and prepare the request while the limits admit it."""
         kind = summary.kind
         # Without max_tokens the backend would generate to the end of the context: the
         # gateway writes a bound into the body (before forwarding) and reserves that much.
@@ -140,21 +140,25 @@ class ProxyService:
         if self.limiter.admits_at_once(principal):
             # Nothing to wait for (no limits, or in-process counters): no task, no loop turn.
             tiers = await self._classify(ctx, body, summary, principal, headers)
+            prepared = self._prepare(body, summary, tiers, key_cap)
             admission = await self.limiter.admit(principal, reserve)
         else:
-            # The rate-limit check is a Redis round trip: start it, classify while it is in
-            # flight, then wait for its verdict before anything is forwarded.
+            # The rate-limit check is a Redis round trip: start it, classify and prepare the
+            # upstream body while it is in flight, then wait for its verdict before anything
+            # is forwarded. (A refused request's body was prepared for nothing: it is dropped.)
             admitting = asyncio.ensure_future(self.limiter.admit(principal, reserve))
             await asyncio.sleep(0)  # let the check send its command before classifying
             try:
                 tiers = await self._classify(ctx, body, summary, principal, headers)
+                prepared = self._prepare(body, summary, tiers, key_cap)
             except BaseException:
                 await _withdraw(admitting)
                 raise
             admission = await admitting
-        return await self._admitted(
+        admission = await self._admitted(
             ctx, tiers, admission, principal=principal, summary=summary, completion=completion
         )
+        return _Admitted(tiers, admission, *prepared)
 
     async def _classify(
         self,
@@ -182,7 +186,7 @@ class ProxyService:
         principal: Principal,
         summary: RequestSummary,
         completion: int,
-    ) -> tuple[tuple[str, ...], Admission]:
+    ) -> Admission:
         """An admitted request: through any budget, then marked and its headers set."""
         if self.budgets is not None:
             admission = await with_budget(
@@ -197,7 +201,19 @@ class ProxyService:
         ctx.admitted = True
         ctx.mark("ratelimit")
         ctx.extra_headers.update(admission.headers)
-        return tiers, admission
+        return admission
+
+    def _prepare(
+        self,
+        body: dict[str, Any],
+        summary: RequestSummary,
+        tiers: Sequence[str],
+        key_cap: int | None,
+    ) -> tuple[bool, tuple[int, ...]]:
+        """The upstream body's own fields set, and its prefix blocks: whether the usage chunk
+        must be hidden from the caller, and the blocks that choose a replica."""
+        strip_usage = self._prepare_upstream_body(body, summary, tiers, key_cap)
+        return strip_usage, prefix_blocks(body, summary.kind, self.prefix)
 
     def _prepare_upstream_body(
         self,
@@ -371,6 +387,16 @@ def _answered(ctx: RequestContext, forwarded: Forwarded) -> None:
     if forwarded.fallback_from is not None:
         ctx.extra_headers["x-tiergate-fallback-from"] = forwarded.fallback_from
         ctx.extra_headers["x-tiergate-fallback-reason"] = str(forwarded.fallback_reason)
+
+
+@dataclass(frozen=True, slots=True)
+class _Admitted:
+    """A request through the limits: its tiers, its admission, and its prepared forwarding."""
+
+    tiers: tuple[str, ...]
+    admission: Admission
+    strip_usage: bool
+    blocks: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)
