@@ -24,7 +24,7 @@ from gateway.request_body import FieldRules, decode
 from gateway.routing import TierRouter
 from gateway.shadow import ShadowRunner, answer_text
 from gateway.spillover import Spillover
-from policies.errors import InvalidRequest, TierGateError
+from policies.errors import InvalidRequest, TierGateError, UnsupportedMediaType
 from policies.ports import Admission, Authenticator, RequestLimiter
 from policies.prefix import PrefixConfig, prefix_blocks
 from policies.principal import Principal
@@ -99,6 +99,7 @@ class ProxyService:
         principal = await self.auth.authenticate(headers.get("authorization"))
         ctx.principal = principal
         ctx.mark("auth")
+        _check_encoding(headers.get("content-encoding"))
         body = decode(await inbound.read_body(), self.fields.max_depth)
         summary = validate(body, kind)
         ctx.summary = summary
@@ -379,6 +380,15 @@ class _Attempts:
         trace = ctx.trace
         if trace is not None:
             trace.attempt_ended(ctx, end)
+
+
+def _check_encoding(encoding: str | None) -> None:
+    """A compressed body (``Content-Encoding: gzip``...) is refused for what it is, 415, rather
+    than read as bytes and refused as invalid JSON."""
+    if encoding is not None and encoding.strip().lower() not in ("", "identity"):
+        raise UnsupportedMediaType(
+            f"Content-Encoding '{encoding[:40]}' is not supported: send the body uncompressed."
+        )
 
 
 def _answered(ctx: RequestContext, forwarded: Forwarded) -> None:

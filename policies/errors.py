@@ -63,6 +63,14 @@ class PayloadTooLarge(TierGateError):
     default_code = "request_too_large"
 
 
+class UnsupportedMediaType(TierGateError):
+    """The request body is sent in an encoding the gateway does not read (415)."""
+
+    status = 415
+    error_type = "invalid_request_error"
+    default_code = "unsupported_content_encoding"
+
+
 class ModelNotFound(TierGateError):
     """The ``model`` names no tier, served model or ``auto`` (404)."""
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from policies.errors import ModelNotFound, PermissionDenied
+from policies.errors import InvalidRequest, ModelNotFound, PermissionDenied
 from policies.principal import SCOPE_DOWNGRADE, SCOPE_ROUTE_OVERRIDE, Principal
 from policies.requests import RequestSummary
 
@@ -69,6 +69,20 @@ class TierCatalog:
                 f"The model '{model[:100]}' does not exist. Use 'auto', a tier name "
                 f"({', '.join(self.tiers)}) or a served model name.",
                 param="model",
+            )
+        return tier
+
+    def override_tier(self, name: str) -> str:
+        """The tier an ``x-tiergate-tier`` header names (``auto``: the fast tier); 400 for a
+        name that is no tier: the header is at fault, not the body's ``model``."""
+        if name == AUTO_MODEL:
+            return self.fast
+        tier = self._by_name.get(name)
+        if tier is None:
+            raise InvalidRequest(
+                f"The x-tiergate-tier header names no tier: '{name[:100]}'. Use a tier name "
+                f"({', '.join(self.tiers)}) or a served model name.",
+                code="unknown_tier",
             )
         return tier
 
@@ -125,8 +139,7 @@ def decide_tier(
             raise PermissionDenied(
                 "This key may not use the x-tiergate-tier override.", code="override_not_allowed"
             )
-        tier = catalog.explicit_tier(override) or catalog.fast
-        return _forced(tier, "override", principal)
+        return _forced(catalog.override_tier(override), "override", principal)
     rule = _rule_reason(summary, rules)
     if rule is not None:
         decision = RouteDecision(tier=catalog.precise, reason=rule)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import socket
 from typing import Any
@@ -155,6 +156,25 @@ def test_malformed_bodies_are_400(gateway: GatewayProcess, raw: bytes) -> None:
     assert set(resp.json()["error"]) == {"message", "type", "param", "code"}
 
 
+def test_a_compressed_body_is_415_and_identity_is_served(gateway: GatewayProcess) -> None:
+    """A gzipped body is refused for its encoding (415, OpenAI-shaped), not as invalid JSON; the
+    connection keeps serving, and ``Content-Encoding: identity`` is an ordinary request."""
+    body = json.dumps({"model": "fast", "messages": CHAT, "max_tokens": 4}).encode()
+    with httpx.Client(timeout=10) as http:
+        url = gateway.url + "/v1/chat/completions"
+        json_type = {"content-type": "application/json"}
+        resp = http.post(
+            url, content=gzip.compress(body), headers={**json_type, "content-encoding": "gzip"}
+        )
+        assert resp.status_code == 415
+        error = resp.json()["error"]
+        assert error["code"] == "unsupported_content_encoding"
+        assert "gzip" in error["message"]
+        assert set(error) == {"message", "type", "param", "code"}
+        again = http.post(url, content=body, headers={**json_type, "content-encoding": "identity"})
+        assert again.status_code == 200
+
+
 def test_oversized_body_is_413(gateway: GatewayProcess) -> None:
     """A body over the configured limit is refused with 413 before it is forwarded."""
     big = {"model": "auto", "messages": [{"role": "user", "content": "x" * 70000}]}
@@ -200,6 +220,21 @@ def test_request_id_is_echoed(gateway: GatewayProcess) -> None:
     assert ok.headers["x-request-id"] == "abc-123"
     assert bad.headers["x-request-id"] == "abc-124"
     assert bad.status_code == 404
+    # Every refusal of the endpoint, before or after routing, carries both headers.
+    refusals = [
+        post(gateway, b"{not json", headers={"x-request-id": "r1"}),
+        post(gateway, {"model": "fast", "messages": "x"}, headers={"x-request-id": "r2"}),
+        post(gateway, b"{}", headers={"x-request-id": "r3", "content-encoding": "br"}),
+        post(
+            gateway,
+            {"model": "fast", "messages": CHAT, "max_tokens": 10**6},
+            headers={"x-request-id": "r4"},
+        ),
+    ]
+    assert [r.status_code for r in refusals] == [400, 400, 415, 400]
+    for number, resp in enumerate(refusals, start=1):
+        assert resp.headers["x-request-id"] == f"r{number}"
+        assert float(resp.headers["x-tiergate-overhead-ms"]) >= 0
 
 
 def test_only_allowlisted_paths_exist(gateway: GatewayProcess) -> None:

@@ -8,7 +8,7 @@ from typing import TypedDict, Unpack
 
 import pytest
 
-from policies.errors import ModelNotFound, PermissionDenied
+from policies.errors import InvalidRequest, ModelNotFound, PermissionDenied
 from policies.principal import SCOPE_DOWNGRADE, SCOPE_ROUTE_OVERRIDE, KeyPolicy, Principal
 from policies.requests import RequestSummary
 from policies.tiering import TierCatalog, TierRules, decide_tier, fallback_tiers
@@ -111,6 +111,18 @@ def test_override_needs_scope() -> None:
     assert decide(summary(), scoped, override="precise") == ("precise", "override")
     with pytest.raises(PermissionDenied):
         decide(summary(), ANYONE, override="precise")
+
+
+def test_an_override_naming_no_tier_is_a_400_about_the_header() -> None:
+    """``x-tiergate-tier: turbo`` is the header's fault: 400 naming the header, not a 404
+    about the body's ``model`` (which was ``auto``); ``auto`` there means the fast tier."""
+    scoped = Principal("k2", "t", KeyPolicy(scopes=frozenset({SCOPE_ROUTE_OVERRIDE})))
+    with pytest.raises(InvalidRequest) as caught:
+        decide(summary(), scoped, override="turbo")
+    assert "x-tiergate-tier" in caught.value.message
+    assert caught.value.param is None
+    assert caught.value.code == "unknown_tier"
+    assert decide(summary(), scoped, override="auto") == ("fast", "override")
 
 
 def test_allowed_tiers_respected() -> None:
