@@ -79,6 +79,13 @@ async def _create(args: argparse.Namespace, store: KeyStore, settings: Settings)
         f"(expires {_when(policy.expires_at)}); it is shown once, store it now:"
     )
     print(key)
+    if args.tiers and args.config is None:
+        print(
+            f"note: tiers {','.join(args.tiers)} were not checked against a gateway "
+            "configuration (give --config to check them); a key naming only tiers the gateway "
+            "does not have may use none",
+            file=sys.stderr,
+        )
     return 0
 
 

@@ -117,6 +117,27 @@ def test_bad_options_fail_cleanly(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert not path.exists()
 
 
+def test_tiers_are_checked_against_a_config_or_flagged_as_unchecked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With --config a tier the gateway lacks is refused (exit 2, nothing written); without
+    one the key is created and stderr says its tiers were not checked."""
+    path = tmp_path / "keys.yaml"
+    config = Path(__file__).parents[2] / "config" / "tiergate.sim.yaml"
+    create = ("create", "--keys-file", str(path), "--tenant", "t", "--tiers", "turbo")
+    code, _, err = run(capsys, *create, "--config", str(config))
+    assert code == 2
+    assert "unknown tiers ['turbo']" in err
+    assert not path.exists()
+    code, out, err = run(capsys, *create)
+    assert code == 0
+    assert out.strip().splitlines()[-1].startswith("tg-")
+    assert "tiers turbo were not checked" in err
+    code, _, err = run(capsys, *create[:-1], "fast", "--config", str(config))
+    assert code == 0
+    assert "not checked" not in err
+
+
 @pytest.mark.parametrize("days", ["1e308", "inf", "nan", "3651", "0"])
 def test_expiry_beyond_ten_years_is_refused(
     days: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
