@@ -75,16 +75,14 @@ class TierCatalog:
     def override_tier(self, name: str) -> str:
         """The tier an ``x-tiergate-tier`` header names (``auto``: the fast tier); 400 for a
         name that is no tier: the header is at fault, not the body's ``model``."""
-        if name == AUTO_MODEL:
-            return self.fast
-        tier = self._by_name.get(name)
-        if tier is None:
+        try:
+            return self.explicit_tier(name) or self.fast
+        except ModelNotFound:
             raise InvalidRequest(
                 f"The x-tiergate-tier header names no tier: '{name[:100]}'. Use a tier name "
                 f"({', '.join(self.tiers)}) or a served model name.",
                 code="unknown_tier",
-            )
-        return tier
+            ) from None
 
 
 def _rule_reason(summary: RequestSummary, rules: TierRules) -> str | None:
