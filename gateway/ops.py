@@ -9,7 +9,7 @@ from typing import Any
 
 import aiohttp
 import msgspec
-from litestar import Request, Response, get
+from litestar import HttpMethod, Request, Response, get, route
 from litestar.params import FromPath
 
 from gateway.health import HealthMonitor
@@ -90,11 +90,14 @@ def ops_handlers(catalog: TierCatalog, readiness: Readiness, auth: Authenticator
     """Route handlers for /livez, /readyz and /v1/models."""
     created = int(time.time())
 
-    @get("/livez", sync_to_thread=False)
+    # GET and HEAD: some load balancers probe with HEAD (the server sends the head only).
+    probe = [HttpMethod.GET, HttpMethod.HEAD]
+
+    @route("/livez", http_method=probe, sync_to_thread=False)
     def livez() -> Response[bytes]:
         return Response(b'{"status":"ok"}', media_type="application/json")
 
-    @get("/readyz")
+    @route("/readyz", http_method=probe)
     async def readyz() -> Response[bytes]:
         tiers = await readiness.check()
         ready = all(tiers.values())

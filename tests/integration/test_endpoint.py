@@ -251,6 +251,10 @@ def test_health_endpoints(gateway: GatewayProcess) -> None:
     ready = httpx.get(gateway.url + "/readyz")
     assert ready.status_code == 200
     assert ready.json()["tiers"] == {"fast": True, "precise": True}
+    for path in ("/livez", "/readyz"):  # load balancers that probe with HEAD get the head only
+        head = httpx.head(gateway.url + path)
+        assert head.status_code == 200
+        assert head.content == b""
 
 
 def test_upstream_unreachable_is_clear_5xx(fast_sim: SimulatorProcess) -> None:
