@@ -26,7 +26,17 @@ class Message(msgspec.Struct):
     tool_calls: list[Any] | None = None
 
 
-class ChatRequest(msgspec.Struct):
+class _Typed(msgspec.Struct, kw_only=True):
+    """Fields vLLM's request models type (pydantic answers 400 for a wrong type); the
+    simulator does not use them, it only refuses what vLLM refuses."""
+
+    stop: str | list[str] | None = None
+    user: str | None = None
+    logit_bias: dict[str, float] | None = None
+    top_k: int | None = None
+
+
+class ChatRequest(_Typed):
     """``POST /v1/chat/completions``."""
 
     messages: Annotated[list[Message], msgspec.Meta(min_length=1)]
@@ -43,7 +53,7 @@ class ChatRequest(msgspec.Struct):
     min_tokens: Annotated[int, msgspec.Meta(ge=0)] | None = 0
 
 
-class CompletionRequest(msgspec.Struct):
+class CompletionRequest(_Typed):
     """``POST /v1/completions``; ``prompt`` is a string or a one-element list."""
 
     prompt: str | list[Any]

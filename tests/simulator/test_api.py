@@ -136,6 +136,11 @@ async def test_health_follows_runtime_switch(sim: SimulatorProcess) -> None:
             "BadRequestError",
             "stream=True",
         ),
+        # Types vLLM's request model checks (the gateway forwards these fields unchecked).
+        ({"messages": CHAT, "stop": 5}, 400, "BadRequestError", "stop"),
+        ({"messages": CHAT, "user": 5}, 400, "BadRequestError", "user"),
+        ({"messages": CHAT, "logit_bias": [1]}, 400, "BadRequestError", "logit_bias"),
+        ({"messages": CHAT, "top_k": "a"}, 400, "BadRequestError", "top_k"),
     ],
 )
 async def test_errors_have_vllm_shape(
