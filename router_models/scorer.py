@@ -11,7 +11,6 @@ to 1e-9.
 
 from __future__ import annotations
 
-import itertools
 import math
 import operator
 from collections.abc import Mapping
@@ -32,6 +31,7 @@ from router_models.features import (
     MASK32,
     MATERIAL_WEIGHT,
     after_indices,
+    bigram_index,
     char_indices,
     edge_index,
     material_index,
@@ -129,12 +129,7 @@ class LeanScorer:
         if n <= _PYTHON_BIGRAMS:
             w = self._hashed_list
             hashes: list[int] = list(map(_HASH, entries))
-            total: float = sum(
-                [
-                    w[((a * BIGRAM_MUL_A + b * BIGRAM_MUL_B + BIGRAM_ADD) & MASK32) >> HASH_SHIFT]
-                    for a, b in itertools.pairwise(hashes)
-                ]
-            )
+            total: float = sum([w[i] for i in map(bigram_index, hashes, hashes[1:])])
             return total
         arr = np.fromiter(map(_HASH, entries), dtype=np.uint64, count=n)
         idx = ((arr[:-1] * _MUL_A + arr[1:] * _MUL_B + _ADD) & _MASK) >> _SHIFT
