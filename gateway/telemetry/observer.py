@@ -17,7 +17,7 @@ from gateway.context import RequestContext
 from gateway.telemetry import semconv as sc
 from gateway.telemetry.logging import access_logger
 from gateway.telemetry.metrics import GatewayMetrics
-from gateway.telemetry.tracing import RequestTrace, Tracing
+from gateway.telemetry.tracing import RequestTrace, Tracing, UnsampledTrace
 
 _bind = structlog.contextvars.bind_contextvars
 
@@ -77,7 +77,9 @@ class TelemetryObserver:
         self.access_log = access_log
         self.log = logger  # resolved on first use: logging is configured after the app is built
 
-    def started(self, ctx: RequestContext, headers: Mapping[str, str]) -> RequestTrace | None:
+    def started(
+        self, ctx: RequestContext, headers: Mapping[str, str]
+    ) -> RequestTrace | UnsampledTrace | None:
         """Bind the request id to this request's log lines; its trace if tracing is on."""
         tracing = self.tracing
         if tracing is None:

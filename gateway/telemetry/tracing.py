@@ -10,6 +10,7 @@ timestamps the request path marks, so the request path itself never opens or clo
 
 from __future__ import annotations
 
+import random
 import sys
 import time
 from collections.abc import Mapping
@@ -25,6 +26,7 @@ from opentelemetry.sdk.trace.export import (
     SimpleSpanProcessor,
     SpanExporter,
 )
+from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from opentelemetry.trace import (
     Span,
@@ -45,11 +47,52 @@ if TYPE_CHECKING:
     from gateway.context import RequestContext
 
 _HTTP_PROTOBUF = "http/protobuf"
+_LOW_64 = (1 << 64) - 1
+_RANDOM_TRACE_ID = 0x02  # W3C trace flag: the trace id's low 56 bits are random
 _CLEAN_OUTCOMES = frozenset({sc.OUTCOME_COMPLETE, sc.OUTCOME_CLIENT_DISCONNECT})
 
 
 class TracingConfigError(ValueError):
     """An ``OTEL_*`` value the gateway cannot honour."""
+
+
+class RatioSampler(ParentBased):
+    """``ParentBased(TraceIdRatioBased(ratio))``, its bound in the open: a new trace is sampled
+    when its trace id's low 64 bits are below ``bound`` (the SDK's own rule), so the gateway
+    can decide before calling the SDK."""
+
+    def __init__(self, ratio: float) -> None:
+        root = TraceIdRatioBased(ratio)
+        super().__init__(root)
+        self.bound = root.bound
+
+
+class DrawnIds(IdGenerator):
+    """Random ids, like the SDK's; the next trace id may be one the gateway already drew (to
+    decide its sampling), so that the SDK's span carries it."""
+
+    __slots__ = ("next_trace_id",)
+
+    def __init__(self) -> None:
+        self.next_trace_id = 0
+
+    def generate_span_id(self) -> int:
+        """A random non-zero 64-bit span id."""
+        span_id = 0
+        while not span_id:
+            span_id = random.getrandbits(64)
+        return span_id
+
+    def generate_trace_id(self) -> int:
+        """The trace id drawn for the span being started, else a random non-zero one."""
+        trace_id, self.next_trace_id = self.next_trace_id, 0
+        while not trace_id:
+            trace_id = random.getrandbits(128)
+        return trace_id
+
+    def is_trace_id_random(self) -> bool:
+        """Every id is uniformly random (W3C's random-trace-id flag)."""
+        return True
 
 
 def _service_resource(env: Mapping[str, str]) -> Resource:
@@ -110,7 +153,8 @@ def build_tracer_provider(
     if not telemetry.tracing or env.get("OTEL_SDK_DISABLED", "").lower() == "true":
         return None
     provider = TracerProvider(
-        sampler=ParentBased(TraceIdRatioBased(telemetry.trace_sample_ratio)),
+        sampler=RatioSampler(telemetry.trace_sample_ratio),
+        id_generator=DrawnIds(),
         resource=_service_resource(env),
         shutdown_on_exit=False,
     )
@@ -133,11 +177,33 @@ class Tracing:
         self.propagator = TraceContextTextMapPropagator()
         self.capture_content = capture_content
         self.stage_spans = stage_spans
+        # New traces sampled out are decided here, without the SDK (which would spend ~20 µs
+        # building a span nobody records): only with the sampler and ids built above.
+        sampler, ids = provider.sampler, provider.id_generator
+        self._ids = ids if isinstance(ids, DrawnIds) else None
+        self._bound = sampler.bound if isinstance(sampler, RatioSampler) else None
 
     def start(
         self, ctx: RequestContext, traceparent: str | None, tracestate: str | None
-    ) -> RequestTrace:
+    ) -> RequestTrace | UnsampledTrace:
         """Open the server span (child of an incoming ``traceparent``): the request's trace."""
+        ids, bound = self._ids, self._bound
+        if traceparent or ids is None or bound is None:
+            return self._start(ctx, traceparent, tracestate)
+        trace_id = 0
+        while not trace_id:
+            trace_id = random.getrandbits(128)
+        if trace_id & _LOW_64 >= bound:  # TraceIdRatioBased's rule: sampled out
+            return UnsampledTrace(trace_id, ids.generate_span_id())
+        ids.next_trace_id = trace_id
+        try:
+            return self._start(ctx, None, None)
+        finally:
+            ids.next_trace_id = 0
+
+    def _start(
+        self, ctx: RequestContext, traceparent: str | None, tracestate: str | None
+    ) -> RequestTrace:
         parent: Context | None = None
         if traceparent:
             carrier = {"traceparent": traceparent}
@@ -173,6 +239,50 @@ def trace_headers(context: SpanContext) -> dict[str, str]:
     if context.trace_state:
         headers["tracestate"] = context.trace_state.to_header()
     return headers
+
+
+class UnsampledTrace:
+    """A new trace sampled out: its ids only, to propagate ``traceparent`` (not sampled) to
+    the backend and correlate log lines, exactly as the SDK's non-recording span would."""
+
+    __slots__ = ("_propagated", "_span_id", "_trace_id")
+
+    def __init__(self, trace_id: int, span_id: int) -> None:
+        self._trace_id = trace_id
+        self._span_id = span_id
+        self._propagated: dict[str, str] | None = None
+
+    @property
+    def trace_id(self) -> str:
+        """The trace id in hex, for log correlation."""
+        return format(self._trace_id, "032x")
+
+    @property
+    def span_id(self) -> str:
+        """The (unrecorded) server span id in hex."""
+        return format(self._span_id, "016x")
+
+    def mark(self, stage: str) -> None:
+        """Nothing is recorded."""
+
+    def attempt_started(self, ctx: RequestContext, start: AttemptStart) -> Mapping[str, str]:
+        """The ``traceparent`` every attempt sends: this trace, flags random id, not sampled."""
+        propagated = self._propagated
+        if propagated is None:
+            propagated = self._propagated = {
+                "traceparent": f"00-{self._trace_id:032x}-{self._span_id:016x}-"
+                f"{_RANDOM_TRACE_ID:02x}"
+            }
+        return propagated
+
+    def attempt_ended(self, ctx: RequestContext, end: AttemptEnd) -> None:
+        """Nothing is recorded."""
+
+    def on_event(self, event: bytes) -> None:
+        """Nothing is recorded."""
+
+    def finish(self, ctx: RequestContext, outcome: str) -> None:
+        """Nothing to end."""
 
 
 class RequestTrace:

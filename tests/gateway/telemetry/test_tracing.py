@@ -8,18 +8,22 @@ from typing import TypedDict, Unpack
 import pytest
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as Grpc
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as Http
-from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from gateway.context import Failure, RequestContext
 from gateway.events import AttemptEnd, AttemptStart
 from gateway.settings import TelemetrySettings
 from gateway.telemetry.tracing import (
+    DrawnIds,
+    RequestTrace,
     Tracing,
     TracingConfigError,
+    UnsampledTrace,
     build_tracer_provider,
     exporters_from_env,
+    trace_headers,
 )
 from policies.errors import AuthenticationFailed
 from tests.gateway.telemetry.factories import summary
@@ -145,6 +149,73 @@ async def test_sampled_out_requests_still_propagate_but_export_nothing() -> None
     version, trace_id, _, flags = sent["traceparent"].split("-")
     assert (version, len(trace_id)) == ("00", 32)
     assert int(flags, 16) & 1 == 0
+
+
+def _start_many(tracing: Tracing, n: int) -> list[RequestTrace | UnsampledTrace]:
+    traces = []
+    for _ in range(n):
+        ctx = RequestContext("req", route="/v1/chat/completions")
+        trace = tracing.start(ctx, None, None)
+        trace.finish(ctx, "complete")
+        traces.append(trace)
+    return traces
+
+
+def test_new_traces_sampled_out_skip_the_sdk_and_keep_its_sampling_rule() -> None:
+    """The gateway decides a new trace's sampling itself with TraceIdRatioBased's rule: the
+    sampled share is the ratio, and every trace it keeps is one the SDK keeps (recorded,
+    exported, with the trace id drawn for the decision)."""
+    exporter = InMemorySpanExporter()
+    tracing = _tracing(exporter, trace_sample_ratio=0.25)
+    traces = _start_many(tracing, 8000)
+    kept = [t for t in traces if isinstance(t, RequestTrace)]
+    assert 0.22 < len(kept) / len(traces) < 0.28
+    bound = round(0.25 * 2**64)
+    for trace in traces:
+        low = int(trace.trace_id, 16) & (2**64 - 1)
+        assert (low < bound) == isinstance(trace, RequestTrace)
+    assert all(t.recording for t in kept if isinstance(t, RequestTrace))
+    exported = {format(s.context.trace_id, "032x") for s in exporter.get_finished_spans()}
+    assert exported == {t.trace_id for t in kept}
+    assert len({t.trace_id for t in traces}) == len(traces)
+
+
+def test_a_trace_sampled_out_propagates_what_the_sdk_span_would() -> None:
+    """Same traceparent shape as the SDK's non-recording span for the same trace id: version
+    00, the trace id, a span id of its own, flags 02 (random trace id, not sampled)."""
+    exporter = InMemorySpanExporter()
+    tracing = _tracing(exporter, trace_sample_ratio=0.0)
+    ctx = RequestContext("req", route="/v1/chat/completions")
+    fast = tracing.start(ctx, None, None)
+    assert isinstance(fast, UnsampledTrace)
+    ids = tracing.provider.id_generator
+    assert isinstance(ids, DrawnIds)
+    ids.next_trace_id = int(fast.trace_id, 16)
+    sdk = tracing.tracer.start_span("POST /v1/chat/completions")
+    assert ids.next_trace_id == 0  # taken by that span
+    expected = trace_headers(sdk.get_span_context())["traceparent"].split("-")
+    start = AttemptStart(
+        "fast", "127.0.0.1:9", "http://127.0.0.1:9", "round_robin", ctx.started, 0, None, "u1", BODY
+    )
+    sent = fast.attempt_started(ctx, start)["traceparent"].split("-")
+    assert sent[:2] == expected[:2]
+    assert sent[3] == expected[3] == "02"
+    assert sent[2] == fast.span_id
+    assert len(sent[2]) == 16
+    assert int(sent[2], 16)
+    fast.mark("auth")
+    fast.finish(ctx, "complete")
+    assert exporter.get_finished_spans() == ()
+
+
+def test_a_provider_built_elsewhere_still_goes_through_the_sdk() -> None:
+    """The shortcut needs the gateway's own sampler and ids; another provider's decide."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    traces = _start_many(Tracing(provider, capture_content=False), 5)
+    assert all(isinstance(t, RequestTrace) for t in traces)
+    assert len(exporter.get_finished_spans()) == 5
 
 
 async def test_an_incoming_sampled_parent_is_honoured() -> None:
