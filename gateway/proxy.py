@@ -5,7 +5,6 @@ This module orchestrates the stages; each stage is an object built once in ``cre
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -16,6 +15,7 @@ import structlog
 
 from gateway.budgets import BudgetGate, with_budget
 from gateway.context import Failure, RequestContext, Trace, request_id_from
+from gateway.eager import Eager, eager
 from gateway.events import AttemptEnd, AttemptStart, Outcome, Usage
 from gateway.forwarding import Exchange, Forwarded, Forwarder
 from gateway.relay import StreamRelay, usage_from
@@ -144,11 +144,11 @@ class ProxyService:
             prepared = self._prepare(body, summary, tiers, key_cap)
             admission = await self.limiter.admit(principal, reserve)
         else:
-            # The rate-limit check is a Redis round trip: start it, classify and prepare the
-            # upstream body while it is in flight, then wait for its verdict before anything
-            # is forwarded. (A refused request's body was prepared for nothing: it is dropped.)
-            admitting = asyncio.ensure_future(self.limiter.admit(principal, reserve))
-            await asyncio.sleep(0)  # let the check send its command before classifying
+            # The rate-limit check is a Redis round trip: start it (its command is written
+            # now, in this task), classify and prepare the upstream body while it is in
+            # flight, then wait for its verdict before anything is forwarded. (A refused
+            # request's body was prepared for nothing: it is dropped.)
+            admitting = eager(self.limiter.admit(principal, reserve))
             try:
                 tiers = await self._classify(ctx, body, summary, principal, headers)
                 prepared = self._prepare(body, summary, tiers, key_cap)
@@ -438,7 +438,7 @@ async def _after_complete(
             shadow.submit(text)
 
 
-async def _withdraw(admitting: asyncio.Future[Admission]) -> None:
+async def _withdraw(admitting: Eager[Admission]) -> None:
     """The request was refused before forwarding: give back all the limiter took (request,
     tokens, slot), so refusals such as 403/404/400 never consume a key's limits."""
     try:
