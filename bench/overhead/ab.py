@@ -8,8 +8,9 @@ resolved first, so the report names commits) and run with that tree first on ``P
 (the gateway, the router artifact and the policies all come from the tree; the benchmark's
 own code and this checkout's virtual environment are shared). One fixed upstream serves
 every round; each round starts every revision's gateway in turn (the variant's config, pinned
-and boosted as ``bench/overhead``), warms it, and measures c=16 req/s, the gateway's CPU time
-per request at c=16 (user + system of all its threads, from ``/proc``) and p50 and p99 at c=1.
+and boosted as ``bench/overhead``), warms it, and measures req/s at c=16 (``--concurrency``),
+the gateway's CPU time per request there (user + system of all its threads, from ``/proc``)
+and p50 and p99 at c=1.
 Rounds interleave the revisions, so a machine that slows down (another tenant, CPU steal) slows
 every revision alike; the medians over rounds are compared within the run. CPU per request
 is the figure least moved by such noise.
@@ -45,7 +46,7 @@ WARMUP_S = 2.0
 class Point:
     """One revision in one round."""
 
-    rps_c16: float
+    rps_loaded: float
     cpu_us_per_request: float
     p50_c1_ms: float
     p99_c1_ms: float
@@ -112,10 +113,10 @@ def run(args: argparse.Namespace, commits: list[str], workdir: Path) -> dict[str
                 )
                 try:
                     script = lua_script(leg.body(), leg.api_key, headers=leg.headers)
-                    runner.run(leg.chat_url, script, 16, WARMUP_S)
+                    runner.run(leg.chat_url, script, args.concurrency, WARMUP_S)
                     pid = leg.main.listener_pid()
                     before = cpu_seconds(pid)
-                    loaded = runner.run(leg.chat_url, script, 16, args.duration)
+                    loaded = runner.run(leg.chat_url, script, args.concurrency, args.duration)
                     spent = cpu_seconds(pid) - before
                     single = runner.run(leg.chat_url, script, 1, args.duration)
                 finally:
@@ -128,7 +129,7 @@ def run(args: argparse.Namespace, commits: list[str], workdir: Path) -> dict[str
                 )
                 points[commit].append(point)
                 print(
-                    f"round {number} {commit}: c=16 {point.rps_c16:,.0f} req/s, "
+                    f"round {number} {commit}: c={args.concurrency} {point.rps_loaded:,.0f} req/s, "
                     f"{point.cpu_us_per_request:,.0f} µs CPU/request, c=1 p50 "
                     f"{point.p50_c1_ms:.3f} ms, p99 {point.p99_c1_ms:.3f} ms",
                     flush=True,
@@ -144,6 +145,7 @@ def report(args: argparse.Namespace, commits: list[str], points: dict[str, list[
     """The Markdown report: medians, ratios to the first revision, every round."""
     given = " ".join(sys.argv[1:])
     base = commits[0]
+    c = args.concurrency
 
     def med(commit: str, attr: str) -> float:
         return float(statistics.median(float(getattr(p, attr)) for p in points[commit]))
@@ -157,14 +159,14 @@ def report(args: argparse.Namespace, commits: list[str], points: dict[str, list[
         f"{args.duration:g} s points, revisions interleaved in each round; pinned and boosted "
         "as `bench/overhead`, fixed upstream; medians over the rounds.",
         "",
-        "| revision | c=16 req/s | CPU µs / request at c=16 | c=1 p50 ms | c=1 p99 ms | "
+        f"| revision | c={c} req/s | CPU µs / request at c={c} | c=1 p50 ms | c=1 p99 ms | "
         f"CPU / request vs {base} |",
         "|---|---:|---:|---:|---:|---:|",
     ]
     for commit in commits:
         cpu = med(commit, "cpu_us_per_request")
         lines.append(
-            f"| {commit} | {med(commit, 'rps_c16'):,.0f} | {cpu:,.0f} | "
+            f"| {commit} | {med(commit, 'rps_loaded'):,.0f} | {cpu:,.0f} | "
             f"{med(commit, 'p50_c1_ms'):.3f} | {med(commit, 'p99_c1_ms'):.3f} | "
             f"{cpu / med(base, 'cpu_us_per_request'):.3f} |"
         )
@@ -172,14 +174,14 @@ def report(args: argparse.Namespace, commits: list[str], points: dict[str, list[
         "",
         "Every round:",
         "",
-        "| round | revision | c=16 req/s | CPU µs / request | c=1 p50 ms | c=1 p99 ms |",
+        f"| round | revision | c={c} req/s | CPU µs / request | c=1 p50 ms | c=1 p99 ms |",
     ]
     lines.append("|---:|---|---:|---:|---:|---:|")
     for number in range(args.rounds):
         for commit in commits:
             p = points[commit][number]
             lines.append(
-                f"| {number + 1} | {commit} | {p.rps_c16:,.0f} | {p.cpu_us_per_request:,.0f} | "
+                f"| {number + 1} | {commit} | {p.rps_loaded:,.0f} | {p.cpu_us_per_request:,.0f} | "
                 f"{p.p50_c1_ms:.3f} | {p.p99_c1_ms:.3f} |"
             )
     return "\n".join([*lines, ""])
@@ -191,6 +193,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--revs", required=True, help="comma list of git revisions, first is the base")
     p.add_argument("--variant", choices=sorted(VARIANTS), default="full")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument(
+        "--concurrency", type=int, default=16, help="connections of the loaded point (default 16)"
+    )
     p.add_argument("--duration", type=float, default=5.0, help="seconds per point")
     p.add_argument("--out", type=Path, help="default bench/results/ab-VARIANT.md")
     args = p.parse_args(argv)

@@ -9,7 +9,7 @@ from bench.overhead.ab import Point, report
 
 def test_report_takes_medians_and_ratios_against_the_first_revision() -> None:
     """Three rounds: the middle value wins; the base's CPU ratio is 1."""
-    args = argparse.Namespace(variant="full", rounds=3, duration=5.0)
+    args = argparse.Namespace(variant="full", rounds=3, duration=5.0, concurrency=16)
     points = {
         "aaa1111": [
             Point(1000, 900, 1.0, 3.0),
