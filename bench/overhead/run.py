@@ -61,7 +61,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--noisy-retries",
         type=int,
         default=0,
-        help="rerun a proxy point up to N times while its server waits > 5%% for a CPU",
+        help="rerun a proxy point up to N times while its server waits > 5%% for a CPU or other "
+        "processes use > 5%% of the CPUs (the least disturbed attempt is kept)",
     )
     p.add_argument(
         "--quiet-wait",
