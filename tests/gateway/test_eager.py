@@ -46,7 +46,7 @@ async def test_a_coroutine_that_never_waits_gives_its_value_even_none() -> None:
     async def value() -> int:
         return 7
 
-    async def nothing() -> None:
+    async def nothing() -> int | None:
         return None
 
     assert await eager(value()) == 7
