@@ -10,7 +10,6 @@ timestamps the request path marks, so the request path itself never opens or clo
 
 from __future__ import annotations
 
-import random
 import sys
 import time
 from collections.abc import Mapping
@@ -26,7 +25,7 @@ from opentelemetry.sdk.trace.export import (
     SimpleSpanProcessor,
     SpanExporter,
 )
-from opentelemetry.sdk.trace.id_generator import IdGenerator
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from opentelemetry.trace import (
     Span,
@@ -67,32 +66,17 @@ class RatioSampler(ParentBased):
         self.bound = root.bound
 
 
-class DrawnIds(IdGenerator):
-    """Random ids, like the SDK's; the next trace id may be one the gateway already drew (to
-    decide its sampling), so that the SDK's span carries it."""
-
-    __slots__ = ("next_trace_id",)
+class DrawnIds(RandomIdGenerator):
+    """The SDK's random ids; the next trace id may be one the gateway already drew (to decide
+    its sampling), so that the SDK's span carries it."""
 
     def __init__(self) -> None:
         self.next_trace_id = 0
 
-    def generate_span_id(self) -> int:
-        """A random non-zero 64-bit span id."""
-        span_id = 0
-        while not span_id:
-            span_id = random.getrandbits(64)
-        return span_id
-
     def generate_trace_id(self) -> int:
         """The trace id drawn for the span being started, else a random non-zero one."""
         trace_id, self.next_trace_id = self.next_trace_id, 0
-        while not trace_id:
-            trace_id = random.getrandbits(128)
-        return trace_id
-
-    def is_trace_id_random(self) -> bool:
-        """Every id is uniformly random (W3C's random-trace-id flag)."""
-        return True
+        return trace_id or super().generate_trace_id()
 
 
 def _service_resource(env: Mapping[str, str]) -> Resource:
@@ -190,9 +174,7 @@ class Tracing:
         ids, bound = self._ids, self._bound
         if traceparent or ids is None or bound is None:
             return self._start(ctx, traceparent, tracestate)
-        trace_id = 0
-        while not trace_id:
-            trace_id = random.getrandbits(128)
+        trace_id = ids.generate_trace_id()  # random: none is drawn ahead at this point
         if trace_id & _LOW_64 >= bound:  # TraceIdRatioBased's rule: sampled out
             return UnsampledTrace(trace_id, ids.generate_span_id())
         ids.next_trace_id = trace_id
