@@ -9,15 +9,16 @@ about 10 µs each on the request path). The coroutine's steps are driven exactly
 drives them (``send`` on wake-up, ``throw`` on an error or a cancellation), so a cancelled
 caller cancels the coroutine at the point where it waits.
 
-An exception raised before the first suspension is kept and raised by ``await``, as a task
-would keep it. Awaiting twice is an error; never awaiting leaves the coroutine to be closed
-when collected (its ``finally`` blocks run then), so a caller that gives up must still await
-it (see ``proxy._withdraw``).
+An exception (or a cancellation) raised before the first suspension is kept and raised by
+``await``, as a task would keep it; ``KeyboardInterrupt`` and ``SystemExit`` propagate at
+once, as from a task's step. Awaiting twice is an error; never awaiting leaves the coroutine
+to be closed when collected (its ``finally`` blocks run then), so a caller that gives up must
+still await it (see ``proxy._withdraw``).
 """
 
 from __future__ import annotations
 
-from asyncio import isfuture
+from asyncio import CancelledError, isfuture
 from collections.abc import Coroutine, Generator
 from typing import Any, Generic, TypeVar
 
@@ -33,14 +34,14 @@ class Eager(Generic[T]):
 
     def __init__(self, coro: Coroutine[Any, Any, T]) -> None:
         self._coro: Coroutine[Any, Any, T] | None = coro
-        self._error: Exception | None = None
+        self._error: BaseException | None = None
         self._value: Any = _DONE
         self._yielded: Any = None
         try:
             self._yielded = coro.send(None)
         except StopIteration as done:
             self._coro, self._value = None, done.value
-        except Exception as exc:  # noqa: BLE001  # kept for the await, as a task keeps it
+        except (Exception, CancelledError) as exc:  # noqa: BLE001  # kept for the await, as a task keeps it
             self._coro, self._error = None, exc
 
     def __await__(self) -> Generator[Any, None, T]:

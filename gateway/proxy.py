@@ -149,6 +149,8 @@ class ProxyService:
             # flight, then wait for its verdict before anything is forwarded. (A refused
             # request's body was prepared for nothing: it is dropped.)
             admitting = eager(self.limiter.admit(principal, reserve))
+            # Always awaited below (or by _withdraw): an admission dropped un-awaited would be
+            # closed unfinished, its concurrency slot left to the lease.
             try:
                 tiers = await self._classify(ctx, body, summary, principal, headers)
                 prepared = self._prepare(body, summary, tiers, key_cap)

@@ -33,6 +33,7 @@ from opentelemetry.trace import (
     SpanKind,
     Status,
     StatusCode,
+    get_current_span,
     set_span_in_context,
 )
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
@@ -53,6 +54,11 @@ _CLEAN_OUTCOMES = frozenset({sc.OUTCOME_COMPLETE, sc.OUTCOME_CLIENT_DISCONNECT})
 
 class TracingConfigError(ValueError):
     """An ``OTEL_*`` value the gateway cannot honour."""
+
+
+def _span_is_current() -> bool:
+    """A span is current in the OTel context (the SDK would make the request its child)."""
+    return bool(get_current_span().get_span_context().is_valid)
 
 
 class RatioSampler(ParentBased):
@@ -162,7 +168,9 @@ class Tracing:
         self.capture_content = capture_content
         self.stage_spans = stage_spans
         # New traces sampled out are decided here, without the SDK (which would spend ~20 µs
-        # building a span nobody records): only with the sampler and ids built above.
+        # building a span nobody records): only with the sampler and ids built above, and
+        # only when no span is current (the gateway makes none; an instrumented caller might).
+        # The SDK's own span counters (internal metrics, off by default) no longer see them.
         sampler, ids = provider.sampler, provider.id_generator
         self._ids = ids if isinstance(ids, DrawnIds) else None
         self._bound = sampler.bound if isinstance(sampler, RatioSampler) else None
@@ -172,7 +180,7 @@ class Tracing:
     ) -> RequestTrace | UnsampledTrace:
         """Open the server span (child of an incoming ``traceparent``): the request's trace."""
         ids, bound = self._ids, self._bound
-        if traceparent or ids is None or bound is None:
+        if traceparent or ids is None or bound is None or _span_is_current():
             return self._start(ctx, traceparent, tracestate)
         trace_id = ids.generate_trace_id()  # random: none is drawn ahead at this point
         if trace_id & _LOW_64 >= bound:  # TraceIdRatioBased's rule: sampled out

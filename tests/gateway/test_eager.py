@@ -130,3 +130,12 @@ async def test_it_can_be_awaited_once() -> None:
     await started
     with pytest.raises(RuntimeError, match="awaited twice"):
         await started
+
+
+async def test_a_cancellation_before_the_first_wait_is_kept_for_the_await() -> None:
+    async def cancelled_at_once() -> int:
+        raise asyncio.CancelledError
+
+    started = eager(cancelled_at_once())  # kept, as a task keeps it
+    with pytest.raises(asyncio.CancelledError):
+        await started

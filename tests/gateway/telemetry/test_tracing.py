@@ -11,6 +11,7 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import NonRecordingSpan, SpanContext, use_span
 
 from gateway.context import Failure, RequestContext
 from gateway.events import AttemptEnd, AttemptStart
@@ -216,6 +217,18 @@ def test_a_provider_built_elsewhere_still_goes_through_the_sdk() -> None:
     traces = _start_many(Tracing(provider, capture_content=False), 5)
     assert all(isinstance(t, RequestTrace) for t in traces)
     assert len(exporter.get_finished_spans()) == 5
+
+
+def test_a_span_already_current_is_the_parent_as_the_sdk_would_make_it() -> None:
+    """Under a current span (an instrumented caller's), the request joins that trace through
+    the SDK even when the ratio would drop a new one."""
+    exporter = InMemorySpanExporter()
+    tracing = _tracing(exporter, trace_sample_ratio=0.0)
+    outer = SpanContext(0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331, is_remote=True)
+    with use_span(NonRecordingSpan(outer)):
+        trace = tracing.start(RequestContext("req", route="/v1/chat/completions"), None, None)
+    assert isinstance(trace, RequestTrace)
+    assert trace.trace_id == "0af7651916cd43dd8448eb211c80319c"
 
 
 async def test_an_incoming_sampled_parent_is_honoured() -> None:
