@@ -12,7 +12,11 @@ one upstream attempt (``attempt_started`` / ``attempt_ended`` with a real answer
 measured, the HTTP POST to a collector is not. The two settings alternate round by round;
 the figure is CPU time (``time.process_time``) per request, median of the rounds, and the
 ratio is taken within a run.
-A sampled-out request (``trace_sample_ratio`` below 1) costs neither.
+
+A second table prices a new trace the sampler drops (no incoming ``traceparent``, ratio 0):
+the same request with the gateway's provider, which decides before the SDK and keeps only the
+ids (``UnsampledTrace``), against a provider with the SDK's own sampler and ids, which builds a
+non-recording span for it. The two alternate round by round as well.
 """
 
 from __future__ import annotations
@@ -32,8 +36,13 @@ if str(REPO_ROOT) not in sys.path:
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import (  # noqa: E402  # after the path fix
     encode_spans,
 )
-from opentelemetry.sdk.trace import ReadableSpan  # noqa: E402  # same
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult  # noqa: E402  # same
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider  # noqa: E402  # same
+from opentelemetry.sdk.trace.export import (  # noqa: E402  # same
+    SimpleSpanProcessor,
+    SpanExporter,
+    SpanExportResult,
+)
+from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased  # noqa: E402  # same
 
 from bench.harness.markdown import report_head  # noqa: E402  # same
 from gateway.context import RequestContext  # noqa: E402  # same
@@ -100,8 +109,33 @@ def tracing_for(stage_spans: bool, exporter: EncodingExporter) -> Tracing:
     return Tracing(provider, capture_content=False, stage_spans=stage_spans)
 
 
-def one_request(tracing: Tracing, number: int) -> None:
-    """One sampled request's tracing, as the request path drives it."""
+def dropping_tracing(shortcut: bool) -> Tracing:
+    """Tracing at ratio 0: the gateway's provider (``shortcut``) or one the SDK decides for."""
+    if shortcut:
+        settings = TelemetrySettings(tracing=True, otel_env={}, trace_sample_ratio=0.0)
+        provider = build_tracer_provider(settings, EncodingExporter())
+        assert provider is not None  # tracing is on
+    else:
+        provider = TracerProvider(sampler=ParentBased(TraceIdRatioBased(0.0)))
+        provider.add_span_processor(SimpleSpanProcessor(EncodingExporter()))
+    return Tracing(provider, capture_content=False)
+
+
+def measure_dropped(shortcut: bool, requests: int) -> float:
+    """CPU µs per request whose new trace the sampler drops."""
+    tracing = dropping_tracing(shortcut)
+    for number in range(200):  # warm-up
+        one_request(tracing, number, None)
+    started = time.process_time()
+    for number in range(requests):
+        one_request(tracing, number, None)
+    spent = time.process_time() - started
+    tracing.shutdown()
+    return spent / requests * 1e6
+
+
+def one_request(tracing: Tracing, number: int, traceparent: str | None = PARENT) -> None:
+    """One request's tracing, as the request path drives it (sampled under ``PARENT``)."""
     ctx = RequestContext(f"req-{number}", route="/v1/chat/completions")
     ctx.summary = RequestSummary(
         kind="chat",
@@ -113,7 +147,7 @@ def one_request(tracing: Tracing, number: int) -> None:
         has_tools=False,
         response_format=None,
     )
-    trace = ctx.trace = tracing.start(ctx, PARENT, None)
+    trace = ctx.trace = tracing.start(ctx, traceparent, None)
     for stage in ("auth", "validate", "classify", "ratelimit"):
         trace.mark(stage)
     ctx.decision = RouteDecision("fast", "classifier", 0.12)
@@ -168,7 +202,12 @@ def main(argv: list[str] | None = None) -> None:
             micros, per_request = measure(stage_spans, args.requests)
             cpu[stage_spans].append(micros)
             spans[stage_spans] = per_request
+    dropped: dict[bool, list[float]] = {True: [], False: []}
+    for _ in range(args.rounds):
+        for shortcut in (True, False):
+            dropped[shortcut].append(measure_dropped(shortcut, args.requests))
     on, off = statistics.median(cpu[True]), statistics.median(cpu[False])
+    fast, sdk = statistics.median(dropped[True]), statistics.median(dropped[False])
     given = sys.argv[1:] if argv is None else argv
     command = " ".join([".venv/bin/python bench/tracing/run.py", *given])
     lines = [
@@ -189,7 +228,20 @@ def main(argv: list[str] | None = None) -> None:
         + " |",
         "",
         f"Stage spans on / off: **{on / off:.2f}x** the CPU per traced request. With "
-        "`trace_sample_ratio` r, the average request pays r times this.",
+        "`trace_sample_ratio` r, the average request pays r times this, plus (1 - r) times "
+        "the cost of a dropped trace below.",
+        "",
+        "| a new trace the sampler drops (ratio 0, no incoming traceparent) "
+        "| CPU µs per request | rounds |",
+        "|---|---:|---|",
+        f"| decided by the gateway before the SDK (the gateway's provider) | {fast:,.1f} | "
+        + ", ".join(f"{v:,.1f}" for v in dropped[True])
+        + " |",
+        f"| decided by the SDK (its own sampler and ids) | {sdk:,.1f} | "
+        + ", ".join(f"{v:,.1f}" for v in dropped[False])
+        + " |",
+        "",
+        f"Gateway / SDK: **{fast / sdk:.2f}x** the CPU per dropped trace.",
         "",
     ]
     args.out.write_text("\n".join(lines), encoding="utf-8")
