@@ -188,6 +188,13 @@ def measure(stage_spans: bool, requests: int) -> tuple[float, float]:
     return spent / requests * 1e6, exporter.spans / requests
 
 
+def _row(*cells: str, rounds: list[float], digits: int) -> str:
+    """A table row: ``cells``, the median of ``rounds``, then every round."""
+    every = ", ".join(f"{v:,.{digits}f}" for v in rounds)
+    median = f"{statistics.median(rounds):,.{digits}f}"
+    return "| " + " | ".join([*cells, median, every]) + " |"
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the rounds and write the report."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
@@ -220,12 +227,8 @@ def main(argv: list[str] | None = None) -> None:
         "",
         "| `telemetry.stage_spans` | spans per request | CPU µs per traced request | rounds |",
         "|---|---:|---:|---|",
-        f"| true | {spans[True]:.0f} | {on:,.0f} | "
-        + ", ".join(f"{v:,.0f}" for v in cpu[True])
-        + " |",
-        f"| false (default) | {spans[False]:.0f} | {off:,.0f} | "
-        + ", ".join(f"{v:,.0f}" for v in cpu[False])
-        + " |",
+        _row("true", f"{spans[True]:.0f}", rounds=cpu[True], digits=0),
+        _row("false (default)", f"{spans[False]:.0f}", rounds=cpu[False], digits=0),
         "",
         f"Stage spans on / off: **{on / off:.2f}x** the CPU per traced request. With "
         "`trace_sample_ratio` r, the average request pays r times this, plus (1 - r) times "
@@ -234,12 +237,12 @@ def main(argv: list[str] | None = None) -> None:
         "| a new trace the sampler drops (ratio 0, no incoming traceparent) "
         "| CPU µs per request | rounds |",
         "|---|---:|---|",
-        f"| decided by the gateway before the SDK (the gateway's provider) | {fast:,.1f} | "
-        + ", ".join(f"{v:,.1f}" for v in dropped[True])
-        + " |",
-        f"| decided by the SDK (its own sampler and ids) | {sdk:,.1f} | "
-        + ", ".join(f"{v:,.1f}" for v in dropped[False])
-        + " |",
+        _row(
+            "decided by the gateway before the SDK (the gateway's provider)",
+            rounds=dropped[True],
+            digits=1,
+        ),
+        _row("decided by the SDK (its own sampler and ids)", rounds=dropped[False], digits=1),
         "",
         f"Gateway / SDK: **{fast / sdk:.2f}x** the CPU per dropped trace.",
         "",

@@ -33,6 +33,7 @@ from opentelemetry.trace import (
     SpanKind,
     Status,
     StatusCode,
+    TraceFlags,
     get_current_span,
     set_span_in_context,
 )
@@ -47,8 +48,7 @@ if TYPE_CHECKING:
     from gateway.context import RequestContext
 
 _HTTP_PROTOBUF = "http/protobuf"
-_LOW_64 = (1 << 64) - 1
-_RANDOM_TRACE_ID = 0x02  # W3C trace flag: the trace id's low 56 bits are random
+_UNSAMPLED = TraceFlags(TraceFlags.RANDOM_TRACE_ID)  # what the SDK's dropped spans carry
 _CLEAN_OUTCOMES = frozenset({sc.OUTCOME_COMPLETE, sc.OUTCOME_CLIENT_DISCONNECT})
 
 
@@ -183,7 +183,7 @@ class Tracing:
         if traceparent or ids is None or bound is None or _span_is_current():
             return self._start(ctx, traceparent, tracestate)
         trace_id = ids.generate_trace_id()  # random: none is drawn ahead at this point
-        if trace_id & _LOW_64 >= bound:  # TraceIdRatioBased's rule: sampled out
+        if trace_id & TraceIdRatioBased.TRACE_ID_LIMIT >= bound:  # the SDK's rule: sampled out
             return UnsampledTrace(trace_id, ids.generate_span_id())
         ids.next_trace_id = trace_id
         try:
@@ -259,10 +259,10 @@ class UnsampledTrace:
         """The ``traceparent`` every attempt sends: this trace, flags random id, not sampled."""
         propagated = self._propagated
         if propagated is None:
-            propagated = self._propagated = {
-                "traceparent": f"00-{self._trace_id:032x}-{self._span_id:016x}-"
-                f"{_RANDOM_TRACE_ID:02x}"
-            }
+            context = SpanContext(
+                self._trace_id, self._span_id, is_remote=False, trace_flags=_UNSAMPLED
+            )
+            propagated = self._propagated = trace_headers(context)
         return propagated
 
     def attempt_ended(self, ctx: RequestContext, end: AttemptEnd) -> None:
