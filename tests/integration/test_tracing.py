@@ -8,6 +8,7 @@ attributes, and that the simulator received the client span's
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -60,8 +61,16 @@ def traced(
 
 
 def _tree(exporter: InMemorySpanExporter) -> tuple[ReadableSpan, list[ReadableSpan]]:
-    """The one server span and its children (checking they all share its trace)."""
+    """The one server span and its children (checking they all share its trace).
+
+    The server span ends in the request's after-work, which runs once the last byte is
+    written: the client may read its answer first, so wait (bounded) for the span to end.
+    """
+    deadline = time.monotonic() + 5.0
     spans = list(exporter.get_finished_spans())
+    while not any(s.kind is SpanKind.SERVER for s in spans) and time.monotonic() < deadline:
+        time.sleep(0.01)
+        spans = list(exporter.get_finished_spans())
     (server,) = [s for s in spans if s.kind is SpanKind.SERVER]
     children = [s for s in spans if s is not server]
     for child in children:
