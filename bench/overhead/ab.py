@@ -92,9 +92,13 @@ def remove(tree: Path) -> None:
 
 
 def launcher(tree: Path) -> tuple[str, ...]:
-    """Run ``tiergate`` with ``tree``'s code first on the path."""
+    """Run ``tiergate`` with ``tree``'s code first on the path.
+
+    ``-P``: ``python -c`` would otherwise put the working directory (this checkout, where the
+    legs start) ahead of ``PYTHONPATH``, and every revision would run this checkout's code.
+    """
     main = "import sys; from gateway.cli import main; sys.exit(main())"
-    return ("env", f"PYTHONPATH={tree}", sys.executable, "-c", main)
+    return ("env", f"PYTHONPATH={tree}", sys.executable, "-P", "-c", main)
 
 
 def run(args: argparse.Namespace, commits: list[str], workdir: Path) -> dict[str, list[Point]]:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import subprocess
+from pathlib import Path
 
-from bench.overhead.ab import Point, report
+from bench.overhead.ab import REPO_ROOT, Point, launcher, report
 
 
 def test_report_takes_medians_and_ratios_against_the_first_revision() -> None:
@@ -27,3 +29,20 @@ def test_report_takes_medians_and_ratios_against_the_first_revision() -> None:
     assert "| bbb2222 | 1,250 | 720 | 0.800 | 2.500 | 0.800 |" in text
     assert "| 3 | bbb2222 | 900 | 1,100 | 1.900 | 9.000 |" in text
     assert "variant `full`" in text
+
+
+def test_launcher_imports_the_gateway_from_the_tree_not_the_working_directory(
+    tmp_path: Path,
+) -> None:
+    """Started from this checkout (as the legs are), the process must still run ``tree``'s code:
+    ``python -c`` puts the working directory ahead of ``PYTHONPATH`` unless told not to."""
+    tree = tmp_path / "tree"
+    (tree / "gateway").mkdir(parents=True)
+    (tree / "gateway" / "__init__.py").write_text("")
+    (tree / "gateway" / "cli.py").write_text(
+        "def main() -> int:\n    print('from-the-tree')\n    return 0\n"
+    )
+    out = subprocess.run(
+        launcher(tree), cwd=REPO_ROOT, capture_output=True, text=True, check=True, timeout=60
+    )
+    assert out.stdout.strip() == "from-the-tree"
