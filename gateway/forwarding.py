@@ -143,6 +143,19 @@ class Forwarder:
         self.policy = policy
         self.budget = RetryBudget(policy.budget_ratio, policy.budget_min, policy.budget_window_s)
 
+    def uses_prefix(self, tiers: Sequence[str]) -> bool:
+        """Whether a replica choice on ``tiers`` can follow the request's prefix blocks.
+
+        Only a prefix-aware strategy over more than one replica reads them; otherwise the
+        caller skips hashing the prompt (a request's blocks are then empty).
+        """
+        routes = self.routes
+        for tier in tiers:
+            route = routes[tier]
+            if route.strategy.uses_prefix and len(route.pool.replicas) > 1:
+                return True
+        return False
+
     async def forward(
         self,
         path: str,

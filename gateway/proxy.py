@@ -214,8 +214,11 @@ class ProxyService:
         key_cap: int | None,
     ) -> tuple[bool, tuple[int, ...]]:
         """The upstream body's own fields set, and its prefix blocks: whether the usage chunk
-        must be hidden from the caller, and the blocks that choose a replica."""
+        must be hidden from the caller, and the blocks that choose a replica (none where no
+        choice on ``tiers`` reads them: one replica, or a strategy without prefix affinity)."""
         strip_usage = self._prepare_upstream_body(body, summary, tiers, key_cap)
+        if not self.forwarder.uses_prefix(tiers):
+            return strip_usage, ()
         return strip_usage, prefix_blocks(body, summary.kind, self.prefix)
 
     def _prepare_upstream_body(

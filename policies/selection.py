@@ -49,6 +49,8 @@ class Strategy(Protocol):
     """Picks one of ``candidates`` (all up and below their cap) for a request."""
 
     name: str
+    # Whether ``choose`` reads ``prefix_blocks``: when not, the caller need not hash them.
+    uses_prefix: bool
 
     def choose(self, candidates: Sequence[R], prefix_blocks: Sequence[int], tick: int) -> Choice[R]:
         """Return the chosen replica; ``candidates`` is never empty."""
@@ -68,6 +70,7 @@ class RoundRobin:
     """Each request to the next replica in turn."""
 
     name = "round_robin"
+    uses_prefix = False
 
     def choose(self, candidates: Sequence[R], prefix_blocks: Sequence[int], tick: int) -> Choice[R]:
         """The candidate at ``tick`` modulo their number."""
@@ -92,6 +95,7 @@ class LeastLoaded:
     """The replica with the least load."""
 
     name = "least_loaded"
+    uses_prefix = False
 
     def choose(self, candidates: Sequence[R], prefix_blocks: Sequence[int], tick: int) -> Choice[R]:
         """The least-loaded candidate."""
@@ -128,6 +132,7 @@ class PrefixAffinity:
     """
 
     name = "prefix_affinity"
+    uses_prefix = True
 
     def __init__(
         self,
