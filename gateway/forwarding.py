@@ -224,7 +224,10 @@ class Forwarder:
             if number > 1 and loop.failures:
                 pool.count_retry(loop.failures[-1].kind)
             routed_at = time.perf_counter()
-            choice = await self._choose(route, frozenset(tried), prefix_blocks, loop)
+            exclude = frozenset(tried) if tried else _NOTHING
+            choice = _pick(route, exclude, prefix_blocks)
+            if choice is None:  # every usable replica at its cap: wait for a slot
+                choice = await self._choose(route, exclude, prefix_blocks, loop)
             replica = choice.replica
             tried.add(replica.url)
             upstream_id = fresh_id()  # unique per attempt
@@ -265,22 +268,10 @@ class Forwarder:
         pool = route.pool
         wait_until = time.monotonic() + pool.max_queue_wait_s  # one bounded wait in all
         while True:
-            now = time.monotonic()
-            usable = pool.usable(now, exclude)
-            if not usable and exclude:
-                usable = pool.usable(now)  # every replica tried: any is fair
-            if not usable:
-                raise AttemptFailed(
-                    FailureKind.NO_REPLICA,
-                    f"No healthy replica in tier '{pool.tier}': {why_none(pool, now)}.",
-                    retry_after=pool.ready_in(now) or None,
-                )
-            free = [r for r in usable if r.has_capacity]
-            if free:
-                choice = route.strategy.choose(free, prefix_blocks, pool.next_index())
-                pool.lease(choice.replica)
+            choice = _pick(route, exclude, prefix_blocks)
+            if choice is not None:
                 return choice
-            await pool.wait_for_slot(min(wait_until - now, loop.remaining()))
+            await pool.wait_for_slot(min(wait_until - time.monotonic(), loop.remaining()))
 
     async def _attempt(
         self, route: TierRoute, replica: Replica, send: _Send, events: AttemptEvents
@@ -359,6 +350,35 @@ class Forwarder:
             counts=failure.counts_against_replica and cooldown is None,
             retry_after=cooldown,
         )
+
+
+_NOTHING: frozenset[str] = frozenset()
+
+
+def _pick(
+    route: TierRoute, exclude: frozenset[str], prefix_blocks: Sequence[int]
+) -> Choice[Replica] | None:
+    """A leased replica for the next attempt; None when every usable one is at its cap.
+
+    Raises ``AttemptFailed`` (no replica) when none is usable at all.
+    """
+    pool = route.pool
+    now = time.monotonic()
+    usable = pool.usable(now, exclude)
+    if not usable and exclude:
+        usable = pool.usable(now)  # every replica tried: any is fair
+    if not usable:
+        raise AttemptFailed(
+            FailureKind.NO_REPLICA,
+            f"No healthy replica in tier '{pool.tier}': {why_none(pool, now)}.",
+            retry_after=pool.ready_in(now) or None,
+        )
+    free = [r for r in usable if r.has_capacity]
+    if not free:
+        return None
+    choice = route.strategy.choose(free, prefix_blocks, pool.next_index())
+    pool.lease(choice.replica)
+    return choice
 
 
 async def _first_event(exchange: Exchange, timeout_s: float, waited: _Waited) -> bytes:

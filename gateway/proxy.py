@@ -5,12 +5,10 @@ This module orchestrates the stages; each stage is an object built once in ``cre
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-import msgspec
 import structlog
 
 from gateway.budgets import BudgetGate, with_budget
@@ -18,7 +16,7 @@ from gateway.context import Failure, RequestContext, Trace, request_id_from
 from gateway.eager import Eager, eager
 from gateway.events import AttemptEnd, AttemptStart, Outcome, Usage
 from gateway.forwarding import Exchange, Forwarded, Forwarder
-from gateway.relay import StreamRelay, usage_from
+from gateway.relay import StreamRelay, usage_of_answer
 from gateway.replies import EVENT_STREAM, Inbound, Reply, error_reply, internal_error_reply
 from gateway.request_body import FieldRules, decode
 from gateway.routing import TierRouter
@@ -38,7 +36,6 @@ from policies.requests import (
 from policies.tiering import RouteDecision
 
 T = TypeVar("T")
-_decoder = msgspec.json.Decoder()
 _log = structlog.get_logger("tiergate.proxy")
 _NO_HEADERS: Mapping[str, str] = {}
 
@@ -308,8 +305,7 @@ class ProxyService:
         self, ctx: RequestContext, raw: bytes, admission: Admission, shadow: _Shadow | None
     ) -> Reply:
         if b'"usage"' in raw:
-            with contextlib.suppress(msgspec.DecodeError):
-                ctx.usage = usage_from(_decoder.decode(raw))
+            ctx.usage = usage_of_answer(raw)
         usage = ctx.usage
         ctx.status = 200
         used = usage.total if usage is not None else None

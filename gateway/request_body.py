@@ -23,6 +23,7 @@ from policies.fields import (
     MediaUrl,
     check_fields,
     embedding_parts,
+    has_content_parts,
     media_urls,
 )
 from policies.principal import SCOPE_ENGINE_FIELDS, Principal
@@ -88,7 +89,7 @@ class FieldRules:
             structured_outputs=self.structured.get(tier, True),
         )
         urls: list[MediaUrl] = []
-        if kind == "chat":
+        if kind == "chat" and has_content_parts(body):
             embeds = embedding_parts(body)
             if embeds and not engine:
                 raise InvalidRequest(

@@ -264,6 +264,18 @@ def _content_parts(body: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]
                 yield f"messages[{i}].content[{j}]", part
 
 
+def has_content_parts(body: dict[str, Any]) -> bool:
+    """Whether any message of a chat body has a list of content parts (plain text has none,
+    so neither media nor embeddings: the checks that walk the parts can be skipped)."""
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return False
+    for message in messages:
+        if isinstance(message, dict) and isinstance(message.get("content"), list):
+            return True
+    return False
+
+
 def embedding_parts(body: dict[str, Any]) -> list[str]:
     """The parameter paths of raw-embedding content parts in a chat body."""
     return [

@@ -13,6 +13,7 @@ from policies.fields import (
     MediaUrl,
     check_address,
     check_fields,
+    has_content_parts,
     media_urls,
     remote_host,
 )
@@ -172,3 +173,15 @@ def test_json_depth_is_iterative_and_exact() -> None:
     for _ in range(100_000):
         deep = [deep]
     assert json_depth(deep) == 100_001
+
+
+def test_content_parts_are_detected_in_any_message() -> None:
+    """Only a list ``content`` has parts; the media and embedding checks rely on this."""
+    text = {"role": "user", "content": "hi"}
+    parts = {"role": "user", "content": [{"type": "text", "text": "hi"}]}
+    assert not has_content_parts({"messages": [text, text]})
+    assert not has_content_parts({"messages": "not a list"})
+    assert not has_content_parts({"prompt": "x"})
+    assert not has_content_parts({"messages": [None, 3, text]})
+    assert has_content_parts({"messages": [text, parts]})
+    assert has_content_parts({"messages": [{"role": "user", "content": []}]})
