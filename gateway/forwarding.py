@@ -376,7 +376,12 @@ def _pick(
     free = [r for r in usable if r.has_capacity]
     if not free:
         return None
-    choice = route.strategy.choose(free, prefix_blocks, pool.next_index())
+    # One candidate: every strategy takes it, with no prefix followed (affinity None).
+    choice = (
+        Choice(free[0])
+        if len(free) == 1
+        else route.strategy.choose(free, prefix_blocks, pool.next_index())
+    )
     pool.lease(choice.replica)
     return choice
 

@@ -173,8 +173,14 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 self._refuse(Shed.HEAD_TOO_LARGE, _head_too_large(limit))
 
     def on_message_begin(self) -> None:
-        """A new request's first byte: its head clock starts (the first one's at accept)."""
-        super().on_message_begin()
+        """A new request's first byte: its head clock starts (the first one's at accept).
+
+        uvicorn's own start of a message, less the ASGI scope: that is built (``asgi_scope``)
+        only for a request the ASGI app serves, not for every inference request served natively.
+        """
+        self.url = b""
+        self.expect_100_continue = False
+        self.headers = []
         self._head_size = 0
         if not self._reading_head:
             self._reading_head = True
@@ -183,14 +189,31 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self.phase = Phase.HEAD
             self.since = self.loop.time()
 
+    def asgi_scope(self) -> None:
+        """The ASGI scope of the request whose head is being read, as uvicorn builds it."""
+        self.scope = {  # type: ignore[typeddict-item]  # uvicorn's own literal
+            "type": "http",
+            "asgi": {"version": self.asgi_version, "spec_version": "2.3"},
+            "http_version": "1.1",
+            "server": self.server,
+            "client": self.client,
+            "scheme": self.scheme,  # type: ignore[typeddict-item]  # as uvicorn
+            "root_path": self.root_path,
+            "headers": self.headers,
+            "state": self.app_state.copy(),
+        }
+
     def on_url(self, url: bytes) -> None:
-        """Count the request target into the head size."""
-        super().on_url(url)
+        """Collect the request target (as uvicorn) and count it into the head size."""
+        self.url += url
         self._head_size += len(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        """Count one header into the head size."""
-        super().on_header(name, value)
+        """Collect one header (as uvicorn) and count it into the head size."""
+        name = name.lower()
+        if name == b"expect" and value.lower() == b"100-continue":
+            self.expect_100_continue = True
+        self.headers.append((name, value))
         self._head_size += len(name) + len(value) + 4
 
     def on_headers_complete(self) -> None:
@@ -207,6 +230,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             if not allowed:
                 self.guard.note_shed(Shed.OVER_CAPACITY, self.loop.time())
         if self._ops_only or not self._start_native():
+            self.asgi_scope()
             super().on_headers_complete()
         now = self.loop.time()
         self.phase = Phase.BODY

@@ -20,8 +20,9 @@ COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 
 # Fields some gateways honour to pick an upstream; ours never does (LiteLLM CVE-2024-6587).
 STEERING_FIELDS = ("api_base", "base_url", "api_key", "custom_llm_provider", "api_version")
+_STEERING = frozenset(STEERING_FIELDS)
 
-_NUMBER_PARAMS = ("temperature", "top_p", "presence_penalty", "frequency_penalty")
+_NUMBER_PARAMS = frozenset({"temperature", "top_p", "presence_penalty", "frequency_penalty"})
 _CHARS_PER_TOKEN = 4
 
 
@@ -113,9 +114,8 @@ def _check_scalars(body: dict[str, Any]) -> tuple[bool, int | None, str]:
     stream = body.get("stream", False)
     if stream is not None and not isinstance(stream, bool):
         raise InvalidRequest("'stream' must be a boolean.", param="stream")
-    for name in _NUMBER_PARAMS:
-        value = body.get(name)
-        if value is not None and not _is_number(value):
+    for name, value in body.items():  # the body's own order: the first bad one is named
+        if name in _NUMBER_PARAMS and value is not None and not _is_number(value):
             raise InvalidRequest(f"'{name}' must be a number.", param=name)
     for name in ("n", "best_of"):
         value = body.get(name)
@@ -189,8 +189,9 @@ def validate(body: object, kind: RequestKind) -> RequestSummary:
     tools = body.get("tools")
     if tools is not None and not isinstance(tools, list):
         raise InvalidRequest("'tools' must be an array.", param="tools")
-    for name in STEERING_FIELDS:
-        body.pop(name, None)
+    if not _STEERING.isdisjoint(body):
+        for name in STEERING_FIELDS:
+            body.pop(name, None)
     prompt = body.get("prompt")
     best_of = body.get("best_of")
     return RequestSummary(
