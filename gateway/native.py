@@ -86,12 +86,17 @@ class Handler:
 
 def reply_head(reply: Reply, *, keep_alive: bool, length: int | None) -> bytes:
     """Status line and headers; ``length`` ``None`` means a chunked body."""
-    parts = [_STATUS_LINES.get(reply.status) or _status_line(reply.status)]
-    for name, value in reply.headers.items():
-        text = value
-        if "\r" in text or "\n" in text:  # a value a backend chose (an error code): no split
-            text = text.replace("\r", " ").replace("\n", " ")
-        parts.append(f"{name}: {text}\r\n")
+    headers = reply.headers
+    lines = "".join([f"{name}: {value}\r\n" for name, value in headers.items()])
+    if lines.count("\n") != len(headers) or lines.count("\r") != len(headers):
+        # A value a backend chose (an error code) holds a line break: no split.
+        lines = "".join(
+            [
+                f"{name}: {value.replace(chr(13), ' ').replace(chr(10), ' ')}\r\n"
+                for name, value in headers.items()
+            ]
+        )
+    parts = [_STATUS_LINES.get(reply.status) or _status_line(reply.status), lines]
     parts.append(f"content-type: {reply.media_type}\r\n")
     if length is None:
         parts.append("transfer-encoding: chunked\r\n")

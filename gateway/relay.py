@@ -10,6 +10,7 @@ caller, the stream counts as failed and no usage is made up for it.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -61,13 +62,22 @@ def usage_fields(usage: Any) -> Usage | None:
         return None
     details = usage.get("prompt_tokens_details")
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
-    # Counts from the backend, never below zero: a negative one would refund tokens the key
-    # never got back and make the token counters go down.
     return Usage(
-        prompt_tokens=max(0, int(usage.get("prompt_tokens") or 0)),
-        completion_tokens=max(0, int(usage.get("completion_tokens") or 0)),
-        cached_tokens=max(0, int(cached or 0)),
+        prompt_tokens=_count(usage.get("prompt_tokens")),
+        completion_tokens=_count(usage.get("completion_tokens")),
+        cached_tokens=_count(cached),
     )
+
+
+def _count(value: Any) -> int:
+    """A token count from the backend: never below zero (a negative one would refund tokens
+    the key never got back and make the token counters go down), and 0 for anything that is
+    not a finite number (a string, a list, 1e999) rather than an error for the caller."""
+    if type(value) is int:  # the usual case; bool is not a count
+        return value if value > 0 else 0
+    if isinstance(value, float) and math.isfinite(value):
+        return max(0, int(value))
+    return 0
 
 
 def error_event(message: str, code: int) -> bytes:

@@ -4,13 +4,18 @@ decode for every shape a backend may send, and None where there are none."""
 from __future__ import annotations
 
 import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import msgspec
 import pytest
+from litestar.testing import AsyncTestClient
 
+from gateway.app import create_app
 from gateway.events import Usage
 from gateway.relay import usage_from, usage_of_answer
+from gateway.settings import AuthSettings, Settings, TierSettings
 
 ANSWER = {
     "id": "chatcmpl-1",
@@ -69,3 +74,64 @@ def test_counts_are_read() -> None:
         }
     ).encode()
     assert usage_of_answer(raw) == Usage(12, 5, 8)
+
+
+@pytest.mark.parametrize(
+    "usage",
+    [
+        '{"prompt_tokens": "many", "completion_tokens": 2}',
+        '{"prompt_tokens": -0.5, "completion_tokens": 2.9}',
+        '{"prompt_tokens": [1], "completion_tokens": {"a": 1}}',
+        '{"prompt_tokens": true, "completion_tokens": 2, "prompt_tokens_details": 7}',
+    ],
+)
+def test_counts_that_are_not_numbers_count_as_zero(usage: str) -> None:
+    """An unfamiliar backend's odd counts never raise: what is not a count is 0."""
+    raw = ('{"choices": [], "usage": ' + usage + "}").encode()
+    got = usage_of_answer(raw)
+    assert got is not None
+    assert got.prompt_tokens == 0
+    assert got.completion_tokens in (0, 2)
+    assert usage_from(msgspec.json.decode(raw)) == got
+
+
+async def test_an_answer_with_odd_usage_is_relayed_not_a_500() -> None:
+    """Through the whole app: the caller gets the backend's answer as it is."""
+    body = (
+        b'{"id": "x", "choices": [], "usage": {"prompt_tokens": "many", "completion_tokens": [2]}}'
+    )
+
+    class Backend(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # the stdlib's name
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: Any) -> None:
+            return
+
+    # In a thread: the test client blocks this loop while the app answers on its own.
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Backend)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    settings = Settings(
+        tiers={
+            "fast": TierSettings(model="m", replicas=[url], default_max_tokens=8),
+            "precise": TierSettings(model="p", replicas=["http://127.0.0.1:9"]),
+        },
+        auth=AuthSettings(enabled=False),
+    )
+    try:
+        async with AsyncTestClient(app=create_app(settings)) as client:
+            resp = await client.post(
+                "/v1/chat/completions",
+                json={"model": "fast", "messages": [{"role": "user", "content": "hi"}]},
+            )
+        assert resp.status_code == 200, resp.text
+        assert resp.content == body
+    finally:
+        server.shutdown()
+        server.server_close()

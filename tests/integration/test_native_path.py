@@ -246,3 +246,18 @@ def test_reply_head_never_splits_a_header() -> None:
     assert not any(line.lower().startswith(b"set-cookie") for line in lines)
     assert head.endswith(b"\r\n\r\n")
     assert head.count(b"\r\n\r\n") == 1
+
+
+@pytest.mark.parametrize("value", ["a\nset-cookie: x", "a\rset-cookie: x", "\r\n\r\n", "\n"])
+def test_reply_head_keeps_one_line_per_header_whatever_the_break(value: str) -> None:
+    """A lone CR or LF in any one of several values is blanked too; the others are kept."""
+    reply = Reply(200, {"x-request-id": "r1", "x-tiergate-fallback-reason": value, "x-b": "2"})
+    head = reply_head(reply, keep_alive=True, length=0).decode("latin-1")
+    lines = head.split("\r\n")
+    assert lines[1] == "x-request-id: r1"
+    assert lines[2].startswith("x-tiergate-fallback-reason: ")
+    assert lines[3] == "x-b: 2"
+    assert "\n" not in "".join(lines)
+    assert "\r" not in "".join(lines)
+    assert head.endswith("\r\n\r\n")
+    assert head.count("\r\n\r\n") == 1
