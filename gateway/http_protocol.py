@@ -302,10 +302,19 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self.flow.resume_reading()
 
     def on_response_complete(self) -> None:
-        """Back to keep-alive (or on to a pipelined request, and what was held behind it)."""
+        """Back to keep-alive (or on to a pipelined request, and what was held behind it).
+
+        uvicorn's own step, less its keep-alive timer (a timer armed and cancelled for every
+        response): the guard's sweeper closes a connection idle past ``idle_timeout_s``.
+        """
         pipelined = bool(self.pipeline)
         held, self._held = self._held, None
-        super().on_response_complete()
+        self.server_state.total_requests += 1
+        if not self.transport.is_closing():
+            self.flow.resume_reading()
+            if pipelined:
+                cycle, app = self.pipeline.pop()
+                self._start_asgi_task(cycle, app)
         if pipelined:
             self.phase = Phase.BUSY
         else:  # a head that began behind the last request gets its head deadline from now
@@ -313,11 +322,3 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self.since = self.loop.time()
         if held and not self.transport.is_closing():
             self.data_received(b"".join(held))
-
-    def timeout_keep_alive_handler(self) -> None:
-        """uvicorn's keep-alive timer (set to the idle timeout): counted like the sweeper's."""
-        guard = self.guard
-        if self in guard.open and not self.transport.is_closing():
-            guard.note_shed(Shed.IDLE_TIMEOUT, self.loop.time())
-            guard.release(self)
-        super().timeout_keep_alive_handler()

@@ -131,6 +131,7 @@ def _run(settings: Settings, sock: socket.socket, worker: WorkerRole | None) -> 
         log_level="warning",
         server_header=False,
         date_header=False,
+        # Not armed by the guarded protocol (the guard sweeps idle connections); kept in step.
         timeout_keep_alive=max(1, round(limits.idle_timeout_s)),
         timeout_graceful_shutdown=int(settings.server.shutdown_grace_s),
         proxy_headers=False,
