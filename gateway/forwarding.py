@@ -276,15 +276,52 @@ class Forwarder:
     async def _attempt(
         self, route: TierRoute, replica: Replica, send: _Send, events: AttemptEvents
     ) -> Exchange:
-        """One attempt, reported to ``events`` as ended (opened or failed) whatever happens."""
+        """One attempt, reported to ``events`` as ended (opened or failed) whatever happens.
+
+        Its lease on ``replica`` is returned on failure; on success the exchange holds it
+        (a non-streaming answer is read whole and gives it back at once).
+        """
+        pool = route.pool
         waited = _Waited()
+        started = time.perf_counter()
         try:
-            exchange = await self._open(route, replica, send, waited)
+            try:
+                opened = await attempt(
+                    self.upstream.pool,
+                    replica.url + send.path,
+                    send.payload,
+                    send.headers,
+                    stream=send.stream,
+                    timeout_s=send.limit_s,
+                    connect_s=route.timeouts.connect_s,
+                )
+            except AttemptFailed as failure:
+                pool.release(replica)
+                self._record_failure(pool, replica, failure)
+                raise
+            except BaseException:
+                pool.release(replica)
+                raise
+            finally:
+                waited.upstream_s += time.perf_counter() - started
+            exchange = Exchange(opened, replica, pool)
+            if send.stream:
+                try:
+                    exchange.first_event = await _first_event(exchange, send.limit_s, waited)
+                except AttemptFailed as failure:
+                    exchange.finish(abort=True)
+                    self._record_failure(pool, replica, failure)
+                    raise
+                except BaseException:
+                    exchange.finish(abort=True)
+                    raise
+            else:
+                exchange.finish()
+            pool.record_success(replica)
         except BaseException as exc:
             kind = exc.kind if isinstance(exc, AttemptFailed) else type(exc).__name__
             events.attempt_ended(AttemptEnd(waited.upstream_s, waited.first_chunk_at, kind))
             raise
-        opened = exchange.opened
         events.attempt_ended(
             AttemptEnd(
                 waited.upstream_s,
@@ -293,46 +330,6 @@ class Forwarder:
                 first_event=exchange.first_event,
             )
         )
-        return exchange
-
-    async def _open(
-        self, route: TierRoute, replica: Replica, send: _Send, waited: _Waited
-    ) -> Exchange:
-        pool = route.pool
-        started = time.perf_counter()
-        try:
-            opened = await attempt(
-                self.upstream.pool,
-                replica.url + send.path,
-                send.payload,
-                send.headers,
-                stream=send.stream,
-                timeout_s=send.limit_s,
-                connect_s=route.timeouts.connect_s,
-            )
-        except AttemptFailed as failure:
-            pool.release(replica)
-            self._record_failure(pool, replica, failure)
-            raise
-        except BaseException:
-            pool.release(replica)
-            raise
-        finally:
-            waited.upstream_s += time.perf_counter() - started
-        exchange = Exchange(opened, replica, pool)
-        if send.stream:
-            try:
-                exchange.first_event = await _first_event(exchange, send.limit_s, waited)
-            except AttemptFailed as failure:
-                exchange.finish(abort=True)
-                self._record_failure(pool, replica, failure)
-                raise
-            except BaseException:
-                exchange.finish(abort=True)
-                raise
-        else:
-            exchange.finish()
-        pool.record_success(replica)
         return exchange
 
     def _record_failure(self, pool: ReplicaPool, replica: Replica, failure: AttemptFailed) -> None:

@@ -23,6 +23,7 @@ from gateway.routing import TierRouter
 from gateway.shadow import ShadowRunner, answer_text
 from gateway.spillover import Spillover
 from policies.errors import InvalidRequest, TierGateError, UnsupportedMediaType
+from policies.fields import MediaUrl
 from policies.ports import Admission, Authenticator, RequestLimiter
 from policies.prefix import PrefixConfig, prefix_blocks
 from policies.principal import Principal
@@ -135,59 +136,31 @@ class ProxyService:
         key_cap = principal.policy.max_tokens
         completion = summary.max_tokens or default_max_tokens(everywhere, key_cap, kind)
         reserve = summary.prompt_token_estimate + completion * summary.completions
-        if self.limiter.admits_at_once(principal):
-            # Nothing to wait for (no limits, or in-process counters): no task, no loop turn.
-            tiers = await self._classify(ctx, body, summary, principal, headers)
-            prepared = self._prepare(body, summary, tiers, key_cap)
-            admission = await self.limiter.admit(principal, reserve)
-        else:
+        admitting: Eager[Admission] | None = None
+        if not self.limiter.admits_at_once(principal):
             # The rate-limit check is a Redis round trip: start it (its command is written
             # now, in this task), classify and prepare the upstream body while it is in
             # flight, then wait for its verdict before anything is forwarded. (A refused
-            # request's body was prepared for nothing: it is dropped.)
+            # request's body was prepared for nothing: it is dropped.) Otherwise there is
+            # nothing to wait for (no limits, or in-process counters): admitted below.
             admitting = eager(self.limiter.admit(principal, reserve))
-            # Always awaited below (or by _withdraw): an admission dropped un-awaited would be
-            # closed unfinished, its concurrency slot left to the lease.
-            try:
-                tiers = await self._classify(ctx, body, summary, principal, headers)
-                prepared = self._prepare(body, summary, tiers, key_cap)
-            except BaseException:
+        # Always awaited below (or by _withdraw): an admission dropped un-awaited would be
+        # closed unfinished, its concurrency slot left to the lease.
+        try:
+            decision, tiers, media = self._classify(body, summary, principal, headers)
+            if media:  # only a body with media URLs waits here (their hosts are resolved)
+                await self.fields.check_media(media, tiers[0])
+            ctx.decision = decision
+            ctx.mark("classify")
+            prepared = self._prepare(body, summary, tiers, key_cap)
+        except BaseException:
+            if admitting is not None:
                 await _withdraw(admitting)
-                raise
+            raise
+        if admitting is None:
+            admission = await self.limiter.admit(principal, reserve)
+        else:
             admission = await admitting
-        admission = await self._admitted(
-            ctx, tiers, admission, principal=principal, summary=summary, completion=completion
-        )
-        return _Admitted(tiers, admission, *prepared)
-
-    async def _classify(
-        self,
-        ctx: RequestContext,
-        body: dict[str, Any],
-        summary: RequestSummary,
-        principal: Principal,
-        headers: Mapping[str, str],
-    ) -> tuple[str, ...]:
-        """The request's route decision (on ``ctx``) and the tiers its fields allow."""
-        decision = self._decide(summary, body, principal, headers.get("x-tiergate-tier"))
-        tiers = await self.fields.check(
-            body, summary.kind, principal, self.router.tiers_for(decision, principal)
-        )
-        ctx.decision = decision
-        ctx.mark("classify")
-        return tiers
-
-    async def _admitted(
-        self,
-        ctx: RequestContext,
-        tiers: tuple[str, ...],
-        admission: Admission,
-        *,
-        principal: Principal,
-        summary: RequestSummary,
-        completion: int,
-    ) -> Admission:
-        """An admitted request: through any budget, then marked and its headers set."""
         if self.budgets is not None:
             admission = await with_budget(
                 self.budgets,
@@ -201,7 +174,22 @@ class ProxyService:
         ctx.admitted = True
         ctx.mark("ratelimit")
         ctx.extra_headers.update(admission.headers)
-        return admission
+        return _Admitted(tiers, admission, *prepared)
+
+    def _classify(
+        self,
+        body: dict[str, Any],
+        summary: RequestSummary,
+        principal: Principal,
+        headers: Mapping[str, str],
+    ) -> tuple[RouteDecision, tuple[str, ...], list[MediaUrl]]:
+        """The request's route decision, the tiers its fields allow, and the media URLs whose
+        hosts must still be checked (:meth:`FieldRules.check_media`) before it goes on."""
+        decision = self._decide(summary, body, principal, headers.get("x-tiergate-tier"))
+        tiers, media = self.fields.check_now(
+            body, summary.kind, principal, self.router.tiers_for(decision, principal)
+        )
+        return decision, tiers, media
 
     def _prepare(
         self,

@@ -79,6 +79,21 @@ class FieldRules:
 
         Unknown fields the policy drops are removed from ``body``.
         """
+        accepted, media = self.check_now(body, kind, principal, tiers)
+        if media:
+            await self.check_media(media, accepted[0])
+        return accepted
+
+    def check_now(
+        self,
+        body: dict[str, Any],
+        kind: RequestKind,
+        principal: Principal,
+        tiers: Sequence[str],
+    ) -> tuple[tuple[str, ...], list[MediaUrl]]:
+        """:meth:`check` without the media URLs' address check: the tiers that accept the
+        body, and the URLs still to pass :meth:`check_media` (none for most bodies) before
+        the request may go on."""
         tier = tiers[0]
         engine = principal.policy.has_scope(SCOPE_ENGINE_FIELDS)
         check_fields(
@@ -99,9 +114,11 @@ class FieldRules:
                     code="field_not_allowed",
                 )
             urls = media_urls(body)
-            if urls:
-                await check_media(urls, remote_allowed=self.remote_media.get(tier, False))
-        return (tier, *(t for t in tiers[1:] if self.accepts(body, t, urls)))
+        return (tier, *(t for t in tiers[1:] if self.accepts(body, t, urls))), urls
+
+    async def check_media(self, urls: Sequence[MediaUrl], tier: str) -> None:
+        """Every media URL inline or on a public host this tier may fetch (400 otherwise)."""
+        await check_media(urls, remote_allowed=self.remote_media.get(tier, False))
 
     def accepts(
         self, body: Mapping[str, Any], tier: str, urls: Sequence[MediaUrl] | None = None
