@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Final, Protocol
+from typing import Any, Final, NamedTuple, Protocol
 
 
 class Outcome(StrEnum):
@@ -81,8 +81,7 @@ class Usage:
         return self.prompt_tokens + self.completion_tokens
 
 
-@dataclass(frozen=True, slots=True)
-class AttemptStart:
+class AttemptStart(NamedTuple):
     """One upstream attempt is about to be sent (its replica chosen, its id fresh)."""
 
     tier: str
@@ -98,8 +97,7 @@ class AttemptStart:
     body: Mapping[str, Any]
 
 
-@dataclass(frozen=True, slots=True)
-class AttemptEnd:
+class AttemptEnd(NamedTuple):
     """One upstream attempt ended: opened (``failure`` None) or failed (its kind)."""
 
     upstream_s: float  # time spent waiting on the backend

@@ -18,7 +18,7 @@ import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -82,8 +82,7 @@ class Exchange:
         self.pool.release(self.replica)
 
 
-@dataclass(frozen=True, slots=True)
-class Forwarded:
+class Forwarded(NamedTuple):
     """What :meth:`Forwarder.forward` returns: the open answer and which tier gave it.
 
     ``fallback_from`` and ``fallback_reason`` are set when a fallback tier answered: the tier
@@ -108,17 +107,6 @@ class TierRoute:
     upstream_headers: Mapping[str, str] = field(default_factory=dict, repr=False)
 
 
-@dataclass(frozen=True, slots=True)
-class _Send:
-    """One attempt's request, as built for the replica it goes to."""
-
-    path: str
-    payload: bytes
-    headers: dict[str, str]
-    stream: bool
-    limit_s: float
-
-
 class _Waited:
     """Time one attempt spent waiting on its backend (a local of one attempt)."""
 
@@ -141,6 +129,11 @@ class Forwarder:
         self.upstream = upstream
         self.routes = routes
         self.policy = policy
+        # Sent with every attempt on a tier (its credentials included), merged once.
+        self._base_headers = {
+            tier: {"Content-Type": "application/json", **route.upstream_headers}
+            for tier, route in routes.items()
+        }
         self.budget = RetryBudget(policy.budget_ratio, policy.budget_min, policy.budget_window_s)
 
     def uses_prefix(self, tiers: Sequence[str]) -> bool:
@@ -208,7 +201,7 @@ class Forwarder:
         body["model"] = route.served_model
         payload = _encoder.encode(body)
         stream = bool(body.get("stream"))
-        base_headers = {"Content-Type": "application/json", **route.upstream_headers}
+        base_headers = self._base_headers[tier]
         pool = route.pool
         loop = RetryLoop(
             self.policy,
@@ -246,8 +239,9 @@ class Forwarder:
             headers = {**base_headers, "x-request-id": upstream_id, **extra}
             first_byte_s = route.timeouts.first_byte_s if stream else math.inf
             limit_s = max(0.001, min(first_byte_s, loop.remaining()))
-            send = _Send(path, payload, headers, stream, limit_s)
-            return await self._attempt(route, replica, send, events)
+            return await self._attempt(
+                route, replica, replica.url + path, payload, headers, stream, limit_s, events
+            )
 
         try:
             return await loop.run(one)
@@ -273,8 +267,16 @@ class Forwarder:
                 return choice
             await pool.wait_for_slot(min(wait_until - time.monotonic(), loop.remaining()))
 
-    async def _attempt(
-        self, route: TierRoute, replica: Replica, send: _Send, events: AttemptEvents
+    async def _attempt(  # noqa: PLR0917  # one attempt's request, passed as is (hot path)
+        self,
+        route: TierRoute,
+        replica: Replica,
+        url: str,
+        payload: bytes,
+        headers: dict[str, str],
+        stream: bool,
+        limit_s: float,
+        events: AttemptEvents,
     ) -> Exchange:
         """One attempt, reported to ``events`` as ended (opened or failed) whatever happens.
 
@@ -288,11 +290,11 @@ class Forwarder:
             try:
                 opened = await attempt(
                     self.upstream.pool,
-                    replica.url + send.path,
-                    send.payload,
-                    send.headers,
-                    stream=send.stream,
-                    timeout_s=send.limit_s,
+                    url,
+                    payload,
+                    headers,
+                    stream=stream,
+                    timeout_s=limit_s,
                     connect_s=route.timeouts.connect_s,
                 )
             except AttemptFailed as failure:
@@ -305,9 +307,9 @@ class Forwarder:
             finally:
                 waited.upstream_s += time.perf_counter() - started
             exchange = Exchange(opened, replica, pool)
-            if send.stream:
+            if stream:
                 try:
-                    exchange.first_event = await _first_event(exchange, send.limit_s, waited)
+                    exchange.first_event = await _first_event(exchange, limit_s, waited)
                 except AttemptFailed as failure:
                     exchange.finish(abort=True)
                     self._record_failure(pool, replica, failure)
@@ -361,6 +363,18 @@ def _pick(
     """
     pool = route.pool
     now = time.monotonic()
+    # The usual case in one pass: the replicas up, configured, not tried and below their cap
+    # (what the steps below leave when any such replica exists).
+    free = [
+        r
+        for r in pool.replicas
+        if r.in_flight < r.max_concurrency
+        and not r.misconfigured
+        and r.url not in exclude
+        and r.available(now)
+    ]
+    if free:
+        return _lease(route, free, prefix_blocks)
     usable = pool.usable(now, exclude)
     if not usable and exclude:
         usable = pool.usable(now)  # every replica tried: any is fair
@@ -373,6 +387,12 @@ def _pick(
     free = [r for r in usable if r.has_capacity]
     if not free:
         return None
+    return _lease(route, free, prefix_blocks)
+
+
+def _lease(route: TierRoute, free: list[Replica], prefix_blocks: Sequence[int]) -> Choice[Replica]:
+    """The strategy's pick among ``free`` (all below their cap), leased."""
+    pool = route.pool
     # One candidate: every strategy takes it, with no prefix followed (affinity None).
     choice = (
         Choice(free[0])

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 import structlog
 
@@ -388,8 +388,7 @@ def _answered(ctx: RequestContext, forwarded: Forwarded) -> None:
         ctx.extra_headers["x-tiergate-fallback-reason"] = str(forwarded.fallback_reason)
 
 
-@dataclass(frozen=True, slots=True)
-class _Admitted:
+class _Admitted(NamedTuple):
     """A request through the limits: its tiers, its admission, and its prepared forwarding."""
 
     tiers: tuple[str, ...]

@@ -85,6 +85,8 @@ class RetryBudget:
     def _advance(self) -> int:
         """Expire the slots older than the window; the index of the current second's slot."""
         second = math.floor(self.clock())
+        if second == self._second:  # the usual case: nothing to expire
+            return second % self.slots
         if second - self._second >= self.slots:
             self._requests = [0] * self.slots
             self._retries = [0] * self.slots

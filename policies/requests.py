@@ -9,8 +9,7 @@ fields that could steer the upstream (``api_base`` and friends) are removed.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from policies.errors import InvalidRequest
 
@@ -26,8 +25,7 @@ _NUMBER_PARAMS = frozenset({"temperature", "top_p", "presence_penalty", "frequen
 _CHARS_PER_TOKEN = 4
 
 
-@dataclass(frozen=True, slots=True)
-class RequestSummary:
+class RequestSummary(NamedTuple):
     """What the gateway needs to know about a validated request."""
 
     kind: RequestKind

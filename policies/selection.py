@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, NamedTuple, Protocol, TypeVar
 
 
 class ReplicaLoad(Protocol):
@@ -33,8 +32,7 @@ class ReplicaLoad(Protocol):
 R = TypeVar("R", bound=ReplicaLoad)
 
 
-@dataclass(frozen=True, slots=True)
-class Choice(Generic[R]):
+class Choice(NamedTuple, Generic[R]):
     """A strategy's pick for one request, and how it was made.
 
     ``affinity``: True when the prefix ranking decided, False when load overrode it, None

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from policies.errors import InvalidRequest, ModelNotFound, PermissionDenied
 from policies.principal import SCOPE_DOWNGRADE, SCOPE_ROUTE_OVERRIDE, Principal
@@ -34,8 +35,7 @@ class TierRules:
     long_prompt_tokens: int | None = 6000
 
 
-@dataclass(frozen=True, slots=True)
-class RouteDecision:
+class RouteDecision(NamedTuple):
     """The tier chosen for a request and why; ``score`` is set when the classifier ran."""
 
     tier: str

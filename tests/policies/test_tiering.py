@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import TypedDict, Unpack
 
@@ -39,7 +38,7 @@ DEFAULT_SUMMARY = RequestSummary(
 
 def summary(model: str = "auto", **kw: Unpack[SummaryChanges]) -> RequestSummary:
     """A request summary with defaults."""
-    return dataclasses.replace(DEFAULT_SUMMARY, model=model, **kw)
+    return DEFAULT_SUMMARY._replace(model=model, **kw)
 
 
 def decide(
