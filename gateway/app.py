@@ -99,9 +99,18 @@ class _FrameworkInbound:
             watcher.cancel()
 
 
+async def _after_work(reply: Reply) -> None:
+    """A reply's after-work, as Litestar's background task: ``finish``, then ``after``."""
+    if reply.finish is not None:
+        reply.finish()
+    if reply.after is not None:
+        await reply.after()
+
+
 def _response(reply: Reply) -> Response[Any]:
     """A :class:`Reply` as Litestar's response."""
-    background = BackgroundTask(reply.after) if reply.after is not None else None
+    has_after = reply.finish is not None or reply.after is not None
+    background = BackgroundTask(_after_work, reply) if has_after else None
     if reply.stream is not None:
         return Stream(
             reply.stream,

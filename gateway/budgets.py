@@ -322,6 +322,11 @@ class BudgetedAdmission:
     ctx: RequestContext
 
     @property
+    def settles(self) -> bool:
+        """A budget reservation is always settled."""
+        return True
+
+    @property
     def headers(self) -> Mapping[str, str]:
         """Both sets of ``x-ratelimit-*`` headers."""
         return {**self.admission.headers, **self.reservation.headers}

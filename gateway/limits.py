@@ -219,6 +219,7 @@ def _rejection(
 
 class _Unlimited:
     headers: Mapping[str, str] = MappingProxyType({})
+    settles = False
 
     async def settle(self, used_tokens: int | None) -> None:
         """Nothing was reserved."""
@@ -243,6 +244,7 @@ class KeyAdmission:
         "_spec",
         "headers",
     )
+    settles = True  # a reservation to reconcile (class attribute; instances share it)
 
     def __init__(
         self,

@@ -248,8 +248,11 @@ class NativeCycle:
             self.transport.close()
         finally:
             self.on_response = _nothing
-            if reply is not None and reply.after is not None:
-                await _run_after(reply.after)
+            if reply is not None:
+                if reply.finish is not None:
+                    _run_finish(reply.finish)
+                if reply.after is not None:
+                    await _run_after(reply.after)
 
     def _send(self, reply: Reply) -> None:
         if self.was_disconnected:
@@ -329,6 +332,14 @@ class _Guarded:
 
 def _nothing() -> None:
     return None
+
+
+def _run_finish(finish: Callable[[], None]) -> None:
+    """A reply's after-work that never waits: never the caller's error either."""
+    try:
+        finish()
+    except Exception:  # noqa: BLE001  # nothing is left to answer: log and carry on serving
+        _log.exception("request.after_failed")
 
 
 async def _run_after(after: Callable[[], Awaitable[None]]) -> None:

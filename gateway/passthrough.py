@@ -17,6 +17,7 @@ class OpenAuthenticator:
 
 class _Unlimited:
     headers: Mapping[str, str] = {}
+    settles = False
 
     async def settle(self, used_tokens: int | None) -> None:
         """Nothing to reconcile."""

@@ -303,11 +303,16 @@ class ProxyService:
         # Recording the request (metrics, spans, the access line) and reconciling the token
         # reservation (a Redis round trip) are work the caller need not wait for: they run
         # right after the answer is written, so its duration is time to the last byte.
-        async def after() -> None:
+        def finish() -> None:
             observer.finished(ctx, Outcome.COMPLETE)
+
+        if shadow is None and not admission.settles:  # nothing to wait for afterwards
+            return Reply(200, ctx.headers(), body=raw, finish=finish)
+
+        async def after() -> None:
             await _after_complete(admission, used, shadow, raw)
 
-        return Reply(200, ctx.headers(), body=raw, after=after)
+        return Reply(200, ctx.headers(), body=raw, after=after, finish=finish)
 
     def _decide(
         self,

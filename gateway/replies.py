@@ -49,6 +49,8 @@ class Reply:
     body: bytes = b""
     stream: AsyncIterator[bytes] | None = None
     after: Callable[[], Awaitable[None]] | None = None
+    # After-work that never waits (recording the request), run before ``after``.
+    finish: Callable[[], None] | None = None
 
 
 def error_reply(exc: TierGateError, headers: dict[str, str]) -> Reply:

@@ -35,6 +35,12 @@ class Admission(Protocol):
         """The ``x-ratelimit-*`` headers to send."""
         ...
 
+    @property
+    def settles(self) -> bool:
+        """False when nothing was reserved: ``settle`` and ``withdraw`` do nothing, and a
+        caller may skip them."""
+        ...
+
     async def settle(self, used_tokens: int | None) -> None:
         """Reconcile reserved tokens with the real usage (``None``: unknown) and release."""
         ...
