@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 
@@ -69,14 +69,30 @@ def usage_fields(usage: Any) -> Usage | None:
     )
 
 
+# No answer holds more tokens than this; a larger claim (1e26 from a broken backend) would
+# overflow the 64-bit limit counters it settles into, so it is clipped here.
+MAX_COUNT: Final = 1 << 40
+# Decimal digits of a count sent as a string ("300"): at most this many, so int() stays cheap.
+_MAX_DIGITS: Final = 13
+
+
 def _count(value: Any) -> int:
     """A token count from the backend: never below zero (a negative one would refund tokens
-    the key never got back and make the token counters go down), and 0 for anything that is
-    not a finite number (a string, a list, 1e999) rather than an error for the caller."""
+    the key never got back and make the token counters go down), never above ``MAX_COUNT``,
+    a count sent as a string of decimal digits ("300") read as its number, and 0 for anything
+    else that is not a finite number ("many", a list, true, 1e999) rather than an error for
+    the caller."""
     if type(value) is int:  # the usual case; bool is not a count
-        return value if value > 0 else 0
+        return (value if value < MAX_COUNT else MAX_COUNT) if value > 0 else 0
     if isinstance(value, float) and math.isfinite(value):
-        return max(0, int(value))
+        return min(MAX_COUNT, max(0, int(value)))
+    if (
+        isinstance(value, str)
+        and 0 < len(value) <= _MAX_DIGITS
+        and value.isascii()
+        and value.isdigit()
+    ):
+        return min(MAX_COUNT, int(value))
     return 0
 
 

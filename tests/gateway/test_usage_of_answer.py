@@ -95,6 +95,34 @@ def test_counts_that_are_not_numbers_count_as_zero(usage: str) -> None:
     assert usage_from(msgspec.json.decode(raw)) == got
 
 
+@pytest.mark.parametrize(
+    ("count", "expected"),
+    [
+        ('"300"', 300),
+        ('"0"', 0),
+        ('"0012"', 12),
+        ('"3_00"', 0),  # int() would read 300; not a plain count
+        ('"+3"', 0),
+        ('" 3"', 0),
+        ('"\u0663"', 0),  # an Arabic-Indic digit: isdigit() but not ASCII
+        ('"' + "9" * 14 + '"', 0),  # too many digits to be a count
+        ("1e26", 1 << 40),  # clipped: it would overflow the limit counters
+        (str(10**30), 1 << 40),
+        ("1099511627776.5", 1 << 40),
+    ],
+)
+def test_counts_as_digit_strings_are_read_and_huge_counts_clipped(
+    count: str, expected: int
+) -> None:
+    """Some backends send counts as strings of digits; those are counts. Anything else that
+    is a string is not, and no count exceeds MAX_COUNT."""
+    raw = ('{"choices": [], "usage": {"prompt_tokens": ' + count + "}}").encode()
+    got = usage_of_answer(raw)
+    assert got is not None
+    assert got.prompt_tokens == expected
+    assert usage_from(msgspec.json.decode(raw)) == got
+
+
 async def test_an_answer_with_odd_usage_is_relayed_not_a_500() -> None:
     """Through the whole app: the caller gets the backend's answer as it is."""
     body = (
