@@ -11,7 +11,8 @@ class only stamps the phase changes (one ``loop.time()`` per head, body chunk an
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import re
+from typing import Any, Final
 
 from uvicorn._types import ASGIReceiveCallable, ASGISendCallable, Scope
 from uvicorn.config import Config
@@ -36,6 +37,26 @@ _OVER_CAPACITY_BODY = raw_error(
 _TIMEOUT = raw_error(
     408, "Request Timeout", "The request was not received in time.", "request_timeout"
 )
+
+
+# An ``Upgrade`` header line in a request head. The gateway switches to no other protocol
+# (no WebSocket, no h2c), but httptools stops parsing at the end of a head that offers one and
+# takes what follows for the new protocol's bytes: the request's body was lost (``curl --http2``
+# on an http:// URL got 400 "body is empty") and the connection parsed nothing more. A server
+# may ignore the offer (RFC 9110, 7.8), so the header is renamed before parsing and the request
+# is served as HTTP/1.1.
+_UPGRADE_HEADER: Final = re.compile(rb"\r\nupgrade[ \t]*:", re.IGNORECASE)
+_IGNORED_UPGRADE: Final = b"\r\nx-ignored-upgrade:"
+
+
+def _without_upgrade(data: bytes) -> bytes:
+    """``data`` with the ``Upgrade`` headers of the head it starts with renamed (the usual
+    head has none: one search of the head, about 0.3 µs)."""
+    end = data.find(b"\r\n\r\n")
+    stop = len(data) if end < 0 else end + 2
+    if _UPGRADE_HEADER.search(data, 0, stop) is None:
+        return data
+    return _UPGRADE_HEADER.sub(_IGNORED_UPGRADE, data[:stop]) + data[stop:]
 
 
 def _head_too_large(limit: int) -> bytes:
@@ -156,6 +177,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             if self._held_size > HOLD_LIMIT:
                 self.flow.pause_reading()
             return
+        if self.phase is not Phase.BODY:
+            data = _without_upgrade(data)
         counted = self._reading_head
         if counted:
             self._head_fed += len(data)
