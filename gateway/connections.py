@@ -54,6 +54,10 @@ class Shed:
     EVICTED = "evicted_for_new_connection"
     OVER_CAPACITY = "over_capacity"
     OVER_CAPACITY_CLOSED = "over_capacity_closed"
+    # A CONNECT request, or a chunked body behind a protocol-upgrade offer: llhttp stops at
+    # such a head, and the gateway frames only Content-Length bodies past it
+    # (gateway/http_protocol.py).
+    UPGRADE_REFUSED = "upgrade_refused"
     ALL = (
         HEAD_TOO_LARGE,
         HEAD_TIMEOUT,
@@ -62,6 +66,7 @@ class Shed:
         EVICTED,
         OVER_CAPACITY,
         OVER_CAPACITY_CLOSED,
+        UPGRADE_REFUSED,
     )
 
 

@@ -11,9 +11,9 @@ class only stamps the phase changes (one ``loop.time()`` per head, body chunk an
 from __future__ import annotations
 
 import asyncio
-import re
-from typing import Any, Final
+from typing import Any
 
+import httptools
 from uvicorn._types import ASGIReceiveCallable, ASGISendCallable, Scope
 from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -39,24 +39,14 @@ _TIMEOUT = raw_error(
 )
 
 
-# An ``Upgrade`` header line in a request head. The gateway switches to no other protocol
-# (no WebSocket, no h2c), but httptools stops parsing at the end of a head that offers one and
-# takes what follows for the new protocol's bytes: the request's body was lost (``curl --http2``
-# on an http:// URL got 400 "body is empty") and the connection parsed nothing more. A server
-# may ignore the offer (RFC 9110, 7.8), so the header is renamed before parsing and the request
-# is served as HTTP/1.1.
-_UPGRADE_HEADER: Final = re.compile(rb"\r\nupgrade[ \t]*:", re.IGNORECASE)
-_IGNORED_UPGRADE: Final = b"\r\nx-ignored-upgrade:"
-
-
-def _without_upgrade(data: bytes) -> bytes:
-    """``data`` with the ``Upgrade`` headers of the head it starts with renamed (the usual
-    head has none: one search of the head, about 0.3 µs)."""
-    end = data.find(b"\r\n\r\n")
-    stop = len(data) if end < 0 else end + 2
-    if _UPGRADE_HEADER.search(data, 0, stop) is None:
-        return data
-    return _UPGRADE_HEADER.sub(_IGNORED_UPGRADE, data[:stop]) + data[stop:]
+_CONNECT = raw_error(405, "Method Not Allowed", "CONNECT is not supported.", "method_not_allowed")
+_UPGRADE_CHUNKED = raw_error(
+    400,
+    "Bad Request",
+    "A request that offers a protocol upgrade must send its body with Content-Length, not "
+    "chunked; or send it without the Upgrade header (curl: --http1.1).",
+    "unsupported_upgrade",
+)
 
 
 def _head_too_large(limit: int) -> bytes:
@@ -111,12 +101,16 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._head_fed = 0
         self._head_size = 0
         self._reading_head = True  # from a message's first byte to its headers' end
-        self._refusal: bytes | None = None
+        self._refusal: tuple[str, bytes] | None = None  # (shed reason, response) to send
         self._ops_only = False
         self._served_app = self.app
         self._serving: Any = None  # the cycle being answered (``cycle`` is the newest one)
         self._held: list[bytes] | None = None  # read behind a waiting request, not yet parsed
         self._held_size = 0
+        # A request whose head offered a protocol upgrade: its body's length (None: chunked),
+        # then the body bytes still to hand over (see ``_past_upgrade``).
+        self._upgrade_body: int | None = -1
+        self._raw_left = 0
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         """Admit the connection, or shed it when the server is past its reserve."""
@@ -177,20 +171,75 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             if self._held_size > HOLD_LIMIT:
                 self.flow.pause_reading()
             return
-        if self.phase is not Phase.BODY:
-            data = _without_upgrade(data)
+        if self._raw_left:  # the body of a request that offered an upgrade
+            data = self._raw_body(data)
+            if not data:
+                self._after_feed()
+                return
         counted = self._reading_head
         if counted:
             self._head_fed += len(data)
-        super().data_received(data)
+        self._feed(data)
+        if not counted and self._reading_head:
+            self._head_fed += len(data)
+        self._after_feed()
+
+    def _feed(self, data: bytes) -> None:
+        """uvicorn's parsing step, except that a request offering a protocol upgrade is served.
+
+        httptools stops at the end of a head that offers an upgrade (``Upgrade: h2c``, as
+        ``curl --http2`` sends on http:// URLs) and takes what follows for the new protocol,
+        so the request's body was lost (400 "body is empty") and the connection parsed nothing
+        more. The gateway speaks no other protocol, and a server may ignore the offer (RFC 9110,
+        7.8): the request is served as HTTP/1.1. llhttp itself says where the head ended; the
+        body is then counted off by its Content-Length and what follows goes to a new parser.
+        """
+        self._unset_keepalive_if_required()
+        while data:
+            try:
+                self.parser.feed_data(data)
+            except httptools.HttpParserError:
+                msg = "Invalid HTTP request received."
+                self.logger.warning(msg)
+                self.send_400_response(msg)
+                return
+            except httptools.HttpParserUpgrade as upgrade:
+                data = self._past_upgrade(data[upgrade.args[0] :])
+            else:
+                return
+
+    def _past_upgrade(self, rest: bytes) -> bytes:
+        """Serve the request whose head just ended as HTTP/1.1; ``rest`` follows its head.
+        Returns the bytes after its body, for the next request (none while the body is still
+        arriving)."""
+        self.parser = httptools.HttpRequestParser(self)
+        length, self._upgrade_body = self._upgrade_body, -1
+        if self._refusal is not None or length is None or length < 0 or self.transport.is_closing():
+            self._reading_head = False
+            return b""  # refused (a chunked body with an offer too), or not a request head
+        self._raw_left = length
+        return self._raw_body(rest)
+
+    def _raw_body(self, data: bytes) -> bytes:
+        """Hand the body bytes of a request that offered an upgrade to the request, counted
+        off its Content-Length; complete it when they are all in. Returns what follows."""
+        take = min(len(data), self._raw_left)
+        if take:
+            self._raw_left -= take
+            self.on_body(data[:take])
+        if self._raw_left:
+            return b""
+        self.on_message_complete()
+        return data[take:]
+
+    def _after_feed(self) -> None:
+        """Refuse what the parser callbacks flagged, or a head still growing past the limit."""
         refusal = self._refusal
         if refusal is not None:
             self._refusal = None
-            self._refuse(Shed.HEAD_TOO_LARGE, refusal)
+            self._refuse(*refusal)
             return
         if self._reading_head:  # also a pipelined head behind a request in progress
-            if not counted:
-                self._head_fed += len(data)
             limit = self.guard.limits.max_head_bytes
             if self._head_fed > limit and not self.transport.is_closing():
                 self._refuse(Shed.HEAD_TOO_LARGE, _head_too_large(limit))
@@ -244,9 +293,13 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._reading_head = False
         limit = self.guard.limits.max_head_bytes
         if self._head_size > limit:
-            self._refusal = _head_too_large(limit)
+            self._refusal = (Shed.HEAD_TOO_LARGE, _head_too_large(limit))
             self.phase = Phase.BUSY
             return
+        if self.parser.should_upgrade():
+            self._upgrade_body = self._offered_upgrade_body()
+            if self._upgrade_body is None:
+                return
         if self._ops_only:
             allowed = self.url.partition(b"?")[0] in OPS_PATHS
             self.app = self._served_app if allowed else _over_capacity
@@ -261,6 +314,23 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self.body_started = now
         self.body_bytes = 0
 
+    def _offered_upgrade_body(self) -> int | None:
+        """The body length of a request whose head offers an upgrade. None, with a refusal
+        set to be sent before the connection closes, for CONNECT (what follows its head is a
+        tunnel's bytes) and for a chunked body (it cannot be framed past the parser's stop)."""
+        refusal = _CONNECT if self.parser.get_method() == b"CONNECT" else None
+        length = 0
+        for name, value in self.headers:
+            if name == b"transfer-encoding":
+                refusal = refusal or _UPGRADE_CHUNKED
+            elif name == b"content-length":
+                length = int(value)  # llhttp has checked it: digits, one value
+        if refusal is not None:
+            self._refusal = (Shed.UPGRADE_REFUSED, refusal)
+            self.phase = Phase.BUSY
+            return None
+        return length
+
     def _start_native(self) -> bool:
         """Serve an inference request natively (:mod:`gateway.native`); False if not one."""
         native = self.native
@@ -268,7 +338,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             return False
         route = ROUTES.get(self.url.partition(b"?")[0])
         parser = self.parser
-        if route is None or parser.get_method() != b"POST" or parser.should_upgrade():
+        if route is None or parser.get_method() != b"POST":
             return False
         keep_alive = parser.get_http_version() != "1.0" and parser.should_keep_alive()
         existing = self.cycle
@@ -300,8 +370,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_message_complete(self) -> None:
         """The request is in; the app answers without a server deadline."""
-        if self._refusal is not None:
-            return
+        if self._refusal is not None or self._upgrade_body != -1:
+            return  # refused, or an upgrade head: its body is still to come (``_past_upgrade``)
         super().on_message_complete()
         cycle = self.cycle
         if isinstance(cycle, NativeCycle) and cycle.lingering:  # a refused body has ended

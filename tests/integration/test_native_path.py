@@ -137,52 +137,6 @@ def test_chunked_upload_is_read_whole(gw: GatewayProcess) -> None:
     assert json.loads(answer)["choices"][0]["message"]["role"] == "assistant"
 
 
-H2C = (
-    "Connection: Upgrade, HTTP2-Settings",
-    "Upgrade: h2c",
-    "HTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA",
-)
-
-
-def test_h2c_upgrade_offer_is_ignored_and_the_body_served(gw: GatewayProcess) -> None:
-    """``curl --http2`` on an http:// URL sends its POST with ``Upgrade: h2c``. The gateway
-    does not switch protocols, so it answers the request as HTTP/1.1, body and all (it used to
-    see an empty body: 400), and the connection serves the next request too."""
-    body = json.dumps(CHAT).encode()
-    with connect(gw.port) as sock:
-        sock.sendall(_post("/v1/chat/completions", body, *H2C))
-        responses = _Responses(sock)
-        head, answer = responses.next()
-        assert status_of(head) == 200, answer
-        assert json.loads(answer)["object"] == "chat.completion"
-        assert not head.startswith(b"HTTP/1.1 101")
-        sock.sendall(_post("/v1/chat/completions", body))
-        again, _ = responses.next()
-    assert status_of(again) == 200
-
-
-def test_upgrade_offer_in_any_case_with_the_body_sent_later(gw: GatewayProcess) -> None:
-    """The header's name in another case, the body in a second write, a GET with the offer
-    first on the same connection: every request is answered."""
-    body = json.dumps(CHAT).encode()
-    with connect(gw.port) as sock:
-        sock.sendall(
-            b"GET /v1/models HTTP/1.1\r\nHost: t\r\nConnection: upgrade\r\nUPGRADE: h2c\r\n\r\n"
-        )
-        responses = _Responses(sock)
-        models, _ = responses.next()
-        assert status_of(models) == 200
-        request = _post("/v1/chat/completions", body, "connection: upgrade", "uPgRaDe: websocket")
-        cut = request.index(b"\r\n\r\n") + 4
-        sock.sendall(request[:cut])
-        sock.sendall(request[cut:])
-        head, answer = responses.next()
-        assert status_of(head) == 200, answer
-        sock.sendall(_post("/v1/chat/completions", body))
-        again, _ = responses.next()
-    assert status_of(again) == 200
-
-
 def test_declared_oversized_body_is_refused_without_reading_it(gw: GatewayProcess) -> None:
     """A Content-Length over the limit gets 413 before the body is sent; the connection then
     closes (after the gateway has read and dropped what followed for a bounded time)."""
