@@ -85,6 +85,16 @@ def statuses(data: bytes) -> list[int]:
     return [int(m) for m in re.findall(rb"HTTP/1\.1 (\d{3}) ", data)]
 
 
+def _exchange(port: int, *writes: bytes, pause: float = 0.3) -> bytes:
+    """Send each write on one connection, ``pause`` apart; everything the server answers."""
+    with connect(port) as sock:
+        for i, write in enumerate(writes):
+            if i:
+                time.sleep(pause)
+            sock.sendall(write)
+        return read_all(sock)
+
+
 def _post(body: bytes, extra: bytes = H2C) -> bytes:
     return (
         b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\n"
@@ -96,11 +106,7 @@ def _post(body: bytes, extra: bytes = H2C) -> bytes:
 
 def test_an_offer_is_served_with_its_body_and_the_connection_goes_on(gw: GatewayProcess) -> None:
     """curl --http2's POST: 200 with the answer (not 101, not 400), then another request."""
-    with connect(gw.port) as sock:
-        sock.sendall(_post(CHAT))
-        time.sleep(0.3)
-        sock.sendall(_post(CHAT, b""))
-        data = read_all(sock)
+    data = _exchange(gw.port, _post(CHAT), _post(CHAT, b""))
     assert statuses(data) == [200, 200], data.decode(errors="replace")
     assert b'"chat.completion"' in data
 
@@ -109,13 +115,9 @@ def test_an_offer_with_the_body_in_later_writes(gw: GatewayProcess) -> None:
     """The head alone, then the body in two pieces: the body is counted off as it comes."""
     request = _post(CHAT)
     cut = request.index(b"\r\n\r\n") + 4
-    with connect(gw.port) as sock:
-        sock.sendall(request[:cut])
-        time.sleep(0.2)
-        sock.sendall(request[cut : cut + 7])
-        time.sleep(0.2)
-        sock.sendall(request[cut + 7 :] + GET)
-        data = read_all(sock)
+    data = _exchange(
+        gw.port, request[:cut], request[cut : cut + 7], request[cut + 7 :] + GET, pause=0.2
+    )
     assert statuses(data) == [200, 200], data.decode(errors="replace")
 
 
@@ -223,11 +225,7 @@ def test_pipelined_body_resumed_after_the_previous_answer(gw: GatewayProcess) ->
     second_head = (
         b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\n\r\n" % len(body)
     )
-    with connect(gw.port) as sock:
-        sock.sendall(first + second_head)
-        time.sleep(0.5)
-        sock.sendall(body)
-        data = read_all(sock)
+    data = _exchange(gw.port, first + second_head, body, pause=0.5)
     # Two requests framed by the client: two answers (415, then 400 for the non-JSON body).
     assert len(statuses(data)) == 2, data.decode(errors="replace")
 
@@ -237,11 +235,7 @@ def test_head_terminator_split_across_reads(gw: GatewayProcess) -> None:
     smuggled = smuggled_get("smuggled-split")
     body = b"x" + smuggling_body(smuggled)  # not starting with CRLF: no blank line at all
     head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\n" % len(body)
-    with connect(gw.port) as sock:
-        sock.sendall(head)
-        time.sleep(0.3)
-        sock.sendall(b"\r\n" + body)
-        data = read_all(sock)
+    data = _exchange(gw.port, head, b"\r\n" + body)
     assert len(statuses(data)) == 1, data.decode(errors="replace")
 
 
@@ -249,13 +243,7 @@ def test_upgrade_header_at_the_start_of_a_later_read(gw: GatewayProcess) -> None
     """The head in two writes, the second starting with ``Upgrade:``."""
     head1 = b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\n"
     head2 = b"Upgrade: h2c\r\nConnection: Upgrade\r\nContent-Length: %d\r\n\r\n" % len(CHAT)
-    with connect(gw.port) as sock:
-        sock.sendall(head1)
-        time.sleep(0.3)
-        sock.sendall(head2 + CHAT)
-        time.sleep(0.3)
-        sock.sendall(GET)
-        data = read_all(sock)
+    data = _exchange(gw.port, head1, head2 + CHAT, GET)
     assert statuses(data) == [200, 200], data.decode(errors="replace")
 
 
@@ -264,43 +252,17 @@ def test_upgrade_name_split_across_reads(gw: GatewayProcess) -> None:
     head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\n" + H2C
     head += b"Content-Length: %d\r\n\r\n" % len(CHAT)
     cut = head.index(b"Upgrade: h2c") + 3
-    with connect(gw.port) as sock:
-        sock.sendall(head[:cut])
-        time.sleep(0.3)
-        sock.sendall(head[cut:] + CHAT)
-        time.sleep(0.3)
-        sock.sendall(GET)
-        data = read_all(sock)
+    data = _exchange(gw.port, head[:cut], head[cut:] + CHAT, GET)
     assert statuses(data) == [200, 200], data.decode(errors="replace")
 
 
 def test_offer_in_the_second_of_two_pipelined_requests_in_one_write(gw: GatewayProcess) -> None:
     """The offer in a request pipelined behind another in the same write."""
-    post = (
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\n"
-        + H2C
-        + b"Content-Length: %d\r\n\r\n" % len(CHAT)
-        + CHAT
-    )
-    with connect(gw.port) as sock:
-        sock.sendall(GET + post)
-        time.sleep(0.5)
-        sock.sendall(GET)
-        data = read_all(sock)
+    data = _exchange(gw.port, GET + _post(CHAT), GET, pause=0.5)
     assert statuses(data) == [200, 200, 200], data.decode(errors="replace")
 
 
 def test_offer_behind_leading_empty_lines(gw: GatewayProcess) -> None:
     """Empty lines before the request line (RFC 9112 2.2 lets a server skip them)."""
-    post = (
-        b"\r\n\r\nPOST /v1/chat/completions HTTP/1.1\r\nHost: t\r\n"
-        + H2C
-        + b"Content-Length: %d\r\n\r\n" % len(CHAT)
-        + CHAT
-    )
-    with connect(gw.port) as sock:
-        sock.sendall(post)
-        time.sleep(0.3)
-        sock.sendall(GET)
-        data = read_all(sock)
+    data = _exchange(gw.port, b"\r\n\r\n" + _post(CHAT), GET)
     assert statuses(data) == [200, 200], data.decode(errors="replace")
