@@ -14,12 +14,14 @@ import asyncio
 from typing import Any
 
 import httptools
+from uvicorn._types import ASGI3Application as ASGIApp
 from uvicorn._types import ASGIReceiveCallable, ASGISendCallable, Scope
 from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
 from gateway.connections import ConnectionGuard, Phase, Shed, raw_error
+from gateway.errors import error_body
 from gateway.native import ROUTES, Handler, NativeCycle
 
 # Bytes read and kept unparsed behind a request waiting its turn, before reading pauses.
@@ -39,10 +41,32 @@ _TIMEOUT = raw_error(
 )
 
 
-_CONNECT = raw_error(405, "Method Not Allowed", "CONNECT is not supported.", "method_not_allowed")
-_UPGRADE_CHUNKED = raw_error(
+def _refusing(status: int, message: str, code: str) -> ASGIApp:
+    """An app answering ``status`` with an OpenAI-shaped error, then closing the connection:
+    served in the request's turn, so requests pipelined before it get their answers first."""
+    body = error_body(message, "invalid_request_error", None, code)
+    start = {
+        "type": "http.response.start",
+        "status": status,
+        "headers": [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"connection", b"close"),
+        ],
+    }
+
+    async def app(scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
+        await send(start)  # type: ignore[arg-type]  # a literal of uvicorn's message type
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+    return app
+
+
+# What follows a CONNECT head is a tunnel's bytes; a chunked body cannot be framed past the
+# parser's stop at an upgrade offer. Both are answered and the connection closed.
+_CONNECT_REFUSED = _refusing(405, "CONNECT is not supported.", "method_not_allowed")
+_CHUNKED_OFFER_REFUSED = _refusing(
     400,
-    "Bad Request",
     "A request that offers a protocol upgrade must send its body with Content-Length, not "
     "chunked; or send it without the Upgrade header (curl: --http1.1).",
     "unsupported_upgrade",
@@ -111,6 +135,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         # then the body bytes still to hand over (see ``_past_upgrade``).
         self._upgrade_body: int | None = -1
         self._raw_left = 0
+        self._discarding = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         """Admit the connection, or shed it when the server is past its reserve."""
@@ -171,6 +196,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             if self._held_size > HOLD_LIMIT:
                 self.flow.pause_reading()
             return
+        if self._discarding:  # behind a refused CONNECT or chunked offer, until the close
+            return
         if self._raw_left:  # the body of a request that offered an upgrade
             data = self._raw_body(data)
             if not data:
@@ -212,11 +239,18 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         """Serve the request whose head just ended as HTTP/1.1; ``rest`` follows its head.
         Returns the bytes after its body, for the next request (none while the body is still
         arriving)."""
-        self.parser = httptools.HttpRequestParser(self)
+        parser = httptools.HttpRequestParser(self)
+        # As uvicorn's own parser: bytes after a ``Connection: close`` request are not an
+        # error (the requests before it still get their answers).
+        parser.set_dangerous_leniencies(lenient_data_after_close=True)
+        self.parser = parser
         length, self._upgrade_body = self._upgrade_body, -1
-        if self._refusal is not None or length is None or length < 0 or self.transport.is_closing():
+        if length is None:  # refused in its turn: nothing after this head is ever parsed
+            self._discarding = True
+            return b""
+        if self._refusal is not None or length < 0 or self.transport.is_closing():
             self._reading_head = False
-            return b""  # refused (a chunked body with an offer too), or not a request head
+            return b""  # a refused head
         self._raw_left = length
         return self._raw_body(rest)
 
@@ -296,10 +330,17 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._refusal = (Shed.HEAD_TOO_LARGE, _head_too_large(limit))
             self.phase = Phase.BUSY
             return
-        if self.parser.should_upgrade():
-            self._upgrade_body = self._offered_upgrade_body()
-            if self._upgrade_body is None:
-                return
+        refusing = self._offered_upgrade() if self.parser.should_upgrade() else None
+        if refusing is not None:  # answered in its turn, then the connection closes
+            self.guard.note_shed(Shed.UPGRADE_REFUSED, self.loop.time())
+            if refusing is _CONNECT_REFUSED:
+                self.url = b"/"  # its authority-form target is no path for the ASGI scope
+            serving, self.app = self.app, refusing
+            self.asgi_scope()
+            super().on_headers_complete()
+            self.app = serving
+            self.phase = Phase.BUSY  # no body is read: no body deadline
+            return
         if self._ops_only:
             allowed = self.url.partition(b"?")[0] in OPS_PATHS
             self.app = self._served_app if allowed else _over_capacity
@@ -314,22 +355,19 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self.body_started = now
         self.body_bytes = 0
 
-    def _offered_upgrade_body(self) -> int | None:
-        """The body length of a request whose head offers an upgrade. None, with a refusal
-        set to be sent before the connection closes, for CONNECT (what follows its head is a
-        tunnel's bytes) and for a chunked body (it cannot be framed past the parser's stop)."""
-        refusal = _CONNECT if self.parser.get_method() == b"CONNECT" else None
+    def _offered_upgrade(self) -> ASGIApp | None:
+        """Note the body length of a request whose head offers an upgrade (``_past_upgrade``
+        hands the body over); or, for CONNECT and for a chunked body, the app that refuses it
+        (its body is never read: the connection closes after the answer)."""
+        refusing = _CONNECT_REFUSED if self.parser.get_method() == b"CONNECT" else None
         length = 0
         for name, value in self.headers:
             if name == b"transfer-encoding":
-                refusal = refusal or _UPGRADE_CHUNKED
+                refusing = refusing or _CHUNKED_OFFER_REFUSED
             elif name == b"content-length":
                 length = int(value)  # llhttp has checked it: digits, one value
-        if refusal is not None:
-            self._refusal = (Shed.UPGRADE_REFUSED, refusal)
-            self.phase = Phase.BUSY
-            return None
-        return length
+        self._upgrade_body = None if refusing is not None else length
+        return refusing
 
     def _start_native(self) -> bool:
         """Serve an inference request natively (:mod:`gateway.native`); False if not one."""

@@ -32,6 +32,16 @@ H2C = (
     b"HTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n"
 )
 GET = b"GET /v1/models HTTP/1.1\r\nHost: t\r\n\r\n"
+CLOSE_GET = b"GET /v1/models HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
+# A request the simulator at latency scale 1 answers slowly (300 tokens at its own pace).
+SLOW = json.dumps(
+    {
+        "model": "fast",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 300,
+        "min_tokens": 300,
+    }
+).encode()
 UPGRADE = b"\r\nupgrade:"  # 10 bytes
 
 
@@ -56,6 +66,21 @@ def gw() -> Iterator[GatewayProcess]:
     """A gateway in front of a zero-latency simulator, auth off, a 64 KiB body limit."""
     with SimulatorProcess(
         "--profile", "fast", "--model", "tiergate-fast", "--latency-scale", "0"
+    ) as sim:
+        config: dict[str, Any] = {
+            "auth": {"enabled": False},
+            "server": {"max_body_bytes": 65536},
+            "tiers": tiers_config([sim.url], [sim.url], max_tokens_cap=1000),
+        }
+        with GatewayProcess(config) as process:
+            yield process
+
+
+@pytest.fixture(scope="module")
+def slow_gw() -> Iterator[GatewayProcess]:
+    """A gateway in front of a simulator that takes its time, so requests queue behind one."""
+    with SimulatorProcess(
+        "--profile", "fast", "--model", "tiergate-fast", "--latency-scale", "1"
     ) as sim:
         config: dict[str, Any] = {
             "auth": {"enabled": False},
@@ -266,3 +291,42 @@ def test_offer_behind_leading_empty_lines(gw: GatewayProcess) -> None:
     """Empty lines before the request line (RFC 9112 2.2 lets a server skip them)."""
     data = _exchange(gw.port, b"\r\n\r\n" + _post(CHAT), GET)
     assert statuses(data) == [200, 200], data.decode(errors="replace")
+
+
+@pytest.mark.parametrize("offer", [b"", H2C], ids=["plain", "offer"])
+def test_after_an_offer_the_connection_parses_as_before(gw: GatewayProcess, offer: bytes) -> None:
+    """A ``Connection: close`` request with another behind it, after a first request, in a
+    later write and in the same write: the same answers with and without an offer (the parser
+    that takes over after an offer is as lenient as uvicorn's own)."""
+    assert statuses(_exchange(gw.port, _post(CHAT, offer), CLOSE_GET + GET)) == [200, 200]
+    assert statuses(_exchange(gw.port, _post(CHAT, offer) + CLOSE_GET + GET)) == [200, 200]
+
+
+def test_a_refusal_is_answered_in_its_turn(gw: GatewayProcess) -> None:
+    """A plain POST, then a chunked POST with an offer, in one write: 200 first, then 400."""
+    chunked = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\n"
+        + H2C
+        + b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%b\r\n0\r\n\r\n" % (len(CHAT), CHAT)
+    )
+    data = _exchange(gw.port, _post(CHAT, b"") + chunked)
+    assert statuses(data) == [200, 400], data.decode(errors="replace")
+
+
+@pytest.mark.parametrize("offer", [b"", H2C], ids=["plain", "offer"])
+def test_offers_held_behind_a_slow_request(slow_gw: GatewayProcess, offer: bytes) -> None:
+    """A slow request, then more than the hold limit (64 KiB) of requests with bodies behind
+    it: every one answered, in order, with and without offers."""
+    padded = (
+        b'{"model":"fast",'
+        + b" " * 30000
+        + b'"messages":[{"role":"user","content":"hi"}],"max_tokens":2}'
+    )
+    with connect(slow_gw.port) as sock:
+        sock.sendall(_post(SLOW, offer) + GET)
+        time.sleep(0.2)
+        for _ in range(4):
+            sock.sendall(_post(padded, offer))
+        sock.sendall(GET)
+        data = read_all(sock, 5)
+    assert statuses(data) == [200] * 7
