@@ -61,11 +61,10 @@ def smuggled_get(tag: str) -> bytes:
     raise AssertionError
 
 
-@pytest.fixture(scope="module")
-def gw() -> Iterator[GatewayProcess]:
-    """A gateway in front of a zero-latency simulator, auth off, a 64 KiB body limit."""
+def _gateway(latency_scale: str) -> Iterator[GatewayProcess]:
+    """A gateway in front of a simulator at ``latency_scale``, auth off, a 64 KiB body limit."""
     with SimulatorProcess(
-        "--profile", "fast", "--model", "tiergate-fast", "--latency-scale", "0"
+        "--profile", "fast", "--model", "tiergate-fast", "--latency-scale", latency_scale
     ) as sim:
         config: dict[str, Any] = {
             "auth": {"enabled": False},
@@ -74,21 +73,18 @@ def gw() -> Iterator[GatewayProcess]:
         }
         with GatewayProcess(config) as process:
             yield process
+
+
+@pytest.fixture(scope="module")
+def gw() -> Iterator[GatewayProcess]:
+    """In front of a zero-latency simulator."""
+    yield from _gateway("0")
 
 
 @pytest.fixture(scope="module")
 def slow_gw() -> Iterator[GatewayProcess]:
-    """A gateway in front of a simulator that takes its time, so requests queue behind one."""
-    with SimulatorProcess(
-        "--profile", "fast", "--model", "tiergate-fast", "--latency-scale", "1"
-    ) as sim:
-        config: dict[str, Any] = {
-            "auth": {"enabled": False},
-            "server": {"max_body_bytes": 65536},
-            "tiers": tiers_config([sim.url], [sim.url], max_tokens_cap=1000),
-        }
-        with GatewayProcess(config) as process:
-            yield process
+    """In front of a simulator that takes its time, so requests queue behind one."""
+    yield from _gateway("1")
 
 
 def read_all(sock: socket.socket, quiet: float = 1.5) -> bytes:
