@@ -199,10 +199,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if self._discarding:  # behind a refused CONNECT or chunked offer, until the close
             return
         if self._raw_left:  # the body of a request that offered an upgrade
-            data = self._raw_body(data)
-            if not data:
+            rest = self._raw_body(data)
+            if not rest:
                 self._after_feed()
                 return
+            data = bytes(rest)
         counted = self._reading_head
         if counted:
             self._head_fed += len(data)
@@ -222,20 +223,21 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         body is then counted off by its Content-Length and what follows goes to a new parser.
         """
         self._unset_keepalive_if_required()
-        while data:
+        chunk: bytes | memoryview = data
+        while chunk:
             try:
-                self.parser.feed_data(data)
+                self.parser.feed_data(chunk)
             except httptools.HttpParserError:
                 msg = "Invalid HTTP request received."
                 self.logger.warning(msg)
                 self.send_400_response(msg)
                 return
-            except httptools.HttpParserUpgrade as upgrade:
-                data = self._past_upgrade(data[upgrade.args[0] :])
+            except httptools.HttpParserUpgrade as upgrade:  # a view: offers in a row copy nothing
+                chunk = self._past_upgrade(memoryview(chunk)[upgrade.args[0] :])
             else:
                 return
 
-    def _past_upgrade(self, rest: bytes) -> bytes:
+    def _past_upgrade(self, rest: memoryview) -> memoryview | bytes:
         """Serve the request whose head just ended as HTTP/1.1; ``rest`` follows its head.
         Returns the bytes after its body, for the next request (none while the body is still
         arriving)."""
@@ -254,13 +256,13 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._raw_left = length
         return self._raw_body(rest)
 
-    def _raw_body(self, data: bytes) -> bytes:
+    def _raw_body(self, data: bytes | memoryview) -> bytes | memoryview:
         """Hand the body bytes of a request that offered an upgrade to the request, counted
         off its Content-Length; complete it when they are all in. Returns what follows."""
         take = min(len(data), self._raw_left)
         if take:
             self._raw_left -= take
-            self.on_body(data[:take])
+            self.on_body(bytes(data[:take]))
         if self._raw_left:
             return b""
         self.on_message_complete()
