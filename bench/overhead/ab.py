@@ -12,7 +12,8 @@ and boosted as ``bench/overhead``), warms it, and measures req/s at c=16 (``--co
 the gateway's CPU time per request there (user + system of all its threads, from ``/proc``)
 and p50 and p99 at c=1.
 Rounds interleave the revisions, so a machine that slows down (another tenant, CPU steal) slows
-every revision alike; the medians over rounds are compared within the run. CPU per request
+every revision alike, and alternate their order (the first slot of a round was measured faster);
+the medians over rounds are compared within the run. CPU per request
 is the figure least moved by such noise.
 """
 
@@ -101,6 +102,13 @@ def launcher(tree: Path) -> tuple[str, ...]:
     return ("env", f"PYTHONPATH={tree}", sys.executable, "-P", "-c", main)
 
 
+def round_order(commits: list[str], number: int) -> list[str]:
+    """The order of round ``number`` (from 1): as given in odd rounds, reversed in even ones.
+    On this machine the revision measured first in a round ran about 4 % faster whichever it
+    was (`bench/results/ab-plain-fixes*.md`); alternating spreads that over every revision."""
+    return list(commits) if number % 2 else list(reversed(commits))
+
+
 def run(args: argparse.Namespace, commits: list[str], workdir: Path) -> dict[str, list[Point]]:
     """Every round, every revision: the points."""
     trees = {commit: checkout(commit, workdir) for commit in commits}
@@ -111,7 +119,7 @@ def run(args: argparse.Namespace, commits: list[str], workdir: Path) -> dict[str
     upstream = start_fixed_upstream(workdir, pin)
     try:
         for number in range(1, args.rounds + 1):
-            for commit in commits:
+            for commit in round_order(commits, number):
                 leg = start_tiergate(
                     variant, upstream, workdir, pin, launcher=launcher(trees[commit])
                 )

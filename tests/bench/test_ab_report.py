@@ -6,7 +6,7 @@ import argparse
 import subprocess
 from pathlib import Path
 
-from bench.overhead.ab import REPO_ROOT, Point, launcher, report
+from bench.overhead.ab import REPO_ROOT, Point, launcher, report, round_order
 
 
 def test_report_takes_medians_and_ratios_against_the_first_revision() -> None:
@@ -46,3 +46,10 @@ def test_launcher_imports_the_gateway_from_the_tree_not_the_working_directory(
         launcher(tree), cwd=REPO_ROOT, capture_output=True, text=True, check=True, timeout=60
     )
     assert out.stdout.strip() == "from-the-tree"
+
+
+def test_rounds_alternate_the_order_of_the_revisions() -> None:
+    """Odd rounds measure the revisions as given, even rounds in reverse: no revision always
+    gets the faster first slot."""
+    revs = ["a", "b", "c"]
+    assert [round_order(revs, n) for n in (1, 2, 3)] == [revs, ["c", "b", "a"], revs]
