@@ -29,28 +29,30 @@ HOLD_LIMIT = 64 * 1024
 # Served on connections accepted over the cap: a probe must still see the process alive.
 OPS_PATHS = frozenset({b"/livez", b"/readyz"})
 _RETRY_AFTER = b"retry-after: 1"
+_OVER_CAPACITY_MESSAGE = "The gateway is at its connection limit; retry shortly."
 _OVER_CAPACITY_BODY = raw_error(
-    503,
-    "Service Unavailable",
-    "The gateway is at its connection limit; retry shortly.",
-    "server_overloaded",
-    (_RETRY_AFTER,),
+    503, "Service Unavailable", _OVER_CAPACITY_MESSAGE, "server_overloaded", (_RETRY_AFTER,)
 )
 _TIMEOUT = raw_error(
     408, "Request Timeout", "The request was not received in time.", "request_timeout"
 )
 
 
-def _refusing(status: int, message: str, code: str) -> ASGIApp:
-    """An app answering ``status`` with an OpenAI-shaped error, then closing the connection:
-    served in the request's turn, so requests pipelined before it get their answers first."""
-    body = error_body(message, "invalid_request_error", None, code)
+def _refusing(
+    status: int, message: str, code: str, extra: tuple[tuple[bytes, bytes], ...] = ()
+) -> ASGIApp:
+    """An app answering ``status`` with an OpenAI-shaped error (the body ``raw_error`` writes),
+    then closing the connection: served in the request's turn, so requests pipelined before it
+    get their answers first."""
+    kind = "server_error" if status >= 500 else "invalid_request_error"
+    body = error_body(message, kind, None, code)
     start = {
         "type": "http.response.start",
         "status": status,
         "headers": [
             (b"content-type", b"application/json"),
             (b"content-length", str(len(body)).encode()),
+            *extra,
             (b"connection", b"close"),
         ],
     }
@@ -60,6 +62,12 @@ def _refusing(status: int, message: str, code: str) -> ASGIApp:
         await send({"type": "http.response.body", "body": body, "more_body": False})
 
     return app
+
+
+# The answer to a request on a connection accepted over the cap (not an ops path).
+_over_capacity = _refusing(
+    503, _OVER_CAPACITY_MESSAGE, "server_overloaded", ((b"retry-after", b"1"),)
+)
 
 
 # What follows a CONNECT head is a tunnel's bytes; a chunked body cannot be framed past the
@@ -80,26 +88,6 @@ def _head_too_large(limit: int) -> bytes:
         f"The request line and headers exceed {limit} bytes.",
         "request_header_fields_too_large",
     )
-
-
-async def _over_capacity(
-    scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
-) -> None:
-    """The answer to a request on a connection accepted over the cap (not an ops path)."""
-    body = _OVER_CAPACITY_BODY.partition(b"\r\n\r\n")[2]
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 503,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                (b"retry-after", b"1"),
-                (b"connection", b"close"),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
 
 
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
