@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import asdict, dataclass, field
 from typing import Any, Final
 
@@ -296,9 +296,9 @@ def _cue_figures(fold: _Fold, op: float) -> list[CueFigures]:
     return out
 
 
-def held_out_report(data: Prepared, settings: TrainSettings) -> HeldOutReport:
-    """LOSO over the external sources and LOFO over the corpus families of ``data``."""
-    calib = (
+def _calibration_margins(data: Prepared, settings: TrainSettings) -> FloatArray:
+    """Every trainable row's margin from a fit that left its group out (Platt's inputs)."""
+    return (
         held_out_margins(
             data.x,
             data.y,
@@ -312,7 +312,34 @@ def held_out_report(data: Prepared, settings: TrainSettings) -> HeldOutReport:
         if data.train_mask.any()
         else np.zeros(0)
     )
-    external = sorted({g for g in data.groups if not g.startswith("corpus/")})
+
+
+def _external_groups(data: Prepared) -> list[str]:
+    return sorted({g for g in data.groups if not g.startswith("corpus/")})
+
+
+def loso_scores(data: Prepared, settings: TrainSettings) -> FloatArray:
+    """The calibrated leave-one-source-out score of every external row (NaN elsewhere)."""
+    calib = _calibration_margins(data, settings)
+    return _leave_out(data, settings, _external_groups(data), calib, ()).scores
+
+
+def with_sources_perfect(
+    groups: Sequence[str], y: npt.NDArray[np.int_], scores: FloatArray, perfect: Set[str]
+) -> Reliability:
+    """Pooled figures if the rows of ``perfect`` were scored 0 (simple) / 1 (complex).
+
+    A counterfactual: how far from a target the router would be with one failure shape solved
+    outright and every other score unchanged.
+    """
+    fixed = np.array([g in perfect for g in groups], dtype=np.bool_)
+    return reliability(y, np.where(fixed, y.astype(np.float64), scores))
+
+
+def held_out_report(data: Prepared, settings: TrainSettings) -> HeldOutReport:
+    """LOSO over the external sources and LOFO over the corpus families of ``data``."""
+    calib = _calibration_margins(data, settings)
+    external = _external_groups(data)
     families = sorted({g for g in data.groups if g.startswith("corpus/")})
     y = data.y.astype(np.int_)
     loso = _leave_out(data, settings, external, calib, CUES)

@@ -14,7 +14,14 @@ from router_models.cli import main
 from router_models.corpus.build import DEFAULT_CORPUS, HARD_CASES
 from router_models.crossval import group_of, trainable
 from router_models.features import HASH_SIZE
-from router_models.honest import CUES, held_out_report, language_of, reliability
+from router_models.honest import (
+    CUES,
+    held_out_report,
+    language_of,
+    loso_scores,
+    reliability,
+    with_sources_perfect,
+)
 from router_models.records import read_jsonl
 from router_models.train import TrainSettings, prepare, train
 
@@ -92,6 +99,25 @@ def test_held_out_report_covers_every_source_and_family() -> None:
         assert 0.0 <= rel.ece <= 1.0
     assert {c.name for c in report.cues} <= {c.name for c in CUES}
     assert any(c.name.startswith("strip trailing") for c in report.cues)
+
+
+def test_loso_scores_and_the_perfect_source_counterfactual() -> None:
+    """``loso_scores`` are the report's LOSO predictions; scoring sources perfectly helps."""
+    settings = TrainSettings()
+    data = prepare(_small_mix(), settings)
+    scores = loso_scores(data, settings)
+    rows = np.flatnonzero(~np.isnan(scores))
+    assert rows.size == len(read_jsonl(HARD_CASES))
+    assert all(not data.groups[i].startswith("corpus/") for i in rows)
+    y = data.y[rows].astype(np.int_)
+    groups = [data.groups[i] for i in rows]
+    base = reliability(y, scores[rows])
+    assert base.roc_auc == pytest.approx(held_out_report(data, settings).loso.roc_auc)
+    assert with_sources_perfect(groups, y, scores[rows], frozenset()) == base
+    one = with_sources_perfect(groups, y, scores[rows], {"ext_a"})
+    assert one.roc_auc >= base.roc_auc
+    every = with_sources_perfect(groups, y, scores[rows], {"ext_a", "ext_b"})
+    assert (every.roc_auc, every.simple_sent_at_95, every.brier) == (1.0, 0.0, 0.0)
 
 
 def test_reliability_of_perfect_and_constant_predictions() -> None:
