@@ -8,6 +8,8 @@ timer, every ``tick_s``) closes connections whose phase ran past its deadline; t
 Phases of a connection: ``HEAD`` (waiting for or reading a request head; the first head's
 clock starts at accept), ``BODY`` (reading the body), ``BUSY`` (the app is answering: no
 deadline here, upstream timeouts govern streams), ``IDLE`` (keep-alive between requests).
+In every phase, a connection whose writes have been paused (the client reads nothing while the
+gateway has answers for it) longer than ``write_timeout_s`` is aborted.
 """
 
 from __future__ import annotations
@@ -58,6 +60,14 @@ class Shed:
     # such a head, and the gateway frames only Content-Length bodies past it
     # (gateway/http_protocol.py).
     UPGRADE_REFUSED = "upgrade_refused"
+    # Bytes that are not HTTP/1.1 (the parser's 400), or a transfer coding other than chunked.
+    MALFORMED = "malformed_request"
+    # More pipelined requests than MAX_PIPELINE waiting behind the one being answered: those
+    # are answered, the rest is dropped and the connection closed (clients resend unanswered
+    # requests on a new connection, RFC 9112 9.3.2).
+    PIPELINE_TOO_DEEP = "pipeline_too_deep"
+    # The client read nothing for write_timeout_s while answers waited for it.
+    WRITE_TIMEOUT = "write_timeout"
     ALL = (
         HEAD_TOO_LARGE,
         HEAD_TIMEOUT,
@@ -67,6 +77,9 @@ class Shed:
         OVER_CAPACITY,
         OVER_CAPACITY_CLOSED,
         UPGRADE_REFUSED,
+        MALFORMED,
+        PIPELINE_TOO_DEEP,
+        WRITE_TIMEOUT,
     )
 
 
@@ -90,13 +103,16 @@ class ConnectionLimits:
     body_timeout_s: float = 10.0
     body_min_rate: int = 1024
     idle_timeout_s: float = 75.0
+    write_timeout_s: float = 60.0
     max_connections: int = 4096
     over_cap_reserve: int = 64
 
     @property
     def tick_s(self) -> float:
         """How often the sweeper looks: a quarter of the shortest deadline, 50 ms to 1 s."""
-        shortest = min(self.head_timeout_s, self.body_timeout_s, self.idle_timeout_s)
+        shortest = min(
+            self.head_timeout_s, self.body_timeout_s, self.idle_timeout_s, self.write_timeout_s
+        )
         return min(1.0, max(0.05, shortest / 4))
 
 
@@ -123,6 +139,7 @@ class Guarded(Protocol):
     since: float  # when the phase began; in BODY, when the last body bytes came
     body_started: float
     body_bytes: int
+    write_paused_at: float  # when writes were paused (the client is not reading); 0: not paused
 
     def shed(self, reason: str) -> None:
         """Close the connection for ``reason`` (answering first where that makes sense)."""
@@ -208,6 +225,12 @@ class ConnectionGuard:
 
     def expired(self, conn: Guarded, now: float) -> str | None:
         """Why ``conn`` must be closed now, or ``None``."""
+        paused = conn.write_paused_at
+        if paused and now - paused > self.limits.write_timeout_s:
+            return Shed.WRITE_TIMEOUT
+        return self._phase_expired(conn, now)
+
+    def _phase_expired(self, conn: Guarded, now: float) -> str | None:
         limits = self.limits
         phase = conn.phase
         elapsed = now - conn.since

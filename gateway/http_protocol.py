@@ -26,6 +26,11 @@ from gateway.native import ROUTES, Handler, NativeCycle
 
 # Bytes read and kept unparsed behind a request waiting its turn, before reading pauses.
 HOLD_LIMIT = 64 * 1024
+# Requests queued behind the one being answered. One read can hold thousands of tiny
+# pipelined requests, each a cycle object once parsed: past this depth the queued ones are
+# answered and the connection closes; the rest is never parsed (clients resend requests a
+# closed connection left unanswered, RFC 9112 9.3.2).
+MAX_PIPELINE = 32
 # Served on connections accepted over the cap: a probe must still see the process alive.
 OPS_PATHS = frozenset({b"/livez", b"/readyz"})
 _RETRY_AFTER = b"retry-after: 1"
@@ -35,6 +40,15 @@ _OVER_CAPACITY_BODY = raw_error(
 )
 _TIMEOUT = raw_error(
     408, "Request Timeout", "The request was not received in time.", "request_timeout"
+)
+_BAD_REQUEST = raw_error(
+    400, "Bad Request", "The request is not valid HTTP/1.1.", "invalid_http_request"
+)
+_UNSUPPORTED_CODING = raw_error(
+    501,
+    "Not Implemented",
+    "Only the chunked transfer coding is supported in requests.",
+    "unsupported_transfer_encoding",
 )
 
 
@@ -124,6 +138,14 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._upgrade_body: int | None = -1
         self._raw_left = 0
         self._discarding = False
+        # After a refusal or a pipeline past MAX_PIPELINE: no later request is served (the
+        # parser's callbacks do nothing); ``_final`` is the refusal, written once the answers
+        # owed to the requests before it are out.
+        self._ignoring = False
+        self._final: bytes | None = None
+        self._bad_coding = False  # a transfer coding other than chunked in this head
+        self.write_paused_at = 0.0
+        self._next_waits = False  # a queued request waits for the client to read
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         """Admit the connection, or shed it when the server is past its reserve."""
@@ -160,31 +182,82 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def shed(self, reason: str) -> None:
         """Close for ``reason``; a request cut off mid-way is told 408 first."""
         transport = self.transport
+        if reason == Shed.WRITE_TIMEOUT:
+            transport.abort()  # close() would wait for the bytes the client does not read
+            return
         if transport.is_closing():
             return
-        cut = (reason == Shed.HEAD_TIMEOUT and self._head_fed > 0) or reason == Shed.BODY_TIMEOUT
-        if cut and (self.cycle is None or not self.cycle.response_started):
+        if self._owes_timeout(reason):
             transport.write(_TIMEOUT)
         transport.close()
 
+    def _owes_timeout(self, reason: str) -> bool:
+        """Whether closing for ``reason`` cuts off a request that should hear 408 first."""
+        serving = self._serving
+        if serving is not None and serving.response_started and not serving.response_complete:
+            return False  # an answer is on the wire: a 408 now would land inside it
+        if reason == Shed.HEAD_TIMEOUT:
+            return self._reading_head and self._head_fed > 0
+        cycle = self.cycle
+        return reason == Shed.BODY_TIMEOUT and (cycle is None or not cycle.response_started)
+
+    def _answering(self) -> bool:
+        """Whether answers are still owed to requests that came before."""
+        serving = self._serving
+        return bool(self.pipeline) or (serving is not None and not serving.response_complete)
+
     def _refuse(self, reason: str, response: bytes) -> None:
+        """Answer ``response`` and close; nothing after the refused request is served.
+
+        Requests before it still get their answers first, in order (a refusal written at once
+        would land inside an answer being streamed, or before answers a pipelining client
+        waits for), unless the newest request's own body is cut off by it.
+        """
         guard = self.guard
         guard.note_shed(reason, self.loop.time())
-        guard.release(self)
+        self._ignoring = True
+        self._discarding = True
+        self._held = None
         self.phase = Phase.BUSY
+        cycle = self.cycle
+        if self._answering() and (cycle is None or not cycle.more_body):
+            self._final = response
+            return
+        guard.release(self)
         self.transport.write(response)
         self.transport.close()
 
+    def _overflow(self) -> None:
+        """Too many pipelined requests: answer the queued ones, then close (see MAX_PIPELINE)."""
+        self.guard.note_shed(Shed.PIPELINE_TOO_DEEP, self.loop.time())
+        self._ignoring = True
+        self._discarding = True
+        self._held = None
+        self.pipeline[0][0].keep_alive = False
+
+    def pause_writing(self) -> None:
+        """The client is not reading: the guard cuts it after ``write_timeout_s``."""
+        super().pause_writing()
+        self.write_paused_at = self.loop.time()
+
+    def resume_writing(self) -> None:
+        """The client reads again; a queued request held back for it is started."""
+        super().resume_writing()
+        self.write_paused_at = 0.0
+        if self._next_waits and not self.transport.is_closing():
+            self._next_waits = False
+            self._start_next()
+
     def data_received(self, data: bytes) -> None:
         """Feed the parser; refuse a head that grew past the limit without feeding more."""
+        if self._discarding:  # behind a refusal or a pipeline too deep, until the close
+            return
         held = self._held
         if held is not None:  # parsed once the requests before it are answered
             held.append(data)
             self._held_size += len(data)
             if self._held_size > HOLD_LIMIT:
                 self.flow.pause_reading()
-            return
-        if self._discarding:  # behind a refused CONNECT or chunked offer, until the close
             return
         if self._raw_left:  # the body of a request that offered an upgrade
             rest = self._raw_body(data)
@@ -193,11 +266,14 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 return
             data = bytes(rest)
         counted = self._reading_head
-        if counted:
+        if counted:  # every byte up to the head's end is the head's
             self._head_fed += len(data)
         self._feed(data)
         if not counted and self._reading_head:
-            self._head_fed += len(data)
+            # A head began inside this read, after other requests' bytes: count what the
+            # callbacks saw of it (at least its first byte), never the bytes before it; a
+            # header still incomplete is counted with the next read.
+            self._head_fed = max(1, self._head_size)
         self._after_feed()
 
     def _feed(self, data: bytes) -> None:
@@ -215,10 +291,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         while chunk:
             try:
                 self.parser.feed_data(chunk)
-            except httptools.HttpParserError:
-                msg = "Invalid HTTP request received."
-                self.logger.warning(msg)
-                self.send_400_response(msg)
+            except httptools.HttpParserError:  # OpenAI-shaped 400; logged at most every 10 s
+                self._refuse(Shed.MALFORMED, _BAD_REQUEST)
                 return
             except httptools.HttpParserUpgrade as upgrade:  # a view: offers in a row copy nothing
                 chunk = self._past_upgrade(memoryview(chunk)[upgrade.args[0] :])
@@ -263,6 +337,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._refusal = None
             self._refuse(*refusal)
             return
+        if self._ignoring:
+            return
         if self._reading_head:  # also a pipelined head behind a request in progress
             limit = self.guard.limits.max_head_bytes
             if self._head_fed > limit and not self.transport.is_closing():
@@ -274,6 +350,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         uvicorn's own start of a message, less the ASGI scope: that is built (``asgi_scope``)
         only for a request the ASGI app serves, not for every inference request served natively.
         """
+        if self._ignoring:
+            return
+        self._bad_coding = False
         self.url = b""
         self.expect_100_continue = False
         self.headers = []
@@ -301,24 +380,39 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_url(self, url: bytes) -> None:
         """Collect the request target (as uvicorn) and count it into the head size."""
+        if self._ignoring:
+            return
         self.url += url
         self._head_size += len(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
         """Collect one header (as uvicorn) and count it into the head size."""
+        if self._ignoring:
+            return
         name = name.lower()
         if name == b"expect" and value.lower() == b"100-continue":
             self.expect_100_continue = True
+        elif name == b"transfer-encoding" and value.strip().lower() != b"chunked":
+            self._bad_coding = True  # llhttp frames it as chunked; the coding is not undone
         self.headers.append((name, value))
         self._head_size += len(name) + len(value) + 4
 
     def on_headers_complete(self) -> None:
         """Refuse an over-long head (arrived in one piece); start the body clock."""
+        if self._ignoring:
+            return
         self._reading_head = False
         limit = self.guard.limits.max_head_bytes
         if self._head_size > limit:
             self._refusal = (Shed.HEAD_TOO_LARGE, _head_too_large(limit))
-            self.phase = Phase.BUSY
+            self._ignoring = True  # nothing after it in this read is served either
+            return
+        if self._bad_coding:
+            self._refusal = (Shed.MALFORMED, _UNSUPPORTED_CODING)
+            self._ignoring = True
+            return
+        if len(self.pipeline) >= MAX_PIPELINE:
+            self._overflow()
             return
         refusing = self._offered_upgrade() if self.parser.should_upgrade() else None
         if refusing is not None:  # answered in its turn, then the connection closes
@@ -339,6 +433,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if self._ops_only or not self._start_native():
             self.asgi_scope()
             super().on_headers_complete()
+        if self.pipeline and self.pipeline[0][0] is self.cycle:
+            return  # queued: its body is read, and timed, in its turn (``_start_next``)
         now = self.loop.time()
         self.phase = Phase.BODY
         self.since = now
@@ -390,15 +486,16 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_body(self, body: bytes) -> None:
         """Count body bytes for the minimum-rate check."""
-        if self._refusal is not None:
+        if self._ignoring:
             return
         super().on_body(body)
         self.body_bytes += len(body)
-        self.since = self.loop.time()
+        if self.phase is Phase.BODY:  # not the rest of a body answered early: idle rules
+            self.since = self.loop.time()
 
     def on_message_complete(self) -> None:
         """The request is in; the app answers without a server deadline."""
-        if self._refusal is not None or self._upgrade_body != -1:
+        if self._ignoring or self._upgrade_body != -1:
             return  # refused, or an upgrade head: its body is still to come (``_past_upgrade``)
         super().on_message_complete()
         cycle = self.cycle
@@ -431,15 +528,39 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         pipelined = bool(self.pipeline)
         held, self._held = self._held, None
         self.server_state.total_requests += 1
-        if not self.transport.is_closing():
-            self.flow.resume_reading()
-            if pipelined:
-                cycle, app = self.pipeline.pop()
-                self._start_asgi_task(cycle, app)
+        closing = self.transport.is_closing()
+        if not pipelined and self._final is not None:  # a refusal behind the answered ones
+            final, self._final = self._final, None
+            self.guard.release(self)
+            if not closing:
+                self.transport.write(final)
+                self.transport.close()
+            return
+        self.since = self.loop.time()
         if pipelined:
             self.phase = Phase.BUSY
+            if closing:
+                return
+            if self.flow.write_paused:  # the client reads nothing: its next answer waits
+                self._next_waits = True
+                self._held = held
+                return
+            self._start_next()
         else:  # a head that began behind the last request gets its head deadline from now
             self.phase = Phase.HEAD if self._reading_head else Phase.IDLE
-        self.since = self.loop.time()
-        if held and not self.transport.is_closing():
+            if not closing:
+                self.flow.resume_reading()
+        if held and not closing:
             self.data_received(b"".join(held))
+
+    def _start_next(self) -> None:
+        """Start the oldest queued request; its body, if still to come, is timed from now."""
+        cycle, app = self.pipeline.pop()
+        self.flow.resume_reading()
+        self._start_asgi_task(cycle, app)
+        if cycle.more_body:
+            now = self.loop.time()
+            self.phase = Phase.BODY
+            self.since = now
+            self.body_started = now
+            self.body_bytes = 0

@@ -52,6 +52,7 @@ def connection_limits(server: ServerSettings) -> ConnectionLimits:
         body_timeout_s=server.body_timeout_s,
         body_min_rate=server.body_min_rate_bytes_s,
         idle_timeout_s=server.idle_timeout_s,
+        write_timeout_s=server.write_timeout_s,
         max_connections=cap,
         over_cap_reserve=server.max_connections_reserve,
     )

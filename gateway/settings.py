@@ -61,6 +61,8 @@ class ServerSettings(Section):
     """After body_timeout_s, a body slower than this on average gets 408 (0: pauses only)."""
     idle_timeout_s: float = Field(default=75.0, gt=0)
     """Keep-alive connections idle this long are closed (above load balancers' usual 60 s)."""
+    write_timeout_s: float = Field(default=60.0, gt=0)
+    """A client that reads nothing this long while answers wait for it is disconnected."""
     max_connections: int | None = Field(default=None, ge=1)
     """Open client connections per worker; unset: half of what the fd limit leaves."""
     max_connections_reserve: int = Field(default=64, ge=0)

@@ -26,6 +26,7 @@ class FakeConnection:
     since: float = 0.0
     body_started: float = 0.0
     body_bytes: int = 0
+    write_paused_at: float = 0.0
     shed_for: list[str] = field(default_factory=list)
 
     def shed(self, reason: str) -> None:
@@ -83,6 +84,17 @@ def test_deadlines_by_phase() -> None:
     assert guard.expired(trickle, 10.0) == Shed.BODY_TIMEOUT  # owes 500 bytes after 5 s grace
     fair = FakeConnection(Phase.BODY, since=9.9, body_started=0, body_bytes=600)
     assert guard.expired(fair, 10.0) is None
+
+
+def test_a_client_that_reads_nothing_is_cut_in_any_phase() -> None:
+    """Writes paused past write_timeout_s: the connection goes, even while BUSY (a stream)."""
+    guard = ConnectionGuard(ConnectionLimits(write_timeout_s=30))
+    stalled = FakeConnection(Phase.BUSY, since=0, write_paused_at=5.0)
+    assert guard.expired(stalled, 34.0) is None
+    assert guard.expired(stalled, 35.5) == Shed.WRITE_TIMEOUT
+    idle = FakeConnection(Phase.IDLE, since=100, write_paused_at=1.0)
+    assert guard.expired(idle, 40) == Shed.WRITE_TIMEOUT
+    assert guard.expired(FakeConnection(Phase.BUSY, since=0), 1e6) is None  # never paused
 
 
 def test_sweep_closes_only_the_expired() -> None:

@@ -1,0 +1,289 @@
+"""Pipelining and slow readers against a real ``tiergate serve`` (gateway/http_protocol.py).
+
+Each test here failed before the fix it names, found by an attack review (2026-12-04):
+
+* one connection sending tiny pipelined requests faster than it read the answers grew the
+  gateway's memory without bound (every request in a read became a queued cycle);
+* the end of a large body and the start of the next head in one read were counted as head
+  bytes: a false 431 that also lost the answer in progress;
+* a request behind a refused one (oversized head, bad bytes) still ran, unseen by the client;
+* refusals (400, 431) and the 408 of a late body were written at once, ahead of (or inside)
+  the answers owed to earlier requests;
+* a client that stopped reading a stream held it, and the replica's slot, forever;
+* body bytes trickling after an early answer kept the connection from its idle deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import time
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+
+from gateway.http_protocol import MAX_PIPELINE
+from tests.adversarial.rawhttp import closed_within, connect
+from tests.integration.gateway_proc import GatewayProcess, tiers_config
+from tests.simulator.procs import SimulatorProcess
+
+TIMEOUT = 1.0  # head, body and write deadlines of the gateway under test
+SLACK = 2.0  # the sweeper's tick plus a loaded 2-core machine
+LIVEZ = b"GET /livez HTTP/1.1\r\nHost: t\r\n\r\n"
+
+
+@pytest.fixture(scope="module")
+def sim() -> Iterator[SimulatorProcess]:
+    """A simulator that streams at its own pace (latency scale 1)."""
+    with SimulatorProcess(
+        "--profile", "fast", "--model", "tiergate-fast", "--latency-scale", "1"
+    ) as proc:
+        yield proc
+
+
+def _config(sim: SimulatorProcess) -> dict[str, object]:
+    """Auth off; one-second head, body and write deadlines."""
+    return {
+        "auth": {"enabled": False},
+        "server": {
+            "head_timeout_s": TIMEOUT,
+            "body_timeout_s": TIMEOUT,
+            "write_timeout_s": TIMEOUT,
+            "idle_timeout_s": 3.0,
+        },
+        "tiers": tiers_config([sim.url], [sim.url], max_tokens_cap=20000),
+    }
+
+
+@pytest.fixture(scope="module")
+def gw(sim: SimulatorProcess) -> Iterator[GatewayProcess]:
+    """In front of the paced simulator."""
+    with GatewayProcess(_config(sim)) as proc:
+        yield proc
+
+
+@pytest.fixture(scope="module")
+def fast_gw() -> Iterator[GatewayProcess]:
+    """In front of a zero-latency simulator: a long stream outruns any reader."""
+    with (
+        SimulatorProcess(
+            "--profile", "fast", "--model", "tiergate-fast", "--latency-scale", "0"
+        ) as sim,
+        GatewayProcess(_config(sim)) as proc,
+    ):
+        yield proc
+
+
+def _metric(gw: GatewayProcess, pattern: str) -> float:
+    with urllib.request.urlopen(gw.url + "/metrics", timeout=5) as response:  # noqa: S310  # loopback
+        text = response.read().decode()
+    match = re.search("^" + pattern + r" (\S+)$", text, re.M)
+    assert match is not None, pattern
+    return float(match[1])
+
+
+def _sum(gw: GatewayProcess, name: str) -> float:
+    """The sum of every sample of ``name`` (0 when it has none yet)."""
+    with urllib.request.urlopen(gw.url + "/metrics", timeout=5) as response:  # noqa: S310  # loopback
+        text = response.read().decode()
+    return sum(float(m) for m in re.findall("^" + name + r"(?:\{[^}]*\})? (\S+)$", text, re.M))
+
+
+def _shed(gw: GatewayProcess, reason: str) -> float:
+    return _metric(gw, r'tiergate_connections_shed_total\{reason="' + reason + r'"\}')
+
+
+def statuses(data: bytes) -> list[int]:
+    """The status of every response in ``data``."""
+    return [int(m) for m in re.findall(rb"HTTP/1\.1 (\d{3}) ", data)]
+
+
+def _chat(content: str, *, stream: bool = False, max_tokens: int = 4) -> bytes:
+    body = {
+        "model": "fast",
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "stream": stream,
+    }
+    if max_tokens > 8:
+        body["min_tokens"] = max_tokens
+    return json.dumps(body).encode()
+
+
+def _post(body: bytes) -> bytes:
+    return (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n" % len(body) + body
+    )
+
+
+def test_a_deep_pipeline_is_answered_up_to_the_cap_then_closed(gw: GatewayProcess) -> None:
+    """2,000 pipelined requests in one write: the first MAX_PIPELINE + 1 answered, then the
+    connection closes; memory does not follow the requests sent."""
+    before = _shed(gw, "pipeline_too_deep")
+    with connect(gw.port) as sock:
+        sock.sendall(LIVEZ * 2000)
+        closed, data = closed_within(sock, 10)
+    assert closed
+    assert statuses(data) == [200] * (MAX_PIPELINE + 1)
+    assert data.count(b"connection: close") == 1
+    assert _shed(gw, "pipeline_too_deep") == before + 1
+
+
+def test_a_client_that_keeps_pipelining_cannot_grow_the_gateway(gw: GatewayProcess) -> None:
+    """The attack as found: ~15 KB of tiny requests sent for every answer read. The gateway
+    closes the connection instead of queueing them all (it had grown 400 MB in 1.5 s)."""
+    rss_before = _rss_kib(gw.pid)
+    blob = LIVEZ * (15000 // len(LIVEZ))
+    sent = 0
+    with connect(gw.port) as sock:
+        sock.settimeout(5)
+        deadline = time.monotonic() + 5
+        try:
+            sock.sendall(blob)
+            while time.monotonic() < deadline:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                for _ in range(chunk.count(b"HTTP/1.1 ")):
+                    sock.sendall(blob)
+                    sent += 1
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+    assert sent < 100  # closed at the cap, long before the deadline
+    assert _rss_kib(gw.pid) - rss_before < 20 * 1024
+
+
+def _rss_kib(pid: int) -> int:
+    for line in open(f"/proc/{pid}/status", encoding="ascii"):  # noqa: SIM115  # short read
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def test_a_body_end_and_the_next_head_in_one_read_is_no_431(gw: GatewayProcess) -> None:
+    """The last 20 KB of a body and the first bytes of the next request arrive together."""
+    request = _post(_chat("x" * 20000))
+    head_and_start = len(request) - 20000
+    with connect(gw.port) as sock:
+        sock.sendall(request[:head_and_start])
+        time.sleep(0.2)
+        sock.sendall(request[head_and_start:] + LIVEZ[:10])
+        time.sleep(0.2)
+        sock.sendall(LIVEZ[10:] + b"GET /livez HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        closed, data = closed_within(sock, 10)
+    assert closed
+    assert statuses(data) == [200, 200, 200], data[-300:]
+
+
+def test_a_request_behind_a_refused_head_never_runs(gw: GatewayProcess) -> None:
+    """An oversized head, then a chat request, in one write: only the 431 comes back and the
+    chat request is never served (it used to run after the 431, unseen by the client)."""
+    served = _sum(gw, "tiergate_requests_total")
+    huge = b"GET /livez HTTP/1.1\r\nHost: t\r\nX-Big: " + b"a" * 20000 + b"\r\n\r\n"
+    with connect(gw.port) as sock:
+        sock.sendall(huge + _post(_chat("hello")))
+        closed, data = closed_within(sock, 10)
+    assert closed
+    assert statuses(data) == [431]
+    time.sleep(0.5)
+    assert _sum(gw, "tiergate_requests_total") == served
+
+
+def test_refusals_come_in_turn_after_earlier_answers(gw: GatewayProcess) -> None:
+    """Three good requests then bad bytes: three 200s, then an OpenAI-shaped 400, then close."""
+    with connect(gw.port) as sock:
+        sock.sendall(LIVEZ * 3 + b"GET /livez HTTP/1.1\r\nHo\x00st: t\r\n\r\n")
+        closed, data = closed_within(sock, 10)
+    assert closed
+    assert statuses(data) == [200, 200, 200, 400]
+    last = data[data.rindex(b"HTTP/1.1 400") :]
+    body = json.loads(last.partition(b"\r\n\r\n")[2])
+    assert body["error"]["code"] == "invalid_http_request"
+
+
+def test_an_unknown_transfer_coding_is_refused_with_501(gw: GatewayProcess) -> None:
+    """``gzip, chunked``: llhttp frames the chunks, but the gzip would never be undone."""
+    body = b"5\r\nhello\r\n0\r\n\r\n"
+    with connect(gw.port) as sock:
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\n"
+            b"Transfer-Encoding: gzip, chunked\r\n\r\n" + body
+        )
+        closed, data = closed_within(sock, 10)
+    assert closed
+    assert statuses(data) == [501]
+    assert b"unsupported_transfer_encoding" in data
+
+
+def test_a_late_pipelined_body_does_not_cut_the_stream_before_it(gw: GatewayProcess) -> None:
+    """A stream is being answered; a pipelined request's head arrives, its body never does.
+    The stream completes whole (no 408 written into it); the late body then gets its 408."""
+    stream = _post(_chat("tell me", stream=True, max_tokens=60))
+    late_head = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 50\r\n\r\n"
+    )
+    with connect(gw.port) as sock:
+        sock.sendall(stream)
+        time.sleep(0.3)
+        sock.sendall(late_head)
+        closed, data = closed_within(sock, 30)
+    assert closed
+    first, _, rest = data.partition(b"\r\n0\r\n\r\n")  # the stream's last chunk
+    assert b"data: [DONE]" in first
+    assert b"HTTP/1.1 408" not in first
+    assert statuses(rest) == [408]
+
+
+def test_a_client_that_stops_reading_a_stream_is_cut(fast_gw: GatewayProcess) -> None:
+    """A long stream to a client that reads nothing: cut after write_timeout_s once the
+    buffers are full, and the replica's request ends (in-flight back to 0)."""
+    gw = fast_gw
+    before = _shed(gw, "write_timeout")
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", gw.port))
+    try:
+        # Each stream is ~1.5 MB; the kernel's send buffer takes up to 4 MB by default
+        # (tcp_wmem) before the gateway's own writes pause.
+        sock.sendall(_post(_chat("go on", stream=True, max_tokens=7000)) * 8)
+        deadline = time.monotonic() + 40
+        while time.monotonic() < deadline and _shed(gw, "write_timeout") == before:
+            time.sleep(0.5)
+        assert _shed(gw, "write_timeout") == before + 1
+    finally:
+        sock.close()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        if _sum(gw, "tiergate_replica_in_flight") == 0:
+            break
+        time.sleep(0.2)
+    assert _sum(gw, "tiergate_replica_in_flight") == 0
+
+
+def test_body_trickling_after_an_early_answer_meets_the_idle_deadline(
+    gw: GatewayProcess,
+) -> None:
+    """A 404 answered before its huge body; a byte every 0.5 s after it no longer keeps the
+    connection open past the idle deadline (3 s here)."""
+    with connect(gw.port) as sock:
+        sock.sendall(b"POST /nope HTTP/1.1\r\nHost: t\r\nContent-Length: 1000000000\r\n\r\nx")
+        started = time.monotonic()
+        closed = False
+        sock.settimeout(0.5)
+        while time.monotonic() - started < 12:
+            try:
+                sock.sendall(b"x")
+                if sock.recv(65536) == b"":
+                    closed = True
+                    break
+            except TimeoutError:
+                continue
+            except (BrokenPipeError, ConnectionResetError):
+                closed = True
+                break
+    assert closed
+    assert time.monotonic() - started < 3.0 + 2 * SLACK
