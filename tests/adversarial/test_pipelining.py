@@ -287,3 +287,15 @@ def test_body_trickling_after_an_early_answer_meets_the_idle_deadline(
                 break
     assert closed
     assert time.monotonic() - started < 3.0 + 2 * SLACK
+
+
+def test_a_stalled_second_head_is_told_408(gw: GatewayProcess) -> None:
+    """Keep-alive: one request answered, then half a head that never ends: 408, then close
+    (the first head on a connection got its 408; a later one was closed without a word)."""
+    with connect(gw.port) as sock:
+        sock.sendall(LIVEZ)
+        time.sleep(0.3)
+        sock.sendall(b"GET /livez HT")
+        closed, data = closed_within(sock, TIMEOUT + 2 * SLACK + 2)
+    assert closed
+    assert statuses(data) == [200, 408]
