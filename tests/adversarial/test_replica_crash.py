@@ -28,13 +28,14 @@ def settings(precise: list[str]) -> dict[str, object]:
 
 async def load(
     url: str, victim: SimulatorProcess, *, stream: bool, seconds: float = 4.0
-) -> list[tuple[int, bool]]:
+) -> list[tuple[int, bool, bool]]:
     """50 closed-loop clients for ``seconds``; the victim is killed a second in.
 
-    Each result is (status, complete): ``complete`` is true for a non-streaming 200 and for
-    a stream that ended with ``[DONE]``.
+    Each result is (status, complete, in-band error): ``complete`` is true for a non-streaming
+    200 and for a stream that ended with ``[DONE]``; the last is true for a stream whose last
+    event is an error object.
     """
-    results: list[tuple[int, bool]] = []
+    results: list[tuple[int, bool, bool]] = []
     stop_at = time.monotonic() + seconds
 
     async def client_loop(client: httpx.AsyncClient, n: int) -> None:
@@ -49,7 +50,9 @@ async def load(
             i += 1
             async with client.stream("POST", url + "/v1/chat/completions", json=body) as resp:
                 text = (await resp.aread()).decode()
-            results.append((resp.status_code, not stream or "data: [DONE]" in text))
+            events = [line[6:] for line in text.splitlines() if line.startswith("data: ")]
+            errored = bool(events) and events[-1].startswith('{"error"')
+            results.append((resp.status_code, not stream or "data: [DONE]" in text, errored))
 
     async def killer() -> None:
         await asyncio.sleep(1.0)
@@ -69,7 +72,7 @@ def test_kill_9_under_50_concurrent_requests_costs_no_non_streaming_error() -> N
         GatewayProcess(settings([a.url, b.url])) as gateway,
     ):
         results = asyncio.run(load(gateway.url, b, stream=False))
-    errors = [status for status, _ in results if status != 200]
+    errors = [status for status, _, _ in results if status != 200]
     assert len(results) > 200
     assert errors == [], f"{len(errors)} of {len(results)} failed: {sorted(set(errors))}"
 
@@ -82,7 +85,9 @@ def test_kill_9_breaks_only_streams_already_running_and_in_band() -> None:
         GatewayProcess(settings([a.url, b.url])) as gateway,
     ):
         results = asyncio.run(load(gateway.url, b, stream=True))
-    statuses = {status for status, _ in results}
-    broken = sum(1 for _, complete in results if not complete)
+    statuses = {status for status, _, _ in results}
+    broken = [errored for _, complete, errored in results if not complete]
     assert statuses == {200}
-    assert broken <= CONCURRENCY  # at most the streams that were running on the victim
+    assert 1 <= len(broken) <= CONCURRENCY  # some, at most those running on the victim
+    assert all(broken), "a cut stream ended without an in-band error event"
+    assert not any(errored for _, complete, errored in results if complete)
