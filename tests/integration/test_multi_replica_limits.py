@@ -146,3 +146,20 @@ async def test_tokens_per_minute_are_exact_across_replicas(
     check_split(responses, N)
     rejected = next(r for r in responses if r.status_code == 429)
     assert "tokens per minute" in rejected.json()["error"]["message"]
+
+
+async def test_concurrency_is_exact_across_replicas(
+    redis: RedisServer, gateways: list[GatewayProcess], http: httpx.AsyncClient
+) -> None:
+    """max_concurrency 3, 3N simultaneous requests (each about a second long) over three
+    replicas: exactly 3 run, the rest get 429 at once; then the slots are all free again."""
+    key = await new_key(redis.url, max_concurrency=3)
+    responses = await burst(http, gateways, key, REPLICAS * N)
+    statuses = [r.status_code for r in responses]
+    assert statuses.count(200) == 3, statuses
+    assert statuses.count(429) == REPLICAS * N - 3, statuses
+    assert all(
+        "concurren" in r.json()["error"]["message"] for r in responses if r.status_code == 429
+    )
+    again = await burst(http, gateways, key, 3)
+    assert [r.status_code for r in again] == [200, 200, 200]
