@@ -49,6 +49,7 @@ def test_chat_non_streaming(client: openai.OpenAI) -> None:
     headers = raw.http_response.headers
     assert headers["x-tiergate-tier"] in ("fast", "precise")
     assert headers["x-tiergate-route-reason"] == "classifier"
+    assert 0.0 <= float(headers["x-tiergate-route-score"]) <= 1.0  # the classifier ran
     assert float(headers["x-tiergate-overhead-ms"]) >= 0
     assert headers["x-request-id"]
 
@@ -112,6 +113,7 @@ def test_explicit_model_forces_tier(gateway: GatewayProcess, model: str, tier: s
     assert resp.status_code == 200
     assert resp.headers["x-tiergate-tier"] == tier
     assert resp.headers["x-tiergate-route-reason"] == "explicit"
+    assert "x-tiergate-route-score" not in resp.headers  # no classifier ran
     assert resp.json()["model"] == f"tiergate-{tier}"
 
 
