@@ -26,8 +26,8 @@ def one_run(stream: bool, seconds: float) -> tuple[int, int, int]:
         GatewayProcess(settings([a.url, b.url])) as gateway,
     ):
         results = asyncio.run(load(gateway.url, b, stream=stream, seconds=seconds))
-    errors = sum(1 for status, _ in results if status != 200)
-    cut = sum(1 for status, complete in results if status == 200 and not complete)
+    errors = sum(1 for status, _, _ in results if status != 200)
+    cut = sum(1 for status, complete, _ in results if status == 200 and not complete)
     return len(results), errors, cut
 
 

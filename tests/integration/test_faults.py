@@ -6,11 +6,15 @@ import asyncio
 import json
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from gateway.keystore_file import FileKeyStore
+from policies.keys import issue_key
+from policies.principal import KeyPolicy
 from tests.integration.gateway_proc import GatewayProcess
 from tests.processes import free_port
 from tests.simulator.procs import SimulatorProcess
@@ -304,6 +308,35 @@ def test_precise_tier_down_does_not_downgrade_by_default(
         assert resp.status_code == 200
         assert resp.headers["x-tiergate-tier"] == "fast"
         assert resp.headers["x-tiergate-fallback-from"] == "precise"
+
+
+def test_downgrade_needs_the_keys_downgrade_scope(
+    sims: tuple[SimulatorProcess, ...], tmp_path: Path
+) -> None:
+    """With auth on and downgrade_to_fast set, only a key with the `downgrade` scope is served
+    by the fast tier when the precise tier is down; any other key gets the precise failure."""
+    a, _, _ = sims
+    store = FileKeyStore(tmp_path / "keys.yaml")
+    plain, plain_key = issue_key("plain", KeyPolicy(), now=time.time())
+    allowed, allowed_key = issue_key(
+        "may-downgrade", KeyPolicy(scopes=frozenset({"downgrade"})), now=time.time()
+    )
+    store.put_sync(plain)
+    store.put_sync(allowed)
+    settings = config(
+        [a.url], [f"http://127.0.0.1:{free_port()}"], router={"downgrade_to_fast": True}
+    )
+    settings["auth"] = {"keys_file": str(store.path), "admin_token": ADMIN}
+    body = {**chat(), "model": "precise"}
+    with GatewayProcess(settings) as gateway:
+        url = gateway.url + "/v1/chat/completions"
+        refused = httpx.post(url, json=body, headers={"Authorization": f"Bearer {plain_key}"})
+        assert refused.status_code in (502, 503)
+        assert "x-tiergate-fallback-from" not in refused.headers
+        served = httpx.post(url, json=body, headers={"Authorization": f"Bearer {allowed_key}"})
+        assert served.status_code == 200
+        assert served.headers["x-tiergate-tier"] == "fast"
+        assert served.headers["x-tiergate-fallback-from"] == "precise"
 
 
 @pytest.fixture(scope="module")
