@@ -464,7 +464,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         parser = self.parser
         if route is None or parser.get_method() != b"POST":
             return False
-        keep_alive = parser.get_http_version() != "1.0" and parser.should_keep_alive()
+        http10 = parser.get_http_version() == "1.0"
+        keep_alive = not http10 and parser.should_keep_alive()
         existing = self.cycle
         cycle = NativeCycle(
             native,
@@ -475,6 +476,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             keep_alive=keep_alive,
             expect_continue=self.expect_100_continue,
             on_response=self.on_response_complete,
+            chunked=not http10,
         )
         self.cycle = cycle  # type: ignore[assignment]  # stands in for uvicorn's cycle
         if existing is None or existing.response_complete:

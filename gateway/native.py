@@ -84,8 +84,11 @@ class Handler:
         self.max_body_bytes = max_body_bytes
 
 
-def reply_head(reply: Reply, *, keep_alive: bool, length: int | None) -> bytes:
-    """Status line and headers; ``length`` ``None`` means a chunked body."""
+def reply_head(
+    reply: Reply, *, keep_alive: bool, length: int | None, chunked: bool = True
+) -> bytes:
+    """Status line and headers; ``length`` ``None`` means a chunked body, or, for an HTTP/1.0
+    client (``chunked`` false), a body that ends when the connection closes."""
     headers = reply.headers
     lines = "".join([f"{name}: {value}\r\n" for name, value in headers.items()])
     if lines.count("\n") != len(headers) or lines.count("\r") != len(headers):
@@ -99,7 +102,8 @@ def reply_head(reply: Reply, *, keep_alive: bool, length: int | None) -> bytes:
     parts = [_STATUS_LINES.get(reply.status) or _status_line(reply.status), lines]
     parts.append(f"content-type: {reply.media_type}\r\n")
     if length is None:
-        parts.append("transfer-encoding: chunked\r\n")
+        if chunked:
+            parts.append("transfer-encoding: chunked\r\n")
     else:
         parts.append(f"content-length: {length}\r\n")
     if not keep_alive:
@@ -117,6 +121,7 @@ class NativeCycle:
         "_headers",
         "_task",
         "body",
+        "chunked",
         "expect_continue",
         "flow",
         "handler",
@@ -144,6 +149,7 @@ class NativeCycle:
         keep_alive: bool,
         expect_continue: bool,
         on_response: Callable[[], None],
+        chunked: bool = True,
     ) -> None:
         self.handler = handler
         self.route = route
@@ -151,6 +157,7 @@ class NativeCycle:
         self.transport = transport
         self.flow = flow
         self.keep_alive = keep_alive
+        self.chunked = chunked  # False for HTTP/1.0: RFC 9112 7.1 forbids chunked to it
         self.expect_continue = expect_continue
         self.on_response = on_response
         self.message_event = asyncio.Event()
@@ -268,21 +275,25 @@ class NativeCycle:
         assert stream is not None  # noqa: S101  # only called for streams
         transport = self.transport
         flow = self.flow
+        chunked = self.chunked
         try:
             if self.was_disconnected:  # before the guard: no cancellation left pending
                 return
             with self._guard():
                 self.response_started = True
-                transport.write(reply_head(reply, keep_alive=self.keep_alive, length=None))
+                transport.write(
+                    reply_head(reply, keep_alive=self.keep_alive, length=None, chunked=chunked)
+                )
                 async for chunk in stream:
                     if chunk:
-                        transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+                        transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk) if chunked else chunk)
                     if flow.write_paused:
                         await flow.drain()
                     if self._left():
                         return
-                transport.write(_LAST_CHUNK)
-                self._complete()
+                if chunked:
+                    transport.write(_LAST_CHUNK)
+                self._complete()  # HTTP/1.0: never keep-alive, so the close ends the body
         except asyncio.CancelledError:
             task = self._task
             if not self._gone or task is None:

@@ -186,6 +186,25 @@ def test_http_10_request_is_answered_then_closed(gw: GatewayProcess) -> None:
     assert b"connection: close" in data.lower()
 
 
+def test_http_10_stream_is_not_chunked(gw: GatewayProcess) -> None:
+    """HTTP/1.0 knows no chunked coding (RFC 9112 7.1): a stream to an HTTP/1.0 client is
+    its SSE bytes as they come, ended by the close."""
+    body = json.dumps({**CHAT, "stream": True}).encode()
+    request = b"POST /v1/chat/completions HTTP/1.0\r\nContent-Length: %d\r\n\r\n%b" % (
+        len(body),
+        body,
+    )
+    with connect(gw.port) as sock:
+        sock.sendall(request)
+        closed, data = closed_within(sock, 5.0)
+    assert closed
+    head, _, payload = data.partition(b"\r\n\r\n")
+    assert status_of(data) == 200
+    assert b"transfer-encoding" not in head.lower()
+    assert payload.startswith(b"data: {")
+    assert payload.endswith(b"data: [DONE]\n\n")
+
+
 def test_query_and_trailing_slash_reach_the_endpoint(gw: GatewayProcess) -> None:
     """``/v1/completions/?x=1`` is the completions endpoint, as on the framework's router."""
     body = {"model": "fast", "prompt": "hi", "max_tokens": 2}
