@@ -46,12 +46,14 @@ def _run(complex_share: float, scores: tuple[np.ndarray, np.ndarray], seed: int)
     return sent
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("complex_share", [0.10, 0.25, 0.50])
 def test_online_dial_holds_the_share(
-    complex_share: float, external_scores: tuple[np.ndarray, np.ndarray]
+    complex_share: float, seed: int, external_scores: tuple[np.ndarray, np.ndarray]
 ) -> None:
-    """After the warm-up the observed precise share is within 3 points of the target."""
-    sent = _run(complex_share, external_scores, seed=int(complex_share * 100))
+    """After the warm-up the observed precise share is within 3 points of the target, for
+    several draws of the traffic (one draw hid a dead band that let it settle at the edge)."""
+    sent = _run(complex_share, external_scores, seed=int(complex_share * 100) + 1000 * seed)
     judged = sent[WARM_UP:]
     assert abs(judged.mean() - TARGET) <= 0.03, judged.mean()
     blocks = judged.reshape(-1, BLOCK).mean(axis=1)
