@@ -14,6 +14,7 @@ import structlog
 from gateway.budgets import BudgetGate, with_budget
 from gateway.context import Failure, RequestContext, Trace, request_id_from
 from gateway.eager import Eager, eager
+from gateway.errors import ClientGone
 from gateway.events import AttemptEnd, AttemptStart, Outcome, Usage
 from gateway.forwarding import Exchange, Forwarded, Forwarder
 from gateway.relay import StreamRelay, usage_of_answer
@@ -110,6 +111,12 @@ class ProxyService:
                 path, body, admitted.tiers, admitted.blocks, _Attempts(ctx)
             )
             forwarded = await inbound.unless_gone(forwarding)
+        except ClientGone:
+            # Once a backend was asked it worked on the request, answer or not: the key keeps
+            # paying its reservation (prompt estimate + max_tokens per completion), as for a
+            # stream whose usage is unknown. Nothing was sent: nothing is charged.
+            await admission.settle(None if ctx.attempts else 0)
+            raise
         except BaseException:
             await admission.settle(0)
             raise
