@@ -112,10 +112,7 @@ class ProxyService:
             )
             forwarded = await inbound.unless_gone(forwarding)
         except ClientGone:
-            # Once a backend was asked it worked on the request, answer or not: the key keeps
-            # paying its reservation (prompt estimate + max_tokens per completion), as for a
-            # stream whose usage is unknown. Nothing was sent: nothing is charged.
-            await admission.settle(None if ctx.attempts else 0)
+            await admission.settle(_abandoned_cost(ctx, summary))
             raise
         except BaseException:
             await admission.settle(0)
@@ -425,6 +422,19 @@ class _Shadow:
         self.runner.submit(
             self.direction, self.path, self.body, answer, self.score, max_tokens=self.max_tokens
         )
+
+
+def _abandoned_cost(ctx: RequestContext, summary: RequestSummary) -> int | None:
+    """The tokens a request the client left before its answer costs (``None``: its reservation).
+
+    Nothing when no backend was asked yet. A stream's first event is read before it is
+    answered, so no token had come out: its prompt estimate. A non-streaming answer comes
+    whole at the end, so the backend may have generated up to ``max_tokens`` (it is aborted
+    now; how far it got is unknown): the whole reservation stays charged.
+    """
+    if not ctx.attempts:
+        return 0
+    return summary.prompt_token_estimate if summary.stream else None
 
 
 async def _after_complete(
