@@ -27,7 +27,7 @@ _CHARS_PER_TOKEN = 4
 # What the prompt estimate counts besides message text (see RequestSummary.prompt_chars):
 # serialized JSON at three characters a token, a non-text content part (an image, audio, a
 # file) as a flat 512 tokens, and text outside ASCII by its UTF-8 size at three bytes a token.
-_BODY_FIELDS_COUNTED = ("tools", "functions", "response_format")
+_BODY_FIELDS_COUNTED = frozenset({"tools", "functions", "response_format"})
 _MESSAGE_FIELDS_NOT_EXTRA = frozenset({"role", "content"})
 _MEDIA_PART_CHARS = 512 * _CHARS_PER_TOKEN
 
@@ -95,7 +95,7 @@ def _content_chars(content: object, param: str) -> int:
     if content is None:
         return 0
     if isinstance(content, str):
-        return _text_chars(content)
+        return len(content) if content.isascii() else _text_chars(content)
     if isinstance(content, list):
         total = 0
         for part in content:
@@ -139,12 +139,7 @@ def _message_extra_chars(message: dict[str, Any]) -> int:
 
 def _body_extra_chars(body: dict[str, Any]) -> int:
     """The weight of tool and function definitions and a response_format schema."""
-    total = 0
-    for name in _BODY_FIELDS_COUNTED:
-        value = body.get(name)
-        if value:
-            total += _json_chars(value)
-    return total
+    return sum(_json_chars(body[name]) for name in _BODY_FIELDS_COUNTED & body.keys() if body[name])
 
 
 def _prompt_chars(prompt: object) -> int:
@@ -243,6 +238,8 @@ def validate(body: object, kind: RequestKind) -> RequestSummary:
     if not _STEERING.isdisjoint(body):
         for name in STEERING_FIELDS:
             body.pop(name, None)
+    if not _BODY_FIELDS_COUNTED.isdisjoint(body):  # plain requests: this one set operation
+        chars += _body_extra_chars(body)
     prompt = body.get("prompt")
     best_of = body.get("best_of")
     return RequestSummary(
@@ -251,7 +248,7 @@ def validate(body: object, kind: RequestKind) -> RequestSummary:
         stream=stream,
         max_tokens=max_tokens,
         include_usage=_include_usage(body),
-        prompt_chars=chars + _body_extra_chars(body),
+        prompt_chars=chars,
         has_tools=bool(tools),
         response_format=_response_format(body),
         n=body.get("n") or 1,
