@@ -207,8 +207,8 @@ class RedisRateLimiter:
         """An admission nobody will settle (its caller gave up, or Redis did not answer in
         time) may still run in Redis, and a settlement Redis did not answer may not have run:
         free the slot either may hold, so that it does not hold one of the key's concurrency
-        slots for the whole lease. Its request and tokens stay
-        charged (the safe side; they drain within a period)."""
+        slots for the whole lease. Its request and tokens stay charged (the safe side; they
+        drain within a period)."""
         if len(self._orphans) >= _MAX_ORPHANS:
             return  # a long outage: the lease bounds what is left
         task = asyncio.get_running_loop().create_task(self._release_orphan(key_id, spec, slot))

@@ -40,11 +40,11 @@ class RequestSummary(NamedTuple):
     stream: bool
     max_tokens: int | None
     include_usage: bool
-    # Weighted characters, four to a token: message or prompt text (ASCII
-    # as is; other text by UTF-8 size, so one CJK character is a token), plus what the backend
-    # also renders into the prompt: tool and function definitions, assistant tool calls and
-    # their arguments, a response_format schema (serialized, three characters a token), and
-    # 512 tokens for each non-text content part.
+    # Weighted characters, four to a token: message or prompt text (ASCII as is; other text
+    # by UTF-8 size, so one CJK character is a token), plus what the backend also renders into
+    # the prompt: tool and function definitions, assistant tool calls and their arguments, a
+    # response_format schema (serialized, three characters a token), and 512 tokens for each
+    # non-text content part.
     prompt_chars: int
     has_tools: bool
     response_format: str | None
