@@ -80,7 +80,7 @@ class AdminGuard:
 
     def check(self, authorization: str | None) -> None:
         """Raise 401/403 unless the header carries the admin token."""
-        presented = bearer_token(authorization).encode("utf-8")
+        presented = bearer_token(authorization, admin=True).encode("utf-8")
         if hmac.compare_digest(presented, self._token):
             return
         if presented.startswith(KEY_PREFIX.encode() + b"-"):

@@ -126,6 +126,7 @@ class KeyAuthenticator:
         health = self._health
         if health is not None and not health.should_try():
             return self._stale(cached)
+        generation = cache.generation  # a change announced during the lookup voids its answer
         try:
             record = await self.store.get(key_id)
         except KeyStoreUnavailable as exc:
@@ -135,9 +136,9 @@ class KeyAuthenticator:
         if health is not None:
             health.succeeded()
         if record is None:
-            cache.put_unknown(key_id, now)
+            cache.put_unknown(key_id, now, generation)
             return None
-        return cache.put(record, now)
+        return cache.put(record, now, generation)
 
     @staticmethod
     def _stale(cached: CachedKey | None) -> CachedKey:

@@ -11,6 +11,14 @@ Unknown ids are remembered only while a change feed is live (otherwise a key cre
 replica could be refused until the entry expires); while a feed is attached but down, records
 are trusted for at most ``DEGRADED_TTL_S``, so a revocation still applies within a second as
 long as the store answers. The unknown-id memory is bounded (``max_unknown``, oldest first).
+
+A lookup takes time (a Redis round trip), and a change may be announced while it is under way:
+the record it read may then predate the change. Every ``forget`` and ``revalidate`` bumps
+``generation``; a lookup notes it before asking the store and passes it to ``put`` /
+``put_unknown``, which do not remember an answer read across a change (the request still gets
+it, since it was the store's answer when the request arrived, but the next request asks again).
+The counter is global, not per id: a change to another key during a lookup only costs that
+lookup's caching.
 """
 
 from __future__ import annotations
@@ -43,6 +51,7 @@ class KeyCache:
         self._records: dict[str, CachedKey] = {}
         self._unknown: dict[str, float] = {}  # id -> when the store said "no such key"
         self.feed_live: bool | None = None  # None: no change feed attached
+        self.generation = 0  # bumped by every forget and revalidate
 
     def _record_ttl(self) -> float:
         return self._ttl if self.feed_live is not False else min(self._ttl, DEGRADED_TTL_S)
@@ -65,8 +74,14 @@ class KeyCache:
         del self._unknown[key_id]
         return False
 
-    def put(self, record: KeyRecord, now: float) -> CachedKey:
-        """Remember a record the store returned."""
+    def put(self, record: KeyRecord, now: float, generation: int | None = None) -> CachedKey:
+        """Remember a record the store returned to a lookup begun at ``generation``.
+
+        A record read across a change (``generation`` is no longer current) is returned to
+        the caller but not remembered.
+        """
+        if generation is not None and generation != self.generation:
+            return CachedKey(record, record.principal(), now)
         self._unknown.pop(record.key_id, None)
         entry = self._records.get(record.key_id)
         if entry is not None and entry.record is record:  # the file store's unchanged record
@@ -76,8 +91,14 @@ class KeyCache:
         self._records[record.key_id] = entry
         return entry
 
-    def put_unknown(self, key_id: str, now: float) -> None:
-        """Remember that the store has no such key (only useful while a feed is live)."""
+    def put_unknown(self, key_id: str, now: float, generation: int | None = None) -> None:
+        """Remember that the store has no such key (only useful while a feed is live).
+
+        Not when the lookup began before a change (``generation`` is no longer current): the
+        key may have been created meanwhile.
+        """
+        if generation is not None and generation != self.generation:
+            return
         self._records.pop(key_id, None)
         if not self.feed_live or self._unknown_ttl <= 0:
             return
@@ -87,11 +108,13 @@ class KeyCache:
 
     def forget(self, key_id: str) -> None:
         """``key_id`` changed (created, revoked, rotated, re-scoped): ask the store next time."""
+        self.generation += 1
         self._records.pop(key_id, None)
         self._unknown.pop(key_id, None)
 
     def revalidate(self) -> None:
         """Changes may have been missed: every record is stale, every unknown id forgotten."""
+        self.generation += 1
         for entry in self._records.values():
             entry.fetched_at = _NEVER
         self._unknown.clear()

@@ -26,6 +26,8 @@ from policies.keys import DamagedRecord, KeyRecord, KeyStoreUnavailable, valid_k
 FORMAT_VERSION = 1
 EVENT_RELOAD_FAILED = "auth.keys_file_unreadable"
 EVENT_RECORD_DAMAGED = "auth.key_record_damaged"
+# Every key gone at once (file deleted or emptied): every request is refused from now on.
+EVENT_KEYS_DROPPED = "auth.keys_file_emptied"
 _log = structlog.get_logger("tiergate.auth")
 
 
@@ -111,16 +113,24 @@ class FileKeyStore:
         self._reload()
 
     def _reload(self) -> None:
+        before = len(self._parsed.records)
         try:
             stat = self.path.stat()
         except FileNotFoundError:
             self._parsed, self._mtime_ns = _Parsed(), None
+            self._warn_if_emptied(before, "the file is gone")
             return
         if stat.st_mtime_ns != self._mtime_ns:
             self._parsed = _parse(self.path, self.path.read_text(encoding="utf-8"))
             self._mtime_ns = stat.st_mtime_ns
             for entry in self._parsed.damaged:
                 _log.warning(EVENT_RECORD_DAMAGED, key_id=entry.ref, error=entry.reason[:200])
+            self._warn_if_emptied(before, "the file has no valid key")
+
+    def _warn_if_emptied(self, before: int, reason: str) -> None:
+        """Log once when a reload drops every key (not again until keys came back)."""
+        if before and not self._parsed.records:
+            _log.warning(EVENT_KEYS_DROPPED, path=str(self.path), dropped=before, reason=reason)
 
     async def _refresh(self) -> None:
         now = self._clock()

@@ -205,9 +205,10 @@ class RedisRateLimiter:
 
     def _free_orphan(self, key_id: str, spec: LimitSpec, slot: str) -> None:
         """An admission nobody will settle (its caller gave up, or Redis did not answer in
-        time) may still run in Redis: free the slot it may take, so that it does not hold one
-        of the key's concurrency slots for the whole lease. Its request and tokens stay
-        charged (the safe side; they drain within a period)."""
+        time) may still run in Redis, and a settlement Redis did not answer may not have run:
+        free the slot either may hold, so that it does not hold one of the key's concurrency
+        slots for the whole lease. Its request and tokens stay charged (the safe side; they
+        drain within a period)."""
         if len(self._orphans) >= _MAX_ORPHANS:
             return  # a long outage: the lease bounds what is left
         task = asyncio.get_running_loop().create_task(self._release_orphan(key_id, spec, slot))
@@ -221,8 +222,8 @@ class RedisRateLimiter:
         answered = 0
         for _ in range(_ORPHAN_TRIES):
             try:
-                await self.release(key_id, spec, 0, slot, lazy=answered == 0)
-            except RateLimitBackendUnavailable:
+                await self._send_release(key_id, spec, 0, slot, 0, lazy=answered == 0)
+            except (RedisError, OSError):
                 await asyncio.sleep(_ORPHAN_RETRY_S)
                 continue
             answered += 1
@@ -241,14 +242,37 @@ class RedisRateLimiter:
     ) -> None:
         """Reconcile the buckets with real usage and free the slot, in one round trip.
 
-        ``lazy``: the command waits (up to ``LINGER_S``) for the next admission's write.
+        ``lazy``: the command waits (up to ``LINGER_S``) for the next admission's write. When
+        Redis does not answer, the slot is freed in the background once it does (as for an
+        orphaned admission): otherwise it would hold one of the key's concurrency slots for
+        the whole lease. The token and request deltas are not retried (a refund may have
+        been applied already; a charge left out is the safe side of a refund left out).
         """
-        args = (spec.rpm or 0, spec.tpm or 0, self._period_us, token_delta, slot, request_delta)
         try:
-            # Never sent twice: a refund applied once already must not be given again.
-            await self._runner.run(RELEASE, self._keys(key_id), args, lazy=lazy, retry=False)
+            await self._send_release(key_id, spec, token_delta, slot, request_delta, lazy=lazy)
         except (RedisError, OSError) as exc:
+            if slot and not isinstance(exc, ResponseError):
+                self._free_orphan(key_id, spec, slot)
             raise RateLimitBackendUnavailable(type(exc).__name__) from exc
+        except asyncio.CancelledError:
+            if slot:
+                self._free_orphan(key_id, spec, slot)
+            raise
+
+    async def _send_release(
+        self,
+        key_id: str,
+        spec: LimitSpec,
+        token_delta: int,
+        slot: str,
+        request_delta: int,
+        *,
+        lazy: bool,
+    ) -> None:
+        """Run the release script once; RedisError / OSError when Redis does not answer."""
+        args = (spec.rpm or 0, spec.tpm or 0, self._period_us, token_delta, slot, request_delta)
+        # Never sent twice: a refund applied once already must not be given again.
+        await self._runner.run(RELEASE, self._keys(key_id), args, lazy=lazy, retry=False)
 
     async def aclose(self) -> None:
         """Send the settlements still lingering, then close the pipelined connection."""

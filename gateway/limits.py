@@ -290,7 +290,8 @@ class KeyAdmission:
                 self._key_id, self._spec, token_delta, self._slot, request_delta, lazy=lazy
             )
         except RateLimitBackendUnavailable as exc:
-            # The slot's lease expires in Redis; the reservation stays charged (safe side).
+            # The backend frees the slot once Redis answers again (RedisRateLimiter.release);
+            # the reservation stays charged (safe side).
             self._limiter.backend_failed(str(exc))
 
 

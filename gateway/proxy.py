@@ -14,6 +14,7 @@ import structlog
 from gateway.budgets import BudgetGate, with_budget
 from gateway.context import Failure, RequestContext, Trace, request_id_from
 from gateway.eager import Eager, eager
+from gateway.errors import ClientGone
 from gateway.events import AttemptEnd, AttemptStart, Outcome, Usage
 from gateway.forwarding import Exchange, Forwarded, Forwarder
 from gateway.relay import StreamRelay, usage_of_answer
@@ -110,6 +111,9 @@ class ProxyService:
                 path, body, admitted.tiers, admitted.blocks, _Attempts(ctx)
             )
             forwarded = await inbound.unless_gone(forwarding)
+        except ClientGone:
+            await admission.settle(_abandoned_cost(ctx, summary))
+            raise
         except BaseException:
             await admission.settle(0)
             raise
@@ -418,6 +422,19 @@ class _Shadow:
         self.runner.submit(
             self.direction, self.path, self.body, answer, self.score, max_tokens=self.max_tokens
         )
+
+
+def _abandoned_cost(ctx: RequestContext, summary: RequestSummary) -> int | None:
+    """The tokens a request the client left before its answer costs (``None``: its reservation).
+
+    Nothing when no backend was asked yet. A stream's first event is read before it is
+    answered, so no token had come out: its prompt estimate. A non-streaming answer comes
+    whole at the end, so the backend may have generated up to ``max_tokens`` (it is aborted
+    now; how far it got is unknown): the whole reservation stays charged.
+    """
+    if not ctx.attempts:
+        return 0
+    return summary.prompt_token_estimate if summary.stream else None
 
 
 async def _after_complete(

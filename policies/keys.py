@@ -57,15 +57,29 @@ class KeyStoreUnavailable(TierGateError):
     default_code = "auth_unavailable"
 
 
-def bearer_token(authorization: str | None) -> str:
-    """The token of a ``Bearer`` header; raises 401 (never quoting the header)."""
+def bearer_token(authorization: str | None, *, admin: bool = False) -> str:
+    """The token of a ``Bearer`` header; raises 401 (never quoting the header).
+
+    ``admin``: the header is expected to carry the admin token, and the errors say so.
+    """
     if not authorization:
+        if admin:
+            raise AuthenticationFailed(
+                "You didn't provide the admin token. Send it as "
+                "'Authorization: Bearer <admin token>'.",
+                code="missing_admin_token",
+            )
         raise AuthenticationFailed(
             "You didn't provide an API key. Send it as 'Authorization: Bearer <key>'.",
             code="missing_api_key",
         )
     scheme, _, token = authorization.strip().partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
+        if admin:
+            raise AuthenticationFailed(
+                "The Authorization header must read 'Bearer <admin token>'.",
+                code="invalid_admin_token",
+            )
         raise AuthenticationFailed(
             "The Authorization header must read 'Bearer <key>'.", code="invalid_api_key"
         )

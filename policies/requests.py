@@ -8,6 +8,7 @@ fields that could steer the upstream (``api_base`` and friends) are removed.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from typing import Any, Literal, NamedTuple
 
@@ -23,6 +24,12 @@ _STEERING = frozenset(STEERING_FIELDS)
 
 _NUMBER_PARAMS = frozenset({"temperature", "top_p", "presence_penalty", "frequency_penalty"})
 _CHARS_PER_TOKEN = 4
+# What the prompt estimate counts besides message text (see RequestSummary.prompt_chars):
+# serialized JSON at three characters a token, a non-text content part (an image, audio, a
+# file) as a flat 512 tokens, and text outside ASCII by its UTF-8 size at three bytes a token.
+_BODY_FIELDS_COUNTED = frozenset({"tools", "functions", "response_format"})
+_MESSAGE_FIELDS_NOT_EXTRA = frozenset({"role", "content"})
+_MEDIA_PART_CHARS = 512 * _CHARS_PER_TOKEN
 
 
 class RequestSummary(NamedTuple):
@@ -33,6 +40,11 @@ class RequestSummary(NamedTuple):
     stream: bool
     max_tokens: int | None
     include_usage: bool
+    # Weighted characters, four to a token: message or prompt text (ASCII as is; other text
+    # by UTF-8 size, so one CJK character is a token), plus what the backend also renders into
+    # the prompt: tool and function definitions, assistant tool calls and their arguments, a
+    # response_format schema (serialized, three characters a token), and 512 tokens for each
+    # non-text content part.
     prompt_chars: int
     has_tools: bool
     response_format: str | None
@@ -61,11 +73,29 @@ def _is_number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
+def _text_chars(text: str) -> int:
+    """``text``'s weight, four to a token: ASCII as is, other text three UTF-8 bytes a token.
+
+    ``isascii`` is a flag check in CPython, so ASCII text costs nothing more than ``len``.
+    Three bytes a token makes a CJK character one token (real tokenizers: about 1 to 1.5)
+    and overestimates two-byte scripts (Cyrillic, Greek, accented Latin); dense ASCII
+    (punctuation runs, digits, base64) stays at four characters a token.
+    """
+    if text.isascii():
+        return len(text)
+    return len(text.encode("utf-8", "surrogatepass")) * _CHARS_PER_TOKEN // 3
+
+
+def _json_chars(value: object) -> int:
+    """The weight of a decoded JSON value as the backend renders it: serialized, 3 a token."""
+    return len(json.dumps(value)) * _CHARS_PER_TOKEN // 3
+
+
 def _content_chars(content: object, param: str) -> int:
     if content is None:
         return 0
     if isinstance(content, str):
-        return len(content)
+        return len(content) if content.isascii() else _text_chars(content)
     if isinstance(content, list):
         total = 0
         for part in content:
@@ -73,7 +103,9 @@ def _content_chars(content: object, param: str) -> int:
                 raise InvalidRequest(f"'{param}' parts must be objects.", param=param)
             text = part.get("text")
             if isinstance(text, str):
-                total += len(text)
+                total += _text_chars(text)
+            elif part.get("type") != "text":
+                total += _MEDIA_PART_CHARS
         return total
     raise InvalidRequest(f"'{param}' must be a string or a list of parts.", param=param)
 
@@ -91,15 +123,31 @@ def _messages_chars(messages: object) -> int:
                 f"'messages[{i}].role' must be a non-empty string.", param=f"messages[{i}].role"
             )
         total += _content_chars(message.get("content"), f"messages[{i}].content")
+        if len(message) > 2:  # more than role and content: tool calls, a name, a call id
+            total += _message_extra_chars(message)
     return total
+
+
+def _message_extra_chars(message: dict[str, Any]) -> int:
+    """The weight of a message's fields besides role and content (``tool_calls`` above all)."""
+    return sum(
+        _json_chars(value)
+        for name, value in message.items()
+        if value and name not in _MESSAGE_FIELDS_NOT_EXTRA
+    )
+
+
+def _body_extra_chars(body: dict[str, Any]) -> int:
+    """The weight of tool and function definitions and a response_format schema."""
+    return sum(_json_chars(body[name]) for name in _BODY_FIELDS_COUNTED & body.keys() if body[name])
 
 
 def _prompt_chars(prompt: object) -> int:
     if isinstance(prompt, str):
-        return len(prompt)
+        return _text_chars(prompt)
     if isinstance(prompt, list) and prompt:
         if all(isinstance(p, str) for p in prompt):
-            return sum(len(p) for p in prompt)
+            return sum(_text_chars(p) for p in prompt)
         if all(_is_int(p) for p in prompt):
             return len(prompt) * _CHARS_PER_TOKEN
     raise InvalidRequest(
@@ -190,6 +238,8 @@ def validate(body: object, kind: RequestKind) -> RequestSummary:
     if not _STEERING.isdisjoint(body):
         for name in STEERING_FIELDS:
             body.pop(name, None)
+    if not _BODY_FIELDS_COUNTED.isdisjoint(body):  # plain requests: this one set operation
+        chars += _body_extra_chars(body)
     prompt = body.get("prompt")
     best_of = body.get("best_of")
     return RequestSummary(

@@ -102,6 +102,40 @@ def test_hanging_up_repeatedly_does_not_make_a_spent_budget_unlimited(
     assert served <= 3, f"{served} answers streamed on a budget worth about two"
 
 
+def remaining_tokens(gateway: GatewayProcess, token: str) -> int:
+    """x-ratelimit-remaining-tokens after a one-token probe with the same prompt as BODY."""
+    probe = {**BODY, "stream": False, "max_tokens": 1}
+    resp = httpx.post(
+        gateway.url + "/v1/chat/completions",
+        json=probe,
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=30,
+    )
+    assert resp.status_code == 200, resp.text[:300]
+    return int(resp.headers["x-ratelimit-remaining-tokens"])
+
+
+def test_a_non_streaming_request_abandoned_after_forwarding_is_charged(
+    stack: tuple[RedisServer, GatewayProcess],
+) -> None:
+    """Hanging up on a forwarded non-streaming request keeps its reservation; it refunded all."""
+    redis, gateway = stack
+    tpm = 600  # refills 10 tokens a second: slow enough to compare
+    _, fresh = asyncio.run(new_key(redis.url, tpm=tpm))
+    untouched = remaining_tokens(gateway, fresh)  # tpm - (100 prompt + 1)
+    _, token = asyncio.run(new_key(redis.url, tpm=tpm))
+    with pytest.raises(httpx.ReadTimeout):  # the backend is generating 200 tokens
+        httpx.post(
+            gateway.url + "/v1/chat/completions",
+            json={**BODY, "stream": False},
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=httpx.Timeout(10.0, read=0.5),
+        )
+    time.sleep(0.5)  # the gateway notices the hang-up and settles
+    # Reserved and kept: 100 prompt-estimate tokens + max_tokens 200 (+ about 10 refilled).
+    assert remaining_tokens(gateway, token) <= untouched - 250
+
+
 @pytest.mark.parametrize("extra", [{"n": 10}, {"n": 10, "stream": False}])
 def test_a_request_for_n_answers_reserves_n_completions(
     stack: tuple[RedisServer, GatewayProcess], extra: dict[str, object]

@@ -57,13 +57,33 @@ async def test_cancelled_admission_does_not_keep_its_slot() -> None:
             assert verdict.exceeded is None
 
 
+async def test_a_slot_whose_release_failed_is_freed_once_redis_answers() -> None:
+    """A settlement Redis did not answer frees its slot once Redis is back, not after the lease."""
+    spec = LimitSpec(concurrency=1)
+    with RedisServer() as server:
+        async with ReplyDropper(server.port) as proxy, limiter_on(proxy.url, 0.3) as limiter:
+            assert (await limiter.acquire("k", spec, 0, "held")).exceeded is None
+            proxy.swallowing = True  # Redis unreachable: the release never arrives
+            with pytest.raises(RateLimitBackendUnavailable):
+                await limiter.release("k", spec, 0, "held")
+            await asyncio.sleep(0.6)  # a background retry fails too
+            proxy.swallowing = False
+            await asyncio.sleep(1.5)  # retried every 0.5 s: answered within about a second
+            verdict = await limiter.acquire("k", spec, 0, "next")
+            assert verdict.exceeded is None, "the slot stays held for its whole lease (600 s)"
+
+
 class ReplyDropper:
     """A TCP proxy to Redis that, when armed, lets the next command through but cuts the
-    connection instead of passing its reply on (the server ran it; the client cannot know)."""
+    connection instead of passing its reply on (the server ran it; the client cannot know).
+
+    While ``swallowing``, commands are read and dropped: they never reach the server.
+    """
 
     def __init__(self, redis_port: int) -> None:
         self.redis_port = redis_port
         self.armed = False
+        self.swallowing = False
         self.server: asyncio.Server | None = None
         self._open: set[asyncio.StreamWriter] = set()
         self._done: set[asyncio.Event] = set()
@@ -93,7 +113,8 @@ class ReplyDropper:
 
         async def upstream() -> None:
             while data := await reader.read(65536):
-                up_writer.write(data)
+                if not self.swallowing:
+                    up_writer.write(data)
             up_writer.transport.abort()
 
         pump = asyncio.ensure_future(upstream())

@@ -233,11 +233,15 @@ async def test_admin_api_lifecycle(client: AsyncTestClient[Litestar]) -> None:
 async def test_admin_api_refuses_other_credentials(
     client: AsyncTestClient[Litestar], keys: Keys
 ) -> None:
-    """An API key gets 403 on the admin API, a wrong token 401, a bad body 400."""
+    """An API key gets 403 on the admin API, a wrong or missing token 401, a bad body 400."""
     token = keys.add()
     assert (await client.get("/admin/keys", headers=bearer(token))).status_code == 403
     assert (await client.get("/admin/keys", headers=bearer("x" * 32))).status_code == 401
-    assert (await client.get("/admin/keys")).status_code == 401
+    missing = await client.get("/admin/keys")
+    assert missing.status_code == 401
+    assert missing.json()["error"]["code"] == "missing_admin_token"
+    assert "admin token" in missing.json()["error"]["message"]
+    assert "API key" not in missing.json()["error"]["message"]
     bad = await client.post(
         "/admin/keys", json={"tenant": "t", "tiers": ["gpu"]}, headers=bearer(ADMIN)
     )

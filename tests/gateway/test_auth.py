@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -15,7 +17,14 @@ from gateway.limiter_redis import open_redis
 from gateway.limits import BackendHealth
 from gateway.settings import RedisSettings
 from policies.errors import AuthenticationFailed
-from policies.keys import KeyStoreUnavailable, create_key, revoke_key
+from policies.keys import (
+    DamagedRecord,
+    KeyRecord,
+    KeyStoreUnavailable,
+    create_key,
+    issue_key,
+    revoke_key,
+)
 from policies.principal import KeyPolicy
 from tests.redis_server import RedisServer, redis_server
 
@@ -104,6 +113,84 @@ async def test_revocation_reaches_a_cached_replica_within_the_ttl(
     clock.now += 2.0
     with pytest.raises(AuthenticationFailed):
         await auth.authenticate(f"Bearer {token}")
+
+
+class HeldStore:
+    """A key store whose ``get`` reads at once but answers only when ``release`` is set.
+
+    Models a slow Redis round trip: the answer is what the store held when the lookup began.
+    """
+
+    def __init__(self, inner: FileKeyStore) -> None:
+        self.inner = inner
+        self.reading = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def get(self, key_id: str) -> KeyRecord | None:
+        """The record as of now, handed over once released."""
+        record = await self.inner.get(key_id)
+        self.reading.set()
+        await self.release.wait()
+        return record
+
+    async def put(self, record: KeyRecord) -> None:
+        """Store in the inner store."""
+        await self.inner.put(record)
+
+    async def all(self) -> list[KeyRecord]:
+        """Every record of the inner store."""
+        return await self.inner.all()
+
+    async def damaged(self) -> list[DamagedRecord]:
+        """Damaged entries of the inner store."""
+        return await self.inner.damaged()
+
+
+def _announce(auth: KeyAuthenticator, how: str) -> Callable[[str], None]:
+    """How a change reaches the cache: one id forgotten, or the whole cache revalidated."""
+    if how == "forget":
+        return auth.forget
+    return lambda _key_id: auth.cache.revalidate()
+
+
+@pytest.mark.parametrize("how", ["forget", "revalidate"])
+async def test_a_revocation_announced_during_a_lookup_is_not_lost(
+    file_store: FileKeyStore, how: str
+) -> None:
+    """A record read before a revocation announced mid-lookup is not cached for cache_ttl_s."""
+    record, token = await create_key(file_store, "t", KeyPolicy(), now=1.0)
+    store = HeldStore(file_store)
+    auth = KeyAuthenticator(store, cache_ttl_s=30.0, unknown_ttl_s=10.0, clock=Clock())
+    auth.cache.feed_live = True
+    in_flight = asyncio.create_task(auth.authenticate(f"Bearer {token}"))
+    await store.reading.wait()
+    await revoke_key(file_store, record.key_id)
+    _announce(auth, how)(record.key_id)  # the change feed's message arrives mid-lookup
+    store.release.set()
+    assert (await in_flight).key_id == record.key_id  # read before the revocation
+    with pytest.raises(AuthenticationFailed) as info:
+        await auth.authenticate(f"Bearer {token}")
+    assert info.value.code == "api_key_revoked"
+
+
+@pytest.mark.parametrize("how", ["forget", "revalidate"])
+async def test_a_key_created_during_a_lookup_is_not_remembered_as_unknown(
+    file_store: FileKeyStore, how: str
+) -> None:
+    """An id the store did not know when asked, created and announced mid-lookup, works next."""
+    await create_key(file_store, "t", KeyPolicy(), now=1.0)
+    record, token = issue_key("t", KeyPolicy(), now=1.0)
+    store = HeldStore(file_store)
+    auth = KeyAuthenticator(store, cache_ttl_s=30.0, unknown_ttl_s=10.0, clock=Clock())
+    auth.cache.feed_live = True
+    in_flight = asyncio.create_task(auth.authenticate(f"Bearer {token}"))
+    await store.reading.wait()
+    await file_store.put(record)
+    _announce(auth, how)(record.key_id)
+    store.release.set()
+    with pytest.raises(AuthenticationFailed):
+        await in_flight
+    assert (await auth.authenticate(f"Bearer {token}")).key_id == record.key_id
 
 
 async def test_new_key_works_at_once_on_another_replica(redis_server: RedisServer) -> None:

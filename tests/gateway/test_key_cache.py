@@ -57,3 +57,20 @@ def test_a_down_feed_caps_record_freshness_at_a_second() -> None:
     cache.feed_live = False
     assert cache.fresh(entry, now=DEGRADED_TTL_S - 0.01)
     assert not cache.fresh(entry, now=DEGRADED_TTL_S + 0.01)
+
+
+def test_an_answer_read_across_a_change_is_not_remembered() -> None:
+    """put / put_unknown with a generation older than the last change remember nothing."""
+    cache = KeyCache(ttl_s=30.0, unknown_ttl_s=10.0)
+    cache.feed_live = True
+    record = issue_key("a", KeyPolicy(), now=0.0)[0]
+    before = cache.generation
+    cache.forget("someone-else")
+    entry = cache.put(record, now=0.0, generation=before)
+    assert entry.record is record
+    assert cache.entry(record.key_id) is None
+    cache.put_unknown("nobody", now=0.0, generation=before)
+    assert not cache.known_unknown("nobody", now=0.0)
+    current = cache.generation
+    cache.put(record, now=0.0, generation=current)
+    assert cache.entry(record.key_id) is not None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import stat
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -11,9 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 from redis.asyncio import Redis
+from structlog.testing import capture_logs
 
 from gateway.auth import KeyFileDamaged, require_keys_now
-from gateway.keystore_file import FileKeyStore
+from gateway.keystore_file import EVENT_KEYS_DROPPED, FileKeyStore
 from gateway.keystore_redis import RedisKeyStore
 from gateway.limiter_redis import open_redis
 from gateway.settings import RedisSettings
@@ -238,3 +240,26 @@ async def test_unwritable_key_file_is_a_clean_error(tmp_path: Path) -> None:
     path.mkdir()  # the path now names a folder: reading and replacing it fail, even for root
     with pytest.raises(KeyStoreUnavailable, match="cannot be written"):
         await create_key(store, "a", KeyPolicy(), now=NOW)
+
+
+@pytest.mark.parametrize("how", ["delete", "empty"])
+async def test_a_key_file_emptied_while_running_is_logged_once(tmp_path: Path, how: str) -> None:
+    """Deleting or emptying the key file logs a warning naming it and the keys dropped, once."""
+    path = tmp_path / "keys.yaml"
+    store = FileKeyStore(path, reload_interval_s=0)
+    for tenant in ("a", "b"):
+        await create_key(store, tenant, KeyPolicy(), now=1.0)
+    if how == "delete":
+        path.unlink()
+    else:
+        written = path.stat().st_mtime_ns
+        path.write_text("keys: []\n", encoding="utf-8")
+        os.utime(path, ns=(written + 10**9, written + 10**9))  # mtime ticks may be coarse
+    with capture_logs() as logs:
+        for _ in range(3):
+            assert await store.get("abcdefghij") is None
+    dropped = [log for log in logs if log["event"] == EVENT_KEYS_DROPPED]
+    assert len(dropped) == 1, logs
+    assert dropped[0]["path"] == str(path)
+    assert dropped[0]["dropped"] == 2
+    assert dropped[0]["log_level"] == "warning"

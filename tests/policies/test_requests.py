@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -35,7 +36,8 @@ def test_multimodal_parts_and_tool_messages_are_accepted() -> None:
         {"role": "user", "content": [{"type": "text", "text": "abc"}, {"type": "image_url"}]},
         {"role": "assistant", "content": None, "tool_calls": []},
     ]
-    assert validate({"model": "m", "messages": messages}, "chat").prompt_chars == 3
+    # the image part and the (empty) tool_calls: 512 tokens for the image, nothing for []
+    assert validate({"model": "m", "messages": messages}, "chat").prompt_chars == 3 + 512 * 4
 
 
 @pytest.mark.parametrize("prompt", ["text", ["a", "b"], [1, 2, 3]])
@@ -131,3 +133,70 @@ def test_check_completions_names_the_field() -> None:
     with pytest.raises(InvalidRequest) as info:
         check_completions(summary, 3)
     assert (info.value.param, info.value.code) == ("prompt", "n_exceeded")
+
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": f"f{i}",
+            "description": "x " * 300,
+            "parameters": {"type": "object", "properties": {}},
+        },
+    }
+    for i in range(4)
+]
+
+
+def _estimate(body: dict[str, Any]) -> int:
+    return validate({"model": "m", "messages": CHAT, **body}, "chat").prompt_token_estimate
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"tools": TOOLS},
+        {"functions": [tool["function"] for tool in TOOLS]},
+        {
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "s", "schema": {"description": "y " * 1200}},
+            }
+        },
+    ],
+)
+def test_definitions_and_schemas_count_towards_the_prompt_estimate(extra: dict[str, Any]) -> None:
+    """Tools, functions and a response_format schema are prompt tokens: at least their size / 4."""
+    size = len(json.dumps(next(iter(extra.values()))))
+    assert _estimate(extra) >= size // 4
+    assert _estimate({}) == 2
+
+
+def test_tool_call_arguments_count_towards_the_prompt_estimate() -> None:
+    """An assistant message's tool_calls (arguments included) count, not only message text."""
+    arguments = json.dumps({"a": "y " * 1200})
+    messages = [
+        {"role": "user", "content": "hi"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "f", "arguments": arguments}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+    ]
+    summary = validate({"model": "m", "messages": messages}, "chat")
+    assert summary.prompt_token_estimate >= len(arguments) // 4
+
+
+@pytest.mark.parametrize(
+    ("text", "at_least"),
+    [("汉字" * 600, 1200), ("привет " * 100, 300), ("hello world " * 100, 300)],
+)
+def test_text_outside_ascii_is_weighed_by_its_utf8_size(text: str, at_least: int) -> None:
+    """CJK text counts about a token a character; ASCII stays at four characters a token."""
+    estimate = validate({"model": "m", "messages": [{"role": "user", "content": text}]}, "chat")
+    assert at_least <= estimate.prompt_token_estimate <= at_least * 2
+    completion = validate({"model": "m", "prompt": text}, "completion")
+    assert completion.prompt_token_estimate == estimate.prompt_token_estimate
