@@ -189,7 +189,17 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             return
         if self._owes_timeout(reason):
             transport.write(_TIMEOUT)
-        transport.close()
+        self._close()
+
+    def _close(self) -> None:
+        """Close a connection the guard no longer counts: at once (``abort``) when bytes the
+        client has not read are still buffered, since ``close`` would wait for them, and an
+        uncounted socket would hold its descriptor and buffer past every deadline."""
+        transport = self.transport
+        if transport.get_write_buffer_size():
+            transport.abort()
+        else:
+            transport.close()
 
     def _owes_timeout(self, reason: str) -> bool:
         """Whether closing for ``reason`` cuts off a request that should hear 408 first."""
@@ -219,13 +229,22 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._discarding = True
         self._held = None
         self.phase = Phase.BUSY
+        serving = self._serving
         cycle = self.cycle
-        if self._answering() and (cycle is None or not cycle.more_body):
+        pipeline = self.pipeline
+        queued = cycle is not None and cycle is not serving and pipeline and pipeline[0][0] is cycle
+        if queued and cycle.more_body:  # its body is cut off by this: refused with what follows
+            pipeline.popleft()
+        cut_short = serving is not None and serving is cycle and serving.more_body
+        if self._answering() and not cut_short:
             self._final = response
             return
         guard.release(self)
-        self.transport.write(response)
-        self.transport.close()
+        # Nothing is owed, or the request being answered has its own body cut off: it hears
+        # the refusal unless its answer has begun (an early answer whose body still came).
+        if serving is None or not serving.response_started or not serving.more_body:
+            self.transport.write(response)
+        self._close()
 
     def _overflow(self) -> None:
         """Too many pipelined requests: answer the queued ones, then close (see MAX_PIPELINE)."""
@@ -292,7 +311,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             try:
                 self.parser.feed_data(chunk)
             except httptools.HttpParserError:  # OpenAI-shaped 400; logged at most every 10 s
-                self._refuse(Shed.MALFORMED, _BAD_REQUEST)
+                if not self._ignoring:  # bytes after a refused head are never judged
+                    self._refuse(Shed.MALFORMED, _BAD_REQUEST)
                 return
             except httptools.HttpParserUpgrade as upgrade:  # a view: offers in a row copy nothing
                 chunk = self._past_upgrade(memoryview(chunk)[upgrade.args[0] :])
@@ -536,7 +556,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self.guard.release(self)
             if not closing:
                 self.transport.write(final)
-                self.transport.close()
+                self._close()
             return
         self.since = self.loop.time()
         if pipelined:

@@ -249,7 +249,7 @@ class NativeCycle:
             if reply.stream is not None:
                 await self._send_stream(reply)
             else:
-                self._send(reply)
+                await self._send(reply)
         except Exception:  # noqa: BLE001  # a bug in writing the answer: log it, drop the connection
             _log.exception("request.unhandled_error")
             self.transport.close()
@@ -261,13 +261,17 @@ class NativeCycle:
                 if reply.after is not None:
                     await _run_after(reply.after)
 
-    def _send(self, reply: Reply) -> None:
+    async def _send(self, reply: Reply) -> None:
         if self.was_disconnected:
             return
         body = reply.body
         head = reply_head(reply, keep_alive=self.keep_alive, length=len(body))
         self.response_started = True
         self.transport.write(head + body)
+        if self.flow.write_paused:
+            # The client is not reading: the next request on this connection waits until it
+            # does (or the guard cuts it after write_timeout_s), not its answers in memory.
+            await self.flow.drain()
         self._complete()
 
     async def _send_stream(self, reply: Reply) -> None:

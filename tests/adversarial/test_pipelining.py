@@ -299,3 +299,84 @@ def test_a_stalled_second_head_is_told_408(gw: GatewayProcess) -> None:
         closed, data = closed_within(sock, TIMEOUT + 2 * SLACK + 2)
     assert closed
     assert statuses(data) == [200, 408]
+
+
+def _server_sockets(port: int) -> int:
+    """Established TCP sockets whose local port is ``port`` (the gateway's side)."""
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table, encoding="ascii") as lines:
+            next(lines)
+            for line in lines:
+                fields = line.split()
+                if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "01":
+                    count += 1
+    return count
+
+
+def test_a_bad_chunk_in_a_queued_request_waits_for_the_answer_before_it(
+    gw: GatewayProcess,
+) -> None:
+    """A is being answered; B, queued behind it, sends a malformed chunk in the same read as
+    its head: A's whole answer comes first, then B's 400, then the close (the 400 used to be
+    written at once, taken by the client as A's answer, and A was cancelled)."""
+    bad = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\nzz\r\n"
+    )
+    with connect(gw.port) as sock:
+        sock.sendall(_post(_chat("tell me", max_tokens=40)) + bad)
+        closed, data = closed_within(sock, 20)
+    assert closed
+    assert statuses(data) == [200, 400]
+    first = data[: data.index(b"HTTP/1.1 400")]
+    assert json.loads(first.partition(b"\r\n\r\n")[2])["usage"]["completion_tokens"] == 40
+
+
+def test_bytes_after_a_refused_head_are_not_judged(gw: GatewayProcess) -> None:
+    """An oversized head refused whole, then bad bytes: one 431, counted once."""
+    before = _shed(gw, "head_too_large"), _shed(gw, "malformed_request")
+    huge = b"GET /livez HTTP/1.1\r\nHost: t\r\nX-Big: " + b"a" * 20000 + b"\r\n\r\n"
+    with connect(gw.port) as sock:
+        sock.sendall(huge + b"GARBAGE \x00\r\n\r\n")
+        closed, data = closed_within(sock, 10)
+    assert closed
+    assert statuses(data) == [431]
+    assert (_shed(gw, "head_too_large"), _shed(gw, "malformed_request")) == (
+        before[0] + 1,
+        before[1],
+    )
+
+
+def test_a_client_that_reads_nothing_never_keeps_a_socket(fast_gw: GatewayProcess) -> None:
+    """Non-streaming requests sent one after another by a client that never reads: the
+    gateway stops answering once its writes pause (memory does not follow the requests), and
+    the socket is gone after write_timeout_s; with bad bytes at the end too (a refusal used
+    to release the connection from the guard and then wait on close() for unread bytes)."""
+    gw = fast_gw
+    rss_before = _rss_kib(gw.pid)
+    sockets_before = _server_sockets(gw.port)
+    clients = []
+    for tail in (b"", b"GARBAGE \x00\r\n\r\n"):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", gw.port))
+        sock.settimeout(0.2)
+        clients.append(sock)
+        request = _post(_chat("go on", max_tokens=7000))
+        try:
+            for _ in range(150):
+                sock.sendall(request)
+                time.sleep(0.01)
+            sock.sendall(tail)
+        except (BrokenPipeError, ConnectionResetError, TimeoutError):
+            pass
+    try:
+        deadline = time.monotonic() + TIMEOUT + 3 * SLACK
+        while time.monotonic() < deadline and _server_sockets(gw.port) > sockets_before:
+            time.sleep(0.2)
+        assert _server_sockets(gw.port) <= sockets_before
+        assert _rss_kib(gw.pid) - rss_before < 30 * 1024
+    finally:
+        for sock in clients:
+            sock.close()
