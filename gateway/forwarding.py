@@ -434,7 +434,7 @@ def stream_error(event: bytes) -> AttemptFailed:
     """
     try:
         data = _decoder.decode(event.strip()[len(b"data: ") :])
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):  # nested too deep: undecodable too
         data = None
     inner = data.get("error") if isinstance(data, dict) else None
     inner = inner if isinstance(inner, dict) else {}

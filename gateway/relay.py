@@ -16,12 +16,14 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any, Final
 
 import msgspec
+import structlog
 
 from gateway.deadline import deadline
 from gateway.errors import error_body
 from gateway.events import UPSTREAM_FAILURES, Outcome, Usage
 from gateway.forwarding import MAX_EVENT, Exchange
 
+_log = structlog.get_logger("tiergate.relay")
 _decoder = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()
 _DONE = b"data: [DONE]"
@@ -45,7 +47,7 @@ def usage_of_answer(raw: bytes) -> Usage | None:
     """The ``usage`` of a non-streaming answer's JSON; None when absent or not a JSON object."""
     try:
         return usage_fields(_usage_decoder.decode(raw).usage)
-    except msgspec.DecodeError:  # ValidationError (not an object) included
+    except (msgspec.DecodeError, RecursionError):  # ValidationError (not an object) included
         return None
 
 
@@ -179,7 +181,7 @@ class StreamRelay:
         if b'"usage"' in event and event.startswith(b"data: "):
             try:
                 data = _decoder.decode(event[6:])
-            except msgspec.DecodeError:
+            except (msgspec.DecodeError, RecursionError):  # nested too deep: undecodable too
                 return event + _SEP
             usage = usage_from(data)
             if usage is not None:
@@ -191,7 +193,7 @@ class StreamRelay:
     def _capture(self, event: bytes) -> None:
         try:
             data = _decoder.decode(event[6:])
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):  # nested too deep: undecodable too
             return
         choices = data.get("choices") if isinstance(data, dict) else None
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
@@ -224,7 +226,7 @@ class StreamRelay:
             return b""
         try:
             last = _decoder.decode(self.last_data[6:])
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):  # nested too deep: undecodable too
             return b""
         if not isinstance(last, dict):
             return b""
@@ -278,5 +280,9 @@ class StreamRelay:
         except OSError:
             self.outcome = Outcome.UPSTREAM_RESET
             yield error_event("The connection to the backend was lost mid-stream.", 502)
+        except Exception:  # noqa: BLE001  # a bug on an odd event: end the stream readably, not cut
+            _log.exception("relay.failed")
+            self.outcome = Outcome.INTERNAL_ERROR
+            yield error_event("The gateway failed while relaying the stream.", 500)
         finally:
             self._close()

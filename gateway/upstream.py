@@ -163,7 +163,7 @@ def _upstream_message(raw: bytes, status: int) -> tuple[str, dict[str, Any] | No
     (older vLLM, SGLang) or ``{"error": "...", "error_type": ...}`` (TGI)."""
     try:
         data = _decoder.decode(raw)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):  # nested too deep: undecodable too
         return f"The backend answered {status}.", None
     if isinstance(data, dict) and isinstance(data.get("error"), str) and data["error"]:
         return data["error"][:2000], None

@@ -1,0 +1,187 @@
+"""Attacks on the gateway by what a backend answers: odd JSON, odd headers, odd framing.
+
+A scripted raw server on loopback answers each attempt; the Forwarder and the StreamRelay of
+the request path read it. Whatever the backend says, the caller gets an answer or an error in
+the OpenAI shape, never a crash (a 500 from a stray exception) or a stream cut without a word.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from gateway.events import Outcome, Usage
+from gateway.forwarding import Forwarder, TierRoute, stream_error
+from gateway.relay import StreamRelay, usage_of_answer
+from gateway.replicas import ReplicaPool
+from gateway.retry import RetryPolicy
+from gateway.settings import Timeouts
+from gateway.upstream import UpstreamClient, _upstream_message
+from policies.errors import TierGateError
+from policies.selection import RoundRobin
+from tests.gateway.raw_upstream import RawUpstream, Respond, answer
+
+PATH = "/v1/chat/completions"
+HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+FIRST = b'data: {"id":"c","choices":[{"index":0,"delta":{"role":"assistant"}}]}\n\n'
+TOKEN = b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"x"},"finish_reason":null}]}\n\n'
+DONE = b"data: [DONE]\n\n"
+DEEP = b"[" * 3000 + b"]" * 3000
+
+
+def _chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+def _sse(*events: bytes) -> Respond:
+    """A chunked SSE answer: one chunk per event, then the end."""
+
+    async def respond(_n: int, _r: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        writer.write(HEAD)
+        for event in events:
+            writer.write(_chunk(event))
+            await writer.drain()
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        return True
+
+    return respond
+
+
+def _fixed(raw: bytes) -> Respond:
+    """The same raw answer to every request."""
+
+    async def respond(_n: int, _r: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        writer.write(raw)
+        await writer.drain()
+        return True
+
+    return respond
+
+
+def _forwarder(upstream: UpstreamClient, *urls: str, **timeouts: float) -> Forwarder:
+    pool = ReplicaPool("fast", list(urls), 8, 0.1)
+    route = TierRoute(pool, RoundRobin(), Timeouts(**timeouts), "m")
+    return Forwarder(upstream, {"fast": route}, RetryPolicy(backoff_base_s=0.0))
+
+
+def _body(*, stream: bool, **extra: Any) -> dict[str, Any]:
+    return {"messages": [{"role": "user", "content": "hi"}], "stream": stream, **extra}
+
+
+async def _relayed(
+    upstream: UpstreamClient, respond: Respond, **timeouts: float
+) -> tuple[bytes, str, Usage | None]:
+    """Stream through the gateway's forwarder and relay: what the client got, how it ended."""
+    server = await RawUpstream(respond).start()
+    closed: list[tuple[str, Usage | None]] = []
+    sent = b""
+    try:
+        forwarded = await _forwarder(upstream, server.url, **timeouts).forward(
+            PATH, _body(stream=True), ["fast"]
+        )
+        relay = StreamRelay(
+            forwarded.exchange,
+            strip_usage=False,
+            idle_s=5.0,
+            on_close=lambda outcome, usage: closed.append((outcome, usage)),
+        )
+        async with asyncio.timeout(10):
+            async for piece in relay:
+                sent += piece
+    finally:
+        await server.stop()
+    ((outcome, usage),) = closed
+    return sent, outcome, usage
+
+
+# -- JSON nested too deep (msgspec raises RecursionError near 1,000 levels) -------------------
+
+
+def test_deep_json_is_undecodable_not_an_error() -> None:
+    """Every decode of a backend's JSON treats nesting past msgspec's guard as undecodable."""
+    assert usage_of_answer(b'{"usage":{"prompt_tokens":1},"x":' + DEEP + b"}") is None
+    failure = stream_error(b'data: {"error":{"message":"x","code":503,"x":' + DEEP + b"}}")
+    assert failure.status == 500
+    assert _upstream_message(b'{"error":{"message":"busy","x":' + DEEP + b"}}", 503) == (
+        "The backend answered 503.",
+        None,
+    )
+
+
+async def test_a_deep_non_streaming_answer_is_relayed(upstream: UpstreamClient) -> None:
+    """A 200 answer with a deep field reaches the caller as it is (its usage unread)."""
+    raw = b'{"id":"x","choices":[],"usage":{"prompt_tokens":1},"x":' + DEEP + b"}"
+    server = await RawUpstream(_fixed(answer(raw))).start()
+    try:
+        forwarded = await _forwarder(upstream, server.url).forward(
+            PATH, _body(stream=False), ["fast"]
+        )
+    finally:
+        await server.stop()
+    assert forwarded.exchange.opened.body == raw
+
+
+async def test_a_deep_503_is_an_overload_not_a_crash(upstream: UpstreamClient) -> None:
+    """A 503 whose error body is nested too deep is retried and ends as the usual 503."""
+    raw = answer(b'{"error":{"message":"busy","x":' + DEEP + b"}}", status=503)
+    server = await RawUpstream(_fixed(raw)).start()
+    try:
+        with pytest.raises(TierGateError) as caught:
+            await _forwarder(upstream, server.url).forward(PATH, _body(stream=False), ["fast"])
+    finally:
+        await server.stop()
+    assert caught.value.status == 503
+
+
+async def test_a_deep_first_stream_event_is_a_backend_error(upstream: UpstreamClient) -> None:
+    """A first error event nested too deep fails the attempt like any backend error."""
+    event = b'data: {"error":{"message":"x","code":503,"x":' + DEEP + b"}}\n\n"
+    server = await RawUpstream(_sse(event, DONE)).start()
+    try:
+        with pytest.raises(TierGateError) as caught:
+            await _forwarder(upstream, server.url).forward(PATH, _body(stream=True), ["fast"])
+    finally:
+        await server.stop()
+    assert caught.value.status >= 500
+
+
+async def test_a_deep_usage_event_mid_stream_does_not_cut_the_stream(
+    upstream: UpstreamClient,
+) -> None:
+    """A usage event nested too deep is passed on like malformed JSON; the stream completes."""
+    usage = b'data: {"id":"c","choices":[],"usage":{"prompt_tokens":1},"x":' + DEEP + b"}\n\n"
+    sent, outcome, _ = await _relayed(upstream, _sse(FIRST, TOKEN, usage, DONE))
+    assert outcome == Outcome.COMPLETE
+    assert sent.endswith(DONE)
+
+
+async def test_a_failure_inside_the_relay_ends_the_stream_with_an_error_event(
+    upstream: UpstreamClient,
+) -> None:
+    """An unexpected error while relaying ends the stream in-band, as an internal error."""
+    server = await RawUpstream(_sse(FIRST, TOKEN, DONE)).start()
+    closed: list[str] = []
+
+    def broken(_event: bytes) -> None:
+        raise RuntimeError("a bug")
+
+    try:
+        forwarded = await _forwarder(upstream, server.url).forward(
+            PATH, _body(stream=True), ["fast"]
+        )
+        relay = StreamRelay(
+            forwarded.exchange,
+            strip_usage=False,
+            idle_s=5.0,
+            on_close=lambda outcome, _usage: closed.append(outcome),
+            on_event=broken,
+        )
+        sent = b"".join([piece async for piece in relay])
+    finally:
+        await server.stop()
+    assert closed == [Outcome.INTERNAL_ERROR]
+    assert sent.startswith(b'data: {"error"')
+    assert b"[DONE]" not in sent
