@@ -340,8 +340,11 @@ class Forwarder:
         if failure.status in AUTH_STATUSES:
             pool.mark_misconfigured(replica, failure.status)
         cooldown = None
-        if failure.retry_after is not None and failure.status in (429, 503):
-            cooldown = min(failure.retry_after, self.policy.max_cooldown_s)
+        if failure.retry_after is not None:
+            # Never a backend's raw value: it sets cool-downs, retry waits and the caller's header.
+            failure.retry_after = min(failure.retry_after, self.policy.max_cooldown_s)
+            if failure.status in (429, 503):
+                cooldown = failure.retry_after
         pool.record_failure(
             replica,
             failure.kind,
@@ -474,7 +477,10 @@ def _final_error(
 
 
 def _unavailable(tier: str, failure: AttemptFailed, detail: str) -> TierGateError:
-    """The error of a tier that could not answer (no replica, busy, timed out, broken)."""
+    """The error of a tier that could not answer (no replica, busy, timed out, broken).
+
+    Its Retry-After is the gateway's own (a backend's was clamped in ``_record_failure``).
+    """
     retry_after = {"Retry-After": str(max(1, math.ceil(failure.retry_after or 1)))}
     if failure.kind == FailureKind.NO_REPLICA:
         return UpstreamUnavailable(

@@ -9,6 +9,7 @@ at shutdown; no redirects are followed; the caller's credentials are never forwa
 from __future__ import annotations
 
 import asyncio
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -150,12 +151,17 @@ class Opened:
 
 
 def _retry_after(value: str | None) -> float | None:
+    """A Retry-After in seconds: finite and not negative (``inf``, ``nan``, a date: ``None``).
+
+    The forwarder clamps it to the replica cool-down cap before any use.
+    """
     if value is None:
         return None
     try:
-        return max(0.0, float(value))
+        seconds = float(value)
     except ValueError:
         return None
+    return max(0.0, seconds) if math.isfinite(seconds) else None
 
 
 def _upstream_message(raw: bytes, status: int) -> tuple[str, dict[str, Any] | None]:

@@ -8,6 +8,7 @@ the OpenAI shape, never a crash (a 500 from a stray exception) or a stream cut w
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import pytest
@@ -185,3 +186,26 @@ async def test_a_failure_inside_the_relay_ends_the_stream_with_an_error_event(
     assert closed == [Outcome.INTERNAL_ERROR]
     assert sent.startswith(b'data: {"error"')
     assert b"[DONE]" not in sent
+
+
+# -- Retry-After ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [b"inf", b"1e400", b"-inf", b"nan", b"1e300", b"99999999"])
+async def test_a_backends_retry_after_is_clamped(upstream: UpstreamClient, value: bytes) -> None:
+    """Any Retry-After on a 429 ends as a 503 with a small whole Retry-After, and a bounded
+    cool-down, never an overflow or the backend's raw value."""
+    raw = answer(
+        b'{"error":{"message":"slow down"}}', status=429, extra=b"Retry-After: %s\r\n" % value
+    )
+    server = await RawUpstream(_fixed(raw)).start()
+    forwarder = _forwarder(upstream, server.url)
+    try:
+        with pytest.raises(TierGateError) as caught:
+            await forwarder.forward(PATH, _body(stream=False), ["fast"])
+    finally:
+        await server.stop()
+    assert caught.value.status == 503
+    assert 1 <= int(caught.value.headers["Retry-After"]) <= forwarder.policy.max_cooldown_s
+    replica = forwarder.routes["fast"].pool.replicas[0]
+    assert replica.cooldown_until - time.monotonic() <= forwarder.policy.max_cooldown_s
