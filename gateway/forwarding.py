@@ -417,7 +417,11 @@ async def _first_event(exchange: Exchange, timeout_s: float, waited: _Waited) ->
         raise AttemptFailed(
             FailureKind.FIRST_BYTE_TIMEOUT, "The backend sent no token in time."
         ) from exc
-    except (OSError, ValueError) as exc:
+    except ValueError as exc:
+        raise AttemptFailed(
+            FailureKind.BAD_ANSWER, "The backend sent a first event above the size limit."
+        ) from exc
+    except OSError as exc:
         raise AttemptFailed(
             FailureKind.RESET, "The backend closed the stream before any output."
         ) from exc

@@ -147,7 +147,9 @@ class Connection(asyncio.Protocol):
     async def readuntil(self, separator: bytes, max_size: int) -> bytes:
         """The body up to and including ``separator`` (or what is left at its end).
 
-        ValueError if more than ``max_size`` bytes come before the separator.
+        ValueError if more than ``max_size`` bytes come before the separator. Reading goes on
+        past the high-water mark while the separator is looked for (up to ``max_size``): a
+        paused connection would never bring it.
         """
         searched = 0
         while True:
@@ -163,6 +165,8 @@ class Connection(asyncio.Protocol):
                 if len(data) > max_size:
                     raise ValueError("an event above the size limit")
                 searched = max(0, len(data) - len(separator) + 1)
+                if self._paused:
+                    self._resume()
             if self._complete:
                 return self._take() if self._size else b""
             self._check_lost()

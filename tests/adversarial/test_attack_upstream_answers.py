@@ -209,3 +209,41 @@ async def test_a_backends_retry_after_is_clamped(upstream: UpstreamClient, value
     assert 1 <= int(caught.value.headers["Retry-After"]) <= forwarder.policy.max_cooldown_s
     replica = forwarder.routes["fast"].pool.replicas[0]
     assert replica.cooldown_until - time.monotonic() <= forwarder.policy.max_cooldown_s
+
+
+# -- Large first events (the upstream connection pauses reading above 256 KiB) ----------------
+
+
+def _big_first(size: int) -> Respond:
+    """A stream whose first event is ``size`` bytes, sent in 64 KiB chunks."""
+    event = b'data: {"id":"c","choices":[],"pad":"' + b"a" * size + b'"}\n\n'
+    pieces = [event[i : i + 65536] for i in range(0, len(event), 65536)]
+    return _sse(*pieces, TOKEN, DONE)
+
+
+@pytest.mark.parametrize("size", [600_000, 1_000_000])
+async def test_a_large_first_event_within_the_limit_is_relayed(
+    upstream: UpstreamClient, size: int
+) -> None:
+    """A first event between the high-water mark and 1 MiB arrives at once, not at a timeout."""
+    started = time.monotonic()
+    sent, outcome, _ = await _relayed(upstream, _big_first(size), first_byte_s=5.0)
+    assert outcome == Outcome.COMPLETE
+    assert len(sent) > size
+    assert time.monotonic() - started < 3.0
+
+
+async def test_a_first_event_above_the_limit_fails_fast(upstream: UpstreamClient) -> None:
+    """A 3 MB first event is a 502 from the backend at once, not a first-byte timeout."""
+    server = await RawUpstream(_big_first(3_000_000)).start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(TierGateError) as caught:
+            await _forwarder(upstream, server.url, first_byte_s=5.0).forward(
+                PATH, _body(stream=True), ["fast"]
+            )
+    finally:
+        await server.stop()
+    assert caught.value.status == 502
+    assert "size limit" in caught.value.message
+    assert time.monotonic() - started < 3.0
