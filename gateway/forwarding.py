@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -43,7 +44,9 @@ from policies.selection import Choice, Strategy
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder()
 _ERROR_EVENT = b'data: {"error"'
-_EVENT_END = b"\n\n"
+# An SSE event ends with a blank line: LF (vLLM, SGLang, llama.cpp), CRLF (sse-starlette's
+# default) or CR framing; the first event says which one the stream uses.
+_EVENT_END = re.compile(rb"\n\n|\r\n\r\n|\r\r")
 MAX_EVENT = 1 << 20  # the largest SSE event read from a backend
 
 
@@ -56,6 +59,8 @@ class Exchange:
     pool: ReplicaPool
     first_event: bytes = b""
     finished: bool = False
+    # The stream's line ending when not LF (b"\r\n" or b"\r"): the relay turns it into LF.
+    framing: bytes | None = None
 
     def finish(self, *, abort: bool = False, failed: bool = False) -> None:
         """Return the lease; ``abort`` closes the connection so the engine stops work.
@@ -430,6 +435,13 @@ async def _first_event(exchange: Exchange, timeout_s: float, waited: _Waited) ->
         waited.upstream_s += now - started
     if event.startswith(_ERROR_EVENT):
         raise stream_error(event)
+    if event[-2:] != b"\n\n":  # not LF framing (or a body that ended without a blank line)
+        framing = (
+            b"\r\n" if event.endswith(b"\r\n\r\n") else b"\r" if event[-2:] == b"\r\r" else None
+        )
+        if framing is not None:
+            exchange.framing = framing
+            event = event.replace(framing, b"\n")
     return event
 
 

@@ -140,6 +140,7 @@ class StreamRelay:
         self.outcome: str = Outcome.CLIENT_DISCONNECT
         self.token_events = 0
         self.last_data = b""
+        self._cr = b""  # a CRLF stream's read that ended between \r and \n: its \r, held back
 
     async def close(self) -> None:
         """Run after the response: make sure the lease is back even if iteration never ended."""
@@ -250,9 +251,19 @@ class StreamRelay:
                 return b"".join(out), b""
         return b"".join(out), rest
 
+    def _to_lf(self, data: bytes, framing: bytes) -> bytes:
+        """A CRLF or CR framed stream's bytes with LF line ends (what the relay splits on)."""
+        if framing == b"\r\n":
+            data = self._cr + data
+            self._cr = b"\r" if data[-1:] == b"\r" else b""
+            if self._cr:
+                data = data[:-1]
+        return data.replace(framing, b"\n")
+
     async def __aiter__(self) -> AsyncIterator[bytes]:
         response = self.exchange.opened.response
         assert response is not None  # noqa: S101  # streams keep their response
+        framing = self.exchange.framing
         try:
             chunk, buffer = self._split(self.exchange.first_event)
             if chunk:
@@ -262,6 +273,8 @@ class StreamRelay:
                     data = await response.readany()
                 if not data:
                     break
+                if framing is not None:  # LF streams (the usual) pass untouched
+                    data = self._to_lf(data, framing)
                 chunk, buffer = self._split(buffer + data)
                 if chunk:
                     yield chunk

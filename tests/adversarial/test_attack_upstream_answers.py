@@ -247,3 +247,61 @@ async def test_a_first_event_above_the_limit_fails_fast(upstream: UpstreamClient
     assert caught.value.status == 502
     assert "size limit" in caught.value.message
     assert time.monotonic() - started < 3.0
+
+
+# -- SSE framing other than LF (sse-starlette's default separator is CRLF) --------------------
+
+
+def _framed(line_end: bytes, *events: bytes) -> list[bytes]:
+    return [event.replace(b"\n", line_end) for event in events]
+
+
+@pytest.mark.parametrize("line_end", [b"\r\n", b"\r"], ids=["crlf", "cr"])
+async def test_a_stream_framed_with_cr_is_relayed_with_lf(
+    upstream: UpstreamClient, line_end: bytes
+) -> None:
+    """CRLF and CR framed streams complete, their events passed on with LF line ends."""
+    events = _framed(line_end, FIRST, TOKEN, TOKEN, DONE)
+    sent, outcome, usage = await _relayed(upstream, _sse(*events))
+    assert outcome == Outcome.COMPLETE
+    assert sent.startswith(FIRST + TOKEN + TOKEN)
+    assert sent.endswith(DONE)
+    assert b"\r" not in sent
+    assert usage is not None
+    assert usage.completion_tokens == 2
+
+
+async def test_a_crlf_stream_split_between_cr_and_lf_is_relayed(upstream: UpstreamClient) -> None:
+    """A CRLF stream whose reads end between a \\r and its \\n keeps its events whole."""
+    stream = b"".join(_framed(b"\r\n", FIRST, TOKEN, TOKEN, DONE))
+    first = stream[: len(FIRST) + 2]
+    cut = len(first) + 2 * (len(TOKEN) + 2) - 1  # the second token's last "\r" | "\n"
+
+    async def respond(_n: int, _r: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        writer.write(HEAD + _chunk(first))
+        for piece in (stream[len(first) : cut], stream[cut:]):
+            writer.write(_chunk(piece))
+            await writer.drain()
+            await asyncio.sleep(0.02)
+        writer.write(b"0\r\n\r\n")
+        return True
+
+    sent, outcome, usage = await _relayed(upstream, respond)
+    assert outcome == Outcome.COMPLETE
+    assert sent.startswith(FIRST + TOKEN + TOKEN)
+    assert sent.endswith(DONE)
+    assert usage is not None
+    assert usage.completion_tokens == 2
+
+
+async def test_a_crlf_first_error_event_is_read(upstream: UpstreamClient) -> None:
+    """A CRLF framed first event that is the backend's error fails the attempt with its status."""
+    error = b'data: {"error":{"message":"bad prompt","code":400}}\r\n\r\n'
+    server = await RawUpstream(_sse(error, b"data: [DONE]\r\n\r\n")).start()
+    try:
+        with pytest.raises(TierGateError) as caught:
+            await _forwarder(upstream, server.url).forward(PATH, _body(stream=True), ["fast"])
+    finally:
+        await server.stop()
+    assert caught.value.status == 400
+    assert caught.value.message == "bad prompt"
