@@ -16,12 +16,13 @@ from gateway.context import Failure, RequestContext, Trace, request_id_from
 from gateway.eager import Eager, eager
 from gateway.events import AttemptEnd, AttemptStart, Outcome, Usage
 from gateway.forwarding import Exchange, Forwarded, Forwarder
-from gateway.relay import StreamRelay, usage_of_answer
+from gateway.relay import StreamRelay, usage_fields
 from gateway.replies import EVENT_STREAM, Inbound, Reply, error_reply, internal_error_reply
 from gateway.request_body import FieldRules, decode
 from gateway.routing import TierRouter
 from gateway.shadow import ShadowRunner, answer_text
 from gateway.spillover import Spillover
+from gateway.upstream import Opened
 from gateway.usage_bound import UsageBound, UsageClipper
 from policies.errors import InvalidRequest, TierGateError, UnsupportedMediaType
 from policies.fields import MediaUrl
@@ -123,9 +124,7 @@ class ProxyService:
         shadow = self._shadow_of(ctx, path, body)
         exchange = forwarded.exchange
         if exchange.opened.body is not None:
-            return await self._complete(
-                ctx, exchange.opened.body, admission, shadow, admitted.bound
-            )
+            return await self._complete(ctx, exchange.opened, admission, shadow, admitted.bound)
         return self._stream(
             ctx, exchange, admission, shadow, admitted.bound, strip_usage=admitted.strip_usage
         )
@@ -307,13 +306,14 @@ class ProxyService:
     async def _complete(
         self,
         ctx: RequestContext,
-        raw: bytes,
+        opened: Opened,
         admission: Admission,
         shadow: _Shadow | None,
         bound: UsageBound,
     ) -> Reply:
-        if b'"usage"' in raw:
-            ctx.usage = self.clip_usage(usage_of_answer(raw), bound, ctx.tier)
+        raw = opened.body or b""
+        if opened.usage is not None:  # read when the answer was checked (gateway.upstream)
+            ctx.usage = self.clip_usage(usage_fields(opened.usage), bound, ctx.tier)
         usage = ctx.usage
         ctx.status = 200
         used = usage.total if usage is not None else None

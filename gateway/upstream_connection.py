@@ -353,15 +353,21 @@ class Response:
         """A header's value, by case-insensitive name."""
         return self._conn.header(name.lower().encode("latin-1"))
 
-    async def read(self) -> bytes:
-        """The whole (rest of the) body."""
+    async def read(self, limit: int | None = None) -> bytes:
+        """The whole (rest of the) body; ValueError once it passes ``limit`` bytes."""
         conn = self._conn
         first = await conn.readany()
         if not first:
             return first
         parts = [first]
+        size = len(first)
         while data := await conn.readany():
             parts.append(data)
+            size += len(data)
+            if limit is not None and size > limit:
+                raise ValueError("an answer above the size limit")
+        if limit is not None and size > limit:
+            raise ValueError("an answer above the size limit")
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
     async def read_at_most(self, limit: int) -> bytes:

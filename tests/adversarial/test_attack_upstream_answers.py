@@ -112,17 +112,16 @@ def test_deep_json_is_undecodable_not_an_error() -> None:
     )
 
 
-async def test_a_deep_non_streaming_answer_is_relayed(upstream: UpstreamClient) -> None:
-    """A 200 answer with a deep field reaches the caller as it is (its usage unread)."""
+async def test_a_deep_non_streaming_answer_is_a_bad_gateway(upstream: UpstreamClient) -> None:
+    """A 200 answer with a field nested too deep is a failed attempt (502), not a 500."""
     raw = b'{"id":"x","choices":[],"usage":{"prompt_tokens":1},"x":' + DEEP + b"}"
     server = await RawUpstream(_fixed(answer(raw))).start()
     try:
-        forwarded = await _forwarder(upstream, server.url).forward(
-            PATH, _body(stream=False), ["fast"]
-        )
+        with pytest.raises(TierGateError) as caught:
+            await _forwarder(upstream, server.url).forward(PATH, _body(stream=False), ["fast"])
     finally:
         await server.stop()
-    assert forwarded.exchange.opened.body == raw
+    assert caught.value.status == 502
 
 
 async def test_a_deep_503_is_an_overload_not_a_crash(upstream: UpstreamClient) -> None:
@@ -305,3 +304,50 @@ async def test_a_crlf_first_error_event_is_read(upstream: UpstreamClient) -> Non
         await server.stop()
     assert caught.value.status == 400
     assert caught.value.message == "bad prompt"
+
+
+# -- Non-streaming answers that are not answers ----------------------------------------------
+
+GOOD = b'{"id":"x","object":"chat.completion","choices":[],"usage":{"prompt_tokens":3}}'
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b"<html>502 Bad Gateway</html>", b"", b'{"id":"x","choices":[{"index":0', b"[1, 2]", b"7"],
+    ids=["html", "empty", "truncated", "array", "number"],
+)
+async def test_a_200_that_is_not_a_json_object_is_a_bad_gateway(
+    upstream: UpstreamClient, raw: bytes
+) -> None:
+    """The replica counts a failure, the request is retried on another, which answers."""
+    bad = await RawUpstream(_fixed(answer(raw))).start()
+    good = await RawUpstream(_fixed(answer(GOOD))).start()
+    forwarder = _forwarder(upstream, bad.url, good.url)
+    pool = forwarder.routes["fast"].pool
+    try:
+        answers = [await forwarder.forward(PATH, _body(stream=False), ["fast"]) for _ in range(2)]
+        with pytest.raises(TierGateError) as caught:
+            await _forwarder(upstream, bad.url).forward(PATH, _body(stream=False), ["fast"])
+    finally:
+        await bad.stop()
+        await good.stop()
+    assert all(a.exchange.opened.body == GOOD for a in answers)
+    assert all(a.exchange.opened.usage == {"prompt_tokens": 3} for a in answers)
+    assert pool.replicas[0].recent_errors
+    assert caught.value.status == 502
+    assert "not a JSON object" in caught.value.message
+
+
+async def test_a_non_streaming_answer_above_32_mib_is_a_bad_gateway(
+    upstream: UpstreamClient,
+) -> None:
+    """A 40 MiB answer is refused once 32 MiB were read, not buffered whole."""
+    raw = b'{"id":"x","pad":"' + b"a" * (40 << 20) + b'"}'
+    server = await RawUpstream(_fixed(answer(raw))).start()
+    try:
+        with pytest.raises(TierGateError) as caught:
+            await _forwarder(upstream, server.url).forward(PATH, _body(stream=False), ["fast"])
+    finally:
+        await server.stop()
+    assert caught.value.status == 502
+    assert "32 MiB" in caught.value.message
