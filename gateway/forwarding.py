@@ -61,6 +61,8 @@ class Exchange:
     finished: bool = False
     # The stream's line ending when not LF (b"\r\n" or b"\r"): the relay turns it into LF.
     framing: bytes | None = None
+    # The request's deadline (time.monotonic(), timeouts.total_s): a stream ends there too.
+    deadline: float = math.inf
 
     def finish(self, *, abort: bool = False, failed: bool = False) -> None:
         """Return the lease; ``abort`` closes the connection so the engine stops work.
@@ -186,6 +188,7 @@ class Forwarder:
             except (UpstreamUnavailable, Overloaded) as exc:
                 failed.append((tier, exc))
                 continue
+            exchange.deadline = deadline
             if failed:
                 return Forwarded(exchange, tier, tiers[0], str(failed[-1][1].code))
             return Forwarded(exchange, tier)

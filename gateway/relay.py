@@ -10,8 +10,10 @@ caller, the stream counts as failed and no usage is made up for it.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import re
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Final
 
@@ -141,6 +143,7 @@ class StreamRelay:
         self.token_events = 0
         self.last_data = b""
         self._cr = b""  # a CRLF stream's read that ended between \r and \n: its \r, held back
+        self.expired = False  # the request's deadline (timeouts.total_s) cut the stream
 
     async def close(self) -> None:
         """Run after the response: make sure the lease is back even if iteration never ended."""
@@ -264,6 +267,7 @@ class StreamRelay:
         response = self.exchange.opened.response
         assert response is not None  # noqa: S101  # streams keep their response
         framing = self.exchange.framing
+        timer = self._deadline_timer()
         try:
             chunk, buffer = self._split(self.exchange.first_event)
             if chunk:
@@ -282,20 +286,52 @@ class StreamRelay:
                     self.outcome = Outcome.UPSTREAM_ERROR
                     yield error_event("The backend sent an event above the size limit.", 502)
                     return
-            if self.done:
-                self.outcome = Outcome.COMPLETE
-            elif self.outcome != Outcome.UPSTREAM_ERROR:
-                self.outcome = Outcome.UPSTREAM_TRUNCATED
-                yield error_event("The backend ended the stream early.", 502)
+            if ending := self._ended():
+                yield ending
         except TimeoutError:
             self.outcome = Outcome.UPSTREAM_STALL
             yield error_event("The backend stopped sending tokens.", 504)
         except OSError:
-            self.outcome = Outcome.UPSTREAM_RESET
-            yield error_event("The connection to the backend was lost mid-stream.", 502)
+            yield self._lost()
         except Exception:  # noqa: BLE001  # a bug on an odd event: end the stream readably, not cut
             _log.exception("relay.failed")
             self.outcome = Outcome.INTERNAL_ERROR
             yield error_event("The gateway failed while relaying the stream.", 500)
         finally:
+            if timer is not None:
+                timer.cancel()
             self._close()
+
+    def _ended(self) -> bytes:
+        """The stream's body ended: complete with [DONE], else truncated (its error event)."""
+        if self.done:
+            self.outcome = Outcome.COMPLETE
+        elif self.outcome != Outcome.UPSTREAM_ERROR:
+            self.outcome = Outcome.UPSTREAM_TRUNCATED
+            return error_event("The backend ended the stream early.", 502)
+        return b""
+
+    def _deadline_timer(self) -> asyncio.TimerHandle | None:
+        """One timer for the whole stream (not a check per chunk): at the request's deadline
+        the backend's connection is closed, which ends the relay's read with an OSError."""
+        deadline = self.exchange.deadline
+        if deadline == math.inf:
+            return None
+        delay = max(0.0, deadline - time.monotonic())
+        return asyncio.get_running_loop().call_later(delay, self._expire)
+
+    def _lost(self) -> bytes:
+        """The error event of a stream whose connection closed: the deadline's, or a reset."""
+        if self.expired:
+            self.outcome = Outcome.UPSTREAM_STALL
+            return error_event("The stream ran past the request's time limit.", 504)
+        self.outcome = Outcome.UPSTREAM_RESET
+        return error_event("The connection to the backend was lost mid-stream.", 502)
+
+    def _expire(self) -> None:
+        """The request's deadline passed mid-stream: close the backend's connection."""
+        if not self.closed and not self.done:
+            self.expired = True
+            response = self.exchange.opened.response
+            if response is not None:
+                response.close()

@@ -351,3 +351,31 @@ async def test_a_non_streaming_answer_above_32_mib_is_a_bad_gateway(
         await server.stop()
     assert caught.value.status == 502
     assert "32 MiB" in caught.value.message
+
+
+# -- timeouts.total_s bounds a stream too -------------------------------------------------------
+
+
+async def test_a_stream_that_never_ends_is_cut_at_the_requests_deadline(
+    upstream: UpstreamClient,
+) -> None:
+    """A token every 50 ms (never idle) forever: the stream ends at total_s with an error event."""
+
+    async def respond(_n: int, _r: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        writer.write(HEAD + _chunk(FIRST))
+        try:
+            for _ in range(400):  # 20 s, far past the deadline
+                writer.write(_chunk(TOKEN))
+                await writer.drain()
+                await asyncio.sleep(0.05)
+        except ConnectionError:
+            pass
+        return False
+
+    started = time.monotonic()
+    sent, outcome, _ = await _relayed(upstream, respond, total_s=1.0)
+    took = time.monotonic() - started
+    assert outcome == Outcome.UPSTREAM_STALL
+    assert b"time limit" in sent.splitlines()[-2]
+    assert b"[DONE]" not in sent
+    assert 0.9 < took < 3.0
