@@ -436,8 +436,6 @@ async def _first_event(exchange: Exchange, timeout_s: float, waited: _Waited) ->
     finally:
         waited.first_chunk_at = now = time.perf_counter()
         waited.upstream_s += now - started
-    if event.startswith(_ERROR_EVENT):
-        raise stream_error(event)
     if event[-2:] != b"\n\n":  # not LF framing (or a body that ended without a blank line)
         framing = (
             b"\r\n" if event.endswith(b"\r\n\r\n") else b"\r" if event[-2:] == b"\r\r" else None
@@ -445,7 +443,28 @@ async def _first_event(exchange: Exchange, timeout_s: float, waited: _Waited) ->
         if framing is not None:
             exchange.framing = framing
             event = event.replace(framing, b"\n")
+    if not event.startswith(b"data: ") and event.endswith(b"\n\n"):
+        event = standard_event(event[:-2]) + b"\n\n"  # the relay expects its dialect
+    if event.startswith(_ERROR_EVENT):
+        raise stream_error(event)
     return event
+
+
+def standard_event(event: bytes) -> bytes:
+    """An SSE event (without its blank line) in the one dialect the relay reads.
+
+    Servers may write ``data:`` without the space, name the event (``event: message``,
+    ``event: error``), or add ``id:``/``retry:`` lines: a single ``data`` line becomes
+    ``data: <value>``, the other fields dropped. An event with no ``data`` line (a comment,
+    a keep-alive) or several is returned as is (the same object).
+    """
+    found: bytes | None = None
+    for line in event.split(b"\n"):
+        if line.startswith(b"data:"):
+            if found is not None:
+                return event
+            found = line[6:] if line[5:6] == b" " else line[5:]
+    return event if found is None else b"data: " + found
 
 
 def stream_error(event: bytes) -> AttemptFailed:

@@ -23,12 +23,13 @@ import structlog
 from gateway.deadline import deadline
 from gateway.errors import error_body
 from gateway.events import UPSTREAM_FAILURES, Outcome, Usage
-from gateway.forwarding import MAX_EVENT, Exchange
+from gateway.forwarding import MAX_EVENT, Exchange, standard_event
 
 _log = structlog.get_logger("tiergate.relay")
 _decoder = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()
 _DONE = b"data: [DONE]"
+_DATA = b"data: "
 _DATA_OBJECT = b"data: {"
 _UPSTREAM_ERROR = b'data: {"error"'
 _SEP = b"\n\n"
@@ -138,6 +139,7 @@ class StreamRelay:
         self.on_close = on_close
         self.done = False
         self.errored = False
+        self.ended = False  # [DONE] or the backend's error: nothing after it is relayed
         self.closed = False
         self.outcome: str = Outcome.CLIENT_DISCONNECT
         self.token_events = 0
@@ -163,7 +165,7 @@ class StreamRelay:
     def _event(self, event: bytes) -> bytes | None:
         """Inspect one complete event; return what to send (``None`` to drop it)."""
         if event.startswith(_DONE):
-            self.done = True
+            self.done = self.ended = True
             if self.usage is None:
                 return self._estimated_usage() + event + _SEP
             return event + _SEP
@@ -173,6 +175,10 @@ class StreamRelay:
                 self.token_events += 1
             if self.captured is not None:
                 self._capture(event)
+        elif not event.startswith(_DATA):  # only other SSE dialects come here
+            standard = standard_event(event)
+            if standard is not event:
+                return self._event(standard)
         on_event = self.on_event
         if on_event is not None:
             on_event(event)
@@ -180,18 +186,23 @@ class StreamRelay:
             # The backend's own in-band error: pass it on as is and end there, whatever the
             # backend sends after it (vLLM: [DONE]).
             self.outcome = Outcome.UPSTREAM_ERROR
-            self.errored = True
+            self.errored = self.ended = True
             return event + _SEP
-        if b'"usage"' in event and event.startswith(b"data: "):
-            try:
-                data = _decoder.decode(event[6:])
-            except (msgspec.DecodeError, RecursionError):  # nested too deep: undecodable too
-                return event + _SEP
-            usage = usage_from(data)
-            if usage is not None:
-                self.usage = usage
-                if self.strip_usage and data.get("choices") == []:
-                    return None
+        if b'"usage"' in event and event.startswith(_DATA):
+            return self._usage_event(event)
+        return event + _SEP
+
+    def _usage_event(self, event: bytes) -> bytes | None:
+        """An event that may carry ``usage``: recorded; the gateway's own usage chunk dropped."""
+        try:
+            data = _decoder.decode(event[6:])
+        except (msgspec.DecodeError, RecursionError):  # nested too deep: undecodable too
+            return event + _SEP
+        usage = usage_from(data)
+        if usage is not None:
+            self.usage = usage
+            if self.strip_usage and data.get("choices") == []:
+                return None
         return event + _SEP
 
     def _capture(self, event: bytes) -> None:
@@ -250,7 +261,7 @@ class StreamRelay:
             sent = self._event(event)
             if sent is not None:
                 out.append(sent)
-            if self.errored:
+            if self.ended:
                 return b"".join(out), b""
         return b"".join(out), rest
 

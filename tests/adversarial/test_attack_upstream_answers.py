@@ -379,3 +379,55 @@ async def test_a_stream_that_never_ends_is_cut_at_the_requests_deadline(
     assert b"time limit" in sent.splitlines()[-2]
     assert b"[DONE]" not in sent
     assert 0.9 < took < 3.0
+
+
+# -- SSE dialects: `data:` without the space, `event:` lines, comments, bytes after [DONE] -------
+
+USAGE = b'data: {"id":"c","choices":[],"usage":{"prompt_tokens":7,"completion_tokens":2}}\n\n'
+
+
+async def test_data_without_a_space_is_read(upstream: UpstreamClient) -> None:
+    """`data:{...}` events are counted, their usage read, [DONE] seen; the caller gets `data: `."""
+    events = [e.replace(b"data: ", b"data:") for e in (FIRST, TOKEN, TOKEN, USAGE, DONE)]
+    sent, outcome, usage = await _relayed(upstream, _sse(*events))
+    assert outcome == Outcome.COMPLETE
+    assert sent == FIRST + TOKEN + TOKEN + USAGE + DONE
+    assert usage == Usage(prompt_tokens=7, completion_tokens=2)
+
+
+async def test_named_events_and_comments_are_read(upstream: UpstreamClient) -> None:
+    """`event: message` lines, `id:` lines and keep-alive comments do not hide the data."""
+    named = [b"event: message\nid: 1\n" + e for e in (FIRST, TOKEN, USAGE)]
+    sent, outcome, usage = await _relayed(upstream, _sse(b": ping\n\n", *named, DONE))
+    assert outcome == Outcome.COMPLETE
+    assert sent == b": ping\n\n" + FIRST + TOKEN + USAGE + DONE
+    assert usage == Usage(prompt_tokens=7, completion_tokens=2)
+
+
+async def test_an_error_named_event_mid_stream_ends_the_stream(upstream: UpstreamClient) -> None:
+    """`event: error` with the backend's error ends the stream as an upstream error."""
+    error = b'event: error\ndata: {"error":{"message":"boom","code":500}}\n\n'
+    sent, outcome, _ = await _relayed(upstream, _sse(FIRST, TOKEN, error, DONE))
+    assert outcome == Outcome.UPSTREAM_ERROR
+    assert sent.endswith(b'data: {"error":{"message":"boom","code":500}}\n\n')
+
+
+async def test_a_first_error_event_without_the_space_is_read(upstream: UpstreamClient) -> None:
+    """`data:{"error": ...}` as the first event fails the attempt with the error's status."""
+    error = b'data:{"error":{"message":"bad prompt","code":400}}\n\n'
+    server = await RawUpstream(_sse(error, DONE)).start()
+    try:
+        with pytest.raises(TierGateError) as caught:
+            await _forwarder(upstream, server.url).forward(PATH, _body(stream=True), ["fast"])
+    finally:
+        await server.stop()
+    assert caught.value.status == 400
+
+
+async def test_nothing_after_done_is_relayed(upstream: UpstreamClient) -> None:
+    """Events a backend sends after [DONE], in the same read, never reach the caller."""
+    after = TOKEN.replace(b'"x"', b'"AFTER"')
+    sent, outcome, _ = await _relayed(upstream, _sse(FIRST, TOKEN + USAGE + DONE + after))
+    assert outcome == Outcome.COMPLETE
+    assert sent.endswith(DONE)
+    assert b"AFTER" not in sent
