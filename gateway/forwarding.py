@@ -44,6 +44,8 @@ from policies.selection import Choice, Strategy
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder()
 _ERROR_EVENT = b'data: {"error"'
+# What a server-sent event's first line starts with (a field, or ":" for a comment).
+_SSE_FIELDS = (b"data:", b":", b"event:", b"id:", b"retry:")
 # An SSE event ends with a blank line: LF (vLLM, SGLang, llama.cpp), CRLF (sse-starlette's
 # default) or CR framing; the first event says which one the stream uses.
 _EVENT_END = re.compile(rb"\n\n|\r\n\r\n|\r\r")
@@ -443,10 +445,25 @@ async def _first_event(exchange: Exchange, timeout_s: float, waited: _Waited) ->
         if framing is not None:
             exchange.framing = framing
             event = event.replace(framing, b"\n")
-    if not event.startswith(b"data: ") and event.endswith(b"\n\n"):
-        event = standard_event(event[:-2]) + b"\n\n"  # the relay expects its dialect
+    if not event.startswith(b"data: "):
+        event = _first_of_dialect(event)
     if event.startswith(_ERROR_EVENT):
         raise stream_error(event)
+    return event
+
+
+def _first_of_dialect(event: bytes) -> bytes:
+    """A first event not in the relay's dialect: rewritten, or a failed attempt when the answer
+    is not server-sent events at all (an HTML page, a JSON answer, an empty body)."""
+    if event.endswith(b"\n\n"):
+        event = standard_event(event[:-2]) + b"\n\n"
+    if not event.startswith(_SSE_FIELDS):
+        raise AttemptFailed(
+            FailureKind.BAD_ANSWER,
+            "The backend's stream ended before any event."
+            if not event
+            else "The backend's answer to a stream request is not server-sent events.",
+        )
     return event
 
 

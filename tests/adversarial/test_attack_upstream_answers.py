@@ -431,3 +431,26 @@ async def test_nothing_after_done_is_relayed(upstream: UpstreamClient) -> None:
     assert outcome == Outcome.COMPLETE
     assert sent.endswith(DONE)
     assert b"AFTER" not in sent
+
+
+@pytest.mark.parametrize(
+    ("content_type", "raw"),
+    [
+        (b"text/html", b"<html>\n<head><title>502 Bad Gateway</title></head>\n\n<body></body>"),
+        (b"application/json", GOOD),
+        (b"text/event-stream", b""),
+    ],
+    ids=["html", "json-answer", "empty"],
+)
+async def test_a_stream_answer_that_is_not_sse_is_a_bad_gateway(
+    upstream: UpstreamClient, content_type: bytes, raw: bytes
+) -> None:
+    """A stream request answered 200 with no events fails the attempt (502), never a 200."""
+    head = b"Content-Type: " + content_type + b"\r\n"
+    server = await RawUpstream(_fixed(answer(raw, extra=head))).start()
+    try:
+        with pytest.raises(TierGateError) as caught:
+            await _forwarder(upstream, server.url).forward(PATH, _body(stream=True), ["fast"])
+    finally:
+        await server.stop()
+    assert caught.value.status == 502
