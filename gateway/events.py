@@ -52,6 +52,8 @@ class FailureKind(StrEnum):
     FIRST_BYTE_TIMEOUT = "first_byte_timeout"
     RESET = "reset"
     MID_STREAM = "mid_stream"
+    # A 200 the gateway cannot pass on: not a JSON object, too large, an oversize first event.
+    BAD_ANSWER = "bad_answer"
 
 
 # Failures where no request byte reached a backend: retried elsewhere, free of the budget.

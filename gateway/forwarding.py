@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -43,7 +44,11 @@ from policies.selection import Choice, Strategy
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder()
 _ERROR_EVENT = b'data: {"error"'
-_EVENT_END = b"\n\n"
+# What a server-sent event's first line starts with (a field, or ":" for a comment).
+_SSE_FIELDS = (b"data:", b":", b"event:", b"id:", b"retry:")
+# An SSE event ends with a blank line: LF (vLLM, SGLang, llama.cpp), CRLF (sse-starlette's
+# default) or CR framing; the first event says which one the stream uses.
+_EVENT_END = re.compile(rb"\n\n|\r\n\r\n|\r\r")
 MAX_EVENT = 1 << 20  # the largest SSE event read from a backend
 
 
@@ -56,6 +61,10 @@ class Exchange:
     pool: ReplicaPool
     first_event: bytes = b""
     finished: bool = False
+    # The stream's line ending when not LF (b"\r\n" or b"\r"): the relay turns it into LF.
+    framing: bytes | None = None
+    # The request's deadline (time.monotonic(), timeouts.total_s): a stream ends there too.
+    deadline: float = math.inf
 
     def finish(self, *, abort: bool = False, failed: bool = False) -> None:
         """Return the lease; ``abort`` closes the connection so the engine stops work.
@@ -181,6 +190,7 @@ class Forwarder:
             except (UpstreamUnavailable, Overloaded) as exc:
                 failed.append((tier, exc))
                 continue
+            exchange.deadline = deadline
             if failed:
                 return Forwarded(exchange, tier, tiers[0], str(failed[-1][1].code))
             return Forwarded(exchange, tier)
@@ -340,8 +350,11 @@ class Forwarder:
         if failure.status in AUTH_STATUSES:
             pool.mark_misconfigured(replica, failure.status)
         cooldown = None
-        if failure.retry_after is not None and failure.status in (429, 503):
-            cooldown = min(failure.retry_after, self.policy.max_cooldown_s)
+        if failure.retry_after is not None:
+            # Never a backend's raw value: it sets cool-downs, retry waits and the caller's header.
+            failure.retry_after = min(failure.retry_after, self.policy.max_cooldown_s)
+            if failure.status in (429, 503):
+                cooldown = failure.retry_after
         pool.record_failure(
             replica,
             failure.kind,
@@ -414,16 +427,61 @@ async def _first_event(exchange: Exchange, timeout_s: float, waited: _Waited) ->
         raise AttemptFailed(
             FailureKind.FIRST_BYTE_TIMEOUT, "The backend sent no token in time."
         ) from exc
-    except (OSError, ValueError) as exc:
+    except ValueError as exc:
+        raise AttemptFailed(
+            FailureKind.BAD_ANSWER, "The backend sent a first event above the size limit."
+        ) from exc
+    except OSError as exc:
         raise AttemptFailed(
             FailureKind.RESET, "The backend closed the stream before any output."
         ) from exc
     finally:
         waited.first_chunk_at = now = time.perf_counter()
         waited.upstream_s += now - started
+    if event[-2:] != b"\n\n":  # not LF framing (or a body that ended without a blank line)
+        framing = (
+            b"\r\n" if event.endswith(b"\r\n\r\n") else b"\r" if event[-2:] == b"\r\r" else None
+        )
+        if framing is not None:
+            exchange.framing = framing
+            event = event.replace(framing, b"\n")
+    if not event.startswith(b"data: "):
+        event = _first_of_dialect(event)
     if event.startswith(_ERROR_EVENT):
         raise stream_error(event)
     return event
+
+
+def _first_of_dialect(event: bytes) -> bytes:
+    """A first event not in the relay's dialect: rewritten, or a failed attempt when the answer
+    is not server-sent events at all (an HTML page, a JSON answer, an empty body)."""
+    if event.endswith(b"\n\n"):
+        event = standard_event(event[:-2]) + b"\n\n"
+    if not event.startswith(_SSE_FIELDS):
+        raise AttemptFailed(
+            FailureKind.BAD_ANSWER,
+            "The backend's stream ended before any event."
+            if not event
+            else "The backend's answer to a stream request is not server-sent events.",
+        )
+    return event
+
+
+def standard_event(event: bytes) -> bytes:
+    """An SSE event (without its blank line) in the one dialect the relay reads.
+
+    Servers may write ``data:`` without the space, name the event (``event: message``,
+    ``event: error``), or add ``id:``/``retry:`` lines: a single ``data`` line becomes
+    ``data: <value>``, the other fields dropped. An event with no ``data`` line (a comment,
+    a keep-alive) or several is returned as is (the same object).
+    """
+    found: bytes | None = None
+    for line in event.split(b"\n"):
+        if line.startswith(b"data:"):
+            if found is not None:
+                return event
+            found = line[6:] if line[5:6] == b" " else line[5:]
+    return event if found is None else b"data: " + found
 
 
 def stream_error(event: bytes) -> AttemptFailed:
@@ -434,7 +492,7 @@ def stream_error(event: bytes) -> AttemptFailed:
     """
     try:
         data = _decoder.decode(event.strip()[len(b"data: ") :])
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):  # nested too deep: undecodable too
         data = None
     inner = data.get("error") if isinstance(data, dict) else None
     inner = inner if isinstance(inner, dict) else {}
@@ -474,7 +532,10 @@ def _final_error(
 
 
 def _unavailable(tier: str, failure: AttemptFailed, detail: str) -> TierGateError:
-    """The error of a tier that could not answer (no replica, busy, timed out, broken)."""
+    """The error of a tier that could not answer (no replica, busy, timed out, broken).
+
+    Its Retry-After is the gateway's own (a backend's was clamped in ``_record_failure``).
+    """
     retry_after = {"Retry-After": str(max(1, math.ceil(failure.retry_after or 1)))}
     if failure.kind == FailureKind.NO_REPLICA:
         return UpstreamUnavailable(

@@ -172,7 +172,10 @@ class HealthMonitor:
     async def _run(self) -> None:
         while True:
             started = time.monotonic()
-            await self._round()
+            try:
+                await self._round()
+            except Exception:  # noqa: BLE001  # one replica's surprise must not end all checks
+                _log.exception("health.round_failed")
             elapsed = time.monotonic() - started
             await asyncio.sleep(max(0.0, self.config.interval_s - elapsed))
 

@@ -17,12 +17,14 @@ from gateway.eager import Eager, eager
 from gateway.errors import ClientGone
 from gateway.events import AttemptEnd, AttemptStart, Outcome, Usage
 from gateway.forwarding import Exchange, Forwarded, Forwarder
-from gateway.relay import StreamRelay, usage_of_answer
+from gateway.relay import StreamRelay, usage_fields
 from gateway.replies import EVENT_STREAM, Inbound, Reply, error_reply, internal_error_reply
 from gateway.request_body import FieldRules, decode
 from gateway.routing import TierRouter
 from gateway.shadow import ShadowRunner, answer_text
 from gateway.spillover import Spillover
+from gateway.upstream import Opened
+from gateway.usage_bound import UsageBound, UsageClipper
 from policies.errors import InvalidRequest, TierGateError, UnsupportedMediaType
 from policies.fields import MediaUrl
 from policies.ports import Admission, Authenticator, RequestLimiter
@@ -72,6 +74,8 @@ class ProxyService:
     fields: FieldRules = field(default_factory=lambda: FieldRules({}, {}))
     shadow: ShadowRunner | None = None
     budgets: BudgetGate | None = None
+    # A backend's usage, clipped to what the request could have used before it settles.
+    clip_usage: UsageClipper = field(default_factory=UsageClipper)
 
     async def handle(self, inbound: Inbound, kind: RequestKind, path: str) -> Reply:
         """Serve one chat or completion request; every error becomes its OpenAI-shaped reply."""
@@ -99,12 +103,15 @@ class ProxyService:
         ctx.principal = principal
         ctx.mark("auth")
         _check_encoding(headers.get("content-encoding"))
-        body = decode(await inbound.read_body(), self.fields.max_depth)
+        raw = await inbound.read_body()
+        body_bytes = len(raw)  # bounds the prompt tokens a backend may report
+        body = decode(raw, self.fields.max_depth)
+        del raw  # not held while the request is forwarded
         summary = validate(body, kind)
         ctx.summary = summary
         check_completions(summary, principal.policy.max_n)
         ctx.mark("validate")
-        admitted = await self._admit(ctx, body, summary, principal, headers)
+        admitted = await self._admit(ctx, body, summary, principal, headers, body_bytes=body_bytes)
         admission = admitted.admission
         try:
             forwarding = self.forwarder.forward(
@@ -121,8 +128,10 @@ class ProxyService:
         shadow = self._shadow_of(ctx, path, body)
         exchange = forwarded.exchange
         if exchange.opened.body is not None:
-            return await self._complete(ctx, exchange.opened.body, admission, shadow)
-        return self._stream(ctx, exchange, admission, shadow, strip_usage=admitted.strip_usage)
+            return await self._complete(ctx, exchange.opened, admission, shadow, admitted.bound)
+        return self._stream(
+            ctx, exchange, admission, shadow, admitted.bound, strip_usage=admitted.strip_usage
+        )
 
     async def _admit(
         self,
@@ -131,6 +140,8 @@ class ProxyService:
         summary: RequestSummary,
         principal: Principal,
         headers: Mapping[str, str],
+        *,
+        body_bytes: int,
     ) -> _Admitted:
         """Route and prepare the request while the limits admit it."""
         kind = summary.kind
@@ -178,7 +189,8 @@ class ProxyService:
         ctx.admitted = True
         ctx.mark("ratelimit")
         ctx.extra_headers.update(admission.headers)
-        return _Admitted(tiers, admission, *prepared)
+        bound = UsageBound.of(body_bytes, completion, summary.completions)
+        return _Admitted(tiers, admission, bound, *prepared)
 
     def _classify(
         self,
@@ -258,14 +270,16 @@ class ProxyService:
         exchange: Exchange,
         admission: Admission,
         shadow: _Shadow | None,
+        bound: UsageBound,
         *,
         strip_usage: bool,
     ) -> Reply:
         """Relay an open upstream stream; settle the limits once it has ended."""
         observer = self.observer
+        clip = self.clip_usage
 
         def ended(outcome: str, usage: Usage | None) -> None:
-            ctx.usage = usage
+            ctx.usage = clip(usage, bound, ctx.tier)
             observer.finished(ctx, outcome)
 
         summary = ctx.summary
@@ -294,10 +308,16 @@ class ProxyService:
         return Reply(200, headers, EVENT_STREAM, stream=relay.__aiter__(), after=after)
 
     async def _complete(
-        self, ctx: RequestContext, raw: bytes, admission: Admission, shadow: _Shadow | None
+        self,
+        ctx: RequestContext,
+        opened: Opened,
+        admission: Admission,
+        shadow: _Shadow | None,
+        bound: UsageBound,
     ) -> Reply:
-        if b'"usage"' in raw:
-            ctx.usage = usage_of_answer(raw)
+        raw = opened.body or b""
+        if opened.usage is not None:  # read when the answer was checked (gateway.upstream)
+            ctx.usage = self.clip_usage(usage_fields(opened.usage), bound, ctx.tier)
         usage = ctx.usage
         ctx.status = 200
         used = usage.total if usage is not None else None
@@ -402,6 +422,7 @@ class _Admitted(NamedTuple):
 
     tiers: tuple[str, ...]
     admission: Admission
+    bound: UsageBound  # the most usage the backend may charge
     strip_usage: bool
     blocks: tuple[int, ...]
 

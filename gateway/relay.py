@@ -10,21 +10,26 @@ caller, the stream counts as failed and no usage is made up for it.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import re
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Final
 
 import msgspec
+import structlog
 
 from gateway.deadline import deadline
 from gateway.errors import error_body
 from gateway.events import UPSTREAM_FAILURES, Outcome, Usage
-from gateway.forwarding import MAX_EVENT, Exchange
+from gateway.forwarding import MAX_EVENT, Exchange, standard_event
 
+_log = structlog.get_logger("tiergate.relay")
 _decoder = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()
 _DONE = b"data: [DONE]"
+_DATA = b"data: "
 _DATA_OBJECT = b"data: {"
 _UPSTREAM_ERROR = b'data: {"error"'
 _SEP = b"\n\n"
@@ -45,7 +50,7 @@ def usage_of_answer(raw: bytes) -> Usage | None:
     """The ``usage`` of a non-streaming answer's JSON; None when absent or not a JSON object."""
     try:
         return usage_fields(_usage_decoder.decode(raw).usage)
-    except msgspec.DecodeError:  # ValidationError (not an object) included
+    except (msgspec.DecodeError, RecursionError):  # ValidationError (not an object) included
         return None
 
 
@@ -134,10 +139,13 @@ class StreamRelay:
         self.on_close = on_close
         self.done = False
         self.errored = False
+        self.ended = False  # [DONE] or the backend's error: nothing after it is relayed
         self.closed = False
         self.outcome: str = Outcome.CLIENT_DISCONNECT
         self.token_events = 0
         self.last_data = b""
+        self._cr = b""  # a CRLF stream's read that ended between \r and \n: its \r, held back
+        self.expired = False  # the request's deadline (timeouts.total_s) cut the stream
 
     async def close(self) -> None:
         """Run after the response: make sure the lease is back even if iteration never ended."""
@@ -157,7 +165,7 @@ class StreamRelay:
     def _event(self, event: bytes) -> bytes | None:
         """Inspect one complete event; return what to send (``None`` to drop it)."""
         if event.startswith(_DONE):
-            self.done = True
+            self.done = self.ended = True
             if self.usage is None:
                 return self._estimated_usage() + event + _SEP
             return event + _SEP
@@ -167,6 +175,10 @@ class StreamRelay:
                 self.token_events += 1
             if self.captured is not None:
                 self._capture(event)
+        elif not event.startswith(_DATA):  # only other SSE dialects come here
+            standard = standard_event(event)
+            if standard is not event:
+                return self._event(standard)
         on_event = self.on_event
         if on_event is not None:
             on_event(event)
@@ -174,24 +186,29 @@ class StreamRelay:
             # The backend's own in-band error: pass it on as is and end there, whatever the
             # backend sends after it (vLLM: [DONE]).
             self.outcome = Outcome.UPSTREAM_ERROR
-            self.errored = True
+            self.errored = self.ended = True
             return event + _SEP
-        if b'"usage"' in event and event.startswith(b"data: "):
-            try:
-                data = _decoder.decode(event[6:])
-            except msgspec.DecodeError:
-                return event + _SEP
-            usage = usage_from(data)
-            if usage is not None:
-                self.usage = usage
-                if self.strip_usage and data.get("choices") == []:
-                    return None
+        if b'"usage"' in event and event.startswith(_DATA):
+            return self._usage_event(event)
+        return event + _SEP
+
+    def _usage_event(self, event: bytes) -> bytes | None:
+        """An event that may carry ``usage``: recorded; the gateway's own usage chunk dropped."""
+        try:
+            data = _decoder.decode(event[6:])
+        except (msgspec.DecodeError, RecursionError):  # nested too deep: undecodable too
+            return event + _SEP
+        usage = usage_from(data)
+        if usage is not None:
+            self.usage = usage
+            if self.strip_usage and data.get("choices") == []:
+                return None
         return event + _SEP
 
     def _capture(self, event: bytes) -> None:
         try:
             data = _decoder.decode(event[6:])
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):  # nested too deep: undecodable too
             return
         choices = data.get("choices") if isinstance(data, dict) else None
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
@@ -224,7 +241,7 @@ class StreamRelay:
             return b""
         try:
             last = _decoder.decode(self.last_data[6:])
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):  # nested too deep: undecodable too
             return b""
         if not isinstance(last, dict):
             return b""
@@ -244,13 +261,24 @@ class StreamRelay:
             sent = self._event(event)
             if sent is not None:
                 out.append(sent)
-            if self.errored:
+            if self.ended:
                 return b"".join(out), b""
         return b"".join(out), rest
+
+    def _to_lf(self, data: bytes, framing: bytes) -> bytes:
+        """A CRLF or CR framed stream's bytes with LF line ends (what the relay splits on)."""
+        if framing == b"\r\n":
+            data = self._cr + data
+            self._cr = b"\r" if data[-1:] == b"\r" else b""
+            if self._cr:
+                data = data[:-1]
+        return data.replace(framing, b"\n")
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         response = self.exchange.opened.response
         assert response is not None  # noqa: S101  # streams keep their response
+        framing = self.exchange.framing
+        timer = self._deadline_timer()
         try:
             chunk, buffer = self._split(self.exchange.first_event)
             if chunk:
@@ -260,6 +288,8 @@ class StreamRelay:
                     data = await response.readany()
                 if not data:
                     break
+                if framing is not None:  # LF streams (the usual) pass untouched
+                    data = self._to_lf(data, framing)
                 chunk, buffer = self._split(buffer + data)
                 if chunk:
                     yield chunk
@@ -267,16 +297,52 @@ class StreamRelay:
                     self.outcome = Outcome.UPSTREAM_ERROR
                     yield error_event("The backend sent an event above the size limit.", 502)
                     return
-            if self.done:
-                self.outcome = Outcome.COMPLETE
-            elif self.outcome != Outcome.UPSTREAM_ERROR:
-                self.outcome = Outcome.UPSTREAM_TRUNCATED
-                yield error_event("The backend ended the stream early.", 502)
+            if ending := self._ended():
+                yield ending
         except TimeoutError:
             self.outcome = Outcome.UPSTREAM_STALL
             yield error_event("The backend stopped sending tokens.", 504)
         except OSError:
-            self.outcome = Outcome.UPSTREAM_RESET
-            yield error_event("The connection to the backend was lost mid-stream.", 502)
+            yield self._lost()
+        except Exception:  # noqa: BLE001  # a bug on an odd event: end the stream readably, not cut
+            _log.exception("relay.failed")
+            self.outcome = Outcome.INTERNAL_ERROR
+            yield error_event("The gateway failed while relaying the stream.", 500)
         finally:
+            if timer is not None:
+                timer.cancel()
             self._close()
+
+    def _ended(self) -> bytes:
+        """The stream's body ended: complete with [DONE], else truncated (its error event)."""
+        if self.done:
+            self.outcome = Outcome.COMPLETE
+        elif self.outcome != Outcome.UPSTREAM_ERROR:
+            self.outcome = Outcome.UPSTREAM_TRUNCATED
+            return error_event("The backend ended the stream early.", 502)
+        return b""
+
+    def _deadline_timer(self) -> asyncio.TimerHandle | None:
+        """One timer for the whole stream (not a check per chunk): at the request's deadline
+        the backend's connection is closed, which ends the relay's read with an OSError."""
+        deadline = self.exchange.deadline
+        if deadline == math.inf:
+            return None
+        delay = max(0.0, deadline - time.monotonic())
+        return asyncio.get_running_loop().call_later(delay, self._expire)
+
+    def _lost(self) -> bytes:
+        """The error event of a stream whose connection closed: the deadline's, or a reset."""
+        if self.expired:
+            self.outcome = Outcome.UPSTREAM_STALL
+            return error_event("The stream ran past the request's time limit.", 504)
+        self.outcome = Outcome.UPSTREAM_RESET
+        return error_event("The connection to the backend was lost mid-stream.", 502)
+
+    def _expire(self) -> None:
+        """The request's deadline passed mid-stream: close the backend's connection."""
+        if not self.closed and not self.done:
+            self.expired = True
+            response = self.exchange.opened.response
+            if response is not None:
+                response.close()

@@ -96,7 +96,7 @@ def answer_text(raw: bytes) -> str | None:
     """The first choice's text of a non-streaming chat or completion answer."""
     try:
         data = _decoder.decode(raw)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):  # nested too deep: undecodable too
         return None
     choices = data.get("choices") if isinstance(data, dict) else None
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):

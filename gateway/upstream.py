@@ -9,6 +9,7 @@ at shutdown; no redirects are followed; the caller's credentials are never forwa
 from __future__ import annotations
 
 import asyncio
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +22,18 @@ from gateway.upstream_connection import ConnectFailed, ConnectTimedOut, Response
 from gateway.upstream_pool import UpstreamPool
 
 _decoder = msgspec.json.Decoder()
+# The largest non-streaming answer read from a backend (a chat answer is some kB; a batch of
+# long completions or many embeddings a few MB).
+MAX_ANSWER = 32 << 20
+
+
+class _Answer(msgspec.Struct):
+    """A non-streaming answer: a JSON object (checked whole); its ``usage`` the one field kept."""
+
+    usage: Any = None
+
+
+_answer_decoder = msgspec.json.Decoder(_Answer)
 
 # Upstream failures that mean "this replica, right now" and are worth another replica.
 RETRYABLE_STATUSES = frozenset({429, 502, 503, 504})
@@ -141,21 +154,30 @@ class AttemptFailed(Exception):
 
 @dataclass(slots=True)
 class Opened:
-    """A successful attempt: the body (non-streaming) or the live response (streaming)."""
+    """A successful attempt: the body (non-streaming) or the live response (streaming).
+
+    ``usage``: a non-streaming answer's ``usage`` value as the backend sent it (not checked).
+    """
 
     status: int
     content_type: str
     body: bytes | None
     response: Response | None
+    usage: Any = None
 
 
 def _retry_after(value: str | None) -> float | None:
+    """A Retry-After in seconds: finite and not negative (``inf``, ``nan``, a date: ``None``).
+
+    The forwarder clamps it to the replica cool-down cap before any use.
+    """
     if value is None:
         return None
     try:
-        return max(0.0, float(value))
+        seconds = float(value)
     except ValueError:
         return None
+    return max(0.0, seconds) if math.isfinite(seconds) else None
 
 
 def _upstream_message(raw: bytes, status: int) -> tuple[str, dict[str, Any] | None]:
@@ -163,7 +185,7 @@ def _upstream_message(raw: bytes, status: int) -> tuple[str, dict[str, Any] | No
     (older vLLM, SGLang) or ``{"error": "...", "error_type": ...}`` (TGI)."""
     try:
         data = _decoder.decode(raw)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):  # nested too deep: undecodable too
         return f"The backend answered {status}.", None
     if isinstance(data, dict) and isinstance(data.get("error"), str) and data["error"]:
         return data["error"][:2000], None
@@ -191,6 +213,17 @@ async def _fail_from_status(response: Response) -> AttemptFailed:
     )
 
 
+def _usage_of(body: bytes) -> Any:
+    """The answer's ``usage``; a 200 that is not a JSON object (HTML, empty, cut short, nested
+    too deep) is a failed attempt, never passed on as a success."""
+    try:
+        return _answer_decoder.decode(body).usage
+    except (msgspec.DecodeError, RecursionError):  # ValidationError (not an object) included
+        raise AttemptFailed(
+            FailureKind.BAD_ANSWER, "The backend's answer is not a JSON object."
+        ) from None
+
+
 async def attempt(
     pool: UpstreamPool,
     url: str,
@@ -215,9 +248,9 @@ async def attempt(
             content_type = response.header("Content-Type") or "application/json"
             if stream:
                 return Opened(200, content_type, None, response)
-            body = await response.read()
+            body = await response.read(MAX_ANSWER)
             response.release()
-            return Opened(200, content_type, body, None)
+            return Opened(200, content_type, body, None, _usage_of(body))
     except ConnectTimedOut as exc:
         raise AttemptFailed(
             FailureKind.CONNECT_TIMEOUT, "The backend did not accept in time."
@@ -228,6 +261,12 @@ async def attempt(
         raise AttemptFailed(FailureKind.TIMEOUT, "The backend did not answer in time.") from exc
     except ConnectFailed as exc:
         raise AttemptFailed(FailureKind.CONNECT, "The backend refused the connection.") from exc
+    except ValueError as exc:  # Response.read: above MAX_ANSWER
+        if response is not None:
+            response.close()
+        raise AttemptFailed(
+            FailureKind.BAD_ANSWER, "The backend's answer is larger than 32 MiB."
+        ) from exc
     except OSError as exc:
         if response is not None:
             response.close()

@@ -10,6 +10,7 @@ caller's view of one answer on it. Connections are pooled by :mod:`gateway.upstr
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Callable
 from typing import cast
 
@@ -21,6 +22,8 @@ LOW_WATER = 64 * 1024  # ... and below which it resumes
 # has no bound and grows a header value by concatenation (memory, and CPU with the length).
 MAX_HEAD_BYTES = 64 * 1024
 _NO_BODY_STATUSES = frozenset({204, 304})
+# A separator given as a pattern matches at most this many bytes (looked for again across reads).
+PATTERN_OVERLAP = 8
 
 
 class UpstreamConnectionError(ConnectionError):
@@ -144,25 +147,32 @@ class Connection(asyncio.Protocol):
             self._check_lost()
             await self._wait()
 
-    async def readuntil(self, separator: bytes, max_size: int) -> bytes:
+    async def readuntil(self, separator: bytes | re.Pattern[bytes], max_size: int) -> bytes:
         """The body up to and including ``separator`` (or what is left at its end).
 
-        ValueError if more than ``max_size`` bytes come before the separator.
+        ``separator`` may be a pattern (several separators, the first found wins) whose
+        matches are at most :data:`PATTERN_OVERLAP` bytes long.
+
+        ValueError if more than ``max_size`` bytes come before the separator. Reading goes on
+        past the high-water mark while the separator is looked for (up to ``max_size``): a
+        paused connection would never bring it.
         """
         searched = 0
+        overlap = len(separator) - 1 if isinstance(separator, bytes) else PATTERN_OVERLAP
         while True:
             if self._size:
                 data = self._buffer[0] if len(self._buffer) == 1 else b"".join(self._buffer)
                 self._buffer = [data]
-                found = data.find(separator, searched)
-                if found >= 0:
-                    end = found + len(separator)
+                end = _end_of(separator, data, searched)
+                if end >= 0:
                     if end > max_size:
                         raise ValueError("an event above the size limit")
                     return self._keep(data, end)
                 if len(data) > max_size:
                     raise ValueError("an event above the size limit")
-                searched = max(0, len(data) - len(separator) + 1)
+                searched = max(0, len(data) - overlap)
+                if self._paused:
+                    self._resume()
             if self._complete:
                 return self._take() if self._size else b""
             self._check_lost()
@@ -315,6 +325,15 @@ class Connection(asyncio.Protocol):
             self._wake()
 
 
+def _end_of(separator: bytes | re.Pattern[bytes], data: bytes, start: int) -> int:
+    """Where the first ``separator`` in ``data`` from ``start`` ends; -1 if there is none."""
+    if isinstance(separator, bytes):
+        found = data.find(separator, start)
+        return found + len(separator) if found >= 0 else -1
+    match = separator.search(data, start)
+    return match.end() if match is not None else -1
+
+
 class Response:
     """One answer on a pooled connection: status, headers, the body as it arrives."""
 
@@ -334,15 +353,21 @@ class Response:
         """A header's value, by case-insensitive name."""
         return self._conn.header(name.lower().encode("latin-1"))
 
-    async def read(self) -> bytes:
-        """The whole (rest of the) body."""
+    async def read(self, limit: int | None = None) -> bytes:
+        """The whole (rest of the) body; ValueError once it passes ``limit`` bytes."""
         conn = self._conn
         first = await conn.readany()
         if not first:
             return first
         parts = [first]
+        size = len(first)
         while data := await conn.readany():
             parts.append(data)
+            size += len(data)
+            if limit is not None and size > limit:
+                raise ValueError("an answer above the size limit")
+        if limit is not None and size > limit:
+            raise ValueError("an answer above the size limit")
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
     async def read_at_most(self, limit: int) -> bytes:
@@ -358,7 +383,7 @@ class Response:
         """The next bytes of the body; ``b""`` at its end."""
         return await self._conn.readany()
 
-    async def readuntil(self, separator: bytes, max_size: int) -> bytes:
+    async def readuntil(self, separator: bytes | re.Pattern[bytes], max_size: int) -> bytes:
         """The body up to and including ``separator`` (ValueError past ``max_size``)."""
         return await self._conn.readuntil(separator, max_size)
 

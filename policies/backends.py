@@ -183,10 +183,10 @@ class Probe:
         return self.status is not None and self.status not in (404, 405, 501)
 
     def json(self) -> Any:
-        """The body as JSON, or ``None``."""
+        """The body as JSON, or ``None`` (also when nested too deep to parse: a failed probe)."""
         try:
             return json.loads(self.body)
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
 
 

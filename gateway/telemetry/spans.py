@@ -33,7 +33,7 @@ _DATA = b"data: "
 def _decode(raw: bytes) -> Any:
     try:
         return _decoder.decode(raw)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):  # nested too deep: undecodable too
         return None
 
 

@@ -8,9 +8,11 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 import structlog
+from structlog.testing import capture_logs
 
 from gateway.health import HealthConfig, HealthMonitor, parse_metrics
 from gateway.replicas import ReplicaPool
+from tests.gateway.raw_upstream import RawUpstream, answer
 from tests.processes import free_port
 from tests.simulator.procs import SimulatorFactory, start_simulator
 
@@ -201,3 +203,57 @@ async def test_misconfigured_replica_is_cleared_once_its_key_is_accepted(
     assert wrong.replicas[0].misconfigured
     assert not right.replicas[0].misconfigured
     assert monitor.readiness() == {"fast": False, "precise": True}
+
+
+async def test_a_model_list_nested_too_deep_is_survived(session: aiohttp.ClientSession) -> None:
+    """One replica answering JSON nested 3000 deep everywhere: every replica is still probed."""
+    deep = b'{"data":' + b"[" * 3000 + b"]" * 3000 + b"}"
+
+    async def respond(_n: int, _r: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        writer.write(answer(deep))
+        await writer.drain()
+        return True
+
+    server = await RawUpstream(respond).start()
+    down = f"http://127.0.0.1:{free_port()}"
+    pool = ReplicaPool("fast", [server.url, down], 4, 0.1)
+    monitor = HealthMonitor({"fast": pool}, HealthConfig(interval_s=0.02, timeout_s=0.5))
+    try:
+        monitor.start(session)
+        for _ in range(200):
+            if monitor.rounds >= 3:
+                break
+            await asyncio.sleep(0.02)
+        await monitor.stop()
+    finally:
+        await server.stop()
+    assert monitor.rounds >= 3
+    assert pool.replicas[0].healthy
+    assert pool.replicas[1].checked
+    assert not pool.replicas[1].healthy
+
+
+async def test_a_failing_round_is_logged_and_the_checks_go_on(
+    session: aiohttp.ClientSession,
+) -> None:
+    """An unexpected error in one round is logged; the background task keeps probing."""
+    pool = ReplicaPool("fast", [f"http://127.0.0.1:{free_port()}"], 4, 0.1)
+    calls: list[int] = []
+
+    class Failing(HealthMonitor):
+        async def check_once(self) -> None:
+            calls.append(1)
+            if len(calls) == 1:
+                raise RecursionError("maximum recursion depth exceeded")
+            self.rounds += 1
+
+    monitor = Failing({"fast": pool}, HealthConfig(interval_s=0.02, timeout_s=0.2))
+    with capture_logs() as logs:
+        monitor.start(session)
+        for _ in range(200):
+            if monitor.rounds >= 2:
+                break
+            await asyncio.sleep(0.02)
+        await monitor.stop()
+    assert monitor.rounds >= 2
+    assert [e for e in logs if e["event"] == "health.round_failed"]

@@ -85,7 +85,7 @@ async def test_numeric_string_usage_is_still_charged(
         },
         auth=AuthSettings(keys_file=store.path, cache_ttl_s=0, keys_reload_interval_s=0),
     )
-    body = {"model": "fast", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    body = {"model": "fast", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 200}
     first_body = {**body, "stream": stream}
     headers = {"Authorization": f"Bearer {token}"}
     async with AsyncTestClient(app=create_app(settings)) as client:

@@ -109,3 +109,12 @@ def test_server_strings_are_tamed_in_the_evidence() -> None:
     assert "\n" not in found.evidence
     assert "\x1b" not in found.evidence
     assert len(found.evidence) < 80
+
+
+def test_json_nested_too_deep_is_no_evidence() -> None:
+    """A model list nested thousands deep reads as no JSON (not a RecursionError)."""
+    deep = Probe(200, b'{"data":' + b"[" * 3000 + b"]" * 3000 + b"}")
+    assert deep.json() is None
+    found = classify({MODELS_PATH: deep})
+    assert found is not None
+    assert found.kind == "openai"
