@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
@@ -47,6 +48,28 @@ def test_check_exposure_strict_fails_public_backend(tmp_path: Path) -> None:
     result = tiergate("check-exposure", "--config", str(config), "--strict")
     assert result.returncode == 1
     assert "8.8.8.8" in result.stdout
+
+
+@pytest.mark.parametrize("host", ["0x08080808", "134744072"])
+def test_check_exposure_classifies_a_dotless_numeric_host_by_its_address(
+    tmp_path: Path, host: str
+) -> None:
+    """A replica written as a dotless number for 8.8.8.8 is upstream_public, not a private name."""
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "tiers": {
+                    "fast": {"model": "f", "replicas": [f"http://{host}:8000"]},
+                    "precise": {"model": "p", "replicas": ["http://127.0.0.1:8102"]},
+                }
+            }
+        )
+    )
+    result = tiergate("check-exposure", "--config", str(config), "--strict")
+    assert result.returncode == 1, result.stdout
+    assert "upstream_public" in result.stdout
+    assert host in result.stdout
 
 
 def test_serve_refuses_public_bind_in_strict_mode(tmp_path: Path) -> None:
