@@ -8,6 +8,7 @@ are overridden from the environment with ``__`` (``TIERGATE_SERVER__PORT=9000``,
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 from contextvars import ContextVar
@@ -178,11 +179,23 @@ class TierSettings(Section):
         return [u.rstrip("/") for u in urls]
 
 
+# The embedded tiers, as the raw layer below the file: the environment's TIERGATE_TIERS__*
+# values merge over them when the file has no `tiers:` (a file's `tiers:` replaces them).
+_DEFAULT_TIERS: dict[str, dict[str, Any]] = {
+    "fast": {"model": "tiergate-fast", "replicas": ["http://127.0.0.1:8101"]},
+    "precise": {"model": "tiergate-precise", "replicas": ["http://127.0.0.1:8102"]},
+}
+
+
 def _default_tiers() -> dict[str, TierSettings]:
-    return {
-        "fast": TierSettings(model="tiergate-fast", replicas=["http://127.0.0.1:8101"]),
-        "precise": TierSettings(model="tiergate-precise", replicas=["http://127.0.0.1:8102"]),
-    }
+    return {name: TierSettings(**copy.deepcopy(raw)) for name, raw in _DEFAULT_TIERS.items()}
+
+
+def _over_default_tiers(file_data: dict[str, Any]) -> dict[str, Any]:
+    """The file's values with the embedded tiers under them when the file names no tiers."""
+    if "tiers" in file_data:
+        return file_data
+    return {**file_data, "tiers": copy.deepcopy(_DEFAULT_TIERS)}
 
 
 class AuthSettings(Section):
@@ -560,7 +573,7 @@ def load_settings_traced(config: Path | None = None, **overrides: Any) -> tuple[
             nested.setdefault(section, {})[field] = value
             flags[(section, field)] = f"--{field}"
     origins = Origins(config, data, env, flags)
-    token = _FILE_DATA.set(data)
+    token = _FILE_DATA.set(_over_default_tiers(data))
     try:
         return Settings(**cast(dict[str, Any], nested)), origins
     except ValidationError as exc:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -70,6 +71,28 @@ def test_check_exposure_classifies_a_dotless_numeric_host_by_its_address(
     assert result.returncode == 1, result.stdout
     assert "upstream_public" in result.stdout
     assert host in result.stdout
+
+
+def test_the_readme_tier_environment_example_works_without_tiers_in_the_file(
+    tmp_path: Path,
+) -> None:
+    """README "Configuration": TIERGATE_TIERS__FAST__REPLICAS layers over the embedded tier."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    example = "TIERGATE_TIERS__FAST__REPLICAS='[\"http://10.0.0.5:8000\"]'"
+    assert f"`{example}`" in readme
+    name, _, quoted = example.partition("=")
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump({"auth": {"enabled": False}}))
+    env = {**os.environ, name: quoted.strip("'")}
+    result = tiergate("config", "check", str(config), env=env)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert any(
+        line.startswith('tiers.fast.replicas: ["http://10.0.0.5:8000"]') and name in line
+        for line in lines
+    )
+    assert any(line.startswith('tiers.fast.model: "tiergate-fast"') for line in lines)
+    assert any(line.startswith('tiers.precise.model: "tiergate-precise"') for line in lines)
 
 
 def test_serve_refuses_public_bind_in_strict_mode(tmp_path: Path) -> None:
