@@ -1,4 +1,5 @@
-"""The gateway's command line: ``serve``, ``check-exposure``, ``config``, ``keys``, ``router``.
+"""The gateway's command line: ``serve``, ``check-exposure``, ``config``, ``keys``, ``router``,
+``simulate`` and ``bench``.
 
 Start-up failures (configuration, files, the listening port) print one ``tiergate: ...`` line
 per problem and exit 2, without a traceback unless ``--debug`` is given.

@@ -26,6 +26,15 @@ def tiergate(*args: str, env: dict[str, str] | None = None) -> subprocess.Comple
     )
 
 
+def test_top_level_help_names_every_command() -> None:
+    """`tiergate --help` describes every sub-command it offers, simulate and bench included."""
+    result = tiergate("--help")
+    assert result.returncode == 0
+    description = result.stdout.split("positional arguments")[0]
+    for command in ("serve", "check-exposure", "config", "keys", "router", "simulate", "bench"):
+        assert f"``{command}``" in description
+
+
 def test_check_exposure_ok_for_defaults() -> None:
     """Loopback backends and a loopback bind pass the check."""
     result = tiergate("check-exposure")
