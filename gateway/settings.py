@@ -357,6 +357,10 @@ class TelemetrySettings(Section):
     """Serve /metrics unauthenticated on this separate port; unset: /metrics behind the admin
     token.
     """
+    metrics_host: str | None = None
+    """The address metrics_port listens on; unset: server.host. In a container on several
+    networks, its address on the monitoring network keeps the port off the others.
+    """
     tracing: bool = False
     """Export OpenTelemetry traces (exporter and endpoint from OTEL_* variables)."""
     trace_sample_ratio: float = Field(default=1.0, ge=0.0, le=1.0)
