@@ -57,10 +57,18 @@ def _run(settings: Settings, workers: WorkerCount, config: Path | None) -> int:
 
         serve(settings, logging_ready=workers.log)
         return 0
+    from gateway.telemetry.logging import configure_logging  # noqa: PLC0415  # only when serving
     from gateway.workers import Supervisor  # noqa: PLC0415  # only when serving
 
     settings.auth.read_admin_token()  # a missing token file: one error here, not one per worker
-    return Supervisor(settings, workers.count, config).run()
+    supervisor = Supervisor(settings, workers.count, config)
+    # The supervisor's own lines (server.worker_exited...) in the configured format and place.
+    logs = configure_logging(settings.telemetry)
+    try:
+        workers.log()
+        return supervisor.run()
+    finally:
+        logs.close()
 
 
 def _serve_worker(args: argparse.Namespace, settings: Settings) -> int:
