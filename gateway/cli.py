@@ -1,4 +1,5 @@
-"""The gateway's command line: ``serve``, ``check-exposure``, ``config``, ``keys``, ``router``.
+"""The gateway's command line: ``serve``, ``check-exposure``, ``config``, ``keys``, ``router``,
+``simulate`` and ``bench``.
 
 Start-up failures (configuration, files, the listening port) print one ``tiergate: ...`` line
 per problem and exit 2, without a traceback unless ``--debug`` is given.
@@ -9,10 +10,14 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gateway.exposure import Finding, Severity, check_exposure, format_finding, refuses_start
 from gateway.settings import Settings, load_settings
 from gateway.settings_strict import ConfigError
+
+if TYPE_CHECKING:
+    from gateway.workers import WorkerCount
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -35,27 +40,35 @@ def _serve(args: argparse.Namespace) -> int:
         print("tiergate: refusing to start (exposure.mode is strict)", file=sys.stderr)
         return 2
     try:
-        count = resolve_workers(settings, args.workers, usable_cores())
+        workers = resolve_workers(settings, args.workers, usable_cores())
         settings = settings.model_copy(
-            update={"server": settings.server.model_copy(update={"workers": count})}
+            update={"server": settings.server.model_copy(update={"workers": workers.count})}
         )
         preflight(settings)
-        return _run(settings, count, args.config)
+        return _run(settings, workers, args.config)
     except (NoKeysConfigured, WorkersRefused) as exc:
         print(f"tiergate: refusing to start: {exc}", file=sys.stderr)
         return 2
 
 
-def _run(settings: Settings, count: int, config: Path | None) -> int:
-    if count == 1:
+def _run(settings: Settings, workers: WorkerCount, config: Path | None) -> int:
+    if workers.count == 1:
         from gateway.server import serve  # noqa: PLC0415  # uvicorn only when serving
 
-        serve(settings)
+        serve(settings, logging_ready=workers.log)
         return 0
+    from gateway.telemetry.logging import configure_logging  # noqa: PLC0415  # only when serving
     from gateway.workers import Supervisor  # noqa: PLC0415  # only when serving
 
     settings.auth.read_admin_token()  # a missing token file: one error here, not one per worker
-    return Supervisor(settings, count, config).run()
+    supervisor = Supervisor(settings, workers.count, config)
+    # The supervisor's own lines (server.worker_exited...) in the configured format and place.
+    logs = configure_logging(settings.telemetry)
+    try:
+        workers.log()
+        return supervisor.run()
+    finally:
+        logs.close()
 
 
 def _serve_worker(args: argparse.Namespace, settings: Settings) -> int:

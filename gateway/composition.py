@@ -265,7 +265,7 @@ def build_gateway(
         settings.telemetry,
         pools,
         router=settings.router,
-        metrics_host=settings.server.host,
+        metrics_host=settings.telemetry.metrics_host or settings.server.host,
         admin_token=admin_token,
         open_metrics=not settings.auth.enabled,
         span_exporter=o.span_exporter,

@@ -182,7 +182,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="completions per request (n, best_of, prompts); default 1",
     )
-    create.add_argument("--expires-in", type=float, default=None, metavar="DAYS")
+    create.add_argument(
+        "--expires-in",
+        type=float,
+        default=None,
+        metavar="DAYS",
+        help="the key stops working DAYS days from now (fractions allowed); default never",
+    )
     create.add_argument(
         "--budget-daily", type=float, default=None, help="compute budget in cost units per UTC day"
     )
@@ -196,7 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--scope",
         action="append",
         default=[],
-        help="extra scope: route_override, downgrade (repeatable)",
+        help="extra scope: route_override, downgrade, engine_fields (repeatable)",
     )
     create.set_defaults(run=_create)
     listing = sub.add_parser("list", help="list keys (never secrets or digests)")

@@ -1,6 +1,7 @@
 """The request body on its way in: decoding with a depth bound, and the field and media rules.
 
-``decode`` refuses empty, invalid and too deeply nested JSON (400, never a ``RecursionError``).
+``decode`` refuses empty, invalid, non-object and too deeply nested JSON (400, never a
+``RecursionError``); the first three share the code ``invalid_json``, as the README promises.
 ``FieldRules`` applies ``policies/fields.py`` per key scope and tier: the decided tier must
 accept the body (else 400 naming the field), and fallback tiers that would not accept it are
 dropped from the request's route rather than sent a body they refuse (remote media to an
@@ -32,20 +33,26 @@ from policies.requests import RequestKind, json_depth
 _decoder = msgspec.json.Decoder()
 
 
-def decode(raw: bytes, max_depth: int) -> Any:
-    """The JSON body, or a 400 for an empty, invalid or too deeply nested one."""
+def decode(raw: bytes, max_depth: int) -> dict[str, Any]:
+    """The JSON object body, or a 400 for an empty, invalid, non-object or too deep one."""
     if not raw:
-        raise InvalidRequest("The request body is empty; send a JSON object.")
+        raise _invalid_json("The request body is empty; send a JSON object.")
     try:
         body = _decoder.decode(raw)
     except msgspec.DecodeError:
-        raise InvalidRequest("The request body is not valid JSON.", code="invalid_json") from None
+        raise _invalid_json("The request body is not valid JSON.") from None
     except RecursionError:  # msgspec's own guard, near 1,000 levels
         raise _too_deep(max_depth) from None
     # Cheap bound first: a body with fewer brackets than the limit cannot nest deeper.
     if raw.count(b"{") + raw.count(b"[") > max_depth and json_depth(body) > max_depth:
         raise _too_deep(max_depth)
+    if not isinstance(body, dict):
+        raise _invalid_json("The request body must be a JSON object.")
     return body
+
+
+def _invalid_json(message: str) -> InvalidRequest:
+    return InvalidRequest(message, code="invalid_json")
 
 
 def _too_deep(max_depth: int) -> InvalidRequest:

@@ -6,6 +6,7 @@ import errno
 import functools
 import socket
 import sys
+from collections.abc import Callable
 
 import structlog
 import uvicorn
@@ -83,17 +84,23 @@ def listen(host: str, port: int) -> socket.socket:
 
 
 def serve(
-    settings: Settings, *, worker: WorkerRole | None = None, sock: socket.socket | None = None
+    settings: Settings,
+    *,
+    worker: WorkerRole | None = None,
+    sock: socket.socket | None = None,
+    logging_ready: Callable[[], None] | None = None,
 ) -> None:
     """Serve until interrupted; in-flight streams get ``shutdown_grace_s`` to finish.
 
     A ``worker`` of a group serves on the inherited ``sock`` (see :mod:`gateway.workers`).
+    ``logging_ready`` runs once logging is configured: start-up lines decided before then
+    (``server.workers_defaulted``) are logged there, in the configured format and place.
     """
     own = sock is None
     if sock is None:
         sock = listen(settings.server.host, settings.server.port)
     try:
-        _run(settings, sock, worker)
+        _run(settings, sock, worker, logging_ready)
     finally:
         if own:
             sock.close()
@@ -111,7 +118,12 @@ def served(
     return app_for(gateway, settings), native
 
 
-def _run(settings: Settings, sock: socket.socket, worker: WorkerRole | None) -> None:
+def _run(
+    settings: Settings,
+    sock: socket.socket,
+    worker: WorkerRole | None,
+    logging_ready: Callable[[], None] | None = None,
+) -> None:
     limits = connection_limits(settings.server)
     guard = ConnectionGuard(limits)
     app, native = served(settings, guard, worker)
@@ -119,6 +131,8 @@ def _run(settings: Settings, sock: socket.socket, worker: WorkerRole | None) -> 
     logs = configure_logging(
         settings.telemetry, worker=worker.index if worker is not None else None
     )
+    if logging_ready is not None:
+        logging_ready()
     config = uvicorn.Config(
         app,
         host=settings.server.host,

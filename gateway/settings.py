@@ -8,6 +8,7 @@ are overridden from the environment with ``__`` (``TIERGATE_SERVER__PORT=9000``,
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 from contextvars import ContextVar
@@ -180,11 +181,23 @@ class TierSettings(Section):
         return [u.rstrip("/") for u in urls]
 
 
+# The embedded tiers, as the raw layer below the file: the environment's TIERGATE_TIERS__*
+# values merge over them when the file has no `tiers:` (a file's `tiers:` replaces them).
+_DEFAULT_TIERS: dict[str, dict[str, Any]] = {
+    "fast": {"model": "tiergate-fast", "replicas": ["http://127.0.0.1:8101"]},
+    "precise": {"model": "tiergate-precise", "replicas": ["http://127.0.0.1:8102"]},
+}
+
+
 def _default_tiers() -> dict[str, TierSettings]:
-    return {
-        "fast": TierSettings(model="tiergate-fast", replicas=["http://127.0.0.1:8101"]),
-        "precise": TierSettings(model="tiergate-precise", replicas=["http://127.0.0.1:8102"]),
-    }
+    return {name: TierSettings(**copy.deepcopy(raw)) for name, raw in _DEFAULT_TIERS.items()}
+
+
+def _over_default_tiers(file_data: dict[str, Any]) -> dict[str, Any]:
+    """The file's values with the embedded tiers under them when the file names no tiers."""
+    if "tiers" in file_data:
+        return file_data
+    return {**file_data, "tiers": copy.deepcopy(_DEFAULT_TIERS)}
 
 
 class AuthSettings(Section):
@@ -345,6 +358,10 @@ class TelemetrySettings(Section):
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
     """Serve /metrics unauthenticated on this separate port; unset: /metrics behind the admin
     token.
+    """
+    metrics_host: str | None = None
+    """The address metrics_port listens on; unset: server.host. In a container on several
+    networks, its address on the monitoring network keeps the port off the others.
     """
     tracing: bool = False
     """Export OpenTelemetry traces (exporter and endpoint from OTEL_* variables)."""
@@ -562,7 +579,7 @@ def load_settings_traced(config: Path | None = None, **overrides: Any) -> tuple[
             nested.setdefault(section, {})[field] = value
             flags[(section, field)] = f"--{field}"
     origins = Origins(config, data, env, flags)
-    token = _FILE_DATA.set(data)
+    token = _FILE_DATA.set(_over_default_tiers(data))
     try:
         return Settings(**cast(dict[str, Any], nested)), origins
     except ValidationError as exc:

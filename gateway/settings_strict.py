@@ -48,7 +48,13 @@ class Origins:
     flags: Mapping[Loc, str]
 
     def of(self, loc: Loc) -> str:
-        """``flag --port``, ``env TIERGATE_X``, ``file PATH`` or ``default`` for ``loc``."""
+        """``flag --port``, ``env TIERGATE_X``, ``file PATH`` or ``default`` for ``loc``.
+
+        For the whole settings (a rule across sections, ``loc`` empty): every source that
+        gave a value, so an environment variable is never blamed on the file or the reverse.
+        """
+        if not loc:
+            return self._every_source()
         prefixes = [loc[:n] for n in range(len(loc), 0, -1)]
         for sources, kind in ((self.flags, "flag"), (self.env, "env")):
             for prefix in prefixes:
@@ -64,6 +70,13 @@ class Origins:
             except (KeyError, IndexError, TypeError):
                 return "default"
         return f"file {self.config}"
+
+    def _every_source(self) -> str:
+        sources = [f"flag {name}" for name in self.flags.values()]
+        sources += [f"env {name}" for name in self.env.values()]
+        if self.file_data:
+            sources.append(f"file {self.config}")
+        return ", ".join(dict.fromkeys(sources)) or "default"
 
 
 def closest(name: str, choices: Iterable[str]) -> str | None:
@@ -144,7 +157,8 @@ def format_validation_error(
             what = _unknown_key(root, loc)
         else:
             what = error["msg"]
-            if "input" in error and error["type"] != "missing" and not _secret(loc):
+            # The whole settings (loc empty) is never echoed: it may hold a token.
+            if "input" in error and error["type"] != "missing" and loc and not _secret(loc):
                 what += f" (got {str(error['input'])[:80]!r})"
         where = dotted(loc) or "settings"
         source = origin(loc[:-1] if error["type"] == "missing" else loc)

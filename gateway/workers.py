@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
@@ -47,7 +48,27 @@ def usable_cores(cgroup_root: Path = Path("/sys/fs/cgroup")) -> int:
     return max(1, cores)
 
 
-def resolve_workers(settings: Settings, requested: int | None, cores: int) -> int:
+@dataclass(frozen=True, slots=True)
+class WorkerCount:
+    """How many workers to run, and why the default of one per core was lowered, if it was."""
+
+    count: int
+    cores: int
+    lowered_because: str | None = None
+
+    def log(self) -> None:
+        """Say why the default was lowered: call it once logging is configured, so the line
+        has the configured format and destination (``telemetry.log_format``, ``log_file``)."""
+        if self.lowered_because is not None:
+            _log.info(
+                "server.workers_defaulted",
+                workers=self.count,
+                cores=self.cores,
+                reason=self.lowered_because,
+            )
+
+
+def resolve_workers(settings: Settings, requested: int | None, cores: int) -> WorkerCount:
     """How many workers to run; raises WorkersRefused for an explicit count the limits forbid."""
     count = requested if requested is not None else settings.server.workers
     # Without authentication there are no per-key limits to split.
@@ -55,14 +76,9 @@ def resolve_workers(settings: Settings, requested: int | None, cores: int) -> in
     divided = settings.ratelimit.memory_divide_per_worker
     if count is None:
         if memory and not divided and cores > 1:
-            _log.info(
-                "server.workers_defaulted",
-                workers=1,
-                cores=cores,
-                reason="ratelimit.backend is memory: limits are exact in one process only",
-            )
-            return 1
-        return cores
+            reason = "ratelimit.backend is memory: limits are exact in one process only"
+            return WorkerCount(1, cores, reason)
+        return WorkerCount(cores, cores)
     if count > 1 and memory and not divided:
         raise WorkersRefused(
             f"{count} workers with ratelimit.backend 'memory' would give every key {count}x "
@@ -70,7 +86,7 @@ def resolve_workers(settings: Settings, requested: int | None, cores: int) -> in
             "set ratelimit.memory_divide_per_worker: true to divide each key's limits among "
             "the workers, or run --workers 1."
         )
-    return count
+    return WorkerCount(count, cores)
 
 
 def _listen(host: str, port: int) -> socket.socket:

@@ -10,6 +10,7 @@ without IO: name resolution is a port (``Resolver``) that the caller supplies.
 from __future__ import annotations
 
 import ipaddress
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -23,6 +24,10 @@ _LOOPBACK_NAMES = ("localhost", "ip6-localhost", "ip6-loopback")
 # 100.64.0.0/10 (carrier-grade NAT, also used by overlay networks) is neither "private" nor
 # "global" to the ipaddress module; it is not reachable from the internet.
 _SHARED_ADDRESS_SPACE = ipaddress.ip_network("100.64.0.0/10")
+
+# One part of an IPv4 address as inet_aton(3) reads it (and so getaddrinfo, and so the HTTP
+# client): hexadecimal after 0x, octal after a leading 0, decimal otherwise.
+_INET_ATON_PART = re.compile(r"0x[0-9a-f]+|0[0-7]*|[1-9][0-9]*")
 
 
 class HostClass(StrEnum):
@@ -67,10 +72,41 @@ def classify_host(host: str) -> HostClass:
     """Classify an IP literal or host name without resolving it."""
     name = host.strip().strip("[]").rstrip(".").lower()
     try:
-        address = ipaddress.ip_address(name)
+        address: ipaddress.IPv4Address | ipaddress.IPv6Address = ipaddress.ip_address(name)
     except ValueError:
-        return _classify_name(name)
+        numeric = inet_aton_address(name)
+        if numeric is None:
+            return _classify_name(name)
+        address = numeric
     return _classify_address(address)
+
+
+def inet_aton_address(name: str) -> ipaddress.IPv4Address | None:
+    """The IPv4 address a numeric host such as ``0x08080808``, ``134744072``, ``010.8.8.8``
+    or ``10.1`` denotes under inet_aton(3)'s rules; None for anything else.
+
+    Resolvers take these spellings for addresses, not names, so they must be classified by
+    the address (``134744072`` is 8.8.8.8, not a single-label private name).
+    """
+    parts = name.lower().split(".")
+    if len(parts) > 4 or not all(_INET_ATON_PART.fullmatch(part) for part in parts):
+        return None
+    values = [_inet_aton_number(part) for part in parts]
+    *leading, last = values
+    if any(value > 0xFF for value in leading) or last >= 1 << (8 * (5 - len(values))):
+        return None
+    number = last
+    for index, value in enumerate(leading):
+        number |= value << (8 * (3 - index))
+    return ipaddress.IPv4Address(number)
+
+
+def _inet_aton_number(part: str) -> int:
+    if part.startswith("0x"):
+        return int(part[2:], 16)
+    if part.startswith("0"):
+        return int(part, 8)
+    return int(part)
 
 
 def _classify_address(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> HostClass:

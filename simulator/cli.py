@@ -60,6 +60,14 @@ def _count(low: int) -> Callable[[str], int]:
     return parse
 
 
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        # The socket layer would take it modulo 65536 (70000 would listen on 4464).
+        raise argparse.ArgumentTypeError(f"{text} is not a port number (0-65535)")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command-line interface."""
     parser = argparse.ArgumentParser(
@@ -68,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add = parser.add_argument
     add("--host", default="127.0.0.1")
-    add("--port", type=_count(0), default=8000, help="0 picks a free port")
+    add("--port", type=_port, default=8000, help="0-65535; 0 picks a free port")
     add("--profile", choices=sorted(PROFILES), default="fast")
     add("--model", help="served model name (default tiergate-<profile>)")
     add("--replica-name", help="value of x-sim-replica (default sim-<profile>-<port>)")

@@ -199,6 +199,32 @@ def test_redis_admits_only_the_gateway(any_objects: list[dict[str, Any]]) -> Non
     assert all(not p["spec"].get("egress") for p in policies)
 
 
+def test_metrics_port_admits_only_a_named_namespace(any_objects: list[dict[str, Any]]) -> None:
+    """The unauthenticated metrics port is open to one named namespace, never to all of them."""
+    gateway_labels = _labels(_gateway_deployment(any_objects)["spec"]["template"])
+    rules = [
+        rule
+        for p in _policies_for(any_objects, gateway_labels)
+        for rule in p["spec"].get("ingress", [])
+        if {"port": "metrics", "protocol": "TCP"} in rule["ports"]
+    ]
+    assert len(rules) == 1
+    assert rules[0]["ports"] == [{"port": "metrics", "protocol": "TCP"}]
+    assert rules[0]["from"], "a rule without peers admits every source"
+    for peer in rules[0]["from"]:
+        assert peer["namespaceSelector"]["matchLabels"] == {
+            "kubernetes.io/metadata.name": "monitoring"
+        }
+
+
+def test_docs_say_the_lockdown_needs_a_cni_that_enforces_network_policy() -> None:
+    """The chart README and the main README warn that NetworkPolicy needs an enforcing CNI."""
+    for readme in (CHART / "README.md", CHART.parents[1] / "README.md"):
+        text = " ".join(readme.read_text(encoding="utf-8").split())
+        assert "CNI" in text, readme
+        assert "enforces NetworkPolicy" in text, readme
+
+
 def test_default_deny_covers_every_pod_of_the_release(any_objects: list[dict[str, Any]]) -> None:
     """A rule-less Ingress+Egress policy selects every pod the chart creates."""
     deny = [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 from typing import Any
@@ -16,7 +17,7 @@ from gateway.settings import Settings
 from gateway.shadow import ShadowConfig, ShadowRunner
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.usage import MemoryUsageStore, UsageCollector, UsageLedger
-from tests.deploy.compose_file import REPO, environment_of, networks_of
+from tests.deploy.compose_file import REPO, environment_of, interpolate, networks_of
 
 DEPLOY = REPO / "deploy"
 DASHBOARD = json.loads((DEPLOY / "grafana" / "dashboards" / "tiergate.json").read_text("utf-8"))
@@ -105,6 +106,23 @@ def test_dashboard_panels_use_the_datasource_variable_and_fit_the_grid() -> None
         assert all(t["datasource"]["uid"] == "${datasource}" for t in panel["targets"])
         grid = panel["gridPos"]
         assert grid["x"] + grid["w"] <= 24
+
+
+@pytest.mark.parametrize("gateway", ["gateway", "gateway-sim"])
+def test_the_metrics_port_listens_only_on_the_telemetry_network(
+    compose: dict[str, Any], gateway: str
+) -> None:
+    """The gateway's metrics listener binds its fixed address on the telemetry network only,
+    so the backends (inference), Redis (state) and the edge network cannot reach it."""
+    service = compose["services"][gateway]
+    host = interpolate(environment_of(service)["TIERGATE_TELEMETRY__METRICS_HOST"])
+    address = interpolate(service["networks"]["telemetry"]["ipv4_address"])
+    assert host == address
+    (subnet,) = [c["subnet"] for c in compose["networks"]["telemetry"]["ipam"]["config"]]
+    assert ipaddress.ip_address(address) in ipaddress.ip_network(interpolate(subnet))
+    assert compose["networks"]["telemetry"]["internal"] is True
+    for other in ("edge", "inference", "state"):
+        assert "ipv4_address" not in (service["networks"][other] or {})
 
 
 def test_prometheus_scrapes_the_gateway_metrics_port(compose: dict[str, Any]) -> None:

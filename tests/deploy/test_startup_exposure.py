@@ -77,6 +77,7 @@ def test_compose_gpu_gateway_configuration_loads_and_keeps_backends_private(
     settings = load_settings(GPU_CONFIG, server__host="0.0.0.0")
     assert settings.tiers["fast"].model == "tiergate-fast"
     assert settings.telemetry.metrics_port == 9464
+    assert settings.telemetry.metrics_host == "172.30.94.10"  # its telemetry-network address
     assert _findings(settings) == ["bind_all_interfaces"]
 
 

@@ -25,6 +25,7 @@ from tests.key_fields import KeyPolicyFields
 from tests.simulator.procs import SimulatorProcess
 
 ADMIN = "admin-token-for-tests-0123456789"
+README = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
 UNUSED = "http://127.0.0.1:9"
 
 
@@ -228,6 +229,31 @@ async def test_admin_api_lifecycle(client: AsyncTestClient[Litestar]) -> None:
     assert (await client.get("/v1/models", headers=bearer(new_key))).status_code == 401
     missing = await client.delete("/admin/keys/nosuchkey", headers=admin)
     assert missing.status_code == 404
+
+
+async def test_admin_key_routes_answer_as_the_readme_table_says(
+    client: AsyncTestClient[Litestar],
+) -> None:
+    """README's key admin table: every route listed exists, with the documented codes."""
+    for route in (
+        "GET /admin/keys",
+        "POST /admin/keys",
+        "DELETE /admin/keys/{id}",
+        "POST /admin/keys/{id}/rotate",
+    ):
+        assert f"| `{route}` |" in README
+    admin = bearer(ADMIN)
+    created = await client.post("/admin/keys", json={"tenant": "ops"}, headers=admin)
+    assert created.status_code == 201
+    key_id = created.json()["id"]
+    assert (await client.delete(f"/admin/keys/{key_id}", headers=admin)).status_code == 200
+    again = await client.post(f"/admin/keys/{key_id}/rotate", headers=admin)
+    assert (again.status_code, again.json()["error"]["code"]) == (400, "key_revoked")
+    for missing in (
+        await client.delete("/admin/keys/nosuchkey", headers=admin),
+        await client.post("/admin/keys/nosuchkey/rotate", headers=admin),
+    ):
+        assert (missing.status_code, missing.json()["error"]["code"]) == (404, "key_not_found")
 
 
 async def test_admin_api_refuses_other_credentials(

@@ -15,6 +15,7 @@ from redis.asyncio import Redis
 from gateway.keys_cli import main
 from gateway.keystore_file import FileKeyStore
 from gateway.keystore_redis import RedisKeyStore
+from policies.keys import KNOWN_SCOPES
 from tests.redis_server import RedisServer, redis_server
 
 __all__ = ["redis_server"]
@@ -253,3 +254,15 @@ def test_console_script_dispatches_keys(tmp_path: Path) -> None:
         check=True,
     )
     assert result.stdout.strip().splitlines()[-1].startswith("tg-")
+
+
+def test_create_help_names_every_scope_and_explains_expires_in(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`keys create --help` lists every scope a key may get, and says what --expires-in does."""
+    with pytest.raises(SystemExit):
+        main(["create", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for scope in sorted(KNOWN_SCOPES):
+        assert scope in text
+    assert re.search(r"--expires-in DAYS \S", text)

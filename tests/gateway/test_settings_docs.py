@@ -9,10 +9,12 @@ import jsonschema
 import pytest
 import yaml
 
+import router_models
 from gateway.config_cli import config_schema, schema_text
-from gateway.settings import Settings
+from gateway.settings import Settings, load_settings
 from gateway.settings_docs import render
 from gateway.settings_strict import model_at
+from router_models import DEFAULT_ARTIFACT, artifact_digest
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = [REPO / "config/tiergate.sim.yaml", REPO / "deploy/compose/tiergate.gpu.yaml"]
@@ -71,3 +73,16 @@ def test_schema_rejects_a_nested_typo() -> None:
     """An editor using the schema flags `ratelimit.backnd` like the gateway does."""
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({"ratelimit": {"backnd": "redis"}}, config_schema())
+
+
+def test_sim_config_empty_artifact_means_the_shipped_classifier(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An empty router.artifact in tiergate.sim.yaml loads the shipped classifier, as it says."""
+    monkeypatch.delenv("TIERGATE_ROUTER_ARTIFACT", raising=False)
+    monkeypatch.delenv("TIERGATE_CONFIG", raising=False)
+    path = REPO / "config/tiergate.sim.yaml"
+    line = next(ln for ln in path.read_text().splitlines() if "artifact:" in ln)
+    assert "empty: the classifier shipped with TierGate" in line
+    assert load_settings(path).router.artifact is None
+    assert router_models.load(None).artifact_id == artifact_digest(DEFAULT_ARTIFACT)

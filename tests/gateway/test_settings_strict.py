@@ -146,6 +146,52 @@ def test_bad_value_names_its_source(monkeypatch: pytest.MonkeyPatch, tmp_path: P
     assert _problems(config)[0].startswith(f"server.port (file {config}): ")
 
 
+def test_environment_tier_values_merge_over_the_embedded_tiers(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """With no tiers in the file, TIERGATE_TIERS__FAST__* change the embedded fast tier only."""
+    monkeypatch.setenv("TIERGATE_TIERS__FAST__REPLICAS", '["http://10.0.0.5:8000"]')
+    settings, origins = load_settings_traced(_write(tmp_path, {"auth": {"enabled": False}}))
+    assert settings.tiers["fast"].replicas == ["http://10.0.0.5:8000"]
+    assert settings.tiers["fast"].model == "tiergate-fast"
+    assert settings.tiers["precise"].model == "tiergate-precise"
+    assert origins.of(("tiers", "fast", "replicas")) == "env TIERGATE_TIERS__FAST__REPLICAS"
+    assert origins.of(("tiers", "fast", "model")) == "default"
+    monkeypatch.setenv("TIERGATE_TIERS__FAST__MODEL", "m")
+    settings = load_settings(None)
+    assert sorted(settings.tiers) == ["fast", "precise"]
+    assert settings.tiers["fast"].model == "m"
+
+
+def test_a_file_with_tiers_replaces_the_embedded_tiers(tmp_path: Path) -> None:
+    """The file's tiers are the whole set: embedded tiers it does not name are not added."""
+    tiers = {**TIERS, "code": {"model": "c", "replicas": ["http://127.0.0.1:8103"]}}
+    assert sorted(load_settings(_write(tmp_path, {"tiers": tiers})).tiers) == [
+        "code",
+        "fast",
+        "precise",
+    ]
+    only_fast = {"tiers": {"fast": TIERS["fast"]}, "router": {"precise_tier": "fast"}}
+    assert sorted(load_settings(_write(tmp_path, only_fast)).tiers) == ["fast"]
+
+
+def test_a_rule_across_sections_names_every_source_not_just_the_file(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """An error on the whole settings names the variables too, and echoes none of it."""
+    monkeypatch.setenv("TIERGATE_ROUTER__PRECISE_TIER", "big")
+    config = _write(tmp_path, {"auth": {"admin_token": "hunter2"}})
+    problems = _problems(config)
+    assert problems[0].startswith(f"settings (env TIERGATE_ROUTER__PRECISE_TIER, file {config}): ")
+    assert "hunter2" not in problems[0]
+    monkeypatch.delenv("TIERGATE_ROUTER__PRECISE_TIER")
+    monkeypatch.setenv("TIERGATE_TIERS__FAST__MODEL", "m")
+    monkeypatch.setenv("TIERGATE_ROUTER__FAST_TIER", "small")
+    problems = _problems()
+    assert problems[0].startswith("settings (env ")
+    assert "file" not in problems[0].split(":")[0]
+
+
 def test_secret_values_not_echoed(tmp_path: Path) -> None:
     """An invalid secret-bearing value (a Redis URL) is not repeated in the message."""
     config = _write(tmp_path, {"redis": {"url": ["redis://u:hunter2@h"]}})

@@ -26,14 +26,29 @@ def _settings(
 
 def test_default_is_the_cores_with_redis_limits() -> None:
     """No count given and shared limits: one worker per usable core."""
-    assert resolve_workers(_settings("redis"), None, cores=8) == 8
+    assert resolve_workers(_settings("redis"), None, cores=8).count == 8
 
 
 def test_default_with_memory_limits_is_one_worker_and_says_why() -> None:
-    """The default config (memory limiter) starts, as one worker, with a log line."""
+    """The default config (memory limiter) starts as one worker; the line saying why is
+    logged when asked (once logging is configured), not while the count is decided."""
     with capture_logs() as logs:
-        assert resolve_workers(_settings(), None, cores=8) == 1
-    assert logs[0]["event"] == "server.workers_defaulted"
+        workers = resolve_workers(_settings(), None, cores=8)
+    assert workers.count == 1
+    assert logs == []
+    with capture_logs() as logs:
+        workers.log()
+    assert [line["event"] for line in logs] == ["server.workers_defaulted"]
+    assert logs[0]["workers"] == 1
+    assert logs[0]["cores"] == 8
+
+
+def test_a_count_not_lowered_logs_nothing() -> None:
+    """One worker per core, or a count asked for, needs no explanation."""
+    with capture_logs() as logs:
+        resolve_workers(_settings("redis"), None, cores=8).log()
+        resolve_workers(_settings(), 1, cores=8).log()
+    assert logs == []
 
 
 def test_explicit_workers_with_memory_limits_are_refused() -> None:
@@ -44,14 +59,14 @@ def test_explicit_workers_with_memory_limits_are_refused() -> None:
 
 def test_division_accepted_or_no_auth_allows_workers() -> None:
     """Accepting per-worker division, or running without keys, allows several workers."""
-    assert resolve_workers(_settings(divide=True), 4, cores=8) == 4
-    assert resolve_workers(_settings(auth=False), None, cores=8) == 8
-    assert resolve_workers(_settings(workers=3, divide=True), None, cores=8) == 3
+    assert resolve_workers(_settings(divide=True), 4, cores=8).count == 4
+    assert resolve_workers(_settings(auth=False), None, cores=8).count == 8
+    assert resolve_workers(_settings(workers=3, divide=True), None, cores=8).count == 3
 
 
 def test_one_worker_is_always_fine() -> None:
     """--workers 1 keeps the old single process whatever the limiter."""
-    assert resolve_workers(_settings(), 1, cores=8) == 1
+    assert resolve_workers(_settings(), 1, cores=8).count == 1
 
 
 def test_usable_cores_follow_the_cgroup_quota(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ from policies.exposure import (
     check_exposure,
     classify_host,
     host_classes,
+    inet_aton_address,
     refuses_start,
     url_host,
 )
@@ -61,6 +62,70 @@ def _table(mapping: dict[str, list[str]]) -> Resolver:
 def test_classify_host(host: str, expected: HostClass) -> None:
     """IP literals are classified by range, names by private-network naming conventions."""
     assert classify_host(host) is expected
+
+
+@pytest.mark.parametrize(
+    ("host", "address"),
+    [
+        ("0x08080808", "8.8.8.8"),
+        ("0X08080808", "8.8.8.8"),
+        ("134744072", "8.8.8.8"),
+        ("010.010.010.010", "8.8.8.8"),
+        ("0x8.0x8.0x8.0x8", "8.8.8.8"),
+        ("8.8.2056", "8.8.8.8"),
+        ("8.526344", "8.8.8.8"),
+        ("10.1", "10.0.0.1"),
+        ("127.1", "127.0.0.1"),
+        ("0x7f000001", "127.0.0.1"),
+        ("017700000001", "127.0.0.1"),
+        ("0", "0.0.0.0"),
+        ("4294967295", "255.255.255.255"),
+    ],
+)
+def test_inet_aton_address_reads_numeric_hosts_as_resolvers_do(host: str, address: str) -> None:
+    """Hex, octal, dotless decimal and short dotted forms denote the address inet_aton gives."""
+    assert str(inet_aton_address(host)) == address
+
+
+@pytest.mark.parametrize(
+    "host",
+    ["vllm-fast", "1e100", "0x", "08.8.8.8", "256.1.1.1", "1.2.3.4.5", "4294967296", "1..2", ""],
+)
+def test_inet_aton_address_leaves_names_and_invalid_numbers_alone(host: str) -> None:
+    """Names, out-of-range parts and malformed numbers are not addresses."""
+    assert inet_aton_address(host) is None
+
+
+@pytest.mark.parametrize(
+    ("host", "expected"),
+    [
+        ("0x08080808", HostClass.PUBLIC),
+        ("134744072", HostClass.PUBLIC),
+        ("010.010.010.010", HostClass.PUBLIC),
+        ("8.8.2056", HostClass.PUBLIC),
+        ("0x0a000001", HostClass.PRIVATE),
+        ("167772161", HostClass.PRIVATE),
+        ("2130706433", HostClass.LOOPBACK),
+        ("0xA9FEA9FE", HostClass.LINK_LOCAL),
+        ("0", HostClass.ALL_INTERFACES),
+    ],
+)
+def test_classify_host_numeric_forms_by_the_address_they_denote(
+    host: str, expected: HostClass
+) -> None:
+    """A numeric host inet_aton accepts is classified by its address, never as a private name."""
+    assert classify_host(host) is expected
+
+
+def test_a_dotless_public_replica_is_upstream_public_without_resolution() -> None:
+    """``http://134744072:8000`` (8.8.8.8) is an upstream_public error even with no resolver."""
+    findings = check_exposure(
+        bind_host="127.0.0.1",
+        tls_in_front=False,
+        backends={"fast": ["http://134744072:8000", "http://0x08080808:8000"]},
+    )
+    assert [f.code for f in findings] == ["upstream_public", "upstream_public"]
+    assert all(f.severity is Severity.ERROR for f in findings)
 
 
 def test_url_host_handles_ipv6_credentials_and_sockets() -> None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from simulator.cli import build_parser, config_from_args
@@ -31,3 +34,30 @@ def test_bad_arguments_exit(argv: list[str]) -> None:
     """Out-of-range options are usage errors."""
     with pytest.raises(SystemExit):
         build_parser().parse_args(argv)
+
+
+@pytest.mark.parametrize("port", ["70000", "65536", "-1"])
+def test_out_of_range_ports_are_usage_errors(port: str) -> None:
+    """A port outside 0-65535 is refused, not taken modulo 65536 by the socket layer."""
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(["--port", port])
+    assert exited.value.code == 2
+
+
+@pytest.mark.parametrize("port", ["0", "65535"])
+def test_the_ends_of_the_port_range_are_accepted(port: str) -> None:
+    """0 (a free port) and 65535 are valid ports."""
+    assert build_parser().parse_args(["--port", port]).port == int(port)
+
+
+def test_tiergate_simulate_refuses_port_70000_with_exit_2() -> None:
+    """`tiergate simulate --port 70000` exits 2 with a usage error, like `serve` does."""
+    result = subprocess.run(
+        [sys.executable, "-m", "tiergate", "simulate", "--port", "70000"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "70000 is not a port number (0-65535)" in result.stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import httpx
+import pytest
 from litestar import Litestar
 from litestar.testing import TestClient
 from prometheus_client import CollectorRegistry, Counter
@@ -91,3 +92,14 @@ def test_a_metrics_port_moves_metrics_off_the_main_port() -> None:
     assert main.status_code == 404
     assert side.status_code == 200
     assert "tiergate_replica_healthy" in side.text
+
+
+def test_metrics_host_binds_the_metrics_port_to_that_address_only() -> None:
+    """With telemetry.metrics_host the metrics port answers there and on no other address."""
+    port = free_port()
+    settings = _settings(metrics_port=port, metrics_host="127.0.0.2")
+    with ServedApp(create_app(settings)):
+        there = httpx.get(f"http://127.0.0.2:{port}/metrics", timeout=5)
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5)
+    assert there.status_code == 200
