@@ -57,8 +57,15 @@ class _FrameworkInbound:
 
     @property
     def headers(self) -> Mapping[str, str]:
-        """Litestar's case-insensitive headers."""
-        return self.request.headers
+        """Litestar's case-insensitive headers; a repeated Authorization is its values joined
+        with ", " (as the native path does), which no key matches."""
+        headers = self.request.headers
+        keys = headers.getall("authorization", [])
+        if len(keys) < 2:  # one value, or none
+            return headers
+        merged = {name: headers[name] for name in headers}
+        merged["authorization"] = ", ".join(keys)
+        return merged
 
     async def read_body(self) -> bytes:
         """The body; Litestar enforces ``request_max_body_size``."""

@@ -189,12 +189,18 @@ class NativeCycle:
 
     @property
     def headers(self) -> Mapping[str, str]:
-        """Request headers, names in lower case, the first of a repeated name."""
+        """Request headers, names in lower case, the first of a repeated name; a repeated
+        Authorization is its values joined with ", " (RFC 9110 5.3), which no key matches."""
         headers = self._headers
         if headers is None:
             headers = {}
             for name, value in self.raw_headers:
-                headers.setdefault(name.decode("latin-1"), value.decode("latin-1"))
+                key = name.decode("latin-1")
+                if key in headers:
+                    if key == "authorization":
+                        headers[key] += ", " + value.decode("latin-1")
+                    continue
+                headers[key] = value.decode("latin-1")
             self._headers = headers
         return headers
 

@@ -27,7 +27,8 @@ class Inbound(Protocol):
 
     @property
     def headers(self) -> Mapping[str, str]:
-        """Request headers, names in lower case (the first of repeated names)."""
+        """Request headers, names in lower case (the first of repeated names; a repeated
+        Authorization is its values joined with ", ", so two keys authenticate as neither)."""
         ...
 
     async def read_body(self) -> bytes:

@@ -328,3 +328,18 @@ def test_serve_exits_non_zero_without_keys(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert "refusing to start" in result.stderr
     assert "tiergate keys create" in result.stderr
+
+
+async def test_two_authorization_headers_authenticate_as_neither(
+    client: AsyncTestClient[Litestar], keys: Keys
+) -> None:
+    """The framework path joins a repeated Authorization as the native path does: 401."""
+    good = keys.add()
+    ok = await client.post("/v1/chat/completions", json=chat(), headers=bearer(good))
+    assert ok.status_code == 200
+    for lines in (
+        [("Authorization", f"Bearer {good}"), ("Authorization", "Bearer tg-nothing")],
+        [("Authorization", "Bearer tg-nothing"), ("Authorization", f"Bearer {good}")],
+    ):
+        response = await client.post("/v1/chat/completions", json=chat(), headers=lines)
+        assert response.status_code == 401, lines

@@ -12,6 +12,7 @@ import pytest
 from gateway.keystore_file import FileKeyStore
 from policies.keys import issue_key
 from policies.principal import KeyPolicy
+from tests.adversarial.rawhttp import closed_within, connect, status_of
 from tests.integration.gateway_proc import GatewayProcess, tiers_config
 from tests.simulator.procs import SimulatorProcess
 
@@ -110,3 +111,32 @@ def test_over_cap_names_the_param_as_sent(
     assert body["param"] == param
     assert body["code"] == "max_tokens_exceeded"
     assert param in body["message"]
+
+
+def _raw_chat(gateway: GatewayProcess, auth_lines: bytes) -> int:
+    body = b'{"model": "fast", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}'
+    with connect(gateway.port) as sock:
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nConnection: close\r\n"
+            + auth_lines
+            + b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
+            + body
+        )
+        _, data = closed_within(sock, 10)
+    return status_of(data)
+
+
+def test_two_authorization_headers_authenticate_as_neither(
+    keys_and_gateway: tuple[str, str, GatewayProcess],
+) -> None:
+    """Two keys in two Authorization lines, in either order: 401 (the first used to win, so
+    a proxy checking the other line and the gateway disagreed on who was calling)."""
+    every, fast, gateway = keys_and_gateway
+    one = b"Authorization: Bearer %s\r\n" % every.encode()
+    other = b"Authorization: Bearer %s\r\n" % fast.encode()
+    bogus = b"Authorization: Bearer tg-nothing\r\n"
+    assert _raw_chat(gateway, one) == 200
+    assert _raw_chat(gateway, one + other) == 401
+    assert _raw_chat(gateway, other + one) == 401
+    assert _raw_chat(gateway, one + bogus) == 401
+    assert _raw_chat(gateway, bogus + one) == 401
