@@ -29,6 +29,9 @@ class Outcome(StrEnum):
     UPSTREAM_RESET = "upstream_reset"
     UPSTREAM_ERROR = "upstream_error"
     INTERNAL_ERROR = "internal_error"
+    # The request's own time limit (timeouts.total_s) ended the stream: a long answer, or a
+    # client reading slowly; not the backend's failure, so it never counts against a replica.
+    DEADLINE = "deadline"
 
 
 # Outcomes where the backend broke the stream: they count against the replica.

@@ -38,14 +38,21 @@ from gateway.replicas import Replica, ReplicaPool
 from gateway.retry import RetryBudget, RetryLoop, RetryPolicy
 from gateway.settings import Timeouts
 from gateway.upstream import AUTH_STATUSES, AttemptFailed, Opened, UpstreamClient, attempt
-from policies.errors import Overloaded, TierGateError, UpstreamRejected, UpstreamUnavailable
+from policies.errors import (
+    Overloaded,
+    TierGateError,
+    UpstreamBadAnswer,
+    UpstreamRejected,
+    UpstreamUnavailable,
+)
 from policies.selection import Choice, Strategy
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder()
 _ERROR_EVENT = b'data: {"error"'
 # What a server-sent event's first line starts with (a field, or ":" for a comment).
-_SSE_FIELDS = (b"data:", b":", b"event:", b"id:", b"retry:")
+_SSE_FIELDS = (b"data:", b":", b"event:", b"id:", b"retry:", b"error:")
+_BOM = b"\xef\xbb\xbf"
 # An SSE event ends with a blank line: LF (vLLM, SGLang, llama.cpp), CRLF (sse-starlette's
 # default) or CR framing; the first event says which one the stream uses.
 _EVENT_END = re.compile(rb"\n\n|\r\n\r\n|\r\r")
@@ -446,7 +453,7 @@ async def _first_event(exchange: Exchange, timeout_s: float, waited: _Waited) ->
             exchange.framing = framing
             event = event.replace(framing, b"\n")
     if not event.startswith(b"data: "):
-        event = _first_of_dialect(event)
+        event = _first_of_dialect(event[3:] if event[:3] == _BOM else event)
     if event.startswith(_ERROR_EVENT):
         raise stream_error(event)
     return event
@@ -455,8 +462,8 @@ async def _first_event(exchange: Exchange, timeout_s: float, waited: _Waited) ->
 def _first_of_dialect(event: bytes) -> bytes:
     """A first event not in the relay's dialect: rewritten, or a failed attempt when the answer
     is not server-sent events at all (an HTML page, a JSON answer, an empty body)."""
-    if event.endswith(b"\n\n"):
-        event = standard_event(event[:-2]) + b"\n\n"
+    if event and not event.strip(b"\n"):  # an empty event (blank lines) before the first one
+        return event
     if not event.startswith(_SSE_FIELDS):
         raise AttemptFailed(
             FailureKind.BAD_ANSWER,
@@ -464,6 +471,8 @@ def _first_of_dialect(event: bytes) -> bytes:
             if not event
             else "The backend's answer to a stream request is not server-sent events.",
         )
+    if event.endswith(b"\n\n"):
+        event = standard_event(event[:-2]) + b"\n\n"
     return event
 
 
@@ -472,16 +481,29 @@ def standard_event(event: bytes) -> bytes:
 
     Servers may write ``data:`` without the space, name the event (``event: message``,
     ``event: error``), or add ``id:``/``retry:`` lines: a single ``data`` line becomes
-    ``data: <value>``, the other fields dropped. An event with no ``data`` line (a comment,
-    a keep-alive) or several is returned as is (the same object).
+    ``data: <value>``, the other fields dropped. llama.cpp writes its errors in an ``error:``
+    field: it becomes ``data: {"error": <value>}``, the relay's error event. An event with
+    several ``data`` lines, or only comments, is returned as is (the same object); one with
+    fields but no data (``retry: 3000``, ``event: ping``) becomes empty (a client's SSE
+    parser would try to read JSON from it).
     """
     found: bytes | None = None
+    error: bytes | None = None
+    comments = True
     for line in event.split(b"\n"):
         if line.startswith(b"data:"):
             if found is not None:
                 return event
             found = line[6:] if line[5:6] == b" " else line[5:]
-    return event if found is None else b"data: " + found
+        elif line.startswith(b"error:"):
+            error = line[7:] if line[6:7] == b" " else line[6:]
+        if not line.startswith(b":"):
+            comments = False
+    if found is not None:
+        return b"data: " + found
+    if error is not None:
+        return b'data: {"error": ' + error + b"}"
+    return event if comments else b""
 
 
 def stream_error(event: bytes) -> AttemptFailed:
@@ -513,6 +535,11 @@ def _final_error(
     """
     detail = tier_detail(tier, failure, failures or (failure,))
     status = failure.status
+    if failure.kind == FailureKind.BAD_ANSWER:
+        return UpstreamBadAnswer(
+            f"The '{tier}' tier's answer could not be passed on: {failure.message}",
+            detail=detail,
+        )
     if status in AUTH_STATUSES:
         return UpstreamUnavailable(
             f"The backend refused the gateway's credentials (HTTP {status}): check the "

@@ -334,7 +334,7 @@ class StreamRelay:
     def _lost(self) -> bytes:
         """The error event of a stream whose connection closed: the deadline's, or a reset."""
         if self.expired:
-            self.outcome = Outcome.UPSTREAM_STALL
+            self.outcome = Outcome.DEADLINE
             return error_event("The stream ran past the request's time limit.", 504)
         self.outcome = Outcome.UPSTREAM_RESET
         return error_event("The connection to the backend was lost mid-stream.", 502)

@@ -36,7 +36,8 @@ from gateway.upstream import AUTH_STATUSES, RETRYABLE_STATUSES, AttemptFailed
 
 T = TypeVar("T")
 
-_NEVER_RETRY_KINDS = frozenset({FailureKind.NO_REPLICA})
+# A bad answer (not JSON, too large, not SSE) would be generated again and fail the same way.
+_NEVER_RETRY_KINDS = frozenset({FailureKind.NO_REPLICA, FailureKind.BAD_ANSWER})
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,6 +34,7 @@ class _Answer(msgspec.Struct):
 
 
 _answer_decoder = msgspec.json.Decoder(_Answer)
+_BOM = b"\xef\xbb\xbf"
 
 # Upstream failures that mean "this replica, right now" and are worth another replica.
 RETRYABLE_STATUSES = frozenset({429, 502, 503, 504})
@@ -148,7 +149,10 @@ class AttemptFailed(Exception):
 
     @property
     def counts_against_replica(self) -> bool:
-        """Connection failures and 5xx count against a replica's health; 4xx never do."""
+        """Connection failures and 5xx count against a replica's health; 4xx never do, nor
+        an answer the gateway cannot pass on (it says nothing of the replica's health)."""
+        if self.kind == FailureKind.BAD_ANSWER:
+            return False
         return self.status is None or self.status >= 500
 
 
@@ -214,14 +218,32 @@ async def _fail_from_status(response: Response) -> AttemptFailed:
 
 
 def _usage_of(body: bytes) -> Any:
-    """The answer's ``usage``; a 200 that is not a JSON object (HTML, empty, cut short, nested
-    too deep) is a failed attempt, never passed on as a success."""
+    """The answer's ``usage``; a 200 that is not JSON (HTML, empty, cut short, nested too
+    deep) is a failed attempt, never passed on as a success. A JSON array (llama.cpp's answer
+    to a list of prompts on /v1/completions) is an answer without usage."""
     try:
         return _answer_decoder.decode(body).usage
-    except (msgspec.DecodeError, RecursionError):  # ValidationError (not an object) included
+    except msgspec.ValidationError:
+        if body.lstrip()[:1] == b"[" and _is_json(body):
+            return None
         raise AttemptFailed(
             FailureKind.BAD_ANSWER, "The backend's answer is not a JSON object."
         ) from None
+    except (msgspec.DecodeError, RecursionError):
+        raise AttemptFailed(FailureKind.BAD_ANSWER, "The backend's answer is not JSON.") from None
+
+
+def _without_bom(body: bytes) -> bytes:
+    """``body`` without a UTF-8 byte order mark (tolerated before JSON, RFC 8259 8.1)."""
+    return body[3:] if body[:3] == _BOM else body
+
+
+def _is_json(body: bytes) -> bool:
+    try:
+        _decoder.decode(body)
+    except (msgspec.DecodeError, RecursionError):
+        return False
+    return True
 
 
 async def attempt(
@@ -248,7 +270,7 @@ async def attempt(
             content_type = response.header("Content-Type") or "application/json"
             if stream:
                 return Opened(200, content_type, None, response)
-            body = await response.read(MAX_ANSWER)
+            body = _without_bom(await response.read(MAX_ANSWER))
             response.release()
             return Opened(200, content_type, body, None, _usage_of(body))
     except ConnectTimedOut as exc:

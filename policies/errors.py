@@ -131,6 +131,15 @@ class UpstreamUnavailable(TierGateError):
         self.status = status
 
 
+class UpstreamBadAnswer(TierGateError):
+    """The backend answered 200 with something the gateway cannot pass on (502); another tier
+    would be asked to generate the answer again, so there is no fallback."""
+
+    status = 502
+    error_type = "server_error"
+    default_code = "bad_upstream_answer"
+
+
 class UpstreamRejected(TierGateError):
     """The backend refused the request with a 4xx; its message is passed through."""
 
