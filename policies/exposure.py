@@ -71,6 +71,13 @@ def no_resolution(host: str) -> Sequence[str]:
 def classify_host(host: str) -> HostClass:
     """Classify an IP literal or host name without resolving it."""
     name = host.strip().strip("[]").rstrip(".").lower()
+    if not name.isascii():
+        # What the socket layer connects to: IDNA folds fullwidth digits (U+FF18 for "8") and
+        # the ideographic and fullwidth full stops (U+3002) into the ASCII address they spell.
+        try:
+            name = name.encode("idna").decode("ascii").rstrip(".").lower()
+        except UnicodeError:
+            return HostClass.UNRESOLVED
     try:
         address: ipaddress.IPv4Address | ipaddress.IPv6Address = ipaddress.ip_address(name)
     except ValueError:

@@ -104,7 +104,10 @@ def _content_chars(content: object, param: str) -> int:
             text = part.get("text")
             if isinstance(text, str):
                 total += _text_chars(text)
-            elif part.get("type") != "text":
+            kind = part.get("type")
+            # Media (found by its keys; a "text" key beside them changes nothing), or a typed
+            # part other than text; an untyped part with only "text" is text.
+            if kind != "text" and (kind is not None or len(part) > (text is not None)):
                 total += _MEDIA_PART_CHARS
         return total
     raise InvalidRequest(f"'{param}' must be a string or a list of parts.", param=param)

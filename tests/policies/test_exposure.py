@@ -261,3 +261,21 @@ def test_refuses_start_only_in_strict_mode_on_errors(
     findings = [Finding("x", severity, "server.host", "m")]
     assert refuses_start(findings, mode) is refused
     assert not refuses_start([], mode)
+
+
+@pytest.mark.parametrize(
+    ("host", "expected"),
+    [
+        ("8\u30028\u30028\u30028", HostClass.PUBLIC),  # ideographic full stops
+        ("\uff18\uff0e\uff18\uff0e\uff18\uff0e\uff18", HostClass.PUBLIC),  # fullwidth
+        ("\uff11\uff13\uff14\uff17\uff14\uff14\uff10\uff17\uff12", HostClass.PUBLIC),
+        ("0\u30020\u30020\u30020", HostClass.ALL_INTERFACES),
+        ("\uff11\uff12\uff17\u3002\uff10\u3002\uff10\u3002\uff11", HostClass.LOOPBACK),
+    ],
+)
+def test_unicode_spellings_are_classified_as_what_the_socket_layer_connects_to(
+    host: str, expected: HostClass
+) -> None:
+    """getaddrinfo IDNA-folds these to the ASCII address (8。8。8。8 connects to 8.8.8.8):
+    they were taken for single-label private names, and 0。0。0。0 bound every interface."""
+    assert classify_host(host) is expected

@@ -200,3 +200,17 @@ def test_text_outside_ascii_is_weighed_by_its_utf8_size(text: str, at_least: int
     assert at_least <= estimate.prompt_token_estimate <= at_least * 2
     completion = validate({"model": "m", "prompt": text}, "completion")
     assert completion.prompt_token_estimate == estimate.prompt_token_estimate
+
+
+def test_a_media_part_with_an_empty_text_key_still_counts_as_media() -> None:
+    """vLLM finds a part's media by its keys: `"text": ""` beside an image must not make the
+    part free (20 such images passed a tpm-3000 key at 8 tokens)."""
+    image = {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}
+    plain = validate(
+        {"model": "m", "messages": [{"role": "user", "content": [image] * 10}]}, "chat"
+    )
+    dressed = validate(
+        {"model": "m", "messages": [{"role": "user", "content": [{**image, "text": ""}] * 10}]},
+        "chat",
+    )
+    assert dressed.prompt_token_estimate >= plain.prompt_token_estimate >= 5000
