@@ -225,9 +225,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         """
         guard = self.guard
         guard.note_shed(reason, self.loop.time())
-        self._ignoring = True
-        self._discarding = True
-        self._held = None
+        self._serve_no_more()
         self.phase = Phase.BUSY
         serving = self._serving
         cycle = self.cycle
@@ -249,10 +247,15 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def _overflow(self) -> None:
         """Too many pipelined requests: answer the queued ones, then close (see MAX_PIPELINE)."""
         self.guard.note_shed(Shed.PIPELINE_TOO_DEEP, self.loop.time())
+        self._serve_no_more()
+        self.pipeline[0][0].keep_alive = False
+
+    def _serve_no_more(self) -> None:
+        """Parse and serve nothing after this point: what is read is dropped, what is held
+        is forgotten, and the parser's callbacks do nothing until the connection closes."""
         self._ignoring = True
         self._discarding = True
         self._held = None
-        self.pipeline[0][0].keep_alive = False
 
     def pause_writing(self) -> None:
         """The client is not reading: the guard cuts it after ``write_timeout_s``."""
@@ -455,6 +458,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             super().on_headers_complete()
         if self.pipeline and self.pipeline[0][0] is self.cycle:
             return  # queued: its body is read, and timed, in its turn (``_start_next``)
+        self._start_body_clock()
+
+    def _start_body_clock(self) -> None:
+        """The body of the request in turn is being read from now: its deadlines start."""
         now = self.loop.time()
         self.phase = Phase.BODY
         self.since = now
@@ -581,8 +588,4 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self.flow.resume_reading()
         self._start_asgi_task(cycle, app)
         if cycle.more_body:
-            now = self.loop.time()
-            self.phase = Phase.BODY
-            self.since = now
-            self.body_started = now
-            self.body_bytes = 0
+            self._start_body_clock()

@@ -37,23 +37,6 @@ _SEP = b"\n\n"
 _NO_FINISH = re.compile(rb'"finish_reason": ?null')
 
 
-class _UsageOnly(msgspec.Struct):
-    """The one field of an answer object the gateway reads (the rest is skipped, not built)."""
-
-    usage: Any = None
-
-
-_usage_decoder = msgspec.json.Decoder(_UsageOnly)
-
-
-def usage_of_answer(raw: bytes) -> Usage | None:
-    """The ``usage`` of a non-streaming answer's JSON; None when absent or not a JSON object."""
-    try:
-        return usage_fields(_usage_decoder.decode(raw).usage)
-    except (msgspec.DecodeError, RecursionError):  # ValidationError (not an object) included
-        return None
-
-
 def usage_from(data: Any) -> Usage | None:
     """The ``usage`` of a response or chunk object, if it has one."""
     if not isinstance(data, dict):

@@ -217,10 +217,11 @@ async def _fail_from_status(response: Response) -> AttemptFailed:
     )
 
 
-def _usage_of(body: bytes) -> Any:
-    """The answer's ``usage``; a 200 that is not JSON (HTML, empty, cut short, nested too
-    deep) is a failed attempt, never passed on as a success. A JSON array (llama.cpp's answer
-    to a list of prompts on /v1/completions) is an answer without usage."""
+def answer_usage(body: bytes) -> Any:
+    """The answer's ``usage``, read without building the rest (the value as sent: the proxy
+    reads its counts with ``relay.usage_fields``). A 200 that is not JSON (HTML, empty, cut
+    short, nested too deep) is a failed attempt, never passed on as a success. A JSON array
+    (llama.cpp's answer to a list of prompts on /v1/completions) is an answer without usage."""
     try:
         return _answer_decoder.decode(body).usage
     except msgspec.ValidationError:
@@ -272,7 +273,7 @@ async def attempt(
                 return Opened(200, content_type, None, response)
             body = _without_bom(await response.read(MAX_ANSWER))
             response.release()
-            return Opened(200, content_type, body, None, _usage_of(body))
+            return Opened(200, content_type, body, None, answer_usage(body))
     except ConnectTimedOut as exc:
         raise AttemptFailed(
             FailureKind.CONNECT_TIMEOUT, "The backend did not accept in time."

@@ -15,11 +15,11 @@ import pytest
 
 from gateway.events import UPSTREAM_FAILURES, Outcome, Usage
 from gateway.forwarding import Forwarder, TierRoute, stream_error
-from gateway.relay import StreamRelay, usage_of_answer
+from gateway.relay import StreamRelay
 from gateway.replicas import ReplicaPool
 from gateway.retry import RetryPolicy
 from gateway.settings import Timeouts
-from gateway.upstream import UpstreamClient, _upstream_message
+from gateway.upstream import AttemptFailed, UpstreamClient, _upstream_message, answer_usage
 from policies.errors import TierGateError
 from policies.selection import RoundRobin
 from tests.gateway.raw_upstream import RawUpstream, Respond, answer
@@ -103,7 +103,8 @@ async def _relayed(
 
 def test_deep_json_is_undecodable_not_an_error() -> None:
     """Every decode of a backend's JSON treats nesting past msgspec's guard as undecodable."""
-    assert usage_of_answer(b'{"usage":{"prompt_tokens":1},"x":' + DEEP + b"}") is None
+    with pytest.raises(AttemptFailed):  # a bad answer (not retried), never a 500
+        answer_usage(b'{"usage":{"prompt_tokens":1},"x":' + DEEP + b"}")
     failure = stream_error(b'data: {"error":{"message":"x","code":503,"x":' + DEEP + b"}}")
     assert failure.status == 500
     assert _upstream_message(b'{"error":{"message":"busy","x":' + DEEP + b"}}", 503) == (

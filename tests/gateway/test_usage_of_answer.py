@@ -14,14 +14,24 @@ from litestar.testing import AsyncTestClient
 
 from gateway.app import create_app
 from gateway.events import Usage
-from gateway.relay import usage_from, usage_of_answer
+from gateway.relay import usage_fields, usage_from
 from gateway.settings import AuthSettings, Settings, TierSettings
+from gateway.upstream import AttemptFailed, answer_usage
 
 ANSWER = {
     "id": "chatcmpl-1",
     "object": "chat.completion",
     "choices": [{"index": 0, "message": {"role": "assistant", "content": 'a "usage": trap'}}],
 }
+
+
+def usage_of_answer(raw: bytes) -> Usage | None:
+    """The usage the gateway settles for a non-streaming answer (None: it has none; an answer
+    that is not JSON fails its attempt instead, and settles nothing)."""
+    try:
+        return usage_fields(answer_usage(raw))
+    except AttemptFailed:
+        return None
 
 
 @pytest.mark.parametrize(
