@@ -18,6 +18,13 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Final, NamedTuple, Protocol
 
+import msgspec
+
+# A backend's JSON that cannot be read: malformed, or nested past msgspec's guard (it raises
+# RecursionError near 1,000 levels). Every decode of what a backend sent catches both, so a
+# hostile answer is undecodable, never a 500.
+UNREADABLE_JSON: Final = (msgspec.DecodeError, RecursionError)
+
 
 class Outcome(StrEnum):
     """How a request that got an answer (or the start of one) ended."""

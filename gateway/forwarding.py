@@ -26,6 +26,7 @@ import msgspec
 from gateway.events import (
     NO_EVENTS,
     TIMEOUTS,
+    UNREADABLE_JSON,
     AttemptEnd,
     AttemptEvents,
     AttemptStart,
@@ -514,7 +515,7 @@ def stream_error(event: bytes) -> AttemptFailed:
     """
     try:
         data = _decoder.decode(event.strip()[len(b"data: ") :])
-    except (msgspec.DecodeError, RecursionError):  # nested too deep: undecodable too
+    except UNREADABLE_JSON:
         data = None
     inner = data.get("error") if isinstance(data, dict) else None
     inner = inner if isinstance(inner, dict) else {}

@@ -22,7 +22,7 @@ import structlog
 
 from gateway.deadline import deadline
 from gateway.errors import error_body
-from gateway.events import UPSTREAM_FAILURES, Outcome, Usage
+from gateway.events import UNREADABLE_JSON, UPSTREAM_FAILURES, Outcome, Usage
 from gateway.forwarding import MAX_EVENT, Exchange, standard_event
 
 _log = structlog.get_logger("tiergate.relay")
@@ -179,7 +179,7 @@ class StreamRelay:
         """An event that may carry ``usage``: recorded; the gateway's own usage chunk dropped."""
         try:
             data = _decoder.decode(event[6:])
-        except (msgspec.DecodeError, RecursionError):  # nested too deep: undecodable too
+        except UNREADABLE_JSON:
             return event + _SEP
         usage = usage_from(data)
         if usage is not None:
@@ -191,7 +191,7 @@ class StreamRelay:
     def _capture(self, event: bytes) -> None:
         try:
             data = _decoder.decode(event[6:])
-        except (msgspec.DecodeError, RecursionError):  # nested too deep: undecodable too
+        except UNREADABLE_JSON:
             return
         choices = data.get("choices") if isinstance(data, dict) else None
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
@@ -224,7 +224,7 @@ class StreamRelay:
             return b""
         try:
             last = _decoder.decode(self.last_data[6:])
-        except (msgspec.DecodeError, RecursionError):  # nested too deep: undecodable too
+        except UNREADABLE_JSON:
             return b""
         if not isinstance(last, dict):
             return b""

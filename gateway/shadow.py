@@ -27,6 +27,7 @@ from typing import Any
 
 import msgspec
 
+from gateway.events import UNREADABLE_JSON
 from gateway.forwarding import TierRoute
 from gateway.replicas import Replica
 from gateway.shadow_store import Featurizer, RequestFeatures, ShadowRecord, ShadowStore, rotated
@@ -96,7 +97,7 @@ def answer_text(raw: bytes) -> str | None:
     """The first choice's text of a non-streaming chat or completion answer."""
     try:
         data = _decoder.decode(raw)
-    except (msgspec.DecodeError, RecursionError):  # nested too deep: undecodable too
+    except UNREADABLE_JSON:
         return None
     choices = data.get("choices") if isinstance(data, dict) else None
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):

@@ -17,7 +17,7 @@ import aiohttp
 import msgspec
 
 from gateway.deadline import deadline
-from gateway.events import FailureKind, status_kind
+from gateway.events import UNREADABLE_JSON, FailureKind, status_kind
 from gateway.upstream_connection import ConnectFailed, ConnectTimedOut, Response
 from gateway.upstream_pool import UpstreamPool
 
@@ -189,7 +189,7 @@ def _upstream_message(raw: bytes, status: int) -> tuple[str, dict[str, Any] | No
     (older vLLM, SGLang) or ``{"error": "...", "error_type": ...}`` (TGI)."""
     try:
         data = _decoder.decode(raw)
-    except (msgspec.DecodeError, RecursionError):  # nested too deep: undecodable too
+    except UNREADABLE_JSON:
         return f"The backend answered {status}.", None
     if isinstance(data, dict) and isinstance(data.get("error"), str) and data["error"]:
         return data["error"][:2000], None
@@ -230,7 +230,7 @@ def answer_usage(body: bytes) -> Any:
         raise AttemptFailed(
             FailureKind.BAD_ANSWER, "The backend's answer is not a JSON object."
         ) from None
-    except (msgspec.DecodeError, RecursionError):
+    except UNREADABLE_JSON:
         raise AttemptFailed(FailureKind.BAD_ANSWER, "The backend's answer is not JSON.") from None
 
 
@@ -242,7 +242,7 @@ def _without_bom(body: bytes) -> bytes:
 def _is_json(body: bytes) -> bool:
     try:
         _decoder.decode(body)
-    except (msgspec.DecodeError, RecursionError):
+    except UNREADABLE_JSON:
         return False
     return True
 

@@ -17,7 +17,7 @@ import msgspec
 from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
 
-from gateway.events import AttemptEnd, AttemptStart
+from gateway.events import UNREADABLE_JSON, AttemptEnd, AttemptStart
 from gateway.telemetry import semconv as sc
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ _DATA = b"data: "
 def _decode(raw: bytes) -> Any:
     try:
         return _decoder.decode(raw)
-    except (msgspec.DecodeError, RecursionError):  # nested too deep: undecodable too
+    except UNREADABLE_JSON:
         return None
 
 
