@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import re
 import socket
 import time
+import urllib.request
 from typing import Any
 
 CRLF = b"\r\n"
@@ -35,6 +37,36 @@ def closed_within(sock: socket.socket, seconds: float) -> tuple[bool, bytes]:
         if not chunk:
             return True, data
         data += chunk
+
+
+def statuses(data: bytes) -> list[int]:
+    """The status of every response in ``data`` (pipelined answers, in order)."""
+    return [int(m) for m in re.findall(rb"HTTP/1\.1 (\d{3}) ", data)]
+
+
+def metric_sum(url: str, name: str) -> float:
+    """The sum of every sample of metric ``name`` at ``url``/metrics (0 when it has none)."""
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as response:  # noqa: S310  # loopback
+        text = response.read().decode()
+    return sum(float(m) for m in re.findall("^" + name + r"(?:\{[^}]*\})? (\S+)$", text, re.M))
+
+
+def shed_count(url: str, reason: str) -> float:
+    """Connections the gateway at ``url`` shed for ``reason`` (its counter must exist)."""
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as response:  # noqa: S310  # loopback
+        text = response.read().decode()
+    line = r'^tiergate_connections_shed_total\{reason="' + reason + r'"\} (\S+)$'
+    match = re.search(line, text, re.M)
+    assert match is not None, text
+    return float(match[1])
+
+
+def rss_kib(pid: int) -> int:
+    """Resident memory of process ``pid``, in KiB."""
+    for line in open(f"/proc/{pid}/status", encoding="ascii"):  # noqa: SIM115  # short read
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
 
 
 def status_of(response: bytes) -> int:

@@ -8,10 +8,8 @@ counters did not exist.
 from __future__ import annotations
 
 import contextlib
-import re
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 
 import pytest
@@ -22,6 +20,8 @@ from tests.adversarial.rawhttp import (
     get,
     json_body,
     read_response,
+    rss_kib,
+    shed_count,
     status_of,
 )
 from tests.integration.gateway_proc import GatewayProcess, tiers_config
@@ -71,20 +71,7 @@ def gw(sims: tuple[SimulatorProcess, SimulatorProcess]) -> Iterator[GatewayProce
 
 
 def _shed(gw: GatewayProcess, reason: str) -> float:
-    with urllib.request.urlopen(gw.url + "/metrics", timeout=5) as response:  # noqa: S310  # loopback
-        text = response.read().decode()
-    match = re.search(
-        r'^tiergate_connections_shed_total\{reason="' + reason + r'"\} (\S+)$', text, re.M
-    )
-    assert match is not None, text
-    return float(match[1])
-
-
-def _rss_kib(pid: int) -> int:
-    for line in open(f"/proc/{pid}/status", encoding="ascii"):  # noqa: SIM115  # short read
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise AssertionError("no VmRSS")
+    return shed_count(gw.url, reason)
 
 
 def _stream_header(port: int, seconds: float, out: dict[str, object]) -> None:
@@ -130,7 +117,7 @@ def test_many_growing_headers_do_not_grow_memory(gw: GatewayProcess) -> None:
     """300 clients pushing 64 KiB headers each (19 MiB in all) leave RSS within 8 MiB."""
     for _ in range(20):  # warm up allocator pools first
         get(gw.port, "/livez")
-    before = _rss_kib(gw.pid)
+    before = rss_kib(gw.pid)
     for _ in range(300):
         sock = connect(gw.port)
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
@@ -139,7 +126,7 @@ def test_many_growing_headers_do_not_grow_memory(gw: GatewayProcess) -> None:
         sock.close()
         assert closed
         assert not response or status_of(response) == 431
-    assert _rss_kib(gw.pid) - before < 8 * 1024
+    assert rss_kib(gw.pid) - before < 8 * 1024
 
 
 def test_pipelined_growing_header_gets_431(gw: GatewayProcess) -> None:

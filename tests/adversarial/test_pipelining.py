@@ -16,16 +16,21 @@ Each test here failed before the fix it names, found by an attack review (2026-1
 from __future__ import annotations
 
 import json
-import re
 import socket
 import time
-import urllib.request
 from collections.abc import Iterator
 
 import pytest
 
 from gateway.http_protocol import MAX_PIPELINE
-from tests.adversarial.rawhttp import closed_within, connect
+from tests.adversarial.rawhttp import (
+    closed_within,
+    connect,
+    metric_sum,
+    rss_kib,
+    shed_count,
+    statuses,
+)
 from tests.integration.gateway_proc import GatewayProcess, tiers_config
 from tests.simulator.procs import SimulatorProcess
 
@@ -76,28 +81,12 @@ def fast_gw() -> Iterator[GatewayProcess]:
         yield proc
 
 
-def _metric(gw: GatewayProcess, pattern: str) -> float:
-    with urllib.request.urlopen(gw.url + "/metrics", timeout=5) as response:  # noqa: S310  # loopback
-        text = response.read().decode()
-    match = re.search("^" + pattern + r" (\S+)$", text, re.M)
-    assert match is not None, pattern
-    return float(match[1])
-
-
 def _sum(gw: GatewayProcess, name: str) -> float:
-    """The sum of every sample of ``name`` (0 when it has none yet)."""
-    with urllib.request.urlopen(gw.url + "/metrics", timeout=5) as response:  # noqa: S310  # loopback
-        text = response.read().decode()
-    return sum(float(m) for m in re.findall("^" + name + r"(?:\{[^}]*\})? (\S+)$", text, re.M))
+    return metric_sum(gw.url, name)
 
 
 def _shed(gw: GatewayProcess, reason: str) -> float:
-    return _metric(gw, r'tiergate_connections_shed_total\{reason="' + reason + r'"\}')
-
-
-def statuses(data: bytes) -> list[int]:
-    """The status of every response in ``data``."""
-    return [int(m) for m in re.findall(rb"HTTP/1\.1 (\d{3}) ", data)]
+    return shed_count(gw.url, reason)
 
 
 def _chat(content: str, *, stream: bool = False, max_tokens: int = 4) -> bytes:
@@ -135,7 +124,7 @@ def test_a_deep_pipeline_is_answered_up_to_the_cap_then_closed(gw: GatewayProces
 def test_a_client_that_keeps_pipelining_cannot_grow_the_gateway(gw: GatewayProcess) -> None:
     """The attack as found: ~15 KB of tiny requests sent for every answer read. The gateway
     closes the connection instead of queueing them all (it had grown 400 MB in 1.5 s)."""
-    rss_before = _rss_kib(gw.pid)
+    rss_before = rss_kib(gw.pid)
     blob = LIVEZ * (15000 // len(LIVEZ))
     sent = 0
     with connect(gw.port) as sock:
@@ -153,14 +142,7 @@ def test_a_client_that_keeps_pipelining_cannot_grow_the_gateway(gw: GatewayProce
         except (BrokenPipeError, ConnectionResetError):
             pass
     assert sent < 100  # closed at the cap, long before the deadline
-    assert _rss_kib(gw.pid) - rss_before < 20 * 1024
-
-
-def _rss_kib(pid: int) -> int:
-    for line in open(f"/proc/{pid}/status", encoding="ascii"):  # noqa: SIM115  # short read
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise AssertionError("no VmRSS")
+    assert rss_kib(gw.pid) - rss_before < 20 * 1024
 
 
 def test_a_body_end_and_the_next_head_in_one_read_is_no_431(gw: GatewayProcess) -> None:
@@ -354,7 +336,7 @@ def test_a_client_that_reads_nothing_never_keeps_a_socket(fast_gw: GatewayProces
     the socket is gone after write_timeout_s; with bad bytes at the end too (a refusal used
     to release the connection from the guard and then wait on close() for unread bytes)."""
     gw = fast_gw
-    rss_before = _rss_kib(gw.pid)
+    rss_before = rss_kib(gw.pid)
     sockets_before = _server_sockets(gw.port)
     clients = []
     for tail in (b"", b"GARBAGE \x00\r\n\r\n"):
@@ -376,7 +358,7 @@ def test_a_client_that_reads_nothing_never_keeps_a_socket(fast_gw: GatewayProces
         while time.monotonic() < deadline and _server_sockets(gw.port) > sockets_before:
             time.sleep(0.2)
         assert _server_sockets(gw.port) <= sockets_before
-        assert _rss_kib(gw.pid) - rss_before < 30 * 1024
+        assert rss_kib(gw.pid) - rss_before < 30 * 1024
     finally:
         for sock in clients:
             sock.close()

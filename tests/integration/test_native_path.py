@@ -171,16 +171,21 @@ def test_streamed_oversized_body_is_refused(gw: GatewayProcess) -> None:
     assert status_of(data) == 413
 
 
-def test_http_10_request_is_answered_then_closed(gw: GatewayProcess) -> None:
-    """An HTTP/1.0 client gets its answer and the connection ends after it."""
-    body = json.dumps(CHAT).encode()
+def _http10_exchange(gw: GatewayProcess, chat: dict[str, object]) -> tuple[bool, bytes]:
+    """An HTTP/1.0 chat request: (the gateway closed within 5 s, what it sent)."""
+    body = json.dumps(chat).encode()
     request = b"POST /v1/chat/completions HTTP/1.0\r\nContent-Length: %d\r\n\r\n%b" % (
         len(body),
         body,
     )
     with connect(gw.port) as sock:
         sock.sendall(request)
-        closed, data = closed_within(sock, 5.0)
+        return closed_within(sock, 5.0)
+
+
+def test_http_10_request_is_answered_then_closed(gw: GatewayProcess) -> None:
+    """An HTTP/1.0 client gets its answer and the connection ends after it."""
+    closed, data = _http10_exchange(gw, CHAT)
     assert closed
     assert status_of(data) == 200
     assert b"connection: close" in data.lower()
@@ -189,14 +194,7 @@ def test_http_10_request_is_answered_then_closed(gw: GatewayProcess) -> None:
 def test_http_10_stream_is_not_chunked(gw: GatewayProcess) -> None:
     """HTTP/1.0 knows no chunked coding (RFC 9112 7.1): a stream to an HTTP/1.0 client is
     its SSE bytes as they come, ended by the close."""
-    body = json.dumps({**CHAT, "stream": True}).encode()
-    request = b"POST /v1/chat/completions HTTP/1.0\r\nContent-Length: %d\r\n\r\n%b" % (
-        len(body),
-        body,
-    )
-    with connect(gw.port) as sock:
-        sock.sendall(request)
-        closed, data = closed_within(sock, 5.0)
+    closed, data = _http10_exchange(gw, {**CHAT, "stream": True})
     assert closed
     head, _, payload = data.partition(b"\r\n\r\n")
     assert status_of(data) == 200

@@ -52,23 +52,18 @@ def _traffic(complex_share: float) -> list[list[dict[str, Any]]]:
 
 
 @pytest.fixture
-def gateway() -> Iterator[GatewayProcess]:
-    """Zero-latency simulators behind a gateway with the default router settings."""
-    with (
-        SimulatorProcess(
-            "--profile", "fast", "--model", "tiergate-fast", "--latency-scale", "0"
-        ) as fast,
-        SimulatorProcess(
-            "--profile", "precise", "--model", "tiergate-precise", "--latency-scale", "0"
-        ) as precise,
-    ):
-        config = {
-            "auth": {"enabled": False},
-            "tiers": tiers_config([fast.url], [precise.url]),
-            "telemetry": {"access_log": False},
-        }
-        with GatewayProcess(config) as proc:
-            yield proc
+def fresh_gateway(
+    fast_sim: SimulatorProcess, precise_sim: SimulatorProcess
+) -> Iterator[GatewayProcess]:
+    """A new gateway (its dial starts afresh) with the default router settings, in front of
+    the module's zero-latency simulators (tests/integration/conftest.py)."""
+    config = {
+        "auth": {"enabled": False},
+        "tiers": tiers_config([fast_sim.url], [precise_sim.url]),
+        "telemetry": {"access_log": False},
+    }
+    with GatewayProcess(config) as proc:
+        yield proc
 
 
 async def _send(url: str, traffic: list[list[dict[str, Any]]]) -> list[str]:
@@ -94,10 +89,10 @@ async def _send(url: str, traffic: list[list[dict[str, Any]]]) -> list[str]:
 
 @pytest.mark.parametrize("complex_share", [0.10, 0.25, 0.50])
 def test_the_gateway_holds_the_precise_share_on_unseen_traffic(
-    gateway: GatewayProcess, complex_share: float
+    fresh_gateway: GatewayProcess, complex_share: float
 ) -> None:
     """External traffic of each mix: 30 % +- 3 points precise after the warm-up."""
-    tiers = asyncio.run(_send(gateway.url, _traffic(complex_share)))
+    tiers = asyncio.run(_send(fresh_gateway.url, _traffic(complex_share)))
     precise = np.array([tier == "precise" for tier in tiers])
     judged = precise[WARM_UP:].mean()
     print(f"complex {complex_share:.0%}: precise share after the warm-up {judged:.3f}")

@@ -12,7 +12,6 @@ extra answer on a connection a proxy reuses would be request smuggling).
 from __future__ import annotations
 
 import json
-import re
 import socket
 import time
 from collections.abc import Iterator
@@ -20,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.adversarial.rawhttp import connect, status_of
+from tests.adversarial.rawhttp import connect, status_of, statuses
 from tests.integration.gateway_proc import GatewayProcess, tiers_config
 from tests.simulator.procs import SimulatorProcess
 
@@ -99,11 +98,6 @@ def read_all(sock: socket.socket, quiet: float = 1.5) -> bytes:
         if not chunk:
             return data
         data += chunk
-
-
-def statuses(data: bytes) -> list[int]:
-    """The status of every response in ``data``."""
-    return [int(m) for m in re.findall(rb"HTTP/1\.1 (\d{3}) ", data)]
 
 
 def _exchange(port: int, *writes: bytes, pause: float = 0.3) -> bytes:
