@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from gateway.events import UPSTREAM_FAILURES, Outcome, Usage
-from gateway.forwarding import Forwarder, TierRoute, stream_error
+from gateway.forwarding import Forwarded, Forwarder, TierRoute, stream_error
 from gateway.relay import StreamRelay
 from gateway.replicas import ReplicaPool
 from gateway.retry import RetryPolicy
@@ -72,6 +72,20 @@ def _body(*, stream: bool, **extra: Any) -> dict[str, Any]:
     return {"messages": [{"role": "user", "content": "hi"}], "stream": stream, **extra}
 
 
+async def _forward_once(upstream: UpstreamClient, respond: Respond, *, stream: bool) -> Forwarded:
+    """One request forwarded to a backend answering with ``respond`` (its exchange finished);
+    the backend is stopped either way."""
+    server = await RawUpstream(respond).start()
+    try:
+        forwarded = await _forwarder(upstream, server.url).forward(
+            PATH, _body(stream=stream), ["fast"]
+        )
+        forwarded.exchange.finish()
+    finally:
+        await server.stop()
+    return forwarded
+
+
 async def _relayed(
     upstream: UpstreamClient, respond: Respond, **timeouts: float
 ) -> tuple[bytes, str, Usage | None]:
@@ -116,36 +130,24 @@ def test_deep_json_is_undecodable_not_an_error() -> None:
 async def test_a_deep_non_streaming_answer_is_a_bad_gateway(upstream: UpstreamClient) -> None:
     """A 200 answer with a field nested too deep is a failed attempt (502), not a 500."""
     raw = b'{"id":"x","choices":[],"usage":{"prompt_tokens":1},"x":' + DEEP + b"}"
-    server = await RawUpstream(_fixed(answer(raw))).start()
-    try:
-        with pytest.raises(TierGateError) as caught:
-            await _forwarder(upstream, server.url).forward(PATH, _body(stream=False), ["fast"])
-    finally:
-        await server.stop()
+    with pytest.raises(TierGateError) as caught:
+        await _forward_once(upstream, _fixed(answer(raw)), stream=False)
     assert caught.value.status == 502
 
 
 async def test_a_deep_503_is_an_overload_not_a_crash(upstream: UpstreamClient) -> None:
     """A 503 whose error body is nested too deep is retried and ends as the usual 503."""
     raw = answer(b'{"error":{"message":"busy","x":' + DEEP + b"}}", status=503)
-    server = await RawUpstream(_fixed(raw)).start()
-    try:
-        with pytest.raises(TierGateError) as caught:
-            await _forwarder(upstream, server.url).forward(PATH, _body(stream=False), ["fast"])
-    finally:
-        await server.stop()
+    with pytest.raises(TierGateError) as caught:
+        await _forward_once(upstream, _fixed(raw), stream=False)
     assert caught.value.status == 503
 
 
 async def test_a_deep_first_stream_event_is_a_backend_error(upstream: UpstreamClient) -> None:
     """A first error event nested too deep fails the attempt like any backend error."""
     event = b'data: {"error":{"message":"x","code":503,"x":' + DEEP + b"}}\n\n"
-    server = await RawUpstream(_sse(event, DONE)).start()
-    try:
-        with pytest.raises(TierGateError) as caught:
-            await _forwarder(upstream, server.url).forward(PATH, _body(stream=True), ["fast"])
-    finally:
-        await server.stop()
+    with pytest.raises(TierGateError) as caught:
+        await _forward_once(upstream, _sse(event, DONE), stream=True)
     assert caught.value.status >= 500
 
 
@@ -297,12 +299,8 @@ async def test_a_crlf_stream_split_between_cr_and_lf_is_relayed(upstream: Upstre
 async def test_a_crlf_first_error_event_is_read(upstream: UpstreamClient) -> None:
     """A CRLF framed first event that is the backend's error fails the attempt with its status."""
     error = b'data: {"error":{"message":"bad prompt","code":400}}\r\n\r\n'
-    server = await RawUpstream(_sse(error, b"data: [DONE]\r\n\r\n")).start()
-    try:
-        with pytest.raises(TierGateError) as caught:
-            await _forwarder(upstream, server.url).forward(PATH, _body(stream=True), ["fast"])
-    finally:
-        await server.stop()
+    with pytest.raises(TierGateError) as caught:
+        await _forward_once(upstream, _sse(error, b"data: [DONE]\r\n\r\n"), stream=True)
     assert caught.value.status == 400
     assert caught.value.message == "bad prompt"
 
@@ -350,14 +348,7 @@ async def test_a_200_that_is_not_json_is_a_bad_gateway_once(
 async def test_a_json_array_answer_is_passed_on(upstream: UpstreamClient) -> None:
     """llama.cpp answers a list of prompts on /v1/completions with a JSON array: an answer."""
     raw = b'[{"id":"a","choices":[]},{"id":"b","choices":[]}]'
-    server = await RawUpstream(_fixed(answer(raw))).start()
-    try:
-        forwarded = await _forwarder(upstream, server.url).forward(
-            PATH, _body(stream=False), ["fast"]
-        )
-        forwarded.exchange.finish()
-    finally:
-        await server.stop()
+    forwarded = await _forward_once(upstream, _fixed(answer(raw)), stream=False)
     assert forwarded.exchange.opened.body == raw
     assert forwarded.exchange.opened.usage is None
 
@@ -366,14 +357,7 @@ async def test_a_json_answer_after_a_bom_is_passed_on_without_it(
     upstream: UpstreamClient,
 ) -> None:
     """A UTF-8 byte order mark before the JSON is tolerated and dropped (msgspec refuses it)."""
-    server = await RawUpstream(_fixed(answer(b"\xef\xbb\xbf" + GOOD))).start()
-    try:
-        forwarded = await _forwarder(upstream, server.url).forward(
-            PATH, _body(stream=False), ["fast"]
-        )
-        forwarded.exchange.finish()
-    finally:
-        await server.stop()
+    forwarded = await _forward_once(upstream, _fixed(answer(b"\xef\xbb\xbf" + GOOD)), stream=False)
     assert forwarded.exchange.opened.body == GOOD
     assert forwarded.exchange.opened.usage == {"prompt_tokens": 3}
 
@@ -383,12 +367,8 @@ async def test_a_non_streaming_answer_above_32_mib_is_a_bad_gateway(
 ) -> None:
     """A 40 MiB answer is refused once 32 MiB were read, not buffered whole."""
     raw = b'{"id":"x","pad":"' + b"a" * (40 << 20) + b'"}'
-    server = await RawUpstream(_fixed(answer(raw))).start()
-    try:
-        with pytest.raises(TierGateError) as caught:
-            await _forwarder(upstream, server.url).forward(PATH, _body(stream=False), ["fast"])
-    finally:
-        await server.stop()
+    with pytest.raises(TierGateError) as caught:
+        await _forward_once(upstream, _fixed(answer(raw)), stream=False)
     assert caught.value.status == 502
     assert "32 MiB" in caught.value.message
 
@@ -456,12 +436,8 @@ async def test_an_error_named_event_mid_stream_ends_the_stream(upstream: Upstrea
 async def test_a_first_error_event_without_the_space_is_read(upstream: UpstreamClient) -> None:
     """`data:{"error": ...}` as the first event fails the attempt with the error's status."""
     error = b'data:{"error":{"message":"bad prompt","code":400}}\n\n'
-    server = await RawUpstream(_sse(error, DONE)).start()
-    try:
-        with pytest.raises(TierGateError) as caught:
-            await _forwarder(upstream, server.url).forward(PATH, _body(stream=True), ["fast"])
-    finally:
-        await server.stop()
+    with pytest.raises(TierGateError) as caught:
+        await _forward_once(upstream, _sse(error, DONE), stream=True)
     assert caught.value.status == 400
 
 
@@ -488,12 +464,8 @@ async def test_a_stream_answer_that_is_not_sse_is_a_bad_gateway(
 ) -> None:
     """A stream request answered 200 with no events fails the attempt (502), never a 200."""
     head = b"Content-Type: " + content_type + b"\r\n"
-    server = await RawUpstream(_fixed(answer(raw, extra=head))).start()
-    try:
-        with pytest.raises(TierGateError) as caught:
-            await _forwarder(upstream, server.url).forward(PATH, _body(stream=True), ["fast"])
-    finally:
-        await server.stop()
+    with pytest.raises(TierGateError) as caught:
+        await _forward_once(upstream, _fixed(answer(raw, extra=head)), stream=True)
     assert caught.value.status == 502
 
 
@@ -521,12 +493,8 @@ async def test_a_llama_cpp_error_field_first_is_the_backends_error(
     """As the first event it is the backend's error with its status (a 400 is passed on, not
     taken for a stream that is not server-sent events)."""
     error = b'error: {"code":400,"message":"context too long","type":"invalid_request_error"}\n\n'
-    server = await RawUpstream(_sse(error, DONE)).start()
-    try:
-        with pytest.raises(TierGateError) as caught:
-            await _forwarder(upstream, server.url).forward(PATH, _body(stream=True), ["fast"])
-    finally:
-        await server.stop()
+    with pytest.raises(TierGateError) as caught:
+        await _forward_once(upstream, _sse(error, DONE), stream=True)
     assert caught.value.status == 400
     assert caught.value.message == "context too long"
 
