@@ -4,24 +4,16 @@ the key's limits: a backend claiming 1.5e9 tokens must not lock a key out for we
 from __future__ import annotations
 
 import asyncio
-import threading
-import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 import pytest
 from litestar.testing import AsyncTestClient
 from structlog.testing import capture_logs
 
-from gateway.app import create_app
 from gateway.events import Usage
-from gateway.keystore_file import FileKeyStore
-from gateway.settings import AuthSettings, Settings, TierSettings
 from gateway.usage_bound import PROMPT_ALLOWANCE, UsageBound, UsageClipper
-from policies.keys import issue_key
-from policies.principal import KeyPolicy
+from tests.gateway.canned_backend import canned_backend, keyed_app
 
 HUGE = b'{"prompt_tokens": 1500000000, "completion_tokens": 1e30, "total_tokens": 1e30}'
 STREAM = (
@@ -64,34 +56,8 @@ def test_usage_above_the_bound_is_clipped_and_warned_once() -> None:
 @pytest.fixture
 def backend() -> Iterator[str]:
     """A backend that reports 1.5e9 prompt and 1e30 completion tokens for every answer."""
-
-    class Backend(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # the stdlib's name
-            sent = self.rfile.read(int(self.headers["Content-Length"]))
-            stream = b'"stream":true' in sent.replace(b" ", b"")
-            answer = STREAM if stream else ANSWER
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream" if stream else "application/json")
-            self.send_header("Content-Length", str(len(answer)))
-            self.end_headers()
-            self.wfile.write(answer)
-
-        def do_GET(self) -> None:  # health probes and /v1/models: answered 200
-            self.send_response(200)
-            self.send_header("Content-Length", "2")
-            self.end_headers()
-            self.wfile.write(b"{}")
-
-        def log_message(self, *_: Any) -> None:
-            return
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Backend)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with canned_backend(ANSWER, STREAM) as url:
+        yield url
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -99,19 +65,10 @@ async def test_a_huge_reported_usage_does_not_lock_the_key_out(
     backend: str, tmp_path: Path, stream: bool
 ) -> None:
     """After an answer claiming 1.5e9 tokens, the key (100k tokens a minute) is still served."""
-    store = FileKeyStore(tmp_path / "keys.yaml")
-    record, token = issue_key("team", KeyPolicy(tpm=100_000), now=time.time())
-    store.put_sync(record)
-    settings = Settings(
-        tiers={
-            "fast": TierSettings(model="m", replicas=[backend], default_max_tokens=16),
-            "precise": TierSettings(model="p", replicas=["http://127.0.0.1:9"]),
-        },
-        auth=AuthSettings(keys_file=store.path, cache_ttl_s=0, keys_reload_interval_s=0),
-    )
+    app, token = keyed_app(backend, tmp_path, tpm=100_000)
     body = {"model": "fast", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
     headers = {"Authorization": f"Bearer {token}"}
-    async with AsyncTestClient(app=create_app(settings)) as client:
+    async with AsyncTestClient(app=app) as client:
         first = await client.post(
             "/v1/chat/completions", json={**body, "stream": stream}, headers=headers
         )
