@@ -6,7 +6,7 @@ UV := $(TOOLS)/bin/uv
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint typecheck unit install install-dev docs redis-server bench bench-prefix bench-classify bench-sim bench-llamacpp e2e clean
+.PHONY: demo test lint typecheck unit install install-dev docs redis-server bench bench-prefix bench-classify bench-sim bench-llamacpp e2e stream-cut-table clean
 
 $(UV):
 	python3 -m venv $(TOOLS)
@@ -64,6 +64,10 @@ bench-classify: install-dev
 
 e2e: install-dev
 	./scripts/e2e.sh
+
+# Issue 24's table against real llama-cpp-python servers on their defaults (interrupt on).
+stream-cut-table: install-dev
+	TIERGATE_CUT_TABLE=bench/results/stream-cut-llamacpp.md ./scripts/e2e.sh -k test_stream_cut
 
 docs: install
 	$(BIN)/tiergate config docs --out docs/settings.md

@@ -65,6 +65,7 @@ def replica_view(replica: Replica, now: float, wall: float) -> dict[str, Any]:
         "ejections_total": replica.ejections_total,
         "last_check_s_ago": round(now - replica.last_check_at, 3) if replica.checked else None,
         "attempts": dict(replica.outcomes),
+        "truncated_streams": dict(replica.truncated),
         "recent_errors": [
             {"age_s": round(wall - e.at, 3), "kind": e.kind, "message": e.message}
             for e in reversed(replica.recent_errors)

@@ -25,6 +25,7 @@ from policies.backends import (
     BackendKind,
     Probe,
     classify,
+    identify,
     probe_path,
 )
 
@@ -66,13 +67,16 @@ async def resolve(replica: Replica, get: Getter, base_timeout_s: float) -> None:
     before = (replica.kind, replica.probe_path)
     if replica.kind_setting == "auto":
         probes = await _ask(get, replica, DETECTION_PATHS, timeout_s, probes)
+        if identify(probes) is None and any(p.status is not None for p in probes.values()):
+            probes = await _ask(get, replica, (MODELS_PATH,), timeout_s, probes)
         found = classify(probes)
         if found is None:
             return
         replica.kind, replica.detection = found.kind, found.evidence
         # A model list that did not answer in time (llama-cpp-python busy generating) leaves a
         # generic finding provisional: use it now, look again next round.
-        provisional = found.kind == "openai" and probes[MODELS_PATH].status is None
+        models = probes.get(MODELS_PATH)
+        provisional = found.kind == "openai" and (models is None or models.status is None)
     else:
         provisional = False
         replica.kind, replica.detection = replica.kind_setting, "configured"
@@ -80,7 +84,9 @@ async def resolve(replica: Replica, get: Getter, base_timeout_s: float) -> None:
         replica.probe_path = replica.health_override
     else:
         kind = KINDS[replica.kind]
-        probes = await _ask(get, replica, kind.probe_candidates, timeout_s, probes)
+        probes = await _ask(get, replica, kind.health_paths, timeout_s, probes)
+        if not any(probes[p].exists for p in kind.health_paths):
+            probes = await _ask(get, replica, (MODELS_PATH,), timeout_s, probes)
         path = probe_path(kind, probes)
         if path is None:
             return
@@ -97,6 +103,17 @@ async def resolve(replica: Replica, get: Getter, base_timeout_s: float) -> None:
         evidence=replica.detection,
         probe_path=replica.probe_path,
     )
+
+
+def probe_would_queue(replica: Replica) -> bool:
+    """Would a probe now wait behind a generation? Only on a one-at-a-time kind
+    (llama-cpp-python) with requests in flight, and only for a route other than the kind's own
+    health routes, which such a server answers at once (a ``health_path`` of ``/v1/models``,
+    or detection not yet done, which may ask the model list)."""
+    kind = KINDS.get(replica.kind or "")
+    if kind is None or not kind.serial or replica.in_flight <= 0:
+        return False
+    return not replica.resolved or replica.health_path not in kind.health_paths
 
 
 def forget(replica: Replica) -> None:

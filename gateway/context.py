@@ -126,6 +126,8 @@ class RequestContext:
     admitted: bool = False
     overhead_s: float | None = None
     prefix_match: bool | None = None
+    # Why a started stream did not reach the caller complete (``gateway.relay.Cut``).
+    stream_cut: str | None = None
 
     def mark(self, stage: str) -> None:
         """The request path finished ``stage`` (auth, validate, classify, ratelimit)."""

@@ -26,6 +26,7 @@ import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Final
 
 import aiohttp
 import structlog
@@ -39,6 +40,8 @@ _log = structlog.get_logger("tiergate.health")
 _MAX_METRICS_BYTES = 4 << 20
 # How often a misconfigured replica's credentials are tried again (GET /v1/models).
 _RECHECK_CREDENTIALS_S = 5.0
+# A probe that timed out while the replica served the gateway's requests: no verdict.
+_BUSY: Final = ("busy", False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,9 +209,15 @@ class HealthMonitor:
         return {tier: pool.ready() for tier, pool in self.pools.items()}
 
     async def _probe(self, replica: Replica) -> None:
+        if backends.probe_would_queue(replica):
+            # Its requests in flight show it alive; a probe would wait behind them (and make
+            # llama-cpp-python end a running stream early). Traffic decides until it is idle.
+            return
         if not replica.resolved:
             await backends.resolve(replica, self._detect_get(replica), self.config.timeout_s)
         failure = await self._health(replica)
+        if failure is _BUSY:
+            return
         self._apply(replica, failure)
         if failure is not None and failure[0].endswith("could not connect"):
             backends.forget(replica)
@@ -265,6 +274,14 @@ class HealthMonitor:
                 replica.url + path, self.credentials.get(replica.tier), timeout_s
             )
         except TimeoutError:
+            if replica.in_flight > 0:
+                # Busy, not gone: a server answering the gateway's own requests is alive; a
+                # stalled one is caught by their idle timeout (passive ejection).
+                replica.last_probe_error = (
+                    f"health check: {path} timed out after {timeout_s:g}s with "
+                    f"{replica.in_flight} requests in flight (busy: not counted)"
+                )
+                return _BUSY
             return f"health check: {path} timed out after {timeout_s:g}s", False
         except (aiohttp.ClientError, OSError):
             return "health check: could not connect", True

@@ -280,6 +280,7 @@ class ProxyService:
 
         def ended(outcome: str, usage: Usage | None) -> None:
             ctx.usage = clip(usage, bound, ctx.tier)
+            ctx.stream_cut = relay.cut
             observer.finished(ctx, outcome)
 
         summary = ctx.summary
@@ -293,13 +294,14 @@ class ProxyService:
             prompt_tokens=summary.prompt_token_estimate if summary is not None else 0,
             max_tokens=summary.max_tokens if summary is not None else None,
             capture=shadow is not None,
+            choices=summary.n * summary.prompts if summary is not None else 1,
         )
 
         async def after() -> None:
             await relay.close()
             usage = ctx.usage
             await admission.settle(usage.total if usage is not None else None)
-            if shadow is not None and relay.done and relay.captured is not None:
+            if shadow is not None and relay.complete and relay.captured is not None:
                 shadow.submit("".join(relay.captured))
 
         ctx.status = 200

@@ -15,6 +15,7 @@ import math
 import re
 import time
 from collections.abc import AsyncIterator, Callable
+from enum import StrEnum
 from typing import Any, Final
 
 import msgspec
@@ -35,6 +36,23 @@ _UPSTREAM_ERROR = b'data: {"error"'
 _SEP = b"\n\n"
 # A chunk still generating (``"finish_reason": null``, with or without the space).
 _NO_FINISH = re.compile(rb'"finish_reason": ?null')
+# A choice's last chunk: its ``finish_reason`` is a string ("stop", "length", "tool_calls").
+_FINISH = re.compile(rb'"finish_reason": ?"')
+# Text in a chunk: a chat delta's or a completion choice's, not empty.
+_TEXT = re.compile(rb'"(?:content|text)": ?"[^"]')
+
+
+class Cut(StrEnum):
+    """Why a stream the backend had started did not reach the caller complete."""
+
+    NO_FINISH_REASON = "no_finish_reason"  # [DONE] before every choice had finished
+    EARLY_EOF = "early_eof"  # the body ended with neither [DONE] nor a final chunk
+    RESET = "reset"  # the connection to the backend was lost
+    STALL = "stall"  # no bytes for the tier's idle timeout
+    DEADLINE = "deadline"  # the request's own time limit (timeouts.total_s)
+    UPSTREAM_ERROR = "upstream_error"  # the backend's own in-band error event
+    OVERSIZE_EVENT = "oversize_event"  # an event above the size limit
+    INTERNAL_ERROR = "internal_error"  # the gateway failed while relaying
 
 
 def usage_from(data: Any) -> Usage | None:
@@ -89,6 +107,19 @@ def error_event(message: str, code: int) -> bytes:
     return b"data: " + error_body(message, "server_error", None, code) + _SEP
 
 
+_CUT_OUTCOMES: Final = {
+    Cut.NO_FINISH_REASON: Outcome.UPSTREAM_TRUNCATED,
+    Cut.EARLY_EOF: Outcome.UPSTREAM_TRUNCATED,
+    Cut.RESET: Outcome.UPSTREAM_RESET,
+    Cut.STALL: Outcome.UPSTREAM_STALL,
+    Cut.DEADLINE: Outcome.DEADLINE,
+    Cut.UPSTREAM_ERROR: Outcome.UPSTREAM_ERROR,
+    Cut.OVERSIZE_EVENT: Outcome.UPSTREAM_ERROR,
+    Cut.INTERNAL_ERROR: Outcome.INTERNAL_ERROR,
+}
+_CUT_STATUS: Final = {Cut.STALL: 504, Cut.DEADLINE: 504, Cut.INTERNAL_ERROR: 500}
+
+
 class StreamRelay:
     """Turns an :class:`Exchange` into the byte stream the client receives.
 
@@ -96,6 +127,12 @@ class StreamRelay:
     ``on_close`` is called exactly once, with the outcome and the usage (the backend's, or
     the relay's own count from ``prompt_tokens`` and the content chunks, at most
     ``max_tokens``).
+
+    The stream reaches the caller as complete only when the backend ended it: each of the
+    ``choices`` choices had its final chunk (a string ``finish_reason``), then ``[DONE]`` or,
+    for a server that never sends ``[DONE]``, the clean end of the body (the relay then sends
+    the ``[DONE]``). Every other end is an in-band error event without ``[DONE]``, an outcome
+    other than ``complete`` and a :class:`Cut` in ``cut``.
     """
 
     def __init__(
@@ -109,6 +146,7 @@ class StreamRelay:
         prompt_tokens: int = 0,
         max_tokens: int | None = None,
         capture: bool = False,
+        choices: int = 1,
     ) -> None:
         self.exchange = exchange
         # The answer's text, kept only for requests sampled for shadow evaluation.
@@ -126,6 +164,11 @@ class StreamRelay:
         self.closed = False
         self.outcome: str = Outcome.CLIENT_DISCONNECT
         self.token_events = 0
+        # Final chunks seen, and how many the request's ``n`` makes (a lower bound: a list of
+        # prompts on /v1/completions has a choice per prompt).
+        self.finishes = 0
+        self.choices = max(1, choices)
+        self.cut: Cut | None = None
         self.last_data = b""
         self._cr = b""  # a CRLF stream's read that ended between \r and \n: its \r, held back
         self.expired = False  # the request's deadline (timeouts.total_s) cut the stream
@@ -142,22 +185,24 @@ class StreamRelay:
             # Ended early (client gone, backend broke): what was streamed was still served,
             # and limits, budgets and the usage ledger count it.
             self._count_usage()
+        if self.cut is not None:
+            self.exchange.replica.truncated[self.cut] += 1
+            _log.warning(
+                "stream.cut",
+                tier=self.exchange.pool.tier,
+                replica=self.exchange.replica.name,
+                cause=self.cut,
+                token_events=self.token_events,
+            )
         self.exchange.finish(abort=not self.done, failed=self.outcome in UPSTREAM_FAILURES)
         self.on_close(self.outcome, self.usage)
 
     def _event(self, event: bytes) -> bytes | None:
         """Inspect one complete event; return what to send (``None`` to drop it)."""
         if event.startswith(_DONE):
-            self.done = self.ended = True
-            if self.usage is None:
-                return self._estimated_usage() + event + _SEP
-            return event + _SEP
+            return self._done(event)
         if event.startswith(_DATA_OBJECT):
-            self.last_data = event
-            if b'"role"' not in event and _NO_FINISH.search(event):
-                self.token_events += 1
-            if self.captured is not None:
-                self._capture(event)
+            self._chunk(event)
         elif not event.startswith(_DATA):  # only other SSE dialects come here
             standard = standard_event(event)
             if standard is not event:
@@ -169,11 +214,39 @@ class StreamRelay:
             # The backend's own in-band error: pass it on as is and end there, whatever the
             # backend sends after it (vLLM: [DONE]).
             self.outcome = Outcome.UPSTREAM_ERROR
+            self.cut = Cut.UPSTREAM_ERROR
             self.errored = self.ended = True
             return event + _SEP
         if b'"usage"' in event and event.startswith(_DATA):
             return self._usage_event(event)
         return event + _SEP
+
+    def _done(self, event: bytes) -> bytes:
+        """``[DONE]``: the end of a complete answer only after every choice's final chunk."""
+        self.done = self.ended = True
+        if self.finishes < self.choices:
+            # llama-cpp-python (``--interrupt_requests``, its default) ends a running stream
+            # this way when another request waits: a cut answer, never a complete one.
+            return self._cut(
+                Cut.NO_FINISH_REASON,
+                "The backend ended the stream before the answer was finished.",
+            )
+        if self.usage is None:
+            return self._estimated_usage() + event + _SEP
+        return event + _SEP
+
+    def _chunk(self, event: bytes) -> None:
+        """A ``data: {...}`` event: count its token, note a final chunk, capture its text."""
+        self.last_data = event
+        if _NO_FINISH.search(event):
+            if b'"role"' not in event:
+                self.token_events += 1
+        elif _FINISH.search(event):
+            self.finishes += 1
+            if _TEXT.search(event):  # a final chunk that carries the last token
+                self.token_events += 1
+        if self.captured is not None:
+            self._capture(event)
 
     def _usage_event(self, event: bytes) -> bytes | None:
         """An event that may carry ``usage``: recorded; the gateway's own usage chunk dropped."""
@@ -277,33 +350,49 @@ class StreamRelay:
                 if chunk:
                     yield chunk
                 if len(buffer) > MAX_EVENT:  # an event without end: never buffer it whole
-                    self.outcome = Outcome.UPSTREAM_ERROR
-                    yield error_event("The backend sent an event above the size limit.", 502)
+                    yield self._cut(
+                        Cut.OVERSIZE_EVENT, "The backend sent an event above the size limit."
+                    )
                     return
             if ending := self._ended():
                 yield ending
         except TimeoutError:
-            self.outcome = Outcome.UPSTREAM_STALL
-            yield error_event("The backend stopped sending tokens.", 504)
+            yield self._cut(Cut.STALL, "The backend stopped sending tokens.")
         except OSError:
             yield self._lost()
         except Exception:  # noqa: BLE001  # a bug on an odd event: end the stream readably, not cut
             _log.exception("relay.failed")
-            self.outcome = Outcome.INTERNAL_ERROR
-            yield error_event("The gateway failed while relaying the stream.", 500)
+            yield self._cut(Cut.INTERNAL_ERROR, "The gateway failed while relaying the stream.")
         finally:
             if timer is not None:
                 timer.cancel()
             self._close()
 
+    @property
+    def complete(self) -> bool:
+        """The backend ended the answer and the caller has all of it."""
+        return self.outcome == Outcome.COMPLETE
+
+    def _cut(self, cut: Cut, message: str) -> bytes:
+        """End the stream as cut short: the outcome, the cause, the caller's error event."""
+        self.cut = cut
+        self.outcome = _CUT_OUTCOMES[cut]
+        return error_event(message, _CUT_STATUS.get(cut, 502))
+
     def _ended(self) -> bytes:
-        """The stream's body ended: complete with [DONE], else truncated (its error event)."""
+        """The stream's body ended: complete when the backend finished it, else cut short."""
+        if self.cut is not None:
+            return b""
         if self.done:
             self.outcome = Outcome.COMPLETE
-        elif self.outcome != Outcome.UPSTREAM_ERROR:
-            self.outcome = Outcome.UPSTREAM_TRUNCATED
-            return error_event("The backend ended the stream early.", 502)
-        return b""
+            return b""
+        if self.finishes >= self.choices:
+            # A server that ends its stream without [DONE] after the final chunk: complete;
+            # the caller gets the [DONE] (and the usage chunk) an OpenAI client expects.
+            ending = self._event(_DONE) or b""
+            self.outcome = Outcome.COMPLETE
+            return ending
+        return self._cut(Cut.EARLY_EOF, "The backend ended the stream early.")
 
     def _deadline_timer(self) -> asyncio.TimerHandle | None:
         """One timer for the whole stream (not a check per chunk): at the request's deadline
@@ -317,10 +406,8 @@ class StreamRelay:
     def _lost(self) -> bytes:
         """The error event of a stream whose connection closed: the deadline's, or a reset."""
         if self.expired:
-            self.outcome = Outcome.DEADLINE
-            return error_event("The stream ran past the request's time limit.", 504)
-        self.outcome = Outcome.UPSTREAM_RESET
-        return error_event("The connection to the backend was lost mid-stream.", 502)
+            return self._cut(Cut.DEADLINE, "The stream ran past the request's time limit.")
+        return self._cut(Cut.RESET, "The connection to the backend was lost mid-stream.")
 
     def _expire(self) -> None:
         """The request's deadline passed mid-stream: close the backend's connection."""

@@ -97,6 +97,8 @@ class Replica:
     # by the next successful attempt. Such a replica is tried only when no other is usable.
     misconfigured: bool = False
     outcomes: Counter[str] = field(default_factory=Counter)
+    # Streams it answered 200 that ended before the answer was finished, by cause.
+    truncated: Counter[str] = field(default_factory=Counter)
     recent_errors: deque[ErrorRecord] = field(default_factory=lambda: deque(maxlen=RECENT_ERRORS))
 
     def __post_init__(self) -> None:

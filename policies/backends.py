@@ -15,6 +15,7 @@ Sources: each project's public documentation and server source (vLLM, SGLang, ll
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -24,14 +25,20 @@ KIND_NAMES: tuple[str, ...] = ("vllm", "sglang", "llamacpp", "ollama", "tgi", "t
 
 # The route every OpenAI-compatible server has: the fallback probe when no health route exists.
 MODELS_PATH = "/v1/models"
-# What ``auto`` asks each replica once, at start-up and again after it was unreachable.
+# FastAPI's schema: its title names llama-cpp-python's server, which answers it at once.
+OPENAPI_PATH = "/openapi.json"
+# What ``auto`` asks each replica first, at start-up and again after it was unreachable:
+# routes that answer at once on every kind. The model list is asked only when these did not
+# name the kind, because on llama-cpp-python's server it waits behind a running generation,
+# and a request waiting there makes that server cut the running stream short (its
+# ``--interrupt_requests``, on by default).
 DETECTION_PATHS: tuple[str, ...] = (
     "/health",
-    MODELS_PATH,
     "/metrics",
     "/api/version",
     "/info",
     "/get_model_info",
+    OPENAPI_PATH,
 )
 
 # Prometheus sample name -> (field, preference); a lower preference wins when both appear.
@@ -95,6 +102,11 @@ class BackendKind:
     # How its error bodies look: docs/backends.md shows each.
     error_shape: str = "openai"
     description: str = ""
+    # Some servers of the kind run one generation at a time, and a request on any other route
+    # than ``health_paths`` waits behind it (llama-cpp-python): while the gateway has requests
+    # in flight there, such a probe is not sent, since it would only queue (and may make the
+    # server end the running stream early); the traffic itself shows the server alive.
+    serial: bool = False
 
     @property
     def metric_prefix(self) -> str:
@@ -140,6 +152,7 @@ KINDS: dict[str, BackendKind] = {
             uuid_request_ids=True,
             error_shape="llamacpp",
             description="llama.cpp (llama-server or llama-cpp-python)",
+            serial=True,
         ),
         BackendKind(
             "ollama",
@@ -219,6 +232,19 @@ def _metrics_kind(probe: Probe) -> Detection | None:
     return None
 
 
+_TITLE = re.compile(rb'"title"\s*:\s*"([^"]{0,120})"')
+
+
+def _openapi_kind(probe: Probe) -> Detection | None:
+    """llama-cpp-python's server names itself in its OpenAPI schema's title."""
+    if not probe.ok:
+        return None
+    title = _TITLE.search(probe.body[:8192])
+    if title is not None and b"llama.cpp" in title.group(1):
+        return Detection("llamacpp", "/openapi.json titled llama.cpp")
+    return None
+
+
 def _info_kind(probes: Mapping[str, Probe]) -> Detection | None:
     info = probes.get("/info", Probe(None)).json() if probes.get("/info", Probe(None)).ok else None
     if isinstance(info, dict) and "model_id" in info:
@@ -267,13 +293,23 @@ def classify(probes: Mapping[str, Probe]) -> Detection | None:
     """
     if not any(p.status is not None for p in probes.values()):
         return None
-    metrics = probes.get("/metrics", Probe(None))
-    found = _metrics_kind(metrics) or _info_kind(probes)
-    if found is None and metrics.ok and metrics.body.lstrip()[:1] == b"[":
-        found = Detection("trtllm", "/metrics answered JSON iteration statistics")
+    found = identify(probes)
     if found is None:
         found = _models_kind(probes.get(MODELS_PATH, Probe(None)))
     return found or Detection("openai", "answers HTTP but lists no models")
+
+
+def identify(probes: Mapping[str, Probe]) -> Detection | None:
+    """The kind named by the routes that answer at once (``DETECTION_PATHS``), if any."""
+    metrics = probes.get("/metrics", Probe(None))
+    found = (
+        _metrics_kind(metrics)
+        or _info_kind(probes)
+        or _openapi_kind(probes.get(OPENAPI_PATH, Probe(None)))
+    )
+    if found is None and metrics.ok and metrics.body.lstrip()[:1] == b"[":
+        found = Detection("trtllm", "/metrics answered JSON iteration statistics")
+    return found
 
 
 def probe_path(kind: BackendKind, probes: Mapping[str, Probe]) -> str | None:
@@ -281,11 +317,11 @@ def probe_path(kind: BackendKind, probes: Mapping[str, Probe]) -> str | None:
 
     A server without any health route is alive when it lists its models, so ``/v1/models``
     ends the list. ``None`` when the server answered none of them (unreachable: ask again).
-    Every candidate must be in ``probes``.
+    A candidate missing from ``probes`` counts as not asked (no answer).
     """
     answered = False
     for path in kind.probe_candidates:
-        probe = probes[path]
+        probe = probes.get(path, Probe(None))
         answered = answered or probe.status is not None
         if probe.exists:
             return path

@@ -48,6 +48,8 @@ def build_app(state: SimState) -> web.Application:
         return await handle_completion(request, state, chat=False)
 
     async def models(request: web.Request) -> web.Response:
+        async with state.serial.hold():  # llama-cpp-python: the model list waits its turn
+            pass
         body = models_body(
             state.model, state.created, state.config.max_model_len, owned_by=state.flavor.owned_by
         )

@@ -16,6 +16,7 @@ from simulator.faults import FaultRates
 from simulator.flavors import FLAVORS
 from simulator.profiles import PROFILES
 from simulator.quality import QualityModel
+from simulator.serial import SERIAL_MODES
 from simulator.state import VLLM_VERSIONS, SimConfig, SimState
 
 _FAULT_OPTIONS = (
@@ -127,6 +128,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve /metrics (auto: as the server does by default; sglang/llamacpp: off)",
     )
     add(
+        "--serial",
+        choices=SERIAL_MODES,
+        default="off",
+        help="one generation at a time, as llama-cpp-python's server: other requests and "
+        "/v1/models wait behind it; 'interrupt' (that server's default) also ends the "
+        "running stream with [DONE] and no finish_reason when a request waits",
+    )
+    add(
         "--legacy-metrics",
         action="store_true",
         help="also emit the deprecated vllm:gpu_cache_usage_perc",
@@ -195,6 +204,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         flavor=args.flavor,
         health_delay_s=args.health_delay,
         metrics=args.metrics,
+        serial=args.serial,
     )
 
 

@@ -65,6 +65,8 @@ def _info_routes(app: web.Application, state: SimState, flavor: Flavor) -> None:
     elif flavor.name == "llamacpp-python":
         page = "<!DOCTYPE html><title>llama-cpp-python - Swagger UI</title>"
         app.router.add_get("/docs", _text(page, "text/html"))
+        schema = {"openapi": "3.1.0", "info": {"title": "🦙 llama.cpp Python API"}}
+        app.router.add_get("/openapi.json", _json(schema))
 
 
 def add_flavor_routes(app: web.Application, state: SimState) -> None:

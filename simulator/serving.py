@@ -156,7 +156,8 @@ async def handle_completion(
         return await _duplicate_id(request, plan, prefix + headers["x-request-id"], headers)
     state.running_ids.add(engine_id)
     try:
-        return await _run(request, state, plan, headers)
+        async with state.serial.hold():
+            return await _run(request, state, plan, headers)
     finally:
         state.running_ids.discard(engine_id)
 
@@ -255,6 +256,11 @@ async def _stream(
                 await asyncio.sleep(delay)
             engine.tokens(seq, 1, delay)
         out.append(chunks.token(piece, plan.finish_reason if index == last else None))
+        if index != last and state.serial.should_interrupt():
+            out.append(DONE)  # llama-cpp-python's interrupt: [DONE], no finish_reason
+            await _flush(response, out)
+            await response.write_eof()
+            return response
         if fault is not None and index == fault_at:
             await _flush(response, out)
             if await _mid_stream_fault(request, state, response, fault):

@@ -15,6 +15,7 @@ from simulator.planner import Planner, PlannerConfig
 from simulator.prefix_cache import PrefixCache
 from simulator.profiles import Profile
 from simulator.quality import QualityModel
+from simulator.serial import SerialModel
 
 BLOCK_SIZE = 16
 # The vLLM releases whose differing behaviours the simulator reproduces.
@@ -51,6 +52,8 @@ class SimConfig:
     flavor: str = "vllm"
     health_delay_s: float | None = None  # None: the flavour's own
     metrics: str = "auto"  # on | off | auto (the flavour's default)
+    # One generation at a time (llama-cpp-python): off | wait | interrupt (simulator/serial.py).
+    serial: str = "off"
 
 
 class SimState:
@@ -93,6 +96,7 @@ class SimState:
         self.last_request_id: str | None = None
         # Engine request ids in flight (vLLM 0.11 refuses a second one with the same id).
         self.running_ids: set[str] = set()
+        self.serial = SerialModel(config.serial)
 
     def rename(self, replica: str) -> None:
         """Set the replica name once the port is known."""
@@ -123,6 +127,7 @@ class SimState:
             "last_request_id": self.last_request_id,
             "last_request": last_request,
             "faults": self.faults.rates.as_dict(),
+            "serial_interrupted": self.serial.interrupted,
         }
 
     def reset(self) -> None:

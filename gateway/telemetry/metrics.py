@@ -292,6 +292,14 @@ class GatewayMetrics:
             sc.M_RATELIMIT_DECISIONS, "Rate-limit decisions", ("limit", "outcome")
         )
         self.aborts = _Counter(sc.M_STREAM_ABORTS, "Streams that did not complete", ("cause",))
+        self.truncated = _Counter(
+            sc.M_STREAM_TRUNCATED,
+            "Streams a backend answered 200 that ended before the answer was finished",
+            ("tier", "cause"),
+        )
+        self.empty = _Counter(
+            sc.M_STREAM_EMPTY, "Complete streams with no completion token", ("tier",)
+        )
         self.ratelimit.inc(_ALLOWED, 0.0)  # exposed from the start, as before the first request
         registry.register(
             _Families(
@@ -305,6 +313,8 @@ class GatewayMetrics:
                     self.decisions,
                     self.ratelimit,
                     self.aborts,
+                    self.truncated,
+                    self.empty,
                 ]
             )
         )
@@ -351,6 +361,10 @@ class GatewayMetrics:
             cause = outcome if ctx.status == 200 else _abort_cause(outcome)
             if cause is not None:
                 self.aborts.inc((cause,))
+            if ctx.stream_cut is not None:
+                self.truncated.inc((tier, ctx.stream_cut))
+        elif ctx.usage is not None and ctx.usage.completion_tokens == 0:
+            self.empty.inc((tier,))
 
 
 def _abort_cause(outcome: str) -> str | None:

@@ -48,6 +48,7 @@ def access_fields(
         "replica": ctx.replica,
         "status": ctx.status,
         "outcome": outcome,
+        "stream_cut": ctx.stream_cut,
         "attempts": ctx.attempts,
         # The x-request-id of the last attempt, as the backend logged it (one per attempt).
         "upstream_request_id": ctx.upstream_request_id if ctx.attempts else None,

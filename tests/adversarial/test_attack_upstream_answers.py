@@ -29,6 +29,8 @@ HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding
 FIRST = b'data: {"id":"c","choices":[{"index":0,"delta":{"role":"assistant"}}]}\n\n'
 TOKEN = b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"x"},"finish_reason":null}]}\n\n'
 DONE = b"data: [DONE]\n\n"
+# The answer's final chunk: without it a [DONE] ends a cut answer, not a complete one.
+FINAL = b'data: {"id":"c","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n'
 DEEP = b"[" * 3000 + b"]" * 3000
 
 
@@ -156,7 +158,7 @@ async def test_a_deep_usage_event_mid_stream_does_not_cut_the_stream(
 ) -> None:
     """A usage event nested too deep is passed on like malformed JSON; the stream completes."""
     usage = b'data: {"id":"c","choices":[],"usage":{"prompt_tokens":1},"x":' + DEEP + b"}\n\n"
-    sent, outcome, _ = await _relayed(upstream, _sse(FIRST, TOKEN, usage, DONE))
+    sent, outcome, _ = await _relayed(upstream, _sse(FIRST, TOKEN, usage, FINAL, DONE))
     assert outcome == Outcome.COMPLETE
     assert sent.endswith(DONE)
 
@@ -165,7 +167,7 @@ async def test_a_failure_inside_the_relay_ends_the_stream_with_an_error_event(
     upstream: UpstreamClient,
 ) -> None:
     """An unexpected error while relaying ends the stream in-band, as an internal error."""
-    server = await RawUpstream(_sse(FIRST, TOKEN, DONE)).start()
+    server = await RawUpstream(_sse(FIRST, TOKEN, FINAL, DONE)).start()
     closed: list[str] = []
 
     def broken(_event: bytes) -> None:
@@ -220,7 +222,7 @@ def _big_first(size: int) -> Respond:
     """A stream whose first event is ``size`` bytes, sent in 64 KiB chunks."""
     event = b'data: {"id":"c","choices":[],"pad":"' + b"a" * size + b'"}\n\n'
     pieces = [event[i : i + 65536] for i in range(0, len(event), 65536)]
-    return _sse(*pieces, TOKEN, DONE)
+    return _sse(*pieces, TOKEN, FINAL, DONE)
 
 
 @pytest.mark.parametrize("size", [600_000, 1_000_000])
@@ -263,7 +265,7 @@ async def test_a_stream_framed_with_cr_is_relayed_with_lf(
     upstream: UpstreamClient, line_end: bytes
 ) -> None:
     """CRLF and CR framed streams complete, their events passed on with LF line ends."""
-    events = _framed(line_end, FIRST, TOKEN, TOKEN, DONE)
+    events = _framed(line_end, FIRST, TOKEN, TOKEN, FINAL, DONE)
     sent, outcome, usage = await _relayed(upstream, _sse(*events))
     assert outcome == Outcome.COMPLETE
     assert sent.startswith(FIRST + TOKEN + TOKEN)
@@ -275,7 +277,7 @@ async def test_a_stream_framed_with_cr_is_relayed_with_lf(
 
 async def test_a_crlf_stream_split_between_cr_and_lf_is_relayed(upstream: UpstreamClient) -> None:
     """A CRLF stream whose reads end between a \\r and its \\n keeps its events whole."""
-    stream = b"".join(_framed(b"\r\n", FIRST, TOKEN, TOKEN, DONE))
+    stream = b"".join(_framed(b"\r\n", FIRST, TOKEN, TOKEN, FINAL, DONE))
     first = stream[: len(FIRST) + 2]
     cut = len(first) + 2 * (len(TOKEN) + 2) - 1  # the second token's last "\r" | "\n"
 
@@ -303,6 +305,29 @@ async def test_a_crlf_first_error_event_is_read(upstream: UpstreamClient) -> Non
         await _forward_once(upstream, _sse(error, b"data: [DONE]\r\n\r\n"), stream=True)
     assert caught.value.status == 400
     assert caught.value.message == "bad prompt"
+
+
+@pytest.mark.parametrize("framing", ["length", "chunked"])
+async def test_a_non_streamed_body_cut_short_is_an_error_never_a_200(
+    upstream: UpstreamClient, framing: str
+) -> None:
+    """The backend closes the connection before the whole body (its Content-Length, or its
+    chunked end) arrived: the attempt fails, whatever the bytes so far parse as."""
+    body = b'{"id":"x","object":"chat.completion","choices":[],"usage":{"prompt_tokens":3}}'
+    if framing == "length":
+        raw = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body) + 40, body)
+    else:
+        head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+        raw = head + b"%x\r\n%s\r\n" % (len(body), body)  # no last chunk
+
+    async def respond(_n: int, _r: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        writer.write(raw)
+        await writer.drain()
+        return False  # then close
+
+    with pytest.raises(TierGateError) as caught:
+        await _forward_once(upstream, respond, stream=False)
+    assert caught.value.status >= 500
 
 
 # -- Non-streaming answers that are not answers ----------------------------------------------
@@ -409,19 +434,19 @@ USAGE = b'data: {"id":"c","choices":[],"usage":{"prompt_tokens":7,"completion_to
 
 async def test_data_without_a_space_is_read(upstream: UpstreamClient) -> None:
     """`data:{...}` events are counted, their usage read, [DONE] seen; the caller gets `data: `."""
-    events = [e.replace(b"data: ", b"data:") for e in (FIRST, TOKEN, TOKEN, USAGE, DONE)]
+    events = [e.replace(b"data: ", b"data:") for e in (FIRST, TOKEN, TOKEN, FINAL, USAGE, DONE)]
     sent, outcome, usage = await _relayed(upstream, _sse(*events))
     assert outcome == Outcome.COMPLETE
-    assert sent == FIRST + TOKEN + TOKEN + USAGE + DONE
+    assert sent == FIRST + TOKEN + TOKEN + FINAL + USAGE + DONE
     assert usage == Usage(prompt_tokens=7, completion_tokens=2)
 
 
 async def test_named_events_and_comments_are_read(upstream: UpstreamClient) -> None:
     """`event: message` lines, `id:` lines and keep-alive comments do not hide the data."""
     named = [b"event: message\nid: 1\n" + e for e in (FIRST, TOKEN, USAGE)]
-    sent, outcome, usage = await _relayed(upstream, _sse(b": ping\n\n", *named, DONE))
+    sent, outcome, usage = await _relayed(upstream, _sse(b": ping\n\n", *named, FINAL, DONE))
     assert outcome == Outcome.COMPLETE
-    assert sent == b": ping\n\n" + FIRST + TOKEN + USAGE + DONE
+    assert sent == b": ping\n\n" + FIRST + TOKEN + USAGE + FINAL + DONE
     assert usage == Usage(prompt_tokens=7, completion_tokens=2)
 
 
@@ -444,7 +469,7 @@ async def test_a_first_error_event_without_the_space_is_read(upstream: UpstreamC
 async def test_nothing_after_done_is_relayed(upstream: UpstreamClient) -> None:
     """Events a backend sends after [DONE], in the same read, never reach the caller."""
     after = TOKEN.replace(b'"x"', b'"AFTER"')
-    sent, outcome, _ = await _relayed(upstream, _sse(FIRST, TOKEN + USAGE + DONE + after))
+    sent, outcome, _ = await _relayed(upstream, _sse(FIRST, TOKEN + FINAL + USAGE + DONE + after))
     assert outcome == Outcome.COMPLETE
     assert sent.endswith(DONE)
     assert b"AFTER" not in sent
@@ -506,19 +531,19 @@ async def test_a_blank_first_event_and_field_only_events_are_harmless(
     whole; the field-only events reach the caller empty (an SDK would read JSON from them)."""
     ping = b"event: ping\n\n"
     sent, outcome, usage = await _relayed(
-        upstream, _sse(b"\n\n", FIRST, b"retry: 3000\n\n", TOKEN, ping, USAGE, DONE)
+        upstream, _sse(b"\n\n", FIRST, b"retry: 3000\n\n", TOKEN, ping, USAGE, FINAL, DONE)
     )
     assert outcome == Outcome.COMPLETE
     assert b"retry:" not in sent
     assert b"ping" not in sent
     events = [e for e in sent.split(b"\n\n") if e.strip()]
-    assert events == [e.strip() for e in (FIRST, TOKEN, USAGE, DONE)]
+    assert events == [e.strip() for e in (FIRST, TOKEN, USAGE, FINAL, DONE)]
     assert usage == Usage(prompt_tokens=7, completion_tokens=2)
 
 
 async def test_a_stream_that_opens_with_a_bom_is_read(upstream: UpstreamClient) -> None:
     """The SSE spec strips a leading UTF-8 byte order mark."""
-    stream = _sse(b"\xef\xbb\xbf" + FIRST, TOKEN, USAGE, DONE)
+    stream = _sse(b"\xef\xbb\xbf" + FIRST, TOKEN, USAGE, FINAL, DONE)
     sent, outcome, _ = await _relayed(upstream, stream)
     assert outcome == Outcome.COMPLETE
-    assert sent == FIRST + TOKEN + USAGE + DONE
+    assert sent == FIRST + TOKEN + USAGE + FINAL + DONE

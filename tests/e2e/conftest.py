@@ -55,9 +55,9 @@ def _model_file() -> Path:
     return found[0]
 
 
-def llama(alias: str) -> LlamaServer:
+def llama(alias: str, **options: Any) -> LlamaServer:
     """A llama.cpp server (not started yet) serving the SmolLM2 GGUF as ``alias``."""
-    return LlamaServer(_server_python(), _model_file(), alias=alias)
+    return LlamaServer(_server_python(), _model_file(), alias=alias, **options)
 
 
 def create_key(keys_file: Path, name: str, *options: str) -> str:

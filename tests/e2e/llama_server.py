@@ -25,8 +25,19 @@ class LlamaServer:
     """One ``python -m llama_cpp.server`` process serving ``model`` as ``alias``."""
 
     def __init__(
-        self, python: Path, model: Path, *, alias: str, ready_timeout: float = 60.0
+        self,
+        python: Path,
+        model: Path,
+        *,
+        alias: str,
+        ready_timeout: float = 60.0,
+        interrupt_requests: bool = False,
+        context_tokens: int = _CONTEXT_TOKENS,
     ) -> None:
+        # interrupt_requests: the server's own default (True) ends a running stream with
+        # [DONE] when another request waits; the suite turns it off unless a test needs it.
+        self.interrupt_requests = interrupt_requests
+        self.context_tokens = context_tokens
         self.python = python
         self.model = model
         self.alias = alias
@@ -53,12 +64,12 @@ class LlamaServer:
             "--port",
             str(self.port),
             "--n_ctx",
-            str(_CONTEXT_TOKENS),
+            str(self.context_tokens),
             "--n_threads",
             "1",
-            # Without this a queued request makes the server end the running stream early.
+            # When True, a queued request makes the server end the running stream early.
             "--interrupt_requests",
-            "False",
+            str(self.interrupt_requests),
         ]
 
     def start(self) -> LlamaServer:

@@ -22,6 +22,7 @@ PATH = "/v1/chat/completions"
 HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
 FIRST = b'data: {"id":"c","choices":[{"index":0,"delta":{"role":"assistant"}}]}\n\n'
 TOKEN = b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"x"},"finish_reason":null}]}\n\n'
+FINAL = b'data: {"id":"c","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n'
 DONE = b"data: [DONE]\n\n"
 
 
@@ -37,7 +38,13 @@ def _stream(ending: str, left: asyncio.Event) -> Respond:
         await writer.drain()
         await asyncio.sleep(0.02)
         if ending == "done":
+            writer.write(_chunk(TOKEN + FINAL + DONE) + b"0\r\n\r\n")
+            return True
+        if ending == "interrupted":  # llama-cpp-python's interrupt: [DONE] mid-answer
             writer.write(_chunk(TOKEN + DONE) + b"0\r\n\r\n")
+            return True
+        if ending == "final_no_done":  # a server that never sends [DONE]
+            writer.write(_chunk(TOKEN + FINAL) + b"0\r\n\r\n")
             return True
         if ending == "reset":
             reset(writer)
@@ -85,6 +92,25 @@ async def test_a_complete_stream_ends_with_done(upstream: UpstreamClient) -> Non
     text, outcome = await _relay(upstream, "done")
     assert outcome == Outcome.COMPLETE
     assert text.startswith(FIRST)
+    assert text.endswith(DONE)
+
+
+async def test_done_before_a_finish_reason_is_truncated_not_complete(
+    upstream: UpstreamClient,
+) -> None:
+    """[DONE] while the answer had no final chunk: UPSTREAM_TRUNCATED, an error, no [DONE]."""
+    text, outcome = await _relay(upstream, "interrupted")
+    assert outcome == Outcome.UPSTREAM_TRUNCATED
+    assert b"before the answer was finished" in text
+    assert DONE not in text
+
+
+async def test_a_final_chunk_then_a_clean_end_is_complete(upstream: UpstreamClient) -> None:
+    """A server without [DONE]: its final chunk, then the end of the body, is COMPLETE, and
+    the caller gets the [DONE] it expects."""
+    text, outcome = await _relay(upstream, "final_no_done")
+    assert outcome == Outcome.COMPLETE
+    assert FINAL in text
     assert text.endswith(DONE)
 
 
