@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `make bench-sim`: the README's "Measuring your tiers" run. Starts the simulated stack
+# `make bench-sim`: the run in docs/bench.md, "The simulated stack". Starts the simulated stack
 # (fast tier, precise tier, the gateway with config/tiergate.sim.yaml and a fresh key with
 # high limits), runs `tiergate bench` direct and through the gateway, and stops it all.
 # Ports: FAST_PORT (8101), PRECISE_PORT (8102), GATEWAY_PORT (8080). Output: OUT

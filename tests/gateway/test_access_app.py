@@ -25,7 +25,7 @@ from tests.key_fields import KeyPolicyFields
 from tests.simulator.procs import SimulatorProcess
 
 ADMIN = "admin-token-for-tests-0123456789"
-README = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+ACCESS_DOC = (Path(__file__).resolve().parents[2] / "docs/access.md").read_text(encoding="utf-8")
 UNUSED = "http://127.0.0.1:9"
 
 
@@ -231,17 +231,17 @@ async def test_admin_api_lifecycle(client: AsyncTestClient[Litestar]) -> None:
     assert missing.status_code == 404
 
 
-async def test_admin_key_routes_answer_as_the_readme_table_says(
+async def test_admin_key_routes_answer_as_the_docs_table_says(
     client: AsyncTestClient[Litestar],
 ) -> None:
-    """README's key admin table: every route listed exists, with the documented codes."""
+    """docs/access.md's key admin table: every route listed exists, with the documented codes."""
     for route in (
         "GET /admin/keys",
         "POST /admin/keys",
         "DELETE /admin/keys/{id}",
         "POST /admin/keys/{id}/rotate",
     ):
-        assert f"| `{route}` |" in README
+        assert f"| `{route}` |" in ACCESS_DOC
     admin = bearer(ADMIN)
     created = await client.post("/admin/keys", json={"tenant": "ops"}, headers=admin)
     assert created.status_code == 201

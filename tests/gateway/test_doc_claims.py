@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from gateway.context import request_id_from
@@ -11,6 +12,9 @@ from tests.adversarial.test_keys_revocation import BOUND_S
 
 REPO = Path(__file__).resolve().parents[2]
 README = (REPO / "README.md").read_text(encoding="utf-8")
+API_DOC = (REPO / "docs/api.md").read_text(encoding="utf-8")
+ACCESS_DOC = (REPO / "docs/access.md").read_text(encoding="utf-8")
+SECURITY_DOC = (REPO / "docs/security.md").read_text(encoding="utf-8")
 
 
 def _flat(text: str) -> str:
@@ -31,7 +35,7 @@ def test_docs_address_the_gateway_on_its_own_port() -> None:
 
 def test_the_request_id_length_limit_is_documented_and_enforced() -> None:
     """A caller's x-request-id of at most 128 printable characters is echoed; longer is replaced."""
-    assert "at most 128 printable characters" in _flat(README)
+    assert "at most 128 printable characters" in _flat(API_DOC)
     assert request_id_from("r" * 128) == "r" * 128
     assert request_id_from("r" * 129) != "r" * 129
     assert request_id_from("bad\nid") != "bad\nid"
@@ -43,15 +47,116 @@ def test_completions_without_max_tokens_get_16_as_documented() -> None:
     assert default_max_tokens([4096], None, "completion") == 16
     assert default_max_tokens([4096], 8, "completion") == 8
     assert default_max_tokens([4096], None, "chat") == 4096
-    flat = _flat(README)
-    assert "`/v1/completions` gets the API's default of 16" in flat
-    assert "`/v1/completions`: 16, the API's default" in flat
+    assert "`/v1/completions` gets the API's default of 16" in _flat(ACCESS_DOC)
+    assert "`/v1/completions`: 16, the API's default" in _flat(SECURITY_DOC)
 
 
 def test_revocation_timing_is_stated_one_way_the_test_bound() -> None:
-    """README gives the bound the revocation tests check (1 s), not milliseconds or ~1 s."""
+    """README and docs give the bound the revocation tests check (1 s), not milliseconds or ~1 s."""
     assert BOUND_S == 1.0
-    flat = _flat(README)
-    assert "within 1 s on every other replica" in flat
-    assert "within milliseconds on every other" not in flat
-    assert "within ~1 s" not in flat
+    for doc in (README, ACCESS_DOC, SECURITY_DOC):
+        assert "within 1 s on every other replica" in _flat(doc)
+    for path, text in _docs().items():
+        flat = _flat(text)
+        assert "within milliseconds on every other" not in flat, path.name
+        assert "every other replica within milliseconds" not in flat, path.name
+        assert "within ~1 s" not in flat, path.name
+
+
+_FENCE = re.compile(r"^(```|~~~)")
+_LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+_HEADING = re.compile(r"^#{1,6}\s+(.*?)\s*#*\s*$")
+
+
+def _prose_lines(text: str) -> list[str]:
+    """The lines of a Markdown text outside fenced code blocks, inline code removed."""
+    lines: list[str] = []
+    fenced = False
+    for line in text.splitlines():
+        if _FENCE.match(line.strip()):
+            fenced = not fenced
+            continue
+        if not fenced:
+            lines.append(re.sub(r"`[^`]*`", "", line))
+    return lines
+
+
+def _anchors(text: str) -> set[str]:
+    """The fragment ids GitHub gives a document's headings (duplicates get -1, -2, ...)."""
+    seen: dict[str, int] = {}
+    anchors: set[str] = set()
+    fenced = False
+    for line in text.splitlines():
+        if _FENCE.match(line.strip()):
+            fenced = not fenced
+            continue
+        heading = None if fenced else _HEADING.match(line)
+        if heading is None:
+            continue
+        slug = re.sub(r"[^\w\- ]", "", heading.group(1).lower()).replace(" ", "-")
+        count = seen.get(slug, 0)
+        seen[slug] = count + 1
+        anchors.add(slug if count == 0 else f"{slug}-{count}")
+    return anchors
+
+
+def _broken_links(path: Path) -> list[str]:
+    """Relative links of ``path`` whose file or heading does not exist."""
+    broken: list[str] = []
+    for line in _prose_lines(path.read_text(encoding="utf-8")):
+        for target in _LINK.findall(line):
+            if re.match(r"^[a-z][a-z0-9+.-]*:", target):  # http:, https:, mailto:
+                continue
+            name, _, fragment = target.partition("#")
+            linked = (path.parent / name).resolve() if name else path
+            if not linked.exists():
+                broken.append(f"{path.relative_to(REPO)}: {target} (no such file)")
+            elif (
+                linked.suffix == ".md"
+                and fragment
+                and fragment not in _anchors(linked.read_text(encoding="utf-8"))
+            ):
+                broken.append(f"{path.relative_to(REPO)}: {target} (no such heading)")
+    return broken
+
+
+def test_links_between_readme_and_docs_resolve() -> None:
+    """Every relative link in README.md, docs/ and deploy/ names an existing file and heading."""
+    paths = [*_docs(), REPO / "deploy/README.md"]
+    assert [broken for path in paths for broken in _broken_links(path)] == []
+
+
+def test_the_link_check_sees_a_broken_file_and_a_broken_heading(tmp_path: Path) -> None:
+    """The link check reports a missing file and a missing heading, and passes a good link."""
+    (tmp_path / "other.md").write_text("# Title\n\n## The `model` table\n", encoding="utf-8")
+    doc = tmp_path / "doc.md"
+    doc.write_text(
+        "[ok](other.md#the-model-table) [gone](nowhere.md) [bad](other.md#nope)\n"
+        "`[in code](skipped.md)`\n```\n[fenced](skipped.md)\n```\n",
+        encoding="utf-8",
+    )
+    texts = _prose_lines(doc.read_text(encoding="utf-8"))
+    targets = [t for line in texts for t in _LINK.findall(line)]
+    assert targets == ["other.md#the-model-table", "nowhere.md", "other.md#nope"]
+    assert _anchors((tmp_path / "other.md").read_text(encoding="utf-8")) == {
+        "title",
+        "the-model-table",
+    }
+
+
+def test_readme_is_a_landing_page_of_at_most_300_lines() -> None:
+    """The README orients (at most 300 lines); reference and results live in docs/."""
+    assert len(README.splitlines()) <= 300
+
+
+def test_the_architecture_page_names_every_gateway_module() -> None:
+    """docs/architecture.md's module table names every module under gateway/ by its path."""
+    page = (REPO / "docs/architecture.md").read_text(encoding="utf-8")
+    gateway = REPO / "gateway"
+    modules = sorted(
+        path.relative_to(gateway).as_posix()
+        for path in gateway.rglob("*.py")
+        if path.name != "__init__.py" or path.parent != gateway
+    )
+    assert modules
+    assert [module for module in modules if f"`{module}`" not in page] == []

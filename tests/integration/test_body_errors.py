@@ -1,4 +1,4 @@
-"""README "Errors": malformed, non-object and empty bodies are all 400 ``invalid_json``.
+"""docs/api.md "Errors": malformed, non-object and empty bodies are all 400 ``invalid_json``.
 
 Checked over real HTTP against ``tiergate serve`` (the natively served endpoints, trailing
 slash included) and through Litestar's test client (the framework layer), on both inference
