@@ -98,7 +98,7 @@ def launcher(tree: Path) -> tuple[str, ...]:
     ``-P``: ``python -c`` would otherwise put the working directory (this checkout, where the
     legs start) ahead of ``PYTHONPATH``, and every revision would run this checkout's code.
     """
-    main = "import sys; from gateway.cli import main; sys.exit(main())"
+    main = "import sys; from gateway.__main__ import main; sys.exit(main())"
     return ("env", f"PYTHONPATH={tree}", sys.executable, "-P", "-c", main)
 
 

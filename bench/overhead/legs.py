@@ -53,7 +53,7 @@ def start_tiergate(
     """TierGate for one variant, pinned to the proxy core, in front of ``upstream``.
 
     ``launcher`` runs the gateway through another command (e.g. ``python -m cProfile -o F
-    -m tiergate``) instead of the ``tiergate`` script.
+    -m gateway``) instead of the ``tiergate`` script.
     """
     extras: list[Service] = []
     try:
