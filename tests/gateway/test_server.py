@@ -8,8 +8,8 @@ import sys
 import pytest
 import uvicorn
 
-from gateway.config.settings import AuthSettings, Settings
 from gateway.composition import served
+from gateway.config.settings import AuthSettings, Settings
 from gateway.http import server
 
 
