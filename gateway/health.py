@@ -274,9 +274,10 @@ class HealthMonitor:
                 replica.url + path, self.credentials.get(replica.tier), timeout_s
             )
         except TimeoutError:
-            if replica.in_flight > 0:
-                # Busy, not gone: a server answering the gateway's own requests is alive; a
-                # stalled one is caught by their idle timeout (passive ejection).
+            if replica.in_flight > 0 and time.monotonic() - replica.heard_at < replica.busy_s:
+                # Busy, not gone: a server answering the gateway's own requests is alive. One
+                # that left them unanswered past the tier's own timeouts is not (a hung
+                # server keeps requests in flight as long as traffic comes).
                 replica.last_probe_error = (
                     f"health check: {path} timed out after {timeout_s:g}s with "
                     f"{replica.in_flight} requests in flight (busy: not counted)"

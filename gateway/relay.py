@@ -374,6 +374,7 @@ class StreamRelay:
                     data = await response.readany()
                 if not data:
                     break
+                self.exchange.replica.heard_at = time.monotonic()
                 if framing is not None:  # LF streams (the usual) pass untouched
                     data = self._to_lf(data, framing)
                 chunk, buffer = self._split(buffer + data)

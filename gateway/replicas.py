@@ -75,6 +75,11 @@ class Replica:
     resolved: bool = False
     last_probe_error: str = ""
     in_flight: int = 0
+    # When it last showed it works on the gateway's requests (a byte of an answer, or a request
+    # given to it while it had none), and how long after that a probe timeout with requests
+    # in flight still means "busy" rather than "gone": its tier's longest wait for a byte.
+    heard_at: float = 0.0
+    busy_s: float = 60.0
     healthy: bool = True
     ejected_until: float = 0.0
     cooldown_until: float = 0.0
@@ -171,10 +176,18 @@ class ReplicaPool:
         *,
         health_path: str | None = None,
         kind: str = "auto",
+        busy_s: float = 60.0,
     ) -> None:
         self.tier = tier
         self.replicas = [
-            Replica(tier, url, max_concurrency, health_override=health_path, kind_setting=kind)
+            Replica(
+                tier,
+                url,
+                max_concurrency,
+                health_override=health_path,
+                kind_setting=kind,
+                busy_s=busy_s,
+            )
             for url in urls
         ]
         self.max_queue_wait_s = max_queue_wait_s
@@ -211,6 +224,8 @@ class ReplicaPool:
 
     def lease(self, replica: Replica) -> None:
         """Count one more request in flight on ``replica``."""
+        if replica.in_flight == 0:
+            replica.heard_at = time.monotonic()  # it owed the gateway nothing until now
         replica.in_flight += 1
 
     def release(self, replica: Replica) -> None:
@@ -222,6 +237,7 @@ class ReplicaPool:
 
     def record_success(self, replica: Replica) -> None:
         """An attempt got its answer (or its first streamed event)."""
+        replica.heard_at = time.monotonic()
         replica.outcomes["success"] += 1
         replica.consecutive_failures = 0
         replica.misconfigured = False

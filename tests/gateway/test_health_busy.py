@@ -1,0 +1,133 @@
+"""Busy is not gone, and gone is not busy: a probe timeout while requests are in flight.
+
+A scripted raw server on loopback holds the gateway's requests (a stream that keeps sending
+tokens, or nothing at all) while its health route never answers; the monitor's probes run
+beside real requests forwarded by the request path's own client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+
+from gateway.forwarding import Forwarder, TierRoute
+from gateway.health import HealthConfig, HealthMonitor
+from gateway.relay import StreamRelay
+from gateway.replicas import ReplicaPool
+from gateway.retry import RetryPolicy
+from gateway.settings import Timeouts
+from gateway.upstream import UpstreamClient
+from policies.selection import RoundRobin
+from tests.gateway.raw_upstream import RawUpstream
+
+HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+TOKEN = b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"x"},"finish_reason":null}]}\n\n'
+CHAT = "/v1/chat/completions"
+
+
+def _chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+def _server(*, streams: bool) -> RawUpstream:
+    """GETs (the probes) never answered; a POST answered with tokens every 20 ms until the
+    client leaves (``streams``), or never answered either (a hung server)."""
+
+    async def respond(n: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        if streams and server.requests[n - 1].startswith(b"POST"):
+            writer.write(HEAD)
+            with contextlib.suppress(ConnectionError):
+                while not writer.is_closing():
+                    writer.write(_chunk(TOKEN))
+                    await writer.drain()
+                    await asyncio.sleep(0.02)
+            return False
+        while await reader.read(65536):  # silent until the client hangs up
+            pass
+        return False
+
+    server = RawUpstream(respond)
+    return server
+
+
+@pytest.fixture
+async def session() -> AsyncIterator[aiohttp.ClientSession]:
+    """A client session for the monitor."""
+    async with aiohttp.ClientSession() as client:
+        yield client
+
+
+async def _in_flight(upstream: UpstreamClient, pool: ReplicaPool, *, stream: bool) -> None:
+    """One request on the pool's replica, held until cancelled (a stream is read along)."""
+    route = TierRoute(pool, RoundRobin(), Timeouts(first_byte_s=60.0, idle_s=60.0), "m")
+    forwarder = Forwarder(upstream, {"fast": route}, RetryPolicy(backoff_base_s=0.0))
+    body = {"messages": [{"role": "user", "content": "hi"}], "stream": stream}
+    forwarded = await forwarder.forward(CHAT, body, ["fast"])
+    relay = StreamRelay(
+        forwarded.exchange, strip_usage=False, idle_s=60.0, on_close=lambda _o, _u: None
+    )
+    async for _ in relay:
+        pass
+
+
+async def _rounds(
+    monitor: HealthMonitor,
+    pool: ReplicaPool,
+    upstream: UpstreamClient,
+    *,
+    stream: bool,
+    seconds: float,
+) -> None:
+    """Probe rounds for ``seconds`` while one request is in flight on the replica."""
+    task = asyncio.create_task(_in_flight(upstream, pool, stream=stream))
+    try:
+        async with asyncio.timeout(5):
+            while pool.replicas[0].in_flight == 0:  # noqa: ASYNC110  # a counter, not an event
+                await asyncio.sleep(0.01)
+        loop = asyncio.get_running_loop()
+        end = loop.time() + seconds
+        while loop.time() < end:
+            await monitor.check_once()
+        assert pool.replicas[0].in_flight == 1  # the request is still running
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_a_probe_timeout_while_the_replica_streams_is_busy(
+    upstream: UpstreamClient, session: aiohttp.ClientSession
+) -> None:
+    """Tokens keep coming on the gateway's stream while /health times out: busy, healthy."""
+    server = await _server(streams=True).start()
+    pool = ReplicaPool("fast", [server.url], 4, 0.1, health_path="/health", kind="vllm")
+    monitor = HealthMonitor({"fast": pool}, HealthConfig(timeout_s=0.1, unhealthy_after=2))
+    monitor.session = session
+    try:
+        await _rounds(monitor, pool, upstream, stream=True, seconds=1.0)
+    finally:
+        await server.stop()
+    replica = pool.replicas[0]
+    assert replica.healthy
+    assert "busy: not counted" in replica.last_probe_error
+
+
+async def test_a_hung_replica_with_a_request_in_flight_is_still_marked_down(
+    upstream: UpstreamClient, session: aiohttp.ClientSession
+) -> None:
+    """A replica that answers nothing, neither probes nor the request it holds, is not
+    "busy" forever: once it was silent past the tier's own timeouts its probes count."""
+    server = await _server(streams=False).start()
+    pool = ReplicaPool("fast", [server.url], 4, 0.1, health_path="/health", kind="vllm")
+    pool.replicas[0].busy_s = 0.3  # the tier's first_byte_s / idle_s, shortened
+    monitor = HealthMonitor({"fast": pool}, HealthConfig(timeout_s=0.1, unhealthy_after=2))
+    monitor.session = session
+    try:
+        await _rounds(monitor, pool, upstream, stream=False, seconds=1.0)
+    finally:
+        await server.stop()
+    assert not pool.replicas[0].healthy
