@@ -274,7 +274,7 @@ class HealthMonitor:
                 replica.url + path, self.credentials.get(replica.tier), timeout_s
             )
         except TimeoutError:
-            if replica.in_flight > 0 and time.monotonic() - replica.heard_at < replica.busy_s:
+            if replica.busy(time.monotonic()):
                 # Busy, not gone: a server answering the gateway's own requests is alive. One
                 # that left them unanswered past the tier's own timeouts is not (a hung
                 # server keeps requests in flight as long as traffic comes).

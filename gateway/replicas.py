@@ -137,6 +137,11 @@ class Replica:
     def _last_error(self) -> str:
         return self.recent_errors[-1].message if self.recent_errors else "no detail"
 
+    def busy(self, now: float) -> bool:
+        """Serving the gateway's requests and heard from within ``busy_s``: alive, whatever a
+        probe says (a probe that times out then is not counted, or not sent at all)."""
+        return self.in_flight > 0 and now - self.heard_at < self.busy_s
+
     def ejected(self, now: float) -> bool:
         """Taken out of rotation by passive outlier detection right now."""
         return now < self.ejected_until

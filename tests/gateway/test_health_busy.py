@@ -131,3 +131,21 @@ async def test_a_hung_replica_with_a_request_in_flight_is_still_marked_down(
     finally:
         await server.stop()
     assert not pool.replicas[0].healthy
+
+
+async def test_a_hung_one_at_a_time_server_is_probed_again_and_marked_down(
+    upstream: UpstreamClient, session: aiohttp.ClientSession
+) -> None:
+    """llama-cpp-python with health_path /v1/models gets no probe while it serves the
+    gateway's requests, but only while it answers them: hung past its tier's timeouts, it is
+    probed again, and its silence counts."""
+    server = await _server(streams=False).start()
+    pool = ReplicaPool("fast", [server.url], 4, 0.1, health_path="/v1/models", kind="llamacpp")
+    pool.replicas[0].busy_s = 0.3  # the tier's first_byte_s / idle_s, shortened
+    monitor = HealthMonitor({"fast": pool}, HealthConfig(timeout_s=0.1, unhealthy_after=2))
+    monitor.session = session
+    try:
+        await _rounds(monitor, pool, upstream, stream=False, seconds=4.5)  # 2 s probes
+    finally:
+        await server.stop()
+    assert not pool.replicas[0].healthy
