@@ -34,12 +34,12 @@ _DATA = b"data: "
 _DATA_OBJECT = b"data: {"
 _UPSTREAM_ERROR = b'data: {"error"'
 _SEP = b"\n\n"
-# A chunk still generating (``"finish_reason": null``, with or without the space).
-_NO_FINISH = re.compile(rb'"finish_reason": ?null')
+# A chunk still generating (``"finish_reason": null``, or ``""``; JSON spaced any way).
+_NO_FINISH = re.compile(rb'"finish_reason"\s*:\s*(?:null|"")')
 # A choice's last chunk: its ``finish_reason`` is a string ("stop", "length", "tool_calls").
-_FINISH = re.compile(rb'"finish_reason": ?"')
+_FINISH = re.compile(rb'"finish_reason"\s*:\s*"[^"]')
 # Text in a chunk: a chat delta's or a completion choice's, not empty.
-_TEXT = re.compile(rb'"(?:content|text)": ?"[^"]')
+_TEXT = re.compile(rb'"(?:content|text)"\s*:\s*"[^"]')
 
 
 class Cut(StrEnum):

@@ -142,3 +142,48 @@ async def test_n_2_with_both_choices_finished_is_complete(upstream: UpstreamClie
     sent, outcome, _ = await _relayed(upstream, _sse(*events), choices=2)
     assert outcome == Outcome.COMPLETE
     assert sent.endswith(DONE)
+
+
+# -- n = 1: the final chunk however its JSON is spaced ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "separator", [b" : ", b":  ", b":\t", b" :"], ids=["spaced", "two-spaces", "tab", "before"]
+)
+async def test_a_final_chunk_with_odd_json_spacing_is_complete(
+    upstream: UpstreamClient, separator: bytes
+) -> None:
+    """JSON may space its colons any way: the final chunk still ends a complete answer, and
+    the tokens before it are still counted."""
+    token = _token().replace(b'"finish_reason":', b'"finish_reason"' + separator)
+    final = _final().replace(b'"finish_reason":', b'"finish_reason"' + separator)
+    sent, outcome, usage = await _relayed(upstream, _sse(_role(), token, token, final, DONE))
+    assert outcome == Outcome.COMPLETE
+    assert sent.endswith(DONE)
+    assert usage is not None
+    assert usage.completion_tokens == 2
+
+
+async def test_an_empty_finish_reason_is_not_a_final_chunk(upstream: UpstreamClient) -> None:
+    """``"finish_reason": ""`` on a token chunk does not finish the answer: [DONE] after it
+    without a real final chunk is a cut, and the token is counted."""
+    token = _token().replace(b'"finish_reason":null', b'"finish_reason":""')
+    sent, outcome, usage = await _relayed(upstream, _sse(_role(), token, DONE))
+    assert outcome == Outcome.UPSTREAM_TRUNCATED
+    assert DONE not in sent
+    assert usage is not None
+    assert usage.completion_tokens == 1
+
+
+async def test_a_token_that_spells_a_finish_reason_does_not_finish(
+    upstream: UpstreamClient,
+) -> None:
+    """A token whose text is ``"finish_reason": "stop"`` (escaped in the JSON) is a token, not
+    a final chunk: [DONE] after it is still a cut."""
+    token = (
+        b'data: {"id":"c","choices":[{"index":0,"delta":{"content":'
+        b'"\\"finish_reason\\": \\"stop\\""},"finish_reason":null}]}\n\n'
+    )
+    sent, outcome, _ = await _relayed(upstream, _sse(_role(), token, DONE))
+    assert outcome == Outcome.UPSTREAM_TRUNCATED
+    assert DONE not in sent
