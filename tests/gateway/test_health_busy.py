@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
+from gateway.events import Outcome, Usage
 from gateway.forwarding import Forwarder, TierRoute
 from gateway.health import HealthConfig, HealthMonitor
 from gateway.relay import StreamRelay
@@ -23,6 +24,9 @@ from gateway.settings import Timeouts
 from gateway.upstream import UpstreamClient
 from policies.selection import RoundRobin
 from tests.gateway.raw_upstream import RawUpstream
+from tests.simulator.procs import SimulatorFactory, start_simulator
+
+__all__ = ["start_simulator"]
 
 HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
 TOKEN = b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"x"},"finish_reason":null}]}\n\n'
@@ -149,3 +153,54 @@ async def test_a_hung_one_at_a_time_server_is_probed_again_and_marked_down(
     finally:
         await server.stop()
     assert not pool.replicas[0].healthy
+
+
+async def test_the_first_round_never_sends_a_queueing_probe_beside_a_running_stream(
+    start_simulator: SimulatorFactory,
+    upstream: UpstreamClient,
+    session: aiohttp.ClientSession,
+) -> None:
+    """A stream already runs on llama-cpp-python (``--serial interrupt``) when the monitor's
+    first round detects it (health_path /v1/models): no /v1/models probe then, so the stream
+    ends whole, and the replica counts as checked (else /readyz would probe /v1/models)."""
+    sim = start_simulator(
+        "--flavor",
+        "llamacpp-python",
+        "--serial",
+        "interrupt",
+        "--profile",
+        "precise",
+        "--latency-scale",
+        "4",
+        "--jitter",
+        "0",
+    )
+    pool = ReplicaPool("precise", [sim.url], 4, 0.1, health_path="/v1/models")
+    monitor = HealthMonitor({"precise": pool}, HealthConfig(timeout_s=2.0))
+    monitor.session = session
+    route = TierRoute(pool, RoundRobin(), Timeouts(), "tiergate-precise")
+    forwarder = Forwarder(upstream, {"precise": route}, RetryPolicy(backoff_base_s=0.0))
+    body = {
+        "messages": [{"role": "user", "content": "Count slowly."}],
+        "max_tokens": 24,
+        "min_tokens": 24,
+        "stream": True,
+    }
+    forwarded = await forwarder.forward(CHAT, body, ["precise"])
+    closed: list[tuple[str, Usage | None]] = []
+    relay = StreamRelay(
+        forwarded.exchange,
+        strip_usage=False,
+        idle_s=30.0,
+        on_close=lambda outcome, usage: closed.append((outcome, usage)),
+    )
+    sent = asyncio.ensure_future(_read_all(relay))
+    await monitor.check_once()  # the replica's first round, while the stream runs
+    assert monitor.readiness() == {"precise": True}  # busy is alive: /readyz asks nobody
+    await sent
+    assert closed[0][0] == Outcome.COMPLETE
+    assert pool.replicas[0].kind == "llamacpp"
+
+
+async def _read_all(relay: StreamRelay) -> bytes:
+    return b"".join([piece async for piece in relay])
