@@ -27,6 +27,7 @@ from typing import Any
 
 import msgspec
 
+from gateway.backends import kind_of
 from gateway.events import UNREADABLE_JSON
 from gateway.forwarding import TierRoute
 from gateway.replicas import Replica
@@ -158,7 +159,13 @@ class ShadowRunner:
         pool = self.routes[tier].pool
         now = time.monotonic()
         idle = [
-            r for r in pool.usable(now) if r.has_capacity and r.waiting <= self.config.max_waiting
+            r
+            for r in pool.usable(now)
+            if r.has_capacity
+            and r.waiting <= self.config.max_waiting
+            # One generation at a time (llama-cpp-python): a shadow would wait behind the
+            # caller's answer, and make that server cut the caller's stream short.
+            and not (r.in_flight > 0 and kind_of(r).serial)
         ]
         return min(idle, key=lambda r: r.in_flight, default=None)
 

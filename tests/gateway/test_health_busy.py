@@ -21,6 +21,7 @@ from gateway.relay import StreamRelay
 from gateway.replicas import ReplicaPool
 from gateway.retry import RetryPolicy
 from gateway.settings import Timeouts
+from gateway.shadow import UNDER, ShadowConfig, ShadowRunner
 from gateway.upstream import UpstreamClient
 from policies.selection import RoundRobin
 from tests.gateway.raw_upstream import RawUpstream
@@ -204,3 +205,55 @@ async def test_the_first_round_never_sends_a_queueing_probe_beside_a_running_str
 
 async def _read_all(relay: StreamRelay) -> bytes:
     return b"".join([piece async for piece in relay])
+
+
+async def test_a_shadow_waits_for_a_one_at_a_time_replica_to_be_idle(
+    start_simulator: SimulatorFactory, upstream: UpstreamClient
+) -> None:
+    """Shadow evaluation sends nothing to a llama-cpp-python replica that runs the caller's
+    stream (its request would wait for the model and cut the stream): skipped as busy."""
+    sim = start_simulator(
+        "--flavor",
+        "llamacpp-python",
+        "--serial",
+        "interrupt",
+        "--profile",
+        "precise",
+        "--latency-scale",
+        "4",
+        "--jitter",
+        "0",
+    )
+    pools = {t: ReplicaPool(t, [sim.url], 4, 0.1, kind="llamacpp") for t in ("fast", "precise")}
+    routes = {
+        t: TierRoute(p, RoundRobin(), Timeouts(), "tiergate-precise") for t, p in pools.items()
+    }
+    shadow = ShadowRunner(
+        ShadowConfig(fast_ratio=1.0),
+        routes,
+        fast_tier="fast",
+        precise_tier="precise",
+        upstream=lambda: upstream.pool,
+    )
+    forwarder = Forwarder(upstream, routes, RetryPolicy(backoff_base_s=0.0))
+    body = {
+        "messages": [{"role": "user", "content": "Count slowly."}],
+        "max_tokens": 24,
+        "min_tokens": 24,
+        "stream": True,
+    }
+    forwarded = await forwarder.forward(CHAT, body, ["precise"])
+    closed: list[tuple[str, Usage | None]] = []
+    relay = StreamRelay(
+        forwarded.exchange,
+        strip_usage=False,
+        idle_s=30.0,
+        on_close=lambda outcome, usage: closed.append((outcome, usage)),
+    )
+    sent = asyncio.ensure_future(_read_all(relay))
+    await asyncio.sleep(0.2)  # the stream is generating
+    shadow.submit(UNDER, CHAT, {**body, "stream": False}, "an answer", None)
+    await sent
+    await asyncio.gather(*shadow._tasks)
+    assert closed[0][0] == Outcome.COMPLETE
+    assert shadow.counts == {f"{UNDER}:skipped_busy": 1}
