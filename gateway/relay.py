@@ -34,10 +34,12 @@ _DATA = b"data: "
 _DATA_OBJECT = b"data: {"
 _UPSTREAM_ERROR = b'data: {"error"'
 _SEP = b"\n\n"
-# A chunk still generating (``"finish_reason": null``, or ``""``; JSON spaced any way).
-_NO_FINISH = re.compile(rb'"finish_reason"\s*:\s*(?:null|"")')
+# A chunk still generating (``"finish_reason": null``; JSON spaced any way).
+_NO_FINISH = re.compile(rb'"finish_reason"\s*:\s*null')
 # A choice's last chunk: its ``finish_reason`` is a string ("stop", "length", "tool_calls").
-_FINISH = re.compile(rb'"finish_reason"\s*:\s*"[^"]')
+# An empty one counts too: TGI before 2.3 sends ``""`` on every /v1/completions chunk and no
+# other final chunk, so its streams could never end complete otherwise.
+_FINISH = re.compile(rb'"finish_reason"\s*:\s*"')
 # Text in a chunk: a chat delta's or a completion choice's, not empty.
 _TEXT = re.compile(rb'"(?:content|text)"\s*:\s*"[^"]')
 
@@ -267,9 +269,7 @@ class StreamRelay:
         for choice in choices:
             if isinstance(choice, dict) and type(index := choice.get("index", 0)) is int:
                 reason = choice.get("finish_reason")
-                started[index] = started.get(index, False) or (
-                    isinstance(reason, str) and reason != ""
-                )
+                started[index] = started.get(index, False) or isinstance(reason, str)
 
     def _finished(self) -> bool:
         """Did the backend finish its answer: one final chunk, or one for every choice of a

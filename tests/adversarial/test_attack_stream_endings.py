@@ -164,15 +164,20 @@ async def test_a_final_chunk_with_odd_json_spacing_is_complete(
     assert usage.completion_tokens == 2
 
 
-async def test_an_empty_finish_reason_is_not_a_final_chunk(upstream: UpstreamClient) -> None:
-    """``"finish_reason": ""`` on a token chunk does not finish the answer: [DONE] after it
-    without a real final chunk is a cut, and the token is counted."""
-    token = _token().replace(b'"finish_reason":null', b'"finish_reason":""')
-    sent, outcome, usage = await _relayed(upstream, _sse(_role(), token, DONE))
-    assert outcome == Outcome.UPSTREAM_TRUNCATED
-    assert DONE not in sent
+@pytest.mark.parametrize("done", [True, False], ids=["tgi-2.2", "tgi-2.1"])
+@pytest.mark.parametrize("choices", [1, 2])
+async def test_tgi_before_2_3_completions_streams_are_complete(
+    upstream: UpstreamClient, done: bool, choices: int
+) -> None:
+    """TGI before 2.3 sends ``"finish_reason": ""`` on every /v1/completions chunk and no other
+    final chunk (then [DONE] from 2.2, nothing before): its answers still arrive complete."""
+    chunk = b'data: {"id":"","choices":[{"finish_reason":"","index":0,"text":"x"}]}\n\n'
+    events = [chunk, chunk, *([DONE] if done else [])]
+    sent, outcome, usage = await _relayed(upstream, _sse(*events), choices=choices)
+    assert outcome == Outcome.COMPLETE
+    assert sent.endswith(DONE)
     assert usage is not None
-    assert usage.completion_tokens == 1
+    assert usage.completion_tokens == 2
 
 
 async def test_a_token_that_spells_a_finish_reason_does_not_finish(
