@@ -75,10 +75,13 @@ class Replica:
     resolved: bool = False
     last_probe_error: str = ""
     in_flight: int = 0
-    # When it last showed it works on the gateway's requests (a byte of an answer, or a request
-    # given to it while it had none), and how long after that a probe timeout with requests
-    # in flight still means "busy" rather than "gone": its tier's longest wait for a byte.
+    # When it last sent a byte of an answer; when it was last given work while it owed the
+    # gateway nothing (a request while idle, after answering the ones before: a request that
+    # was given up on unanswered does not start the clock again); and how long after the later
+    # of the two a probe timeout with requests in flight still means "busy", not "gone": its
+    # tier's longest wait for a byte.
     heard_at: float = 0.0
+    owed_at: float = 0.0
     busy_s: float = 60.0
     healthy: bool = True
     ejected_until: float = 0.0
@@ -140,7 +143,7 @@ class Replica:
     def busy(self, now: float) -> bool:
         """Serving the gateway's requests and heard from within ``busy_s``: alive, whatever a
         probe says (a probe that times out then is not counted, or not sent at all)."""
-        return self.in_flight > 0 and now - self.heard_at < self.busy_s
+        return self.in_flight > 0 and now - max(self.heard_at, self.owed_at) < self.busy_s
 
     def ejected(self, now: float) -> bool:
         """Taken out of rotation by passive outlier detection right now."""
@@ -229,8 +232,8 @@ class ReplicaPool:
 
     def lease(self, replica: Replica) -> None:
         """Count one more request in flight on ``replica``."""
-        if replica.in_flight == 0:
-            replica.heard_at = time.monotonic()  # it owed the gateway nothing until now
+        if replica.in_flight == 0 and replica.heard_at >= replica.owed_at:
+            replica.owed_at = time.monotonic()  # it owed the gateway nothing until now
         replica.in_flight += 1
 
     def release(self, replica: Replica) -> None:

@@ -23,6 +23,7 @@ from gateway.retry import RetryPolicy
 from gateway.settings import Timeouts
 from gateway.shadow import UNDER, ShadowConfig, ShadowRunner
 from gateway.upstream import UpstreamClient
+from policies.errors import TierGateError
 from policies.selection import RoundRobin
 from tests.gateway.raw_upstream import RawUpstream
 from tests.simulator.procs import SimulatorFactory, start_simulator
@@ -257,3 +258,37 @@ async def test_a_shadow_waits_for_a_one_at_a_time_replica_to_be_idle(
     await asyncio.gather(*shadow._tasks)
     assert closed[0][0] == Outcome.COMPLETE
     assert shadow.counts == {f"{UNDER}:skipped_busy": 1}
+
+
+async def _retrying(upstream: UpstreamClient, pool: ReplicaPool, every_s: float) -> None:
+    """A client that gives up after ``every_s`` and asks again, one request at a time."""
+    while True:
+        task = asyncio.create_task(_in_flight(upstream, pool, stream=False))
+        await asyncio.sleep(every_s)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, TierGateError):  # once marked down
+            await task
+
+
+async def test_a_hung_replica_asked_again_and_again_is_still_marked_down(
+    upstream: UpstreamClient, session: aiohttp.ClientSession
+) -> None:
+    """A client retrying one request at a time on a hung replica (each attempt given up
+    before the gateway's own timeout) never re-arms "busy": only an answer does."""
+    server = await _server(streams=False).start()
+    pool = ReplicaPool("fast", [server.url], 4, 0.1, health_path="/health", kind="vllm")
+    pool.replicas[0].busy_s = 0.4  # the tier's first_byte_s / idle_s, shortened
+    monitor = HealthMonitor({"fast": pool}, HealthConfig(timeout_s=0.1, unhealthy_after=2))
+    monitor.session = session
+    client = asyncio.create_task(_retrying(upstream, pool, every_s=0.15))
+    try:
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 1.5
+        while loop.time() < end:
+            await monitor.check_once()
+    finally:
+        client.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await client
+        await server.stop()
+    assert not pool.replicas[0].healthy
