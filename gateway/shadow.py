@@ -225,12 +225,14 @@ class ShadowRunner:
                 timeout_s=self.config.timeout_s,
                 connect_s=route.timeouts.connect_s,
             )
-        except AttemptFailed:
+        except AttemptFailed as failure:
+            _heard(replica, failure)
             self._count(direction, "failed")
             return
         finally:
             route.pool.release(replica)
             self.running -= 1
+        _heard(replica)
         text = answer_text(opened.body or b"")
         if text is None:
             self._count(direction, "failed")
@@ -285,12 +287,14 @@ class ShadowRunner:
                 timeout_s=self.config.timeout_s,
                 connect_s=route.timeouts.connect_s,
             )
-        except AttemptFailed:
+        except AttemptFailed as failure:
+            _heard(replica, failure)
             self._count(JUDGE, "failed")
             return None
         finally:
             route.pool.release(replica)
             self.running -= 1
+        _heard(replica)
         reply = answer_text(opened.body or b"")
         score = parse_score(reply) if reply is not None else None
         self._count(JUDGE, "failed" if reply is None else "unparsed" if score is None else "scored")
@@ -372,6 +376,12 @@ class ShadowRunner:
         for task in list(self._tasks):
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+def _heard(replica: Replica, failure: AttemptFailed | None = None) -> None:
+    """The replica answered (an error answer too): alive, for the health monitor's busy rule."""
+    if failure is None or failure.status is not None:
+        replica.heard_at = time.monotonic()
 
 
 def _capped(body: dict[str, Any], cap: int) -> dict[str, Any]:

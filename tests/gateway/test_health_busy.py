@@ -25,7 +25,7 @@ from gateway.shadow import UNDER, ShadowConfig, ShadowRunner
 from gateway.upstream import UpstreamClient
 from policies.errors import TierGateError
 from policies.selection import RoundRobin
-from tests.gateway.raw_upstream import RawUpstream
+from tests.gateway.raw_upstream import RawUpstream, answer
 from tests.simulator.procs import SimulatorFactory, start_simulator
 
 __all__ = ["start_simulator"]
@@ -292,3 +292,42 @@ async def test_a_hung_replica_asked_again_and_again_is_still_marked_down(
             await client
         await server.stop()
     assert not pool.replicas[0].healthy
+
+
+async def test_an_error_answer_is_an_answer_for_the_busy_rule(
+    upstream: UpstreamClient, session: aiohttp.ClientSession
+) -> None:
+    """A replica that answered a 400, then takes a second request whose first byte is slow
+    (a long prompt) while its probes time out, is busy: the 400 showed it alive."""
+
+    async def respond(n: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        request = server.requests[n - 1]
+        if request.startswith(b"POST") and b'"bad"' in request:
+            writer.write(answer(b'{"error":{"message":"bad"}}', status=400))
+            return True
+        if request.startswith(b"POST"):
+            await asyncio.sleep(0.5)  # the prompt's prefill, within busy_s
+            writer.write(answer(b'{"choices":[],"usage":{"prompt_tokens":1}}'))
+            return True
+        while await reader.read(65536):  # probes: never answered
+            pass
+        return False
+
+    server = await RawUpstream(respond).start()
+    pool = ReplicaPool("fast", [server.url], 4, 0.1, health_path="/health", kind="vllm")
+    pool.replicas[0].busy_s = 1.0  # the tier's first_byte_s / idle_s, shortened
+    route = TierRoute(pool, RoundRobin(), Timeouts(), "m")
+    forwarder = Forwarder(upstream, {"fast": route}, RetryPolicy(backoff_base_s=0.0))
+    monitor = HealthMonitor({"fast": pool}, HealthConfig(timeout_s=0.1, unhealthy_after=2))
+    monitor.session = session
+    try:
+        with contextlib.suppress(TierGateError):
+            await forwarder.forward(CHAT, {"messages": [], "bad": True}, ["fast"])
+        await asyncio.sleep(1.2)  # longer than busy_s since the 400's request was given
+        slow = asyncio.create_task(forwarder.forward(CHAT, {"messages": []}, ["fast"]))
+        while not slow.done():
+            await monitor.check_once()
+        await slow
+    finally:
+        await server.stop()
+    assert pool.replicas[0].healthy
