@@ -1,8 +1,10 @@
-"""Busy is not gone, and gone is not busy: a probe timeout while requests are in flight.
+"""Busy is not gone, and gone is not busy: probe timeouts while requests are in flight.
 
 A scripted raw server on loopback holds the gateway's requests (a stream that keeps sending
 tokens, or nothing at all) while its health route never answers; the monitor's probes run
-beside real requests forwarded by the request path's own client.
+beside real requests forwarded by the request path's own client. Against a one-at-a-time
+simulator (llama-cpp-python's ``--serial interrupt``), neither the monitor's first round nor a
+shadow evaluation may send a request that would make the server cut the caller's stream.
 """
 
 from __future__ import annotations
