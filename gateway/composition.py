@@ -133,6 +133,7 @@ def build_backends(
             ejection,
             health_path=tier.health_path,
             kind=tier.kind,
+            busy_s=max(tier.timeouts.first_byte_s, tier.timeouts.idle_s),
         )
         for name, tier in tiers.items()
     }

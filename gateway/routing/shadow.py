@@ -36,6 +36,7 @@ from gateway.routing.shadow_store import (
     rotated,
 )
 from gateway.upstream.attempt import AttemptFailed, attempt
+from gateway.upstream.backends import kind_of
 from gateway.upstream.forwarding import TierRoute
 from gateway.upstream.pool import UpstreamPool
 from gateway.upstream.replicas import Replica
@@ -164,7 +165,13 @@ class ShadowRunner:
         pool = self.routes[tier].pool
         now = time.monotonic()
         idle = [
-            r for r in pool.usable(now) if r.has_capacity and r.waiting <= self.config.max_waiting
+            r
+            for r in pool.usable(now)
+            if r.has_capacity
+            and r.waiting <= self.config.max_waiting
+            # One generation at a time (llama-cpp-python): a shadow would wait behind the
+            # caller's answer, and make that server cut the caller's stream short.
+            and not (r.in_flight > 0 and kind_of(r).serial)
         ]
         return min(idle, key=lambda r: r.in_flight, default=None)
 
@@ -224,12 +231,14 @@ class ShadowRunner:
                 timeout_s=self.config.timeout_s,
                 connect_s=route.timeouts.connect_s,
             )
-        except AttemptFailed:
+        except AttemptFailed as failure:
+            _heard(replica, failure)
             self._count(direction, "failed")
             return
         finally:
             route.pool.release(replica)
             self.running -= 1
+        _heard(replica)
         text = answer_text(opened.body or b"")
         if text is None:
             self._count(direction, "failed")
@@ -284,12 +293,14 @@ class ShadowRunner:
                 timeout_s=self.config.timeout_s,
                 connect_s=route.timeouts.connect_s,
             )
-        except AttemptFailed:
+        except AttemptFailed as failure:
+            _heard(replica, failure)
             self._count(JUDGE, "failed")
             return None
         finally:
             route.pool.release(replica)
             self.running -= 1
+        _heard(replica)
         reply = answer_text(opened.body or b"")
         score = parse_score(reply) if reply is not None else None
         self._count(JUDGE, "failed" if reply is None else "unparsed" if score is None else "scored")
@@ -371,6 +382,12 @@ class ShadowRunner:
         for task in list(self._tasks):
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+def _heard(replica: Replica, failure: AttemptFailed | None = None) -> None:
+    """The replica answered (an error answer too): alive, for the health monitor's busy rule."""
+    if failure is None or failure.status is not None:
+        replica.heard_at = time.monotonic()
 
 
 def _capped(body: dict[str, Any], cap: int) -> dict[str, Any]:

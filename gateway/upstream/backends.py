@@ -13,6 +13,7 @@ marked dead only because it lacks ``/health``. A tier's ``health_path`` override
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 
 import structlog
@@ -109,9 +110,10 @@ def probe_would_queue(replica: Replica) -> bool:
     """Would a probe now wait behind a generation? Only on a one-at-a-time kind
     (llama-cpp-python) with requests in flight, and only for a route other than the kind's own
     health routes, which such a server answers at once (a ``health_path`` of ``/v1/models``,
-    or detection not yet done, which may ask the model list)."""
+    or detection not yet done, which may ask the model list). A replica that left those
+    requests unanswered past its tier's timeouts is probed: hung, not busy."""
     kind = KINDS.get(replica.kind or "")
-    if kind is None or not kind.serial or replica.in_flight <= 0:
+    if kind is None or not kind.serial or not replica.busy(time.monotonic()):
         return False
     return not replica.resolved or replica.health_path not in kind.health_paths
 

@@ -355,6 +355,8 @@ class Forwarder:
     def _record_failure(self, pool: ReplicaPool, replica: Replica, failure: AttemptFailed) -> None:
         """Count ``failure`` on the replica; a Retry-After on 429/503 becomes a cool-down."""
         failure.replica = replica.name  # named in the caller's error if every attempt fails
+        if failure.status is not None:  # an error answer is still an answer: the server lives
+            replica.heard_at = time.monotonic()
         if failure.status in AUTH_STATUSES:
             pool.mark_misconfigured(replica, failure.status)
         cooldown = None

@@ -209,14 +209,16 @@ class HealthMonitor:
         return {tier: pool.ready() for tier, pool in self.pools.items()}
 
     async def _probe(self, replica: Replica) -> None:
-        if backends.probe_would_queue(replica):
+        if not replica.resolved and not backends.probe_would_queue(replica):
+            await backends.resolve(replica, self._detect_get(replica), self.config.timeout_s)
+        if backends.probe_would_queue(replica):  # asked again: detection may just have found it
             # Its requests in flight show it alive; a probe would wait behind them (and make
             # llama-cpp-python end a running stream early). Traffic decides until it is idle.
+            replica.checked = True  # known alive: /readyz need not probe it itself
             return
-        if not replica.resolved:
-            await backends.resolve(replica, self._detect_get(replica), self.config.timeout_s)
         failure = await self._health(replica)
         if failure is _BUSY:
+            replica.checked = True
             return
         self._apply(replica, failure)
         if failure is not None and failure[0].endswith("could not connect"):
@@ -274,9 +276,10 @@ class HealthMonitor:
                 replica.url + path, self.credentials.get(replica.tier), timeout_s
             )
         except TimeoutError:
-            if replica.in_flight > 0:
-                # Busy, not gone: a server answering the gateway's own requests is alive; a
-                # stalled one is caught by their idle timeout (passive ejection).
+            if replica.busy(time.monotonic()):
+                # Busy, not gone: a server answering the gateway's own requests is alive. One
+                # that left them unanswered past the tier's own timeouts is not (a hung
+                # server keeps requests in flight as long as traffic comes).
                 replica.last_probe_error = (
                     f"health check: {path} timed out after {timeout_s:g}s with "
                     f"{replica.in_flight} requests in flight (busy: not counted)"

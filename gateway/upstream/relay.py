@@ -34,12 +34,14 @@ _DATA = b"data: "
 _DATA_OBJECT = b"data: {"
 _UPSTREAM_ERROR = b'data: {"error"'
 _SEP = b"\n\n"
-# A chunk still generating (``"finish_reason": null``, with or without the space).
-_NO_FINISH = re.compile(rb'"finish_reason": ?null')
+# A chunk still generating (``"finish_reason": null``; JSON spaced any way).
+_NO_FINISH = re.compile(rb'"finish_reason"\s*:\s*null')
 # A choice's last chunk: its ``finish_reason`` is a string ("stop", "length", "tool_calls").
-_FINISH = re.compile(rb'"finish_reason": ?"')
+# An empty one counts too: TGI before 2.3 sends ``""`` on every /v1/completions chunk and no
+# other final chunk, so its streams could never end complete otherwise.
+_FINISH = re.compile(rb'"finish_reason"\s*:\s*"')
 # Text in a chunk: a chat delta's or a completion choice's, not empty.
-_TEXT = re.compile(rb'"(?:content|text)": ?"[^"]')
+_TEXT = re.compile(rb'"(?:content|text)"\s*:\s*"[^"]')
 
 
 class Cut(StrEnum):
@@ -128,8 +130,9 @@ class StreamRelay:
     the relay's own count from ``prompt_tokens`` and the content chunks, at most
     ``max_tokens``).
 
-    The stream reaches the caller as complete only when the backend ended it: each of the
-    ``choices`` choices had its final chunk (a string ``finish_reason``), then ``[DONE]`` or,
+    The stream reaches the caller as complete only when the backend ended it: its final chunk
+    (a string ``finish_reason``) or, when ``choices`` > 1, one for each choice it started
+    (by ``index``: a backend that ignores ``n`` starts one), then ``[DONE]`` or,
     for a server that never sends ``[DONE]``, the clean end of the body (the relay then sends
     the ``[DONE]``). Every other end is an in-band error event without ``[DONE]``, an outcome
     other than ``complete`` and a :class:`Cut` in ``cut``.
@@ -164,10 +167,13 @@ class StreamRelay:
         self.closed = False
         self.outcome: str = Outcome.CLIENT_DISCONNECT
         self.token_events = 0
-        # Final chunks seen, and how many the request's ``n`` makes (a lower bound: a list of
-        # prompts on /v1/completions has a choice per prompt).
+        # Final chunks seen (a request for one choice needs one).
         self.finishes = 0
         self.choices = max(1, choices)
+        # A request for several (``n``, a list of prompts): each choice the backend started,
+        # by index, and whether its final chunk came. A backend may give fewer than asked
+        # (llama-cpp-python and Ollama ignore ``n``); every one it started must finish.
+        self.started: dict[int, bool] | None = {} if self.choices > 1 else None
         self.cut: Cut | None = None
         self.last_data = b""
         self._cr = b""  # a CRLF stream's read that ended between \r and \n: its \r, held back
@@ -224,7 +230,7 @@ class StreamRelay:
     def _done(self, event: bytes) -> bytes:
         """``[DONE]``: the end of a complete answer only after every choice's final chunk."""
         self.done = self.ended = True
-        if self.finishes < self.choices:
+        if not self._finished():
             # llama-cpp-python (``--interrupt_requests``, its default) ends a running stream
             # this way when another request waits: a cut answer, never a complete one.
             return self._cut(
@@ -245,8 +251,32 @@ class StreamRelay:
             self.finishes += 1
             if _TEXT.search(event):  # a final chunk that carries the last token
                 self.token_events += 1
+        if self.started is not None:
+            self._track_choices(event)
         if self.captured is not None:
             self._capture(event)
+
+    def _track_choices(self, event: bytes) -> None:
+        """Note each choice of the chunk by its index, and whether it is its final chunk."""
+        started = self.started
+        try:
+            data = _decoder.decode(event[6:])
+        except UNREADABLE_JSON:
+            return
+        choices = data.get("choices") if isinstance(data, dict) else None
+        if started is None or not isinstance(choices, list):
+            return
+        for choice in choices:
+            if isinstance(choice, dict) and type(index := choice.get("index", 0)) is int:
+                reason = choice.get("finish_reason")
+                started[index] = started.get(index, False) or isinstance(reason, str)
+
+    def _finished(self) -> bool:
+        """Did the backend finish its answer: one final chunk, or one for every choice of a
+        request for several that it started?"""
+        if self.started is None:
+            return self.finishes > 0
+        return bool(self.started) and all(self.started.values())
 
     def _usage_event(self, event: bytes) -> bytes | None:
         """An event that may carry ``usage``: recorded; the gateway's own usage chunk dropped."""
@@ -344,6 +374,7 @@ class StreamRelay:
                     data = await response.readany()
                 if not data:
                     break
+                self.exchange.replica.heard_at = time.monotonic()
                 if framing is not None:  # LF streams (the usual) pass untouched
                     data = self._to_lf(data, framing)
                 chunk, buffer = self._split(buffer + data)
@@ -386,7 +417,7 @@ class StreamRelay:
         if self.done:
             self.outcome = Outcome.COMPLETE
             return b""
-        if self.finishes >= self.choices:
+        if self._finished():
             # A server that ends its stream without [DONE] after the final chunk: complete;
             # the caller gets the [DONE] (and the usage chunk) an OpenAI client expects.
             ending = self._event(_DONE) or b""

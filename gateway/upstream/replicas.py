@@ -75,6 +75,14 @@ class Replica:
     resolved: bool = False
     last_probe_error: str = ""
     in_flight: int = 0
+    # When it last sent a byte of an answer; when it was last given work while it owed the
+    # gateway nothing (a request while idle, after answering the ones before: a request that
+    # was given up on unanswered does not start the clock again); and how long after the later
+    # of the two a probe timeout with requests in flight still means "busy", not "gone": its
+    # tier's longest wait for a byte.
+    heard_at: float = 0.0
+    owed_at: float = 0.0
+    busy_s: float = 60.0
     healthy: bool = True
     ejected_until: float = 0.0
     cooldown_until: float = 0.0
@@ -132,6 +140,11 @@ class Replica:
     def _last_error(self) -> str:
         return self.recent_errors[-1].message if self.recent_errors else "no detail"
 
+    def busy(self, now: float) -> bool:
+        """Serving the gateway's requests and heard from within ``busy_s``: alive, whatever a
+        probe says (a probe that times out then is not counted, or not sent at all)."""
+        return self.in_flight > 0 and now - max(self.heard_at, self.owed_at) < self.busy_s
+
     def ejected(self, now: float) -> bool:
         """Taken out of rotation by passive outlier detection right now."""
         return now < self.ejected_until
@@ -171,10 +184,18 @@ class ReplicaPool:
         *,
         health_path: str | None = None,
         kind: str = "auto",
+        busy_s: float = 60.0,
     ) -> None:
         self.tier = tier
         self.replicas = [
-            Replica(tier, url, max_concurrency, health_override=health_path, kind_setting=kind)
+            Replica(
+                tier,
+                url,
+                max_concurrency,
+                health_override=health_path,
+                kind_setting=kind,
+                busy_s=busy_s,
+            )
             for url in urls
         ]
         self.max_queue_wait_s = max_queue_wait_s
@@ -211,6 +232,8 @@ class ReplicaPool:
 
     def lease(self, replica: Replica) -> None:
         """Count one more request in flight on ``replica``."""
+        if replica.in_flight == 0 and replica.heard_at >= replica.owed_at:
+            replica.owed_at = time.monotonic()  # it owed the gateway nothing until now
         replica.in_flight += 1
 
     def release(self, replica: Replica) -> None:
@@ -222,6 +245,7 @@ class ReplicaPool:
 
     def record_success(self, replica: Replica) -> None:
         """An attempt got its answer (or its first streamed event)."""
+        replica.heard_at = time.monotonic()
         replica.outcomes["success"] += 1
         replica.consecutive_failures = 0
         replica.misconfigured = False
