@@ -28,7 +28,7 @@ from gateway.proxy import ProxyService, RequestObserver
 from gateway.replicas import EjectionPolicy, ReplicaPool
 from gateway.request_body import FieldRules
 from gateway.retry import RetryPolicy
-from gateway.routing import TierRouter, threshold_policy
+from gateway.routing import TierRouter, build_dial
 from gateway.settings import (
     BalancingSettings,
     HealthSettings,
@@ -88,12 +88,18 @@ def build_router(
         tools_to_precise=r.tools_to_precise,
         long_prompt_tokens=r.long_prompt_tokens,
     )
-    threshold = threshold_policy(r.threshold, r.target_precise_share, r.online_control, classifier)
+    dial = build_dial(
+        r.threshold,
+        r.target_precise_share,
+        r.online_control,
+        classifier,
+        max_tenants=r.dial_max_tenants,
+    )
     return TierRouter(
         catalog,
         rules,
         classifier,
-        threshold,
+        dial,
         fast_to_precise=r.fallback_to_precise,
         precise_to_fast=r.downgrade_to_fast,
     )
@@ -288,6 +294,7 @@ def build_gateway(
         observer=o.observer or telemetry.observer,
         registry=telemetry.registry,
         observed_share=telemetry.metrics.share.share,
+        share_dir=o.worker.share_dir if o.worker is not None and o.worker.count > 1 else None,
     )
     return _assemble(
         settings,

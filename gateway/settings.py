@@ -317,6 +317,14 @@ class RouterSettings(Section):
     """Adjust the threshold online so the observed precise share tracks the target. Unset: on
     unless a fixed `threshold` is set (the artifact's reference scores never match a
     deployment's own traffic mix)."""
+    dial_max_tenants: int = Field(default=256, ge=1, le=100_000)
+    """Tenants with their own share controller per worker (about 120 KB each when its
+    5,000-request window is full); the least recently seen is dropped beyond this, and a
+    tenant without one meets the artifact's calibration for its target until it has traffic
+    again."""
+    dial_sync_interval_s: float = Field(default=0.25, gt=0.0, le=5.0)
+    """How often each worker reads the live dial's targets (Redis, or the workers' shared
+    directory) and applies a change made on another worker or replica."""
     fast_tier: str = "fast"
     """Which tier is the fast one."""
     precise_tier: str = "precise"
