@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -146,6 +147,7 @@ def _dial_view(router: TierRouter, sync: DialSync | None) -> dict[str, Any]:
         "tenant_targets": dict(targets.tenants),
         "version": targets.version,
         "applied_at": sync.applied_at if sync is not None else None,
+        "worker": os.getpid(),  # each worker has its own controllers
         "tenants": tenants,
     }
 

@@ -104,6 +104,8 @@ def test_a_turned_dial_holds_the_new_target_at_once(
     _feed(controller, _stream(0.25, external_scores, 11, 6_000))
     controller.retarget(new_target, router.threshold_for_share(new_target))
     sent = _feed(controller, _stream(0.25, external_scores, 12, 2_500))
-    print(f"turned to {new_target}: first 500 {sent[:500].mean():.3f}, then {sent[500:].mean():.3f}")
+    print(
+        f"turned to {new_target}: first 500 {sent[:500].mean():.3f}, then {sent[500:].mean():.3f}"
+    )
     assert abs(sent[:500].mean() - new_target) <= 0.03, sent[:500].mean()
     assert abs(sent[500:].mean() - new_target) <= 0.03, sent[500:].mean()
