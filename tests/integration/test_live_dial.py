@@ -106,8 +106,10 @@ def test_a_turned_dial_reaches_every_worker_within_a_second(
     token = tmp_path / "admin"
     token.write_text(ADMIN)
     cli = subprocess.run(
-        [sys.executable, "-m", "tiergate", "router", "dial", "0.3", "--tenant", "acme"]
-        + ["--url", gws[1].url, "--admin-token-file", str(token)],
+        [
+            *(sys.executable, "-m", "tiergate", "router", "dial", "0.3", "--tenant", "acme"),
+            *("--url", gws[1].url, "--admin-token-file", str(token)),
+        ],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
