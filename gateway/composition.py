@@ -40,6 +40,7 @@ from gateway.settings import (
 )
 from gateway.spillover import Spillover, SpilloverConfig
 from gateway.telemetry import Telemetry, build_telemetry
+from gateway.telemetry.logging import register_secret
 from gateway.upstream import UpstreamClient
 from gateway.worker_share import HealthShare, WorkerRole
 from policies.fields import FieldPolicy
@@ -261,6 +262,7 @@ def build_gateway(
     """Build every long-lived object of a gateway from ``settings`` (read here, once)."""
     o = overrides
     admin_token = settings.auth.read_admin_token()  # the one read of the token (file)
+    register_secret(admin_token)  # never logged, wherever a caller puts it
     pools, routes, monitor = build_backends(
         settings.tiers, settings.health, settings.balancing, worker=o.worker
     )

@@ -304,6 +304,11 @@ class ShadowSettings(Section):
     judge_ratio: float = Field(default=0.0, ge=0, le=1)
     """Share of compared shadows whose fast answer is also graded by the precise tier with a
     fixed rubric (a judge call; policies/judge.py); 0: off."""
+    digest_key_file: Path | None = None
+    """File holding the deployment secret (at least 16 bytes) that keys each record's prompt
+    digest (HMAC-SHA-256, 96 bits): records of one prompt match, a guessed prompt cannot be
+    confirmed without it. Unset: `store`.key, created with a random key (and a warning) when
+    absent; without a store, a random key per process."""
 
 
 class RouterSettings(Section):
