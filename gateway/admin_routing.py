@@ -110,7 +110,8 @@ class ArtifactReloader:
                 f"The router artifact could not be loaded: {exc}", code="artifact_invalid"
             ) from None
         recent = self.router.recent.by_tenant()
-        scores = {t: [classifier.score(b) for b in bodies] for t, bodies in recent.items()}
+        score = self.router.score
+        scores = {t: [score(classifier, b) for b in bodies] for t, bodies in recent.items()}
         return classifier, scores
 
     async def reload(self) -> dict[str, Any]:

@@ -88,6 +88,7 @@ def build_router(
         structured_output_to_precise=r.structured_output_to_precise,
         tools_to_precise=r.tools_to_precise,
         long_prompt_tokens=r.long_prompt_tokens,
+        json_object_to_precise=r.json_object_to_precise,
     )
     dial = build_dial(
         r.threshold,
@@ -103,6 +104,7 @@ def build_router(
         dial,
         fast_to_precise=r.fallback_to_precise,
         precise_to_fast=r.downgrade_to_fast,
+        unwrap_packaging=r.unwrap_packaging,
     )
 
 

@@ -19,6 +19,7 @@ from policies.requests import RequestSummary
 from policies.threshold import ControllerState
 from policies.tiering import RouteDecision, TierCatalog, TierRules, decide_tier, fallback_tiers
 from router_models import Router
+from router_models.packaging import unwrap
 
 
 class Dial(Protocol):
@@ -95,6 +96,7 @@ class TierRouter:
         fast_to_precise: bool = True,
         precise_to_fast: bool = False,
         recent: int = RECENT_BODIES,
+        unwrap_packaging: bool = True,
     ) -> None:
         self.catalog = catalog
         self.rules = rules
@@ -102,6 +104,7 @@ class TierRouter:
         self.dial = dial
         self.fast_to_precise = fast_to_precise
         self.precise_to_fast = precise_to_fast
+        self.unwrap_packaging = unwrap_packaging
         # Recent classifier-routed bodies, tenant-balanced: what a reloaded artifact is
         # calibrated on before it goes live. Bodies of long prompts are not kept (memory).
         self.recent: RecentSample[Mapping[str, Any]] = RecentSample(max(1, recent))
@@ -120,7 +123,7 @@ class TierRouter:
             catalog=self.catalog,
             principal=principal,
             rules=self.rules,
-            score=lambda: self.classifier.score(body),
+            score=lambda: self.score(self.classifier, body),
             threshold=self.dial.threshold_for(tenant),
             override=override,
         )
@@ -129,6 +132,12 @@ class TierRouter:
             if summary.prompt_token_estimate <= RECENT_MAX_TOKENS:
                 self.recent.add(tenant, dict(body))  # the pipeline edits the body later
         return decision
+
+    def score(self, classifier: TierClassifier, body: Mapping[str, Any]) -> float:
+        """``classifier``'s score of the user's own words (``router_models.packaging``: LaTeX,
+        code fences, chain-of-thought phrasing, padding and numbers the request does not refer
+        to are not scored), or of the body as sent when unwrapping is off."""
+        return classifier.score(unwrap(body) if self.unwrap_packaging else body)
 
     def threshold_for(self, principal: Principal) -> float:
         """The threshold the caller's tenant meets now."""

@@ -335,9 +335,17 @@ class RouterSettings(Section):
     precise_tier: str = "precise"
     """Which tier is the precise one."""
     structured_output_to_precise: bool = True
-    """Send response_format json_schema / json_object requests to the precise tier."""
+    """Send response_format json_schema requests to the precise tier."""
+    json_object_to_precise: bool = False
+    """Send response_format json_object requests to the precise tier (off: the classifier
+    decides on the prompt's words, so asking for JSON does not buy the precise tier)."""
     tools_to_precise: bool = True
-    """Send requests with tools to the precise tier."""
+    """Send requests with tools the model may call to the precise tier (`tool_choice: "none"`
+    is no tool use: the classifier decides)."""
+    unwrap_packaging: bool = True
+    """Score the user's own words: LaTeX blocks, code fences and strings of numbers the request
+    does not refer to, chain-of-thought phrasing and padding are left out of the score
+    (router_models/packaging.py; bench/results/packaging.md)."""
     long_prompt_tokens: int | None = 6000
     """Prompts estimated above this many tokens go to the precise tier (null: no such rule)."""
     # Tier fallback when the chosen tier has no healthy capacity: fast -> precise (on by

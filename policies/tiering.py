@@ -4,8 +4,9 @@ The order is fixed and documented in the README:
 
 1. an explicit tier name or served model name in ``model`` forces that tier (``explicit``);
 2. the ``x-tiergate-tier`` override header, only for keys with the override scope (``override``);
-3. hard rules: structured output / tools / very long prompts go to the precise tier
-   (``rule:json_schema``, ``rule:tools``, ``rule:long_prompt``);
+3. hard rules: a JSON schema / tools the model may call / very long prompts go to the precise
+   tier (``rule:json_schema``, ``rule:tools``, ``rule:long_prompt``); ``json_object`` only
+   when the deployment says so (``rule:json_object``, off by default);
 4. the classifier's score against the threshold (``classifier``).
 
 A key's allowed tiers are always respected: an explicit or override choice of a forbidden tier
@@ -33,6 +34,7 @@ class TierRules:
     structured_output_to_precise: bool = True
     tools_to_precise: bool = True
     long_prompt_tokens: int | None = 6000
+    json_object_to_precise: bool = False
 
 
 class RouteDecision(NamedTuple):
@@ -86,11 +88,10 @@ class TierCatalog:
 
 
 def _rule_reason(summary: RequestSummary, rules: TierRules) -> str | None:
-    if rules.structured_output_to_precise and summary.response_format in (
-        "json_schema",
-        "json_object",
-    ):
+    if rules.structured_output_to_precise and summary.response_format == "json_schema":
         return "rule:json_schema"
+    if rules.json_object_to_precise and summary.response_format == "json_object":
+        return "rule:json_object"
     if rules.tools_to_precise and summary.has_tools:
         return "rule:tools"
     limit = rules.long_prompt_tokens
