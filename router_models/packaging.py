@@ -8,8 +8,9 @@ wrapping carries them all. ``unwrap(body)`` returns the body the router should s
 * chain-of-thought boilerplate is removed (``step by step``, ``think carefully``, ``show your
   work``, "prove rigorously," used as a clause of its own...): it asks for a style of answer,
   not a harder task;
-* a LaTeX display block (``$$...$$``, ``\\[...\\]``, ``\\begin{...}...\\end{...}``), a fenced
-  code block or a run of 8 or more numbers is removed **when the rest of the message does not
+* a LaTeX block (``$$...$$``, ``\\[...\\]``, ``\\(...\\)``, ``\\begin{...}...\\end{...}``,
+  inline ``$...$`` with a command in it), a fenced code block, a run of 8 or more numbers or
+  one of 12 or more digits is removed **when the rest of the message does not
   refer to it**: none of the words that ask about code, maths or numbers (``code``, ``fix``,
   ``solve``, ``integral``, ``sum``, ``this``, ``above``...) occurs outside it. A request that
   asks about its block keeps it, so "What is wrong with this code?" and "Solve $$...$$" score
@@ -43,11 +44,20 @@ _COT: Final = re.compile(
     re.IGNORECASE,
 )
 _LATEX_BLOCK: Final = re.compile(
-    r"\$\$.+?\$\$|\\\[.+?\\\]|\\begin\{([a-z*]+)\}.+?\\end\{\1\}", re.DOTALL
+    r"\$\$.+?\$\$|\\\[.+?\\\]|\\\(.+?\\\)|\\begin\{([a-z*]+)\}.+?\\end\{\1\}"
+    r"|\$[^$\n]*\\[a-zA-Z]+[^$\n]*\$",  # inline maths with a command in it
+    re.DOTALL,
 )
 _FENCE: Final = re.compile(r"```[^\n`]*\n.*?(?:```|\Z)|~~~[^\n]*\n.*?(?:~~~|\Z)", re.DOTALL)
-_NUMBER_RUN: Final = re.compile(r"(?:[-+]?\d+(?:[.,]\d+)?[\s,;]+){7,}[-+]?\d+(?:[.,]\d+)?")
+_NUMBER_RUN: Final = re.compile(
+    r"(?:[-+]?\d+(?:[.,]\d+)?[\s,;]+){7,}[-+]?\d+(?:[.,]\d+)?|\d[\d.,]{11,}"
+)
+_REPEATED_WORD: Final = re.compile(r"\b(\w+)(?:\W+\1\b){3,}", re.IGNORECASE)
 _REPEATED_CHAR: Final = re.compile(r"([^\w\s])\1{7,}|(\s)\2{15,}")
+_LEFTOVER: Final = re.compile(
+    r"(?:^|(?<=[.!?:;]))[\s,.;:!-]*(?:(?:and|then|also|so|now|please)\b[\s,.;:!-]*)+",
+    re.IGNORECASE,
+)
 _REFERS: Final = re.compile(
     r"\b(?:code|program|script|function|snippet|bug|error|fix|debug|refactor|optimi[sz]e|"
     r"compile|output|run|runs|implement|review|rewrite|convert|translate|port|test|tests|"
@@ -60,9 +70,11 @@ _REFERS: Final = re.compile(
 
 
 def _squeeze(text: str) -> str:
-    """Runs of 8 or more of one symbol, or 16 or more of one whitespace character, to one (two
-    for newlines), and a line repeated back to back to one copy (indentation and rules such
-    as ``----`` in ordinary text are left alone)."""
+    """A word said four or more times in a row, runs of 8 or more of one symbol, or 16 or
+    more of one whitespace character, to one (two for newlines), and a line repeated back to
+    back to one copy (indentation and rules such as ``----`` in ordinary text are left
+    alone)."""
+    text = _REPEATED_WORD.sub(r"\1", text)
     text = _REPEATED_CHAR.sub(
         lambda m: (m.group(1) or m.group(2))[:1] * (1 + ("\n" in m.group(0))), text
     )
@@ -76,6 +88,8 @@ def _squeeze(text: str) -> str:
 def unwrap_text(text: str) -> str:
     """The user's own words of ``text`` (``text`` itself when nothing is packaging)."""
     words = _COT.sub(" ", text)
+    if words != text:  # what the phrasing leaves: "and", "then", stray punctuation
+        words = _LEFTOVER.sub(" ", words)
     blocks = [_LATEX_BLOCK, _FENCE, _NUMBER_RUN]
     outside = words
     for pattern in blocks:

@@ -5,8 +5,9 @@ LaTeX block, a four-line code fence, chain-of-thought phrasing, padding, a strin
 dummy ``tools`` with ``tool_choice: "none"``, ``response_format: json_object``). Each body is
 scored by the shipped artifact as the gateway scores it, with ``router.unwrap_packaging`` off
 and on, and sent precise when the score reaches the artifact's threshold for a 30 % share.
-The cost side: the same comparison on the labelled external prompts (router-dev.jsonl and
-router-dev2's ``use: eval`` rows): ROC AUC and the complex prompts caught at that threshold.
+The cost side: the same comparison on labelled prompts (router-dev.jsonl and router-dev2's
+``use: eval`` rows; the project corpus and hard cases): ROC AUC and the complex prompts caught
+at that threshold.
 
     .venv/bin/python bench/packaging/run.py        # writes bench/results/packaging.md
 """
@@ -25,6 +26,7 @@ from router_models.packaging import unwrap
 from router_models.records import body_of, label_of, read_jsonl
 from router_models.train import SHARED_DATASETS
 
+CORPUS = Path(router_models.__file__).resolve().parent / "corpus"
 OUT = Path(__file__).resolve().parents[1] / "results" / "packaging.md"
 SHARE = 0.30
 # fmt: off
@@ -63,10 +65,15 @@ KINDS: dict[str, Wrap] = {
     "LaTeX block": lambda p: _chat(LATEX + p),
     "code fence (4 lines)": lambda p: _chat(FENCE + p),
     "chain of thought": lambda p: _chat("Prove rigorously, step by step: " + p),
+    "chain of thought (think)": lambda p: _chat("Let's think step by step and be rigorous. " + p),
+    "LaTeX environment": lambda p: _chat(
+        "\\begin{align} f(x) &= \\sum_{n=1}^{N} \\frac{(-1)^n}{n!} x^n \\end{align}\n" + p
+    ),
     "padding": lambda p: _chat(p + "\n" + "." * 400 + "\n" * 30),
     "string of numbers": lambda p: _chat(
         " ".join(str((i * 7919) % 97) for i in range(60)) + "\n" + p
     ),
+    "long digit string": lambda p: _chat("3" + "14159265358979323846" * 5 + "\n" + p),
     "tools, tool_choice none": lambda p: _chat(p, tools=TOOLS, tool_choice="none"),
     "response_format json_object": lambda p: _chat(p, response_format={"type": "json_object"}),
 }
@@ -108,27 +115,34 @@ def main() -> int:
         share_off = np.mean([score(b, False) >= threshold for b in bodies])
         share_on = np.mean([score(b, True) >= threshold for b in bodies])
         lines.append(f"| {kind} | {share_off:.0%} | {share_on:.0%} |")
-    records = [r for r in read_jsonl(SHARED_DATASETS / "router-dev2.jsonl") if r["use"] == "eval"]
-    records += read_jsonl(SHARED_DATASETS / "router-dev.jsonl")
-    labels = np.array([label_of(r) for r in records])
+    external = [r for r in read_jsonl(SHARED_DATASETS / "router-dev2.jsonl") if r["use"] == "eval"]
+    external += read_jsonl(SHARED_DATASETS / "router-dev.jsonl")
+    corpus = [
+        *read_jsonl(CORPUS / "tiergate-corpus.jsonl"),
+        *read_jsonl(CORPUS / "hard-cases.jsonl"),
+    ]
     lines += [
         "",
-        f"Cost on labelled external prompts ({len(records)}: router-dev2 `use: eval` rows and "
-        "router-dev.jsonl; the rules for tools / json_schema do not apply here):",
+        "Cost on labelled prompts: external (router-dev2 `use: eval` rows and router-dev.jsonl,",
+        "never trained on) and the project's corpus with the hard cases (trained on, but full of",
+        "code and maths a request asks about). Rules for tools / json_schema do not apply here.",
         "",
-        "| unwrap | ROC AUC | complex caught at the threshold | simple sent | bodies changed |",
-        "|---|---:|---:|---:|---:|",
+        "| prompts | unwrap | ROC AUC | complex caught at the threshold | simple sent "
+        "| bodies changed |",
+        "|---|---|---:|---:|---:|---:|",
     ]
-    for on in (False, True):
-        scores = np.array([score(body_of(r), on) for r in records])
+    for name, records in (("external", external), ("corpus + hard cases", corpus)):
+        labels = np.array([label_of(r) for r in records])
         bodies = [body_of(r) for r in records]
-        changed = sum(unwrap(b) is not b for b in bodies) if on else 0
-        caught = (scores[labels == 1] >= threshold).mean()
-        sent = (scores[labels == 0] >= threshold).mean()
-        lines.append(
-            f"| {'on' if on else 'off'} | {_auc(scores, labels):.4f} | {caught:.1%} | "
-            f"{sent:.1%} | {changed} |"
-        )
+        for on in (False, True):
+            scores = np.array([score(b, on) for b in bodies])
+            changed = sum(unwrap(b) is not b for b in bodies) if on else 0
+            caught = (scores[labels == 1] >= threshold).mean()
+            sent = (scores[labels == 0] >= threshold).mean()
+            lines.append(
+                f"| {name} ({len(records)}) | {'on' if on else 'off'} | "
+                f"{_auc(scores, labels):.4f} | {caught:.1%} | {sent:.1%} | {changed} |"
+            )
     report = "\n".join(lines) + "\n"
     sys.stdout.write(report)
     OUT.write_text(report, encoding="utf-8")
