@@ -17,7 +17,7 @@ is refused (403); an automatic choice of a forbidden tier moves to an allowed on
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 from policies.errors import InvalidRequest, ModelNotFound, PermissionDenied
@@ -34,7 +34,43 @@ class TierRules:
     structured_output_to_precise: bool = True
     tools_to_precise: bool = True
     long_prompt_tokens: int | None = 6000
-    json_object_to_precise: bool = False
+    json_object_to_precise: bool = False  # a key may turn any rule on or off: rules_for_key
+
+
+RULE_NAMES = ("json_schema", "json_object", "tools", "long_prompt")
+_RULE_FIELDS = {
+    "json_schema": "structured_output_to_precise",
+    "json_object": "json_object_to_precise",
+    "tools": "tools_to_precise",
+}
+DEFAULT_LONG_PROMPT_TOKENS = 6000
+
+
+def check_rule_overrides(overrides: frozenset[str]) -> None:
+    """``ValueError`` unless every override is ``NAME:on`` or ``NAME:off`` of a known rule."""
+    for item in overrides:
+        name, _, state = item.partition(":")
+        if name not in RULE_NAMES or state not in ("on", "off"):
+            raise ValueError(
+                f"a rule override is NAME:on or NAME:off with NAME one of {', '.join(RULE_NAMES)}"
+                f" (got {item[:60]!r})"
+            )
+
+
+def rules_for_key(rules: TierRules, overrides: frozenset[str]) -> TierRules:
+    """The deployment's ``rules`` with a key's ``NAME:on`` / ``NAME:off`` overrides applied."""
+    if not overrides:
+        return rules
+    changes: dict[str, object] = {}
+    for item in overrides:
+        name, _, state = item.partition(":")
+        on = state == "on"
+        if name == "long_prompt":
+            limit = rules.long_prompt_tokens or DEFAULT_LONG_PROMPT_TOKENS
+            changes["long_prompt_tokens"] = limit if on else None
+        elif name in _RULE_FIELDS:
+            changes[_RULE_FIELDS[name]] = on
+    return replace(rules, **changes)  # type: ignore[arg-type]
 
 
 class RouteDecision(NamedTuple):
@@ -139,7 +175,7 @@ def decide_tier(
                 "This key may not use the x-tiergate-tier override.", code="override_not_allowed"
             )
         return _forced(catalog.override_tier(override), "override", principal)
-    rule = _rule_reason(summary, rules)
+    rule = _rule_reason(summary, rules_for_key(rules, principal.policy.rules))
     if rule is not None:
         decision = RouteDecision(tier=catalog.precise, reason=rule)
     else:

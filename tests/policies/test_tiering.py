@@ -150,3 +150,16 @@ def test_fallback_order() -> None:
     assert fallback("fast", principal=ANYONE) == ("fast", "precise")
     assert fallback("precise", principal=ANYONE) == ("precise",)
     assert fallback("precise", principal=down) == ("precise", "fast")
+
+
+def test_a_key_turns_a_rule_on_or_off_for_itself() -> None:
+    """Per-key overrides: json_object on for one key, tools and long prompts off for another;
+    the deployment's rules stay for everyone else."""
+    wants_json = Principal("k3", "t", KeyPolicy(rules=frozenset({"json_object:on"})))
+    no_rules = Principal("k4", "t", KeyPolicy(rules=frozenset({"tools:off", "long_prompt:off"})))
+    json_request = summary(response_format="json_object")
+    assert decide(json_request, wants_json, score=0.1) == ("precise", "rule:json_object")
+    assert decide(json_request, ANYONE, score=0.1) == ("fast", "classifier")
+    assert decide(summary(has_tools=True), no_rules, score=0.1) == ("fast", "classifier")
+    assert decide(summary(prompt_chars=100_000), no_rules, score=0.1) == ("fast", "classifier")
+    assert decide(summary(has_tools=True), ANYONE, score=0.1) == ("precise", "rule:tools")
