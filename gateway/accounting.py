@@ -213,7 +213,7 @@ def build_dial_sync(  # noqa: PLR0917  # one builder for the composition root
 
     return DialSync(
         dial_store(client, key_prefix, share_dir),
-        router.dial.apply,
+        router.dial,
         follow_reload,
         settings.target_precise_share,
         settings.dial_sync_interval_s,

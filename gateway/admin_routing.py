@@ -137,7 +137,8 @@ def _dial_view(router: TierRouter, sync: DialSync | None) -> dict[str, Any]:
                 "tenant": tenant,
                 "target": state.target_share,
                 "observed": round(state.observed_share, 4),
-                "threshold": round(state.threshold, 6),
+                "threshold": round(dial.threshold_for(tenant), 6),
+                "own_threshold": round(state.threshold, 6),
                 "window": state.window_fill,
             }
         )

@@ -21,6 +21,8 @@ import contextlib
 import fcntl
 import json
 import os
+import secrets
+import socket
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -31,10 +33,32 @@ import structlog
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from policies.dial import DialTargets, check_share
+from policies.dial import DialTargets, View, check_share, combine
 
 DIAL_FILE = "dial.json"
 AUDIT_EVENT = "router.dial_changed"
+VIEW_TTL_S = 5.0  # a worker's view of its tenants counts for this long after it is published
+ViewData = dict[str, Any]  # {"reload": generation, "tenants": {tenant: [threshold, n, target]}}
+
+
+class SharedDial(Protocol):
+    """What the sync drives: the per-tenant dial (``policies.dial.TenantDial`` / ``FixedDial``)."""
+
+    targets: DialTargets
+
+    def apply(self, targets: DialTargets) -> list[str]:
+        """Take new targets."""
+        ...
+
+    def local_view(self) -> dict[str, View]:
+        """This worker's tenants."""
+        ...
+
+    def set_fleet(self, thresholds: Mapping[str, float]) -> None:
+        """The fleet's thresholds."""
+        ...
+
+
 _log = structlog.get_logger("tiergate.audit")
 
 
@@ -72,6 +96,11 @@ class DialStore(Protocol):
         """Ask every worker to load the artifact again."""
         ...
 
+    async def exchange(self, worker: str, view: ViewData) -> list[ViewData]:
+        """Publish this worker's view (it expires after ``VIEW_TTL_S``); the other live
+        workers' views."""
+        ...
+
 
 class MemoryDialStore:
     """One process: the state lives here."""
@@ -93,6 +122,10 @@ class MemoryDialStore:
         s = self.state
         self.state = DialState(s.default, s.tenants, s.version, s.reload + 1)
         return self.state
+
+    async def exchange(self, worker: str, view: ViewData) -> list[ViewData]:
+        """One process: no other worker."""
+        return []
 
 
 def _with_target(state: DialState, tenant: str | None, share: float | None) -> DialState:
@@ -125,6 +158,7 @@ class FileDialStore:
     def __init__(self, directory: Path) -> None:
         self.path = directory / DIAL_FILE
         self._lock = directory / f".{DIAL_FILE}.lock"
+        self._views = directory / "dial-views"
 
     def _read(self) -> DialState:
         try:
@@ -163,6 +197,26 @@ class FileDialStore:
 
         return await asyncio.to_thread(self._change, bump)
 
+    def _exchange(self, worker: str, view: ViewData) -> list[ViewData]:
+        self._views.mkdir(exist_ok=True)
+        own = self._views / f"{worker}.json"
+        tmp = own.with_name(f".{own.name}.tmp")
+        tmp.write_text(json.dumps({"at": time.time(), "view": view}), encoding="utf-8")
+        tmp.replace(own)
+        out = []
+        for path in self._views.glob("*.json"):
+            if path == own:
+                continue
+            with contextlib.suppress(OSError, ValueError):
+                data = json.loads(path.read_bytes())
+                if time.time() - float(data["at"]) <= VIEW_TTL_S:
+                    out.append(data["view"])
+        return out
+
+    async def exchange(self, worker: str, view: ViewData) -> list[ViewData]:
+        """Views as files in the shared directory; a file older than the TTL is ignored."""
+        return await asyncio.to_thread(self._exchange, worker, view)
+
 
 _DEFAULT_FIELD = "*default"  # not a tenant: tenant fields are "t:<name>"
 
@@ -175,6 +229,8 @@ class RedisDialStore:
         self.targets_key = f"{key_prefix}dial:targets"
         self.version_key = f"{key_prefix}dial:version"
         self.reload_key = f"{key_prefix}dial:reload"
+        self.views_key = f"{key_prefix}dial:views"
+        self.view_prefix = f"{key_prefix}dial:view:"
         self._cached = EMPTY
 
     async def read(self) -> DialState:
@@ -217,6 +273,30 @@ class RedisDialStore:
         await self.client.incr(self.reload_key)
         return await self.read()
 
+    async def exchange(self, worker: str, view: ViewData) -> list[ViewData]:
+        """``SET`` this worker's view with a TTL and list it; ``MGET`` the others (ids whose
+        view expired are dropped from the list)."""
+        key = self.view_prefix + worker
+        async with self.client.pipeline(transaction=False) as pipe:
+            pipe.set(key, json.dumps(view), ex=max(1, int(VIEW_TTL_S)))
+            pipe.sadd(self.views_key, worker)
+            pipe.smembers(self.views_key)
+            *_, members = await pipe.execute()
+        others = sorted(m.decode() if isinstance(m, bytes) else str(m) for m in members)
+        others = [w for w in others if w != worker]
+        if not others:
+            return []
+        values = await self.client.mget([self.view_prefix + w for w in others])
+        gone = [w for w, v in zip(others, values, strict=True) if v is None]
+        if gone:
+            await self.client.srem(self.views_key, *gone)
+        return [json.loads(v) for v in values if v is not None]
+
+
+def _view(data: Any) -> View:
+    threshold, scores, target = data
+    return View(float(threshold), int(scores), float(target))
+
 
 def dial_store(client: Redis | None, key_prefix: str, share_dir: Path | None) -> DialStore:
     """Redis when there is a client, else the workers' shared file, else memory."""
@@ -234,13 +314,14 @@ class DialSync:
     def __init__(
         self,
         store: DialStore,
-        apply: Callable[[DialTargets], list[str]],
+        dial: SharedDial,
         reload: Callable[[], Awaitable[object]],
         configured: float,
         interval_s: float = 0.25,
     ) -> None:
         self.store = store
-        self._apply = apply
+        self.dial = dial
+        self.worker = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
         self._reload = reload
         self.configured = configured
         self.interval_s = interval_s
@@ -251,7 +332,7 @@ class DialSync:
 
     def _take(self, state: DialState) -> None:
         if state.version != self.applied.version:
-            self._apply(state.targets(self.configured))
+            self.dial.apply(state.targets(self.configured))
             self.applied_at = time.time()
         self.applied = DialState(state.default, state.tenants, state.version, self.applied.reload)
 
@@ -273,12 +354,28 @@ class DialSync:
                 await task
 
     async def poll(self) -> None:
-        """Read the store once and apply a change of target or a reload."""
+        """Read the store once and apply a change of target or a reload; then trade views
+        with the other workers and set each tenant's fleet threshold."""
         state = await self.store.read()
         self._take(state)
         if state.reload > self.applied.reload:
-            self.applied = state
             await self._reload()
+            self.applied = state
+        await self.share_views()
+
+    async def share_views(self) -> None:
+        """Publish this worker's view and set the fleet thresholds from every live worker's
+        (only views of the same artifact generation count)."""
+        generation = self.applied.reload
+        own = self.dial.local_view()
+        data: ViewData = {"reload": generation, "tenants": {t: list(v) for t, v in own.items()}}
+        others = await self.store.exchange(self.worker, data)
+        views: list[Mapping[str, View]] = [own]
+        for other in others:
+            if other.get("reload") == generation:
+                with contextlib.suppress(TypeError, ValueError):
+                    views.append({t: _view(v) for t, v in other["tenants"].items()})
+        self.dial.set_fleet(combine(views, self.dial.targets))
 
     async def _follow(self) -> None:
         while True:

@@ -11,6 +11,7 @@ from policies.dial import (
     FixedDial,
     RecentSample,
     TenantDial,
+    View,
     dial_config,
 )
 from policies.ports import TierClassifier
@@ -42,6 +43,18 @@ class Dial(Protocol):
 
     def tenants(self) -> list[str]:
         """Tenants with a controller."""
+        ...
+
+    def own_threshold(self, tenant: str) -> float:
+        """This worker's own threshold for ``tenant`` (before the fleet's is known)."""
+        ...
+
+    def local_view(self) -> dict[str, View]:
+        """This worker's tenants, for the other workers."""
+        ...
+
+    def set_fleet(self, thresholds: Mapping[str, float]) -> None:
+        """Every worker's thresholds combined, per tenant."""
         ...
 
     def state(self, tenant: str) -> ControllerState:

@@ -17,7 +17,7 @@ import math
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Generic, TypeVar
+from typing import Generic, NamedTuple, TypeVar
 
 from policies.threshold import ControllerConfig, ControllerState, ShareController
 
@@ -57,6 +57,30 @@ class DialTargets:
         return self.tenants.get(tenant, self.default)
 
 
+class View(NamedTuple):
+    """One worker's word on one tenant: its threshold, how many scores it rests on, and the
+    target it aims at."""
+
+    threshold: float
+    scores: int
+    target: float
+
+
+def combine(views: Iterable[Mapping[str, View]], targets: DialTargets) -> dict[str, float]:
+    """Each tenant's fleet threshold: the workers' thresholds weighted by their scores, from
+    the views that aim at the tenant's current target (a worker that has not applied a
+    change yet does not count). Only a tenant's own views enter its threshold."""
+    sums: dict[str, list[float]] = {}
+    for view in views:
+        for tenant, (threshold, scores, target) in view.items():
+            if target != targets.target_for(tenant) or scores <= 0:
+                continue
+            acc = sums.setdefault(tenant, [0.0, 0.0])
+            acc[0] += threshold * scores
+            acc[1] += scores
+    return {tenant: total / weight for tenant, (total, weight) in sums.items()}
+
+
 class TenantDial:
     """Per-tenant share controllers (at most ``max_tenants``, least recently used evicted).
 
@@ -81,6 +105,9 @@ class TenantDial:
         self.max_tenants = max_tenants
         self._controllers: OrderedDict[str, ShareController] = OrderedDict()
         self.evicted = 0
+        # The fleet's threshold per tenant: every worker's own, weighted by its scores
+        # (set_fleet); decisions use it, so a tenant meets one threshold on every worker.
+        self._fleet: dict[str, float] = {}
 
     def _start(self, share: float) -> float:
         threshold = self._calibrated.get(share)
@@ -89,11 +116,31 @@ class TenantDial:
         return threshold
 
     def threshold_for(self, tenant: str) -> float:
-        """The threshold this tenant's requests meet now."""
+        """The threshold this tenant's requests meet now: the fleet's for the tenant when
+        known, else this worker's own controller's, else the calibration for its target."""
+        fleet = self._fleet.get(tenant)
+        if fleet is not None:
+            return fleet
+        return self.own_threshold(tenant)
+
+    def own_threshold(self, tenant: str) -> float:
+        """What this worker's controller for ``tenant`` says (its own traffic only)."""
         controller = self._controllers.get(tenant)
         if controller is not None:
             return controller.threshold
         return self._start(self.targets.target_for(tenant))
+
+    def local_view(self) -> dict[str, View]:
+        """This worker's tenants with enough scores to speak for: threshold, scores, target."""
+        return {
+            tenant: View(c.threshold, c.scores, c.config.target_share)
+            for tenant, c in self._controllers.items()
+            if c.scores >= max(1, c.config.warm_start)
+        }
+
+    def set_fleet(self, thresholds: Mapping[str, float]) -> None:
+        """The fleet's thresholds per tenant (``combine`` of every worker's view)."""
+        self._fleet = dict(thresholds)
 
     def observe(self, tenant: str, sent_precise: bool, score: float | None = None) -> None:
         """Record one classifier decision of ``tenant`` in its own controller."""
@@ -123,6 +170,7 @@ class TenantDial:
             share = targets.target_for(tenant)
             if share != controller.config.target_share:
                 controller.retarget(share, self._start(share))
+                self._fleet.pop(tenant, None)  # until the workers' views agree again
                 changed.append(tenant)
         return changed
 
@@ -134,6 +182,7 @@ class TenantDial:
         starts afresh from the new calibration."""
         self._calibrate = calibrate
         self._calibrated.clear()
+        self._fleet.clear()
         for tenant, controller in list(self._controllers.items()):
             share = controller.config.target_share
             fresh = ShareController(controller.config, self._start(share))
@@ -176,6 +225,17 @@ class FixedDial:
     def tenants(self) -> list[str]:
         """No tenant has a controller."""
         return []
+
+    def own_threshold(self, tenant: str) -> float:
+        """The fixed threshold."""
+        return self.fixed
+
+    def local_view(self) -> dict[str, View]:
+        """Nothing to share."""
+        return {}
+
+    def set_fleet(self, thresholds: Mapping[str, float]) -> None:
+        """A fixed threshold takes no fleet value."""
 
     def state(self, tenant: str) -> ControllerState:
         """The fixed threshold and the tenant's (unused) target."""

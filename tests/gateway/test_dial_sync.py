@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -17,21 +17,31 @@ from gateway.dial_sync import (
     MemoryDialStore,
     RedisDialStore,
 )
-from policies.dial import DialTargets
+from policies.dial import DialTargets, View
 from tests.redis_server import RedisServer
 
 
 class _Worker:
-    """One worker's view: the targets applied and the reloads done."""
+    """One worker's dial: the targets applied, the reloads done, its view and the fleet's."""
 
-    def __init__(self, store: DialStore) -> None:
-        self.targets: list[DialTargets] = []
+    def __init__(self, store: DialStore, view: dict[str, View] | None = None) -> None:
+        self.applied: list[DialTargets] = []
+        self.targets = DialTargets(0.3)
         self.reloads = 0
-        self.sync = DialSync(store, self.apply, self.reload, configured=0.3, interval_s=0.05)
+        self.view = view or {}
+        self.fleet: dict[str, float] = {}
+        self.sync = DialSync(store, self, self.reload, configured=0.3, interval_s=0.05)
 
     def apply(self, targets: DialTargets) -> list[str]:
-        self.targets.append(targets)
+        self.applied.append(targets)
+        self.targets = targets
         return []
+
+    def local_view(self) -> dict[str, View]:
+        return self.view
+
+    def set_fleet(self, thresholds: Mapping[str, float]) -> None:
+        self.fleet = dict(thresholds)
 
     async def reload(self) -> None:
         self.reloads += 1
@@ -45,24 +55,30 @@ def redis_server() -> Iterator[RedisServer]:
 
 
 async def _two_workers(make: object) -> None:
-    """A change on one worker reaches the other within a few intervals; a reload counted by
-    one is followed by the other only; a cleared tenant target falls back to the default."""
+    """A change on one worker reaches the other within a few intervals, and both settle on one
+    threshold per tenant (their views weighted by scores; "solo" aims at the old target, so
+    it does not count); a reload counted by one is followed by the other only; a cleared
+    tenant target falls back to the default."""
     assert callable(make)
-    first, second = _Worker(make()), _Worker(make())
+    first = _Worker(make(), {"acme": View(0.4, 1000, 0.5), "solo": View(0.7, 500, 0.3)})
+    second = _Worker(make(), {"acme": View(0.6, 3000, 0.5)})
     await first.sync.startup()
     await second.sync.startup()
     try:
         await first.sync.set_target(None, 0.2, actor="test")
         await first.sync.set_target("acme", 0.5, actor="test")
         await asyncio.sleep(0.3)
-        latest = second.targets[-1]
+        latest = second.applied[-1]
         assert (latest.default, dict(latest.tenants)) == (0.2, {"acme": 0.5})
+        # one threshold per tenant on both workers: weighted by scores, own tenants only
+        assert first.fleet == pytest.approx({"acme": 0.55})
+        assert second.fleet == pytest.approx({"acme": 0.55})
         await first.sync.reloaded()
         await asyncio.sleep(0.3)
         assert (first.reloads, second.reloads) == (0, 1)
         await second.sync.set_target("acme", None, actor="test")
         await asyncio.sleep(0.3)
-        assert first.targets[-1].target_for("acme") == 0.2
+        assert first.applied[-1].target_for("acme") == 0.2
     finally:
         await first.sync.shutdown()
         await second.sync.shutdown()
@@ -85,7 +101,7 @@ def test_replicas_share_the_dial_through_redis(redis_server: RedisServer) -> Non
             late = _Worker(RedisDialStore(clients[2], "tg:"))
             await late.sync.startup()
             await late.sync.shutdown()
-            assert late.targets[-1].default == 0.2
+            assert late.applied[-1].default == 0.2
             assert late.reloads == 0  # the reload happened before it started
         finally:
             for client in clients:

@@ -28,13 +28,15 @@ ADMIN = "tenant-dial-admin-token-000000000000"
 TARGET = 0.30
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", params=[1, 2], ids=["workers1", "workers2"])
 def two_tenants(
+    request: pytest.FixtureRequest,
     tmp_path_factory: pytest.TempPathFactory,
     fast_sim: SimulatorProcess,
     precise_sim: SimulatorProcess,
 ) -> Iterator[tuple[str, str, GatewayProcess]]:
-    """A gateway (default router settings) with a victim key and an attacker key."""
+    """A gateway (default router settings; one worker, then two) with a victim key and an
+    attacker key."""
     path: Path = tmp_path_factory.mktemp("keys") / "keys.yaml"
     store = FileKeyStore(path)
     victim, victim_key = issue_key("victim", KeyPolicy(), now=time.time())
@@ -45,8 +47,9 @@ def two_tenants(
         "auth": {"keys_file": str(path), "admin_token": ADMIN},
         "tiers": tiers_config([fast_sim.url], [precise_sim.url]),
         "telemetry": {"access_log": False},
+        "ratelimit": {"memory_divide_per_worker": True},  # no limits here; two workers may start
     }
-    with GatewayProcess(config) as gateway:
+    with GatewayProcess(config, workers=request.param, ready_timeout=60) as gateway:
         yield victim_key, attacker_key, gateway
 
 

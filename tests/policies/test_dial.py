@@ -11,7 +11,9 @@ from policies.dial import (
     FixedDial,
     RecentSample,
     TenantDial,
+    View,
     check_share,
+    combine,
     dial_config,
 )
 
@@ -123,3 +125,23 @@ def test_fixed_dial_and_share_checks() -> None:
     for bad in (-0.1, 1.5, float("nan"), True):
         with pytest.raises(ValueError, match="share"):
             check_share(bad)
+
+
+def test_the_fleet_threshold_is_per_tenant_and_used_for_decisions() -> None:
+    """combine weights each worker's threshold by its scores, per tenant, and skips views
+    aimed at another target; the dial decides on the fleet's value once it has one."""
+    targets = DialTargets(0.3, {"b": 0.1})
+    views = [
+        {"a": View(0.4, 1_000, 0.3), "b": View(0.9, 1_000, 0.1)},
+        {"a": View(0.6, 3_000, 0.3), "b": View(0.2, 1_000, 0.3)},  # b: not applied yet
+    ]
+    assert combine(views, targets) == pytest.approx({"a": 0.55, "b": 0.9})
+    dial = TenantDial(dial_config(0.3), _calibrate, targets)
+    for _ in range(300):
+        _feed(dial, "a", 0.5)
+    assert dial.local_view()["a"].scores == 300
+    dial.set_fleet({"a": 0.55})
+    assert dial.threshold_for("a") == 0.55
+    assert dial.own_threshold("a") == pytest.approx(0.5)
+    dial.apply(DialTargets(0.2, {"b": 0.1}, version=1))
+    assert dial.threshold_for("a") == dial.own_threshold("a")  # re-aimed: the fleet's is stale
