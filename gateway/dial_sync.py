@@ -386,6 +386,7 @@ class DialSync:
                 if not self._failing:
                     _log.warning("router.dial_sync_failed", error=type(exc).__name__)
                 self._failing = True
+                self.dial.set_fleet({})  # no fresh views: each worker decides on its own
             else:
                 self._failing = False
 
