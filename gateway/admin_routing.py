@@ -255,29 +255,41 @@ def admin_routing_handlers(  # noqa: PLR0917  # one builder for the composition 
                 await sync.reloaded()
         return _json({"artifact": described})
 
+    return [admin_routing, reload_router, _dial_handler(guard, router, sync)]
+
+
+async def _turn(router: TierRouter, sync: DialSync | None, raw: bytes) -> dict[str, Any]:
+    """Check and apply one ``PUT /admin/router/share`` body; the targets now in force."""
+    change = _share_change(raw)
+    if not isinstance(router.dial, TenantDial):
+        raise Conflict(
+            "Online control is off (router.threshold is fixed): the dial has no effect.",
+            code="dial_fixed",
+        )
+    if sync is None:
+        raise Conflict("The live dial is not available here.", code="dial_unavailable")
+    try:
+        targets = await sync.set_target(change.tenant, change.share, actor="admin")
+    except (RedisError, OSError):
+        raise DialStoreDown("The dial's store (Redis) is unreachable; nothing changed.") from None
+    return {
+        "default_target": targets.default,
+        "tenant_targets": dict(targets.tenants),
+        "version": targets.version,
+    }
+
+
+def _dial_handler(guard: AdminGuard, router: TierRouter, sync: DialSync | None) -> Any:
+    """``PUT /admin/router/share``: the live dial (admin token)."""
+
     @put("/admin/router/share", status_code=200)
     async def dial_share(request: Request[Any, Any, Any]) -> Response[bytes]:
         guard.check(request.headers.get("authorization"))
-        change = _share_change(await request.body())
-        if not isinstance(router.dial, TenantDial):
-            raise Conflict(
-                "Online control is off (router.threshold is fixed): the dial has no effect.",
-                code="dial_fixed",
-            )
-        if sync is None:
-            raise Conflict("The live dial is not available here.", code="dial_unavailable")
-        try:
-            targets = await sync.set_target(change.tenant, change.share, actor="admin")
-        except (RedisError, OSError):
-            raise DialStoreDown(
-                "The dial's store (Redis) is unreachable; nothing changed."
-            ) from None
-        return _json(
-            {
-                "default_target": targets.default,
-                "tenant_targets": dict(targets.tenants),
-                "version": targets.version,
-            }
+        body = await _turn(router, sync, await request.body())
+        return Response(
+            _encoder.encode(body),
+            media_type="application/json",
+            headers={"Cache-Control": "no-store"},
         )
 
-    return [admin_routing, reload_router, dial_share]
+    return dial_share
