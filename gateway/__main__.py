@@ -154,6 +154,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _dispatch(args_list: list[str]) -> int:
+    if args_list[:2] == ["router", "dial"]:  # talks to a running gateway: HTTP, not ML
+        from gateway.routing.dial_cli import main as dial_main  # noqa: PLC0415  # loaded on demand
+
+        return dial_main(args_list[2:])
     if args_list and args_list[0] == "router":
         from router_models.cli import main as router_main  # noqa: PLC0415  # ML deps on demand
 

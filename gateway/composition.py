@@ -39,9 +39,10 @@ from gateway.limits.limits import LimitMetrics, build_limiter, limiter_lease_s
 from gateway.pipeline.context import RequestObserver
 from gateway.pipeline.request_body import FieldRules
 from gateway.routing.accounting import Accounting, build_accounting
-from gateway.routing.routing import TierRouter, threshold_policy
+from gateway.routing.routing import TierRouter, build_dial
 from gateway.routing.spillover import Spillover, SpilloverConfig
 from gateway.telemetry import Telemetry, build_telemetry
+from gateway.telemetry.logging import register_secret
 from gateway.upstream.attempt import UpstreamClient
 from gateway.upstream.forwarding import Forwarder, TierRoute
 from gateway.upstream.health import HealthConfig, HealthMonitor
@@ -93,15 +94,23 @@ def build_router(
         structured_output_to_precise=r.structured_output_to_precise,
         tools_to_precise=r.tools_to_precise,
         long_prompt_tokens=r.long_prompt_tokens,
+        json_object_to_precise=r.json_object_to_precise,
     )
-    threshold = threshold_policy(r.threshold, r.target_precise_share, r.online_control, classifier)
+    dial = build_dial(
+        r.threshold,
+        r.target_precise_share,
+        r.online_control,
+        classifier,
+        max_tenants=r.dial_max_tenants,
+    )
     return TierRouter(
         catalog,
         rules,
         classifier,
-        threshold,
+        dial,
         fast_to_precise=r.fallback_to_precise,
         precise_to_fast=r.downgrade_to_fast,
+        unwrap_packaging=r.unwrap_packaging,
     )
 
 
@@ -247,6 +256,7 @@ def build_gateway(
     """Build every long-lived object of a gateway from ``settings`` (read here, once)."""
     o = overrides
     admin_token = settings.auth.read_admin_token()  # the one read of the token (file)
+    register_secret(admin_token)  # never logged, wherever a caller puts it
     pools, routes, monitor = build_backends(
         settings.tiers, settings.health, settings.balancing, worker=o.worker
     )
@@ -280,6 +290,7 @@ def build_gateway(
         observer=o.observer or telemetry.observer,
         registry=telemetry.registry,
         observed_share=telemetry.metrics.share.share,
+        share_dir=o.worker.share_dir if o.worker is not None and o.worker.count > 1 else None,
     )
     return _assemble(
         settings,

@@ -25,6 +25,7 @@ from policies.principal import (
     KeyPolicy,
     Principal,
 )
+from policies.tiering import check_rule_overrides
 
 KEY_PREFIX = "tg"
 KNOWN_SCOPES = frozenset({SCOPE_ROUTE_OVERRIDE, SCOPE_DOWNGRADE, SCOPE_ENGINE_FIELDS})
@@ -116,17 +117,23 @@ def key_digest(token: str, pepper: bytes | None = None) -> str:
 
 def policy_to_dict(policy: KeyPolicy) -> dict[str, Any]:
     """A plain mapping (YAML/JSON) of a key policy."""
-    return {
-        "tiers": sorted(policy.allowed_tiers) if policy.allowed_tiers is not None else None,
-        "rpm": policy.rpm,
-        "tpm": policy.tpm,
-        "max_tokens": policy.max_tokens,
-        "concurrency": policy.max_concurrency,
-        "expires_at": policy.expires_at,
-        "scopes": sorted(policy.scopes),
-        "budget_daily": policy.budget_daily,
-        "budget_monthly": policy.budget_monthly,
-    } | ({"max_n": policy.max_n} if policy.max_n != 1 else {})  # older gateways read the rest
+    return (
+        {
+            "tiers": sorted(policy.allowed_tiers) if policy.allowed_tiers is not None else None,
+            "rpm": policy.rpm,
+            "tpm": policy.tpm,
+            "max_tokens": policy.max_tokens,
+            "concurrency": policy.max_concurrency,
+            "expires_at": policy.expires_at,
+            "scopes": sorted(policy.scopes),
+            "budget_daily": policy.budget_daily,
+            "budget_monthly": policy.budget_monthly,
+        }
+        | ({"max_n": policy.max_n} if policy.max_n != 1 else {})
+        | (  # older gateways read the rest
+            {"rules": sorted(policy.rules)} if policy.rules else {}
+        )
+    )
 
 
 def _budget(data: dict[str, Any], name: str) -> float | None:
@@ -171,6 +178,7 @@ def policy_from_dict(data: dict[str, Any]) -> KeyPolicy:
         "budget_daily",
         "budget_monthly",
         "max_n",
+        "rules",
     }
     if unknown:
         raise ValueError(f"unknown policy fields: {sorted(unknown)}")
@@ -200,7 +208,17 @@ def policy_from_dict(data: dict[str, Any]) -> KeyPolicy:
         budget_daily=_budget(data, "budget_daily"),
         budget_monthly=_budget(data, "budget_monthly"),
         max_n=_positive(data, "max_n") or 1,  # absent (older records): one completion
+        rules=_rules(data),
     )
+
+
+def _rules(data: dict[str, Any]) -> frozenset[str]:
+    rules = _names(data, "rules") or frozenset()
+    try:
+        check_rule_overrides(rules)
+    except ValueError as exc:
+        raise PolicyError(str(exc), param="rules") from None
+    return rules
 
 
 @dataclass(frozen=True, slots=True)
@@ -343,6 +361,7 @@ def make_policy(
     known_tiers: tuple[str, ...] | None = None,
     budget_daily: float | None = None,
     budget_monthly: float | None = None,
+    rules: list[str] | None = None,
 ) -> KeyPolicy:
     """A checked policy from creation options (command line or admin API)."""
     unknown_scopes = set(scopes or ()) - KNOWN_SCOPES
@@ -382,6 +401,7 @@ def make_policy(
             "budget_daily": budget_daily,
             "budget_monthly": budget_monthly,
             "max_n": max_n,
+            "rules": rules or [],
         }
     )
 

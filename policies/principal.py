@@ -26,6 +26,9 @@ class KeyPolicy:
     budget_monthly: float | None = None
     # Completions one request may ask for: n, best_of, and n x prompts of a list prompt.
     max_n: int = 1
+    # This key's overrides of the deployment's routing rules, "NAME:on" / "NAME:off" with NAME
+    # one of policies.tiering.RULE_NAMES (json_schema, json_object, tools, long_prompt).
+    rules: frozenset[str] = field(default_factory=frozenset)
 
     def allows_tier(self, tier: str) -> bool:
         """True when this key may use ``tier``."""

@@ -252,7 +252,7 @@ def validate(body: object, kind: RequestKind) -> RequestSummary:
         max_tokens=max_tokens,
         include_usage=_include_usage(body),
         prompt_chars=chars,
-        has_tools=bool(tools),
+        has_tools=bool(tools) and body.get("tool_choice") != "none",  # "none": no tool use
         response_format=_response_format(body),
         n=body.get("n") or 1,
         best_of=best_of if _is_int(best_of) else None,

@@ -14,10 +14,11 @@ Pure standard library: this module is part of the policy core.
 from __future__ import annotations
 
 import math
+from array import array
 from bisect import bisect_left, insort
 from collections import deque
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
 
 
 def _check_share(share: float) -> None:
@@ -78,6 +79,11 @@ class ControllerConfig:
     then settled near the band's edge: up to 2.8 points off, against 0.9 at 1.5 points).
     ``dead_band``: the same for decisions without scores, where moves are blind fixed steps
     and a wide band (several standard deviations) is what stops hunting.
+    ``warm_start``: 0 (off), or a number of scores from which a young controller (its window
+    not yet full) sets the threshold at every adjustment to the quantile of all the scores it
+    has seen (no step bound, no dead band: that is the best estimate it has), and
+    from which :meth:`ShareController.retarget` jumps at once (the live dial): the best
+    estimate of the threshold is the quantile of every score seen so far.
     """
 
     target_share: float
@@ -89,6 +95,7 @@ class ControllerConfig:
     score_dead_band: float = 0.015
     min_threshold: float = 0.0
     max_threshold: float = 1.0
+    warm_start: int = 0
 
     def __post_init__(self) -> None:
         _check_share(self.target_share)
@@ -98,6 +105,8 @@ class ControllerConfig:
             raise ValueError("max_step must be positive and dead_band non-negative")
         if self.min_threshold > self.max_threshold:
             raise ValueError("min_threshold must not exceed max_threshold")
+        if not 0 <= self.warm_start <= self.window:
+            raise ValueError("warm_start must be within [0, window]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +139,12 @@ class ShareController:
     The window's scores are also kept in ascending order, updated as each one arrives and
     leaves (a binary search and a shift, about 1 µs for a window of 5,000), so an adjustment
     reads the share and the quantile at once instead of scanning and sorting the window: no
-    request pays for the controller more than any other. A NaN score is not recorded.
+    request pays for the controller more than any other. A NaN score is not recorded. Both
+    copies are arrays of doubles (16 bytes a score: 80 KB for a full window of 5,000), so a
+    gateway can keep one controller per tenant.
+
+    With ``warm_start`` set, a young window (not yet full) moves straight to its quantile, and
+    :meth:`retarget` / :meth:`seed` re-aim the controller at once (see ``ControllerConfig``).
 
     Not thread-safe: use one per event loop (or guard it).
     """
@@ -138,8 +152,9 @@ class ShareController:
     def __init__(self, config: ControllerConfig, initial_threshold: float) -> None:
         self._config = config
         self._threshold = self._clamp(initial_threshold)
-        self._scores: deque[float] = deque()  # the window's scores in arrival order
-        self._ranked: list[float] = []  # the same scores in ascending order
+        self._scores = array("d")  # the window's scores in arrival order (a ring once full)
+        self._head = 0  # the oldest score's position once the ring is full
+        self._ranked = array("d")  # the same scores in ascending order
         self._decisions: deque[bool] = deque(maxlen=config.window)
         self._precise = 0
         self._since_adjust = 0
@@ -175,12 +190,18 @@ class ShareController:
     def _record(self, score: float) -> None:
         scores, ranked = self._scores, self._ranked
         if len(scores) == self._config.window:
-            del ranked[bisect_left(ranked, scores.popleft())]
-        scores.append(score)
+            head = self._head
+            del ranked[bisect_left(ranked, scores[head])]
+            scores[head] = score
+            self._head = (head + 1) % len(scores)
+        else:
+            scores.append(score)
         insort(ranked, score)
 
-    def _move(self, target: float) -> None:
-        step = max(-self._config.max_step, min(self._config.max_step, target - self._threshold))
+    def _move(self, target: float, *, bounded: bool = True) -> None:
+        step = target - self._threshold
+        if bounded:
+            step = max(-self._config.max_step, min(self._config.max_step, step))
         updated = self._clamp(self._threshold + step)
         if updated != self._threshold:
             self._threshold = updated
@@ -190,6 +211,9 @@ class ShareController:
     def _adjust(self) -> None:
         cfg = self._config
         ranked = self._ranked
+        if 0 < cfg.warm_start <= len(ranked) < cfg.window:  # young: every score seen so far
+            self._move(_threshold_of_ranked(ranked, cfg.target_share), bounded=False)
+            return
         if len(ranked) >= cfg.min_samples:
             share = _share_of_ranked(ranked, self._threshold)
             if abs(share - cfg.target_share) > cfg.score_dead_band:
@@ -200,6 +224,51 @@ class ShareController:
         error = self._precise / len(self._decisions) - cfg.target_share
         if abs(error) > cfg.dead_band:
             self._move(self._threshold + (cfg.max_step if error > 0 else -cfg.max_step))
+
+    @property
+    def config(self) -> ControllerConfig:
+        """The tuning in force (its ``target_share`` changes with :meth:`retarget`)."""
+        return self._config
+
+    @property
+    def scores(self) -> int:
+        """How many scores the window holds."""
+        return len(self._ranked)
+
+    def retarget(self, share: float, fallback_threshold: float | None = None) -> None:
+        """Aim at a new target share now (the live dial).
+
+        With at least ``warm_start`` scores in the window (and ``warm_start`` on), the
+        threshold jumps to the window's quantile for ``share``: the recent traffic says where
+        the new target lies, so it holds from the next request. With fewer, it becomes
+        ``fallback_threshold`` when one is given (the artifact's calibration) and the
+        controller learns from there. The decision window restarts either way: decisions made
+        under the old target say nothing about the new one.
+        """
+        _check_share(share)
+        self._config = replace(self._config, target_share=share)
+        self._decisions.clear()
+        self._precise = 0
+        self._since_adjust = 0
+        warm = self._config.warm_start
+        if warm and len(self._ranked) >= warm:
+            self._move(_threshold_of_ranked(self._ranked, share), bounded=False)
+        elif fallback_threshold is not None:
+            self._move(fallback_threshold, bounded=False)
+
+    def seed(self, scores: Iterable[float]) -> None:
+        """Replace the window with ``scores`` (oldest first; the scores of recent traffic
+        under a new artifact) and, with enough of them (``warm_start``, or 1 when off), set
+        the threshold at once on their quantile for the current target."""
+        kept = [s for s in scores if not math.isnan(s)][-self._config.window :]
+        self._scores = array("d", kept)
+        self._head = 0
+        self._ranked = array("d", sorted(kept))
+        self._decisions.clear()
+        self._precise = 0
+        self._since_adjust = 0
+        if kept and len(kept) >= max(1, self._config.warm_start):
+            self._move(_threshold_of_ranked(self._ranked, self._config.target_share), bounded=False)
 
     def state(self) -> ControllerState:
         """Current threshold, target, observed precise share over the window, and counters."""

@@ -4,8 +4,9 @@ The order is fixed and documented in the README:
 
 1. an explicit tier name or served model name in ``model`` forces that tier (``explicit``);
 2. the ``x-tiergate-tier`` override header, only for keys with the override scope (``override``);
-3. hard rules: structured output / tools / very long prompts go to the precise tier
-   (``rule:json_schema``, ``rule:tools``, ``rule:long_prompt``);
+3. hard rules: a JSON schema / tools the model may call / very long prompts go to the precise
+   tier (``rule:json_schema``, ``rule:tools``, ``rule:long_prompt``); ``json_object`` only
+   when the deployment says so (``rule:json_object``, off by default);
 4. the classifier's score against the threshold (``classifier``).
 
 A key's allowed tiers are always respected: an explicit or override choice of a forbidden tier
@@ -16,7 +17,7 @@ is refused (403); an automatic choice of a forbidden tier moves to an allowed on
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 from policies.errors import InvalidRequest, ModelNotFound, PermissionDenied
@@ -33,6 +34,43 @@ class TierRules:
     structured_output_to_precise: bool = True
     tools_to_precise: bool = True
     long_prompt_tokens: int | None = 6000
+    json_object_to_precise: bool = False  # a key may turn any rule on or off: rules_for_key
+
+
+RULE_NAMES = ("json_schema", "json_object", "tools", "long_prompt")
+_RULE_FIELDS = {
+    "json_schema": "structured_output_to_precise",
+    "json_object": "json_object_to_precise",
+    "tools": "tools_to_precise",
+}
+DEFAULT_LONG_PROMPT_TOKENS = 6000
+
+
+def check_rule_overrides(overrides: frozenset[str]) -> None:
+    """``ValueError`` unless every override is ``NAME:on`` or ``NAME:off`` of a known rule."""
+    for item in overrides:
+        name, _, state = item.partition(":")
+        if name not in RULE_NAMES or state not in ("on", "off"):
+            raise ValueError(
+                f"a rule override is NAME:on or NAME:off with NAME one of {', '.join(RULE_NAMES)}"
+                f" (got {item[:60]!r})"
+            )
+
+
+def rules_for_key(rules: TierRules, overrides: frozenset[str]) -> TierRules:
+    """The deployment's ``rules`` with a key's ``NAME:on`` / ``NAME:off`` overrides applied."""
+    if not overrides:
+        return rules
+    changes: dict[str, object] = {}
+    for item in overrides:
+        name, _, state = item.partition(":")
+        on = state == "on"
+        if name == "long_prompt":
+            limit = rules.long_prompt_tokens or DEFAULT_LONG_PROMPT_TOKENS
+            changes["long_prompt_tokens"] = limit if on else None
+        elif name in _RULE_FIELDS:
+            changes[_RULE_FIELDS[name]] = on
+    return replace(rules, **changes)  # type: ignore[arg-type]
 
 
 class RouteDecision(NamedTuple):
@@ -86,11 +124,10 @@ class TierCatalog:
 
 
 def _rule_reason(summary: RequestSummary, rules: TierRules) -> str | None:
-    if rules.structured_output_to_precise and summary.response_format in (
-        "json_schema",
-        "json_object",
-    ):
+    if rules.structured_output_to_precise and summary.response_format == "json_schema":
         return "rule:json_schema"
+    if rules.json_object_to_precise and summary.response_format == "json_object":
+        return "rule:json_object"
     if rules.tools_to_precise and summary.has_tools:
         return "rule:tools"
     limit = rules.long_prompt_tokens
@@ -138,7 +175,7 @@ def decide_tier(
                 "This key may not use the x-tiergate-tier override.", code="override_not_allowed"
             )
         return _forced(catalog.override_tier(override), "override", principal)
-    rule = _rule_reason(summary, rules)
+    rule = _rule_reason(summary, rules_for_key(rules, principal.policy.rules))
     if rule is not None:
         decision = RouteDecision(tier=catalog.precise, reason=rule)
     else:

@@ -48,6 +48,7 @@ class NewKey(msgspec.Struct, forbid_unknown_fields=True):
     max_n: int | None = None
     expires_in_days: float | None = None
     scopes: list[str] = msgspec.field(default_factory=list)
+    rules: list[str] = msgspec.field(default_factory=list)  # routing rule overrides, NAME:on|off
     budget_daily: float | None = None
     budget_monthly: float | None = None
 
@@ -141,6 +142,7 @@ def admin_key_handlers(
                 known_tiers=tiers,
                 budget_daily=spec.budget_daily,
                 budget_monthly=spec.budget_monthly,
+                rules=spec.rules,
             )
         except PolicyError as exc:
             raise InvalidRequest(f"Invalid key request: {exc}", param=exc.param) from None

@@ -68,6 +68,7 @@ async def _create(args: argparse.Namespace, store: KeyStore, settings: Settings)
         budget_daily=args.budget_daily,
         budget_monthly=args.budget_monthly,
         max_n=args.max_n,
+        rules=args.rule,
         now=now,
         known_tiers=tuple(settings.tiers) if args.config is not None else None,
     )
@@ -203,6 +204,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         help="extra scope: route_override, downgrade, engine_fields (repeatable)",
+    )
+    create.add_argument(
+        "--rule",
+        action="append",
+        default=[],
+        help="override a routing rule for this key: json_schema|json_object|tools|long_prompt"
+        ":on|off (repeatable), e.g. --rule json_object:on",
     )
     create.set_defaults(run=_create)
     listing = sub.add_parser("list", help="list keys (never secrets or digests)")

@@ -304,6 +304,11 @@ class ShadowSettings(Section):
     judge_ratio: float = Field(default=0.0, ge=0, le=1)
     """Share of compared shadows whose fast answer is also graded by the precise tier with a
     fixed rubric (a judge call; policies/judge.py); 0: off."""
+    digest_key_file: Path | None = None
+    """File holding the deployment secret (at least 16 bytes) that keys each record's prompt
+    digest (HMAC-SHA-256, 96 bits): records of one prompt match, a guessed prompt cannot be
+    confirmed without it. Unset: `store`.key, created with a random key (and a warning) when
+    absent; without a store, a random key per process."""
 
 
 class RouterSettings(Section):
@@ -317,14 +322,30 @@ class RouterSettings(Section):
     """Adjust the threshold online so the observed precise share tracks the target. Unset: on
     unless a fixed `threshold` is set (the artifact's reference scores never match a
     deployment's own traffic mix)."""
+    dial_max_tenants: int = Field(default=256, ge=1, le=100_000)
+    """Tenants with their own share controller per worker (about 120 KB each when its
+    5,000-request window is full); the least recently seen is dropped beyond this, and a
+    tenant without one meets the artifact's calibration for its target until it has traffic
+    again."""
+    dial_sync_interval_s: float = Field(default=0.25, gt=0.0, le=5.0)
+    """How often each worker reads the live dial's targets (Redis, or the workers' shared
+    directory) and applies a change made on another worker or replica."""
     fast_tier: str = "fast"
     """Which tier is the fast one."""
     precise_tier: str = "precise"
     """Which tier is the precise one."""
     structured_output_to_precise: bool = True
-    """Send response_format json_schema / json_object requests to the precise tier."""
+    """Send response_format json_schema requests to the precise tier."""
+    json_object_to_precise: bool = False
+    """Send response_format json_object requests to the precise tier (off: the classifier
+    decides on the prompt's words, so asking for JSON does not buy the precise tier)."""
     tools_to_precise: bool = True
-    """Send requests with tools to the precise tier."""
+    """Send requests with tools the model may call to the precise tier (`tool_choice: "none"`
+    is no tool use: the classifier decides)."""
+    unwrap_packaging: bool = True
+    """Score the user's own words: LaTeX blocks, code fences and strings of numbers the request
+    does not refer to, chain-of-thought phrasing and padding are left out of the score
+    (router_models/packaging.py; bench/results/packaging.md)."""
     long_prompt_tokens: int | None = 6000
     """Prompts estimated above this many tokens go to the precise tier (null: no such rule)."""
     # Tier fallback when the chosen tier has no healthy capacity: fast -> precise (on by

@@ -11,6 +11,7 @@ from gateway.pipeline.events import AttemptEnd, AttemptStart, Usage
 from gateway.pipeline.ids import fresh_id
 from policies.errors import RateLimited, TierGateError
 from policies.principal import Principal
+from policies.redaction import looks_like_secret
 from policies.requests import RequestSummary
 from policies.tiering import RouteDecision
 
@@ -64,8 +65,14 @@ _MAX_REQUEST_ID = 128
 
 
 def request_id_from(header: str | None) -> str:
-    """Echo a caller's request id when it is sane, otherwise make one."""
-    if header and len(header) <= _MAX_REQUEST_ID and header.isprintable():
+    """Echo a caller's request id when it is sane, otherwise make one (also in place of one
+    shaped like a credential: the id is logged here and by every backend)."""
+    if (
+        header
+        and len(header) <= _MAX_REQUEST_ID
+        and header.isprintable()
+        and not looks_like_secret(header)
+    ):
         return header
     return fresh_id()
 

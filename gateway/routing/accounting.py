@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+import structlog
 from prometheus_client import CollectorRegistry
 from redis.asyncio import Redis
 
@@ -24,14 +26,17 @@ from gateway.limits.usage import (
     admin_usage_handlers,
 )
 from gateway.pipeline.context import RequestContext, RequestObserver, Trace
-from gateway.routing.admin_routing import ShadowCollector, admin_routing_handlers
+from gateway.routing.admin_routing import ArtifactReloader, ShadowCollector, admin_routing_handlers
+from gateway.routing.dial_sync import DialSync, dial_store
 from gateway.routing.routing import TierRouter
 from gateway.routing.shadow import Featurizer, RequestFeatures, ShadowConfig, ShadowRunner
 from gateway.upstream.forwarding import Forwarder
 from policies.cost import CostModel, TierPrice
+from policies.errors import InvalidRequest
 from router_models import Router
 from router_models.vectors import hashed_vector
 
+_log = structlog.get_logger("tiergate.router")
 FAST_RELATIVE_PRICE = 0.25  # an INT4 tier's token at about a quarter of an FP16 one's
 
 
@@ -114,14 +119,19 @@ class Accounting:
     handlers: list[Any] = field(default_factory=list)
     redis_usage: RedisUsageStore | None = None
     redis_budgets: RedisBudgetStore | None = None
+    dial: DialSync | None = None
 
     async def startup(self) -> None:
-        """Start the usage flusher (Redis)."""
+        """Start the usage flusher (Redis) and follow the live dial."""
         if self.redis_usage is not None:
             self.redis_usage.start()
+        if self.dial is not None:
+            await self.dial.startup()
 
     async def shutdown(self) -> None:
-        """Stop shadows; flush usage."""
+        """Stop following the dial and shadows; flush usage."""
+        if self.dial is not None:
+            await self.dial.shutdown()
         if self.shadow is not None:
             await self.shadow.close()
         if self.redis_usage is not None:
@@ -143,6 +153,7 @@ def build_accounting(
     observer: RequestObserver,
     registry: CollectorRegistry,
     observed_share: Callable[[], float],
+    share_dir: Path | None = None,
 ) -> Accounting:
     """Shadow runner, ledger, budgets, their routes and metrics.
 
@@ -163,9 +174,13 @@ def build_accounting(
     registry.register(UsageCollector(ledger))
     if shadow is not None:
         registry.register(ShadowCollector(shadow))
+    reloader = ArtifactReloader(router, router_settings)
+    sync = build_dial_sync(router_settings, router, reloader, client, key_prefix, share_dir)
     handlers = [
         *admin_usage_handlers(ledger, admin_token),
-        *admin_routing_handlers(router, shadow, observed_share, router_settings, admin_token),
+        *admin_routing_handlers(
+            router, shadow, observed_share, router_settings, admin_token, sync, reloader
+        ),
     ]
     return Accounting(
         LedgerObserver(observer, ledger),
@@ -175,4 +190,30 @@ def build_accounting(
         handlers,
         redis_usage,
         store if isinstance(store, RedisBudgetStore) else None,
+        sync,
+    )
+
+
+def build_dial_sync(  # noqa: PLR0917  # one builder for the composition root
+    settings: RouterSettings,
+    router: TierRouter,
+    reloader: ArtifactReloader,
+    client: Redis | None,
+    key_prefix: str,
+    share_dir: Path | None,
+) -> DialSync:
+    """The live dial over Redis (every replica), the workers' directory, or memory."""
+
+    async def follow_reload() -> None:
+        try:
+            await reloader.reload()
+        except InvalidRequest as exc:  # the worker that took the call answered 400 already
+            _log.warning("router.reload_failed", error=exc.message)
+
+    return DialSync(
+        dial_store(client, key_prefix, share_dir),
+        router.dial,
+        follow_reload,
+        settings.target_precise_share,
+        settings.dial_sync_interval_s,
     )

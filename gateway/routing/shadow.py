@@ -15,8 +15,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import hmac
 import json
+import os
 import random
+import secrets
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -26,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import structlog
 
 from gateway.pipeline.events import UNREADABLE_JSON
 from gateway.routing.shadow_store import (
@@ -65,6 +69,8 @@ __all__ = [
     "score_bucket",
 ]
 
+_log = structlog.get_logger("tiergate.shadow")
+
 
 @dataclass(frozen=True, slots=True)
 class ShadowConfig:
@@ -80,6 +86,7 @@ class ShadowConfig:
     max_records: int = 20_000
     store_prompts: bool = False
     judge_ratio: float = 0.0
+    digest_key_file: Path | None = None
 
     @property
     def enabled(self) -> bool:
@@ -144,6 +151,7 @@ class ShadowRunner:
         # (direction, route-score bucket) -> [count, sum of agreement], for the metrics
         self.agreement_totals: dict[tuple[str, str], list[float]] = {}
         self.store = ShadowStore(config.store, config.max_records) if config.store else None
+        self.digest_key = digest_key(config)
         self._tasks: set[asyncio.Task[None]] = set()
 
     def sample(self, tier: str) -> str | None:
@@ -334,7 +342,7 @@ class ShadowRunner:
             score,
             result.score,
             result.method,
-            _digest(prompt),
+            prompt_digest(prompt, self.digest_key),
             feature_space=feats.feature_space if feats is not None else None,
             artifact=feats.artifact if feats is not None else None,
             features={"index": feats.index, "value": feats.value} if feats is not None else None,
@@ -424,5 +432,46 @@ def _prompt_of(body: dict[str, Any]) -> str:
     return prompt if isinstance(prompt, str) else json.dumps(prompt)
 
 
-def _digest(text: str) -> str:
-    return hashlib.blake2b(" ".join(text.split()).encode(), digest_size=12).hexdigest()
+def prompt_digest(text: str, key: bytes) -> str:
+    """HMAC-SHA-256 of the whitespace-normalised prompt under the deployment's digest key,
+    96 bits: records of one prompt still match, but nobody without the key can confirm a
+    guessed prompt (an unkeyed hash of "hi" is the same in every deployment)."""
+    normalised = " ".join(text.split()).encode()
+    return hmac.new(key, normalised, hashlib.sha256).hexdigest()[:24]
+
+
+DIGEST_KEY_BYTES = 32
+
+
+def digest_key(config: ShadowConfig) -> bytes:
+    """The deployment secret that keys prompt digests.
+
+    ``digest_key_file`` when set (it must exist); else, with a store, ``<store>.key``, created
+    with a random key (mode 0600, a warning) when absent, so every worker and restart writing
+    that store uses one key; else (records in memory only) a random key for this process.
+    """
+    path = config.digest_key_file
+    if path is not None:
+        key = path.read_bytes().strip()
+        if len(key) < MIN_DIGEST_KEY_BYTES:
+            raise ValueError(f"{path}: a digest key has at least {MIN_DIGEST_KEY_BYTES} bytes")
+        return key
+    if config.store is None:
+        return secrets.token_bytes(DIGEST_KEY_BYTES)
+    path = config.store.with_name(config.store.name + ".key")
+    fresh = secrets.token_hex(DIGEST_KEY_BYTES).encode()
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return path.read_bytes().strip()
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(fresh)
+    _log.warning(
+        "shadow.digest_key_generated",
+        path=str(path),
+        hint="set router.shadow.digest_key_file to a secret of your own",
+    )
+    return fresh
+
+
+MIN_DIGEST_KEY_BYTES = 16

@@ -165,8 +165,22 @@ def make_redactor(capture_content: bool) -> Processor:
     return redact
 
 
+_known_secrets: list[str] = []
+
+
+def register_secret(value: str | None) -> None:
+    """Scrub ``value`` (the admin token) by value from every line from now on, wherever a
+    caller put it (a ``model``, a header echoed in an error)."""
+    if value and value not in _known_secrets:
+        _known_secrets.append(value)
+
+
 def scrub(line: str) -> str:
-    """Replace bearer/basic credentials and TierGate API keys wherever they appear in a line."""
+    """Replace bearer/basic credentials, TierGate API keys and registered secrets wherever they
+    appear in a line."""
+    for secret in _known_secrets:
+        if secret in line:
+            line = line.replace(secret, _REDACTED)
     # Substring checks first: the regex is ~10x slower and almost every line has no secret.
     if "earer" in line or "asic" in line or "tg-" in line or "EARER" in line or "ASIC" in line:
         return _SECRET_VALUE.sub(_REDACTED, line)

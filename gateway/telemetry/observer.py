@@ -18,6 +18,7 @@ from gateway.telemetry import semconv as sc
 from gateway.telemetry.logging import access_logger
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.tracing import RequestTrace, Tracing, UnsampledTrace
+from policies.redaction import redacted
 
 _bind = structlog.contextvars.bind_contextvars
 
@@ -39,7 +40,8 @@ def access_fields(
         "key_id": principal.key_id if principal is not None else None,
         "tenant": principal.tenant if principal is not None else None,
         "route": ctx.route,
-        "model": summary.model[:128] if summary is not None else None,  # caller-chosen
+        # Caller-chosen: a credential pasted here (an admin token, a key) is not logged.
+        "model": redacted(summary.model[:128]) if summary is not None else None,
         "stream": summary.stream if summary is not None else None,
         "tier": ctx.tier or (decision.tier if decision is not None else None),
         "reason": decision.reason if decision is not None else None,

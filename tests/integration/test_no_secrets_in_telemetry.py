@@ -19,6 +19,8 @@ from tests.simulator.procs import SimulatorProcess
 ADMIN = "admin-token-for-the-secrets-test"
 MARKER = "ZEBRA-CANARY-7731 my secret prompt"
 WRONG_KEY = "tg-doesnotexist-QmFkS2V5VGhhdE11c3ROb3RMZWFrMTIz"
+# Shaped like a generated admin token (secrets.token_urlsafe(32)), sent as model / request id.
+TOKEN_SHAPED = "Zq3vN8kTt2LwX9bRcY4mHd7pQs1uJf6aEg5oKi0nWlV"
 
 
 def _create_key(keys_file: Path) -> str:
@@ -65,6 +67,14 @@ def _traffic(url: str, key: str) -> list[str]:
             "/v1/chat/completions", json=chat, headers={"Authorization": f"Bearer {WRONG_KEY}"}
         )
         assert bad.status_code == 401
+        for model in (ADMIN, TOKEN_SHAPED):  # a credential pasted as the model is not logged
+            wrong = client.post("/v1/chat/completions", json={**chat, "model": model}, headers=auth)
+            assert wrong.status_code == 404
+        echoed = client.post(
+            "/v1/chat/completions", json=chat, headers={**auth, "x-request-id": TOKEN_SHAPED}
+        )
+        assert echoed.status_code == 200
+        assert echoed.headers["x-request-id"] != TOKEN_SHAPED
     return answers
 
 
@@ -109,7 +119,7 @@ def test_key_and_prompt_never_appear_in_spans_logs_or_metrics(tmp_path: Path) ->
     key_id = key.split("-")[1]
     assert '"chat tiergate-fast"' in spans  # the exporter really wrote the client spans
     assert '"gen_ai.usage.output_tokens"' in spans
-    assert logs.count('"request.finished"') == 4
+    assert logs.count('"request.finished"') == 7
     assert f'"key_id":"{key_id}"' in logs  # the key id is logged; the key never is
     assert "tiergate_requests_total" in metrics
     secrets = [
@@ -117,6 +127,8 @@ def test_key_and_prompt_never_appear_in_spans_logs_or_metrics(tmp_path: Path) ->
         key.rsplit("-", 1)[1],
         WRONG_KEY,
         WRONG_KEY.rsplit("-", 1)[1],
+        ADMIN,
+        TOKEN_SHAPED,
         "ZEBRA-CANARY",
         "Bearer",
         *[a for a in answers if len(a) > 12],

@@ -201,3 +201,16 @@ def test_max_n_defaults_to_one_and_round_trips() -> None:
     assert policy_from_dict(policy_to_dict(policy)) == policy
     with pytest.raises(ValueError, match="max_n"):
         policy_from_dict({"max_n": 0})
+
+
+def test_rule_overrides_round_trip_and_bad_ones_are_refused() -> None:
+    """A key's routing rule overrides survive the store's mapping; unknown names or states are
+    a PolicyError naming 'rules'; a key without overrides writes no 'rules' field."""
+    policy = make_policy(rules=["json_object:on", "tools:off"], now=0.0)
+    assert policy.rules == frozenset({"json_object:on", "tools:off"})
+    assert policy_from_dict(policy_to_dict(policy)) == policy
+    assert "rules" not in policy_to_dict(make_policy(now=0.0))
+    for bad in (["json:on"], ["tools:maybe"], ["tools"]):
+        with pytest.raises(PolicyError) as caught:
+            make_policy(rules=bad, now=0.0)
+        assert caught.value.param == "rules"

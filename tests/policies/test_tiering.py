@@ -46,13 +46,14 @@ def decide(
     principal: Principal = ANYONE,
     score: float = 0.2,
     override: str | None = None,
+    rules: TierRules | None = None,
 ) -> tuple[str, str]:
     """Run decide_tier with a fixed score; return (tier, reason)."""
     d = decide_tier(
         s,
         catalog=CATALOG,
         principal=principal,
-        rules=TierRules(),
+        rules=rules or TierRules(),
         score=lambda: score,
         threshold=0.5,
         override=override,
@@ -94,7 +95,6 @@ def test_unknown_model() -> None:
     ("kw", "reason"),
     [
         ({"response_format": "json_schema"}, "rule:json_schema"),
-        ({"response_format": "json_object"}, "rule:json_schema"),
         ({"has_tools": True}, "rule:tools"),
         ({"prompt_chars": 100_000}, "rule:long_prompt"),
     ],
@@ -102,6 +102,15 @@ def test_unknown_model() -> None:
 def test_hard_rules_send_precise(kw: SummaryChanges, reason: str) -> None:
     """Structured output, tools and very long prompts go to the precise tier."""
     assert decide(summary(**kw), score=0.0) == ("precise", reason)
+
+
+def test_json_object_is_a_deployment_policy_not_a_hard_rule() -> None:
+    """``json_object`` on a low-scored prompt goes fast by default, precise when the
+    deployment turns ``json_object_to_precise`` on (issue 34: no escalation a key can buy)."""
+    s = summary(response_format="json_object")
+    assert decide(s, score=0.1) == ("fast", "classifier")
+    on = TierRules(json_object_to_precise=True)
+    assert decide(s, score=0.1, rules=on) == ("precise", "rule:json_object")
 
 
 def test_override_needs_scope() -> None:
@@ -141,3 +150,16 @@ def test_fallback_order() -> None:
     assert fallback("fast", principal=ANYONE) == ("fast", "precise")
     assert fallback("precise", principal=ANYONE) == ("precise",)
     assert fallback("precise", principal=down) == ("precise", "fast")
+
+
+def test_a_key_turns_a_rule_on_or_off_for_itself() -> None:
+    """Per-key overrides: json_object on for one key, tools and long prompts off for another;
+    the deployment's rules stay for everyone else."""
+    wants_json = Principal("k3", "t", KeyPolicy(rules=frozenset({"json_object:on"})))
+    no_rules = Principal("k4", "t", KeyPolicy(rules=frozenset({"tools:off", "long_prompt:off"})))
+    json_request = summary(response_format="json_object")
+    assert decide(json_request, wants_json, score=0.1) == ("precise", "rule:json_object")
+    assert decide(json_request, ANYONE, score=0.1) == ("fast", "classifier")
+    assert decide(summary(has_tools=True), no_rules, score=0.1) == ("fast", "classifier")
+    assert decide(summary(prompt_chars=100_000), no_rules, score=0.1) == ("fast", "classifier")
+    assert decide(summary(has_tools=True), ANYONE, score=0.1) == ("precise", "rule:tools")

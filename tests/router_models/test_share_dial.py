@@ -1,5 +1,7 @@
-"""The share dial on traffic the router was not trained on: the online controller holds the
-precise share within 3 points of the target at 10 %, 25 % and 50 % complex traffic."""
+"""The share dial on traffic the router was not trained on: the online controller (with the
+gateway's tuning, ``policies.dial.dial_config``) holds the precise share within 3 points of
+the target at 10 %, 25 % and 50 % complex traffic; a fresh one holds it after 500 requests, and
+a dial turned live holds the new target at once (warm start from the window)."""
 
 from __future__ import annotations
 
@@ -7,7 +9,8 @@ import numpy as np
 import pytest
 
 import router_models
-from policies.threshold import ControllerConfig, ShareController
+from policies.dial import dial_config
+from policies.threshold import ShareController
 from router_models.records import body_of, label_of, read_jsonl
 from router_models.train import SHARED_DATASETS
 
@@ -28,22 +31,28 @@ def external_scores() -> tuple[np.ndarray, np.ndarray]:
     return scores[labels == 1], scores[labels == 0]
 
 
-def _run(complex_share: float, scores: tuple[np.ndarray, np.ndarray], seed: int) -> np.ndarray:
+def _stream(
+    complex_share: float, scores: tuple[np.ndarray, np.ndarray], seed: int, n: int = REQUESTS
+) -> list[float]:
     complex_scores, simple_scores = scores
     rng = np.random.default_rng(seed)
-    is_complex = rng.random(REQUESTS) < complex_share
-    stream = np.where(
-        is_complex, rng.choice(complex_scores, REQUESTS), rng.choice(simple_scores, REQUESTS)
-    )
-    router = router_models.load()
-    controller = ShareController(
-        ControllerConfig(target_share=TARGET), router.threshold_for_share(TARGET)
-    )
-    sent = np.zeros(REQUESTS, dtype=bool)
-    for i, score in enumerate(stream.tolist()):
+    is_complex = rng.random(n) < complex_share
+    stream = np.where(is_complex, rng.choice(complex_scores, n), rng.choice(simple_scores, n))
+    return [float(s) for s in stream]
+
+
+def _feed(controller: ShareController, stream: list[float]) -> np.ndarray:
+    sent = np.zeros(len(stream), dtype=bool)
+    for i, score in enumerate(stream):
         sent[i] = controller.decide(score)
         controller.observe(bool(sent[i]), score)
     return sent
+
+
+def _run(complex_share: float, scores: tuple[np.ndarray, np.ndarray], seed: int) -> np.ndarray:
+    router = router_models.load()
+    controller = ShareController(dial_config(TARGET), router.threshold_for_share(TARGET))
+    return _feed(controller, _stream(complex_share, scores, seed))
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -68,3 +77,35 @@ def test_fixed_threshold_alone_does_not_hold(
     threshold = router_models.load().threshold_for_share(TARGET)
     share = 0.5 * (complex_scores >= threshold).mean() + 0.5 * (simple_scores >= threshold).mean()
     assert abs(share - TARGET) > 0.03
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("complex_share", [0.10, 0.50])
+def test_a_fresh_dial_holds_after_500_requests(
+    complex_share: float, seed: int, external_scores: tuple[np.ndarray, np.ndarray]
+) -> None:
+    """A first-day gateway: from request 500 on, the next 2,000 are within 3 points of target
+    (the warm start jumps to the young window's quantile instead of waiting 5,000 requests)."""
+    router = router_models.load()
+    controller = ShareController(dial_config(TARGET), router.threshold_for_share(TARGET))
+    sent = _feed(controller, _stream(complex_share, external_scores, 7 + seed, 2_500))
+    print(f"fresh, {complex_share:.0%} complex: {sent[500:].mean():.3f}")
+    assert abs(sent[500:].mean() - TARGET) <= 0.03, sent[500:].mean()
+
+
+@pytest.mark.parametrize("new_target", [0.15, 0.25, 0.45])
+def test_a_turned_dial_holds_the_new_target_at_once(
+    new_target: float, external_scores: tuple[np.ndarray, np.ndarray]
+) -> None:
+    """A warm controller turned to a new target: the next 500 requests, and the 2,000 after,
+    are within 3 points of the new target (it re-aims on its window's scores)."""
+    router = router_models.load()
+    controller = ShareController(dial_config(TARGET), router.threshold_for_share(TARGET))
+    _feed(controller, _stream(0.25, external_scores, 11, 6_000))
+    controller.retarget(new_target, router.threshold_for_share(new_target))
+    sent = _feed(controller, _stream(0.25, external_scores, 12, 2_500))
+    print(
+        f"turned to {new_target}: first 500 {sent[:500].mean():.3f}, then {sent[500:].mean():.3f}"
+    )
+    assert abs(sent[:500].mean() - new_target) <= 0.03, sent[:500].mean()
+    assert abs(sent[500:].mean() - new_target) <= 0.03, sent[500:].mean()

@@ -1,0 +1,142 @@
+"""Packaging that cannot buy the precise tier: score the user's own words (issue 34).
+
+A short simple request wrapped in a LaTeX block, a code fence, chain-of-thought phrasing
+("Prove rigorously, step by step"), padding or a string of numbers scored like a hard one: the
+router's features count LaTeX, fences, lines, numbers and the words "prove" and "step", and the
+wrapping carries them all. ``unwrap(body)`` returns the body the router should score instead:
+
+* chain-of-thought boilerplate is removed (``step by step``, ``think carefully``, ``show your
+  work``, "prove rigorously," used as a clause of its own...): it asks for a style of answer,
+  not a harder task;
+* a LaTeX block (``$$...$$``, ``\\[...\\]``, ``\\(...\\)``, ``\\begin{...}...\\end{...}``,
+  inline ``$...$`` with a command in it), a fenced code block, a run of 8 or more numbers or
+  one of 12 or more digits is removed **when the rest of the message does not
+  refer to it**: none of the words that ask about code, maths or numbers (``code``, ``fix``,
+  ``solve``, ``integral``, ``sum``, ``this``, ``above``...) occurs outside it. A request that
+  asks about its block keeps it, so "What is wrong with this code?" and "Solve $$...$$" score
+  as before;
+* padding is squeezed: long runs of one symbol or whitespace character, repeated lines.
+
+When nothing is removed the body is returned as it is (the same object), so ordinary traffic
+scores exactly as before and the artifact's features are unchanged. A request whose whole
+message is packaging (nothing left) is scored as sent. ``tools`` with ``tool_choice: "none"``
+are dropped from the scored body: the model may not call them, so they make nothing harder.
+``response_format: json_object`` is dropped too: whether it needs the precise tier is a policy
+(``router.json_object_to_precise``), not something a trivial prompt can buy by asking for it.
+
+Only the last user message (the text the router scores) is unwrapped. Pure functions of the
+body; the gateway applies them before scoring (``router.unwrap_packaging``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+_COT: Final = re.compile(
+    r"\b(?:let'?s |please )?(?:think|reason|work|go|walk me)(?: it| this)?(?: through)?"
+    r" (?:step[- ]by[- ]step|carefully|rigorously|thoroughly|logically)\b[,.:;!]?"
+    r"|\b(?:step[- ]by[- ]step|rigorously|thoroughly|in (?:full|great) detail)\b[,.:;!]?"
+    r"|\bshow (?:all )?(?:your|the) (?:work|reasoning|steps)\b[,.:;!]?"
+    r"|\bprove (?:it |this )?(?:rigorously|formally|carefully)?\s*[,.:;]"
+    r"|\b(?:chain of thought|be (?:rigorous|precise|thorough))\b[,.:;!]?",
+    re.IGNORECASE,
+)
+_LATEX_BLOCK: Final = re.compile(
+    r"\$\$.+?\$\$|\\\[.+?\\\]|\\\(.+?\\\)|\\begin\{([a-z*]+)\}.+?\\end\{\1\}"
+    r"|\$[^$\n]*\\[a-zA-Z]+[^$\n]*\$",  # inline maths with a command in it
+    re.DOTALL,
+)
+_FENCE: Final = re.compile(r"```[^\n`]*\n.*?(?:```|\Z)|~~~[^\n]*\n.*?(?:~~~|\Z)", re.DOTALL)
+_NUMBER_RUN: Final = re.compile(
+    r"(?:[-+]?\d+(?:[.,]\d+)?[\s,;]+){7,}[-+]?\d+(?:[.,]\d+)?|\d[\d.,]{11,}"
+)
+_REPEATED_WORD: Final = re.compile(r"\b(\w+)(?:\W+\1\b){3,}", re.IGNORECASE)
+_REPEATED_CHAR: Final = re.compile(r"([^\w\s])\1{7,}|(\s)\2{15,}")
+_LEFTOVER: Final = re.compile(
+    r"(?:^|(?<=[.!?:;]))[\s,.;:!-]*(?:(?:and|then|also|so|now|please)\b[\s,.;:!-]*)+",
+    re.IGNORECASE,
+)
+_REFERS: Final = re.compile(
+    r"\b(?:code|program|script|function|snippet|bug|error|fix|debug|refactor|optimi[sz]e|"
+    r"compile|output|run|runs|implement|review|rewrite|convert|translate|port|test|tests|"
+    r"explain|solve|prove|proof|derive|compute|calculate|evaluate|simplify|integral|"
+    r"integrate|equation|expression|formula|latex|matrix|sum|average|mean|median|sort|"
+    r"sequence|series|numbers|list|digits|total|count|max|min|pattern|next|this|these|"
+    r"above|below|following|here|it)\b",
+    re.IGNORECASE,
+)
+
+
+def _squeeze(text: str) -> str:
+    """A word said four or more times in a row, runs of 8 or more of one symbol, or 16 or
+    more of one whitespace character, to one (two for newlines), and a line repeated back to
+    back to one copy (indentation and rules such as ``----`` in ordinary text are left
+    alone)."""
+    text = _REPEATED_WORD.sub(r"\1", text)
+    text = _REPEATED_CHAR.sub(
+        lambda m: (m.group(1) or m.group(2))[:1] * (1 + ("\n" in m.group(0))), text
+    )
+    lines: list[str] = []
+    for line in text.split("\n"):
+        if not lines or line.strip() == "" or line != lines[-1]:
+            lines.append(line)
+    return "\n".join(lines)
+
+
+def unwrap_text(text: str) -> str:
+    """The user's own words of ``text`` (``text`` itself when nothing is packaging)."""
+    words = _COT.sub(" ", text)
+    if words != text:  # what the phrasing leaves: "and", "then", stray punctuation
+        words = _LEFTOVER.sub(" ", words)
+    blocks = [_LATEX_BLOCK, _FENCE, _NUMBER_RUN]
+    outside = words
+    for pattern in blocks:
+        outside = pattern.sub(" ", outside)
+    if not _REFERS.search(outside):
+        words = outside
+    words = _squeeze(words).strip()
+    if not words or not any(ch.isalnum() for ch in words):
+        return text  # all packaging: nothing of the user's own to score instead
+    return words if words != text.strip() else text
+
+
+def _last_user(messages: Sequence[Any]) -> int | None:
+    for i in range(len(messages) - 1, -1, -1):
+        message = messages[i]
+        if isinstance(message, Mapping) and message.get("role") == "user":
+            return i
+    return None
+
+
+def _json_object(body: Mapping[str, Any]) -> bool:
+    fmt = body.get("response_format")
+    return isinstance(fmt, Mapping) and fmt.get("type") == "json_object"
+
+
+def unwrap(body: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The body to score: ``body`` itself, or a shallow copy with the last user message's
+    packaging removed, unusable tools and a ``json_object`` response format dropped."""
+    out: dict[str, Any] | None = None
+    if body.get("tools") and body.get("tool_choice") == "none":
+        out = {k: v for k, v in body.items() if k not in ("tools", "tool_choice")}
+    if _json_object(body):
+        out = {k: v for k, v in (out or body).items() if k != "response_format"}
+    messages = body.get("messages")
+    if isinstance(messages, Sequence) and not isinstance(messages, str):
+        i = _last_user(messages)
+        content = messages[i].get("content") if i is not None else None
+        if isinstance(content, str):
+            unwrapped = unwrap_text(content)
+            if unwrapped is not content:
+                out = dict(out or body)
+                msgs = list(messages)
+                msgs[i] = {**msgs[i], "content": unwrapped}  # type: ignore[index]
+                out["messages"] = msgs
+    elif isinstance(body.get("prompt"), str):
+        unwrapped = unwrap_text(body["prompt"])
+        if unwrapped is not body["prompt"]:
+            out = dict(out or body)
+            out["prompt"] = unwrapped
+    return body if out is None else out
