@@ -35,17 +35,30 @@ local day = tonumber(redis.call('GET', KEYS[1]) or '0')
 local month = tonumber(redis.call('GET', KEYS[2]) or '0')
 local reserve = tonumber(ARGV[3])
 local day_budget, month_budget = tonumber(ARGV[1]), tonumber(ARGV[2])
-if day_budget >= 0 and day + reserve > day_budget then return {0, 'daily', tostring(day)} end
+if day_budget >= 0 and day + reserve > day_budget then
+  return {0, 'daily', tostring(day), tostring(month)}
+end
 if month_budget >= 0 and month + reserve > month_budget then
-  return {0, 'monthly', tostring(month)}
+  return {0, 'monthly', tostring(day), tostring(month)}
 end
 redis.call('INCRBYFLOAT', KEYS[1], reserve)
 redis.call('EXPIRE', KEYS[1], ARGV[4])
 redis.call('INCRBYFLOAT', KEYS[2], reserve)
 redis.call('EXPIRE', KEYS[2], ARGV[5])
-return {1, tostring(day + reserve), tostring(month + reserve)}
+return {1, '', tostring(day + reserve), tostring(month + reserve)}
 """
 _RESERVE_SCRIPT = LuaScript(_RESERVE, keys=2, args=5)
+# KEYS: day, month. ARGV: delta, day ttl, month ttl. Adds spend owed since an outage (the
+# keys may be gone: a Redis that lost its data), keeping both windows' expiry.
+_ADD = """
+local day = redis.call('INCRBYFLOAT', KEYS[1], ARGV[1])
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+local month = redis.call('INCRBYFLOAT', KEYS[2], ARGV[1])
+redis.call('EXPIRE', KEYS[2], ARGV[3])
+return {day, month}
+"""
+ADD_SCRIPT = LuaScript(_ADD, keys=2, args=3)
+_MAX_SEEN = 100_000
 LINGER_S = 0.005  # how long a settlement may wait for the next command to carry it
 
 
@@ -89,8 +102,11 @@ class BudgetStore(Protocol):
         """Reserve ``amount``; ``(None, spent_today)`` or ``(budget_name, spent)`` if refused."""
         ...
 
-    async def adjust(self, key_id: str, windows: Windows, delta: float) -> None:
-        """Add ``delta`` (negative: give back) to both windows."""
+    async def adjust(
+        self, key_id: str, windows: Windows, delta: float, *, lazy: bool = True
+    ) -> float | None:
+        """Add ``delta`` (negative: give back) to both windows; the day's spend after it
+        (``None``: not known). ``lazy``: a remote store may send it with its next command."""
         ...
 
 
@@ -119,10 +135,13 @@ class MemoryBudgetStore:
         self.spent[month_key] = month + amount
         return None, day + amount
 
-    async def adjust(self, key_id: str, windows: Windows, delta: float) -> None:
-        """Apply a settlement."""
+    async def adjust(
+        self, key_id: str, windows: Windows, delta: float, *, lazy: bool = True
+    ) -> float | None:
+        """Apply a settlement; the day's spend after it."""
         for key in (f"{key_id}:d:{windows.day}", f"{key_id}:m:{windows.month}"):
             self.spent[key] = self.spent.get(key, 0.0) + delta
+        return self.spent[f"{key_id}:d:{windows.day}"]
 
 
 class RedisBudgetStore:
@@ -137,6 +156,14 @@ class RedisBudgetStore:
         self.prefix = prefix
         self._runner = runner or script_runner(client, linger_s=LINGER_S)
         self._orphans: set[asyncio.Task[None]] = set()
+        # (key id, day) -> (day spend, month spend) as Redis last said: what a replica
+        # enforces against while Redis is unreachable (gateway/budget_outage.py).
+        self.seen: dict[tuple[str, str], tuple[float, float]] = {}
+
+    def _saw(self, key_id: str, windows: Windows, day: float, month: float) -> None:
+        if len(self.seen) >= _MAX_SEEN:
+            self.seen.clear()
+        self.seen[(key_id, windows.day)] = (day, month)
 
     def _keys(self, key_id: str, windows: Windows) -> list[str]:
         base = f"{self.prefix}budget:{{{key_id}}}"
@@ -173,20 +200,34 @@ class RedisBudgetStore:
         except asyncio.CancelledError:
             call.add_done_callback(lambda done: self._give_back(done, key_id, windows, amount))
             raise
+        day, month = float(result[2]), float(result[3])
+        self._saw(key_id, windows, day, month)
         if int(result[0]) == 1:
-            return None, float(result[1])
-        return f"budget_{result[1].decode() if isinstance(result[1], bytes) else result[1]}", float(
-            result[2]
-        )
+            return None, day
+        which = result[1].decode() if isinstance(result[1], bytes) else str(result[1])
+        return f"budget_{which}", day if which == "daily" else month
 
-    async def adjust(self, key_id: str, windows: Windows, delta: float) -> None:
-        """Both windows, sent with the next command (lazy); returns once Redis applied both."""
-        await asyncio.gather(
+    async def adjust(
+        self, key_id: str, windows: Windows, delta: float, *, lazy: bool = True
+    ) -> float | None:
+        """Both windows, sent with the next command when ``lazy``; returns once Redis applied
+        both, with the day's spend after it."""
+        day, month = await asyncio.gather(
             *(
-                self._runner.command("INCRBYFLOAT", key, delta, lazy=True, retry=False)
+                self._runner.command("INCRBYFLOAT", key, delta, lazy=lazy, retry=False)
                 for key in self._keys(key_id, windows)
             )
         )
+        self._saw(key_id, windows, float(day), float(month))
+        return float(day)
+
+    async def add(self, key_id: str, windows: Windows, delta: float) -> None:
+        """Add spend owed since an outage to both windows (recreating them if Redis lost
+        them), at once; raises RedisError / OSError when Redis does not answer."""
+        keys = self._keys(key_id, windows)
+        ttls = (windows.day_left_s + 3600, windows.month_left_s + 86400)
+        day, month = await self._runner.run(ADD_SCRIPT, keys, (delta, *ttls), retry=False)
+        self._saw(key_id, windows, float(day), float(month))
 
     def _give_back(
         self, done: asyncio.Future[Any], key_id: str, windows: Windows, amount: float
@@ -223,27 +264,34 @@ class BudgetReservation:
     settled: bool = False
 
     async def settle(self, ctx: RequestContext) -> None:
-        """Charge the real cost on the tier that served (nothing when nothing was served)."""
+        """Charge the real cost on the tier that served (nothing when nothing was served);
+        at once, so that the remaining-budget header can show the settled spend."""
         usage, tier = ctx.usage, ctx.tier
         actual = 0.0
         if usage is not None and tier is not None:
             actual = self.gate.costs.cost(tier, usage.prompt_tokens, usage.completion_tokens)
-        await self._charge(actual)
+        await self._charge(actual, lazy=False)
 
     async def refund(self) -> None:
         """Nothing was forwarded: give the whole reservation back."""
-        await self._charge(0.0)
+        await self._charge(0.0, lazy=True)
 
-    async def _charge(self, actual: float) -> None:
+    async def _charge(self, actual: float, *, lazy: bool) -> None:
         if self.settled:
             return
         self.settled = True
         delta = actual - self.reserved
-        if delta:
-            try:
-                await self.gate.store.adjust(self.principal.key_id, self.windows, delta)
-            except (RedisError, OSError):
-                _log.warning("budget.settle_failed", key_id=self.principal.key_id)
+        if not delta:
+            return
+        try:
+            spent = await self.gate.store.adjust(
+                self.principal.key_id, self.windows, delta, lazy=lazy
+            )
+        except (RedisError, OSError):
+            _log.warning("budget.settle_failed", key_id=self.principal.key_id)
+            return
+        if spent is not None and self.headers:
+            self.headers.update(_headers(self.principal.policy.budget_daily, spent, self.windows))
 
 
 class BudgetGate:
@@ -267,14 +315,15 @@ class BudgetGate:
     ) -> BudgetReservation | None:
         """``None`` for keys without budgets; raises a 429 when the reservation does not fit.
 
-        The reservation is priced on the dearest of ``tiers`` (the routed tier and its
-        fallbacks), so a fallback to a dearer tier never charges more than was reserved.
+        The reservation is priced on ``tiers[0]``, the tier the request was routed to. A
+        fallback tier is priced only if it answers, when the request settles: a fallback to a
+        dearer tier may charge more than was reserved (the budget may end that much over).
         """
         policy = principal.policy
         if policy.budget_daily is None and policy.budget_monthly is None:
             return None
         windows = Windows.at(self.clock())
-        amount = max(self.costs.cost(t, prompt_tokens, completion_tokens) for t in tiers)
+        amount = self.costs.cost(tiers[0], prompt_tokens, completion_tokens)
         try:
             refused, spent = await self.store.reserve(
                 principal.key_id, windows, policy.budget_daily, policy.budget_monthly, amount
@@ -327,14 +376,20 @@ class BudgetedAdmission:
         return True
 
     @property
+    def settle_first(self) -> bool:
+        """Settled before the answer's last byte: its remaining-budget header shows the
+        settled spend (on a whole answer; a stream's headers leave before its usage is known)."""
+        return True
+
+    @property
     def headers(self) -> Mapping[str, str]:
         """Both sets of ``x-ratelimit-*`` headers."""
         return {**self.admission.headers, **self.reservation.headers}
 
     async def settle(self, used_tokens: int | None) -> None:
-        """Settle the limits with the tokens, the budget with their cost on the serving tier."""
-        await self.admission.settle(used_tokens)
-        await self.reservation.settle(self.ctx)
+        """Settle the limits with the tokens, the budget with their cost on the serving tier
+        (both at once: two round trips in parallel)."""
+        await asyncio.gather(self.admission.settle(used_tokens), self.reservation.settle(self.ctx))
 
     async def withdraw(self) -> None:
         """Refused before forwarding: the limits and the whole reservation go back."""

@@ -220,6 +220,7 @@ def _rejection(
 class _Unlimited:
     headers: Mapping[str, str] = MappingProxyType({})
     settles = False
+    settle_first = False
 
     async def settle(self, used_tokens: int | None) -> None:
         """Nothing was reserved."""
@@ -262,17 +263,24 @@ class KeyAdmission:
         self._settled = False
         self.headers = headers
 
+    @property
+    def settle_first(self) -> bool:
+        """It holds a concurrency slot: settled before the answer's last byte is written, so
+        the slot is free by the time the caller has the whole answer."""
+        return bool(self._slot)
+
     async def settle(self, used_tokens: int | None) -> None:
         """Refund or charge the difference from the reservation; free the concurrency slot.
 
-        Nothing is sent for a key with only a request limit (settled at admission). The
+        Nothing is sent for a key with only a request limit (settled at admission). A slot's
+        release is sent at once and returns once the backend applied it; without a slot the
         release is lazy: it rides on this replica's next admission to Redis (one round trip
         for both), or goes alone after ``limiter_redis.LINGER_S``.
         """
         delta = 0
         if self._spec.tpm is not None and used_tokens is not None:
             delta = used_tokens - self._reserved
-        await self._release(delta, 0, lazy=True)
+        await self._release(delta, 0, lazy=not self._slot)
 
     async def withdraw(self) -> None:
         """Refused before forwarding: give back the request, every reserved token and the slot."""

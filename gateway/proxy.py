@@ -5,7 +5,7 @@ This module orchestrates the stages; each stage is an object built once in ``cre
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol, TypeVar
 
@@ -305,7 +305,12 @@ class ProxyService:
         ctx.status = 200
         headers = ctx.headers()
         headers["cache-control"] = "no-cache"
-        return Reply(200, headers, EVENT_STREAM, stream=relay.__aiter__(), after=after)
+        stream = relay.__aiter__()
+        if admission.settle_first:
+            stream = _settled_before_end(
+                stream, relay, ctx, admission, lambda usage: clip(usage, bound, ctx.tier)
+            )
+        return Reply(200, headers, EVENT_STREAM, stream=stream, after=after)
 
     async def _complete(
         self,
@@ -330,6 +335,13 @@ class ProxyService:
         def finish() -> None:
             observer.finished(ctx, Outcome.COMPLETE)
 
+        if admission.settle_first:
+            # A concurrency slot is freed (and a budget settled, its header showing what is
+            # left after this answer) before the answer goes out: a caller who has the whole
+            # answer never finds its slot still taken.
+            await admission.settle(used)
+            ctx.extra_headers.update(admission.headers)
+            admission = _SETTLED
         if shadow is None and not admission.settles:  # nothing to wait for afterwards
             return Reply(200, ctx.headers(), body=raw, finish=finish)
 
@@ -467,6 +479,54 @@ async def _after_complete(
         text = answer_text(raw)
         if text is not None:
             shadow.submit(text)
+
+
+class _Settled:
+    """An admission already settled: nothing is left to do after the answer."""
+
+    headers: Mapping[str, str] = _NO_HEADERS
+    settles = False
+    settle_first = False
+
+    async def settle(self, used_tokens: int | None) -> None:
+        """Done before the answer."""
+
+    async def withdraw(self) -> None:
+        """Never withdrawn: it was forwarded."""
+
+
+_SETTLED = _Settled()
+
+
+async def _settled_before_end(
+    stream: AsyncIterator[bytes],
+    relay: StreamRelay,
+    ctx: RequestContext,
+    admission: Admission,
+    clip: Callable[[Usage | None], Usage | None],
+) -> AsyncIterator[bytes]:
+    """The relay's chunks, with the request settled before the stream ends: before the chunk
+    with ``[DONE]`` (its usage is known by then), else before the end of the body (the relay
+    has closed and counted what was streamed). The concurrency slot is free before the
+    caller can see the stream end."""
+    settled = False
+    try:
+        async for chunk in stream:
+            if relay.done and not settled:
+                settled = True
+                ctx.usage = clip(relay.usage)
+                await _settle_now(ctx, admission)
+            yield chunk
+        if not settled:
+            settled = True
+            await _settle_now(ctx, admission)
+    finally:
+        await stream.aclose()  # type: ignore[attr-defined]  # an async generator
+
+
+async def _settle_now(ctx: RequestContext, admission: Admission) -> None:
+    usage = ctx.usage
+    await admission.settle(usage.total if usage is not None else None)
 
 
 async def _withdraw(admitting: Eager[Admission]) -> None:
