@@ -112,3 +112,42 @@ async def test_the_next_day_starts_afresh(store: BudgetStore) -> None:
         await gate.reserve(principal, ["precise"], 500, 500)
     now[0] += 13 * 3600
     assert await gate.reserve(principal, ["precise"], 500, 500) is not None
+
+
+async def test_a_fast_request_is_priced_fast(store: BudgetStore) -> None:
+    """Budget 0.05 with 0.011 spent: fast requests that fit at the fast price are admitted,
+    though their precise fallback would not fit (the issue's 78 %-left key)."""
+    gate = BudgetGate(store, COSTS, clock=lambda: NOON)
+    principal = key(daily=0.05)
+    spend = await gate.reserve(principal, ["fast"], 22, 22)  # 0.011 at the fast price
+    assert spend is not None
+    await spend.settle(served("fast", 22, 22))
+    admitted = 0
+    for _ in range(6):  # 0.0051 each on fast; 0.0204 each had it been priced precise
+        reservation = await gate.reserve(principal, ["fast", "precise"], 4, 16)
+        assert reservation is not None
+        assert reservation.reserved == pytest.approx(0.005)
+        admitted += 1
+    assert admitted == 6
+
+
+async def test_a_fallback_is_priced_when_it_answers(store: BudgetStore) -> None:
+    """Reserved on fast, answered by precise: the settlement charges the precise price."""
+    gate = BudgetGate(store, COSTS, clock=lambda: NOON)
+    principal = key(daily=10.0)
+    reservation = await gate.reserve(principal, ["fast", "precise"], 500, 500)
+    assert reservation is not None
+    assert reservation.reserved == pytest.approx(0.25)
+    await reservation.settle(served("precise", 500, 500))  # cost 1.0
+    assert float(reservation.headers["x-ratelimit-remaining-budget"]) == pytest.approx(9.0)
+
+
+async def test_remaining_budget_shows_the_settled_spend(store: BudgetStore) -> None:
+    """After settlement the header is budget minus real spend, not minus the reservation."""
+    gate = BudgetGate(store, COSTS, clock=lambda: NOON)
+    principal = key(daily=2.0)
+    reservation = await gate.reserve(principal, ["precise"], 500, 500)  # 1.0 reserved
+    assert reservation is not None
+    assert float(reservation.headers["x-ratelimit-remaining-budget"]) == pytest.approx(1.0)
+    await reservation.settle(served("precise", 100, 100))  # cost 0.2
+    assert float(reservation.headers["x-ratelimit-remaining-budget"]) == pytest.approx(1.8)
