@@ -15,9 +15,11 @@ from prometheus_client import CollectorRegistry
 from redis.asyncio import Redis
 
 from gateway.admin_routing import ShadowCollector, admin_routing_handlers
-from gateway.budgets import BudgetGate, MemoryBudgetStore, RedisBudgetStore
+from gateway.budget_outage import FailOpenBudgetStore
+from gateway.budgets import BudgetGate, BudgetStore, MemoryBudgetStore, RedisBudgetStore
 from gateway.context import RequestContext, Trace
 from gateway.forwarding import Forwarder
+from gateway.limits import BackendHealth
 from gateway.proxy import RequestObserver
 from gateway.routing import TierRouter
 from gateway.settings import RateLimitSettings, RouterSettings, TierSettings
@@ -33,6 +35,8 @@ from policies.cost import CostModel, TierPrice
 from router_models import Router
 from router_models.vectors import hashed_vector
 
+EVENT_BUDGET_REDIS_DOWN = "budget.redis_unavailable"
+EVENT_BUDGET_REDIS_UP = "budget.redis_recovered"
 FAST_RELATIVE_PRICE = 0.25  # an INT4 tier's token at about a quarter of an FP16 one's
 
 
@@ -114,7 +118,7 @@ class Accounting:
     shadow: ShadowRunner | None
     handlers: list[Any] = field(default_factory=list)
     redis_usage: RedisUsageStore | None = None
-    redis_budgets: RedisBudgetStore | None = None
+    redis_budgets: RedisBudgetStore | FailOpenBudgetStore | None = None
 
     async def startup(self) -> None:
         """Start the usage flusher (Redis)."""
@@ -144,21 +148,28 @@ def build_accounting(
     observer: RequestObserver,
     registry: CollectorRegistry,
     observed_share: Callable[[], float],
+    local_share: Callable[[], int] = lambda: 1,
 ) -> Accounting:
     """Shadow runner, ledger, budgets, their routes and metrics.
 
     Usage and budgets live in Redis (``client``, keys under ``key_prefix``) when the limiter
-    does, in memory otherwise.
+    does, in memory otherwise. With ``on_redis_error: open`` budgets outlive a Redis outage
+    (:mod:`gateway.budget_outage`), each process enforcing ``1 / local_share()`` of what is left.
     """
     costs = cost_model(tiers, router_settings.precise_tier)
     shared = client is not None and ratelimit.backend == "redis"
     redis_usage = RedisUsageStore(client, key_prefix) if shared and client is not None else None
     ledger = UsageLedger(costs, redis_usage or MemoryUsageStore())
-    store = (
-        RedisBudgetStore(client, key_prefix)
-        if shared and client is not None
-        else MemoryBudgetStore()
-    )
+    remote = RedisBudgetStore(client, key_prefix) if shared and client is not None else None
+    store: BudgetStore = remote or MemoryBudgetStore()
+    if remote is not None and ratelimit.on_redis_error == "open":
+        health = BackendHealth(
+            "redis",
+            down_event=EVENT_BUDGET_REDIS_DOWN,
+            up_event=EVENT_BUDGET_REDIS_UP,
+            retry_interval_s=ratelimit.redis_retry_interval_s,
+        )
+        store = FailOpenBudgetStore(remote, health, local_share)
     budgets = BudgetGate(store, costs, fail_open=ratelimit.on_redis_error == "open")
     shadow = build_shadow(router_settings, forwarder, router)
     registry.register(UsageCollector(ledger))
@@ -175,5 +186,5 @@ def build_accounting(
         shadow,
         handlers,
         redis_usage,
-        store if isinstance(store, RedisBudgetStore) else None,
+        store if isinstance(store, RedisBudgetStore | FailOpenBudgetStore) else None,
     )

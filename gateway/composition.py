@@ -288,6 +288,7 @@ def build_gateway(
         observer=o.observer or telemetry.observer,
         registry=telemetry.registry,
         observed_share=telemetry.metrics.share.share,
+        local_share=getattr(access.limiter, "local_share", lambda: 1),
     )
     return _assemble(
         settings,

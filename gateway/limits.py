@@ -6,8 +6,9 @@ the real usage when the answer ends (``settle``), streaming included.
 
 Redis failure policy (``ratelimit.on_redis_error``):
 
-- ``open`` (default): while Redis is unreachable each replica enforces the key's limits locally
-  (divided by ``ratelimit.degraded_replicas``), so limits keep holding per replica;
+- ``open`` (default): while Redis is unreachable each process enforces the key's limits locally,
+  divided by the number of live gateway processes it last read from Redis
+  (:mod:`gateway.census`), or by ``ratelimit.degraded_replicas`` times the workers when that is set;
 - ``closed``: requests of rate-limited keys get 503 with ``Retry-After``.
 
 Either way: one log line per transition (``ratelimit.redis_unavailable`` /
@@ -33,6 +34,7 @@ import structlog
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from redis.asyncio import Redis
 
+from gateway.census import LocalShare, ReplicaCensus
 from gateway.limiter_redis import RateLimitBackendUnavailable, RedisRateLimiter
 from gateway.settings import RateLimitSettings, TierSettings
 from policies.errors import RateLimited, TierGateError
@@ -313,8 +315,9 @@ class KeyLimiter:
         metrics: LimitMetrics,
         health: BackendHealth | None = None,
         fallback: RateLimitBackend | None = None,
-        fallback_share: int = 1,
+        fallback_share: Callable[[], int] | int = 1,
         share: int = 1,
+        census: ReplicaCensus | None = None,
     ) -> None:
         self._backend = backend
         self._in_process = isinstance(backend, MemoryRateLimiter) and health is None
@@ -322,13 +325,24 @@ class KeyLimiter:
         self._metrics = metrics
         self._health = health
         self._fallback = fallback
-        self._share = fallback_share
+        self.local_share: Callable[[], int] = (
+            fallback_share if callable(fallback_share) else lambda: fallback_share
+        )
+        self._census = census
         # Slot ids: unique per process (random prefix) and cheap per request (a counter).
         self._slot_prefix = secrets.token_hex(6) + "-"
         self._slot_numbers = itertools.count()
 
+    async def start(self) -> None:
+        """Start-up: join the census of live gateway processes (when there is one)."""
+        if self._census is not None:
+            await self._census.start()
+
     async def aclose(self) -> None:
-        """Shutdown: send the settlements still held back, close the backend's connection."""
+        """Shutdown: leave the census, send the settlements still held back, close the
+        backend's connection."""
+        if self._census is not None:
+            await self._census.stop()
         close = getattr(self._backend, "aclose", None)
         if close is not None:
             await close()
@@ -388,7 +402,7 @@ class KeyLimiter:
                 "Rate limiting is temporarily unavailable; try again shortly.",
                 headers={"retry-after": str(max(1, retry))},
             )
-        local = spec.shared(self._share)
+        local = spec.shared(self.local_share())
         return self._fallback, local, await self._fallback.acquire(key_id, local, tokens, slot)
 
 
@@ -416,6 +430,7 @@ def build_limiter(
         return KeyLimiter(MemoryRateLimiter(lease_s=lease_s), metrics=metrics, share=share)
     if client is None:
         raise ValueError("ratelimit.backend 'redis' needs a Redis client")
+    census = ReplicaCensus(client, key_prefix) if rl.on_redis_error == "open" else None
     metrics.set_degraded("redis", False)
     health = BackendHealth(
         "redis",
@@ -430,5 +445,6 @@ def build_limiter(
         metrics=metrics,
         health=health,
         fallback=MemoryRateLimiter(lease_s=lease_s) if rl.on_redis_error == "open" else None,
-        fallback_share=rl.degraded_replicas * workers,
+        fallback_share=LocalShare(census, rl.degraded_replicas, workers),
+        census=census,
     )

@@ -251,11 +251,12 @@ class RateLimitSettings(Section):
     # or the cap), which is what is reserved. Kept so existing configuration files still load.
     default_completion_tokens: int = Field(default=256, ge=1)
     """Tokens reserved for a request that sets no max_tokens."""
-    # While Redis is down and on_redis_error is "open", each replica enforces 1/N of every
-    # key's limits locally; set N to the number of gateway replicas.
-    degraded_replicas: int = Field(default=1, ge=1)
-    """While Redis is down (open), each replica enforces 1/N of every key's limits; set N to the
-    number of gateway replicas.
+    # While Redis is down and on_redis_error is "open", each process enforces 1/N of every
+    # key's limits and budgets locally: N is the live gateway processes counted in Redis
+    # (gateway/census.py) unless this overrides it with a replica count (times the workers).
+    degraded_replicas: int | None = Field(default=None, ge=1)
+    """While Redis is down (open), each replica enforces 1/N of every key's limits and budgets;
+    unset, N is counted live in Redis (every worker of every replica); set, N replicas.
     """
     memory_divide_per_worker: bool = False
     """Memory backend, several workers: divide each key's limits among them (else refused)."""

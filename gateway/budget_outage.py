@@ -1,0 +1,126 @@
+"""Budgets through a Redis outage (``ratelimit.on_redis_error: open``): enforced locally, and
+what was spent meanwhile written to Redis once it answers again.
+
+While Redis is unreachable, a process lets a key spend at most its share of what was left
+when it last heard from Redis: ``(budget - spent as Redis last said) / N`` per window, ``N``
+being the live gateway processes (:class:`gateway.census.LocalShare`). Every charge made
+while Redis could not take it (a reservation, or the settlement of any request, reserved
+before the outage or during it) is added to a journal per key and window; before the next
+command Redis answers, the journal goes first, so Redis again holds what was spent. Nothing is
+lost but a charge whose command Redis applied and whose reply it could not send (it dies
+between the two): that charge is then counted twice.
+
+The bound: during an outage the fleet spends at most what the key had left at each process's
+last look (divided among N), plus one request's overrun per process (a settlement above its
+reservation); a process that never saw the key in Redis counts it as unspent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+
+from redis.exceptions import RedisError
+
+from gateway.budgets import MemoryBudgetStore, RedisBudgetStore, Windows
+from gateway.limits import BackendHealth
+
+_Entry = tuple[str, str, str]  # key id, day, month
+
+
+class FailOpenBudgetStore:
+    """A :class:`RedisBudgetStore` that keeps enforcing and counting while Redis is down."""
+
+    def __init__(
+        self,
+        remote: RedisBudgetStore,
+        health: BackendHealth,
+        share: Callable[[], int],
+    ) -> None:
+        self.remote = remote
+        self.health = health
+        self.share = share
+        self.local = MemoryBudgetStore()  # this process's spend since the outage began
+        # Charges Redis has not taken yet, per key and windows (with the windows' TTLs).
+        self.owed: dict[_Entry, tuple[float, Windows]] = {}
+
+    async def reserve(
+        self,
+        key_id: str,
+        windows: Windows,
+        day_budget: float | None,
+        month_budget: float | None,
+        amount: float,
+    ) -> tuple[str | None, float]:
+        """In Redis when it answers (after what is owed to it), else against the local share."""
+        if self.health.should_try():
+            try:
+                await self._repay()
+                verdict = await self.remote.reserve(
+                    key_id, windows, day_budget, month_budget, amount
+                )
+            except (RedisError, OSError) as exc:
+                self.health.failed(type(exc).__name__)
+            else:
+                self.health.succeeded()
+                return verdict
+        return await self._reserve_locally(key_id, windows, day_budget, month_budget, amount)
+
+    async def _reserve_locally(
+        self,
+        key_id: str,
+        windows: Windows,
+        day_budget: float | None,
+        month_budget: float | None,
+        amount: float,
+    ) -> tuple[str | None, float]:
+        day_seen, month_seen = self.remote.seen.get((key_id, windows.day), (0.0, 0.0))
+        n = max(1, self.share())
+
+        def local(budget: float | None, seen: float) -> float | None:
+            return None if budget is None else max(0.0, budget - seen) / n
+
+        refused, spent = await self.local.reserve(
+            key_id, windows, local(day_budget, day_seen), local(month_budget, month_seen), amount
+        )
+        if refused is None:
+            self._owe(key_id, windows, amount)
+        base = month_seen if refused == "budget_monthly" else day_seen
+        return refused, base + spent
+
+    async def adjust(
+        self, key_id: str, windows: Windows, delta: float, *, lazy: bool = True
+    ) -> float | None:
+        """A settlement: to Redis when it answers, else owed to it (and counted locally)."""
+        if self.health.healthy:
+            try:
+                return await self.remote.adjust(key_id, windows, delta, lazy=lazy)
+            except (RedisError, OSError) as exc:
+                self.health.failed(type(exc).__name__)
+        self._owe(key_id, windows, delta)
+        await self.local.adjust(key_id, windows, delta)
+        return None
+
+    def _owe(self, key_id: str, windows: Windows, delta: float) -> None:
+        entry = (key_id, windows.day, windows.month)
+        owed, _ = self.owed.get(entry, (0.0, windows))
+        self.owed[entry] = (owed + delta, windows)
+
+    async def _repay(self) -> None:
+        """Write what is owed to Redis, one key and window at a time (a failure keeps the
+        rest, and that one, owed). Once all is paid the local counts start afresh."""
+        while self.owed:
+            entry, (delta, windows) = next(iter(self.owed.items()))
+            await self.remote.add(entry[0], windows, delta)
+            now_owed, latest = self.owed[entry]
+            if now_owed == delta:
+                del self.owed[entry]
+            else:  # charged again while the command was out
+                self.owed[entry] = (now_owed - delta, latest)
+        self.local.spent.clear()
+
+    async def aclose(self) -> None:
+        """Shutdown: pay what is still owed if Redis answers, then close."""
+        with contextlib.suppress(RedisError, OSError):
+            await self._repay()
+        await self.remote.aclose()
