@@ -20,6 +20,13 @@ from gateway.budgets import BudgetGate, BudgetStore, MemoryBudgetStore, RedisBud
 from gateway.context import RequestContext, Trace
 from gateway.forwarding import Forwarder
 from gateway.limits import BackendHealth
+from gateway.precise_cap import (
+    EscalationTracker,
+    PreciseShareCap,
+    PreciseShareCollector,
+    RedisShareWindows,
+    build_precise_cap,
+)
 from gateway.proxy import RequestObserver
 from gateway.routing import TierRouter
 from gateway.settings import RateLimitSettings, RouterSettings, TierSettings
@@ -119,6 +126,9 @@ class Accounting:
     handlers: list[Any] = field(default_factory=list)
     redis_usage: RedisUsageStore | None = None
     redis_budgets: RedisBudgetStore | FailOpenBudgetStore | None = None
+    precise_cap: PreciseShareCap | None = None
+    escalation: EscalationTracker | None = None
+    redis_windows: RedisShareWindows | None = None
 
     async def startup(self) -> None:
         """Start the usage flusher (Redis)."""
@@ -133,6 +143,29 @@ class Accounting:
             await self.redis_usage.stop()
         if self.redis_budgets is not None:
             await self.redis_budgets.aclose()  # settlements still held back go out first
+        if self.redis_windows is not None:
+            await self.redis_windows.aclose()
+
+
+def _budget_store(
+    ratelimit: RateLimitSettings,
+    client: Redis | None,
+    key_prefix: str,
+    local_share: Callable[[], int],
+) -> BudgetStore:
+    """Memory without ``client``; Redis, through outages too when ``on_redis_error: open``."""
+    if client is None:
+        return MemoryBudgetStore()
+    remote = RedisBudgetStore(client, key_prefix)
+    if ratelimit.on_redis_error != "open":
+        return remote
+    health = BackendHealth(
+        "redis",
+        down_event=EVENT_BUDGET_REDIS_DOWN,
+        up_event=EVENT_BUDGET_REDIS_UP,
+        retry_interval_s=ratelimit.redis_retry_interval_s,
+    )
+    return FailOpenBudgetStore(remote, health, local_share)
 
 
 def build_accounting(
@@ -160,18 +193,14 @@ def build_accounting(
     shared = client is not None and ratelimit.backend == "redis"
     redis_usage = RedisUsageStore(client, key_prefix) if shared and client is not None else None
     ledger = UsageLedger(costs, redis_usage or MemoryUsageStore())
-    remote = RedisBudgetStore(client, key_prefix) if shared and client is not None else None
-    store: BudgetStore = remote or MemoryBudgetStore()
-    if remote is not None and ratelimit.on_redis_error == "open":
-        health = BackendHealth(
-            "redis",
-            down_event=EVENT_BUDGET_REDIS_DOWN,
-            up_event=EVENT_BUDGET_REDIS_UP,
-            retry_interval_s=ratelimit.redis_retry_interval_s,
-        )
-        store = FailOpenBudgetStore(remote, health, local_share)
+    store = _budget_store(ratelimit, client if shared else None, key_prefix, local_share)
     budgets = BudgetGate(store, costs, fail_open=ratelimit.on_redis_error == "open")
     shadow = build_shadow(router_settings, forwarder, router)
+    cap, windows = build_precise_cap(
+        ratelimit, router_settings, client=client if shared else None, key_prefix=key_prefix
+    )
+    escalation = EscalationTracker(observed_share)
+    registry.register(PreciseShareCollector(cap, escalation))
     registry.register(UsageCollector(ledger))
     if shadow is not None:
         registry.register(ShadowCollector(shadow))
@@ -187,4 +216,7 @@ def build_accounting(
         handlers,
         redis_usage,
         store if isinstance(store, RedisBudgetStore | FailOpenBudgetStore) else None,
+        cap,
+        escalation,
+        windows,
     )

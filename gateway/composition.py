@@ -192,6 +192,8 @@ def build_service(
         fields=_field_rules(tiers, requests),
         shadow=accounting.shadow if accounting is not None else None,
         budgets=accounting.budgets if accounting is not None else None,
+        precise_cap=accounting.precise_cap if accounting is not None else None,
+        escalation=accounting.escalation if accounting is not None else None,
     )
 
 

@@ -17,6 +17,7 @@ from gateway.eager import Eager, eager
 from gateway.errors import ClientGone
 from gateway.events import AttemptEnd, AttemptStart, Outcome, Usage
 from gateway.forwarding import Exchange, Forwarded, Forwarder
+from gateway.precise_cap import EscalationTracker, PreciseShareCap
 from gateway.relay import StreamRelay, usage_fields
 from gateway.replies import EVENT_STREAM, Inbound, Reply, error_reply, internal_error_reply
 from gateway.request_body import FieldRules, decode
@@ -76,6 +77,8 @@ class ProxyService:
     budgets: BudgetGate | None = None
     # A backend's usage, clipped to what the request could have used before it settles.
     clip_usage: UsageClipper = field(default_factory=UsageClipper)
+    precise_cap: PreciseShareCap | None = None
+    escalation: EscalationTracker | None = None
 
     async def handle(self, inbound: Inbound, kind: RequestKind, path: str) -> Reply:
         """Serve one chat or completion request; every error becomes its OpenAI-shaped reply."""
@@ -163,6 +166,7 @@ class ProxyService:
         # closed unfinished, its concurrency slot left to the lease.
         try:
             decision, tiers, media = self._classify(body, summary, principal, headers)
+            decision, tiers = await self._capped(decision, tiers, principal)
             if media:  # only a body with media URLs waits here (their hosts are resolved)
                 await self.fields.check_media(media, tiers[0])
             ctx.decision = decision
@@ -191,6 +195,18 @@ class ProxyService:
         ctx.extra_headers.update(admission.headers)
         bound = UsageBound.of(body_bytes, completion, summary.completions)
         return _Admitted(tiers, admission, bound, *prepared)
+
+    async def _capped(
+        self, decision: RouteDecision, tiers: tuple[str, ...], principal: Principal
+    ) -> tuple[RouteDecision, tuple[str, ...]]:
+        """The decision under the key's and tenant's precise-share caps (a Redis round trip
+        for capped keys only), counted for the escalation gauge."""
+        cap = self.precise_cap
+        if cap is not None and cap.applies(principal):
+            decision, tiers = await cap.apply(decision, tiers, principal)
+        if self.escalation is not None:
+            self.escalation.record(principal.key_id, decision.tier == self.router.catalog.precise)
+        return decision, tiers
 
     def _classify(
         self,

@@ -262,6 +262,12 @@ class RateLimitSettings(Section):
     """Memory backend, several workers: divide each key's limits among them (else refused)."""
     redis_retry_interval_s: float = Field(default=1.0, gt=0)
     """How often a degraded limiter tries Redis again."""
+    precise_share_window: int = Field(default=1000, ge=2, le=100_000)
+    """The precise-share caps' sliding window: a key's (or tenant's) last this many requests."""
+    tenant_precise_share: dict[str, float] = Field(default_factory=dict)
+    """Per tenant: the most of its keys' recent requests (together) that may go precise."""
+    tenant_precise_share_over: Literal["downgrade", "refuse"] = "downgrade"
+    """Over a tenant's cap: serve on the fast tier, or refuse with 429."""
 
 
 class RedisSettings(Section):

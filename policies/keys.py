@@ -126,7 +126,35 @@ def policy_to_dict(policy: KeyPolicy) -> dict[str, Any]:
         "scopes": sorted(policy.scopes),
         "budget_daily": policy.budget_daily,
         "budget_monthly": policy.budget_monthly,
-    } | ({"max_n": policy.max_n} if policy.max_n != 1 else {})  # older gateways read the rest
+    } | _newer_fields(policy)
+
+
+def _newer_fields(policy: KeyPolicy) -> dict[str, Any]:
+    """Fields written only when set: gateways older than them refuse unknown fields."""
+    fields: dict[str, Any] = {}
+    if policy.max_n != 1:
+        fields["max_n"] = policy.max_n
+    if policy.max_precise_share is not None:
+        fields["max_precise_share"] = policy.max_precise_share
+        fields["precise_share_over"] = policy.precise_share_over
+    return fields
+
+
+def _share(data: dict[str, Any]) -> tuple[float | None, str]:
+    value, over = data.get("max_precise_share"), data.get("precise_share_over") or "downgrade"
+    if over not in ("downgrade", "refuse"):
+        raise PolicyError(
+            "policy field 'precise_share_over' must be 'downgrade' or 'refuse'",
+            param="precise_share_over",
+        )
+    if value is None:
+        return None, over
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+        raise PolicyError(
+            "policy field 'max_precise_share' must be a number from 0 to 1 or null",
+            param="max_precise_share",
+        )
+    return float(value), over
 
 
 def _budget(data: dict[str, Any], name: str) -> float | None:
@@ -171,6 +199,8 @@ def policy_from_dict(data: dict[str, Any]) -> KeyPolicy:
         "budget_daily",
         "budget_monthly",
         "max_n",
+        "max_precise_share",
+        "precise_share_over",
     }
     if unknown:
         raise ValueError(f"unknown policy fields: {sorted(unknown)}")
@@ -189,6 +219,7 @@ def policy_from_dict(data: dict[str, Any]) -> KeyPolicy:
         raise PolicyError(
             "policy field 'tiers' must name at least one tier (or be null: all)", param="tiers"
         )
+    share, over = _share(data)
     return KeyPolicy(
         allowed_tiers=tiers,
         rpm=_positive(data, "rpm"),
@@ -200,6 +231,8 @@ def policy_from_dict(data: dict[str, Any]) -> KeyPolicy:
         budget_daily=_budget(data, "budget_daily"),
         budget_monthly=_budget(data, "budget_monthly"),
         max_n=_positive(data, "max_n") or 1,  # absent (older records): one completion
+        max_precise_share=share,
+        precise_share_over=over,
     )
 
 
@@ -343,6 +376,8 @@ def make_policy(
     known_tiers: tuple[str, ...] | None = None,
     budget_daily: float | None = None,
     budget_monthly: float | None = None,
+    max_precise_share: float | None = None,
+    precise_share_over: str | None = None,
 ) -> KeyPolicy:
     """A checked policy from creation options (command line or admin API)."""
     unknown_scopes = set(scopes or ()) - KNOWN_SCOPES
@@ -382,6 +417,8 @@ def make_policy(
             "budget_daily": budget_daily,
             "budget_monthly": budget_monthly,
             "max_n": max_n,
+            "max_precise_share": max_precise_share,
+            "precise_share_over": precise_share_over,
         }
     )
 

@@ -26,6 +26,10 @@ class KeyPolicy:
     budget_monthly: float | None = None
     # Completions one request may ask for: n, best_of, and n x prompts of a list prompt.
     max_n: int = 1
+    # The most of its recent requests this key may send to the precise tier (gateway/
+    # precise_cap.py), and what happens over it: "downgrade" (to fast) or "refuse" (429).
+    max_precise_share: float | None = None
+    precise_share_over: str = "downgrade"
 
     def allows_tier(self, tier: str) -> bool:
         """True when this key may use ``tier``."""
