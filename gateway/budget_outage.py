@@ -7,8 +7,8 @@ being the live gateway processes (:class:`gateway.census.LocalShare`). Every cha
 while Redis could not take it (a reservation, or the settlement of any request, reserved
 before the outage or during it) is added to a journal per key and window; before the next
 command Redis answers, the journal goes first, so Redis again holds what was spent. Nothing is
-lost but a charge whose command Redis applied and whose reply it could not send (it dies
-between the two): that charge is then counted twice.
+lost; a charge whose command Redis applied but whose answer never came (Redis died between the
+two, or answered after the socket timeout) is counted twice.
 
 The bound: during an outage the fleet spends at most what the key had left at each process's
 last look (divided among N), plus one request's overrun per process (a settlement above its
