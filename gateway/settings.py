@@ -13,7 +13,7 @@ import os
 import re
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Annotated, Any, Literal, cast
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic.json_schema import SkipJsonSchema
@@ -264,7 +264,9 @@ class RateLimitSettings(Section):
     """How often a degraded limiter tries Redis again."""
     precise_share_window: int = Field(default=1000, ge=2, le=100_000)
     """The precise-share caps' sliding window: a key's (or tenant's) last this many requests."""
-    tenant_precise_share: dict[str, float] = Field(default_factory=dict)
+    tenant_precise_share: dict[str, Annotated[float, Field(ge=0.0, le=1.0)]] = Field(
+        default_factory=dict
+    )
     """Per tenant: the most of its keys' recent requests (together) that may go precise."""
     tenant_precise_share_over: Literal["downgrade", "refuse"] = "downgrade"
     """Over a tenant's cap: serve on the fast tier, or refuse with 429."""
