@@ -41,8 +41,11 @@ class FailOpenBudgetStore:
         self.health = health
         self.share = share
         self.local = MemoryBudgetStore()  # this process's spend since the outage began
-        # Charges Redis has not taken yet, per key and windows (with the windows' TTLs).
+        # Charges never sent to Redis, per key and windows (with the windows' TTLs).
         self.owed: dict[_Entry, tuple[float, Windows]] = {}
+        # Charges sent whose answer never came: (key id, windows, amount, seq, a reserve?);
+        # applied or not, Redis' marks will tell.
+        self.unsure: list[tuple[str, Windows, float, int, bool]] = []
 
     async def reserve(
         self,
@@ -54,13 +57,17 @@ class FailOpenBudgetStore:
     ) -> tuple[str | None, float]:
         """In Redis when it answers (after what is owed to it), else against the local share."""
         if self.health.should_try():
+            seq = 0
             try:
                 await self._repay()
+                seq = self.remote.next_seq()
                 verdict = await self.remote.reserve(
-                    key_id, windows, day_budget, month_budget, amount
+                    key_id, windows, day_budget, month_budget, amount, seq=seq
                 )
             except (RedisError, OSError) as exc:
                 self.health.failed(type(exc).__name__)
+                if seq:  # it may have charged Redis, besides the local reservation below
+                    self.unsure.append((key_id, windows, amount, seq, True))
             else:
                 self.health.succeeded()
                 return verdict
@@ -93,10 +100,14 @@ class FailOpenBudgetStore:
     ) -> float | None:
         """A settlement: to Redis when it answers, else owed to it (and counted locally)."""
         if self.health.healthy:
+            seq = self.remote.next_seq()
             try:
-                return await self.remote.adjust(key_id, windows, delta, lazy=lazy)
+                return await self.remote.adjust(key_id, windows, delta, lazy=lazy, seq=seq)
             except (RedisError, OSError) as exc:
                 self.health.failed(type(exc).__name__)
+                self.unsure.append((key_id, windows, delta, seq, False))
+                await self.local.adjust(key_id, windows, delta)
+                return None
         self._owe(key_id, windows, delta)
         await self.local.adjust(key_id, windows, delta)
         return None
@@ -107,11 +118,30 @@ class FailOpenBudgetStore:
         self.owed[entry] = (owed + delta, windows)
 
     async def _repay(self) -> None:
-        """Write what is owed to Redis, one key and window at a time (a failure keeps the
-        rest, and that one, owed). Once all is paid the local counts start afresh."""
+        """Settle with Redis. A charge whose answer was lost: Redis' marks say whether it was
+        applied; a settlement that was not is owed, a reservation that was is given back (the
+        request was reserved locally instead, or refused). Then what is owed is written, one
+        key and window at a time (a failure keeps the rest, and makes that one unsure). Once
+        all is paid the local counts start afresh."""
+        while self.unsure:
+            key_id, windows, amount, seq, reserve = self.unsure[-1]
+            applied = await self.remote.charged(key_id, seq)
+            if reserve and applied:
+                self._owe(key_id, windows, -amount)
+            elif not reserve and not applied:
+                self._owe(key_id, windows, amount)
+            self.unsure.pop()
         while self.owed:
             entry, (delta, windows) = next(iter(self.owed.items()))
-            await self.remote.add(entry[0], windows, delta)
+            seq = self.remote.next_seq()
+            try:
+                await self.remote.adjust(entry[0], windows, delta, lazy=False, seq=seq)
+            except (RedisError, OSError):
+                self.unsure.append((entry[0], windows, delta, seq, False))
+                self._owe(entry[0], windows, -delta)  # now unsure instead of owed
+                if self.owed[entry][0] == 0.0:
+                    del self.owed[entry]
+                raise
             now_owed, latest = self.owed[entry]
             if now_owed == delta:
                 del self.owed[entry]

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import itertools
+import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,11 +32,32 @@ from policies.ports import Admission
 from policies.principal import Principal
 
 _log = structlog.get_logger("tiergate.budgets")
-_RESERVE = """
+# Every charge carries its writer (a gateway process) and a sequence number that grows with
+# each command the writer sends; KEYS[3] holds, per writer, the highest number that charged.
+# A charge whose number is not above it already ran (a retry, or one sent again after an
+# outage because its answer was lost): it is not applied twice. Its arguments come last.
+_MARK = """
+local function charged_before(writer, seq)
+  if seq <= 0 then return false end
+  return seq <= tonumber(redis.call('HGET', KEYS[3], writer) or '0')
+end
+local function mark(writer, seq)
+  if seq <= 0 then return end
+  redis.call('HSET', KEYS[3], writer, seq)
+  redis.call('EXPIRE', KEYS[3], 172800)
+end
+"""
+# KEYS: day, month, marks. ARGV: day budget, month budget (-1: none), amount, day ttl, month
+# ttl, writer, seq. Returns {charged (0/1), refused window name or '', day, month}.
+_RESERVE = (
+    _MARK
+    + """
 local day = tonumber(redis.call('GET', KEYS[1]) or '0')
 local month = tonumber(redis.call('GET', KEYS[2]) or '0')
 local reserve = tonumber(ARGV[3])
 local day_budget, month_budget = tonumber(ARGV[1]), tonumber(ARGV[2])
+local writer, seq = ARGV[6], tonumber(ARGV[7])
+if charged_before(writer, seq) then return {1, '', tostring(day), tostring(month)} end
 if day_budget >= 0 and day + reserve > day_budget then
   return {0, 'daily', tostring(day), tostring(month)}
 end
@@ -45,19 +68,29 @@ redis.call('INCRBYFLOAT', KEYS[1], reserve)
 redis.call('EXPIRE', KEYS[1], ARGV[4])
 redis.call('INCRBYFLOAT', KEYS[2], reserve)
 redis.call('EXPIRE', KEYS[2], ARGV[5])
+mark(writer, seq)
 return {1, '', tostring(day + reserve), tostring(month + reserve)}
 """
-_RESERVE_SCRIPT = LuaScript(_RESERVE, keys=2, args=5)
-# KEYS: day, month. ARGV: delta, day ttl, month ttl. Adds spend owed since an outage (the
-# keys may be gone: a Redis that lost its data), keeping both windows' expiry.
-_ADD = """
+)
+_RESERVE_SCRIPT = LuaScript(_RESERVE, keys=3, args=7)
+# KEYS: day, month, marks. ARGV: delta, day ttl, month ttl, writer, seq. A settlement, or
+# spend owed since an outage (the keys may be gone: a Redis that lost its data).
+_ADD = (
+    _MARK
+    + """
+local writer, seq = ARGV[4], tonumber(ARGV[5])
+if charged_before(writer, seq) then
+  return {redis.call('GET', KEYS[1]) or '0', redis.call('GET', KEYS[2]) or '0'}
+end
 local day = redis.call('INCRBYFLOAT', KEYS[1], ARGV[1])
 redis.call('EXPIRE', KEYS[1], ARGV[2])
 local month = redis.call('INCRBYFLOAT', KEYS[2], ARGV[1])
 redis.call('EXPIRE', KEYS[2], ARGV[3])
+mark(writer, seq)
 return {day, month}
 """
-ADD_SCRIPT = LuaScript(_ADD, keys=2, args=3)
+)
+ADD_SCRIPT = LuaScript(_ADD, keys=3, args=5)
 _MAX_SEEN = 100_000
 LINGER_S = 0.005  # how long a settlement may wait for the next command to carry it
 
@@ -156,6 +189,9 @@ class RedisBudgetStore:
         self.prefix = prefix
         self._runner = runner or script_runner(client, linger_s=LINGER_S)
         self._orphans: set[asyncio.Task[None]] = set()
+        # This process's charges are numbered, so that one sent twice applies once (_MARK).
+        self.writer = secrets.token_hex(8)
+        self._seq = itertools.count(1)
         # (key id, day) -> (day spend, month spend) as Redis last said: what a replica
         # enforces against while Redis is unreachable (gateway/budget_outage.py).
         self.seen: dict[tuple[str, str], tuple[float, float]] = {}
@@ -167,7 +203,18 @@ class RedisBudgetStore:
 
     def _keys(self, key_id: str, windows: Windows) -> list[str]:
         base = f"{self.prefix}budget:{{{key_id}}}"
-        return [f"{base}:d:{windows.day}", f"{base}:m:{windows.month}"]
+        return [f"{base}:d:{windows.day}", f"{base}:m:{windows.month}", f"{base}:w"]
+
+    def next_seq(self) -> int:
+        """A number for this process's next charge (higher than every earlier one)."""
+        return next(self._seq)
+
+    async def charged(self, key_id: str, seq: int) -> bool:
+        """Whether this process's charge ``seq`` on ``key_id`` was applied (its answer may
+        have been lost); raises RedisError / OSError when Redis does not answer."""
+        marks = f"{self.prefix}budget:{{{key_id}}}:w"
+        top = await self._runner.command("HGET", marks, self.writer)
+        return top is not None and int(top) >= seq
 
     async def reserve(
         self,
@@ -176,8 +223,11 @@ class RedisBudgetStore:
         day_budget: float | None,
         month_budget: float | None,
         amount: float,
+        *,
+        seq: int = 0,
     ) -> tuple[str | None, float]:
-        """One script: check both windows and charge both, atomically.
+        """One script: check both windows and charge both, atomically (``seq``: the charge's
+        number, :meth:`next_seq`; 0: a new one).
 
         A caller that gives up (cancelled) while the script may run gets its charge given back
         once Redis answers: a reservation nobody holds would stay spent for the whole window.
@@ -192,6 +242,8 @@ class RedisBudgetStore:
                     amount,
                     windows.day_left_s + 3600,
                     windows.month_left_s + 86400,
+                    self.writer,
+                    seq or self.next_seq(),
                 ),
             )
         )
@@ -208,26 +260,22 @@ class RedisBudgetStore:
         return f"budget_{which}", day if which == "daily" else month
 
     async def adjust(
-        self, key_id: str, windows: Windows, delta: float, *, lazy: bool = True
+        self, key_id: str, windows: Windows, delta: float, *, lazy: bool = True, seq: int = 0
     ) -> float | None:
-        """Both windows, sent with the next command when ``lazy``; returns once Redis applied
-        both, with the day's spend after it."""
-        day, month = await asyncio.gather(
-            *(
-                self._runner.command("INCRBYFLOAT", key, delta, lazy=lazy, retry=False)
-                for key in self._keys(key_id, windows)
-            )
+        """Add ``delta`` to both windows (recreating them if Redis lost them), sent with the
+        next command when ``lazy``; the day's spend after it. ``seq`` as for ``reserve``;
+        raises RedisError / OSError when Redis does not answer."""
+        keys = self._keys(key_id, windows)
+        args = (
+            delta,
+            windows.day_left_s + 3600,
+            windows.month_left_s + 86400,
+            self.writer,
+            seq or self.next_seq(),
         )
+        day, month = await self._runner.run(ADD_SCRIPT, keys, args, lazy=lazy)
         self._saw(key_id, windows, float(day), float(month))
         return float(day)
-
-    async def add(self, key_id: str, windows: Windows, delta: float) -> None:
-        """Add spend owed since an outage to both windows (recreating them if Redis lost
-        them), at once; raises RedisError / OSError when Redis does not answer."""
-        keys = self._keys(key_id, windows)
-        ttls = (windows.day_left_s + 3600, windows.month_left_s + 86400)
-        day, month = await self._runner.run(ADD_SCRIPT, keys, (delta, *ttls), retry=False)
-        self._saw(key_id, windows, float(day), float(month))
 
     def _give_back(
         self, done: asyncio.Future[Any], key_id: str, windows: Windows, amount: float

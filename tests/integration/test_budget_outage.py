@@ -96,6 +96,7 @@ class Traffic:
         self.gateways = gateways
         self.headers = {"Authorization": f"Bearer {token}"}
         self.statuses: list[int] = []
+        self.remaining: list[tuple[bool, float]] = []  # (streamed, remaining-budget header)
         self.cost = 0.0
         self.stop = asyncio.Event()
 
@@ -110,6 +111,9 @@ class Traffic:
         self.statuses.append(response.status_code)
         if response.status_code == 200:
             self.cost += cost_of(response, text)
+            left = response.headers.get("x-ratelimit-remaining-budget")
+            if left is not None:
+                self.remaining.append((bool(body.get("stream")), float(left)))
         return response.status_code
 
     async def loop(self, client: httpx.AsyncClient, start: int) -> None:
@@ -206,6 +210,12 @@ def test_a_budget_holds_locally_during_an_outage(
             i = 0
             while before.cost < budget / 2:
                 assert await before.one(http, i) == 200
+                # One at a time: a whole answer's header is the budget minus all settled
+                # spend, its own real cost included.
+                if i % 3:
+                    streamed, left = before.remaining[-1]
+                    assert not streamed
+                    assert left == pytest.approx(budget - before.cost, abs=1e-6)
                 i += 1
 
     asyncio.run(spend_half())
