@@ -17,6 +17,7 @@ reservation); a process that never saw the key in Redis counts it as unspent.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Callable
 
@@ -46,6 +47,9 @@ class FailOpenBudgetStore:
         # Charges sent whose answer never came: (key id, windows, amount, seq, a reserve?);
         # applied or not, Redis' marks will tell.
         self.unsure: list[tuple[str, Windows, float, int, bool]] = []
+        # One settling-up at a time, and no new charge sent while one is due: a charge sent
+        # after a lost one would raise the marks the lost one is judged by.
+        self._settling = asyncio.Lock()
 
     async def reserve(
         self,
@@ -59,7 +63,7 @@ class FailOpenBudgetStore:
         if self.health.should_try():
             seq = 0
             try:
-                await self._repay()
+                await self._settle_up()
                 seq = self.remote.next_seq()
                 verdict = await self.remote.reserve(
                     key_id, windows, day_budget, month_budget, amount, seq=seq
@@ -100,12 +104,17 @@ class FailOpenBudgetStore:
     ) -> float | None:
         """A settlement: to Redis when it answers, else owed to it (and counted locally)."""
         if self.health.healthy:
-            seq = self.remote.next_seq()
+            seq = 0
             try:
+                await self._settle_up()
+                seq = self.remote.next_seq()
                 return await self.remote.adjust(key_id, windows, delta, lazy=lazy, seq=seq)
             except (RedisError, OSError) as exc:
                 self.health.failed(type(exc).__name__)
-                self.unsure.append((key_id, windows, delta, seq, False))
+                if seq:
+                    self.unsure.append((key_id, windows, delta, seq, False))
+                else:
+                    self._owe(key_id, windows, delta)
                 await self.local.adjust(key_id, windows, delta)
                 return None
         self._owe(key_id, windows, delta)
@@ -116,6 +125,13 @@ class FailOpenBudgetStore:
         entry = (key_id, windows.day, windows.month)
         owed, _ = self.owed.get(entry, (0.0, windows))
         self.owed[entry] = (owed + delta, windows)
+
+    async def _settle_up(self) -> None:
+        """Settle with Redis first when anything is due (one caller at a time)."""
+        if not self.unsure and not self.owed:
+            return
+        async with self._settling:
+            await self._repay()
 
     async def _repay(self) -> None:
         """Settle with Redis. A charge whose answer was lost: Redis' marks say whether it was
@@ -152,5 +168,5 @@ class FailOpenBudgetStore:
     async def aclose(self) -> None:
         """Shutdown: pay what is still owed if Redis answers, then close."""
         with contextlib.suppress(RedisError, OSError):
-            await self._repay()
+            await self._settle_up()
         await self.remote.aclose()

@@ -33,17 +33,16 @@ from policies.principal import Principal
 
 _log = structlog.get_logger("tiergate.budgets")
 # Every charge carries its writer (a gateway process) and a sequence number that grows with
-# each command the writer sends; KEYS[3] holds, per writer, the highest number that charged.
-# A charge whose number is not above it already ran (a retry, or one sent again after an
-# outage because its answer was lost): it is not applied twice. Its arguments come last.
+# each charge the writer sends; KEYS[3] holds, per writer, the highest number that charged.
+# A charge whose answer was lost (Redis died) is judged by it once Redis is back: a writer's
+# charges run in the order it numbered them (one connection, never retried), so one numbered
+# at or below the mark ran. Its arguments come last.
 _MARK = """
-local function charged_before(writer, seq)
-  if seq <= 0 then return false end
-  return seq <= tonumber(redis.call('HGET', KEYS[3], writer) or '0')
-end
 local function mark(writer, seq)
   if seq <= 0 then return end
-  redis.call('HSET', KEYS[3], writer, seq)
+  if seq > tonumber(redis.call('HGET', KEYS[3], writer) or '0') then
+    redis.call('HSET', KEYS[3], writer, seq)
+  end
   redis.call('EXPIRE', KEYS[3], 172800)
 end
 """
@@ -57,7 +56,6 @@ local month = tonumber(redis.call('GET', KEYS[2]) or '0')
 local reserve = tonumber(ARGV[3])
 local day_budget, month_budget = tonumber(ARGV[1]), tonumber(ARGV[2])
 local writer, seq = ARGV[6], tonumber(ARGV[7])
-if charged_before(writer, seq) then return {1, '', tostring(day), tostring(month)} end
 if day_budget >= 0 and day + reserve > day_budget then
   return {0, 'daily', tostring(day), tostring(month)}
 end
@@ -79,9 +77,6 @@ _ADD = (
     _MARK
     + """
 local writer, seq = ARGV[4], tonumber(ARGV[5])
-if charged_before(writer, seq) then
-  return {redis.call('GET', KEYS[1]) or '0', redis.call('GET', KEYS[2]) or '0'}
-end
 local day = redis.call('INCRBYFLOAT', KEYS[1], ARGV[1])
 redis.call('EXPIRE', KEYS[1], ARGV[2])
 local month = redis.call('INCRBYFLOAT', KEYS[2], ARGV[1])
@@ -189,7 +184,7 @@ class RedisBudgetStore:
         self.prefix = prefix
         self._runner = runner or script_runner(client, linger_s=LINGER_S)
         self._orphans: set[asyncio.Task[None]] = set()
-        # This process's charges are numbered, so that one sent twice applies once (_MARK).
+        # This process's charges are numbered: whether a lost one ran is known after (_MARK).
         self.writer = secrets.token_hex(8)
         self._seq = itertools.count(1)
         # (key id, day) -> (day spend, month spend) as Redis last said: what a replica
@@ -245,6 +240,7 @@ class RedisBudgetStore:
                     self.writer,
                     seq or self.next_seq(),
                 ),
+                retry=False,  # never after a later charge: the marks would say it ran
             )
         )
         try:
@@ -273,7 +269,7 @@ class RedisBudgetStore:
             self.writer,
             seq or self.next_seq(),
         )
-        day, month = await self._runner.run(ADD_SCRIPT, keys, args, lazy=lazy)
+        day, month = await self._runner.run(ADD_SCRIPT, keys, args, lazy=lazy, retry=False)
         self._saw(key_id, windows, float(day), float(month))
         return float(day)
 
