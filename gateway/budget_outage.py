@@ -6,9 +6,13 @@ when it last heard from Redis: ``(budget - spent as Redis last said) / N`` per w
 being the live gateway processes (:class:`gateway.census.LocalShare`). Every charge made
 while Redis could not take it (a reservation, or the settlement of any request, reserved
 before the outage or during it) is added to a journal per key and window; before the next
-command Redis answers, the journal goes first, so Redis again holds what was spent. Nothing is
-lost; a charge whose command Redis applied but whose answer never came (Redis died between the
-two, or answered after the socket timeout) is counted twice.
+charge goes to Redis once it answers, the journal goes first, so Redis again holds what was
+spent. A charge sent whose answer never came (Redis died, or answered after the socket
+timeout) may or may not have run: each charge carries this process's increasing number and
+Redis keeps, per key and process, the highest that ran (``gateway.budgets._MARK``), which
+settles the question once Redis answers. (The one case it cannot: a reservation Redis refused,
+whose answer was lost, followed by a later charge of the same key from the same process that
+ran before the crash: that refusal counts as a charge given back.)
 
 The bound: during an outage the fleet spends at most what the key had left at each process's
 last look (divided among N), plus one request's overrun per process (a settlement above its
