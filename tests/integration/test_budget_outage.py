@@ -96,6 +96,7 @@ class Traffic:
         self.gateways = gateways
         self.headers = {"Authorization": f"Bearer {token}"}
         self.statuses: list[int] = []
+        self.errors: list[str] = []  # bodies of answers other than 200 and 429
         self.remaining: list[tuple[bool, float]] = []  # (streamed, remaining-budget header)
         self.cost = 0.0
         self.stop = asyncio.Event()
@@ -109,6 +110,8 @@ class Traffic:
         async with client.stream("POST", url, json=body, headers=self.headers) as response:
             text = (await response.aread()).decode()
         self.statuses.append(response.status_code)
+        if response.status_code not in (200, 429):
+            self.errors.append(text[:300])
         if response.status_code == 200:
             self.cost += cost_of(response, text)
             left = response.headers.get("x-ratelimit-remaining-budget")
@@ -153,7 +156,7 @@ def test_spend_during_an_outage_reaches_redis(
     key_id, token = asyncio.run(new_key(redis.url, KeyPolicy(budget_daily=1000.0)))
     traffic = Traffic(gateways, token)
     asyncio.run(run_through_outage(redis, traffic, loops=4))
-    assert set(traffic.statuses) == {200}
+    assert set(traffic.statuses) == {200}, traffic.errors[:5]
     recorded = asyncio.run(recorded_spend(redis.url, key_id))
     print(f"requests {len(traffic.statuses)} settled {traffic.cost:.6f} recorded {recorded:.6f}")
     assert recorded == pytest.approx(traffic.cost, rel=1e-3)
