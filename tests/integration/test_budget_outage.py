@@ -163,7 +163,8 @@ def test_spend_during_an_outage_reaches_redis(
     assert traffic.statuses.count(200) >= 0.9 * len(traffic.statuses)
     recorded = asyncio.run(recorded_spend(redis.url, key_id))
     print(
-        f"requests {len(traffic.statuses)} ok {traffic.statuses.count(200)} settled {traffic.cost:.6f} recorded {recorded:.6f}"
+        f"requests {len(traffic.statuses)} ok {traffic.statuses.count(200)} "
+        f"settled {traffic.cost:.6f} recorded {recorded:.6f}"
     )
     assert recorded == pytest.approx(traffic.cost, rel=1e-3)
     for gateway in gateways:
