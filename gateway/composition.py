@@ -208,6 +208,8 @@ def build_service(
         fields=_field_rules(tiers, requests),
         shadow=accounting.shadow if accounting is not None else None,
         budgets=accounting.budgets if accounting is not None else None,
+        precise_cap=accounting.precise_cap if accounting is not None else None,
+        escalation=accounting.escalation if accounting is not None else None,
     )
 
 
@@ -291,6 +293,7 @@ def build_gateway(
         registry=telemetry.registry,
         observed_share=telemetry.metrics.share.share,
         share_dir=o.worker.share_dir if o.worker is not None and o.worker.count > 1 else None,
+        local_share=getattr(access.limiter, "local_share", lambda: 1),
     )
     return _assemble(
         settings,

@@ -117,23 +117,47 @@ def key_digest(token: str, pepper: bytes | None = None) -> str:
 
 def policy_to_dict(policy: KeyPolicy) -> dict[str, Any]:
     """A plain mapping (YAML/JSON) of a key policy."""
-    return (
-        {
-            "tiers": sorted(policy.allowed_tiers) if policy.allowed_tiers is not None else None,
-            "rpm": policy.rpm,
-            "tpm": policy.tpm,
-            "max_tokens": policy.max_tokens,
-            "concurrency": policy.max_concurrency,
-            "expires_at": policy.expires_at,
-            "scopes": sorted(policy.scopes),
-            "budget_daily": policy.budget_daily,
-            "budget_monthly": policy.budget_monthly,
-        }
-        | ({"max_n": policy.max_n} if policy.max_n != 1 else {})
-        | (  # older gateways read the rest
-            {"rules": sorted(policy.rules)} if policy.rules else {}
+    return {
+        "tiers": sorted(policy.allowed_tiers) if policy.allowed_tiers is not None else None,
+        "rpm": policy.rpm,
+        "tpm": policy.tpm,
+        "max_tokens": policy.max_tokens,
+        "concurrency": policy.max_concurrency,
+        "expires_at": policy.expires_at,
+        "scopes": sorted(policy.scopes),
+        "budget_daily": policy.budget_daily,
+        "budget_monthly": policy.budget_monthly,
+    } | _newer_fields(policy)
+
+
+def _newer_fields(policy: KeyPolicy) -> dict[str, Any]:
+    """Fields written only when set: gateways older than them refuse unknown fields."""
+    fields: dict[str, Any] = {}
+    if policy.max_n != 1:
+        fields["max_n"] = policy.max_n
+    if policy.max_precise_share is not None:
+        fields["max_precise_share"] = policy.max_precise_share
+        fields["precise_share_over"] = policy.precise_share_over
+    if policy.rules:
+        fields["rules"] = sorted(policy.rules)
+    return fields
+
+
+def _share(data: dict[str, Any]) -> tuple[float | None, str]:
+    value, over = data.get("max_precise_share"), data.get("precise_share_over") or "downgrade"
+    if over not in ("downgrade", "refuse"):
+        raise PolicyError(
+            "policy field 'precise_share_over' must be 'downgrade' or 'refuse'",
+            param="precise_share_over",
         )
-    )
+    if value is None:
+        return None, over
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+        raise PolicyError(
+            "policy field 'max_precise_share' must be a number from 0 to 1 or null",
+            param="max_precise_share",
+        )
+    return float(value), over
 
 
 def _budget(data: dict[str, Any], name: str) -> float | None:
@@ -179,6 +203,8 @@ def policy_from_dict(data: dict[str, Any]) -> KeyPolicy:
         "budget_monthly",
         "max_n",
         "rules",
+        "max_precise_share",
+        "precise_share_over",
     }
     if unknown:
         raise ValueError(f"unknown policy fields: {sorted(unknown)}")
@@ -197,6 +223,7 @@ def policy_from_dict(data: dict[str, Any]) -> KeyPolicy:
         raise PolicyError(
             "policy field 'tiers' must name at least one tier (or be null: all)", param="tiers"
         )
+    share, over = _share(data)
     return KeyPolicy(
         allowed_tiers=tiers,
         rpm=_positive(data, "rpm"),
@@ -209,6 +236,8 @@ def policy_from_dict(data: dict[str, Any]) -> KeyPolicy:
         budget_monthly=_budget(data, "budget_monthly"),
         max_n=_positive(data, "max_n") or 1,  # absent (older records): one completion
         rules=_rules(data),
+        max_precise_share=share,
+        precise_share_over=over,
     )
 
 
@@ -362,6 +391,8 @@ def make_policy(
     budget_daily: float | None = None,
     budget_monthly: float | None = None,
     rules: list[str] | None = None,
+    max_precise_share: float | None = None,
+    precise_share_over: str | None = None,
 ) -> KeyPolicy:
     """A checked policy from creation options (command line or admin API)."""
     unknown_scopes = set(scopes or ()) - KNOWN_SCOPES
@@ -402,6 +433,8 @@ def make_policy(
             "budget_monthly": budget_monthly,
             "max_n": max_n,
             "rules": rules or [],
+            "max_precise_share": max_precise_share,
+            "precise_share_over": precise_share_over,
         }
     )
 

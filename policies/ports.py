@@ -41,6 +41,13 @@ class Admission(Protocol):
         caller may skip them."""
         ...
 
+    @property
+    def settle_first(self) -> bool:
+        """True when the request must be settled before its answer's last byte is written
+        (it holds a concurrency slot, or a budget whose remaining-budget header must show the
+        settled spend); otherwise ``settle`` may run after the answer."""
+        ...
+
     async def settle(self, used_tokens: int | None) -> None:
         """Reconcile reserved tokens with the real usage (``None``: unknown) and release."""
         ...

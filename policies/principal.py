@@ -29,6 +29,10 @@ class KeyPolicy:
     # This key's overrides of the deployment's routing rules, "NAME:on" / "NAME:off" with NAME
     # one of policies.tiering.RULE_NAMES (json_schema, json_object, tools, long_prompt).
     rules: frozenset[str] = field(default_factory=frozenset)
+    # The most of its recent requests this key may send to the precise tier (gateway/
+    # precise_cap.py), and what happens over it: "downgrade" (to fast) or "refuse" (429).
+    max_precise_share: float | None = None
+    precise_share_over: str = "downgrade"
 
     def allows_tier(self, tier: str) -> bool:
         """True when this key may use ``tier``."""

@@ -18,3 +18,5 @@ class KeyPolicyFields(TypedDict, total=False):
     budget_daily: float | None
     budget_monthly: float | None
     max_n: int
+    max_precise_share: float | None
+    precise_share_over: str

@@ -4,6 +4,8 @@
         ...  # server.url, server.port, server.kill(), server.restart()
 
 Persistence is off (``--save "" --appendonly no``): a restart starts empty, like a lost Redis.
+``persist=True`` turns the append-only file on (fsync on every write): a restart after
+``kill()`` (SIGKILL) starts with every write Redis acknowledged.
 Import the ``redis_server`` fixture into a test module for one server shared by the session,
 flushed before each test.
 """
@@ -34,13 +36,16 @@ def _ping(port: int) -> bool:
 class RedisServer:
     """One ``redis-server`` process; ``restart()`` keeps the port so clients reconnect."""
 
-    def __init__(self, port: int | None = None, *, ready_timeout: float = 10.0) -> None:
+    def __init__(
+        self, port: int | None = None, *, ready_timeout: float = 10.0, persist: bool = False
+    ) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             pytest.skip("redis-server is not installed")
         self.binary = binary
         self.port = port or free_port()
         self.ready_timeout = ready_timeout
+        self.persist = persist
         self._dir = tempfile.TemporaryDirectory(prefix="tiergate-redis-")
         self._proc: subprocess.Popen[bytes] | None = None
 
@@ -72,7 +77,9 @@ class RedisServer:
             "--save",
             "",
             "--appendonly",
-            "no",
+            "yes" if self.persist else "no",
+            "--appendfsync",
+            "always",
             "--dir",
             self._dir.name,
             "--logfile",

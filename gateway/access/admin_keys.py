@@ -51,6 +51,8 @@ class NewKey(msgspec.Struct, forbid_unknown_fields=True):
     rules: list[str] = msgspec.field(default_factory=list)  # routing rule overrides, NAME:on|off
     budget_daily: float | None = None
     budget_monthly: float | None = None
+    max_precise_share: float | None = None
+    precise_share_over: str | None = None
 
 
 class KeyNotFound(InvalidRequest):
@@ -138,6 +140,8 @@ def admin_key_handlers(
                 expires_in_days=spec.expires_in_days,
                 scopes=spec.scopes,
                 max_n=spec.max_n,
+                max_precise_share=spec.max_precise_share,
+                precise_share_over=spec.precise_share_over,
                 now=now,
                 known_tiers=tiers,
                 budget_daily=spec.budget_daily,

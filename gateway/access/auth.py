@@ -247,6 +247,9 @@ class Access:
         store = self.store
         if self.feed is not None:
             self.feed.start()
+        start_limiter = getattr(self.limiter, "start", None)
+        if start_limiter is not None:
+            await start_limiter()
         if self.check_store and isinstance(store, RedisKeyStore) and not await require_keys(store):
             _log.warning(EVENT_STORE_DOWN, backend="redis", phase="startup")
 

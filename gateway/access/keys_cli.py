@@ -69,6 +69,8 @@ async def _create(args: argparse.Namespace, store: KeyStore, settings: Settings)
         budget_monthly=args.budget_monthly,
         max_n=args.max_n,
         rules=args.rule,
+        max_precise_share=args.max_precise_share,
+        precise_share_over=args.precise_share_over,
         now=now,
         known_tiers=tuple(settings.tiers) if args.config is not None else None,
     )
@@ -198,6 +200,19 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=None,
         help="compute budget in cost units per calendar month",
+    )
+    create.add_argument(
+        "--max-precise-share",
+        type=float,
+        default=None,
+        metavar="SHARE",
+        help="the most of the key's recent requests that may go to the precise tier (0-1)",
+    )
+    create.add_argument(
+        "--precise-share-over",
+        choices=("downgrade", "refuse"),
+        default=None,
+        help="over the cap: serve on the fast tier (default) or refuse with 429",
     )
     create.add_argument(
         "--scope",

@@ -18,6 +18,7 @@ class OpenAuthenticator:
 class _Unlimited:
     headers: Mapping[str, str] = {}
     settles = False
+    settle_first = False
 
     async def settle(self, used_tokens: int | None) -> None:
         """Nothing to reconcile."""

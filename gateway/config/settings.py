@@ -13,7 +13,7 @@ import os
 import re
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Annotated, Any, Literal, cast
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic.json_schema import SkipJsonSchema
@@ -251,16 +251,25 @@ class RateLimitSettings(Section):
     # or the cap), which is what is reserved. Kept so existing configuration files still load.
     default_completion_tokens: int = Field(default=256, ge=1)
     """Tokens reserved for a request that sets no max_tokens."""
-    # While Redis is down and on_redis_error is "open", each replica enforces 1/N of every
-    # key's limits locally; set N to the number of gateway replicas.
-    degraded_replicas: int = Field(default=1, ge=1)
-    """While Redis is down (open), each replica enforces 1/N of every key's limits; set N to the
-    number of gateway replicas.
+    # While Redis is down and on_redis_error is "open", each process enforces 1/N of every
+    # key's limits and budgets locally: N is the live gateway processes counted in Redis
+    # (gateway/limits/census.py) unless this overrides it with a replica count (times the workers).
+    degraded_replicas: int | None = Field(default=None, ge=1)
+    """While Redis is down (open), each replica enforces 1/N of every key's limits and budgets;
+    unset, N is counted live in Redis (every worker of every replica); set, N replicas.
     """
     memory_divide_per_worker: bool = False
     """Memory backend, several workers: divide each key's limits among them (else refused)."""
     redis_retry_interval_s: float = Field(default=1.0, gt=0)
     """How often a degraded limiter tries Redis again."""
+    precise_share_window: int = Field(default=1000, ge=2, le=100_000)
+    """The precise-share caps' sliding window: a key's (or tenant's) last this many requests."""
+    tenant_precise_share: dict[str, Annotated[float, Field(ge=0.0, le=1.0)]] = Field(
+        default_factory=dict
+    )
+    """Per tenant: the most of its keys' recent requests (together) that may go precise."""
+    tenant_precise_share_over: Literal["downgrade", "refuse"] = "downgrade"
+    """Over a tenant's cap: serve on the fast tier, or refuse with 429."""
 
 
 class RedisSettings(Section):

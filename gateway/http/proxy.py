@@ -5,13 +5,14 @@ This module orchestrates the stages; each stage is an object built once in ``cre
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, TypeVar
 
 import structlog
 
 from gateway.limits.budgets import BudgetGate, with_budget
+from gateway.limits.precise_cap import EscalationTracker, PreciseShareCap
 from gateway.pipeline.context import (
     Failure,
     RequestContext,
@@ -69,6 +70,8 @@ class ProxyService:
     budgets: BudgetGate | None = None
     # A backend's usage, clipped to what the request could have used before it settles.
     clip_usage: UsageClipper = field(default_factory=UsageClipper)
+    precise_cap: PreciseShareCap | None = None
+    escalation: EscalationTracker | None = None
 
     async def handle(self, inbound: Inbound, kind: RequestKind, path: str) -> Reply:
         """Serve one chat or completion request; every error becomes its OpenAI-shaped reply."""
@@ -156,6 +159,7 @@ class ProxyService:
         # closed unfinished, its concurrency slot left to the lease.
         try:
             decision, tiers, media = self._classify(body, summary, principal, headers)
+            decision, tiers = await self._capped(decision, tiers, principal)
             if media:  # only a body with media URLs waits here (their hosts are resolved)
                 await self.fields.check_media(media, tiers[0])
             ctx.decision = decision
@@ -184,6 +188,18 @@ class ProxyService:
         ctx.extra_headers.update(admission.headers)
         bound = UsageBound.of(body_bytes, completion, summary.completions)
         return _Admitted(tiers, admission, bound, *prepared)
+
+    async def _capped(
+        self, decision: RouteDecision, tiers: tuple[str, ...], principal: Principal
+    ) -> tuple[RouteDecision, tuple[str, ...]]:
+        """The decision under the key's and tenant's precise-share caps (a Redis round trip
+        for capped keys only), counted for the escalation gauge."""
+        cap = self.precise_cap
+        if cap is not None and cap.applies(principal):
+            decision, tiers = await cap.apply(decision, tiers, principal)
+        if self.escalation is not None:
+            self.escalation.record(principal.key_id, decision.tier == self.router.catalog.precise)
+        return decision, tiers
 
     def _classify(
         self,
@@ -300,7 +316,12 @@ class ProxyService:
         ctx.status = 200
         headers = ctx.headers()
         headers["cache-control"] = "no-cache"
-        return Reply(200, headers, EVENT_STREAM, stream=relay.__aiter__(), after=after)
+        stream = relay.__aiter__()
+        if admission.settle_first:
+            stream = _settled_before_end(
+                stream, relay, ctx, admission, lambda usage: clip(usage, bound, ctx.tier)
+            )
+        return Reply(200, headers, EVENT_STREAM, stream=stream, after=after)
 
     async def _complete(
         self,
@@ -325,6 +346,13 @@ class ProxyService:
         def finish() -> None:
             observer.finished(ctx, Outcome.COMPLETE)
 
+        if admission.settle_first:
+            # A concurrency slot is freed (and a budget settled, its header showing what is
+            # left after this answer) before the answer goes out: a caller who has the whole
+            # answer never finds its slot still taken.
+            await admission.settle(used)
+            ctx.extra_headers.update(admission.headers)
+            admission = _SETTLED
         if shadow is None and not admission.settles:  # nothing to wait for afterwards
             return Reply(200, ctx.headers(), body=raw, finish=finish)
 
@@ -462,6 +490,54 @@ async def _after_complete(
         text = answer_text(raw)
         if text is not None:
             shadow.submit(text)
+
+
+class _Settled:
+    """An admission already settled: nothing is left to do after the answer."""
+
+    headers: Mapping[str, str] = _NO_HEADERS
+    settles = False
+    settle_first = False
+
+    async def settle(self, used_tokens: int | None) -> None:
+        """Done before the answer."""
+
+    async def withdraw(self) -> None:
+        """Never withdrawn: it was forwarded."""
+
+
+_SETTLED = _Settled()
+
+
+async def _settled_before_end(
+    stream: AsyncIterator[bytes],
+    relay: StreamRelay,
+    ctx: RequestContext,
+    admission: Admission,
+    clip: Callable[[Usage | None], Usage | None],
+) -> AsyncIterator[bytes]:
+    """The relay's chunks, with the request settled before the stream ends: before the chunk
+    with ``[DONE]`` (its usage is known by then), else before the end of the body (the relay
+    has closed and counted what was streamed). The concurrency slot is free before the
+    caller can see the stream end."""
+    settled = False
+    try:
+        async for chunk in stream:
+            if relay.done and not settled:
+                settled = True
+                ctx.usage = clip(relay.usage)
+                await _settle_now(ctx, admission)
+            yield chunk
+        if not settled:
+            settled = True
+            await _settle_now(ctx, admission)
+    finally:
+        await stream.aclose()  # type: ignore[attr-defined]  # an async generator
+
+
+async def _settle_now(ctx: RequestContext, admission: Admission) -> None:
+    usage = ctx.usage
+    await admission.settle(usage.total if usage is not None else None)
 
 
 async def _withdraw(admitting: Eager[Admission]) -> None:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import itertools
+import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,22 +32,61 @@ from policies.ports import Admission
 from policies.principal import Principal
 
 _log = structlog.get_logger("tiergate.budgets")
-_RESERVE = """
+# Every charge carries its writer (a gateway process) and a sequence number that grows with
+# each charge the writer sends; KEYS[3] holds, per writer, the highest number that charged.
+# A charge whose answer was lost (Redis died) is judged by it once Redis is back: a writer's
+# charges run in the order it numbered them (one connection, never retried), so one numbered
+# at or below the mark ran. Its arguments come last.
+_MARK = """
+local function mark(writer, seq)
+  if seq <= 0 then return end
+  if seq > tonumber(redis.call('HGET', KEYS[3], writer) or '0') then
+    redis.call('HSET', KEYS[3], writer, seq)
+  end
+  redis.call('EXPIRE', KEYS[3], 172800)
+end
+"""
+# KEYS: day, month, marks. ARGV: day budget, month budget (-1: none), amount, day ttl, month
+# ttl, writer, seq. Returns {charged (0/1), refused window name or '', day, month}.
+_RESERVE = (
+    _MARK
+    + """
 local day = tonumber(redis.call('GET', KEYS[1]) or '0')
 local month = tonumber(redis.call('GET', KEYS[2]) or '0')
 local reserve = tonumber(ARGV[3])
 local day_budget, month_budget = tonumber(ARGV[1]), tonumber(ARGV[2])
-if day_budget >= 0 and day + reserve > day_budget then return {0, 'daily', tostring(day)} end
+local writer, seq = ARGV[6], tonumber(ARGV[7])
+if day_budget >= 0 and day + reserve > day_budget then
+  return {0, 'daily', tostring(day), tostring(month)}
+end
 if month_budget >= 0 and month + reserve > month_budget then
-  return {0, 'monthly', tostring(month)}
+  return {0, 'monthly', tostring(day), tostring(month)}
 end
 redis.call('INCRBYFLOAT', KEYS[1], reserve)
 redis.call('EXPIRE', KEYS[1], ARGV[4])
 redis.call('INCRBYFLOAT', KEYS[2], reserve)
 redis.call('EXPIRE', KEYS[2], ARGV[5])
-return {1, tostring(day + reserve), tostring(month + reserve)}
+mark(writer, seq)
+return {1, '', tostring(day + reserve), tostring(month + reserve)}
 """
-_RESERVE_SCRIPT = LuaScript(_RESERVE, keys=2, args=5)
+)
+_RESERVE_SCRIPT = LuaScript(_RESERVE, keys=3, args=7)
+# KEYS: day, month, marks. ARGV: delta, day ttl, month ttl, writer, seq. A settlement, or
+# spend owed since an outage (the keys may be gone: a Redis that lost its data).
+_ADD = (
+    _MARK
+    + """
+local writer, seq = ARGV[4], tonumber(ARGV[5])
+local day = redis.call('INCRBYFLOAT', KEYS[1], ARGV[1])
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+local month = redis.call('INCRBYFLOAT', KEYS[2], ARGV[1])
+redis.call('EXPIRE', KEYS[2], ARGV[3])
+mark(writer, seq)
+return {day, month}
+"""
+)
+ADD_SCRIPT = LuaScript(_ADD, keys=3, args=5)
+_MAX_SEEN = 100_000
 LINGER_S = 0.005  # how long a settlement may wait for the next command to carry it
 
 
@@ -89,8 +130,11 @@ class BudgetStore(Protocol):
         """Reserve ``amount``; ``(None, spent_today)`` or ``(budget_name, spent)`` if refused."""
         ...
 
-    async def adjust(self, key_id: str, windows: Windows, delta: float) -> None:
-        """Add ``delta`` (negative: give back) to both windows."""
+    async def adjust(
+        self, key_id: str, windows: Windows, delta: float, *, lazy: bool = True
+    ) -> float | None:
+        """Add ``delta`` (negative: give back) to both windows; the day's spend after it
+        (``None``: not known). ``lazy``: a remote store may send it with its next command."""
         ...
 
 
@@ -119,10 +163,13 @@ class MemoryBudgetStore:
         self.spent[month_key] = month + amount
         return None, day + amount
 
-    async def adjust(self, key_id: str, windows: Windows, delta: float) -> None:
-        """Apply a settlement."""
+    async def adjust(
+        self, key_id: str, windows: Windows, delta: float, *, lazy: bool = True
+    ) -> float | None:
+        """Apply a settlement; the day's spend after it."""
         for key in (f"{key_id}:d:{windows.day}", f"{key_id}:m:{windows.month}"):
             self.spent[key] = self.spent.get(key, 0.0) + delta
+        return self.spent[f"{key_id}:d:{windows.day}"]
 
 
 class RedisBudgetStore:
@@ -137,10 +184,32 @@ class RedisBudgetStore:
         self.prefix = prefix
         self._runner = runner or script_runner(client, linger_s=LINGER_S)
         self._orphans: set[asyncio.Task[None]] = set()
+        # This process's charges are numbered: whether a lost one ran is known after (_MARK).
+        self.writer = secrets.token_hex(8)
+        self._seq = itertools.count(1)
+        # (key id, day) -> (day spend, month spend) as Redis last said: what a replica
+        # enforces against while Redis is unreachable (gateway/limits/budget_outage.py).
+        self.seen: dict[tuple[str, str], tuple[float, float]] = {}
+
+    def _saw(self, key_id: str, windows: Windows, day: float, month: float) -> None:
+        if len(self.seen) >= _MAX_SEEN:
+            self.seen.clear()
+        self.seen[(key_id, windows.day)] = (day, month)
 
     def _keys(self, key_id: str, windows: Windows) -> list[str]:
         base = f"{self.prefix}budget:{{{key_id}}}"
-        return [f"{base}:d:{windows.day}", f"{base}:m:{windows.month}"]
+        return [f"{base}:d:{windows.day}", f"{base}:m:{windows.month}", f"{base}:w"]
+
+    def next_seq(self) -> int:
+        """A number for this process's next charge (higher than every earlier one)."""
+        return next(self._seq)
+
+    async def charged(self, key_id: str, seq: int) -> bool:
+        """Whether this process's charge ``seq`` on ``key_id`` was applied (its answer may
+        have been lost); raises RedisError / OSError when Redis does not answer."""
+        marks = f"{self.prefix}budget:{{{key_id}}}:w"
+        top = await self._runner.command("HGET", marks, self.writer)
+        return top is not None and int(top) >= seq
 
     async def reserve(
         self,
@@ -149,8 +218,11 @@ class RedisBudgetStore:
         day_budget: float | None,
         month_budget: float | None,
         amount: float,
+        *,
+        seq: int = 0,
     ) -> tuple[str | None, float]:
-        """One script: check both windows and charge both, atomically.
+        """One script: check both windows and charge both, atomically (``seq``: the charge's
+        number, :meth:`next_seq`; 0: a new one).
 
         A caller that gives up (cancelled) while the script may run gets its charge given back
         once Redis answers: a reservation nobody holds would stay spent for the whole window.
@@ -165,7 +237,10 @@ class RedisBudgetStore:
                     amount,
                     windows.day_left_s + 3600,
                     windows.month_left_s + 86400,
+                    self.writer,
+                    seq or self.next_seq(),
                 ),
+                retry=False,  # never after a later charge: the marks would say it ran
             )
         )
         try:
@@ -173,20 +248,30 @@ class RedisBudgetStore:
         except asyncio.CancelledError:
             call.add_done_callback(lambda done: self._give_back(done, key_id, windows, amount))
             raise
+        day, month = float(result[2]), float(result[3])
+        self._saw(key_id, windows, day, month)
         if int(result[0]) == 1:
-            return None, float(result[1])
-        return f"budget_{result[1].decode() if isinstance(result[1], bytes) else result[1]}", float(
-            result[2]
-        )
+            return None, day
+        which = result[1].decode() if isinstance(result[1], bytes) else str(result[1])
+        return f"budget_{which}", day if which == "daily" else month
 
-    async def adjust(self, key_id: str, windows: Windows, delta: float) -> None:
-        """Both windows, sent with the next command (lazy); returns once Redis applied both."""
-        await asyncio.gather(
-            *(
-                self._runner.command("INCRBYFLOAT", key, delta, lazy=True, retry=False)
-                for key in self._keys(key_id, windows)
-            )
+    async def adjust(
+        self, key_id: str, windows: Windows, delta: float, *, lazy: bool = True, seq: int = 0
+    ) -> float | None:
+        """Add ``delta`` to both windows (recreating them if Redis lost them), sent with the
+        next command when ``lazy``; the day's spend after it. ``seq`` as for ``reserve``;
+        raises RedisError / OSError when Redis does not answer."""
+        keys = self._keys(key_id, windows)
+        args = (
+            delta,
+            windows.day_left_s + 3600,
+            windows.month_left_s + 86400,
+            self.writer,
+            seq or self.next_seq(),
         )
+        day, month = await self._runner.run(ADD_SCRIPT, keys, args, lazy=lazy, retry=False)
+        self._saw(key_id, windows, float(day), float(month))
+        return float(day)
 
     def _give_back(
         self, done: asyncio.Future[Any], key_id: str, windows: Windows, amount: float
@@ -223,27 +308,34 @@ class BudgetReservation:
     settled: bool = False
 
     async def settle(self, ctx: RequestContext) -> None:
-        """Charge the real cost on the tier that served (nothing when nothing was served)."""
+        """Charge the real cost on the tier that served (nothing when nothing was served);
+        at once, so that the remaining-budget header can show the settled spend."""
         usage, tier = ctx.usage, ctx.tier
         actual = 0.0
         if usage is not None and tier is not None:
             actual = self.gate.costs.cost(tier, usage.prompt_tokens, usage.completion_tokens)
-        await self._charge(actual)
+        await self._charge(actual, lazy=False)
 
     async def refund(self) -> None:
         """Nothing was forwarded: give the whole reservation back."""
-        await self._charge(0.0)
+        await self._charge(0.0, lazy=True)
 
-    async def _charge(self, actual: float) -> None:
+    async def _charge(self, actual: float, *, lazy: bool) -> None:
         if self.settled:
             return
         self.settled = True
         delta = actual - self.reserved
-        if delta:
-            try:
-                await self.gate.store.adjust(self.principal.key_id, self.windows, delta)
-            except (RedisError, OSError):
-                _log.warning("budget.settle_failed", key_id=self.principal.key_id)
+        if not delta:
+            return
+        try:
+            spent = await self.gate.store.adjust(
+                self.principal.key_id, self.windows, delta, lazy=lazy
+            )
+        except (RedisError, OSError):
+            _log.warning("budget.settle_failed", key_id=self.principal.key_id)
+            return
+        if spent is not None and self.headers:
+            self.headers.update(_headers(self.principal.policy.budget_daily, spent, self.windows))
 
 
 class BudgetGate:
@@ -267,14 +359,15 @@ class BudgetGate:
     ) -> BudgetReservation | None:
         """``None`` for keys without budgets; raises a 429 when the reservation does not fit.
 
-        The reservation is priced on the dearest of ``tiers`` (the routed tier and its
-        fallbacks), so a fallback to a dearer tier never charges more than was reserved.
+        The reservation is priced on ``tiers[0]``, the tier the request was routed to. A
+        fallback tier is priced only if it answers, when the request settles: a fallback to a
+        dearer tier may charge more than was reserved (the budget may end that much over).
         """
         policy = principal.policy
         if policy.budget_daily is None and policy.budget_monthly is None:
             return None
         windows = Windows.at(self.clock())
-        amount = max(self.costs.cost(t, prompt_tokens, completion_tokens) for t in tiers)
+        amount = self.costs.cost(tiers[0], prompt_tokens, completion_tokens)
         try:
             refused, spent = await self.store.reserve(
                 principal.key_id, windows, policy.budget_daily, policy.budget_monthly, amount
@@ -327,14 +420,20 @@ class BudgetedAdmission:
         return True
 
     @property
+    def settle_first(self) -> bool:
+        """Settled before the answer's last byte: its remaining-budget header shows the
+        settled spend (on a whole answer; a stream's headers leave before its usage is known)."""
+        return True
+
+    @property
     def headers(self) -> Mapping[str, str]:
         """Both sets of ``x-ratelimit-*`` headers."""
         return {**self.admission.headers, **self.reservation.headers}
 
     async def settle(self, used_tokens: int | None) -> None:
-        """Settle the limits with the tokens, the budget with their cost on the serving tier."""
-        await self.admission.settle(used_tokens)
-        await self.reservation.settle(self.ctx)
+        """Settle the limits with the tokens, the budget with their cost on the serving tier
+        (both at once: two round trips in parallel)."""
+        await asyncio.gather(self.admission.settle(used_tokens), self.reservation.settle(self.ctx))
 
     async def withdraw(self) -> None:
         """Refused before forwarding: the limits and the whole reservation go back."""

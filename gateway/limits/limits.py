@@ -6,8 +6,10 @@ the real usage when the answer ends (``settle``), streaming included.
 
 Redis failure policy (``ratelimit.on_redis_error``):
 
-- ``open`` (default): while Redis is unreachable each replica enforces the key's limits locally
-  (divided by ``ratelimit.degraded_replicas``), so limits keep holding per replica;
+- ``open`` (default): while Redis is unreachable each process enforces the key's limits locally,
+  divided by the number of live gateway processes it last read from Redis
+  (:mod:`gateway.limits.census`), or by ``ratelimit.degraded_replicas`` times the workers when
+  that is set;
 - ``closed``: requests of rate-limited keys get 503 with ``Retry-After``.
 
 Either way: one log line per transition (``ratelimit.redis_unavailable`` /
@@ -25,7 +27,7 @@ import itertools
 import math
 import secrets
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from types import MappingProxyType
 
 import structlog
@@ -34,6 +36,7 @@ from redis.asyncio import Redis
 
 from gateway.config.redis_client import BackendHealth
 from gateway.config.settings import RateLimitSettings, TierSettings
+from gateway.limits.census import LocalShare, ReplicaCensus
 from gateway.limits.limiter_redis import RateLimitBackendUnavailable, RedisRateLimiter
 from policies.errors import RateLimited, TierGateError
 from policies.principal import Principal
@@ -160,6 +163,7 @@ def _rejection(
 class _Unlimited:
     headers: Mapping[str, str] = MappingProxyType({})
     settles = False
+    settle_first = False
 
     async def settle(self, used_tokens: int | None) -> None:
         """Nothing was reserved."""
@@ -202,17 +206,24 @@ class KeyAdmission:
         self._settled = False
         self.headers = headers
 
+    @property
+    def settle_first(self) -> bool:
+        """It holds a concurrency slot: settled before the answer's last byte is written, so
+        the slot is free by the time the caller has the whole answer."""
+        return bool(self._slot)
+
     async def settle(self, used_tokens: int | None) -> None:
         """Refund or charge the difference from the reservation; free the concurrency slot.
 
-        Nothing is sent for a key with only a request limit (settled at admission). The
+        Nothing is sent for a key with only a request limit (settled at admission). A slot's
+        release is sent at once and returns once the backend applied it; without a slot the
         release is lazy: it rides on this replica's next admission to Redis (one round trip
         for both), or goes alone after ``limiter_redis.LINGER_S``.
         """
         delta = 0
         if self._spec.tpm is not None and used_tokens is not None:
             delta = used_tokens - self._reserved
-        await self._release(delta, 0, lazy=True)
+        await self._release(delta, 0, lazy=not self._slot)
 
     async def withdraw(self) -> None:
         """Refused before forwarding: give back the request, every reserved token and the slot."""
@@ -245,8 +256,9 @@ class KeyLimiter:
         metrics: LimitMetrics,
         health: BackendHealth | None = None,
         fallback: RateLimitBackend | None = None,
-        fallback_share: int = 1,
+        fallback_share: Callable[[], int] | int = 1,
         share: int = 1,
+        census: ReplicaCensus | None = None,
     ) -> None:
         self._backend = backend
         self._in_process = isinstance(backend, MemoryRateLimiter) and health is None
@@ -254,13 +266,24 @@ class KeyLimiter:
         self._metrics = metrics
         self._health = health
         self._fallback = fallback
-        self._share = fallback_share
+        self.local_share: Callable[[], int] = (
+            fallback_share if callable(fallback_share) else lambda: fallback_share
+        )
+        self._census = census
         # Slot ids: unique per process (random prefix) and cheap per request (a counter).
         self._slot_prefix = secrets.token_hex(6) + "-"
         self._slot_numbers = itertools.count()
 
+    async def start(self) -> None:
+        """Start-up: join the census of live gateway processes (when there is one)."""
+        if self._census is not None:
+            await self._census.start()
+
     async def aclose(self) -> None:
-        """Shutdown: send the settlements still held back, close the backend's connection."""
+        """Shutdown: leave the census, send the settlements still held back, close the
+        backend's connection."""
+        if self._census is not None:
+            await self._census.stop()
         close = getattr(self._backend, "aclose", None)
         if close is not None:
             await close()
@@ -320,7 +343,7 @@ class KeyLimiter:
                 "Rate limiting is temporarily unavailable; try again shortly.",
                 headers={"retry-after": str(max(1, retry))},
             )
-        local = spec.shared(self._share)
+        local = spec.shared(self.local_share())
         return self._fallback, local, await self._fallback.acquire(key_id, local, tokens, slot)
 
 
@@ -348,6 +371,7 @@ def build_limiter(
         return KeyLimiter(MemoryRateLimiter(lease_s=lease_s), metrics=metrics, share=share)
     if client is None:
         raise ValueError("ratelimit.backend 'redis' needs a Redis client")
+    census = ReplicaCensus(client, key_prefix) if rl.on_redis_error == "open" else None
     metrics.set_degraded("redis", False)
     health = BackendHealth(
         "redis",
@@ -362,5 +386,6 @@ def build_limiter(
         metrics=metrics,
         health=health,
         fallback=MemoryRateLimiter(lease_s=lease_s) if rl.on_redis_error == "open" else None,
-        fallback_share=rl.degraded_replicas * workers,
+        fallback_share=LocalShare(census, rl.degraded_replicas, workers),
+        census=census,
     )

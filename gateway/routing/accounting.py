@@ -16,8 +16,17 @@ import structlog
 from prometheus_client import CollectorRegistry
 from redis.asyncio import Redis
 
+from gateway.config.redis_client import BackendHealth
 from gateway.config.settings import RateLimitSettings, RouterSettings, TierSettings
-from gateway.limits.budgets import BudgetGate, MemoryBudgetStore, RedisBudgetStore
+from gateway.limits.budget_outage import FailOpenBudgetStore
+from gateway.limits.budgets import BudgetGate, BudgetStore, MemoryBudgetStore, RedisBudgetStore
+from gateway.limits.precise_cap import (
+    EscalationTracker,
+    PreciseShareCap,
+    PreciseShareCollector,
+    RedisShareWindows,
+    build_precise_cap,
+)
 from gateway.limits.usage import (
     MemoryUsageStore,
     RedisUsageStore,
@@ -37,6 +46,8 @@ from router_models import Router
 from router_models.vectors import hashed_vector
 
 _log = structlog.get_logger("tiergate.router")
+EVENT_BUDGET_REDIS_DOWN = "budget.redis_unavailable"
+EVENT_BUDGET_REDIS_UP = "budget.redis_recovered"
 FAST_RELATIVE_PRICE = 0.25  # an INT4 tier's token at about a quarter of an FP16 one's
 
 
@@ -118,8 +129,11 @@ class Accounting:
     shadow: ShadowRunner | None
     handlers: list[Any] = field(default_factory=list)
     redis_usage: RedisUsageStore | None = None
-    redis_budgets: RedisBudgetStore | None = None
+    redis_budgets: RedisBudgetStore | FailOpenBudgetStore | None = None
     dial: DialSync | None = None
+    precise_cap: PreciseShareCap | None = None
+    escalation: EscalationTracker | None = None
+    redis_windows: RedisShareWindows | None = None
 
     async def startup(self) -> None:
         """Start the usage flusher (Redis) and follow the live dial."""
@@ -138,6 +152,29 @@ class Accounting:
             await self.redis_usage.stop()
         if self.redis_budgets is not None:
             await self.redis_budgets.aclose()  # settlements still held back go out first
+        if self.redis_windows is not None:
+            await self.redis_windows.aclose()
+
+
+def _budget_store(
+    ratelimit: RateLimitSettings,
+    client: Redis | None,
+    key_prefix: str,
+    local_share: Callable[[], int],
+) -> BudgetStore:
+    """Memory without ``client``; Redis, through outages too when ``on_redis_error: open``."""
+    if client is None:
+        return MemoryBudgetStore()
+    remote = RedisBudgetStore(client, key_prefix)
+    if ratelimit.on_redis_error != "open":
+        return remote
+    health = BackendHealth(
+        "redis",
+        down_event=EVENT_BUDGET_REDIS_DOWN,
+        up_event=EVENT_BUDGET_REDIS_UP,
+        retry_interval_s=ratelimit.redis_retry_interval_s,
+    )
+    return FailOpenBudgetStore(remote, health, local_share)
 
 
 def build_accounting(
@@ -154,23 +191,27 @@ def build_accounting(
     registry: CollectorRegistry,
     observed_share: Callable[[], float],
     share_dir: Path | None = None,
+    local_share: Callable[[], int] = lambda: 1,
 ) -> Accounting:
     """Shadow runner, ledger, budgets, their routes and metrics.
 
     Usage and budgets live in Redis (``client``, keys under ``key_prefix``) when the limiter
-    does, in memory otherwise.
+    does, in memory otherwise. With ``on_redis_error: open`` budgets outlive a Redis outage
+    (:mod:`gateway.limits.budget_outage`), each process enforcing ``1 / local_share()`` of what
+    is left.
     """
     costs = cost_model(tiers, router_settings.precise_tier)
     shared = client is not None and ratelimit.backend == "redis"
     redis_usage = RedisUsageStore(client, key_prefix) if shared and client is not None else None
     ledger = UsageLedger(costs, redis_usage or MemoryUsageStore())
-    store = (
-        RedisBudgetStore(client, key_prefix)
-        if shared and client is not None
-        else MemoryBudgetStore()
-    )
+    store = _budget_store(ratelimit, client if shared else None, key_prefix, local_share)
     budgets = BudgetGate(store, costs, fail_open=ratelimit.on_redis_error == "open")
     shadow = build_shadow(router_settings, forwarder, router)
+    cap, windows = build_precise_cap(
+        ratelimit, router_settings, client=client if shared else None, key_prefix=key_prefix
+    )
+    escalation = EscalationTracker(observed_share)
+    registry.register(PreciseShareCollector(cap, escalation))
     registry.register(UsageCollector(ledger))
     if shadow is not None:
         registry.register(ShadowCollector(shadow))
@@ -189,8 +230,11 @@ def build_accounting(
         shadow,
         handlers,
         redis_usage,
-        store if isinstance(store, RedisBudgetStore) else None,
+        store if isinstance(store, RedisBudgetStore | FailOpenBudgetStore) else None,
         sync,
+        cap,
+        escalation,
+        windows,
     )
 
 

@@ -112,3 +112,63 @@ async def test_the_next_day_starts_afresh(store: BudgetStore) -> None:
         await gate.reserve(principal, ["precise"], 500, 500)
     now[0] += 13 * 3600
     assert await gate.reserve(principal, ["precise"], 500, 500) is not None
+
+
+async def test_a_fast_request_is_priced_fast(store: BudgetStore) -> None:
+    """Budget 0.05 with 0.011 spent: fast requests that fit at the fast price are admitted,
+    though their precise fallback would not fit (the issue's 78 %-left key)."""
+    gate = BudgetGate(store, COSTS, clock=lambda: NOON)
+    principal = key(daily=0.05)
+    spend = await gate.reserve(principal, ["fast"], 22, 22)  # 0.011 at the fast price
+    assert spend is not None
+    await spend.settle(served("fast", 22, 22))
+    admitted = 0
+    for _ in range(6):  # 0.0051 each on fast; 0.0204 each had it been priced precise
+        reservation = await gate.reserve(principal, ["fast", "precise"], 4, 16)
+        assert reservation is not None
+        assert reservation.reserved == pytest.approx(0.005)
+        admitted += 1
+    assert admitted == 6
+
+
+async def test_a_fallback_is_priced_when_it_answers(store: BudgetStore) -> None:
+    """Reserved on fast, answered by precise: the settlement charges the precise price."""
+    gate = BudgetGate(store, COSTS, clock=lambda: NOON)
+    principal = key(daily=10.0)
+    reservation = await gate.reserve(principal, ["fast", "precise"], 500, 500)
+    assert reservation is not None
+    assert reservation.reserved == pytest.approx(0.25)
+    await reservation.settle(served("precise", 500, 500))  # cost 1.0
+    assert float(reservation.headers["x-ratelimit-remaining-budget"]) == pytest.approx(9.0)
+
+
+async def test_remaining_budget_shows_the_settled_spend(store: BudgetStore) -> None:
+    """After settlement the header is budget minus real spend, not minus the reservation."""
+    gate = BudgetGate(store, COSTS, clock=lambda: NOON)
+    principal = key(daily=2.0)
+    reservation = await gate.reserve(principal, ["precise"], 500, 500)  # 1.0 reserved
+    assert reservation is not None
+    assert float(reservation.headers["x-ratelimit-remaining-budget"]) == pytest.approx(1.0)
+    await reservation.settle(served("precise", 100, 100))  # cost 0.2
+    assert float(reservation.headers["x-ratelimit-remaining-budget"]) == pytest.approx(1.8)
+
+
+async def test_the_marks_tell_which_charges_ran(redis_server: RedisServer) -> None:
+    """A numbered reservation or settlement that ran is marked; a later number is not."""
+    client = Redis.from_url(redis_server.url)
+    store = RedisBudgetStore(client, "test:")
+    windows = Windows.at(NOON)
+    try:
+        seq = store.next_seq()
+        assert (await store.reserve("k", windows, 10.0, None, 1.0, seq=seq))[0] is None
+        assert await store.charged("k", seq)
+        settle = store.next_seq()
+        assert not await store.charged("k", settle)
+        assert await store.adjust("k", windows, 0.5, lazy=False, seq=settle) == 1.5
+        assert await store.charged("k", settle)
+        refused = store.next_seq()
+        assert (await store.reserve("k", windows, 1.0, None, 1.0, seq=refused))[0] is not None
+        assert not await store.charged("k", refused)  # refused: nothing charged
+    finally:
+        await store.aclose()
+        await client.aclose()
