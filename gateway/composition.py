@@ -41,6 +41,7 @@ from gateway.settings import (
 from gateway.spillover import Spillover, SpilloverConfig
 from gateway.telemetry import Telemetry, build_telemetry
 from gateway.upstream import UpstreamClient
+from gateway.upstream_keys import UpstreamKeys
 from gateway.worker_share import HealthShare, WorkerRole
 from policies.fields import FieldPolicy
 from policies.ports import Authenticator, RequestLimiter, TierClassifier
@@ -99,9 +100,8 @@ def build_router(
     )
 
 
-def _upstream_headers(tier: TierSettings) -> dict[str, str]:
-    key = tier.read_api_key()
-    return {"Authorization": f"Bearer {key}"} if key else {}
+def _upstream_keys(tier: TierSettings) -> UpstreamKeys:
+    return UpstreamKeys(tier.read_api_keys())
 
 
 def build_backends(
@@ -130,13 +130,15 @@ def build_backends(
         )
         for name, tier in tiers.items()
     }
+    keys = {name: _upstream_keys(tier) for name, tier in tiers.items()}
     routes = {
         name: TierRoute(
             pools[name],
             _strategy(tier, balancing),
             tier.timeouts,
             tier.model,
-            _upstream_headers(tier),
+            dict(keys[name].first()),
+            keys[name] if keys[name].rotates else None,
         )
         for name, tier in tiers.items()
     }
@@ -149,6 +151,8 @@ def build_backends(
         credentials={name: route.upstream_headers for name, route in routes.items()},
         share=HealthShare(worker, pools) if shared and worker is not None else None,
         follower=shared and worker is not None and not worker.leader,
+        keys={name: k for name, k in keys.items() if k.rotates},
+        served_models={name: tier.model for name, tier in tiers.items()},
     )
     return pools, routes, monitor
 

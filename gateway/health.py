@@ -33,8 +33,10 @@ import structlog
 
 from gateway import backends
 from gateway.replicas import ErrorRecord, Replica, ReplicaPool
+from gateway.upstream_keys import UpstreamKeys
 from gateway.worker_share import HealthShare
-from policies.backends import KINDS, BackendKind, Probe
+from policies.backends import KINDS, MODELS_PATH, BackendKind, Probe
+from policies.vllm_surface import AWAKE, model_max_len, sleep_state
 
 _log = structlog.get_logger("tiergate.health")
 _MAX_METRICS_BYTES = 4 << 20
@@ -42,6 +44,8 @@ _MAX_METRICS_BYTES = 4 << 20
 _RECHECK_CREDENTIALS_S = 5.0
 # A probe that timed out while the replica served the gateway's requests: no verdict.
 _BUSY: Final = ("busy", False)
+# How often each replica's /v1/models is read for its context length (max_model_len).
+MODELS_REFRESH_S = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +139,8 @@ class HealthMonitor:
         *,
         share: HealthShare | None = None,
         follower: bool = False,
+        keys: Mapping[str, UpstreamKeys] | None = None,
+        served_models: Mapping[str, str] | None = None,
     ) -> None:
         self.pools = pools
         self.config = config
@@ -143,6 +149,10 @@ class HealthMonitor:
         # to service, and to readiness, without waiting for traffic that readiness keeps away.
         self.credentials = credentials or {}
         self._credentials_checked: dict[tuple[str, str], float] = {}
+        # Per tier: its keys when it has several (the one each replica takes), and the model
+        # name whose card in /v1/models states the context length.
+        self.keys = keys or {}
+        self.served_models = served_models or {}
         self.share = share
         self.follower = follower
         self.session: aiohttp.ClientSession | None = None
@@ -218,13 +228,38 @@ class HealthMonitor:
         failure = await self._health(replica)
         if failure is _BUSY:
             return
+        if failure is None and self.config.scrape_metrics:
+            await self._scrape(replica)
+            failure = _asleep(replica)
         self._apply(replica, failure)
         if failure is not None and failure[0].endswith("could not connect"):
             backends.forget(replica)
-        elif failure is None and self.config.scrape_metrics:
-            await self._scrape(replica)
+            replica.models_read_at = 0.0  # its context is read again once it is back
         if failure is None and replica.misconfigured:
             await self._recheck_credentials(replica)
+        if failure is None and _models_due(replica, time.monotonic()):
+            await self._read_context(replica)
+
+    def _headers(self, replica: Replica) -> Mapping[str, str] | None:
+        """The Authorization the replica takes now (its tier's key), if any."""
+        keys = self.keys.get(replica.tier)
+        if keys is not None:
+            return keys.for_replica(replica.url)
+        return self.credentials.get(replica.tier)
+
+    async def _read_context(self, replica: Replica) -> None:
+        """``max_model_len`` from the replica's model card (kept when it does not answer)."""
+        replica.models_read_at = time.monotonic()
+        timeout_s = backends.probe_timeout(replica, self.config.timeout_s)
+        try:
+            status, body = await self._get(
+                replica.url + MODELS_PATH, self._headers(replica), timeout_s
+            )
+        except (TimeoutError, aiohttp.ClientError, OSError):
+            return
+        if status == 200:
+            model = self.served_models.get(replica.tier, "")
+            replica.max_model_len = model_max_len(body, model)
 
     async def _recheck_credentials(self, replica: Replica) -> None:
         now = time.monotonic()
@@ -232,14 +267,19 @@ class HealthMonitor:
         if now - self._credentials_checked.get(key, -math.inf) < _RECHECK_CREDENTIALS_S:
             return
         self._credentials_checked[key] = now
-        headers = self.credentials.get(replica.tier, {})
-        try:
-            status, _ = await self._get(replica.url + "/v1/models", headers)
-        except (TimeoutError, aiohttp.ClientError, OSError):
-            return
-        if status == 200:
-            replica.misconfigured = False
-            _log.info("replica.credentials_accepted", tier=replica.tier, replica=replica.name)
+        keys = self.keys.get(replica.tier)
+        tries = keys.headers if keys is not None else (self.credentials.get(replica.tier, {}),)
+        for index, headers in enumerate(tries):
+            try:
+                status, _ = await self._get(replica.url + "/v1/models", headers)
+            except (TimeoutError, aiohttp.ClientError, OSError):
+                return
+            if status == 200:
+                if keys is not None:
+                    keys.use(replica.url, index)
+                replica.misconfigured = False
+                _log.info("replica.credentials_accepted", tier=replica.tier, replica=replica.name)
+                return
 
     async def _get(
         self, url: str, headers: Mapping[str, str] | None = None, timeout_s: float | None = None
@@ -254,7 +294,7 @@ class HealthMonitor:
 
     def _detect_get(self, replica: Replica) -> backends.Getter:
         """GETs for detection, with the tier's upstream credentials (a model list may need them)."""
-        headers = self.credentials.get(replica.tier)
+        headers = self._headers(replica)
 
         async def get(url: str, timeout_s: float) -> Probe:
             try:
@@ -270,9 +310,7 @@ class HealthMonitor:
         path = replica.health_path
         timeout_s = backends.probe_timeout(replica, self.config.timeout_s)
         try:
-            status, _ = await self._get(
-                replica.url + path, self.credentials.get(replica.tier), timeout_s
-            )
+            status, _ = await self._get(replica.url + path, self._headers(replica), timeout_s)
         except TimeoutError:
             if replica.in_flight > 0:
                 # Busy, not gone: a server answering the gateway's own requests is alive; a
@@ -320,9 +358,30 @@ class HealthMonitor:
             return  # a missed scrape keeps the last numbers; /health decides liveness
         if status != 200:
             return
-        load = parse_metrics(body.decode("utf-8", "replace"), kind)
+        page = body.decode("utf-8", "replace")
+        load = parse_metrics(page, kind)
+        replica.sleep_state = sleep_state(page)
         for field in _LOAD_FIELDS:
             value = getattr(load, field)
             if value is not None:
                 setattr(replica, field, value)
         replica.scraped_at = time.monotonic()
+
+
+def _asleep(replica: Replica) -> tuple[str, bool] | None:
+    """A sleeping vLLM engine still answers ``/health`` 200, but generates nothing: a
+    definitive failure while ``vllm:engine_sleep_state`` says anything but awake."""
+    state = replica.sleep_state
+    if state is None or state == AWAKE:
+        return None
+    return f"engine asleep (vllm:engine_sleep_state: {state})", True
+
+
+def _models_due(replica: Replica, now: float) -> bool:
+    """Time to read the replica's context length again? Never while a one-at-a-time server
+    (llama-cpp-python) has the gateway's requests in flight: the model list would wait behind
+    them, and a waiting request makes that server cut the running stream."""
+    if now - replica.models_read_at < MODELS_REFRESH_S and replica.models_read_at > 0:
+        return False
+    kind = KINDS.get(replica.kind or "")
+    return not (kind is not None and kind.serial and replica.in_flight > 0)

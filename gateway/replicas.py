@@ -84,6 +84,11 @@ class Replica:
     prefix_queries: float = 0.0
     prefix_hits: float = 0.0
     prefix_hit_rate: float | None = None
+    # Read from the server itself: its context length (``max_model_len`` in ``/v1/models``)
+    # and vLLM's ``engine_sleep_state`` (``None``: not reported; anything but "awake": asleep).
+    max_model_len: int | None = None
+    models_read_at: float = 0.0
+    sleep_state: str | None = None
     checked: bool = False
     check_failures: int = 0
     check_successes: int = 0
@@ -240,6 +245,11 @@ class ReplicaPool:
                 reason="the backend refused the gateway's credentials",
             )
         replica.misconfigured = True
+
+    def max_model_len(self) -> int | None:
+        """The smallest context length its replicas reported; ``None`` when none did."""
+        known = [r.max_model_len for r in self.replicas if r.max_model_len is not None]
+        return min(known) if known else None
 
     def ready(self) -> bool:
         """Some replica is healthy and not misconfigured."""
