@@ -42,6 +42,8 @@ def backend_view(replica: Replica) -> dict[str, Any]:
         "stream_usage": kind.stream_usage,
         "request_ids": "uuid" if kind.uuid_request_ids else "any",
         "error_shape": kind.error_shape,
+        "max_model_len": replica.max_model_len,
+        "sleep_state": replica.sleep_state,
     }
 
 
