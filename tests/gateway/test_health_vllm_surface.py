@@ -1,0 +1,101 @@
+"""What the health monitor reads beyond liveness (issue 36): each replica's context length
+from its model card, vLLM's sleep gauge, and rotated keys on the credential re-check."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+
+from gateway.health import HealthConfig, HealthMonitor
+from gateway.replicas import ReplicaPool
+from gateway.upstream_keys import UpstreamKeys
+from tests.simulator.procs import SimulatorFactory, start_simulator
+
+__all__ = ["start_simulator"]
+
+
+@pytest.fixture
+async def session() -> AsyncIterator[aiohttp.ClientSession]:
+    """One aiohttp session for the monitor."""
+    async with aiohttp.ClientSession() as s:
+        yield s
+
+
+async def test_context_length_is_read_from_the_model_card(
+    start_simulator: SimulatorFactory, session: aiohttp.ClientSession
+) -> None:
+    """max_model_len of the tier's model card lands on the replica and the tier's minimum."""
+    small = start_simulator("--latency-scale", "0", "--max-model-len", "1024")
+    large = start_simulator("--latency-scale", "0", "--max-model-len", "8192")
+    pool = ReplicaPool("fast", [small.url, large.url], 4, 0.1)
+    monitor = HealthMonitor(
+        {"fast": pool}, HealthConfig(timeout_s=2.0), served_models={"fast": "tiergate-fast"}
+    )
+    monitor.session = session
+    await monitor.check_once()
+    assert [r.max_model_len for r in pool.replicas] == [1024, 8192]
+    assert pool.max_model_len() == 1024
+    assert all(r.sleep_state == "awake" for r in pool.replicas)
+
+
+async def test_a_one_at_a_time_server_is_not_asked_while_it_serves(
+    start_simulator: SimulatorFactory, session: aiohttp.ClientSession
+) -> None:
+    """llama-cpp-python's model list waits behind a generation: never read with requests in
+    flight, read once the replica is idle."""
+    sim = start_simulator("--latency-scale", "0", "--flavor", "llamacpp-python")
+    pool = ReplicaPool("fast", [sim.url], 4, 0.1, kind="llamacpp")
+    replica = pool.replicas[0]
+    monitor = HealthMonitor({"fast": pool}, HealthConfig(timeout_s=2.0))
+    monitor.session = session
+    replica.in_flight = 1
+    await monitor.check_once()
+    assert replica.models_read_at == 0.0
+    assert replica.max_model_len is None
+    replica.in_flight = 0
+    await monitor.check_once()
+    assert replica.max_model_len == 8192
+
+
+async def test_a_sleeping_engine_is_unhealthy_and_wakes_healthy(
+    start_simulator: SimulatorFactory, session: aiohttp.ClientSession
+) -> None:
+    """Gauge not awake: unhealthy at once, though /health says 200; awake: healthy again."""
+    sim = start_simulator("--latency-scale", "0")
+    pool = ReplicaPool("fast", [sim.url], 4, 0.1)
+    replica = pool.replicas[0]
+    monitor = HealthMonitor({"fast": pool}, HealthConfig(timeout_s=2.0))
+    monitor.session = session
+    await monitor.check_once()
+    assert replica.healthy
+    async with session.post(sim.url + "/sim/sleep", json={"level": 2}) as answer:
+        assert answer.status == 200
+    await monitor.check_once()
+    assert not replica.healthy
+    assert replica.sleep_state == "discard_all"
+    assert "engine asleep" in replica.last_probe_error
+    assert monitor.readiness() == {"fast": False}
+    async with session.post(sim.url + "/sim/sleep", json={"level": 0}) as answer:
+        assert answer.status == 200
+    await monitor.check_once()
+    assert replica.healthy
+    assert monitor.readiness() == {"fast": True}
+
+
+async def test_the_credential_recheck_tries_every_key(
+    start_simulator: SimulatorFactory, session: aiohttp.ClientSession
+) -> None:
+    """A misconfigured replica is re-checked with each key; the accepted one is kept."""
+    sim = start_simulator("--latency-scale", "0", "--api-key", "second")
+    pool = ReplicaPool("fast", [sim.url], 4, 0.1)
+    replica = pool.replicas[0]
+    pool.mark_misconfigured(replica, 401)
+    keys = UpstreamKeys(["first", "second"])
+    monitor = HealthMonitor({"fast": pool}, HealthConfig(scrape_metrics=False), keys={"fast": keys})
+    monitor.session = session
+    await monitor.check_once()
+    assert not replica.misconfigured
+    assert keys.for_replica(sim.url) == {"Authorization": "Bearer second"}
+    assert replica.max_model_len == 8192  # the model list was read with the key it takes
