@@ -53,6 +53,7 @@ OPEN_ROUTES: tuple[OpenRoute, ...] = (
 )
 """Every route an audit asks about. ``/health``, ``/ping``, ``/version`` and ``/metrics`` are
 open too, on every vLLM, and left out: a gateway needs them and they change nothing."""
+ALWAYS_OPEN = ", ".join(route.path for route in OPEN_ROUTES if route.gate == "always")
 
 
 def route_is_open(status: int | None) -> bool:

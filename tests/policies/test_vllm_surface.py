@@ -96,3 +96,15 @@ def test_the_table_has_vllm_033s_always_open_routes() -> None:
     assert not table["/kv_event_sources"].acts
     assert all(route.method in ("GET", "POST") for route in OPEN_ROUTES)
     assert len(table) == len(OPEN_ROUTES)
+
+
+def test_a_public_backend_finding_names_the_always_open_routes() -> None:
+    """check-exposure's upstream_public finding lists vLLM 0.33's always-open routes."""
+    from policies.exposure import check_exposure
+
+    findings = check_exposure(
+        bind_host="127.0.0.1", tls_in_front=False, backends={"fast": ["http://8.8.8.8:8000"]}
+    )
+    assert [f.code for f in findings] == ["upstream_public"]
+    for path in ("/scale_elastic_ep", "/is_scaling_elastic_ep", "/kv_event_sources"):
+        assert path in findings[0].message
