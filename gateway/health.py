@@ -378,10 +378,11 @@ def _asleep(replica: Replica) -> tuple[str, bool] | None:
 
 
 def _models_due(replica: Replica, now: float) -> bool:
-    """Time to read the replica's context length again? Never while a one-at-a-time server
-    (llama-cpp-python) has the gateway's requests in flight: the model list would wait behind
-    them, and a waiting request makes that server cut the running stream."""
-    if now - replica.models_read_at < MODELS_REFRESH_S and replica.models_read_at > 0:
-        return False
+    """Time to read the replica's context length again? A one-at-a-time server
+    (llama-cpp-python) is asked once per connection and only while the gateway has no request
+    on it: its model list waits behind a generation, and a waiting request makes that server
+    cut the running stream."""
     kind = KINDS.get(replica.kind or "")
-    return not (kind is not None and kind.serial and replica.in_flight > 0)
+    if kind is not None and kind.serial:
+        return replica.models_read_at == 0 and replica.in_flight == 0
+    return replica.models_read_at == 0 or now - replica.models_read_at >= MODELS_REFRESH_S

@@ -69,18 +69,18 @@ async def test_a_sleeping_engine_is_unhealthy_and_wakes_healthy(
     monitor = HealthMonitor({"fast": pool}, HealthConfig(timeout_s=2.0))
     monitor.session = session
     await monitor.check_once()
-    assert replica.healthy
+    assert pool.ready()
     async with session.post(sim.url + "/sim/sleep", json={"level": 2}) as answer:
         assert answer.status == 200
     await monitor.check_once()
-    assert not replica.healthy
+    assert not pool.ready()
     assert replica.sleep_state == "discard_all"
     assert "engine asleep" in replica.last_probe_error
     assert monitor.readiness() == {"fast": False}
     async with session.post(sim.url + "/sim/sleep", json={"level": 0}) as answer:
         assert answer.status == 200
     await monitor.check_once()
-    assert replica.healthy
+    assert replica.state(0.0) == "healthy"
     assert monitor.readiness() == {"fast": True}
 
 
