@@ -90,6 +90,7 @@ def backends_body(routes: Mapping[str, TierRoute], forwarder: Forwarder) -> byte
             },
             "retries": dict(pool.retries),
             "shed": pool.shed,
+            "max_model_len": pool.context_len,  # what the context pre-check uses
             "replicas": [replica_view(r, now, wall) for r in pool.replicas],
         }
     budget = forwarder.budget

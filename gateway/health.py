@@ -4,7 +4,9 @@ One background task (started at app start-up, cancelled at shutdown) probes ever
 every tier each ``interval_s``: first, once, what the replica is (:mod:`gateway.backends`:
 its kind, detected for ``auto``, and its probe route), then ``GET`` on that route (vLLM's
 ``/health`` answers 200 when the engine is alive; the tier's ``health_path`` overrides it),
-then, when healthy, the kind's ``/metrics`` for the engine's own load and cache counters. A
+then, when healthy, the kind's ``/metrics`` for the engine's own load and cache counters (a
+vLLM engine whose ``engine_sleep_state`` is not awake counts as unhealthy) and, every
+``MODELS_REFRESH_S``, ``/v1/models`` for the context length (``max_model_len``). A
 refused connection or a non-200 answer (vLLM's dead engine) marks a replica unhealthy at
 once; timeouts, which may be a passing stall, do so after ``unhealthy_after`` in a row. It
 turns healthy again after ``healthy_after`` good probes. Passive outlier ejection (from real
@@ -200,6 +202,7 @@ class HealthMonitor:
         try:
             if self.follower:
                 await share.follow()
+                self._refresh_contexts()
                 self.rounds += 1
                 return
             await self.check_once()
@@ -210,7 +213,12 @@ class HealthMonitor:
     async def check_once(self) -> None:
         """Probe every replica once, concurrently."""
         await asyncio.gather(*(self._probe(r) for r in self.replicas))
+        self._refresh_contexts()
         self.rounds += 1
+
+    def _refresh_contexts(self) -> None:
+        for pool in self.pools.values():
+            pool.refresh_context()
 
     def readiness(self) -> dict[str, bool] | None:
         """Per tier: is some replica healthy? ``None`` until every replica was probed."""

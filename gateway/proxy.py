@@ -250,7 +250,7 @@ class ProxyService:
     def _contexts(self, tiers: Sequence[str]) -> dict[str, int | None]:
         """Each tier's context length, as its replicas reported it (``None``: unknown)."""
         routes = self.forwarder.routes
-        return {tier: routes[tier].pool.max_model_len() for tier in tiers}
+        return {tier: routes[tier].pool.context_len for tier in tiers}
 
     def _fit_context(
         self,
@@ -263,7 +263,7 @@ class ProxyService:
         it certainly fits none (:mod:`policies.context_window`). Serving it on a later tier
         than the one chosen is reported as a fallback, for that reason."""
         fit = fitting_tiers(body, summary, tiers, self._contexts(tiers))
-        if fit[0] != tiers[0]:
+        if fit and fit[0] != tiers[0]:
             ctx.extra_headers["x-tiergate-fallback-from"] = tiers[0]
             ctx.extra_headers["x-tiergate-fallback-reason"] = "context_length_exceeded"
         return fit

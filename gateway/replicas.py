@@ -186,6 +186,7 @@ class ReplicaPool:
         self.ejection = ejection or EjectionPolicy()
         self.retries: Counter[str] = Counter()
         self.shed = 0
+        self.context_len: int | None = None
         self._freed = asyncio.Event()
         self._rr = itertools.count()
 
@@ -246,10 +247,11 @@ class ReplicaPool:
             )
         replica.misconfigured = True
 
-    def max_model_len(self) -> int | None:
-        """The smallest context length its replicas reported; ``None`` when none did."""
+    def refresh_context(self) -> None:
+        """Set ``context_len``: the smallest context length its replicas reported (``None``
+        when none did). Called after each health round, so requests read one attribute."""
         known = [r.max_model_len for r in self.replicas if r.max_model_len is not None]
-        return min(known) if known else None
+        self.context_len = min(known) if known else None
 
     def ready(self) -> bool:
         """Some replica is healthy and not misconfigured."""

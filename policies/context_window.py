@@ -66,7 +66,7 @@ def certain_prompt_tokens(body: Mapping[str, Any], summary: RequestSummary) -> i
 def fitting_tiers(
     body: Mapping[str, Any],
     summary: RequestSummary,
-    tiers: Sequence[str],
+    tiers: tuple[str, ...],
     contexts: Mapping[str, int | None],
 ) -> tuple[str, ...]:
     """``tiers`` less those the request certainly overflows (their order kept).
@@ -75,10 +75,15 @@ def fitting_tiers(
     context is unknown (``None``: its backends did not say) always stays.
     """
     generated = summary.max_tokens or 1
-    known = [contexts.get(tier) for tier in tiers]
     # The cheap test first: the usual estimate is never below the lower bound.
-    if all(c is None or summary.prompt_token_estimate + generated <= c for c in known):
-        return tuple(tiers)
+    needed = summary.prompt_token_estimate + generated
+    for tier in tiers:
+        context = contexts.get(tier)
+        if context is not None and needed > context:
+            break
+    else:
+        return tiers
+    known = [contexts.get(tier) for tier in tiers]
     prompt = certain_prompt_tokens(body, summary)
     fit = tuple(
         tier for tier, c in zip(tiers, known, strict=True) if c is None or prompt + generated <= c
@@ -106,7 +111,11 @@ def max_tokens_that_fit(
 ) -> int | None:
     """For a request without ``max_tokens``: the most that fits every known context of
     ``tiers`` after the prompt's usual estimate (at least 1); ``None`` when none is known."""
-    known = [c for c in (contexts.get(tier) for tier in tiers) if c is not None]
-    if not known:
+    smallest: int | None = None
+    for tier in tiers:
+        context = contexts.get(tier)
+        if context is not None and (smallest is None or context < smallest):
+            smallest = context
+    if smallest is None:
         return None
-    return max(1, min(known) - summary.prompt_token_estimate)
+    return max(1, smallest - summary.prompt_token_estimate)

@@ -36,7 +36,7 @@ async def test_context_length_is_read_from_the_model_card(
     monitor.session = session
     await monitor.check_once()
     assert [r.max_model_len for r in pool.replicas] == [1024, 8192]
-    assert pool.max_model_len() == 1024
+    assert pool.context_len == 1024
     assert all(r.sleep_state == "awake" for r in pool.replicas)
 
 

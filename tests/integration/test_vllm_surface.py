@@ -73,8 +73,9 @@ def gateway(sims: tuple[SimulatorProcess, SimulatorProcess]) -> Iterator[Gateway
     """A gateway that has read both tiers' contexts from their model cards."""
     fast, precise = sims
     with GatewayProcess(_config([fast.url], [precise.url], max_tokens_cap=8192)) as gw:
-        _until(lambda: _replica(gw, "precise")["backend"]["max_model_len"] == PRECISE_CONTEXT)
-        _until(lambda: _replica(gw, "fast")["backend"]["max_model_len"] == FAST_CONTEXT)
+        _until(lambda: _backends(gw)["tiers"]["precise"]["max_model_len"] == PRECISE_CONTEXT)
+        _until(lambda: _backends(gw)["tiers"]["fast"]["max_model_len"] == FAST_CONTEXT)
+        assert _replica(gw, "fast")["backend"]["max_model_len"] == FAST_CONTEXT
         yield gw
 
 
