@@ -5,8 +5,8 @@ backends themselves, from the gateway's host:
 
 a. **A backend on this host listening on every interface.** For a replica URL on a loopback
    address, the same port is connected to (TCP only) on each of this host's own non-loopback
-   addresses. If one answers, the server is bound to ``0.0.0.0`` / ``::`` (vLLM's and Ollama's
-   default), and anyone on that network reaches it past the gateway.
+   addresses. If one answers, the server is bound to ``0.0.0.0`` / ``::`` (vLLM's default;
+   Ollama with ``OLLAMA_HOST=0.0.0.0``), and anyone on that network reaches it past the gateway.
 b. **Routes that answer without credentials.** Every backend is sent a keyless ``GET`` for each
    route of vLLM's open table (:data:`policies.vllm_surface.OPEN_ROUTES`) and for
    ``/v1/models``. Only ``GET``: a ``POST`` to ``/sleep`` or ``/scale_elastic_ep`` would act.
