@@ -4,6 +4,7 @@ from its model card, vLLM's sleep gauge, and rotated keys on the credential re-c
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from gateway.health import HealthConfig, HealthMonitor
 from gateway.replicas import ReplicaPool
 from gateway.upstream_keys import UpstreamKeys
+from gateway.worker_share import HealthShare, WorkerRole
 from tests.simulator.procs import SimulatorFactory, start_simulator
 
 __all__ = ["start_simulator"]
@@ -99,3 +101,17 @@ async def test_the_credential_recheck_tries_every_key(
     assert not replica.misconfigured
     assert keys.for_replica(sim.url) == {"Authorization": "Bearer second"}
     assert replica.max_model_len == 8192  # the model list was read with the key it takes
+
+
+def test_workers_share_context_and_sleep_state(tmp_path: Path) -> None:
+    """The leader's max_model_len and sleep state reach a follower's replicas and tier."""
+    leader = ReplicaPool("fast", ["http://127.0.0.1:1"], 4, 0.1)
+    follower = ReplicaPool("fast", ["http://127.0.0.1:1"], 4, 0.1)
+    leader.replicas[0].max_model_len = 2048
+    leader.replicas[0].sleep_state = "weights_offloaded"
+    share = HealthShare(WorkerRole(0, 2, tmp_path), {"fast": leader})
+    HealthShare(WorkerRole(1, 2, tmp_path), {"fast": follower}).apply(share.snapshot())
+    assert follower.replicas[0].max_model_len == 2048
+    assert follower.replicas[0].sleep_state == "weights_offloaded"
+    follower.refresh_context()
+    assert follower.context_len == 2048
