@@ -11,8 +11,18 @@ The key each replica takes is remembered per gateway process; keys are never log
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from urllib.parse import urlsplit
+
+import structlog
 
 _NONE: Mapping[str, str] = {}
+_log = structlog.get_logger("tiergate.health")
+
+
+def _where(url: str) -> str:
+    """host:port of a replica URL, without any user-info (safe to log)."""
+    parts = urlsplit(url)
+    return f"{parts.hostname}:{parts.port}" if parts.port is not None else str(parts.hostname)
 
 
 class UpstreamKeys:
@@ -54,7 +64,9 @@ class UpstreamKeys:
         count = len(self.headers)
         if count < 2:
             return False
-        self._current[url] = (self._current.get(url, 0) + 1) % count
+        index = self._current[url] = (self._current.get(url, 0) + 1) % count
+        # The key's position in the list, never the key.
+        _log.info("replica.upstream_key_refused", replica=_where(url), next_key_index=index)
         refusals = self._refused.get(url, 0) + 1
         if refusals >= count:
             self._refused.pop(url, None)

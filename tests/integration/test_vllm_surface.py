@@ -187,15 +187,19 @@ def _keyed_gateway(sim: SimulatorProcess, keys: list[str]) -> GatewayProcess:
 
 def test_upstream_keys_rotate_to_the_one_the_backend_takes() -> None:
     """Keys [old, new] before a backend that only takes new: 200, never misconfigured."""
-    with _sim("fast", "--api-key", "new-key") as sim, _keyed_gateway(sim, ["old", "new-key"]) as gw:
+    keys = ["old-key-value", "new-key"]
+    with _sim("fast", "--api-key", "new-key") as sim, _keyed_gateway(sim, keys) as gw:
         for _ in range(3):
             answer = _client(gw).chat.completions.create(
                 model="fast", messages=[{"role": "user", "content": "hi"}], max_tokens=4
             )
             assert answer.choices[0].message.content is not None
         assert _replica(gw, "fast")["misconfigured"] is False
-        assert "replica.misconfigured" not in gw.log_text()
-        assert "new-key" not in gw.log_text()
+        log = gw.log_text()
+        assert "replica.misconfigured" not in log
+        assert "replica.upstream_key_refused" in log  # once, naming the next key's position
+        assert "new-key" not in log
+        assert "old-key-value" not in log
 
 
 def test_every_key_refused_marks_the_replica_misconfigured() -> None:
