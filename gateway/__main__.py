@@ -98,6 +98,10 @@ def _findings(settings: Settings) -> list[Finding]:
 def _check_exposure(args: argparse.Namespace) -> int:
     settings = _settings(args)
     findings = _findings(settings)
+    if args.probe:
+        from gateway.config.exposure_probe import probe_backends  # noqa: PLC0415  # network IO on demand
+
+        findings += probe_backends({name: tier.replicas for name, tier in settings.tiers.items()})
     for finding in findings:
         print(format_finding(finding))
     if not findings:
@@ -141,6 +145,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--strict",
         action="store_true",
         help="accepted for scripts; any error finding exits 1 anyway",
+    )
+    check.add_argument(
+        "--probe",
+        action="store_true",
+        help="also ask the backends: does a loopback one answer on this host's other "
+        "addresses, and which admin routes answer without credentials (GET only)",
     )
     check.set_defaults(func=_check_exposure)
     sub.add_parser(

@@ -46,6 +46,7 @@ from gateway.telemetry.logging import register_secret
 from gateway.upstream.attempt import UpstreamClient
 from gateway.upstream.forwarding import Forwarder, TierRoute
 from gateway.upstream.health import HealthConfig, HealthMonitor
+from gateway.upstream.keys import UpstreamKeys
 from gateway.upstream.replicas import EjectionPolicy, ReplicaPool
 from gateway.upstream.retry import RetryPolicy
 from gateway.upstream.worker_share import HealthShare, WorkerRole
@@ -114,9 +115,8 @@ def build_router(
     )
 
 
-def _upstream_headers(tier: TierSettings) -> dict[str, str]:
-    key = tier.read_api_key()
-    return {"Authorization": f"Bearer {key}"} if key else {}
+def _upstream_keys(tier: TierSettings) -> UpstreamKeys:
+    return UpstreamKeys(tier.read_api_keys())
 
 
 def build_backends(
@@ -146,13 +146,15 @@ def build_backends(
         )
         for name, tier in tiers.items()
     }
+    keys = {name: _upstream_keys(tier) for name, tier in tiers.items()}
     routes = {
         name: TierRoute(
             pools[name],
             _strategy(tier, balancing),
             tier.timeouts,
             tier.model,
-            _upstream_headers(tier),
+            dict(keys[name].first()),
+            keys[name] if keys[name].rotates else None,
         )
         for name, tier in tiers.items()
     }
@@ -165,6 +167,8 @@ def build_backends(
         credentials={name: route.upstream_headers for name, route in routes.items()},
         share=HealthShare(worker, pools) if shared and worker is not None else None,
         follower=shared and worker is not None and not worker.leader,
+        keys={name: k for name, k in keys.items() if k.rotates},
+        served_models={name: tier.model for name, tier in tiers.items()},
     )
     return pools, routes, monitor
 

@@ -1,10 +1,12 @@
 """Is anything reachable that should not be? Classify listen and upstream addresses.
 
-vLLM's server answers unauthenticated admin endpoints (``/pause``, ``/abort_requests``,
-``/update_weights``) on the port the gateway forwards to, so a backend URL on a public address
-means the inference port is exposed; a gateway listening on every interface without a TLS
-terminator in front exposes keys in clear text. This module decides that from plain values,
-without IO: name resolution is a port (``Resolver``) that the caller supplies.
+vLLM's server answers unauthenticated admin endpoints (``/scale_elastic_ep`` and
+``/invocations`` always; ``/pause``, ``/sleep``, ``/update_weights`` in dev mode: the table is
+:data:`policies.vllm_surface.OPEN_ROUTES`) on the port the gateway forwards to, so a backend
+URL on a public address means the inference port is exposed; a gateway listening on every
+interface without a TLS terminator in front exposes keys in clear text. This module decides
+that from plain values, without IO: name resolution is a port (``Resolver``) that the caller
+supplies.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from urllib.parse import urlsplit
+
+from policies.vllm_surface import ALWAYS_OPEN
 
 # Host names that resolve inside a private network by convention: single-label names
 # (compose service names, /etc/hosts entries) are handled separately.
@@ -205,8 +209,8 @@ def assess_upstream(subject: str, url: str, resolve: Resolver) -> Finding | None
             Severity.ERROR,
             subject,
             f"{host!r} is a public address: the server behind it is reachable from the "
-            "internet (vLLM's admin endpoints have no authentication); keep it on a private "
-            "network",
+            f"internet (vLLM answers {ALWAYS_OPEN} to anyone, --api-key or not); keep it on a "
+            "private network",
         )
     if HostClass.UNRESOLVED in classes:
         return Finding(

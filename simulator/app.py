@@ -12,6 +12,7 @@ from simulator.flavor_routes import add_flavor_routes
 from simulator.responses import models_body
 from simulator.serving import JSON, base_headers, handle_completion
 from simulator.state import SimState
+from simulator.vllm_admin import add_vllm_admin_routes, asleep_response
 
 STATE_KEY = web.AppKey("sim_state", SimState)
 
@@ -19,15 +20,18 @@ STATE_KEY = web.AppKey("sim_state", SimState)
 _UNAUTHORIZED = b'{"error":"Unauthorized"}'
 
 
-def _api_key_guard(api_key: str) -> Middleware:
-    """vLLM's ``--api-key``: only ``/v1/*`` needs the key; /health, /metrics... stay open."""
-    expected = f"Bearer {api_key}"
+def _api_key_guard(api_keys: tuple[str, ...]) -> Middleware:
+    """vLLM's ``--api-key`` (one key or several): only ``/v1/*`` needs one of them; /health,
+    /metrics and the routes outside ``/v1`` stay open."""
+    expected = [f"Bearer {key}".encode() for key in api_keys]
 
     @web.middleware
     async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.method != "OPTIONS" and request.path.startswith("/v1"):
-            given = request.headers.get("Authorization", "")
-            if not hmac.compare_digest(given.encode(), expected.encode()):
+            given = request.headers.get("Authorization", "").encode()
+            # Every key compared, so the time taken does not say which one nearly matched.
+            matches = [hmac.compare_digest(given, key) for key in expected]
+            if not any(matches):
                 return web.Response(body=_UNAUTHORIZED, status=401, content_type=JSON)
         return await handler(request)
 
@@ -36,15 +40,19 @@ def _api_key_guard(api_key: str) -> Middleware:
 
 def build_app(state: SimState) -> web.Application:
     """Create the application serving ``state``."""
-    api_key = state.config.api_key
-    middlewares = [_api_key_guard(api_key)] if api_key else []
+    api_keys = state.config.api_keys
+    middlewares = [_api_key_guard(api_keys)] if api_keys else []
     app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=middlewares)
     app[STATE_KEY] = state
 
     async def chat(request: web.Request) -> web.StreamResponse:
+        if state.sleep_level:
+            return asleep_response()
         return await handle_completion(request, state, chat=True)
 
     async def completions(request: web.Request) -> web.StreamResponse:
+        if state.sleep_level:
+            return asleep_response()
         return await handle_completion(request, state, chat=False)
 
     async def models(request: web.Request) -> web.Response:
@@ -60,4 +68,5 @@ def build_app(state: SimState) -> web.Application:
     app.router.add_get("/v1/models", models)
     add_flavor_routes(app, state)
     add_control_routes(app, state)
+    add_vllm_admin_routes(app, state)
     return app

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 from collections.abc import Callable
 from dataclasses import replace
@@ -160,13 +161,40 @@ def build_parser() -> argparse.ArgumentParser:
         default="current",
         help="reproduce this vLLM release where releases differ (duplicate request ids)",
     )
-    add("--api-key", help="as vLLM's --api-key: /v1/* needs 'Authorization: Bearer KEY'")
+    add(
+        "--api-key",
+        nargs="+",
+        action="extend",
+        default=None,
+        help="as vLLM's --api-key: /v1/* needs 'Authorization: Bearer KEY' with one of the keys "
+        "(several may follow the option; default: the VLLM_API_KEY environment variable)",
+    )
+    add(
+        "--dev-mode",
+        action="store_true",
+        help="as vLLM with VLLM_SERVER_DEV_MODE=1: serve /sleep, /wake_up, /is_sleeping, "
+        "/reset_prefix_cache and /server_info, without authentication",
+    )
+    add(
+        "--enable-gated-routes",
+        action="store_true",
+        help="serve vLLM's flag-gated open routes: /start_profile, /stop_profile, "
+        "/tokenizer_info, /fault_tolerance/apply and /fault_tolerance/status",
+    )
     add(
         "--enable-prompt-tokens-details",
         action="store_true",
         help="as vLLM: report usage.prompt_tokens_details.cached_tokens",
     )
     return parser
+
+
+def _api_keys(given: list[str] | None) -> tuple[str, ...]:
+    """The keys of ``--api-key``, else of ``VLLM_API_KEY`` (as vLLM reads it), else none."""
+    if given:
+        return tuple(given)
+    from_env = os.environ.get("VLLM_API_KEY", "")
+    return (from_env,) if from_env else ()
 
 
 def config_from_args(args: argparse.Namespace) -> SimConfig:
@@ -193,7 +221,9 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         legacy_metrics=args.legacy_metrics,
         faults=rates,
         vllm_version=args.vllm_version,
-        api_key=args.api_key,
+        api_keys=_api_keys(args.api_key),
+        dev_mode=args.dev_mode,
+        gated_routes=args.enable_gated_routes,
         prompt_tokens_details=args.enable_prompt_tokens_details,
         quality=(
             QualityModel.load(args.quality_file, weak=args.weak)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
 from aiohttp import web
@@ -96,7 +97,7 @@ def add_flavor_routes(app: web.Application, state: SimState) -> None:
         render = RENDERERS[flavor.metrics or "vllm"]
         text = render(
             state.engine.metrics,
-            state.engine.gauges(),
+            replace(state.engine.gauges(), sleep_level=state.sleep_level),
             state.model,
             legacy=state.config.legacy_metrics,
         )

@@ -142,6 +142,7 @@ class Gauges:
     kv_usage: float
     block_size: int
     num_gpu_blocks: int
+    sleep_level: int = 0  # 0 awake, 1 weights offloaded, 2 everything discarded
 
 
 _HELP: dict[str, tuple[str, str]] = {
@@ -176,7 +177,12 @@ _HELP: dict[str, tuple[str, str]] = {
         "Histogram of e2e request latency in seconds.",
     ),
     "vllm:cache_config_info": ("gauge", "Information of the LLMEngine CacheConfig"),
+    "vllm:engine_sleep_state": (
+        "gauge",
+        "The engine's sleep state: 1 on the current state's label, 0 on the others",
+    ),
 }
+_SLEEP_STATES = ("awake", "weights_offloaded", "discard_all")
 
 
 def _header(out: list[str], name: str) -> None:
@@ -218,4 +224,8 @@ def render(metrics: EngineMetrics, gauges: Gauges, model: str, *, legacy: bool) 
         histogram.render(name, labels, out)
     info = f'block_size="{gauges.block_size}",engine="0",num_gpu_blocks="{gauges.num_gpu_blocks}"'
     _sample(out, "vllm:cache_config_info", info, 1)
+    _header(out, "vllm:engine_sleep_state")
+    for level, state in enumerate(_SLEEP_STATES):
+        value = 1.0 if level == gauges.sleep_level else 0.0
+        out.append(f'vllm:engine_sleep_state{{{labels},sleep_state="{state}"}} {value}')
     return "\n".join(out) + "\n"

@@ -47,7 +47,12 @@ class SimConfig:
     quality: QualityModel | None = None
     # vLLM behaviours that differ by release: "0.11" or "current" (see simulator/serving.py).
     vllm_version: str = "current"
-    api_key: str | None = field(default=None, repr=False)
+    # vLLM's --api-key (several keys: any one is accepted); empty: /v1 is open.
+    api_keys: tuple[str, ...] = field(default=(), repr=False)
+    # VLLM_SERVER_DEV_MODE=1: /sleep, /wake_up, /is_sleeping... are served.
+    dev_mode: bool = False
+    # The routes vLLM serves only behind a flag (profiler, tokenizer info, fault tolerance).
+    gated_routes: bool = False
     prompt_tokens_details: bool = False
     flavor: str = "vllm"
     health_delay_s: float | None = None  # None: the flavour's own
@@ -90,6 +95,8 @@ class SimState:
         )
         self.faults = FaultInjector(FaultRates(**config.faults.as_dict()), config.seed + 3)
         self.healthy = True
+        # vLLM's sleep mode: 0 awake, 1 weights offloaded, 2 weights and KV cache discarded.
+        self.sleep_level = 0
         self.requests_total = 0
         self.last_traceparent: str | None = None
         self.last_body: bytes | None = None
@@ -123,6 +130,7 @@ class SimState:
             "prefix_cache_hits": engine.metrics.prefix_hits,
             "finished": dict(engine.metrics.finished),
             "healthy": self.healthy,
+            "sleep_level": self.sleep_level,
             "last_traceparent": self.last_traceparent,
             "last_request_id": self.last_request_id,
             "last_request": last_request,

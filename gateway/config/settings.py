@@ -9,6 +9,7 @@ are overridden from the environment with ``__`` (``TIERGATE_SERVER__PORT=9000``,
 from __future__ import annotations
 
 import copy
+import json
 import os
 import re
 from contextvars import ContextVar
@@ -19,6 +20,7 @@ from pydantic import Field, SecretStr, ValidationError, field_validator, model_v
 from pydantic.json_schema import SkipJsonSchema
 from pydantic_settings import (
     BaseSettings,
+    NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     SettingsError,
@@ -125,9 +127,7 @@ class TierSettings(Section):
     max_queue_wait_s: float = Field(default=1.0, ge=0)
     """How long a request waits for a free replica slot before a 503 with Retry-After."""
     strategy: Literal["round_robin", "least_loaded", "prefix_affinity"] = "prefix_affinity"
-    """How a replica is picked: prefix_affinity (prefix-cache aware), least_loaded or round_robin.
-
-    """
+    """How a replica is picked: prefix_affinity (prefix-cache aware), least_loaded, round_robin."""
     timeouts: Timeouts = Field(default_factory=Timeouts)
     """Upstream timeouts for this tier."""
     kind: Literal["auto", "vllm", "sglang", "llamacpp", "ollama", "tgi", "trtllm", "openai"] = (
@@ -137,40 +137,50 @@ class TierSettings(Section):
     health_path: str | None = Field(default=None, pattern=r"^/[^?#]*$")
     """Overrides the route the health monitor probes (default: the kind's health route, else
     /v1/models when the server has none)."""
-    # http(s) media URLs (image_url...) the backend would fetch itself; data: URLs always pass.
     allow_remote_media: bool = False
     """Forward http(s) media URLs (image_url...) that the backend would fetch itself; data: URLs
     always pass.
     """
-    # Whether the tier's engine accepts structured_outputs / guided_* fields.
     structured_outputs: bool = True
     """Whether the tier's engine accepts structured_outputs / guided_* fields."""
-    # Price for usage, savings and compute budgets; unset: precise tier 1, others 0.25 per 1k.
     cost: TierCostSettings | None = None
     """The tier's price for usage, savings and compute budgets; unset: precise 1, others 0.25 per
     1k tokens.
     """
-    # The key the backends expect (vLLM's --api-key), sent as "Authorization: Bearer ...".
-    # From the setting (TIERGATE_TIERS__<TIER>__API_KEY) or a secret file; never logged.
-    api_key: SecretStr | None = Field(default=None, repr=False)
-    """The key the backends expect (vLLM --api-key), sent as Authorization: Bearer; never logged."""
+    # NoDecode: an environment value is one key as it stands unless it is a JSON list.
+    api_key: Annotated[SecretStr | list[SecretStr] | None, NoDecode] = Field(
+        default=None, repr=False
+    )
+    """The key the backends expect (vLLM --api-key), sent as Authorization: Bearer; never logged.
+    A list rotates: the first, and on a replica's 401/403 the next (docs/vllm-compat.md)."""
     api_key_file: Path | None = None
-    """File holding the backends' key (instead of api_key)."""
-    # max_tokens written into requests that set none (None: the cap, key's or tier's).
+    """File holding the backends' key, or one key a line (instead of api_key)."""
     default_max_tokens: int | None = Field(default=None, ge=1)
     """max_tokens written into requests that set none (unset: the key's or the tier's cap)."""
 
     def read_api_key(self) -> str | None:
-        """The upstream key from the setting or its file; ``None`` sends no Authorization."""
-        key: str | None = None
-        if self.api_key is not None and self.api_key.get_secret_value():
-            key = self.api_key.get_secret_value()
-        elif self.api_key_file is not None:
-            key = self.api_key_file.read_text(encoding="utf-8").strip() or None
-        if key is not None and not _HEADER_SAFE.fullmatch(key):
+        """The first upstream key; ``None`` sends no Authorization."""
+        keys = self.read_api_keys()
+        return keys[0] if keys else None
+
+    def read_api_keys(self) -> tuple[str, ...]:
+        """The upstream keys, in order, from the setting or its file (one a line)."""
+        given = self.api_key if isinstance(self.api_key, list) else [self.api_key]
+        keys = [k.get_secret_value() for k in given if k is not None and k.get_secret_value()]
+        if not keys and self.api_key_file is not None:
+            text = self.api_key_file.read_text(encoding="utf-8")
+            keys = [line.strip() for line in text.splitlines() if line.strip()]
+        if not all(_HEADER_SAFE.fullmatch(key) for key in keys):
             # Never echo the value: it is a secret, and possibly a wrong file's contents.
             raise ValueError("the tier's upstream api_key must be printable ASCII without spaces")
-        return key
+        return tuple(keys)
+
+    @field_validator("api_key", mode="before")
+    @classmethod
+    def _key_list(cls, value: object) -> object:
+        if isinstance(value, str) and value.startswith("["):
+            return json.loads(value)  # a JSON list from the environment
+        return value
 
     @field_validator("replicas")
     @classmethod

@@ -42,6 +42,8 @@ def backend_view(replica: Replica) -> dict[str, Any]:
         "stream_usage": kind.stream_usage,
         "request_ids": "uuid" if kind.uuid_request_ids else "any",
         "error_shape": kind.error_shape,
+        "max_model_len": replica.max_model_len,
+        "sleep_state": replica.sleep_state,
     }
 
 
@@ -88,6 +90,7 @@ def backends_body(routes: Mapping[str, TierRoute], forwarder: Forwarder) -> byte
             },
             "retries": dict(pool.retries),
             "shed": pool.shed,
+            "max_model_len": pool.context_len,  # what the context pre-check uses
             "replicas": [replica_view(r, now, wall) for r in pool.replicas],
         }
     budget = forwarder.budget

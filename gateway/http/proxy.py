@@ -31,6 +31,7 @@ from gateway.routing.spillover import Spillover
 from gateway.upstream.attempt import Opened
 from gateway.upstream.forwarding import Exchange, Forwarded, Forwarder
 from gateway.upstream.relay import StreamRelay, usage_fields
+from policies.context_window import fitting_tiers, max_tokens_that_fit
 from policies.errors import InvalidRequest, TierGateError, UnsupportedMediaType
 from policies.fields import MediaUrl
 from policies.ports import Admission, Authenticator, RequestLimiter
@@ -159,6 +160,7 @@ class ProxyService:
         # closed unfinished, its concurrency slot left to the lease.
         try:
             decision, tiers, media = self._classify(body, summary, principal, headers)
+            tiers = self._fit_context(ctx, body, summary, tiers)
             decision, tiers = await self._capped(decision, tiers, principal)
             if media:  # only a body with media URLs waits here (their hosts are resolved)
                 await self.fields.check_media(media, tiers[0])
@@ -249,8 +251,31 @@ class ProxyService:
             strip_usage = True
         if summary.max_tokens is None:
             defaults = [self.default_max_tokens[tier] for tier in tiers]
-            body["max_tokens"] = default_max_tokens(defaults, key_cap, summary.kind, lowest=True)
+            bound = default_max_tokens(defaults, key_cap, summary.kind, lowest=True)
+            fits = max_tokens_that_fit(summary, tiers, self._contexts(tiers))
+            body["max_tokens"] = bound if fits is None else min(bound, fits)
         return strip_usage
+
+    def _contexts(self, tiers: Sequence[str]) -> dict[str, int | None]:
+        """Each tier's context length, as its replicas reported it (``None``: unknown)."""
+        routes = self.forwarder.routes
+        return {tier: routes[tier].pool.context_len for tier in tiers}
+
+    def _fit_context(
+        self,
+        ctx: RequestContext,
+        body: dict[str, Any],
+        summary: RequestSummary,
+        tiers: tuple[str, ...],
+    ) -> tuple[str, ...]:
+        """The tiers whose context the request may fit; a 400 ``context_length_exceeded`` when
+        it certainly fits none (:mod:`policies.context_window`). Serving it on a later tier
+        than the one chosen is reported as a fallback, for that reason."""
+        fit = fitting_tiers(body, summary, tiers, self._contexts(tiers))
+        if fit and fit[0] != tiers[0]:
+            ctx.extra_headers["x-tiergate-fallback-from"] = tiers[0]
+            ctx.extra_headers["x-tiergate-fallback-reason"] = "context_length_exceeded"
+        return fit
 
     def _shadow_of(self, ctx: RequestContext, path: str, body: dict[str, Any]) -> _Shadow | None:
         """Whether this answered request is sampled for shadow evaluation.

@@ -37,6 +37,7 @@ from gateway.pipeline.events import (
 from gateway.pipeline.ids import fresh_id
 from gateway.upstream.attempt import AUTH_STATUSES, AttemptFailed, Opened, UpstreamClient, attempt
 from gateway.upstream.explain import every_tier_failed, tier_detail, why_none
+from gateway.upstream.keys import UpstreamKeys, every_key_refused
 from gateway.upstream.replicas import Replica, ReplicaPool
 from gateway.upstream.retry import RetryBudget, RetryLoop, RetryPolicy
 from policies.errors import (
@@ -122,6 +123,7 @@ class TierRoute:
     served_model: str
     # Sent with every attempt: the tier's upstream credentials (Authorization), if any.
     upstream_headers: Mapping[str, str] = field(default_factory=dict, repr=False)
+    keys: UpstreamKeys | None = None  # several keys: each replica's replaces the header above
 
 
 class _Waited:
@@ -255,6 +257,8 @@ class Forwarder:
             )
             extra = events.attempt_started(start)
             headers = {**base_headers, "x-request-id": upstream_id, **extra}
+            if route.keys is not None:
+                headers.update(route.keys.for_replica(replica.url))
             first_byte_s = route.timeouts.first_byte_s if stream else math.inf
             limit_s = max(0.001, min(first_byte_s, loop.remaining()))
             return await self._attempt(
@@ -317,7 +321,7 @@ class Forwarder:
                 )
             except AttemptFailed as failure:
                 pool.release(replica)
-                self._record_failure(pool, replica, failure)
+                self._record_failure(route, replica, failure)
                 raise
             except BaseException:
                 pool.release(replica)
@@ -330,7 +334,7 @@ class Forwarder:
                     exchange.first_event = await _first_event(exchange, limit_s, waited)
                 except AttemptFailed as failure:
                     exchange.finish(abort=True)
-                    self._record_failure(pool, replica, failure)
+                    self._record_failure(route, replica, failure)
                     raise
                 except BaseException:
                     exchange.finish(abort=True)
@@ -338,6 +342,8 @@ class Forwarder:
             else:
                 exchange.finish()
             pool.record_success(replica)
+            if route.keys is not None:
+                route.keys.accepted(replica.url)
         except BaseException as exc:
             kind = exc.kind if isinstance(exc, AttemptFailed) else type(exc).__name__
             events.attempt_ended(AttemptEnd(waited.upstream_s, waited.first_chunk_at, kind))
@@ -352,12 +358,13 @@ class Forwarder:
         )
         return exchange
 
-    def _record_failure(self, pool: ReplicaPool, replica: Replica, failure: AttemptFailed) -> None:
+    def _record_failure(self, route: TierRoute, replica: Replica, failure: AttemptFailed) -> None:
         """Count ``failure`` on the replica; a Retry-After on 429/503 becomes a cool-down."""
         failure.replica = replica.name  # named in the caller's error if every attempt fails
+        pool = route.pool
         if failure.status is not None:  # an error answer is still an answer: the server lives
             replica.heard_at = time.monotonic()
-        if failure.status in AUTH_STATUSES:
+        if failure.status in AUTH_STATUSES and every_key_refused(route.keys, replica.url):
             pool.mark_misconfigured(replica, failure.status)
         cooldown = None
         if failure.retry_after is not None:

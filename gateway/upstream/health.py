@@ -4,7 +4,9 @@ One background task (started at app start-up, cancelled at shutdown) probes ever
 every tier each ``interval_s``: first, once, what the replica is (:mod:`gateway.upstream.backends`:
 its kind, detected for ``auto``, and its probe route), then ``GET`` on that route (vLLM's
 ``/health`` answers 200 when the engine is alive; the tier's ``health_path`` overrides it),
-then, when healthy, the kind's ``/metrics`` for the engine's own load and cache counters. A
+then, when healthy, the kind's ``/metrics`` for the engine's own load and cache counters (a
+vLLM engine whose ``engine_sleep_state`` is not awake counts as unhealthy) and, every
+``MODELS_REFRESH_S``, ``/v1/models`` for the context length (``max_model_len``). A
 refused connection or a non-200 answer (vLLM's dead engine) marks a replica unhealthy at
 once; timeouts, which may be a passing stall, do so after ``unhealthy_after`` in a row. It
 turns healthy again after ``healthy_after`` good probes. Passive outlier ejection (from real
@@ -32,9 +34,11 @@ import aiohttp
 import structlog
 
 from gateway.upstream import backends
+from gateway.upstream.keys import UpstreamKeys
 from gateway.upstream.replicas import ErrorRecord, Replica, ReplicaPool
 from gateway.upstream.worker_share import HealthShare
-from policies.backends import KINDS, BackendKind, Probe
+from policies.backends import KINDS, MODELS_PATH, BackendKind, Probe
+from policies.vllm_surface import AWAKE, model_max_len, sleep_state
 
 _log = structlog.get_logger("tiergate.health")
 _MAX_METRICS_BYTES = 4 << 20
@@ -42,6 +46,8 @@ _MAX_METRICS_BYTES = 4 << 20
 _RECHECK_CREDENTIALS_S = 5.0
 # A probe that timed out while the replica served the gateway's requests: no verdict.
 _BUSY: Final = ("busy", False)
+# How often each replica's /v1/models is read for its context length (max_model_len).
+MODELS_REFRESH_S = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +141,8 @@ class HealthMonitor:
         *,
         share: HealthShare | None = None,
         follower: bool = False,
+        keys: Mapping[str, UpstreamKeys] | None = None,
+        served_models: Mapping[str, str] | None = None,
     ) -> None:
         self.pools = pools
         self.config = config
@@ -143,6 +151,10 @@ class HealthMonitor:
         # to service, and to readiness, without waiting for traffic that readiness keeps away.
         self.credentials = credentials or {}
         self._credentials_checked: dict[tuple[str, str], float] = {}
+        # Per tier: its keys when it has several (the one each replica takes), and the model
+        # name whose card in /v1/models states the context length.
+        self.keys = keys or {}
+        self.served_models = served_models or {}
         self.share = share
         self.follower = follower
         self.session: aiohttp.ClientSession | None = None
@@ -190,6 +202,7 @@ class HealthMonitor:
         try:
             if self.follower:
                 await share.follow()
+                self._refresh_contexts()
                 self.rounds += 1
                 return
             await self.check_once()
@@ -200,7 +213,12 @@ class HealthMonitor:
     async def check_once(self) -> None:
         """Probe every replica once, concurrently."""
         await asyncio.gather(*(self._probe(r) for r in self.replicas))
+        self._refresh_contexts()
         self.rounds += 1
+
+    def _refresh_contexts(self) -> None:
+        for pool in self.pools.values():
+            pool.refresh_context()
 
     def readiness(self) -> dict[str, bool] | None:
         """Per tier: is some replica healthy? ``None`` until every replica was probed."""
@@ -220,13 +238,38 @@ class HealthMonitor:
         if failure is _BUSY:
             replica.checked = True
             return
+        if failure is None and self.config.scrape_metrics:
+            await self._scrape(replica)
+            failure = _asleep(replica)
         self._apply(replica, failure)
         if failure is not None and failure[0].endswith("could not connect"):
             backends.forget(replica)
-        elif failure is None and self.config.scrape_metrics:
-            await self._scrape(replica)
+            replica.models_read_at = 0.0  # its context is read again once it is back
         if failure is None and replica.misconfigured:
             await self._recheck_credentials(replica)
+        if failure is None and _models_due(replica, time.monotonic()):
+            await self._read_context(replica)
+
+    def _headers(self, replica: Replica) -> Mapping[str, str] | None:
+        """The Authorization the replica takes now (its tier's key), if any."""
+        keys = self.keys.get(replica.tier)
+        if keys is not None:
+            return keys.for_replica(replica.url)
+        return self.credentials.get(replica.tier)
+
+    async def _read_context(self, replica: Replica) -> None:
+        """``max_model_len`` from the replica's model card (kept when it does not answer)."""
+        replica.models_read_at = time.monotonic()
+        timeout_s = backends.probe_timeout(replica, self.config.timeout_s)
+        try:
+            status, body = await self._get(
+                replica.url + MODELS_PATH, self._headers(replica), timeout_s
+            )
+        except (TimeoutError, aiohttp.ClientError, OSError):
+            return
+        if status == 200:
+            model = self.served_models.get(replica.tier, "")
+            replica.max_model_len = model_max_len(body, model)
 
     async def _recheck_credentials(self, replica: Replica) -> None:
         now = time.monotonic()
@@ -234,14 +277,19 @@ class HealthMonitor:
         if now - self._credentials_checked.get(key, -math.inf) < _RECHECK_CREDENTIALS_S:
             return
         self._credentials_checked[key] = now
-        headers = self.credentials.get(replica.tier, {})
-        try:
-            status, _ = await self._get(replica.url + "/v1/models", headers)
-        except (TimeoutError, aiohttp.ClientError, OSError):
-            return
-        if status == 200:
-            replica.misconfigured = False
-            _log.info("replica.credentials_accepted", tier=replica.tier, replica=replica.name)
+        keys = self.keys.get(replica.tier)
+        tries = keys.headers if keys is not None else (self.credentials.get(replica.tier, {}),)
+        for index, headers in enumerate(tries):
+            try:
+                status, _ = await self._get(replica.url + "/v1/models", headers)
+            except (TimeoutError, aiohttp.ClientError, OSError):
+                return
+            if status == 200:
+                if keys is not None:
+                    keys.use(replica.url, index)
+                replica.misconfigured = False
+                _log.info("replica.credentials_accepted", tier=replica.tier, replica=replica.name)
+                return
 
     async def _get(
         self, url: str, headers: Mapping[str, str] | None = None, timeout_s: float | None = None
@@ -256,7 +304,7 @@ class HealthMonitor:
 
     def _detect_get(self, replica: Replica) -> backends.Getter:
         """GETs for detection, with the tier's upstream credentials (a model list may need them)."""
-        headers = self.credentials.get(replica.tier)
+        headers = self._headers(replica)
 
         async def get(url: str, timeout_s: float) -> Probe:
             try:
@@ -272,9 +320,7 @@ class HealthMonitor:
         path = replica.health_path
         timeout_s = backends.probe_timeout(replica, self.config.timeout_s)
         try:
-            status, _ = await self._get(
-                replica.url + path, self.credentials.get(replica.tier), timeout_s
-            )
+            status, _ = await self._get(replica.url + path, self._headers(replica), timeout_s)
         except TimeoutError:
             if replica.busy(time.monotonic()):
                 # Busy, not gone: a server answering the gateway's own requests is alive. One
@@ -323,9 +369,31 @@ class HealthMonitor:
             return  # a missed scrape keeps the last numbers; /health decides liveness
         if status != 200:
             return
-        load = parse_metrics(body.decode("utf-8", "replace"), kind)
+        page = body.decode("utf-8", "replace")
+        load = parse_metrics(page, kind)
+        replica.sleep_state = sleep_state(page)
         for field in _LOAD_FIELDS:
             value = getattr(load, field)
             if value is not None:
                 setattr(replica, field, value)
         replica.scraped_at = time.monotonic()
+
+
+def _asleep(replica: Replica) -> tuple[str, bool] | None:
+    """A sleeping vLLM engine still answers ``/health`` 200, but generates nothing: a
+    definitive failure while ``vllm:engine_sleep_state`` says anything but awake."""
+    state = replica.sleep_state
+    if state is None or state == AWAKE:
+        return None
+    return f"engine asleep (vllm:engine_sleep_state: {state})", True
+
+
+def _models_due(replica: Replica, now: float) -> bool:
+    """Time to read the replica's context length again? A one-at-a-time server
+    (llama-cpp-python) is asked once per connection and only while the gateway has no request
+    on it: its model list waits behind a generation, and a waiting request makes that server
+    cut the running stream."""
+    kind = KINDS.get(replica.kind or "")
+    if kind is not None and kind.serial:
+        return replica.models_read_at == 0 and replica.in_flight == 0
+    return replica.models_read_at == 0 or now - replica.models_read_at >= MODELS_REFRESH_S

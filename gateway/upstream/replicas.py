@@ -92,6 +92,11 @@ class Replica:
     prefix_queries: float = 0.0
     prefix_hits: float = 0.0
     prefix_hit_rate: float | None = None
+    # Read from the server itself: its context length (``max_model_len`` in ``/v1/models``)
+    # and vLLM's ``engine_sleep_state`` (``None``: not reported; anything but "awake": asleep).
+    max_model_len: int | None = None
+    models_read_at: float = 0.0
+    sleep_state: str | None = None
     checked: bool = False
     check_failures: int = 0
     check_successes: int = 0
@@ -202,6 +207,7 @@ class ReplicaPool:
         self.ejection = ejection or EjectionPolicy()
         self.retries: Counter[str] = Counter()
         self.shed = 0
+        self.context_len: int | None = None
         self._freed = asyncio.Event()
         self._rr = itertools.count()
 
@@ -264,6 +270,12 @@ class ReplicaPool:
                 reason="the backend refused the gateway's credentials",
             )
         replica.misconfigured = True
+
+    def refresh_context(self) -> None:
+        """Set ``context_len``: the smallest context length its replicas reported (``None``
+        when none did). Called after each health round, so requests read one attribute."""
+        known = [r.max_model_len for r in self.replicas if r.max_model_len is not None]
+        self.context_len = min(known) if known else None
 
     def ready(self) -> bool:
         """Some replica is healthy and not misconfigured."""

@@ -41,6 +41,8 @@ _SHARED_FIELDS = (
     "check_failures",
     "check_successes",
     "misconfigured",
+    "max_model_len",
+    "sleep_state",
 )
 
 

@@ -1,0 +1,117 @@
+"""What the health monitor reads beyond liveness (issue 36): each replica's context length
+from its model card, vLLM's sleep gauge, and rotated keys on the credential re-check."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from gateway.upstream.health import HealthConfig, HealthMonitor
+from gateway.upstream.keys import UpstreamKeys
+from gateway.upstream.replicas import ReplicaPool
+from gateway.upstream.worker_share import HealthShare, WorkerRole
+from tests.simulator.procs import SimulatorFactory, start_simulator
+
+__all__ = ["start_simulator"]
+
+
+@pytest.fixture
+async def session() -> AsyncIterator[aiohttp.ClientSession]:
+    """One aiohttp session for the monitor."""
+    async with aiohttp.ClientSession() as s:
+        yield s
+
+
+async def test_context_length_is_read_from_the_model_card(
+    start_simulator: SimulatorFactory, session: aiohttp.ClientSession
+) -> None:
+    """max_model_len of the tier's model card lands on the replica and the tier's minimum."""
+    small = start_simulator("--latency-scale", "0", "--max-model-len", "1024")
+    large = start_simulator("--latency-scale", "0", "--max-model-len", "8192")
+    pool = ReplicaPool("fast", [small.url, large.url], 4, 0.1)
+    monitor = HealthMonitor(
+        {"fast": pool}, HealthConfig(timeout_s=2.0), served_models={"fast": "tiergate-fast"}
+    )
+    monitor.session = session
+    await monitor.check_once()
+    assert [r.max_model_len for r in pool.replicas] == [1024, 8192]
+    assert pool.context_len == 1024
+    assert all(r.sleep_state == "awake" for r in pool.replicas)
+
+
+async def test_a_one_at_a_time_server_is_not_asked_while_it_serves(
+    start_simulator: SimulatorFactory, session: aiohttp.ClientSession
+) -> None:
+    """llama-cpp-python's model list waits behind a generation: never read with requests in
+    flight, read once the replica is idle."""
+    sim = start_simulator("--latency-scale", "0", "--flavor", "llamacpp-python")
+    pool = ReplicaPool("fast", [sim.url], 4, 0.1, kind="llamacpp")
+    replica = pool.replicas[0]
+    monitor = HealthMonitor({"fast": pool}, HealthConfig(timeout_s=2.0))
+    monitor.session = session
+    replica.in_flight = 1
+    await monitor.check_once()
+    assert replica.models_read_at == 0.0
+    assert replica.max_model_len is None
+    replica.in_flight = 0
+    await monitor.check_once()
+    assert replica.max_model_len == 8192
+
+
+async def test_a_sleeping_engine_is_unhealthy_and_wakes_healthy(
+    start_simulator: SimulatorFactory, session: aiohttp.ClientSession
+) -> None:
+    """Gauge not awake: unhealthy at once, though /health says 200; awake: healthy again."""
+    sim = start_simulator("--latency-scale", "0")
+    pool = ReplicaPool("fast", [sim.url], 4, 0.1)
+    replica = pool.replicas[0]
+    monitor = HealthMonitor({"fast": pool}, HealthConfig(timeout_s=2.0))
+    monitor.session = session
+    await monitor.check_once()
+    assert pool.ready()
+    async with session.post(sim.url + "/sim/sleep", json={"level": 2}) as answer:
+        assert answer.status == 200
+    await monitor.check_once()
+    assert not pool.ready()
+    assert replica.sleep_state == "discard_all"
+    assert "engine asleep" in replica.last_probe_error
+    assert monitor.readiness() == {"fast": False}
+    async with session.post(sim.url + "/sim/sleep", json={"level": 0}) as answer:
+        assert answer.status == 200
+    await monitor.check_once()
+    assert replica.state(0.0) == "healthy"
+    assert monitor.readiness() == {"fast": True}
+
+
+async def test_the_credential_recheck_tries_every_key(
+    start_simulator: SimulatorFactory, session: aiohttp.ClientSession
+) -> None:
+    """A misconfigured replica is re-checked with each key; the accepted one is kept."""
+    sim = start_simulator("--latency-scale", "0", "--api-key", "second")
+    pool = ReplicaPool("fast", [sim.url], 4, 0.1)
+    replica = pool.replicas[0]
+    pool.mark_misconfigured(replica, 401)
+    keys = UpstreamKeys(["first", "second"])
+    monitor = HealthMonitor({"fast": pool}, HealthConfig(scrape_metrics=False), keys={"fast": keys})
+    monitor.session = session
+    await monitor.check_once()
+    assert not replica.misconfigured
+    assert keys.for_replica(sim.url) == {"Authorization": "Bearer second"}
+    assert replica.max_model_len == 8192  # the model list was read with the key it takes
+
+
+def test_workers_share_context_and_sleep_state(tmp_path: Path) -> None:
+    """The leader's max_model_len and sleep state reach a follower's replicas and tier."""
+    leader = ReplicaPool("fast", ["http://127.0.0.1:1"], 4, 0.1)
+    follower = ReplicaPool("fast", ["http://127.0.0.1:1"], 4, 0.1)
+    leader.replicas[0].max_model_len = 2048
+    leader.replicas[0].sleep_state = "weights_offloaded"
+    share = HealthShare(WorkerRole(0, 2, tmp_path), {"fast": leader})
+    HealthShare(WorkerRole(1, 2, tmp_path), {"fast": follower}).apply(share.snapshot())
+    assert follower.replicas[0].max_model_len == 2048
+    assert follower.replicas[0].sleep_state == "weights_offloaded"
+    follower.refresh_context()
+    assert follower.context_len == 2048
