@@ -14,8 +14,10 @@ event was written, so a client on the same machine measures how long every event
 reach it, through whatever proxy sits in between.
 
 One periodic tick (a timer wheel with 1 ms slots) writes every due event; there is no timer or
-task per stream, so one process holds tens of thousands of open streams. Non-streaming POSTs,
-``/health``, ``/v1/models`` and ``/metrics`` answer as ``bench/harness/fixed_upstream.py`` does.
+task per stream, so one process holds tens of thousands of open streams. A stream gets at
+most one event per slot, so rates above 1,000 events/s per stream are not reached.
+Non-streaming POSTs, ``/health``, ``/v1/models`` and ``/metrics`` answer as
+``bench/harness/fixed_upstream.py`` does.
 ``GET /stats`` returns counters as JSON (streams started, completed, closed by the peer with
 the time of each close, content events written).
 
