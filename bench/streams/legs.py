@@ -58,20 +58,29 @@ def streaming_tiers(config: dict[str, Any]) -> None:
         tier["max_concurrency"] = STREAM_CONCURRENCY
 
 
-def starter(name: str) -> Callable[[Leg, Path, Placement], Leg]:
-    """The function that starts leg ``name`` in front of the upstream."""
+def starter(
+    name: str, launcher: tuple[str, ...] = (), revision: str = ""
+) -> Callable[[Leg, Path, Placement], Leg]:
+    """The function that starts leg ``name`` in front of the upstream.
+
+    A TierGate leg named ``NAME@REV`` runs revision ``REV``'s code through ``launcher`` (a
+    worktree first on the path, as ``bench/overhead/ab.py`` does), for a same-run A/B.
+    """
     tiergate: dict[str, tuple[str, int]] = {
         "tiergate-plain": ("plain", 1),
         "tiergate-full": ("full", 1),
         "tiergate-2w": ("plain", 2),
     }
-    if name in tiergate:
-        variant, workers = tiergate[name]
+    base = name.split("@", 1)[0]
+    if base in tiergate:
+        variant, workers = tiergate[base]
 
         def start(upstream: Leg, workdir: Path, pin: Placement) -> Leg:
-            return start_tiergate(
-                VARIANTS[variant], upstream, workdir, pin, workers=workers, adjust=streaming_tiers
-            )
+            leg = start_tiergate(VARIANTS[variant], upstream, workdir, pin, launcher,
+                                 workers=workers, adjust=streaming_tiers)  # fmt: skip
+            if revision:
+                leg.name += f" @ {revision}"
+            return leg
 
         return start
     peers: dict[str, Callable[[Leg, Path, Placement], Leg]] = {

@@ -56,6 +56,15 @@ def cpu_cell(result: WaveResult) -> str:
     return f"{fmt(per_k, 3)} ({fmt(100 * result.cpu_s / result.wall_s, 0)} %)"
 
 
+def noise(result: WaveResult) -> str:
+    """Foreign CPU (share of the machine) and the leg's run-queue wait (share of the wave);
+    a wait above 5 % is bold: the leg was kept off its core."""
+    wait = f"{100 * result.wait_share:.0f} %"
+    if result.wait_share > 0.05:
+        wait = f"**{wait}**"
+    return f"{100 * result.foreign_share:.0f} % / {wait}"
+
+
 def rss_per_stream(result: WaveResult) -> float:
     """KiB of RSS the wave's peak holds above the freshly started process, per open stream."""
     return (result.rss_peak_kib - result.rss_start_kib) / max(1, result.streams)
@@ -67,7 +76,7 @@ def ladder_rows(run: Run) -> list[str]:
         "| leg | N | events/s | errors | events out / in | TTFT p50 / p99 ms (added) "
         "| gap p50 / p99 / max ms (added) | event delay p50 / p99 ms (added) "
         "| CPU s per 1k events (core) | RSS KiB per stream | accept queue max "
-        "| upstream core | load |",
+        "| upstream core | other CPU / leg waits |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     directs = {r.streams: r for r in run.ladder.get(DIRECT, [])}
@@ -83,7 +92,7 @@ def ladder_rows(run: Run) -> list[str]:
                 f"| {triple(result, 'delay_ms', direct, ('p50', 'p99'))} "
                 f"| {cpu_cell(result)} | {fmt(rss_per_stream(result))} "
                 f"| {result.accept_queue_max:,} "
-                f"| {fmt(100 * result.upstream_cpu_s / result.wall_s, 0)} % | {result.load1:.1f} |"
+                f"| {fmt(100 * result.upstream_cpu_s / result.wall_s, 0)} % | {noise(result)} |"
             )
     return lines
 

@@ -7,6 +7,9 @@ The client (``bench/streams/client.py``) timestamps every event; the orchestrato
 leg's CPU time and RSS from /proc and samples its accept queue with ``ss``. Then a disconnect
 storm (half the clients hang up mid-answer) and many slow streams held at once.
 
+A TierGate leg written ``NAME@REV`` (e.g. ``tiergate-plain@HEAD~1``) runs that revision's
+code from a temporary worktree beside this checkout's, for a same-run A/B.
+
 Run: ``.venv/bin/python bench/streams/run.py [--ladder 100,1000,2000] [--legs direct,...]``
 """
 
@@ -17,6 +20,7 @@ import json
 import os
 import platform
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
@@ -25,6 +29,7 @@ from pathlib import Path
 
 from bench.harness.legs import REPO_ROOT, Leg, LegUnavailableError, Placement
 from bench.harness.processes import boosted_own_session
+from bench.overhead import ab
 from bench.streams.legs import ALL_LEGS, UpstreamPace, start_stream_upstream, starter
 from bench.streams.report import Run, errors, render
 from bench.streams.upstream import raise_fd_limit
@@ -33,7 +38,9 @@ from bench.streams.wave import WaveResult, WaveSpec, leg_rss_kib, load_average, 
 STORM_LEGS = "direct,nginx,tiergate-plain,tiergate-full"
 CEILING_LEGS = "direct,tiergate-plain"
 WARMUP = WaveSpec(streams=20, tokens=8, ramp_s=0.2, deadline_s=20)
-STOP_ERROR_SHARE = 0.1  # a leg whose wave fails more often than this skips the larger N
+# A leg whose wave fails more often than this, or has a stream still open at the deadline
+# (answer time + 30 s), skips the larger N: it is past what it can carry.
+STOP_ERROR_SHARE = 0.1
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -55,7 +62,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-pin", action="store_true")
     parser.add_argument("--no-boost", action="store_true")
     parser.add_argument("--keep-workdir", action="store_true")
-    parser.add_argument("--out", type=Path, default=None, help="default bench/results/streams.md")
+    parser.add_argument(
+        "--out", type=Path, default=None, help="default bench/results/streams-ladder.md"
+    )
     args = parser.parse_args(argv)
     args.ladder_n = [int(n) for n in args.ladder.split(",") if n]
     if not args.ladder_n or max(args.ladder_n) > 10_000 or min(args.ladder_n) < 1:
@@ -64,6 +73,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in args.leg_names:
         if name != "direct":
             starter(name)  # unknown names fail here, before anything starts
+        if "@" in name and not name.startswith("tiergate"):
+            parser.error(f"{name}: only TierGate legs take @REV")
     return args
 
 
@@ -98,8 +109,10 @@ def header(args: argparse.Namespace, argv: list[str], pin: Placement) -> list[st
         "*accept queue max* is the largest Recv-Q "
         "of the leg's listening socket (`ss -ltn`, every 50 ms): connections the kernel "
         "accepted that the process had not yet taken. *upstream core* is the upstream's share "
-        "of its core (headroom check). *load* is the machine's 1-minute load average at the "
-        "wave's start (other engineers share this machine).",
+        "of its core (headroom check). *other CPU* is the machine's busy time outside the "
+        "benchmark's processes, as a share of both cores; *leg waits* is the time the leg's "
+        "threads were runnable but not running (`/proc/PID/task/TID/schedstat`), as a share "
+        "of the wave, bold above 5 % (other work on its core delayed it).",
     ]
 
 
@@ -109,12 +122,19 @@ def loadavg() -> str:
 
 
 def start_leg(name: str, upstream: Leg, workdir: Path, pin: Placement) -> Leg:
-    """Start leg ``name`` (the upstream itself for direct)."""
+    """Start leg ``name`` (the upstream itself for direct; ``NAME@REV``: REV's code)."""
     if name == "direct":
         return upstream
-    leg_dir = workdir / name
+    leg_dir = workdir / name.replace("@", "-at-")
     leg_dir.mkdir(exist_ok=True)
-    return starter(name)(upstream, leg_dir, pin)
+    if "@" not in name:
+        return starter(name)(upstream, leg_dir, pin)
+    commit = ab.resolve(name.split("@", 1)[1])
+    tree = workdir / "trees" / commit
+    if not tree.exists():
+        tree.parent.mkdir(exist_ok=True)
+        ab.checkout(commit, tree.parent)
+    return starter(name, ab.launcher(tree), commit)(upstream, leg_dir, pin)
 
 
 def failed_share(result: WaveResult) -> float:
@@ -153,9 +173,10 @@ def measure_leg(name: str, leg: Leg, upstream: Leg, args: argparse.Namespace, ru
         result = run_wave(leg, upstream, spec, pin, fresh)
         run.ladder[name].append(result)
         say(result, "ladder")
-        if failed_share(result) > STOP_ERROR_SHARE:
+        late = result.client["errors"].get("deadline", 0)
+        if failed_share(result) > STOP_ERROR_SHARE or late:
             run.notes.append(f"- {leg.name}: larger N skipped after {errors(result):,} errors "
-                             f"at N={n:,}.")  # fmt: skip
+                             f"({late:,} past the deadline) at N={n:,}.")  # fmt: skip
             break
     if name in args.storm_legs.split(",") and args.storm_streams:
         storm_s = args.storm_tokens / args.tokens_per_s
@@ -175,9 +196,11 @@ def main(argv: list[str] | None = None) -> int:
     """Run every leg and write the report."""
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
+    # A TERM (or an INT where the shell ignores it) still stops every server the run started.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     args.pin = Placement.build(pin=not args.no_pin, boost=not args.no_boost)
     raise_fd_limit()  # inherited by every server the run starts
-    out = args.out or REPO_ROOT / "bench" / "results" / "streams.md"
+    out = args.out or REPO_ROOT / "bench" / "results" / "streams-ladder.md"
     run = Run(header(args, argv, args.pin))
     workdir = Path(tempfile.mkdtemp(prefix="tiergate-streams-"))
     pace = UpstreamPace(args.tokens_per_s, args.first_token_ms)
@@ -199,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
                         leg.stop()
         finally:
             upstream.stop()
+            for tree in (workdir / "trees").glob("*"):
+                ab.remove(tree)
     run.notes.append(f"- Load average (1, 5, 15 min) at the end: {loadavg()}.")
     out.write_text(render(run))
     raw = {"ladder": {k: [w.as_dict() for w in v] for k, v in run.ladder.items()},

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.harness.cpu_noise import CpuMeter
 from bench.harness.legs import Leg, Placement
 from bench.streams.probes import Sampler, cpu_seconds, rss_kib, session_pids
 from bench.streams.stats import summary
@@ -49,6 +50,8 @@ class WaveResult:
     accept_queue_max: int
     load1: float
     rss_start_kib: int = 0  # the leg's RSS when it had just started, before any stream
+    foreign_share: float = 0.0  # CPU used by processes outside the benchmark, share of all cores
+    wait_share: float = 0.0  # the leg's threads runnable but not running, share of the wave
     aborts: list[tuple[int, int]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -111,6 +114,8 @@ def run_wave(
     before = upstream_stats(upstream)
     cpu0, up0, rss0 = cpu_seconds(pids), cpu_seconds(up_pids), rss_kib(pids)
     load1 = load_average()
+    meter = CpuMeter(sessions=[*leg.sessions(), *upstream.sessions()], waiters=leg.sessions()[:1])
+    meter.start()
     start = time.monotonic()
     with Sampler(leg.main.port, pids) as sampler:
         proc = subprocess.run(
@@ -121,6 +126,7 @@ def run_wave(
             check=False,
         )
     wall = time.monotonic() - start
+    noise = meter.stop()
     cpu1, up1 = cpu_seconds(pids), cpu_seconds(up_pids)
     if proc.returncode != 0:
         raise RuntimeError(f"client failed ({proc.returncode}): {proc.stderr[-2000:]}")
@@ -140,6 +146,8 @@ def run_wave(
         accept_queue_max=sampler.max_queue,
         load1=load1,
         rss_start_kib=rss_start_kib or rss0,
+        foreign_share=noise.foreign_share,
+        wait_share=noise.wait_share,
         aborts=[(int(a[0]), int(a[1])) for a in after["aborts"][len(before["aborts"]) :]],
     )
 
