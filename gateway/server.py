@@ -12,6 +12,7 @@ import structlog
 import uvicorn
 from litestar import Litestar
 
+from gateway.accept import DrainingServer
 from gateway.app import app_for
 from gateway.composition import Overrides, build_gateway
 from gateway.connections import (
@@ -155,7 +156,7 @@ def _run(
     default_interval = sys.getswitchinterval()
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     try:
-        uvicorn.Server(config).run(sockets=[sock])
+        DrainingServer(config).run(sockets=[sock])
     finally:
         sys.setswitchinterval(default_interval)
         logs.close()
