@@ -192,6 +192,15 @@ def measure_leg(name: str, leg: Leg, upstream: Leg, args: argparse.Namespace, ru
         say(run.ceilings[name], "slow streams")
 
 
+def compact(result: WaveResult) -> dict[str, object]:
+    """A wave's numbers for the raw JSON file, without the per-stream hang-up and abort lists
+    (their counts and latencies are in the report)."""
+    raw = result.as_dict()
+    raw["aborts"] = len(raw["aborts"])
+    raw["client"] = {**raw["client"], "hangups": len(raw["client"]["hangups"])}
+    return raw
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run every leg and write the report."""
     argv = sys.argv[1:] if argv is None else argv
@@ -226,9 +235,9 @@ def main(argv: list[str] | None = None) -> int:
                 ab.remove(tree)
     run.notes.append(f"- Load average (1, 5, 15 min) at the end: {loadavg()}.")
     out.write_text(render(run))
-    raw = {"ladder": {k: [w.as_dict() for w in v] for k, v in run.ladder.items()},
-           "storms": {k: w.as_dict() for k, w in run.storms.items()},
-           "ceilings": {k: w.as_dict() for k, w in run.ceilings.items()},
+    raw = {"ladder": {k: [compact(w) for w in v] for k, v in run.ladder.items()},
+           "storms": {k: compact(w) for k, w in run.storms.items()},
+           "ceilings": {k: compact(w) for k, w in run.ceilings.items()},
            "skipped": run.skipped}  # fmt: skip
     out.with_suffix(".json").write_text(json.dumps(raw, indent=1))
     print(f"wrote {out} (workdir {workdir}{'' if args.keep_workdir else ', removed'})")
