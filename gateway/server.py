@@ -21,6 +21,7 @@ from gateway.connections import (
     ConnectionLimits,
     connection_cap,
     fd_limit,
+    raise_fd_limit,
 )
 from gateway.http_protocol import GuardedHttpToolsProtocol
 from gateway.native import Handler
@@ -125,6 +126,7 @@ def _run(
     worker: WorkerRole | None,
     logging_ready: Callable[[], None] | None = None,
 ) -> None:
+    raise_fd_limit()
     limits = connection_limits(settings.server)
     guard = ConnectionGuard(limits)
     app, native = served(settings, guard, worker)
