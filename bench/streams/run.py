@@ -59,6 +59,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--ceiling-legs", default=CEILING_LEGS)
     parser.add_argument("--ceiling-tokens-per-s", type=float, default=1.0)
     parser.add_argument("--ceiling-tokens", type=int, default=8)
+    parser.add_argument(
+        "--leg-nofile", type=int, default=0, help="the proxies' open-file soft limit (prlimit)"
+    )
     parser.add_argument("--no-pin", action="store_true")
     parser.add_argument("--no-boost", action="store_true")
     parser.add_argument("--keep-workdir", action="store_true")
@@ -95,7 +98,12 @@ def header(args: argparse.Namespace, argv: list[str], pin: Placement) -> list[st
         "",
         f"Commit {commit}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {cpu}, "
         f"{os.cpu_count()} CPUs, load average at start {loadavg()}",
-        f"Placement: {placement}; {'nice -20' if pin.boosted else 'normal priority'}.",
+        f"Placement: {placement}; {'nice -20' if pin.boosted else 'normal priority'}"
+        + (
+            f"; proxies start with an open-file soft limit of {args.leg_nofile}."
+            if args.leg_nofile
+            else "."
+        ),
         f"Each stream: {args.tokens} content events at {args.tokens_per_s:g}/s, first after "
         f"{args.first_token_ms:g} ms; N streams start evenly over {args.ramp_s:g} s, one "
         "connection each, held for the whole answer.",
@@ -208,7 +216,10 @@ def main(argv: list[str] | None = None) -> int:
     # A TERM (or an INT where the shell ignores it) still stops every server the run started.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     args.pin = Placement.build(pin=not args.no_pin, boost=not args.no_boost)
-    raise_fd_limit()  # inherited by every server the run starts
+    hard = raise_fd_limit()  # inherited by every server the run starts
+    if args.leg_nofile:  # e.g. a distribution's default soft limit, 1024
+        limit = ("prlimit", f"--nofile={args.leg_nofile}:{hard}")
+        args.pin = Placement((*args.pin.proxy, *limit), args.pin.load)
     out = args.out or REPO_ROOT / "bench" / "results" / "streams-ladder.md"
     run = Run(header(args, argv, args.pin))
     workdir = Path(tempfile.mkdtemp(prefix="tiergate-streams-"))
