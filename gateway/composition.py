@@ -3,33 +3,23 @@
 :func:`build_gateway` is the only function that sees the whole ``Settings``; each builder it
 calls gets the sections it needs. Nothing is patched after construction: what needs the
 event loop (the upstream session) is opened at start-up by the object that owns it.
-``create_app`` (``gateway/app.py``) then wires the built :class:`Gateway` into Litestar.
+``create_app`` (``gateway/http/app.py``) then wires the built :class:`Gateway` into Litestar.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import socket
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
+from litestar import Litestar
 from opentelemetry.sdk.trace.export import SpanExporter
 from prometheus_client.registry import Collector
 
 import router_models
-from gateway.accounting import Accounting, build_accounting
-from gateway.admin_backends import admin_backends_handlers
-from gateway.auth import Access, build_access, uses_redis
-from gateway.forwarding import Forwarder, TierRoute
-from gateway.health import HealthConfig, HealthMonitor
-from gateway.limiter_redis import open_redis
-from gateway.limits import LimitMetrics, build_limiter, limiter_lease_s
-from gateway.ops import Readiness, ops_handlers
-from gateway.proxy import ProxyService, RequestObserver
-from gateway.replicas import EjectionPolicy, ReplicaPool
-from gateway.request_body import FieldRules
-from gateway.retry import RetryPolicy
-from gateway.routing import TierRouter, threshold_policy
-from gateway.settings import (
+from gateway.access.auth import Access, build_access, uses_redis
+from gateway.config.redis_client import open_redis
+from gateway.config.settings import (
     BalancingSettings,
     HealthSettings,
     RequestSettings,
@@ -38,10 +28,26 @@ from gateway.settings import (
     SpilloverSettings,
     TierSettings,
 )
-from gateway.spillover import Spillover, SpilloverConfig
+from gateway.http.admin_backends import admin_backends_handlers
+from gateway.http.app import Gateway, app_for
+from gateway.http.connections import ConnectionCollector, ConnectionGuard
+from gateway.http.native import Handler
+from gateway.http.ops import Readiness, ops_handlers
+from gateway.http.proxy import ProxyService
+from gateway.http.server import run
+from gateway.limits.limits import LimitMetrics, build_limiter, limiter_lease_s
+from gateway.pipeline.context import RequestObserver
+from gateway.pipeline.request_body import FieldRules
+from gateway.routing.accounting import Accounting, build_accounting
+from gateway.routing.routing import TierRouter, threshold_policy
+from gateway.routing.spillover import Spillover, SpilloverConfig
 from gateway.telemetry import Telemetry, build_telemetry
-from gateway.upstream import UpstreamClient
-from gateway.worker_share import HealthShare, WorkerRole
+from gateway.upstream.attempt import UpstreamClient
+from gateway.upstream.forwarding import Forwarder, TierRoute
+from gateway.upstream.health import HealthConfig, HealthMonitor
+from gateway.upstream.replicas import EjectionPolicy, ReplicaPool
+from gateway.upstream.retry import RetryPolicy
+from gateway.upstream.worker_share import HealthShare, WorkerRole
 from policies.fields import FieldPolicy
 from policies.ports import Authenticator, RequestLimiter, TierClassifier
 from policies.prefix import PrefixConfig
@@ -127,6 +133,7 @@ def build_backends(
             ejection,
             health_path=tier.health_path,
             kind=tier.kind,
+            busy_s=max(tier.timeouts.first_byte_s, tier.timeouts.idle_s),
         )
         for name, tier in tiers.items()
     }
@@ -193,21 +200,6 @@ def build_service(
         shadow=accounting.shadow if accounting is not None else None,
         budgets=accounting.budgets if accounting is not None else None,
     )
-
-
-@dataclass(frozen=True)
-class Gateway:
-    """Every long-lived object of one gateway app, built by :func:`build_gateway`."""
-
-    upstream: UpstreamClient
-    monitor: HealthMonitor
-    readiness: Readiness
-    access: Access
-    telemetry: Telemetry
-    accounting: Accounting
-    forwarder: Forwarder
-    service: ProxyService
-    handlers: Sequence[Any]  # every route but the two inference endpoints
 
 
 @dataclass(frozen=True)
@@ -337,3 +329,48 @@ def _assemble(
     return Gateway(
         upstream, monitor, readiness, access, telemetry, accounting, forwarder, service, handlers
     )
+
+
+def create_app(
+    settings: Settings,
+    *,
+    auth: Authenticator | None = None,
+    limiter: RequestLimiter | None = None,
+    observer: RequestObserver | None = None,
+    span_exporter: SpanExporter | None = None,
+    collectors: Sequence[Collector] = (),
+    worker: WorkerRole | None = None,
+) -> Litestar:
+    """Build the gateway application for ``settings`` (:func:`build_gateway`) and wire it.
+
+    ``observer`` replaces the telemetry observer; ``span_exporter`` (tests) receives every
+    finished span instead of the ``OTEL_*``-configured exporters; ``collectors`` join the
+    app's metrics registry (the server's connection counters); ``worker`` says which of
+    several workers this process is (one prober, metrics of the whole group).
+    """
+    overrides = Overrides(auth, limiter, observer, span_exporter, collectors, worker)
+    return app_for(build_gateway(settings, overrides), settings)
+
+
+def served(
+    settings: Settings, guard: ConnectionGuard, worker: WorkerRole | None = None
+) -> tuple[Litestar, Handler]:
+    """What ``tiergate serve`` serves: the app, and the natively served inference endpoints
+    (:mod:`gateway.http.native`) over the same gateway."""
+    gateway = build_gateway(
+        settings, Overrides(collectors=[ConnectionCollector(guard)], worker=worker)
+    )
+    native = Handler(gateway.service.handle, settings.server.max_body_bytes)
+    return app_for(gateway, settings), native
+
+
+def serve(
+    settings: Settings,
+    *,
+    worker: WorkerRole | None = None,
+    sock: socket.socket | None = None,
+    logging_ready: Callable[[], None] | None = None,
+) -> None:
+    """``tiergate serve``: run the server (:func:`gateway.http.server.run`) over what
+    :func:`served` builds, until interrupted."""
+    run(settings, served, worker=worker, sock=sock, logging_ready=logging_ready)

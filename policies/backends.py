@@ -5,7 +5,7 @@ health route and how long it takes, the names of the Prometheus samples for load
 and prefix caches, whether a stream carries ``usage`` when asked, which request ids they
 accept and how their error bodies look. :data:`KINDS` holds one :class:`BackendKind` per
 server; :func:`classify` names the kind from what a few ``GET`` probes answered (the gateway
-sends them; see ``gateway.backends``).
+sends them; see ``gateway.upstream.backends``).
 
 Sources: each project's public documentation and server source (vLLM, SGLang, llama.cpp's
 ``llama-server`` and llama-cpp-python's server, Ollama, Hugging Face TGI, TensorRT-LLM's

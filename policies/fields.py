@@ -1,6 +1,6 @@
 """Which request fields are forwarded, for whom, and which media URLs may reach a backend.
 
-Pure rules, applied after validation and tier choice (``gateway/proxy.py`` calls them):
+Pure rules, applied after validation and tier choice (``gateway/http/proxy.py`` calls them):
 
 - the fields of OpenAI's chat and completions APIs, plus the sampling extras that vLLM,
   SGLang and llama.cpp document (``top_k``, ``min_p``, ``repetition_penalty``...), are

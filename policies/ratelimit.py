@@ -4,7 +4,7 @@ Each limit (requests or tokens per period) is a Generic Cell Rate Algorithm buck
 a theoretical arrival time (TAT); we keep the equivalent *debt*: how many units are still
 draining at a stamp, ``debt = (TAT - stamp) * limit / period``. The decision is the same
 (``allowed`` iff ``debt_now + cost <= limit``), but the numbers stay small, so the Redis Lua
-script (gateway/limiter_redis.py), which does the same arithmetic in doubles, stays exact.
+script (gateway/limits/limiter_redis.py), which does the same arithmetic in doubles, stays exact.
 
 A fresh key may spend its whole per-period budget at once (burst = limit) and then refills
 continuously: ``limit`` units per ``period``. Nothing is a fixed window.

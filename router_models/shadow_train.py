@@ -1,6 +1,7 @@
 """Learning from shadow records: the router retrained on a deployment's own traffic, no text.
 
-A shadow record (``gateway/shadow.py``) holds the router's hashed feature vector of a request
+A shadow record (``gateway/routing/shadow.py``) holds the router's hashed feature vector of a
+request
 and how well the two tiers' answers agreed. That is a label:
 
 * a fast-routed request whose precise shadow *disagreed* should have gone precise (complex);

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 import structlog
 
-from gateway.upstream import UpstreamClient
+from gateway.upstream.attempt import UpstreamClient
 
 
 def _route_structlog_to_logging() -> None:

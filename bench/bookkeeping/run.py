@@ -42,10 +42,10 @@ import uvloop  # noqa: E402  # same
 from prometheus_client import CollectorRegistry, Counter, Histogram  # noqa: E402  # same
 
 from bench.harness.markdown import report_head  # noqa: E402  # same
-from gateway.context import RequestContext  # noqa: E402  # same
-from gateway.deadline import deadline  # noqa: E402  # same
-from gateway.events import Usage  # noqa: E402  # same
-from gateway.settings import TelemetrySettings  # noqa: E402  # same
+from gateway.config.settings import TelemetrySettings  # noqa: E402  # same
+from gateway.pipeline.context import RequestContext  # noqa: E402  # same
+from gateway.pipeline.deadline import deadline  # noqa: E402  # same
+from gateway.pipeline.events import Usage  # noqa: E402  # same
 from gateway.telemetry import metrics as gm  # noqa: E402  # same
 from gateway.telemetry import semconv as sc  # noqa: E402  # same
 from gateway.telemetry.logging import access_logger, configure_logging  # noqa: E402  # same

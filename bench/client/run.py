@@ -3,7 +3,7 @@
 POSTs a small chat completion to the fixed-response upstream (bench/harness/fixed_upstream.py)
 with (a) httpx.AsyncClient and its default httpcore transport, (b) httpx.AsyncClient over
 httpx_aiohttp.AiohttpTransport, (c) aiohttp.ClientSession with a tuned TCPConnector and (d)
-the gateway's own request-path client (gateway/upstream_pool.py), at concurrency 1, 16 and
+the gateway's own request-path client (gateway/upstream/pool.py), at concurrency 1, 16 and
 64. Every client gets the same pool size, reads the whole body and runs on uvloop; the client
 is pinned to CPU 0 and the upstream to CPU 1, both at high priority (as root) so other work
 on a shared machine moves the numbers less.
@@ -36,7 +36,7 @@ import uvloop
 from bench.harness.legs import REPO_ROOT, Placement, start_fixed_upstream
 from bench.harness.markdown import report_head
 from bench.harness.processes import boosted_own_session
-from gateway.upstream_pool import UpstreamPool
+from gateway.upstream.pool import UpstreamPool
 
 CONCURRENCIES = (1, 16, 64)
 POOL_SIZE = 100  # same connection pool size for every client, above the highest concurrency
@@ -105,7 +105,7 @@ def make_aiohttp(url: str) -> Client:
 
 
 def make_tiergate(url: str) -> Client:
-    """TierGate's own request-path client (gateway/upstream_pool.py), pool size like the others."""
+    """TierGate's own request-path client (gateway/upstream/pool.py), pool size like the others."""
     pool = UpstreamPool(limit_per_host=POOL_SIZE, keepalive_s=30.0)
 
     async def post() -> int:

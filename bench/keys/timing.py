@@ -28,7 +28,7 @@ import yaml
 from redis.asyncio import Redis
 
 from bench.harness.processes import Service, free_port, http_answers, redis_answers
-from gateway.keystore_redis import RedisKeyStore
+from gateway.access.keystore_redis import RedisKeyStore
 from policies.keys import create_key
 from policies.principal import KeyPolicy
 
@@ -127,7 +127,7 @@ def _stack(workdir: Path) -> tuple[Service, Service, str]:
     cmd = [
         sys.executable,
         "-m",
-        "tiergate",
+        "gateway",
         "serve",
         "--config",
         str(workdir / "tiergate.yaml"),

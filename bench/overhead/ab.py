@@ -98,7 +98,9 @@ def launcher(tree: Path) -> tuple[str, ...]:
     ``-P``: ``python -c`` would otherwise put the working directory (this checkout, where the
     legs start) ahead of ``PYTHONPATH``, and every revision would run this checkout's code.
     """
-    main = "import sys; from gateway.cli import main; sys.exit(main())"
+    # The gateway's command line moved from gateway/cli.py to gateway/__main__.py (issue 19).
+    module = "gateway.__main__" if (tree / "gateway" / "__main__.py").exists() else "gateway.cli"
+    main = f"import sys; from {module} import main; sys.exit(main())"
     return ("env", f"PYTHONPATH={tree}", sys.executable, "-P", "-c", main)
 
 

@@ -58,7 +58,7 @@ def start_tiergate(
     """TierGate for one variant, pinned to the proxy core, in front of ``upstream``.
 
     ``launcher`` runs the gateway through another command (e.g. ``python -m cProfile -o F
-    -m tiergate``) instead of the ``tiergate`` script; ``adjust`` edits the generated config
+    -m gateway``) instead of the ``tiergate`` script; ``adjust`` edits the generated config
     in place (the streams benchmark raises the tiers' concurrency).
     """
     extras: list[Service] = []

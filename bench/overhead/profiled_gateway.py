@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) < 2:
         print("usage: profiled_gateway STATS_FILE TIERGATE_ARGS...", file=sys.stderr)
         return 2
-    from tiergate.cli import main as tiergate  # noqa: PLC0415  # after the usage check
+    from gateway.__main__ import main as tiergate  # noqa: PLC0415  # after the usage check
 
     toggle = Toggle(args[0])
     signal.signal(signal.SIGUSR1, toggle.start)

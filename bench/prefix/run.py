@@ -41,7 +41,7 @@ from bench.harness.processes import Service, free_port, http_answers, port_is_fr
 from bench.overhead.peers import ensure_vllm_router, vllm_router_command  # noqa: E402  # same
 from bench.prefix import client, workloads  # noqa: E402  # same
 from bench.prefix.report import Row, render  # noqa: E402  # same
-from gateway.health import parse_metrics  # noqa: E402  # same
+from gateway.upstream.health import parse_metrics  # noqa: E402  # same
 
 REPLICAS = 4
 SERVED_MODEL = "tiergate-fast"
@@ -170,7 +170,7 @@ def start_gateway(
     cmd = [
         sys.executable,
         "-m",
-        "tiergate",
+        "gateway",
         "serve",
         "--config",
         str(path),

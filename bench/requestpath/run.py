@@ -41,12 +41,12 @@ from bench.harness.markdown import report_head  # noqa: E402  # same
 from bench.overhead.legs import create_key  # noqa: E402  # same
 from bench.overhead.variants import VARIANTS, gateway_config, keys_file  # noqa: E402  # same
 from gateway.composition import build_gateway  # noqa: E402  # same
-from gateway.events import NO_EVENTS, AttemptEvents  # noqa: E402  # same
-from gateway.forwarding import Exchange, Forwarded, Forwarder  # noqa: E402  # same
-from gateway.proxy import ProxyService  # noqa: E402  # same
-from gateway.settings import load_settings  # noqa: E402  # same
+from gateway.config.settings import load_settings  # noqa: E402  # same
+from gateway.http.proxy import ProxyService  # noqa: E402  # same
+from gateway.pipeline.events import NO_EVENTS, AttemptEvents  # noqa: E402  # same
 from gateway.telemetry.logging import configure_logging  # noqa: E402  # same
-from gateway.upstream import Opened  # noqa: E402  # same
+from gateway.upstream.attempt import Opened  # noqa: E402  # same
+from gateway.upstream.forwarding import Exchange, Forwarded, Forwarder  # noqa: E402  # same
 
 T = TypeVar("T")
 ANSWER = (

@@ -17,12 +17,12 @@ from typing import Any
 
 import uvicorn
 
-from gateway.app import create_app
-from gateway.connections import ConnectionGuard
-from gateway.http_protocol import GuardedHttpToolsProtocol
-from gateway.native import Handler
-from gateway.server import connection_limits, served
-from gateway.settings import Settings, load_settings
+from gateway.composition import create_app, served
+from gateway.config.settings import Settings, load_settings
+from gateway.http.connections import ConnectionGuard
+from gateway.http.native import Handler
+from gateway.http.protocol import GuardedHttpToolsProtocol
+from gateway.http.server import connection_limits
 
 SERVERS = ("guarded", "httptools", "h11", "granian")
 

@@ -51,7 +51,7 @@ def _point(
     cmd = [
         sys.executable,
         "-m",
-        "tiergate",
+        "gateway",
         "serve",
         "--config",
         str(config),

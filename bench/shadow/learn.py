@@ -275,7 +275,7 @@ def _stack(
     serve = [
         sys.executable,
         "-m",
-        "tiergate",
+        "gateway",
         "serve",
         "--config",
         str(work / "gw.json"),

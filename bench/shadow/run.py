@@ -143,7 +143,7 @@ def main() -> int:
             [
                 sys.executable,
                 "-m",
-                "tiergate",
+                "gateway",
                 "serve",
                 "--config",
                 str(work / "gw.yaml"),

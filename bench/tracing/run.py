@@ -45,9 +45,9 @@ from opentelemetry.sdk.trace.export import (  # noqa: E402  # same
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased  # noqa: E402  # same
 
 from bench.harness.markdown import report_head  # noqa: E402  # same
-from gateway.context import RequestContext  # noqa: E402  # same
-from gateway.events import AttemptEnd, AttemptStart  # noqa: E402  # same
-from gateway.settings import TelemetrySettings  # noqa: E402  # same
+from gateway.config.settings import TelemetrySettings  # noqa: E402  # same
+from gateway.pipeline.context import RequestContext  # noqa: E402  # same
+from gateway.pipeline.events import AttemptEnd, AttemptStart  # noqa: E402  # same
 from gateway.telemetry.tracing import Tracing, build_tracer_provider  # noqa: E402  # same
 from policies.requests import RequestSummary  # noqa: E402  # same
 from policies.tiering import RouteDecision  # noqa: E402  # same

@@ -15,13 +15,13 @@ from typing import Any
 from opentelemetry.sdk.trace.export import SpanExporter
 from prometheus_client import CollectorRegistry
 
-from gateway.metrics_endpoint import MetricsServer, metrics_handler
-from gateway.replicas import ReplicaPool
-from gateway.settings import RouterSettings, TelemetrySettings
+from gateway.config.settings import RouterSettings, TelemetrySettings
 from gateway.telemetry.metrics import GatewayMetrics
+from gateway.telemetry.metrics_endpoint import MetricsServer, metrics_handler
 from gateway.telemetry.observer import TelemetryObserver
 from gateway.telemetry.tracing import Tracing, build_tracer_provider
-from gateway.worker_share import GroupMetrics, WorkerRole
+from gateway.upstream.replicas import ReplicaPool
+from gateway.upstream.worker_share import GroupMetrics, WorkerRole
 
 __all__ = ["Telemetry", "TelemetryObserver", "build_telemetry"]
 

@@ -22,7 +22,7 @@ import msgspec
 import structlog
 from structlog.typing import EventDict, Processor, WrappedLogger
 
-from gateway.settings import TelemetrySettings
+from gateway.config.settings import TelemetrySettings
 from gateway.telemetry import semconv as sc
 
 _LEVELS = {

@@ -24,10 +24,10 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from gateway.context import RequestContext
-from gateway.errors import ClientGone
-from gateway.replicas import ReplicaPool
+from gateway.pipeline.context import RequestContext
+from gateway.pipeline.errors import ClientGone
 from gateway.telemetry import semconv as sc
+from gateway.upstream.replicas import ReplicaPool
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 6.4, 12.8, 30.0)

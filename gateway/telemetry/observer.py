@@ -13,7 +13,7 @@ from typing import Any
 
 import structlog
 
-from gateway.context import RequestContext
+from gateway.pipeline.context import RequestContext
 from gateway.telemetry import semconv as sc
 from gateway.telemetry.logging import access_logger
 from gateway.telemetry.metrics import GatewayMetrics

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from gateway.events import Outcome
+from gateway.pipeline.events import Outcome
 
 INSTRUMENTATION_SCOPE: Final = "tiergate.gateway"
 PROVIDER_VLLM: Final = "vllm"
@@ -131,7 +131,7 @@ RATELIMIT_ALLOWED: Final = "allowed"
 RATELIMIT_REJECTED: Final = "rejected"
 RATELIMIT_ALL_LIMITS: Final = "all"
 
-# Stream outcomes (gateway.relay) other than ``complete`` are aborts.
+# Stream outcomes (gateway.upstream.relay) other than ``complete`` are aborts.
 OUTCOME_COMPLETE: Final = Outcome.COMPLETE
 OUTCOME_CLIENT_DISCONNECT: Final = Outcome.CLIENT_DISCONNECT
 

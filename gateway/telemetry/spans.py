@@ -17,11 +17,11 @@ import msgspec
 from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
 
-from gateway.events import UNREADABLE_JSON, AttemptEnd, AttemptStart
+from gateway.pipeline.events import UNREADABLE_JSON, AttemptEnd, AttemptStart
 from gateway.telemetry import semconv as sc
 
 if TYPE_CHECKING:
-    from gateway.context import RequestContext
+    from gateway.pipeline.context import RequestContext
 
 _decoder = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()

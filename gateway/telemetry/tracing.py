@@ -39,13 +39,13 @@ from opentelemetry.trace import (
 )
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from gateway.events import AttemptEnd, AttemptStart
-from gateway.settings import TelemetrySettings
+from gateway.config.settings import TelemetrySettings
+from gateway.pipeline.events import AttemptEnd, AttemptStart
 from gateway.telemetry import semconv as sc
 from gateway.telemetry.spans import AttemptSpan, StageRecorder, server_finish_attributes
 
 if TYPE_CHECKING:
-    from gateway.context import RequestContext
+    from gateway.pipeline.context import RequestContext
 
 _HTTP_PROTOBUF = "http/protobuf"
 _UNSAMPLED = TraceFlags(TraceFlags.RANDOM_TRACE_ID)  # what the SDK's dropped spans carry

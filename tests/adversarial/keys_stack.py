@@ -13,7 +13,7 @@ from typing import Unpack
 import httpx
 from redis.asyncio import Redis
 
-from gateway.keystore_redis import RedisKeyStore
+from gateway.access.keystore_redis import RedisKeyStore
 from policies.keys import KeyRecord, create_key
 from policies.principal import KeyPolicy
 from tests.integration.gateway_proc import REPO_ROOT, GatewayProcess
@@ -60,9 +60,9 @@ async def seconds_until(check: Callable[[], Awaitable[bool]], within: float) -> 
 
 
 def keys_cli(*argv: str) -> subprocess.CompletedProcess[str]:
-    """`python -m tiergate keys ...` as an operator would run it."""
+    """`python -m gateway keys ...` as an operator would run it."""
     return subprocess.run(
-        [sys.executable, "-m", "tiergate", "keys", *argv],
+        [sys.executable, "-m", "gateway", "keys", *argv],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,

@@ -1,4 +1,4 @@
-"""Attacks on the natively served inference endpoints (gateway/native.py) as a hostile client.
+"""Attacks on the natively served inference endpoints (gateway/http/native.py) as a hostile client.
 
 A real ``tiergate serve`` in front of a slow simulator, spoken to over raw loopback sockets:
 pipelining mixed with the framework path, clients leaving at every phase, odd framing. The

@@ -13,10 +13,11 @@ from contextlib import asynccontextmanager, contextmanager
 
 import pytest
 
-from gateway.budgets import RedisBudgetStore, Windows
-from gateway.limiter_redis import RateLimitBackendUnavailable, RedisRateLimiter, open_redis
-from gateway.redis_pipeline import ScriptPipeline
-from gateway.settings import RedisSettings
+from gateway.config.redis_client import open_redis
+from gateway.config.settings import RedisSettings
+from gateway.limits.budgets import RedisBudgetStore, Windows
+from gateway.limits.limiter_redis import RateLimitBackendUnavailable, RedisRateLimiter
+from gateway.limits.redis import ScriptPipeline
 from policies.ratelimit import Limit, LimitSpec
 from tests.redis_server import RedisServer
 

@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
-from gateway.events import UPSTREAM_FAILURES, Outcome, Usage
-from gateway.forwarding import Forwarded, Forwarder, TierRoute, stream_error
-from gateway.relay import StreamRelay
-from gateway.replicas import ReplicaPool
-from gateway.retry import RetryPolicy
-from gateway.settings import Timeouts
-from gateway.upstream import AttemptFailed, UpstreamClient, _upstream_message, answer_usage
+from gateway.config.settings import Timeouts
+from gateway.pipeline.events import UPSTREAM_FAILURES, Outcome, Usage
+from gateway.upstream.attempt import AttemptFailed, UpstreamClient, _upstream_message, answer_usage
+from gateway.upstream.forwarding import Forwarded, Forwarder, TierRoute, stream_error
+from gateway.upstream.relay import StreamRelay
+from gateway.upstream.replicas import ReplicaPool
+from gateway.upstream.retry import RetryPolicy
 from policies.errors import TierGateError
 from policies.selection import RoundRobin
 from tests.gateway.raw_upstream import RawUpstream, Respond, answer

@@ -1,4 +1,4 @@
-"""Attacks on the gateway's own upstream client (gateway/upstream_connection.py), by a backend.
+"""Attacks on the gateway's own upstream client (gateway/upstream/connection.py), by a backend.
 
 A scripted raw server on loopback that never ends its answer's head, or never ends an SSE
 event: the gateway must give up after a bounded number of bytes, not buffer the backend's
@@ -11,15 +11,15 @@ import asyncio
 
 import pytest
 
-from gateway.events import Outcome, Usage
-from gateway.forwarding import Forwarder, TierRoute
-from gateway.relay import StreamRelay
-from gateway.replicas import ReplicaPool
-from gateway.retry import RetryPolicy
-from gateway.settings import Timeouts
-from gateway.upstream import UpstreamClient
-from gateway.upstream_connection import UpstreamConnectionError
-from gateway.upstream_pool import UpstreamPool
+from gateway.config.settings import Timeouts
+from gateway.pipeline.events import Outcome, Usage
+from gateway.upstream.attempt import UpstreamClient
+from gateway.upstream.connection import UpstreamConnectionError
+from gateway.upstream.forwarding import Forwarder, TierRoute
+from gateway.upstream.pool import UpstreamPool
+from gateway.upstream.relay import StreamRelay
+from gateway.upstream.replicas import ReplicaPool
+from gateway.upstream.retry import RetryPolicy
 from policies.selection import RoundRobin
 from tests.gateway.raw_upstream import RawUpstream, Respond
 

@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.keystore_file import FileKeyStore
+from gateway.access.keystore_file import FileKeyStore
 from policies.fields import ENGINE_CONTROL_FIELDS
 from policies.keys import issue_key
 from policies.principal import SCOPE_ENGINE_FIELDS, KeyPolicy

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.keystore_file import FileKeyStore
+from gateway.access.keystore_file import FileKeyStore
 from policies.keys import issue_key
 from policies.principal import KeyPolicy
 from tests.integration.gateway_proc import GatewayProcess, tiers_config

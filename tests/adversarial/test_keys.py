@@ -20,7 +20,7 @@ import pytest
 from redis.asyncio import Redis
 
 from bench.keys.timing import LIMIT_US, Medians, measure
-from gateway.keystore_file import FileKeyStore
+from gateway.access.keystore_file import FileKeyStore
 from policies.keys import issue_key
 from policies.principal import KeyPolicy
 from tests.adversarial.keys_stack import (

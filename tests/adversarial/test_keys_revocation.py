@@ -19,8 +19,8 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
-from gateway.keystore_file import FileKeyStore
-from gateway.keystore_redis import RedisKeyStore
+from gateway.access.keystore_file import FileKeyStore
+from gateway.access.keystore_redis import RedisKeyStore
 from policies.keys import issue_key
 from policies.principal import KeyPolicy
 from tests.adversarial.keys_stack import (

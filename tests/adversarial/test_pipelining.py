@@ -1,4 +1,4 @@
-"""Pipelining and slow readers against a real ``tiergate serve`` (gateway/http_protocol.py).
+"""Pipelining and slow readers against a real ``tiergate serve`` (gateway/http/protocol.py).
 
 Each test here failed before the fix it names, found by an attack review (2026-12-04):
 
@@ -22,7 +22,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from gateway.http_protocol import MAX_PIPELINE
+from gateway.http.protocol import MAX_PIPELINE
 from tests.adversarial.rawhttp import (
     closed_within,
     connect,

@@ -9,7 +9,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, generate_latest
 
 from bench.bookkeeping.run import _context, _PrometheusChildren, main
-from gateway.settings import TelemetrySettings
+from gateway.config.settings import TelemetrySettings
 from gateway.telemetry import metrics as gm
 from gateway.telemetry.logging import access_logger, configure_logging
 from gateway.telemetry.observer import access_fields

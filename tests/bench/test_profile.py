@@ -53,8 +53,8 @@ def test_signals_profile_only_the_requests_between_them(tmp_path: Path) -> None:
         upstream.stop()
     stats = pstats.Stats(str(stats_path))
     names = {f"{path}:{name}" for path, _, name in stats.stats}  # type: ignore[attr-defined]  # pstats: table untyped
-    assert any("gateway/proxy.py:handle" in n for n in names)
-    assert not any("gateway/app.py:create_app" in n for n in names)  # start-up not profiled
+    assert any("gateway/http/proxy.py:handle" in n for n in names)
+    assert not any("gateway/http/app.py:create_app" in n for n in names)  # start-up not profiled
     text = render(Run(20, 100.0, 200.0, "cmd"), stats, "plain", 5)
     assert "| gateway (our IO shell) |" in text
     assert "## Top 5 functions by own time" in text

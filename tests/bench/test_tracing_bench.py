@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bench.tracing.run import dropping_tracing, main, measure
-from gateway.context import RequestContext
+from gateway.pipeline.context import RequestContext
 
 
 def test_stage_spans_setting_changes_the_spans_per_traced_request() -> None:

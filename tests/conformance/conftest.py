@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.keystore_file import FileKeyStore
+from gateway.access.keystore_file import FileKeyStore
 from policies.keys import issue_key
 from policies.principal import KeyPolicy
 from tests.conformance.backends import BACKENDS, Backend

@@ -11,12 +11,12 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from gateway.accounting import cost_model
-from gateway.admin_routing import ShadowCollector
-from gateway.settings import Settings
-from gateway.shadow import ShadowConfig, ShadowRunner
+from gateway.config.settings import Settings
+from gateway.limits.usage import MemoryUsageStore, UsageCollector, UsageLedger
+from gateway.routing.accounting import cost_model
+from gateway.routing.admin_routing import ShadowCollector
+from gateway.routing.shadow import ShadowConfig, ShadowRunner
 from gateway.telemetry.metrics import GatewayMetrics
-from gateway.usage import MemoryUsageStore, UsageCollector, UsageLedger
 from tests.deploy.compose_file import REPO, environment_of, interpolate, networks_of
 
 DEPLOY = REPO / "deploy"

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from gateway.exposure import check_exposure, format_finding, refuses_start, resolve_host
-from gateway.settings import Settings, load_settings
+from gateway.config.exposure import check_exposure, format_finding, refuses_start, resolve_host
+from gateway.config.settings import Settings, load_settings
 from tests.deploy.chart_render import of_kind
 from tests.deploy.compose_file import REPO, environment_of, interpolate
 

@@ -65,7 +65,7 @@ def create_key(keys_file: Path, name: str, *options: str) -> str:
     command = [
         sys.executable,
         "-m",
-        "tiergate",
+        "gateway",
         "keys",
         "create",
         "--keys-file",

@@ -132,6 +132,24 @@ def test_a_second_gateway_beside(servers: tuple[LlamaServer, LlamaServer]) -> No
         _check("a second gateway (auto-detected kind) starting beside the first", row)
 
 
+def test_n_2_is_one_whole_choice(servers: tuple[LlamaServer, LlamaServer]) -> None:
+    """llama-cpp-python drops ``n``: a stream asking n=2 gets its one choice whole, no error."""
+    with GatewayProcess(_config(servers)) as gw:
+        _ready(gw)
+        client = openai.OpenAI(base_url=gw.url + "/v1", api_key="unused", max_retries=0)
+        finishes: dict[int, str | None] = {}
+        for chunk in client.chat.completions.create(
+            model="precise",
+            messages=[{"role": "user", "content": PROMPT}],
+            max_tokens=TOKENS,
+            n=2,
+            stream=True,
+        ):
+            for choice in chunk.choices:
+                finishes[choice.index] = choice.finish_reason or finishes.get(choice.index)
+        assert finishes == {0: "length"}
+
+
 def _write_table(path: Path) -> None:
     lines = [
         "# Issue 24's table, re-run: real llama-cpp-python servers on their defaults",

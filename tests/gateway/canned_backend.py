@@ -13,9 +13,9 @@ from typing import Any
 
 from litestar import Litestar
 
-from gateway.app import create_app
-from gateway.keystore_file import FileKeyStore
-from gateway.settings import AuthSettings, Settings, TierSettings
+from gateway.access.keystore_file import FileKeyStore
+from gateway.composition import create_app
+from gateway.config.settings import AuthSettings, Settings, TierSettings
 from policies.keys import issue_key
 from policies.principal import KeyPolicy
 

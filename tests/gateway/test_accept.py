@@ -8,7 +8,7 @@ import time
 
 import uvloop
 
-from gateway.accept import Acceptor
+from gateway.http.accept import Acceptor
 
 CONNECTIONS = 300
 

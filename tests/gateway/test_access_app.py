@@ -15,10 +15,10 @@ import pytest
 from litestar import Litestar
 from litestar.testing import AsyncTestClient
 
-from gateway.app import create_app
-from gateway.auth import NoKeysConfigured
-from gateway.keystore_file import FileKeyStore
-from gateway.settings import AuthSettings, Settings, TierSettings
+from gateway.access.auth import NoKeysConfigured
+from gateway.access.keystore_file import FileKeyStore
+from gateway.composition import create_app
+from gateway.config.settings import AuthSettings, Settings, TierSettings
 from policies.keys import issue_key
 from policies.principal import KeyPolicy
 from tests.key_fields import KeyPolicyFields
@@ -319,7 +319,7 @@ def test_serve_exits_non_zero_without_keys(tmp_path: Path) -> None:
     config = tmp_path / "tiergate.yaml"
     config.write_text(f"auth:\n  keys_file: {tmp_path / 'keys.yaml'}\n")
     result = subprocess.run(
-        [sys.executable, "-m", "tiergate", "serve", "--config", str(config), "--port", "0"],
+        [sys.executable, "-m", "gateway", "serve", "--config", str(config), "--port", "0"],
         capture_output=True,
         text=True,
         timeout=60,

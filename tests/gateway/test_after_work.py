@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from structlog.testing import capture_logs
 
-from gateway.limits import _UNLIMITED, KeyAdmission
-from gateway.native import _run_after, _run_finish
-from gateway.passthrough import _UNLIMITED as OPEN
+from gateway.access.passthrough import _UNLIMITED as OPEN
+from gateway.http.native import _run_after, _run_finish
+from gateway.limits.limits import _UNLIMITED, KeyAdmission
 
 
 def test_a_failing_finish_is_logged_not_raised() -> None:

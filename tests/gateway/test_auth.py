@@ -10,12 +10,11 @@ import pytest
 from redis.asyncio import Redis
 from structlog.testing import capture_logs
 
-from gateway.auth import EVENT_STORE_DOWN, EVENT_STORE_UP, KeyAuthenticator
-from gateway.keystore_file import FileKeyStore
-from gateway.keystore_redis import RedisKeyStore
-from gateway.limiter_redis import open_redis
-from gateway.limits import BackendHealth
-from gateway.settings import RedisSettings
+from gateway.access.auth import EVENT_STORE_DOWN, EVENT_STORE_UP, KeyAuthenticator
+from gateway.access.keystore_file import FileKeyStore
+from gateway.access.keystore_redis import RedisKeyStore
+from gateway.config.redis_client import BackendHealth, open_redis
+from gateway.config.settings import RedisSettings
 from policies.errors import AuthenticationFailed
 from policies.keys import (
     DamagedRecord,

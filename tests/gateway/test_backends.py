@@ -13,14 +13,14 @@ import pytest
 from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
-from gateway.backends import kind_of
-from gateway.explain import every_tier_failed, why_none
-from gateway.forwarding import _final_error
-from gateway.health import HealthConfig, HealthMonitor, parse_metrics
-from gateway.replicas import ReplicaPool
-from gateway.settings import TierSettings
+from gateway.config.settings import TierSettings
 from gateway.telemetry.metrics import GatewayMetrics
-from gateway.upstream import AttemptFailed
+from gateway.upstream.attempt import AttemptFailed
+from gateway.upstream.backends import kind_of
+from gateway.upstream.explain import every_tier_failed, why_none
+from gateway.upstream.forwarding import _final_error
+from gateway.upstream.health import HealthConfig, HealthMonitor, parse_metrics
+from gateway.upstream.replicas import ReplicaPool
 from policies.backends import KINDS
 from tests.processes import free_port
 from tests.simulator.procs import SimulatorFactory, SimulatorProcess, start_simulator

@@ -8,15 +8,15 @@ from collections.abc import AsyncIterator
 import pytest
 from redis.asyncio import Redis
 
-from gateway.budgets import (
+from gateway.limits.budgets import (
     BudgetGate,
     BudgetStore,
     MemoryBudgetStore,
     RedisBudgetStore,
     Windows,
 )
-from gateway.context import RequestContext, Usage
-from gateway.limits import KeyRateLimited
+from gateway.limits.limits import KeyRateLimited
+from gateway.pipeline.context import RequestContext, Usage
 from policies.cost import CostModel, TierPrice
 from policies.principal import KeyPolicy, Principal
 from tests.redis_server import RedisServer, redis_server

@@ -14,9 +14,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def tiergate(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m tiergate ARGS``."""
+    """Run ``python -m gateway ARGS``."""
     return subprocess.run(
-        [sys.executable, "-m", "tiergate", *args],
+        [sys.executable, "-m", "gateway", *args],
         cwd=REPO,
         capture_output=True,
         text=True,

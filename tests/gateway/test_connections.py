@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from structlog.testing import capture_logs
 
-from gateway.connections import (
+from gateway.http.connections import (
     ConnectionGuard,
     ConnectionLimits,
     Phase,

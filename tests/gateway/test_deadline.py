@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from gateway.deadline import deadline
+from gateway.pipeline.deadline import deadline
 
 
 async def test_the_block_ends_in_timeout_error_when_time_runs_out() -> None:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
-from gateway.context import request_id_from
-from gateway.settings import ServerSettings
+from gateway.config.settings import ServerSettings
+from gateway.pipeline.context import request_id_from
 from policies.requests import COMPLETIONS_DEFAULT_MAX_TOKENS, default_max_tokens
 from tests.adversarial.test_keys_revocation import BOUND_S
 
@@ -149,6 +150,12 @@ def test_readme_is_a_landing_page_of_at_most_300_lines() -> None:
     assert len(README.splitlines()) <= 300
 
 
+def _has_code(path: Path) -> bool:
+    """More than a docstring (a sub-package's ``__init__.py`` that only names the room)."""
+    body = ast.parse(path.read_text(encoding="utf-8")).body
+    return not (len(body) == 1 and isinstance(body[0], ast.Expr))
+
+
 def test_the_architecture_page_names_every_gateway_module() -> None:
     """docs/architecture.md's module table names every module under gateway/ by its path."""
     page = (REPO / "docs/architecture.md").read_text(encoding="utf-8")
@@ -156,7 +163,7 @@ def test_the_architecture_page_names_every_gateway_module() -> None:
     modules = sorted(
         path.relative_to(gateway).as_posix()
         for path in gateway.rglob("*.py")
-        if path.name != "__init__.py" or path.parent != gateway
+        if path.name != "__init__.py" or _has_code(path)
     )
     assert modules
     assert [module for module in modules if f"`{module}`" not in page] == []

@@ -1,4 +1,4 @@
-"""gateway.eager: a coroutine started at once and finished in the caller's task."""
+"""gateway.pipeline.eager: a coroutine started at once and finished in the caller's task."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from gateway.eager import eager
+from gateway.pipeline.eager import eager
 
 
 async def test_it_runs_at_once_until_it_waits_then_finishes_when_awaited() -> None:

@@ -10,7 +10,7 @@ import sys
 _CHILD = """
 import json, resource, sys
 from structlog.testing import capture_logs
-from gateway.connections import raise_fd_limit
+from gateway.http.connections import raise_fd_limit
 soft, hard = int(sys.argv[1]), int(sys.argv[2])
 resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 with capture_logs() as logs:

@@ -14,13 +14,13 @@ import msgspec
 import pytest
 from aiohttp import web
 
-from gateway.events import AttemptEnd, AttemptStart, FailureKind, Outcome, Usage
-from gateway.forwarding import Forwarder, TierRoute
-from gateway.relay import StreamRelay
-from gateway.replicas import ReplicaPool
-from gateway.retry import RetryPolicy
-from gateway.settings import Timeouts
-from gateway.upstream import AttemptFailed, UpstreamClient, attempt
+from gateway.config.settings import Timeouts
+from gateway.pipeline.events import AttemptEnd, AttemptStart, FailureKind, Outcome, Usage
+from gateway.upstream.attempt import AttemptFailed, UpstreamClient, attempt
+from gateway.upstream.forwarding import Forwarder, TierRoute
+from gateway.upstream.relay import StreamRelay
+from gateway.upstream.replicas import ReplicaPool
+from gateway.upstream.retry import RetryPolicy
 from policies.errors import UpstreamUnavailable
 from policies.selection import RoundRobin
 from simulator.app import build_app

@@ -10,8 +10,8 @@ import pytest
 import structlog
 from structlog.testing import capture_logs
 
-from gateway.health import HealthConfig, HealthMonitor, parse_metrics
-from gateway.replicas import ReplicaPool
+from gateway.upstream.health import HealthConfig, HealthMonitor, parse_metrics
+from gateway.upstream.replicas import ReplicaPool
 from tests.gateway.raw_upstream import RawUpstream, answer
 from tests.processes import free_port
 from tests.simulator.procs import SimulatorFactory, start_simulator

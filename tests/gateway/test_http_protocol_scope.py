@@ -12,10 +12,10 @@ import pytest
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from gateway.connections import ConnectionGuard
-from gateway.http_protocol import GuardedHttpToolsProtocol
-from gateway.server import connection_limits
-from gateway.settings import ServerSettings
+from gateway.config.settings import ServerSettings
+from gateway.http.connections import ConnectionGuard
+from gateway.http.protocol import GuardedHttpToolsProtocol
+from gateway.http.server import connection_limits
 
 REQUESTS = [
     b"GET /healthz HTTP/1.1\r\nHost: a\r\n\r\n",

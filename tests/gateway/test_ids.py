@@ -5,8 +5,8 @@ from __future__ import annotations
 import multiprocessing
 import uuid
 
-from gateway.context import request_id_from
-from gateway.ids import fresh_id
+from gateway.pipeline.context import request_id_from
+from gateway.pipeline.ids import fresh_id
 
 
 def test_fresh_ids_are_version_4_uuids_and_distinct() -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.key_cache import DEGRADED_TTL_S, KeyCache
+from gateway.access.key_cache import DEGRADED_TTL_S, KeyCache
 from policies.keys import issue_key
 from policies.principal import KeyPolicy
 

@@ -13,11 +13,11 @@ import pytest
 from redis.asyncio import Redis
 from structlog.testing import capture_logs
 
-from gateway.auth import KeyAuthenticator
-from gateway.key_feed import EVENT_FEED_DOWN, EVENT_FEED_UP, KeyChangeFeed
-from gateway.keystore_redis import RedisKeyStore
-from gateway.limiter_redis import open_redis
-from gateway.settings import RedisSettings
+from gateway.access.auth import KeyAuthenticator
+from gateway.access.key_feed import EVENT_FEED_DOWN, EVENT_FEED_UP, KeyChangeFeed
+from gateway.access.keystore_redis import RedisKeyStore
+from gateway.config.redis_client import open_redis
+from gateway.config.settings import RedisSettings
 from policies.errors import AuthenticationFailed
 from policies.keys import (
     KeyStoreUnavailable,

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from redis.asyncio import Redis
 
-from gateway.keys_cli import main
-from gateway.keystore_file import FileKeyStore
-from gateway.keystore_redis import RedisKeyStore
+from gateway.access.keys_cli import main
+from gateway.access.keystore_file import FileKeyStore
+from gateway.access.keystore_redis import RedisKeyStore
 from policies.keys import KNOWN_SCOPES
 from tests.redis_server import RedisServer, redis_server
 
@@ -234,13 +234,13 @@ def test_unreachable_redis_is_a_clean_error(capsys: pytest.CaptureFixture[str]) 
 
 
 def test_console_script_dispatches_keys(tmp_path: Path) -> None:
-    """`python -m tiergate keys create` works and prints the key last."""
+    """`python -m gateway keys create` works and prints the key last."""
     path = tmp_path / "keys.yaml"
     result = subprocess.run(
         [
             sys.executable,
             "-m",
-            "tiergate",
+            "gateway",
             "keys",
             "create",
             "--keys-file",

@@ -14,11 +14,11 @@ import yaml
 from redis.asyncio import Redis
 from structlog.testing import capture_logs
 
-from gateway.auth import KeyFileDamaged, require_keys_now
-from gateway.keystore_file import EVENT_KEYS_DROPPED, FileKeyStore
-from gateway.keystore_redis import RedisKeyStore
-from gateway.limiter_redis import open_redis
-from gateway.settings import RedisSettings
+from gateway.access.auth import KeyFileDamaged, require_keys_now
+from gateway.access.keystore_file import EVENT_KEYS_DROPPED, FileKeyStore
+from gateway.access.keystore_redis import RedisKeyStore
+from gateway.config.redis_client import open_redis
+from gateway.config.settings import RedisSettings
 from policies.keys import (
     KeyStore,
     KeyStoreUnavailable,

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import pytest
 from redis.asyncio import Redis
 
-from gateway.limiter_redis import RedisRateLimiter
+from gateway.limits.limiter_redis import RedisRateLimiter
 from policies.ratelimit import Limit, LimitSpec, MemoryRateLimiter, RateLimitBackend
 from tests.redis_server import RedisServer, redis_server
 

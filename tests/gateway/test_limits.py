@@ -11,16 +11,16 @@ from prometheus_client import CollectorRegistry, generate_latest
 from redis.asyncio import Redis
 from structlog.testing import capture_logs
 
-from gateway.limiter_redis import RedisRateLimiter, open_redis
-from gateway.limits import (
+from gateway.config.redis_client import BackendHealth, open_redis
+from gateway.config.settings import RedisSettings
+from gateway.limits.limiter_redis import RedisRateLimiter
+from gateway.limits.limits import (
     EVENT_REDIS_DOWN,
     EVENT_REDIS_UP,
-    BackendHealth,
     KeyLimiter,
     LimitMetrics,
     RateLimitUnavailable,
 )
-from gateway.settings import RedisSettings
 from policies.errors import RateLimited
 from policies.principal import KeyPolicy, Principal
 from policies.ratelimit import MemoryRateLimiter

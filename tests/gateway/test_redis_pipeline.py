@@ -12,9 +12,10 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from gateway.limiter_redis import RedisRateLimiter, open_redis
-from gateway.redis_pipeline import LuaScript, ScriptPipeline, pack, script_runner
-from gateway.settings import RedisSettings
+from gateway.config.redis_client import open_redis
+from gateway.config.settings import RedisSettings
+from gateway.limits.limiter_redis import RedisRateLimiter
+from gateway.limits.redis import LuaScript, ScriptPipeline, pack, script_runner
 from policies.ratelimit import LimitSpec
 from tests.redis_server import RedisServer, redis_server
 

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import asyncio
 
-from gateway.events import Outcome, Usage
-from gateway.forwarding import Forwarder, TierRoute
-from gateway.relay import StreamRelay
-from gateway.replicas import ReplicaPool
-from gateway.retry import RetryPolicy
-from gateway.settings import Timeouts
-from gateway.upstream import UpstreamClient
+from gateway.config.settings import Timeouts
+from gateway.pipeline.events import Outcome, Usage
+from gateway.upstream.attempt import UpstreamClient
+from gateway.upstream.forwarding import Forwarder, TierRoute
+from gateway.upstream.relay import StreamRelay
+from gateway.upstream.replicas import ReplicaPool
+from gateway.upstream.retry import RetryPolicy
 from policies.selection import RoundRobin
 from tests.gateway.raw_upstream import RawUpstream, Respond, reset
 

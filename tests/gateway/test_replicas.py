@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from gateway.replicas import EjectionPolicy, Replica, ReplicaPool
+from gateway.upstream.replicas import EjectionPolicy, Replica, ReplicaPool
 from policies.errors import Overloaded
 
 URLS = [f"http://10.0.0.{i}:8000" for i in range(1, 5)]

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from gateway.retry import RetryBudget, RetryLoop, RetryPolicy, is_retryable
-from gateway.upstream import AttemptFailed
+from gateway.upstream.attempt import AttemptFailed
+from gateway.upstream.retry import RetryBudget, RetryLoop, RetryPolicy, is_retryable
 
 FAST = RetryPolicy(max_attempts=3, backoff_base_s=0.001, backoff_max_s=0.002)
 

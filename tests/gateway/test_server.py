@@ -8,8 +8,9 @@ import sys
 import pytest
 import uvicorn
 
-from gateway import server
-from gateway.settings import AuthSettings, Settings
+from gateway.composition import served
+from gateway.config.settings import AuthSettings, Settings
+from gateway.http import server
 
 
 def _settings() -> Settings:
@@ -30,7 +31,7 @@ def test_serving_shortens_the_gil_switch_interval_and_restores_it(
     monkeypatch.setattr(uvicorn.Server, "run", fake_run)
     before = sys.getswitchinterval()
     with socket.socket() as sock:
-        server._run(_settings(), sock, None)
+        server._run(_settings(), served, sock, None)
     assert seen == [server.GIL_SWITCH_INTERVAL_S]
     assert before > server.GIL_SWITCH_INTERVAL_S
     assert sys.getswitchinterval() == before
@@ -45,5 +46,5 @@ def test_the_default_interval_is_restored_when_serving_fails(
     monkeypatch.setattr(uvicorn.Server, "run", failing_run)
     before = sys.getswitchinterval()
     with socket.socket() as sock, pytest.raises(OSError, match="listening failed"):
-        server._run(_settings(), sock, None)
+        server._run(_settings(), served, sock, None)
     assert sys.getswitchinterval() == before

@@ -10,10 +10,10 @@ import pytest
 import yaml
 
 import router_models
-from gateway.config_cli import config_schema, schema_text
-from gateway.settings import Settings, load_settings
-from gateway.settings_docs import render
-from gateway.settings_strict import model_at
+from gateway.config.cli import config_schema, schema_text
+from gateway.config.docs import render
+from gateway.config.settings import Settings, load_settings
+from gateway.config.strict import model_at
 from router_models import DEFAULT_ARTIFACT, artifact_digest
 
 REPO = Path(__file__).resolve().parents[2]

@@ -10,8 +10,8 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
-from gateway.settings import Settings, load_settings, load_settings_traced
-from gateway.settings_strict import ConfigError, model_at
+from gateway.config.settings import Settings, load_settings, load_settings_traced
+from gateway.config.strict import ConfigError, model_at
 
 TIERS = {
     "fast": {"model": "f", "replicas": ["http://127.0.0.1:8101"]},

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from gateway.shadow import RequestFeatures, ShadowConfig, ShadowRunner
+from gateway.routing.shadow import RequestFeatures, ShadowConfig, ShadowRunner
 
 BODY = {"messages": [{"role": "user", "content": "What is two plus two?"}]}
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from gateway.shadow_store import ShadowRecord, ShadowStore, rotated
+from gateway.routing.shadow_store import ShadowRecord, ShadowStore, rotated
 
 
 def record(i: int) -> ShadowRecord:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from gateway.replicas import ReplicaPool
-from gateway.spillover import REASON, Spillover, SpilloverConfig
+from gateway.routing.spillover import REASON, Spillover, SpilloverConfig
+from gateway.upstream.replicas import ReplicaPool
 from policies.principal import KeyPolicy, Principal
 from policies.tiering import RouteDecision
 

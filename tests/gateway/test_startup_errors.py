@@ -15,10 +15,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def tiergate(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m tiergate ARGS`` with no TIERGATE_* variable but ``env``."""
+    """Run ``python -m gateway ARGS`` with no TIERGATE_* variable but ``env``."""
     clean = {k: v for k, v in os.environ.items() if not k.upper().startswith("TIERGATE_")}
     return subprocess.run(
-        [sys.executable, "-m", "tiergate", *args],
+        [sys.executable, "-m", "gateway", *args],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 from aiohttp import web
 
-from gateway.forwarding import Forwarder, TierRoute, stream_error
-from gateway.replicas import ReplicaPool
-from gateway.retry import RetryPolicy
-from gateway.settings import Timeouts
-from gateway.upstream import UpstreamClient
+from gateway.config.settings import Timeouts
+from gateway.upstream.attempt import UpstreamClient
+from gateway.upstream.forwarding import Forwarder, TierRoute, stream_error
+from gateway.upstream.replicas import ReplicaPool
+from gateway.upstream.retry import RetryPolicy
 from policies.errors import UpstreamRejected
 from policies.selection import RoundRobin
 

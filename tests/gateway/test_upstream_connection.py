@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp import web
 
-from gateway.upstream_connection import HIGH_WATER, ConnectionLost
-from gateway.upstream_pool import UpstreamPool
+from gateway.upstream.connection import HIGH_WATER, ConnectionLost
+from gateway.upstream.pool import UpstreamPool
 from simulator.app import build_app
 from simulator.profiles import FAST
 from simulator.state import SimConfig, SimState

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from gateway.composition import build_backends
-from gateway.settings import Settings, TierSettings, load_settings
+from gateway.config.settings import Settings, TierSettings, load_settings
 
 SECRET = "upstream-secret-0123456789"
 

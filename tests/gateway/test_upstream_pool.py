@@ -13,10 +13,10 @@ from collections.abc import AsyncIterator
 import msgspec
 import pytest
 
-from gateway.events import FailureKind
-from gateway.upstream import AttemptFailed, attempt
-from gateway.upstream_connection import ConnectFailed, ConnectionLost, ConnectTimedOut
-from gateway.upstream_pool import UpstreamPool, header_block
+from gateway.pipeline.events import FailureKind
+from gateway.upstream.attempt import AttemptFailed, attempt
+from gateway.upstream.connection import ConnectFailed, ConnectionLost, ConnectTimedOut
+from gateway.upstream.pool import UpstreamPool, header_block
 from tests.gateway.raw_upstream import RawUpstream, answer, reset
 
 PATH = "/v1/chat/completions"

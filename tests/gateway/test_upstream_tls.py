@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.upstream_connection import ConnectFailed
-from gateway.upstream_pool import UpstreamPool
+from gateway.upstream.connection import ConnectFailed
+from gateway.upstream.pool import UpstreamPool
 from tests.gateway.raw_upstream import RawUpstream, answer
 
 PATH = "/v1/chat/completions"

@@ -11,8 +11,8 @@ import pytest
 from litestar.testing import AsyncTestClient
 from structlog.testing import capture_logs
 
-from gateway.events import Usage
-from gateway.usage_bound import PROMPT_ALLOWANCE, UsageBound, UsageClipper
+from gateway.pipeline.events import Usage
+from gateway.pipeline.usage_bound import PROMPT_ALLOWANCE, UsageBound, UsageClipper
 from tests.gateway.canned_backend import canned_backend, keyed_app
 
 HUGE = b'{"prompt_tokens": 1500000000, "completion_tokens": 1e30, "total_tokens": 1e30}'

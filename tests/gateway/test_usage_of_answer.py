@@ -12,11 +12,11 @@ import msgspec
 import pytest
 from litestar.testing import AsyncTestClient
 
-from gateway.app import create_app
-from gateway.events import Usage
-from gateway.relay import usage_fields, usage_from
-from gateway.settings import AuthSettings, Settings, TierSettings
-from gateway.upstream import AttemptFailed, answer_usage
+from gateway.composition import create_app
+from gateway.config.settings import AuthSettings, Settings, TierSettings
+from gateway.pipeline.events import Usage
+from gateway.upstream.attempt import AttemptFailed, answer_usage
+from gateway.upstream.relay import usage_fields, usage_from
 
 ANSWER = {
     "id": "chatcmpl-1",

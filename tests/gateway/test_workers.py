@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from gateway.settings import Settings
-from gateway.workers import WorkersRefused, resolve_workers, usable_cores
+from gateway.config.settings import Settings
+from gateway.http.workers import WorkersRefused, resolve_workers, usable_cores
 
 
 def _settings(

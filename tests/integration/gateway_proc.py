@@ -63,7 +63,7 @@ class GatewayProcess:
         command = [
             sys.executable,
             "-m",
-            "tiergate",
+            "gateway",
             "serve",
             "--config",
             str(self.config_path),

@@ -14,8 +14,8 @@ import httpx
 import pytest
 from litestar.testing import TestClient
 
-from gateway.app import create_app
-from gateway.settings import Settings
+from gateway.composition import create_app
+from gateway.config.settings import Settings
 from tests.integration.gateway_proc import GatewayProcess, tiers_config
 
 pytestmark = pytest.mark.slow

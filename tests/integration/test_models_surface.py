@@ -9,7 +9,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from gateway.keystore_file import FileKeyStore
+from gateway.access.keystore_file import FileKeyStore
 from policies.keys import issue_key
 from policies.principal import KeyPolicy
 from tests.adversarial.rawhttp import closed_within, connect, status_of

@@ -12,7 +12,7 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
-from gateway.keystore_redis import RedisKeyStore
+from gateway.access.keystore_redis import RedisKeyStore
 from policies.keys import create_key
 from policies.principal import KeyPolicy
 from tests.integration.gateway_proc import GatewayProcess, tiers_config

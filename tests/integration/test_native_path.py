@@ -1,4 +1,4 @@
-"""The inference endpoints served natively by ``tiergate serve`` (gateway/native.py).
+"""The inference endpoints served natively by ``tiergate serve`` (gateway/http/native.py).
 
 A real gateway process and real simulators, spoken to over raw sockets: the HTTP details the
 framework used to handle (pipelining, ``Expect: 100-continue``, chunked uploads, HTTP/1.0,
@@ -17,10 +17,10 @@ import httpx
 import pytest
 from litestar.testing import TestClient
 
-from gateway.app import create_app
-from gateway.native import LINGER_S, reply_head
-from gateway.replies import Reply
-from gateway.settings import Settings
+from gateway.composition import create_app
+from gateway.config.settings import Settings
+from gateway.http.native import LINGER_S, reply_head
+from gateway.pipeline.replies import Reply
 from tests.adversarial.rawhttp import closed_within, connect, json_body, status_of
 from tests.integration.gateway_proc import GatewayProcess, tiers_config
 from tests.simulator.procs import SimulatorProcess

@@ -26,7 +26,7 @@ def _create_key(keys_file: Path) -> str:
         [
             sys.executable,
             "-m",
-            "tiergate",
+            "gateway",
             "keys",
             "create",
             "--keys-file",

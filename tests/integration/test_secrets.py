@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.keystore_file import FileKeyStore
+from gateway.access.keystore_file import FileKeyStore
 from policies.keys import issue_key
 from policies.principal import KeyPolicy
 from tests.integration.gateway_proc import GatewayProcess, tiers_config

@@ -145,6 +145,23 @@ def test_a_second_gateway_starting_beside_never_cuts_a_stream(
         assert (backend["kind"], backend["probe_path"]) == ("llamacpp", "/docs")
 
 
+def test_two_callers_at_once_with_max_concurrency_1_both_get_whole_answers(
+    servers: tuple[SimulatorProcess, SimulatorProcess],
+) -> None:
+    """Two callers at once on one llama-cpp-python server: with ``max_concurrency: 1`` the
+    second waits in the gateway, not at the server (where it would cut the first stream)."""
+    config = _config(servers, max_concurrency=1, max_queue_wait_s=30)
+    with GatewayProcess(config) as gw:
+        _ready(gw)
+        results: list[tuple[str, int, str | None]] = []
+        first = threading.Thread(target=lambda: results.append(_stream(gw)))
+        first.start()
+        time.sleep(0.3)  # the first stream is generating
+        results.append(_stream(gw))
+        first.join(timeout=60)
+        assert [(c, f) for _, c, f in results] == [(TOKENS, "length")] * 2
+
+
 def _interrupt_soon(server: SimulatorProcess) -> None:
     """Another client asks the server's model list while the gateway's stream runs."""
     time.sleep(0.3)

@@ -18,8 +18,8 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from gateway.app import create_app
-from gateway.settings import Settings
+from gateway.composition import create_app
+from gateway.config.settings import Settings
 from tests.gateway.telemetry.served import ServedApp
 from tests.simulator.procs import SimulatorFactory, SimulatorProcess
 

@@ -3,7 +3,7 @@ http:// URLs) are served as HTTP/1.1, over raw sockets against a real gateway.
 
 httptools stops parsing at the end of a head that offers an upgrade; the gateway takes over
 from where llhttp says the head ended, counts the body off its Content-Length and parses what
-follows as the next request (gateway/http_protocol.py, ``_feed``). So an offer in any layout is
+follows as the next request (gateway/http/protocol.py, ``_feed``). So an offer in any layout is
 served with its body, and no bytes of a body are ever read as a request: bodies full of
 header-like lines, sent after the gateway has already answered, produce no extra answer (an
 extra answer on a connection a proxy reuses would be request smuggling).

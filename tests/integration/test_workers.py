@@ -171,7 +171,7 @@ def test_explicit_workers_with_memory_limits_are_refused(tmp_path: Path) -> None
     config = tmp_path / "tiergate.yaml"
     config.write_text(yaml.safe_dump({"auth": {"enabled": True}}), encoding="utf-8")
     done = subprocess.run(
-        [sys.executable, "-m", "tiergate", "serve", "--config", str(config), "--workers", "2"],
+        [sys.executable, "-m", "gateway", "serve", "--config", str(config), "--workers", "2"],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
@@ -189,7 +189,7 @@ def _create_key(keys_file: Path) -> str:
         [
             sys.executable,
             "-m",
-            "tiergate",
+            "gateway",
             "keys",
             "create",
             "--keys-file",

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gateway.keystore_file import FileKeyStore
-from gateway.workers import usable_cores
+from gateway.access.keystore_file import FileKeyStore
+from gateway.http.workers import usable_cores
 from policies.keys import issue_key
 from policies.principal import KeyPolicy
 from tests.integration.gateway_proc import REPO_ROOT, tiers_config
@@ -45,7 +45,7 @@ def test_workers_defaulted_is_a_json_line_in_the_log_file(tmp_path: Path) -> Non
     )
     port = free_port()
     out = tmp_path / "out.txt"
-    command = [sys.executable, "-m", "tiergate", "serve", "--config", str(config)]
+    command = [sys.executable, "-m", "gateway", "serve", "--config", str(config)]
     with out.open("wb") as sink:
         proc = subprocess.Popen(
             [*command, "--port", str(port)], cwd=REPO_ROOT, stdout=sink, stderr=sink

@@ -29,9 +29,9 @@ TPOT_ABS_MS = 1.5
 
 
 def bench(*args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m tiergate bench ARGS``."""
+    """Run ``python -m gateway bench ARGS``."""
     return subprocess.run(
-        [sys.executable, "-m", "tiergate", "bench", *args],
+        [sys.executable, "-m", "gateway", "bench", *args],
         cwd=REPO,
         capture_output=True,
         text=True,

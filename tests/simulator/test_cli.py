@@ -53,7 +53,7 @@ def test_the_ends_of_the_port_range_are_accepted(port: str) -> None:
 def test_tiergate_simulate_refuses_port_70000_with_exit_2() -> None:
     """`tiergate simulate --port 70000` exits 2 with a usage error, like `serve` does."""
     result = subprocess.run(
-        [sys.executable, "-m", "tiergate", "simulate", "--port", "70000"],
+        [sys.executable, "-m", "gateway", "simulate", "--port", "70000"],
         capture_output=True,
         text=True,
         timeout=60,

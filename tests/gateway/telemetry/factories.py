@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.context import RequestContext, Usage
+from gateway.pipeline.context import RequestContext, Usage
 from policies.principal import DEVELOPMENT_PRINCIPAL
 from policies.requests import RequestSummary
 from policies.tiering import RouteDecision

@@ -12,7 +12,7 @@ import grpc
 import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
-from gateway.settings import TelemetrySettings
+from gateway.config.settings import TelemetrySettings
 from gateway.telemetry.tracing import build_tracer_provider
 
 Request = trace_service_pb2.ExportTraceServiceRequest

@@ -12,7 +12,7 @@ import msgspec
 import pytest
 import structlog
 
-from gateway.settings import TelemetrySettings
+from gateway.config.settings import TelemetrySettings
 from gateway.telemetry import semconv as sc
 from gateway.telemetry.logging import (
     AccessLines,

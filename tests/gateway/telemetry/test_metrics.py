@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from gateway.context import Failure, Usage
-from gateway.limits import KeyLimiter, LimitMetrics
-from gateway.relay import usage_from
-from gateway.replicas import ReplicaPool
+from gateway.limits.limits import KeyLimiter, LimitMetrics
+from gateway.pipeline.context import Failure, Usage
 from gateway.telemetry.metrics import GatewayMetrics, ShareWindow, status_class
+from gateway.upstream.relay import usage_from
+from gateway.upstream.replicas import ReplicaPool
 from policies.errors import RateLimited
 from policies.principal import KeyPolicy, Principal
 from policies.ratelimit import MemoryRateLimiter

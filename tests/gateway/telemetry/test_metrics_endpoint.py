@@ -8,10 +8,10 @@ from litestar import Litestar
 from litestar.testing import TestClient
 from prometheus_client import CollectorRegistry, Counter
 
-from gateway.app import create_app
-from gateway.errors import EXCEPTION_HANDLERS
-from gateway.metrics_endpoint import metrics_handler
-from gateway.settings import Settings
+from gateway.composition import create_app
+from gateway.config.settings import Settings
+from gateway.pipeline.errors import EXCEPTION_HANDLERS
+from gateway.telemetry.metrics_endpoint import metrics_handler
 from tests.gateway.telemetry.served import ServedApp
 from tests.processes import free_port
 

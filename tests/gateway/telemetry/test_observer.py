@@ -7,8 +7,8 @@ from typing import Any
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry
 
-from gateway.context import Usage
-from gateway.settings import TelemetrySettings
+from gateway.config.settings import TelemetrySettings
+from gateway.pipeline.context import Usage
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.observer import TelemetryObserver
 from gateway.telemetry.tracing import Tracing, build_tracer_provider

@@ -13,9 +13,9 @@ from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProces
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import NonRecordingSpan, SpanContext, use_span
 
-from gateway.context import Failure, RequestContext
-from gateway.events import AttemptEnd, AttemptStart
-from gateway.settings import TelemetrySettings
+from gateway.config.settings import TelemetrySettings
+from gateway.pipeline.context import Failure, RequestContext
+from gateway.pipeline.events import AttemptEnd, AttemptStart
 from gateway.telemetry.tracing import (
     DrawnIds,
     RequestTrace,

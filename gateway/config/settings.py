@@ -1,0 +1,590 @@
+"""All configuration, read once: environment (``TIERGATE_*``) over an optional YAML file.
+
+With gateway/config/file.py (the YAML file), the only code that reads the environment or
+configuration files. The YAML file may use ``${VAR}`` and ``${VAR:-default}``; nested settings
+are overridden from the environment with ``__`` (``TIERGATE_SERVER__PORT=9000``,
+``TIERGATE_TIERS__FAST__REPLICAS='["http://..."]'``).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Any, Literal, cast
+
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic.json_schema import SkipJsonSchema
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    SettingsError,
+)
+
+from gateway.config.file import interpolated_names, load_yaml
+from gateway.config.strict import (
+    ConfigError,
+    Loc,
+    Origins,
+    Section,
+    env_paths,
+    format_validation_error,
+)
+
+# The parsed YAML file for the Settings being built now (see load_settings); a ContextVar
+# rather than a global so concurrent loads in tests cannot see each other's files.
+_FILE_DATA: ContextVar[dict[str, Any]] = ContextVar("tiergate_file_data", default={})  # noqa: B039  # never mutated
+
+_HEADER_SAFE = re.compile(r"[\x21-\x7e]+")
+
+
+class ServerSettings(Section):
+    host: str = "127.0.0.1"
+    """Address the gateway listens on; 0.0.0.0 only with TLS in front (see exposure)."""
+    port: int = Field(default=8080, ge=0, le=65535)
+    """TCP port the gateway listens on."""
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    """Largest request body accepted; bigger bodies get 413."""
+    tls_terminated_upstream: bool = False
+    """True when a TLS-terminating proxy sits in front (silences the public-bind exposure error)."""
+    shutdown_grace_s: float = Field(default=30.0, ge=0)
+    """On SIGTERM, how long in-flight requests and streams get to finish."""
+    max_head_bytes: int = Field(default=16 * 1024, ge=1024, le=1024 * 1024)
+    """Request line + headers limit; a longer head gets 431 and the connection is closed."""
+    head_timeout_s: float = Field(default=10.0, gt=0)
+    """A head must be complete this long after accept (or its first byte), else 408."""
+    body_timeout_s: float = Field(default=10.0, gt=0)
+    """A request body pausing longer than this gets 408 and a close; also the min-rate grace."""
+    body_min_rate_bytes_s: int = Field(default=1024, ge=0)
+    """After body_timeout_s, a body slower than this on average gets 408 (0: pauses only)."""
+    idle_timeout_s: float = Field(default=75.0, gt=0)
+    """Keep-alive connections idle this long are closed (above load balancers' usual 60 s)."""
+    write_timeout_s: float = Field(default=60.0, gt=0)
+    """A client that reads nothing this long while answers wait for it is disconnected."""
+    max_connections: int | None = Field(default=None, ge=1)
+    """Open client connections per worker; unset: half of what the fd limit leaves."""
+    max_connections_reserve: int = Field(default=64, ge=0)
+    """Past the cap, all busy: this many more, for /livez and /readyz only (others 503)."""
+    workers: int | None = Field(default=None, ge=1, le=256)
+    """Worker processes on one socket; unset: usable cores (1 with keys + memory limiter)."""
+
+
+class Timeouts(Section):
+    connect_s: float = Field(default=2.0, gt=0)
+    """Time to open a connection to a replica."""
+    first_byte_s: float = Field(default=60.0, gt=0)
+    """Time until the replica's first response byte (first token when streaming)."""
+    idle_s: float = Field(default=30.0, gt=0)
+    """Longest silence between two chunks of a stream."""
+    total_s: float = Field(default=600.0, gt=0)
+    """Deadline for the whole request, retries included."""
+
+
+class TierCostSettings(Section):
+    """A tier's price (policies/cost.py): per 1k tokens, or per replica-hour and tokens/s."""
+
+    input_per_1k: float | None = Field(default=None, ge=0)
+    """Cost of 1,000 prompt tokens (with output_per_1k)."""
+    output_per_1k: float | None = Field(default=None, ge=0)
+    """Cost of 1,000 completion tokens (with input_per_1k)."""
+    replica_hour: float | None = Field(default=None, ge=0)
+    """Cost of one replica-hour (with tokens_per_s, instead of the per-token prices)."""
+    tokens_per_s: float | None = Field(default=None, gt=0)
+    """Tokens per second one replica serves (with replica_hour)."""
+
+    @model_validator(mode="after")
+    def _one_way(self) -> TierCostSettings:
+        per_token = self.input_per_1k is not None and self.output_per_1k is not None
+        per_hour = self.replica_hour is not None and self.tokens_per_s is not None
+        if per_token == per_hour:
+            raise ValueError(
+                "set input_per_1k and output_per_1k, or replica_hour and tokens_per_s (one pair)"
+            )
+        return self
+
+    def prices(self) -> tuple[float, float]:
+        """(input, output) cost per 1,000 tokens."""
+        if self.input_per_1k is not None and self.output_per_1k is not None:
+            return self.input_per_1k, self.output_per_1k
+        output = float(self.replica_hour or 0) / (float(self.tokens_per_s or 1) * 3.6)
+        return output * 0.1, output
+
+
+class TierSettings(Section):
+    model: str
+    """The served model name the tier's backends answer to (vLLM --served-model-name)."""
+    replicas: list[str] = Field(min_length=1)
+    """Base URLs of the tier's backends (http:// or https://, no /v1)."""
+    max_tokens_cap: int = Field(default=4096, ge=1)
+    """Largest max_tokens / max_completion_tokens a request may ask of this tier (400 above)."""
+    max_concurrency: int = Field(default=64, ge=1)
+    """Requests in flight per replica before new ones wait."""
+    max_queue_wait_s: float = Field(default=1.0, ge=0)
+    """How long a request waits for a free replica slot before a 503 with Retry-After."""
+    strategy: Literal["round_robin", "least_loaded", "prefix_affinity"] = "prefix_affinity"
+    """How a replica is picked: prefix_affinity (prefix-cache aware), least_loaded or round_robin.
+
+    """
+    timeouts: Timeouts = Field(default_factory=Timeouts)
+    """Upstream timeouts for this tier."""
+    kind: Literal["auto", "vllm", "sglang", "llamacpp", "ollama", "tgi", "trtllm", "openai"] = (
+        "auto"
+    )
+    """Which inference server the replicas run (docs/backends.md); `auto` detects it."""
+    health_path: str | None = Field(default=None, pattern=r"^/[^?#]*$")
+    """Overrides the route the health monitor probes (default: the kind's health route, else
+    /v1/models when the server has none)."""
+    # http(s) media URLs (image_url...) the backend would fetch itself; data: URLs always pass.
+    allow_remote_media: bool = False
+    """Forward http(s) media URLs (image_url...) that the backend would fetch itself; data: URLs
+    always pass.
+    """
+    # Whether the tier's engine accepts structured_outputs / guided_* fields.
+    structured_outputs: bool = True
+    """Whether the tier's engine accepts structured_outputs / guided_* fields."""
+    # Price for usage, savings and compute budgets; unset: precise tier 1, others 0.25 per 1k.
+    cost: TierCostSettings | None = None
+    """The tier's price for usage, savings and compute budgets; unset: precise 1, others 0.25 per
+    1k tokens.
+    """
+    # The key the backends expect (vLLM's --api-key), sent as "Authorization: Bearer ...".
+    # From the setting (TIERGATE_TIERS__<TIER>__API_KEY) or a secret file; never logged.
+    api_key: SecretStr | None = Field(default=None, repr=False)
+    """The key the backends expect (vLLM --api-key), sent as Authorization: Bearer; never logged."""
+    api_key_file: Path | None = None
+    """File holding the backends' key (instead of api_key)."""
+    # max_tokens written into requests that set none (None: the cap, key's or tier's).
+    default_max_tokens: int | None = Field(default=None, ge=1)
+    """max_tokens written into requests that set none (unset: the key's or the tier's cap)."""
+
+    def read_api_key(self) -> str | None:
+        """The upstream key from the setting or its file; ``None`` sends no Authorization."""
+        key: str | None = None
+        if self.api_key is not None and self.api_key.get_secret_value():
+            key = self.api_key.get_secret_value()
+        elif self.api_key_file is not None:
+            key = self.api_key_file.read_text(encoding="utf-8").strip() or None
+        if key is not None and not _HEADER_SAFE.fullmatch(key):
+            # Never echo the value: it is a secret, and possibly a wrong file's contents.
+            raise ValueError("the tier's upstream api_key must be printable ASCII without spaces")
+        return key
+
+    @field_validator("replicas")
+    @classmethod
+    def _urls(cls, urls: list[str]) -> list[str]:
+        for url in urls:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"replica URL must start with http:// or https://: {url!r}")
+        return [u.rstrip("/") for u in urls]
+
+
+# The embedded tiers, as the raw layer below the file: the environment's TIERGATE_TIERS__*
+# values merge over them when the file has no `tiers:` (a file's `tiers:` replaces them).
+_DEFAULT_TIERS: dict[str, dict[str, Any]] = {
+    "fast": {"model": "tiergate-fast", "replicas": ["http://127.0.0.1:8101"]},
+    "precise": {"model": "tiergate-precise", "replicas": ["http://127.0.0.1:8102"]},
+}
+
+
+def _default_tiers() -> dict[str, TierSettings]:
+    return {name: TierSettings(**copy.deepcopy(raw)) for name, raw in _DEFAULT_TIERS.items()}
+
+
+def _over_default_tiers(file_data: dict[str, Any]) -> dict[str, Any]:
+    """The file's values with the embedded tiers under them when the file names no tiers."""
+    if "tiers" in file_data:
+        return file_data
+    return {**file_data, "tiers": copy.deepcopy(_DEFAULT_TIERS)}
+
+
+class AuthSettings(Section):
+    enabled: bool = True
+    """Require an API key; false only for local development (every caller is the development
+    principal).
+    """
+    store: Literal["file", "redis"] = "file"
+    """Where keys live: file (keys_file) or redis (shared by every gateway replica)."""
+    keys_file: Path | None = None
+    """The hashed key file for store: file (created by `tiergate keys create`)."""
+    admin_token: str | None = Field(default=None, repr=False)
+    """Bearer token for /metrics and /admin/*; prefer admin_token_file. Unset: admin routes off."""
+    admin_token_file: Path | None = None
+    """File holding the admin token (e.g. a mounted secret)."""
+    # Redis store: how long a verified record / an unknown id is kept locally. Changes are
+    # pushed to every replica over pub/sub at once; these are backstops (docs/key-revocation.md).
+    cache_ttl_s: float = Field(default=30.0, ge=0)
+    """How long a verified key is cached locally (a backstop: the Redis store pushes changes at
+    once).
+    """
+    unknown_key_cache_ttl_s: float = Field(default=10.0, ge=0)
+    """How long an unknown key id is remembered as unknown (Redis store)."""
+    # Optional server-side secret: key digests become HMAC-SHA-256(pepper, key). Changing it
+    # invalidates every existing key.
+    pepper: str | None = Field(default=None, repr=False)
+    """Optional server-side secret: key digests become HMAC-SHA-256(pepper, key). Changing it
+    invalidates every key.
+    """
+    # File store: how often the key file's mtime is checked, i.e. the bound on how long a
+    # revocation written to the file by another process takes to apply here.
+    keys_reload_interval_s: float = Field(default=1.0, ge=0)
+    """How often the key file is checked for changes (0: every request)."""
+
+    def read_admin_token(self) -> str | None:
+        """The admin token from the setting or its file; ``None`` keeps admin routes off."""
+        if self.admin_token:
+            return self.admin_token
+        if self.admin_token_file is not None:
+            token = self.admin_token_file.read_text(encoding="utf-8").strip()
+            return token or None
+        return None
+
+
+class RateLimitSettings(Section):
+    backend: Literal["memory", "redis"] = "memory"
+    """Where limit counters live: memory (one replica) or redis (shared by all replicas)."""
+    on_redis_error: Literal["open", "closed"] = "open"
+    """When Redis is unreachable: open (degrade to local limits) or closed (refuse with 503)."""
+    # No longer used: every forwarded request carries max_tokens (tiers.X.default_max_tokens
+    # or the cap), which is what is reserved. Kept so existing configuration files still load.
+    default_completion_tokens: int = Field(default=256, ge=1)
+    """Tokens reserved for a request that sets no max_tokens."""
+    # While Redis is down and on_redis_error is "open", each replica enforces 1/N of every
+    # key's limits locally; set N to the number of gateway replicas.
+    degraded_replicas: int = Field(default=1, ge=1)
+    """While Redis is down (open), each replica enforces 1/N of every key's limits; set N to the
+    number of gateway replicas.
+    """
+    memory_divide_per_worker: bool = False
+    """Memory backend, several workers: divide each key's limits among them (else refused)."""
+    redis_retry_interval_s: float = Field(default=1.0, gt=0)
+    """How often a degraded limiter tries Redis again."""
+
+
+class RedisSettings(Section):
+    url: str = Field(default="redis://127.0.0.1:6379/0", repr=False)
+    """Redis URL (redis:// or rediss://); a password in it is never logged."""
+    socket_timeout_s: float = Field(default=0.25, gt=0)
+    """Per-command Redis timeout; keep it short, it is on the request path."""
+    key_prefix: str = "tiergate:"
+    """Prefix of every Redis key the gateway writes."""
+
+
+class ShadowSettings(Section):
+    """Shadow evaluation (gateway/routing/shadow.py): a sample answered again by the other tier."""
+
+    # Share of fast-routed requests also sent to precise ("did we under-route?").
+    fast_ratio: float = Field(default=0.0, ge=0, le=1)
+    """Share of fast-routed requests also sent to the precise tier (did we under-route?)."""
+    # Share of precise-routed requests also sent to fast ("did we over-route?").
+    precise_ratio: float = Field(default=0.0, ge=0, le=1)
+    """Share of precise-routed requests also sent to the fast tier (did we over-route?)."""
+    max_concurrent: int = Field(default=4, ge=1)
+    """Shadow requests in flight at most."""
+    # Skip a shadow when the target replica reports more waiting requests than this.
+    max_waiting: float = Field(default=0.0, ge=0)
+    """Skip a shadow when the target replica reports more waiting requests than this."""
+    timeout_s: float = Field(default=60.0, gt=0)
+    """Timeout of one shadow request."""
+    window: int = Field(default=1000, ge=10)
+    """Shadow results kept for the live agreement figures."""
+    # JSON-lines file of shadow records (no prompt text); None keeps them in memory only.
+    store: Path | None = None
+    """JSON-lines file of shadow records: the router's hashed feature vector, score, tier,
+    direction and agreement of each shadow, no prompt text (`tiergate router train
+    --from-shadow` learns from it); unset: in memory only."""
+    max_records: int = Field(default=20_000, ge=100)
+    """Records kept in the store at most (two files, `store` and `store`.1, half each). A record
+    with its feature vector is about 9 KB for a 300-character prompt (more for long ones)."""
+    store_prompts: bool = False
+    """Also write each shadowed prompt's text into the store (off: it may hold personal data;
+    training needs only the feature vectors)."""
+    judge_ratio: float = Field(default=0.0, ge=0, le=1)
+    """Share of compared shadows whose fast answer is also graded by the precise tier with a
+    fixed rubric (a judge call; policies/judge.py); 0: off."""
+
+
+class RouterSettings(Section):
+    artifact: Path | None = None
+    """A router artifact (`tiergate router train`); unset: the one shipped with TierGate."""
+    target_precise_share: float = Field(default=0.3, ge=0.0, le=1.0)
+    """The cost dial: the share of `auto` traffic meant for the precise tier."""
+    threshold: float | None = Field(default=None, ge=0.0, le=1.0)
+    """A fixed classifier threshold instead of one derived from target_precise_share."""
+    online_control: bool | None = None
+    """Adjust the threshold online so the observed precise share tracks the target. Unset: on
+    unless a fixed `threshold` is set (the artifact's reference scores never match a
+    deployment's own traffic mix)."""
+    fast_tier: str = "fast"
+    """Which tier is the fast one."""
+    precise_tier: str = "precise"
+    """Which tier is the precise one."""
+    structured_output_to_precise: bool = True
+    """Send response_format json_schema / json_object requests to the precise tier."""
+    tools_to_precise: bool = True
+    """Send requests with tools to the precise tier."""
+    long_prompt_tokens: int | None = 6000
+    """Prompts estimated above this many tokens go to the precise tier (null: no such rule)."""
+    # Tier fallback when the chosen tier has no healthy capacity: fast -> precise (on by
+    # default); precise -> fast only for keys with the downgrade scope and this switch on.
+    fallback_to_precise: bool = True
+    """When the fast tier has no healthy capacity, use the precise tier."""
+    downgrade_to_fast: bool = False
+    """When the precise tier has no healthy capacity, use the fast tier (keys with the downgrade
+    scope only).
+    """
+    shadow: ShadowSettings = Field(default_factory=ShadowSettings)
+    """Shadow evaluation: a sample answered again by the other tier."""
+
+
+def _otel_environment() -> dict[str, str]:
+    """The standard ``OTEL_*`` variables (exporter, protocol, endpoint...), read here once."""
+    return {name: value for name, value in os.environ.items() if name.startswith("OTEL_")}
+
+
+class TelemetrySettings(Section):
+    """Logs, metrics and traces (gateway/telemetry); trace export follows ``OTEL_*``."""
+
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    """Lowest level logged."""
+    log_format: Literal["auto", "json", "console"] = "auto"
+    """json, console, or auto (console on a terminal, json otherwise)."""
+    log_file: Path | None = None
+    """Also write logs to this file."""
+    access_log: bool = True
+    """One log line per request."""
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    """Serve /metrics unauthenticated on this separate port; unset: /metrics behind the admin
+    token.
+    """
+    metrics_host: str | None = None
+    """The address metrics_port listens on; unset: server.host. In a container on several
+    networks, its address on the monitoring network keeps the port off the others.
+    """
+    tracing: bool = False
+    """Export OpenTelemetry traces (exporter and endpoint from OTEL_* variables)."""
+    trace_sample_ratio: float = Field(default=1.0, ge=0.0, le=1.0)
+    """Share of requests traced when tracing is on. The default 1.0 traces every request: use
+    0.01-0.1 in production.
+    """
+    capture_content: bool = False
+    """Put prompts and completions into spans (off: they may hold personal data)."""
+    stage_spans: bool = False
+    """One child span per request stage (auth, validate, classify, ratelimit, and a route span
+    per attempt). Off: the stages' durations are attributes of the server span
+    (``tiergate.stage.<stage>.duration_ms``) and the route's of the client span: the same
+    facts in 2 spans instead of 7, about half the CPU per traced request (bench/tracing).
+    """
+    # Read from OTEL_* (not a setting of the file): excluded from dumps, schema and docs.
+    otel_env: SkipJsonSchema[dict[str, str]] = Field(
+        default_factory=_otel_environment, repr=False, exclude=True
+    )
+
+
+class RetrySettings(Section):
+    """Retries before the first byte (gateway/upstream/retry.py)."""
+
+    max_attempts: int = Field(default=3, ge=1, le=10)
+    """Attempts per request, the first included."""
+    backoff_base_s: float = Field(default=0.02, ge=0)
+    """First backoff between attempts (jittered, doubling)."""
+    backoff_max_s: float = Field(default=0.5, ge=0)
+    """Longest backoff between attempts."""
+    max_retry_after_s: float = Field(default=2.0, ge=0)
+    """Longest Retry-After from an upstream the gateway waits for before retrying."""
+    max_cooldown_s: float = Field(default=30.0, ge=0)
+    """Longest time a replica that answered 429/503 with Retry-After is skipped."""
+    # Retries of requests a backend may have started: at most budget_ratio of the requests of
+    # the last budget_window_s seconds, plus budget_min a second. Refused connections are
+    # always retried on another replica and never charged.
+    budget_ratio: float = Field(default=0.2, ge=0, le=1)
+    """Retries of requests a backend may have started: at most this share of the requests of the
+    last budget_window_s.
+    """
+    budget_min: float = Field(default=3.0, ge=0)
+    """Plus this many such retries a second, whatever the ratio says."""
+    budget_window_s: float = Field(default=10.0, ge=1, le=300)
+    """The window of the retry budget (refused connections are always retried and never charged)."""
+
+
+class HealthSettings(Section):
+    """Active health checks, /metrics scrapes and passive outlier ejection (issue 5)."""
+
+    interval_s: float = Field(default=0.5, gt=0)
+    """How often each replica is probed."""
+    timeout_s: float = Field(default=0.5, gt=0)
+    """Timeout of one probe."""
+    unhealthy_after: int = Field(default=2, ge=1)
+    """Failed probes in a row before a replica is marked unhealthy."""
+    healthy_after: int = Field(default=1, ge=1)
+    """Good probes in a row before it is healthy again."""
+    scrape_metrics: bool = True
+    """Also scrape each replica's /metrics (queue depth, KV-cache use) for balancing."""
+    eject_after: int = Field(default=5, ge=1)
+    """Consecutive request failures (connection errors, 5xx) before a replica is ejected."""
+    eject_base_s: float = Field(default=2.0, gt=0)
+    """First ejection time; it doubles with each ejection."""
+    eject_max_s: float = Field(default=60.0, gt=0)
+    """Longest ejection time."""
+    max_ejected_share: float = Field(default=0.5, ge=0, le=1)
+    """Never eject more than this share of a tier's replicas."""
+
+
+class BalancingSettings(Section):
+    """Prefix keys and the prefix-affinity strategy's load rules (policies/selection.py)."""
+
+    block_chars: int = Field(default=256, ge=16)
+    """Characters per prefix block hashed for prefix affinity."""
+    max_blocks: int = Field(default=128, ge=1)
+    """Blocks of a prompt hashed at most."""
+    load_factor: float = Field(default=1.25, ge=1.0)
+    """A replica is preferred while its in-flight count stays within this multiple of the mean."""
+    load_slack: float = Field(default=4.0, ge=0)
+    """Extra in-flight requests tolerated above load_factor, so light traffic is not spread."""
+    imbalance_abs: float = Field(default=16.0, ge=0)
+    """Imbalance guard: absolute in-flight gap between busiest and idlest replica."""
+    imbalance_rel: float = Field(default=1.5, ge=1.0)
+    """Imbalance guard: busiest above this multiple of idlest."""
+
+
+class SpilloverSettings(Section):
+    """Borderline fast-tier requests to an idle precise tier when fast is saturated."""
+
+    enabled: bool = False
+    """Send borderline fast-tier requests to an idle precise tier while the fast tier is saturated.
+
+    """
+    margin: float = Field(default=0.1, ge=0, le=1)
+    """How close below the threshold a score must be to count as borderline."""
+    fast_waiting: float = Field(default=4.0, ge=0)
+    """Fast-tier requests waiting per replica (on average) above which it counts as saturated."""
+    precise_max_utilisation: float = Field(default=0.5, gt=0, le=1)
+    """Precise-tier utilisation below which it counts as idle."""
+
+
+class RequestSettings(Section):
+    """What request bodies may contain (policies/fields.py, policies/requests.py)."""
+
+    # Fields outside OpenAI's API and the documented sampling extras: refuse (400) or drop.
+    unknown_fields: Literal["reject", "drop"] = "reject"
+    """Fields outside OpenAI's API and the documented sampling extras: reject (400) or drop."""
+    # More field names to forward for every key (e.g. a sampling extra of your engine).
+    allowed_extra_fields: list[str] = Field(default_factory=list)
+    """More field names to forward for every key (e.g. a sampling extra of your engine)."""
+    # Deepest nesting of objects and arrays accepted in a body (OpenAI bodies need < 10).
+    max_json_depth: int = Field(default=64, ge=4, le=512)
+    """Deepest nesting of objects and arrays accepted in a body."""
+
+
+class ExposureSettings(Section):
+    mode: Literal["off", "warn", "strict"] = "warn"
+    """Start-up exposure self-check: off, warn (log findings) or strict (refuse to start on an
+    error finding).
+    """
+
+
+class Settings(BaseSettings):
+    """The whole configuration of one gateway process."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="TIERGATE_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        use_attribute_docstrings=True,
+    )
+
+    server: ServerSettings = Field(default_factory=ServerSettings)
+    """Listening address and request limits."""
+    tiers: dict[str, TierSettings] = Field(default_factory=_default_tiers)
+    """The tiers by name: each one served model on one or more replicas."""
+    auth: AuthSettings = Field(default_factory=AuthSettings)
+    """API keys and the admin token."""
+    ratelimit: RateLimitSettings = Field(default_factory=RateLimitSettings)
+    """Per-key rate and token limits."""
+    redis: RedisSettings = Field(default_factory=RedisSettings)
+    """The Redis server used by ratelimit.backend: redis and auth.store: redis."""
+    router: RouterSettings = Field(default_factory=RouterSettings)
+    """How `auto` requests are routed between tiers."""
+    telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
+    """Logs, metrics and traces."""
+    exposure: ExposureSettings = Field(default_factory=ExposureSettings)
+    """The start-up exposure self-check."""
+    requests: RequestSettings = Field(default_factory=RequestSettings)
+    """What request bodies may contain."""
+    retry: RetrySettings = Field(default_factory=RetrySettings)
+    """Retries before the first byte reached the client."""
+    health: HealthSettings = Field(default_factory=HealthSettings)
+    """Active health checks and passive ejection of replicas."""
+    balancing: BalancingSettings = Field(default_factory=BalancingSettings)
+    """Prefix keys and the load rules of prefix affinity."""
+    spillover: SpilloverSettings = Field(default_factory=SpilloverSettings)
+    """Borderline requests to an idle precise tier."""
+
+    @model_validator(mode="after")
+    def _tiers_known(self) -> Settings:
+        for role in (self.router.fast_tier, self.router.precise_tier):
+            if role not in self.tiers:
+                raise ValueError(f"router tier {role!r} is not among tiers {list(self.tiers)}")
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, _FileSource(settings_cls))
+
+
+class _FileSource(PydanticBaseSettingsSource):
+    """The YAML file's values, below the environment and the command line."""
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return _FILE_DATA.get().get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(_FILE_DATA.get())
+
+
+def load_settings(config: Path | None = None, **overrides: Any) -> Settings:
+    """Build settings: ``overrides`` (command line) over environment over YAML over defaults.
+
+    ``overrides`` use ``section__name`` keys (``server__port=9000``); ``None`` values are
+    ignored so optional command-line flags can be passed straight through. Raises
+    :class:`ConfigError` (one line per problem, saying what and where) for any bad input.
+    """
+    return load_settings_traced(config, **overrides)[0]
+
+
+def load_settings_traced(config: Path | None = None, **overrides: Any) -> tuple[Settings, Origins]:
+    """:func:`load_settings`, and where each value came from."""
+    if config is None:
+        env_path = os.environ.get("TIERGATE_CONFIG")
+        config = Path(env_path) if env_path else None
+    data: dict[str, Any] = load_yaml(config) if config is not None else {}
+    referenced = interpolated_names(config) if config is not None else set()
+    env, problems = env_paths(Settings, os.environ, referenced)
+    if problems:
+        raise ConfigError(problems)
+    nested: dict[str, dict[str, Any]] = {}
+    flags: dict[Loc, str] = {}
+    for name, value in overrides.items():
+        if value is not None:
+            section, _, field = name.partition("__")
+            nested.setdefault(section, {})[field] = value
+            flags[(section, field)] = f"--{field}"
+    origins = Origins(config, data, env, flags)
+    token = _FILE_DATA.set(_over_default_tiers(data))
+    try:
+        return Settings(**cast(dict[str, Any], nested)), origins
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, Settings, origins.of)) from None
+    except SettingsError as exc:  # an environment value that is not valid JSON for its field
+        raise ConfigError([f"environment: {exc}"]) from None
+    finally:
+        _FILE_DATA.reset(token)

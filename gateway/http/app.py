@@ -1,0 +1,212 @@
+"""The Litestar app: ``create_app(settings)`` wires what the composition root built.
+
+Every long-lived object is built by :func:`gateway.composition.build_gateway`; this module
+adds the two inference endpoints, the start-up and shutdown hooks, and the garbage-collector
+settings of a long-running server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+from collections.abc import Awaitable, Mapping, Sequence
+from contextvars import Context
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from litestar import Litestar, Request, Response, post
+from litestar.background_tasks import BackgroundTask
+from litestar.exceptions import HTTPException
+from litestar.response import Stream
+
+from gateway.access.auth import Access
+from gateway.config.settings import Settings
+from gateway.http.native import CHAT_PATH, COMPLETIONS_PATH
+from gateway.http.ops import Readiness
+from gateway.http.proxy import ProxyService
+from gateway.pipeline.errors import EXCEPTION_HANDLERS, ClientGone
+from gateway.pipeline.replies import Reply
+from gateway.routing.accounting import Accounting
+from gateway.telemetry import Telemetry
+from gateway.upstream.attempt import UpstreamClient
+from gateway.upstream.forwarding import Forwarder
+from gateway.upstream.health import HealthMonitor
+from policies.errors import PayloadTooLarge
+
+T = TypeVar("T")
+
+_GC_GEN0_THRESHOLD = 10_000
+# With start-up objects frozen and the young generation collected less often, a reference
+# cycle that reached the old generation could wait a long time for a full collection; one runs
+# at least this often, so garbage cycles cost time, never memory that is not given back.
+_FULL_COLLECTION_INTERVAL_S = 10.0
+
+
+async def _collect_garbage_periodically(interval_s: float) -> None:
+    """A full garbage collection every ``interval_s`` (start-up objects are frozen: it is short)."""
+    while True:
+        await asyncio.sleep(interval_s)
+        gc.collect()
+
+
+class _FrameworkInbound:
+    """An inference request as Litestar received it (the app's own routes, the test client)."""
+
+    __slots__ = ("request",)
+
+    def __init__(self, request: Request[Any, Any, Any]) -> None:
+        self.request = request
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        """Litestar's case-insensitive headers; a repeated Authorization is its values joined
+        with ", " (as the native path does), which no key matches."""
+        headers = self.request.headers
+        keys = headers.getall("authorization", [])
+        if len(keys) < 2:  # one value, or none
+            return headers
+        merged = {name: headers[name] for name in headers}
+        merged["authorization"] = ", ".join(keys)
+        return merged
+
+    async def read_body(self) -> bytes:
+        """The body; Litestar enforces ``request_max_body_size``."""
+        try:
+            return await self.request.body()
+        except HTTPException as exc:
+            if exc.status_code == 413:
+                raise PayloadTooLarge("The request body is too large.") from None
+            raise
+
+    async def unless_gone(self, work: Awaitable[T]) -> T:
+        """Await ``work`` in this task; if the client leaves first, cancel it.
+
+        One watcher task listens for ``http.disconnect`` and cancels the handler's own task,
+        which is cheaper than running ``work`` in a second task and waiting on both.
+        """
+        handler = asyncio.current_task()
+        assert handler is not None  # noqa: S101  # always called from a request task
+        gone = False
+        receive = self.request.receive
+
+        async def watch() -> None:
+            nonlocal gone
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            gone = True
+            handler.cancel()
+
+        watcher = asyncio.get_running_loop().create_task(watch())
+        try:
+            return await work
+        except asyncio.CancelledError:
+            if gone:
+                handler.uncancel()
+                raise ClientGone("The client closed the connection.") from None
+            raise
+        finally:
+            watcher.cancel()
+
+
+async def _after_work(reply: Reply) -> None:
+    """A reply's after-work, as Litestar's background task: ``finish``, then ``after``."""
+    if reply.finish is not None:
+        reply.finish()
+    if reply.after is not None:
+        await reply.after()
+
+
+def _response(reply: Reply) -> Response[Any]:
+    """A :class:`Reply` as Litestar's response."""
+    has_after = reply.finish is not None or reply.after is not None
+    background = BackgroundTask(_after_work, reply) if has_after else None
+    if reply.stream is not None:
+        return Stream(
+            reply.stream,
+            status_code=reply.status,
+            media_type=reply.media_type,
+            headers=reply.headers,
+            background=background,
+        )
+    return Response(
+        content=reply.body,
+        status_code=reply.status,
+        media_type=reply.media_type,
+        headers=reply.headers,
+        background=background,
+    )
+
+
+@dataclass(frozen=True)
+class Gateway:
+    """Every long-lived object of one gateway app, built by :func:`build_gateway`."""
+
+    upstream: UpstreamClient
+    monitor: HealthMonitor
+    readiness: Readiness
+    access: Access
+    telemetry: Telemetry
+    accounting: Accounting
+    forwarder: Forwarder
+    service: ProxyService
+    handlers: Sequence[Any]  # every route but the two inference endpoints
+
+
+@dataclass
+class _Lifecycle:
+    """Start-up and shutdown of what the handlers share: the upstream session, health, access."""
+
+    gateway: Gateway
+    collector: asyncio.Task[None] | None = None
+
+    async def startup(self) -> None:
+        gateway = self.gateway
+        session = gateway.upstream.open()
+        gateway.monitor.start(session)
+        await gateway.access.startup()
+        await gateway.accounting.startup()
+        # Everything built so far lives as long as the process: move it out of the collector's
+        # reach so full collections stay short (fewer latency spikes under load), and collect
+        # the young generation less often (request objects mostly die by reference counting).
+        gc.collect()
+        gc.freeze()
+        gc.set_threshold(_GC_GEN0_THRESHOLD, *gc.get_threshold()[1:])
+        self.collector = asyncio.get_running_loop().create_task(
+            _collect_garbage_periodically(_FULL_COLLECTION_INTERVAL_S), context=Context()
+        )
+
+    async def shutdown(self) -> None:
+        gateway = self.gateway
+        if self.collector is not None:
+            self.collector.cancel()
+        await gateway.accounting.shutdown()
+        await gateway.monitor.stop()
+        await gateway.upstream.close()
+        await gateway.access.shutdown()
+
+
+def app_for(gateway: Gateway, settings: Settings) -> Litestar:
+    """The Litestar app over an already built :class:`Gateway` (the server keeps the gateway
+    too: it serves the inference endpoints natively, see :mod:`gateway.http.native`)."""
+    service = gateway.service
+    lifecycle = _Lifecycle(gateway)
+    telemetry = gateway.telemetry
+
+    @post(CHAT_PATH, status_code=200)
+    async def chat(request: Request[Any, Any, Any]) -> Response[Any]:
+        return _response(await service.handle(_FrameworkInbound(request), "chat", CHAT_PATH))
+
+    @post(COMPLETIONS_PATH, status_code=200)
+    async def completions(request: Request[Any, Any, Any]) -> Response[Any]:
+        reply = await service.handle(_FrameworkInbound(request), "completion", COMPLETIONS_PATH)
+        return _response(reply)
+
+    return Litestar(
+        route_handlers=[chat, completions, *gateway.handlers],
+        exception_handlers=EXCEPTION_HANDLERS,
+        on_startup=[lifecycle.startup, telemetry.startup],
+        on_shutdown=[lifecycle.shutdown, telemetry.shutdown],
+        request_max_body_size=settings.server.max_body_bytes,
+        openapi_config=None,
+        debug=False,
+    )

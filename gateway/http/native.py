@@ -1,0 +1,371 @@
+"""The two inference endpoints served straight from the connection, without the ASGI framework.
+
+Profiled, the framework's request and response objects, routing and ASGI messages cost about
+as much CPU as the whole request path of our own (bench/results/profile-plain.md). For
+``POST /v1/chat/completions`` and ``POST /v1/completions`` the connection protocol
+(:class:`gateway.http_protocol.GuardedHttpToolsProtocol`, which still parses, bounds and times
+every request) starts a :class:`NativeCycle` instead of an ASGI cycle: it hands the body to
+:meth:`gateway.proxy.ProxyService.handle` and writes the :class:`~gateway.replies.Reply` to the
+socket itself. Every other path, and any other method on these two, goes through Litestar as
+before. The service, its errors and its telemetry are the same code either way.
+
+A cycle takes the place of uvicorn's ``RequestResponseCycle`` on the protocol, so it offers
+the attributes the protocol reads and writes (``body``, ``more_body``, ``message_event``,
+``disconnected``, ``keep_alive``, ``response_started``, ``response_complete``) and
+``run_asgi``, which the protocol calls to start it, pipelined requests included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import structlog
+from uvicorn.protocols.http.flow_control import FlowControl
+
+from gateway.pipeline.errors import ClientGone
+from gateway.pipeline.replies import Inbound, Reply
+from policies.errors import PayloadTooLarge
+from policies.requests import RequestKind
+
+T = TypeVar("T")
+_log = structlog.get_logger("tiergate.native")
+
+CHAT_PATH = "/v1/chat/completions"
+COMPLETIONS_PATH = "/v1/completions"
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+_LAST_CHUNK = b"0\r\n\r\n"
+# How long the rest of a refused body is read and dropped before the connection closes.
+LINGER_S = 5.0
+
+
+def _status_line(status: int) -> str:
+    try:
+        phrase = http.HTTPStatus(status).phrase
+    except ValueError:
+        phrase = ""
+    return f"HTTP/1.1 {status} {phrase}\r\n"
+
+
+_STATUS_LINES = {status: _status_line(status) for status in range(100, 600)}
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """An inference endpoint: the request kind and the path it is known by."""
+
+    kind: RequestKind
+    path: str
+
+
+# Request targets (before any query) served natively; Litestar also matches a trailing slash.
+ROUTES: Mapping[bytes, Route] = {
+    b"/v1/chat/completions": Route("chat", CHAT_PATH),
+    b"/v1/chat/completions/": Route("chat", CHAT_PATH),
+    b"/v1/completions": Route("completion", COMPLETIONS_PATH),
+    b"/v1/completions/": Route("completion", COMPLETIONS_PATH),
+}
+
+
+class Handler:
+    """What a cycle calls: the proxy service's ``handle``, and the body size limit."""
+
+    __slots__ = ("handle", "max_body_bytes")
+
+    def __init__(
+        self,
+        handle: Callable[[Inbound, RequestKind, str], Awaitable[Reply]],
+        max_body_bytes: int,
+    ) -> None:
+        self.handle = handle
+        self.max_body_bytes = max_body_bytes
+
+
+def reply_head(
+    reply: Reply, *, keep_alive: bool, length: int | None, chunked: bool = True
+) -> bytes:
+    """Status line and headers; ``length`` ``None`` means a chunked body, or, for an HTTP/1.0
+    client (``chunked`` false), a body that ends when the connection closes."""
+    headers = reply.headers
+    lines = "".join([f"{name}: {value}\r\n" for name, value in headers.items()])
+    if lines.count("\n") != len(headers) or lines.count("\r") != len(headers):
+        # A value a backend chose (an error code) holds a line break: no split.
+        lines = "".join(
+            [
+                f"{name}: {value.replace(chr(13), ' ').replace(chr(10), ' ')}\r\n"
+                for name, value in headers.items()
+            ]
+        )
+    parts = [_STATUS_LINES.get(reply.status) or _status_line(reply.status), lines]
+    parts.append(f"content-type: {reply.media_type}\r\n")
+    if length is None:
+        if chunked:
+            parts.append("transfer-encoding: chunked\r\n")
+    else:
+        parts.append(f"content-length: {length}\r\n")
+    if not keep_alive:
+        parts.append("connection: close\r\n")
+    parts.append("\r\n")
+    return "".join(parts).encode("latin-1", "replace")
+
+
+class NativeCycle:
+    """One inference request on a connection, from its complete head to its last byte."""
+
+    __slots__ = (
+        "_gone",
+        "_guarding",
+        "_headers",
+        "_task",
+        "body",
+        "chunked",
+        "expect_continue",
+        "flow",
+        "handler",
+        "keep_alive",
+        "lingering",
+        "message_event",
+        "more_body",
+        "on_response",
+        "raw_headers",
+        "response_complete",
+        "response_started",
+        "route",
+        "transport",
+        "was_disconnected",
+    )
+
+    def __init__(
+        self,
+        handler: Handler,
+        route: Route,
+        raw_headers: list[tuple[bytes, bytes]],
+        transport: asyncio.Transport,
+        flow: FlowControl,
+        *,
+        keep_alive: bool,
+        expect_continue: bool,
+        on_response: Callable[[], None],
+        chunked: bool = True,
+    ) -> None:
+        self.handler = handler
+        self.route = route
+        self.raw_headers = raw_headers
+        self.transport = transport
+        self.flow = flow
+        self.keep_alive = keep_alive
+        self.chunked = chunked  # False for HTTP/1.0: RFC 9112 7.1 forbids chunked to it
+        self.expect_continue = expect_continue
+        self.on_response = on_response
+        self.message_event = asyncio.Event()
+        self.body = bytearray()
+        self.more_body = True
+        self.response_started = False
+        self.response_complete = False
+        self.was_disconnected = False
+        self.lingering = False
+        self._headers: dict[str, str] | None = None
+        self._task: asyncio.Task[Any] | None = None
+        self._guarding = False
+        self._gone = False
+
+    @property
+    def disconnected(self) -> bool:
+        """Whether the client went away before the response was complete."""
+        return self.was_disconnected
+
+    @disconnected.setter
+    def disconnected(self, value: bool) -> None:
+        # The protocol sets this when the connection is lost: while the request is with a
+        # backend (or streaming from one), stop that work now so the engine frees its slot.
+        self.was_disconnected = value
+        task = self._task
+        if value and self._guarding and task is not None and not self._gone:
+            self._gone = True
+            task.cancel()
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        """Request headers, names in lower case, the first of a repeated name; a repeated
+        Authorization is its values joined with ", " (RFC 9110 5.3), which no key matches."""
+        headers = self._headers
+        if headers is None:
+            headers = {}
+            for name, value in self.raw_headers:
+                key = name.decode("latin-1")
+                if key in headers:
+                    if key == "authorization":
+                        headers[key] += ", " + value.decode("latin-1")
+                    continue
+                headers[key] = value.decode("latin-1")
+            self._headers = headers
+        return headers
+
+    async def read_body(self) -> bytes:
+        """The whole body, read up to the limit (413 past it; the connection then closes)."""
+        limit = self.handler.max_body_bytes
+        declared = self.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise self._too_large()
+        if self.more_body and self.expect_continue and not self.transport.is_closing():
+            self.transport.write(_CONTINUE)
+        while self.more_body and not self.was_disconnected:
+            if len(self.body) > limit:
+                raise self._too_large()
+            self.flow.resume_reading()
+            await self.message_event.wait()
+            self.message_event.clear()
+        if self.was_disconnected:
+            raise ClientGone("The client closed the connection.")
+        if len(self.body) > limit:
+            raise self._too_large()
+        return bytes(self.body)
+
+    def _too_large(self) -> PayloadTooLarge:
+        self.keep_alive = False  # the rest of the body is never read
+        return PayloadTooLarge("The request body is too large.")
+
+    async def unless_gone(self, work: Awaitable[T]) -> T:
+        """Await ``work``; if the client leaves first, cancel it and raise ``ClientGone``."""
+        with self._guard():
+            try:
+                return await work
+            except asyncio.CancelledError:
+                self._reraise_gone()
+                raise
+
+    def _guard(self) -> _Guarded:
+        return _Guarded(self)
+
+    def _reraise_gone(self) -> None:
+        task = self._task
+        if self._gone and task is not None:
+            task.uncancel()
+            raise ClientGone("The client closed the connection.") from None
+
+    async def run_asgi(self, _app: object) -> None:
+        """Serve the request (the protocol's name for starting a cycle)."""
+        self._task = asyncio.current_task()
+        reply: Reply | None = None
+        try:
+            reply = await self.handler.handle(self, self.route.kind, self.route.path)
+            if reply.stream is not None:
+                await self._send_stream(reply)
+            else:
+                await self._send(reply)
+        except Exception:  # noqa: BLE001  # a bug in writing the answer: log it, drop the connection
+            _log.exception("request.unhandled_error")
+            self.transport.close()
+        finally:
+            self.on_response = _nothing
+            if reply is not None:
+                if reply.finish is not None:
+                    _run_finish(reply.finish)
+                if reply.after is not None:
+                    await _run_after(reply.after)
+
+    async def _send(self, reply: Reply) -> None:
+        if self.was_disconnected:
+            return
+        body = reply.body
+        head = reply_head(reply, keep_alive=self.keep_alive, length=len(body))
+        self.response_started = True
+        self.transport.write(head + body)
+        if self.flow.write_paused:
+            # The client is not reading: the next request on this connection waits until it
+            # does (or the guard cuts it after write_timeout_s), not its answers in memory.
+            await self.flow.drain()
+        self._complete()
+
+    async def _send_stream(self, reply: Reply) -> None:
+        stream = reply.stream
+        assert stream is not None  # noqa: S101  # only called for streams
+        transport = self.transport
+        flow = self.flow
+        chunked = self.chunked
+        try:
+            if self.was_disconnected:  # before the guard: no cancellation left pending
+                return
+            with self._guard():
+                self.response_started = True
+                transport.write(
+                    reply_head(reply, keep_alive=self.keep_alive, length=None, chunked=chunked)
+                )
+                async for chunk in stream:
+                    if chunk:
+                        transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk) if chunked else chunk)
+                    if flow.write_paused:
+                        await flow.drain()
+                    if self._left():
+                        return
+                if chunked:
+                    transport.write(_LAST_CHUNK)
+                self._complete()  # HTTP/1.0: never keep-alive, so the close ends the body
+        except asyncio.CancelledError:
+            task = self._task
+            if not self._gone or task is None:
+                raise
+            task.uncancel()  # the client left mid-stream: the relay has closed the upstream
+        finally:
+            await stream.aclose()  # type: ignore[attr-defined]  # an async generator
+
+    def _left(self) -> bool:
+        """Whether the client is gone (the protocol may say so at any await)."""
+        return self.was_disconnected
+
+    def _complete(self) -> None:
+        self.response_complete = True
+        self.message_event.set()
+        if not self.keep_alive:
+            if self.more_body:
+                # Refused before its body was all in (413): closing now, with bytes unread,
+                # makes the kernel reset the connection, and a client still sending would see
+                # the reset instead of this answer. Read and drop the rest for a bounded
+                # time; the protocol closes once the body ends (``lingering``).
+                self.lingering = True
+                self.flow.resume_reading()
+                asyncio.get_running_loop().call_later(LINGER_S, self.transport.close)
+            else:
+                self.transport.close()
+        self.on_response()
+
+
+class _Guarded:
+    """While inside, losing the client cancels the cycle's task (see ``disconnected``)."""
+
+    __slots__ = ("cycle",)
+
+    def __init__(self, cycle: NativeCycle) -> None:
+        self.cycle = cycle
+
+    def __enter__(self) -> None:
+        cycle = self.cycle
+        cycle._guarding = True  # the cycle's own helper
+        if cycle.was_disconnected:
+            cycle.disconnected = True  # left before the guard: cancel at the first await
+
+    def __exit__(self, *_: object) -> None:
+        self.cycle._guarding = False  # the cycle's own helper
+
+
+def _nothing() -> None:
+    return None
+
+
+def _run_finish(finish: Callable[[], None]) -> None:
+    """A reply's after-work that never waits: never the caller's error either."""
+    try:
+        finish()
+    except Exception:  # noqa: BLE001  # nothing is left to answer: log and carry on serving
+        _log.exception("request.after_failed")
+
+
+async def _run_after(after: Callable[[], Awaitable[None]]) -> None:
+    """Work that follows a sent answer (settling limits, a shadow): never the caller's error."""
+    try:
+        await after()
+    except Exception:  # noqa: BLE001  # nothing is left to answer: log and carry on serving
+        _log.exception("request.after_failed")

@@ -1,0 +1,474 @@
+"""The inference endpoints: authenticate, validate, limit, route, forward, relay.
+
+This module orchestrates the stages; each stage is an object built once in ``create_app``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, TypeVar
+
+import structlog
+
+from gateway.limits.budgets import BudgetGate, with_budget
+from gateway.pipeline.context import (
+    Failure,
+    RequestContext,
+    RequestObserver,
+    request_id_from,
+)
+from gateway.pipeline.eager import Eager, eager
+from gateway.pipeline.errors import ClientGone
+from gateway.pipeline.events import AttemptEnd, AttemptStart, Outcome, Usage
+from gateway.pipeline.replies import EVENT_STREAM, Inbound, Reply, error_reply, internal_error_reply
+from gateway.pipeline.request_body import FieldRules, decode
+from gateway.pipeline.usage_bound import UsageBound, UsageClipper
+from gateway.routing.routing import TierRouter
+from gateway.routing.shadow import ShadowRunner, answer_text
+from gateway.routing.spillover import Spillover
+from gateway.upstream.attempt import Opened
+from gateway.upstream.forwarding import Exchange, Forwarded, Forwarder
+from gateway.upstream.relay import StreamRelay, usage_fields
+from policies.errors import InvalidRequest, TierGateError, UnsupportedMediaType
+from policies.fields import MediaUrl
+from policies.ports import Admission, Authenticator, RequestLimiter
+from policies.prefix import PrefixConfig, prefix_blocks
+from policies.principal import Principal
+from policies.requests import (
+    RequestKind,
+    RequestSummary,
+    check_completions,
+    default_max_tokens,
+    validate,
+)
+from policies.tiering import RouteDecision
+
+T = TypeVar("T")
+_log = structlog.get_logger("tiergate.proxy")
+_NO_HEADERS: Mapping[str, str] = {}
+
+
+@dataclass(slots=True)
+class ProxyService:
+    """Everything the inference endpoints need, built once."""
+
+    auth: Authenticator
+    limiter: RequestLimiter
+    router: TierRouter
+    forwarder: Forwarder
+    tier_caps: Mapping[str, int]
+    idle_timeouts: Mapping[str, float]
+    # Per tier: the max_tokens written into a request that sets none (at most the tier's cap).
+    default_max_tokens: Mapping[str, int]
+    observer: RequestObserver
+    prefix: PrefixConfig = field(default_factory=PrefixConfig)
+    spillover: Spillover | None = None
+    fields: FieldRules = field(default_factory=lambda: FieldRules({}, {}))
+    shadow: ShadowRunner | None = None
+    budgets: BudgetGate | None = None
+    # A backend's usage, clipped to what the request could have used before it settles.
+    clip_usage: UsageClipper = field(default_factory=UsageClipper)
+
+    async def handle(self, inbound: Inbound, kind: RequestKind, path: str) -> Reply:
+        """Serve one chat or completion request; every error becomes its OpenAI-shaped reply."""
+        headers = inbound.headers
+        ctx = RequestContext(request_id_from(headers.get("x-request-id")), route=path)
+        ctx.trace = self.observer.started(ctx, headers)
+        try:
+            return await self._serve(inbound, ctx, kind, path)
+        except TierGateError as exc:
+            ctx.status = exc.status
+            ctx.failure = Failure.of(exc)
+            self.observer.finished(ctx, ctx.failure.kind)
+            return error_reply(exc, ctx.headers())
+        except Exception:  # noqa: BLE001  # a bug: account for the request and answer 500, never a traceback
+            _log.exception("request.unhandled_error")
+            ctx.status = 500
+            self.observer.finished(ctx, Outcome.INTERNAL_ERROR)
+            return internal_error_reply(ctx.headers())
+
+    async def _serve(
+        self, inbound: Inbound, ctx: RequestContext, kind: RequestKind, path: str
+    ) -> Reply:
+        headers = inbound.headers
+        principal = await self.auth.authenticate(headers.get("authorization"))
+        ctx.principal = principal
+        ctx.mark("auth")
+        _check_encoding(headers.get("content-encoding"))
+        raw = await inbound.read_body()
+        body_bytes = len(raw)  # bounds the prompt tokens a backend may report
+        body = decode(raw, self.fields.max_depth)
+        del raw  # not held while the request is forwarded
+        summary = validate(body, kind)
+        ctx.summary = summary
+        check_completions(summary, principal.policy.max_n)
+        ctx.mark("validate")
+        admitted = await self._admit(ctx, body, summary, principal, headers, body_bytes=body_bytes)
+        admission = admitted.admission
+        try:
+            forwarding = self.forwarder.forward(
+                path, body, admitted.tiers, admitted.blocks, _Attempts(ctx)
+            )
+            forwarded = await inbound.unless_gone(forwarding)
+        except ClientGone:
+            await admission.settle(_abandoned_cost(ctx, summary))
+            raise
+        except BaseException:
+            await admission.settle(0)
+            raise
+        _answered(ctx, forwarded)
+        shadow = self._shadow_of(ctx, path, body)
+        exchange = forwarded.exchange
+        if exchange.opened.body is not None:
+            return await self._complete(ctx, exchange.opened, admission, shadow, admitted.bound)
+        return self._stream(
+            ctx, exchange, admission, shadow, admitted.bound, strip_usage=admitted.strip_usage
+        )
+
+    async def _admit(
+        self,
+        ctx: RequestContext,
+        body: dict[str, Any],
+        summary: RequestSummary,
+        principal: Principal,
+        headers: Mapping[str, str],
+        *,
+        body_bytes: int,
+    ) -> _Admitted:
+        """Route and prepare the request while the limits admit it."""
+        kind = summary.kind
+        # Without max_tokens the backend would generate to the end of the context: the
+        # gateway writes a bound into the body (before forwarding) and reserves that much.
+        everywhere = self.default_max_tokens.values()
+        key_cap = principal.policy.max_tokens
+        completion = summary.max_tokens or default_max_tokens(everywhere, key_cap, kind)
+        reserve = summary.prompt_token_estimate + completion * summary.completions
+        admitting: Eager[Admission] | None = None
+        if not self.limiter.admits_at_once(principal):
+            # The rate-limit check is a Redis round trip: start it (its command is written
+            # now, in this task), classify and prepare the upstream body while it is in
+            # flight, then wait for its verdict before anything is forwarded. (A refused
+            # request's body was prepared for nothing: it is dropped.) Otherwise there is
+            # nothing to wait for (no limits, or in-process counters): admitted below.
+            admitting = eager(self.limiter.admit(principal, reserve))
+        # Always awaited below (or by _withdraw): an admission dropped un-awaited would be
+        # closed unfinished, its concurrency slot left to the lease.
+        try:
+            decision, tiers, media = self._classify(body, summary, principal, headers)
+            if media:  # only a body with media URLs waits here (their hosts are resolved)
+                await self.fields.check_media(media, tiers[0])
+            ctx.decision = decision
+            ctx.mark("classify")
+            prepared = self._prepare(body, summary, tiers, key_cap)
+        except BaseException:
+            if admitting is not None:
+                await _withdraw(admitting)
+            raise
+        if admitting is None:
+            admission = await self.limiter.admit(principal, reserve)
+        else:
+            admission = await admitting
+        if self.budgets is not None:
+            admission = await with_budget(
+                self.budgets,
+                admission,
+                ctx,
+                principal=principal,
+                tiers=tiers,
+                prompt_tokens=summary.prompt_token_estimate,
+                completion_tokens=completion * summary.completions,
+            )
+        ctx.admitted = True
+        ctx.mark("ratelimit")
+        ctx.extra_headers.update(admission.headers)
+        bound = UsageBound.of(body_bytes, completion, summary.completions)
+        return _Admitted(tiers, admission, bound, *prepared)
+
+    def _classify(
+        self,
+        body: dict[str, Any],
+        summary: RequestSummary,
+        principal: Principal,
+        headers: Mapping[str, str],
+    ) -> tuple[RouteDecision, tuple[str, ...], list[MediaUrl]]:
+        """The request's route decision, the tiers its fields allow, and the media URLs whose
+        hosts must still be checked (:meth:`FieldRules.check_media`) before it goes on."""
+        decision = self._decide(summary, body, principal, headers.get("x-tiergate-tier"))
+        tiers, media = self.fields.check_now(
+            body, summary.kind, principal, self.router.tiers_for(decision, principal)
+        )
+        return decision, tiers, media
+
+    def _prepare(
+        self,
+        body: dict[str, Any],
+        summary: RequestSummary,
+        tiers: Sequence[str],
+        key_cap: int | None,
+    ) -> tuple[bool, tuple[int, ...]]:
+        """The upstream body's own fields set, and its prefix blocks: whether the usage chunk
+        must be hidden from the caller, and the blocks that choose a replica (none where no
+        choice on ``tiers`` reads them: one replica, or a strategy without prefix affinity)."""
+        strip_usage = self._prepare_upstream_body(body, summary, tiers, key_cap)
+        if not self.forwarder.uses_prefix(tiers):
+            return strip_usage, ()
+        return strip_usage, prefix_blocks(body, summary.kind, self.prefix)
+
+    def _prepare_upstream_body(
+        self,
+        body: dict[str, Any],
+        summary: RequestSummary,
+        tiers: Sequence[str],
+        key_cap: int | None,
+    ) -> bool:
+        """Ask for stream usage (the gateway needs it) and bound a missing ``max_tokens``.
+
+        Returns whether the usage chunk must be hidden from a caller who did not ask for it.
+        """
+        strip_usage = False
+        if summary.stream and not summary.include_usage:
+            options = body.get("stream_options") or {}
+            body["stream_options"] = {**options, "include_usage": True}
+            strip_usage = True
+        if summary.max_tokens is None:
+            defaults = [self.default_max_tokens[tier] for tier in tiers]
+            body["max_tokens"] = default_max_tokens(defaults, key_cap, summary.kind, lowest=True)
+        return strip_usage
+
+    def _shadow_of(self, ctx: RequestContext, path: str, body: dict[str, Any]) -> _Shadow | None:
+        """Whether this answered request is sampled for shadow evaluation.
+
+        Never for a tier this key may not use or whose rules would refuse the body; the
+        shadow's ``max_tokens`` is clamped to the target tier's (and the key's) cap.
+        """
+        principal = ctx.principal
+        if self.shadow is None or ctx.tier is None or principal is None:
+            return None
+        direction = self.shadow.sample(ctx.tier)
+        if direction is None:
+            return None
+        target = self.shadow.target_of(direction)
+        if not principal.policy.allows_tier(target) or not self.fields.accepts(body, target):
+            return None
+        cap = self.tier_caps[target]
+        if principal.policy.max_tokens is not None:
+            cap = min(cap, principal.policy.max_tokens)
+        score = ctx.decision.score if ctx.decision is not None else None
+        return _Shadow(self.shadow, direction, path, body, score, cap)
+
+    def _stream(
+        self,
+        ctx: RequestContext,
+        exchange: Exchange,
+        admission: Admission,
+        shadow: _Shadow | None,
+        bound: UsageBound,
+        *,
+        strip_usage: bool,
+    ) -> Reply:
+        """Relay an open upstream stream; settle the limits once it has ended."""
+        observer = self.observer
+        clip = self.clip_usage
+
+        def ended(outcome: str, usage: Usage | None) -> None:
+            ctx.usage = clip(usage, bound, ctx.tier)
+            ctx.stream_cut = relay.cut
+            observer.finished(ctx, outcome)
+
+        summary = ctx.summary
+        trace = ctx.trace
+        relay = StreamRelay(
+            exchange,
+            strip_usage=strip_usage,
+            idle_s=self.idle_timeouts[ctx.tier or exchange.pool.tier],
+            on_close=ended,
+            on_event=trace.on_event if trace is not None else None,
+            prompt_tokens=summary.prompt_token_estimate if summary is not None else 0,
+            max_tokens=summary.max_tokens if summary is not None else None,
+            capture=shadow is not None,
+            choices=summary.n * summary.prompts if summary is not None else 1,
+        )
+
+        async def after() -> None:
+            await relay.close()
+            usage = ctx.usage
+            await admission.settle(usage.total if usage is not None else None)
+            if shadow is not None and relay.complete and relay.captured is not None:
+                shadow.submit("".join(relay.captured))
+
+        ctx.status = 200
+        headers = ctx.headers()
+        headers["cache-control"] = "no-cache"
+        return Reply(200, headers, EVENT_STREAM, stream=relay.__aiter__(), after=after)
+
+    async def _complete(
+        self,
+        ctx: RequestContext,
+        opened: Opened,
+        admission: Admission,
+        shadow: _Shadow | None,
+        bound: UsageBound,
+    ) -> Reply:
+        raw = opened.body or b""
+        if opened.usage is not None:  # read when the answer was checked (gateway.upstream.attempt)
+            ctx.usage = self.clip_usage(usage_fields(opened.usage), bound, ctx.tier)
+        usage = ctx.usage
+        ctx.status = 200
+        used = usage.total if usage is not None else None
+
+        observer = self.observer
+
+        # Recording the request (metrics, spans, the access line) and reconciling the token
+        # reservation (a Redis round trip) are work the caller need not wait for: they run
+        # right after the answer is written, so its duration is time to the last byte.
+        def finish() -> None:
+            observer.finished(ctx, Outcome.COMPLETE)
+
+        if shadow is None and not admission.settles:  # nothing to wait for afterwards
+            return Reply(200, ctx.headers(), body=raw, finish=finish)
+
+        async def after() -> None:
+            await _after_complete(admission, used, shadow, raw)
+
+        return Reply(200, ctx.headers(), body=raw, after=after, finish=finish)
+
+    def _decide(
+        self,
+        summary: RequestSummary,
+        body: dict[str, Any],
+        principal: Principal,
+        override: str | None,
+    ) -> RouteDecision:
+        decision = self.router.decide(summary, body, principal, override)
+        if self.spillover is not None:
+            threshold = self.router.threshold.threshold
+            decision = self.spillover.adjust(decision, threshold, principal)
+        self._check_max_tokens(summary, decision.tier, principal.policy.max_tokens)
+        return decision
+
+    def _check_max_tokens(self, summary: RequestSummary, tier: str, key_cap: int | None) -> None:
+        requested = summary.max_tokens
+        if requested is None:
+            return
+        cap = self.tier_caps[tier]
+        if key_cap is not None:
+            cap = min(cap, key_cap)
+        if requested > cap:
+            raise InvalidRequest(
+                f"'{summary.max_tokens_param}' is {requested}, above this route's limit of {cap}.",
+                param=summary.max_tokens_param,
+                code="max_tokens_exceeded",
+            )
+
+
+class _Attempts:
+    """Records one request's upstream attempts on its context and tells its trace.
+
+    The pipeline's listener for :meth:`Forwarder.forward`: forwarding reports values, and
+    only the pipeline writes the request's context.
+    """
+
+    __slots__ = ("ctx",)
+
+    def __init__(self, ctx: RequestContext) -> None:
+        self.ctx = ctx
+
+    def attempt_started(self, start: AttemptStart) -> Mapping[str, str]:
+        """Name the attempt's replica and id on the context; the trace context to send."""
+        ctx = self.ctx
+        ctx.replica = start.replica
+        ctx.attempts += 1
+        ctx.upstream_request_id = start.upstream_request_id
+        ctx.prefix_match = start.prefix_match
+        trace = ctx.trace
+        return trace.attempt_started(ctx, start) if trace is not None else _NO_HEADERS
+
+    def attempt_ended(self, end: AttemptEnd) -> None:
+        """Count the time spent on the backend and when a stream's first event came."""
+        ctx = self.ctx
+        ctx.upstream_s += end.upstream_s
+        if end.first_chunk_at is not None:
+            ctx.first_chunk_s = end.first_chunk_at - ctx.started
+        trace = ctx.trace
+        if trace is not None:
+            trace.attempt_ended(ctx, end)
+
+
+def _check_encoding(encoding: str | None) -> None:
+    """A compressed body (``Content-Encoding: gzip``...) is refused for what it is, 415, rather
+    than read as bytes and refused as invalid JSON."""
+    if encoding is not None and encoding.strip().lower() not in ("", "identity"):
+        raise UnsupportedMediaType(
+            f"Content-Encoding '{encoding[:40]}' is not supported: send the body uncompressed."
+        )
+
+
+def _answered(ctx: RequestContext, forwarded: Forwarded) -> None:
+    """Which tier answered, and after a fallback from which tier and why."""
+    ctx.tier = forwarded.tier
+    if forwarded.fallback_from is not None:
+        ctx.extra_headers["x-tiergate-fallback-from"] = forwarded.fallback_from
+        ctx.extra_headers["x-tiergate-fallback-reason"] = str(forwarded.fallback_reason)
+
+
+class _Admitted(NamedTuple):
+    """A request through the limits: its tiers, its admission, and its prepared forwarding."""
+
+    tiers: tuple[str, ...]
+    admission: Admission
+    bound: UsageBound  # the most usage the backend may charge
+    strip_usage: bool
+    blocks: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _Shadow:
+    """A request sampled for shadow evaluation, to hand over once its answer is known."""
+
+    runner: ShadowRunner
+    direction: str
+    path: str
+    body: dict[str, Any]
+    score: float | None
+    max_tokens: int
+
+    def submit(self, answer: str) -> None:
+        """Start the shadow (never awaited by the caller's response)."""
+        self.runner.submit(
+            self.direction, self.path, self.body, answer, self.score, max_tokens=self.max_tokens
+        )
+
+
+def _abandoned_cost(ctx: RequestContext, summary: RequestSummary) -> int | None:
+    """The tokens a request the client left before its answer costs (``None``: its reservation).
+
+    Nothing when no backend was asked yet. A stream's first event is read before it is
+    answered, so no token had come out: its prompt estimate. A non-streaming answer comes
+    whole at the end, so the backend may have generated up to ``max_tokens`` (it is aborted
+    now; how far it got is unknown): the whole reservation stays charged.
+    """
+    if not ctx.attempts:
+        return 0
+    return summary.prompt_token_estimate if summary.stream else None
+
+
+async def _after_complete(
+    admission: Admission, used: int | None, shadow: _Shadow | None, raw: bytes
+) -> None:
+    """After a non-streaming answer was sent: settle the limits, then start any shadow."""
+    await admission.settle(used)
+    if shadow is not None:
+        text = answer_text(raw)
+        if text is not None:
+            shadow.submit(text)
+
+
+async def _withdraw(admitting: Eager[Admission]) -> None:
+    """The request was refused before forwarding: give back all the limiter took (request,
+    tokens, slot), so refusals such as 403/404/400 never consume a key's limits."""
+    try:
+        admission = await admitting
+    except TierGateError:
+        return  # refused by the limits too; the earlier error is the one the caller sees
+    await admission.withdraw()

@@ -1,0 +1,267 @@
+"""Tokens, cost and savings per tier, tenant and key, by hour (issue 17: savings you can see).
+
+Every finished request with known usage is priced on the tier that served it and against the
+all-precise baseline (``policies/cost.py``). Totals are kept per UTC hour, tier, tenant and
+key id: in memory for a single gateway, and in Redis hashes (one per hour, written in batches
+off the request path) when the rate limiter uses Redis, so ``GET /admin/usage`` on any replica
+sees every replica's traffic. Prometheus counters per tier come from this process's totals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import defaultdict
+from collections.abc import Iterator, Mapping
+from contextvars import Context
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import msgspec
+import structlog
+from litestar import Request, Response, get
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from gateway.access.admin_keys import AdminGuard
+from gateway.pipeline.context import RequestContext
+from policies.cost import CostModel
+from policies.errors import InvalidRequest
+
+_encoder = msgspec.json.Encoder()
+_log = structlog.get_logger("tiergate.usage")
+FIELDS = ("requests", "input_tokens", "output_tokens", "cost", "baseline_cost")
+WINDOWS = {"1h": 1, "24h": 24, "7d": 24 * 7, "30d": 24 * 30}
+GROUPINGS = ("tier", "tenant", "key")
+RowKey = tuple[str, str, str]  # tier, tenant, key id
+
+
+def hour_of(now: float) -> int:
+    """The UTC hour (hours since the epoch) of epoch second ``now``."""
+    return int(now // 3600)
+
+
+class UsageStore(Protocol):
+    """Where hourly totals live."""
+
+    def add(self, hour: int, key: RowKey, values: tuple[float, ...]) -> None:
+        """Add one request's values (``FIELDS`` order) to ``hour``'s totals."""
+        ...
+
+    async def rows(self, hours: range) -> dict[RowKey, list[float]]:
+        """Totals over ``hours``, per (tier, tenant, key)."""
+        ...
+
+
+class MemoryUsageStore:
+    """Hourly totals in this process, 31 days kept."""
+
+    def __init__(self) -> None:
+        self.hours: dict[int, dict[RowKey, list[float]]] = {}
+
+    def add(self, hour: int, key: RowKey, values: tuple[float, ...]) -> None:
+        """Accumulate; drop hours older than 31 days."""
+        bucket = self.hours.get(hour)
+        if bucket is None:
+            bucket = self.hours[hour] = {}
+            for old in [h for h in self.hours if h < hour - 24 * 31]:
+                del self.hours[old]
+        totals = bucket.get(key)
+        if totals is None:
+            bucket[key] = list(values)
+        else:
+            for index, value in enumerate(values):
+                totals[index] += value
+
+    async def rows(self, hours: range) -> dict[RowKey, list[float]]:
+        """Sum the hours asked for."""
+        out: dict[RowKey, list[float]] = defaultdict(lambda: [0.0] * len(FIELDS))
+        for hour in hours:
+            for key, values in self.hours.get(hour, {}).items():
+                totals = out[key]
+                for index, value in enumerate(values):
+                    totals[index] += value
+        return dict(out)
+
+
+class RedisUsageStore:
+    """Hourly totals shared by every gateway: one hash per hour, flushed once a second."""
+
+    def __init__(self, client: Redis, prefix: str, flush_s: float = 1.0) -> None:
+        self.client = client
+        self.prefix = prefix
+        self.flush_s = flush_s
+        self.pending = MemoryUsageStore()
+        self._task: asyncio.Task[None] | None = None
+
+    def add(self, hour: int, key: RowKey, values: tuple[float, ...]) -> None:
+        """Buffer in memory; the flusher sends it."""
+        self.pending.add(hour, key, values)
+
+    def start(self) -> None:
+        """Start the flusher (at start-up)."""
+        self._task = asyncio.get_running_loop().create_task(
+            self._flush_forever(), context=Context()
+        )
+
+    async def stop(self) -> None:
+        """Flush what is left and stop."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self.flush()
+
+    async def _flush_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.flush_s)
+            await self.flush()
+
+    async def flush(self) -> None:
+        """Send the buffered totals in one pipeline (kept for the next try if Redis fails)."""
+        hours, self.pending.hours = self.pending.hours, {}
+        if not hours:
+            return
+        try:
+            async with self.client.pipeline(transaction=False) as pipe:
+                for hour, bucket in hours.items():
+                    name = f"{self.prefix}usage:{hour}"
+                    for (tier, tenant, key_id), values in bucket.items():
+                        for field_name, value in zip(FIELDS, values, strict=True):
+                            pipe.hincrbyfloat(name, f"{tier}|{tenant}|{key_id}|{field_name}", value)
+                    pipe.expire(name, 32 * 86400)
+                await pipe.execute()
+        except (RedisError, OSError):
+            _log.warning("usage.flush_failed")
+            for hour, bucket in hours.items():
+                for key, values in bucket.items():
+                    self.pending.add(hour, key, tuple(values))
+
+    async def rows(self, hours: range) -> dict[RowKey, list[float]]:
+        """Read and sum the hourly hashes (plus what is not flushed yet)."""
+        out = await self.pending.rows(hours)
+        async with self.client.pipeline(transaction=False) as pipe:
+            for hour in hours:
+                pipe.hgetall(f"{self.prefix}usage:{hour}")
+            answers = await pipe.execute()
+        for answer in answers:
+            for raw_field, raw_value in answer.items():
+                name = raw_field.decode() if isinstance(raw_field, bytes) else raw_field
+                tier, tenant, key_id, metric = name.rsplit("|", 3)
+                totals = out.setdefault((tier, tenant, key_id), [0.0] * len(FIELDS))
+                totals[FIELDS.index(metric)] += float(raw_value)
+        return out
+
+
+@dataclass
+class UsageLedger:
+    """Prices finished requests and keeps their totals."""
+
+    costs: CostModel
+    store: UsageStore
+
+    def __post_init__(self) -> None:
+        self.per_tier: dict[str, list[float]] = defaultdict(lambda: [0.0] * len(FIELDS))
+
+    def record(self, ctx: RequestContext) -> None:
+        """Add one finished request (those without usage or tier cost nothing)."""
+        usage, tier, principal = ctx.usage, ctx.tier, ctx.principal
+        if usage is None or tier is None or principal is None:
+            return
+        cost = self.costs.cost(tier, usage.prompt_tokens, usage.completion_tokens)
+        baseline = self.costs.baseline(usage.prompt_tokens, usage.completion_tokens)
+        values = (1.0, float(usage.prompt_tokens), float(usage.completion_tokens), cost, baseline)
+        self.store.add(hour_of(time.time()), (tier, principal.tenant, principal.key_id), values)
+        totals = self.per_tier[tier]
+        for index, value in enumerate(values):
+            totals[index] += value
+
+    async def view(self, window: str, by: str) -> dict[str, Any]:
+        """Totals over ``window`` grouped ``by`` tier, tenant or key, with savings."""
+        now_hour = hour_of(time.time())
+        rows = await self.store.rows(range(now_hour - WINDOWS[window] + 1, now_hour + 1))
+        grouped: dict[tuple[str, ...], list[float]] = defaultdict(lambda: [0.0] * len(FIELDS))
+        for (tier, tenant, key_id), values in rows.items():
+            group = {"tier": (tier,), "tenant": (tenant, tier), "key": (key_id, tenant, tier)}[by]
+            totals = grouped[group]
+            for index, value in enumerate(values):
+                totals[index] += value
+        labels = {
+            "tier": ("tier",),
+            "tenant": ("tenant", "tier"),
+            "key": ("key_id", "tenant", "tier"),
+        }[by]
+        out_rows = [
+            _row(dict(zip(labels, group, strict=True)), values)
+            for group, values in sorted(grouped.items())
+        ]
+        total = [sum(r[i] for r in grouped.values()) for i in range(len(FIELDS))]
+        return {
+            "window": window,
+            "by": by,
+            "rows": out_rows,
+            "total": _row({}, total),
+            "baseline_tier": self.costs.baseline_tier,
+        }
+
+
+def _row(labels: Mapping[str, str], values: list[float]) -> dict[str, Any]:
+    requests, inputs, outputs, cost, baseline = values
+    saved = baseline - cost
+    return {
+        **labels,
+        "requests": int(requests),
+        "input_tokens": int(inputs),
+        "output_tokens": int(outputs),
+        "cost": round(cost, 6),
+        "baseline_cost": round(baseline, 6),
+        "savings": round(saved, 6),
+        "savings_share": round(saved / baseline, 4) if baseline else 0.0,
+    }
+
+
+class UsageCollector(Collector):
+    """``tiergate_cost_total`` and ``tiergate_cost_baseline_total`` per tier (this process)."""
+
+    def __init__(self, ledger: UsageLedger) -> None:
+        self.ledger = ledger
+
+    def collect(self) -> Iterator[Metric]:
+        """Cost and the all-precise baseline, per tier."""
+        cost = CounterMetricFamily(
+            "tiergate_cost", "Cost of served tokens, by tier", labels=("tier",)
+        )
+        baseline = CounterMetricFamily(
+            "tiergate_cost_baseline",
+            "What the same tokens would have cost on the precise tier",
+            labels=("tier",),
+        )
+        for tier, values in list(self.ledger.per_tier.items()):
+            cost.add_metric((tier,), values[3])
+            baseline.add_metric((tier,), values[4])
+        yield cost
+        yield baseline
+
+
+def admin_usage_handlers(ledger: UsageLedger, admin_token: str | None) -> list[Any]:
+    """``GET /admin/usage?window=24h&by=tenant`` (admin token), or nothing when admin is off."""
+    if not admin_token:
+        return []
+    guard = AdminGuard(admin_token)
+
+    @get("/admin/usage")
+    async def admin_usage(request: Request[Any, Any, Any]) -> Response[bytes]:
+        guard.check(request.headers.get("authorization"))
+        window = request.query_params.get("window", "24h")
+        by = request.query_params.get("by", "tier")
+        if window not in WINDOWS:
+            raise InvalidRequest(f"'window' must be one of {sorted(WINDOWS)}.", param="window")
+        if by not in GROUPINGS:
+            raise InvalidRequest(f"'by' must be one of {list(GROUPINGS)}.", param="by")
+        body = _encoder.encode(await ledger.view(window, by))
+        return Response(body, media_type="application/json", headers={"Cache-Control": "no-store"})
+
+    return [admin_usage]

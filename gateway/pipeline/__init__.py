@@ -1,0 +1,3 @@
+"""The request path as values: context, events, errors, ids, deadlines, request bodies,
+replies.
+"""

@@ -1,0 +1,428 @@
+"""Shadow evaluation: a sample of requests is also answered by the other tier, off the path.
+
+Fast-routed requests shadowed on precise ask "did we under-route?"; precise-routed ones
+shadowed on fast ask "did we over-route?". The caller's response never waits for a shadow:
+it is started after the answer went out, it is never retried, never charged to the caller's
+limits, bounded in concurrency, and skipped when the target tier has no idle capacity (the
+in-flight counts and the scraped ``num_requests_waiting`` of its replicas). Each outcome — the
+two answers' agreement (``policies/agreement.py``), the route score and the direction — goes to
+the metrics, a rolling window for ``/admin/routing`` and, if configured, the bounded store of
+``gateway/routing/shadow_store.py`` (the router's feature vector, no prompt text).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import random
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from contextvars import Context
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from gateway.pipeline.events import UNREADABLE_JSON
+from gateway.routing.shadow_store import (
+    Featurizer,
+    RequestFeatures,
+    ShadowRecord,
+    ShadowStore,
+    rotated,
+)
+from gateway.upstream.attempt import AttemptFailed, attempt
+from gateway.upstream.backends import kind_of
+from gateway.upstream.forwarding import TierRoute
+from gateway.upstream.pool import UpstreamPool
+from gateway.upstream.replicas import Replica
+from policies.agreement import agreement
+from policies.judge import MAX_TOKENS as JUDGE_MAX_TOKENS
+from policies.judge import judge_messages, parse_score
+
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder()
+UNDER = "fast_on_precise"  # a fast-routed request, answered again by precise
+OVER = "precise_on_fast"  # a precise-routed request, answered again by fast
+JUDGE = "judge"  # the precise tier grading a fast answer (counted like a direction)
+# Re-exported: the record types live in gateway/routing/shadow_store.py.
+__all__ = [
+    "JUDGE",
+    "OVER",
+    "UNDER",
+    "Featurizer",
+    "RequestFeatures",
+    "ShadowConfig",
+    "ShadowRecord",
+    "ShadowRunner",
+    "ShadowStore",
+    "answer_text",
+    "rotated",
+    "score_bucket",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class ShadowConfig:
+    """``router.shadow`` settings."""
+
+    fast_ratio: float = 0.0
+    precise_ratio: float = 0.0
+    max_concurrent: int = 4
+    max_waiting: float = 0.0
+    timeout_s: float = 60.0
+    window: int = 1000
+    store: Path | None = None
+    max_records: int = 20_000
+    store_prompts: bool = False
+    judge_ratio: float = 0.0
+
+    @property
+    def enabled(self) -> bool:
+        """True when either direction samples anything."""
+        return self.fast_ratio > 0 or self.precise_ratio > 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Job:
+    """One shadow to run: the answered request and where to send it again."""
+
+    direction: str
+    target: str
+    replica: Replica
+    path: str
+    body: dict[str, Any]
+    primary: str
+    score: float | None
+
+
+def answer_text(raw: bytes) -> str | None:
+    """The first choice's text of a non-streaming chat or completion answer."""
+    try:
+        data = _decoder.decode(raw)
+    except UNREADABLE_JSON:
+        return None
+    choices = data.get("choices") if isinstance(data, dict) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return None
+    choice = choices[0]
+    message = choice.get("message")
+    text = message.get("content") if isinstance(message, dict) else choice.get("text")
+    return text if isinstance(text, str) else None
+
+
+class ShadowRunner:
+    """Samples finished requests and answers them again on the other tier."""
+
+    def __init__(
+        self,
+        config: ShadowConfig,
+        routes: Mapping[str, TierRoute],
+        *,
+        fast_tier: str,
+        precise_tier: str,
+        upstream: Callable[[], UpstreamPool | None],
+        on_outcome: Callable[[str, str, ShadowRecord | None], None] = lambda *_: None,
+        rng: random.Random | None = None,
+        featurizer: Featurizer | None = None,
+    ) -> None:
+        self.config = config
+        self.featurizer = featurizer
+        self.routes = routes
+        self.fast_tier = fast_tier
+        self.precise_tier = precise_tier
+        self.upstream = upstream
+        self.on_outcome = on_outcome
+        self.rng = rng or random.Random()  # noqa: S311  # sampling, not security
+        self.running = 0
+        self.recent: deque[ShadowRecord] = deque(maxlen=config.window)
+        self.counts: dict[str, int] = {}
+        # (direction, route-score bucket) -> [count, sum of agreement], for the metrics
+        self.agreement_totals: dict[tuple[str, str], list[float]] = {}
+        self.store = ShadowStore(config.store, config.max_records) if config.store else None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def sample(self, tier: str) -> str | None:
+        """The direction to shadow a request answered by ``tier`` in, or ``None`` (not sampled)."""
+        if tier == self.fast_tier:
+            ratio, direction = self.config.fast_ratio, UNDER
+        elif tier == self.precise_tier:
+            ratio, direction = self.config.precise_ratio, OVER
+        else:
+            return None
+        return direction if ratio > 0 and self.rng.random() < ratio else None
+
+    def _count(self, direction: str, outcome: str, record: ShadowRecord | None = None) -> None:
+        key = f"{direction}:{outcome}"
+        self.counts[key] = self.counts.get(key, 0) + 1
+        self.on_outcome(direction, outcome, record)
+
+    def _idle_replica(self, tier: str) -> Replica | None:
+        pool = self.routes[tier].pool
+        now = time.monotonic()
+        idle = [
+            r
+            for r in pool.usable(now)
+            if r.has_capacity
+            and r.waiting <= self.config.max_waiting
+            # One generation at a time (llama-cpp-python): a shadow would wait behind the
+            # caller's answer, and make that server cut the caller's stream short.
+            and not (r.in_flight > 0 and kind_of(r).serial)
+        ]
+        return min(idle, key=lambda r: r.in_flight, default=None)
+
+    def target_of(self, direction: str) -> str:
+        """The tier a shadow in ``direction`` is sent to."""
+        return self.precise_tier if direction == UNDER else self.fast_tier
+
+    def submit(
+        self,
+        direction: str,
+        path: str,
+        body: dict[str, Any],
+        primary: str,
+        score: float | None,
+        *,
+        max_tokens: int | None = None,
+    ) -> None:
+        """Start the shadow of one answered request, unless capacity says skip.
+
+        ``max_tokens`` caps the shadow's completion (the target tier's limit).
+        """
+        if self.running >= self.config.max_concurrent:
+            self._count(direction, "skipped_concurrency")
+            return
+        target = self.target_of(direction)
+        if max_tokens is not None:
+            body = _capped(body, max_tokens)
+        replica = self._idle_replica(target)
+        upstream = self.upstream()
+        if replica is None or upstream is None:
+            self._count(direction, "skipped_busy")
+            return
+        self.routes[target].pool.lease(replica)
+        self.running += 1
+        job = _Job(direction, target, replica, path, body, primary, score)
+        task = asyncio.get_running_loop().create_task(
+            self._run(upstream, job),
+            context=Context(),  # no request's log or trace context
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, upstream: UpstreamPool, job: _Job) -> None:
+        direction, replica = job.direction, job.replica
+        route = self.routes[job.target]
+        body = job.body
+        shadow_body = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
+        shadow_body["model"] = route.served_model
+        headers = {"Content-Type": "application/json", "x-tiergate-shadow": direction}
+        try:
+            opened = await attempt(
+                upstream,
+                replica.url + job.path,
+                _encoder.encode(shadow_body),
+                headers,
+                stream=False,
+                timeout_s=self.config.timeout_s,
+                connect_s=route.timeouts.connect_s,
+            )
+        except AttemptFailed as failure:
+            _heard(replica, failure)
+            self._count(direction, "failed")
+            return
+        finally:
+            route.pool.release(replica)
+            self.running -= 1
+        _heard(replica)
+        text = answer_text(opened.body or b"")
+        if text is None:
+            self._count(direction, "failed")
+            return
+        prompt = _prompt_of(body)
+        judged = None
+        if self.config.judge_ratio > 0 and self.rng.random() < self.config.judge_ratio:
+            fast_answer, precise_answer = (
+                (job.primary, text) if direction == UNDER else (text, job.primary)
+            )
+            judged = await self.judge(upstream, prompt, precise_answer, fast_answer)
+        self.record(
+            direction,
+            job.target,
+            job.primary,
+            text,
+            job.score,
+            prompt=prompt,
+            body=body,
+            judge=judged,
+        )
+
+    async def judge(
+        self, upstream: UpstreamPool, question: str, reference: str, candidate: str
+    ) -> float | None:
+        """The precise tier's rubric score of ``candidate`` (``policies/judge.py``), or None.
+
+        One attempt on an idle precise replica, within ``max_concurrent``; outcomes are
+        counted under ``judge`` (``scored``, ``unparsed``, ``failed``, ``skipped_busy``).
+        """
+        replica = self._idle_replica(self.precise_tier)
+        if replica is None or self.running >= self.config.max_concurrent:
+            self._count(JUDGE, "skipped_busy")
+            return None
+        route = self.routes[self.precise_tier]
+        body = {
+            "model": route.served_model,
+            "messages": judge_messages(question, reference, candidate),
+            "max_tokens": JUDGE_MAX_TOKENS,
+            "temperature": 0,
+        }
+        headers = {"Content-Type": "application/json", "x-tiergate-shadow": JUDGE}
+        route.pool.lease(replica)
+        self.running += 1
+        try:
+            opened = await attempt(
+                upstream,
+                replica.url + "/v1/chat/completions",
+                _encoder.encode(body),
+                headers,
+                stream=False,
+                timeout_s=self.config.timeout_s,
+                connect_s=route.timeouts.connect_s,
+            )
+        except AttemptFailed as failure:
+            _heard(replica, failure)
+            self._count(JUDGE, "failed")
+            return None
+        finally:
+            route.pool.release(replica)
+            self.running -= 1
+        _heard(replica)
+        reply = answer_text(opened.body or b"")
+        score = parse_score(reply) if reply is not None else None
+        self._count(JUDGE, "failed" if reply is None else "unparsed" if score is None else "scored")
+        return score
+
+    def record(
+        self,
+        direction: str,
+        shadow_tier: str,
+        primary: str,
+        shadow: str,
+        score: float | None,
+        *,
+        prompt: str,
+        body: Mapping[str, Any] | None = None,
+        judge: float | None = None,
+    ) -> ShadowRecord:
+        """Compare two answers and keep the outcome (metrics, rolling window, store).
+
+        With a featurizer and the request ``body``, the record carries the router's hashed
+        feature vector of the request; the prompt text only when ``store_prompts`` is on.
+        """
+        result = agreement(primary, shadow)
+        tier = self.fast_tier if direction == UNDER else self.precise_tier
+        feats = self.featurizer(body) if self.featurizer is not None and body is not None else None
+        record = ShadowRecord(
+            time.time(),
+            direction,
+            tier,
+            shadow_tier,
+            score,
+            result.score,
+            result.method,
+            _digest(prompt),
+            feature_space=feats.feature_space if feats is not None else None,
+            artifact=feats.artifact if feats is not None else None,
+            features={"index": feats.index, "value": feats.value} if feats is not None else None,
+            prompt=prompt if self.config.store_prompts else None,
+            judge=judge,
+        )
+        self.recent.append(record)
+        totals = self.agreement_totals.setdefault((direction, score_bucket(score)), [0, 0.0])
+        totals[0] += 1
+        totals[1] += result.score
+        if self.store is not None:
+            with contextlib.suppress(OSError):  # a full disk must not break serving
+                self.store.append(record)
+        self._count(direction, "compared", record)
+        return record
+
+    def routing_view(self) -> dict[str, Any]:
+        """The rolling estimates for ``/admin/routing``."""
+        under = [r.agreement for r in self.recent if r.direction == UNDER]
+        over = [r.agreement for r in self.recent if r.direction == OVER]
+        judged = [r.judge for r in self.recent if r.judge is not None]
+        return {
+            "shadow": {
+                "fast_ratio": self.config.fast_ratio,
+                "precise_ratio": self.config.precise_ratio,
+                "running": self.running,
+                "outcomes": dict(sorted(self.counts.items())),
+            },
+            # Agreement of fast answers with what precise would have said, on fast traffic.
+            "quality_retained": _mean(under),
+            "fast_agrees_on_precise_traffic": _mean(over),
+            "samples": {UNDER: len(under), OVER: len(over)},
+            # The precise tier's rubric score of fast answers, on the judged sample.
+            "judge": {
+                "ratio": self.config.judge_ratio,
+                "mean_score": _mean(judged),
+                "samples": len(judged),
+            },
+        }
+
+    async def close(self) -> None:
+        """Cancel shadows still running (shutdown)."""
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+def _heard(replica: Replica, failure: AttemptFailed | None = None) -> None:
+    """The replica answered (an error answer too): alive, for the health monitor's busy rule."""
+    if failure is None or failure.status is not None:
+        replica.heard_at = time.monotonic()
+
+
+def _capped(body: dict[str, Any], cap: int) -> dict[str, Any]:
+    """A copy of ``body`` whose completion limits are at most ``cap``."""
+    out = dict(body)
+    for name in ("max_tokens", "max_completion_tokens"):
+        value = out.get(name)
+        out[name] = cap if not isinstance(value, int) or value > cap else value
+    if "max_completion_tokens" not in body:
+        out.pop("max_completion_tokens")
+    return out
+
+
+def score_bucket(score: float | None) -> str:
+    """The route-score bucket of a record: ``0.0`` .. ``0.9`` (tenths), or ``none``."""
+    if score is None:
+        return "none"
+    return f"{min(int(score * 10), 9) / 10:.1f}"
+
+
+def _mean(values: list[float]) -> float | None:
+    return round(sum(values) / len(values), 4) if values else None
+
+
+def _prompt_of(body: dict[str, Any]) -> str:
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        for message in reversed(messages):
+            if isinstance(message, dict) and message.get("role") == "user":
+                content = message.get("content")
+                return content if isinstance(content, str) else json.dumps(content)
+        return ""
+    prompt = body.get("prompt")
+    return prompt if isinstance(prompt, str) else json.dumps(prompt)
+
+
+def _digest(text: str) -> str:
+    return hashlib.blake2b(" ".join(text.split()).encode(), digest_size=12).hexdigest()

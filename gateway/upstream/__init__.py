@@ -1,0 +1,3 @@
+"""The backends: replicas, health and detection, the one upstream client, retries, the stream
+relay.
+"""

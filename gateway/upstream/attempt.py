@@ -1,0 +1,300 @@
+"""The shared, pooled HTTP clients to the backends and one attempt against one replica.
+
+Attempts (the request path) and shadow calls go through the gateway's own keep-alive client
+(:mod:`gateway.upstream.pool`), faster per request than aiohttp (bench/results/client.md);
+health probes and ops checks keep an aiohttp session. Both are opened at start-up and closed
+at shutdown; no redirects are followed; the caller's credentials are never forwarded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import msgspec
+
+from gateway.pipeline.deadline import deadline
+from gateway.pipeline.events import UNREADABLE_JSON, FailureKind, status_kind
+from gateway.upstream.connection import ConnectFailed, ConnectTimedOut, Response
+from gateway.upstream.pool import UpstreamPool
+
+_decoder = msgspec.json.Decoder()
+# The largest non-streaming answer read from a backend (a chat answer is some kB; a batch of
+# long completions or many embeddings a few MB).
+MAX_ANSWER = 32 << 20
+
+
+class _Answer(msgspec.Struct):
+    """A non-streaming answer: a JSON object (checked whole); its ``usage`` the one field kept."""
+
+    usage: Any = None
+
+
+_answer_decoder = msgspec.json.Decoder(_Answer)
+_BOM = b"\xef\xbb\xbf"
+
+# Upstream failures that mean "this replica, right now" and are worth another replica.
+RETRYABLE_STATUSES = frozenset({429, 502, 503, 504})
+# The backend refused the gateway's own credentials: a configuration error, never the caller's.
+AUTH_STATUSES = frozenset({401, 403})
+
+
+def make_session(limit_per_host: int = 0) -> aiohttp.ClientSession:
+    """The one pooled client session of a gateway process."""
+    connector = aiohttp.TCPConnector(
+        limit=0,
+        limit_per_host=limit_per_host,
+        keepalive_timeout=30.0,
+        ttl_dns_cache=30,
+        enable_cleanup_closed=True,
+    )
+    return aiohttp.ClientSession(
+        connector=connector,
+        auto_decompress=False,
+        skip_auto_headers=("User-Agent", "Accept-Encoding"),
+        timeout=aiohttp.ClientTimeout(total=None),
+        trust_env=False,
+    )
+
+
+class UpstreamClient:
+    """The pooled clients of a gateway process: built with the other long-lived objects,
+    opened at start-up (on the event loop), closed at shutdown.
+
+    ``pool`` (attempts, shadow calls) and ``session`` (aiohttp: probes, ops) are for use while
+    open; ``current_pool`` may be asked at any time (``None`` while closed).
+    """
+
+    __slots__ = ("_pool", "_session", "keepalive_s", "limit_per_host")
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession | None = None,
+        *,
+        pool: UpstreamPool | None = None,
+        limit_per_host: int = 0,
+        keepalive_s: float = 30.0,
+    ) -> None:
+        self._session = session
+        self._pool = pool
+        self.limit_per_host = limit_per_host
+        self.keepalive_s = keepalive_s
+
+    def current_pool(self) -> UpstreamPool | None:
+        """The open connection pool, if any (shadow calls ask at any time)."""
+        return self._pool
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        """The open session (RuntimeError before start-up: a wiring bug)."""
+        session = self._session
+        if session is None:
+            raise RuntimeError("the upstream session is opened at start-up")
+        return session
+
+    @property
+    def pool(self) -> UpstreamPool:
+        """The open connection pool of the request path (RuntimeError before start-up)."""
+        pool = self._pool
+        if pool is None:
+            raise RuntimeError("the upstream pool is opened at start-up")
+        return pool
+
+    def open(self) -> aiohttp.ClientSession:
+        """Open the session and the pool (once); it must run on the event loop that uses them."""
+        if self._session is None:
+            self._session = make_session(self.limit_per_host)
+        if self._pool is None:
+            self._pool = UpstreamPool(
+                limit_per_host=self.limit_per_host, keepalive_s=self.keepalive_s
+            )
+        return self._session
+
+    async def close(self) -> None:
+        """Close the session and the pool, if open."""
+        session, self._session = self._session, None
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            await pool.close()
+        if session is not None:
+            await session.close()
+
+
+class AttemptFailed(Exception):
+    """One attempt against one replica failed; ``kind`` says how, for retries and metrics.
+
+    ``kind`` is a :class:`FailureKind`, or ``status_<code>`` (:func:`status_kind`) for an
+    HTTP error answer.
+    """
+
+    def __init__(
+        self,
+        kind: str,
+        message: str,
+        *,
+        status: int | None = None,
+        retry_after: float | None = None,
+        body: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.status = status
+        self.retry_after = retry_after
+        self.body = body
+        self.replica: str | None = None  # which replica failed, for the caller's message
+
+    @property
+    def counts_against_replica(self) -> bool:
+        """Connection failures and 5xx count against a replica's health; 4xx never do, nor
+        an answer the gateway cannot pass on (it says nothing of the replica's health)."""
+        if self.kind == FailureKind.BAD_ANSWER:
+            return False
+        return self.status is None or self.status >= 500
+
+
+@dataclass(slots=True)
+class Opened:
+    """A successful attempt: the body (non-streaming) or the live response (streaming).
+
+    ``usage``: a non-streaming answer's ``usage`` value as the backend sent it (not checked).
+    """
+
+    status: int
+    content_type: str
+    body: bytes | None
+    response: Response | None
+    usage: Any = None
+
+
+def _retry_after(value: str | None) -> float | None:
+    """A Retry-After in seconds: finite and not negative (``inf``, ``nan``, a date: ``None``).
+
+    The forwarder clamps it to the replica cool-down cap before any use.
+    """
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        return None
+    return max(0.0, seconds) if math.isfinite(seconds) else None
+
+
+def _upstream_message(raw: bytes, status: int) -> tuple[str, dict[str, Any] | None]:
+    """The message of an error body: ``{"error": {...}}`` (vLLM, llama.cpp, Ollama), flat
+    (older vLLM, SGLang) or ``{"error": "...", "error_type": ...}`` (TGI)."""
+    try:
+        data = _decoder.decode(raw)
+    except UNREADABLE_JSON:
+        return f"The backend answered {status}.", None
+    if isinstance(data, dict) and isinstance(data.get("error"), str) and data["error"]:
+        return data["error"][:2000], None
+    if isinstance(data, dict):
+        inner = data.get("error") if isinstance(data.get("error"), dict) else data
+        message = inner.get("message") if isinstance(inner, dict) else None
+        if isinstance(message, str) and message:
+            return message[:2000], inner if isinstance(inner, dict) else None
+    return f"The backend answered {status}.", None
+
+
+async def _fail_from_status(response: Response) -> AttemptFailed:
+    status = response.status
+    try:
+        raw = await response.read_at_most(65536)
+    finally:
+        response.release()
+    message, body = _upstream_message(raw, status)
+    return AttemptFailed(
+        status_kind(status),
+        message,
+        status=status,
+        retry_after=_retry_after(response.header("Retry-After")),
+        body=body,
+    )
+
+
+def answer_usage(body: bytes) -> Any:
+    """The answer's ``usage``, read without building the rest (the value as sent: the proxy
+    reads its counts with ``relay.usage_fields``). A 200 that is not JSON (HTML, empty, cut
+    short, nested too deep) is a failed attempt, never passed on as a success. A JSON array
+    (llama.cpp's answer to a list of prompts on /v1/completions) is an answer without usage."""
+    try:
+        return _answer_decoder.decode(body).usage
+    except msgspec.ValidationError:
+        if body.lstrip()[:1] == b"[" and _is_json(body):
+            return None
+        raise AttemptFailed(
+            FailureKind.BAD_ANSWER, "The backend's answer is not a JSON object."
+        ) from None
+    except UNREADABLE_JSON:
+        raise AttemptFailed(FailureKind.BAD_ANSWER, "The backend's answer is not JSON.") from None
+
+
+def _without_bom(body: bytes) -> bytes:
+    """``body`` without a UTF-8 byte order mark (tolerated before JSON, RFC 8259 8.1)."""
+    return body[3:] if body[:3] == _BOM else body
+
+
+def _is_json(body: bytes) -> bool:
+    try:
+        _decoder.decode(body)
+    except UNREADABLE_JSON:
+        return False
+    return True
+
+
+async def attempt(
+    pool: UpstreamPool,
+    url: str,
+    payload: bytes,
+    headers: dict[str, str],
+    *,
+    stream: bool,
+    timeout_s: float,
+    connect_s: float | None = None,
+) -> Opened:
+    """POST ``payload`` to ``url``; return when the answer (or the stream's head) is there.
+
+    ``timeout_s`` bounds the whole attempt up to the answer (or the stream's head);
+    ``connect_s`` bounds opening the connection alone.
+    """
+    response: Response | None = None
+    try:
+        with deadline(timeout_s):
+            response = await pool.post(url, payload, headers, connect_s=connect_s)
+            if response.status != 200:
+                raise await _fail_from_status(response)
+            content_type = response.header("Content-Type") or "application/json"
+            if stream:
+                return Opened(200, content_type, None, response)
+            body = _without_bom(await response.read(MAX_ANSWER))
+            response.release()
+            return Opened(200, content_type, body, None, answer_usage(body))
+    except ConnectTimedOut as exc:
+        raise AttemptFailed(
+            FailureKind.CONNECT_TIMEOUT, "The backend did not accept in time."
+        ) from exc
+    except TimeoutError as exc:
+        if response is not None:
+            response.close()
+        raise AttemptFailed(FailureKind.TIMEOUT, "The backend did not answer in time.") from exc
+    except ConnectFailed as exc:
+        raise AttemptFailed(FailureKind.CONNECT, "The backend refused the connection.") from exc
+    except ValueError as exc:  # Response.read: above MAX_ANSWER
+        if response is not None:
+            response.close()
+        raise AttemptFailed(
+            FailureKind.BAD_ANSWER, "The backend's answer is larger than 32 MiB."
+        ) from exc
+    except OSError as exc:
+        if response is not None:
+            response.close()
+        raise AttemptFailed(FailureKind.RESET, "The connection to the backend was lost.") from exc
+    except asyncio.CancelledError:
+        if response is not None:
+            response.close()  # closing the connection makes vLLM abort the request
+        raise

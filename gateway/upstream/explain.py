@@ -1,0 +1,86 @@
+"""Words for a caller when no replica could serve: which tier was asked, which were tried, why.
+
+Only our own texts, replica host:port names and the backends' error messages (already passed to
+callers) go into these messages; never a credential.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gateway.pipeline.events import FailureKind
+from gateway.upstream.attempt import AttemptFailed
+from gateway.upstream.replicas import ReplicaPool
+from policies.errors import TierGateError
+
+_MAX_NAMED = 8  # replicas named in one message; the rest are counted
+
+
+def why_none(pool: ReplicaPool, now: float) -> str:
+    """Each replica of a tier with nothing usable, and why it is not usable."""
+    replicas = pool.replicas
+    named = "; ".join(
+        f"replica {r.name} {r.unavailable_reason(now) or 'already tried'}"
+        for r in replicas[:_MAX_NAMED]
+    )
+    more = len(replicas) - _MAX_NAMED
+    return f"{named}; and {more} more" if more > 0 else named
+
+
+def tier_detail(tier: str, last: AttemptFailed, failures: Sequence[AttemptFailed]) -> str:
+    """What went wrong on one tier, for a message that names several tiers."""
+    if last.kind == FailureKind.NO_REPLICA:
+        prefix = f"No healthy replica in tier '{tier}': "
+        reasons = last.message.removeprefix(prefix)
+        return f"no healthy replica: {reasons}" if reasons != last.message else last.message
+    return _attempts_detail(failures)
+
+
+def _attempts_detail(failures: Sequence[AttemptFailed]) -> str:
+    """What the attempts on a tier met, in order, each distinct answer once (with a count)."""
+    seen: dict[str, int] = {}
+    for f in failures:
+        text = (
+            f"replica {f.replica or '?'}: {f.message.rstrip('.')}"
+            if f.kind != FailureKind.NO_REPLICA
+            else f.message.rstrip(".")
+        )
+        seen[text] = seen.get(text, 0) + 1
+    return "; ".join(
+        text if count == 1 else f"{text} (x{count})"
+        for text, count in list(seen.items())[:_MAX_NAMED]
+    )
+
+
+def _summary(error: TierGateError) -> str:
+    """One tier's part of a message that sums up several: its own words, then the detail."""
+    message, detail = error.message.rstrip("."), (error.detail or "").rstrip(".")
+    if not detail or detail == message:
+        return message
+    if detail.startswith("no healthy replica: "):
+        return detail
+    return f"{message} ({detail})"
+
+
+def every_tier_failed(failed: list[tuple[str, TierGateError]]) -> TierGateError:
+    """The caller's error when no tier could serve: the last tier's kind of error, with a
+    message naming the tier asked for, every fallback tier tried, and why each failed.
+
+    Empties ``failed``: the caller's frame must not keep the errors (and through their
+    tracebacks the request body) alive once the error is raised.
+    """
+    _, last = failed[-1]
+    parts = [
+        f"tier '{name}' ({'asked' if index == 0 else 'fallback'}): {_summary(error)}"
+        for index, (name, error) in enumerate(failed)
+    ]
+    failed.clear()
+    if len(parts) == 1:
+        detail = last.detail or ""
+        if detail and detail != last.message and not detail.startswith("no healthy replica: "):
+            last.message = f"{last.message.rstrip('.')} ({detail.rstrip('.')})."
+            last.args = (last.message,)
+        return last
+    last.message = f"No tier could serve the request. {'; '.join(parts)}."
+    last.args = (last.message,)
+    return last

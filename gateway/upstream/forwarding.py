@@ -1,0 +1,595 @@
+"""From a routed request to an open upstream answer: replica choice, leases, retries, fallback.
+
+Nothing here writes to the client, so every retry happens before the first byte reached it.
+For streams the first SSE event is read inside the attempt: a backend that stalls before its
+first token is retried elsewhere, and one whose first event is an error is answered like an
+HTTP error of that status. A non-streaming attempt is bounded by the request's deadline only:
+vLLM sends nothing until the whole answer is ready, so a "first byte" timeout would re-send a
+request the backend is still generating and multiply its work.
+
+Every attempt carries its own ``x-request-id`` (vLLM 0.11 refuses a second request with an id
+already running); the caller's id is only echoed back to the caller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import re
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import msgspec
+
+from gateway.config.settings import Timeouts
+from gateway.pipeline.events import (
+    NO_EVENTS,
+    TIMEOUTS,
+    UNREADABLE_JSON,
+    AttemptEnd,
+    AttemptEvents,
+    AttemptStart,
+    FailureKind,
+    status_kind,
+)
+from gateway.pipeline.ids import fresh_id
+from gateway.upstream.attempt import AUTH_STATUSES, AttemptFailed, Opened, UpstreamClient, attempt
+from gateway.upstream.explain import every_tier_failed, tier_detail, why_none
+from gateway.upstream.replicas import Replica, ReplicaPool
+from gateway.upstream.retry import RetryBudget, RetryLoop, RetryPolicy
+from policies.errors import (
+    Overloaded,
+    TierGateError,
+    UpstreamBadAnswer,
+    UpstreamRejected,
+    UpstreamUnavailable,
+)
+from policies.selection import Choice, Strategy
+
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder()
+_ERROR_EVENT = b'data: {"error"'
+# What a server-sent event's first line starts with (a field, or ":" for a comment).
+_SSE_FIELDS = (b"data:", b":", b"event:", b"id:", b"retry:", b"error:")
+_BOM = b"\xef\xbb\xbf"
+# An SSE event ends with a blank line: LF (vLLM, SGLang, llama.cpp), CRLF (sse-starlette's
+# default) or CR framing; the first event says which one the stream uses.
+_EVENT_END = re.compile(rb"\n\n|\r\n\r\n|\r\r")
+MAX_EVENT = 1 << 20  # the largest SSE event read from a backend
+
+
+@dataclass(slots=True)
+class Exchange:
+    """An open upstream answer and the lease it holds until :meth:`finish`."""
+
+    opened: Opened
+    replica: Replica
+    pool: ReplicaPool
+    first_event: bytes = b""
+    finished: bool = False
+    # The stream's line ending when not LF (b"\r\n" or b"\r"): the relay turns it into LF.
+    framing: bytes | None = None
+    # The request's deadline (time.monotonic(), timeouts.total_s): a stream ends there too.
+    deadline: float = math.inf
+
+    def finish(self, *, abort: bool = False, failed: bool = False) -> None:
+        """Return the lease; ``abort`` closes the connection so the engine stops work.
+
+        ``failed``: the backend broke the stream (reset, stall, truncation), which counts
+        against the replica's health like a failed attempt.
+        """
+        if self.finished:
+            return
+        self.finished = True
+        if failed:
+            self.pool.record_failure(
+                self.replica,
+                FailureKind.MID_STREAM,
+                "The stream broke after it started.",
+                counts=True,
+            )
+        response = self.opened.response
+        if response is not None:
+            if abort:
+                response.close()
+            else:
+                response.release()
+        self.pool.release(self.replica)
+
+
+class Forwarded(NamedTuple):
+    """What :meth:`Forwarder.forward` returns: the open answer and which tier gave it.
+
+    ``fallback_from`` and ``fallback_reason`` are set when a fallback tier answered: the tier
+    asked for and the code of the error it gave up with.
+    """
+
+    exchange: Exchange
+    tier: str
+    fallback_from: str | None = None
+    fallback_reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TierRoute:
+    """A tier's pool, its strategy and timeouts."""
+
+    pool: ReplicaPool
+    strategy: Strategy
+    timeouts: Timeouts
+    served_model: str
+    # Sent with every attempt: the tier's upstream credentials (Authorization), if any.
+    upstream_headers: Mapping[str, str] = field(default_factory=dict, repr=False)
+
+
+class _Waited:
+    """Time one attempt spent waiting on its backend (a local of one attempt)."""
+
+    __slots__ = ("first_chunk_at", "upstream_s")
+
+    def __init__(self) -> None:
+        self.upstream_s = 0.0
+        self.first_chunk_at: float | None = None
+
+
+class Forwarder:
+    """Opens upstream answers for routed requests."""
+
+    def __init__(
+        self,
+        upstream: UpstreamClient,
+        routes: Mapping[str, TierRoute],
+        policy: RetryPolicy,
+    ) -> None:
+        self.upstream = upstream
+        self.routes = routes
+        self.policy = policy
+        # Sent with every attempt on a tier (its credentials included), merged once.
+        self._base_headers = {
+            tier: {"Content-Type": "application/json", **route.upstream_headers}
+            for tier, route in routes.items()
+        }
+        self.budget = RetryBudget(policy.budget_ratio, policy.budget_min, policy.budget_window_s)
+
+    def uses_prefix(self, tiers: Sequence[str]) -> bool:
+        """Whether a replica choice on ``tiers`` can follow the request's prefix blocks.
+
+        Only a prefix-aware strategy over more than one replica reads them; otherwise the
+        caller skips hashing the prompt (a request's blocks are then empty).
+        """
+        routes = self.routes
+        for tier in tiers:
+            route = routes[tier]
+            if route.strategy.uses_prefix and len(route.pool.replicas) > 1:
+                return True
+        return False
+
+    async def forward(
+        self,
+        path: str,
+        body: dict[str, Any],
+        tiers: Sequence[str],
+        prefix_blocks: Sequence[int] = (),
+        events: AttemptEvents = NO_EVENTS,
+    ) -> Forwarded:
+        """Try ``tiers`` in order; within a tier, retry on other replicas per the rules.
+
+        One deadline covers the whole request, fallback tiers included. Each attempt is
+        reported to ``events`` (started, then ended); the result says which tier answered and,
+        after a fallback, from which tier and why.
+        """
+        deadline = time.monotonic() + self.routes[tiers[0]].timeouts.total_s
+        failed: list[tuple[str, TierGateError]] = []
+        for index, tier in enumerate(tiers):
+            if index > 0 and deadline <= time.monotonic():
+                break
+            try:
+                exchange = await self._forward_tier(
+                    path,
+                    body,
+                    tier,
+                    events,
+                    prefix_blocks=prefix_blocks,
+                    deadline=deadline,
+                    fallback=index > 0,
+                )
+            except (UpstreamUnavailable, Overloaded) as exc:
+                failed.append((tier, exc))
+                continue
+            exchange.deadline = deadline
+            if failed:
+                return Forwarded(exchange, tier, tiers[0], str(failed[-1][1].code))
+            return Forwarded(exchange, tier)
+        raise every_tier_failed(failed)
+
+    async def _forward_tier(
+        self,
+        path: str,
+        body: dict[str, Any],
+        tier: str,
+        events: AttemptEvents,
+        *,
+        prefix_blocks: Sequence[int],
+        deadline: float,
+        fallback: bool = False,
+    ) -> Exchange:
+        route = self.routes[tier]
+        body["model"] = route.served_model
+        payload = _encoder.encode(body)
+        stream = bool(body.get("stream"))
+        base_headers = self._base_headers[tier]
+        pool = route.pool
+        loop = RetryLoop(
+            self.policy,
+            self.budget,
+            deadline,
+            ready_in=lambda: pool.ready_in(time.monotonic()),
+            replicas=len(pool.replicas),
+            counts_as_request=not fallback,
+        )
+        tried: set[str] = set()
+
+        async def one(number: int) -> Exchange:
+            if number > 1 and loop.failures:
+                pool.count_retry(loop.failures[-1].kind)
+            routed_at = time.perf_counter()
+            exclude = frozenset(tried) if tried else _NOTHING
+            choice = _pick(route, exclude, prefix_blocks)
+            if choice is None:  # every usable replica at its cap: wait for a slot
+                choice = await self._choose(route, exclude, prefix_blocks, loop)
+            replica = choice.replica
+            tried.add(replica.url)
+            upstream_id = fresh_id()  # unique per attempt
+            start = AttemptStart(
+                tier,
+                replica.name,
+                replica.url,
+                route.strategy.name,
+                routed_at,
+                len(prefix_blocks),
+                choice.affinity,
+                upstream_id,
+                body,
+            )
+            extra = events.attempt_started(start)
+            headers = {**base_headers, "x-request-id": upstream_id, **extra}
+            first_byte_s = route.timeouts.first_byte_s if stream else math.inf
+            limit_s = max(0.001, min(first_byte_s, loop.remaining()))
+            return await self._attempt(
+                route, replica, replica.url + path, payload, headers, stream, limit_s, events
+            )
+
+        try:
+            return await loop.run(one)
+        except AttemptFailed as failure:
+            # No local name for the error: frame and exception would hold each other (and the
+            # request body) alive until a full collection.
+            raise _final_error(tier, failure, loop.failures) from None
+        finally:
+            loop.forget_tracebacks()
+
+    async def _choose(
+        self,
+        route: TierRoute,
+        exclude: frozenset[str],
+        prefix_blocks: Sequence[int],
+        loop: RetryLoop,
+    ) -> Choice[Replica]:
+        pool = route.pool
+        wait_until = time.monotonic() + pool.max_queue_wait_s  # one bounded wait in all
+        while True:
+            choice = _pick(route, exclude, prefix_blocks)
+            if choice is not None:
+                return choice
+            await pool.wait_for_slot(min(wait_until - time.monotonic(), loop.remaining()))
+
+    async def _attempt(  # noqa: PLR0917  # one attempt's request, passed as is (hot path)
+        self,
+        route: TierRoute,
+        replica: Replica,
+        url: str,
+        payload: bytes,
+        headers: dict[str, str],
+        stream: bool,
+        limit_s: float,
+        events: AttemptEvents,
+    ) -> Exchange:
+        """One attempt, reported to ``events`` as ended (opened or failed) whatever happens.
+
+        Its lease on ``replica`` is returned on failure; on success the exchange holds it
+        (a non-streaming answer is read whole and gives it back at once).
+        """
+        pool = route.pool
+        waited = _Waited()
+        started = time.perf_counter()
+        try:
+            try:
+                opened = await attempt(
+                    self.upstream.pool,
+                    url,
+                    payload,
+                    headers,
+                    stream=stream,
+                    timeout_s=limit_s,
+                    connect_s=route.timeouts.connect_s,
+                )
+            except AttemptFailed as failure:
+                pool.release(replica)
+                self._record_failure(pool, replica, failure)
+                raise
+            except BaseException:
+                pool.release(replica)
+                raise
+            finally:
+                waited.upstream_s += time.perf_counter() - started
+            exchange = Exchange(opened, replica, pool)
+            if stream:
+                try:
+                    exchange.first_event = await _first_event(exchange, limit_s, waited)
+                except AttemptFailed as failure:
+                    exchange.finish(abort=True)
+                    self._record_failure(pool, replica, failure)
+                    raise
+                except BaseException:
+                    exchange.finish(abort=True)
+                    raise
+            else:
+                exchange.finish()
+            pool.record_success(replica)
+        except BaseException as exc:
+            kind = exc.kind if isinstance(exc, AttemptFailed) else type(exc).__name__
+            events.attempt_ended(AttemptEnd(waited.upstream_s, waited.first_chunk_at, kind))
+            raise
+        events.attempt_ended(
+            AttemptEnd(
+                waited.upstream_s,
+                waited.first_chunk_at,
+                body=opened.body,
+                first_event=exchange.first_event,
+            )
+        )
+        return exchange
+
+    def _record_failure(self, pool: ReplicaPool, replica: Replica, failure: AttemptFailed) -> None:
+        """Count ``failure`` on the replica; a Retry-After on 429/503 becomes a cool-down."""
+        failure.replica = replica.name  # named in the caller's error if every attempt fails
+        if failure.status is not None:  # an error answer is still an answer: the server lives
+            replica.heard_at = time.monotonic()
+        if failure.status in AUTH_STATUSES:
+            pool.mark_misconfigured(replica, failure.status)
+        cooldown = None
+        if failure.retry_after is not None:
+            # Never a backend's raw value: it sets cool-downs, retry waits and the caller's header.
+            failure.retry_after = min(failure.retry_after, self.policy.max_cooldown_s)
+            if failure.status in (429, 503):
+                cooldown = failure.retry_after
+        pool.record_failure(
+            replica,
+            failure.kind,
+            failure.message,
+            counts=failure.counts_against_replica and cooldown is None,
+            retry_after=cooldown,
+        )
+
+
+_NOTHING: frozenset[str] = frozenset()
+
+
+def _pick(
+    route: TierRoute, exclude: frozenset[str], prefix_blocks: Sequence[int]
+) -> Choice[Replica] | None:
+    """A leased replica for the next attempt; None when every usable one is at its cap.
+
+    Raises ``AttemptFailed`` (no replica) when none is usable at all.
+    """
+    pool = route.pool
+    now = time.monotonic()
+    # The usual case in one pass: the replicas up, configured, not tried and below their cap
+    # (what the steps below leave when any such replica exists).
+    free = [
+        r
+        for r in pool.replicas
+        if r.in_flight < r.max_concurrency
+        and not r.misconfigured
+        and r.url not in exclude
+        and r.available(now)
+    ]
+    if free:
+        return _lease(route, free, prefix_blocks)
+    usable = pool.usable(now, exclude)
+    if not usable and exclude:
+        usable = pool.usable(now)  # every replica tried: any is fair
+    if not usable:
+        raise AttemptFailed(
+            FailureKind.NO_REPLICA,
+            f"No healthy replica in tier '{pool.tier}': {why_none(pool, now)}.",
+            retry_after=pool.ready_in(now) or None,
+        )
+    free = [r for r in usable if r.has_capacity]
+    if not free:
+        return None
+    return _lease(route, free, prefix_blocks)
+
+
+def _lease(route: TierRoute, free: list[Replica], prefix_blocks: Sequence[int]) -> Choice[Replica]:
+    """The strategy's pick among ``free`` (all below their cap), leased."""
+    pool = route.pool
+    # One candidate: every strategy takes it, with no prefix followed (affinity None).
+    choice = (
+        Choice(free[0])
+        if len(free) == 1
+        else route.strategy.choose(free, prefix_blocks, pool.next_index())
+    )
+    pool.lease(choice.replica)
+    return choice
+
+
+async def _first_event(exchange: Exchange, timeout_s: float, waited: _Waited) -> bytes:
+    response = exchange.opened.response
+    assert response is not None  # noqa: S101  # streams always keep their response
+    started = time.perf_counter()
+    try:
+        async with asyncio.timeout(timeout_s):
+            event = await response.readuntil(_EVENT_END, MAX_EVENT)
+    except TimeoutError as exc:
+        raise AttemptFailed(
+            FailureKind.FIRST_BYTE_TIMEOUT, "The backend sent no token in time."
+        ) from exc
+    except ValueError as exc:
+        raise AttemptFailed(
+            FailureKind.BAD_ANSWER, "The backend sent a first event above the size limit."
+        ) from exc
+    except OSError as exc:
+        raise AttemptFailed(
+            FailureKind.RESET, "The backend closed the stream before any output."
+        ) from exc
+    finally:
+        waited.first_chunk_at = now = time.perf_counter()
+        waited.upstream_s += now - started
+    if event[-2:] != b"\n\n":  # not LF framing (or a body that ended without a blank line)
+        framing = (
+            b"\r\n" if event.endswith(b"\r\n\r\n") else b"\r" if event[-2:] == b"\r\r" else None
+        )
+        if framing is not None:
+            exchange.framing = framing
+            event = event.replace(framing, b"\n")
+    if not event.startswith(b"data: "):
+        event = _first_of_dialect(event[3:] if event[:3] == _BOM else event)
+    if event.startswith(_ERROR_EVENT):
+        raise stream_error(event)
+    return event
+
+
+def _first_of_dialect(event: bytes) -> bytes:
+    """A first event not in the relay's dialect: rewritten, or a failed attempt when the answer
+    is not server-sent events at all (an HTML page, a JSON answer, an empty body)."""
+    if event and not event.strip(b"\n"):  # an empty event (blank lines) before the first one
+        return event
+    if not event.startswith(_SSE_FIELDS):
+        raise AttemptFailed(
+            FailureKind.BAD_ANSWER,
+            "The backend's stream ended before any event."
+            if not event
+            else "The backend's answer to a stream request is not server-sent events.",
+        )
+    if event.endswith(b"\n\n"):
+        event = standard_event(event[:-2]) + b"\n\n"
+    return event
+
+
+def standard_event(event: bytes) -> bytes:
+    """An SSE event (without its blank line) in the one dialect the relay reads.
+
+    Servers may write ``data:`` without the space, name the event (``event: message``,
+    ``event: error``), or add ``id:``/``retry:`` lines: a single ``data`` line becomes
+    ``data: <value>``, the other fields dropped. llama.cpp writes its errors in an ``error:``
+    field: it becomes ``data: {"error": <value>}``, the relay's error event. An event with
+    several ``data`` lines, or only comments, is returned as is (the same object); one with
+    fields but no data (``retry: 3000``, ``event: ping``) becomes empty (a client's SSE
+    parser would try to read JSON from it).
+    """
+    found: bytes | None = None
+    error: bytes | None = None
+    comments = True
+    for line in event.split(b"\n"):
+        if line.startswith(b"data:"):
+            if found is not None:
+                return event
+            found = line[6:] if line[5:6] == b" " else line[5:]
+        elif line.startswith(b"error:"):
+            error = line[7:] if line[6:7] == b" " else line[6:]
+        if not line.startswith(b":"):
+            comments = False
+    if found is not None:
+        return b"data: " + found
+    if error is not None:
+        return b'data: {"error": ' + error + b"}"
+    return event if comments else b""
+
+
+def stream_error(event: bytes) -> AttemptFailed:
+    """A stream whose first event is the backend's error: a failure with that error's status.
+
+    Nothing reached the caller yet, so it is handled like an HTTP error answer (vLLM 0.11 puts
+    "Request id ... already running." there; a 5xx may be retried on another replica).
+    """
+    try:
+        data = _decoder.decode(event.strip()[len(b"data: ") :])
+    except UNREADABLE_JSON:
+        data = None
+    inner = data.get("error") if isinstance(data, dict) else None
+    inner = inner if isinstance(inner, dict) else {}
+    code = inner.get("code")
+    status = code if isinstance(code, int) and 400 <= code <= 599 else 500
+    message = inner.get("message")
+    text = message[:2000] if isinstance(message, str) and message else "The backend failed."
+    return AttemptFailed(status_kind(status), text, status=status, body=inner)
+
+
+def _final_error(
+    tier: str, failure: AttemptFailed, failures: Sequence[AttemptFailed] = ()
+) -> TierGateError:
+    """The caller's error once a tier gave up; its ``code`` doubles as the fallback reason.
+
+    Its ``detail`` says what every attempt on the tier met (``failures``), for a message that
+    sums up several tiers.
+    """
+    detail = tier_detail(tier, failure, failures or (failure,))
+    status = failure.status
+    if failure.kind == FailureKind.BAD_ANSWER:
+        return UpstreamBadAnswer(
+            f"The '{tier}' tier's answer could not be passed on: {failure.message}",
+            detail=detail,
+        )
+    if status in AUTH_STATUSES:
+        return UpstreamUnavailable(
+            f"The backend refused the gateway's credentials (HTTP {status}): check the "
+            f"upstream API key of the '{tier}' tier (tiers.{tier}.api_key or api_key_file).",
+            status=502,
+            code="upstream_auth_failed",
+            detail=detail,
+        )
+    if status is not None and 400 <= status < 500 and status != 429:
+        body = failure.body or {}
+        param = body.get("param") if isinstance(body.get("param"), str) else None
+        code = body.get("code") if isinstance(body.get("code"), str) else None
+        return UpstreamRejected(
+            failure.message, status=status, param=param, code=code, detail=detail
+        )
+    return _unavailable(tier, failure, detail)
+
+
+def _unavailable(tier: str, failure: AttemptFailed, detail: str) -> TierGateError:
+    """The error of a tier that could not answer (no replica, busy, timed out, broken).
+
+    Its Retry-After is the gateway's own (a backend's was clamped in ``_record_failure``).
+    """
+    retry_after = {"Retry-After": str(max(1, math.ceil(failure.retry_after or 1)))}
+    if failure.kind == FailureKind.NO_REPLICA:
+        return UpstreamUnavailable(
+            failure.message,
+            status=503,
+            code="no_healthy_replica",
+            headers=retry_after,
+            detail=detail,
+        )
+    if failure.status in (429, 503):
+        return Overloaded(
+            f"Every replica of the '{tier}' tier is busy; retry shortly.",
+            headers=retry_after,
+            detail=detail,
+        )
+    if failure.kind in TIMEOUTS:
+        return UpstreamUnavailable(
+            f"The '{tier}' tier did not answer in time.",
+            status=504,
+            code="upstream_timeout",
+            detail=detail,
+        )
+    return UpstreamUnavailable(
+        f"The '{tier}' tier could not serve the request: {failure.message}",
+        status=502,
+        detail=detail,
+    )

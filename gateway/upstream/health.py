@@ -1,0 +1,331 @@
+"""Knowing the replicas: active health checks and a scrape of each replica's ``/metrics``.
+
+One background task (started at app start-up, cancelled at shutdown) probes every replica of
+every tier each ``interval_s``: first, once, what the replica is (:mod:`gateway.upstream.backends`:
+its kind, detected for ``auto``, and its probe route), then ``GET`` on that route (vLLM's
+``/health`` answers 200 when the engine is alive; the tier's ``health_path`` overrides it),
+then, when healthy, the kind's ``/metrics`` for the engine's own load and cache counters. A
+refused connection or a non-200 answer (vLLM's dead engine) marks a replica unhealthy at
+once; timeouts, which may be a passing stall, do so after ``unhealthy_after`` in a row. It
+turns healthy again after ``healthy_after`` good probes. Passive outlier ejection (from real
+traffic) lives in :mod:`gateway.upstream.replicas`; the two are independent and both keep a replica
+out of rotation.
+
+Sample names come from the kind (:data:`policies.backends.KINDS`). For vLLM both the current
+metric names and the deprecated ones are parsed; the current name wins when a page has
+both (``vllm:kv_cache_usage_perc`` over ``vllm:gpu_cache_usage_perc``,
+``vllm:prefix_cache_*`` over ``vllm:gpu_prefix_cache_*``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final
+
+import aiohttp
+import structlog
+
+from gateway.upstream import backends
+from gateway.upstream.replicas import ErrorRecord, Replica, ReplicaPool
+from gateway.upstream.worker_share import HealthShare
+from policies.backends import KINDS, BackendKind, Probe
+
+_log = structlog.get_logger("tiergate.health")
+_MAX_METRICS_BYTES = 4 << 20
+# How often a misconfigured replica's credentials are tried again (GET /v1/models).
+_RECHECK_CREDENTIALS_S = 5.0
+# A probe that timed out while the replica served the gateway's requests: no verdict.
+_BUSY: Final = ("busy", False)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLoad:
+    """What one ``/metrics`` page says; ``None`` where the page has no such sample."""
+
+    running: float | None = None
+    waiting: float | None = None
+    kv_usage: float | None = None
+    prefix_queries: float | None = None
+    prefix_hits: float | None = None
+    prefix_hit_rate: float | None = None
+
+
+_RATIOS = frozenset({"kv_usage", "prefix_hit_rate"})
+_LOAD_FIELDS = (
+    "running",
+    "waiting",
+    "kv_usage",
+    "prefix_queries",
+    "prefix_hits",
+    "prefix_hit_rate",
+)
+
+
+def _sample(line: str) -> tuple[str, float] | None:
+    """``(name, value)`` of one exposition line, or ``None`` for comments and junk."""
+    if not line or line[0] == "#":
+        return None
+    brace = line.find("{")
+    if brace >= 0:
+        name = line[:brace]
+        close = line.rfind("}")
+        fields = line[close + 1 :].split() if close > brace else []
+    else:
+        name, *fields = line.split()
+    if not fields:
+        return None
+    try:
+        return name.strip(), float(fields[0])
+    except ValueError:
+        return None
+
+
+def parse_metrics(text: str, kind: BackendKind = KINDS["vllm"]) -> EngineLoad:
+    """Sum each of the kind's samples over its label sets (engines, models); ratios: the max."""
+    found: dict[str, tuple[int, float]] = {}
+    names, prefix = kind.metrics, kind.metric_prefix
+    if not names:
+        return EngineLoad()
+    for line in text.splitlines():
+        if not line.startswith(prefix):
+            continue
+        sample = _sample(line)
+        if sample is None or sample[0] not in names:
+            continue
+        field, rank = names[sample[0]]
+        value = sample[1]
+        held = found.get(field)
+        if held is None or rank < held[0]:
+            found[field] = (rank, value)
+        elif rank == held[0]:
+            merged = max(held[1], value) if field in _RATIOS else held[1] + value
+            found[field] = (rank, merged)
+    return EngineLoad(**{field: value for field, (_, value) in found.items()})
+
+
+@dataclass(frozen=True, slots=True)
+class HealthConfig:
+    """How often and how patiently replicas are probed."""
+
+    interval_s: float = 0.5
+    timeout_s: float = 0.5
+    unhealthy_after: int = 2
+    healthy_after: int = 1
+    scrape_metrics: bool = True
+
+
+class HealthMonitor:
+    """Probes every replica on an interval and keeps their state on the Replica objects.
+
+    With a ``share`` (several workers), the leader publishes each round's results and a
+    ``follower`` reads them instead of probing: one prober per gateway process group.
+    """
+
+    def __init__(
+        self,
+        pools: Mapping[str, ReplicaPool],
+        config: HealthConfig,
+        credentials: Mapping[str, Mapping[str, str]] | None = None,
+        *,
+        share: HealthShare | None = None,
+        follower: bool = False,
+    ) -> None:
+        self.pools = pools
+        self.config = config
+        # Per tier, the upstream Authorization header: a replica marked misconfigured (it
+        # refused the gateway's key) is re-checked on /v1/models, so a fixed backend returns
+        # to service, and to readiness, without waiting for traffic that readiness keeps away.
+        self.credentials = credentials or {}
+        self._credentials_checked: dict[tuple[str, str], float] = {}
+        self.share = share
+        self.follower = follower
+        self.session: aiohttp.ClientSession | None = None
+        self.rounds = 0
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def replicas(self) -> list[Replica]:
+        """Every replica of every tier."""
+        return [r for pool in self.pools.values() for r in pool.replicas]
+
+    def start(self, session: aiohttp.ClientSession) -> None:
+        """Start probing in the background with the gateway's shared session."""
+        self.session = session
+        if self._task is None:
+            # A clean context: started during a request, the task must not log that
+            # request's id and trace id on every probe for the rest of its life.
+            self._task = asyncio.create_task(
+                self._run(), name="tiergate-health", context=contextvars.Context()
+            )
+
+    async def stop(self) -> None:
+        """Cancel the background task and wait for it to end."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _run(self) -> None:
+        while True:
+            started = time.monotonic()
+            try:
+                await self._round()
+            except Exception:  # noqa: BLE001  # one replica's surprise must not end all checks
+                _log.exception("health.round_failed")
+            elapsed = time.monotonic() - started
+            await asyncio.sleep(max(0.0, self.config.interval_s - elapsed))
+
+    async def _round(self) -> None:
+        share = self.share
+        if share is None:
+            await self.check_once()
+            return
+        try:
+            if self.follower:
+                await share.follow()
+                self.rounds += 1
+                return
+            await self.check_once()
+            await share.publish()
+        except (OSError, ValueError) as exc:  # a full disk or a torn file: next round
+            _log.warning("health.share_failed", error=type(exc).__name__)
+
+    async def check_once(self) -> None:
+        """Probe every replica once, concurrently."""
+        await asyncio.gather(*(self._probe(r) for r in self.replicas))
+        self.rounds += 1
+
+    def readiness(self) -> dict[str, bool] | None:
+        """Per tier: is some replica healthy? ``None`` until every replica was probed."""
+        if not all(r.checked for r in self.replicas):
+            return None
+        return {tier: pool.ready() for tier, pool in self.pools.items()}
+
+    async def _probe(self, replica: Replica) -> None:
+        if not replica.resolved and not backends.probe_would_queue(replica):
+            await backends.resolve(replica, self._detect_get(replica), self.config.timeout_s)
+        if backends.probe_would_queue(replica):  # asked again: detection may just have found it
+            # Its requests in flight show it alive; a probe would wait behind them (and make
+            # llama-cpp-python end a running stream early). Traffic decides until it is idle.
+            replica.checked = True  # known alive: /readyz need not probe it itself
+            return
+        failure = await self._health(replica)
+        if failure is _BUSY:
+            replica.checked = True
+            return
+        self._apply(replica, failure)
+        if failure is not None and failure[0].endswith("could not connect"):
+            backends.forget(replica)
+        elif failure is None and self.config.scrape_metrics:
+            await self._scrape(replica)
+        if failure is None and replica.misconfigured:
+            await self._recheck_credentials(replica)
+
+    async def _recheck_credentials(self, replica: Replica) -> None:
+        now = time.monotonic()
+        key = (replica.tier, replica.url)
+        if now - self._credentials_checked.get(key, -math.inf) < _RECHECK_CREDENTIALS_S:
+            return
+        self._credentials_checked[key] = now
+        headers = self.credentials.get(replica.tier, {})
+        try:
+            status, _ = await self._get(replica.url + "/v1/models", headers)
+        except (TimeoutError, aiohttp.ClientError, OSError):
+            return
+        if status == 200:
+            replica.misconfigured = False
+            _log.info("replica.credentials_accepted", tier=replica.tier, replica=replica.name)
+
+    async def _get(
+        self, url: str, headers: Mapping[str, str] | None = None, timeout_s: float | None = None
+    ) -> tuple[int, bytes]:
+        session = self.session
+        if session is None:
+            raise RuntimeError("the health monitor has no session yet")
+        async with asyncio.timeout(timeout_s or self.config.timeout_s):
+            async with session.get(url, allow_redirects=False, headers=headers) as response:
+                body = await response.content.read(_MAX_METRICS_BYTES)
+                return response.status, body
+
+    def _detect_get(self, replica: Replica) -> backends.Getter:
+        """GETs for detection, with the tier's upstream credentials (a model list may need them)."""
+        headers = self.credentials.get(replica.tier)
+
+        async def get(url: str, timeout_s: float) -> Probe:
+            try:
+                status, body = await self._get(url, headers, timeout_s)
+            except (TimeoutError, aiohttp.ClientError, OSError):
+                return Probe(None)
+            return Probe(status, body[:65536])
+
+        return get
+
+    async def _health(self, replica: Replica) -> tuple[str, bool] | None:
+        """``None`` when the probe route answered 200, else why not and whether that is final."""
+        path = replica.health_path
+        timeout_s = backends.probe_timeout(replica, self.config.timeout_s)
+        try:
+            status, _ = await self._get(
+                replica.url + path, self.credentials.get(replica.tier), timeout_s
+            )
+        except TimeoutError:
+            if replica.busy(time.monotonic()):
+                # Busy, not gone: a server answering the gateway's own requests is alive. One
+                # that left them unanswered past the tier's own timeouts is not (a hung
+                # server keeps requests in flight as long as traffic comes).
+                replica.last_probe_error = (
+                    f"health check: {path} timed out after {timeout_s:g}s with "
+                    f"{replica.in_flight} requests in flight (busy: not counted)"
+                )
+                return _BUSY
+            return f"health check: {path} timed out after {timeout_s:g}s", False
+        except (aiohttp.ClientError, OSError):
+            return "health check: could not connect", True
+        if status == 200:
+            return None
+        return f"health check: {path} answered {status}", True
+
+    def _apply(self, replica: Replica, failure: tuple[str, bool] | None) -> None:
+        now = time.monotonic()
+        replica.last_check_at = now
+        replica.checked = True
+        if failure is None:
+            replica.check_failures = 0
+            replica.check_successes += 1
+            if not replica.healthy and replica.check_successes >= self.config.healthy_after:
+                replica.healthy = True
+                _log.info("replica.healthy", tier=replica.tier, replica=replica.name)
+            return
+        error, definitive = failure
+        replica.last_probe_error = error
+        replica.check_successes = 0
+        replica.check_failures += 1
+        threshold = 1 if definitive else self.config.unhealthy_after
+        if replica.healthy and replica.check_failures >= threshold:
+            replica.healthy = False
+            replica.recent_errors.append(ErrorRecord(time.time(), "health_check", error))
+            _log.warning("replica.unhealthy", tier=replica.tier, replica=replica.name, reason=error)
+
+    async def _scrape(self, replica: Replica) -> None:
+        kind = backends.kind_of(replica)
+        if kind.metrics_path is None or not kind.metrics:
+            return  # a server without Prometheus load numbers: the gateway's own counts only
+        try:
+            status, body = await self._get(replica.url + kind.metrics_path)
+        except (TimeoutError, aiohttp.ClientError, OSError):
+            return  # a missed scrape keeps the last numbers; /health decides liveness
+        if status != 200:
+            return
+        load = parse_metrics(body.decode("utf-8", "replace"), kind)
+        for field in _LOAD_FIELDS:
+            value = getattr(load, field)
+            if value is not None:
+                setattr(replica, field, value)
+        replica.scraped_at = time.monotonic()

@@ -1,0 +1,449 @@
+"""Relaying a backend's SSE stream to the client, event by event, never buffering the answer.
+
+The relay records ``usage`` (for token limits and telemetry), drops the usage chunk the gateway
+asked for on the caller's behalf, and keeps the streaming contract: if the backend fails or
+stalls after the first byte, the client gets an in-band error event and **no** ``[DONE]``, so
+a truncated answer never looks complete. vLLM (and SGLang) follow their own in-stream error
+event with ``data: [DONE]``; the relay stops at the error, so that ``[DONE]`` never reaches the
+caller, the stream counts as failed and no usage is made up for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import re
+import time
+from collections.abc import AsyncIterator, Callable
+from enum import StrEnum
+from typing import Any, Final
+
+import msgspec
+import structlog
+
+from gateway.pipeline.deadline import deadline
+from gateway.pipeline.errors import error_body
+from gateway.pipeline.events import UNREADABLE_JSON, UPSTREAM_FAILURES, Outcome, Usage
+from gateway.upstream.forwarding import MAX_EVENT, Exchange, standard_event
+
+_log = structlog.get_logger("tiergate.relay")
+_decoder = msgspec.json.Decoder()
+_encoder = msgspec.json.Encoder()
+_DONE = b"data: [DONE]"
+_DATA = b"data: "
+_DATA_OBJECT = b"data: {"
+_UPSTREAM_ERROR = b'data: {"error"'
+_SEP = b"\n\n"
+# A chunk still generating (``"finish_reason": null``; JSON spaced any way).
+_NO_FINISH = re.compile(rb'"finish_reason"\s*:\s*null')
+# A choice's last chunk: its ``finish_reason`` is a string ("stop", "length", "tool_calls").
+# An empty one counts too: TGI before 2.3 sends ``""`` on every /v1/completions chunk and no
+# other final chunk, so its streams could never end complete otherwise.
+_FINISH = re.compile(rb'"finish_reason"\s*:\s*"')
+# Text in a chunk: a chat delta's or a completion choice's, not empty.
+_TEXT = re.compile(rb'"(?:content|text)"\s*:\s*"[^"]')
+
+
+class Cut(StrEnum):
+    """Why a stream the backend had started did not reach the caller complete."""
+
+    NO_FINISH_REASON = "no_finish_reason"  # [DONE] before every choice had finished
+    EARLY_EOF = "early_eof"  # the body ended with neither [DONE] nor a final chunk
+    RESET = "reset"  # the connection to the backend was lost
+    STALL = "stall"  # no bytes for the tier's idle timeout
+    DEADLINE = "deadline"  # the request's own time limit (timeouts.total_s)
+    UPSTREAM_ERROR = "upstream_error"  # the backend's own in-band error event
+    OVERSIZE_EVENT = "oversize_event"  # an event above the size limit
+    INTERNAL_ERROR = "internal_error"  # the gateway failed while relaying
+
+
+def usage_from(data: Any) -> Usage | None:
+    """The ``usage`` of a response or chunk object, if it has one."""
+    if not isinstance(data, dict):
+        return None
+    return usage_fields(data.get("usage"))
+
+
+def usage_fields(usage: Any) -> Usage | None:
+    """A ``usage`` object's counts, if it is one."""
+    if not isinstance(usage, dict):
+        return None
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    return Usage(
+        prompt_tokens=_count(usage.get("prompt_tokens")),
+        completion_tokens=_count(usage.get("completion_tokens")),
+        cached_tokens=_count(cached),
+    )
+
+
+# No answer holds more tokens than this; a larger claim (1e26 from a broken backend) would
+# overflow the 64-bit limit counters it settles into, so it is clipped here.
+MAX_COUNT: Final = 1 << 40
+# Decimal digits of a count sent as a string ("300"): at most this many, so int() stays cheap.
+_MAX_DIGITS: Final = 13
+
+
+def _count(value: Any) -> int:
+    """A token count from the backend: never below zero (a negative one would refund tokens
+    the key never got back and make the token counters go down), never above ``MAX_COUNT``,
+    a count sent as a string of decimal digits ("300") read as its number, and 0 for anything
+    else that is not a finite number ("many", a list, true, 1e999) rather than an error for
+    the caller."""
+    if type(value) is int:  # the usual case; bool is not a count
+        return (value if value < MAX_COUNT else MAX_COUNT) if value > 0 else 0
+    if isinstance(value, float) and math.isfinite(value):
+        return min(MAX_COUNT, max(0, int(value)))
+    if (
+        isinstance(value, str)
+        and 0 < len(value) <= _MAX_DIGITS
+        and value.isascii()
+        and value.isdigit()
+    ):
+        return min(MAX_COUNT, int(value))
+    return 0
+
+
+def error_event(message: str, code: int) -> bytes:
+    """An in-band SSE error event in vLLM's shape."""
+    return b"data: " + error_body(message, "server_error", None, code) + _SEP
+
+
+_CUT_OUTCOMES: Final = {
+    Cut.NO_FINISH_REASON: Outcome.UPSTREAM_TRUNCATED,
+    Cut.EARLY_EOF: Outcome.UPSTREAM_TRUNCATED,
+    Cut.RESET: Outcome.UPSTREAM_RESET,
+    Cut.STALL: Outcome.UPSTREAM_STALL,
+    Cut.DEADLINE: Outcome.DEADLINE,
+    Cut.UPSTREAM_ERROR: Outcome.UPSTREAM_ERROR,
+    Cut.OVERSIZE_EVENT: Outcome.UPSTREAM_ERROR,
+    Cut.INTERNAL_ERROR: Outcome.INTERNAL_ERROR,
+}
+_CUT_STATUS: Final = {Cut.STALL: 504, Cut.DEADLINE: 504, Cut.INTERNAL_ERROR: 500}
+
+
+class StreamRelay:
+    """Turns an :class:`Exchange` into the byte stream the client receives.
+
+    The relay reports to its caller only: ``on_event`` (if given) sees each event relayed,
+    ``on_close`` is called exactly once, with the outcome and the usage (the backend's, or
+    the relay's own count from ``prompt_tokens`` and the content chunks, at most
+    ``max_tokens``).
+
+    The stream reaches the caller as complete only when the backend ended it: its final chunk
+    (a string ``finish_reason``) or, when ``choices`` > 1, one for each choice it started
+    (by ``index``: a backend that ignores ``n`` starts one), then ``[DONE]`` or,
+    for a server that never sends ``[DONE]``, the clean end of the body (the relay then sends
+    the ``[DONE]``). Every other end is an in-band error event without ``[DONE]``, an outcome
+    other than ``complete`` and a :class:`Cut` in ``cut``.
+    """
+
+    def __init__(
+        self,
+        exchange: Exchange,
+        *,
+        strip_usage: bool,
+        idle_s: float,
+        on_close: Callable[[str, Usage | None], None],
+        on_event: Callable[[bytes], None] | None = None,
+        prompt_tokens: int = 0,
+        max_tokens: int | None = None,
+        capture: bool = False,
+        choices: int = 1,
+    ) -> None:
+        self.exchange = exchange
+        # The answer's text, kept only for requests sampled for shadow evaluation.
+        self.captured: list[str] | None = [] if capture else None
+        self.usage: Usage | None = None
+        self.on_event = on_event
+        self.prompt_tokens = prompt_tokens
+        self.max_tokens = max_tokens
+        self.strip_usage = strip_usage
+        self.idle_s = idle_s
+        self.on_close = on_close
+        self.done = False
+        self.errored = False
+        self.ended = False  # [DONE] or the backend's error: nothing after it is relayed
+        self.closed = False
+        self.outcome: str = Outcome.CLIENT_DISCONNECT
+        self.token_events = 0
+        # Final chunks seen (a request for one choice needs one).
+        self.finishes = 0
+        self.choices = max(1, choices)
+        # A request for several (``n``, a list of prompts): each choice the backend started,
+        # by index, and whether its final chunk came. A backend may give fewer than asked
+        # (llama-cpp-python and Ollama ignore ``n``); every one it started must finish.
+        self.started: dict[int, bool] | None = {} if self.choices > 1 else None
+        self.cut: Cut | None = None
+        self.last_data = b""
+        self._cr = b""  # a CRLF stream's read that ended between \r and \n: its \r, held back
+        self.expired = False  # the request's deadline (timeouts.total_s) cut the stream
+
+    async def close(self) -> None:
+        """Run after the response: make sure the lease is back even if iteration never ended."""
+        self._close()
+
+    def _close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self.usage is None and self.last_data:
+            # Ended early (client gone, backend broke): what was streamed was still served,
+            # and limits, budgets and the usage ledger count it.
+            self._count_usage()
+        if self.cut is not None:
+            self.exchange.replica.truncated[self.cut] += 1
+            _log.warning(
+                "stream.cut",
+                tier=self.exchange.pool.tier,
+                replica=self.exchange.replica.name,
+                cause=self.cut,
+                token_events=self.token_events,
+            )
+        self.exchange.finish(abort=not self.done, failed=self.outcome in UPSTREAM_FAILURES)
+        self.on_close(self.outcome, self.usage)
+
+    def _event(self, event: bytes) -> bytes | None:
+        """Inspect one complete event; return what to send (``None`` to drop it)."""
+        if event.startswith(_DONE):
+            return self._done(event)
+        if event.startswith(_DATA_OBJECT):
+            self._chunk(event)
+        elif not event.startswith(_DATA):  # only other SSE dialects come here
+            standard = standard_event(event)
+            if standard is not event:
+                return self._event(standard)
+        on_event = self.on_event
+        if on_event is not None:
+            on_event(event)
+        if event.startswith(_UPSTREAM_ERROR):
+            # The backend's own in-band error: pass it on as is and end there, whatever the
+            # backend sends after it (vLLM: [DONE]).
+            self.outcome = Outcome.UPSTREAM_ERROR
+            self.cut = Cut.UPSTREAM_ERROR
+            self.errored = self.ended = True
+            return event + _SEP
+        if b'"usage"' in event and event.startswith(_DATA):
+            return self._usage_event(event)
+        return event + _SEP
+
+    def _done(self, event: bytes) -> bytes:
+        """``[DONE]``: the end of a complete answer only after every choice's final chunk."""
+        self.done = self.ended = True
+        if not self._finished():
+            # llama-cpp-python (``--interrupt_requests``, its default) ends a running stream
+            # this way when another request waits: a cut answer, never a complete one.
+            return self._cut(
+                Cut.NO_FINISH_REASON,
+                "The backend ended the stream before the answer was finished.",
+            )
+        if self.usage is None:
+            return self._estimated_usage() + event + _SEP
+        return event + _SEP
+
+    def _chunk(self, event: bytes) -> None:
+        """A ``data: {...}`` event: count its token, note a final chunk, capture its text."""
+        self.last_data = event
+        if _NO_FINISH.search(event):
+            if b'"role"' not in event:
+                self.token_events += 1
+        elif _FINISH.search(event):
+            self.finishes += 1
+            if _TEXT.search(event):  # a final chunk that carries the last token
+                self.token_events += 1
+        if self.started is not None:
+            self._track_choices(event)
+        if self.captured is not None:
+            self._capture(event)
+
+    def _track_choices(self, event: bytes) -> None:
+        """Note each choice of the chunk by its index, and whether it is its final chunk."""
+        started = self.started
+        try:
+            data = _decoder.decode(event[6:])
+        except UNREADABLE_JSON:
+            return
+        choices = data.get("choices") if isinstance(data, dict) else None
+        if started is None or not isinstance(choices, list):
+            return
+        for choice in choices:
+            if isinstance(choice, dict) and type(index := choice.get("index", 0)) is int:
+                reason = choice.get("finish_reason")
+                started[index] = started.get(index, False) or isinstance(reason, str)
+
+    def _finished(self) -> bool:
+        """Did the backend finish its answer: one final chunk, or one for every choice of a
+        request for several that it started?"""
+        if self.started is None:
+            return self.finishes > 0
+        return bool(self.started) and all(self.started.values())
+
+    def _usage_event(self, event: bytes) -> bytes | None:
+        """An event that may carry ``usage``: recorded; the gateway's own usage chunk dropped."""
+        try:
+            data = _decoder.decode(event[6:])
+        except UNREADABLE_JSON:
+            return event + _SEP
+        usage = usage_from(data)
+        if usage is not None:
+            self.usage = usage
+            if self.strip_usage and data.get("choices") == []:
+                return None
+        return event + _SEP
+
+    def _capture(self, event: bytes) -> None:
+        try:
+            data = _decoder.decode(event[6:])
+        except UNREADABLE_JSON:
+            return
+        choices = data.get("choices") if isinstance(data, dict) else None
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            return
+        choice = choices[0]
+        delta = choice.get("delta")
+        text = delta.get("content") if isinstance(delta, dict) else choice.get("text")
+        if isinstance(text, str) and self.captured is not None:
+            self.captured.append(text)
+
+    def _count_usage(self) -> Usage:
+        """The gateway's own count: its prompt estimate and one token per content chunk."""
+        completion = self.token_events
+        if self.max_tokens is not None:
+            completion = min(completion, self.max_tokens)
+        usage = Usage(prompt_tokens=self.prompt_tokens, completion_tokens=completion)
+        self.usage = usage
+        return usage
+
+    def _estimated_usage(self) -> bytes:
+        """Usage for a backend that never reports it in streams (llama.cpp's server).
+
+        The prompt is the gateway's own estimate and the completion one token per content
+        chunk (llama.cpp streams one token a chunk); it settles token limits and, when the
+        caller asked for usage, goes out as the usage chunk vLLM would have sent.
+        """
+        usage = self._count_usage()
+        prompt, completion = usage.prompt_tokens, usage.completion_tokens
+        if self.strip_usage or not self.last_data:
+            return b""
+        try:
+            last = _decoder.decode(self.last_data[6:])
+        except UNREADABLE_JSON:
+            return b""
+        if not isinstance(last, dict):
+            return b""
+        chunk = {key: last[key] for key in ("id", "object", "created", "model") if key in last}
+        chunk["choices"] = []
+        chunk["usage"] = {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+        }
+        return b"data: " + _encoder.encode(chunk) + _SEP
+
+    def _split(self, buffer: bytes) -> tuple[bytes, bytes]:
+        out: list[bytes] = []
+        *events, rest = buffer.split(_SEP)
+        for event in events:
+            sent = self._event(event)
+            if sent is not None:
+                out.append(sent)
+            if self.ended:
+                return b"".join(out), b""
+        return b"".join(out), rest
+
+    def _to_lf(self, data: bytes, framing: bytes) -> bytes:
+        """A CRLF or CR framed stream's bytes with LF line ends (what the relay splits on)."""
+        if framing == b"\r\n":
+            data = self._cr + data
+            self._cr = b"\r" if data[-1:] == b"\r" else b""
+            if self._cr:
+                data = data[:-1]
+        return data.replace(framing, b"\n")
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        response = self.exchange.opened.response
+        assert response is not None  # noqa: S101  # streams keep their response
+        framing = self.exchange.framing
+        timer = self._deadline_timer()
+        try:
+            chunk, buffer = self._split(self.exchange.first_event)
+            if chunk:
+                yield chunk
+            while not self.done and not self.errored:
+                with deadline(self.idle_s):
+                    data = await response.readany()
+                if not data:
+                    break
+                self.exchange.replica.heard_at = time.monotonic()
+                if framing is not None:  # LF streams (the usual) pass untouched
+                    data = self._to_lf(data, framing)
+                chunk, buffer = self._split(buffer + data)
+                if chunk:
+                    yield chunk
+                if len(buffer) > MAX_EVENT:  # an event without end: never buffer it whole
+                    yield self._cut(
+                        Cut.OVERSIZE_EVENT, "The backend sent an event above the size limit."
+                    )
+                    return
+            if ending := self._ended():
+                yield ending
+        except TimeoutError:
+            yield self._cut(Cut.STALL, "The backend stopped sending tokens.")
+        except OSError:
+            yield self._lost()
+        except Exception:  # noqa: BLE001  # a bug on an odd event: end the stream readably, not cut
+            _log.exception("relay.failed")
+            yield self._cut(Cut.INTERNAL_ERROR, "The gateway failed while relaying the stream.")
+        finally:
+            if timer is not None:
+                timer.cancel()
+            self._close()
+
+    @property
+    def complete(self) -> bool:
+        """The backend ended the answer and the caller has all of it."""
+        return self.outcome == Outcome.COMPLETE
+
+    def _cut(self, cut: Cut, message: str) -> bytes:
+        """End the stream as cut short: the outcome, the cause, the caller's error event."""
+        self.cut = cut
+        self.outcome = _CUT_OUTCOMES[cut]
+        return error_event(message, _CUT_STATUS.get(cut, 502))
+
+    def _ended(self) -> bytes:
+        """The stream's body ended: complete when the backend finished it, else cut short."""
+        if self.cut is not None:
+            return b""
+        if self.done:
+            self.outcome = Outcome.COMPLETE
+            return b""
+        if self._finished():
+            # A server that ends its stream without [DONE] after the final chunk: complete;
+            # the caller gets the [DONE] (and the usage chunk) an OpenAI client expects.
+            ending = self._event(_DONE) or b""
+            self.outcome = Outcome.COMPLETE
+            return ending
+        return self._cut(Cut.EARLY_EOF, "The backend ended the stream early.")
+
+    def _deadline_timer(self) -> asyncio.TimerHandle | None:
+        """One timer for the whole stream (not a check per chunk): at the request's deadline
+        the backend's connection is closed, which ends the relay's read with an OSError."""
+        deadline = self.exchange.deadline
+        if deadline == math.inf:
+            return None
+        delay = max(0.0, deadline - time.monotonic())
+        return asyncio.get_running_loop().call_later(delay, self._expire)
+
+    def _lost(self) -> bytes:
+        """The error event of a stream whose connection closed: the deadline's, or a reset."""
+        if self.expired:
+            return self._cut(Cut.DEADLINE, "The stream ran past the request's time limit.")
+        return self._cut(Cut.RESET, "The connection to the backend was lost mid-stream.")
+
+    def _expire(self) -> None:
+        """The request's deadline passed mid-stream: close the backend's connection."""
+        if not self.closed and not self.done:
+            self.expired = True
+            response = self.exchange.opened.response
+            if response is not None:
+                response.close()

@@ -1,0 +1,334 @@
+"""The replicas of each tier: their state, their concurrency caps, leases, and ejection.
+
+A lease is taken before an attempt and returned after it, so the gateway always knows its own
+in-flight count per replica. When every eligible replica is at its cap the request waits a
+bounded time for a slot, then is shed with 503 + Retry-After instead of queueing without limit.
+
+Passive outlier ejection: every attempt's outcome is recorded here. ``eject_after``
+consecutive connection failures or 5xx answers eject the replica for ``base_s * 2**(n-1)``
+seconds (``n`` = its recent ejections, capped at ``max_s``), but never more than
+``max_share`` of the tier at once. Upstream 4xx never count against a replica. A ``Retry-After``
+on a 429/503 puts the replica in a short cool-down instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections import Counter, deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+import structlog
+
+from policies.errors import Overloaded
+
+RECENT_ERRORS = 10
+_log = structlog.get_logger("tiergate.health")
+
+
+@dataclass(frozen=True, slots=True)
+class EjectionPolicy:
+    """When a replica is taken out of rotation by its own failures, and for how long."""
+
+    eject_after: int = 5
+    base_s: float = 2.0
+    max_s: float = 60.0
+    max_share: float = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorRecord:
+    """One recent failure of a replica (kinds and messages are ours, never secrets)."""
+
+    at: float
+    kind: str
+    message: str
+
+
+def _display_name(url: str) -> str:
+    """host:port without any user-info, safe for labels, logs and the admin view."""
+    parts = urlsplit(url)
+    if parts.hostname is None:
+        return url
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    return f"{host}:{parts.port}" if parts.port is not None else host
+
+
+@dataclass(slots=True, eq=False)
+class Replica:
+    """One backend replica as the gateway sees it."""
+
+    tier: str
+    url: str
+    max_concurrency: int
+    name: str = ""
+    # The tier's ``health_path`` (an override) and ``kind`` setting (``auto`` or a kind name).
+    health_override: str | None = None
+    kind_setting: str = "auto"
+    # What is known: the kind (``None`` until ``auto`` found out), why, the route probed.
+    kind: str | None = None
+    detection: str = ""
+    probe_path: str | None = None
+    resolved: bool = False
+    last_probe_error: str = ""
+    in_flight: int = 0
+    # When it last sent a byte of an answer; when it was last given work while it owed the
+    # gateway nothing (a request while idle, after answering the ones before: a request that
+    # was given up on unanswered does not start the clock again); and how long after the later
+    # of the two a probe timeout with requests in flight still means "busy", not "gone": its
+    # tier's longest wait for a byte.
+    heard_at: float = 0.0
+    owed_at: float = 0.0
+    busy_s: float = 60.0
+    healthy: bool = True
+    ejected_until: float = 0.0
+    cooldown_until: float = 0.0
+    waiting: float = 0.0
+    running: float = 0.0
+    kv_usage: float = 0.0
+    prefix_queries: float = 0.0
+    prefix_hits: float = 0.0
+    prefix_hit_rate: float | None = None
+    checked: bool = False
+    check_failures: int = 0
+    check_successes: int = 0
+    last_check_at: float = 0.0
+    scraped_at: float = 0.0
+    consecutive_failures: int = 0
+    ejections: int = 0
+    ejections_total: int = 0
+    last_ejected_at: float = 0.0
+    # The backend refused the gateway's credentials (401/403): a configuration error, cleared
+    # by the next successful attempt. Such a replica is tried only when no other is usable.
+    misconfigured: bool = False
+    outcomes: Counter[str] = field(default_factory=Counter)
+    # Streams it answered 200 that ended before the answer was finished, by cause.
+    truncated: Counter[str] = field(default_factory=Counter)
+    recent_errors: deque[ErrorRecord] = field(default_factory=lambda: deque(maxlen=RECENT_ERRORS))
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            self.name = _display_name(self.url)
+        if self.kind_setting != "auto":
+            self.kind = self.kind_setting
+
+    @property
+    def health_path(self) -> str:
+        """The route its health is probed on (the kind's default until it is resolved)."""
+        if self.probe_path is not None:
+            return self.probe_path
+        return self.health_override or "/health"
+
+    def unavailable_reason(self, now: float) -> str | None:
+        """Why it cannot take a request now, in words for an error message; ``None``: it can."""
+        if not self.healthy:
+            return f"unhealthy ({self.last_probe_error or 'failed its health checks'})"
+        if self.ejected(now):
+            return (
+                f"ejected for {self.ejected_until - now:.1f}s after repeated failures"
+                f" ({self._last_error()})"
+            )
+        if now < self.cooldown_until:
+            return f"cooling down for {self.cooldown_until - now:.1f}s after a Retry-After"
+        if not self.has_capacity:
+            return f"at its concurrency cap ({self.max_concurrency})"
+        return None
+
+    def _last_error(self) -> str:
+        return self.recent_errors[-1].message if self.recent_errors else "no detail"
+
+    def busy(self, now: float) -> bool:
+        """Serving the gateway's requests and heard from within ``busy_s``: alive, whatever a
+        probe says (a probe that times out then is not counted, or not sent at all)."""
+        return self.in_flight > 0 and now - max(self.heard_at, self.owed_at) < self.busy_s
+
+    def ejected(self, now: float) -> bool:
+        """Taken out of rotation by passive outlier detection right now."""
+        return now < self.ejected_until
+
+    def available(self, now: float) -> bool:
+        """Healthy, not ejected, not cooling down after a Retry-After."""
+        return self.healthy and now >= self.ejected_until and now >= self.cooldown_until
+
+    @property
+    def has_capacity(self) -> bool:
+        """Below its concurrency cap."""
+        return self.in_flight < self.max_concurrency
+
+    def state(self, now: float) -> str:
+        """One word for the admin view: healthy, unhealthy, ejected or cooldown."""
+        if not self.healthy:
+            return "unhealthy"
+        if self.misconfigured:
+            return "misconfigured"
+        if self.ejected(now):
+            return "ejected"
+        if now < self.cooldown_until:
+            return "cooldown"
+        return "healthy"
+
+
+class ReplicaPool:
+    """The replicas of one tier with a bounded wait for a free slot."""
+
+    def __init__(
+        self,
+        tier: str,
+        urls: Iterable[str],
+        max_concurrency: int,
+        max_queue_wait_s: float,
+        ejection: EjectionPolicy | None = None,
+        *,
+        health_path: str | None = None,
+        kind: str = "auto",
+        busy_s: float = 60.0,
+    ) -> None:
+        self.tier = tier
+        self.replicas = [
+            Replica(
+                tier,
+                url,
+                max_concurrency,
+                health_override=health_path,
+                kind_setting=kind,
+                busy_s=busy_s,
+            )
+            for url in urls
+        ]
+        self.max_queue_wait_s = max_queue_wait_s
+        self.ejection = ejection or EjectionPolicy()
+        self.retries: Counter[str] = Counter()
+        self.shed = 0
+        self._freed = asyncio.Event()
+        self._rr = itertools.count()
+
+    def usable(self, now: float, exclude: frozenset[str] = frozenset()) -> list[Replica]:
+        """Replicas that are up and not excluded (already tried by this request).
+
+        Misconfigured replicas (credentials refused) only when no other one is usable.
+        """
+        usable = [r for r in self.replicas if r.url not in exclude and r.available(now)]
+        configured = [r for r in usable if not r.misconfigured]
+        return configured or usable
+
+    def ready_in(self, now: float) -> float | None:
+        """Seconds until some healthy replica leaves ejection or cool-down (0: one is ready).
+
+        ``None`` when no replica is healthy at all.
+        """
+        waits = [
+            max(0.0, r.ejected_until - now, r.cooldown_until - now)
+            for r in self.replicas
+            if r.healthy
+        ]
+        return min(waits) if waits else None
+
+    def next_index(self) -> int:
+        """A shared round-robin counter."""
+        return next(self._rr)
+
+    def lease(self, replica: Replica) -> None:
+        """Count one more request in flight on ``replica``."""
+        if replica.in_flight == 0 and replica.heard_at >= replica.owed_at:
+            replica.owed_at = time.monotonic()  # it owed the gateway nothing until now
+        replica.in_flight += 1
+
+    def release(self, replica: Replica) -> None:
+        """Return a lease and wake the waiters."""
+        replica.in_flight -= 1
+        self._freed.set()
+
+    # -- outcomes -----------------------------------------------------------------------------
+
+    def record_success(self, replica: Replica) -> None:
+        """An attempt got its answer (or its first streamed event)."""
+        replica.heard_at = time.monotonic()
+        replica.outcomes["success"] += 1
+        replica.consecutive_failures = 0
+        replica.misconfigured = False
+
+    def mark_misconfigured(self, replica: Replica, status: int) -> None:
+        """The backend refused the gateway's credentials (see ``Replica.misconfigured``).
+
+        One warning when the replica becomes misconfigured (never the key itself).
+        """
+        if not replica.misconfigured:
+            _log.warning(
+                "replica.misconfigured",
+                tier=replica.tier,
+                replica=replica.name,
+                status=status,
+                reason="the backend refused the gateway's credentials",
+            )
+        replica.misconfigured = True
+
+    def ready(self) -> bool:
+        """Some replica is healthy and not misconfigured."""
+        return any(r.healthy and not r.misconfigured for r in self.replicas)
+
+    def record_failure(
+        self,
+        replica: Replica,
+        kind: str,
+        message: str,
+        *,
+        counts: bool,
+        retry_after: float | None = None,
+        now: float | None = None,
+    ) -> None:
+        """An attempt failed; ``counts`` is False for upstream 4xx, which never count."""
+        now = time.monotonic() if now is None else now
+        replica.outcomes[kind] += 1
+        replica.recent_errors.append(ErrorRecord(time.time(), kind, message[:200]))
+        if retry_after is not None and retry_after > 0:
+            replica.cooldown_until = max(replica.cooldown_until, now + retry_after)
+        if not counts:
+            return
+        replica.consecutive_failures += 1
+        if replica.consecutive_failures >= self.ejection.eject_after:
+            self._eject(replica, now)
+
+    def count_retry(self, reason: str) -> None:
+        """One retry on this tier, by the failure kind that caused it."""
+        self.retries[reason] += 1
+
+    def _eject(self, replica: Replica, now: float) -> bool:
+        policy = self.ejection
+        if replica.ejected(now):
+            return False
+        ejected = sum(1 for r in self.replicas if r.ejected(now))
+        if ejected + 1 > int(policy.max_share * len(self.replicas)):
+            return False
+        if now - replica.last_ejected_at > 2 * policy.max_s:
+            replica.ejections = 0  # a long good spell forgives earlier ejections
+        replica.ejections += 1
+        duration = min(policy.max_s, policy.base_s * 2 ** (replica.ejections - 1))
+        replica.ejected_until = now + duration
+        replica.last_ejected_at = now
+        replica.consecutive_failures = 0
+        replica.ejections_total += 1
+        return True
+
+    # -- saturation ---------------------------------------------------------------------------
+
+    async def wait_for_slot(self, wait_s: float) -> None:
+        """Wait (bounded) until some lease is returned; raise Overloaded when none comes."""
+        if wait_s <= 0:
+            raise self.overloaded()
+        self._freed.clear()
+        try:
+            async with asyncio.timeout(wait_s):
+                await self._freed.wait()
+        except TimeoutError:
+            raise self.overloaded() from None
+
+    def overloaded(self) -> Overloaded:
+        """The error a caller sees when the tier is saturated."""
+        self.shed += 1
+        return Overloaded(
+            f"The '{self.tier}' tier is at capacity; retry shortly.",
+            headers={"Retry-After": "1"},
+        )

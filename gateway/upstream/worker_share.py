@@ -1,0 +1,172 @@
+"""What the workers of one gateway share: the leader's health results and every worker's metrics.
+
+``tiergate serve --workers N`` runs N processes behind one listening socket. Only worker 0
+(the leader) probes the replicas (scraping vLLM's ``/metrics`` N times as often hurts it); it
+writes what it learned to ``health.json`` in the group's directory after every round, and the
+other workers read that file on the same interval. Every worker writes its Prometheus samples,
+labelled ``worker``, to ``metrics-<i>.prom`` each second; a scrape of any worker returns its own
+live samples plus the others' latest files, as one exposition (``sum without (worker)``
+aggregates). Files are replaced atomically (write, then rename), so readers never see half.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import Metric
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
+
+from gateway.upstream.replicas import Replica, ReplicaPool
+
+HEALTH_FILE = "health.json"
+METRICS_PUBLISH_S = 1.0
+_SHARED_FIELDS = (
+    "healthy",
+    "checked",
+    "running",
+    "waiting",
+    "kv_usage",
+    "prefix_queries",
+    "prefix_hits",
+    "last_check_at",
+    "scraped_at",
+    "check_failures",
+    "check_successes",
+    "misconfigured",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerRole:
+    """Which worker of how many this process is, and where the group shares files."""
+
+    index: int
+    count: int
+    share_dir: Path
+
+    @property
+    def leader(self) -> bool:
+        """Worker 0 probes the replicas for the group."""
+        return self.index == 0
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    tmp.replace(path)
+
+
+def _replicas(pools: Mapping[str, ReplicaPool]) -> Iterator[tuple[str, Replica]]:
+    for tier, pool in pools.items():
+        for replica in pool.replicas:
+            yield f"{tier} {replica.url}", replica
+
+
+class HealthShare:
+    """The leader's replica health, written to and read from the group's directory."""
+
+    def __init__(self, role: WorkerRole, pools: Mapping[str, ReplicaPool]) -> None:
+        self.path = role.share_dir / HEALTH_FILE
+        self.pools = pools
+
+    def snapshot(self) -> bytes:
+        """The shared fields of every replica, as JSON."""
+        return json.dumps(
+            {key: {f: getattr(r, f) for f in _SHARED_FIELDS} for key, r in _replicas(self.pools)}
+        ).encode()
+
+    async def publish(self) -> None:
+        """Write the current state (the leader, after each probe round)."""
+        await asyncio.to_thread(_write_atomic, self.path, self.snapshot())
+
+    def apply(self, data: bytes) -> None:
+        """Copy the leader's state onto this worker's replicas."""
+        state = json.loads(data)
+        for key, replica in _replicas(self.pools):
+            fields = state.get(key)
+            if fields is not None:
+                for name in _SHARED_FIELDS:
+                    setattr(replica, name, fields[name])
+
+    async def follow(self) -> None:
+        """Read the leader's latest state, if any (the followers, on the probe interval)."""
+        try:
+            data = await asyncio.to_thread(self.path.read_bytes)
+        except FileNotFoundError:
+            return  # the leader has not finished its first round yet
+        self.apply(data)
+
+
+def _labelled(families: Iterable[Metric], worker: str) -> Iterator[Metric]:
+    for family in families:
+        copy = Metric(family.name, family.documentation, family.type, family.unit)
+        for s in family.samples:
+            copy.add_sample(s.name, {**s.labels, "worker": worker}, s.value, s.timestamp)
+        yield copy
+
+
+class _Labelled(Collector):
+    def __init__(self, registry: CollectorRegistry, worker: str) -> None:
+        self.registry = registry
+        self.worker = worker
+
+    def collect(self) -> Iterator[Metric]:
+        return _labelled(self.registry.collect(), self.worker)
+
+
+class GroupMetrics(Collector):
+    """This worker's live samples and the other workers' last published ones, merged by name."""
+
+    def __init__(self, role: WorkerRole, registry: CollectorRegistry) -> None:
+        self.role = role
+        self.own = CollectorRegistry(auto_describe=False)
+        self.own.register(_Labelled(registry, str(role.index)))
+        self._task: asyncio.Task[None] | None = None
+
+    def _path(self, index: int) -> Path:
+        return self.role.share_dir / f"metrics-{index}.prom"
+
+    def _others(self) -> Iterator[Metric]:
+        for index in range(self.role.count):
+            if index == self.role.index:
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                text = self._path(index).read_text(encoding="utf-8")
+                yield from text_string_to_metric_families(text)
+
+    def collect(self) -> Iterator[Metric]:
+        """One family per name, with every worker's samples."""
+        merged: dict[str, Metric] = {}
+        for family in [*self.own.collect(), *self._others()]:
+            into = merged.setdefault(
+                family.name, Metric(family.name, family.documentation, family.type, family.unit)
+            )
+            into.samples.extend(family.samples)
+        return iter(merged.values())
+
+    async def _publish_forever(self) -> None:
+        path = self._path(self.role.index)
+        while True:
+            await asyncio.to_thread(_write_atomic, path, generate_latest(self.own))
+            await asyncio.sleep(METRICS_PUBLISH_S)
+
+    def start(self) -> None:
+        """Publish this worker's samples every second, in the background."""
+        if self._task is None:
+            self._task = asyncio.create_task(self._publish_forever(), name="tiergate-metrics")
+
+    async def stop(self) -> None:
+        """Stop publishing."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task

@@ -1,1 +1,0 @@
-"""The ``tiergate`` console script: dispatches to the gateway or to the simulator."""

@@ -1,5 +1,0 @@
-"""``python -m tiergate``."""
-
-from tiergate.cli import main
-
-raise SystemExit(main())
