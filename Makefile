@@ -6,7 +6,7 @@ UV := $(TOOLS)/bin/uv
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint typecheck unit install install-dev docs redis-server bench bench-prefix bench-classify bench-sim bench-llamacpp e2e stream-cut-table clean
+.PHONY: demo test lint typecheck unit install install-dev docs redis-server bench bench-prefix bench-streams bench-classify bench-sim bench-llamacpp e2e stream-cut-table clean
 
 $(UV):
 	python3 -m venv $(TOOLS)
@@ -51,6 +51,10 @@ bench: install-dev
 
 bench-prefix: install-dev
 	$(BIN)/python bench/prefix/run.py
+
+# Issue 37: concurrent token streams through every proxy; STREAMS_ARGS="--ladder 100,1000" etc.
+bench-streams: install-dev
+	$(BIN)/python bench/streams/run.py $(STREAMS_ARGS)
 
 bench-sim: install-dev
 	./scripts/bench-sim.sh

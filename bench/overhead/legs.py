@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -49,11 +51,15 @@ def start_tiergate(
     workdir: Path,
     pin: Placement,
     launcher: tuple[str, ...] = (),
+    *,
+    workers: int = 1,
+    adjust: Callable[[dict[str, Any]], None] | None = None,
 ) -> Leg:
     """TierGate for one variant, pinned to the proxy core, in front of ``upstream``.
 
     ``launcher`` runs the gateway through another command (e.g. ``python -m cProfile -o F
-    -m gateway``) instead of the ``tiergate`` script.
+    -m gateway``) instead of the ``tiergate`` script; ``adjust`` edits the generated config
+    in place (the streams benchmark raises the tiers' concurrency).
     """
     extras: list[Service] = []
     try:
@@ -71,12 +77,14 @@ def start_tiergate(
         # The memory phase's 403s: a key that may use the fast tier only.
         other_keys = {"fast-only": create_key(workdir, tiers="fast")} if variant.needs_key else {}
         config = gateway_config(variant, upstream.base_url, upstream.model, workdir, redis_url)
+        if adjust is not None:
+            adjust(config)
         config_path = workdir / f"tiergate-{variant.name}.yaml"
         config_path.write_text(yaml.safe_dump(config, sort_keys=False))
         port = free_port()
         tiergate = launcher or (str(Path(sys.executable).with_name("tiergate")),)
         cmd = [*pin.proxy, *tiergate, "serve", "--config", str(config_path)]
-        cmd += ["--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+        cmd += ["--host", "127.0.0.1", "--port", str(port), "--workers", str(workers)]
         env = gateway_env(variant, sink_url)
         service = start_service(
             Service("tiergate", cmd, port, workdir / "tiergate.log", env, pin.boosted),
@@ -87,7 +95,7 @@ def start_tiergate(
             extra.stop()
         raise
     leg = Leg(
-        f"TierGate ({variant.name})",
+        f"TierGate ({variant.name})" + (f", {workers} workers" if workers > 1 else ""),
         f"http://127.0.0.1:{port}",
         variant.request_model,
         api_key,

@@ -136,16 +136,26 @@ def _npm_version() -> str:
     return version if isinstance(version, str) else ""
 
 
-def nginx_config(workdir: Path, port: int, upstream: Leg) -> str:
-    """One worker, ``proxy_pass`` to the upstream over kept-alive HTTP/1.1, no access log."""
+def nginx_config(workdir: Path, port: int, upstream: Leg, streaming: bool = False) -> str:
+    """One worker, ``proxy_pass`` to the upstream over kept-alive HTTP/1.1, no access log.
+
+    ``streaming`` turns response buffering off (each event is passed on as it arrives) and
+    allows enough connections for thousands of open streams.
+    """
     host = upstream.base_url.removeprefix("http://")
     tmp = workdir / "nginx-tmp"
+    connections = 32768 if streaming else 4096
+    rlimit = f"worker_rlimit_nofile {2 * connections};\n" if streaming else ""
+    indent = "\n            "
+    stream_lines = (
+        f"{indent}proxy_buffering off;{indent}proxy_read_timeout 600s;" if streaming else ""
+    )
     return f"""\
 worker_processes 1;
-daemon off;
+{rlimit}daemon off;
 pid {workdir / "nginx.pid"};
 error_log stderr warn;
-events {{ worker_connections 4096; }}
+events {{ worker_connections {connections}; }}
 http {{
     access_log off;
     client_body_temp_path {tmp}/body;
@@ -162,20 +172,20 @@ http {{
         location / {{
             proxy_pass http://backend;
             proxy_http_version 1.1;
-            proxy_set_header Connection "";
+            proxy_set_header Connection "";{stream_lines}
         }}
     }}
 }}
 """
 
 
-def start_nginx(upstream: Leg, workdir: Path, pin: Placement) -> Leg:
+def start_nginx(upstream: Leg, workdir: Path, pin: Placement, streaming: bool = False) -> Leg:
     """nginx ``proxy_pass`` with upstream keep-alive, one worker, on the proxy core."""
     nginx = ensure_nginx()
     port = free_port()
     (workdir / "nginx-tmp").mkdir(exist_ok=True)
     config = workdir / "nginx.conf"
-    config.write_text(nginx_config(workdir, port, upstream))
+    config.write_text(nginx_config(workdir, port, upstream, streaming))
     cmd = [*pin.proxy, str(nginx.command), "-c", str(config), "-p", str(workdir)]
     service = Service("nginx", cmd, port, workdir / "nginx.log", boost=pin.boosted)
     start_service(service, "/health", timeout_s=30)

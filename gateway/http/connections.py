@@ -34,6 +34,10 @@ _log = structlog.get_logger("tiergate.connections")
 # log files, the listening socket; client connections get at most half of the rest, since
 # each proxied request holds an upstream socket too.
 _FD_RESERVE = 256
+# Start-up warns when the open-file limit stays below this (a cap under ~1,900 connections).
+FD_LIMIT_WARN = 4096
+# The soft limit asked for when the hard limit is unlimited (Linux's default fs.nr_open).
+_NOFILE_UNLIMITED_TARGET = 1_048_576
 SHED_LOG_INTERVAL_S = 10.0
 
 
@@ -86,6 +90,33 @@ class Shed:
 def fd_limit() -> int:
     """The process's soft limit on open files."""
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def raise_fd_limit() -> int:
+    """Raise the soft open-file limit to the hard one, at start; return the limit in force.
+
+    Every proxied stream holds two descriptors (client and upstream), so a soft limit of 1,024,
+    the default on many systems, caps a process near 380 streams where the hard limit allows
+    far more. Below :data:`FD_LIMIT_WARN` after the raise, start-up warns with the numbers.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = _NOFILE_UNLIMITED_TARGET if hard == resource.RLIM_INFINITY else hard
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError) as exc:
+            _log.warning("server.fd_limit_not_raised", soft=soft, hard=hard, error=str(exc))
+        else:
+            _log.info("server.fd_limit_raised", before=soft, after=target)
+    fds = fd_limit()
+    if fds < FD_LIMIT_WARN:
+        _log.warning(
+            "server.fd_limit_low",
+            fd_limit=fds,
+            connection_cap=connection_cap(None, fds),
+            hint="raise the hard limit: ulimit -Hn, systemd LimitNOFILE=, docker --ulimit nofile=",
+        )
+    return fds
 
 
 def connection_cap(configured: int | None, fds: int) -> int:

@@ -13,11 +13,13 @@ import uvicorn
 from litestar import Litestar
 
 from gateway.config.settings import ServerSettings, Settings
+from gateway.http.accept import DrainingServer
 from gateway.http.connections import (
     ConnectionGuard,
     ConnectionLimits,
     connection_cap,
     fd_limit,
+    raise_fd_limit,
 )
 from gateway.http.native import Handler
 from gateway.http.protocol import GuardedHttpToolsProtocol
@@ -116,6 +118,7 @@ def _run(
     worker: WorkerRole | None,
     logging_ready: Callable[[], None] | None = None,
 ) -> None:
+    raise_fd_limit()
     limits = connection_limits(settings.server)
     guard = ConnectionGuard(limits)
     app, native = served(settings, guard, worker)  # the composition root builds them
@@ -147,7 +150,7 @@ def _run(
     default_interval = sys.getswitchinterval()
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     try:
-        uvicorn.Server(config).run(sockets=[sock])
+        DrainingServer(config).run(sockets=[sock])
     finally:
         sys.setswitchinterval(default_interval)
         logs.close()

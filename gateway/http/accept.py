@@ -1,0 +1,121 @@
+"""Serving the listening socket: every queued connection is accepted as soon as it is seen.
+
+uvloop's own server accepts one connection per event-loop iteration. With thousands of open
+streams an iteration takes milliseconds, so a burst of new connections waited in the kernel's
+accept queue for seconds while the gateway's own time to first token looked fine (issue 37:
+`make bench-streams`, the accept queue column). Here a reader on the listening socket takes
+every waiting connection (up to :data:`ACCEPT_BATCH` per wake-up) and hands each to uvicorn's
+protocol through ``loop.connect_accepted_socket``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import functools
+import socket
+from collections.abc import Callable
+
+import structlog
+import uvicorn
+
+_log = structlog.get_logger("tiergate.server")
+# Connections taken per wake-up of the listening socket; the loop then serves everything else
+# once before the next batch, so a flood of connections cannot starve open streams.
+ACCEPT_BATCH = 1024
+# Out of file descriptors: stop accepting this long (the kernel keeps queueing), then retry.
+ACCEPT_RETRY_S = 0.5
+_OUT_OF_FDS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server with the listening sockets served by :class:`Acceptor`."""
+
+    acceptors: list[Acceptor]
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        """uvicorn's start-up without its listeners; then one acceptor per socket."""
+        self.acceptors = []
+        if sockets is None:  # host/port given to uvicorn itself: keep its own listener
+            await super().startup(sockets=None)
+            return
+        await super().startup(sockets=[])
+        if self.should_exit or not self.started:
+            return
+        factory: Callable[[], asyncio.Protocol] = functools.partial(
+            self.config.http_protocol_class,
+            config=self.config,  # type: ignore[call-arg]  # uvicorn's protocols take these
+            server_state=self.server_state,
+            app_state=self.lifespan.state,
+        )
+        loop = asyncio.get_running_loop()
+        for sock in sockets:
+            # As loop.create_server does: a bound socket starts listening here (again, with
+            # the same backlog, for a worker's inherited socket that already listens).
+            sock.listen(self.config.backlog)
+        self.acceptors = [Acceptor(loop, sock, factory) for sock in sockets]
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        """Stop accepting first, then uvicorn's graceful shutdown."""
+        for acceptor in getattr(self, "acceptors", []):
+            acceptor.close()
+        await super().shutdown(sockets=sockets)
+
+
+class Acceptor:
+    """Accepts every connection queued on ``sock`` whenever the loop sees it readable."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        sock: socket.socket,
+        factory: Callable[[], asyncio.Protocol],
+    ) -> None:
+        self.loop = loop
+        self.sock = sock
+        self.factory = factory
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.closed = False
+        sock.setblocking(False)
+        loop.add_reader(sock.fileno(), self.accept_all)
+
+    def accept_all(self) -> None:
+        """Take up to :data:`ACCEPT_BATCH` waiting connections and start serving each."""
+        for _ in range(ACCEPT_BATCH):
+            try:
+                conn, _ = self.sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                if exc.errno in _OUT_OF_FDS:
+                    self.pause(exc)
+                return  # a connection reset before it was taken: nothing to serve
+            conn.setblocking(False)
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            task = self.loop.create_task(self.serve(conn))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+
+    async def serve(self, conn: socket.socket) -> None:
+        """Attach uvicorn's protocol to one accepted connection."""
+        try:
+            await self.loop.connect_accepted_socket(self.factory, conn)
+        except OSError:
+            conn.close()
+
+    def pause(self, exc: OSError) -> None:
+        """Out of descriptors: stop reading the listening socket for a moment."""
+        _log.warning("server.accept_paused", error=exc.strerror, retry_s=ACCEPT_RETRY_S)
+        self.loop.remove_reader(self.sock.fileno())
+        self.loop.call_later(ACCEPT_RETRY_S, self.resume)
+
+    def resume(self) -> None:
+        """Read the listening socket again (unless closed meanwhile)."""
+        if not self.closed:
+            self.loop.add_reader(self.sock.fileno(), self.accept_all)
+
+    def close(self) -> None:
+        """Stop accepting; connections already served are left to uvicorn's shutdown."""
+        if not self.closed:
+            self.closed = True
+            self.loop.remove_reader(self.sock.fileno())
