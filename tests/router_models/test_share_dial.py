@@ -9,8 +9,9 @@ import pytest
 import router_models
 from policies.threshold import ControllerConfig, ShareController
 from router_models.records import body_of, label_of, read_jsonl
-from router_models.train import SHARED_DATASETS
+from tests.shared_data import SHARED_DATASETS, needs_shared
 
+pytestmark = needs_shared("datasets/router-dev.jsonl", "datasets/router-dev2.jsonl")
 TARGET = 0.30
 REQUESTS = 15_000
 WARM_UP = 5_000  # requests before the share is judged (min_samples 1,000 + bounded steps)
