@@ -34,6 +34,8 @@ from tests.adversarial.rawhttp import (
 from tests.integration.gateway_proc import GatewayProcess, tiers_config
 from tests.simulator.procs import SimulatorProcess
 
+pytestmark = pytest.mark.slow
+
 TIMEOUT = 1.0  # head, body and write deadlines of the gateway under test
 SLACK = 2.0  # the sweeper's tick plus a loaded 2-core machine
 LIVEZ = b"GET /livez HTTP/1.1\r\nHost: t\r\n\r\n"

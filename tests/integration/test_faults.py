@@ -19,6 +19,8 @@ from tests.integration.gateway_proc import GatewayProcess
 from tests.processes import free_port
 from tests.simulator.procs import SimulatorProcess
 
+pytestmark = pytest.mark.slow
+
 ADMIN = "admin-token-for-the-fault-tests"
 FAULTS_OFF = dict.fromkeys(
     (

@@ -23,6 +23,8 @@ import yaml
 from tests.integration.gateway_proc import REPO_ROOT, GatewayProcess, tiers_config
 from tests.simulator.procs import SimulatorProcess
 
+pytestmark = pytest.mark.slow
+
 HEALTH_INTERVAL = 0.2
 
 
