@@ -29,10 +29,12 @@ def settings(precise: list[str]) -> dict[str, object]:
     }
 
 
-async def load(url: str, victim: SimulatorProcess, *, stream: bool) -> list[tuple[int, bool, bool]]:
+async def load(
+    url: str, victim: SimulatorProcess, *, stream: bool, after: int = AFTER
+) -> list[tuple[int, bool, bool]]:
     """50 closed-loop clients; the victim is killed once BEFORE answers are in and it reports
-    requests running, and the clients stop once AFTER more answers are in (counted, so a slow
-    machine only makes it take longer).
+    requests running, and the clients stop once ``after`` more answers are in (counted, so a
+    slow machine only makes it take longer).
 
     Each result is (status, complete, in-band error): ``complete`` is true for a non-streaming
     200 and for a stream that ended with ``[DONE]``; the last is true for a stream whose last
@@ -43,7 +45,7 @@ async def load(url: str, victim: SimulatorProcess, *, stream: bool) -> list[tupl
     give_up = time.monotonic() + patience(60.0)
 
     def enough() -> bool:
-        return bool(killed_at) and len(results) >= killed_at[0] + AFTER
+        return bool(killed_at) and len(results) >= killed_at[0] + after
 
     async def client_loop(client: httpx.AsyncClient, n: int) -> None:
         i = 0
