@@ -57,5 +57,5 @@ def check(item: Marked) -> None:
         return
     what = ", ".join(absent)
     if in_ci():
-        pytest.fail(f"CI=true but {what} is missing: CI must check out ../shared beside the repo")
+        pytest.fail(f"CI=true but missing {what}: CI must check out ../shared beside the repo")
     pytest.skip(f"needs {what} (a CI-only checkout beside the repo)")
