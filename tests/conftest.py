@@ -16,6 +16,7 @@ import pytest
 import structlog
 
 from gateway.upstream.attempt import UpstreamClient
+from tests import shared_data
 
 
 def _route_structlog_to_logging() -> None:
@@ -35,6 +36,12 @@ def pytest_configure(config: pytest.Config) -> None:
     """Before any fixture: route structlog to logging, and never print unhandled records."""
     _route_structlog_to_logging()
     logging.getLogger().addHandler(logging.NullHandler())
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Before fixtures: a test that reads a missing ``../shared`` file skips (fails in CI)."""
+    shared_data.check(item)
 
 
 @pytest.fixture(autouse=True)

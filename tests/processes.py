@@ -6,12 +6,16 @@ Used by ``tests/redis_server.py``, ``tests/simulator/procs.py``,
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+
+# The most a wait is stretched: a machine this loaded fails for other reasons anyway.
+MAX_STRETCH = 8.0
 
 # Binary (redis, the gateway, llama-server) or text-mode (the simulator) pipes alike.
 Process = subprocess.Popen[bytes] | subprocess.Popen[str]
@@ -23,6 +27,26 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def load_per_core() -> float:
+    """The last minute's load average per usable core (0.0 where the OS has none)."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        return 0.0
+    return load / max(len(os.sched_getaffinity(0)), 1)
+
+
+def patience(seconds: float) -> float:
+    """``seconds`` stretched by how loaded the machine is: a wait for something to become
+    true (a server ready, a counter reached) that fits an idle machine fits a busy one too.
+
+    At one runnable task per core or less it is ``seconds``; above, it grows with the load
+    per core, up to ``MAX_STRETCH`` times. Only for waits that end as soon as the condition
+    holds: never to widen a bound a test asserts.
+    """
+    return seconds * min(max(load_per_core(), 1.0), MAX_STRETCH)
 
 
 def http_answers(url: str, timeout: float = 1.0) -> bool:
@@ -43,16 +67,25 @@ def wait_ready(
     what: str,
     log: Callable[[], str],
 ) -> None:
-    """Poll ``ready`` until it holds; kill ``proc`` and raise if it exits or time runs out."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    """Poll ``ready`` until it holds; kill ``proc`` and raise if it exits or time runs out.
+
+    ``timeout`` is what an idle machine needs; it is stretched by ``patience`` (re-read while
+    waiting, so load that rises meanwhile counts) and a process that exits fails at once.
+    """
+    start = time.monotonic()
+    waited = 0.0
+    while waited < patience(timeout):
         if proc.poll() is not None:
             raise RuntimeError(f"{what} exited early:\n{log()}")
         if ready():
             return
         time.sleep(poll_s)
+        waited = time.monotonic() - start
     kill(proc)
-    raise RuntimeError(f"{what} did not become ready in {timeout:.0f} s:\n{log()}")
+    raise RuntimeError(
+        f"{what} did not become ready in {waited:.0f} s (load per core "
+        f"{load_per_core():.1f}):\n{log()}"
+    )
 
 
 def kill(proc: Process | None) -> None:

@@ -1,9 +1,10 @@
 """P5 measured as the hardening issue measured it: `kill -9` of one of two precise replicas.
 
-    .venv/bin/python -m bench.faults.kill_replica [--runs 2] [--seconds 4]
+    .venv/bin/python -m bench.faults.kill_replica [--runs 2] [--after 200]
 
 50 closed-loop clients send non-streaming (then streaming) requests to a real gateway in front
-of two real simulator replicas; one replica is SIGKILLed a second in. Prints, per run, the
+of two real simulator replicas; one replica is SIGKILLed once 50 answers are in and it has
+requests running, and the run ends ``--after`` answers later. Prints, per run, the
 requests sent and the client errors (non-200 answers; for streams also those that ended
 without ``[DONE]``, which is the in-band error contract for streams already running).
 """
@@ -18,14 +19,14 @@ from tests.integration.gateway_proc import GatewayProcess
 from tests.simulator.procs import SimulatorProcess
 
 
-def one_run(stream: bool, seconds: float) -> tuple[int, int, int]:
+def one_run(stream: bool, after: int) -> tuple[int, int, int]:
     """(requests, non-200 answers, streams cut in-band) for one run."""
     with (
         SimulatorProcess(*PRECISE, "--seed", "1") as a,
         SimulatorProcess(*PRECISE, "--seed", "2") as b,
         GatewayProcess(settings([a.url, b.url])) as gateway,
     ):
-        results = asyncio.run(load(gateway.url, b, stream=stream, seconds=seconds))
+        results = asyncio.run(load(gateway.url, b, stream=stream, after=after))
     errors = sum(1 for status, _, _ in results if status != 200)
     cut = sum(1 for status, complete, _ in results if status == 200 and not complete)
     return len(results), errors, cut
@@ -35,11 +36,11 @@ def main() -> int:
     """Run and print."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=2)
-    parser.add_argument("--seconds", type=float, default=4.0)
+    parser.add_argument("--after", type=int, default=200, help="answers after the kill")
     args = parser.parse_args()
     for stream in (False, True):
         for run in range(1, args.runs + 1):
-            sent, errors, cut = one_run(stream, args.seconds)
+            sent, errors, cut = one_run(stream, args.after)
             kind = "streaming" if stream else "non-streaming"
             print(
                 f"{kind} run {run}: {sent} requests, {errors} client errors (non-200)"

@@ -19,6 +19,7 @@ import pytest
 
 from tests.adversarial.rawhttp import closed_within, connect, status_of
 from tests.integration.gateway_proc import GatewayProcess, tiers_config
+from tests.processes import patience
 from tests.simulator.procs import SimulatorProcess
 
 CHAT = [{"role": "user", "content": "Tell me a long story."}]
@@ -54,7 +55,7 @@ def _post(body: dict[str, Any], *extra: str, pad: int = 0) -> bytes:
 
 def _wait_idle(sim: SimulatorProcess, aborts: int, timeout: float = 5.0) -> dict[str, Any]:
     """Poll the simulator until its abort counter passes ``aborts`` and nothing runs."""
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + patience(timeout)
     stats = sim.stats()
     while time.monotonic() < deadline:
         stats = sim.stats()
@@ -66,7 +67,7 @@ def _wait_idle(sim: SimulatorProcess, aborts: int, timeout: float = 5.0) -> dict
 
 def _settled(sim: SimulatorProcess, timeout: float = 10.0) -> dict[str, Any]:
     """Wait until nothing runs and the abort counter holds still (earlier tests' aborts)."""
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + patience(timeout)
     stats = sim.stats()
     while time.monotonic() < deadline:
         time.sleep(0.3)
@@ -79,7 +80,7 @@ def _settled(sim: SimulatorProcess, timeout: float = 10.0) -> dict[str, Any]:
 
 def _running(sim: SimulatorProcess, timeout: float = 10.0) -> None:
     """Wait until the simulator is generating a request."""
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + patience(timeout)
     while sim.stats()["running"] == 0 and time.monotonic() < deadline:
         time.sleep(0.05)
 
@@ -148,7 +149,7 @@ def test_no_fd_leak_when_clients_leave_at_every_phase(gw: GatewayProcess) -> Non
                 sock.recv(65536)  # the stream's head: leave mid-stream
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             sock.close()
-    deadline = time.monotonic() + 5.0
+    deadline = time.monotonic() + patience(5.0)
     while _open_fds(gw.pid) > base + 2 and time.monotonic() < deadline:
         time.sleep(0.1)
     assert _open_fds(gw.pid) <= base + 2

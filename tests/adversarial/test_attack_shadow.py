@@ -14,6 +14,7 @@ from gateway.access.keystore_file import FileKeyStore
 from policies.keys import issue_key
 from policies.principal import KeyPolicy
 from tests.integration.gateway_proc import GatewayProcess, tiers_config
+from tests.processes import patience
 from tests.simulator.procs import SimulatorProcess
 
 pytestmark = pytest.mark.slow
@@ -60,7 +61,7 @@ def stack() -> Iterator[Stack]:
 
 def wait_for_request(sim: SimulatorProcess, before: int) -> dict[str, Any]:
     """The body of the next request ``sim`` receives after ``before`` (the shadow's)."""
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + patience(5)
     while time.monotonic() < deadline:
         stats = sim.stats()
         if stats["requests_total"] > before:

@@ -27,6 +27,8 @@ from tests.adversarial.rawhttp import (
 from tests.integration.gateway_proc import GatewayProcess, tiers_config
 from tests.simulator.procs import SimulatorProcess
 
+pytestmark = pytest.mark.slow
+
 HEAD_TIMEOUT = 1.0
 BODY_TIMEOUT = 1.0
 IDLE_TIMEOUT = 1.5

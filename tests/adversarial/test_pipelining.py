@@ -32,7 +32,10 @@ from tests.adversarial.rawhttp import (
     statuses,
 )
 from tests.integration.gateway_proc import GatewayProcess, tiers_config
+from tests.processes import patience
 from tests.simulator.procs import SimulatorProcess
+
+pytestmark = pytest.mark.slow
 
 TIMEOUT = 1.0  # head, body and write deadlines of the gateway under test
 SLACK = 2.0  # the sweeper's tick plus a loaded 2-core machine
@@ -129,7 +132,7 @@ def test_a_client_that_keeps_pipelining_cannot_grow_the_gateway(gw: GatewayProce
     sent = 0
     with connect(gw.port) as sock:
         sock.settimeout(5)
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + patience(5)
         try:
             sock.sendall(blob)
             while time.monotonic() < deadline:
@@ -232,13 +235,13 @@ def test_a_client_that_stops_reading_a_stream_is_cut(fast_gw: GatewayProcess) ->
         # Each stream is ~1.5 MB; the kernel's send buffer takes up to 4 MB by default
         # (tcp_wmem) before the gateway's own writes pause.
         sock.sendall(_post(_chat("go on", stream=True, max_tokens=7000)) * 8)
-        deadline = time.monotonic() + 40
+        deadline = time.monotonic() + patience(40)
         while time.monotonic() < deadline and _shed(gw, "write_timeout") == before:
             time.sleep(0.5)
         assert _shed(gw, "write_timeout") == before + 1
     finally:
         sock.close()
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + patience(5)
     while time.monotonic() < deadline:
         if _sum(gw, "tiergate_replica_in_flight") == 0:
             break

@@ -12,6 +12,7 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from tests.e2e.conftest import FAST_MODEL, PRECISE_MODEL, Keys
 from tests.integration.gateway_proc import GatewayProcess
+from tests.processes import patience
 
 HELLO: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Hi! How are you today?"}]
 
@@ -102,7 +103,7 @@ def test_models_lists_the_real_served_names(client: openai.OpenAI) -> None:
 
 def test_readyz_is_ready_with_real_servers(gateway: GatewayProcess) -> None:
     """/readyz reports both tiers ready although llama.cpp's server has no /health route."""
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + patience(5)
     resp = httpx.get(gateway.url + "/readyz", timeout=5)
     while resp.status_code != 200 and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -135,7 +136,7 @@ def test_tracing_exports_a_span_in_the_callers_trace(
         max_tokens=4,
         extra_headers={"traceparent": f"00-{trace_id}-00f067aa0ba902b7-01"},
     )
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + patience(15)
     while trace_id not in gateway.log_text() and time.monotonic() < deadline:
         time.sleep(0.25)
     assert trace_id in gateway.log_text()

@@ -17,7 +17,10 @@ import pytest
 
 from tests.adversarial.test_memory import rss_mib
 from tests.integration.gateway_proc import GatewayProcess, tiers_config
+from tests.processes import patience
 from tests.simulator.procs import SimulatorProcess
+
+pytestmark = pytest.mark.slow
 
 ADMIN = "admin-token-for-kinds-tests"
 
@@ -35,8 +38,9 @@ def llama_sims() -> Iterator[tuple[SimulatorProcess, SimulatorProcess]]:
         yield fast, precise
 
 
-def _wait_ready(gw: GatewayProcess, timeout: float = 20.0) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
+def _wait_ready(gw: GatewayProcess, timeout: float | None = None) -> dict[str, Any]:
+    """/readyz's answer once it is 200, or after ``timeout`` (default: a stretched 20 s)."""
+    deadline = time.monotonic() + (patience(20.0) if timeout is None else timeout)
     while True:
         answer = httpx.get(gw.url + "/readyz")
         if answer.status_code == 200 or time.monotonic() > deadline:

@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 from tests.integration.gateway_proc import GatewayProcess, tiers_config
+from tests.processes import patience
 from tests.simulator.procs import SimulatorProcess
 
 CHAT = [{"role": "user", "content": "Tell me a long story."}]
@@ -33,7 +34,7 @@ def slow_gateway(slow_sim: SimulatorProcess) -> Iterator[GatewayProcess]:
 
 def wait_for_abort(sim: SimulatorProcess, before: int, timeout: float = 5.0) -> int:
     """Poll the simulator until its abort counter moves past ``before``."""
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + patience(timeout)
     while time.monotonic() < deadline:
         stats = sim.stats()
         if stats["aborts_total"] > before and stats["running"] == 0:

@@ -16,6 +16,7 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from tests.integration.gateway_proc import GatewayProcess, tiers_config
+from tests.processes import patience
 from tests.simulator.procs import SimulatorProcess
 
 FLAVOURS = ("vllm", "sglang", "llamacpp", "llamacpp-python", "ollama", "tgi")
@@ -61,7 +62,8 @@ class Stack:
 
 
 def _wait_ready(gateway: GatewayProcess) -> None:
-    for _ in range(200):
+    deadline = time.monotonic() + patience(20.0)
+    while time.monotonic() < deadline:
         if httpx.get(gateway.url + "/readyz").status_code == 200:
             return
         time.sleep(0.1)

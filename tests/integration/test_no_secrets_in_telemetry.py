@@ -12,9 +12,12 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.integration.gateway_proc import REPO_ROOT, GatewayProcess, tiers_config
 from tests.simulator.procs import SimulatorProcess
+
+pytestmark = pytest.mark.slow
 
 ADMIN = "admin-token-for-the-secrets-test"
 MARKER = "ZEBRA-CANARY-7731 my secret prompt"

@@ -15,6 +15,7 @@ from gateway.access.keystore_file import FileKeyStore
 from policies.keys import issue_key
 from policies.principal import KeyPolicy
 from tests.integration.gateway_proc import GatewayProcess
+from tests.processes import patience
 from tests.simulator.procs import SimulatorProcess
 
 pytestmark = pytest.mark.slow
@@ -68,7 +69,7 @@ class Stack:
 
     def wait_for(self, samples: int, direction: str = "fast_on_precise") -> dict[str, Any]:
         """Poll /admin/routing until ``samples`` shadows of ``direction`` were compared."""
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + patience(30)
         while time.monotonic() < deadline:
             view = self.routing()
             if view["samples"][direction] >= samples:

@@ -10,6 +10,7 @@ import pytest
 
 from policies.judge import RUBRIC
 from tests.integration.gateway_proc import GatewayProcess, tiers_config
+from tests.processes import patience
 from tests.simulator.procs import SimulatorProcess
 
 pytestmark = pytest.mark.slow
@@ -57,7 +58,7 @@ def test_judged_shadows_carry_the_precise_tiers_rubric_score() -> None:
                 assert (
                     httpx.post(gateway.url + "/v1/chat/completions", json=body).status_code == 200
                 )
-            deadline = time.monotonic() + 20
+            deadline = time.monotonic() + patience(20)
             while routing(gateway)["judge"]["samples"] < 3 and time.monotonic() < deadline:
                 time.sleep(0.1)
             view = routing(gateway)

@@ -17,12 +17,17 @@ import pytest
 import router_models
 from bench.shadow import learn
 from tests.integration.gateway_proc import GatewayProcess
+from tests.shared_data import needs_shared
 from tests.simulator.procs import SimulatorProcess
 
 # Two simulators, a gateway, 2,000 requests and 2,000 shadows, one retraining on the corpus
 # plus the shadows: 45 s on the 2-core build machine, over 120 s (the suite's default limit)
 # when other jobs load it.
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.timeout(300),
+    needs_shared("datasets/router-dev2.jsonl"),
+]
 ADMIN = "shadow-learning-admin-token-0000000000"
 SHADOWED = 2000
 

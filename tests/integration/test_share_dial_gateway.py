@@ -19,11 +19,14 @@ import numpy as np
 import pytest
 
 from router_models.records import label_of, read_jsonl
-from router_models.train import SHARED_DATASETS
 from tests.integration.gateway_proc import GatewayProcess, tiers_config
+from tests.shared_data import SHARED_DATASETS, needs_shared
 from tests.simulator.procs import SimulatorProcess
 
-pytestmark = pytest.mark.slow
+pytestmark = [
+    pytest.mark.slow,
+    needs_shared("datasets/router-dev.jsonl", "datasets/router-dev2.jsonl"),
+]
 TARGET = 0.30
 REQUESTS = 8_000
 WARM_UP = 5_000

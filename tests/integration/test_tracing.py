@@ -21,6 +21,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from gateway.composition import create_app
 from gateway.config.settings import Settings
 from tests.gateway.telemetry.served import ServedApp
+from tests.processes import patience
 from tests.simulator.procs import SimulatorFactory, SimulatorProcess
 
 CALLER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -66,7 +67,7 @@ def _tree(exporter: InMemorySpanExporter) -> tuple[ReadableSpan, list[ReadableSp
     The server span ends in the request's after-work, which runs once the last byte is
     written: the client may read its answer first, so wait (bounded) for the span to end.
     """
-    deadline = time.monotonic() + 5.0
+    deadline = time.monotonic() + patience(5.0)
     spans = list(exporter.get_finished_spans())
     while not any(s.kind is SpanKind.SERVER for s in spans) and time.monotonic() < deadline:
         time.sleep(0.01)

@@ -23,6 +23,8 @@ from tests.adversarial.rawhttp import connect, status_of, statuses
 from tests.integration.gateway_proc import GatewayProcess, tiers_config
 from tests.simulator.procs import SimulatorProcess
 
+pytestmark = pytest.mark.slow
+
 CHAT = json.dumps(
     {"model": "fast", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 ).encode()

@@ -21,7 +21,10 @@ import pytest
 import yaml
 
 from tests.integration.gateway_proc import REPO_ROOT, GatewayProcess, tiers_config
+from tests.processes import patience
 from tests.simulator.procs import SimulatorProcess
+
+pytestmark = pytest.mark.slow
 
 HEALTH_INTERVAL = 0.2
 
@@ -93,7 +96,7 @@ def test_two_workers_serve_and_each_scrape_shows_both(gw: GatewayProcess) -> Non
     """Two worker processes under the supervisor; any scrape carries both workers' samples."""
     assert len(_children(gw.pid)) == 2
     text = httpx.get(gw.url + "/metrics").text
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + patience(10)
     while 'worker="1"' not in text or 'worker="0"' not in text:
         assert time.monotonic() < deadline, text[:2000]
         time.sleep(0.5)
@@ -115,7 +118,7 @@ def test_logs_are_tagged_with_the_worker(gw: GatewayProcess) -> None:
     body = {"model": "fast", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
     for _ in range(30):  # new connections: both workers get some
         httpx.post(gw.url + "/v1/chat/completions", json=body, headers={"connection": "close"})
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + patience(10)
     lines: list[str] = []
     while len(lines) < 30 and time.monotonic() < deadline:  # log lines are written async
         time.sleep(0.2)
@@ -131,7 +134,7 @@ def test_a_crashed_worker_is_replaced(gw: GatewayProcess) -> None:
     os.kill(victim, signal.SIGKILL)
     for _ in range(20):
         assert httpx.get(gw.url + "/livez", headers={"connection": "close"}).status_code == 200
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + patience(30)
     while True:
         children = _children(gw.pid)
         if len(children) == 2 and victim not in children:
@@ -220,7 +223,7 @@ def test_key_file_changes_reach_every_worker(
     with GatewayProcess(config, workers=2) as gw:
         added = _create_key(keys_file)
         auth = {"authorization": f"Bearer {added}", "connection": "close"}
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + patience(15)
         statuses: list[int] = []
         while time.monotonic() < deadline:
             statuses = [

@@ -22,6 +22,8 @@ from simulator.profiles import PRECISE
 from tests.integration.gateway_proc import GatewayProcess, tiers_config
 from tests.simulator.procs import SimulatorProcess
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 REL = 0.10
 TTFT_ABS_MS = 8.0

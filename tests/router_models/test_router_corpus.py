@@ -9,10 +9,10 @@ import pytest
 
 from router_models.corpus.build import DEFAULT_CORPUS, HARD_CASES, build, write
 from router_models.records import body_of, label_of, read_jsonl
+from tests.shared_data import SHARED_DATASETS, needs_shared
 
-SHARED = Path(__file__).resolve().parents[3] / "shared" / "datasets"
-DEV = SHARED / "router-dev.jsonl"
-DEV2 = SHARED / "router-dev2.jsonl"
+DEV = SHARED_DATASETS / "router-dev.jsonl"
+DEV2 = SHARED_DATASETS / "router-dev2.jsonl"
 
 
 def _text(record: dict[str, object]) -> str:
@@ -76,7 +76,13 @@ def _shingles(text: str, size: int = 10) -> set[str]:
     return {" ".join(words[i : i + size]) for i in range(len(words) - size + 1)}
 
 
-@pytest.mark.parametrize("external", [DEV, DEV2], ids=["router-dev", "router-dev2"])
+@pytest.mark.parametrize(
+    "external",
+    [
+        pytest.param(DEV, marks=needs_shared("datasets/router-dev.jsonl"), id="router-dev"),
+        pytest.param(DEV2, marks=needs_shared("datasets/router-dev2.jsonl"), id="router-dev2"),
+    ],
+)
 def test_no_external_prompt_is_copied(external: Path) -> None:
     """No corpus prompt shares a 10-word run with an external set (dev2: train rows too)."""
     dev: set[str] = set()
@@ -87,6 +93,7 @@ def test_no_external_prompt_is_copied(external: Path) -> None:
     assert overlaps == []
 
 
+@needs_shared("datasets/router-dev2.jsonl")
 def test_no_external_prompt_is_in_the_repository() -> None:
     """No tracked text file holds a short external prompt or a 10-word run of a long one."""
     import subprocess

@@ -25,6 +25,8 @@ from router_models.honest import (
 from router_models.records import read_jsonl
 from router_models.train import TrainSettings, prepare, train
 
+pytestmark = pytest.mark.slow
+
 
 def _small_mix() -> list[dict[str, Any]]:
     corpus = read_jsonl(DEFAULT_CORPUS)[:500]

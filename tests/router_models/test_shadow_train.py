@@ -20,6 +20,8 @@ from router_models.shadow_train import (
 )
 from router_models.vectors import feature_space, hashed_vector
 
+pytestmark = pytest.mark.slow
+
 SIMPLE = [f"Name the colour of fruit number {i} in one word." for i in range(30)]
 COMPLEX = [f"Derive a closed form for recurrence {i} and prove it by induction." for i in range(30)]
 

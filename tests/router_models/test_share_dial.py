@@ -12,8 +12,9 @@ import router_models
 from policies.dial import dial_config
 from policies.threshold import ShareController
 from router_models.records import body_of, label_of, read_jsonl
-from router_models.train import SHARED_DATASETS
+from tests.shared_data import SHARED_DATASETS, needs_shared
 
+pytestmark = needs_shared("datasets/router-dev.jsonl", "datasets/router-dev2.jsonl")
 TARGET = 0.30
 REQUESTS = 15_000
 WARM_UP = 5_000  # requests before the share is judged (min_samples 1,000 + bounded steps)

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from tests.processes import kill, terminate
+from tests.processes import kill, load_per_core, patience, terminate
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SimulatorFactory = Callable[..., "SimulatorProcess"]
@@ -42,16 +42,16 @@ class SimulatorProcess:
         self._stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - closed in stop()
 
     def start(self) -> SimulatorProcess:
-        """Spawn the process and wait for its ``listening`` line."""
+        """Spawn the process and wait for its ``listening`` line (``patience``-stretched)."""
         command = [sys.executable, "-m", "simulator", "--port", "0", *self.args]
         self._proc = subprocess.Popen(
             command, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=self._stderr, text=True
         )
         stdout = self._proc.stdout
         assert stdout is not None
-        deadline = time.monotonic() + self.ready_timeout
+        deadline = time.monotonic() + patience(self.ready_timeout)
         while time.monotonic() < deadline:
-            ready, _, _ = select.select([stdout], [], [], max(deadline - time.monotonic(), 0))
+            ready, _, _ = select.select([stdout], [], [], 0.5)
             line = stdout.readline() if ready else ""
             match = _READY.search(line)
             if match:
@@ -60,7 +60,9 @@ class SimulatorProcess:
             if self._proc.poll() is not None:
                 break
         self.kill()
-        raise RuntimeError(f"simulator did not start: {self.stderr_text()}")
+        raise RuntimeError(
+            f"simulator did not start (load per core {load_per_core():.1f}): {self.stderr_text()}"
+        )
 
     @property
     def pid(self) -> int:

@@ -9,6 +9,8 @@ import pytest
 
 from tests.simulator.procs import SimulatorFactory, SimulatorProcess
 
+pytestmark = pytest.mark.slow
+
 CHAT = [{"role": "user", "content": "Tell me about tiers."}]
 LONG_SYSTEM = "You are a careful assistant. " * 40
 

@@ -13,7 +13,7 @@ from types import TracebackType
 import uvicorn
 from litestar import Litestar
 
-from tests.processes import free_port
+from tests.processes import free_port, patience
 
 
 class ServedApp:
@@ -37,7 +37,7 @@ class ServedApp:
 
     def __enter__(self) -> ServedApp:
         self.thread.start()
-        deadline = time.monotonic() + self.ready_timeout
+        deadline = time.monotonic() + patience(self.ready_timeout)
         while not self.server.started:
             if time.monotonic() > deadline or not self.thread.is_alive():
                 raise RuntimeError("the app did not start")
