@@ -29,7 +29,13 @@ def _parser() -> argparse.ArgumentParser:
         "--external-weight",
         type=float,
         default=None,
-        help="weight of non-corpus rows (default 0, see docs/router.md)",
+        help="weight of router-dev2 rows (default 0, see docs/router.md)",
+    )
+    train.add_argument(
+        "--rule-labelled-weight",
+        type=float,
+        default=None,
+        help="weight of the rule-labelled public sources (default 1, see docs/router.md)",
     )
     _shadow_arguments(train)
     ev = sub.add_parser("eval", help="routing quality on labelled JSONL")
@@ -43,9 +49,14 @@ def _parser() -> argparse.ArgumentParser:
         "--train-data",
         type=Path,
         nargs="+",
-        help="data for --held-out (default: corpus + router-dev2)",
+        help="data for --held-out (default: corpus + external-train + router-dev2)",
     )
     ev.add_argument("--json", action="store_true", help="print JSON instead of text")
+    ev.add_argument("--no-lofo", action="store_true", help="--held-out without the LOFO pass")
+    ev.add_argument(
+        "--rule-labelled-weight", type=float, default=None, help="as for train (--held-out)"
+    )
+    ev.add_argument("--json-out", type=Path, default=None, help="also write the JSON here")
     ev.add_argument("--plot", type=Path, default=None, help="also write the curve as a PNG")
     ev.add_argument("--no-plot", action="store_true", help="accepted for old scripts (default)")
     ev.add_argument("--artifact", type=Path, default=None, help="artifact (default: shipped)")
@@ -147,6 +158,8 @@ def _train(args: argparse.Namespace, out: TextIO) -> int:
         settings = dataclasses.replace(settings, c=args.c)
     if args.external_weight is not None:
         settings = dataclasses.replace(settings, external_weight=args.external_weight)
+    if args.rule_labelled_weight is not None:
+        settings = dataclasses.replace(settings, rule_labelled_weight=args.rule_labelled_weight)
     model = train(paths, settings)
     save(model, args.out)
     meta = model.metadata
@@ -164,8 +177,10 @@ def _held_out(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     from router_models.train import HELD_OUT_DATA, TrainSettings, prepare  # noqa: PLC0415
 
     settings = TrainSettings()
+    if args.rule_labelled_weight is not None:
+        settings = dataclasses.replace(settings, rule_labelled_weight=args.rule_labelled_weight)
     records = [r for p in (args.train_data or HELD_OUT_DATA) for r in read_jsonl(p)]
-    report = honest.held_out_report(prepare(records, settings), settings)
+    report = honest.held_out_report(prepare(records, settings), settings, lofo=not args.no_lofo)
     return report.as_dict(), honest.render_held_out(report)
 
 
@@ -190,6 +205,8 @@ def _eval(args: argparse.Namespace, out: TextIO) -> int:
     if args.held_out:
         result["held_out"], text = _held_out(args)
         texts.append("== held-out evaluation (every fold trained without its group) ==\n" + text)
+    if args.json_out is not None:
+        args.json_out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     out.write(json.dumps(result, indent=2) + "\n" if args.json else "\n\n".join(texts) + "\n")
     return 0
 

@@ -71,6 +71,24 @@ def liblinear(c: float, tol: float, seed: int) -> FitFn:
     return fit
 
 
+def group_folds(groups: Sequence[str], mask: BoolArray, k: int) -> list[str]:
+    """Each row's *fold*: whole groups dealt into ``k`` folds, largest group first, each to the
+    fold with the fewest trainable rows so far (ties: lowest fold).  ``k <= 0`` keeps one
+    fold per group.  Deterministic: the same groups give the same folds."""
+    if k <= 0:
+        return list(groups)
+    sizes: dict[str, int] = {}
+    for group, trainable_row in zip(groups, mask, strict=True):
+        sizes[group] = sizes.get(group, 0) + int(trainable_row)
+    load = [0] * k
+    fold_of: dict[str, str] = {}
+    for group in sorted(sizes, key=lambda g: (-sizes[g], g)):
+        best = min(range(k), key=lambda i: (load[i], i))
+        load[best] += sizes[group]
+        fold_of[group] = f"fold-{best}"
+    return [fold_of[g] for g in groups]
+
+
 def held_out_margins(  # noqa: PLR0917 - the arrays of one Prepared, kept explicit
     x: sparse.csr_matrix,
     y: FloatArray,

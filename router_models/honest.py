@@ -23,10 +23,10 @@ import numpy as np
 import numpy.typing as npt
 
 from router_models.artifact import FloatArray
-from router_models.crossval import held_out_margins, platt, sigmoid
+from router_models.crossval import Linear, platt, sigmoid
 from router_models.evaluate import operating_threshold, roc_auc
 from router_models.records import body_of
-from router_models.train import Prepared, TrainSettings, featurize
+from router_models.train import Prepared, TrainSettings, calibration_margins, featurize
 
 ECE_BINS: Final = 10
 _PYTHON_RE: Final = re.compile(r"\s*\bpython\b", re.IGNORECASE)
@@ -158,14 +158,27 @@ class CueFigures:
 
 
 @dataclass(frozen=True, slots=True)
+class Slice:
+    """Pooled held-out figures of a subset of the LOSO rows (a language, the eval-only rows)."""
+
+    name: str
+    figures: Reliability
+
+
+@dataclass(frozen=True, slots=True)
 class HeldOutReport:
-    """Everything ``tiergate router eval --held-out`` prints."""
+    """Everything ``tiergate router eval --held-out`` prints.
+
+    ``loso`` pools the rows that may be trained on (the leave-one-source-out estimate);
+    ``loso_slices`` splits them by language and adds the evaluation-only rows on their own.
+    """
 
     loso: Reliability
+    loso_slices: list[Slice]
     loso_sources: list[GroupFigures]
     loso_languages: list[GroupFigures]
     cues: list[CueFigures]
-    lofo: Reliability
+    lofo: Reliability | None  # None when the LOFO pass was skipped
     lofo_families: list[GroupFigures]
     settings: dict[str, Any] = field(default_factory=dict)
 
@@ -221,6 +234,27 @@ def group_figures(
     return rows
 
 
+CJK: Final = frozenset(("zh", "ja"))
+
+
+def _slices(
+    data: Prepared, rows: npt.NDArray[np.int_], y: npt.NDArray[np.int_], p: FloatArray
+) -> list[Slice]:
+    """Pooled figures of the trainable rows by language, and of the eval-only rows."""
+    lang = np.array([language_of(data.records[i]) in CJK for i in rows], dtype=np.bool_)
+    train = data.train_mask[rows]
+    parts = (
+        ("trainable, not Chinese/Japanese", train & ~lang),
+        ("trainable, Chinese + Japanese", train & lang),
+        ("evaluation-only rows (never trained on)", ~train),
+    )
+    return [
+        Slice(name, reliability(y[rows][m], p[m]))
+        for name, m in parts
+        if 0 < y[rows][m].sum() < m.sum()
+    ]
+
+
 def language_of(record: Mapping[str, Any]) -> str:
     """The language a dev2-style ``category`` names (``so_title/es``), else ``en``."""
     for part in str(record.get("category", "")).split("/"):
@@ -253,12 +287,19 @@ def _leave_out(
     fit = settings.fitter()
     scores = np.full(data.y.size, np.nan)
     cue_scores: dict[str, dict[int, float]] = {c.name: {} for c in cues}
+    # A group with no trainable row (evaluation-only) leaves every trainable row in: one fit
+    # and one calibration serve all such groups.
+    shared: tuple[Linear, float, float] | None = None
     for group in held:
         inside = names == group
         use = data.train_mask & ~inside
-        model = fit(data.x_fit[use], data.y[use], data.weight[use])
-        calib_rows = data.train_mask & ~inside
-        a, c = platt(calib[calib_rows], data.y[calib_rows], data.calib_weight[calib_rows])
+        if shared is not None and not (data.train_mask & inside).any():
+            model, a, c = shared
+        else:
+            model = fit(data.x_fit[use], data.y[use], data.weight[use])
+            a, c = platt(calib[use], data.y[use], data.calib_weight[use])
+            if not (data.train_mask & inside).any():
+                shared = (model, a, c)
         rows = np.flatnonzero(inside)
         scores[rows] = sigmoid(a * model.margins(data.x[rows]) + c)
         for cue in cues:
@@ -298,20 +339,7 @@ def _cue_figures(fold: _Fold, op: float) -> list[CueFigures]:
 
 def _calibration_margins(data: Prepared, settings: TrainSettings) -> FloatArray:
     """Every trainable row's margin from a fit that left its group out (Platt's inputs)."""
-    return (
-        held_out_margins(
-            data.x,
-            data.y,
-            data.weight,
-            data.groups,
-            data.train_mask,
-            settings.fitter(),
-            sorted({g for g, m in zip(data.groups, data.train_mask, strict=True) if m}),
-            fit_x=data.x_fit,
-        )
-        if data.train_mask.any()
-        else np.zeros(0)
-    )
+    return calibration_margins(data, settings)
 
 
 def _external_groups(data: Prepared) -> list[str]:
@@ -336,20 +364,23 @@ def with_sources_perfect(
     return reliability(y, np.where(fixed, y.astype(np.float64), scores))
 
 
-def held_out_report(data: Prepared, settings: TrainSettings) -> HeldOutReport:
-    """LOSO over the external sources and LOFO over the corpus families of ``data``."""
+def held_out_report(data: Prepared, settings: TrainSettings, *, lofo: bool = True) -> HeldOutReport:
+    """LOSO over the external sources and (unless ``lofo`` is False) LOFO over the corpus
+    families of ``data``."""
     calib = _calibration_margins(data, settings)
     external = _external_groups(data)
     families = sorted({g for g in data.groups if g.startswith("corpus/")})
     y = data.y.astype(np.int_)
     loso = _leave_out(data, settings, external, calib, CUES)
     ext = np.flatnonzero(~np.isnan(loso.scores))
-    loso_rel = reliability(y[ext], loso.scores[ext])
-    lofo = _leave_out(data, settings, families, calib, ())
-    fam = np.flatnonzero(~np.isnan(lofo.scores))
-    lofo_rel = reliability(y[fam], lofo.scores[fam])
+    pooled = ext[data.train_mask[ext]] if data.train_mask[ext].any() else ext
+    loso_rel = reliability(y[pooled], loso.scores[pooled])
+    by_family = _leave_out(data, settings, families if lofo else [], calib, ())
+    fam = np.flatnonzero(~np.isnan(by_family.scores))
+    lofo_rel = reliability(y[fam], by_family.scores[fam]) if fam.size else None
     return HeldOutReport(
         loso=loso_rel,
+        loso_slices=_slices(data, ext, y, loso.scores[ext]),
         loso_sources=group_figures(
             [data.groups[i] for i in ext], y[ext], loso.scores[ext], loso_rel.op_threshold
         ),
@@ -362,13 +393,19 @@ def held_out_report(data: Prepared, settings: TrainSettings) -> HeldOutReport:
         cues=_cue_figures(loso, loso_rel.op_threshold),
         lofo=lofo_rel,
         lofo_families=group_figures(
-            [data.groups[i] for i in fam], y[fam], lofo.scores[fam], lofo_rel.op_threshold
+            [data.groups[i] for i in fam],
+            y[fam],
+            by_family.scores[fam],
+            lofo_rel.op_threshold if lofo_rel else 0.5,
         ),
         settings={
             "C": settings.c,
             "external_weight": settings.external_weight,
+            "rule_labelled_weight": settings.rule_labelled_weight,
             "external_hashed": settings.external_hashed,
             "calibration_external_weight": settings.calibration_external_weight,
+            "calibration_folds": settings.calibration_folds,
+            "tol": settings.tol,
         },
     )
 
@@ -399,7 +436,9 @@ def _group_lines(title: str, rows: Sequence[GroupFigures]) -> list[str]:
 
 def render_held_out(report: HeldOutReport) -> str:
     """Human-readable held-out report."""
-    lines = _rel_lines("leave-one-source-out (external sources)", report.loso)
+    lines = _rel_lines("leave-one-source-out (rows of the trainable sources)", report.loso)
+    for part in report.loso_slices:
+        lines += _rel_lines(f"  slice: {part.name}", part.figures)
     lines += [
         "",
         *_group_lines(
@@ -414,6 +453,7 @@ def render_held_out(report: HeldOutReport) -> str:
             f"sent@op {c.sent_at_op_before:.3f} -> {c.sent_at_op_after:.3f}, "
             f"largest change {c.max_abs_change:.3f}"
         )
-    lines += ["", *_rel_lines("leave-one-family-out (our corpus)", report.lofo)]
-    lines += ["", *_group_lines("LOFO by family", report.lofo_families)]
+    if report.lofo is not None:
+        lines += ["", *_rel_lines("leave-one-family-out (our corpus)", report.lofo)]
+        lines += ["", *_group_lines("LOFO by family", report.lofo_families)]
     return "\n".join(lines)

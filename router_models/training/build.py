@@ -30,10 +30,9 @@ OUT: Final = Path(__file__).resolve().parent / "data" / "external-train.jsonl"
 # Rows kept per source and label.  Caps keep any one source (and its packaging) from
 # dominating the fit; the balance within a source is what teaches the task.
 CAPS: Final = {
-    "jmmlu": 600,
+    "jmmlu": 800,
     "tal_scq5k": 600,
-    "ape210k": 600,
-    "jemhopqa": 400,
+    "ape210k": 900,
     "aqua": 400,
     "svamp": 400,
     "dm_mathematics": 400,

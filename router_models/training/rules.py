@@ -41,11 +41,17 @@ def count_operations(expression: str) -> int:
     return len(_OPERATION.findall(text))
 
 
+SEVERAL_STEPS: Final = 3
+
+
 def label_from_operations(operations: int) -> Label | None:
-    """Rule M (maths): one operation is simple, two or more steps are complex, none: dropped."""
-    if operations <= 0:
-        return None
-    return "simple" if operations == 1 else "complex"
+    """Rule M (maths): one operation is simple, three or more steps are complex; none (nothing
+    to count) and exactly two (neither one step nor several) are dropped."""
+    if operations == 1:
+        return "simple"
+    if operations >= SEVERAL_STEPS:
+        return "complex"
+    return None
 
 
 # Rule K (knowledge exams, MMLU-style subjects).  A subject is complex when its questions are
@@ -105,13 +111,14 @@ def label_from_subject(subject: str) -> Label | None:
 def label_from_difficulty(difficulty: int, solution_operations: int) -> Label | None:
     """Rule M with the source's own difficulty grade as a second witness.
 
-    Easiest grade (0) *and* a worked solution of at most one operation: simple.  Grade 2 or
-    above *and* a solution of two or more operations: complex.  Anything else disagrees with
-    itself and is dropped.
+    Easiest grade (0) *and* a worked solution of exactly one operation: simple.  Grade 2 or
+    above *and* a solution of three or more operations: complex.  Anything else disagrees
+    with itself (or has nothing to count) and is dropped.
     """
-    if difficulty == 0 and solution_operations <= 1:
+    steps = label_from_operations(solution_operations)
+    if difficulty == 0 and steps == "simple":
         return "simple"
-    if difficulty >= 2 and solution_operations >= 2:
+    if difficulty >= 2 and steps == "complex":
         return "complex"
     return None
 

@@ -255,7 +255,6 @@ READERS: Final = {
     "jmmlu": jmmlu,
     "tal_scq5k": tal_scq5k,
     "ape210k": ape210k,
-    "jemhopqa": jemhopqa,
     "aqua": aqua,
     "svamp": svamp,
 }

@@ -4,6 +4,7 @@ group, or an evaluation-only row, into its own training."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ import pytest
 
 from router_models.cli import main
 from router_models.corpus.build import DEFAULT_CORPUS, HARD_CASES
-from router_models.crossval import group_of, trainable
+from router_models.crossval import group_folds, group_of, trainable
 from router_models.features import HASH_SIZE
 from router_models.honest import (
     CUES,
@@ -20,6 +21,7 @@ from router_models.honest import (
     language_of,
     loso_scores,
     reliability,
+    render_held_out,
     with_sources_perfect,
 )
 from router_models.records import read_jsonl
@@ -93,6 +95,7 @@ def test_held_out_report_covers_every_source_and_family() -> None:
     families = {g for g in data.groups if g.startswith("corpus/")}
     assert {g.name for g in report.lofo_families} == families
     assert {g.name for g in report.loso_languages} == {"en", "es"}
+    assert report.lofo is not None
     for rel in (report.loso, report.lofo):
         assert 0.5 < rel.roc_auc <= 1.0
         assert 0.0 <= rel.brier <= 1.0
@@ -112,7 +115,9 @@ def test_loso_scores_and_the_perfect_source_counterfactual() -> None:
     y = data.y[rows].astype(np.int_)
     groups = [data.groups[i] for i in rows]
     base = reliability(y, scores[rows])
-    assert base.roc_auc == pytest.approx(held_out_report(data, settings).loso.roc_auc)
+    train_rows = rows[data.train_mask[rows]]  # the report pools the trainable rows
+    pooled = reliability(data.y[train_rows].astype(np.int_), scores[train_rows])
+    assert pooled.roc_auc == pytest.approx(held_out_report(data, settings).loso.roc_auc)
     assert with_sources_perfect(groups, y, scores[rows], frozenset()) == base
     one = with_sources_perfect(groups, y, scores[rows], {"ext_a"})
     assert one.roc_auc >= base.roc_auc
@@ -170,3 +175,32 @@ def test_calibration_weight_of_external_rows_is_its_own_setting() -> None:
     assert (on.calib_weight[external] == 1).all()
     assert (on.calib_weight[~external] == 1).all()
     assert (on.weight == off.weight).all()
+
+
+def test_group_folds_keep_each_group_whole() -> None:
+    """Groups are dealt whole into folds, the same way every time; k <= 0 keeps groups."""
+    groups = ["a"] * 5 + ["b"] * 3 + ["c"] * 3 + ["d"]
+    mask = np.ones(len(groups), dtype=np.bool_)
+    folds = group_folds(groups, mask, 2)
+    assert folds == group_folds(groups, mask, 2)
+    for g in set(groups):
+        assert len({f for f, h in zip(folds, groups, strict=True) if h == g}) == 1
+    assert Counter(folds) == {"fold-0": 6, "fold-1": 6}
+    assert group_folds(groups, mask, 0) == groups
+
+
+def test_report_slices_languages_and_eval_rows() -> None:
+    """The pooled LOSO covers trainable rows; slices split Chinese/Japanese and eval rows."""
+    records = _small_mix()
+    for i, record in enumerate(records[500:]):
+        if i % 3 == 1:
+            record["category"] = "passage/zh"
+    settings = TrainSettings(external_weight=1.0)
+    report = held_out_report(prepare(records, settings), settings, lofo=False)
+    names = {s.name for s in report.loso_slices}
+    assert "trainable, Chinese + Japanese" in names
+    assert "trainable, not Chinese/Japanese" in names
+    trainable_rows = sum(1 for r in records[500:] if r.get("use") != "eval")
+    assert report.loso.n == trainable_rows
+    assert report.lofo is None
+    assert "leave-one-family-out" not in render_held_out(report)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from router_models.records import read_jsonl
-from router_models.train import BOTH_LABEL_SOURCES, EXTERNAL_TRAIN
+from router_models.train import EXTERNAL_TRAIN, RULE_LABELLED_SOURCES
 from router_models.training import rules
 from router_models.training.build import collect, sample
 from router_models.training.sources import Repo, Row, jmmlu, svamp
@@ -38,13 +38,16 @@ def test_operations_are_counted_with_fractions_as_numbers(expression: str, ops: 
 def test_rules_decide_or_drop() -> None:
     """One operation is simple, two or more complex, and fields that do not decide drop."""
     assert rules.label_from_operations(1) == "simple"
-    assert rules.label_from_operations(2) == "complex"
+    assert rules.label_from_operations(2) is None
+    assert rules.label_from_operations(3) == "complex"
     assert rules.label_from_operations(0) is None
     assert rules.label_from_subject("anatomy") == "simple"
     assert rules.label_from_subject("college_physics") == "complex"
     assert rules.label_from_subject("elementary_mathematics") is None
     assert rules.label_from_difficulty(0, 1) == "simple"
+    assert rules.label_from_difficulty(0, 0) is None
     assert rules.label_from_difficulty(3, 4) == "complex"
+    assert rules.label_from_difficulty(2, 2) is None
     assert rules.label_from_difficulty(0, 3) is None
     assert rules.label_from_difficulty(1, 1) is None
     assert rules.label_from_module("numbers__round_number") == "simple"
@@ -72,7 +75,9 @@ def test_readers_label_from_the_sources_own_fields(tmp_path: Path) -> None:
     problems = [
         {"ID": "a", "Body": "Tom had 5 apples.", "Question": "He ate 2. How many left?",
          "Equation": "( 5.0 - 2.0 )", "Type": "Subtraction"},
-        {"ID": "b", "Body": "Tom had 5 apples and 3 pears.", "Question": "He ate 2. How many?",
+        {"ID": "b", "Body": "Tom had 5 apples and 3 pears.", "Question": "He ate 2 and 1. Left?",
+         "Equation": "( ( ( 5.0 + 3.0 ) - 2.0 ) - 1.0 )", "Type": "Subtraction"},
+        {"ID": "d", "Body": "Tom had 5 apples and 3 pears.", "Question": "He ate 2. How many?",
          "Equation": "( ( 5.0 + 3.0 ) - 2.0 )", "Type": "Subtraction"},
         {"ID": "c", "Body": "x", "Question": "y", "Equation": "5.0", "Type": "Addition"},
     ]  # fmt: skip
@@ -117,23 +122,22 @@ def test_missing_repositories_are_skipped(tmp_path: Path) -> None:
 
 
 def test_committed_training_file_meets_the_issue() -> None:
-    """>= 5,000 prompts, >= 25 % Chinese/Japanese, every source both labels, labels by rule."""
+    """>= 5,000 prompts, >= 25 % Chinese/Japanese, both labels in every source but svamp
+    (one-step only under rule M), labels by rule."""
     records = read_jsonl(EXTERNAL_TRAIN)
     assert len(records) >= 5000
     langs = Counter(r["category"].rsplit("/", 1)[-1] for r in records)
     assert (langs["zh"] + langs["ja"]) / len(records) >= 0.25
     labels = Counter((r["source"], r["label"]) for r in records)
-    assert {r["source"] for r in records} == BOTH_LABEL_SOURCES
-    for source in BOTH_LABEL_SOURCES:
-        assert labels[(source, "simple")] > 50
-        assert labels[(source, "complex")] > 50
+    assert {r["source"] for r in records} == RULE_LABELLED_SOURCES
+    for source in RULE_LABELLED_SOURCES:
+        assert labels[(source, "simple")] >= 40
+        assert labels[(source, "complex")] >= 40 or source == "svamp"
     for r in records:
         field = r["category"].rsplit("/", 1)[0]
         if r["source"] == "jmmlu":
             assert rules.label_from_subject(field) == r["label"]
         elif r["source"] == "dm_mathematics":
             assert rules.label_from_module(field) == r["label"]
-        elif r["source"] == "jemhopqa":
-            assert rules.label_from_hops(field) == r["label"]
         assert not any(word in r["id"].lower() for word in RESERVED_WORDS)
     assert len({r["id"] for r in records}) == len(records)
