@@ -18,27 +18,7 @@ from router_models.artifact import DEFAULT_ARTIFACT, ArtifactError
 from router_models.records import RecordError, body_of, read_jsonl
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tiergate router", description="The tier router.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    train = sub.add_parser("train", help="train an artifact from labelled JSONL")
-    train.add_argument("--data", type=Path, nargs="+", help="labelled JSONL (default: corpus)")
-    train.add_argument("--out", type=Path, default=DEFAULT_ARTIFACT, help="artifact path")
-    train.add_argument("--c", type=float, default=None, help="inverse regularisation strength")
-    train.add_argument(
-        "--external-weight",
-        type=float,
-        default=None,
-        help="weight of router-dev2 rows (default 0, see docs/router.md)",
-    )
-    train.add_argument(
-        "--rule-labelled-weight",
-        type=float,
-        default=None,
-        help="weight of the rule-labelled public sources (default 1, see docs/router.md)",
-    )
-    _shadow_arguments(train)
-    ev = sub.add_parser("eval", help="routing quality on labelled JSONL")
+def _eval_arguments(ev: argparse.ArgumentParser) -> None:
     ev.add_argument("--data", type=Path, help="labelled JSONL scored with the artifact")
     ev.add_argument(
         "--held-out",
@@ -60,6 +40,29 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("--plot", type=Path, default=None, help="also write the curve as a PNG")
     ev.add_argument("--no-plot", action="store_true", help="accepted for old scripts (default)")
     ev.add_argument("--artifact", type=Path, default=None, help="artifact (default: shipped)")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tiergate router", description="The tier router.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    train = sub.add_parser("train", help="train an artifact from labelled JSONL")
+    train.add_argument("--data", type=Path, nargs="+", help="labelled JSONL (default: corpus)")
+    train.add_argument("--out", type=Path, default=DEFAULT_ARTIFACT, help="artifact path")
+    train.add_argument("--c", type=float, default=None, help="inverse regularisation strength")
+    train.add_argument(
+        "--external-weight",
+        type=float,
+        default=None,
+        help="weight of router-dev2 rows (default 0, see docs/router.md)",
+    )
+    train.add_argument(
+        "--rule-labelled-weight",
+        type=float,
+        default=None,
+        help="weight of the rule-labelled public sources (default 1, see docs/router.md)",
+    )
+    _shadow_arguments(train)
+    _eval_arguments(sub.add_parser("eval", help="routing quality on labelled JSONL"))
     score = sub.add_parser("score", help="score JSONL lines with id and prompt/messages")
     score.add_argument("file", type=Path, help="input JSONL ('-' for stdin)")
     score.add_argument("--artifact", type=Path, default=None)
