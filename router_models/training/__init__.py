@@ -1,0 +1,19 @@
+"""Build-time half of the router: external training sources, their labels, their builders.
+
+Nothing here is imported by the serving path (``router_models.scorer`` / ``artifact``), which
+stays numpy-only.  ``python -m router_models.training.build`` rebuilds
+``router_models/training/data/external-train.jsonl`` from fetched copies of the source
+repositories; ``docs/router-data.md`` holds one data card per source and ``docs/router.md``
+the labelling rules that every builder applies (``rules.py``).
+"""
+
+from pathlib import Path
+from typing import Final
+
+# The rule-labelled public sources, as built by ``router_models.training.build``. Not in the
+# shipped artifact's training data (issue 35: the candidate trained on them regressed on
+# held-out sets; docs/router.md, "Public both-label sources").
+EXTERNAL_TRAIN: Final = Path(__file__).resolve().parent / "data" / "external-train.jsonl"
+RULE_LABELLED_SOURCES: Final = frozenset(
+    ("ape210k", "aqua", "dm_mathematics", "jmmlu", "svamp", "tal_scq5k")
+)

@@ -1,0 +1,142 @@
+"""Tests for router_models/training: the labelling rules, the source readers on a real git
+repository, and the committed external training file the shipped artifact is trained on."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from router_models.records import read_jsonl
+from router_models.training import EXTERNAL_TRAIN, RULE_LABELLED_SOURCES, rules
+from router_models.training.build import collect, sample
+from router_models.training.sources import Repo, Row, jmmlu, svamp
+
+RESERVED_WORDS = ("gsm8k", "humaneval", "mbpp", "bbh", "logiqa", "alpaca", "ifeval", "jsquad")
+
+
+@pytest.mark.parametrize(
+    ("expression", "ops"),
+    [
+        ("( 76.0 - 25.0 )", 1),
+        ("x=6000/(1+(3/5))", 2),
+        ("x=10*5/(5-3)", 3),
+        ("x=69.6/8", 1),
+        ("$$0.025\\times 0.04=0.001$$", 1),
+        ("x=(3/5)", 0),
+    ],
+)
+def test_operations_are_counted_with_fractions_as_numbers(expression: str, ops: int) -> None:
+    """A fraction literal is one number; each binary operator between operands is a step."""
+    assert rules.count_operations(expression) == ops
+
+
+def test_rules_decide_or_drop() -> None:
+    """One operation is simple, two or more complex, and fields that do not decide drop."""
+    assert rules.label_from_operations(1) == "simple"
+    assert rules.label_from_operations(2) is None
+    assert rules.label_from_operations(3) == "complex"
+    assert rules.label_from_operations(0) is None
+    assert rules.label_from_subject("anatomy") == "simple"
+    assert rules.label_from_subject("college_physics") == "complex"
+    assert rules.label_from_subject("elementary_mathematics") is None
+    assert rules.label_from_difficulty(0, 1) == "simple"
+    assert rules.label_from_difficulty(0, 0) is None
+    assert rules.label_from_difficulty(3, 4) == "complex"
+    assert rules.label_from_difficulty(2, 2) is None
+    assert rules.label_from_difficulty(0, 3) is None
+    assert rules.label_from_difficulty(1, 1) is None
+    assert rules.label_from_module("numbers__round_number") == "simple"
+    assert rules.label_from_module("numbers__round_number_composed") == "complex"
+    assert rules.label_from_hops("bridge") is None
+
+
+def _git_repo(root: Path, files: dict[str, str]) -> Repo:
+    work = root / "work"
+    for name, text in files.items():
+        (work / name).parent.mkdir(parents=True, exist_ok=True)
+        (work / name).write_text(text, encoding="utf-8")
+    env = ["-c", "user.name=t", "-c", "user.email=t@example.invalid"]
+    subprocess.run(["git", "init", "-q", str(work)], check=True)
+    subprocess.run(["git", "-C", str(work), "add", "."], check=True)
+    subprocess.run(["git", "-C", str(work), *env, "commit", "-qm", "data"], check=True)
+    head = subprocess.run(
+        ["git", "-C", str(work), "rev-parse", "HEAD"], check=True, capture_output=True, text=True
+    ).stdout.strip()
+    return Repo(work / ".git", head)
+
+
+def test_readers_label_from_the_sources_own_fields(tmp_path: Path) -> None:
+    """SVAMP rows are labelled by their equation, JMMLU rows by their subject file."""
+    problems = [
+        {"ID": "a", "Body": "Tom had 5 apples.", "Question": "He ate 2. How many left?",
+         "Equation": "( 5.0 - 2.0 )", "Type": "Subtraction"},
+        {"ID": "b", "Body": "Tom had 5 apples and 3 pears.", "Question": "He ate 2 and 1. Left?",
+         "Equation": "( ( ( 5.0 + 3.0 ) - 2.0 ) - 1.0 )", "Type": "Subtraction"},
+        {"ID": "d", "Body": "Tom had 5 apples and 3 pears.", "Question": "He ate 2. How many?",
+         "Equation": "( ( 5.0 + 3.0 ) - 2.0 )", "Type": "Subtraction"},
+        {"ID": "c", "Body": "x", "Question": "y", "Equation": "5.0", "Type": "Addition"},
+    ]  # fmt: skip
+    csv_row = "次の値は?,1,2,3,4,A\n"
+    repo = _git_repo(
+        tmp_path,
+        {
+            "SVAMP.json": json.dumps(problems),
+            "JMMLU/anatomy.csv": csv_row,
+            "JMMLU/college_physics.csv": csv_row,
+            "JMMLU/philosophy.csv": csv_row,
+            "JMMLU/world_history.csv": csv_row,
+        },
+    )
+    rows = {r.id: r for r in svamp(repo)}
+    assert {k: r.label for k, r in rows.items()} == {"svamp-a": "simple", "svamp-b": "complex"}
+    assert rows["svamp-a"].prompt == "Tom had 5 apples. He ate 2. How many left?"
+    ja = {r.category: r for r in jmmlu(repo)}
+    assert {c: r.label for c, r in ja.items()} == {
+        "anatomy/ja": "simple",
+        "college_physics/ja": "complex",
+    }
+    assert ja["anatomy/ja"].prompt == "次の値は?\nA. 1\nB. 2\nC. 3\nD. 4"
+
+
+def test_sampling_caps_each_label_and_drops_repeats() -> None:
+    """At most ``cap`` rows per label, chosen the same way every time, repeats kept once."""
+    rows = [
+        Row(f"s-{i}", "s", "c/en", "simple" if i % 2 else "complex", f"p{i}") for i in range(20)
+    ]
+    rows.append(Row("s-dup", "s", "c/en", "simple", "P1 "))  # same text as s-1
+    seen: set[str] = set()
+    first = sample(rows, 4, seen)
+    assert Counter(r.label for r in first) == {"simple": 4, "complex": 4}
+    assert first == sample(list(reversed(rows)), 4, set())
+    assert len({r.prompt.strip().lower() for r in sample(rows, 50, set())}) == 20
+
+
+def test_missing_repositories_are_skipped(tmp_path: Path) -> None:
+    """A mirror root without the repositories yields no rows (and no crash)."""
+    assert collect(tmp_path, None) == []
+
+
+def test_committed_training_file_meets_the_issue() -> None:
+    """>= 5,000 prompts, >= 25 % Chinese/Japanese, both labels in every source but svamp
+    (one-step only under rule M), labels by rule."""
+    records = read_jsonl(EXTERNAL_TRAIN)
+    assert len(records) >= 5000
+    langs = Counter(r["category"].rsplit("/", 1)[-1] for r in records)
+    assert (langs["zh"] + langs["ja"]) / len(records) >= 0.25
+    labels = Counter((r["source"], r["label"]) for r in records)
+    assert {r["source"] for r in records} == RULE_LABELLED_SOURCES
+    for source in RULE_LABELLED_SOURCES:
+        assert labels[(source, "simple")] >= 40
+        assert labels[(source, "complex")] >= 40 or source == "svamp"
+    for r in records:
+        field = r["category"].rsplit("/", 1)[0]
+        if r["source"] == "jmmlu":
+            assert rules.label_from_subject(field) == r["label"]
+        elif r["source"] == "dm_mathematics":
+            assert rules.label_from_module(field) == r["label"]
+        assert not any(word in r["id"].lower() for word in RESERVED_WORDS)
+    assert len({r["id"] for r in records}) == len(records)
