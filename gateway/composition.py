@@ -19,13 +19,12 @@ from prometheus_client.registry import Collector
 import router_models
 from gateway.access.auth import Access, build_access, uses_redis
 from gateway.config.redis_client import open_redis
+from gateway.config.router_settings import RouterSettings, SpilloverSettings
 from gateway.config.settings import (
     BalancingSettings,
     HealthSettings,
     RequestSettings,
-    RouterSettings,
     Settings,
-    SpilloverSettings,
     TierSettings,
 )
 from gateway.http.admin_backends import admin_backends_handlers

@@ -28,14 +28,8 @@ API keys are read from an environment variable or a file, never from the command
 """
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The command-line interface."""
-    parser = argparse.ArgumentParser(
-        prog="tiergate bench",
-        description=__doc__,
-        epilog=_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def _add_target_options(parser: argparse.ArgumentParser) -> None:
+    """What is measured: the server, the models, named targets and their API keys."""
     add = parser.add_argument
     add("--url", help="server to measure (the gateway or a backend), e.g. http://127.0.0.1:8080")
     add(
@@ -59,6 +53,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add("--api-key-env", metavar="VAR", help="environment variable holding the API key")
     add("--api-key-file", metavar="PATH", help="file holding the API key")
+
+
+def _add_load_options(parser: argparse.ArgumentParser) -> None:
+    """The load: prompts, answer lengths, concurrency and arrivals."""
+    add = parser.add_argument
     add(
         "--prompt-tokens",
         default="short=128,long=1024",
@@ -84,6 +83,11 @@ def build_parser() -> argparse.ArgumentParser:
         default="poisson",
         help="inter-arrival times with a finite rate (default poisson)",
     )
+
+
+def _add_run_options(parser: argparse.ArgumentParser) -> None:
+    """How each grid point runs: requests, duration, rounds, warm-up, timeout, endpoint."""
+    add = parser.add_argument
     add("--num-requests", type=int, default=32, help="requests per target and grid point")
     add(
         "--max-duration",
@@ -111,6 +115,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="do not send ignore_eos (for servers that reject unknown fields)",
     )
+
+
+def _add_result_options(parser: argparse.ArgumentParser) -> None:
+    """The seed, goodput limits, the trimmed mean and where results go."""
+    add = parser.add_argument
     add("--seed", type=int, default=0, help="seed of the synthetic prompts and arrivals")
     add("--slo", help="goodput limits, e.g. ttft_ms=500,tpot_ms=50,e2el_ms=10000")
     add(
@@ -121,6 +130,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add("--out", type=Path, help="directory for bench.json, bench.md and bench.png")
     add("--no-plot", action="store_true", help="skip the PNG plot")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command-line interface."""
+    parser = argparse.ArgumentParser(
+        prog="tiergate bench",
+        description=__doc__,
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_target_options(parser)
+    _add_load_options(parser)
+    _add_run_options(parser)
+    _add_result_options(parser)
     return parser
 
 

@@ -376,6 +376,23 @@ class KeyStore(Protocol):
         ...
 
 
+def _expires_at(expires_in_days: float | None, now: float) -> float | None:
+    """When a key created at ``now`` expires (``None``: never); a bad number of days is refused."""
+    if expires_in_days is not None and (
+        isinstance(expires_in_days, bool)
+        or not isinstance(expires_in_days, int | float)
+        or not math.isfinite(expires_in_days)
+        or not 0 < expires_in_days <= MAX_EXPIRY_DAYS
+    ):
+        raise PolicyError(
+            f"expires_in_days must be a number of days above 0 and at most "
+            f"{MAX_EXPIRY_DAYS} (ten years); leave it out for a key that does not "
+            "expire",
+            param="expires_in_days",
+        )
+    return now + expires_in_days * _DAY_S if expires_in_days is not None else None
+
+
 def make_policy(
     *,
     tiers: list[str] | None = None,
@@ -407,19 +424,7 @@ def make_policy(
             f"configured: {list(known_tiers)}",
             param="tiers",
         )
-    if expires_in_days is not None and (
-        isinstance(expires_in_days, bool)
-        or not isinstance(expires_in_days, int | float)
-        or not math.isfinite(expires_in_days)
-        or not 0 < expires_in_days <= MAX_EXPIRY_DAYS
-    ):
-        raise PolicyError(
-            f"expires_in_days must be a number of days above 0 and at most "
-            f"{MAX_EXPIRY_DAYS} (ten years); leave it out for a key that does not "
-            "expire",
-            param="expires_in_days",
-        )
-    expires = now + expires_in_days * _DAY_S if expires_in_days is not None else None
+    expires = _expires_at(expires_in_days, now)
     return policy_from_dict(
         {
             "tiers": tiers,

@@ -18,21 +18,8 @@ from router_models.artifact import DEFAULT_ARTIFACT, ArtifactError
 from router_models.records import RecordError, body_of, read_jsonl
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tiergate router", description="The tier router.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    train = sub.add_parser("train", help="train an artifact from labelled JSONL")
-    train.add_argument("--data", type=Path, nargs="+", help="labelled JSONL (default: corpus)")
-    train.add_argument("--out", type=Path, default=DEFAULT_ARTIFACT, help="artifact path")
-    train.add_argument("--c", type=float, default=None, help="inverse regularisation strength")
-    train.add_argument(
-        "--external-weight",
-        type=float,
-        default=None,
-        help="weight of non-corpus rows (default 0, see docs/router.md)",
-    )
-    _shadow_arguments(train)
-    ev = sub.add_parser("eval", help="routing quality on labelled JSONL")
+def _eval_arguments(ev: argparse.ArgumentParser) -> None:
+    """``tiergate router eval``: the data, held-out runs, output and the artifact."""
     ev.add_argument("--data", type=Path, help="labelled JSONL scored with the artifact")
     ev.add_argument(
         "--held-out",
@@ -49,7 +36,10 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("--plot", type=Path, default=None, help="also write the curve as a PNG")
     ev.add_argument("--no-plot", action="store_true", help="accepted for old scripts (default)")
     ev.add_argument("--artifact", type=Path, default=None, help="artifact (default: shipped)")
-    score = sub.add_parser("score", help="score JSONL lines with id and prompt/messages")
+
+
+def _score_arguments(score: argparse.ArgumentParser) -> None:
+    """``tiergate router score``: the input, the artifact and how the threshold is set."""
     score.add_argument("file", type=Path, help="input JSONL ('-' for stdin)")
     score.add_argument("--artifact", type=Path, default=None)
     score.add_argument(
@@ -64,6 +54,26 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="JSONL sample of your traffic to derive the threshold from",
     )
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tiergate router", description="The tier router.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    train = sub.add_parser("train", help="train an artifact from labelled JSONL")
+    train.add_argument("--data", type=Path, nargs="+", help="labelled JSONL (default: corpus)")
+    train.add_argument("--out", type=Path, default=DEFAULT_ARTIFACT, help="artifact path")
+    train.add_argument("--c", type=float, default=None, help="inverse regularisation strength")
+    train.add_argument(
+        "--external-weight",
+        type=float,
+        default=None,
+        help="weight of non-corpus rows (default 0, see docs/router.md)",
+    )
+    _shadow_arguments(train)
+    ev = sub.add_parser("eval", help="routing quality on labelled JSONL")
+    _eval_arguments(ev)
+    score = sub.add_parser("score", help="score JSONL lines with id and prompt/messages")
+    _score_arguments(score)
     cal = sub.add_parser("calibrate", help="threshold for a target share from unlabelled traffic")
     cal.add_argument(
         "--sample",

@@ -70,12 +70,8 @@ def _port(text: str) -> int:
     return value
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The command-line interface."""
-    parser = argparse.ArgumentParser(
-        prog="tiergate simulate",
-        description="Simulated OpenAI-compatible inference server (vLLM by default; see --flavor).",
-    )
+def _add_server_options(parser: argparse.ArgumentParser) -> None:
+    """Address, model, capacity, latency and the replies' text."""
     add = parser.add_argument
     add("--host", default="127.0.0.1")
     add("--port", type=_port, default=8000, help="0-65535; 0 picks a free port")
@@ -109,6 +105,11 @@ def build_parser() -> argparse.ArgumentParser:
         default="",
         help="text put before every reply, e.g. '[simulated reply]' (no tokens counted)",
     )
+
+
+def _add_flavour_options(parser: argparse.ArgumentParser) -> None:
+    """Which server the simulator answers as: health, metrics, serial generation."""
+    add = parser.add_argument
     add(
         "--flavor",
         choices=sorted(FLAVORS),
@@ -141,6 +142,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also emit the deprecated vllm:gpu_cache_usage_perc",
     )
+
+
+def _add_fault_options(parser: argparse.ArgumentParser) -> None:
+    """Injected faults and prompt-dependent answer quality."""
+    add = parser.add_argument
     for name in _FAULT_OPTIONS:
         add("--" + name.replace("_", "-"), type=_probability, default=0.0, metavar="RATE")
     add("--stall-seconds", type=_bounded(0.0), default=5.0)
@@ -155,6 +161,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="with --quality-file: answer 'complex' prompts differently (a weaker model)",
     )
+
+
+def _add_vllm_options(parser: argparse.ArgumentParser) -> None:
+    """vLLM's own behaviour: release quirks, API keys, dev-mode and gated routes, usage details."""
+    add = parser.add_argument
     add(
         "--vllm-version",
         choices=VLLM_VERSIONS,
@@ -186,6 +197,18 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="as vLLM: report usage.prompt_tokens_details.cached_tokens",
     )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command-line interface."""
+    parser = argparse.ArgumentParser(
+        prog="tiergate simulate",
+        description="Simulated OpenAI-compatible inference server (vLLM by default; see --flavor).",
+    )
+    _add_server_options(parser)
+    _add_flavour_options(parser)
+    _add_fault_options(parser)
+    _add_vllm_options(parser)
     return parser
 
 

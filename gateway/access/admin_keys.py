@@ -20,6 +20,7 @@ from litestar.params import FromPath
 from policies.errors import AuthenticationFailed, InvalidRequest, PermissionDenied
 from policies.keys import (
     KEY_PREFIX,
+    KeyRecord,
     KeyStore,
     PolicyError,
     bearer_token,
@@ -30,6 +31,7 @@ from policies.keys import (
     rotate_stored_key,
     valid_key_id,
 )
+from policies.principal import KeyPolicy
 
 MIN_ADMIN_TOKEN_CHARS = 16
 _encoder = msgspec.json.Encoder()
@@ -97,6 +99,59 @@ def _checked_id(key_id: str) -> str:
     return key_id
 
 
+async def _requested(
+    request: Request[Any, Any, Any], tiers: tuple[str, ...], clock: Callable[[], float]
+) -> tuple[NewKey, KeyPolicy, float]:
+    """The key asked for in ``request``'s body, its checked policy and the time it was made.
+
+    A body that is not a valid key request, or a policy that does not hold, is a 400.
+    """
+    try:
+        spec = msgspec.json.decode(await request.body(), type=NewKey)
+        now = clock()
+        policy = make_policy(
+            tiers=spec.tiers,
+            rpm=spec.rpm,
+            tpm=spec.tpm,
+            max_tokens=spec.max_tokens,
+            concurrency=spec.concurrency,
+            expires_in_days=spec.expires_in_days,
+            scopes=spec.scopes,
+            max_n=spec.max_n,
+            max_precise_share=spec.max_precise_share,
+            precise_share_over=spec.precise_share_over,
+            now=now,
+            known_tiers=tiers,
+            budget_daily=spec.budget_daily,
+            budget_monthly=spec.budget_monthly,
+            rules=spec.rules,
+        )
+    except PolicyError as exc:
+        raise InvalidRequest(f"Invalid key request: {exc}", param=exc.param) from None
+    except (msgspec.ValidationError, msgspec.DecodeError, ValueError) as exc:
+        raise InvalidRequest(f"Invalid key request: {exc}") from None
+    return spec, policy, now
+
+
+async def _revoked(store: KeyStore, key_id: str) -> KeyRecord:
+    """The key ``key_id``, revoked; an unknown id is a 404."""
+    record = await revoke_key(store, _checked_id(key_id))
+    if record is None:
+        raise KeyNotFound("No key has this id.", param="key_id")
+    return record
+
+
+async def _rotated(store: KeyStore, key_id: str, pepper: bytes | None) -> tuple[KeyRecord, str]:
+    """The key ``key_id`` with a new secret, and that secret; unknown: 404, revoked: 400."""
+    try:
+        result = await rotate_stored_key(store, _checked_id(key_id), pepper)
+    except ValueError as exc:
+        raise InvalidRequest(str(exc), code="key_revoked") from None
+    if result is None:
+        raise KeyNotFound("No key has this id.", param="key_id")
+    return result
+
+
 def admin_key_handlers(
     store: KeyStore,
     token: str,
@@ -128,30 +183,7 @@ def admin_key_handlers(
     @post("/admin/keys", status_code=201)
     async def create(request: Request[Any, Any, Any]) -> Response[bytes]:
         guard.check(request.headers.get("authorization"))
-        try:
-            spec = msgspec.json.decode(await request.body(), type=NewKey)
-            now = clock()
-            policy = make_policy(
-                tiers=spec.tiers,
-                rpm=spec.rpm,
-                tpm=spec.tpm,
-                max_tokens=spec.max_tokens,
-                concurrency=spec.concurrency,
-                expires_in_days=spec.expires_in_days,
-                scopes=spec.scopes,
-                max_n=spec.max_n,
-                max_precise_share=spec.max_precise_share,
-                precise_share_over=spec.precise_share_over,
-                now=now,
-                known_tiers=tiers,
-                budget_daily=spec.budget_daily,
-                budget_monthly=spec.budget_monthly,
-                rules=spec.rules,
-            )
-        except PolicyError as exc:
-            raise InvalidRequest(f"Invalid key request: {exc}", param=exc.param) from None
-        except (msgspec.ValidationError, msgspec.DecodeError, ValueError) as exc:
-            raise InvalidRequest(f"Invalid key request: {exc}") from None
+        spec, policy, now = await _requested(request, tiers, clock)
         if not spec.tenant:
             raise InvalidRequest("A key needs a tenant.", param="tenant")
         record, key = await create_key(
@@ -163,22 +195,14 @@ def admin_key_handlers(
     @delete("/admin/keys/{key_id:str}", status_code=200)
     async def revoke(request: Request[Any, Any, Any], key_id: FromPath[str]) -> Response[bytes]:
         guard.check(request.headers.get("authorization"))
-        record = await revoke_key(store, _checked_id(key_id))
-        if record is None:
-            raise KeyNotFound("No key has this id.", param="key_id")
+        record = await _revoked(store, key_id)
         changed(record.key_id)
         return _json(describe(record, clock()))
 
     @post("/admin/keys/{key_id:str}/rotate", status_code=200)
     async def rotate(request: Request[Any, Any, Any], key_id: FromPath[str]) -> Response[bytes]:
         guard.check(request.headers.get("authorization"))
-        try:
-            result = await rotate_stored_key(store, _checked_id(key_id), pepper)
-        except ValueError as exc:
-            raise InvalidRequest(str(exc), code="key_revoked") from None
-        if result is None:
-            raise KeyNotFound("No key has this id.", param="key_id")
-        record, key = result
+        record, key = await _rotated(store, key_id, pepper)
         changed(record.key_id)
         return _json({**describe(record, clock()), "key": key})
 

@@ -162,6 +162,69 @@ def _add_store_options(parser: argparse.ArgumentParser) -> None:
     where.add_argument("--redis-url", default=None, help="Redis URL of the shared key store")
 
 
+def _add_limit_options(parser: argparse.ArgumentParser) -> None:
+    """The key's owner, tiers and limits: rates, caps, expiry and compute budgets."""
+    parser.add_argument("--tenant", required=True, help="owner label (safe to log)")
+    parser.add_argument("--name", default="", help="free-form label")
+    parser.add_argument("--tiers", type=_csv, default=None, help="allowed tiers, e.g. fast")
+    parser.add_argument("--rpm", type=int, default=None, help="requests per minute")
+    parser.add_argument("--tpm", type=int, default=None, help="tokens per minute")
+    parser.add_argument("--max-tokens", type=int, default=None, help="max_tokens cap")
+    parser.add_argument("--concurrency", type=int, default=None, help="requests in flight")
+    parser.add_argument(
+        "--max-n",
+        type=int,
+        default=None,
+        help="completions per request (n, best_of, prompts); default 1",
+    )
+    parser.add_argument(
+        "--expires-in",
+        type=float,
+        default=None,
+        metavar="DAYS",
+        help="the key stops working DAYS days from now (fractions allowed); default never",
+    )
+    parser.add_argument(
+        "--budget-daily", type=float, default=None, help="compute budget in cost units per UTC day"
+    )
+    parser.add_argument(
+        "--budget-monthly",
+        type=float,
+        default=None,
+        help="compute budget in cost units per calendar month",
+    )
+
+
+def _add_routing_options(parser: argparse.ArgumentParser) -> None:
+    """The key's routing: its precise-share cap, extra scopes and rule overrides."""
+    parser.add_argument(
+        "--max-precise-share",
+        type=float,
+        default=None,
+        metavar="SHARE",
+        help="the most of the key's recent requests that may go to the precise tier (0-1)",
+    )
+    parser.add_argument(
+        "--precise-share-over",
+        choices=("downgrade", "refuse"),
+        default=None,
+        help="over the cap: serve on the fast tier (default) or refuse with 429",
+    )
+    parser.add_argument(
+        "--scope",
+        action="append",
+        default=[],
+        help="extra scope: route_override, downgrade, engine_fields (repeatable)",
+    )
+    parser.add_argument(
+        "--rule",
+        action="append",
+        default=[],
+        help="override a routing rule for this key: json_schema|json_object|tools|long_prompt"
+        ":on|off (repeatable), e.g. --rule json_object:on",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``tiergate keys`` parser."""
     parser = argparse.ArgumentParser(
@@ -172,61 +235,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="action", required=True)
     create = sub.add_parser("create", help="create a key and print it once")
     _add_store_options(create)
-    create.add_argument("--tenant", required=True, help="owner label (safe to log)")
-    create.add_argument("--name", default="", help="free-form label")
-    create.add_argument("--tiers", type=_csv, default=None, help="allowed tiers, e.g. fast")
-    create.add_argument("--rpm", type=int, default=None, help="requests per minute")
-    create.add_argument("--tpm", type=int, default=None, help="tokens per minute")
-    create.add_argument("--max-tokens", type=int, default=None, help="max_tokens cap")
-    create.add_argument("--concurrency", type=int, default=None, help="requests in flight")
-    create.add_argument(
-        "--max-n",
-        type=int,
-        default=None,
-        help="completions per request (n, best_of, prompts); default 1",
-    )
-    create.add_argument(
-        "--expires-in",
-        type=float,
-        default=None,
-        metavar="DAYS",
-        help="the key stops working DAYS days from now (fractions allowed); default never",
-    )
-    create.add_argument(
-        "--budget-daily", type=float, default=None, help="compute budget in cost units per UTC day"
-    )
-    create.add_argument(
-        "--budget-monthly",
-        type=float,
-        default=None,
-        help="compute budget in cost units per calendar month",
-    )
-    create.add_argument(
-        "--max-precise-share",
-        type=float,
-        default=None,
-        metavar="SHARE",
-        help="the most of the key's recent requests that may go to the precise tier (0-1)",
-    )
-    create.add_argument(
-        "--precise-share-over",
-        choices=("downgrade", "refuse"),
-        default=None,
-        help="over the cap: serve on the fast tier (default) or refuse with 429",
-    )
-    create.add_argument(
-        "--scope",
-        action="append",
-        default=[],
-        help="extra scope: route_override, downgrade, engine_fields (repeatable)",
-    )
-    create.add_argument(
-        "--rule",
-        action="append",
-        default=[],
-        help="override a routing rule for this key: json_schema|json_object|tools|long_prompt"
-        ":on|off (repeatable), e.g. --rule json_object:on",
-    )
+    _add_limit_options(create)
+    _add_routing_options(create)
     create.set_defaults(run=_create)
     listing = sub.add_parser("list", help="list keys (never secrets or digests)")
     _add_store_options(listing)

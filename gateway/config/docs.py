@@ -1,8 +1,9 @@
 """``docs/settings.md``, generated from the settings models (``tiergate config docs``).
 
 Every option with its type, default, environment variable and description (the field's
-docstring in ``gateway/config/settings.py``). ``tests/gateway/test_settings_docs.py`` fails when the
-committed file is not what this module renders, so the reference cannot drift from the code.
+docstring in ``gateway/config/settings.py`` or ``gateway/config/router_settings.py``).
+``tests/gateway/test_settings_docs.py`` fails when the committed file is not what this module
+renders, so the reference cannot drift from the code.
 """
 
 from __future__ import annotations

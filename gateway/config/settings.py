@@ -3,7 +3,8 @@
 With gateway/config/file.py (the YAML file), the only code that reads the environment or
 configuration files. The YAML file may use ``${VAR}`` and ``${VAR:-default}``; nested settings
 are overridden from the environment with ``__`` (``TIERGATE_SERVER__PORT=9000``,
-``TIERGATE_TIERS__FAST__REPLICAS='["http://..."]'``).
+``TIERGATE_TIERS__FAST__REPLICAS='["http://..."]'``). The router's sections (``router``,
+``spillover``) are in gateway/config/router_settings.py.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pydantic_settings import (
 )
 
 from gateway.config.file import interpolated_names, load_yaml
+from gateway.config.router_settings import RouterSettings, SpilloverSettings
 from gateway.config.strict import (
     ConfigError,
     Loc,
@@ -291,94 +293,6 @@ class RedisSettings(Section):
     """Prefix of every Redis key the gateway writes."""
 
 
-class ShadowSettings(Section):
-    """Shadow evaluation (gateway/routing/shadow.py): a sample answered again by the other tier."""
-
-    # Share of fast-routed requests also sent to precise ("did we under-route?").
-    fast_ratio: float = Field(default=0.0, ge=0, le=1)
-    """Share of fast-routed requests also sent to the precise tier (did we under-route?)."""
-    # Share of precise-routed requests also sent to fast ("did we over-route?").
-    precise_ratio: float = Field(default=0.0, ge=0, le=1)
-    """Share of precise-routed requests also sent to the fast tier (did we over-route?)."""
-    max_concurrent: int = Field(default=4, ge=1)
-    """Shadow requests in flight at most."""
-    # Skip a shadow when the target replica reports more waiting requests than this.
-    max_waiting: float = Field(default=0.0, ge=0)
-    """Skip a shadow when the target replica reports more waiting requests than this."""
-    timeout_s: float = Field(default=60.0, gt=0)
-    """Timeout of one shadow request."""
-    window: int = Field(default=1000, ge=10)
-    """Shadow results kept for the live agreement figures."""
-    # JSON-lines file of shadow records (no prompt text); None keeps them in memory only.
-    store: Path | None = None
-    """JSON-lines file of shadow records: the router's hashed feature vector, score, tier,
-    direction and agreement of each shadow, no prompt text (`tiergate router train
-    --from-shadow` learns from it); unset: in memory only."""
-    max_records: int = Field(default=20_000, ge=100)
-    """Records kept in the store at most (two files, `store` and `store`.1, half each). A record
-    with its feature vector is about 9 KB for a 300-character prompt (more for long ones)."""
-    store_prompts: bool = False
-    """Also write each shadowed prompt's text into the store (off: it may hold personal data;
-    training needs only the feature vectors)."""
-    judge_ratio: float = Field(default=0.0, ge=0, le=1)
-    """Share of compared shadows whose fast answer is also graded by the precise tier with a
-    fixed rubric (a judge call; policies/judge.py); 0: off."""
-    digest_key_file: Path | None = None
-    """File holding the deployment secret (at least 16 bytes) that keys each record's prompt
-    digest (HMAC-SHA-256, 96 bits): records of one prompt match, a guessed prompt cannot be
-    confirmed without it. Unset: `store`.key, created with a random key (and a warning) when
-    absent; without a store, a random key per process."""
-
-
-class RouterSettings(Section):
-    artifact: Path | None = None
-    """A router artifact (`tiergate router train`); unset: the one shipped with TierGate."""
-    target_precise_share: float = Field(default=0.3, ge=0.0, le=1.0)
-    """The cost dial: the share of `auto` traffic meant for the precise tier."""
-    threshold: float | None = Field(default=None, ge=0.0, le=1.0)
-    """A fixed classifier threshold instead of one derived from target_precise_share."""
-    online_control: bool | None = None
-    """Adjust the threshold online so the observed precise share tracks the target. Unset: on
-    unless a fixed `threshold` is set (the artifact's reference scores never match a
-    deployment's own traffic mix)."""
-    dial_max_tenants: int = Field(default=256, ge=1, le=100_000)
-    """Tenants with their own share controller per worker (about 120 KB each when its
-    5,000-request window is full); the least recently seen is dropped beyond this, and a
-    tenant without one meets the artifact's calibration for its target until it has traffic
-    again."""
-    dial_sync_interval_s: float = Field(default=0.25, gt=0.0, le=5.0)
-    """How often each worker reads the live dial's targets (Redis, or the workers' shared
-    directory) and applies a change made on another worker or replica."""
-    fast_tier: str = "fast"
-    """Which tier is the fast one."""
-    precise_tier: str = "precise"
-    """Which tier is the precise one."""
-    structured_output_to_precise: bool = True
-    """Send response_format json_schema requests to the precise tier."""
-    json_object_to_precise: bool = False
-    """Send response_format json_object requests to the precise tier (off: the classifier
-    decides on the prompt's words, so asking for JSON does not buy the precise tier)."""
-    tools_to_precise: bool = True
-    """Send requests with tools the model may call to the precise tier (`tool_choice: "none"`
-    is no tool use: the classifier decides)."""
-    unwrap_packaging: bool = True
-    """Score the user's own words: LaTeX blocks, code fences and strings of numbers the request
-    does not refer to, chain-of-thought phrasing and padding are left out of the score
-    (router_models/packaging.py; bench/results/packaging.md)."""
-    long_prompt_tokens: int | None = 6000
-    """Prompts estimated above this many tokens go to the precise tier (null: no such rule)."""
-    # Tier fallback when the chosen tier has no healthy capacity: fast -> precise (on by
-    # default); precise -> fast only for keys with the downgrade scope and this switch on.
-    fallback_to_precise: bool = True
-    """When the fast tier has no healthy capacity, use the precise tier."""
-    downgrade_to_fast: bool = False
-    """When the precise tier has no healthy capacity, use the fast tier (keys with the downgrade
-    scope only).
-    """
-    shadow: ShadowSettings = Field(default_factory=ShadowSettings)
-    """Shadow evaluation: a sample answered again by the other tier."""
-
-
 def _otel_environment() -> dict[str, str]:
     """The standard ``OTEL_*`` variables (exporter, protocol, endpoint...), read here once."""
     return {name: value for name, value in os.environ.items() if name.startswith("OTEL_")}
@@ -487,21 +401,6 @@ class BalancingSettings(Section):
     """Imbalance guard: absolute in-flight gap between busiest and idlest replica."""
     imbalance_rel: float = Field(default=1.5, ge=1.0)
     """Imbalance guard: busiest above this multiple of idlest."""
-
-
-class SpilloverSettings(Section):
-    """Borderline fast-tier requests to an idle precise tier when fast is saturated."""
-
-    enabled: bool = False
-    """Send borderline fast-tier requests to an idle precise tier while the fast tier is saturated.
-
-    """
-    margin: float = Field(default=0.1, ge=0, le=1)
-    """How close below the threshold a score must be to count as borderline."""
-    fast_waiting: float = Field(default=4.0, ge=0)
-    """Fast-tier requests waiting per replica (on average) above which it counts as saturated."""
-    precise_max_utilisation: float = Field(default=0.5, gt=0, le=1)
-    """Precise-tier utilisation below which it counts as idle."""
 
 
 class RequestSettings(Section):

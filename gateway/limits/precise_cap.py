@@ -29,7 +29,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from gateway.config.settings import RateLimitSettings, RouterSettings
+from gateway.config.router_settings import RouterSettings
+from gateway.config.settings import RateLimitSettings
 from gateway.limits.limits import KeyRateLimited
 from gateway.limits.redis import LuaScript, ScriptRunner, script_runner
 from policies.principal import Principal

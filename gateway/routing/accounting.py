@@ -17,7 +17,8 @@ from prometheus_client import CollectorRegistry
 from redis.asyncio import Redis
 
 from gateway.config.redis_client import BackendHealth
-from gateway.config.settings import RateLimitSettings, RouterSettings, TierSettings
+from gateway.config.router_settings import RouterSettings
+from gateway.config.settings import RateLimitSettings, TierSettings
 from gateway.limits.budget_outage import FailOpenBudgetStore
 from gateway.limits.budgets import BudgetGate, BudgetStore, MemoryBudgetStore, RedisBudgetStore
 from gateway.limits.precise_cap import (

@@ -22,7 +22,7 @@ from redis.exceptions import RedisError
 
 import router_models
 from gateway.access.admin_keys import AdminGuard
-from gateway.config.settings import RouterSettings
+from gateway.config.router_settings import RouterSettings
 from gateway.routing.dial_sync import DialSync
 from gateway.routing.routing import TierRouter, calibration
 from gateway.routing.shadow import ShadowRunner

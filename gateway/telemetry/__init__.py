@@ -15,7 +15,8 @@ from typing import Any
 from opentelemetry.sdk.trace.export import SpanExporter
 from prometheus_client import CollectorRegistry
 
-from gateway.config.settings import RouterSettings, TelemetrySettings
+from gateway.config.router_settings import RouterSettings
+from gateway.config.settings import TelemetrySettings
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.metrics_endpoint import MetricsServer, metrics_handler
 from gateway.telemetry.observer import TelemetryObserver

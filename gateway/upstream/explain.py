@@ -1,4 +1,4 @@
-"""Words for a caller when no replica could serve: which tier was asked, which were tried, why.
+"""The caller's error when no replica could serve: which tier was asked, which were tried, why.
 
 Only our own texts, replica host:port names and the backends' error messages (already passed to
 callers) go into these messages; never a credential.
@@ -6,12 +6,19 @@ callers) go into these messages; never a credential.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
-from gateway.pipeline.events import FailureKind
-from gateway.upstream.attempt import AttemptFailed
+from gateway.pipeline.events import TIMEOUTS, FailureKind
+from gateway.upstream.attempt import AUTH_STATUSES, AttemptFailed
 from gateway.upstream.replicas import ReplicaPool
-from policies.errors import TierGateError
+from policies.errors import (
+    Overloaded,
+    TierGateError,
+    UpstreamBadAnswer,
+    UpstreamRejected,
+    UpstreamUnavailable,
+)
 
 _MAX_NAMED = 8  # replicas named in one message; the rest are counted
 
@@ -84,3 +91,70 @@ def every_tier_failed(failed: list[tuple[str, TierGateError]]) -> TierGateError:
     last.message = f"No tier could serve the request. {'; '.join(parts)}."
     last.args = (last.message,)
     return last
+
+
+def final_error(
+    tier: str, failure: AttemptFailed, failures: Sequence[AttemptFailed] = ()
+) -> TierGateError:
+    """The caller's error once a tier gave up; its ``code`` doubles as the fallback reason.
+
+    Its ``detail`` says what every attempt on the tier met (``failures``), for a message that
+    sums up several tiers.
+    """
+    detail = tier_detail(tier, failure, failures or (failure,))
+    status = failure.status
+    if failure.kind == FailureKind.BAD_ANSWER:
+        return UpstreamBadAnswer(
+            f"The '{tier}' tier's answer could not be passed on: {failure.message}",
+            detail=detail,
+        )
+    if status in AUTH_STATUSES:
+        return UpstreamUnavailable(
+            f"The backend refused the gateway's credentials (HTTP {status}): check the "
+            f"upstream API key of the '{tier}' tier (tiers.{tier}.api_key or api_key_file).",
+            status=502,
+            code="upstream_auth_failed",
+            detail=detail,
+        )
+    if status is not None and 400 <= status < 500 and status != 429:
+        body = failure.body or {}
+        param = body.get("param") if isinstance(body.get("param"), str) else None
+        code = body.get("code") if isinstance(body.get("code"), str) else None
+        return UpstreamRejected(
+            failure.message, status=status, param=param, code=code, detail=detail
+        )
+    return _unavailable(tier, failure, detail)
+
+
+def _unavailable(tier: str, failure: AttemptFailed, detail: str) -> TierGateError:
+    """The error of a tier that could not answer (no replica, busy, timed out, broken).
+
+    Its Retry-After is the gateway's own (a backend's was clamped in ``Forwarder._record_failure``).
+    """
+    retry_after = {"Retry-After": str(max(1, math.ceil(failure.retry_after or 1)))}
+    if failure.kind == FailureKind.NO_REPLICA:
+        return UpstreamUnavailable(
+            failure.message,
+            status=503,
+            code="no_healthy_replica",
+            headers=retry_after,
+            detail=detail,
+        )
+    if failure.status in (429, 503):
+        return Overloaded(
+            f"Every replica of the '{tier}' tier is busy; retry shortly.",
+            headers=retry_after,
+            detail=detail,
+        )
+    if failure.kind in TIMEOUTS:
+        return UpstreamUnavailable(
+            f"The '{tier}' tier did not answer in time.",
+            status=504,
+            code="upstream_timeout",
+            detail=detail,
+        )
+    return UpstreamUnavailable(
+        f"The '{tier}' tier could not serve the request: {failure.message}",
+        status=502,
+        detail=detail,
+    )

@@ -26,7 +26,6 @@ import msgspec
 from gateway.config.settings import Timeouts
 from gateway.pipeline.events import (
     NO_EVENTS,
-    TIMEOUTS,
     UNREADABLE_JSON,
     AttemptEnd,
     AttemptEvents,
@@ -36,17 +35,11 @@ from gateway.pipeline.events import (
 )
 from gateway.pipeline.ids import fresh_id
 from gateway.upstream.attempt import AUTH_STATUSES, AttemptFailed, Opened, UpstreamClient, attempt
-from gateway.upstream.explain import every_tier_failed, tier_detail, why_none
+from gateway.upstream.explain import every_tier_failed, final_error, why_none
 from gateway.upstream.keys import UpstreamKeys, every_key_refused
 from gateway.upstream.replicas import Replica, ReplicaPool
 from gateway.upstream.retry import RetryBudget, RetryLoop, RetryPolicy
-from policies.errors import (
-    Overloaded,
-    TierGateError,
-    UpstreamBadAnswer,
-    UpstreamRejected,
-    UpstreamUnavailable,
-)
+from policies.errors import Overloaded, TierGateError, UpstreamUnavailable
 from policies.selection import Choice, Strategy
 
 _encoder = msgspec.json.Encoder()
@@ -221,7 +214,6 @@ class Forwarder:
         body["model"] = route.served_model
         payload = _encoder.encode(body)
         stream = bool(body.get("stream"))
-        base_headers = self._base_headers[tier]
         pool = route.pool
         loop = RetryLoop(
             self.policy,
@@ -243,22 +235,7 @@ class Forwarder:
                 choice = await self._choose(route, exclude, prefix_blocks, loop)
             replica = choice.replica
             tried.add(replica.url)
-            upstream_id = fresh_id()  # unique per attempt
-            start = AttemptStart(
-                tier,
-                replica.name,
-                replica.url,
-                route.strategy.name,
-                routed_at,
-                len(prefix_blocks),
-                choice.affinity,
-                upstream_id,
-                body,
-            )
-            extra = events.attempt_started(start)
-            headers = {**base_headers, "x-request-id": upstream_id, **extra}
-            if route.keys is not None:
-                headers.update(route.keys.for_replica(replica.url))
+            headers = self._started(tier, route, choice, routed_at, prefix_blocks, body, events)
             first_byte_s = route.timeouts.first_byte_s if stream else math.inf
             limit_s = max(0.001, min(first_byte_s, loop.remaining()))
             return await self._attempt(
@@ -270,9 +247,43 @@ class Forwarder:
         except AttemptFailed as failure:
             # No local name for the error: frame and exception would hold each other (and the
             # request body) alive until a full collection.
-            raise _final_error(tier, failure, loop.failures) from None
+            raise final_error(tier, failure, loop.failures) from None
         finally:
             loop.forget_tracebacks()
+
+    def _started(  # noqa: PLR0917  # one attempt's facts, passed as is (hot path)
+        self,
+        tier: str,
+        route: TierRoute,
+        choice: Choice[Replica],
+        routed_at: float,
+        prefix_blocks: Sequence[int],
+        body: dict[str, Any],
+        events: AttemptEvents,
+    ) -> dict[str, str]:
+        """Report an attempt on ``choice`` as started; the headers it sends.
+
+        The tier's headers, a fresh ``x-request-id`` (unique per attempt), what ``events``
+        adds and, with several upstream keys, the replica's key.
+        """
+        replica = choice.replica
+        upstream_id = fresh_id()  # unique per attempt
+        start = AttemptStart(
+            tier,
+            replica.name,
+            replica.url,
+            route.strategy.name,
+            routed_at,
+            len(prefix_blocks),
+            choice.affinity,
+            upstream_id,
+            body,
+        )
+        extra = events.attempt_started(start)
+        headers = {**self._base_headers[tier], "x-request-id": upstream_id, **extra}
+        if route.keys is not None:
+            headers.update(route.keys.for_replica(replica.url))
+        return headers
 
     async def _choose(
         self,
@@ -330,15 +341,7 @@ class Forwarder:
                 waited.upstream_s += time.perf_counter() - started
             exchange = Exchange(opened, replica, pool)
             if stream:
-                try:
-                    exchange.first_event = await _first_event(exchange, limit_s, waited)
-                except AttemptFailed as failure:
-                    exchange.finish(abort=True)
-                    self._record_failure(route, replica, failure)
-                    raise
-                except BaseException:
-                    exchange.finish(abort=True)
-                    raise
+                await self._read_first_event(route, exchange, limit_s, waited)
             else:
                 exchange.finish()
             pool.record_success(replica)
@@ -357,6 +360,20 @@ class Forwarder:
             )
         )
         return exchange
+
+    async def _read_first_event(
+        self, route: TierRoute, exchange: Exchange, limit_s: float, waited: _Waited
+    ) -> None:
+        """A stream's first event into ``exchange``; on failure the exchange is aborted."""
+        try:
+            exchange.first_event = await _first_event(exchange, limit_s, waited)
+        except AttemptFailed as failure:
+            exchange.finish(abort=True)
+            self._record_failure(route, exchange.replica, failure)
+            raise
+        except BaseException:
+            exchange.finish(abort=True)
+            raise
 
     def _record_failure(self, route: TierRoute, replica: Replica, failure: AttemptFailed) -> None:
         """Count ``failure`` on the replica; a Retry-After on 429/503 becomes a cool-down."""
@@ -533,70 +550,3 @@ def stream_error(event: bytes) -> AttemptFailed:
     message = inner.get("message")
     text = message[:2000] if isinstance(message, str) and message else "The backend failed."
     return AttemptFailed(status_kind(status), text, status=status, body=inner)
-
-
-def _final_error(
-    tier: str, failure: AttemptFailed, failures: Sequence[AttemptFailed] = ()
-) -> TierGateError:
-    """The caller's error once a tier gave up; its ``code`` doubles as the fallback reason.
-
-    Its ``detail`` says what every attempt on the tier met (``failures``), for a message that
-    sums up several tiers.
-    """
-    detail = tier_detail(tier, failure, failures or (failure,))
-    status = failure.status
-    if failure.kind == FailureKind.BAD_ANSWER:
-        return UpstreamBadAnswer(
-            f"The '{tier}' tier's answer could not be passed on: {failure.message}",
-            detail=detail,
-        )
-    if status in AUTH_STATUSES:
-        return UpstreamUnavailable(
-            f"The backend refused the gateway's credentials (HTTP {status}): check the "
-            f"upstream API key of the '{tier}' tier (tiers.{tier}.api_key or api_key_file).",
-            status=502,
-            code="upstream_auth_failed",
-            detail=detail,
-        )
-    if status is not None and 400 <= status < 500 and status != 429:
-        body = failure.body or {}
-        param = body.get("param") if isinstance(body.get("param"), str) else None
-        code = body.get("code") if isinstance(body.get("code"), str) else None
-        return UpstreamRejected(
-            failure.message, status=status, param=param, code=code, detail=detail
-        )
-    return _unavailable(tier, failure, detail)
-
-
-def _unavailable(tier: str, failure: AttemptFailed, detail: str) -> TierGateError:
-    """The error of a tier that could not answer (no replica, busy, timed out, broken).
-
-    Its Retry-After is the gateway's own (a backend's was clamped in ``_record_failure``).
-    """
-    retry_after = {"Retry-After": str(max(1, math.ceil(failure.retry_after or 1)))}
-    if failure.kind == FailureKind.NO_REPLICA:
-        return UpstreamUnavailable(
-            failure.message,
-            status=503,
-            code="no_healthy_replica",
-            headers=retry_after,
-            detail=detail,
-        )
-    if failure.status in (429, 503):
-        return Overloaded(
-            f"Every replica of the '{tier}' tier is busy; retry shortly.",
-            headers=retry_after,
-            detail=detail,
-        )
-    if failure.kind in TIMEOUTS:
-        return UpstreamUnavailable(
-            f"The '{tier}' tier did not answer in time.",
-            status=504,
-            code="upstream_timeout",
-            detail=detail,
-        )
-    return UpstreamUnavailable(
-        f"The '{tier}' tier could not serve the request: {failure.message}",
-        status=502,
-        detail=detail,
-    )

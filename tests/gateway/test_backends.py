@@ -17,8 +17,7 @@ from gateway.config.settings import TierSettings
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.upstream.attempt import AttemptFailed
 from gateway.upstream.backends import kind_of
-from gateway.upstream.explain import every_tier_failed, why_none
-from gateway.upstream.forwarding import _final_error
+from gateway.upstream.explain import every_tier_failed, final_error, why_none
 from gateway.upstream.health import HealthConfig, HealthMonitor, parse_metrics
 from gateway.upstream.replicas import ReplicaPool
 from policies.backends import KINDS
@@ -245,7 +244,7 @@ def test_summaries_name_each_distinct_answer_once() -> None:
         failure = AttemptFailed("status_500", "Boom.", status=500)
         failure.replica = "10.0.0.1:8000"
         failures.append(failure)
-    error = _final_error("fast", failures[-1], failures)
+    error = final_error("fast", failures[-1], failures)
     assert error.detail == "replica 10.0.0.1:8000: Boom (x3)"
     one = every_tier_failed([("fast", error)])
     assert one.message == (
@@ -257,7 +256,7 @@ def test_summaries_name_each_distinct_answer_once() -> None:
     missing = AttemptFailed(
         "no_replica", f"No healthy replica in tier 'fast': {why_none(pool, 0.0)}."
     )
-    alone = every_tier_failed([("fast", _final_error("fast", missing, [missing]))])
+    alone = every_tier_failed([("fast", final_error("fast", missing, [missing]))])
     assert alone.message == (
         "No healthy replica in tier 'fast': replica 10.0.0.2:8000 "
         "unhealthy (health check: could not connect)."
