@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import sys
 from collections.abc import Iterator, Sequence
@@ -279,6 +280,13 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     args = _parser().parse_args(argv)
     stream = out or sys.stdout
     handlers = {"train": _train, "eval": _eval, "score": _score, "calibrate": _calibrate}
+    trains = args.command == "train" or (args.command == "eval" and args.held_out)
+    if trains and importlib.util.find_spec("sklearn") is None:
+        sys.stderr.write(
+            f"tiergate router {args.command}: needs scikit-learn, which the gateway itself does "
+            "not: pip install 'tiergate[train]'\n"
+        )
+        return 2
     try:
         return handlers[args.command](args, stream)
     except (ArtifactError, RecordError, OSError, ValueError) as exc:
