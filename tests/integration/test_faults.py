@@ -270,8 +270,11 @@ async def _kill_during_load(gateway: GatewayProcess, victim: SimulatorProcess) -
             statuses.append(resp.status_code)
 
     async def killer() -> None:
-        await asyncio.sleep(0.4)
-        assert (await victim.astats())["requests_total"] > 0
+        # Mid-run: once the victim has served some requests (counted, not after a fixed 0.4 s).
+        deadline = time.monotonic() + patience(10)
+        while (await victim.astats())["requests_total"] == 0:
+            assert time.monotonic() < deadline, "the victim got no request"
+            await asyncio.sleep(0.02)
         victim.kill()
 
     async with httpx.AsyncClient(timeout=10) as client:
