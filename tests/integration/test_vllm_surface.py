@@ -19,6 +19,8 @@ from policies.vllm_surface import OPEN_ROUTES
 from tests.integration.gateway_proc import GatewayProcess, tiers_config
 from tests.simulator.procs import SimulatorProcess
 
+pytestmark = pytest.mark.slow  # gateway and simulator fleets: make test-all
+
 ADMIN = "admin-token-for-vllm-surface"
 FAST_CONTEXT = 512
 PRECISE_CONTEXT = 4096
