@@ -22,15 +22,24 @@ from tests.simulator.procs import SimulatorProcess
 
 pytestmark = pytest.mark.slow
 CAP = 0.2
-LATEX = "$$\\int_0^1 x^2\\,dx = \\frac{1}{3}$$\n"
 TOOL = {"type": "function", "function": {"name": "noop", "parameters": {"type": "object"}}}
 # Short simple prompts dressed to go precise: by model name, by a rule, by the classifier.
 CRAFTED: list[dict[str, Any]] = [
     {"model": "precise", "messages": [{"role": "user", "content": "hi"}]},
     {"model": "auto", "messages": [{"role": "user", "content": "hi"}], "tools": [TOOL]},
-    {"model": "auto", "messages": [{"role": "user", "content": LATEX + "hi"}]},
+    {
+        "model": "auto",
+        "messages": [{"role": "user", "content": "hi"}],
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "greeting", "schema": {"type": "object"}},
+        },
+    },
     {"model": "auto", "messages": [{"role": "user", "content": "Prove rigorously: hi"}]},
 ]
+# LaTeX and "prove rigorously" packaging no longer buys the precise tier at all (issue 34
+# item 3, router.unwrap_packaging); the cap is checked on requests that still go precise
+# (explicit, a tool list, a json_schema) and on packaging, which the classifier keeps fast.
 
 
 async def new_key(url: str, policy: KeyPolicy) -> str:
@@ -115,7 +124,7 @@ def test_a_capped_key_stays_within_its_precise_share(
     ]
     # The downgraded carry the policy's reason; a crafted prompt the classifier scored low
     # went fast on its own.
-    assert fast.count("policy:precise_share_cap") >= len(results) * 0.5
+    assert fast.count("policy:precise_share_cap") >= len(results) * 0.4
     assert set(fast) <= {"policy:precise_share_cap", "classifier"}
     assert all(r.parse().choices for r in results)
 
