@@ -389,11 +389,11 @@ def _asleep(replica: Replica) -> tuple[str, bool] | None:
 
 
 def _models_due(replica: Replica, now: float) -> bool:
-    """Time to read the replica's context length again? A one-at-a-time server
-    (llama-cpp-python) is asked once per connection and only while the gateway has no request
-    on it: its model list waits behind a generation, and a waiting request makes that server
-    cut the running stream."""
+    """Time to read the replica's context length again? Never on a one-at-a-time server
+    (llama-cpp-python): its model list waits behind a generation, a waiting request makes that
+    server cut the running stream (another gateway's, too, which this one cannot see), and it
+    states no ``max_model_len`` to read."""
     kind = KINDS.get(replica.kind or "")
     if kind is not None and kind.serial:
-        return replica.models_read_at == 0 and replica.in_flight == 0
+        return False
     return replica.models_read_at == 0 or now - replica.models_read_at >= MODELS_REFRESH_S
