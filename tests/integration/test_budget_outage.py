@@ -18,6 +18,7 @@ from gateway.access.keystore_redis import RedisKeyStore
 from policies.keys import create_key
 from policies.principal import KeyPolicy
 from tests.integration.gateway_proc import GatewayProcess, tiers_config
+from tests.processes import patience
 from tests.redis_server import RedisServer
 from tests.simulator.procs import SimulatorProcess
 
@@ -53,7 +54,7 @@ async def recorded_spend(url: str, key_id: str) -> float:
 def stack(fast_sim: SimulatorProcess) -> Iterator[tuple[RedisServer, list[GatewayProcess]]]:
     """A persistent redis-server and two gateways of two workers, fail-open."""
     with RedisServer(persist=True) as redis:
-        asyncio.run(new_key(redis.url, KeyPolicy()))
+        _, warm_token = asyncio.run(new_key(redis.url, KeyPolicy()))
         config = {
             "auth": {"store": "redis", "cache_ttl_s": 5},
             "ratelimit": {
@@ -70,10 +71,26 @@ def stack(fast_sim: SimulatorProcess) -> Iterator[tuple[RedisServer, list[Gatewa
             with ThreadPoolExecutor(2) as pool:
                 list(pool.map(GatewayProcess.start, procs))
             time.sleep(1.5)  # every process has counted the others (gateway/limits/census.py)
+            _warm_up(procs, warm_token)
             yield redis, procs
         finally:
             for proc in procs:
                 proc.stop()
+
+
+def _warm_up(procs: list[GatewayProcess], token: str) -> None:
+    """Every gateway answers 200 several times in a row (each of its workers has its key and
+    its replica state) before the budget key's requests are counted; an unlimited key pays."""
+    headers = {"Authorization": f"Bearer {token}"}
+    deadline = time.monotonic() + patience(30)
+    for proc in procs:
+        streak = 0
+        while streak < 8:
+            answer = httpx.post(proc.url + "/v1/chat/completions", json=BODY, headers=headers)
+            streak = streak + 1 if answer.status_code == 200 else 0
+            assert time.monotonic() < deadline, answer.text
+            if not streak:
+                time.sleep(0.1)
 
 
 def cost_of(response: httpx.Response, text: str) -> float:
