@@ -3,7 +3,9 @@
 The victim tenant sends external traffic, then a fixed set of its prompts; the attacker tenant
 floods 1,500 high-scoring requests (short "hi" behind LaTeX, complex asks); the victim's fixed
 set is sent again during the flood and after it. Its decisions may change for at most 2 % of
-the set, and its observed share stays within 3 points of the 0.30 target.
+the set. Its share is measured on 1,000 fresh prompts sent during the flood and 1,000 more
+after it (binomial sd 1.45 points at 1,000; 300 prompts carry 2.6): each within 3 points of
+the 0.30 target, issue 34's bound.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import asyncio
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -63,36 +66,60 @@ def _changed(before: list[str], after: list[str]) -> float:
     return sum(a != b for a, b in zip(before, after, strict=True)) / len(before)
 
 
+def _precise_share(tiers: list[str]) -> float:
+    return sum(t == "precise" for t in tiers) / len(tiers)
+
+
+async def _under_flood(
+    urls: list[str], victim_key: str, attacker_key: str, fixed: list[Any], fresh: list[Any]
+) -> tuple[list[str], list[str], int]:
+    """The victim's fixed set, then fresh prompts, while the attacker floods without pause
+    (at least 1,500 requests); the tiers of each, and how many flood requests were sent."""
+    stop = asyncio.Event()
+
+    async def attack() -> int:
+        sent = 0
+        while not stop.is_set() or sent < 1_500:
+            await send(urls, flood(250), attacker_key)
+            sent += 250
+        return sent
+
+    task = asyncio.create_task(attack())
+    await asyncio.sleep(1.0)  # the flood is under way
+    fixed_tiers = await send(urls, fixed, victim_key, concurrency=4)
+    fresh_tiers = await send(urls, fresh, victim_key, concurrency=4)
+    stop.set()
+    return fixed_tiers, fresh_tiers, await task
+
+
 def test_another_tenants_flood_moves_no_victim_decision(
     two_tenants: tuple[str, str, GatewayProcess],
 ) -> None:
-    """Victim decisions on 300 fixed prompts change for <= 2 % during and after a 1,500-request
-    flood of another tenant, whose own threshold the flood does raise."""
+    """Victim decisions on 300 fixed prompts change for <= 2 % during and after a flood of
+    another tenant, whose own threshold the flood does raise; the victim's share on fresh
+    prompts stays within 3 points of target during and after."""
     victim_key, attacker_key, gw = two_tenants
     urls = [gw.url]
     asyncio.run(send(urls, mixed(2_000, seed=1), victim_key))
     fixed = mixed(300, seed=2)
     before = asyncio.run(send(urls, fixed, victim_key))
-
-    async def during() -> list[str]:
-        attack = asyncio.create_task(send(urls, flood(1_500), attacker_key))
-        await asyncio.sleep(1.0)  # the flood is under way
-        tiers = await send(urls, fixed, victim_key, concurrency=4)
-        await attack
-        return tiers
-
-    under_flood = asyncio.run(during())
+    under_flood, during_fresh, flooded = asyncio.run(
+        _under_flood(urls, victim_key, attacker_key, fixed, mixed(1_000, seed=3))
+    )
     after = asyncio.run(send(urls, fixed, victim_key))
+    after_fresh = asyncio.run(send(urls, mixed(1_000, seed=4), victim_key))
     view = httpx.get(gw.url + "/admin/routing", headers={"Authorization": f"Bearer {ADMIN}"}).json()
     victim, attacker = _tenant(view, "victim"), _tenant(view, "attacker")
+    share_during, share_after = _precise_share(during_fresh), _precise_share(after_fresh)
     print(
-        f"victim decisions changed: during {_changed(before, under_flood):.3f}, "
-        f"after {_changed(before, after):.3f}; victim {victim}; attacker {attacker}"
+        f"flood {flooded} requests; victim decisions changed: during "
+        f"{_changed(before, under_flood):.3f}, after {_changed(before, after):.3f}; victim "
+        f"share on fresh prompts during {share_during:.3f}, after {share_after:.3f}; "
+        f"victim {victim}; attacker {attacker}"
     )
+    assert flooded >= 1_500
     assert _changed(before, under_flood) <= 0.02
     assert _changed(before, after) <= 0.02
-    # The isolation claim is the two lines above. The observed share over a few hundred fixed
-    # prompts also carries sampling noise (binomial sd ~2.6 points at 300): one full run saw
-    # 3.3 points with 2 workers, so the band here is 4 points (issue 34's target is 3).
-    assert abs(victim["observed"] - TARGET) <= 0.04
+    assert abs(share_during - TARGET) <= 0.03
+    assert abs(share_after - TARGET) <= 0.03
     assert attacker["threshold"] > victim["threshold"] + 0.1  # the flood moved only its own
