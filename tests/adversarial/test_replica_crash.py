@@ -52,7 +52,9 @@ async def load(
         while not enough() and time.monotonic() < give_up:
             body = {
                 "model": "precise",
-                "max_tokens": 16,
+                # Streams last long enough (128 tokens) that the victim is killed with some of
+                # them mid-answer even when this machine is slow to act on its stats.
+                "max_tokens": 128 if stream else 16,
                 "stream": stream,
                 "messages": [{"role": "user", "content": f"client {n} request {i}"}],
             }
