@@ -1,6 +1,8 @@
 """``tiergate router`` subcommands: train, eval, score, calibrate.
 
-``tiergate router ...`` delegates here; ``python -m router_models.cli ...`` works too.
+``tiergate router ...`` delegates here; ``python -m router_models.cli ...`` works too. Training
+and held-out evaluation (:mod:`router_models.training`) need scikit-learn, the ``train`` extra:
+they are imported only when such a command runs, so the runtime install never loads them.
 """
 
 from __future__ import annotations
@@ -18,6 +20,20 @@ import router_models
 from router_models.artifact import DEFAULT_ARTIFACT, ArtifactError
 from router_models.records import RecordError, body_of, read_jsonl
 
+TRAIN_EXTRA = "pip install 'tiergate[train]'"
+
+
+def sklearn_missing() -> bool:
+    """Is scikit-learn (the ``train`` extra) absent from this environment?"""
+    return importlib.util.find_spec("sklearn") is None
+
+
+def _train_description() -> str:
+    """What ``tiergate router train --help`` says first: the extra, when it is missing."""
+    if sklearn_missing():
+        return f"Train an artifact. Needs scikit-learn, not installed here: {TRAIN_EXTRA}"
+    return "Train an artifact (scikit-learn, the `train` extra)."
+
 
 def _eval_arguments(ev: argparse.ArgumentParser) -> None:
     """``tiergate router eval``: the data, held-out runs, output and the artifact."""
@@ -25,7 +41,8 @@ def _eval_arguments(ev: argparse.ArgumentParser) -> None:
     ev.add_argument(
         "--held-out",
         action="store_true",
-        help="leave-one-source-out and leave-one-family-out over the training data",
+        help="leave-one-source-out and leave-one-family-out over the training data "
+        "(needs scikit-learn: the `train` extra)",
     )
     ev.add_argument(
         "--train-data",
@@ -60,7 +77,9 @@ def _score_arguments(score: argparse.ArgumentParser) -> None:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tiergate router", description="The tier router.")
     sub = parser.add_subparsers(dest="command", required=True)
-    train = sub.add_parser("train", help="train an artifact from labelled JSONL")
+    train = sub.add_parser(
+        "train", help="train an artifact from labelled JSONL", description=_train_description()
+    )
     train.add_argument("--data", type=Path, nargs="+", help="labelled JSONL (default: corpus)")
     train.add_argument("--out", type=Path, default=DEFAULT_ARTIFACT, help="artifact path")
     train.add_argument("--c", type=float, default=None, help="inverse regularisation strength")
@@ -117,10 +136,10 @@ def _shadow_arguments(train: argparse.ArgumentParser) -> None:
 
 
 def _train_from_shadow(args: argparse.Namespace, out: TextIO) -> int:
-    from router_models.retrain import retrain  # noqa: PLC0415 - sklearn only when training
-    from router_models.shadow_eval import render  # noqa: PLC0415
-    from router_models.shadow_train import ShadowSettings  # noqa: PLC0415
-    from router_models.train import DEFAULT_DATA  # noqa: PLC0415
+    from router_models.training.retrain import retrain  # noqa: PLC0415 - sklearn only when training
+    from router_models.training.shadow_eval import render  # noqa: PLC0415
+    from router_models.training.shadow_train import ShadowSettings  # noqa: PLC0415
+    from router_models.training.train import DEFAULT_DATA  # noqa: PLC0415
 
     if args.out.resolve() == DEFAULT_ARTIFACT.resolve():
         raise ValueError("--from-shadow writes a new artifact: give --out (not the shipped one)")
@@ -149,8 +168,8 @@ def _train_from_shadow(args: argparse.Namespace, out: TextIO) -> int:
 def _train(args: argparse.Namespace, out: TextIO) -> int:
     if args.from_shadow is not None:
         return _train_from_shadow(args, out)
-    from router_models.artifact import save  # noqa: PLC0415 - sklearn only when training
-    from router_models.train import DEFAULT_DATA, TrainSettings, train  # noqa: PLC0415
+    from router_models.artifact import save  # noqa: PLC0415 - only when training
+    from router_models.training.train import DEFAULT_DATA, TrainSettings, train  # noqa: PLC0415
 
     paths = list(args.data or DEFAULT_DATA)
     settings = TrainSettings()
@@ -171,8 +190,8 @@ def _train(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _held_out(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
-    from router_models import honest  # noqa: PLC0415 - sklearn only for held-out runs
-    from router_models.train import HELD_OUT_DATA, TrainSettings, prepare  # noqa: PLC0415
+    from router_models.training import honest  # noqa: PLC0415 - sklearn only for held-out runs
+    from router_models.training.train import HELD_OUT_DATA, TrainSettings, prepare  # noqa: PLC0415
 
     settings = TrainSettings()
     records = [r for p in (args.train_data or HELD_OUT_DATA) for r in read_jsonl(p)]
@@ -181,7 +200,7 @@ def _held_out(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
 
 
 def _eval(args: argparse.Namespace, out: TextIO) -> int:
-    from router_models import evaluate  # noqa: PLC0415 - only eval needs it
+    from router_models.training import evaluate  # noqa: PLC0415 - only eval needs it
 
     if args.data is None and not args.held_out:
         raise ValueError("give --data FILE, --held-out, or both")
@@ -281,10 +300,10 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     stream = out or sys.stdout
     handlers = {"train": _train, "eval": _eval, "score": _score, "calibrate": _calibrate}
     trains = args.command == "train" or (args.command == "eval" and args.held_out)
-    if trains and importlib.util.find_spec("sklearn") is None:
+    if trains and sklearn_missing():
         sys.stderr.write(
             f"tiergate router {args.command}: needs scikit-learn, which the gateway itself does "
-            "not: pip install 'tiergate[train]'\n"
+            f"not: {TRAIN_EXTRA}\n"
         )
         return 2
     try:

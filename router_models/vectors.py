@@ -4,7 +4,7 @@
 trained and scored on), as sorted index and value tuples plus the identifier of the feature
 space they live in. A vector from another feature space (the feature code changed since it
 was recorded) cannot be scored or trained on: ``feature_space()`` tells them apart.
-``router_models.shadow_train`` trains and scores from stored vectors alone, no text needed.
+``router_models.training.shadow_train`` trains and scores from stored vectors alone, no text needed.
 Serving imports this module (no scipy, no scikit-learn here).
 """
 

@@ -54,7 +54,7 @@ def _structlog_through_logging() -> Iterator[None]:
 
 @pytest.fixture
 async def upstream() -> AsyncIterator[UpstreamClient]:
-    """The gateway's upstream clients (the request path's pool and aiohttp), open."""
+    """The gateway's upstream client (the request path's pool and the probes' pool), open."""
     client = UpstreamClient()
     client.open()
     try:

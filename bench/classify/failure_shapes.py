@@ -20,9 +20,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from router_models.honest import loso_scores, reliability, with_sources_perfect  # noqa: E402
 from router_models.records import read_jsonl  # noqa: E402
-from router_models.train import HELD_OUT_DATA, TrainSettings, prepare  # noqa: E402
+from router_models.training.honest import loso_scores, reliability, with_sources_perfect  # noqa: E402
+from router_models.training.train import HELD_OUT_DATA, TrainSettings, prepare  # noqa: E402
 
 # The failure shapes named in docs/router.md, by the router-dev2 sources that carry them.
 SHAPES: tuple[tuple[str, frozenset[str]], ...] = (

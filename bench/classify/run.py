@@ -35,7 +35,7 @@ from router_models.corpus.build import DEFAULT_CORPUS  # noqa: E402
 from router_models.features import extract, render  # noqa: E402
 from router_models.records import body_of, read_jsonl  # noqa: E402
 from router_models.scorer import LeanScorer  # noqa: E402
-from router_models.train import featurize, sklearn_equivalent  # noqa: E402
+from router_models.training.train import featurize, sklearn_equivalent  # noqa: E402
 
 DEFAULT_OUT = Path(__file__).parent / "results.md"
 

@@ -24,7 +24,7 @@ import numpy as np
 import router_models
 from router_models.packaging import unwrap
 from router_models.records import body_of, label_of, read_jsonl
-from router_models.train import SHARED_DATASETS
+from router_models.training.train import SHARED_DATASETS
 
 CORPUS = Path(router_models.__file__).resolve().parent / "corpus"
 OUT = Path(__file__).resolve().parents[1] / "results" / "packaging.md"

@@ -15,7 +15,7 @@
 4. **Retrain.** ``tiergate router train --from-shadow STORE`` (the CLI's entry point), on
    the store cut to each step's first N records.
 5. **Score.** On the held-out rows, with their dataset labels: simple prompts sent to precise
-   by the old and new artifacts at equal complex caught (``router_models.shadow_eval``).
+   by the old and new artifacts at equal complex caught (``router_models.training.shadow_eval``).
 6. **Reload.** The last artifact is written over the gateway's configured one and loaded with
    ``POST /admin/router/reload``; ``/admin/routing`` must name it.
 
@@ -44,8 +44,8 @@ import numpy as np
 import router_models
 from router_models import cli as router_cli
 from router_models.artifact import load as load_model
-from router_models.shadow_eval import compare
-from router_models.shadow_train import hash_unit, scores, to_csr
+from router_models.training.shadow_eval import compare
+from router_models.training.shadow_train import hash_unit, scores, to_csr
 from router_models.vectors import hashed_vector
 
 REPO: Final = Path(__file__).resolve().parents[2]

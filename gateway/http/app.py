@@ -161,8 +161,7 @@ class _Lifecycle:
 
     async def startup(self) -> None:
         gateway = self.gateway
-        session = gateway.upstream.open()
-        gateway.monitor.start(session)
+        gateway.monitor.start(gateway.upstream.open())
         await gateway.access.startup()
         await gateway.accounting.startup()
         # Everything built so far lives as long as the process: move it out of the collector's

@@ -7,12 +7,12 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-import aiohttp
 import msgspec
 from litestar import HttpMethod, Request, Response, get, route
 from litestar.params import FromPath
 
 from gateway.upstream.attempt import UpstreamClient
+from gateway.upstream.connection import UpstreamConnectionError
 from gateway.upstream.health import HealthMonitor
 from gateway.upstream.replicas import ReplicaPool
 from policies.errors import ModelNotFound
@@ -21,6 +21,8 @@ from policies.principal import Principal
 from policies.tiering import AUTO_MODEL, TierCatalog
 
 _encoder = msgspec.json.Encoder()
+# A health route's body is read (up to this much) only to keep its connection for the next probe.
+_MAX_HEALTH_BODY = 64 * 1024
 
 
 def model_ids(catalog: TierCatalog, principal: Principal) -> list[str]:
@@ -62,13 +64,13 @@ class Readiness:
         self.timeout_s = timeout_s
 
     async def _healthy(self, url: str) -> bool:
-        session = self.upstream.session
+        client = self.upstream.probes
         try:
             async with asyncio.timeout(self.timeout_s):
-                async with session.get(url, allow_redirects=False) as resp:
-                    return resp.status == 200
-        except (TimeoutError, aiohttp.ClientError, OSError):
+                status, _ = await client.get(url, limit=_MAX_HEALTH_BODY)
+        except (TimeoutError, UpstreamConnectionError):
             return False
+        return status == 200
 
     async def check(self) -> dict[str, bool]:
         """Per tier: does any replica answer?"""

@@ -1,9 +1,11 @@
-"""The shared, pooled HTTP clients to the backends and one attempt against one replica.
+"""The gateway's pooled HTTP client to the backends and one attempt against one replica.
 
-Attempts (the request path) and shadow calls go through the gateway's own keep-alive client
-(:mod:`gateway.upstream.pool`), faster per request than aiohttp (bench/results/client.md);
-health probes and ops checks keep an aiohttp session. Both are opened at start-up and closed
-at shutdown; no redirects are followed; the caller's credentials are never forwarded.
+Everything the gateway asks a backend goes through its own keep-alive client
+(:mod:`gateway.upstream.pool`), faster per request than aiohttp (bench/results/client.md):
+attempts and shadow calls on one pool, health probes and ops checks on a second pool of the
+same client, so a probe never waits for a connection behind the request path's traffic.
+Both are opened at start-up and closed at shutdown; no redirects are followed; the caller's
+credentials are never forwarded.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 import msgspec
 
 from gateway.pipeline.deadline import deadline
@@ -42,44 +43,25 @@ RETRYABLE_STATUSES = frozenset({429, 502, 503, 504})
 AUTH_STATUSES = frozenset({401, 403})
 
 
-def make_session(limit_per_host: int = 0) -> aiohttp.ClientSession:
-    """The one pooled client session of a gateway process."""
-    connector = aiohttp.TCPConnector(
-        limit=0,
-        limit_per_host=limit_per_host,
-        keepalive_timeout=30.0,
-        ttl_dns_cache=30,
-        enable_cleanup_closed=True,
-    )
-    return aiohttp.ClientSession(
-        connector=connector,
-        auto_decompress=False,
-        skip_auto_headers=("User-Agent", "Accept-Encoding"),
-        timeout=aiohttp.ClientTimeout(total=None),
-        trust_env=False,
-    )
-
-
 class UpstreamClient:
-    """The pooled clients of a gateway process: built with the other long-lived objects,
+    """The pooled client of a gateway process: built with the other long-lived objects,
     opened at start-up (on the event loop), closed at shutdown.
 
-    ``pool`` (attempts, shadow calls) and ``session`` (aiohttp: probes, ops) are for use while
-    open; ``current_pool`` may be asked at any time (``None`` while closed).
+    ``pool`` (attempts, shadow calls) and ``probes`` (health probes, ops checks) are for use
+    while open; ``current_pool`` may be asked at any time (``None`` while closed).
     """
 
-    __slots__ = ("_pool", "_session", "keepalive_s", "limit_per_host")
+    __slots__ = ("_pool", "_probes", "keepalive_s", "limit_per_host")
 
     def __init__(
         self,
-        session: aiohttp.ClientSession | None = None,
         *,
         pool: UpstreamPool | None = None,
         limit_per_host: int = 0,
         keepalive_s: float = 30.0,
     ) -> None:
-        self._session = session
         self._pool = pool
+        self._probes: UpstreamPool | None = None
         self.limit_per_host = limit_per_host
         self.keepalive_s = keepalive_s
 
@@ -88,12 +70,12 @@ class UpstreamClient:
         return self._pool
 
     @property
-    def session(self) -> aiohttp.ClientSession:
-        """The open session (RuntimeError before start-up: a wiring bug)."""
-        session = self._session
-        if session is None:
-            raise RuntimeError("the upstream session is opened at start-up")
-        return session
+    def probes(self) -> UpstreamPool:
+        """The open pool of health probes and ops checks (RuntimeError before start-up)."""
+        probes = self._probes
+        if probes is None:
+            raise RuntimeError("the upstream client is opened at start-up")
+        return probes
 
     @property
     def pool(self) -> UpstreamPool:
@@ -103,24 +85,25 @@ class UpstreamClient:
             raise RuntimeError("the upstream pool is opened at start-up")
         return pool
 
-    def open(self) -> aiohttp.ClientSession:
-        """Open the session and the pool (once); it must run on the event loop that uses them."""
-        if self._session is None:
-            self._session = make_session(self.limit_per_host)
+    def open(self) -> UpstreamPool:
+        """Open both pools (once), on the event loop that uses them; return the probes' pool."""
+        if self._probes is None:
+            self._probes = UpstreamPool(
+                limit_per_host=self.limit_per_host, keepalive_s=self.keepalive_s
+            )
         if self._pool is None:
             self._pool = UpstreamPool(
                 limit_per_host=self.limit_per_host, keepalive_s=self.keepalive_s
             )
-        return self._session
+        return self._probes
 
     async def close(self) -> None:
-        """Close the session and the pool, if open."""
-        session, self._session = self._session, None
+        """Close both pools, if open."""
+        probes, self._probes = self._probes, None
         pool, self._pool = self._pool, None
-        if pool is not None:
-            await pool.close()
-        if session is not None:
-            await session.close()
+        for each in (pool, probes):
+            if each is not None:
+                await each.close()
 
 
 class AttemptFailed(Exception):

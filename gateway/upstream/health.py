@@ -30,11 +30,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
-import aiohttp
 import structlog
 
 from gateway.upstream import backends
+from gateway.upstream.connection import UpstreamConnectionError
 from gateway.upstream.keys import UpstreamKeys
+from gateway.upstream.pool import UpstreamPool
 from gateway.upstream.replicas import ErrorRecord, Replica, ReplicaPool
 from gateway.upstream.worker_share import HealthShare
 from policies.backends import KINDS, MODELS_PATH, BackendKind, Probe
@@ -157,7 +158,7 @@ class HealthMonitor:
         self.served_models = served_models or {}
         self.share = share
         self.follower = follower
-        self.session: aiohttp.ClientSession | None = None
+        self.client: UpstreamPool | None = None
         self.rounds = 0
         self._task: asyncio.Task[None] | None = None
 
@@ -166,9 +167,9 @@ class HealthMonitor:
         """Every replica of every tier."""
         return [r for pool in self.pools.values() for r in pool.replicas]
 
-    def start(self, session: aiohttp.ClientSession) -> None:
-        """Start probing in the background with the gateway's shared session."""
-        self.session = session
+    def start(self, client: UpstreamPool) -> None:
+        """Start probing in the background with the gateway's upstream client (its probes' pool)."""
+        self.client = client
         if self._task is None:
             # A clean context: started during a request, the task must not log that
             # request's id and trace id on every probe for the rest of its life.
@@ -265,7 +266,7 @@ class HealthMonitor:
             status, body = await self._get(
                 replica.url + MODELS_PATH, self._headers(replica), timeout_s
             )
-        except (TimeoutError, aiohttp.ClientError, OSError):
+        except (TimeoutError, UpstreamConnectionError):
             return
         if status == 200:
             model = self.served_models.get(replica.tier, "")
@@ -282,7 +283,7 @@ class HealthMonitor:
         for index, headers in enumerate(tries):
             try:
                 status, _ = await self._get(replica.url + "/v1/models", headers)
-            except (TimeoutError, aiohttp.ClientError, OSError):
+            except (TimeoutError, UpstreamConnectionError):
                 return
             if status == 200:
                 if keys is not None:
@@ -294,13 +295,11 @@ class HealthMonitor:
     async def _get(
         self, url: str, headers: Mapping[str, str] | None = None, timeout_s: float | None = None
     ) -> tuple[int, bytes]:
-        session = self.session
-        if session is None:
-            raise RuntimeError("the health monitor has no session yet")
+        client = self.client
+        if client is None:
+            raise RuntimeError("the health monitor has no client yet")
         async with asyncio.timeout(timeout_s or self.config.timeout_s):
-            async with session.get(url, allow_redirects=False, headers=headers) as response:
-                body = await response.content.read(_MAX_METRICS_BYTES)
-                return response.status, body
+            return await client.get(url, headers, limit=_MAX_METRICS_BYTES)
 
     def _detect_get(self, replica: Replica) -> backends.Getter:
         """GETs for detection, with the tier's upstream credentials (a model list may need them)."""
@@ -309,7 +308,7 @@ class HealthMonitor:
         async def get(url: str, timeout_s: float) -> Probe:
             try:
                 status, body = await self._get(url, headers, timeout_s)
-            except (TimeoutError, aiohttp.ClientError, OSError):
+            except (TimeoutError, UpstreamConnectionError):
                 return Probe(None)
             return Probe(status, body[:65536])
 
@@ -332,7 +331,7 @@ class HealthMonitor:
                 )
                 return _BUSY
             return f"health check: {path} timed out after {timeout_s:g}s", False
-        except (aiohttp.ClientError, OSError):
+        except UpstreamConnectionError:
             return "health check: could not connect", True
         if status == 200:
             return None
@@ -365,7 +364,7 @@ class HealthMonitor:
             return  # a server without Prometheus load numbers: the gateway's own counts only
         try:
             status, body = await self._get(replica.url + kind.metrics_path)
-        except (TimeoutError, aiohttp.ClientError, OSError):
+        except (TimeoutError, UpstreamConnectionError):
             return  # a missed scrape keeps the last numbers; /health decides liveness
         if status != 200:
             return

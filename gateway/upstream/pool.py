@@ -1,11 +1,13 @@
 """The gateway's own HTTP/1.1 client to the backends: pooled keep-alive connections per origin.
 
-Only what the request path needs: ``POST`` with a ``Content-Length`` body, the caller's
+The gateway's one HTTP client: ``POST`` with a ``Content-Length`` body (the request path),
+``GET`` with a bounded body (health probes, detection, ``/metrics``, ops), the caller's
 headers plus ``Host`` (no User-Agent, no compression, no redirects, no proxy from the
-environment), answers read as they arrive (:class:`~gateway.upstream_connection.Response`).
+environment), answers read as they arrive (:class:`~gateway.upstream.connection.Response`).
 It exists for CPU per request: aiohttp's general client was a quarter of the gateway's CPU
 (bench/results/profile-plain.md) and this one is faster on every concurrency measured
-(bench/results/client.md).
+(bench/results/client.md). Its failures are one vocabulary: ``TimeoutError`` from the
+caller's deadline, else an :class:`~gateway.upstream.connection.UpstreamConnectionError`.
 
 Idle connections are reused last-in first-out and closed once idle longer than
 ``keepalive_s``, when the backend said ``Connection: close``, or as soon as the backend closes
@@ -18,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections import deque
+from collections.abc import Mapping
 from functools import partial
 from urllib.parse import urlsplit
 
@@ -63,7 +66,7 @@ def _host_line(host: str, port: int, scheme: str) -> bytes:
     return f"Host: {name}\r\n".encode("ascii")
 
 
-def header_block(headers: dict[str, str]) -> bytes:
+def header_block(headers: Mapping[str, str]) -> bytes:
     """``headers`` as request header lines (ValueError for a line break in a name or value)."""
     text = "".join([f"{name}: {value}\r\n" for name, value in headers.items()])
     if text.count("\n") != len(headers) or text.count("\r") != len(headers):
@@ -95,13 +98,36 @@ class UpstreamPool:
         target = self._targets.get(url)
         if target is None:
             target = self._target(url)
-        origin, start = target
-        request = b"%s%sContent-Length: %d\r\n\r\n%s" % (
-            start,
+        origin, line = target
+        request = b"POST %s%sContent-Length: %d\r\n\r\n%s" % (
+            line,
             header_block(headers),
             len(body),
             body,
         )
+        return await self._send(origin, request, connect_s)
+
+    async def get(
+        self, url: str, headers: Mapping[str, str] | None = None, *, limit: int
+    ) -> tuple[int, bytes]:
+        """GET ``url``: the answer's status and at most ``limit`` bytes of its body.
+
+        The caller bounds the time (``asyncio.timeout``); errors as :meth:`post`. A body
+        longer than ``limit`` closes the connection instead of reading the rest.
+        """
+        origin, line = self._targets.get(url) or self._target(url)
+        request = b"GET %s%s\r\n" % (line, header_block(headers or {}))
+        response = await self._send(origin, request, None)
+        try:
+            body = await response.read_at_most(limit)
+        except BaseException:
+            response.close()
+            raise
+        response.release()
+        return response.status, body
+
+    async def _send(self, origin: Origin, request: bytes, connect_s: float | None) -> Response:
+        """Write ``request`` on an idle connection (once more on a new one if it was stale)."""
         conn = await self._acquire(origin, connect_s, fresh=False)
         reused = conn.used > 0
         try:
@@ -127,7 +153,7 @@ class UpstreamPool:
         await asyncio.sleep(0)  # let the transports report their close
 
     def _target(self, url: str) -> tuple[Origin, bytes]:
-        """The origin of ``url`` and its request line with the Host header, pre-encoded."""
+        """The origin of ``url`` and its request line (after the method) with the Host header."""
         parts = urlsplit(url)
         scheme = parts.scheme
         if scheme not in _DEFAULT_PORTS or not parts.hostname:
@@ -139,8 +165,8 @@ class UpstreamPool:
             context = self._context() if scheme == "https" else None
             origin = self._origins[(scheme, host, port)] = Origin(host, port, context)
         path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        start = f"POST {path} HTTP/1.1\r\n".encode("ascii") + _host_line(host, port, scheme)
-        target = (origin, start)
+        line = f"{path} HTTP/1.1\r\n".encode("ascii") + _host_line(host, port, scheme)
+        target = (origin, line)
         if len(self._targets) < _MAX_TARGETS:
             self._targets[url] = target
         return target

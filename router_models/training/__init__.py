@@ -1,7 +1,11 @@
-"""Build-time half of the router: external training sources, their labels, their builders.
+"""Build-time half of the router: training, evaluation, learning from shadow records, and the
+external training sources with their labels and builders.
 
-Nothing here is imported by the serving path (``router_models.scorer`` / ``artifact``), which
-stays numpy-only.  ``python -m router_models.training.build`` rebuilds
+It needs scikit-learn (and scipy), the ``train`` extra; nothing here is imported by the serving
+path (the gateway, ``router_models.scorer`` / ``artifact`` / ``features``), which stays
+numpy-only (an import-linter contract in pyproject.toml). ``tiergate router train`` and
+``tiergate router eval --held-out`` import it when they run.
+``python -m router_models.training.build`` rebuilds
 ``router_models/training/data/external-train.jsonl`` from fetched copies of the source
 repositories; ``docs/router-data.md`` holds one data card per source and ``docs/router.md``
 the labelling rules that every builder applies (``rules.py``).

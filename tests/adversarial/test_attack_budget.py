@@ -5,18 +5,20 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
 
-from tests.integration.gateway_proc import GatewayProcess, tiers_config
+from tests.integration.gateway_proc import GatewayProcess
 from tests.integration.test_budgets_usage import new_key, spent
 from tests.processes import free_port
 from tests.redis_server import RedisServer
-from tests.simulator.procs import SimulatorProcess
+from tests.stack import Backends, running_stack
 
 pytestmark = pytest.mark.slow
 ADMIN = "attack-budget-admin-token-000000000000"
+SIM = ("--profile", "precise", "--model", "tiergate-sim", "--latency-scale", "1")
 BODY = {
     "model": "precise",
     "max_tokens": 200,
@@ -26,28 +28,21 @@ BODY = {
 }
 
 
+def _keys_and_limits_on_redis(config: dict[str, Any], backends: Backends) -> None:
+    asyncio.run(new_key(backends.redis_url))  # the gateway refuses to start with no key
+    for tier in config["tiers"].values():
+        tier["model"] = "tiergate-sim"
+    config["auth"] = {"store": "redis", "admin_token": ADMIN}
+    config["ratelimit"] = {"backend": "redis"}
+    config["redis"] = {"url": backends.redis_url}
+
+
 @pytest.fixture(scope="module")
 def stack() -> Iterator[tuple[RedisServer, GatewayProcess]]:
     """One redis-server, a simulator that streams at a human pace, one gateway."""
-    with (
-        RedisServer() as redis,
-        SimulatorProcess(
-            "--profile", "precise", "--model", "tiergate-sim", "--latency-scale", "1"
-        ) as sim,
-    ):
-        asyncio.run(new_key(redis.url))  # the gateway refuses to start with no key
-        tiers = tiers_config([sim.url], [sim.url])
-        for tier in tiers.values():
-            tier["model"] = "tiergate-sim"
-        config = {
-            "auth": {"store": "redis", "admin_token": ADMIN},
-            "ratelimit": {"backend": "redis"},
-            "redis": {"url": redis.url},
-            "tiers": tiers,
-            "telemetry": {"access_log": False},
-        }
-        with GatewayProcess(config) as gateway:
-            yield redis, gateway
+    with running_stack(sims=[SIM], redis=True, configure=_keys_and_limits_on_redis) as stack:
+        assert stack.redis is not None
+        yield stack.redis, stack.gateway
 
 
 def read_then_hang_up(gateway: GatewayProcess, token: str, events: int) -> str:
@@ -159,33 +154,22 @@ def test_fallback_to_precise_is_priced_when_it_answers() -> None:
     precise price of the fallback that answered; the overshoot is what docs/savings.md says:
     the budget plus, per fallback answer, its real cost above its reservation."""
     budget = 0.65
-    with (
-        RedisServer() as redis,
-        SimulatorProcess(
-            "--profile", "precise", "--model", "tiergate-sim", "--latency-scale", "1"
-        ) as sim,
-    ):
-        asyncio.run(new_key(redis.url))
-        dead = httpx.URL(sim.url).copy_with(port=free_port())
-        tiers = tiers_config([str(dead)], [sim.url])
-        for tier in tiers.values():
-            tier["model"] = "tiergate-sim"
-        config = {
-            "auth": {"store": "redis", "admin_token": ADMIN},
-            "ratelimit": {"backend": "redis"},
-            "redis": {"url": redis.url},
-            "tiers": tiers,
-            "telemetry": {"access_log": False},
-        }
-        key_id, token = asyncio.run(new_key(redis.url, budget_daily=budget))
-        with GatewayProcess(config) as gateway:
-            body = {**BODY, "model": "fast", "stream": False}
-            responses = asyncio.run(burst(gateway.url, token, body, 20))
-            ok = [r for r in responses if r.status_code == 200]
-            assert ok, [r.text[:200] for r in responses[:3]]
-            assert all(r.json()["model"] == "tiergate-sim" for r in ok)
-            time.sleep(1.0)
-            charged = asyncio.run(spent(redis.url, key_id))
+
+    def fast_down(config: dict[str, Any], backends: Backends) -> None:
+        _keys_and_limits_on_redis(config, backends)
+        dead = httpx.URL(backends.fast.url).copy_with(port=free_port())
+        config["tiers"]["fast"]["replicas"] = [str(dead)]
+
+    with running_stack(sims=[SIM], redis=True, configure=fast_down) as stack:
+        redis_url = stack.redis_url
+        key_id, token = asyncio.run(new_key(redis_url, budget_daily=budget))
+        body = {**BODY, "model": "fast", "stream": False}
+        responses = asyncio.run(burst(stack.gateway.url, token, body, 20))
+        ok = [r for r in responses if r.status_code == 200]
+        assert ok, [r.text[:200] for r in responses[:3]]
+        assert all(r.json()["model"] == "tiergate-sim" for r in ok)
+        time.sleep(1.0)
+        charged = asyncio.run(spent(redis_url, key_id))
     fast_reservation = (100 + 200) / 1000 * 0.25
     assert len(ok) <= budget // fast_reservation  # admitted at the fast price
     real = sum(r.json()["usage"]["total_tokens"] / 1000 * 1.0 for r in ok)  # precise: 1 per 1k
@@ -231,41 +215,13 @@ def test_a_stream_the_client_hangs_up_on_appears_in_admin_usage(
 
 def test_a_stream_the_backend_breaks_mid_way_is_charged_for_what_it_sent() -> None:
     """The backend drops the stream after some tokens: those tokens still cost something."""
-    with (
-        RedisServer() as redis,
-        SimulatorProcess(
-            "--profile",
-            "precise",
-            "--model",
-            "tiergate-sim",
-            "--latency-scale",
-            "1",
-            "--drop-mid-stream",
-            "1.0",
-        ) as sim,
-    ):
-        asyncio.run(new_key(redis.url))
-        tiers = tiers_config([sim.url], [sim.url])
-        for tier in tiers.values():
-            tier["model"] = "tiergate-sim"
-        config = {
-            "auth": {"store": "redis", "admin_token": ADMIN},
-            "ratelimit": {"backend": "redis"},
-            "redis": {"url": redis.url},
-            "tiers": tiers,
-            "telemetry": {"access_log": False},
-        }
-        key_id, token = asyncio.run(new_key(redis.url, budget_daily=100.0))
-        with GatewayProcess(config) as gateway:
-            resp = httpx.post(
-                gateway.url + "/v1/chat/completions",
-                json=BODY,
-                timeout=30,
-                headers={"Authorization": f"Bearer {token}"},
-            )
-            content = [line for line in resp.text.splitlines() if '"content"' in line]
-            assert content, resp.text[:300]
-            assert "[DONE]" not in resp.text
-            time.sleep(1.0)
-            charged = asyncio.run(spent(redis.url, key_id))
+    dropping = (*SIM, "--drop-mid-stream", "1.0")
+    with running_stack(sims=[dropping], redis=True, configure=_keys_and_limits_on_redis) as stack:
+        key_id, token = asyncio.run(new_key(stack.redis_url, budget_daily=100.0))
+        resp = stack.post(BODY, key=token, timeout=30)
+        content = [line for line in resp.text.splitlines() if '"content"' in line]
+        assert content, resp.text[:300]
+        assert "[DONE]" not in resp.text
+        time.sleep(1.0)
+        charged = asyncio.run(spent(stack.redis_url, key_id))
     assert charged > 0, f"{len(content)} content events streamed, 0 charged"

@@ -7,12 +7,13 @@ vLLM generates up to the context length when a request names no ``max_tokens``; 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
 
-from tests.integration.gateway_proc import GatewayProcess, tiers_config
-from tests.simulator.procs import SimulatorProcess
+from tests.integration.gateway_proc import GatewayProcess
+from tests.stack import FAST_SIM, Backends, running_stack
 
 pytestmark = pytest.mark.slow
 CAP = 32
@@ -21,23 +22,13 @@ CAP = 32
 @pytest.fixture(scope="module")
 def gateway() -> Iterator[GatewayProcess]:
     """A fast tier capped at 32 tokens in front of a backend that writes 1,000 by default."""
-    with SimulatorProcess(
-        "--profile",
-        "fast",
-        "--model",
-        "tiergate-fast",
-        "--latency-scale",
-        "0",
-        "--output-tokens",
-        "1000",
-        "--max-model-len",
-        "4096",
-    ) as sim:
-        tiers = tiers_config([sim.url], [sim.url])
-        tiers["fast"]["max_tokens_cap"] = CAP
-        config = {"auth": {"enabled": False}, "tiers": tiers, "telemetry": {"access_log": False}}
-        with GatewayProcess(config) as gw:
-            yield gw
+    sim = (*FAST_SIM, "--output-tokens", "1000", "--max-model-len", "4096")
+
+    def capped(config: dict[str, Any], _backends: Backends) -> None:
+        config["tiers"]["fast"]["max_tokens_cap"] = CAP
+
+    with running_stack(sims=[sim], configure=capped) as stack:
+        yield stack.gateway
 
 
 @pytest.mark.parametrize("stream", [False, True])

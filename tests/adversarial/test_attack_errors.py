@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
 
-from tests.integration.gateway_proc import GatewayProcess, tiers_config
-from tests.simulator.procs import SimulatorProcess
+from tests.integration.gateway_proc import GatewayProcess
+from tests.stack import FAST_SIM, Backends, running_stack
 
 pytestmark = pytest.mark.slow
 CHAT = [{"role": "user", "content": "hi"}]
@@ -18,12 +19,12 @@ CHAT = [{"role": "user", "content": "hi"}]
 @pytest.fixture(scope="module")
 def gateway() -> Iterator[GatewayProcess]:
     """A gateway (access log on, the default) in front of one simulator."""
-    with SimulatorProcess(
-        "--profile", "fast", "--model", "tiergate-fast", "--latency-scale", "0"
-    ) as sim:
-        config = {"auth": {"enabled": False}, "tiers": tiers_config([sim.url], [sim.url])}
-        with GatewayProcess(config) as gw:
-            yield gw
+
+    def access_log_on(config: dict[str, Any], _backends: Backends) -> None:
+        del config["telemetry"]
+
+    with running_stack(sims=[FAST_SIM], configure=access_log_on) as stack:
+        yield stack.gateway
 
 
 def test_a_huge_unknown_field_name_is_not_echoed_back_in_full(gateway: GatewayProcess) -> None:

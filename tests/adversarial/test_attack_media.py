@@ -12,46 +12,24 @@ import socket
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import pytest
 
-from tests.integration.gateway_proc import GatewayProcess, tiers_config
-from tests.simulator.procs import SimulatorProcess
+from tests.stack import PRECISE_SIM, Backends, Stack, running_stack
 
 pytestmark = pytest.mark.slow
 METADATA = "http://169.254.169.254/latest/meta-data/iam/security-credentials/"
 PUBLIC = "http://93.184.215.14/cat.png"
 
 
-class Stack:
-    """Two simulators (fast allows remote media, precise does not) behind one gateway."""
-
-    def __init__(
-        self, gateway: GatewayProcess, fast: SimulatorProcess, precise: SimulatorProcess
-    ) -> None:
-        self.gateway, self.fast, self.precise = gateway, fast, precise
-
-    def post(self, body: dict[str, Any]) -> httpx.Response:
-        """POST a chat body."""
-        return httpx.post(self.gateway.url + "/v1/chat/completions", json=body, timeout=10)
+def _remote_media_on_fast(config: dict[str, Any], _backends: Backends) -> None:
+    config["tiers"]["fast"]["allow_remote_media"] = True
 
 
 @pytest.fixture(scope="module")
 def stack() -> Iterator[Stack]:
     """Real simulators and a gateway; fast allows remote media, precise keeps inline only."""
-    with (
-        SimulatorProcess(
-            "--profile", "fast", "--model", "tiergate-fast", "--latency-scale", "0"
-        ) as fast,
-        SimulatorProcess(
-            "--profile", "precise", "--model", "tiergate-precise", "--latency-scale", "0"
-        ) as precise,
-    ):
-        tiers = tiers_config([fast.url], [precise.url])
-        tiers["fast"]["allow_remote_media"] = True
-        config = {"auth": {"enabled": False}, "tiers": tiers, "telemetry": {"access_log": False}}
-        with GatewayProcess(config) as gateway:
-            yield Stack(gateway, fast, precise)
+    with running_stack(configure=_remote_media_on_fast) as stack:
+        yield stack
 
 
 def chat(parts: list[dict[str, Any]], model: str = "fast") -> dict[str, Any]:
@@ -136,16 +114,15 @@ def dead_port() -> int:
 
 def test_fallback_does_not_carry_remote_media_to_a_tier_that_forbids_it() -> None:
     """Fast (remote media allowed) is down, precise (inline only) answers: no URL reaches it."""
-    with SimulatorProcess(
-        "--profile", "precise", "--model", "tiergate-precise", "--latency-scale", "0"
-    ) as precise:
-        tiers = tiers_config([f"http://127.0.0.1:{dead_port()}"], [precise.url])
-        tiers["fast"]["allow_remote_media"] = True
-        config = {"auth": {"enabled": False}, "tiers": tiers, "telemetry": {"access_log": False}}
-        with GatewayProcess(config) as gateway:
-            body = chat([{"type": "image_url", "image_url": {"url": PUBLIC}}])
-            resp = httpx.post(gateway.url + "/v1/chat/completions", json=body, timeout=15)
-            seen = precise.stats()["last_request"]
+
+    def fast_down(config: dict[str, Any], backends: Backends) -> None:
+        config["tiers"]["fast"]["replicas"] = [f"http://127.0.0.1:{dead_port()}"]
+        _remote_media_on_fast(config, backends)
+
+    with running_stack(sims=[PRECISE_SIM], configure=fast_down) as stack:
+        body = chat([{"type": "image_url", "image_url": {"url": PUBLIC}}])
+        resp = stack.post(body, timeout=15)
+        seen = stack.precise.stats()["last_request"]
     assert seen is None or PUBLIC not in str(seen), "precise fetched a remote URL"
     assert resp.status_code in (400, 503), (resp.status_code, resp.text)
     assert set(resp.json()["error"]) >= {"message", "type", "param", "code"}

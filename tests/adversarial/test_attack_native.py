@@ -18,33 +18,39 @@ from typing import Any
 import pytest
 
 from tests.adversarial.rawhttp import closed_within, connect, status_of
-from tests.integration.gateway_proc import GatewayProcess, tiers_config
+from tests.integration.gateway_proc import GatewayProcess
 from tests.processes import patience
 from tests.simulator.procs import SimulatorProcess
+from tests.stack import Backends, Stack, running_stack
 
 CHAT = [{"role": "user", "content": "Tell me a long story."}]
 STREAM = {"model": "fast", "messages": CHAT, "max_tokens": 200, "stream": True}
 
 
-@pytest.fixture(scope="module")
-def slow_sim() -> Iterator[SimulatorProcess]:
-    """A simulator slow enough to leave mid-request: ~0.3 s to first token, 80 ms a token."""
-    with SimulatorProcess(
-        "--profile", "fast", "--model", "tiergate-fast", "--latency-scale", "20", "--seed", "5"
-    ) as sim:
-        yield sim
+def _body_limit_1_mib(config: dict[str, Any], _backends: Backends) -> None:
+    del config["telemetry"]  # the access log on, the default
+    config["server"] = {"max_body_bytes": 1 << 20}
 
 
 @pytest.fixture(scope="module")
-def gw(slow_sim: SimulatorProcess) -> Iterator[GatewayProcess]:
-    """A gateway whose both tiers point at the slow simulator, auth off."""
-    config = {
-        "auth": {"enabled": False},
-        "server": {"max_body_bytes": 1 << 20},
-        "tiers": tiers_config([slow_sim.url], [slow_sim.url]),
-    }
-    with GatewayProcess(config) as process:
-        yield process
+def stack() -> Iterator[Stack]:
+    """A gateway whose both tiers point at one slow simulator (auth off): slow enough to leave
+    mid-request, ~0.3 s to first token, 80 ms a token."""
+    slow = ("--profile", "fast", "--model", "tiergate-fast", "--latency-scale", "20", "--seed", "5")
+    with running_stack(sims=[slow], configure=_body_limit_1_mib) as stack:
+        yield stack
+
+
+@pytest.fixture(scope="module")
+def slow_sim(stack: Stack) -> SimulatorProcess:
+    """The slow simulator."""
+    return stack.fast
+
+
+@pytest.fixture(scope="module")
+def gw(stack: Stack) -> GatewayProcess:
+    """The gateway in front of it."""
+    return stack.gateway
 
 
 def _post(body: dict[str, Any], *extra: str, pad: int = 0) -> bytes:

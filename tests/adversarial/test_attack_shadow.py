@@ -7,56 +7,31 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from gateway.access.keystore_file import FileKeyStore
 from policies.keys import issue_key
 from policies.principal import KeyPolicy
-from tests.integration.gateway_proc import GatewayProcess, tiers_config
 from tests.processes import patience
 from tests.simulator.procs import SimulatorProcess
+from tests.stack import Backends, Stack, running_stack
 
 pytestmark = pytest.mark.slow
 PUBLIC = "http://93.184.215.14/cat.png"
 FAST_CAP = 32
 
 
-class Stack:
-    """A fast and a precise simulator behind a gateway that shadows every request."""
-
-    def __init__(
-        self, gateway: GatewayProcess, fast: SimulatorProcess, precise: SimulatorProcess
-    ) -> None:
-        self.gateway, self.fast, self.precise = gateway, fast, precise
-
-    def post(self, body: dict[str, Any]) -> httpx.Response:
-        """POST a chat body."""
-        return httpx.post(self.gateway.url + "/v1/chat/completions", json=body, timeout=10)
+def _shadow_everything(config: dict[str, Any], _backends: Backends) -> None:
+    config["tiers"]["fast"]["allow_remote_media"] = True
+    config["tiers"]["fast"]["max_tokens_cap"] = FAST_CAP
+    config["router"] = {"shadow": {"fast_ratio": 1.0, "precise_ratio": 1.0, "max_waiting": 1000}}
 
 
 @pytest.fixture(scope="module")
 def stack() -> Iterator[Stack]:
     """Fast allows remote media and caps max_tokens at 32; precise is inline only, cap 4096."""
-    with (
-        SimulatorProcess(
-            "--profile", "fast", "--model", "tiergate-fast", "--latency-scale", "0"
-        ) as fast,
-        SimulatorProcess(
-            "--profile", "precise", "--model", "tiergate-precise", "--latency-scale", "0"
-        ) as precise,
-    ):
-        tiers = tiers_config([fast.url], [precise.url])
-        tiers["fast"]["allow_remote_media"] = True
-        tiers["fast"]["max_tokens_cap"] = FAST_CAP
-        config = {
-            "auth": {"enabled": False},
-            "tiers": tiers,
-            "router": {"shadow": {"fast_ratio": 1.0, "precise_ratio": 1.0, "max_waiting": 1000}},
-            "telemetry": {"access_log": False},
-        }
-        with GatewayProcess(config) as gateway:
-            yield Stack(gateway, fast, precise)
+    with running_stack(configure=_shadow_everything) as stack:
+        yield stack
 
 
 def wait_for_request(sim: SimulatorProcess, before: int) -> dict[str, Any]:
@@ -109,32 +84,18 @@ def test_a_shadow_never_sends_a_prompt_to_a_tier_the_key_may_not_use(
     path = tmp_path / "keys.yaml"
     record, key = issue_key("t", KeyPolicy(allowed_tiers=frozenset({"fast"})), now=time.time())
     FileKeyStore(path).put_sync(record)
-    with (
-        SimulatorProcess(
-            "--profile", "fast", "--model", "tiergate-fast", "--latency-scale", "0"
-        ) as fast,
-        SimulatorProcess(
-            "--profile", "precise", "--model", "tiergate-precise", "--latency-scale", "0"
-        ) as precise,
-    ):
-        config = {
-            "auth": {"keys_file": str(path)},
-            "tiers": tiers_config([fast.url], [precise.url]),
-            "router": {"shadow": {"fast_ratio": 1.0, "max_waiting": 1000}},
-            "telemetry": {"access_log": False},
+
+    def fast_only_key(config: dict[str, Any], _backends: Backends) -> None:
+        config["auth"] = {"keys_file": str(path)}
+        config["router"] = {"shadow": {"fast_ratio": 1.0, "max_waiting": 1000}}
+
+    with running_stack(configure=fast_only_key) as stack:
+        body = {
+            "model": "fast",
+            "max_tokens": 4,
+            "messages": [{"role": "user", "content": "confidential: fast tier only"}],
         }
-        with GatewayProcess(config) as gateway:
-            body = {
-                "model": "fast",
-                "max_tokens": 4,
-                "messages": [{"role": "user", "content": "confidential: fast tier only"}],
-            }
-            resp = httpx.post(
-                gateway.url + "/v1/chat/completions",
-                json=body,
-                headers={"Authorization": f"Bearer {key}"},
-                timeout=10,
-            )
-            assert resp.status_code == 200, resp.text
-            seen = wait_for_request(precise, 0)
+        resp = stack.post(body, key=key)
+        assert resp.status_code == 200, resp.text
+        seen = wait_for_request(stack.precise, 0)
     assert not seen, "a fast-only key's prompt was sent to precise by a shadow"

@@ -13,8 +13,9 @@ from gateway.access.keystore_file import FileKeyStore
 from policies.fields import ENGINE_CONTROL_FIELDS
 from policies.keys import issue_key
 from policies.principal import SCOPE_ENGINE_FIELDS, KeyPolicy
-from tests.integration.gateway_proc import GatewayProcess, tiers_config
+from tests.integration.gateway_proc import GatewayProcess
 from tests.simulator.procs import SimulatorProcess
+from tests.stack import FAST_SIM, Backends, running_stack
 
 pytestmark = pytest.mark.slow
 CHAT = [{"role": "user", "content": "hi"}]
@@ -72,14 +73,14 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     )
     store.put_sync(plain_record)
     store.put_sync(engine_record)
-    with SimulatorProcess(
-        "--profile", "fast", "--model", "tiergate-fast", "--latency-scale", "0"
-    ) as sim:
-        tiers = tiers_config([sim.url], [sim.url])
-        tiers["fast"]["allow_remote_media"] = True
-        config = {"auth": {"keys_file": str(path)}, "tiers": tiers}
-        with GatewayProcess(config) as gateway:
-            yield Stack(gateway, sim, plain, engine)
+
+    def two_keys(config: dict[str, Any], _backends: Backends) -> None:
+        del config["telemetry"]  # the access log on, the default
+        config["auth"] = {"keys_file": str(path)}
+        config["tiers"]["fast"]["allow_remote_media"] = True
+
+    with running_stack(sims=[FAST_SIM], configure=two_keys) as running:
+        yield Stack(running.gateway, running.fast, plain, engine)
 
 
 def chat(**fields: Any) -> dict[str, Any]:

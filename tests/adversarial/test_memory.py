@@ -7,14 +7,15 @@ import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from gateway.access.keystore_file import FileKeyStore
 from policies.keys import issue_key
 from policies.principal import KeyPolicy
-from tests.integration.gateway_proc import GatewayProcess, tiers_config
-from tests.simulator.procs import SimulatorProcess
+from tests.integration.gateway_proc import GatewayProcess
+from tests.stack import FAST_SIM, Backends, running_stack
 
 pytestmark = pytest.mark.slow
 BIG = "lorem ipsum " * 250_000  # 3 MB, ~500k tokens
@@ -34,24 +35,16 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[GatewayPro
     path = tmp_path_factory.mktemp("keys") / "keys.yaml"
     record, key = issue_key("mem", KeyPolicy(allowed_tiers=frozenset({"fast"})), now=time.time())
     FileKeyStore(path).put_sync(record)
-    with SimulatorProcess(
-        "--profile",
-        "fast",
-        "--model",
-        "tiergate-fast",
-        "--latency-scale",
-        "0",
-        "--max-model-len",
-        "4096",
-    ) as sim:
-        config = {
-            "auth": {"keys_file": str(path)},
-            "server": {"max_body_bytes": 4 * 1024 * 1024},
-            "tiers": tiers_config([sim.url], [sim.url]),
-            "router": {"long_prompt_tokens": None},
-        }
-        with GatewayProcess(config) as gateway:
-            yield gateway, key
+    sim = (*FAST_SIM, "--max-model-len", "4096")
+
+    def fast_only_key(config: dict[str, Any], _backends: Backends) -> None:
+        del config["telemetry"]  # the access log on, the default
+        config["auth"] = {"keys_file": str(path)}
+        config["server"] = {"max_body_bytes": 4 * 1024 * 1024}
+        config["router"] = {"long_prompt_tokens": None}
+
+    with running_stack(sims=[sim], configure=fast_only_key) as stack:
+        yield stack.gateway, key
 
 
 def refusals(key: str) -> list[tuple[int, bytes, dict[str, str]]]:

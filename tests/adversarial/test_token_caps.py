@@ -15,8 +15,9 @@ import pytest
 from gateway.access.keystore_file import FileKeyStore
 from policies.keys import issue_key
 from policies.principal import KeyPolicy
-from tests.integration.gateway_proc import GatewayProcess, tiers_config
+from tests.integration.gateway_proc import GatewayProcess
 from tests.simulator.procs import SimulatorProcess
+from tests.stack import Backends, running_stack
 
 pytestmark = pytest.mark.slow
 CHAT = [{"role": "user", "content": "Write as much as you can about tiers."}]
@@ -50,23 +51,15 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     multi, multi_key = issue_key("p4", KeyPolicy(max_tokens=256, tpm=1000, max_n=4), now=now)
     store.put_sync(burst)
     store.put_sync(multi)
-    with SimulatorProcess(
-        "--profile",
-        "fast",
-        "--model",
-        "tiergate-fast",
-        "--latency-scale",
-        "0.2",
-        "--max-model-len",
-        "8192",
-    ) as sim:
-        config = {
-            "auth": {"keys_file": str(store.path)},
-            "tiers": tiers_config([sim.url], [sim.url]),
-        }
+    sim = ("--profile", "fast", "--model", "tiergate-fast", "--latency-scale", "0.2")
+
+    def key_file(config: dict[str, Any], _backends: Backends) -> None:
+        del config["telemetry"]  # the access log on, the default
+        config["auth"] = {"keys_file": str(store.path)}
         config["tiers"]["precise"]["model"] = "tiergate-fast"
-        with GatewayProcess(config) as gateway:
-            yield Stack(gateway, sim, burst_key, multi_key)
+
+    with running_stack(sims=[(*sim, "--max-model-len", "8192")], configure=key_file) as running:
+        yield Stack(running.gateway, running.fast, burst_key, multi_key)
 
 
 async def _burst(stack: Stack, count: int) -> list[httpx.Response]:

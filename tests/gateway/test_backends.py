@@ -8,7 +8,6 @@ import json
 import urllib.request
 from collections.abc import AsyncIterator
 
-import aiohttp
 import pytest
 from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
@@ -19,6 +18,7 @@ from gateway.upstream.attempt import AttemptFailed
 from gateway.upstream.backends import kind_of
 from gateway.upstream.explain import every_tier_failed, final_error, why_none
 from gateway.upstream.health import HealthConfig, HealthMonitor, parse_metrics
+from gateway.upstream.pool import UpstreamPool
 from gateway.upstream.replicas import ReplicaPool
 from policies.backends import KINDS
 from tests.processes import free_port
@@ -38,10 +38,13 @@ EXPECTED = {
 
 
 @pytest.fixture
-async def session() -> AsyncIterator[aiohttp.ClientSession]:
-    """A client session for the monitor."""
-    async with aiohttp.ClientSession() as client:
-        yield client
+async def client() -> AsyncIterator[UpstreamPool]:
+    """The gateway's upstream client, for the monitor."""
+    pool = UpstreamPool()
+    try:
+        yield pool
+    finally:
+        await pool.close()
 
 
 def _chat(sim: SimulatorProcess) -> None:
@@ -58,13 +61,13 @@ def _chat(sim: SimulatorProcess) -> None:
 
 @pytest.mark.parametrize("flavor", sorted(EXPECTED))
 async def test_auto_detects_every_flavour(
-    start_simulator: SimulatorFactory, session: aiohttp.ClientSession, flavor: str
+    start_simulator: SimulatorFactory, client: UpstreamPool, flavor: str
 ) -> None:
     """``auto`` names the server, probes a route it has, and keeps it healthy."""
     sim = start_simulator("--flavor", flavor, "--latency-scale", "0", "--health-delay", "0")
     pool = ReplicaPool("fast", [sim.url], 4, 0.1)
     monitor = HealthMonitor({"fast": pool}, HealthConfig(timeout_s=2.0))
-    monitor.session = session
+    monitor.client = client
     await monitor.check_once()
     replica = pool.replicas[0]
     assert (replica.kind, replica.health_path) == EXPECTED[flavor]
@@ -76,7 +79,7 @@ async def test_auto_detects_every_flavour(
 
 @pytest.mark.parametrize("flavor", ["vllm", "sglang", "llamacpp", "tgi"])
 async def test_metrics_of_every_flavour_land_on_the_replica(
-    start_simulator: SimulatorFactory, session: aiohttp.ClientSession, flavor: str
+    start_simulator: SimulatorFactory, client: UpstreamPool, flavor: str
 ) -> None:
     """Each kind's own sample names are read into running/waiting/KV/prefix numbers."""
     sim = start_simulator(
@@ -108,19 +111,19 @@ async def test_metrics_of_every_flavour_land_on_the_replica(
         )
     pool = ReplicaPool("fast", [sim.url], 4, 0.1)
     monitor = HealthMonitor({"fast": pool}, HealthConfig(timeout_s=2.0))
-    monitor.session = session
+    monitor.client = client
     await monitor.check_once()
     assert pool.replicas[0].scraped_at > 0
 
 
 async def test_no_metrics_are_scraped_where_the_kind_has_none(
-    start_simulator: SimulatorFactory, session: aiohttp.ClientSession
+    start_simulator: SimulatorFactory, client: UpstreamPool
 ) -> None:
     """Ollama has no /metrics: the monitor does not ask for it, the replica stays healthy."""
     sim = start_simulator("--flavor", "ollama", "--latency-scale", "0")
     pool = ReplicaPool("fast", [sim.url], 4, 0.1, kind="ollama")
     monitor = HealthMonitor({"fast": pool}, HealthConfig(timeout_s=2.0))
-    monitor.session = session
+    monitor.client = client
     await monitor.check_once()
     replica = pool.replicas[0]
     assert replica.healthy
@@ -129,13 +132,13 @@ async def test_no_metrics_are_scraped_where_the_kind_has_none(
 
 
 async def test_a_slow_sglang_health_is_not_a_timeout(
-    start_simulator: SimulatorFactory, session: aiohttp.ClientSession
+    start_simulator: SimulatorFactory, client: UpstreamPool
 ) -> None:
     """SGLang's ~1 s /health passes with the default 0.5 s timeout: the kind allows more."""
     sim = start_simulator("--flavor", "sglang", "--latency-scale", "0")
     pool = ReplicaPool("fast", [sim.url], 4, 0.1, kind="sglang")
     monitor = HealthMonitor({"fast": pool}, HealthConfig(timeout_s=0.5, unhealthy_after=1))
-    monitor.session = session
+    monitor.client = client
     await monitor.check_once()
     await monitor.check_once()
     assert pool.replicas[0].healthy
@@ -143,26 +146,26 @@ async def test_a_slow_sglang_health_is_not_a_timeout(
 
 
 async def test_a_server_without_health_is_probed_on_the_model_list(
-    start_simulator: SimulatorFactory, session: aiohttp.ClientSession
+    start_simulator: SimulatorFactory, client: UpstreamPool
 ) -> None:
     """A configured kind whose health route the server lacks falls back to /v1/models."""
     sim = start_simulator("--flavor", "ollama", "--latency-scale", "0")
     pool = ReplicaPool("fast", [sim.url], 4, 0.1, kind="vllm")
     monitor = HealthMonitor({"fast": pool}, HealthConfig(timeout_s=2.0))
-    monitor.session = session
+    monitor.client = client
     await monitor.check_once()
     replica = pool.replicas[0]
     assert (replica.kind, replica.health_path, replica.healthy) == ("vllm", "/v1/models", True)
 
 
 async def test_detection_waits_for_the_server_and_reruns_after_an_outage(
-    session: aiohttp.ClientSession,
+    client: UpstreamPool,
 ) -> None:
     """Unreachable at start-up: unknown and unhealthy; up: detected; down and back: again."""
     port = free_port()
     pool = ReplicaPool("fast", [f"http://127.0.0.1:{port}"], 4, 0.1)
     monitor = HealthMonitor({"fast": pool}, HealthConfig(timeout_s=1.0))
-    monitor.session = session
+    monitor.client = client
     replica = pool.replicas[0]
     await monitor.check_once()
     assert (replica.kind, replica.resolved, replica.healthy) == (None, False, False)
@@ -179,13 +182,13 @@ async def test_detection_waits_for_the_server_and_reruns_after_an_outage(
 
 
 async def test_an_override_is_probed_as_given(
-    start_simulator: SimulatorFactory, session: aiohttp.ClientSession
+    start_simulator: SimulatorFactory, client: UpstreamPool
 ) -> None:
     """The tier's health_path wins over the kind's routes, even when it answers 404."""
     sim = start_simulator("--flavor", "llamacpp-python", "--latency-scale", "0")
     pool = ReplicaPool("fast", [sim.url], 4, 0.1, health_path="/health")
     monitor = HealthMonitor({"fast": pool}, HealthConfig(timeout_s=2.0))
-    monitor.session = session
+    monitor.client = client
     await monitor.check_once()
     replica = pool.replicas[0]
     assert replica.kind == "llamacpp"

@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-import aiohttp
 import pytest
 import structlog
 from structlog.testing import capture_logs
 
 from gateway.upstream.health import HealthConfig, HealthMonitor, parse_metrics
+from gateway.upstream.pool import UpstreamPool
 from gateway.upstream.replicas import ReplicaPool
 from tests.gateway.raw_upstream import RawUpstream, answer
 from tests.processes import free_port
@@ -76,20 +76,23 @@ def test_junk_and_missing_samples() -> None:
 
 
 @pytest.fixture
-async def session() -> AsyncIterator[aiohttp.ClientSession]:
-    """A client session for the monitor."""
-    async with aiohttp.ClientSession() as client:
-        yield client
+async def client() -> AsyncIterator[UpstreamPool]:
+    """The gateway's upstream client, for the monitor."""
+    pool = UpstreamPool()
+    try:
+        yield pool
+    finally:
+        await pool.close()
 
 
 async def test_probes_a_real_replica(
-    start_simulator: SimulatorFactory, session: aiohttp.ClientSession
+    start_simulator: SimulatorFactory, client: UpstreamPool
 ) -> None:
     """A live simulator is healthy and its /metrics numbers land on the replica."""
     sim = start_simulator("--latency-scale", "0", "--kv-blocks", "64")
     pool = ReplicaPool("fast", [sim.url], 4, 0.1)
     monitor = HealthMonitor({"fast": pool}, HealthConfig(timeout_s=2.0))
-    monitor.session = session
+    monitor.client = client
     assert monitor.readiness() is None  # nothing probed yet
     await monitor.check_once()
     replica = pool.replicas[0]
@@ -100,13 +103,13 @@ async def test_probes_a_real_replica(
 
 
 async def test_a_dead_engine_is_unhealthy_at_once_and_recovers(
-    start_simulator: SimulatorFactory, session: aiohttp.ClientSession
+    start_simulator: SimulatorFactory, client: UpstreamPool
 ) -> None:
     """/health 503 (vLLM's dead engine) marks the replica unhealthy; 200 brings it back."""
     sim = start_simulator("--latency-scale", "0")
     pool = ReplicaPool("fast", [sim.url], 4, 0.1)
     monitor = HealthMonitor({"fast": pool}, HealthConfig(timeout_s=2.0, unhealthy_after=3))
-    monitor.session = session
+    monitor.client = client
     await sim.aset_faults(healthy=False)
     await monitor.check_once()
     replica = pool.replicas[0]
@@ -118,20 +121,20 @@ async def test_a_dead_engine_is_unhealthy_at_once_and_recovers(
     assert replica.healthy
 
 
-async def test_refused_connections_mark_unhealthy(session: aiohttp.ClientSession) -> None:
+async def test_refused_connections_mark_unhealthy(client: UpstreamPool) -> None:
     """Nothing listening is definitive: one probe is enough."""
     pool = ReplicaPool("fast", [f"http://127.0.0.1:{free_port()}"], 4, 0.1)
     monitor = HealthMonitor({"fast": pool}, HealthConfig(timeout_s=1.0, unhealthy_after=3))
-    monitor.session = session
+    monitor.client = client
     await monitor.check_once()
     assert not pool.replicas[0].healthy
 
 
-async def test_start_and_stop_the_background_task(session: aiohttp.ClientSession) -> None:
+async def test_start_and_stop_the_background_task(client: UpstreamPool) -> None:
     """The monitor runs rounds in the background until stopped."""
     pool = ReplicaPool("fast", [f"http://127.0.0.1:{free_port()}"], 4, 0.1)
     monitor = HealthMonitor({"fast": pool}, HealthConfig(interval_s=0.05, timeout_s=0.2))
-    monitor.start(session)
+    monitor.start(client)
     for _ in range(100):
         if monitor.rounds >= 2:
             break
@@ -141,21 +144,21 @@ async def test_start_and_stop_the_background_task(session: aiohttp.ClientSession
 
 
 async def test_a_tier_may_probe_another_path(
-    start_simulator: SimulatorFactory, session: aiohttp.ClientSession
+    start_simulator: SimulatorFactory, client: UpstreamPool
 ) -> None:
     """A server without /health (llama.cpp) is probed on the tier's health_path instead."""
     sim = start_simulator("--latency-scale", "0")
     missing = ReplicaPool("fast", [sim.url], 4, 0.1, health_path="/no-such-route")
     models = ReplicaPool("precise", [sim.url], 4, 0.1, health_path="/v1/models")
     monitor = HealthMonitor({"fast": missing, "precise": models}, HealthConfig(timeout_s=2.0))
-    monitor.session = session
+    monitor.client = client
     await monitor.check_once()
     assert not missing.replicas[0].healthy
     assert models.replicas[0].healthy
 
 
 async def test_the_background_task_does_not_inherit_a_requests_context(
-    session: aiohttp.ClientSession,
+    client: UpstreamPool,
 ) -> None:
     """Started while a request's log context is bound, the probes still log without it."""
     pool = ReplicaPool("fast", [f"http://127.0.0.1:{free_port()}"], 4, 0.1)
@@ -168,7 +171,7 @@ async def test_the_background_task_does_not_inherit_a_requests_context(
     monitor = Recording({"fast": pool}, HealthConfig(interval_s=0.05, timeout_s=0.2))
     structlog.contextvars.bind_contextvars(request_id="req-1", trace_id="ab" * 16)
     try:
-        monitor.start(session)
+        monitor.start(client)
         for _ in range(100):
             if seen:
                 break
@@ -181,7 +184,7 @@ async def test_the_background_task_does_not_inherit_a_requests_context(
 
 
 async def test_misconfigured_replica_is_cleared_once_its_key_is_accepted(
-    start_simulator: SimulatorFactory,
+    start_simulator: SimulatorFactory, client: UpstreamPool
 ) -> None:
     """The monitor re-checks a misconfigured replica on /v1/models with the tier's key."""
     sim = start_simulator("--latency-scale", "0", "--api-key", "right")
@@ -197,15 +200,14 @@ async def test_misconfigured_replica_is_cleared_once_its_key_is_accepted(
             "precise": {"Authorization": "Bearer right"},
         },
     )
-    async with aiohttp.ClientSession() as session:
-        monitor.session = session
-        await monitor.check_once()
+    monitor.client = client
+    await monitor.check_once()
     assert wrong.replicas[0].misconfigured
     assert not right.replicas[0].misconfigured
     assert monitor.readiness() == {"fast": False, "precise": True}
 
 
-async def test_a_model_list_nested_too_deep_is_survived(session: aiohttp.ClientSession) -> None:
+async def test_a_model_list_nested_too_deep_is_survived(client: UpstreamPool) -> None:
     """One replica answering JSON nested 3000 deep everywhere: every replica is still probed."""
     deep = b'{"data":' + b"[" * 3000 + b"]" * 3000 + b"}"
 
@@ -219,7 +221,7 @@ async def test_a_model_list_nested_too_deep_is_survived(session: aiohttp.ClientS
     pool = ReplicaPool("fast", [server.url, down], 4, 0.1)
     monitor = HealthMonitor({"fast": pool}, HealthConfig(interval_s=0.02, timeout_s=0.5))
     try:
-        monitor.start(session)
+        monitor.start(client)
         for _ in range(200):
             if monitor.rounds >= 3:
                 break
@@ -234,7 +236,7 @@ async def test_a_model_list_nested_too_deep_is_survived(session: aiohttp.ClientS
 
 
 async def test_a_failing_round_is_logged_and_the_checks_go_on(
-    session: aiohttp.ClientSession,
+    client: UpstreamPool,
 ) -> None:
     """An unexpected error in one round is logged; the background task keeps probing."""
     pool = ReplicaPool("fast", [f"http://127.0.0.1:{free_port()}"], 4, 0.1)
@@ -249,7 +251,7 @@ async def test_a_failing_round_is_logged_and_the_checks_go_on(
 
     monitor = Failing({"fast": pool}, HealthConfig(interval_s=0.02, timeout_s=0.2))
     with capture_logs() as logs:
-        monitor.start(session)
+        monitor.start(client)
         for _ in range(200):
             if monitor.rounds >= 2:
                 break

@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
-import aiohttp
 import pytest
 
 from gateway.config.settings import Timeouts
@@ -22,6 +21,7 @@ from gateway.routing.shadow import UNDER, ShadowConfig, ShadowRunner
 from gateway.upstream.attempt import UpstreamClient
 from gateway.upstream.forwarding import Forwarder, TierRoute
 from gateway.upstream.health import HealthConfig, HealthMonitor
+from gateway.upstream.pool import UpstreamPool
 from gateway.upstream.relay import StreamRelay
 from gateway.upstream.replicas import ReplicaPool
 from gateway.upstream.retry import RetryPolicy
@@ -63,10 +63,13 @@ def _server(*, streams: bool) -> RawUpstream:
 
 
 @pytest.fixture
-async def session() -> AsyncIterator[aiohttp.ClientSession]:
-    """A client session for the monitor."""
-    async with aiohttp.ClientSession() as client:
-        yield client
+async def client() -> AsyncIterator[UpstreamPool]:
+    """The gateway's upstream client, for the monitor."""
+    pool = UpstreamPool()
+    try:
+        yield pool
+    finally:
+        await pool.close()
 
 
 async def _in_flight(upstream: UpstreamClient, pool: ReplicaPool, *, stream: bool) -> None:
@@ -108,13 +111,13 @@ async def _rounds(
 
 
 async def test_a_probe_timeout_while_the_replica_streams_is_busy(
-    upstream: UpstreamClient, session: aiohttp.ClientSession
+    upstream: UpstreamClient, client: UpstreamPool
 ) -> None:
     """Tokens keep coming on the gateway's stream while /health times out: busy, healthy."""
     server = await _server(streams=True).start()
     pool = ReplicaPool("fast", [server.url], 4, 0.1, health_path="/health", kind="vllm")
     monitor = HealthMonitor({"fast": pool}, HealthConfig(timeout_s=0.1, unhealthy_after=2))
-    monitor.session = session
+    monitor.client = client
     try:
         await _rounds(monitor, pool, upstream, stream=True, seconds=1.0)
     finally:
@@ -125,7 +128,7 @@ async def test_a_probe_timeout_while_the_replica_streams_is_busy(
 
 
 async def test_a_hung_replica_with_a_request_in_flight_is_still_marked_down(
-    upstream: UpstreamClient, session: aiohttp.ClientSession
+    upstream: UpstreamClient, client: UpstreamPool
 ) -> None:
     """A replica that answers nothing, neither probes nor the request it holds, is not
     "busy" forever: once it was silent past the tier's own timeouts its probes count."""
@@ -133,7 +136,7 @@ async def test_a_hung_replica_with_a_request_in_flight_is_still_marked_down(
     pool = ReplicaPool("fast", [server.url], 4, 0.1, health_path="/health", kind="vllm")
     pool.replicas[0].busy_s = 0.3  # the tier's first_byte_s / idle_s, shortened
     monitor = HealthMonitor({"fast": pool}, HealthConfig(timeout_s=0.1, unhealthy_after=2))
-    monitor.session = session
+    monitor.client = client
     try:
         await _rounds(monitor, pool, upstream, stream=False, seconds=1.0)
     finally:
@@ -142,7 +145,7 @@ async def test_a_hung_replica_with_a_request_in_flight_is_still_marked_down(
 
 
 async def test_a_hung_one_at_a_time_server_is_probed_again_and_marked_down(
-    upstream: UpstreamClient, session: aiohttp.ClientSession
+    upstream: UpstreamClient, client: UpstreamPool
 ) -> None:
     """llama-cpp-python with health_path /v1/models gets no probe while it serves the
     gateway's requests, but only while it answers them: hung past its tier's timeouts, it is
@@ -151,7 +154,7 @@ async def test_a_hung_one_at_a_time_server_is_probed_again_and_marked_down(
     pool = ReplicaPool("fast", [server.url], 4, 0.1, health_path="/v1/models", kind="llamacpp")
     pool.replicas[0].busy_s = 0.3  # the tier's first_byte_s / idle_s, shortened
     monitor = HealthMonitor({"fast": pool}, HealthConfig(timeout_s=0.1, unhealthy_after=2))
-    monitor.session = session
+    monitor.client = client
     try:
         await _rounds(monitor, pool, upstream, stream=False, seconds=4.5)  # 2 s probes
     finally:
@@ -162,7 +165,7 @@ async def test_a_hung_one_at_a_time_server_is_probed_again_and_marked_down(
 async def test_the_first_round_never_sends_a_queueing_probe_beside_a_running_stream(
     start_simulator: SimulatorFactory,
     upstream: UpstreamClient,
-    session: aiohttp.ClientSession,
+    client: UpstreamPool,
 ) -> None:
     """A stream already runs on llama-cpp-python (``--serial interrupt``) when the monitor's
     first round detects it (health_path /v1/models): no /v1/models probe then, so the stream
@@ -181,7 +184,7 @@ async def test_the_first_round_never_sends_a_queueing_probe_beside_a_running_str
     )
     pool = ReplicaPool("precise", [sim.url], 4, 0.1, health_path="/v1/models")
     monitor = HealthMonitor({"precise": pool}, HealthConfig(timeout_s=2.0))
-    monitor.session = session
+    monitor.client = client
     route = TierRoute(pool, RoundRobin(), Timeouts(), "tiergate-precise")
     forwarder = Forwarder(upstream, {"precise": route}, RetryPolicy(backoff_base_s=0.0))
     body = {
@@ -273,7 +276,7 @@ async def _retrying(upstream: UpstreamClient, pool: ReplicaPool, every_s: float)
 
 
 async def test_a_hung_replica_asked_again_and_again_is_still_marked_down(
-    upstream: UpstreamClient, session: aiohttp.ClientSession
+    upstream: UpstreamClient, client: UpstreamPool
 ) -> None:
     """A client retrying one request at a time on a hung replica (each attempt given up
     before the gateway's own timeout) never re-arms "busy": only an answer does."""
@@ -281,23 +284,23 @@ async def test_a_hung_replica_asked_again_and_again_is_still_marked_down(
     pool = ReplicaPool("fast", [server.url], 4, 0.1, health_path="/health", kind="vllm")
     pool.replicas[0].busy_s = 0.4  # the tier's first_byte_s / idle_s, shortened
     monitor = HealthMonitor({"fast": pool}, HealthConfig(timeout_s=0.1, unhealthy_after=2))
-    monitor.session = session
-    client = asyncio.create_task(_retrying(upstream, pool, every_s=0.15))
+    monitor.client = client
+    retrying = asyncio.create_task(_retrying(upstream, pool, every_s=0.15))
     try:
         loop = asyncio.get_running_loop()
         end = loop.time() + 1.5
         while loop.time() < end:
             await monitor.check_once()
     finally:
-        client.cancel()
+        retrying.cancel()
         with contextlib.suppress(asyncio.CancelledError):
-            await client
+            await retrying
         await server.stop()
     assert not pool.replicas[0].healthy
 
 
 async def test_an_error_answer_is_an_answer_for_the_busy_rule(
-    upstream: UpstreamClient, session: aiohttp.ClientSession
+    upstream: UpstreamClient, client: UpstreamPool
 ) -> None:
     """A replica that answered a 400, then takes a second request whose first byte is slow
     (a long prompt) while its probes time out, is busy: the 400 showed it alive."""
@@ -321,7 +324,7 @@ async def test_an_error_answer_is_an_answer_for_the_busy_rule(
     route = TierRoute(pool, RoundRobin(), Timeouts(), "m")
     forwarder = Forwarder(upstream, {"fast": route}, RetryPolicy(backoff_base_s=0.0))
     monitor = HealthMonitor({"fast": pool}, HealthConfig(timeout_s=0.1, unhealthy_after=2))
-    monitor.session = session
+    monitor.client = client
     try:
         with contextlib.suppress(TierGateError):
             await forwarder.forward(CHAT, {"messages": [], "bad": True}, ["fast"])

@@ -6,11 +6,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import aiohttp
 import pytest
 
 from gateway.upstream.health import HealthConfig, HealthMonitor
 from gateway.upstream.keys import UpstreamKeys
+from gateway.upstream.pool import UpstreamPool
 from gateway.upstream.replicas import ReplicaPool
 from gateway.upstream.worker_share import HealthShare, WorkerRole
 from tests.simulator.procs import SimulatorFactory, start_simulator
@@ -19,14 +19,17 @@ __all__ = ["start_simulator"]
 
 
 @pytest.fixture
-async def session() -> AsyncIterator[aiohttp.ClientSession]:
-    """One aiohttp session for the monitor."""
-    async with aiohttp.ClientSession() as s:
-        yield s
+async def client() -> AsyncIterator[UpstreamPool]:
+    """The gateway's upstream client, for the monitor."""
+    pool = UpstreamPool()
+    try:
+        yield pool
+    finally:
+        await pool.close()
 
 
 async def test_context_length_is_read_from_the_model_card(
-    start_simulator: SimulatorFactory, session: aiohttp.ClientSession
+    start_simulator: SimulatorFactory, client: UpstreamPool
 ) -> None:
     """max_model_len of the tier's model card lands on the replica and the tier's minimum."""
     small = start_simulator("--latency-scale", "0", "--max-model-len", "1024")
@@ -35,7 +38,7 @@ async def test_context_length_is_read_from_the_model_card(
     monitor = HealthMonitor(
         {"fast": pool}, HealthConfig(timeout_s=2.0), served_models={"fast": "tiergate-fast"}
     )
-    monitor.session = session
+    monitor.client = client
     await monitor.check_once()
     assert [r.max_model_len for r in pool.replicas] == [1024, 8192]
     assert pool.context_len == 1024
@@ -43,7 +46,7 @@ async def test_context_length_is_read_from_the_model_card(
 
 
 async def test_a_one_at_a_time_server_is_never_asked_its_model_list(
-    start_simulator: SimulatorFactory, session: aiohttp.ClientSession
+    start_simulator: SimulatorFactory, client: UpstreamPool
 ) -> None:
     """llama-cpp-python's model list waits behind a generation and a waiting request makes it
     cut a running stream (another gateway's too): never read there, busy or idle."""
@@ -51,7 +54,7 @@ async def test_a_one_at_a_time_server_is_never_asked_its_model_list(
     pool = ReplicaPool("fast", [sim.url], 4, 0.1, kind="llamacpp")
     replica = pool.replicas[0]
     monitor = HealthMonitor({"fast": pool}, HealthConfig(timeout_s=2.0))
-    monitor.session = session
+    monitor.client = client
     for in_flight in (1, 0):
         replica.in_flight = in_flight
         await monitor.check_once()
@@ -60,33 +63,40 @@ async def test_a_one_at_a_time_server_is_never_asked_its_model_list(
     assert replica.healthy  # probed on /docs, which answers at once
 
 
+async def _sleep(client: UpstreamPool, url: str, level: int) -> int:
+    """Put the simulator's engine to sleep (level > 0) or wake it (0); the answer's status."""
+    body = b'{"level": %d}' % level
+    answer = await client.post(url + "/sim/sleep", body, {"Content-Type": "application/json"})
+    await answer.read()
+    answer.release()
+    return answer.status
+
+
 async def test_a_sleeping_engine_is_unhealthy_and_wakes_healthy(
-    start_simulator: SimulatorFactory, session: aiohttp.ClientSession
+    start_simulator: SimulatorFactory, client: UpstreamPool
 ) -> None:
     """Gauge not awake: unhealthy at once, though /health says 200; awake: healthy again."""
     sim = start_simulator("--latency-scale", "0")
     pool = ReplicaPool("fast", [sim.url], 4, 0.1)
     replica = pool.replicas[0]
     monitor = HealthMonitor({"fast": pool}, HealthConfig(timeout_s=2.0))
-    monitor.session = session
+    monitor.client = client
     await monitor.check_once()
     assert pool.ready()
-    async with session.post(sim.url + "/sim/sleep", json={"level": 2}) as answer:
-        assert answer.status == 200
+    assert await _sleep(client, sim.url, 2) == 200
     await monitor.check_once()
     assert not pool.ready()
     assert replica.sleep_state == "discard_all"
     assert "engine asleep" in replica.last_probe_error
     assert monitor.readiness() == {"fast": False}
-    async with session.post(sim.url + "/sim/sleep", json={"level": 0}) as answer:
-        assert answer.status == 200
+    assert await _sleep(client, sim.url, 0) == 200
     await monitor.check_once()
     assert replica.state(0.0) == "healthy"
     assert monitor.readiness() == {"fast": True}
 
 
 async def test_the_credential_recheck_tries_every_key(
-    start_simulator: SimulatorFactory, session: aiohttp.ClientSession
+    start_simulator: SimulatorFactory, client: UpstreamPool
 ) -> None:
     """A misconfigured replica is re-checked with each key; the accepted one is kept."""
     sim = start_simulator("--latency-scale", "0", "--api-key", "second")
@@ -95,7 +105,7 @@ async def test_the_credential_recheck_tries_every_key(
     pool.mark_misconfigured(replica, 401)
     keys = UpstreamKeys(["first", "second"])
     monitor = HealthMonitor({"fast": pool}, HealthConfig(scrape_metrics=False), keys={"fast": keys})
-    monitor.session = session
+    monitor.client = client
     await monitor.check_once()
     assert not replica.misconfigured
     assert keys.for_replica(sim.url) == {"Authorization": "Bearer second"}

@@ -15,7 +15,12 @@ import pytest
 
 from gateway.pipeline.events import FailureKind
 from gateway.upstream.attempt import AttemptFailed, attempt
-from gateway.upstream.connection import ConnectFailed, ConnectionLost, ConnectTimedOut
+from gateway.upstream.connection import (
+    ConnectFailed,
+    ConnectionLost,
+    ConnectTimedOut,
+    UpstreamConnectionError,
+)
 from gateway.upstream.pool import UpstreamPool, header_block
 from tests.gateway.raw_upstream import RawUpstream, answer, reset
 
@@ -353,3 +358,62 @@ async def test_a_closed_pool_refuses_requests() -> None:
     await pool.close()
     with pytest.raises(ConnectFailed):
         await pool.post("http://127.0.0.1:9" + PATH, b"{}", HEADERS)
+
+
+async def test_a_get_sends_no_body_and_keeps_its_connection(pool: UpstreamPool) -> None:
+    """GET (health probes, ops): the caller's headers and Host, no Content-Length; a body read
+    to its end leaves the connection for the next request."""
+    server = await _serve(_ok)
+    try:
+        for _ in range(2):
+            status, body = await pool.get(
+                server.url + "/health", {"Authorization": "Bearer k"}, limit=1024
+            )
+            assert (status, body) == (200, b"ok")
+    finally:
+        await server.stop()
+    assert server.connections == 1
+    first = server.requests[0]
+    assert first.startswith(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1:")
+    assert first.endswith(b"Authorization: Bearer k\r\n\r\n")
+    assert b"Content-Length" not in first
+
+
+async def test_a_get_reads_at_most_its_limit_and_drops_the_connection(pool: UpstreamPool) -> None:
+    """A body longer than the limit is cut there; the rest is not waited for and the
+    connection is closed instead of pooled."""
+
+    async def endless(_n: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n" + b"x" * 20)
+        await server.wait_peer_closed(reader)
+        return False
+
+    server = await _serve(endless)
+    try:
+        status, body = await pool.get(server.url + "/metrics", limit=10)
+        await asyncio.wait_for(server.peer_closed.wait(), 30)
+    finally:
+        await server.stop()
+    assert (status, body) == (200, b"x" * 10)
+    assert server.peer_closed.is_set()
+
+
+async def test_a_get_shares_the_failure_vocabulary(pool: UpstreamPool) -> None:
+    """Nothing listening: the same ConnectFailed a POST raises (an UpstreamConnectionError);
+    a caller's deadline on a silent server: TimeoutError, and the connection is closed."""
+    with pytest.raises(UpstreamConnectionError):
+        await pool.get(_refusing_url() + "/health", limit=10)
+
+    async def silent(_n: int, reader: asyncio.StreamReader, _w: asyncio.StreamWriter) -> bool:
+        await server.wait_peer_closed(reader)
+        return False
+
+    server = await _serve(silent)
+    try:
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.2):
+                await pool.get(server.url + "/health", limit=10)
+        await asyncio.wait_for(server.peer_closed.wait(), 30)
+    finally:
+        await server.stop()
+    assert server.peer_closed.is_set()

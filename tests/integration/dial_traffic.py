@@ -15,7 +15,7 @@ import httpx
 import numpy as np
 
 from router_models.records import label_of, read_jsonl
-from router_models.train import SHARED_DATASETS
+from router_models.training.train import SHARED_DATASETS
 
 LATEX = (
     "$$\\int_0^1 \\frac{x^2}{\\sqrt{1+x^2}}\\,dx = \\sum_{k=0}^{\\infty} \\alpha_k \\theta^k$$\n\n"

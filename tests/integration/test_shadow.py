@@ -17,6 +17,7 @@ from policies.principal import KeyPolicy
 from tests.integration.gateway_proc import GatewayProcess
 from tests.processes import patience
 from tests.simulator.procs import SimulatorProcess
+from tests.stack import FAST_SIM, Backends, running_stack
 
 pytestmark = pytest.mark.slow
 ADMIN = "shadow-test-admin-token-000000000000"
@@ -93,38 +94,24 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     FileKeyStore(keys).put_sync(record)
     store = tmp / "shadow.jsonl"
     quality = ("--quality-file", str(labels))
-    with (
-        SimulatorProcess(
-            "--profile",
-            "fast",
-            "--model",
-            "tiergate-fast",
-            "--latency-scale",
-            "0",
-            *quality,
-            "--weak",
-        ) as fast,
-        SimulatorProcess(
-            "--profile", "precise", "--model", "tiergate-precise", "--latency-scale", "3", *quality
-        ) as precise,
-    ):
-        config = {
-            "auth": {"keys_file": str(keys), "admin_token": ADMIN},
-            "tiers": {
-                "fast": {"model": "tiergate-fast", "replicas": [fast.url]},
-                "precise": {"model": "tiergate-precise", "replicas": [precise.url]},
-            },
-            "router": {
-                "shadow": {
-                    "fast_ratio": 1.0,
-                    "precise_ratio": 1.0,
-                    "max_concurrent": 64,
-                    "store": str(store),
-                }
-            },
+    weak_fast = (*FAST_SIM, *quality, "--weak")
+    slow_precise = ("--profile", "precise", "--model", "tiergate-precise", "--latency-scale", "3")
+
+    def shadow_everything(config: dict[str, Any], _backends: Backends) -> None:
+        del config["telemetry"]  # the access log on, the default
+        config["auth"] = {"keys_file": str(keys), "admin_token": ADMIN}
+        config["router"] = {
+            "shadow": {
+                "fast_ratio": 1.0,
+                "precise_ratio": 1.0,
+                "max_concurrent": 64,
+                "store": str(store),
+            }
         }
-        with GatewayProcess(config) as gateway:
-            yield Stack(gateway, fast, precise, key, store)
+
+    sims = [weak_fast, (*slow_precise, *quality)]
+    with running_stack(sims=sims, configure=shadow_everything) as running:
+        yield Stack(running.gateway, running.fast, running.precise, key, store)
 
 
 def test_shadows_measure_agreement_without_delaying_or_charging_the_caller(stack: Stack) -> None:

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from router_models import cli
 from router_models.cli import main
 from router_models.records import read_jsonl
-from router_models.train import DEFAULT_DATA
+from router_models.training.train import DEFAULT_DATA
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPTS: list[dict[str, object]] = [
@@ -202,3 +203,37 @@ def test_bad_artifact_is_reported(tmp_path: Path) -> None:
     )
     assert result.returncode == 2
     assert "artifact" in result.stderr
+
+
+def test_train_help_names_the_extra_when_scikit_learn_is_missing(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without scikit-learn, ``train --help`` says to install the ``train`` extra, and
+    ``train`` itself stops with that advice (exit 2) instead of an ImportError."""
+    monkeypatch.setattr(cli, "sklearn_missing", lambda: True)
+    with pytest.raises(SystemExit) as shown:
+        main(["train", "--help"])
+    assert shown.value.code == 0
+    assert "pip install 'tiergate[train]'" in " ".join(capsys.readouterr().out.split())
+    assert main(["train"]) == 2
+    assert "pip install 'tiergate[train]'" in capsys.readouterr().err
+
+
+def test_serving_imports_neither_training_nor_scikit_learn() -> None:
+    """The composition root and the console command load no training module, no sklearn."""
+    probe = (
+        "import sys, gateway.composition, gateway.__main__\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('sklearn', 'scipy')"
+        " or m.startswith('router_models.training'))\n"
+        "print(bad)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=False,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"

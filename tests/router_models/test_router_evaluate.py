@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from router_models.evaluate import operating_threshold, roc_auc, share_curve
+from router_models.training.evaluate import operating_threshold, roc_auc, share_curve
 
 
 def test_operating_threshold_catches_95_percent() -> None:

@@ -12,9 +12,10 @@ import pytest
 
 from router_models.cli import main
 from router_models.corpus.build import DEFAULT_CORPUS, HARD_CASES
-from router_models.crossval import group_of, trainable
 from router_models.features import HASH_SIZE
-from router_models.honest import (
+from router_models.records import read_jsonl
+from router_models.training.crossval import group_of, trainable
+from router_models.training.honest import (
     CUES,
     held_out_report,
     language_of,
@@ -22,8 +23,7 @@ from router_models.honest import (
     reliability,
     with_sources_perfect,
 )
-from router_models.records import read_jsonl
-from router_models.train import TrainSettings, prepare, train
+from router_models.training.train import TrainSettings, prepare, train
 
 pytestmark = pytest.mark.slow
 

@@ -14,7 +14,7 @@ from router_models.artifact import load as load_model
 from router_models.corpus.build import DEFAULT_CORPUS, HARD_CASES
 from router_models.records import body_of, read_jsonl
 from router_models.scorer import LeanScorer, sigmoid
-from router_models.train import featurize, sklearn_equivalent
+from router_models.training.train import featurize, sklearn_equivalent
 
 
 def _bodies() -> list[dict[str, Any]]:

@@ -14,7 +14,7 @@ import router_models
 from router_models.artifact import load, save
 from router_models.records import body_of, label_of, read_jsonl
 from router_models.scorer import LeanScorer
-from router_models.train import DEFAULT_DATA, TrainSettings, train
+from router_models.training.train import DEFAULT_DATA, TrainSettings, train
 
 # One training on the corpus took 123 s on the 2-core machine at load average 10 (2026-12-06).
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]

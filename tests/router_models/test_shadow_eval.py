@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from router_models.shadow_eval import (
+from router_models.training.shadow_eval import (
     at_equal_caught,
     compare,
     quality_curve,

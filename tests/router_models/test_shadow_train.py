@@ -13,7 +13,7 @@ import pytest
 
 import router_models
 from router_models.cli import main
-from router_models.shadow_train import (
+from router_models.training.shadow_train import (
     held_out_mask,
     read_shadow,
     store_files,

@@ -8,7 +8,7 @@ from typing import Any
 import router_models
 from router_models.artifact import load as load_model
 from router_models.features import FEATURE_SPEC, extract
-from router_models.shadow_train import scores, to_csr
+from router_models.training.shadow_train import scores, to_csr
 from router_models.vectors import feature_space, hashed_vector
 
 BODIES: list[dict[str, Any]] = [  # request bodies: arbitrary JSON

@@ -23,10 +23,10 @@ import numpy as np
 import numpy.typing as npt
 
 from router_models.artifact import FloatArray
-from router_models.crossval import held_out_margins, platt, sigmoid
-from router_models.evaluate import operating_threshold, roc_auc
 from router_models.records import body_of
-from router_models.train import Prepared, TrainSettings, featurize
+from router_models.training.crossval import held_out_margins, platt, sigmoid
+from router_models.training.evaluate import operating_threshold, roc_auc
+from router_models.training.train import Prepared, TrainSettings, featurize
 
 ECE_BINS: Final = 10
 _PYTHON_RE: Final = re.compile(r"\s*\bpython\b", re.IGNORECASE)

@@ -34,10 +34,10 @@ from scipy import sparse
 
 from policies.threshold import threshold_for_share
 from router_models.artifact import FloatArray, RouterModel
-from router_models.crossval import held_out_margins, platt, sigmoid
 from router_models.features import FEATURE_SPEC, HASH_SIZE, n_features
 from router_models.records import RecordError, data_digest
-from router_models.train import (
+from router_models.training.crossval import held_out_margins, platt, sigmoid
+from router_models.training.train import (
     DEFAULT_DATA,
     MODEL_VERSION,
     QUANTILE_POINTS,

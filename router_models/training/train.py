@@ -32,7 +32,9 @@ from sklearn.metrics import roc_auc_score
 from policies.threshold import threshold_for_share
 from router_models.artifact import FloatArray, RouterModel
 from router_models.corpus.build import DEFAULT_CORPUS, HARD_CASES
-from router_models.crossval import (
+from router_models.features import FEATURE_SPEC, HASH_SIZE, extract, n_features
+from router_models.records import body_of, data_digest, label_of, read_jsonl
+from router_models.training.crossval import (
     BoolArray,
     FitFn,
     group_of,
@@ -42,12 +44,10 @@ from router_models.crossval import (
     sigmoid,
     trainable,
 )
-from router_models.features import FEATURE_SPEC, HASH_SIZE, extract, n_features
-from router_models.records import body_of, data_digest, label_of, read_jsonl
 
 MODEL_VERSION: Final = "tiergate-router-2"
 # The second external set lives beside the repository (read at training time, never copied).
-SHARED_DATASETS: Final = Path(__file__).resolve().parents[2] / "shared" / "datasets"
+SHARED_DATASETS: Final = Path(__file__).resolve().parents[3] / "shared" / "datasets"
 DEV2: Final = SHARED_DATASETS / "router-dev2.jsonl"
 DEFAULT_DATA: Final = (DEFAULT_CORPUS, HARD_CASES)
 # What ``tiergate router eval --held-out`` holds out, source by source.

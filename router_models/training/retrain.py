@@ -18,8 +18,8 @@ import numpy as np
 
 from router_models import artifact_digest
 from router_models.artifact import RouterModel, load, save
-from router_models.shadow_eval import compare, quality_curve
-from router_models.shadow_train import (
+from router_models.training.shadow_eval import compare, quality_curve
+from router_models.training.shadow_train import (
     ShadowSet,
     ShadowSettings,
     held_out_mask,
