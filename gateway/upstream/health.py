@@ -33,7 +33,7 @@ from typing import Final
 import aiohttp
 import structlog
 
-from gateway.upstream import backends
+from gateway.upstream import backends, signals
 from gateway.upstream.keys import UpstreamKeys
 from gateway.upstream.replicas import ErrorRecord, Replica, ReplicaPool
 from gateway.upstream.worker_share import HealthShare
@@ -219,6 +219,8 @@ class HealthMonitor:
     def _refresh_contexts(self) -> None:
         for pool in self.pools.values():
             pool.refresh_context()
+            for replica in pool.replicas:
+                signals.refresh_slots(replica)
 
     def readiness(self) -> dict[str, bool] | None:
         """Per tier: is some replica healthy? ``None`` until every replica was probed."""
@@ -377,6 +379,7 @@ class HealthMonitor:
             if value is not None:
                 setattr(replica, field, value)
         replica.scraped_at = time.monotonic()
+        signals.absorb(replica, signals.parse_signals(page), replica.scraped_at)
 
 
 def _asleep(replica: Replica) -> tuple[str, bool] | None:

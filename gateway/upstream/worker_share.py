@@ -43,6 +43,10 @@ _SHARED_FIELDS = (
     "misconfigured",
     "max_model_len",
     "sleep_state",
+    "waiting_capacity",
+    "drain_per_s",
+    "rejecting",
+    "engine_slots",
 )
 
 
