@@ -17,7 +17,8 @@ From them, per replica:
   capacity-waiting counts as full.
 - **wait** (:func:`replica_wait_s`): seconds a new request would wait before it starts: the
   requests ahead of it (the engine's running and capacity-waiting, or the gateway's own
-  in-flight count when higher, beyond its slots) over the drain rate (or, before a drain was
+  in-flight count when higher, beyond what it runs at once: ``engine_slots`` where learnt,
+  else ``max_concurrency``) over the drain rate (or, before a drain was
   seen, ``assumed_request_s`` each). A tier's wait is its best usable replica's
   (:func:`tier_wait_s`); spill across tiers compares them (gateway/routing/spillover.py).
 """
@@ -143,8 +144,11 @@ def refresh_slots(replica: Replica) -> None:
 
 def replica_wait_s(replica: Replica, assumed_request_s: float) -> float:
     """Seconds a request sent now would wait on ``replica`` before it starts."""
+    size = replica.max_concurrency
+    if replica.engine_slots is not None:
+        size = min(size, replica.engine_slots)
     engine_busy = replica.running + capacity_waiting(replica)
-    ahead = max(float(replica.in_flight), engine_busy) + 1 - replica.slots
+    ahead = max(float(replica.in_flight), engine_busy) + 1 - size
     if ahead <= 0:
         return 0.0
     drain = replica.drain_per_s
