@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -135,7 +135,7 @@ async def flooded(sim: SimulatorProcess, gateway: GatewayProcess, tier: str) -> 
         await asyncio.sleep(0.05)
 
 
-async def probe(gateway: GatewayProcess, token: str) -> httpx.Headers:
+async def probe(gateway: GatewayProcess, token: str) -> Mapping[str, str]:
     """One short classifier-routed request through the official client: its response headers
     (of the answer, or of the error it raised)."""
     async with openai.AsyncOpenAI(
@@ -178,7 +178,7 @@ def test_a_saturated_fast_tier_spills_up_for_keys_that_allow_it(stack: Stack) ->
     """Fast flooded, precise idle: a plain key's requests are answered by precise with
     spill_up (and counted so in the metrics); a fast-only key's stay fast."""
 
-    async def run() -> tuple[list[httpx.Headers], httpx.Headers]:
+    async def run() -> tuple[list[Mapping[str, str]], Mapping[str, str]]:
         plain = await new_key(stack, KeyPolicy())
         fast_only = await new_key(stack, KeyPolicy(allowed_tiers=frozenset({"fast"})))
         async with flooded(stack.fast, stack.up, "fast"):
@@ -202,7 +202,7 @@ def test_spills_count_against_the_precise_share_cap_and_the_budget(stack: Stack)
     precise, the rest are held fast by the cap; a budgeted key is charged the precise price
     (1 per 1k tokens) for a spilled answer."""
 
-    async def run() -> tuple[list[httpx.Headers], httpx.Headers]:
+    async def run() -> tuple[list[Mapping[str, str]], Mapping[str, str]]:
         capped = await new_key(stack, KeyPolicy(max_precise_share=0.5))
         budgeted = await new_key(stack, KeyPolicy(budget_daily=1000.0))
         async with flooded(stack.fast, stack.up, "fast"):
@@ -228,7 +228,7 @@ def test_a_drowning_precise_tier_spills_down_only_with_the_downgrade_scope(stack
     """Precise flooded, fast idle: a key with the downgrade scope is answered by fast with
     spill_down; a key without it stays precise."""
 
-    async def run() -> tuple[list[httpx.Headers], httpx.Headers]:
+    async def run() -> tuple[list[Mapping[str, str]], Mapping[str, str]]:
         downgrader = await new_key(stack, KeyPolicy(scopes=frozenset({SCOPE_DOWNGRADE})))
         plain = await new_key(stack, KeyPolicy())
         async with flooded(stack.precise, stack.down, "precise"):
