@@ -376,6 +376,9 @@ class HealthSettings(Section):
     """Good probes in a row before it is healthy again."""
     scrape_metrics: bool = True
     """Also scrape each replica's /metrics (queue depth, KV-cache use) for balancing."""
+    metrics_every: int = Field(default=1, ge=1)
+    """Scrape /metrics every this many rounds; on the rounds between, read a vLLM replica's
+    cheaper GET /load (while it tracks server load: --enable-server-load-tracking)."""
     eject_after: int = Field(default=5, ge=1)
     """Consecutive request failures (connection errors, 5xx) before a replica is ejected."""
     eject_base_s: float = Field(default=2.0, gt=0)

@@ -104,6 +104,10 @@ class Replica:
     rejecting: bool = False
     engine_slots: int | None = None
     slots: int = 0
+    # vLLM's GET /load between scrapes: requests in flight there (``None``: not read since the
+    # last scrape), and whether it tracks them (``None``: not known yet).
+    server_load: float | None = None
+    load_tracked: bool | None = None
     # Read from the server itself: its context length (``max_model_len`` in ``/v1/models``)
     # and vLLM's ``engine_sleep_state`` (``None``: not reported; anything but "awake": asleep).
     max_model_len: int | None = None

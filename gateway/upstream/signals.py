@@ -1,6 +1,7 @@
 """What a replica says about its own capacity, and what the gateway derives from it.
 
-Read from each health round's ``/metrics`` page (no extra request): vLLM's
+Read from each health round's ``/metrics`` page (no extra request; with
+``health.metrics_every`` N, every Nth round, and vLLM's cheaper ``GET /load`` between): vLLM's
 ``vllm:num_requests_waiting_by_reason{reason="capacity"}`` (only *capacity* means the engine is
 full; *deferred* requests wait for something else), ``vllm:admission_rejections`` (the
 engine's own 503s) and ``vllm:request_success_total`` (finished requests, whose rise between
@@ -29,8 +30,11 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import msgspec
+
 from gateway.upstream.replicas import Replica
 
+LOAD_PATH = "/load"
 _WAITING_BY_REASON = "vllm:num_requests_waiting_by_reason"
 _REJECTIONS = "vllm:admission_rejections"
 _FINISHED = "vllm:request_success_total"
@@ -100,11 +104,41 @@ def parse_signals(page: str) -> EngineSignals:
     )
 
 
+def parse_load(body: bytes) -> float | None:
+    """``server_load`` of a ``GET /load`` answer; ``None`` when it is not one."""
+    try:
+        value = msgspec.json.decode(body).get("server_load")
+    except (msgspec.DecodeError, AttributeError):
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        return None
+    return float(value)
+
+
+def absorb_load(replica: Replica, load: float | None) -> bool:
+    """Fold a ``/load`` reading into ``replica``; False when it shows that the replica does not
+    track its load (no answer, or 0 while the gateway has requests there): from then on only
+    ``/metrics`` is read."""
+    if load is None or (load == 0 and replica.in_flight > 0):
+        replica.load_tracked = False
+        replica.server_load = None
+        return False
+    if load > 0:
+        replica.load_tracked = True
+    replica.server_load = load
+    refresh_slots(replica)
+    return True
+
+
 def capacity_waiting(replica: Replica) -> float:
     """Requests the replica holds waiting for capacity (all it holds waiting when it does not
-    say why)."""
+    say why; with a ``/load`` reading newer than the scrape, what it holds beyond its size)."""
     reported = replica.waiting_capacity
-    return replica.waiting if reported is None else reported
+    waiting = replica.waiting if reported is None else reported
+    load, size = replica.server_load, replica.engine_slots
+    if load is not None and size is not None:
+        return max(waiting, load - size)
+    return waiting
 
 
 def absorb(replica: Replica, signals: EngineSignals, now: float) -> None:
@@ -123,6 +157,7 @@ def absorb(replica: Replica, signals: EngineSignals, now: float) -> None:
         replica.rejecting = before_rejections is not None and rejections > before_rejections
         replica.rejections_total = rejections
     replica.waiting_capacity = signals.waiting_capacity
+    replica.server_load = None  # the scrape is newer
     waiting = capacity_waiting(replica)
     if waiting > 0 and replica.running >= 1:
         replica.engine_slots = int(replica.running)  # what it runs when it is full
@@ -147,7 +182,7 @@ def replica_wait_s(replica: Replica, assumed_request_s: float) -> float:
     size = replica.max_concurrency
     if replica.engine_slots is not None:
         size = min(size, replica.engine_slots)
-    engine_busy = replica.running + capacity_waiting(replica)
+    engine_busy = max(replica.running + capacity_waiting(replica), replica.server_load or 0.0)
     ahead = max(float(replica.in_flight), engine_busy) + 1 - size
     if ahead <= 0:
         return 0.0

@@ -47,6 +47,8 @@ _SHARED_FIELDS = (
     "drain_per_s",
     "rejecting",
     "engine_slots",
+    "server_load",
+    "load_tracked",
 )
 
 

@@ -195,6 +195,11 @@ def test_a_saturated_fast_tier_spills_up_for_keys_that_allow_it(stack: Stack) ->
     assert (stayed["x-tiergate-tier"], stayed["x-tiergate-route-reason"]) == ("fast", "classifier")
     # The probe that first spilled and these four, counted by direction.
     assert route_counts(stack.up).get(("precise", "spill_up"), 0.0) - before >= 5
+    # The fast replica's size was learnt from what it ran while full: its 2 sequence slots.
+    view = httpx.get(
+        stack.up.url + "/admin/backends", headers={"Authorization": f"Bearer {ADMIN}"}, timeout=10
+    ).json()
+    assert view["tiers"]["fast"]["replicas"][0]["engine_slots"] in (2, 3)
 
 
 def test_spills_count_against_the_precise_share_cap_and_the_budget(stack: Stack) -> None:
