@@ -125,7 +125,8 @@ class TierSettings(Section):
     max_tokens_cap: int = Field(default=4096, ge=1)
     """Largest max_tokens / max_completion_tokens a request may ask of this tier (400 above)."""
     max_concurrency: int = Field(default=64, ge=1)
-    """Requests in flight per replica before new ones wait."""
+    """Requests in flight per replica at most before new ones wait; fewer while the replica
+    reports itself full (capacity-waiting, admission rejections; docs/replicas.md)."""
     max_queue_wait_s: float = Field(default=1.0, ge=0)
     """How long a request waits for a free replica slot before a 503 with Retry-After."""
     strategy: Literal["round_robin", "least_loaded", "prefix_affinity"] = "prefix_affinity"
