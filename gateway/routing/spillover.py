@@ -7,16 +7,17 @@ one tier goes to the other when the other's estimate plus ``margin_s`` is still 
 own, and the key allows it: **up** (fast → precise, route reason ``spill_up``) when the key may
 use the precise tier; **down** (precise → fast, ``spill_down``) only with the ``downgrade``
 scope. Explicit tiers, overrides and rules (tools, structured output, long prompts) are never
-moved. The spilled decision then goes through the precise-share caps and budgets like any
-other (gateway/http/proxy.py ``_admit``), so a spill up counts as a precise request. Off by
-default; ``spilled`` counts spills by direction (also in ``tiergate_route_decisions_total``
-under their reasons).
+moved, nor a request whose fields the other tier refuses. The spilled decision then goes
+through the precise-share caps and budgets like any other (gateway/http/proxy.py
+``_admit``), so a spill up counts as a precise request. Off by default; ``spilled`` counts
+spills by direction (also in ``tiergate_route_decisions_total`` under their reasons).
 """
 
 from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from gateway.upstream.replicas import ReplicaPool
@@ -63,8 +64,14 @@ class Spillover:
             return self.fast, DOWN
         raise LookupError
 
-    def adjust(self, decision: RouteDecision, principal: Principal) -> RouteDecision:
-        """``decision``, or the other tier when that starts the request sooner by the margin."""
+    def adjust(
+        self,
+        decision: RouteDecision,
+        principal: Principal,
+        accepts: Callable[[str], bool] = lambda _: True,
+    ) -> RouteDecision:
+        """``decision``, or the other tier when that starts the request sooner by the margin
+        and ``accepts`` the request's fields there."""
         config = self.config
         if not config.enabled or decision.reason != "classifier":
             return decision
@@ -79,7 +86,7 @@ class Spillover:
             other, direction = self._target(decision, principal)
         except LookupError:
             return decision
-        if self.wait_s(other, now) + config.margin_s >= own_wait:
+        if self.wait_s(other, now) + config.margin_s >= own_wait or not accepts(other.tier):
             return decision
         self.spilled[direction] += 1
         return RouteDecision(tier=other.tier, reason=direction, score=decision.score)

@@ -78,13 +78,16 @@ def test_downgrade_needs_the_scope() -> None:
 
 
 def test_keys_without_the_precise_tier_and_forced_routes_stay() -> None:
-    """A fast-only key never spills up; explicit tiers and rules are never moved."""
+    """A fast-only key never spills up; explicit tiers, rules and requests the other tier
+    would refuse are never moved."""
     fast, precise = tiers()
     full(fast, running=2, waiting=6, drain=2.0)
     spill = Spillover(ON, fast, precise)
     assert decide(spill, "fast", FAST_ONLY).tier == "fast"
     assert decide(spill, "fast", reason="explicit").tier == "fast"
     assert decide(spill, "fast", reason="rule:tools").tier == "fast"
+    refused = spill.adjust(RouteDecision("fast", "classifier", 0.3), ANYONE, lambda _: False)
+    assert refused.tier == "fast"  # the precise tier would refuse the request's fields
     assert not spill.spilled
 
 
