@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 from gateway.upstream.replicas import Replica
-from gateway.upstream.signals import EngineSignals, absorb, parse_signals, replica_wait_s
+from gateway.upstream.signals import (
+    EngineSignals,
+    absorb,
+    absorb_load,
+    parse_signals,
+    replica_wait_s,
+)
 
 PAGE = """\
 # TYPE vllm:num_requests_waiting_by_reason gauge
@@ -73,3 +79,19 @@ def test_rejections_count_as_full_and_without_reasons_waiting_is_capacity() -> N
     absorb(legacy, EngineSignals(), now=1.0)
     assert legacy.engine_slots == 4
     assert replica_wait_s(legacy, 0.5) == (4 + 2 + 1 - 4) * 0.5
+
+
+def test_a_load_reading_beyond_the_learnt_size_counts_as_waiting() -> None:
+    """Between scrapes, /load's 5 on a replica learnt to run 2 means 3 wait for capacity: it is
+    full for the gateway's 4 in flight beyond 1, and the wait counts 5 ahead less its size."""
+    r = replica()
+    r.in_flight, r.running = 4, 2.0
+    absorb(r, EngineSignals(waiting_capacity=1.0), now=1.0)
+    assert r.engine_slots == 2
+    assert absorb_load(r, 5.0)
+    assert (r.server_load, r.load_tracked, r.slots) == (5.0, True, 1)
+    assert replica_wait_s(r, 1.0) == 5 + 1 - 2
+    absorb(r, EngineSignals(waiting_capacity=0.0), now=2.0)
+    assert r.server_load is None  # the scrape is newer
+    assert not absorb_load(r, 0.0)  # 0 while 4 are in flight: it does not track its load
+    assert r.load_tracked is False
