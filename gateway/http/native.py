@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 import structlog
 from uvicorn.protocols.http.flow_control import FlowControl
 
+from gateway.pipeline.deadline import deadline
 from gateway.pipeline.errors import ClientGone
 from gateway.pipeline.replies import Inbound, Reply
 from policies.errors import PayloadTooLarge
@@ -73,15 +74,17 @@ ROUTES: Mapping[bytes, Route] = {
 class Handler:
     """What a cycle calls: the proxy service's ``handle``, and the body size limit."""
 
-    __slots__ = ("handle", "max_body_bytes")
+    __slots__ = ("handle", "max_body_bytes", "stall_s")
 
     def __init__(
         self,
         handle: Callable[[Inbound, RequestKind, str], Awaitable[Reply]],
         max_body_bytes: int,
+        stall_s: float | None = None,
     ) -> None:
         self.handle = handle
         self.max_body_bytes = max_body_bytes
+        self.stall_s = stall_s  # server.stream_stall_s (None: only the guard's write timeout)
 
 
 def reply_head(
@@ -297,8 +300,8 @@ class NativeCycle:
                 async for chunk in stream:
                     if chunk:
                         transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk) if chunked else chunk)
-                    if flow.write_paused:
-                        await flow.drain()
+                    if flow.write_paused and not await self._drained(reply):
+                        return
                     if self._left():
                         return
                 if chunked:
@@ -311,6 +314,20 @@ class NativeCycle:
             task.uncancel()  # the client left mid-stream: the relay has closed the upstream
         finally:
             await stream.aclose()  # type: ignore[attr-defined]  # an async generator
+
+    async def _drained(self, reply: Reply) -> bool:
+        """Wait until a stream's client reads again; if it reads nothing for ``stall_s``,
+        cut it (the reply hears why first) and say so."""
+        try:
+            with deadline(self.handler.stall_s):
+                await self.flow.drain()
+        except TimeoutError:
+            if reply.on_stall is not None:
+                reply.on_stall()
+            self.keep_alive = False
+            self.transport.abort()  # close() would wait for the bytes it does not read
+            return False
+        return True
 
     def _left(self) -> bool:
         """Whether the client is gone (the protocol may say so at any await)."""
