@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import http
+import socket
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -41,6 +42,9 @@ _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _LAST_CHUNK = b"0\r\n\r\n"
 # How long the rest of a refused body is read and dropped before the connection closes.
 LINGER_S = 5.0
+# A stream's kernel send buffer (Linux doubles it): left to autotuning it grows to 4 MiB
+# (tcp_wmem), a whole answer a client that stopped reading never sees the flow control of.
+STREAM_SNDBUF = 64 * 1024
 
 
 def _status_line(status: int) -> str:
@@ -294,6 +298,7 @@ class NativeCycle:
                 return
             with self._guard():
                 self.response_started = True
+                _bound_send_buffer(transport)
                 transport.write(
                     reply_head(reply, keep_alive=self.keep_alive, length=None, chunked=chunked)
                 )
@@ -366,6 +371,16 @@ class _Guarded:
 
     def __exit__(self, *_: object) -> None:
         self.cycle._guarding = False  # the cycle's own helper
+
+
+def _bound_send_buffer(transport: asyncio.Transport) -> None:
+    """Fix the socket's send buffer at :data:`STREAM_SNDBUF` (no-op without a socket)."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, STREAM_SNDBUF)
+        except OSError:
+            return
 
 
 def _nothing() -> None:
