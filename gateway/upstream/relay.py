@@ -110,6 +110,10 @@ def _count(value: Any) -> int:
     return 0
 
 
+def _closed(_outcome: str, _usage: Usage | None) -> None:
+    """What a closed relay's ``on_close`` becomes."""
+
+
 def error_event(message: str, code: int) -> bytes:
     """An in-band SSE error event in vLLM's shape."""
     return b"data: " + error_body(message, "server_error", None, code) + _SEP
@@ -212,7 +216,9 @@ class StreamRelay:
                 token_events=self.token_events,
             )
         self.exchange.finish(abort=not self.done, failed=self.outcome in UPSTREAM_FAILURES)
-        self.on_close(self.outcome, self.usage)
+        on_close, self.on_close, self.on_event = self.on_close, _closed, None
+        on_close(self.outcome, self.usage)  # then no reference back (the caller's closure
+        # holds the relay): a finished stream is freed by reference counting, not the collector
 
     def _event(self, event: bytes) -> bytes | None:
         """Inspect one complete event; return what to send: ``event`` itself (the very object)
