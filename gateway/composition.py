@@ -382,7 +382,8 @@ def served(
     gateway = build_gateway(
         settings, Overrides(collectors=[ConnectionCollector(guard)], worker=worker)
     )
-    native = Handler(gateway.service.handle, settings.server.max_body_bytes)
+    server = settings.server
+    native = Handler(gateway.service.handle, server.max_body_bytes, server.stream_stall_s)
     return app_for(gateway, settings), native
 
 

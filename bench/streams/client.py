@@ -48,6 +48,8 @@ class Record:
     complete: bool = False
     error: str = ""
     hung_up: int = 0
+    stopper: bool = False  # asks for a long padded answer and stops reading mid-way
+    stopped: int = 0
 
 
 class StreamClient(asyncio.Protocol):
@@ -126,6 +128,17 @@ class StreamClient(asyncio.Protocol):
             self.record.hung_up = time.monotonic_ns()
             self.transport.close()
 
+    def stop_reading(self) -> None:
+        """Read nothing more, socket left open (a client that stopped reading)."""
+        if self.transport is not None and not self.record.complete:
+            self.record.stopped = time.monotonic_ns()
+            self.transport.pause_reading()
+
+    def read_again(self) -> None:
+        """Take what the proxy left (its end shows whether it cut the stream)."""
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()
+
     def connection_lost(self, exc: Exception | None) -> None:
         record = self.record
         if not record.complete and not record.hung_up:
@@ -138,11 +151,15 @@ def request_bytes(args: argparse.Namespace, number: int) -> bytes:
     """The HTTP/1.1 request of stream ``number``."""
     # The upstream reads "pace R/s" from the message: proxies pass messages on unchanged.
     pace = f" pace {args.tokens_per_s:g}/s" if args.tokens_per_s else ""
+    tokens = args.max_tokens
+    if is_stopper(args, number):
+        pace += f" pad {args.stop_pad}B"
+        tokens = args.stop_tokens
     body: dict[str, Any] = {
         "model": args.model,
         "messages": [{"role": "user", "content": f"stream {number}{pace}: tell me a story"}],
         "stream": True,
-        "max_tokens": args.max_tokens,
+        "max_tokens": tokens,
     }
     payload = json.dumps(body).encode()
     host = args.url.removeprefix("http://")
@@ -152,6 +169,39 @@ def request_bytes(args: argparse.Namespace, number: int) -> bytes:
         head.append(f"Authorization: Bearer {args.key}")
     head += args.header
     return ("\r\n".join(head) + "\r\n\r\n").encode() + payload
+
+
+def is_stopper(args: argparse.Namespace, number: int) -> bool:
+    """Whether stream ``number`` is one of the ``--stop-fraction`` that stop reading."""
+    fraction: float = args.stop_fraction
+    return fraction > 0 and number % max(1, round(1 / fraction)) == 0
+
+
+async def hold_stoppers(
+    args: argparse.Namespace, begin: float, clients: dict[int, StreamClient]
+) -> list[asyncio.Task[None]]:
+    """At ``--stop-at-s`` the stoppers stop reading; a task lets them read again after
+    ``--stop-hold-s`` and gives them 3 s to reach their end. No stop at all: ``--stop-at-s``
+    0 (the control wave, same streams)."""
+    if not args.stop_fraction or not args.stop_at_s:
+        return []
+    loop = asyncio.get_running_loop()
+    await asyncio.sleep(max(0.0, begin + args.stop_at_s - loop.time()))
+    stoppers = [c for n, c in clients.items() if is_stopper(args, n)]
+    for client in stoppers:
+        client.stop_reading()
+
+    async def release() -> None:
+        await asyncio.sleep(args.stop_hold_s)
+        for client in stoppers:
+            client.read_again()
+        await asyncio.sleep(3.0)
+        for client in stoppers:
+            if client.transport is not None and not client.record.complete:
+                client.record.error = client.record.error or "still open"
+                client.transport.close()
+
+    return [asyncio.create_task(release())]
 
 
 async def one_stream(
@@ -186,7 +236,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         delay = begin + args.ramp_s * record.number / max(1, args.streams) - loop.time()
         if delay > 0:
             await asyncio.sleep(delay)
+        record.stopper = is_stopper(args, record.number)
         tasks.append(asyncio.create_task(one_stream(args, record, clients)))
+    tasks += await hold_stoppers(args, begin, clients)
     if args.hangup_fraction > 0:
         await asyncio.sleep(max(0.0, begin + args.hangup_at_s - loop.time()))
         step = max(1, round(1 / args.hangup_fraction))
@@ -194,6 +246,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             if number % step == 0:
                 client.hang_up()
     remaining = begin + args.ramp_s + args.deadline_s - loop.time()
+    if args.stop_fraction and args.stop_at_s:
+        remaining = max(remaining, begin + args.stop_at_s + args.stop_hold_s + 4 - loop.time())
     _, pending = await asyncio.wait(tasks, timeout=max(0.1, remaining))
     for client in clients.values():
         if not client.record.complete and not client.record.hung_up:
@@ -206,8 +260,21 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     return summarise(records, args)
 
 
-def summarise(records: list[Record], args: argparse.Namespace) -> dict[str, Any]:
-    """Numbers the orchestrator reports, from every stream's record."""
+def stopper_summary(records: list[Record]) -> dict[str, int]:
+    """How the streams of clients that stopped reading ended: cut by the proxy (closed
+    without their end), complete, or still open when given back their reading."""
+    ends = Counter(
+        "complete" if r.complete and not r.error
+        else "open" if r.error == "still open"
+        else "cut" for r in records
+    )  # fmt: skip
+    return {"n": len(records), "stopped": sum(1 for r in records if r.stopped), **ends}
+
+
+def summarise(all_records: list[Record], args: argparse.Namespace) -> dict[str, Any]:
+    """Numbers the orchestrator reports, from every stream's record (the stoppers' apart:
+    every other number is the other streams')."""
+    records = [r for r in all_records if not r.stopper]
     gaps: list[float] = []
     delays: list[float] = []
     ttft: list[float] = []
@@ -239,6 +306,7 @@ def summarise(records: list[Record], args: argparse.Namespace) -> dict[str, Any]
         "gap_ms": summary(gaps),
         "delay_ms": summary(delays),
         "hangups": [[r.number, r.hung_up] for r in records if r.hung_up],
+        "stoppers": stopper_summary([r for r in all_records if r.stopper]),
     }
 
 
@@ -257,6 +325,11 @@ def main() -> None:
     parser.add_argument("--deadline-s", type=float, default=30.0)
     parser.add_argument("--hangup-fraction", type=float, default=0.0)
     parser.add_argument("--hangup-at-s", type=float, default=2.0)
+    parser.add_argument("--stop-fraction", type=float, default=0.0, help="clients that stop")
+    parser.add_argument("--stop-at-s", type=float, default=0.0, help="0: they read on")
+    parser.add_argument("--stop-hold-s", type=float, default=30.0)
+    parser.add_argument("--stop-tokens", type=int, default=800)
+    parser.add_argument("--stop-pad", type=int, default=2000, help="bytes added per event")
     args = parser.parse_args()
     raise_fd_limit()
     result = uvloop.run(run(args))

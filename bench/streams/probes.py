@@ -89,6 +89,7 @@ class Sampler:
     interval_s: float = 0.05
     max_queue: int = 0
     max_rss_kib: int = 0
+    rss_series: list[tuple[float, int]] = field(default_factory=list)  # every second
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -108,4 +109,7 @@ class Sampler:
             self.max_queue = max(self.max_queue, accept_queue(self.port))
             rounds += 1
             if rounds % 2 == 0:  # RSS every 100 ms
-                self.max_rss_kib = max(self.max_rss_kib, rss_kib(self.pids))
+                rss = rss_kib(self.pids)
+                self.max_rss_kib = max(self.max_rss_kib, rss)
+                if rounds % 20 == 0:
+                    self.rss_series.append((rounds * self.interval_s, rss))

@@ -21,6 +21,8 @@ class Run:
     ladder: dict[str, list[WaveResult]] = field(default_factory=dict)  # leg key -> waves
     storms: dict[str, WaveResult] = field(default_factory=dict)
     ceilings: dict[str, WaveResult] = field(default_factory=dict)
+    # leg key -> (control: the same streams all read on; the wave where some stop reading)
+    stops: dict[str, tuple[WaveResult, WaveResult]] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
@@ -159,6 +161,39 @@ def ceiling_rows(run: Run) -> list[str]:
     return lines
 
 
+def rss_line(result: WaveResult) -> str:
+    """RSS every 5 s of a wave, in MiB."""
+    series = [f"{t:.0f} s: {kib / 1024:,.1f}" for t, kib in result.rss_series if round(t) % 5 == 0]
+    return ", ".join(series)
+
+
+def stop_rows(run: Run) -> list[str]:
+    """Clients that stop reading: the others' gaps against the control wave, how the stopped
+    streams ended, and the leg's RSS over the wave."""
+    lines = [
+        "| leg | N | stopped | others' gap p50 / p99 / max ms, all reading "
+        "| ... with the stoppers stopped | p99 moved | others' errors "
+        "| stopped streams cut / complete / open | RSS start / peak / end MiB |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    series = []
+    for control, stopped in run.stops.values():
+        keys = ("p50", "p99", "max")
+        calm, hit = control.client["gap_ms"], stopped.client["gap_ms"]
+        ends = stopped.client["stoppers"]
+        lines.append(
+            f"| {stopped.leg} | {stopped.streams:,} | {ends['stopped']:,} "
+            f"| {' / '.join(fmt(calm[k]) for k in keys)} "
+            f"| {' / '.join(fmt(hit[k]) for k in keys)} | {signed(hit['p99'] - calm['p99'])} "
+            f"| {errors(control)} / {errors(stopped)} "
+            f"| {ends.get('cut', 0):,} / {ends.get('complete', 0):,} / {ends.get('open', 0):,} "
+            f"| {stopped.rss_before_kib / 1024:,.1f} / {stopped.rss_peak_kib / 1024:,.1f} "
+            f"/ {stopped.rss_after_kib / 1024:,.1f} |"
+        )
+        series.append(f"- {stopped.leg}, RSS MiB over the wave with stoppers: {rss_line(stopped)}")
+    return [*lines, "", *series]
+
+
 def error_lines(run: Run) -> list[str]:
     """Example error messages of every wave that had errors."""
     lines = []
@@ -179,6 +214,8 @@ def render(run: Run) -> str:
         out += ["## Disconnect storm", "", *storm_rows(run), ""]
     if run.ceilings:
         out += ["## Many slow streams", "", *ceiling_rows(run), ""]
+    if run.stops:
+        out += ["## Clients that stop reading", "", *stop_rows(run), ""]
     failures = error_lines(run)
     if failures:
         out += ["## Errors seen", "", *failures, ""]

@@ -5,7 +5,11 @@ and each N of the ladder, N streams start evenly over ``--ramp-s`` and are held 
 whole answer (``--tokens`` events at ``--tokens-per-s`` from ``bench/streams/upstream.py``).
 The client (``bench/streams/client.py``) timestamps every event; the orchestrator reads the
 leg's CPU time and RSS from /proc and samples its accept queue with ``ss``. Then a disconnect
-storm (half the clients hang up mid-answer) and many slow streams held at once.
+storm (half the clients hang up mid-answer), many slow streams held at once, and (with
+``--stop-streams N``) the stop test: a share of the clients (``--stop-fraction``, long answers
+padded to fill the buffers on the way in seconds) stops reading mid-answer with its socket left
+open, against a control wave of the same streams all reading; the other streams' gaps, how the
+stopped streams ended and the leg's RSS over the wave are reported.
 
 A TierGate leg written ``NAME@REV`` (e.g. ``tiergate-plain@HEAD~1``) runs that revision's
 code from a temporary worktree beside this checkout's, for a same-run A/B.
@@ -33,7 +37,14 @@ from bench.overhead import ab
 from bench.streams.legs import ALL_LEGS, UpstreamPace, start_stream_upstream, starter
 from bench.streams.report import Run, errors, render
 from bench.streams.upstream import raise_fd_limit
-from bench.streams.wave import WaveResult, WaveSpec, leg_rss_kib, load_average, run_wave
+from bench.streams.wave import (
+    StopSpec,
+    WaveResult,
+    WaveSpec,
+    leg_rss_kib,
+    load_average,
+    run_wave,
+)
 
 STORM_LEGS = "direct,nginx,tiergate-plain,tiergate-full"
 CEILING_LEGS = "direct,tiergate-plain"
@@ -59,6 +70,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--ceiling-legs", default=CEILING_LEGS)
     parser.add_argument("--ceiling-tokens-per-s", type=float, default=1.0)
     parser.add_argument("--ceiling-tokens", type=int, default=8)
+    parser.add_argument("--stop-streams", type=int, default=0, help="0 skips the stop test")
+    parser.add_argument("--stop-legs", default="tiergate-plain")
+    parser.add_argument("--stop-fraction", type=float, default=0.1)
+    parser.add_argument("--stop-at-s", type=float, default=2.0)
+    parser.add_argument("--stop-hold-s", type=float, default=30.0)
+    parser.add_argument("--stop-tokens", type=int, default=800)
+    parser.add_argument("--stop-pad", type=int, default=2000)
     parser.add_argument(
         "--leg-nofile", type=int, default=0, help="the proxies' open-file soft limit (prlimit)"
     )
@@ -198,6 +216,23 @@ def measure_leg(name: str, leg: Leg, upstream: Leg, args: argparse.Namespace, ru
                         tokens / rate + 30, tokens_per_s=rate)  # fmt: skip
         run.ceilings[name] = run_wave(leg, upstream, spec, pin, fresh)
         say(run.ceilings[name], "slow streams")
+    stop_waves(name, leg, upstream, args, run)
+
+
+def stop_waves(name: str, leg: Leg, upstream: Leg, args: argparse.Namespace, run: Run) -> None:
+    """The stop test: the same streams twice, a share of them (long, padded answers) reading
+    on in the control wave and stopping mid-answer in the second, socket left open."""
+    if name not in args.stop_legs.split(",") or not args.stop_streams:
+        return
+    waves = []
+    for at_s in (0.0, args.stop_at_s):
+        stop = StopSpec(args.stop_fraction, at_s, args.stop_hold_s, args.stop_tokens,
+                        args.stop_pad)  # fmt: skip
+        deadline = args.stop_tokens / args.tokens_per_s + 30
+        spec = WaveSpec(args.stop_streams, args.tokens, args.ramp_s, deadline, stop=stop)
+        waves.append(run_wave(leg, upstream, spec, args.pin))
+        say(waves[-1], "stoppers" if at_s else "stop control")
+    run.stops[name] = (waves[0], waves[1])
 
 
 def compact(result: WaveResult) -> dict[str, object]:
@@ -249,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     raw = {"ladder": {k: [compact(w) for w in v] for k, v in run.ladder.items()},
            "storms": {k: compact(w) for k, w in run.storms.items()},
            "ceilings": {k: compact(w) for k, w in run.ceilings.items()},
+           "stops": {k: [compact(w) for w in ws] for k, ws in run.stops.items()},
            "skipped": run.skipped}  # fmt: skip
     out.with_suffix(".json").write_text(json.dumps(raw, indent=1))
     print(f"wrote {out} (workdir {workdir}{'' if args.keep_workdir else ', removed'})")

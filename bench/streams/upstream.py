@@ -7,7 +7,8 @@ carrying ``finish_reason``, a usage chunk when ``stream_options.include_usage`` 
 and ``data: [DONE]``. A request may override the rate and the first-token delay with the extra
 body fields ``bench_tokens_per_s`` and ``bench_first_token_ms``, or the rate with the words
 ``pace <rate>/s`` in a message (which every proxy passes on; TierGate refuses unknown fields).
-A message's ``stream <n>`` names the stream in ``GET /stats``.
+A message's ``stream <n>`` names the stream in ``GET /stats``; ``pad <n>B`` adds n bytes of text
+to each of its content events.
 
 Each content event's text is ``@<ns> `` where ``<ns>`` is ``time.monotonic_ns()`` when the
 event was written, so a client on the same machine measures how long every event took to
@@ -42,6 +43,8 @@ from bench.harness.fixed_upstream import RequestProtocol, build_responses
 SLOT_NS = 1_000_000  # the wheel's resolution: 1 ms
 _STREAM_ID = re.compile(rb"stream (\d+)")
 _PACE = re.compile(rb"pace (\d+(?:\.\d+)?)/s")
+_PAD = re.compile(rb"pad (\d+)B")
+MAX_PAD = 65536
 _HEAD = (
     b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"
     b"transfer-encoding: chunked\r\nconnection: keep-alive\r\n\r\n"
@@ -111,8 +114,9 @@ class Stream:
                  "protocol", "sent", "suffix", "tail")  # fmt: skip
 
     def __init__(
-        self, protocol: StreamProtocol, number: int, pace: Pace, tail: bytes, now_ns: int
-    ) -> None:
+        self, protocol: StreamProtocol, number: int, pace: Pace, tail: bytes, now_ns: int, *,
+        pad: int = 0,
+    ) -> None:  # fmt: skip
         self.protocol = protocol
         self.number = number
         self.pace = pace
@@ -120,9 +124,14 @@ class Stream:
         first = sse(
             chunk_doc(f"chatcmpl-s{number}", model, {"role": "assistant", "content": "\x00"}, None)
         )
-        self.prefix, self.suffix = first.split(b"\\u0000")
+        # ``pad`` bytes of text after each event's timestamp (a client that stops reading
+        # then fills the buffers on the way in seconds, not minutes).
+        filler = b"x" * pad
+        self.prefix, suffix = first.split(b"\\u0000")
+        self.suffix = filler + suffix
         later = sse(chunk_doc(f"chatcmpl-s{number}", model, {"content": "\x00"}, None))
-        self._later = later.split(b"\\u0000")
+        later_prefix, later_suffix = later.split(b"\\u0000")
+        self._later = (later_prefix, filler + later_suffix)
         self.tail = tail
         self.sent = 0
         self.ended = False
@@ -244,6 +253,8 @@ class StreamProtocol(RequestProtocol):
         paced = _PACE.search(body)
         if paced is not None and float(paced.group(1)) > 0:
             pace = Pace(pace.tokens, float(paced.group(1)), pace.first_token_ms)
+        padded = _PAD.search(body)
+        pad = min(int(padded.group(1)), MAX_PAD) if padded else 0
         found = _STREAM_ID.search(body)
         number = int(found.group(1)) if found else -1
         usage = bool((request.get("stream_options") or {}).get("include_usage"))
@@ -253,7 +264,7 @@ class StreamProtocol(RequestProtocol):
         counters.started += 1
         counters.open_streams += 1
         self.write(_HEAD)
-        self.stream = Stream(self, number, pace, tail, time.monotonic_ns())
+        self.stream = Stream(self, number, pace, tail, time.monotonic_ns(), pad=pad)
         self.wheel.add(self.stream)
 
     def connection_lost(self, exc: Exception | None) -> None:

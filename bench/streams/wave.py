@@ -31,6 +31,25 @@ class WaveSpec:
     hangup_fraction: float = 0.0
     hangup_at_s: float = 0.0
     tokens_per_s: float | None = None  # per-request override of the upstream's pace
+    stop: StopSpec | None = None  # a share of clients that stop reading (client.py --stop-*)
+
+
+@dataclass(frozen=True)
+class StopSpec:
+    """Clients that stop reading: which share, when (0: never, the control), for how long,
+    and their answers (``tokens`` events of ``pad`` more bytes each)."""
+
+    fraction: float
+    at_s: float
+    hold_s: float
+    tokens: int
+    pad: int
+
+    def args(self) -> list[str]:
+        """The client's options."""
+        return ["--stop-fraction", str(self.fraction), "--stop-at-s", str(self.at_s),
+                "--stop-hold-s", str(self.hold_s), "--stop-tokens", str(self.tokens),
+                "--stop-pad", str(self.pad)]  # fmt: skip
 
 
 @dataclass
@@ -53,6 +72,7 @@ class WaveResult:
     foreign_share: float = 0.0  # CPU used by processes outside the benchmark, share of all cores
     wait_share: float = 0.0  # the leg's threads runnable but not running, share of the wave
     aborts: list[tuple[int, int]] = field(default_factory=list)
+    rss_series: list[tuple[float, int]] = field(default_factory=list)  # (s into the wave, KiB)
 
     def as_dict(self) -> dict[str, Any]:
         """Plain data for the raw JSON file."""
@@ -90,6 +110,8 @@ def client_command(leg: Leg, spec: WaveSpec, pin: Placement) -> list[str]:
         cmd += ["--hangup-at-s", str(spec.hangup_at_s)]
     if spec.tokens_per_s:
         cmd += ["--tokens-per-s", str(spec.tokens_per_s)]
+    if spec.stop is not None:
+        cmd += spec.stop.args()
     return cmd
 
 
@@ -122,7 +144,7 @@ def run_wave(
             client_command(leg, spec, pin),
             capture_output=True,
             text=True,
-            timeout=spec.ramp_s + spec.deadline_s + 60,
+            timeout=spec.ramp_s + spec.deadline_s + (spec.stop.hold_s if spec.stop else 0) + 60,
             check=False,
         )
     wall = time.monotonic() - start
@@ -149,6 +171,7 @@ def run_wave(
         foreign_share=noise.foreign_share,
         wait_share=noise.wait_share,
         aborts=[(int(a[0]), int(a[1])) for a in after["aborts"][len(before["aborts"]) :]],
+        rss_series=sampler.rss_series,
     )
 
 

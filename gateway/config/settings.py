@@ -68,6 +68,8 @@ class ServerSettings(Section):
     """Keep-alive connections idle this long are closed (above load balancers' usual 60 s)."""
     write_timeout_s: float = Field(default=60.0, gt=0)
     """A client that reads nothing this long while answers wait for it is disconnected."""
+    stream_stall_s: float = Field(default=15.0, gt=0)
+    """A stream whose client reads nothing this long is cut: backend aborted, slot freed."""
     max_connections: int | None = Field(default=None, ge=1)
     """Open client connections per worker; unset: half of what the fd limit leaves."""
     max_connections_reserve: int = Field(default=64, ge=0)

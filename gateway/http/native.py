@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import http
+import socket
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -26,6 +27,7 @@ from typing import Any, TypeVar
 import structlog
 from uvicorn.protocols.http.flow_control import FlowControl
 
+from gateway.pipeline.deadline import deadline
 from gateway.pipeline.errors import ClientGone
 from gateway.pipeline.replies import Inbound, Reply
 from policies.errors import PayloadTooLarge
@@ -40,6 +42,9 @@ _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _LAST_CHUNK = b"0\r\n\r\n"
 # How long the rest of a refused body is read and dropped before the connection closes.
 LINGER_S = 5.0
+# A stream's kernel send buffer (Linux doubles it): left to autotuning it grows to 4 MiB
+# (tcp_wmem), a whole answer a client that stopped reading never sees the flow control of.
+STREAM_SNDBUF = 64 * 1024
 
 
 def _status_line(status: int) -> str:
@@ -73,15 +78,17 @@ ROUTES: Mapping[bytes, Route] = {
 class Handler:
     """What a cycle calls: the proxy service's ``handle``, and the body size limit."""
 
-    __slots__ = ("handle", "max_body_bytes")
+    __slots__ = ("handle", "max_body_bytes", "stall_s")
 
     def __init__(
         self,
         handle: Callable[[Inbound, RequestKind, str], Awaitable[Reply]],
         max_body_bytes: int,
+        stall_s: float | None = None,
     ) -> None:
         self.handle = handle
         self.max_body_bytes = max_body_bytes
+        self.stall_s = stall_s  # server.stream_stall_s (None: only the guard's write timeout)
 
 
 def reply_head(
@@ -291,14 +298,15 @@ class NativeCycle:
                 return
             with self._guard():
                 self.response_started = True
+                _bound_send_buffer(transport)
                 transport.write(
                     reply_head(reply, keep_alive=self.keep_alive, length=None, chunked=chunked)
                 )
                 async for chunk in stream:
                     if chunk:
                         transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk) if chunked else chunk)
-                    if flow.write_paused:
-                        await flow.drain()
+                    if flow.write_paused and not await self._drained(reply):
+                        return
                     if self._left():
                         return
                 if chunked:
@@ -311,6 +319,20 @@ class NativeCycle:
             task.uncancel()  # the client left mid-stream: the relay has closed the upstream
         finally:
             await stream.aclose()  # type: ignore[attr-defined]  # an async generator
+
+    async def _drained(self, reply: Reply) -> bool:
+        """Wait until a stream's client reads again; if it reads nothing for ``stall_s``,
+        cut it (the reply hears why first) and say so."""
+        try:
+            with deadline(self.handler.stall_s):
+                await self.flow.drain()
+        except TimeoutError:
+            if reply.on_stall is not None:
+                reply.on_stall()
+            self.keep_alive = False
+            self.transport.abort()  # close() would wait for the bytes it does not read
+            return False
+        return True
 
     def _left(self) -> bool:
         """Whether the client is gone (the protocol may say so at any await)."""
@@ -349,6 +371,16 @@ class _Guarded:
 
     def __exit__(self, *_: object) -> None:
         self.cycle._guarding = False  # the cycle's own helper
+
+
+def _bound_send_buffer(transport: asyncio.Transport) -> None:
+    """Fix the socket's send buffer at :data:`STREAM_SNDBUF` (no-op without a socket)."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, STREAM_SNDBUF)
+        except OSError:
+            return
 
 
 def _nothing() -> None:

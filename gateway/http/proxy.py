@@ -346,7 +346,7 @@ class ProxyService:
             stream = _settled_before_end(
                 stream, relay, ctx, admission, lambda usage: clip(usage, bound, ctx.tier)
             )
-        return Reply(200, headers, EVENT_STREAM, stream=stream, after=after)
+        return Reply(200, headers, EVENT_STREAM, stream=stream, after=after, on_stall=relay.stalled)
 
     async def _complete(
         self,

@@ -52,6 +52,8 @@ class Reply:
     after: Callable[[], Awaitable[None]] | None = None
     # After-work that never waits (recording the request), run before ``after``.
     finish: Callable[[], None] | None = None
+    # A stream's writer calls this before it cuts a client that stopped reading.
+    on_stall: Callable[[], None] | None = None
 
 
 def error_reply(exc: TierGateError, headers: dict[str, str]) -> Reply:

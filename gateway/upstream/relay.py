@@ -21,7 +21,6 @@ from typing import Any, Final
 import msgspec
 import structlog
 
-from gateway.pipeline.deadline import deadline
 from gateway.pipeline.errors import error_body
 from gateway.pipeline.events import UNREADABLE_JSON, UPSTREAM_FAILURES, Outcome, Usage
 from gateway.upstream.forwarding import MAX_EVENT, Exchange, standard_event
@@ -42,6 +41,12 @@ _NO_FINISH = re.compile(rb'"finish_reason"\s*:\s*null')
 _FINISH = re.compile(rb'"finish_reason"\s*:\s*"')
 # Text in a chunk: a chat delta's or a completion choice's, not empty.
 _TEXT = re.compile(rb'"(?:content|text)"\s*:\s*"[^"]')
+# The usual spelling of a chunk still generating, checked before the pattern above.
+_NO_FINISH_COMPACT = b'"finish_reason":null'
+# A ``usage`` object (not ``"usage": null``, which OpenAI and SGLang put on every chunk):
+# only such an event is parsed.
+_USAGE = b'"usage"'
+_USAGE_OBJECT = re.compile(rb'"usage"\s*:\s*\{')
 
 
 class Cut(StrEnum):
@@ -55,6 +60,7 @@ class Cut(StrEnum):
     UPSTREAM_ERROR = "upstream_error"  # the backend's own in-band error event
     OVERSIZE_EVENT = "oversize_event"  # an event above the size limit
     INTERNAL_ERROR = "internal_error"  # the gateway failed while relaying
+    CLIENT_STALL = "client_stall"  # the client read nothing for server.stream_stall_s
 
 
 def usage_from(data: Any) -> Usage | None:
@@ -104,6 +110,10 @@ def _count(value: Any) -> int:
     return 0
 
 
+def _closed(_outcome: str, _usage: Usage | None) -> None:
+    """What a closed relay's ``on_close`` becomes."""
+
+
 def error_event(message: str, code: int) -> bytes:
     """An in-band SSE error event in vLLM's shape."""
     return b"data: " + error_body(message, "server_error", None, code) + _SEP
@@ -118,6 +128,7 @@ _CUT_OUTCOMES: Final = {
     Cut.UPSTREAM_ERROR: Outcome.UPSTREAM_ERROR,
     Cut.OVERSIZE_EVENT: Outcome.UPSTREAM_ERROR,
     Cut.INTERNAL_ERROR: Outcome.INTERNAL_ERROR,
+    Cut.CLIENT_STALL: Outcome.CLIENT_DISCONNECT,
 }
 _CUT_STATUS: Final = {Cut.STALL: 504, Cut.DEADLINE: 504, Cut.INTERNAL_ERROR: 500}
 
@@ -178,6 +189,10 @@ class StreamRelay:
         self.last_data = b""
         self._cr = b""  # a CRLF stream's read that ended between \r and \n: its \r, held back
         self.expired = False  # the request's deadline (timeouts.total_s) cut the stream
+        self.silent = False  # the backend sent nothing for idle_s: the stream was cut
+        # When the read now waiting for the backend began (0.0: none is waiting; the relay
+        # may be parked while the client drains what it was given).
+        self._reading_since = 0.0
 
     async def close(self) -> None:
         """Run after the response: make sure the lease is back even if iteration never ended."""
@@ -201,18 +216,23 @@ class StreamRelay:
                 token_events=self.token_events,
             )
         self.exchange.finish(abort=not self.done, failed=self.outcome in UPSTREAM_FAILURES)
-        self.on_close(self.outcome, self.usage)
+        on_close, self.on_close, self.on_event = self.on_close, _closed, None
+        on_close(self.outcome, self.usage)  # then no reference back (the caller's closure
+        # holds the relay): a finished stream is freed by reference counting, not the collector
 
     def _event(self, event: bytes) -> bytes | None:
-        """Inspect one complete event; return what to send (``None`` to drop it)."""
-        if event.startswith(_DONE):
-            return self._done(event)
-        if event.startswith(_DATA_OBJECT):
+        """Inspect one complete event; return what to send: ``event`` itself (the very object)
+        when it goes out as it came, other bytes (separator included) in its place, or
+        ``None`` to drop it."""
+        if event.startswith(_DATA_OBJECT):  # the usual: a chunk
             self._chunk(event)
+        elif event.startswith(_DONE):
+            return self._done(event)
         elif not event.startswith(_DATA):  # only other SSE dialects come here
             standard = standard_event(event)
             if standard is not event:
-                return self._event(standard)
+                sent = self._event(standard)
+                return standard + _SEP if sent is standard else sent
         on_event = self.on_event
         if on_event is not None:
             on_event(event)
@@ -222,10 +242,10 @@ class StreamRelay:
             self.outcome = Outcome.UPSTREAM_ERROR
             self.cut = Cut.UPSTREAM_ERROR
             self.errored = self.ended = True
-            return event + _SEP
-        if b'"usage"' in event and event.startswith(_DATA):
+            return event
+        if _USAGE in event and event.startswith(_DATA) and _USAGE_OBJECT.search(event):
             return self._usage_event(event)
-        return event + _SEP
+        return event
 
     def _done(self, event: bytes) -> bytes:
         """``[DONE]``: the end of a complete answer only after every choice's final chunk."""
@@ -239,12 +259,12 @@ class StreamRelay:
             )
         if self.usage is None:
             return self._estimated_usage() + event + _SEP
-        return event + _SEP
+        return event
 
     def _chunk(self, event: bytes) -> None:
         """A ``data: {...}`` event: count its token, note a final chunk, capture its text."""
         self.last_data = event
-        if _NO_FINISH.search(event):
+        if _NO_FINISH_COMPACT in event or _NO_FINISH.search(event):
             if b'"role"' not in event:
                 self.token_events += 1
         elif _FINISH.search(event):
@@ -283,13 +303,13 @@ class StreamRelay:
         try:
             data = _decoder.decode(event[6:])
         except UNREADABLE_JSON:
-            return event + _SEP
+            return event
         usage = usage_from(data)
         if usage is not None:
             self.usage = usage
             if self.strip_usage and data.get("choices") == []:
                 return None
-        return event + _SEP
+        return event
 
     def _capture(self, event: bytes) -> None:
         try:
@@ -341,14 +361,28 @@ class StreamRelay:
         return b"data: " + _encoder.encode(chunk) + _SEP
 
     def _split(self, buffer: bytes) -> tuple[bytes, bytes]:
-        out: list[bytes] = []
+        """What to send of ``buffer``'s complete events, and the incomplete rest.
+
+        Events that go out as they came are sent as the bytes read (one slice, no copy per
+        event); only a read with an event changed or dropped is put together again."""
         *events, rest = buffer.split(_SEP)
+        out: list[bytes] | None = None
+        end = 0  # where the events looked at so far end in ``buffer``
         for event in events:
             sent = self._event(event)
-            if sent is not None:
-                out.append(sent)
+            if sent is not event:
+                if out is None:
+                    out = [buffer[:end]]
+                if sent is not None:
+                    out.append(sent)
+            elif out is not None:
+                out.append(event + _SEP)
+            end += len(event) + 2
             if self.ended:
-                return b"".join(out), b""
+                rest = b""
+                break
+        if out is None:
+            return buffer[:end], rest
         return b"".join(out), rest
 
     def _to_lf(self, data: bytes, framing: bytes) -> bytes:
@@ -364,20 +398,22 @@ class StreamRelay:
         response = self.exchange.opened.response
         assert response is not None  # noqa: S101  # streams keep their response
         framing = self.exchange.framing
-        timer = self._deadline_timer()
+        replica = self.exchange.replica
+        timers = [self._deadline_timer(), self._idle_timer()]
         try:
             chunk, buffer = self._split(self.exchange.first_event)
             if chunk:
                 yield chunk
             while not self.done and not self.errored:
-                with deadline(self.idle_s):
-                    data = await response.readany()
+                self._reading_since = time.monotonic()
+                data = await response.readany()
+                self._reading_since = 0.0
                 if not data:
                     break
-                self.exchange.replica.heard_at = time.monotonic()
+                replica.heard_at = time.monotonic()
                 if framing is not None:  # LF streams (the usual) pass untouched
                     data = self._to_lf(data, framing)
-                chunk, buffer = self._split(buffer + data)
+                chunk, buffer = self._split(buffer + data if buffer else data)
                 if chunk:
                     yield chunk
                 if len(buffer) > MAX_EVENT:  # an event without end: never buffer it whole
@@ -387,17 +423,23 @@ class StreamRelay:
                     return
             if ending := self._ended():
                 yield ending
-        except TimeoutError:
-            yield self._cut(Cut.STALL, "The backend stopped sending tokens.")
         except OSError:
             yield self._lost()
         except Exception:  # noqa: BLE001  # a bug on an odd event: end the stream readably, not cut
             _log.exception("relay.failed")
             yield self._cut(Cut.INTERNAL_ERROR, "The gateway failed while relaying the stream.")
         finally:
-            if timer is not None:
-                timer.cancel()
+            for timer in timers:
+                if timer is not None:
+                    timer.cancel()
             self._close()
+
+    def stalled(self) -> None:
+        """The client stopped reading and is being cut (``server.stream_stall_s``): when the
+        stream closes, the backend's is aborted, the slot freed and the cut counted."""
+        if not self.closed and self.cut is None:
+            self.cut = Cut.CLIENT_STALL
+            self.outcome = _CUT_OUTCOMES[Cut.CLIENT_STALL]
 
     @property
     def complete(self) -> bool:
@@ -420,7 +462,8 @@ class StreamRelay:
         if self._finished():
             # A server that ends its stream without [DONE] after the final chunk: complete;
             # the caller gets the [DONE] (and the usage chunk) an OpenAI client expects.
-            ending = self._event(_DONE) or b""
+            sent = self._event(_DONE)
+            ending = _DONE + _SEP if sent is _DONE else sent or b""
             self.outcome = Outcome.COMPLETE
             return ending
         return self._cut(Cut.EARLY_EOF, "The backend ended the stream early.")
@@ -434,10 +477,35 @@ class StreamRelay:
         delay = max(0.0, deadline - time.monotonic())
         return asyncio.get_running_loop().call_later(delay, self._expire)
 
+    def _idle_timer(self) -> asyncio.TimerHandle | None:
+        """One timer per stream for the tier's idle limit (not one per read): it looks every
+        ``idle_s`` at most, and cuts only a read that has waited for the backend that long."""
+        if not math.isfinite(self.idle_s):
+            return None
+        return asyncio.get_running_loop().call_later(self.idle_s, self._check_idle)
+
+    def _check_idle(self) -> None:
+        """Close the backend's connection if the read has waited ``idle_s`` (which ends it
+        with an OSError), else look again when it could have."""
+        if self.closed or self.done:
+            return
+        since = self._reading_since
+        waited = time.monotonic() - since if since else 0.0
+        if waited >= self.idle_s:
+            self.silent = True
+            response = self.exchange.opened.response
+            if response is not None:
+                response.close()
+            return
+        asyncio.get_running_loop().call_later(self.idle_s - waited, self._check_idle)
+
     def _lost(self) -> bytes:
-        """The error event of a stream whose connection closed: the deadline's, or a reset."""
+        """The error event of a stream whose connection closed: the deadline's, the idle
+        limit's, or a reset."""
         if self.expired:
             return self._cut(Cut.DEADLINE, "The stream ran past the request's time limit.")
+        if self.silent:
+            return self._cut(Cut.STALL, "The backend stopped sending tokens.")
         return self._cut(Cut.RESET, "The connection to the backend was lost mid-stream.")
 
     def _expire(self) -> None:

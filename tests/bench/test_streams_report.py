@@ -7,7 +7,15 @@ from typing import Any
 
 import pytest
 
-from bench.streams.report import Run, holds, ladder_rows, render, rss_per_stream, storm_rows
+from bench.streams.report import (
+    Run,
+    holds,
+    ladder_rows,
+    render,
+    rss_per_stream,
+    stop_rows,
+    storm_rows,
+)
 from bench.streams.stats import added, delays_ms, gaps_ms, per_thousand, percentile, summary
 from bench.streams.wave import WaveResult, abort_summary
 
@@ -95,3 +103,21 @@ def test_storm_counts_aborts_within_a_second_and_those_never_aborted() -> None:
     run = Run(["# t"])
     run.storms["tg"] = result
     assert "| tg | 6 | 3 | 1 | 5.0 / 2,000.0 / 2,000.0 | 1 | 0 |" in storm_rows(run)[2]
+
+
+def test_stop_rows_compare_the_others_gaps_and_count_how_stopped_streams_ended() -> None:
+    """The control wave's and the stop wave's gaps side by side, the move of p99, how the
+    stopped streams ended, and RSS every 5 s."""
+    control = wave("tg", 100, 60.0)
+    control.client["stoppers"] = {"n": 10, "stopped": 0, "complete": 10}
+    stopped = wave("tg", 100, 60.5, rss_series=[(5.0, 4096), (6.0, 5000), (10.0, 6144)])
+    stopped.client["stoppers"] = {"n": 10, "stopped": 10, "cut": 9, "open": 1}
+    run = Run(["# t"])
+    run.stops["tg"] = (control, stopped)
+    rows = stop_rows(run)
+    assert (
+        "| tg | 100 | 10 | 1.0 / 60.0 / 3.0 | 1.0 / 60.5 / 3.0 | +0.5 | 0 / 0 | 9 / 0 / 1 |"
+        in (rows[2])
+    )
+    assert rows[-1].endswith("5 s: 4.0, 10 s: 6.0")
+    assert "## Clients that stop reading" in render(run)

@@ -185,3 +185,26 @@ def test_cpu_seconds_of_a_session_grow_with_work(upstream: Leg) -> None:
     for _ in range(5):
         httpx.post(upstream.chat_url, json=body, timeout=10)
     assert cpu_seconds(pids) > before
+
+
+def test_stoppers_stop_reading_then_take_the_rest_and_are_left_out_of_the_others_numbers(
+    upstream: Leg,
+) -> None:
+    """Two of ten clients ask for padded answers and stop reading at 0.3 s; direct never cuts
+    them, so read again after 1 s they get their whole answers. The other eight's numbers
+    are theirs alone."""
+    cmd = [sys.executable, str(CLIENT), "--url", upstream.base_url, "--model", upstream.model,
+           "--streams", "10", "--max-tokens", "30", "--ramp-s", "0.1", "--stop-fraction", "0.2",
+           "--stop-at-s", "0.3", "--stop-hold-s", "1", "--stop-tokens", "60",
+           "--stop-pad", "500"]  # fmt: skip
+    result = json.loads(subprocess.run(cmd, capture_output=True, check=True, timeout=60).stdout)
+    assert result["stoppers"] == {"n": 2, "stopped": 2, "complete": 2}
+    assert result["ok"] == 8
+    assert result["errors"] == {}
+    assert result["events"] == 8 * 30
+    raw = httpx.post(upstream.base_url + "/v1/chat/completions", json={
+        "model": upstream.model, "stream": True, "max_tokens": 2,
+        "messages": [{"role": "user", "content": "pad 500B"}],
+    }).text  # fmt: skip
+    texts = [json.loads(e)["choices"][0]["delta"].get("content", "") for e in events(raw)[:2]]
+    assert [len(t.split(" ", 1)[1]) for t in texts] == [500, 500]  # "@<ns> " then the pad

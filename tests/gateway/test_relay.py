@@ -7,16 +7,21 @@ that then completes, resets, stalls or ends the stream early; the relay must say
 from __future__ import annotations
 
 import asyncio
+import gc
+import time
+import weakref
 
 from gateway.config.settings import Timeouts
 from gateway.pipeline.events import Outcome, Usage
 from gateway.upstream.attempt import UpstreamClient
+from gateway.upstream.connection import HIGH_WATER
 from gateway.upstream.forwarding import Forwarder, TierRoute
 from gateway.upstream.relay import StreamRelay
 from gateway.upstream.replicas import ReplicaPool
 from gateway.upstream.retry import RetryPolicy
 from policies.selection import RoundRobin
 from tests.gateway.raw_upstream import RawUpstream, Respond, reset
+from tests.processes import patience
 
 PATH = "/v1/chat/completions"
 HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -24,6 +29,7 @@ FIRST = b'data: {"id":"c","choices":[{"index":0,"delta":{"role":"assistant"}}]}\
 TOKEN = b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"x"},"finish_reason":null}]}\n\n'
 FINAL = b'data: {"id":"c","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n'
 DONE = b"data: [DONE]\n\n"
+USAGE = b'data: {"id":"c","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":8}}\n\n'
 
 
 def _chunk(data: bytes) -> bytes:
@@ -136,3 +142,122 @@ async def test_a_stalled_stream_is_a_stall_and_its_connection_closes(
     text, outcome = await _relay(upstream, "stall")
     assert outcome == Outcome.UPSTREAM_STALL
     assert b"stopped sending" in text
+
+
+async def _open(
+    upstream: UpstreamClient, respond: Respond
+) -> tuple[StreamRelay, ReplicaPool, RawUpstream]:
+    """A relay over ``respond``'s stream (idle limit 0.2 s)."""
+    server = await RawUpstream(respond).start()
+    pool = ReplicaPool("fast", [server.url], 8, 0.1)
+    route = TierRoute(pool, RoundRobin(), Timeouts(), "m")
+    forwarder = Forwarder(upstream, {"fast": route}, RetryPolicy(backoff_base_s=0.0))
+    body = {"messages": [{"role": "user", "content": "hi"}], "stream": True}
+    forwarded = await forwarder.forward(PATH, body, ["fast"])
+    relay = StreamRelay(forwarded.exchange, strip_usage=False, idle_s=0.2,
+                        on_close=lambda _outcome, _usage: None)  # fmt: skip
+    return relay, pool, server
+
+
+async def test_each_event_is_relayed_before_the_next_arrives_and_one_read_is_one_chunk(
+    upstream: UpstreamClient,
+) -> None:
+    """The backend writes its next event only after the caller got the last one (a relay that
+    held one back would never finish); events of one read come out as one chunk."""
+    got = asyncio.Event()
+
+    async def respond(_n: int, _r: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        writer.write(HEAD + _chunk(FIRST))
+        for _ in range(5):
+            await asyncio.wait_for(got.wait(), 2.0)
+            got.clear()
+            writer.write(_chunk(TOKEN))
+            await writer.drain()
+        await asyncio.wait_for(got.wait(), 2.0)
+        writer.write(_chunk(TOKEN + TOKEN + FINAL + USAGE + DONE) + b"0\r\n\r\n")
+        return True
+
+    relay, _pool, server = await _open(upstream, respond)
+    chunks = []
+    try:
+        async for chunk in relay:
+            chunks.append(chunk)
+            got.set()
+    finally:
+        await server.stop()
+    assert chunks == [FIRST, *[TOKEN] * 5, TOKEN + TOKEN + FINAL + USAGE + DONE]
+    assert relay.complete
+
+
+async def test_a_caller_that_stops_taking_events_stops_the_reads_and_is_no_backend_stall(
+    upstream: UpstreamClient,
+) -> None:
+    """While the caller takes nothing (a client not reading), the relay reads nothing: the
+    backend's bytes wait in the connection (bounded by its high-water mark) and the kernel,
+    the backend's writes stop, and a pause longer than the idle limit (0.2 s) is not the
+    backend's stall."""
+    writes = 20_000  # ten tokens each, about 17 MB: more than every buffer on the way
+    sent = 0
+
+    async def respond(_n: int, _r: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        nonlocal sent
+        writer.write(HEAD + _chunk(FIRST))
+        try:
+            for _ in range(writes):
+                writer.write(_chunk(TOKEN * 10))
+                sent += 1
+                await writer.drain()
+        except ConnectionError:
+            return False
+        writer.write(_chunk(FINAL + DONE) + b"0\r\n\r\n")
+        return True
+
+    relay, pool, server = await _open(upstream, respond)
+    stream = relay.__aiter__()
+    try:
+        assert await anext(stream) == FIRST
+        received = (await anext(stream)).count(b'"content"')
+        await asyncio.sleep(0.6)  # three idle limits without taking anything
+        before, deadline = -1, time.monotonic() + patience(5.0)
+        while sent != before and time.monotonic() < deadline:  # until the backend is held
+            before = sent
+            await asyncio.sleep(0.3)
+        assert sent == before < writes  # the backend is held back
+        held = relay.exchange.opened.response.buffered  # type: ignore[union-attr]
+        assert (
+            held <= HIGH_WATER + 256 * 1024
+        )  # paused at the mark (plus one read, uvloop: 256 KiB)
+        assert relay.cut is None
+        async for chunk in stream:
+            received += chunk.count(b'"content"')
+    finally:
+        await server.stop()
+    assert relay.complete
+    assert received == writes * 10  # every token
+    assert pool.replicas[0].in_flight == 0
+
+
+async def test_a_finished_relay_is_freed_by_reference_counting(upstream: UpstreamClient) -> None:
+    """The caller's ``on_close`` closure refers to the relay (as the proxy's does): once the
+    stream has ended, no cycle is left for the garbage collector, whose full collections
+    take tens of milliseconds with thousands of streams open."""
+    seen: list[object] = []
+
+    async def relayed() -> weakref.ref[StreamRelay]:
+        relay, _pool, server = await _open(upstream, _stream("done", asyncio.Event()))
+        relay.on_close = lambda _outcome, _usage: seen.append(relay.cut)
+        try:
+            async for _chunk in relay:
+                pass
+        finally:
+            await server.stop()
+        return weakref.ref(relay)
+
+    gc.collect()
+    gc.disable()
+    try:
+        freed = await relayed()
+        assert seen == [None]
+        assert freed() is None
+    finally:
+        gc.enable()
