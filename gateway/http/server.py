@@ -1,4 +1,4 @@
-"""Running the app under uvicorn (uvloop + httptools) with bounded client connections."""
+"""Running the app: uvicorn as the process runner (uvloop), our own bounded HTTP protocol."""
 
 from __future__ import annotations
 
