@@ -84,7 +84,8 @@ def listen(host: str, port: int) -> socket.socket:
 
 # What the server serves over one connection guard: the app and the native inference endpoints
 # (built by the composition root: ``gateway.composition.served``).
-Served = Callable[[Settings, ConnectionGuard, "WorkerRole | None"], tuple[Litestar, Handler]]
+# (``None`` for the handler: every request goes to the app, as the edge contract tests run it).
+Served = Callable[[Settings, ConnectionGuard, "WorkerRole | None"], tuple[Litestar, Handler | None]]
 
 
 def run(
