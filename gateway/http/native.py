@@ -268,11 +268,18 @@ class NativeCycle:
         head = reply_head(reply, keep_alive=self.keep_alive, length=len(body))
         self.response_started = True
         self.transport.write(head + body)
-        if self.flow.write_paused:
-            # The client is not reading: the next request on this connection waits until it
-            # does (or the guard cuts it after write_timeout_s), not its answers in memory.
-            await self.flow.drain()
+        # The client is not reading: the next request on this connection waits until it does
+        # (or the guard cuts it after write_timeout_s), not its answers in memory.
+        await self.drain()
         self._complete()
+
+    async def drain(self) -> None:
+        """Wait while the client reads nothing (the transport's writes are paused); return at
+        once otherwise. A writer awaits it after each write so that it produces no faster
+        than the client reads. A lost connection ends the wait too (the protocol resumes
+        writing in ``connection_lost``), as does the guard's abort past ``write_timeout_s``."""
+        if self.flow.write_paused:
+            await self.flow.drain()
 
     async def _send_stream(self, reply: Reply) -> None:
         stream = reply.stream
@@ -291,7 +298,7 @@ class NativeCycle:
                 async for chunk in stream:
                     if chunk:
                         transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk) if chunked else chunk)
-                    if flow.write_paused:
+                    if flow.write_paused:  # as ``drain``, without a coroutine per chunk
                         await flow.drain()
                     if self._left():
                         return
