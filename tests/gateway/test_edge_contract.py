@@ -7,20 +7,21 @@ Three inbound implementations serve ``POST /v1/chat/completions``:
 - ``litestar``: the same server with the native endpoints off
   (``tests/gateway/litestar_serve.py``): Litestar behind the server's own ASGI cycle
   (gateway/http/asgi.py), on a real socket;
-- ``in_process``: Litestar's in-process test client over the same app (what most tests use).
+- ``in_process``: the same app in process (what Litestar's test client runs; the request is
+  handed over as ASGI messages, since the client's transport would merge repeated headers).
 
 Each rule below is asserted the same way against each: the body limit (413, declared or
 counted while chunks arrive), the Authorization merge (two lines: 401, never the first key),
-OpenAI-shaped error bytes, and a client that leaves cancelling the backend request (socket
-paths: there is no socket to close in process).
+OpenAI-shaped error bytes, and a client that leaves cancelling the backend request.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,7 +43,6 @@ pytestmark = pytest.mark.slow
 MAX_BODY = 65536
 PATH = "/v1/chat/completions"
 IMPLEMENTATIONS = ("native", "litestar", "in_process")
-SOCKETS = ("native", "litestar")
 
 
 @dataclass(frozen=True)
@@ -131,16 +131,68 @@ def _parse(raw: bytes) -> Answer:
     return Answer(int(lines[0].split()[1]), fields["content-type"], body[:length])
 
 
+Leave = Callable[[list[dict[str, Any]]], Awaitable[None]]
+
+
 def _in_process(
-    stack: Stack, headers: list[tuple[str, str]], body: bytes, *, chunked: bool
+    stack: Stack,
+    headers: list[tuple[str, str]],
+    body: bytes,
+    *,
+    chunked: bool,
+    leave: Leave | None = None,
 ) -> Answer:
-    """The same request through Litestar's in-process test client."""
-    content: Any = (
-        iter([body[i : i + 8192] for i in range(0, len(body), 8192)]) if chunked else body
-    )
-    with TestClient(app=create_app(Settings.model_validate(stack.config))) as client:
-        response = client.post(PATH, headers=headers, content=content)
-    return Answer(response.status_code, response.headers["content-type"], response.content)
+    """The same request handed to the app in process, as ASGI messages (in the test client's
+    event loop, after its start-up). Not through ``client.post``: the test client's transport
+    merges repeated header lines into one before the app sees them. Once the body is read,
+    ``receive`` waits as a connected client does; with ``leave``, until it returns, and then
+    the client is gone (``http.disconnect``)."""
+    raw = [(name.lower().encode(), value.encode()) for name, value in headers]
+    if not chunked:
+        raw.append((b"content-length", str(len(body)).encode()))
+    pieces = [body[i : i + 8192] for i in range(0, len(body), 8192)] or [b""]
+    messages = [
+        {"type": "http.request", "body": piece, "more_body": n < len(pieces) - 1}
+        for n, piece in enumerate(pieces)
+    ]
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.3"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": PATH,
+        "raw_path": PATH.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": raw,
+        "client": ("127.0.0.1", 1),
+        "server": ("edge", 80),
+    }
+    sent: list[dict[str, Any]] = []
+    app = create_app(Settings.model_validate(stack.config))
+
+    async def call() -> None:
+        async def receive() -> dict[str, Any]:
+            if messages:
+                return messages.pop(0)
+            if leave is None:
+                await asyncio.Event().wait()  # a client that stays: until cancelled
+            else:
+                await leave(sent)
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        await app(scope, receive, send)  # type: ignore[arg-type]  # plain ASGI dicts
+
+    with TestClient(app=app) as client:
+        client.blocking_portal.call(call)
+    start = sent[0]
+    fields = {name.decode(): value.decode() for name, value in start["headers"]}
+    body_out = b"".join(m.get("body", b"") for m in sent[1:])
+    return Answer(start["status"], fields["content-type"], body_out)
 
 
 def send(
@@ -235,25 +287,50 @@ def _wait_for_abort(sim: SimulatorProcess, before: int) -> int:
 
 
 @pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])
-@pytest.mark.parametrize("implementation", SOCKETS)
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
 def test_a_client_that_leaves_cancels_the_backend_request(
     stack: Stack, implementation: str, stream: bool
 ) -> None:
-    """Closing the connection mid-generation aborts the request on the engine, once."""
+    """Leaving mid-stream (after the first bytes) or mid-generation (the engine counts it
+    running) aborts the request on the engine, once."""
     before = int(stack.sim.stats()["aborts_total"])
     body = _chat(max_tokens=200, stream=stream)
+    auth = [("Authorization", f"Bearer {stack.key}"), ("Content-Type", "application/json")]
+    if implementation == "in_process":
+        _in_process(stack, auth, body, chunked=False, leave=_leave_when(stack.sim, stream))
+    else:
+        _leave_socket(stack, implementation, auth, body, stream=stream)
+    assert _wait_for_abort(stack.sim, before) == before + 1
+
+
+def _leave_when(sim: SimulatorProcess, stream: bool) -> Leave:
+    """When an in-process client leaves: after the first body bytes, or once generating."""
+
+    async def leave(sent: list[dict[str, Any]]) -> None:
+        deadline = time.monotonic() + patience(10.0)
+        while time.monotonic() < deadline:
+            if stream and any(m["type"] == "http.response.body" for m in sent):
+                return
+            if not stream and (await asyncio.to_thread(sim.stats))["running"]:
+                return
+            await asyncio.sleep(0.02)
+
+    return leave
+
+
+def _leave_socket(
+    stack: Stack, implementation: str, headers: list[tuple[str, str]], body: bytes, *, stream: bool
+) -> None:
+    """The same over a socket: read the first bytes, or wait until generating, then close."""
     sock = connect(stack.servers[implementation].port)
-    head = (
-        f"POST {PATH} HTTP/1.1\r\nHost: edge\r\nAuthorization: Bearer {stack.key}\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
-    )
-    sock.sendall(head.encode() + body)
-    if stream:  # the stream has begun: the first bytes of the answer are in
+    head = [f"POST {PATH} HTTP/1.1", "Host: edge", f"Content-Length: {len(body)}"]
+    head += [f"{name}: {value}" for name, value in headers]
+    sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode() + body)
+    if stream:
         sock.settimeout(patience(10))
         assert sock.recv(65536).startswith(b"HTTP/1.1 200 ")
-    else:  # the engine is generating (the simulator counts it running)
+    else:
         deadline = time.monotonic() + patience(5.0)
         while stack.sim.stats()["running"] == 0 and time.monotonic() < deadline:
             time.sleep(0.02)
     sock.close()
-    assert _wait_for_abort(stack.sim, before) == before + 1
