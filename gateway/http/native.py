@@ -205,24 +205,22 @@ class NativeCycle:
 
     async def read_body(self) -> bytes:
         """The whole body, read up to the limit (413 past it; the connection then closes)."""
+        limit = self.handler.max_body_bytes
         try:
-            return await self._read_body(self.handler.max_body_bytes)
+            refuse_declared_length(self.headers, limit)
+            if self.more_body and self.expect_continue and not self.transport.is_closing():
+                self.transport.write(_CONTINUE)
+            while self.more_body and not self.was_disconnected:
+                refuse_read_length(len(self.body), limit)
+                self.flow.resume_reading()
+                await self.message_event.wait()
+                self.message_event.clear()
+            if self.was_disconnected:
+                raise client_gone()
+            refuse_read_length(len(self.body), limit)
         except PayloadTooLarge:
             self.keep_alive = False  # the rest of the body is never read
             raise
-
-    async def _read_body(self, limit: int) -> bytes:
-        refuse_declared_length(self.headers, limit)
-        if self.more_body and self.expect_continue and not self.transport.is_closing():
-            self.transport.write(_CONTINUE)
-        while self.more_body and not self.was_disconnected:
-            refuse_read_length(len(self.body), limit)
-            self.flow.resume_reading()
-            await self.message_event.wait()
-            self.message_event.clear()
-        if self.was_disconnected:
-            raise client_gone()
-        refuse_read_length(len(self.body), limit)
         return bytes(self.body)
 
     async def unless_gone(self, work: Awaitable[T]) -> T:
@@ -258,7 +256,7 @@ class NativeCycle:
             self.transport.close()
         finally:
             self.on_response = _nothing
-            if reply is not None:
+            if reply is not None and (reply.finish is not None or reply.after is not None):
                 await run_after_work(reply.finish, reply.after)
 
     async def _send(self, reply: Reply) -> None:
@@ -268,9 +266,10 @@ class NativeCycle:
         head = reply_head(reply, keep_alive=self.keep_alive, length=len(body))
         self.response_started = True
         self.transport.write(head + body)
-        # The client is not reading: the next request on this connection waits until it does
-        # (or the guard cuts it after write_timeout_s), not its answers in memory.
-        await self.drain()
+        if self.flow.write_paused:
+            # The client is not reading: the next request on this connection waits until it
+            # does (or the guard cuts it after write_timeout_s), not its answers in memory.
+            await self.flow.drain()
         self._complete()
 
     async def drain(self) -> None:
