@@ -4,7 +4,7 @@ uvloop's own server accepts one connection per event-loop iteration. With thousa
 streams an iteration takes milliseconds, so a burst of new connections waited in the kernel's
 accept queue for seconds while the gateway's own time to first token looked fine (issue 37:
 `make bench-streams`, the accept queue column). Here a reader on the listening socket takes
-every waiting connection (up to :data:`ACCEPT_BATCH` per wake-up) and hands each to uvicorn's
+every waiting connection (up to :data:`ACCEPT_BATCH` per wake-up) and hands each to the server's
 protocol through ``loop.connect_accepted_socket``.
 """
 
@@ -44,7 +44,7 @@ class DrainingServer(uvicorn.Server):
             return
         factory: Callable[[], asyncio.Protocol] = functools.partial(
             self.config.http_protocol_class,
-            config=self.config,  # type: ignore[call-arg]  # uvicorn's protocols take these
+            config=self.config,  # type: ignore[call-arg]  # as uvicorn builds Config(http=...)
             server_state=self.server_state,
             app_state=self.lifespan.state,
         )
@@ -97,7 +97,7 @@ class Acceptor:
             task.add_done_callback(self.tasks.discard)
 
     async def serve(self, conn: socket.socket) -> None:
-        """Attach uvicorn's protocol to one accepted connection."""
+        """Attach the server's protocol to one accepted connection."""
         try:
             await self.loop.connect_accepted_socket(self.factory, conn)
         except OSError:

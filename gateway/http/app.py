@@ -21,10 +21,18 @@ from litestar.response import Stream
 
 from gateway.access.auth import Access
 from gateway.config.settings import Settings
+from gateway.http.edge import (
+    TOO_LARGE_MESSAGE,
+    client_gone,
+    header_view,
+    refuse_declared_length,
+    refuse_read_length,
+    run_after_work,
+)
 from gateway.http.native import CHAT_PATH, COMPLETIONS_PATH
 from gateway.http.ops import Readiness
 from gateway.http.proxy import ProxyService
-from gateway.pipeline.errors import EXCEPTION_HANDLERS, ClientGone
+from gateway.pipeline.errors import EXCEPTION_HANDLERS
 from gateway.pipeline.replies import Reply
 from gateway.routing.accounting import Accounting
 from gateway.telemetry import Telemetry
@@ -60,31 +68,28 @@ async def _collect_garbage_periodically(interval_s: float) -> None:
 class _FrameworkInbound:
     """An inference request as Litestar received it (the app's own routes, the test client)."""
 
-    __slots__ = ("request",)
+    __slots__ = ("headers", "limit", "request")
 
-    def __init__(self, request: Request[Any, Any, Any]) -> None:
+    def __init__(self, request: Request[Any, Any, Any], limit: int) -> None:
         self.request = request
-
-    @property
-    def headers(self) -> Mapping[str, str]:
-        """Litestar's case-insensitive headers; a repeated Authorization is its values joined
-        with ", " (as the native path does), which no key matches."""
-        headers = self.request.headers
-        keys = headers.getall("authorization", [])
-        if len(keys) < 2:  # one value, or none
-            return headers
-        merged = {name: headers[name] for name in headers}
-        merged["authorization"] = ", ".join(keys)
-        return merged
+        self.limit = limit
+        # The edge's header view, as on the native path: one Authorization, merged.
+        self.headers: Mapping[str, str] = header_view(request.scope["headers"])
 
     async def read_body(self) -> bytes:
-        """The body; Litestar enforces ``request_max_body_size``."""
+        """The body, read up to the edge's limit (413 past it, declared or read)."""
+        limit = self.limit
+        refuse_declared_length(self.headers, limit)
+        body = bytearray()
         try:
-            return await self.request.body()
-        except HTTPException as exc:
+            async for chunk in self.request.stream():
+                body += chunk
+                refuse_read_length(len(body), limit)
+        except HTTPException as exc:  # Litestar's own check of the same limit
             if exc.status_code == 413:
-                raise PayloadTooLarge("The request body is too large.") from None
+                raise PayloadTooLarge(TOO_LARGE_MESSAGE) from None
             raise
+        return bytes(body)
 
     async def unless_gone(self, work: Awaitable[T]) -> T:
         """Await ``work`` in this task; if the client leaves first, cancel it.
@@ -110,18 +115,15 @@ class _FrameworkInbound:
         except asyncio.CancelledError:
             if gone:
                 handler.uncancel()
-                raise ClientGone("The client closed the connection.") from None
+                raise client_gone() from None
             raise
         finally:
             watcher.cancel()
 
 
 async def _after_work(reply: Reply) -> None:
-    """A reply's after-work, as Litestar's background task: ``finish``, then ``after``."""
-    if reply.finish is not None:
-        reply.finish()
-    if reply.after is not None:
-        await reply.after()
+    """A reply's after-work, as Litestar's background task, under the edge's policy."""
+    await run_after_work(reply.finish, reply.after)
 
 
 def _response(reply: Reply) -> Response[Any]:
@@ -196,16 +198,19 @@ def app_for(gateway: Gateway, settings: Settings) -> Litestar:
     """The Litestar app over an already built :class:`Gateway` (the server keeps the gateway
     too: it serves the inference endpoints natively, see :mod:`gateway.http.native`)."""
     service = gateway.service
+    limit = settings.server.max_body_bytes
     lifecycle = _Lifecycle(gateway)
     telemetry = gateway.telemetry
 
     @post(CHAT_PATH, status_code=200)
     async def chat(request: Request[Any, Any, Any]) -> Response[Any]:
-        return _response(await service.handle(_FrameworkInbound(request), "chat", CHAT_PATH))
+        return _response(await service.handle(_FrameworkInbound(request, limit), "chat", CHAT_PATH))
 
     @post(COMPLETIONS_PATH, status_code=200)
     async def completions(request: Request[Any, Any, Any]) -> Response[Any]:
-        reply = await service.handle(_FrameworkInbound(request), "completion", COMPLETIONS_PATH)
+        reply = await service.handle(
+            _FrameworkInbound(request, limit), "completion", COMPLETIONS_PATH
+        )
         return _response(reply)
 
     return Litestar(

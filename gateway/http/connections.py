@@ -25,7 +25,6 @@ import structlog
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gateway.pipeline.errors import error_body
 from gateway.telemetry import semconv as sc
 
 _log = structlog.get_logger("tiergate.connections")
@@ -145,22 +144,6 @@ class ConnectionLimits:
             self.head_timeout_s, self.body_timeout_s, self.idle_timeout_s, self.write_timeout_s
         )
         return min(1.0, max(0.05, shortest / 4))
-
-
-def raw_error(
-    status: int, reason: str, message: str, code: str, extra: tuple[bytes, ...] = ()
-) -> bytes:
-    """A complete HTTP/1.1 error response with an OpenAI-shaped body that closes the connection."""
-    kind = "server_error" if status >= 500 else "invalid_request_error"
-    body = error_body(message, kind, None, code)
-    head = [
-        f"HTTP/1.1 {status} {reason}".encode(),
-        b"content-type: application/json",
-        b"content-length: " + str(len(body)).encode(),
-        b"connection: close",
-        *extra,
-    ]
-    return b"\r\n".join(head) + b"\r\n\r\n" + body
 
 
 class Guarded(Protocol):

@@ -3,16 +3,18 @@
 Profiled, the framework's request and response objects, routing and ASGI messages cost about
 as much CPU as the whole request path of our own (bench/results/profile-plain.md). For
 ``POST /v1/chat/completions`` and ``POST /v1/completions`` the connection protocol
-(:class:`gateway.http_protocol.GuardedHttpToolsProtocol`, which still parses, bounds and times
+(:class:`gateway.http.protocol.GuardedHttpToolsProtocol`, which parses, bounds and times
 every request) starts a :class:`NativeCycle` instead of an ASGI cycle: it hands the body to
 :meth:`gateway.proxy.ProxyService.handle` and writes the :class:`~gateway.replies.Reply` to the
 socket itself. Every other path, and any other method on these two, goes through Litestar as
 before. The service, its errors and its telemetry are the same code either way.
 
-A cycle takes the place of uvicorn's ``RequestResponseCycle`` on the protocol, so it offers
-the attributes the protocol reads and writes (``body``, ``more_body``, ``message_event``,
-``disconnected``, ``keep_alive``, ``response_started``, ``response_complete``) and
-``run_asgi``, which the protocol calls to start it, pipelined requests included.
+A cycle offers what the protocol reads and writes of any cycle (:class:`gateway.http.edge.Cycle`:
+``body``, ``more_body``, ``message_event``, ``disconnected``, ``keep_alive``,
+``response_started``, ``response_complete``) and ``run``, which the protocol calls to start it,
+pipelined requests included. The edge rules (header view, body limit, a client that leaves,
+after-work) are :mod:`gateway.http.edge`'s, as on the Litestar path. While the client does not
+read, writing awaits the connection's ``flow.drain()`` (:class:`gateway.http.edge.FlowControl`).
 """
 
 from __future__ import annotations
@@ -25,10 +27,16 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import structlog
-from uvicorn.protocols.http.flow_control import FlowControl
 
+from gateway.http.edge import (
+    FlowControl,
+    client_gone,
+    header_view,
+    refuse_declared_length,
+    refuse_read_length,
+    run_after_work,
+)
 from gateway.pipeline.deadline import deadline
-from gateway.pipeline.errors import ClientGone
 from gateway.pipeline.replies import Inbound, Reply
 from policies.errors import PayloadTooLarge
 from policies.requests import RequestKind
@@ -196,44 +204,31 @@ class NativeCycle:
 
     @property
     def headers(self) -> Mapping[str, str]:
-        """Request headers, names in lower case, the first of a repeated name; a repeated
-        Authorization is its values joined with ", " (RFC 9110 5.3), which no key matches."""
+        """The edge's header view (:func:`gateway.http.edge.header_view`)."""
         headers = self._headers
         if headers is None:
-            headers = {}
-            for name, value in self.raw_headers:
-                key = name.decode("latin-1")
-                if key in headers:
-                    if key == "authorization":
-                        headers[key] += ", " + value.decode("latin-1")
-                    continue
-                headers[key] = value.decode("latin-1")
-            self._headers = headers
+            headers = self._headers = header_view(self.raw_headers)
         return headers
 
     async def read_body(self) -> bytes:
         """The whole body, read up to the limit (413 past it; the connection then closes)."""
         limit = self.handler.max_body_bytes
-        declared = self.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > limit:
-            raise self._too_large()
-        if self.more_body and self.expect_continue and not self.transport.is_closing():
-            self.transport.write(_CONTINUE)
-        while self.more_body and not self.was_disconnected:
-            if len(self.body) > limit:
-                raise self._too_large()
-            self.flow.resume_reading()
-            await self.message_event.wait()
-            self.message_event.clear()
-        if self.was_disconnected:
-            raise ClientGone("The client closed the connection.")
-        if len(self.body) > limit:
-            raise self._too_large()
+        try:
+            refuse_declared_length(self.headers, limit)
+            if self.more_body and self.expect_continue and not self.transport.is_closing():
+                self.transport.write(_CONTINUE)
+            while self.more_body and not self.was_disconnected:
+                refuse_read_length(len(self.body), limit)
+                self.flow.resume_reading()
+                await self.message_event.wait()
+                self.message_event.clear()
+            if self.was_disconnected:
+                raise client_gone()
+            refuse_read_length(len(self.body), limit)
+        except PayloadTooLarge:
+            self.keep_alive = False  # the rest of the body is never read
+            raise
         return bytes(self.body)
-
-    def _too_large(self) -> PayloadTooLarge:
-        self.keep_alive = False  # the rest of the body is never read
-        return PayloadTooLarge("The request body is too large.")
 
     async def unless_gone(self, work: Awaitable[T]) -> T:
         """Await ``work``; if the client leaves first, cancel it and raise ``ClientGone``."""
@@ -251,10 +246,10 @@ class NativeCycle:
         task = self._task
         if self._gone and task is not None:
             task.uncancel()
-            raise ClientGone("The client closed the connection.") from None
+            raise client_gone() from None
 
-    async def run_asgi(self, _app: object) -> None:
-        """Serve the request (the protocol's name for starting a cycle)."""
+    async def run(self, _app: object) -> None:
+        """Serve the request (the protocol starts every cycle this way)."""
         self._task = asyncio.current_task()
         reply: Reply | None = None
         try:
@@ -268,11 +263,8 @@ class NativeCycle:
             self.transport.close()
         finally:
             self.on_response = _nothing
-            if reply is not None:
-                if reply.finish is not None:
-                    _run_finish(reply.finish)
-                if reply.after is not None:
-                    await _run_after(reply.after)
+            if reply is not None and (reply.finish is not None or reply.after is not None):
+                await run_after_work(reply.finish, reply.after)
 
     async def _send(self, reply: Reply) -> None:
         if self.was_disconnected:
@@ -286,6 +278,14 @@ class NativeCycle:
             # does (or the guard cuts it after write_timeout_s), not its answers in memory.
             await self.flow.drain()
         self._complete()
+
+    async def drain(self) -> None:
+        """Wait while the client reads nothing (the transport's writes are paused); return at
+        once otherwise. A writer awaits it after each write so that it produces no faster
+        than the client reads. A lost connection ends the wait too (the protocol resumes
+        writing in ``connection_lost``), as does the guard's abort past ``write_timeout_s``."""
+        if self.flow.write_paused:
+            await self.flow.drain()
 
     async def _send_stream(self, reply: Reply) -> None:
         stream = reply.stream
@@ -385,19 +385,3 @@ def _bound_send_buffer(transport: asyncio.Transport) -> None:
 
 def _nothing() -> None:
     return None
-
-
-def _run_finish(finish: Callable[[], None]) -> None:
-    """A reply's after-work that never waits: never the caller's error either."""
-    try:
-        finish()
-    except Exception:  # noqa: BLE001  # nothing is left to answer: log and carry on serving
-        _log.exception("request.after_failed")
-
-
-async def _run_after(after: Callable[[], Awaitable[None]]) -> None:
-    """Work that follows a sent answer (settling limits, a shadow): never the caller's error."""
-    try:
-        await after()
-    except Exception:  # noqa: BLE001  # nothing is left to answer: log and carry on serving
-        _log.exception("request.after_failed")

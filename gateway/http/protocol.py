@@ -1,4 +1,10 @@
-"""uvicorn's httptools protocol with bounded heads, phase deadlines and a connection cap.
+"""The server's own HTTP/1.1 connection protocol: asyncio and httptools' parser, bounded.
+
+One :class:`GuardedHttpToolsProtocol` per client connection parses requests with
+``httptools.HttpRequestParser`` and starts one cycle per request: the native cycle for the two
+inference endpoints (:mod:`gateway.http.native`) or an ASGI cycle for everything else
+(:mod:`gateway.http.asgi`, Litestar). It is built on public APIs only; uvicorn runs the process
+and constructs it as the class named by ``uvicorn.Config(http=...)``.
 
 httptools itself has no limit on a request head, and it grows a header value by
 concatenation, so a client streaming one endless header costs memory 1:1 and CPU that grows
@@ -11,21 +17,32 @@ class only stamps the phase changes (one ``loop.time()`` per head, body chunk an
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from typing import Any
 
 import httptools
-from uvicorn._types import ASGI3Application as ASGIApp
-from uvicorn._types import ASGIReceiveCallable, ASGISendCallable, Scope
-from uvicorn.config import Config
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-from uvicorn.server import ServerState
 
-from gateway.http.connections import ConnectionGuard, Phase, Shed, raw_error
+from gateway.http.asgi import AsgiCycle, address, http_scope
+from gateway.http.connections import ConnectionGuard, Phase, Shed
+from gateway.http.edge import (
+    BAD_REQUEST,
+    CHUNKED_OFFER_REFUSED,
+    CONNECT_REFUSED,
+    OVER_CAPACITY,
+    OVER_CAPACITY_APP,
+    TIMED_OUT,
+    UNSUPPORTED_CODING,
+    ASGIApp,
+    Cycle,
+    FlowControl,
+    head_too_large,
+)
 from gateway.http.native import ROUTES, Handler, NativeCycle
-from gateway.pipeline.errors import error_body
 
 # Bytes read and kept unparsed behind a request waiting its turn, before reading pauses.
 HOLD_LIMIT = 64 * 1024
+# Body bytes buffered for the request in turn before reading pauses until it takes them.
+BODY_HIGH_WATER = 64 * 1024
 # Requests queued behind the one being answered. One read can hold thousands of tiny
 # pipelined requests, each a cycle object once parsed: past this depth the queued ones are
 # answered and the connection closes; the rest is never parsed (clients resend requests a
@@ -33,91 +50,52 @@ HOLD_LIMIT = 64 * 1024
 MAX_PIPELINE = 32
 # Served on connections accepted over the cap: a probe must still see the process alive.
 OPS_PATHS = frozenset({b"/livez", b"/readyz"})
-_RETRY_AFTER = b"retry-after: 1"
-_OVER_CAPACITY_MESSAGE = "The gateway is at its connection limit; retry shortly."
-_OVER_CAPACITY_BODY = raw_error(
-    503, "Service Unavailable", _OVER_CAPACITY_MESSAGE, "server_overloaded", (_RETRY_AFTER,)
-)
-_TIMEOUT = raw_error(
-    408, "Request Timeout", "The request was not received in time.", "request_timeout"
-)
-_BAD_REQUEST = raw_error(
-    400, "Bad Request", "The request is not valid HTTP/1.1.", "invalid_http_request"
-)
-_UNSUPPORTED_CODING = raw_error(
-    501,
-    "Not Implemented",
-    "Only the chunked transfer coding is supported in requests.",
-    "unsupported_transfer_encoding",
-)
 
 
-def _refusing(
-    status: int, message: str, code: str, extra: tuple[tuple[bytes, bytes], ...] = ()
-) -> ASGIApp:
-    """An app answering ``status`` with an OpenAI-shaped error (the body ``raw_error`` writes),
-    then closing the connection: served in the request's turn, so requests pipelined before it
-    get their answers first."""
-    kind = "server_error" if status >= 500 else "invalid_request_error"
-    body = error_body(message, kind, None, code)
-    start = {
-        "type": "http.response.start",
-        "status": status,
-        "headers": [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-            *extra,
-            (b"connection", b"close"),
-        ],
-    }
-
-    async def app(scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
-        await send(start)  # type: ignore[arg-type]  # a literal of uvicorn's message type
-        await send({"type": "http.response.body", "body": body, "more_body": False})
-
-    return app
+def _parser(protocol: object) -> httptools.HttpRequestParser:
+    """A request parser calling back ``protocol``; bytes after a ``Connection: close`` request
+    are not an error (the requests before it still get their answers)."""
+    parser = httptools.HttpRequestParser(protocol)
+    parser.set_dangerous_leniencies(lenient_data_after_close=True)
+    return parser
 
 
-# The answer to a request on a connection accepted over the cap (not an ops path).
-_over_capacity = _refusing(
-    503, _OVER_CAPACITY_MESSAGE, "server_overloaded", ((b"retry-after", b"1"),)
-)
+class GuardedHttpToolsProtocol(asyncio.Protocol):
+    """One client connection, within the guard's limits.
 
-
-# What follows a CONNECT head is a tunnel's bytes; a chunked body cannot be framed past the
-# parser's stop at an upgrade offer. Both are answered and the connection closed.
-_CONNECT_REFUSED = _refusing(405, "CONNECT is not supported.", "method_not_allowed")
-_CHUNKED_OFFER_REFUSED = _refusing(
-    400,
-    "A request that offers a protocol upgrade must send its body with Content-Length, not "
-    "chunked; or send it without the Upgrade header (curl: --http1.1).",
-    "unsupported_upgrade",
-)
-
-
-def _head_too_large(limit: int) -> bytes:
-    return raw_error(
-        431,
-        "Request Header Fields Too Large",
-        f"The request line and headers exceed {limit} bytes.",
-        "request_header_fields_too_large",
-    )
-
-
-class GuardedHttpToolsProtocol(HttpToolsProtocol):
-    """One client connection, within the guard's limits."""
+    Constructed as uvicorn constructs the class of ``uvicorn.Config(http=...)``: the config
+    (its public ``loaded_app`` and ``root_path``), the server state (its ``connections`` and
+    ``tasks``, which graceful shutdown waits for) and the lifespan state.
+    """
 
     def __init__(
         self,
-        config: Config,
-        server_state: ServerState,
+        config: Any,
+        server_state: Any,
         app_state: dict[str, Any],
         _loop: asyncio.AbstractEventLoop | None = None,
         *,
         guard: ConnectionGuard,
         native: Handler | None = None,
     ) -> None:
-        super().__init__(config, server_state, app_state, _loop)
+        if not config.loaded:
+            config.load()
+        self.app: ASGIApp = config.loaded_app
+        self.root_path: str = config.root_path
+        self.loop = _loop or asyncio.get_event_loop()
+        self.connections: set[Any] = server_state.connections
+        self.tasks: set[asyncio.Task[None]] = server_state.tasks
+        self.app_state = app_state
+        self.parser = _parser(self)
+        self.transport: asyncio.Transport = None  # type: ignore[assignment]  # connection_made
+        self.flow: FlowControl = None  # type: ignore[assignment]  # connection_made
+        self.server: tuple[str, int] | None = None
+        self.client: tuple[str, int] | None = None
+        self.pipeline: deque[tuple[Cycle, ASGIApp]] = deque()
+        self.url = b""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.expect_100_continue = False
+        self.cycle: Cycle | None = None  # the newest request's
         self.guard = guard
         self.native = native
         self.phase = Phase.HEAD
@@ -129,8 +107,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._reading_head = True  # from a message's first byte to its headers' end
         self._refusal: tuple[str, bytes] | None = None  # (shed reason, response) to send
         self._ops_only = False
-        self._served_app = self.app
-        self._serving: Any = None  # the cycle being answered (``cycle`` is the newest one)
+        self._serving: Cycle | None = None  # the cycle being answered
         self._held: list[bytes] | None = None  # read behind a waiting request, not yet parsed
         self._held_size = 0
         # A request whose head offered a protocol upgrade: its body's length (None: chunked),
@@ -149,35 +126,57 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         """Admit the connection, or shed it when the server is past its reserve."""
-        super().connection_made(transport)
+        self.connections.add(self)
+        self.transport = transport
+        self.flow = FlowControl(transport)
+        self.server = address(transport.get_extra_info("sockname"))
+        self.client = address(transport.get_extra_info("peername"))
         now = self.loop.time()
         self.since = now
         guard = self.guard
         guard.start_sweeping(self.loop)
         admitted = guard.admit(self, now)
         if admitted is None:
-            transport.write(_OVER_CAPACITY_BODY)
+            transport.write(OVER_CAPACITY)
             transport.close()
         elif not admitted:
             self._ops_only = True
 
     def connection_lost(self, exc: Exception | None) -> None:
-        """Forget the connection; the cycle being answered learns the client is gone.
-
-        uvicorn tells only the newest cycle: with a request pipelined behind the one being
-        answered, that one would go on (and its backend keep generating) for nobody.
-        """
+        """Forget the connection; the cycle being answered, and the newest, learn the client is
+        gone (a request pipelined behind the one being answered would otherwise go on, and its
+        backend keep generating, for nobody)."""
         self.guard.release(self)
-        serving = self._serving
-        if serving is not None and serving is not self.cycle and not serving.response_complete:
-            serving.disconnected = True
-            serving.message_event.set()
-        super().connection_lost(exc)
+        self.connections.discard(self)
+        for cycle in (self._serving, self.cycle):
+            if cycle is not None:
+                if not cycle.response_complete:
+                    cycle.disconnected = True
+                cycle.message_event.set()
+        if self.flow is not None:
+            self.flow.resume_writing()
+        if exc is None:
+            self.transport.close()
+        # The parser holds this protocol (its callbacks) and any partial head: break the cycle
+        # now, so both are freed by reference counting, not at the next full collection.
+        self.parser = None  # type: ignore[assignment]  # no bytes come after connection_lost
 
-    def _start_asgi_task(self, cycle: Any, app: Any) -> None:
-        """Start answering ``cycle`` (the next in line), remembered until the next starts."""
+    def shutdown(self) -> None:
+        """Graceful shutdown (uvicorn calls it on every connection): close when idle, else
+        after the answer in progress."""
+        cycle = self.cycle
+        if cycle is None or cycle.response_complete:
+            self.transport.close()
+        else:
+            cycle.keep_alive = False
+
+    def _start_asgi_task(self, cycle: Cycle, app: ASGIApp) -> None:
+        """Start answering ``cycle`` (the next in line), remembered until the next starts; its
+        task is the server's to wait for at shutdown."""
         self._serving = cycle
-        super()._start_asgi_task(cycle, app)
+        task = self.loop.create_task(cycle.run(app))
+        task.add_done_callback(self.tasks.discard)
+        self.tasks.add(task)
 
     def shed(self, reason: str) -> None:
         """Close for ``reason``; a request cut off mid-way is told 408 first."""
@@ -188,7 +187,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if transport.is_closing():
             return
         if self._owes_timeout(reason):
-            transport.write(_TIMEOUT)
+            transport.write(TIMED_OUT)
         self._close()
 
     def _close(self) -> None:
@@ -231,7 +230,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         cycle = self.cycle
         pipeline = self.pipeline
         queued = cycle is not None and cycle is not serving and pipeline and pipeline[0][0] is cycle
-        if queued and cycle.more_body:  # its body is cut off by this: refused with what follows
+        if queued and pipeline[0][0].more_body:  # its body is cut off: refused with what follows
             pipeline.popleft()
         cut_short = serving is not None and serving is cycle and serving.more_body
         if self._answering() and not cut_short:
@@ -259,12 +258,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def pause_writing(self) -> None:
         """The client is not reading: the guard cuts it after ``write_timeout_s``."""
-        super().pause_writing()
+        self.flow.pause_writing()
         self.write_paused_at = self.loop.time()
 
     def resume_writing(self) -> None:
         """The client reads again; a queued request held back for it is started."""
-        super().resume_writing()
+        self.flow.resume_writing()
         self.write_paused_at = 0.0
         if self._next_waits and not self.transport.is_closing():
             self._next_waits = False
@@ -299,7 +298,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._after_feed()
 
     def _feed(self, data: bytes) -> None:
-        """uvicorn's parsing step, except that a request offering a protocol upgrade is served.
+        """Feed the parser; a request offering a protocol upgrade is served.
 
         httptools stops at the end of a head that offers an upgrade (``Upgrade: h2c``, as
         ``curl --http2`` sends on http:// URLs) and takes what follows for the new protocol,
@@ -308,14 +307,13 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         7.8): the request is served as HTTP/1.1. llhttp itself says where the head ended; the
         body is then counted off by its Content-Length and what follows goes to a new parser.
         """
-        self._unset_keepalive_if_required()
         chunk: bytes | memoryview = data
         while chunk:
             try:
                 self.parser.feed_data(chunk)
             except httptools.HttpParserError:  # OpenAI-shaped 400; logged at most every 10 s
                 if not self._ignoring:  # bytes after a refused head are never judged
-                    self._refuse(Shed.MALFORMED, _BAD_REQUEST)
+                    self._refuse(Shed.MALFORMED, BAD_REQUEST)
                 return
             except httptools.HttpParserUpgrade as upgrade:  # a view: offers in a row copy nothing
                 chunk = self._past_upgrade(memoryview(chunk)[upgrade.args[0] :])
@@ -326,11 +324,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         """Serve the request whose head just ended as HTTP/1.1; ``rest`` follows its head.
         Returns the bytes after its body, for the next request (none while the body is still
         arriving)."""
-        parser = httptools.HttpRequestParser(self)
-        # As uvicorn's own parser: bytes after a ``Connection: close`` request are not an
-        # error (the requests before it still get their answers).
-        parser.set_dangerous_leniencies(lenient_data_after_close=True)
-        self.parser = parser
+        self.parser = _parser(self)
         length, self._upgrade_body = self._upgrade_body, -1
         if length is None:  # refused in its turn: nothing after this head is ever parsed
             self._discarding = True
@@ -365,13 +359,13 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if self._reading_head:  # also a pipelined head behind a request in progress
             limit = self.guard.limits.max_head_bytes
             if self._head_fed > limit and not self.transport.is_closing():
-                self._refuse(Shed.HEAD_TOO_LARGE, _head_too_large(limit))
+                self._refuse(Shed.HEAD_TOO_LARGE, head_too_large(limit))
 
     def on_message_begin(self) -> None:
         """A new request's first byte: its head clock starts (the first one's at accept).
 
-        uvicorn's own start of a message, less the ASGI scope: that is built (``asgi_scope``)
-        only for a request the ASGI app serves, not for every inference request served natively.
+        The ASGI scope is built (``_start_asgi``) only for a request the ASGI app serves, not for
+        every inference request served natively.
         """
         if self._ignoring:
             return
@@ -387,29 +381,15 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self.phase = Phase.HEAD
             self.since = self.loop.time()
 
-    def asgi_scope(self) -> None:
-        """The ASGI scope of the request whose head is being read, as uvicorn builds it."""
-        self.scope = {  # type: ignore[typeddict-item]  # uvicorn's own literal
-            "type": "http",
-            "asgi": {"version": self.asgi_version, "spec_version": "2.3"},
-            "http_version": "1.1",
-            "server": self.server,
-            "client": self.client,
-            "scheme": self.scheme,  # type: ignore[typeddict-item]  # as uvicorn
-            "root_path": self.root_path,
-            "headers": self.headers,
-            "state": self.app_state.copy(),
-        }
-
     def on_url(self, url: bytes) -> None:
-        """Collect the request target (as uvicorn) and count it into the head size."""
+        """Collect the request target and count it into the head size."""
         if self._ignoring:
             return
         self.url += url
         self._head_size += len(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        """Collect one header (as uvicorn) and count it into the head size."""
+        """Collect one header (name in lower case) and count it into the head size."""
         if self._ignoring:
             return
         name = name.lower()
@@ -427,11 +407,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._reading_head = False
         limit = self.guard.limits.max_head_bytes
         if self._head_size > limit:
-            self._refusal = (Shed.HEAD_TOO_LARGE, _head_too_large(limit))
+            self._refusal = (Shed.HEAD_TOO_LARGE, head_too_large(limit))
             self._ignoring = True  # nothing after it in this read is served either
             return
         if self._bad_coding:
-            self._refusal = (Shed.MALFORMED, _UNSUPPORTED_CODING)
+            self._refusal = (Shed.MALFORMED, UNSUPPORTED_CODING)
             self._ignoring = True
             return
         if len(self.pipeline) >= MAX_PIPELINE:
@@ -440,22 +420,18 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         refusing = self._offered_upgrade() if self.parser.should_upgrade() else None
         if refusing is not None:  # answered in its turn, then the connection closes
             self.guard.note_shed(Shed.UPGRADE_REFUSED, self.loop.time())
-            if refusing is _CONNECT_REFUSED:
+            if refusing is CONNECT_REFUSED:
                 self.url = b"/"  # its authority-form target is no path for the ASGI scope
-            serving, self.app = self.app, refusing
-            self.asgi_scope()
-            super().on_headers_complete()
-            self.app = serving
+            self._start_asgi(refusing)
             self.phase = Phase.BUSY  # no body is read: no body deadline
             return
         if self._ops_only:
             allowed = self.url.partition(b"?")[0] in OPS_PATHS
-            self.app = self._served_app if allowed else _over_capacity
             if not allowed:
                 self.guard.note_shed(Shed.OVER_CAPACITY, self.loop.time())
-        if self._ops_only or not self._start_native():
-            self.asgi_scope()
-            super().on_headers_complete()
+            self._start_asgi(self.app if allowed else OVER_CAPACITY_APP)
+        elif not self._start_native():
+            self._start_asgi(self.app)
         if self.pipeline and self.pipeline[0][0] is self.cycle:
             return  # queued: its body is read, and timed, in its turn (``_start_next``)
         self._start_body_clock()
@@ -472,15 +448,48 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         """Note the body length of a request whose head offers an upgrade (``_past_upgrade``
         hands the body over); or, for CONNECT and for a chunked body, the app that refuses it
         (its body is never read: the connection closes after the answer)."""
-        refusing = _CONNECT_REFUSED if self.parser.get_method() == b"CONNECT" else None
+        refusing = CONNECT_REFUSED if self.parser.get_method() == b"CONNECT" else None
         length = 0
         for name, value in self.headers:
             if name == b"transfer-encoding":
-                refusing = refusing or _CHUNKED_OFFER_REFUSED
+                refusing = refusing or CHUNKED_OFFER_REFUSED
             elif name == b"content-length":
                 length = int(value)  # llhttp has checked it: digits, one value
         self._upgrade_body = None if refusing is not None else length
         return refusing
+
+    def _start_asgi(self, app: ASGIApp) -> None:
+        """Hand the request whose head just ended to ``app`` as an ASGI ``http`` scope."""
+        parser = self.parser
+        version = parser.get_http_version()
+        scope = http_scope(
+            parser.get_method(),
+            self.url,
+            version,
+            self.headers,
+            root_path=self.root_path,
+            server=self.server,
+            client=self.client,
+            state=self.app_state.copy(),
+        )
+        cycle = AsgiCycle(
+            scope,
+            self.transport,
+            self.flow,
+            keep_alive=version != "1.0" and parser.should_keep_alive(),
+            expect_continue=self.expect_100_continue,
+            on_response=self.on_response_complete,
+        )
+        self._queue_or_start(cycle, app)
+
+    def _queue_or_start(self, cycle: Cycle, app: ASGIApp) -> None:
+        """Start ``cycle`` now, or queue it behind the request still being answered."""
+        existing, self.cycle = self.cycle, cycle
+        if existing is None or existing.response_complete:
+            self._start_asgi_task(cycle, app)
+        else:  # pipelined: reading pauses until its turn
+            self.flow.pause_reading()
+            self.pipeline.appendleft((cycle, app))
 
     def _start_native(self) -> bool:
         """Serve an inference request natively (:mod:`gateway.http.native`); False if not one."""
@@ -493,7 +502,6 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             return False
         http10 = parser.get_http_version() == "1.0"
         keep_alive = not http10 and parser.should_keep_alive()
-        existing = self.cycle
         cycle = NativeCycle(
             native,
             route,
@@ -505,19 +513,19 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             on_response=self.on_response_complete,
             chunked=not http10,
         )
-        self.cycle = cycle  # type: ignore[assignment]  # stands in for uvicorn's cycle
-        if existing is None or existing.response_complete:
-            self._start_asgi_task(cycle, self.app)  # runs run_asgi
-        else:  # pipelined behind a request still being answered
-            self.flow.pause_reading()
-            self.pipeline.appendleft((cycle, self.app))  # type: ignore[arg-type]  # as above
+        self._queue_or_start(cycle, self.app)
         return True
 
     def on_body(self, body: bytes) -> None:
         """Count body bytes for the minimum-rate check."""
         if self._ignoring:
             return
-        super().on_body(body)
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:  # else answered early: dropped
+            cycle.body += body
+            if len(cycle.body) > BODY_HIGH_WATER:
+                self.flow.pause_reading()
+            cycle.message_event.set()
         self.body_bytes += len(body)
         if self.phase is Phase.BODY:  # not the rest of a body answered early: idle rules
             self.since = self.loop.time()
@@ -526,8 +534,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         """The request is in; the app answers without a server deadline."""
         if self._ignoring or self._upgrade_body != -1:
             return  # refused, or an upgrade head: its body is still to come (``_past_upgrade``)
-        super().on_message_complete()
         cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            cycle.more_body = False
+            cycle.message_event.set()
         if isinstance(cycle, NativeCycle) and cycle.lingering:  # a refused body has ended
             self.transport.close()
             return
@@ -538,7 +548,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def _keep_reading(self) -> None:
         """Read on while the request is answered, so a client that leaves is noticed at once.
 
-        uvicorn pauses reading above 64 KiB of body, and behind a pipelined request, until
+        Reading pauses above BODY_HIGH_WATER of body, and behind a pipelined request, until
         the next request is served: a paused socket never reports the client's close, and the
         backend would generate for nobody. Once a message is whole, reading resumes; what
         arrives behind a request that waits its turn is kept unparsed (up to HOLD_LIMIT).
@@ -551,12 +561,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def on_response_complete(self) -> None:
         """Back to keep-alive (or on to a pipelined request, and what was held behind it).
 
-        uvicorn's own step, less its keep-alive timer (a timer armed and cancelled for every
-        response): the guard's sweeper closes a connection idle past ``idle_timeout_s``.
+        No keep-alive timer is armed per response: the guard's sweeper closes a connection idle
+        past ``idle_timeout_s``.
         """
         pipelined = bool(self.pipeline)
         held, self._held = self._held, None
-        self.server_state.total_requests += 1
         closing = self.transport.is_closing()
         if not pipelined and self._final is not None:  # a refusal behind the answered ones
             final, self._final = self._final, None

@@ -1,4 +1,4 @@
-"""Running the app under uvicorn (uvloop + httptools) with bounded client connections."""
+"""Running the app: uvicorn as the process runner (uvloop), our own bounded HTTP protocol."""
 
 from __future__ import annotations
 
@@ -84,7 +84,8 @@ def listen(host: str, port: int) -> socket.socket:
 
 # What the server serves over one connection guard: the app and the native inference endpoints
 # (built by the composition root: ``gateway.composition.served``).
-Served = Callable[[Settings, ConnectionGuard, "WorkerRole | None"], tuple[Litestar, Handler]]
+# (``None`` for the handler: every request goes to the app, as the edge contract tests run it).
+Served = Callable[[Settings, ConnectionGuard, "WorkerRole | None"], tuple[Litestar, Handler | None]]
 
 
 def run(

@@ -6,18 +6,18 @@ from __future__ import annotations
 from structlog.testing import capture_logs
 
 from gateway.access.passthrough import _UNLIMITED as OPEN
-from gateway.http.native import _run_after, _run_finish
+from gateway.http.edge import run_after_work
 from gateway.limits.limits import _UNLIMITED, KeyAdmission
 
 
-def test_a_failing_finish_is_logged_not_raised() -> None:
+async def test_a_failing_finish_is_logged_not_raised() -> None:
     """The sync step (recording the request) fails: logged as request.after_failed."""
 
     def finish() -> None:
         raise RuntimeError("boom")
 
     with capture_logs() as logs:
-        _run_finish(finish)
+        await run_after_work(finish, None)
     assert [line["event"] for line in logs] == ["request.after_failed"]
 
 
@@ -28,15 +28,25 @@ async def test_a_failing_after_is_logged_not_raised() -> None:
         raise RuntimeError("boom")
 
     with capture_logs() as logs:
-        await _run_after(after)
+        await run_after_work(None, after)
     assert [line["event"] for line in logs] == ["request.after_failed"]
 
 
-def test_a_finish_runs_once() -> None:
-    """Nothing is lost: the step runs, exactly once."""
-    calls: list[int] = []
-    _run_finish(lambda: calls.append(1))
-    assert calls == [1]
+async def test_a_finish_runs_once_and_a_failing_one_never_stops_the_after() -> None:
+    """Nothing is lost: each step runs exactly once, and ``after`` runs even when ``finish``
+    failed (the same policy on the native and the Litestar path)."""
+    calls: list[str] = []
+
+    def finish() -> None:
+        calls.append("finish")
+        raise RuntimeError("boom")
+
+    async def after() -> None:
+        calls.append("after")
+
+    with capture_logs():
+        await run_after_work(finish, after)
+    assert calls == ["finish", "after"]
 
 
 def test_only_admissions_that_reserved_nothing_skip_their_settlement() -> None:

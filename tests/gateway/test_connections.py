@@ -14,8 +14,8 @@ from gateway.http.connections import (
     Shed,
     ShedLog,
     connection_cap,
-    raw_error,
 )
+from gateway.http.edge import raw_error
 
 
 @dataclass(eq=False)

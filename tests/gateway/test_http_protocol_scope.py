@@ -1,5 +1,6 @@
-"""The guarded protocol builds the ASGI scope only for requests the ASGI app serves: that scope
-must be exactly the one stock uvicorn builds, for any request line and headers."""
+"""The server's own protocol builds the ASGI scope only for requests the ASGI app serves: that
+scope must be exactly the one stock uvicorn (``http="httptools"``) builds, for any request line
+and headers, so Litestar sees the same requests either way."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ from typing import Any
 
 import pytest
 import uvicorn
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.config.settings import ServerSettings
 from gateway.http.connections import ConnectionGuard
@@ -65,7 +65,7 @@ async def test_the_asgi_scope_is_uvicorns(request_bytes: bytes) -> None:
     """Same request, stock uvicorn and the guarded protocol: the same scope (client port aside)."""
     guard = ConnectionGuard(connection_limits(ServerSettings()))
     ours = functools.partial(GuardedHttpToolsProtocol, guard=guard, native=None)
-    stock = await _scopes(HttpToolsProtocol, request_bytes)
+    stock = await _scopes("httptools", request_bytes)
     guarded = await _scopes(ours, request_bytes)
     assert len(stock) == len(guarded) == 1
     for scope in (stock[0], guarded[0]):

@@ -43,8 +43,10 @@ class GatewayProcess:
         ready_timeout: float = 30.0,
         port: int | None = None,
         workers: int = 1,
+        module: str = "gateway",
     ) -> None:
         self.config = config
+        self.module = module  # run as ``python -m <module> serve ...``
         self.workers = workers
         self.env = env or {}
         self.ready_timeout = ready_timeout
@@ -63,7 +65,7 @@ class GatewayProcess:
         command = [
             sys.executable,
             "-m",
-            "gateway",
+            self.module,
             "serve",
             "--config",
             str(self.config_path),
