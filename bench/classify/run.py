@@ -13,8 +13,9 @@ maths text). The report names the file it used. Each is timed with
   folded weights (the path the lean scorer replaces);
 * scikit-learn ``predict_proba`` alone on a prebuilt CSR row.
 
-Usage: ``.venv/bin/python bench/classify/run.py [--rounds 20] [--out FILE]``; prints a Markdown
-report and writes it to ``bench/classify/results.md`` by default.
+Usage: ``.venv/bin/python bench/classify/run.py [--rounds 20] [--out FILE] [--prompts JSONL]``;
+prints a Markdown report and writes it to ``bench/classify/results.md`` by default.
+``--prompts`` draws from another file (the corpus, say, for a comparison).
 """
 
 from __future__ import annotations
@@ -86,9 +87,9 @@ def summary(samples: list[float]) -> dict[str, float]:
     }
 
 
-def run(rounds: int) -> dict[str, Any]:
-    """Measure every variant on the same bodies."""
-    origin, bodies = typical_bodies()
+def run(rounds: int, prompts: Path | None = None) -> dict[str, Any]:
+    """Measure every variant on the same bodies (from ``prompts`` when given)."""
+    origin, bodies = typical_bodies() if prompts is None else typical_bodies(sources=(prompts,))
     router = router_models.load()
     lean = LeanScorer(load_model(router_models.DEFAULT_ARTIFACT))
     clf = sklearn_equivalent(load_model(router_models.DEFAULT_ARTIFACT))
@@ -128,7 +129,7 @@ def markdown(data: dict[str, Any]) -> str:
     lines = [
         "# Classification latency (router on the request path)",
         "",
-        f"{data['bodies']} real external prompts of ~1 KB from {data['origin']} (mean "
+        f"{data['bodies']} prompts of ~1 KB from {data['origin']} (mean "
         f"{data['mean_bytes']:.0f} bytes, {data['mean_chars']:.0f} chars), "
         f"{data['rounds']} rounds, Python {data['python']}, {data['cpu_count']} CPUs, "
         f"1-minute load average {data['load_average_1m']:.1f} when it started.",
@@ -154,10 +155,13 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--no-pin", action="store_true", help="do not pin to one CPU")
+    parser.add_argument(
+        "--prompts", type=Path, default=None, help="another JSONL to draw the 1 KB prompts from"
+    )
     args = parser.parse_args()
     if not args.no_pin and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {0})
-    data = run(args.rounds)
+    data = run(args.rounds, args.prompts)
     report = markdown(data)
     print(report)
     args.out.write_text(report, encoding="utf-8")
