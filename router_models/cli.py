@@ -127,7 +127,7 @@ def _shadow_arguments(train: argparse.ArgumentParser) -> None:
         help="with --from-shadow: the artifact compared against (default: shipped)",
     )
     train.add_argument(
-        "--shadow-weight", type=float, default=None, help="weight of a shadow prompt (default 0.1)"
+        "--shadow-weight", type=float, default=None, help="weight of a shadow prompt (default 1.0)"
     )
     train.add_argument(
         "--held-out-share", type=float, default=None, help="shadow prompts held out (default 0.2)"

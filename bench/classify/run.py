@@ -1,7 +1,11 @@
 """Classification latency on the request path: lean scorer vs scikit-learn, same run.
 
-Scores ~1 KB prompts from the project's corpus (rendered text between 800 and 1,300
-characters, chat and completion bodies) with
+Scores ~1 KB prompts drawn from real external prompts (rendered text of 800 to 1,300 UTF-8
+bytes), never from the project's corpus: every such prompt of
+``../shared/datasets/router-dev2.jsonl`` (public datasets nobody on the project wrote; timing
+is a measurement, not training, so its ``eval`` rows count too), or, where that file is absent,
+of the committed ``router_models/training/data/external-train.jsonl`` (real public exam and
+maths text). The report names the file it used. Each is timed with
 
 * the lean scorer (``router_models.load().score``), warm word cache (steady state);
 * the lean scorer with its word cache cleared before every call (worst case: all words new);
@@ -9,8 +13,9 @@ characters, chat and completion bodies) with
   folded weights (the path the lean scorer replaces);
 * scikit-learn ``predict_proba`` alone on a prebuilt CSR row.
 
-Usage: ``.venv/bin/python bench/classify/run.py [--rounds 20] [--out FILE]``; prints a Markdown
-report and writes it to ``bench/classify/results.md`` by default.
+Usage: ``.venv/bin/python bench/classify/run.py [--rounds 20] [--out FILE] [--prompts JSONL]``;
+prints a Markdown report and writes it to ``bench/classify/results.md`` by default.
+``--prompts`` draws from another file (the corpus, say, for a comparison).
 """
 
 from __future__ import annotations
@@ -31,23 +36,27 @@ sys.path.insert(0, str(ROOT))
 
 import router_models  # noqa: E402 - after the path setup above
 from router_models.artifact import load as load_model  # noqa: E402
-from router_models.corpus.build import DEFAULT_CORPUS  # noqa: E402
 from router_models.features import extract, render  # noqa: E402
 from router_models.records import body_of, read_jsonl  # noqa: E402
 from router_models.scorer import LeanScorer  # noqa: E402
-from router_models.training.train import featurize, sklearn_equivalent  # noqa: E402
+from router_models.training import EXTERNAL_TRAIN  # noqa: E402
+from router_models.training.train import DEV2, featurize, sklearn_equivalent  # noqa: E402
 
 DEFAULT_OUT = Path(__file__).parent / "results.md"
 
 
-def typical_bodies(limit: int = 200) -> list[dict[str, Any]]:
-    """Corpus bodies whose scored text is about 1 KB."""
+def typical_bodies(
+    limit: int = 400, sources: Sequence[Path] = (DEV2, EXTERNAL_TRAIN)
+) -> tuple[str, list[dict[str, Any]]]:
+    """Bodies of real external prompts whose scored text is 800-1,300 UTF-8 bytes, from the
+    first of ``sources`` that exists; that file's name and the bodies."""
+    source = next(path for path in sources if path.is_file())
     bodies = []
-    for record in read_jsonl(DEFAULT_CORPUS):
+    for record in read_jsonl(source):
         body = body_of(record)
-        if 800 <= len(render(body).text) <= 1300:
+        if 800 <= len(render(body).text.encode("utf-8")) <= 1300:
             bodies.append(body)
-    return bodies[:limit]
+    return source.name, bodies[:limit]
 
 
 def timed(fn: Callable[[Any], object], items: Sequence[Any], rounds: int) -> list[float]:
@@ -78,9 +87,9 @@ def summary(samples: list[float]) -> dict[str, float]:
     }
 
 
-def run(rounds: int) -> dict[str, Any]:
-    """Measure every variant on the same bodies."""
-    bodies = typical_bodies()
+def run(rounds: int, prompts: Path | None = None) -> dict[str, Any]:
+    """Measure every variant on the same bodies (from ``prompts`` when given)."""
+    origin, bodies = typical_bodies() if prompts is None else typical_bodies(sources=(prompts,))
     router = router_models.load()
     lean = LeanScorer(load_model(router_models.DEFAULT_ARTIFACT))
     clf = sklearn_equivalent(load_model(router_models.DEFAULT_ARTIFACT))
@@ -100,7 +109,9 @@ def run(rounds: int) -> dict[str, Any]:
     }
     return {
         "bodies": len(bodies),
+        "origin": origin,
         "mean_chars": statistics.fmean(len(render(b).text) for b in bodies),
+        "mean_bytes": statistics.fmean(len(render(b).text.encode("utf-8")) for b in bodies),
         "rounds": rounds,
         "python": platform.python_version(),
         "cpu_count": os.cpu_count(),
@@ -118,7 +129,8 @@ def markdown(data: dict[str, Any]) -> str:
     lines = [
         "# Classification latency (router on the request path)",
         "",
-        f"{data['bodies']} corpus prompts of ~1 KB (mean {data['mean_chars']:.0f} chars), "
+        f"{data['bodies']} prompts of ~1 KB from {data['origin']} (mean "
+        f"{data['mean_bytes']:.0f} bytes, {data['mean_chars']:.0f} chars), "
         f"{data['rounds']} rounds, Python {data['python']}, {data['cpu_count']} CPUs, "
         f"1-minute load average {data['load_average_1m']:.1f} when it started.",
         "",
@@ -143,10 +155,13 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--no-pin", action="store_true", help="do not pin to one CPU")
+    parser.add_argument(
+        "--prompts", type=Path, default=None, help="another JSONL to draw the 1 KB prompts from"
+    )
     args = parser.parse_args()
     if not args.no_pin and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {0})
-    data = run(args.rounds)
+    data = run(args.rounds, args.prompts)
     report = markdown(data)
     print(report)
     args.out.write_text(report, encoding="utf-8")

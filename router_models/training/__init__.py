@@ -18,6 +18,9 @@ from typing import Final
 # shipped artifact's training data (issue 35: the candidate trained on them regressed on
 # held-out sets; docs/router.md, "Public both-label sources").
 EXTERNAL_TRAIN: Final = Path(__file__).resolve().parent / "data" / "external-train.jsonl"
+# FollowBench's rule-C rows (stacked constraints, en + zh), in a file of their own: measured
+# beside external-train.jsonl, in no artifact (docs/router-data.md, "followbench").
+FOLLOWBENCH_TRAIN: Final = EXTERNAL_TRAIN.with_name("followbench.jsonl")
 RULE_LABELLED_SOURCES: Final = frozenset(
     ("ape210k", "aqua", "dm_mathematics", "jmmlu", "svamp", "tal_scq5k")
 )

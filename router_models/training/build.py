@@ -6,6 +6,7 @@
     # <mirror-root>/<owner>+<name>/repo), generate the DeepMind questions (gen_mathematics.py),
     python -m router_models.training.build --mirror-root /work/.mirror --dm-mathematics dm.jsonl
     python -m router_models.training.build ... --stats      # counts only, nothing written
+    python -m router_models.training.build --only followbench --out .../followbench.jsonl
 
 Each source's rows are labelled by ``rules.py``, then at most ``CAPS[source]`` rows per label
 are kept, chosen by the sha1 of the row id (same input, same bytes).  Prompts that repeat
@@ -36,7 +37,10 @@ CAPS: Final = {
     "aqua": 400,
     "svamp": 400,
     "dm_mathematics": 400,
+    "followbench": 200,
 }
+# Sources built into their own file (``--only followbench --out ...``), not external-train.jsonl.
+SEPARATE: Final = frozenset(("followbench",))
 MAX_CHARS: Final = 8000
 
 
@@ -61,17 +65,24 @@ def sample(rows: Iterable[Row], cap: int, seen: set[str]) -> list[Row]:
     return sorted((r for rows_ in by_label.values() for r in rows_), key=lambda r: r.id)
 
 
-def collect(mirror_root: Path, dm_lines: Sequence[str] | None) -> list[Row]:
-    """Every source's sampled rows; a source whose repository is missing is skipped (said)."""
+def collect(
+    mirror_root: Path, dm_lines: Sequence[str] | None, only: Sequence[str] = ()
+) -> list[Row]:
+    """Every source's sampled rows (those of ``only`` when given; otherwise all but the
+    ``SEPARATE`` ones); a source whose repository is missing is skipped (said)."""
     seen: set[str] = set()
     out: list[Row] = []
     for name, reader in READERS.items():
+        if (name not in only) if only else (name in SEPARATE):
+            continue
         pin = PINS[name]
         git_dir = mirror_root / pin.repo.replace("/", "+") / "repo"
         if not git_dir.is_dir():
             sys.stderr.write(f"skip {name}: no fetched copy at {git_dir}\n")
             continue
         out += sample(reader(Repo(git_dir, pin.commit)), CAPS[name], seen)
+    if only and "dm_mathematics" not in only:
+        return out
     if dm_lines is None:
         sys.stderr.write("skip dm_mathematics: give --dm-mathematics FILE\n")
     else:
@@ -108,13 +119,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--dm-mathematics", type=Path, default=None)
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--stats", action="store_true")
+    parser.add_argument("--only", action="append", default=[], help="build only this source")
     args = parser.parse_args(argv)
     dm = (
         args.dm_mathematics.read_text(encoding="utf-8").splitlines()
         if args.dm_mathematics
         else None
     )
-    rows = collect(args.mirror_root, dm)
+    rows = collect(args.mirror_root, dm, args.only)
     stats(rows, sys.stdout)
     if not args.stats:
         args.out.parent.mkdir(parents=True, exist_ok=True)

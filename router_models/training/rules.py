@@ -172,3 +172,20 @@ def label_from_hops(question_type: str) -> Label | None:
     if question_type == "comparison":
         return "simple"
     return None
+
+
+# Rule C (stacked constraints): a task that is simple by itself (a short rewrite, a summary, a
+# translation, a short story, a short answer) carrying four or more stacked constraints on
+# its output (length, format, words, order, tone, language) is strictly structured output and
+# complex; the same task with at most one constraint stays simple; two or three are neither.
+SIMPLE_CONSTRAINTS: Final = 1
+SEVERAL_CONSTRAINTS: Final = 4
+
+
+def label_from_constraints(level: int) -> Label | None:
+    """Rule C on a source's own count of constraints added to a simple base task."""
+    if 0 <= level <= SIMPLE_CONSTRAINTS:
+        return "simple"
+    if level >= SEVERAL_CONSTRAINTS:
+        return "complex"
+    return None

@@ -38,6 +38,9 @@ PINS: Final = {
     "jemhopqa": Pin("aiishii/JEMHopQA", "fed5024f4f39f02727e699cb7ccb67935a779a5a", "CC BY-SA 4.0"),
     "aqua": Pin("google-deepmind/AQuA", "26b64ed1f22208c6742f47df547dfd65088ec30d", "Apache-2.0"),
     "svamp": Pin("arkilpatel/SVAMP", "689d7ccac74b9983a2ac7cc3b264f441b99e7c53", "MIT"),
+    "followbench": Pin(
+        "YJiangcm/FollowBench", "6278f4c1377b4eafab737267b8b21acd52ea0e52", "Apache-2.0"
+    ),
     "dm_mathematics": Pin(
         "google-deepmind/mathematics_dataset", "PyPI mathematics_dataset==1.0.1", "Apache-2.0"
     ),
@@ -251,10 +254,55 @@ def dm_mathematics(lines: Sequence[str]) -> Iterator[Row]:
         )
 
 
+# FollowBench base tasks kept: those whose base instruction is simple by itself and whose
+# original dataset is not reserved.  Dropped: AlpacaEval's subsets (helpful_base, oasst,
+# koala, vicuna), Quora question pairs (GLUE's QQP), and every dataset of the P3/T0 mixture
+# (t0_zsnoopt_data, cnn_dailymail, xsum, samsum, gigaword, ROCStories/StoryCloze, E2E,
+# CoNLL-2003); synthetic_data_generation (its constraints ask for structured output, rule C's
+# complex side at any level).  The situation, style, format and example files are not read:
+# their bases are code, reserved puzzles or AlpacaEval prompts, or their level counts
+# examples, not constraints.
+FOLLOWBENCH_FILES: Final = ("content_constraints.json", "mixed_constraints.json")
+FOLLOWBENCH_BASES: Final = frozenset(
+    (
+        "COGNAC",
+        "WIKIEVENTS",
+        "sharegpt",
+        "reddit",
+        "text_editing",
+        "NewsCommentary",
+        "Tedtalks",
+        "WritingPrompts",
+        "Open Subtitles",
+        "arxiv",
+    )
+)
+
+
+def followbench(repo: Repo) -> Iterator[Row]:
+    """FollowBench (en, zh): rule C on the row's own ``level`` (constraints added)."""
+    for folder, lang in (("data", "en"), ("data_zh", "zh")):
+        for name in FOLLOWBENCH_FILES:
+            kind = name.split("_", 1)[0]  # the file is the constraint type
+            for item in json.loads(repo.show(f"{folder}/{name}")):
+                label = rules.label_from_constraints(int(item["level"]))
+                prompt = str(item["instruction"]).strip()
+                if label is None or not prompt or item["source"] not in FOLLOWBENCH_BASES:
+                    continue
+                yield Row(
+                    f"followbench-{lang}-{kind}-{item['example_id']}-{item['level']}",
+                    "followbench",
+                    f"{kind}-level{item['level']}/{lang}",
+                    label,
+                    prompt,
+                )
+
+
 READERS: Final = {
     "jmmlu": jmmlu,
     "tal_scq5k": tal_scq5k,
     "ape210k": ape210k,
     "aqua": aqua,
     "svamp": svamp,
+    "followbench": followbench,
 }

@@ -1,4 +1,4 @@
-"""Tests for router_models/evaluate.py: the operating point and the share curve."""
+"""Tests for router_models/training/evaluate.py: the operating point and the share curve."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tests for router_models/honest.py and crossval.py: held-out evaluation that never lets a
+"""Tests for router_models/training/honest.py and crossval.py: held-out evaluation that never lets a
 group, or an evaluation-only row, into its own training."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Tests for router_models/train.py: determinism, reproducibility of the shipped artifact,
+"""Tests for router_models/training/train.py: determinism, reproducibility of the shipped artifact,
 and a quality floor on a held-out part of our own corpus."""
 
 from __future__ import annotations

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from router_models.records import read_jsonl
-from router_models.training import EXTERNAL_TRAIN, RULE_LABELLED_SOURCES, rules
+from router_models.training import EXTERNAL_TRAIN, FOLLOWBENCH_TRAIN, RULE_LABELLED_SOURCES, rules
 from router_models.training.build import collect, sample
-from router_models.training.sources import Repo, Row, jmmlu, svamp
+from router_models.training.sources import Repo, Row, followbench, jmmlu, svamp
 
 RESERVED_WORDS = ("gsm8k", "humaneval", "mbpp", "bbh", "logiqa", "alpaca", "ifeval", "jsquad")
 
@@ -139,4 +139,58 @@ def test_committed_training_file_meets_the_issue() -> None:
         elif r["source"] == "dm_mathematics":
             assert rules.label_from_module(field) == r["label"]
         assert not any(word in r["id"].lower() for word in RESERVED_WORDS)
+    assert len({r["id"] for r in records}) == len(records)
+
+
+def test_rule_c_counts_stacked_constraints() -> None:
+    """At most one constraint on a simple task is simple, four or more complex, else dropped."""
+    assert [rules.label_from_constraints(n) for n in range(7)] == [
+        "simple",
+        "simple",
+        None,
+        None,
+        "complex",
+        "complex",
+        "complex",
+    ]
+
+
+def test_followbench_reader_keeps_unreserved_bases_and_labels_by_level(tmp_path: Path) -> None:
+    """Levels 0-1 simple, 4-5 complex, 2-3 and reserved or unread bases dropped."""
+
+    def item(source: str, level: int, text: str) -> dict[str, object]:
+        return {"example_id": 1, "category": "content", "source": source, "level": level,
+                "instruction": text}  # fmt: skip
+
+    mixed = [item("Tedtalks", n, f"Translate, {n} constraints.") for n in range(6)]
+    mixed += [item("xsum", 0, "Summarise."), item("Tedtalks", 1, "  ")]
+    content = [item("oasst", 5, "Answer with five rules."), item("arxiv", 4, "Four rules.")]
+    files = {}
+    for folder in ("data", "data_zh"):
+        files[f"{folder}/mixed_constraints.json"] = json.dumps(mixed)
+        files[f"{folder}/content_constraints.json"] = json.dumps(content)
+        files[f"{folder}/situation_constraints.json"] = json.dumps([item("coding", 0, "Code.")])
+    rows = {r.id: r for r in followbench(_git_repo(tmp_path, files))}
+    assert {k: r.label for k, r in rows.items() if "-en-" in k} == {
+        "followbench-en-content-1-4": "complex",
+        "followbench-en-mixed-1-0": "simple",
+        "followbench-en-mixed-1-1": "simple",
+        "followbench-en-mixed-1-4": "complex",
+        "followbench-en-mixed-1-5": "complex",
+    }
+    assert rows["followbench-zh-mixed-1-5"].category == "mixed-level5/zh"
+    assert len(rows) == 10
+
+
+def test_committed_followbench_file_has_both_labels_in_both_languages() -> None:
+    """The committed FollowBench rows: labels by rule C, both labels in en and zh."""
+    records = read_jsonl(FOLLOWBENCH_TRAIN)
+    counts = Counter((r["category"].rsplit("/", 1)[-1], r["label"]) for r in records)
+    assert all(
+        counts[(lang, label)] >= 20 for lang in ("en", "zh") for label in ("simple", "complex")
+    )
+    for r in records:
+        level = int(r["category"].split("/")[0].rsplit("level", 1)[-1])
+        assert rules.label_from_constraints(level) == r["label"]
+        assert r["source"] == "followbench"
     assert len({r["id"] for r in records}) == len(records)
