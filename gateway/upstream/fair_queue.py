@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+from bisect import bisect_left
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -158,8 +159,7 @@ class WaitHistogram:
 
     def observe(self, value: float) -> None:
         """Count one wait."""
-        index = next((i for i, b in enumerate(self.bounds) if value <= b), len(self.bounds))
-        self.counts[index] += 1
+        self.counts[bisect_left(self.bounds, value)] += 1
         self.total += value
 
 
