@@ -24,7 +24,7 @@ from bisect import bisect_left
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Final, Literal
+from typing import Final, Literal, NamedTuple
 
 from policies.errors import InvalidRequest, PermissionDenied
 from policies.principal import SCOPE_PRIORITY, Principal
@@ -39,8 +39,7 @@ WAIT_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 
 TOP_TENANTS: Final = 1000  # tenants remembered per tier for the admin view
 
 
-@dataclass(frozen=True, slots=True)
-class Ticket:
+class Ticket(NamedTuple):
     """Who is waiting: the tenant (the fairness flow), its priority class and weight."""
 
     tenant: str
