@@ -3,12 +3,13 @@ the fast tier goes away. Per leg (FIFO, fair queuing, fair queuing + spill) and 
 TTFT p50/p99 of streamed answers, goodput within the SLO, 429/503 counts, spill rate.
 
 Usage: ``.venv/bin/python bench/overload/run.py [--legs fifo,fair,fair+spill] [--phase-s 12]
-[--out bench/results/overload.md]``
+[--workers 1] [--out bench/results/overload.md]``
 
 Each leg starts its own simulators (fast tier: two replicas of ``SLOTS`` sequences, precise
-tier: one) and one gateway (one worker, ``max_concurrency`` = the simulators' slots), then
-runs three phases of ``--phase-s`` seconds: *calm* (light tenants only), *flood* (plus the
-heavy tenant) and *brown-out* (the flood goes on, one fast replica is killed).
+tier: one) and one gateway (``--workers``, each with ``max_concurrency`` = the simulators'
+slots divided by the workers), then runs three phases of ``--phase-s`` seconds: *calm*
+(light tenants only), *flood* (plus the heavy tenant) and *brown-out* (the flood goes on, one
+fast replica is killed).
 
 - light tenants ``light-1..3``: interactive keys, each an open loop of ``LIGHT_RPS`` streamed
   requests a second (a request that finds no answer is counted, never retried);
@@ -77,6 +78,7 @@ class Leg:
     spill: bool
     outcomes: list[Outcome] = field(default_factory=list)
     phase_s: float = 0.0
+    workers: int = 1  # gateway workers, each with SLOTS // workers slots per replica
 
 
 def _sim(name: str, profile: str, workdir: Path) -> Service:
@@ -101,7 +103,7 @@ def _keys(workdir: Path) -> dict[str, str]:
 def _gateway(leg: Leg, fast: list[Service], precise: Service, workdir: Path) -> Service:
     def tier(model: str, sims: list[Service]) -> dict[str, Any]:
         urls = [f"http://127.0.0.1:{s.port}" for s in sims]
-        return {"model": model, "replicas": urls, "max_concurrency": SLOTS}
+        return {"model": model, "replicas": urls, "max_concurrency": SLOTS // leg.workers}
 
     config: dict[str, Any] = {
         "auth": {"keys_file": str(workdir / "keys.yaml")},
@@ -115,10 +117,13 @@ def _gateway(leg: Leg, fast: list[Service], precise: Service, workdir: Path) -> 
     }
     if leg.spill:
         config["spillover"] = {"enabled": True}
+    if leg.workers > 1:  # no limits on the keys: each worker may count on its own
+        config["ratelimit"] = {"memory_divide_per_worker": True}
     path = workdir / f"{leg.name}.yaml"
     path.write_text(yaml.safe_dump(config), encoding="utf-8")
     port = free_port()
     cmd = [sys.executable, "-m", "gateway", "serve", "--config", str(path), "--port", str(port)]
+    cmd += ["--workers", str(leg.workers)]
     service = Service(f"gateway-{leg.name}", cmd, port, workdir / f"gateway-{leg.name}.log")
     service.start(http_answers(f"http://127.0.0.1:{port}/livez"))
     return service
@@ -238,17 +243,18 @@ def _row(leg: Leg, phase: str, tenant: str) -> str:
     )
 
 
-def report(legs: list[Leg], phase_s: float) -> str:
+def report(legs: list[Leg], phase_s: float, workers: int = 1) -> str:
     """The markdown table of every leg, phase and tenant group."""
     lines = [
         "# Overload: a batch flood, interactive tenants, a fast-tier brown-out",
         "",
-        f"Command: `make bench-overload` (`bench/overload/run.py --phase-s {phase_s:g}`), "
+        f"Command: `bench/overload/run.py --phase-s {phase_s:g} --workers {workers}`, "
         f"run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on a shared "
         f"{os.cpu_count()}-CPU machine (load average {os.getloadavg()[0]:.1f} at the end).",
         "",
-        f"Fast tier: 2 simulated replicas x {SLOTS} slots; precise: 1 x {SLOTS}; one gateway "
-        f"worker. Light: {len(LIGHT)} interactive tenants x {LIGHT_RPS:g} streamed requests/s "
+        f"Fast tier: 2 simulated replicas x {SLOTS} slots; precise: 1 x {SLOTS}; {workers} "
+        f"gateway worker(s) of {SLOTS // workers} slots per replica each. "
+        f"Light: {len(LIGHT)} interactive tenants x {LIGHT_RPS:g} streamed requests/s "
         f"(rows `light` sum them); heavy: a batch key with {HEAVY_WORKERS} requests in flight. "
         f"SLO: 200 and first token within {SLO_TTFT_S:g} s; goodput in answers/s within it; "
         "a request counts in the phase it was sent in. "
@@ -274,17 +280,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--legs", default="fifo,fair,fair+spill")
     parser.add_argument("--phase-s", type=float, default=12.0)
+    parser.add_argument(
+        "--workers", type=int, default=1, help="gateway workers (slots per replica split)"
+    )
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench/results/overload.md")
     args = parser.parse_args()
     legs = []
     for name in args.legs.split(","):
         policy = "fifo" if name.startswith("fifo") else "fair"
-        legs.append(Leg(name, policy, spill=name.endswith("+spill"), phase_s=args.phase_s))
+        leg = Leg(name, policy, spill=name.endswith("+spill"), phase_s=args.phase_s)
+        leg.workers = args.workers
+        legs.append(leg)
     for leg in legs:
         with tempfile.TemporaryDirectory(prefix="tiergate-overload-") as tmp:
             run_leg(leg, Path(tmp))
         print(f"leg {leg.name}: {len(leg.outcomes)} requests", flush=True)
-    text = report(legs, args.phase_s)
+    text = report(legs, args.phase_s, args.workers)
     args.out.write_text(text, encoding="utf-8")
     print(text)
 
