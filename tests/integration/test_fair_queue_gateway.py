@@ -90,3 +90,22 @@ def test_a_flood_of_batch_requests_waits_behind_interactive_ones(
     metrics = httpx.get(gateway.url + "/metrics", headers=auth, timeout=10).text
     assert 'tiergate_queue_wait_seconds_count{priority="batch",tier="fast"}' in metrics
     assert "tiergate_queue_waiting" in metrics
+
+
+def test_the_queue_view_needs_the_admin_token_and_the_header_its_scope(
+    stack: tuple[str, str, GatewayProcess],
+) -> None:
+    """/admin/queue without the admin token is 401; x-tiergate-priority from a key without the
+    priority scope is an OpenAI-shaped 403 (the openai client's PermissionDeniedError)."""
+    heavy_key, _, gateway = stack
+    assert httpx.get(gateway.url + "/admin/queue", timeout=10).status_code == 401
+    client = openai.OpenAI(base_url=gateway.url + "/v1", api_key=heavy_key, max_retries=0)
+    with pytest.raises(openai.PermissionDeniedError) as caught:
+        client.chat.completions.create(
+            model="fast",
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=4,
+            extra_headers={"x-tiergate-priority": "interactive"},
+        )
+    assert caught.value.code == "priority_not_allowed"
+    client.close()
