@@ -302,9 +302,12 @@ class ReplicaPool:
 
     def refresh_context(self) -> None:
         """Set ``context_len``: the smallest context length its replicas reported (``None``
-        when none did). Called after each health round, so requests read one attribute."""
+        when none did). Called after each health round, so requests read one attribute; then
+        free slots of replicas back in rotation go to waiters."""
         known = [r.max_model_len for r in self.replicas if r.max_model_len is not None]
         self.context_len = min(known) if known else None
+        if self.queue.waiting:  # a replica back in rotation takes waiters at once
+            self.dispatch()
 
     def ready(self) -> bool:
         """Some replica is healthy and not misconfigured."""

@@ -167,3 +167,17 @@ def test_queue_fields_round_trip_and_are_checked() -> None:
     for bad in ({"priority": "urgent"}, {"queue_weight": 0}, {"queue_weight": True}):
         with pytest.raises(ValueError, match=r"priority|queue_weight"):
             policy_from_dict(bad)
+
+
+async def test_a_replica_back_in_rotation_takes_a_waiter_after_the_health_round() -> None:
+    """Waiters do not wait for a release when a replica becomes usable again."""
+    pool = ReplicaPool("fast", [URL, "http://10.0.0.2:8000"], 1, 5.0)
+    busy, down = pool.replicas
+    pool.lease(busy)
+    down.healthy = False
+    waiter = asyncio.create_task(pool.acquire(Ticket("a"), frozenset(), 5.0))
+    await asyncio.sleep(0)
+    down.healthy = True
+    pool.refresh_context()  # what the health monitor calls after each round
+    assert await asyncio.wait_for(waiter, 1.0) is down
+    assert down.in_flight == 1
