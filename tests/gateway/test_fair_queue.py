@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from gateway.upstream.fair_queue import BATCH, Ticket, ticket_for
+from gateway.upstream.fair_queue import BATCH, TOP_TENANTS, QueueStats, Ticket, ticket_for
 from gateway.upstream.replicas import QueueSetup, Replica, ReplicaPool
 from policies.errors import InvalidRequest, Overloaded, PermissionDenied
 from policies.keys import policy_from_dict, policy_to_dict
@@ -181,3 +181,15 @@ async def test_a_replica_back_in_rotation_takes_a_waiter_after_the_health_round(
     pool.refresh_context()  # what the health monitor calls after each round
     assert await asyncio.wait_for(waiter, 1.0) is down
     assert down.in_flight == 1
+
+
+def test_the_tenant_view_is_bounded() -> None:
+    """At most TOP_TENANTS tenants are remembered; a new one replaces the least notable."""
+    stats = QueueStats(1.0)
+    stats.waited(Ticket("big"), 5.0)
+    for index in range(TOP_TENANTS + 50):
+        stats.refused(Ticket(f"t{index}"), "full")
+    assert len(stats.tenants) == TOP_TENANTS
+    assert "big" in stats.tenants
+    assert stats.top()["by_wait"][0]["tenant"] == "big"
+    assert sum(stats.shed.values()) == TOP_TENANTS + 50  # the counts themselves are exact
