@@ -89,6 +89,7 @@ class FairQueue:
         self.policy = policy
         self.max_length = max_length
         self.waiting = 0
+        self.by_class = [0] * len(PRIORITIES)  # waiters per class rank (fifo: all in rank 0)
         self._heap: list[tuple[int, float, int, Waiter]] = []
         self._finish: dict[tuple[int, str], float] = {}
         self._flows: Counter[tuple[int, str]] = Counter()
@@ -107,7 +108,14 @@ class FairQueue:
         heapq.heappush(self._heap, (rank, start, next(self._seq), waiter))
         self._flows[flow] += 1
         self.waiting += 1
+        self.by_class[rank] += 1
         return waiter
+
+    def ahead_of(self, priority: str) -> int:
+        """Waiters a new request of class ``priority`` would find ahead of it at worst."""
+        if self.policy != "fair":
+            return self.waiting
+        return sum(self.by_class[: PRIORITIES.index(priority) + 1])
 
     def pop(self, url: str) -> Waiter | None:
         """The next waiter that may use replica ``url`` (taken off the queue), or ``None``."""
@@ -137,6 +145,7 @@ class FairQueue:
         waiter.queued = False
         self.waiting -= 1
         flow = waiter.flow
+        self.by_class[flow[0]] -= 1
         self._flows[flow] -= 1
         if self._flows[flow] <= 0:
             del self._flows[flow]

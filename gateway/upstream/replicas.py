@@ -386,12 +386,31 @@ class ReplicaPool:
         """The longest a request of ``ticket``'s class waits for a slot."""
         return self.class_waits.get(ticket.priority, self.max_queue_wait_s)
 
+    def drain_per_s(self) -> float | None:
+        """Slots handed to waiters a second lately (``None``: none in the last minute)."""
+        drained = self._drained
+        if len(drained) >= 2 and time.monotonic() - drained[0] < 60:
+            return (len(drained) - 1) / max(drained[-1] - drained[0], 1e-3)
+        return None
+
+    def queue_wait_s(self, priority: str, assumed_request_s: float) -> float:
+        """Seconds a new request of class ``priority`` would wait in the queue at worst: the
+        waiters ahead of it over the drain rate (unknown: ``assumed_request_s`` per waiter,
+        spread over the tier's slots)."""
+        ahead = self.queue.ahead_of(priority)
+        if not ahead:
+            return 0.0
+        rate = self.drain_per_s()
+        if rate is None:
+            slots = sum(r.max_concurrency for r in self.replicas)
+            return ahead * assumed_request_s / max(slots, 1)
+        return ahead / rate
+
     def retry_after(self) -> int:
         """Seconds until the queue ahead has drained at the rate slots were handed out lately
         (1 to 60; the longest wait when no slot was handed out lately)."""
-        drained, now = self._drained, time.monotonic()
-        if len(drained) >= 2 and now - drained[0] < 60:
-            rate = (len(drained) - 1) / max(drained[-1] - drained[0], 1e-3)
+        rate = self.drain_per_s()
+        if rate is not None:
             return int(min(60, max(1, math.ceil((self.queue.waiting + 1) / rate))))
         return int(min(60, max(1, math.ceil(max(self.class_waits.values())))))
 

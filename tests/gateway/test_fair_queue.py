@@ -193,3 +193,22 @@ def test_the_tenant_view_is_bounded() -> None:
     assert "big" in stats.tenants
     assert stats.top()["by_wait"][0]["tenant"] == "big"
     assert sum(stats.shed.values()) == TOP_TENANTS + 50  # the counts themselves are exact
+
+
+async def test_the_queue_wait_counts_the_waiters_ahead_of_a_class() -> None:
+    """An interactive request would wait behind interactive waiters only; a batch one behind
+    all; with no drain seen yet, each waiter is assumed to hold a slot assumed_request_s."""
+    pool, _ = full_pool()
+    assert pool.queue_wait_s(BATCH, 1.0) == 0.0
+    waiting = [
+        asyncio.create_task(pool.acquire(Ticket("h", BATCH), frozenset(), 5.0)) for _ in range(3)
+    ]
+    waiting.append(asyncio.create_task(pool.acquire(Ticket("l"), frozenset(), 5.0)))
+    await asyncio.sleep(0)
+    assert pool.queue.ahead_of("interactive") == 1
+    assert pool.queue.ahead_of(BATCH) == 4
+    assert pool.queue_wait_s(BATCH, 0.5) == 2.0  # 4 waiters x 0.5 s over 1 slot
+    for task in waiting:
+        task.cancel()
+    await asyncio.gather(*waiting, return_exceptions=True)
+    assert pool.queue.ahead_of(BATCH) == 0
