@@ -166,7 +166,12 @@ def build_backends(
     monitor = HealthMonitor(
         pools,
         HealthConfig(
-            h.interval_s, h.timeout_s, h.unhealthy_after, h.healthy_after, h.scrape_metrics
+            h.interval_s,
+            h.timeout_s,
+            h.unhealthy_after,
+            h.healthy_after,
+            h.scrape_metrics,
+            h.metrics_every,
         ),
         credentials={name: route.upstream_headers for name, route in routes.items()},
         share=HealthShare(worker, pools) if shared and worker is not None else None,

@@ -92,6 +92,20 @@ def _add_server_options(parser: argparse.ArgumentParser) -> None:
         default=0.2,
         help="std of the latency noise, as a fraction of the mean (0: exact latencies)",
     )
+    add(
+        "--decode-tokens-per-s",
+        type=_bounded(1.0),
+        default=None,
+        help="decode speed of one sequence (default: the profile's); a slower tier's knob",
+    )
+    add(
+        "--deferred-s",
+        type=_bounded(0.0),
+        default=0.0,
+        metavar="SECONDS",
+        help="every request first waits this long as 'deferred' (vLLM: grammar compile, "
+        'remote KV), counted in vllm:num_requests_waiting_by_reason{reason="deferred"}',
+    )
     add("--echo", action="store_true", help="reply with the last user message / the prompt")
     add(
         "--output-tokens",
@@ -193,6 +207,11 @@ def _add_vllm_options(parser: argparse.ArgumentParser) -> None:
         "/tokenizer_info, /fault_tolerance/apply and /fault_tolerance/status",
     )
     add(
+        "--enable-server-load-tracking",
+        action="store_true",
+        help="as vLLM: GET /load answers the requests in flight (otherwise always 0)",
+    )
+    add(
         "--enable-prompt-tokens-details",
         action="store_true",
         help="as vLLM: report usage.prompt_tokens_details.cached_tokens",
@@ -223,6 +242,8 @@ def _api_keys(given: list[str] | None) -> tuple[str, ...]:
 def config_from_args(args: argparse.Namespace) -> SimConfig:
     """A SimConfig from parsed arguments (the replica name is fixed once the port is known)."""
     profile = PROFILES[args.profile]
+    if args.decode_tokens_per_s is not None:
+        profile = replace(profile, inter_token_s=1.0 / args.decode_tokens_per_s)
     rates = FaultRates(
         stall_seconds=args.stall_seconds, **{name: getattr(args, name) for name in _FAULT_OPTIONS}
     )
@@ -239,6 +260,8 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         latency_scale=args.latency_scale,
         time_factor_under_load=args.time_factor_under_load,
         jitter=args.jitter,
+        deferred_s=args.deferred_s,
+        server_load_tracking=args.enable_server_load_tracking,
         echo=args.echo,
         output_tokens=args.output_tokens,
         legacy_metrics=args.legacy_metrics,

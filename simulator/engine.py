@@ -1,11 +1,19 @@
-"""The simulated engine: running slots, a FIFO waiting queue, KV blocks and latency draws."""
+"""The simulated engine: running slots, a FIFO waiting queue, KV blocks and latency draws.
+
+A request is admitted while a slot is free (``max_num_seqs``) and its KV blocks fit: the
+prompt's plus every token it will generate, reserved at admission (vLLM allocates them as it
+decodes and preempts when they run out; the simulator never preempts). Otherwise it waits for
+*capacity*; a request held back for another reason first (``deferred_s``: vLLM's structured-
+output grammar or remote KV transfer) waits as *deferred*. A full waiting queue refuses the
+request and counts an admission rejection.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import random
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from simulator.metrics import EngineMetrics, Gauges
@@ -29,6 +37,7 @@ class EngineConfig:
     latency_scale: float = 1.0
     time_factor_under_load: float = 2.0
     jitter: float = 0.2
+    deferred_s: float = 0.0
 
 
 @dataclass(slots=True, eq=False)
@@ -59,6 +68,10 @@ class Engine:
         self.running = 0
         self.waiting: deque[Sequence] = deque()
         self.aborts = 0
+        # Requests held back before they may be scheduled (waiting reason "deferred").
+        self.deferred = 0
+        # Requests refused at admission, by reason (vllm:admission_rejections).
+        self.rejections: Counter[str] = Counter()
         self._rng = random.Random(seed)  # noqa: S311 - simulation draws, not security
         slots = max(config.max_num_seqs - 1, 1)
         self._load_slope = (config.time_factor_under_load - 1.0) / slots
@@ -67,11 +80,17 @@ class Engine:
         """Live state for a metrics scrape."""
         return Gauges(
             self.running,
-            len(self.waiting),
+            len(self.waiting) + self.deferred,
             self.cache.usage(),
             self.cache.block_size,
             self.cache.num_blocks,
+            waiting_deferred=self.deferred,
+            rejections=dict(self.rejections),
         )
+
+    def load(self) -> int:
+        """Requests in the engine: running, waiting for capacity, deferred (``/load``)."""
+        return self.running + len(self.waiting) + self.deferred
 
     # -- admission -------------------------------------------------------------------------
 
@@ -81,6 +100,7 @@ class Engine:
             return True
         bound = self.config.max_queue
         if bound is not None and len(self.waiting) >= bound:
+            self.rejections["queue_full"] += 1
             raise QueueFullError
         seq.state = WAITING
         seq.waiter = asyncio.get_running_loop().create_future()

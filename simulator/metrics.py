@@ -143,11 +143,23 @@ class Gauges:
     block_size: int
     num_gpu_blocks: int
     sleep_level: int = 0  # 0 awake, 1 weights offloaded, 2 everything discarded
+    # Of ``waiting``: held back for another reason than capacity (the rest wait for capacity).
+    waiting_deferred: int = 0
+    # Requests the engine refused at admission, by reason.
+    rejections: dict[str, int] = field(default_factory=dict)
 
 
 _HELP: dict[str, tuple[str, str]] = {
     "vllm:num_requests_running": ("gauge", "Number of requests in model execution batches."),
     "vllm:num_requests_waiting": ("gauge", "Number of requests waiting to be processed."),
+    "vllm:num_requests_waiting_by_reason": (
+        "gauge",
+        "Number of requests waiting, by reason: capacity (the engine is full) or deferred.",
+    ),
+    "vllm:admission_rejections": (
+        "counter",
+        "Requests rejected at admission (answered 503), by reason.",
+    ),
     "vllm:kv_cache_usage_perc": ("gauge", "KV-cache usage. 1 means 100 percent usage."),
     "vllm:gpu_cache_usage_perc": (
         "gauge",
@@ -203,6 +215,20 @@ def render(metrics: EngineMetrics, gauges: Gauges, model: str, *, legacy: bool) 
     out: list[str] = []
     _sample(out, "vllm:num_requests_running", labels, gauges.running)
     _sample(out, "vllm:num_requests_waiting", labels, gauges.waiting)
+    _header(out, "vllm:num_requests_waiting_by_reason")
+    by_reason = (
+        ("capacity", gauges.waiting - gauges.waiting_deferred),
+        ("deferred", gauges.waiting_deferred),
+    )
+    for reason, count in by_reason:
+        out.append(
+            f'vllm:num_requests_waiting_by_reason{{{labels},reason="{reason}"}} {float(count)}'
+        )
+    _header(out, "vllm:admission_rejections")
+    for reason, count in sorted({"queue_full": 0, **gauges.rejections}.items()):
+        out.append(
+            f'vllm:admission_rejections{{model_name="{escaped}",reason="{reason}"}} {float(count)}'
+        )
     _sample(out, "vllm:kv_cache_usage_perc", labels, gauges.kv_usage)
     if legacy:
         _sample(out, "vllm:gpu_cache_usage_perc", labels, gauges.kv_usage)

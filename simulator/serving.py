@@ -167,6 +167,8 @@ async def _run(
 ) -> web.StreamResponse:
     engine = state.engine
     seq = Sequence(plan.prompt_tokens, plan.output_tokens, plan.chain_seed, plan.total_blocks)
+    if engine.config.deferred_s:
+        await _deferred(state)
     try:
         started = engine.submit(seq)
     except QueueFullError:
@@ -186,6 +188,16 @@ async def _run(
         raise
     finally:
         engine.abort(seq)  # no-op when the sequence already finished
+
+
+async def _deferred(state: SimState) -> None:
+    """Held back before scheduling (vLLM: a grammar compiling, KV arriving from elsewhere)."""
+    engine = state.engine
+    engine.deferred += 1
+    try:
+        await asyncio.sleep(engine.config.deferred_s)
+    finally:
+        engine.deferred -= 1
 
 
 async def _unary(

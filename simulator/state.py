@@ -38,6 +38,10 @@ class SimConfig:
     latency_scale: float = 1.0
     time_factor_under_load: float = 2.0
     jitter: float = 0.2
+    # Seconds each request waits as "deferred" before it may be scheduled.
+    deferred_s: float = 0.0
+    # vLLM's --enable-server-load-tracking: GET /load reports the requests in flight.
+    server_load_tracking: bool = False
     echo: bool = False
     # None: a chat request without max_tokens generates to the end of the context, as vLLM.
     output_tokens: int | None = None
@@ -78,6 +82,7 @@ class SimState:
             latency_scale=config.latency_scale,
             time_factor_under_load=config.time_factor_under_load,
             jitter=config.jitter,
+            deferred_s=config.deferred_s,
         )
         self.engine = Engine(engine_config, cache, config.seed + 1)
         self.planner = Planner(
@@ -124,7 +129,8 @@ class SimState:
             "requests_total": self.requests_total,
             "aborts_total": engine.aborts,
             "running": engine.running,
-            "waiting": len(engine.waiting),
+            "waiting": len(engine.waiting) + engine.deferred,
+            "admission_rejections": dict(engine.rejections),
             "kv_cache_usage": engine.cache.usage(),
             "prefix_cache_queries": engine.metrics.prefix_queries,
             "prefix_cache_hits": engine.metrics.prefix_hits,
@@ -142,6 +148,7 @@ class SimState:
         """Zero the counters and histograms and forget unused cached prefixes."""
         self.requests_total = 0
         self.engine.aborts = 0
+        self.engine.rejections.clear()
         self.engine.metrics.reset()
         self.engine.cache.drop_unused()
         self.last_traceparent = None

@@ -1,7 +1,8 @@
 """vLLM's routes outside ``/v1``: open to anyone who reaches the port, even with ``--api-key``.
 
 vLLM 0.33 always serves ``POST /scale_elastic_ep``, ``POST /is_scaling_elastic_ep`` and
-``GET /kv_event_sources`` (``--vllm-version current``; absent for ``0.11``). With
+``GET /kv_event_sources`` (``--vllm-version current``; absent for ``0.11``), and ``GET /load``
+(``{"server_load": N}``: requests in flight with ``--enable-server-load-tracking``, else 0). With
 ``--dev-mode`` (vLLM's ``VLLM_SERVER_DEV_MODE=1``) the simulator also serves sleep mode
 (``POST /sleep?level=N``, ``POST /wake_up``, ``GET /is_sleeping``), ``POST
 /reset_prefix_cache`` and ``GET /server_info``; with ``--enable-gated-routes`` the routes vLLM
@@ -132,9 +133,14 @@ def add_vllm_admin_routes(app: web.Application, state: SimState) -> None:
         state.sleep_level = level
         return _json({"sleep_level": level, "sleep_state": SLEEP_STATES[level]})
 
+    async def load(_: web.Request) -> web.Response:
+        tracked = state.config.server_load_tracking
+        return _json({"server_load": state.engine.load() if tracked else 0})
+
     app.router.add_post("/sim/sleep", sim_sleep)
     if state.flavor.name != "vllm":
         return
+    app.router.add_get("/load", load)
     if state.config.vllm_version != "0.11":
         _elastic_routes(app)
     if state.config.dev_mode:

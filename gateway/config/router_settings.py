@@ -103,15 +103,15 @@ class RouterSettings(Section):
 
 
 class SpilloverSettings(Section):
-    """Borderline fast-tier requests to an idle precise tier when fast is saturated."""
+    """Spill across tiers: a request goes to the other tier when that serves it sooner."""
 
     enabled: bool = False
-    """Send borderline fast-tier requests to an idle precise tier while the fast tier is saturated.
-
+    """Estimate each tier's time to first token from its replicas' own signals and send a
+    classifier-routed request to the other tier when that starts it sooner by ``margin_s``
+    (up: keys that may use the precise tier; down: keys with the ``downgrade`` scope).
     """
-    margin: float = Field(default=0.1, ge=0, le=1)
-    """How close below the threshold a score must be to count as borderline."""
-    fast_waiting: float = Field(default=4.0, ge=0)
-    """Fast-tier requests waiting per replica (on average) above which it counts as saturated."""
-    precise_max_utilisation: float = Field(default=0.5, gt=0, le=1)
-    """Precise-tier utilisation below which it counts as idle."""
+    margin_s: float = Field(default=0.25, ge=0)
+    """How many seconds sooner the other tier must be estimated to start the request."""
+    assumed_request_s: float = Field(default=1.0, gt=0)
+    """Seconds one request is assumed to hold a slot on a replica whose drain rate is not yet
+    known (no finished requests seen between two scrapes)."""

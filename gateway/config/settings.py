@@ -125,7 +125,8 @@ class TierSettings(Section):
     max_tokens_cap: int = Field(default=4096, ge=1)
     """Largest max_tokens / max_completion_tokens a request may ask of this tier (400 above)."""
     max_concurrency: int = Field(default=64, ge=1)
-    """Requests in flight per replica before new ones wait."""
+    """Requests in flight per replica at most before new ones wait; fewer while the replica
+    reports itself full (capacity-waiting, admission rejections; docs/replicas.md)."""
     max_queue_wait_s: float = Field(default=1.0, ge=0)
     """How long a request waits for a free replica slot before a 503 with Retry-After."""
     strategy: Literal["round_robin", "least_loaded", "prefix_affinity"] = "prefix_affinity"
@@ -376,6 +377,9 @@ class HealthSettings(Section):
     """Good probes in a row before it is healthy again."""
     scrape_metrics: bool = True
     """Also scrape each replica's /metrics (queue depth, KV-cache use) for balancing."""
+    metrics_every: int = Field(default=1, ge=1)
+    """Scrape /metrics every this many rounds; on the rounds between, read a vLLM replica's
+    cheaper GET /load (while it tracks server load: --enable-server-load-tracking)."""
     eject_after: int = Field(default=5, ge=1)
     """Consecutive request failures (connection errors, 5xx) before a replica is ejected."""
     eject_base_s: float = Field(default=2.0, gt=0)

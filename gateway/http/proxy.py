@@ -397,8 +397,9 @@ class ProxyService:
     ) -> RouteDecision:
         decision = self.router.decide(summary, body, principal, override)
         if self.spillover is not None:
-            threshold = self.router.threshold_for(principal)
-            decision = self.spillover.adjust(decision, threshold, principal)
+            decision = self.spillover.adjust(
+                decision, principal, lambda tier: self.fields.accepts(body, tier)
+            )
         self._check_max_tokens(summary, decision.tier, principal.policy.max_tokens)
         return decision
 

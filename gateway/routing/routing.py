@@ -152,10 +152,6 @@ class TierRouter:
         to are not scored), or of the body as sent when unwrapping is off."""
         return classifier.score(unwrap(body) if self.unwrap_packaging else body)
 
-    def threshold_for(self, principal: Principal) -> float:
-        """The threshold the caller's tenant meets now."""
-        return self.dial.threshold_for(principal.tenant)
-
     def replace(self, classifier: TierClassifier) -> None:
         """Swap in a new classifier (artifact reload: the dial is re-seeded first)."""
         self.classifier = classifier

@@ -1,82 +1,97 @@
-"""Load-aware spill-over: borderline requests leave a saturated fast tier for an idle precise one.
+"""Spill across tiers: a request goes to the other tier when that starts it sooner.
 
-When the classifier sent a request to the fast tier with a score just below the threshold
-(within ``margin``), the fast tier's replicas report more than ``fast_waiting`` requests
-waiting on average, and the precise tier is below ``precise_max_utilisation`` of its
-concurrency with nothing waiting, the request goes to the precise tier instead, with the
-route reason ``spillover``. Off by default; ``spilled`` counts it for the metrics.
+Each tier's wait is estimated from its replicas' own signals and the gateway's in-flight
+counts (:func:`gateway.upstream.signals.tier_wait_s`: the requests ahead of a new one over the
+replica's observed drain rate, the best usable replica's), plus the wait in the gateway's own
+queue ahead of the request's priority class (:meth:`ReplicaPool.queue_wait_s`). A request the classifier routed to
+one tier goes to the other when the other's estimate plus ``margin_s`` is still below its
+own, and the key allows it: **up** (fast → precise, route reason ``spill_up``) when the key may
+use the precise tier; **down** (precise → fast, ``spill_down``) only with the ``downgrade``
+scope. Explicit tiers, overrides and rules (tools, structured output, long prompts) are never
+moved, nor a request whose fields the other tier refuses. The spilled decision then goes
+through the precise-share caps and budgets like any other (gateway/http/proxy.py
+``_admit``), so a spill up counts as a precise request. Off by default; ``spilled`` counts
+spills by direction (also in ``tiergate_route_decisions_total`` under their reasons).
 """
 
 from __future__ import annotations
 
 import time
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from gateway.upstream.replicas import ReplicaPool
-from policies.principal import Principal
+from gateway.upstream.signals import tier_wait_s
+from policies.principal import SCOPE_DOWNGRADE, Principal
 from policies.tiering import RouteDecision
 
-REASON = "spillover"
+UP = "spill_up"
+DOWN = "spill_down"
 
 
 @dataclass(frozen=True, slots=True)
 class SpilloverConfig:
-    """When a borderline request may spill from the fast tier to the precise tier."""
+    """When a request may spill to the other tier."""
 
     enabled: bool = False
-    margin: float = 0.1
-    fast_waiting: float = 4.0
-    precise_max_utilisation: float = 0.5
+    margin_s: float = 0.25
+    assumed_request_s: float = 1.0
 
 
 class Spillover:
-    """Decides, per request, whether a borderline fast-tier request spills over."""
+    """Decides, per request, whether a classifier-routed request spills to the other tier."""
 
-    def __init__(
-        self,
-        config: SpilloverConfig,
-        fast: ReplicaPool,
-        precise: ReplicaPool,
-    ) -> None:
+    def __init__(self, config: SpilloverConfig, fast: ReplicaPool, precise: ReplicaPool) -> None:
         self.config = config
         self.fast = fast
         self.precise = precise
-        self.spilled = 0
+        self.spilled: Counter[str] = Counter()
 
-    def fast_saturated(self, now: float) -> bool:
-        """The fast tier's usable replicas have a long waiting queue (or none is usable)."""
-        usable = self.fast.usable(now)
-        if not usable:
-            return True
-        return sum(r.waiting for r in usable) / len(usable) > self.config.fast_waiting
+    def wait_s(self, pool: ReplicaPool, now: float, priority: str = "interactive") -> float:
+        """The estimated wait before a request of class ``priority`` sent to ``pool`` now
+        starts: its replicas' (the engines' queues) and the gateway's own queue ahead of it."""
+        assumed = self.config.assumed_request_s
+        return tier_wait_s(pool.usable(now), assumed) + pool.queue_wait_s(priority, assumed)
 
-    def precise_has_headroom(self, now: float) -> bool:
-        """The precise tier has usable replicas, little in flight and nothing waiting."""
-        usable = self.precise.usable(now)
-        if not usable:
-            return False
-        capacity = sum(r.max_concurrency for r in usable)
-        busy = sum(max(float(r.in_flight), r.running) for r in usable)
-        waiting = sum(r.waiting for r in usable)
-        return waiting < 1 and busy / capacity < self.config.precise_max_utilisation
+    def _target(self, decision: RouteDecision, principal: Principal) -> tuple[ReplicaPool, str]:
+        """The other tier and the direction, when the key may spill there."""
+        policy = principal.policy
+        if decision.tier == self.fast.tier and policy.allows_tier(self.precise.tier):
+            return self.precise, UP
+        if (
+            decision.tier == self.precise.tier
+            and policy.has_scope(SCOPE_DOWNGRADE)
+            and policy.allows_tier(self.fast.tier)
+        ):
+            return self.fast, DOWN
+        raise LookupError
 
     def adjust(
-        self, decision: RouteDecision, threshold: float, principal: Principal
+        self,
+        decision: RouteDecision,
+        principal: Principal,
+        accepts: Callable[[str], bool] = lambda _: True,
     ) -> RouteDecision:
-        """``decision`` or, for a borderline fast request under saturation, the precise tier."""
+        """``decision``, or the other tier when that starts the request sooner by the margin
+        and ``accepts`` the request's fields there."""
         config = self.config
-        score = decision.score
-        if (
-            not config.enabled
-            or decision.reason != "classifier"
-            or decision.tier != self.fast.tier
-            or score is None
-            or score < threshold - config.margin
-            or not principal.policy.allows_tier(self.precise.tier)
-        ):
+        if not config.enabled or decision.reason != "classifier":
+            return decision
+        own = {self.fast.tier: self.fast, self.precise.tier: self.precise}.get(decision.tier)
+        if own is None:
             return decision
         now = time.monotonic()
-        if not (self.fast_saturated(now) and self.precise_has_headroom(now)):
+        priority = principal.policy.priority
+        own_wait = self.wait_s(own, now, priority)
+        if own_wait <= config.margin_s:
+            return decision  # the common case: nothing to gain elsewhere
+        try:
+            other, direction = self._target(decision, principal)
+        except LookupError:
             return decision
-        self.spilled += 1
-        return RouteDecision(tier=self.precise.tier, reason=REASON, score=score)
+        other_wait = self.wait_s(other, now, priority)
+        if other_wait + config.margin_s >= own_wait or not accepts(other.tier):
+            return decision
+        self.spilled[direction] += 1
+        return RouteDecision(tier=other.tier, reason=direction, score=decision.score)

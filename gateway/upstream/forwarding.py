@@ -415,7 +415,7 @@ def _pick(
     free = [
         r
         for r in pool.replicas
-        if r.in_flight < r.max_concurrency
+        if r.in_flight < r.slots
         and not r.misconfigured
         and r.url not in exclude
         and r.available(now)

@@ -33,7 +33,7 @@ from typing import Final
 import aiohttp
 import structlog
 
-from gateway.upstream import backends
+from gateway.upstream import backends, signals
 from gateway.upstream.keys import UpstreamKeys
 from gateway.upstream.replicas import ErrorRecord, Replica, ReplicaPool
 from gateway.upstream.worker_share import HealthShare
@@ -124,6 +124,7 @@ class HealthConfig:
     unhealthy_after: int = 2
     healthy_after: int = 1
     scrape_metrics: bool = True
+    metrics_every: int = 1
 
 
 class HealthMonitor:
@@ -219,6 +220,8 @@ class HealthMonitor:
     def _refresh_contexts(self) -> None:
         for pool in self.pools.values():
             pool.refresh_context()
+            for replica in pool.replicas:
+                signals.refresh_slots(replica)
 
     def readiness(self) -> dict[str, bool] | None:
         """Per tier: is some replica healthy? ``None`` until every replica was probed."""
@@ -239,7 +242,7 @@ class HealthMonitor:
             replica.checked = True
             return
         if failure is None and self.config.scrape_metrics:
-            await self._scrape(replica)
+            await self._engine_state(replica)
             failure = _asleep(replica)
         self._apply(replica, failure)
         if failure is not None and failure[0].endswith("could not connect"):
@@ -359,6 +362,25 @@ class HealthMonitor:
             replica.recent_errors.append(ErrorRecord(time.time(), "health_check", error))
             _log.warning("replica.unhealthy", tier=replica.tier, replica=replica.name, reason=error)
 
+    async def _engine_state(self, replica: Replica) -> None:
+        """``/metrics`` every ``metrics_every`` rounds; between, vLLM's ``/load`` unless the
+        replica showed it does not track load (0 while the gateway had requests there)."""
+        config = self.config
+        if (
+            self.rounds % config.metrics_every == 0
+            or replica.load_tracked is False
+            or backends.kind_of(replica).name != "vllm"
+        ):
+            await self._scrape(replica)
+            return
+        try:
+            status, body = await self._get(replica.url + signals.LOAD_PATH)
+        except (TimeoutError, aiohttp.ClientError, OSError):
+            return
+        load = signals.parse_load(body) if status == 200 else None
+        if not signals.absorb_load(replica, load):
+            _log.info("replica.load_untracked", tier=replica.tier, replica=replica.name)
+
     async def _scrape(self, replica: Replica) -> None:
         kind = backends.kind_of(replica)
         if kind.metrics_path is None or not kind.metrics:
@@ -377,6 +399,7 @@ class HealthMonitor:
             if value is not None:
                 setattr(replica, field, value)
         replica.scraped_at = time.monotonic()
+        signals.absorb(replica, signals.parse_signals(page), replica.scraped_at)
 
 
 def _asleep(replica: Replica) -> tuple[str, bool] | None:

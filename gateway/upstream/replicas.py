@@ -97,6 +97,22 @@ class Replica:
     prefix_queries: float = 0.0
     prefix_hits: float = 0.0
     prefix_hit_rate: float | None = None
+    # Capacity signals (gateway.upstream.signals): requests the engine holds waiting for
+    # capacity (``None``: not reported), its finished-request counter and the drain rate seen
+    # between scrapes, whether it refused requests at admission since the last scrape, the
+    # most it was seen running while full, and the gateway's slot count from all of these.
+    waiting_capacity: float | None = None
+    finished_total: float | None = None
+    finished_at: float = 0.0
+    drain_per_s: float = 0.0
+    rejections_total: float | None = None
+    rejecting: bool = False
+    engine_slots: int | None = None
+    slots: int = 0
+    # vLLM's GET /load between scrapes: requests in flight there (``None``: not read since the
+    # last scrape), and whether it tracks them (``None``: not known yet).
+    server_load: float | None = None
+    load_tracked: bool | None = None
     # Read from the server itself: its context length (``max_model_len`` in ``/v1/models``)
     # and vLLM's ``engine_sleep_state`` (``None``: not reported; anything but "awake": asleep).
     max_model_len: int | None = None
@@ -124,6 +140,8 @@ class Replica:
             self.name = _display_name(self.url)
         if self.kind_setting != "auto":
             self.kind = self.kind_setting
+        if not self.slots:
+            self.slots = self.max_concurrency
 
     @property
     def health_path(self) -> str:
@@ -144,7 +162,7 @@ class Replica:
         if now < self.cooldown_until:
             return f"cooling down for {self.cooldown_until - now:.1f}s after a Retry-After"
         if not self.has_capacity:
-            return f"at its concurrency cap ({self.max_concurrency})"
+            return f"at its concurrency cap ({self.slots} of at most {self.max_concurrency})"
         return None
 
     def _last_error(self) -> str:
@@ -165,8 +183,9 @@ class Replica:
 
     @property
     def has_capacity(self) -> bool:
-        """Below its concurrency cap."""
-        return self.in_flight < self.max_concurrency
+        """Below its slot count: ``max_concurrency`` or less where the replica reports itself
+        full (:func:`gateway.upstream.signals.refresh_slots`)."""
+        return self.in_flight < self.slots
 
     def state(self, now: float) -> str:
         """One word for the admin view: healthy, unhealthy, ejected or cooldown."""

@@ -43,6 +43,12 @@ _SHARED_FIELDS = (
     "misconfigured",
     "max_model_len",
     "sleep_state",
+    "waiting_capacity",
+    "drain_per_s",
+    "rejecting",
+    "engine_slots",
+    "server_load",
+    "load_tracked",
 )
 
 
