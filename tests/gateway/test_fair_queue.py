@@ -6,11 +6,13 @@ import asyncio
 
 import pytest
 
+from gateway.routing.spillover import Spillover, SpilloverConfig
 from gateway.upstream.fair_queue import BATCH, TOP_TENANTS, QueueStats, Ticket, ticket_for
 from gateway.upstream.replicas import QueueSetup, Replica, ReplicaPool
 from policies.errors import InvalidRequest, Overloaded, PermissionDenied
 from policies.keys import policy_from_dict, policy_to_dict
 from policies.principal import SCOPE_PRIORITY, KeyPolicy, Principal
+from policies.tiering import RouteDecision
 
 URL = "http://10.0.0.1:8000"
 
@@ -212,3 +214,23 @@ async def test_the_queue_wait_counts_the_waiters_ahead_of_a_class() -> None:
         task.cancel()
     await asyncio.gather(*waiting, return_exceptions=True)
     assert pool.queue.ahead_of(BATCH) == 0
+
+
+async def test_spill_sees_the_gateway_queue_ahead_of_the_class() -> None:
+    """A batch request's wait estimate includes the gateway's queue ahead of it (interactive
+    ones skip batch waiters), so it spills up to an idle precise tier."""
+    fast, _ = full_pool()
+    precise = ReplicaPool("precise", ["http://10.0.0.9:8000"], 1, 5.0)
+    spill = Spillover(SpilloverConfig(enabled=True, margin_s=0.25), fast, precise)
+    waiting = [
+        asyncio.create_task(fast.acquire(Ticket("h", BATCH), frozenset(), 5.0)) for _ in range(4)
+    ]
+    await asyncio.sleep(0)
+    routed = RouteDecision(tier="fast", reason="classifier", score=0.1)
+    batch = Principal("k", "h", KeyPolicy(priority=BATCH))
+    assert spill.adjust(routed, batch).reason == "spill_up"
+    # 4 batch waiters x 1 s over 1 slot: 4 s more for batch, nothing more for interactive
+    assert spill.wait_s(fast, 0.0, BATCH) == spill.wait_s(fast, 0.0, "interactive") + 4.0
+    for task in waiting:
+        task.cancel()
+    await asyncio.gather(*waiting, return_exceptions=True)
