@@ -133,8 +133,7 @@ def build_backends(
     others follow.
     """
     h = health
-    q = queue or QueueSettings()
-    setup = QueueSetup(q.policy, q.max_length, q.waits())
+    setup = _queue_setup(queue or QueueSettings())
     ejection = EjectionPolicy(h.eject_after, h.eject_base_s, h.eject_max_s, h.max_ejected_share)
     pools = {
         name: ReplicaPool(
@@ -180,6 +179,10 @@ def build_backends(
         served_models={name: tier.model for name, tier in tiers.items()},
     )
     return pools, routes, monitor
+
+
+def _queue_setup(queue: QueueSettings) -> QueueSetup:
+    return QueueSetup(queue.policy, queue.max_length, queue.waits())
 
 
 def _field_rules(tiers: Mapping[str, TierSettings], requests: RequestSettings) -> FieldRules:
