@@ -1,17 +1,18 @@
 """Spill across tiers: a request goes to the other tier when that starts it sooner.
 
-Each tier's wait is estimated from its replicas' own signals and the gateway's in-flight
-counts (:func:`gateway.upstream.signals.tier_wait_s`: the requests ahead of a new one over the
+Each tier's wait is estimated from its replicas' own signals and the gateway's in-flight counts
+(:func:`gateway.upstream.signals.tier_wait_s`: the requests ahead of a new one over the
 replica's observed drain rate, the best usable replica's), plus the wait in the gateway's own
-queue ahead of the request's priority class (:meth:`ReplicaPool.queue_wait_s`). A request the classifier routed to
-one tier goes to the other when the other's estimate plus ``margin_s`` is still below its
-own, and the key allows it: **up** (fast → precise, route reason ``spill_up``) when the key may
-use the precise tier; **down** (precise → fast, ``spill_down``) only with the ``downgrade``
-scope. Explicit tiers, overrides and rules (tools, structured output, long prompts) are never
-moved, nor a request whose fields the other tier refuses. The spilled decision then goes
-through the precise-share caps and budgets like any other (gateway/http/proxy.py
-``_admit``), so a spill up counts as a precise request. Off by default; ``spilled`` counts
-spills by direction (also in ``tiergate_route_decisions_total`` under their reasons).
+queue ahead of the request's priority class (:meth:`ReplicaPool.queue_wait_s`). A request the
+classifier routed to one tier goes to the other when the other's estimate plus ``margin_s`` is
+still below its own, and the key allows it: **up** (fast → precise, route reason ``spill_up``)
+when the key may use the precise tier; **down** (precise → fast, ``spill_down``) only with the
+``downgrade`` scope. Explicit tiers, overrides and rules (tools, structured output, long
+prompts) are never moved, nor a request whose fields the other tier refuses. The spilled
+decision then goes through the precise-share caps and budgets like any other
+(gateway/http/proxy.py ``_admit``), so a spill up counts as a precise request. Off by default;
+``spilled`` counts spills by direction (also in ``tiergate_route_decisions_total`` under their
+reasons).
 """
 
 from __future__ import annotations
