@@ -6,7 +6,7 @@ UV := $(TOOLS)/bin/uv
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-all lint typecheck unit install install-dev docs redis-server bench bench-prefix bench-streams bench-classify bench-sim bench-llamacpp e2e stream-cut-table clean
+.PHONY: demo test test-all lint typecheck unit install install-dev docs redis-server bench bench-prefix bench-overload bench-streams bench-classify bench-sim bench-llamacpp e2e stream-cut-table clean
 
 $(UV):
 	python3 -m venv $(TOOLS)
@@ -57,6 +57,10 @@ bench: install-dev
 
 bench-prefix: install-dev
 	$(BIN)/python bench/prefix/run.py
+
+# Issue 36: a batch flood, interactive tenants, a fast-tier brown-out; OVERLOAD_ARGS="--legs fair"
+bench-overload: install-dev
+	$(BIN)/python bench/overload/run.py $(OVERLOAD_ARGS)
 
 # Issue 37: concurrent token streams through every proxy; STREAMS_ARGS="--ladder 100,1000" etc.
 bench-streams: install-dev

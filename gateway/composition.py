@@ -23,6 +23,7 @@ from gateway.config.router_settings import RouterSettings, SpilloverSettings
 from gateway.config.settings import (
     BalancingSettings,
     HealthSettings,
+    QueueSettings,
     RequestSettings,
     Settings,
     TierSettings,
@@ -46,7 +47,7 @@ from gateway.upstream.attempt import UpstreamClient
 from gateway.upstream.forwarding import Forwarder, TierRoute
 from gateway.upstream.health import HealthConfig, HealthMonitor
 from gateway.upstream.keys import UpstreamKeys
-from gateway.upstream.replicas import EjectionPolicy, ReplicaPool
+from gateway.upstream.replicas import EjectionPolicy, QueueSetup, ReplicaPool
 from gateway.upstream.retry import RetryPolicy
 from gateway.upstream.worker_share import HealthShare, WorkerRole
 from policies.fields import FieldPolicy
@@ -124,6 +125,7 @@ def build_backends(
     balancing: BalancingSettings,
     *,
     worker: WorkerRole | None = None,
+    queue: QueueSettings | None = None,
 ) -> tuple[dict[str, ReplicaPool], dict[str, TierRoute], HealthMonitor]:
     """Each tier's replica pool and route, and the monitor that keeps their health current.
 
@@ -131,6 +133,7 @@ def build_backends(
     others follow.
     """
     h = health
+    setup = _queue_setup(queue or QueueSettings())
     ejection = EjectionPolicy(h.eject_after, h.eject_base_s, h.eject_max_s, h.max_ejected_share)
     pools = {
         name: ReplicaPool(
@@ -142,6 +145,7 @@ def build_backends(
             health_path=tier.health_path,
             kind=tier.kind,
             busy_s=max(tier.timeouts.first_byte_s, tier.timeouts.idle_s),
+            queue=setup,
         )
         for name, tier in tiers.items()
     }
@@ -175,6 +179,10 @@ def build_backends(
         served_models={name: tier.model for name, tier in tiers.items()},
     )
     return pools, routes, monitor
+
+
+def _queue_setup(queue: QueueSettings) -> QueueSetup:
+    return QueueSetup(queue.policy, queue.max_length, queue.waits())
 
 
 def _field_rules(tiers: Mapping[str, TierSettings], requests: RequestSettings) -> FieldRules:
@@ -268,7 +276,7 @@ def build_gateway(
     admin_token = settings.auth.read_admin_token()  # the one read of the token (file)
     register_secret(admin_token)  # never logged, wherever a caller puts it
     pools, routes, monitor = build_backends(
-        settings.tiers, settings.health, settings.balancing, worker=o.worker
+        settings.tiers, settings.health, settings.balancing, worker=o.worker, queue=settings.queue
     )
     router = build_router(
         settings.router, settings.tiers, router_models.load(settings.router.artifact)

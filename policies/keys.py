@@ -21,6 +21,7 @@ from policies.errors import AuthenticationFailed, TierGateError
 from policies.principal import (
     SCOPE_DOWNGRADE,
     SCOPE_ENGINE_FIELDS,
+    SCOPE_PRIORITY,
     SCOPE_ROUTE_OVERRIDE,
     KeyPolicy,
     Principal,
@@ -28,7 +29,9 @@ from policies.principal import (
 from policies.tiering import check_rule_overrides
 
 KEY_PREFIX = "tg"
-KNOWN_SCOPES = frozenset({SCOPE_ROUTE_OVERRIDE, SCOPE_DOWNGRADE, SCOPE_ENGINE_FIELDS})
+KNOWN_SCOPES = frozenset(
+    {SCOPE_ROUTE_OVERRIDE, SCOPE_DOWNGRADE, SCOPE_ENGINE_FIELDS, SCOPE_PRIORITY}
+)
 _DAY_S = 86400.0
 MAX_EXPIRY_DAYS = 3650  # ten years: a longer-lived key is a key that should not expire
 # Limits are applied in doubles (Redis Lua): anything above 2**53 is no longer exact.
@@ -140,7 +143,28 @@ def _newer_fields(policy: KeyPolicy) -> dict[str, Any]:
         fields["precise_share_over"] = policy.precise_share_over
     if policy.rules:
         fields["rules"] = sorted(policy.rules)
+    if policy.priority != "interactive":
+        fields["priority"] = policy.priority
+    if policy.queue_weight != 1.0:
+        fields["queue_weight"] = policy.queue_weight
     return fields
+
+
+def _queue_place(data: dict[str, Any]) -> tuple[str, float]:
+    priority = data.get("priority") or "interactive"
+    if priority not in ("interactive", "batch"):
+        raise PolicyError(
+            "policy field 'priority' must be 'interactive' or 'batch'", param="priority"
+        )
+    weight = data.get("queue_weight")
+    if weight is None:
+        return priority, 1.0
+    if isinstance(weight, bool) or not isinstance(weight, int | float) or not 0 < weight <= 1000:
+        raise PolicyError(
+            "policy field 'queue_weight' must be a number above 0 and at most 1000 or null",
+            param="queue_weight",
+        )
+    return priority, float(weight)
 
 
 def _share(data: dict[str, Any]) -> tuple[float | None, str]:
@@ -205,6 +229,8 @@ def policy_from_dict(data: dict[str, Any]) -> KeyPolicy:
         "rules",
         "max_precise_share",
         "precise_share_over",
+        "priority",
+        "queue_weight",
     }
     if unknown:
         raise ValueError(f"unknown policy fields: {sorted(unknown)}")
@@ -224,6 +250,7 @@ def policy_from_dict(data: dict[str, Any]) -> KeyPolicy:
             "policy field 'tiers' must name at least one tier (or be null: all)", param="tiers"
         )
     share, over = _share(data)
+    priority, weight = _queue_place(data)
     return KeyPolicy(
         allowed_tiers=tiers,
         rpm=_positive(data, "rpm"),
@@ -238,6 +265,8 @@ def policy_from_dict(data: dict[str, Any]) -> KeyPolicy:
         rules=_rules(data),
         max_precise_share=share,
         precise_share_over=over,
+        priority=priority,
+        queue_weight=weight,
     )
 
 
@@ -410,6 +439,8 @@ def make_policy(
     rules: list[str] | None = None,
     max_precise_share: float | None = None,
     precise_share_over: str | None = None,
+    priority: str | None = None,
+    queue_weight: float | None = None,
 ) -> KeyPolicy:
     """A checked policy from creation options (command line or admin API)."""
     unknown_scopes = set(scopes or ()) - KNOWN_SCOPES
@@ -440,6 +471,8 @@ def make_policy(
             "rules": rules or [],
             "max_precise_share": max_precise_share,
             "precise_share_over": precise_share_over,
+            "priority": priority,
+            "queue_weight": queue_weight,
         }
     )
 

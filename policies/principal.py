@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 SCOPE_ROUTE_OVERRIDE = "route_override"  # may force a tier with the x-tiergate-tier header
 SCOPE_DOWNGRADE = "downgrade"  # may fall back from the precise tier to the fast one
 SCOPE_ENGINE_FIELDS = "engine_fields"  # may send engine control fields (priority, ...)
+SCOPE_PRIORITY = "priority"  # may pick its queue class with the x-tiergate-priority header
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +34,10 @@ class KeyPolicy:
     # precise_cap.py), and what happens over it: "downgrade" (to fast) or "refuse" (429).
     max_precise_share: float | None = None
     precise_share_over: str = "downgrade"
+    # Its place when a tier is full (gateway/upstream/fair_queue.py): the priority class
+    # ("interactive" before "batch") and its weight among the tenants waiting in that class.
+    priority: str = "interactive"
+    queue_weight: float = 1.0
 
     def allows_tier(self, tier: str) -> bool:
         """True when this key may use ``tier``."""

@@ -55,6 +55,8 @@ class NewKey(msgspec.Struct, forbid_unknown_fields=True):
     budget_monthly: float | None = None
     max_precise_share: float | None = None
     precise_share_over: str | None = None
+    priority: str | None = None  # queue class when a tier is full: interactive or batch
+    queue_weight: float | None = None  # its weight among the tenants waiting in that class
 
 
 class KeyNotFound(InvalidRequest):
@@ -125,6 +127,8 @@ async def _requested(
             budget_daily=spec.budget_daily,
             budget_monthly=spec.budget_monthly,
             rules=spec.rules,
+            priority=spec.priority,
+            queue_weight=spec.queue_weight,
         )
     except PolicyError as exc:
         raise InvalidRequest(f"Invalid key request: {exc}", param=exc.param) from None

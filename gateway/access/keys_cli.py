@@ -71,6 +71,8 @@ async def _create(args: argparse.Namespace, store: KeyStore, settings: Settings)
         rules=args.rule,
         max_precise_share=args.max_precise_share,
         precise_share_over=args.precise_share_over,
+        priority=args.priority,
+        queue_weight=args.queue_weight,
         now=now,
         known_tiers=tuple(settings.tiers) if args.config is not None else None,
     )
@@ -214,7 +216,20 @@ def _add_routing_options(parser: argparse.ArgumentParser) -> None:
         "--scope",
         action="append",
         default=[],
-        help="extra scope: route_override, downgrade, engine_fields (repeatable)",
+        help="extra scope: route_override, downgrade, engine_fields, priority (repeatable)",
+    )
+    parser.add_argument(
+        "--priority",
+        choices=("interactive", "batch"),
+        default=None,
+        help="the key's class in a full tier's queue: interactive (default) before batch",
+    )
+    parser.add_argument(
+        "--queue-weight",
+        type=float,
+        default=None,
+        metavar="WEIGHT",
+        help="its weight among the tenants waiting in its class (default 1)",
     )
     parser.add_argument(
         "--rule",

@@ -423,6 +423,24 @@ class RequestSettings(Section):
     """Deepest nesting of objects and arrays accepted in a body."""
 
 
+class QueueSettings(Section):
+    """Requests waiting for a full tier's slots (upstream/fair_queue.py, docs/overload.md)."""
+
+    policy: Literal["fair", "fifo"] = "fair"
+    """fair: interactive before batch, weighted fair across tenants; fifo: arrival order."""
+    max_length: int = Field(default=1024, ge=1)
+    """Requests waiting per tier per worker at most; one more gets 503 at once."""
+    interactive_wait_s: float | None = Field(default=None, ge=0)
+    """Longest wait of an interactive request (unset: the tier's max_queue_wait_s)."""
+    batch_wait_s: float | None = Field(default=None, ge=0)
+    """Longest wait of a batch request (unset: the tier's max_queue_wait_s)."""
+
+    def waits(self) -> dict[str, float]:
+        """The classes' longest waits that are set."""
+        given = {"interactive": self.interactive_wait_s, "batch": self.batch_wait_s}
+        return {name: wait for name, wait in given.items() if wait is not None}
+
+
 class ExposureSettings(Section):
     mode: Literal["off", "warn", "strict"] = "warn"
     """Start-up exposure self-check: off, warn (log findings) or strict (refuse to start on an
@@ -444,6 +462,8 @@ class Settings(BaseSettings):
     """Listening address and request limits."""
     tiers: dict[str, TierSettings] = Field(default_factory=_default_tiers)
     """The tiers by name: each one served model on one or more replicas."""
+    queue: QueueSettings = Field(default_factory=QueueSettings)
+    """Who gets a full tier's next free slot, and how long a request waits for one."""
     auth: AuthSettings = Field(default_factory=AuthSettings)
     """API keys and the admin token."""
     ratelimit: RateLimitSettings = Field(default_factory=RateLimitSettings)

@@ -1,4 +1,5 @@
-"""``GET /admin/backends``: every replica's state, behind the admin credential.
+"""``GET /admin/backends`` (every replica's state) and ``GET /admin/queue`` (each tier's queue:
+who waited longest, who was refused most), behind the admin credential.
 
 The route is registered only when an admin token is configured (otherwise the path is a 404
 like any unknown one). The caller sends ``Authorization: Bearer <admin token>``, checked in
@@ -110,6 +111,24 @@ def backends_body(routes: Mapping[str, TierRoute], forwarder: Forwarder) -> byte
     )
 
 
+def queue_body(routes: Mapping[str, TierRoute]) -> bytes:
+    """The whole ``/admin/queue`` document: per tier, its queue now and its top tenants."""
+    tiers = {}
+    for tier, route in routes.items():
+        pool = route.pool
+        stats = pool.queue_stats
+        tiers[tier] = {
+            "policy": pool.queue.policy,
+            "waiting": pool.queue.waiting,
+            "max_length": pool.queue.max_length,
+            "max_wait_s": pool.class_waits,
+            "retry_after_s": pool.retry_after(),
+            "shed": {f"{p}/{reason}": n for (p, reason), n in stats.shed.items()},
+            "top_tenants": stats.top(),
+        }
+    return _encoder.encode({"tiers": tiers})
+
+
 def admin_backends_handlers(forwarder: Forwarder, admin_token: str | None) -> list[Any]:
     """The route handler bound to this app's forwarder, or none when admin is off."""
     if not admin_token:
@@ -122,4 +141,10 @@ def admin_backends_handlers(forwarder: Forwarder, admin_token: str | None) -> li
         body = backends_body(forwarder.routes, forwarder)
         return Response(body, media_type="application/json", headers={"Cache-Control": "no-store"})
 
-    return [admin_backends]
+    @get("/admin/queue", sync_to_thread=False)
+    def admin_queue(request: Request[Any, Any, Any]) -> Response[bytes]:
+        guard.check(request.headers.get("authorization"))
+        body = queue_body(forwarder.routes)
+        return Response(body, media_type="application/json", headers={"Cache-Control": "no-store"})
+
+    return [admin_backends, admin_queue]

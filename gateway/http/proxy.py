@@ -29,6 +29,7 @@ from gateway.routing.routing import TierRouter
 from gateway.routing.shadow import ShadowRunner, answer_text
 from gateway.routing.spillover import Spillover
 from gateway.upstream.attempt import Opened
+from gateway.upstream.fair_queue import PRIORITY_HEADER, ticket_for
 from gateway.upstream.forwarding import Exchange, Forwarded, Forwarder
 from gateway.upstream.relay import StreamRelay, usage_fields
 from policies.context_window import fitting_tiers, max_tokens_that_fit
@@ -98,6 +99,7 @@ class ProxyService:
         headers = inbound.headers
         principal = await self.auth.authenticate(headers.get("authorization"))
         ctx.principal = principal
+        ticket = ticket_for(principal, headers.get(PRIORITY_HEADER))
         ctx.mark("auth")
         _check_encoding(headers.get("content-encoding"))
         raw = await inbound.read_body()
@@ -112,7 +114,7 @@ class ProxyService:
         admission = admitted.admission
         try:
             forwarding = self.forwarder.forward(
-                path, body, admitted.tiers, admitted.blocks, _Attempts(ctx)
+                path, body, admitted.tiers, admitted.blocks, _Attempts(ctx), ticket=ticket
             )
             forwarded = await inbound.unless_gone(forwarding)
         except ClientGone:

@@ -45,6 +45,11 @@ OVERHEAD_BUCKETS = (
     0.025,
     0.05,
     0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
 )
 _STATUS_CLASSES = {1: "1xx", 2: "2xx", 3: "3xx", 4: "4xx", 5: "5xx"}
 _ALLOWED = (sc.RATELIMIT_ALL_LIMITS, sc.RATELIMIT_ALLOWED)
@@ -112,6 +117,7 @@ class _LiveCollector(Collector):
         yield in_flight
         yield backend
         yield from self._upstream()
+        yield from self._queues()
         yield GaugeMetricFamily(
             sc.M_PRECISE_SHARE,
             f"Share of the last {self.share.size} routed requests served by the precise tier",
@@ -143,6 +149,34 @@ class _LiveCollector(Collector):
                 retries.add_metric((tier, reason), float(count))
         yield attempts
         yield retries
+
+    def _queues(self) -> Iterator[Metric]:
+        """Queue waits, sheds and waiters per tier and priority class (no tenant label)."""
+        waits = HistogramMetricFamily(
+            sc.M_QUEUE_WAIT,
+            "Time requests waited in a full tier's queue before a slot was handed to them",
+            labels=("tier", "priority"),
+        )
+        shed = CounterMetricFamily(
+            sc.M_QUEUE_SHED,
+            "Requests refused with 503 by a full tier (reason: full queue or deadline)",
+            labels=("tier", "priority", "reason"),
+        )
+        waiting = GaugeMetricFamily(
+            sc.M_QUEUE_WAITING, "Requests waiting for a slot now", labels=("tier",)
+        )
+        for tier, pool in self.pools.items():
+            stats = pool.queue_stats
+            for priority, hist in stats.waits.items():
+                edges = [_bound(b) for b in hist.bounds] + ["+Inf"]
+                buckets = list(zip(edges, accumulate(hist.counts), strict=True))
+                waits.add_metric((tier, priority), buckets, hist.total)
+            for (priority, reason), count in list(stats.shed.items()):
+                shed.add_metric((tier, priority, reason), float(count))
+            waiting.add_metric((tier,), float(pool.queue.waiting))
+        yield waits
+        yield shed
+        yield waiting
 
 
 class _Counter:

@@ -121,6 +121,9 @@ M_STREAM_EMPTY: Final = "tiergate_stream_empty"
 M_CONNECTIONS_OPEN: Final = "tiergate_connections_open"
 M_CONNECTIONS_CAP: Final = "tiergate_connections_cap"
 M_CONNECTIONS_SHED: Final = "tiergate_connections_shed"
+M_QUEUE_WAIT: Final = "tiergate_queue_wait_seconds"
+M_QUEUE_SHED: Final = "tiergate_queue_shed"
+M_QUEUE_WAITING: Final = "tiergate_queue_waiting"
 
 # Label values
 TOKENS_INPUT: Final = "input"

@@ -36,6 +36,7 @@ from gateway.pipeline.events import (
 from gateway.pipeline.ids import fresh_id
 from gateway.upstream.attempt import AUTH_STATUSES, AttemptFailed, Opened, UpstreamClient, attempt
 from gateway.upstream.explain import every_tier_failed, final_error, why_none
+from gateway.upstream.fair_queue import ANONYMOUS, Ticket
 from gateway.upstream.keys import UpstreamKeys, every_key_refused
 from gateway.upstream.replicas import Replica, ReplicaPool
 from gateway.upstream.retry import RetryBudget, RetryLoop, RetryPolicy
@@ -168,12 +169,14 @@ class Forwarder:
         tiers: Sequence[str],
         prefix_blocks: Sequence[int] = (),
         events: AttemptEvents = NO_EVENTS,
+        *,
+        ticket: Ticket = ANONYMOUS,
     ) -> Forwarded:
         """Try ``tiers`` in order; within a tier, retry on other replicas per the rules.
 
         One deadline covers the whole request, fallback tiers included. Each attempt is
         reported to ``events`` (started, then ended); the result says which tier answered and,
-        after a fallback, from which tier and why.
+        after a fallback, from which tier and why. ``ticket``: its place in a full tier's queue.
         """
         deadline = time.monotonic() + self.routes[tiers[0]].timeouts.total_s
         failed: list[tuple[str, TierGateError]] = []
@@ -189,6 +192,7 @@ class Forwarder:
                     prefix_blocks=prefix_blocks,
                     deadline=deadline,
                     fallback=index > 0,
+                    ticket=ticket,
                 )
             except (UpstreamUnavailable, Overloaded) as exc:
                 failed.append((tier, exc))
@@ -209,6 +213,7 @@ class Forwarder:
         prefix_blocks: Sequence[int],
         deadline: float,
         fallback: bool = False,
+        ticket: Ticket = ANONYMOUS,
     ) -> Exchange:
         route = self.routes[tier]
         body["model"] = route.served_model
@@ -231,8 +236,8 @@ class Forwarder:
             routed_at = time.perf_counter()
             exclude = frozenset(tried) if tried else _NOTHING
             choice = _pick(route, exclude, prefix_blocks)
-            if choice is None:  # every usable replica at its cap: wait for a slot
-                choice = await self._choose(route, exclude, prefix_blocks, loop)
+            if choice is None:  # every usable replica at its cap: queue for a slot
+                choice = await _queued(pool, exclude, loop, ticket)
             replica = choice.replica
             tried.add(replica.url)
             headers = self._started(tier, route, choice, routed_at, prefix_blocks, body, events)
@@ -284,21 +289,6 @@ class Forwarder:
         if route.keys is not None:
             headers.update(route.keys.for_replica(replica.url))
         return headers
-
-    async def _choose(
-        self,
-        route: TierRoute,
-        exclude: frozenset[str],
-        prefix_blocks: Sequence[int],
-        loop: RetryLoop,
-    ) -> Choice[Replica]:
-        pool = route.pool
-        wait_until = time.monotonic() + pool.max_queue_wait_s  # one bounded wait in all
-        while True:
-            choice = _pick(route, exclude, prefix_blocks)
-            if choice is not None:
-                return choice
-            await pool.wait_for_slot(min(wait_until - time.monotonic(), loop.remaining()))
 
     async def _attempt(  # noqa: PLR0917  # one attempt's request, passed as is (hot path)
         self,
@@ -399,6 +389,16 @@ class Forwarder:
 
 
 _NOTHING: frozenset[str] = frozenset()
+
+
+async def _queued(
+    pool: ReplicaPool, exclude: frozenset[str], loop: RetryLoop, ticket: Ticket
+) -> Choice[Replica]:
+    """A slot handed over by the tier's queue (no replica left untried: any replica)."""
+    if not any(r.url not in exclude for r in pool.replicas):
+        exclude = _NOTHING
+    wait_s = min(pool.wait_for(ticket), loop.remaining())
+    return Choice(await pool.acquire(ticket, exclude, wait_s))
 
 
 def _pick(

@@ -1,8 +1,10 @@
 """The replicas of each tier: their state, their concurrency caps, leases, and ejection.
 
 A lease is taken before an attempt and returned after it, so the gateway always knows its own
-in-flight count per replica. When every eligible replica is at its cap the request waits a
-bounded time for a slot, then is shed with 503 + Retry-After instead of queueing without limit.
+in-flight count per replica. When every eligible replica is at its cap the request joins the
+tier's bounded queue (``fair_queue.py``): a returned lease is handed to one chosen waiter.
+A waiter past its class's deadline, or one arriving at a full queue, is shed with 503 and a
+``Retry-After`` from the rate the queue drains.
 
 Passive outlier ejection: every attempt's outcome is recorded here. ``eject_after``
 consecutive connection failures or 5xx answers eject the replica for ``base_s * 2**(n-1)``
@@ -15,17 +17,20 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import time
 from collections import Counter, deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 import structlog
 
+from gateway.upstream.fair_queue import FairQueue, QueuePolicy, QueueStats, Ticket, Waiter
 from policies.errors import Overloaded
 
 RECENT_ERRORS = 10
+SHED_QUIET_S = 30.0  # a tier that shed nothing this long starts a new shedding spell
 _log = structlog.get_logger("tiergate.health")
 
 
@@ -209,6 +214,7 @@ class ReplicaPool:
         health_path: str | None = None,
         kind: str = "auto",
         busy_s: float = 60.0,
+        queue: QueueSetup | None = None,
     ) -> None:
         self.tier = tier
         self.replicas = [
@@ -227,8 +233,15 @@ class ReplicaPool:
         self.retries: Counter[str] = Counter()
         self.shed = 0
         self.context_len: int | None = None
-        self._freed = asyncio.Event()
         self._rr = itertools.count()
+        setup = queue or QueueSetup()
+        self.queue = FairQueue(setup.policy, setup.max_length)
+        self.class_waits = {
+            p: setup.waits.get(p, max_queue_wait_s) for p in ("interactive", "batch")
+        }
+        self.queue_stats = QueueStats(max(self.class_waits.values()))
+        self._drained: deque[float] = deque(maxlen=64)  # when waiters were handed slots
+        self._shed_at = -math.inf
 
     def usable(self, now: float, exclude: frozenset[str] = frozenset()) -> list[Replica]:
         """Replicas that are up and not excluded (already tried by this request).
@@ -262,9 +275,25 @@ class ReplicaPool:
         replica.in_flight += 1
 
     def release(self, replica: Replica) -> None:
-        """Return a lease and wake the waiters."""
+        """Return a lease; with waiters queued, hand free slots to them."""
         replica.in_flight -= 1
-        self._freed.set()
+        if self.queue.waiting:
+            self.dispatch()
+
+    def dispatch(self) -> None:
+        """Hand each free slot of an available replica to the next waiter that may use it."""
+        now = time.monotonic()
+        queue = self.queue
+        for replica in self.replicas:
+            if replica.misconfigured or not replica.available(now):
+                continue
+            while queue.waiting and replica.has_capacity:
+                waiter = queue.pop(replica.url)
+                if waiter is None:
+                    break
+                self.lease(replica)
+                waiter.future.set_result(replica)
+                self._drained.append(now)
 
     # -- outcomes -----------------------------------------------------------------------------
 
@@ -292,9 +321,12 @@ class ReplicaPool:
 
     def refresh_context(self) -> None:
         """Set ``context_len``: the smallest context length its replicas reported (``None``
-        when none did). Called after each health round, so requests read one attribute."""
+        when none did). Called after each health round, so requests read one attribute; then
+        free slots of replicas back in rotation go to waiters."""
         known = [r.max_model_len for r in self.replicas if r.max_model_len is not None]
         self.context_len = min(known) if known else None
+        if self.queue.waiting:  # a replica back in rotation takes waiters at once
+            self.dispatch()
 
     def ready(self) -> bool:
         """Some replica is healthy and not misconfigured."""
@@ -345,21 +377,98 @@ class ReplicaPool:
 
     # -- saturation ---------------------------------------------------------------------------
 
-    async def wait_for_slot(self, wait_s: float) -> None:
-        """Wait (bounded) until some lease is returned; raise Overloaded when none comes."""
+    async def acquire(self, ticket: Ticket, exclude: frozenset[str], wait_s: float) -> Replica:
+        """Queue for a slot (bounded by ``wait_s``); the replica whose slot was handed over,
+        leased. Raises Overloaded when the queue is full or the wait runs out."""
         if wait_s <= 0:
-            raise self.overloaded()
-        self._freed.clear()
+            raise self.overloaded(ticket, "deadline")
+        waiter = self.queue.push(ticket, exclude)
+        if waiter is None:
+            raise self.overloaded(ticket, "full")
+        started = time.monotonic()
         try:
             async with asyncio.timeout(wait_s):
-                await self._freed.wait()
+                await waiter.future
         except TimeoutError:
-            raise self.overloaded() from None
+            if not _handed(waiter):
+                self.queue.drop(waiter)
+                raise self.overloaded(ticket, "deadline") from None
+        except BaseException:
+            if _handed(waiter):  # handed a slot, then cancelled: pass it on
+                self.release(_replica(waiter))
+            self.queue.drop(waiter)
+            raise
+        self.queue_stats.waited(ticket, time.monotonic() - started)
+        return _replica(waiter)
 
-    def overloaded(self) -> Overloaded:
-        """The error a caller sees when the tier is saturated."""
+    def wait_for(self, ticket: Ticket) -> float:
+        """The longest a request of ``ticket``'s class waits for a slot."""
+        return self.class_waits.get(ticket.priority, self.max_queue_wait_s)
+
+    def drain_per_s(self) -> float | None:
+        """Slots handed to waiters a second lately (``None``: none in the last minute)."""
+        drained = self._drained
+        if len(drained) >= 2 and time.monotonic() - drained[0] < 60:
+            return (len(drained) - 1) / max(drained[-1] - drained[0], 1e-3)
+        return None
+
+    def queue_wait_s(self, priority: str, assumed_request_s: float) -> float:
+        """Seconds a new request of class ``priority`` would wait in the queue at worst: the
+        waiters ahead of it over the drain rate (unknown: ``assumed_request_s`` per waiter,
+        spread over the tier's slots)."""
+        ahead = self.queue.ahead_of(priority)
+        if not ahead:
+            return 0.0
+        rate = self.drain_per_s()
+        if rate is None:
+            slots = sum(r.max_concurrency for r in self.replicas)
+            return ahead * assumed_request_s / max(slots, 1)
+        return ahead / rate
+
+    def retry_after(self) -> int:
+        """Seconds until the queue ahead has drained at the rate slots were handed out lately
+        (1 to 60; the longest wait when no slot was handed out lately)."""
+        rate = self.drain_per_s()
+        if rate is not None:
+            return int(min(60, max(1, math.ceil((self.queue.waiting + 1) / rate))))
+        return int(min(60, max(1, math.ceil(max(self.class_waits.values())))))
+
+    def overloaded(self, ticket: Ticket | None = None, reason: str = "deadline") -> Overloaded:
+        """The error a caller sees when the tier is saturated (counted, logged once a spell)."""
         self.shed += 1
+        if ticket is not None:
+            self.queue_stats.refused(ticket, reason)
+        now = time.monotonic()
+        if now - self._shed_at > SHED_QUIET_S:
+            _log.warning(
+                "tier.shedding",
+                tier=self.tier,
+                reason=reason,
+                waiting=self.queue.waiting,
+                in_flight=sum(r.in_flight for r in self.replicas),
+            )
+        self._shed_at = now
         return Overloaded(
             f"The '{self.tier}' tier is at capacity; retry shortly.",
-            headers={"Retry-After": "1"},
+            headers={"Retry-After": str(self.retry_after())},
         )
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSetup:
+    """A tier's queue: its order, length and each class's longest wait (others: the tier's)."""
+
+    policy: QueuePolicy = "fair"
+    max_length: int = 1024
+    waits: Mapping[str, float] = field(default_factory=dict)
+
+
+def _handed(waiter: Waiter) -> bool:
+    future = waiter.future
+    return future.done() and not future.cancelled()
+
+
+def _replica(waiter: Waiter) -> Replica:
+    replica = waiter.future.result()
+    assert isinstance(replica, Replica)  # noqa: S101  # only dispatch resolves it
+    return replica

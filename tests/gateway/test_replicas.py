@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from gateway.upstream.fair_queue import ANONYMOUS
 from gateway.upstream.replicas import EjectionPolicy, Replica, ReplicaPool
 from policies.errors import Overloaded
 
@@ -117,22 +118,24 @@ async def test_bounded_wait_sheds_with_retry_after() -> None:
     p = pool()
     started = time.monotonic()
     with pytest.raises(Overloaded) as caught:
-        await p.wait_for_slot(0.1)
+        await p.acquire(ANONYMOUS, frozenset(), 0.1)
     assert time.monotonic() - started < 0.5
-    assert caught.value.headers["Retry-After"] == "1"
+    assert caught.value.headers["Retry-After"] == "1"  # nothing drained: the longest wait, 1 s
     assert p.shed == 1
+    assert p.queue.waiting == 0
 
 
-async def test_a_returned_lease_wakes_a_waiter() -> None:
-    """Releasing a lease ends the wait early."""
+async def test_a_returned_lease_is_handed_to_a_waiter() -> None:
+    """Releasing a lease ends the wait early: the waiter holds the slot it was handed."""
     p = pool()
     replica = p.replicas[0]
     p.lease(replica)
-    waiter = asyncio.create_task(p.wait_for_slot(5.0))
+    waiter = asyncio.create_task(p.acquire(ANONYMOUS, frozenset(), 5.0))
     await asyncio.sleep(0.01)
     p.release(replica)
-    await asyncio.wait_for(waiter, 1.0)
-    assert replica.in_flight == 0
+    handed = await asyncio.wait_for(waiter, 1.0)
+    assert handed is replica
+    assert replica.in_flight == 1
 
 
 def test_misconfigured_replicas_are_a_last_resort_and_not_ready() -> None:
