@@ -46,7 +46,7 @@ from gateway.http.proxy import ProxyService  # noqa: E402  # same
 from gateway.pipeline.events import NO_EVENTS, AttemptEvents  # noqa: E402  # same
 from gateway.telemetry.logging import configure_logging  # noqa: E402  # same
 from gateway.upstream.attempt import Opened  # noqa: E402  # same
-from gateway.upstream.fair_queue import ANONYMOUS, Ticket
+from gateway.upstream.fair_queue import ANONYMOUS, Ticket  # noqa: E402  # same
 from gateway.upstream.forwarding import Exchange, Forwarded, Forwarder  # noqa: E402  # same
 
 T = TypeVar("T")
