@@ -75,7 +75,8 @@ _LOAD_FIELDS = (
 
 
 def _sample(line: str) -> tuple[str, float] | None:
-    """``(name, value)`` of one exposition line, or ``None`` for comments and junk."""
+    """``(name, value)`` of one exposition line, or ``None`` for comments and junk (a count
+    or ratio that is NaN, infinite or negative is junk: no server runs -5 or +Inf requests)."""
     if not line or line[0] == "#":
         return None
     brace = line.find("{")
@@ -88,9 +89,10 @@ def _sample(line: str) -> tuple[str, float] | None:
     if not fields:
         return None
     try:
-        return name.strip(), float(fields[0])
+        value = float(fields[0])
     except ValueError:
         return None
+    return (name.strip(), value) if math.isfinite(value) and value >= 0 else None
 
 
 def parse_metrics(text: str, kind: BackendKind = KINDS["vllm"]) -> EngineLoad:
@@ -113,7 +115,8 @@ def parse_metrics(text: str, kind: BackendKind = KINDS["vllm"]) -> EngineLoad:
         elif rank == held[0]:
             merged = max(held[1], value) if field in _RATIOS else held[1] + value
             found[field] = (rank, merged)
-    return EngineLoad(**{field: value for field, (_, value) in found.items()})
+    # A sum that overflowed is no reading either.
+    return EngineLoad(**{f: v for f, (_, v) in found.items() if math.isfinite(v)})
 
 
 @dataclass(frozen=True, slots=True)

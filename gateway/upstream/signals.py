@@ -83,7 +83,7 @@ def parse_signals(page: str) -> EngineSignals:
         ):
             continue
         sample = _split(line)
-        if sample is None or not math.isfinite(sample[2]):
+        if sample is None or not math.isfinite(sample[2]) or sample[2] < 0:
             continue
         name, labels, value = sample
         if name == _WAITING_BY_REASON:
@@ -96,6 +96,7 @@ def parse_signals(page: str) -> EngineSignals:
         elif name not in (_REJECTIONS, _FINISHED):
             continue
         totals[name] = totals.get(name, 0.0) + value
+    totals = {name: value for name, value in totals.items() if math.isfinite(value)}
     return EngineSignals(
         waiting_capacity=totals.get("waiting_capacity"),
         waiting_deferred=totals.get("waiting_deferred"),
