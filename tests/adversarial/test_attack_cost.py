@@ -8,16 +8,27 @@ loopback plays the lying backend; the health monitor reads it over a real socket
 
 from __future__ import annotations
 
+import asyncio
 import math
+import time
 from collections.abc import AsyncIterator, Callable
 
+import openai
 import pytest
 from aiohttp import web
+from redis.asyncio import Redis
 
+from gateway.access.keystore_redis import RedisKeyStore
 from gateway.upstream.health import HealthConfig, HealthMonitor
 from gateway.upstream.pool import UpstreamPool
 from gateway.upstream.replicas import Replica, ReplicaPool
 from gateway.upstream.signals import replica_wait_s
+from policies.keys import create_key
+from policies.principal import KeyPolicy
+from tests.integration.gateway_proc import GatewayProcess, tiers_config
+from tests.processes import free_port
+from tests.redis_server import RedisServer
+from tests.simulator.procs import SimulatorProcess
 
 Page = Callable[[], str]
 
@@ -96,3 +107,51 @@ async def test_lying_metrics_leave_finite_numbers(lie: str, client: UpstreamPool
         assert math.isfinite(replica.running)
         assert math.isfinite(replica.waiting)
         assert not math.isnan(replica_wait_s(replica, 1.0))
+
+
+async def _capped_key(url: str, policy: KeyPolicy) -> str:
+    client = Redis.from_url(url)
+    try:
+        _, token = await create_key(RedisKeyStore(client), "capped", policy, now=time.time())
+    finally:
+        await client.aclose()
+    return token
+
+
+@pytest.mark.slow
+def test_fallback_to_precise_counts_against_the_cap() -> None:
+    """A capped key (0.2, downgrade) whose requests go fast while the fast tier is down: the
+    default fast → precise fallback serves them on the precise tier. Those answers are
+    precise ones, so at most the cap of them may be (docs/access.md: "Every window of the
+    key's requests then holds at most the cap") — a fault, or a tenant that saturates the
+    fast tier itself, must not lift the cap."""
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens: the fast tier is down
+    precise = SimulatorProcess(
+        "--profile", "precise", "--model", "tiergate-precise", "--latency-scale", "0"
+    )
+    with precise as sim, RedisServer() as redis:
+        config = {
+            "auth": {"store": "redis", "cache_ttl_s": 5},
+            "ratelimit": {"backend": "redis"},
+            "redis": {"url": redis.url},
+            "tiers": tiers_config([dead], [sim.url]),
+            "telemetry": {"access_log": False},
+        }
+        token = asyncio.run(_capped_key(redis.url, KeyPolicy(max_precise_share=0.2)))
+        gateway = GatewayProcess(config, ready_timeout=60).start()
+        try:
+            client = openai.OpenAI(api_key=token, base_url=gateway.url + "/v1", max_retries=0)
+            served = []
+            for _ in range(20):
+                try:
+                    raw = client.chat.completions.with_raw_response.create(
+                        model="fast", messages=[{"role": "user", "content": "hi"}], max_tokens=4
+                    )
+                except openai.APIStatusError as exc:
+                    served.append(f"refused {exc.status_code}")
+                else:
+                    served.append(raw.headers["x-tiergate-tier"])
+        finally:
+            gateway.stop()
+    assert served.count("precise") <= 0.2 * len(served), served
+    assert set(served) <= {"precise", "refused 503"}, served  # an honest 503, never a 500
