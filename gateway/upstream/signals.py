@@ -150,7 +150,8 @@ def absorb(replica: Replica, signals: EngineSignals, now: float) -> None:
         if before is not None and now > at and finished >= before:
             rate = (finished - before) / (now - at)
             drain = replica.drain_per_s
-            replica.drain_per_s = drain + _DRAIN_WEIGHT * (rate - drain) if drain else rate
+            if math.isfinite(rate):  # a counter that leapt to 1e308: no rate (inf, then NaN)
+                replica.drain_per_s = drain + _DRAIN_WEIGHT * (rate - drain) if drain else rate
         replica.finished_total, replica.finished_at = finished, now
     rejections = signals.rejections
     if rejections is not None:

@@ -155,3 +155,26 @@ def test_fallback_to_precise_counts_against_the_cap() -> None:
             gateway.stop()
     assert served.count("precise") <= 0.2 * len(served), served
     assert set(served) <= {"precise", "refused 503"}, served  # an honest 503, never a 500
+
+
+async def test_a_lying_finished_counter_leaves_the_drain_rate_a_number(
+    client: UpstreamPool,
+) -> None:
+    """``vllm:request_success_total`` jumps to 1e308 once, then reads normally again: the
+    replica's drain rate stays a finite number (an infinite rate made its wait 0 — a full
+    replica looking free — and then NaN for good, so the drain was never learnt again)."""
+    pages = iter(["0", "1e308", "1e308", "1e308"])
+    current = ["0"]
+
+    def page() -> str:
+        return f"vllm:num_requests_running 1\nvllm:request_success_total {current[0]}\n"
+
+    async for url in _liar(page, b'{"server_load": 0}'):
+        pool = ReplicaPool("fast", [url], 8, 0.1, kind="vllm")
+        monitor = HealthMonitor({"fast": pool}, HealthConfig(timeout_s=2.0))
+        monitor.client = client
+        for value in pages:
+            current[0] = value
+            await monitor.check_once()
+            drain = pool.replicas[0].drain_per_s
+            assert math.isfinite(drain), (value, drain)
