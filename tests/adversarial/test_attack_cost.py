@@ -19,10 +19,14 @@ from aiohttp import web
 from redis.asyncio import Redis
 
 from gateway.access.keystore_redis import RedisKeyStore
+from gateway.routing import dial_cli
+from gateway.routing.admin_routing import _share_change
+from gateway.routing.dial_sync import DialState, MemoryDialStore, RedisDialStore
 from gateway.upstream.health import HealthConfig, HealthMonitor
 from gateway.upstream.pool import UpstreamPool
 from gateway.upstream.replicas import Replica, ReplicaPool
 from gateway.upstream.signals import replica_wait_s
+from policies.errors import InvalidRequest
 from policies.keys import create_key
 from policies.principal import KeyPolicy
 from tests.integration.gateway_proc import GatewayProcess, tiers_config
@@ -178,3 +182,55 @@ async def test_a_lying_finished_counter_leaves_the_drain_rate_a_number(
             await monitor.check_once()
             drain = pool.replicas[0].drain_per_s
             assert math.isfinite(drain), (value, drain)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"share": "0.3"}',
+        b'{"share": 1e308}',
+        b'{"share": -0.0001}',
+        b'{"share": NaN}',
+        b'{"share": 1e999}',
+        b'{"share": true}',
+        b'{"share": 0.3, "tenant": ""}',
+        b'{"share": 0.3, "tenant": "' + b"x" * 201 + b'"}',
+        b'{"share": 0.3, "extra": 1}',
+    ],
+)
+def test_the_admin_dial_refuses_what_is_not_a_share(body: bytes) -> None:
+    """``PUT /admin/router/share`` bodies that are not a share in [0, 1] (or name no tenant):
+    a 400 in the OpenAI shape, nothing applied. Held."""
+    with pytest.raises(InvalidRequest) as refused:
+        _share_change(body)
+    assert refused.value.status == 400
+
+
+@pytest.mark.parametrize("text", ["nan", "inf", "-inf", "1e308", "-0.1", "1.0000001", "0x1"])
+def test_the_dial_cli_refuses_what_is_not_a_share(
+    text: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``tiergate router dial`` refuses a non-share before it sends anything (exit 2). Held."""
+    with pytest.raises(SystemExit) as exited:
+        dial_cli.main([text, "--url", "http://127.0.0.1:9"])
+    assert exited.value.code == 2
+    assert "share" in capsys.readouterr().err
+
+
+def test_a_unicode_tenant_is_dialled_apart_from_its_look_alikes() -> None:
+    """Tenants whose names differ only by Unicode form or case, or look like the store's own
+    field for the default, get their own targets. Held."""
+    store = MemoryDialStore()
+    names = ["café", "cafe\u0301", "CAFÉ", "*default", "t:acme", "acme"]
+
+    async def dial() -> DialState:
+        for i, name in enumerate(names):
+            await store.set_target(name, i / 10)
+        return await store.read()
+
+    state = asyncio.run(dial())
+    assert state.default is None
+    assert [state.tenants[n] for n in names] == [i / 10 for i in range(len(names))]
+    assert RedisDialStore._parse({b"t:*default": b"0.5", b"*default": b"0.1"}, 1).tenants == {
+        "*default": 0.5
+    }
