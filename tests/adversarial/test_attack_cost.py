@@ -12,12 +12,14 @@ import asyncio
 import math
 import time
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import openai
 import pytest
 from aiohttp import web
 from redis.asyncio import Redis
 
+import router_models
 from gateway.access.keystore_redis import RedisKeyStore
 from gateway.routing import dial_cli
 from gateway.routing.admin_routing import _share_change
@@ -29,6 +31,7 @@ from gateway.upstream.signals import replica_wait_s
 from policies.errors import InvalidRequest
 from policies.keys import create_key
 from policies.principal import KeyPolicy
+from router_models.packaging import unwrap
 from tests.integration.gateway_proc import GatewayProcess, tiers_config
 from tests.processes import free_port
 from tests.redis_server import RedisServer
@@ -234,3 +237,35 @@ def test_a_unicode_tenant_is_dialled_apart_from_its_look_alikes() -> None:
     assert RedisDialStore._parse({b"t:*default": b"0.5", b"*default": b"0.1"}, 1).tenants == {
         "*default": 0.5
     }
+
+
+LATEX = "$$\\int_0^1 \\frac{x^2}{\\sqrt{1+x^2}}\\,dx$$\n\n"
+FENCE = "```python\ndef f(xs):\n    return [x * x for x in xs]\nprint(f([1]))\n```\n"
+WRAPPED: dict[str, dict[str, Any]] = {
+    "text parts": {
+        "messages": [{"role": "user", "content": [{"type": "text", "text": LATEX + "hi"}]}]
+    },
+    "split parts": {
+        "messages": [
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": FENCE}, {"type": "text", "text": "hi"}],
+            }
+        ]
+    },
+    "no user message": {"messages": [{"role": "system", "content": LATEX + "hi"}]},
+    "prompt list": {"prompt": [FENCE + "hello there"]},
+}
+
+
+@pytest.mark.parametrize("shape", WRAPPED, ids=list(WRAPPED))
+def test_packaging_in_any_content_shape_buys_nothing(shape: str) -> None:
+    """A LaTeX block or a code fence around "hi", sent as typed text parts (the openai
+    client's list form), as the only (non-user) message the router scores, or as a
+    completions prompt list: scored like the words alone, below the 30 % threshold (as sent
+    each scores 0.99)."""
+    router = router_models.load()
+    threshold = router.threshold_for_share(0.3)
+    body = WRAPPED[shape]
+    assert router.score(body) >= threshold  # the packaging works on the raw body
+    assert router.score(unwrap(body)) < threshold
