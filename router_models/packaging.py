@@ -12,7 +12,8 @@ wrapping carries them all. ``unwrap(body)`` returns the body the router should s
   inline ``$...$`` with a command in it), a fenced code block, a run of 8 or more numbers or
   one of 12 or more digits is removed **when the rest of the message does not
   refer to it**: none of the words that ask about code, maths or numbers (``code``, ``fix``,
-  ``solve``, ``integral``, ``sum``, ``this``, ``above``...) occurs outside it. A request that
+  ``solve``, ``integral``, ``sum``, ``above``...) occurs outside it ("it", "this" and "here"
+  alone do not count: "What time is it?" says them about nothing in the block). A request that
   asks about its block keeps it, so "What is wrong with this code?" and "Solve $$...$$" score
   as before;
 * padding is squeezed: long runs of one symbol or whitespace character, repeated lines.
@@ -64,8 +65,8 @@ _REFERS: Final = re.compile(
     r"compile|output|run|runs|implement|review|rewrite|convert|translate|port|test|tests|"
     r"explain|solve|prove|proof|derive|compute|calculate|evaluate|simplify|integral|"
     r"integrate|equation|expression|formula|latex|matrix|sum|average|mean|median|sort|"
-    r"sequence|series|numbers|list|digits|total|count|max|min|pattern|next|this|these|"
-    r"above|below|following|here|it)\b",
+    r"sequence|series|numbers|list|digits|total|count|max|min|pattern|next|wrong|"
+    r"above|below|following)\b",
     re.IGNORECASE,
 )
 

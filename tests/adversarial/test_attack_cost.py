@@ -20,6 +20,7 @@ from aiohttp import web
 from redis.asyncio import Redis
 
 import router_models
+from bench.packaging.run import KINDS
 from gateway.access.keystore_redis import RedisKeyStore
 from gateway.routing import dial_cli
 from gateway.routing.admin_routing import _share_change
@@ -269,3 +270,23 @@ def test_packaging_in_any_content_shape_buys_nothing(shape: str) -> None:
     body = WRAPPED[shape]
     assert router.score(body) >= threshold  # the packaging works on the raw body
     assert router.score(unwrap(body)) < threshold
+
+
+# Short simple requests written for this test that say "it", "this" or "here" (the bench's
+# 50 mostly do not): those words alone made the packaging count as referred to.
+CASUAL = (
+    "What time is it?", "How is it going?", "Is it raining in London?", "hi, this is Bob",
+    "Thanks, that's it", "Is this seat free?", "Anyone here?", "Hello, who is this?",
+    "Is it Monday today?", "Can you help me here?", "What day is it?", "Where is it cold now?",
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["LaTeX block", "code fence (4 lines)", "string of numbers"])
+def test_a_casual_pronoun_does_not_keep_the_packaging(kind: str) -> None:
+    """Each of 12 casual requests wrapped one way: at most 20 % go precise (issue 34's
+    target). Before the fix all 12 did for each of these kinds."""
+    router = router_models.load()
+    threshold = router.threshold_for_share(0.3)
+    wrap = KINDS[kind]
+    precise = [p for p in CASUAL if router.score(unwrap(wrap(p))) >= threshold]
+    assert len(precise) <= 0.2 * len(CASUAL), precise
