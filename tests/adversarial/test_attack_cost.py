@@ -25,7 +25,7 @@ from gateway.access.keystore_redis import RedisKeyStore
 from gateway.routing import dial_cli
 from gateway.routing.admin_routing import _share_change
 from gateway.routing.dial_sync import DialState, MemoryDialStore, RedisDialStore
-from gateway.upstream.health import HealthConfig, HealthMonitor
+from gateway.upstream.health import STALE_SCRAPES, HealthConfig, HealthMonitor
 from gateway.upstream.pool import UpstreamPool
 from gateway.upstream.replicas import Replica, ReplicaPool
 from gateway.upstream.signals import replica_wait_s
@@ -39,6 +39,7 @@ from tests.redis_server import RedisServer
 from tests.simulator.procs import SimulatorProcess
 
 Page = Callable[[], str]
+BROKEN, HANG = "<500>", "<hang>"  # pages the liar answers with a 500, or not at all
 
 
 async def _liar(page: Page, load: bytes) -> AsyncIterator[str]:
@@ -48,7 +49,12 @@ async def _liar(page: Page, load: bytes) -> AsyncIterator[str]:
         return web.Response(text="")
 
     async def metrics(_: web.Request) -> web.Response:
-        return web.Response(text=page())
+        text = page()
+        if text == BROKEN:
+            return web.Response(status=500, text="exporter failed")
+        if text == HANG:
+            await asyncio.sleep(5)
+        return web.Response(text=text)
 
     async def load_route(_: web.Request) -> web.Response:
         return web.Response(body=load, content_type="application/json")
@@ -290,3 +296,28 @@ def test_a_casual_pronoun_does_not_keep_the_packaging(kind: str) -> None:
     wrap = KINDS[kind]
     precise = [p for p in CASUAL if router.score(unwrap(wrap(p))) >= threshold]
     assert len(precise) <= 0.2 * len(CASUAL), precise
+
+
+@pytest.mark.parametrize("broken", [BROKEN, HANG], ids=["500", "hang"])
+async def test_a_full_reading_does_not_outlive_a_metrics_page_that_stopped_answering(
+    broken: str, client: UpstreamPool
+) -> None:
+    """A replica reads full once (8 running, 4 waiting for capacity), then its ``/metrics``
+    answers 500 (an exporter that broke, a proxy that blocks the route) or nothing in time,
+    while ``/health`` stays 200. The stale reading must not hold the replica at 0 slots for
+    good: with nothing sent there, nothing would ever show it has room again. A 500 drops
+    the reading at once; a timeout (a busy server's page may be slow) after a few rounds."""
+    full = 'vllm:num_requests_running 8\nvllm:num_requests_waiting_by_reason{reason="capacity"} 4\n'
+    pages = [full]
+    async for url in _liar(lambda: pages[0], b'{"server_load": 0}'):
+        pool = ReplicaPool("fast", [url], 8, 0.1, kind="vllm")
+        monitor = HealthMonitor({"fast": pool}, HealthConfig(timeout_s=0.3))
+        monitor.client = client
+        replica = pool.replicas[0]
+        await monitor.check_once()
+        assert replica.slots == 0  # full: nothing more is sent
+        pages[0] = broken
+        for _ in range(STALE_SCRAPES):
+            await monitor.check_once()
+        assert replica.healthy
+        assert replica.slots == 8  # what it was seen running: room again
