@@ -175,7 +175,9 @@ class PreciseShareCap:
         for scope, name, cap, refuse in checks:
             if await self._check(name, precise, cap, refuse):
                 continue
-            if refuse:
+            # A key that may not use fast has nowhere to be downgraded to: refused (counted
+            # as not precise, so a share of its requests still goes through).
+            if refuse or not policy.allows_tier(self.fast):
                 self.actions[(scope, "refused")] += 1
                 raise KeyRateLimited(
                     f"This {scope}'s precise-tier share is capped at {cap:g} of its recent "

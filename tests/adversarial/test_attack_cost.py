@@ -321,3 +321,42 @@ async def test_a_full_reading_does_not_outlive_a_metrics_page_that_stopped_answe
             await monitor.check_once()
         assert replica.healthy
         assert replica.slots == 8  # what it was seen running: room again
+
+
+@pytest.mark.slow
+def test_a_precise_only_key_over_its_cap_is_never_served_fast() -> None:
+    """A key allowed only the precise tier, capped at 0.2 with the default ``downgrade``: the
+    downgrade has nowhere to go, since the key may not use fast ("a key's allowed tiers always
+    win", README). Over the cap it is refused (429), never answered by the fast tier."""
+    fast = SimulatorProcess("--profile", "fast", "--model", "tiergate-fast", "--latency-scale", "0")
+    precise = SimulatorProcess(
+        "--profile", "precise", "--model", "tiergate-precise", "--latency-scale", "0"
+    )
+    policy = KeyPolicy(allowed_tiers=frozenset({"precise"}), max_precise_share=0.2)
+    with fast as fast_sim, precise as precise_sim, RedisServer() as redis:
+        config = {
+            "auth": {"store": "redis", "cache_ttl_s": 5},
+            "ratelimit": {"backend": "redis"},
+            "redis": {"url": redis.url},
+            "tiers": tiers_config([fast_sim.url], [precise_sim.url]),
+            "telemetry": {"access_log": False},
+        }
+        token = asyncio.run(_capped_key(redis.url, policy))
+        gateway = GatewayProcess(config, ready_timeout=60).start()
+        try:
+            client = openai.OpenAI(api_key=token, base_url=gateway.url + "/v1", max_retries=0)
+            served = []
+            for _ in range(10):
+                try:
+                    raw = client.chat.completions.with_raw_response.create(
+                        model="precise", messages=[{"role": "user", "content": "hi"}], max_tokens=4
+                    )
+                except openai.APIStatusError as exc:
+                    served.append(f"refused {exc.status_code}")
+                else:
+                    served.append(raw.headers["x-tiergate-tier"])
+        finally:
+            gateway.stop()
+    assert "fast" not in served, served
+    assert served.count("precise") <= 2, served
+    assert set(served) <= {"precise", "refused 429"}, served
