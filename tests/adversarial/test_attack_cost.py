@@ -22,6 +22,9 @@ from redis.asyncio import Redis
 import router_models
 from bench.packaging.run import KINDS
 from gateway.access.keystore_redis import RedisKeyStore
+from gateway.config.redis_client import BackendHealth
+from gateway.limits.budget_outage import FailOpenBudgetStore
+from gateway.limits.budgets import RedisBudgetStore, Windows
 from gateway.routing import dial_cli
 from gateway.routing.admin_routing import _share_change
 from gateway.routing.dial_sync import DialState, MemoryDialStore, RedisDialStore
@@ -360,3 +363,23 @@ def test_a_precise_only_key_over_its_cap_is_never_served_fast() -> None:
     assert "fast" not in served, served
     assert served.count("precise") <= 2, served
     assert set(served) <= {"precise", "refused 429"}, served
+
+
+async def test_an_outage_over_midnight_keeps_the_month_spent() -> None:
+    """A key that spent its whole monthly budget (Redis said so on the 5th) sends again on
+    the 6th while Redis is down: the month is the same, so the local limit still knows it is
+    spent and refuses (before: the month's spend was looked up under the new day, found
+    nothing, and the key could spend its monthly budget again)."""
+    dead = Redis.from_url(f"redis://127.0.0.1:{free_port()}/0", socket_timeout=0.5)
+    remote = RedisBudgetStore(dead, "tg:")
+    health = BackendHealth("redis", down_event="down", up_event="up")
+    store = FailOpenBudgetStore(remote, health, share=lambda: 1)
+    day5 = Windows.at(time.mktime((2026, 12, 5, 12, 0, 0, 0, 0, 0)))
+    day6 = Windows.at(time.mktime((2026, 12, 6, 12, 0, 0, 0, 0, 0)))
+    assert day5.month == day6.month
+    remote._saw("k1", day5, 0.40, 1.00)  # as Redis last answered: the month is spent
+    try:
+        refused, _ = await store.reserve("k1", day6, 0.50, 1.00, 0.01)
+    finally:
+        await dead.aclose()
+    assert refused == "budget_monthly"
