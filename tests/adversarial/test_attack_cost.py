@@ -1,9 +1,10 @@
 """Attacks on cost control and spill across tiers (issues 34 and 36 item 3).
 
-A backend that lies in its ``/metrics`` or ``/load`` (NaN, infinite, negative, huge), a
-tenant name or a dial value an operator should not be able to set: the gateway keeps
-probing, routes on finite numbers, and refuses what it cannot honour. A real HTTP server on
-loopback plays the lying backend; the health monitor reads it over a real socket.
+A backend that lies in its ``/metrics`` (NaN, infinite, negative, huge, stale), a key whose
+requests fall back or are downgraded past its precise-share cap, packaging in a content shape
+the unwrapper did not read, a budget outage over midnight, and dial values or tenant names an
+operator should not be able to set. A real HTTP server on loopback plays the lying backend;
+the cap tests run a real gateway, redis-server and simulator (slow-marked).
 """
 
 from __future__ import annotations
