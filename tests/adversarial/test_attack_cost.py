@@ -384,3 +384,55 @@ async def test_an_outage_over_midnight_keeps_the_month_spent() -> None:
     finally:
         await dead.aclose()
     assert refused == "budget_monthly"
+
+
+async def _burst(url: str, token: str, count: int, model: str) -> list[str]:
+    """``count`` requests at once: the tier that answered each, or ``refused <status>``."""
+    client = openai.AsyncOpenAI(api_key=token, base_url=url + "/v1", max_retries=0)
+
+    async def one() -> str:
+        try:
+            raw = await client.chat.completions.with_raw_response.create(
+                model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=8
+            )
+        except openai.APIStatusError as exc:
+            return f"refused {exc.status_code}"
+        return raw.headers["x-tiergate-tier"]
+
+    try:
+        return list(await asyncio.gather(*(one() for _ in range(count))))
+    finally:
+        await client.close()
+
+
+@pytest.mark.slow
+def test_refused_requests_do_not_pad_the_precise_share_window() -> None:
+    """A key capped at 0.2 with ``max_concurrency: 1`` sends 40 fast requests at once (most
+    refused 429 by its concurrency limit), then 10 precise ones one by one. Requests the limits
+    refused were never served, so they must not count as fast in the cap's window: of the
+    answers it got, at most the cap (+ one request) are precise. Before, the 429s filled the
+    window with "fast" and 8 of the 10 went precise."""
+    fast = SimulatorProcess("--profile", "fast", "--model", "tiergate-fast")
+    precise = SimulatorProcess(
+        "--profile", "precise", "--model", "tiergate-precise", "--latency-scale", "0"
+    )
+    policy = KeyPolicy(max_concurrency=1, max_precise_share=0.2)
+    with fast as fast_sim, precise as precise_sim, RedisServer() as redis:
+        config = {
+            "auth": {"store": "redis", "cache_ttl_s": 5},
+            "ratelimit": {"backend": "redis"},
+            "redis": {"url": redis.url},
+            "tiers": tiers_config([fast_sim.url], [precise_sim.url]),
+            "telemetry": {"access_log": False},
+        }
+        token = asyncio.run(_capped_key(redis.url, policy))
+        gateway = GatewayProcess(config, ready_timeout=60).start()
+        try:
+            padding = asyncio.run(_burst(gateway.url, token, 40, "fast"))
+            served = [t for t in padding if not t.startswith("refused")]
+            for _ in range(10):
+                served += asyncio.run(_burst(gateway.url, token, 1, "precise"))
+        finally:
+            gateway.stop()
+    assert padding.count("refused 429") >= 20, padding  # the padding was mostly refused
+    assert served.count("precise") <= 0.2 * len(served) + 1, served
