@@ -12,7 +12,8 @@ wrapping carries them all. ``unwrap(body)`` returns the body the router should s
   inline ``$...$`` with a command in it), a fenced code block, a run of 8 or more numbers or
   one of 12 or more digits is removed **when the rest of the message does not
   refer to it**: none of the words that ask about code, maths or numbers (``code``, ``fix``,
-  ``solve``, ``integral``, ``sum``, ``this``, ``above``...) occurs outside it. A request that
+  ``solve``, ``integral``, ``sum``, ``above``...) occurs outside it ("it", "this" and "here"
+  alone do not count: "What time is it?" says them about nothing in the block). A request that
   asks about its block keeps it, so "What is wrong with this code?" and "Solve $$...$$" score
   as before;
 * padding is squeezed: long runs of one symbol or whitespace character, repeated lines.
@@ -24,8 +25,9 @@ are dropped from the scored body: the model may not call them, so they make noth
 ``response_format: json_object`` is dropped too: whether it needs the precise tier is a policy
 (``router.json_object_to_precise``), not something a trivial prompt can buy by asking for it.
 
-Only the last user message (the text the router scores) is unwrapped. Pure functions of the
-body; the gateway applies them before scoring (``router.unwrap_packaging``).
+Only the message the router scores is unwrapped (the last user message, else the last one;
+its text parts joined as the router joins them; a completions prompt list likewise). Pure
+functions of the body; the gateway applies them before scoring (``router.unwrap_packaging``).
 """
 
 from __future__ import annotations
@@ -63,8 +65,8 @@ _REFERS: Final = re.compile(
     r"compile|output|run|runs|implement|review|rewrite|convert|translate|port|test|tests|"
     r"explain|solve|prove|proof|derive|compute|calculate|evaluate|simplify|integral|"
     r"integrate|equation|expression|formula|latex|matrix|sum|average|mean|median|sort|"
-    r"sequence|series|numbers|list|digits|total|count|max|min|pattern|next|this|these|"
-    r"above|below|following|here|it)\b",
+    r"sequence|series|numbers|list|digits|total|count|max|min|pattern|next|wrong|"
+    r"above|below|following)\b",
     re.IGNORECASE,
 )
 
@@ -102,11 +104,22 @@ def unwrap_text(text: str) -> str:
     return words if words != text.strip() else text
 
 
-def _last_user(messages: Sequence[Any]) -> int | None:
-    for i in range(len(messages) - 1, -1, -1):
-        message = messages[i]
-        if isinstance(message, Mapping) and message.get("role") == "user":
-            return i
+def _scored(messages: Sequence[Any]) -> int | None:
+    """The message the router scores (``features.render``): the last user message, else the
+    last message."""
+    found = [i for i, m in enumerate(messages) if isinstance(m, Mapping)]
+    users = [i for i in found if messages[i].get("role") == "user"]
+    return users[-1] if users else (found[-1] if found else None)
+
+
+def _text(content: Any) -> str | None:
+    """A message content's text: a string, or typed parts' texts joined as the router joins
+    them (``None``: no text)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, Sequence):
+        parts = [p.get("text") for p in content if isinstance(p, Mapping)]
+        return "\n".join(p for p in parts if isinstance(p, str))
     return None
 
 
@@ -125,18 +138,22 @@ def unwrap(body: Mapping[str, Any]) -> Mapping[str, Any]:
         out = {k: v for k, v in (out or body).items() if k != "response_format"}
     messages = body.get("messages")
     if isinstance(messages, Sequence) and not isinstance(messages, str):
-        i = _last_user(messages)
-        content = messages[i].get("content") if i is not None else None
-        if isinstance(content, str):
-            unwrapped = unwrap_text(content)
-            if unwrapped is not content:
+        i = _scored(messages)
+        text = _text(messages[i].get("content")) if i is not None else None
+        if text is not None:
+            unwrapped = unwrap_text(text)
+            if unwrapped is not text:
                 out = dict(out or body)
                 msgs = list(messages)
                 msgs[i] = {**msgs[i], "content": unwrapped}  # type: ignore[index]
                 out["messages"] = msgs
-    elif isinstance(body.get("prompt"), str):
-        unwrapped = unwrap_text(body["prompt"])
-        if unwrapped is not body["prompt"]:
-            out = dict(out or body)
-            out["prompt"] = unwrapped
+    else:
+        prompt = body.get("prompt")
+        if isinstance(prompt, list):  # the router scores a prompt list's strings joined
+            prompt = "\n".join(p for p in prompt if isinstance(p, str))
+        if isinstance(prompt, str):
+            unwrapped = unwrap_text(prompt)
+            if unwrapped is not prompt:
+                out = dict(out or body)
+                out["prompt"] = unwrapped
     return body if out is None else out

@@ -150,19 +150,18 @@ class ProxyService:
         key_cap = principal.policy.max_tokens
         completion = summary.max_tokens or default_max_tokens(everywhere, key_cap, kind)
         reserve = summary.prompt_token_estimate + completion * summary.completions
-        admitting: Eager[Admission] | None = None
-        if not self.limiter.admits_at_once(principal):
-            # The rate-limit check is a Redis round trip: start it (its command is written
-            # now, in this task), classify and prepare the upstream body while it is in
-            # flight, then wait for its verdict before anything is forwarded. (A refused
-            # request's body was prepared for nothing: it is dropped.) Otherwise there is
-            # nothing to wait for (no limits, or in-process counters): admitted below.
-            admitting = eager(self.limiter.admit(principal, reserve))
         # Always awaited below (or by _withdraw): an admission dropped un-awaited would be
         # closed unfinished, its concurrency slot left to the lease.
+        admitting = self._start_admission(principal, reserve)
         try:
             decision, tiers, media = self._classify(body, summary, principal, headers)
             tiers = self._fit_context(ctx, body, summary, tiers)
+            if self.precise_cap is not None and self.precise_cap.applies(principal):
+                # The limits first: a request they refuse must not count in the cap's window
+                # (429s would pad it with "fast" and buy precise answers).
+                pending = admitting or eager(self.limiter.admit(principal, reserve))
+                admitting = None  # a refusal raises below: nothing to withdraw
+                admitting = eager(_ready(await pending))
             decision, tiers = await self._capped(decision, tiers, principal)
             if media:  # only a body with media URLs waits here (their hosts are resolved)
                 await self.fields.check_media(media, tiers[0])
@@ -192,6 +191,16 @@ class ProxyService:
         ctx.extra_headers.update(admission.headers)
         bound = UsageBound.of(body_bytes, completion, summary.completions)
         return _Admitted(tiers, admission, bound, *prepared)
+
+    def _start_admission(self, principal: Principal, reserve: int) -> Eager[Admission] | None:
+        """The rate-limit check, started: it is a Redis round trip (its command is written now,
+        in this task), so the request is classified and its upstream body prepared while it
+        is in flight, and its verdict awaited before anything is forwarded (a refused
+        request's body was prepared for nothing: it is dropped). ``None`` when there is
+        nothing to wait for (no limits, or in-process counters: admitted later)."""
+        if self.limiter.admits_at_once(principal):
+            return None
+        return eager(self.limiter.admit(principal, reserve))
 
     async def _capped(
         self, decision: RouteDecision, tiers: tuple[str, ...], principal: Principal
@@ -566,6 +575,11 @@ async def _settled_before_end(
 async def _settle_now(ctx: RequestContext, admission: Admission) -> None:
     usage = ctx.usage
     await admission.settle(usage.total if usage is not None else None)
+
+
+async def _ready(admission: Admission) -> Admission:
+    """An admission already granted, to await like one in flight."""
+    return admission
 
 
 async def _withdraw(admitting: Eager[Admission]) -> None:

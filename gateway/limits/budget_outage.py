@@ -89,7 +89,9 @@ class FailOpenBudgetStore:
         month_budget: float | None,
         amount: float,
     ) -> tuple[str | None, float]:
-        day_seen, month_seen = self.remote.seen.get((key_id, windows.day), (0.0, 0.0))
+        seen = self.remote.seen
+        day_seen = seen.get((key_id, windows.day), 0.0)
+        month_seen = seen.get((key_id, windows.month), 0.0)
         n = max(1, self.share())
 
         def local(budget: float | None, seen: float) -> float | None:

@@ -187,14 +187,17 @@ class RedisBudgetStore:
         # This process's charges are numbered: whether a lost one ran is known after (_MARK).
         self.writer = secrets.token_hex(8)
         self._seq = itertools.count(1)
-        # (key id, day) -> (day spend, month spend) as Redis last said: what a replica
-        # enforces against while Redis is unreachable (gateway/limits/budget_outage.py).
-        self.seen: dict[tuple[str, str], tuple[float, float]] = {}
+        # (key id, day) -> day spend and (key id, month) -> month spend as Redis last said:
+        # what a replica enforces against while Redis is unreachable
+        # (gateway/limits/budget_outage.py). The month has its own entry, so an outage that
+        # crosses midnight still knows what the month spent.
+        self.seen: dict[tuple[str, str], float] = {}
 
     def _saw(self, key_id: str, windows: Windows, day: float, month: float) -> None:
         if len(self.seen) >= _MAX_SEEN:
             self.seen.clear()
-        self.seen[(key_id, windows.day)] = (day, month)
+        self.seen[(key_id, windows.day)] = day
+        self.seen[(key_id, windows.month)] = month
 
     def _keys(self, key_id: str, windows: Windows) -> list[str]:
         base = f"{self.prefix}budget:{{{key_id}}}"

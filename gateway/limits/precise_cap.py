@@ -7,10 +7,11 @@ there (the classifier, a rule such as ``tools``, an explicit ``model: precise``,
 ``x-tiergate-tier`` header), goes precise only if the window's precise share, this request
 included, stays within the cap. Otherwise the key's policy (``precise_share_over``) says:
 ``downgrade`` (served by the fast tier, ``x-tiergate-route-reason: policy:precise_share_cap``,
-no fallback to precise) or ``refuse`` (429, nothing counted). With Redis one Lua script per
-window checks and records atomically, so the cap is exact across workers and replicas; with
-the memory backend each process keeps its own windows (each within the cap, so their union
-is too).
+no fallback to precise) or ``refuse`` (429, nothing counted). A capped request counted as fast
+never falls back to precise either (a fast-tier outage must not lift the cap). With Redis one
+Lua script per window checks and records atomically, so the cap is exact across workers and
+replicas; with the memory backend each process keeps its own windows (each within the cap, so
+their union is too).
 
 So the precise share of any window of the key's requests is at most the cap, and a key's
 first requests are fast until its window has room (a cap of 0.2: the 5th request may be the
@@ -174,7 +175,9 @@ class PreciseShareCap:
         for scope, name, cap, refuse in checks:
             if await self._check(name, precise, cap, refuse):
                 continue
-            if refuse:
+            # A key that may not use fast has nowhere to be downgraded to: refused (counted
+            # as not precise, so a share of its requests still goes through).
+            if refuse or not policy.allows_tier(self.fast):
                 self.actions[(scope, "refused")] += 1
                 raise KeyRateLimited(
                     f"This {scope}'s precise-tier share is capped at {cap:g} of its recent "
@@ -185,6 +188,8 @@ class PreciseShareCap:
             self.actions[(scope, "downgraded")] += 1
             precise = False
             decision = RouteDecision(self.fast, REASON, decision.score)
+            tiers = tuple(t for t in tiers if t != self.precise) or (self.fast,)
+        if not precise:  # counted as fast: a fallback to precise would escape the window
             tiers = tuple(t for t in tiers if t != self.precise) or (self.fast,)
         return decision, tiers
 

@@ -63,6 +63,7 @@ class EngineLoad:
     prefix_hit_rate: float | None = None
 
 
+STALE_SCRAPES = 3  # failed scrapes in a row after which a replica's last reading is dropped
 _RATIOS = frozenset({"kv_usage", "prefix_hit_rate"})
 _LOAD_FIELDS = (
     "running",
@@ -75,7 +76,8 @@ _LOAD_FIELDS = (
 
 
 def _sample(line: str) -> tuple[str, float] | None:
-    """``(name, value)`` of one exposition line, or ``None`` for comments and junk."""
+    """``(name, value)`` of one exposition line, or ``None`` for comments and junk (a count
+    or ratio that is NaN, infinite or negative is junk: no server runs -5 or +Inf requests)."""
     if not line or line[0] == "#":
         return None
     brace = line.find("{")
@@ -88,9 +90,10 @@ def _sample(line: str) -> tuple[str, float] | None:
     if not fields:
         return None
     try:
-        return name.strip(), float(fields[0])
+        value = float(fields[0])
     except ValueError:
         return None
+    return (name.strip(), value) if math.isfinite(value) and value >= 0 else None
 
 
 def parse_metrics(text: str, kind: BackendKind = KINDS["vllm"]) -> EngineLoad:
@@ -113,7 +116,8 @@ def parse_metrics(text: str, kind: BackendKind = KINDS["vllm"]) -> EngineLoad:
         elif rank == held[0]:
             merged = max(held[1], value) if field in _RATIOS else held[1] + value
             found[field] = (rank, merged)
-    return EngineLoad(**{field: value for field, (_, value) in found.items()})
+    # A sum that overflowed is no reading either.
+    return EngineLoad(**{f: v for f, (_, v) in found.items() if math.isfinite(v)})
 
 
 @dataclass(frozen=True, slots=True)
@@ -387,9 +391,12 @@ class HealthMonitor:
         try:
             status, body = await self._get(replica.url + kind.metrics_path)
         except (TimeoutError, UpstreamConnectionError):
-            return  # a missed scrape keeps the last numbers; /health decides liveness
-        if status != 200:
+            _missed(replica, definitive=False)  # /health decides liveness
             return
+        if status != 200:
+            _missed(replica, definitive=True)
+            return
+        replica.scrape_misses = 0
         page = body.decode("utf-8", "replace")
         load = parse_metrics(page, kind)
         replica.sleep_state = sleep_state(page)
@@ -399,6 +406,20 @@ class HealthMonitor:
                 setattr(replica, field, value)
         replica.scraped_at = time.monotonic()
         signals.absorb(replica, signals.parse_signals(page), replica.scraped_at)
+
+
+def _missed(replica: Replica, *, definitive: bool) -> None:
+    """A scrape that failed keeps the last numbers for ``STALE_SCRAPES`` rounds (a busy
+    server's page may be slow); after that, or at once when the page answered an error, the
+    engine's own counts are forgotten and the gateway's in-flight counts decide, as for a
+    server without metrics. A stale "full" would otherwise hold the replica at 0 slots for
+    good: with nothing sent there, nothing shows it has room again."""
+    replica.scrape_misses += 1
+    if definitive or replica.scrape_misses >= STALE_SCRAPES:
+        replica.running = replica.waiting = 0.0
+        replica.waiting_capacity = replica.server_load = None
+        replica.rejecting = False
+        signals.refresh_slots(replica)
 
 
 def _asleep(replica: Replica) -> tuple[str, bool] | None:

@@ -123,6 +123,7 @@ class Replica:
     check_successes: int = 0
     last_check_at: float = 0.0
     scraped_at: float = 0.0
+    scrape_misses: int = 0  # failed /metrics scrapes in a row
     consecutive_failures: int = 0
     ejections: int = 0
     ejections_total: int = 0

@@ -83,7 +83,7 @@ def parse_signals(page: str) -> EngineSignals:
         ):
             continue
         sample = _split(line)
-        if sample is None or not math.isfinite(sample[2]):
+        if sample is None or not math.isfinite(sample[2]) or sample[2] < 0:
             continue
         name, labels, value = sample
         if name == _WAITING_BY_REASON:
@@ -96,6 +96,7 @@ def parse_signals(page: str) -> EngineSignals:
         elif name not in (_REJECTIONS, _FINISHED):
             continue
         totals[name] = totals.get(name, 0.0) + value
+    totals = {name: value for name, value in totals.items() if math.isfinite(value)}
     return EngineSignals(
         waiting_capacity=totals.get("waiting_capacity"),
         waiting_deferred=totals.get("waiting_deferred"),
@@ -149,7 +150,8 @@ def absorb(replica: Replica, signals: EngineSignals, now: float) -> None:
         if before is not None and now > at and finished >= before:
             rate = (finished - before) / (now - at)
             drain = replica.drain_per_s
-            replica.drain_per_s = drain + _DRAIN_WEIGHT * (rate - drain) if drain else rate
+            if math.isfinite(rate):  # a counter that leapt to 1e308: no rate (inf, then NaN)
+                replica.drain_per_s = drain + _DRAIN_WEIGHT * (rate - drain) if drain else rate
         replica.finished_total, replica.finished_at = finished, now
     rejections = signals.rejections
     if rejections is not None:
