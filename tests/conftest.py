@@ -46,9 +46,17 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 @pytest.fixture(autouse=True)
 def _structlog_through_logging() -> Iterator[None]:
-    """Again before each test: a test may have reset structlog to its defaults."""
+    """Again before each test: a test may have reset structlog to its defaults.
+
+    After it, a configuration that caches loggers on first use (what ``configure_logging``
+    sets, e.g. a test running ``server._run`` in process) is dropped: left behind, the next
+    first use of a module's logger would freeze its processors, and a later test's
+    ``capture_logs`` would see nothing from it.
+    """
     _route_structlog_to_logging()
     yield
+    if structlog.get_config()["cache_logger_on_first_use"]:
+        structlog.reset_defaults()
     _route_structlog_to_logging()
 
 

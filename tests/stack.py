@@ -93,8 +93,10 @@ def running_stack(
     redis: bool = False,
     configure: Configure | None = None,
     workers: int = 1,
+    env: dict[str, str] | None = None,
 ) -> Iterator[Stack]:
-    """Start Redis (if ``redis``), the simulators, then the gateway; stop them all on exit."""
+    """Start Redis (if ``redis``), the simulators, then the gateway (with ``env`` added to its
+    environment); stop them all on exit."""
     with ExitStack() as running:
         server = running.enter_context(RedisServer()) if redis else None
         procs = tuple(running.enter_context(SimulatorProcess(*args)) for args in sims)
@@ -102,5 +104,5 @@ def running_stack(
         config = default_config(backends)
         if configure is not None:
             configure(config, backends)
-        gateway = running.enter_context(GatewayProcess(config, workers=workers))
+        gateway = running.enter_context(GatewayProcess(config, workers=workers, env=env))
         yield Stack(sims=procs, redis=server, gateway=gateway)

@@ -6,7 +6,7 @@ other route, and the in-process test client), itself served by the project's own
 (:mod:`gateway.http.asgi`). Both take from here what a client sees at the edge: the header view
 (one Authorization, merged), the body limit (413), the error bytes the server writes itself,
 what a client that leaves turns into, the after-work policy, and the connection's flow control
-(``drain``). ``tests/gateway/test_edge_contract.py`` runs the same rules against every path.
+(``drain``). ``tests/gateway/http/test_edge_contract.py`` runs the same rules against every path.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ included, goes to Litestar through the server's own protocol and ASGI cycle (gat
 
     python -m tests.gateway.litestar_serve serve --config cfg.yaml --port 8080
 
-Only for the edge contract tests (tests/gateway/test_edge_contract.py), which run the same edge
+Only for the edge contract tests (tests/gateway/http/test_edge_contract.py), which run the same edge
 rules against this, ``tiergate serve`` itself and Litestar's in-process test client.
 """
 

@@ -1,4 +1,5 @@
-"""Real simulator and gateway processes shared by the integration tests of one module."""
+"""Real simulator processes shared by the integration tests of one module (its gateway comes
+from tests/stack.py's running_stack or a fixture of its own)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,6 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.integration.gateway_proc import GatewayProcess, tiers_config
 from tests.simulator.procs import SimulatorProcess, start_simulator
 
 __all__ = ["start_simulator"]
@@ -35,15 +35,3 @@ def precise_sim() -> Iterator[SimulatorProcess]:
         "--profile", "precise", "--model", "tiergate-precise", "--latency-scale", "0"
     ) as sim:
         yield sim
-
-
-@pytest.fixture(scope="module")
-def gateway(fast_sim: SimulatorProcess, precise_sim: SimulatorProcess) -> Iterator[GatewayProcess]:
-    """A gateway in front of both simulators, auth off, small body limit and token cap."""
-    config = {
-        "auth": {"enabled": False},
-        "server": {"max_body_bytes": 65536},
-        "tiers": tiers_config([fast_sim.url], [precise_sim.url], max_tokens_cap=1000),
-    }
-    with GatewayProcess(config) as gw:
-        yield gw

@@ -5,32 +5,31 @@ from __future__ import annotations
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 import router_models
-from tests.integration.gateway_proc import GatewayProcess, tiers_config
-from tests.simulator.procs import SimulatorProcess
+from tests.integration.gateway_proc import GatewayProcess
+from tests.stack import FAST_SIM, Backends, running_stack
 
 pytestmark = pytest.mark.slow
 ADMIN = {"Authorization": "Bearer routing-admin-token-0000000000000"}
 
 
 @pytest.fixture(scope="module")
-def gateway(
-    tmp_path_factory: pytest.TempPathFactory, fast_sim: SimulatorProcess
-) -> Iterator[tuple[GatewayProcess, Path]]:
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[GatewayProcess, Path]]:
     """A gateway whose router artifact is a copy we can replace."""
     artifact = tmp_path_factory.mktemp("artifact") / "router.npz"
     shutil.copy(router_models.DEFAULT_ARTIFACT, artifact)
-    config = {
-        "auth": {"enabled": False, "admin_token": ADMIN["Authorization"][7:]},
-        "tiers": tiers_config([fast_sim.url], [fast_sim.url]),
-        "router": {"artifact": str(artifact)},
-    }
-    with GatewayProcess(config) as gw:
-        yield gw, artifact
+
+    def replaceable(config: dict[str, Any], _: Backends) -> None:
+        config["auth"]["admin_token"] = ADMIN["Authorization"][7:]
+        config["router"] = {"artifact": str(artifact)}
+
+    with running_stack(sims=(FAST_SIM,), configure=replaceable) as stack:
+        yield stack.gateway, artifact
 
 
 def test_routing_view_names_the_artifact_and_reload_swaps_it(

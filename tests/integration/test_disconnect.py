@@ -8,28 +8,35 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.integration.gateway_proc import GatewayProcess, tiers_config
+from tests.integration.gateway_proc import GatewayProcess
 from tests.processes import patience
 from tests.simulator.procs import SimulatorProcess
+from tests.stack import Stack, running_stack
 
 CHAT = [{"role": "user", "content": "Tell me a long story."}]
 
 
-@pytest.fixture(scope="module")
-def slow_sim() -> Iterator[SimulatorProcess]:
-    """A simulator slow enough to leave mid-request: ~0.3 s to first token, 80 ms a token."""
-    with SimulatorProcess(
-        "--profile", "fast", "--model", "tiergate-fast", "--latency-scale", "20", "--seed", "3"
-    ) as sim:
-        yield sim
+SLOW_SIM = ("--profile", "fast", "--model", "tiergate-fast", "--latency-scale", "20", "--seed", "3")
 
 
 @pytest.fixture(scope="module")
-def slow_gateway(slow_sim: SimulatorProcess) -> Iterator[GatewayProcess]:
-    """A gateway whose both tiers point at the slow simulator."""
-    config = {"auth": {"enabled": False}, "tiers": tiers_config([slow_sim.url], [slow_sim.url])}
-    with GatewayProcess(config) as gw:
-        yield gw
+def stack() -> Iterator[Stack]:
+    """One simulator slow enough to leave mid-request (~0.3 s to first token, 80 ms a token)
+    behind both tiers of a gateway."""
+    with running_stack(sims=(SLOW_SIM,)) as stack:
+        yield stack
+
+
+@pytest.fixture(scope="module")
+def slow_sim(stack: Stack) -> SimulatorProcess:
+    """The slow simulator."""
+    return stack.fast
+
+
+@pytest.fixture(scope="module")
+def slow_gateway(stack: Stack) -> GatewayProcess:
+    """The gateway in front of it."""
+    return stack.gateway
 
 
 def wait_for_abort(sim: SimulatorProcess, before: int, timeout: float = 5.0) -> int:

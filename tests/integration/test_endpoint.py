@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import socket
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -12,10 +13,31 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from tests.integration.gateway_proc import GatewayProcess
-from tests.simulator.procs import SimulatorProcess
+from tests.integration.gateway_proc import GatewayProcess, tiers_config
+from tests.stack import FAST_SIM, PRECISE_SIM, Backends, Stack, running_stack
 
 CHAT: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Say hello in one word."}]
+
+
+def _small_limits(config: dict[str, Any], backends: Backends) -> None:
+    config["server"] = {"max_body_bytes": 65536}
+    config["tiers"] = tiers_config([backends.fast.url], [backends.precise.url], max_tokens_cap=1000)
+    del config["telemetry"]  # the default access log, on
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[Stack]:
+    """A gateway before a fast (2,048-token context) and a precise simulator, auth off, a
+    small body limit and token cap."""
+    fast = (*FAST_SIM, "--max-model-len", "2048")
+    with running_stack(sims=(fast, PRECISE_SIM), configure=_small_limits) as stack:
+        yield stack
+
+
+@pytest.fixture(scope="module")
+def gateway(stack: Stack) -> GatewayProcess:
+    """The gateway of the module's stack."""
+    return stack.gateway
 
 
 @pytest.fixture
@@ -194,7 +216,7 @@ def test_upstream_4xx_is_passed_through(gateway: GatewayProcess) -> None:
 
 
 def test_sampling_extras_are_forwarded_and_steering_fields_dropped(
-    gateway: GatewayProcess, fast_sim: SimulatorProcess
+    gateway: GatewayProcess, stack: Stack
 ) -> None:
     """Documented sampling extras reach the backend untouched; api_base and friends never do."""
     body = {
@@ -207,7 +229,7 @@ def test_sampling_extras_are_forwarded_and_steering_fields_dropped(
         "api_key": "k",
     }
     assert post(gateway, body).status_code == 200
-    seen = fast_sim.stats()["last_request"]
+    seen = stack.fast.stats()["last_request"]
     assert seen["top_k"] == 7
     assert seen["min_p"] == 0.1
     assert "api_base" not in seen
@@ -259,17 +281,15 @@ def test_health_endpoints(gateway: GatewayProcess) -> None:
         assert head.content == b""
 
 
-def test_upstream_unreachable_is_clear_5xx(fast_sim: SimulatorProcess) -> None:
+def test_upstream_unreachable_is_clear_5xx(stack: Stack) -> None:
     """A tier whose only replica is down answers 502/503 with a clear message, not a 500."""
-    from tests.integration.gateway_proc import tiers_config
-
     # A bound but non-listening socket: connections are refused and nobody else gets the port.
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{holder.getsockname()[1]}"
         config = {
             "auth": {"enabled": False},
-            "tiers": tiers_config([fast_sim.url], [dead]),
+            "tiers": tiers_config([stack.fast.url], [dead]),
         }
         with GatewayProcess(config) as gw:
             resp = post(gw, {"model": "precise", "messages": CHAT})

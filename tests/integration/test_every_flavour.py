@@ -9,56 +9,39 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import ExitStack
 
 import httpx
 import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from tests.integration.gateway_proc import GatewayProcess, tiers_config
+from tests.integration.gateway_proc import GatewayProcess
 from tests.processes import patience
-from tests.simulator.procs import SimulatorProcess
+from tests.stack import running_stack
 
 FLAVOURS = ("vllm", "sglang", "llamacpp", "llamacpp-python", "ollama", "tgi")
+INSTANT = ("--latency-scale", "0", "--health-delay", "0")
 MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello there"}]
 
 
-class Stack:
-    """Two simulators of one flavour and a gateway before them, started on first use."""
+class Flavours:
+    """Per flavour, two simulators of it and a gateway before them, started on first use."""
 
-    def __init__(self) -> None:
-        self.running: dict[str, tuple[SimulatorProcess, SimulatorProcess, GatewayProcess]] = {}
+    def __init__(self, running: ExitStack) -> None:
+        self.running = running
+        self.gateways: dict[str, GatewayProcess] = {}
 
     def __call__(self, flavor: str) -> GatewayProcess:
-        if flavor not in self.running:
+        if flavor not in self.gateways:
             sims = [
-                SimulatorProcess(
-                    "--flavor",
-                    flavor,
-                    "--profile",
-                    profile,
-                    "--latency-scale",
-                    "0",
-                    "--health-delay",
-                    "0",
-                ).start()
+                ("--flavor", flavor, "--profile", profile, *INSTANT)
                 for profile in ("fast", "precise")
             ]
-            config = {
-                "auth": {"enabled": False},
-                "tiers": tiers_config([sims[0].url], [sims[1].url]),
-            }
-            gateway = GatewayProcess(config).start()
-            self.running[flavor] = (sims[0], sims[1], gateway)
-            _wait_ready(gateway)
-        return self.running[flavor][2]
-
-    def stop(self) -> None:
-        """Stop every process started."""
-        for fast, precise, gateway in self.running.values():
-            gateway.stop()
-            fast.stop()
-            precise.stop()
+            stack = self.running.enter_context(running_stack(sims=sims))
+            self.gateways[flavor] = stack.gateway
+            _wait_ready(stack.gateway)
+        return self.gateways[flavor]
 
 
 def _wait_ready(gateway: GatewayProcess) -> None:
@@ -71,11 +54,10 @@ def _wait_ready(gateway: GatewayProcess) -> None:
 
 
 @pytest.fixture(scope="module")
-def stack() -> Iterator[Stack]:
+def stack() -> Iterator[Flavours]:
     """Gateways by flavour."""
-    stacks = Stack()
-    yield stacks
-    stacks.stop()
+    with ExitStack() as running:
+        yield Flavours(running)
 
 
 def _client(gateway: GatewayProcess) -> openai.OpenAI:
@@ -83,7 +65,7 @@ def _client(gateway: GatewayProcess) -> openai.OpenAI:
 
 
 @pytest.mark.parametrize("flavor", FLAVOURS)
-def test_unary_answer_with_usage_and_the_callers_id(stack: Stack, flavor: str) -> None:
+def test_unary_answer_with_usage_and_the_callers_id(stack: Flavours, flavor: str) -> None:
     """A non-streaming chat answers 200 from the tier asked, with usage and the caller's id."""
     raw = _client(stack(flavor)).chat.completions.with_raw_response.create(
         model="fast",
@@ -100,7 +82,7 @@ def test_unary_answer_with_usage_and_the_callers_id(stack: Stack, flavor: str) -
 
 
 @pytest.mark.parametrize("flavor", FLAVOURS)
-def test_stream_with_usage_asked(stack: Stack, flavor: str) -> None:
+def test_stream_with_usage_asked(stack: Flavours, flavor: str) -> None:
     """A stream that asked for usage ends with a usage chunk, counted if the server sent none."""
     chunks = list(
         _client(stack(flavor)).chat.completions.create(
@@ -118,7 +100,7 @@ def test_stream_with_usage_asked(stack: Stack, flavor: str) -> None:
 
 
 @pytest.mark.parametrize("flavor", FLAVOURS)
-def test_stream_without_usage_ends_with_done_and_no_usage(stack: Stack, flavor: str) -> None:
+def test_stream_without_usage_ends_with_done_and_no_usage(stack: Flavours, flavor: str) -> None:
     """A stream that did not ask for usage gets none, and ends with [DONE]."""
     gateway = stack(flavor)
     body = {"model": "fast", "messages": MESSAGES, "max_tokens": 4, "stream": True}
@@ -129,7 +111,7 @@ def test_stream_without_usage_ends_with_done_and_no_usage(stack: Stack, flavor: 
 
 
 @pytest.mark.parametrize("flavor", FLAVOURS)
-def test_a_refused_request_keeps_the_servers_message(stack: Stack, flavor: str) -> None:
+def test_a_refused_request_keeps_the_servers_message(stack: Flavours, flavor: str) -> None:
     """The server's 4xx (400, TGI's 422) reaches the caller OpenAI-shaped with its message."""
     answer = httpx.post(
         stack(flavor).url + "/v1/chat/completions",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
@@ -14,14 +15,12 @@ from policies.keys import issue_key
 from policies.principal import KeyPolicy
 from tests.adversarial.rawhttp import closed_within, connect, status_of
 from tests.integration.gateway_proc import GatewayProcess, tiers_config
-from tests.simulator.procs import SimulatorProcess
+from tests.stack import FAST_SIM, PRECISE_SIM, Backends, running_stack
 
 
 @pytest.fixture(scope="module")
 def keys_and_gateway(
     tmp_path_factory: pytest.TempPathFactory,
-    fast_sim: SimulatorProcess,
-    precise_sim: SimulatorProcess,
 ) -> Iterator[tuple[str, str, GatewayProcess]]:
     """A gateway with an all-tiers key and a fast-only key; yields (all, fast_only, gateway)."""
     path: Path = tmp_path_factory.mktemp("keys") / "keys.yaml"
@@ -32,12 +31,16 @@ def keys_and_gateway(
     )
     store.put_sync(every)
     store.put_sync(fast)
-    config = {
-        "auth": {"keys_file": str(path)},
-        "tiers": tiers_config([fast_sim.url], [precise_sim.url], max_tokens_cap=100),
-    }
-    with GatewayProcess(config) as gateway:
-        yield every_key, fast_key, gateway
+
+    def keyed(config: dict[str, Any], backends: Backends) -> None:
+        config["auth"] = {"keys_file": str(path)}
+        config["tiers"] = tiers_config(
+            [backends.fast.url], [backends.precise.url], max_tokens_cap=100
+        )
+
+    fast_sim = (*FAST_SIM, "--max-model-len", "2048")
+    with running_stack(sims=(fast_sim, PRECISE_SIM), configure=keyed) as stack:
+        yield every_key, fast_key, stack.gateway
 
 
 def _client(gateway: GatewayProcess, key: str) -> openai.OpenAI:

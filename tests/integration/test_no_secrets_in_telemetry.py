@@ -10,12 +10,13 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
-from tests.integration.gateway_proc import REPO_ROOT, GatewayProcess, tiers_config
-from tests.simulator.procs import SimulatorProcess
+from tests.integration.gateway_proc import REPO_ROOT
+from tests.stack import Backends, running_stack
 
 pytestmark = pytest.mark.slow
 
@@ -86,39 +87,32 @@ def test_key_and_prompt_never_appear_in_spans_logs_or_metrics(tmp_path: Path) ->
     keys_file = tmp_path / "keys.yaml"
     key = _create_key(keys_file)
     log_file = tmp_path / "access.log"
-    with (
-        SimulatorProcess(
-            "--profile", "fast", "--model", "tiergate-fast", "--latency-scale", "0"
-        ) as fast,
-        SimulatorProcess(
-            "--profile", "precise", "--model", "tiergate-precise", "--latency-scale", "0"
-        ) as precise,
-    ):
-        config = {
-            "auth": {
-                "enabled": True,
-                "store": "file",
-                "keys_file": str(keys_file),
-                "admin_token": ADMIN,
-            },
-            "tiers": tiers_config([fast.url], [precise.url]),
-            "telemetry": {
-                "tracing": True,
-                "trace_sample_ratio": 1.0,
-                "log_format": "json",
-                "log_file": str(log_file),
-                "capture_content": False,
-            },
+
+    def telemetry_on(config: dict[str, Any], _: Backends) -> None:
+        config["auth"] = {
+            "enabled": True,
+            "store": "file",
+            "keys_file": str(keys_file),
+            "admin_token": ADMIN,
         }
-        env = {"OTEL_TRACES_EXPORTER": "console", "OTEL_BSP_SCHEDULE_DELAY": "50"}
-        with GatewayProcess(config, env=env) as gateway:
-            answers = _traffic(gateway.url, key)
-            metrics = httpx.get(
-                gateway.url + "/metrics", timeout=10, headers={"Authorization": f"Bearer {ADMIN}"}
-            ).text
-            gateway.stop()  # flushes the span queue and the log file
-            spans = gateway.log_text()
-        logs = log_file.read_text(encoding="utf-8")
+        config["telemetry"] = {
+            "tracing": True,
+            "trace_sample_ratio": 1.0,
+            "log_format": "json",
+            "log_file": str(log_file),
+            "capture_content": False,
+        }
+
+    env = {"OTEL_TRACES_EXPORTER": "console", "OTEL_BSP_SCHEDULE_DELAY": "50"}
+    with running_stack(configure=telemetry_on, env=env) as stack:
+        gateway = stack.gateway
+        answers = _traffic(gateway.url, key)
+        metrics = httpx.get(
+            gateway.url + "/metrics", timeout=10, headers={"Authorization": f"Bearer {ADMIN}"}
+        ).text
+        gateway.stop()  # flushes the span queue and the log file
+        spans = gateway.log_text()
+    logs = log_file.read_text(encoding="utf-8")
     key_id = key.split("-")[1]
     assert '"chat tiergate-fast"' in spans  # the exporter really wrote the client spans
     assert '"gen_ai.usage.output_tokens"' in spans

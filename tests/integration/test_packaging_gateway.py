@@ -16,26 +16,22 @@ import pytest
 
 import router_models
 from bench.packaging.run import KINDS, SIMPLE
-from tests.integration.gateway_proc import GatewayProcess, tiers_config
-from tests.simulator.procs import SimulatorProcess
+from tests.integration.gateway_proc import GatewayProcess
+from tests.stack import Backends, running_stack
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def fixed_gateway(
-    fast_sim: SimulatorProcess, precise_sim: SimulatorProcess
-) -> Iterator[GatewayProcess]:
+def fixed_gateway() -> Iterator[GatewayProcess]:
     """Default rules, packaging unwrapped (the default), a fixed threshold."""
     threshold = router_models.load().threshold_for_share(0.3)
-    config = {
-        "auth": {"enabled": False},
-        "router": {"threshold": threshold, "online_control": False},
-        "tiers": tiers_config([fast_sim.url], [precise_sim.url]),
-        "telemetry": {"access_log": False},
-    }
-    with GatewayProcess(config) as gw:
-        yield gw
+
+    def fixed(config: dict[str, Any], _: Backends) -> None:
+        config["router"] = {"threshold": threshold, "online_control": False}
+
+    with running_stack(configure=fixed) as stack:
+        yield stack.gateway
 
 
 async def _routes(url: str, bodies: list[dict[str, Any]]) -> list[tuple[str, str]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -12,8 +13,8 @@ import pytest
 from gateway.access.keystore_file import FileKeyStore
 from policies.keys import issue_key
 from policies.principal import KeyPolicy
-from tests.integration.gateway_proc import GatewayProcess, tiers_config
-from tests.simulator.procs import SimulatorProcess
+from tests.integration.gateway_proc import GatewayProcess
+from tests.stack import FAST_SIM, Backends, running_stack
 
 pytestmark = pytest.mark.slow
 ADMIN = "secrets-test-admin-token-0123456789"
@@ -22,7 +23,7 @@ CHAT = {"model": "fast", "messages": [{"role": "user", "content": "hi"}], "max_t
 
 @pytest.fixture(scope="module")
 def key_and_gateway(
-    tmp_path_factory: pytest.TempPathFactory, fast_sim: SimulatorProcess
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[tuple[str, str, GatewayProcess]]:
     """A gateway at debug log level with one fast-only, rpm-3 key; yields (key, id, gateway)."""
     path: Path = tmp_path_factory.mktemp("keys") / "keys.yaml"
@@ -30,13 +31,13 @@ def key_and_gateway(
         "secrets", KeyPolicy(allowed_tiers=frozenset({"fast"}), rpm=3), now=time.time()
     )
     FileKeyStore(path).put_sync(record)
-    config = {
-        "auth": {"keys_file": str(path), "admin_token": ADMIN},
-        "tiers": tiers_config([fast_sim.url], [fast_sim.url]),
-        "telemetry": {"log_level": "debug", "access_log": True},
-    }
-    with GatewayProcess(config) as gateway:
-        yield key, record.key_id, gateway
+
+    def keyed_and_verbose(config: dict[str, Any], _: Backends) -> None:
+        config["auth"] = {"keys_file": str(path), "admin_token": ADMIN}
+        config["telemetry"] = {"log_level": "debug", "access_log": True}
+
+    with running_stack(sims=(FAST_SIM,), configure=keyed_and_verbose) as stack:
+        yield key, record.key_id, stack.gateway
 
 
 def exchanges(url: str, key: str, key_id: str) -> list[httpx.Response]:

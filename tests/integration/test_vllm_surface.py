@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from typing import Any
 
 import httpx
@@ -18,6 +19,7 @@ import pytest
 from policies.vllm_surface import OPEN_ROUTES
 from tests.integration.gateway_proc import GatewayProcess, tiers_config
 from tests.simulator.procs import SimulatorProcess
+from tests.stack import Backends, Configure, Stack, running_stack
 
 pytestmark = pytest.mark.slow  # gateway and simulator fleets: make test-all
 
@@ -26,18 +28,20 @@ FAST_CONTEXT = 512
 PRECISE_CONTEXT = 4096
 
 
-def _sim(profile: str, *extra: str) -> SimulatorProcess:
-    return SimulatorProcess(
-        "--profile", profile, "--model", f"tiergate-{profile}", "--latency-scale", "0", *extra
-    )
+def _sim(profile: str, *extra: str) -> tuple[str, ...]:
+    return ("--profile", profile, "--model", f"tiergate-{profile}", "--latency-scale", "0", *extra)
 
 
-def _config(fast: list[str], precise: list[str], **tier: Any) -> dict[str, Any]:
-    return {
-        "auth": {"enabled": False, "admin_token": ADMIN},
-        "health": {"interval_s": 0.1},
-        "tiers": tiers_config(fast, precise, **tier),
-    }
+def _surface(**tier: Any) -> Configure:
+    """Admin token, fast health checks, and ``tier`` settings on both tiers."""
+
+    def configure(config: dict[str, Any], backends: Backends) -> None:
+        config["auth"]["admin_token"] = ADMIN
+        config["health"] = {"interval_s": 0.1}
+        del config["telemetry"]  # the default access log: its lines are checked for keys too
+        config["tiers"] = tiers_config([backends.fast.url], [backends.precise.url], **tier)
+
+    return configure
 
 
 def _backends(gw: GatewayProcess) -> dict[str, Any]:
@@ -61,24 +65,29 @@ def _until(check: Callable[[], bool], timeout: float = 15.0) -> None:
 
 
 @pytest.fixture(scope="module")
-def sims() -> Iterator[tuple[SimulatorProcess, SimulatorProcess]]:
-    """A fast tier with a 512-token context (dev mode: sleep routes) and a 4096 precise tier."""
-    with (
-        _sim("fast", "--max-model-len", str(FAST_CONTEXT), "--dev-mode") as fast,
-        _sim("precise", "--max-model-len", str(PRECISE_CONTEXT)) as precise,
-    ):
-        yield fast, precise
-
-
-@pytest.fixture(scope="module")
-def gateway(sims: tuple[SimulatorProcess, SimulatorProcess]) -> Iterator[GatewayProcess]:
-    """A gateway that has read both tiers' contexts from their model cards."""
-    fast, precise = sims
-    with GatewayProcess(_config([fast.url], [precise.url], max_tokens_cap=8192)) as gw:
+def stack() -> Iterator[Stack]:
+    """A fast tier with a 512-token context (dev mode: sleep routes) and a 4096 precise tier,
+    behind a gateway that has read both tiers' contexts from their model cards."""
+    fast = _sim("fast", "--max-model-len", str(FAST_CONTEXT), "--dev-mode")
+    precise = _sim("precise", "--max-model-len", str(PRECISE_CONTEXT))
+    with running_stack(sims=(fast, precise), configure=_surface(max_tokens_cap=8192)) as stack:
+        gw = stack.gateway
         _until(lambda: _backends(gw)["tiers"]["precise"]["max_model_len"] == PRECISE_CONTEXT)
         _until(lambda: _backends(gw)["tiers"]["fast"]["max_model_len"] == FAST_CONTEXT)
         assert _replica(gw, "fast")["backend"]["max_model_len"] == FAST_CONTEXT
-        yield gw
+        yield stack
+
+
+@pytest.fixture(scope="module")
+def sims(stack: Stack) -> tuple[SimulatorProcess, SimulatorProcess]:
+    """The fast and the precise simulator."""
+    return stack.fast, stack.precise
+
+
+@pytest.fixture(scope="module")
+def gateway(stack: Stack) -> GatewayProcess:
+    """The gateway in front of them."""
+    return stack.gateway
 
 
 def _client(gw: GatewayProcess) -> openai.OpenAI:
@@ -182,15 +191,18 @@ def test_vllm_open_routes_are_never_forwarded(gateway: GatewayProcess) -> None:
             assert "error" in answer.json()
 
 
-def _keyed_gateway(sim: SimulatorProcess, keys: list[str]) -> GatewayProcess:
-    config = _config([sim.url], [sim.url], api_key=keys)
-    return GatewayProcess(config)
+def _keyed_stack(accepted: str, keys: list[str]) -> AbstractContextManager[Stack]:
+    """One simulator taking only ``accepted``, behind both tiers with upstream keys ``keys``."""
+    return running_stack(
+        sims=(_sim("fast", "--api-key", accepted),), configure=_surface(api_key=keys)
+    )
 
 
 def test_upstream_keys_rotate_to_the_one_the_backend_takes() -> None:
     """Keys [old, new] before a backend that only takes new: 200, never misconfigured."""
     keys = ["old-key-value", "new-key"]
-    with _sim("fast", "--api-key", "new-key") as sim, _keyed_gateway(sim, keys) as gw:
+    with _keyed_stack("new-key", keys) as stack:
+        gw = stack.gateway
         for _ in range(3):
             answer = _client(gw).chat.completions.create(
                 model="fast", messages=[{"role": "user", "content": "hi"}], max_tokens=4
@@ -206,10 +218,8 @@ def test_upstream_keys_rotate_to_the_one_the_backend_takes() -> None:
 
 def test_every_key_refused_marks_the_replica_misconfigured() -> None:
     """Keys the backend refuses all: 502 upstream_auth_failed and the replica misconfigured."""
-    with (
-        _sim("fast", "--api-key", "right") as sim,
-        _keyed_gateway(sim, ["wrong-1", "wrong-2"]) as gw,
-    ):
+    with _keyed_stack("right", ["wrong-1", "wrong-2"]) as stack:
+        gw = stack.gateway
         with pytest.raises(openai.APIStatusError) as info:
             _client(gw).chat.completions.create(
                 model="fast", messages=[{"role": "user", "content": "hi"}], max_tokens=4

@@ -124,7 +124,7 @@ def test_tiers_are_checked_against_a_config_or_flagged_as_unchecked(
     """With --config a tier the gateway lacks is refused (exit 2, nothing written); without
     one the key is created and stderr says its tiers were not checked."""
     path = tmp_path / "keys.yaml"
-    config = Path(__file__).parents[2] / "config" / "tiergate.sim.yaml"
+    config = Path(__file__).parents[3] / "config" / "tiergate.sim.yaml"
     create = ("create", "--keys-file", str(path), "--tenant", "t", "--tiers", "turbo")
     code, _, err = run(capsys, *create, "--config", str(config))
     assert code == 2

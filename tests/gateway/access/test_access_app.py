@@ -25,7 +25,7 @@ from tests.key_fields import KeyPolicyFields
 from tests.simulator.procs import SimulatorProcess
 
 ADMIN = "admin-token-for-tests-0123456789"
-ACCESS_DOC = (Path(__file__).resolve().parents[2] / "docs/access.md").read_text(encoding="utf-8")
+ACCESS_DOC = (Path(__file__).resolve().parents[3] / "docs/access.md").read_text(encoding="utf-8")
 UNUSED = "http://127.0.0.1:9"
 
 
