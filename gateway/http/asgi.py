@@ -190,6 +190,8 @@ class AsgiCycle:
 
     def _start(self, message: Message) -> None:
         self.response_started = True
+        if self.waiting_for_continue and self.more_body:
+            self.keep_alive = False  # its body was never asked for: the client may skip it
         self.waiting_for_continue = False
         status = message["status"]
         content = [_STATUS_LINES.get(status) or _status_line(status)]
