@@ -8,11 +8,14 @@ chunk size past 64 bits) are refused 400 by llhttp on both paths.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from tests.adversarial.rawhttp import closed_within, connect, statuses
+from tests.gateway.test_asgi_cycle import exchange, serving
 from tests.integration.gateway_proc import GatewayProcess, tiers_config
 from tests.simulator.procs import SimulatorProcess
 
@@ -48,3 +51,25 @@ def test_an_answer_before_an_expected_body_closes_the_connection(
     assert statuses(data) in ([404], [405]), data
     assert b"connection: close" in data.lower(), data
     assert closed, data
+
+
+async def _bad_header_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """An app whose answer carries a header value with a line break (a response split)."""
+    try:
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"x", b"a\nb")]})
+    except RuntimeError:  # as a framework does: answer 500 instead
+        await send({"type": "http.response.start", "status": 500, "headers": []})
+        await send({"type": "http.response.body", "body": b"oops"})
+
+
+def test_an_app_answer_with_a_bad_header_can_still_be_answered_500() -> None:
+    """The cycle refused the bad header only after marking the answer started, so the app's
+    own 500 was refused too and the client got a closed socket with no answer."""
+
+    async def scenario() -> bytes:
+        async with serving(_bad_header_app) as port:
+            return await exchange(port, b"GET / HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+
+    data = asyncio.run(scenario())
+    assert statuses(data) == [500], data
+    assert b"a\nb" not in data
