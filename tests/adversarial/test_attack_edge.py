@@ -53,6 +53,24 @@ def test_an_answer_before_an_expected_body_closes_the_connection(
     assert closed, data
 
 
+def test_a_native_answer_before_an_expected_body_closes_the_connection(
+    gw: GatewayProcess,
+) -> None:
+    """The same on the native path: a refusal decided from the head alone (415 for a
+    compressed body here; 401 for a missing key is the common one) came before any
+    ``100 Continue``, on a connection kept alive, so the next request was read as the body."""
+    sock = connect(gw.port)
+    sock.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nExpect: 100-continue\r\n"
+        b"Content-Encoding: gzip\r\nContent-Length: 20\r\n\r\n"
+    )
+    closed, data = closed_within(sock, 10.0)
+    sock.close()
+    assert statuses(data) == [415], data
+    assert b"connection: close" in data.lower(), data
+    assert closed, data
+
+
 async def _bad_header_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     """An app whose answer carries a header value with a line break (a response split)."""
     try:
