@@ -394,7 +394,7 @@ class GuardedHttpToolsProtocol(asyncio.Protocol):
             return
         name = name.lower()
         if name == b"expect" and value.lower() == b"100-continue":
-            self.expect_100_continue = True
+            self.expect_100_continue = self.parser.get_http_version() != "1.0"  # no 1xx to 1.0
         elif name == b"transfer-encoding" and value.strip().lower() != b"chunked":
             self._bad_coding = True  # llhttp frames it as chunked; the coding is not undone
         self.headers.append((name, value))

@@ -9,6 +9,7 @@ chunk size past 64 bits) are refused 400 by llhttp on both paths.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -69,6 +70,25 @@ def test_a_native_answer_before_an_expected_body_closes_the_connection(
     assert statuses(data) == [415], data
     assert b"connection: close" in data.lower(), data
     assert closed, data
+
+
+def test_an_http_10_client_never_hears_100_continue(gw: GatewayProcess) -> None:
+    """A server must not send a 1xx answer to an HTTP/1.0 client, and ignores its
+    ``Expect: 100-continue`` (RFC 9110, 10.1.1 and 15.2): such a client takes the
+    ``100 Continue`` for the answer itself. The native path sent it."""
+    body = b'{"model": "fast", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}'
+    sock = connect(gw.port)
+    sock.sendall(
+        b"POST /v1/chat/completions HTTP/1.0\r\nExpect: 100-continue\r\nContent-Type: "
+        b"application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
+    )
+    time.sleep(0.2)  # as an HTTP/1.0 client would: it sends the body without waiting
+    sock.sendall(body)
+    closed, data = closed_within(sock, 10.0)
+    sock.close()
+    assert closed, data
+    assert len(statuses(data)) == 1, data
+    assert 100 not in statuses(data), data
 
 
 async def _bad_header_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
