@@ -6,12 +6,10 @@ inference endpoints (:mod:`gateway.http.native`) or an ASGI cycle for everything
 (:mod:`gateway.http.asgi`, Litestar). It is built on public APIs only; uvicorn runs the process
 and constructs it as the class named by ``uvicorn.Config(http=...)``.
 
-httptools itself has no limit on a request head, and it grows a header value by
-concatenation, so a client streaming one endless header costs memory 1:1 and CPU that grows
-with the length. This protocol counts the bytes fed while a head is incomplete and answers 431
-as soon as they pass ``max_head_bytes``, before feeding more: the cost stays linear and
-bounded. Deadlines are enforced by :class:`gateway.connections.ConnectionGuard`'s sweeper; this
-class only stamps the phase changes (one ``loop.time()`` per head, body chunk and response).
+httptools has no limit on a request head and grows a header value by concatenation. This
+protocol counts the bytes fed while a head is incomplete (a chunked body's trailers with its
+head) and answers 431 past ``max_head_bytes``, before feeding more. Deadlines are enforced by
+:class:`gateway.connections.ConnectionGuard`'s sweeper; this class stamps the phase changes.
 """
 
 from __future__ import annotations
@@ -356,10 +354,10 @@ class GuardedHttpToolsProtocol(asyncio.Protocol):
             return
         if self._ignoring:
             return
-        if self._reading_head:  # also a pipelined head behind a request in progress
-            limit = self.guard.limits.max_head_bytes
-            if self._head_fed > limit and not self.transport.is_closing():
-                self._refuse(Shed.HEAD_TOO_LARGE, head_too_large(limit))
+        limit = self.guard.limits.max_head_bytes  # a head (also one behind a request) or trailers
+        size = self._head_fed if self._reading_head else self._head_size
+        if size > limit and not self.transport.is_closing():
+            self._refuse(Shed.HEAD_TOO_LARGE, head_too_large(limit))
 
     def on_message_begin(self) -> None:
         """A new request's first byte: its head clock starts (the first one's at accept).
@@ -389,8 +387,11 @@ class GuardedHttpToolsProtocol(asyncio.Protocol):
         self._head_size += len(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        """Collect one header (name in lower case) and count it into the head size."""
+        """Collect one header (name in lower case) into the head size; a trailer: counted only."""
         if self._ignoring:
+            return
+        self._head_size += len(name) + len(value) + 4
+        if not self._reading_head:
             return
         name = name.lower()
         if name == b"expect" and value.lower() == b"100-continue":
@@ -398,7 +399,6 @@ class GuardedHttpToolsProtocol(asyncio.Protocol):
         elif name == b"transfer-encoding" and value.strip().lower() != b"chunked":
             self._bad_coding = True  # llhttp frames it as chunked; the coding is not undone
         self.headers.append((name, value))
-        self._head_size += len(name) + len(value) + 4
 
     def on_headers_complete(self) -> None:
         """Refuse an over-long head (arrived in one piece); start the body clock."""

@@ -91,6 +91,39 @@ def test_an_http_10_client_never_hears_100_continue(gw: GatewayProcess) -> None:
     assert 100 not in statuses(data), data
 
 
+@pytest.mark.parametrize(
+    ("path", "answers"),
+    [
+        (b"/v1/chat/completions", ([431],)),
+        (b"/no-such-path", ([431], [404])),  # Litestar may answer 404 before the body ends
+    ],
+)
+def test_trailers_count_against_the_head_limit(
+    gw: GatewayProcess, path: bytes, answers: tuple[list[int], ...]
+) -> None:
+    """Trailer lines after a chunked body were kept, one per line, with no limit until the
+    body deadline: one connection sending 373 MB of them in 2 s took the gateway from 112 MB
+    to 525 MB resident. They now count with the head against ``max_head_bytes`` (431)."""
+    sock = connect(gw.port)
+    sock.sendall(
+        b"POST " + path + b" HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"2\r\n{}\r\n0\r\n"
+    )
+    trailer = b"X-T: " + b"y" * 1000 + b"\r\n"
+    sent = 0
+    try:
+        while sent < 64 * 1024 * 1024:  # 64 MiB of trailers, 4,000 times the head limit
+            sock.sendall(trailer * 64)
+            sent += len(trailer) * 64
+    except OSError:  # refused and closed
+        pass
+    closed, data = closed_within(sock, 10.0)
+    sock.close()
+    assert closed
+    assert sent < 64 * 1024 * 1024, "every trailer was read"
+    assert statuses(data) in answers, data[:300]
+
+
 async def _bad_header_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     """An app whose answer carries a header value with a line break (a response split)."""
     try:
