@@ -33,7 +33,9 @@ from gateway.http.edge import (
     ASGIApp,
     Cycle,
     FlowControl,
+    TrailerWatch,
     head_too_large,
+    request_parser,
 )
 from gateway.http.native import ROUTES, Handler, NativeCycle
 
@@ -50,15 +52,7 @@ MAX_PIPELINE = 32
 OPS_PATHS = frozenset({b"/livez", b"/readyz"})
 
 
-def _parser(protocol: object) -> httptools.HttpRequestParser:
-    """A request parser calling back ``protocol``; bytes after a ``Connection: close`` request
-    are not an error (the requests before it still get their answers)."""
-    parser = httptools.HttpRequestParser(protocol)
-    parser.set_dangerous_leniencies(lenient_data_after_close=True)
-    return parser
-
-
-class GuardedHttpToolsProtocol(asyncio.Protocol):
+class GuardedHttpToolsProtocol(TrailerWatch, asyncio.Protocol):
     """One client connection, within the guard's limits.
 
     Constructed as uvicorn constructs the class of ``uvicorn.Config(http=...)``: the config
@@ -84,7 +78,7 @@ class GuardedHttpToolsProtocol(asyncio.Protocol):
         self.connections: set[Any] = server_state.connections
         self.tasks: set[asyncio.Task[None]] = server_state.tasks
         self.app_state = app_state
-        self.parser = _parser(self)
+        self.parser = request_parser(self)
         self.transport: asyncio.Transport = None  # type: ignore[assignment]  # connection_made
         self.flow: FlowControl = None  # type: ignore[assignment]  # connection_made
         self.server: tuple[str, int] | None = None
@@ -284,10 +278,12 @@ class GuardedHttpToolsProtocol(asyncio.Protocol):
                 self._after_feed()
                 return
             data = bytes(rest)
-        counted = self._reading_head
+        counted, trailing = self._reading_head, self.trailing
         if counted:  # every byte up to the head's end is the head's
             self._head_fed += len(data)
         self._feed(data)
+        if trailing and self.trailing:  # a read of trailers only: counted with the head
+            self._head_size += len(data)
         if not counted and self._reading_head:
             # A head began inside this read, after other requests' bytes: count what the
             # callbacks saw of it (at least its first byte), never the bytes before it; a
@@ -322,7 +318,7 @@ class GuardedHttpToolsProtocol(asyncio.Protocol):
         """Serve the request whose head just ended as HTTP/1.1; ``rest`` follows its head.
         Returns the bytes after its body, for the next request (none while the body is still
         arriving)."""
-        self.parser = _parser(self)
+        self.parser = request_parser(self)
         length, self._upgrade_body = self._upgrade_body, -1
         if length is None:  # refused in its turn: nothing after this head is ever parsed
             self._discarding = True
@@ -518,6 +514,7 @@ class GuardedHttpToolsProtocol(asyncio.Protocol):
 
     def on_body(self, body: bytes) -> None:
         """Count body bytes for the minimum-rate check."""
+        self.trailing = False
         if self._ignoring:
             return
         cycle = self.cycle
@@ -532,6 +529,7 @@ class GuardedHttpToolsProtocol(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         """The request is in; the app answers without a server deadline."""
+        self.trailing = False
         if self._ignoring or self._upgrade_body != -1:
             return  # refused, or an upgrade head: its body is still to come (``_past_upgrade``)
         cycle = self.cycle

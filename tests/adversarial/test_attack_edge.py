@@ -124,6 +124,52 @@ def test_trailers_count_against_the_head_limit(
     assert statuses(data) in answers, data[:300]
 
 
+def test_one_endless_trailer_counts_against_the_head_limit(gw: GatewayProcess) -> None:
+    """One trailer line that never ends reached the protocol only once complete: cut by the
+    body deadline alone (10 s), after 80 MB sent and 129 MB more resident. The bytes fed
+    after the last chunk's size line now count as trailer bytes as they arrive (431)."""
+    sock = connect(gw.port)
+    sock.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n"
+        b"\r\n2\r\n{}\r\n0\r\nX-T: "
+    )
+    sent = 0
+    try:
+        while sent < 16 * 1024 * 1024:
+            sock.sendall(b"y" * 65536)
+            sent += 65536
+    except OSError:  # refused and closed
+        pass
+    closed, data = closed_within(sock, 10.0)
+    sock.close()
+    assert closed
+    assert sent < 16 * 1024 * 1024, "the whole trailer was read"
+    assert statuses(data) == [431], data[:300]
+
+
+@pytest.mark.parametrize("chunk", [1, 70_000])
+def test_chunked_bodies_in_small_and_large_chunks_are_served(
+    gw: GatewayProcess, chunk: int
+) -> None:
+    """The trailer count never takes a chunk's own data for trailers (a size line and its
+    data in separate reads)."""
+    body = b'{"model": "fast", "messages": [{"role": "user", "content": "%b"}], "max_tokens": 2}'
+    body %= b"hi " * 300
+    sock = connect(gw.port)
+    sock.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+        b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+    )
+    for start in range(0, len(body), chunk):
+        piece = body[start : start + chunk]
+        sock.sendall(b"%x\r\n" % len(piece))
+        sock.sendall(piece + b"\r\n")
+    sock.sendall(b"0\r\nX-Trailer: 1\r\n\r\n")
+    _, data = closed_within(sock, 30.0)
+    sock.close()
+    assert statuses(data) == [200], data[:600]
+
+
 async def _bad_header_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     """An app whose answer carries a header value with a line break (a response split)."""
     try:
