@@ -189,14 +189,17 @@ class AsgiCycle:
             raise RuntimeError(f"{kind!r} sent after the response was complete")
 
     def _start(self, message: Message) -> None:
+        headers = message.get("headers", ())
+        if any(_BAD_NAME.search(name) or _BAD_VALUE.search(value) for name, value in headers):
+            raise RuntimeError("invalid HTTP header in the response")  # the app may answer 500
         self.response_started = True
+        if self.waiting_for_continue and self.more_body:
+            self.keep_alive = False  # its body was never asked for: the client may skip it
         self.waiting_for_continue = False
         status = message["status"]
         content = [_STATUS_LINES.get(status) or _status_line(status)]
         closing = False
-        for raw_name, value in message.get("headers", ()):
-            if _BAD_NAME.search(raw_name) or _BAD_VALUE.search(value):
-                raise RuntimeError("invalid HTTP header in the response")
+        for raw_name, value in headers:
             name = raw_name.lower()
             if name == b"content-length" and self.chunked is None:
                 self.length_left = int(value)

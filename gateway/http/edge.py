@@ -15,6 +15,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, Protocol
 
+import httptools
 import structlog
 
 from gateway.pipeline.errors import ClientGone, error_body
@@ -180,6 +181,25 @@ def head_too_large(limit: int) -> bytes:
         f"The request line and headers exceed {limit} bytes.",
         "request_header_fields_too_large",
     )
+
+
+def request_parser(protocol: object) -> httptools.HttpRequestParser:
+    """A request parser calling back ``protocol``; bytes after a ``Connection: close`` request
+    are not an error (the requests before it still get their answers)."""
+    parser = httptools.HttpRequestParser(protocol)
+    parser.set_dangerous_leniencies(lenient_data_after_close=True)
+    return parser
+
+
+class TrailerWatch:
+    """A parser callback for the protocol: after a chunk's size line and before its data, what
+    is fed may be the last chunk's trailers (llhttp hands a chunk's data on as it arrives)."""
+
+    trailing = False
+
+    def on_chunk_header(self) -> None:
+        """A chunk's size line (httptools calls it when the protocol has it)."""
+        self.trailing = True
 
 
 class FlowControl:

@@ -270,6 +270,8 @@ class NativeCycle:
         if self.was_disconnected:
             return
         body = reply.body
+        if self.expect_continue and self.more_body:
+            self.keep_alive = False  # refused from its head: the client may skip its body
         head = reply_head(reply, keep_alive=self.keep_alive, length=len(body))
         self.response_started = True
         self.transport.write(head + body)

@@ -6,12 +6,10 @@ inference endpoints (:mod:`gateway.http.native`) or an ASGI cycle for everything
 (:mod:`gateway.http.asgi`, Litestar). It is built on public APIs only; uvicorn runs the process
 and constructs it as the class named by ``uvicorn.Config(http=...)``.
 
-httptools itself has no limit on a request head, and it grows a header value by
-concatenation, so a client streaming one endless header costs memory 1:1 and CPU that grows
-with the length. This protocol counts the bytes fed while a head is incomplete and answers 431
-as soon as they pass ``max_head_bytes``, before feeding more: the cost stays linear and
-bounded. Deadlines are enforced by :class:`gateway.connections.ConnectionGuard`'s sweeper; this
-class only stamps the phase changes (one ``loop.time()`` per head, body chunk and response).
+httptools has no limit on a request head and grows a header value by concatenation. This
+protocol counts the bytes fed while a head is incomplete (a chunked body's trailers with its
+head) and answers 431 past ``max_head_bytes``, before feeding more. Deadlines are enforced by
+:class:`gateway.connections.ConnectionGuard`'s sweeper; this class stamps the phase changes.
 """
 
 from __future__ import annotations
@@ -35,7 +33,9 @@ from gateway.http.edge import (
     ASGIApp,
     Cycle,
     FlowControl,
+    TrailerWatch,
     head_too_large,
+    request_parser,
 )
 from gateway.http.native import ROUTES, Handler, NativeCycle
 
@@ -52,15 +52,7 @@ MAX_PIPELINE = 32
 OPS_PATHS = frozenset({b"/livez", b"/readyz"})
 
 
-def _parser(protocol: object) -> httptools.HttpRequestParser:
-    """A request parser calling back ``protocol``; bytes after a ``Connection: close`` request
-    are not an error (the requests before it still get their answers)."""
-    parser = httptools.HttpRequestParser(protocol)
-    parser.set_dangerous_leniencies(lenient_data_after_close=True)
-    return parser
-
-
-class GuardedHttpToolsProtocol(asyncio.Protocol):
+class GuardedHttpToolsProtocol(TrailerWatch, asyncio.Protocol):
     """One client connection, within the guard's limits.
 
     Constructed as uvicorn constructs the class of ``uvicorn.Config(http=...)``: the config
@@ -86,7 +78,7 @@ class GuardedHttpToolsProtocol(asyncio.Protocol):
         self.connections: set[Any] = server_state.connections
         self.tasks: set[asyncio.Task[None]] = server_state.tasks
         self.app_state = app_state
-        self.parser = _parser(self)
+        self.parser = request_parser(self)
         self.transport: asyncio.Transport = None  # type: ignore[assignment]  # connection_made
         self.flow: FlowControl = None  # type: ignore[assignment]  # connection_made
         self.server: tuple[str, int] | None = None
@@ -286,10 +278,12 @@ class GuardedHttpToolsProtocol(asyncio.Protocol):
                 self._after_feed()
                 return
             data = bytes(rest)
-        counted = self._reading_head
+        counted, trailing = self._reading_head, self.trailing
         if counted:  # every byte up to the head's end is the head's
             self._head_fed += len(data)
         self._feed(data)
+        if trailing and self.trailing:  # a read of trailers only: counted with the head
+            self._head_size += len(data)
         if not counted and self._reading_head:
             # A head began inside this read, after other requests' bytes: count what the
             # callbacks saw of it (at least its first byte), never the bytes before it; a
@@ -324,7 +318,7 @@ class GuardedHttpToolsProtocol(asyncio.Protocol):
         """Serve the request whose head just ended as HTTP/1.1; ``rest`` follows its head.
         Returns the bytes after its body, for the next request (none while the body is still
         arriving)."""
-        self.parser = _parser(self)
+        self.parser = request_parser(self)
         length, self._upgrade_body = self._upgrade_body, -1
         if length is None:  # refused in its turn: nothing after this head is ever parsed
             self._discarding = True
@@ -356,10 +350,10 @@ class GuardedHttpToolsProtocol(asyncio.Protocol):
             return
         if self._ignoring:
             return
-        if self._reading_head:  # also a pipelined head behind a request in progress
-            limit = self.guard.limits.max_head_bytes
-            if self._head_fed > limit and not self.transport.is_closing():
-                self._refuse(Shed.HEAD_TOO_LARGE, head_too_large(limit))
+        limit = self.guard.limits.max_head_bytes  # a head (also one behind a request) or trailers
+        size = self._head_fed if self._reading_head else self._head_size
+        if size > limit and not self.transport.is_closing():
+            self._refuse(Shed.HEAD_TOO_LARGE, head_too_large(limit))
 
     def on_message_begin(self) -> None:
         """A new request's first byte: its head clock starts (the first one's at accept).
@@ -389,16 +383,18 @@ class GuardedHttpToolsProtocol(asyncio.Protocol):
         self._head_size += len(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        """Collect one header (name in lower case) and count it into the head size."""
+        """Collect one header (name in lower case) into the head size; a trailer: counted only."""
         if self._ignoring:
+            return
+        self._head_size += len(name) + len(value) + 4
+        if not self._reading_head:
             return
         name = name.lower()
         if name == b"expect" and value.lower() == b"100-continue":
-            self.expect_100_continue = True
+            self.expect_100_continue = self.parser.get_http_version() != "1.0"  # no 1xx to 1.0
         elif name == b"transfer-encoding" and value.strip().lower() != b"chunked":
             self._bad_coding = True  # llhttp frames it as chunked; the coding is not undone
         self.headers.append((name, value))
-        self._head_size += len(name) + len(value) + 4
 
     def on_headers_complete(self) -> None:
         """Refuse an over-long head (arrived in one piece); start the body clock."""
@@ -518,6 +514,7 @@ class GuardedHttpToolsProtocol(asyncio.Protocol):
 
     def on_body(self, body: bytes) -> None:
         """Count body bytes for the minimum-rate check."""
+        self.trailing = False
         if self._ignoring:
             return
         cycle = self.cycle
@@ -532,6 +529,7 @@ class GuardedHttpToolsProtocol(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         """The request is in; the app answers without a server deadline."""
+        self.trailing = False
         if self._ignoring or self._upgrade_body != -1:
             return  # refused, or an upgrade head: its body is still to come (``_past_upgrade``)
         cycle = self.cycle
