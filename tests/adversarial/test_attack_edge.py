@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.adversarial.rawhttp import closed_within, connect, statuses
-from tests.gateway.test_asgi_cycle import exchange, serving
+from tests.gateway.http.test_asgi_cycle import exchange, serving
 from tests.integration.gateway_proc import GatewayProcess, tiers_config
 from tests.simulator.procs import SimulatorProcess
 
