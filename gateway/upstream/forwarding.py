@@ -231,6 +231,7 @@ class Forwarder:
             counts_as_request=not fallback,
         )
         tried: set[str] = set()
+        batch = ticket.priority == BATCH
 
         async def one(number: int) -> Exchange:
             if number > 1 and loop.failures:
@@ -245,16 +246,9 @@ class Forwarder:
             headers = self._started(tier, route, choice, routed_at, prefix_blocks, body, events)
             first_byte_s = route.timeouts.first_byte_s if stream else math.inf
             limit_s = max(0.001, min(first_byte_s, loop.remaining()))
+            url = replica.url + path
             return await self._attempt(
-                route,
-                replica,
-                replica.url + path,
-                payload,
-                headers,
-                stream,
-                limit_s,
-                events,
-                batch=ticket.priority == BATCH,
+                route, replica, url, payload, headers, stream, limit_s, events, batch
             )
 
         try:
@@ -310,14 +304,11 @@ class Forwarder:
         stream: bool,
         limit_s: float,
         events: AttemptEvents,
-        *,
-        batch: bool = False,
+        batch: bool,
     ) -> Exchange:
-        """One attempt, reported to ``events`` as ended (opened or failed) whatever happens.
-
-        Its lease on ``replica`` is returned on failure; on success the exchange holds it
-        (a non-streaming answer is read whole and gives it back at once).
-        """
+        """One attempt, reported to ``events`` as ended (opened or failed) whatever happens;
+        its lease on ``replica`` (``batch``: a batch one) is returned on failure, else the
+        exchange holds it (a non-streaming answer is read whole and gives it back at once)."""
         pool = route.pool
         waited = _Waited()
         started = time.perf_counter()
