@@ -244,8 +244,10 @@ class ReplicaPool:
         self._rr = itertools.count()
         setup = queue or QueueSetup()
         self.queue = FairQueue(setup.policy, setup.max_length)
-        # Batch requests hold at most this many slots (headroom for interactive ones).
-        self.batch_cap = batch_cap(setup.batch_max_share, len(self.replicas) * max_concurrency)
+        # Batch requests hold at most this many slots (headroom for interactive ones): a share
+        # of the healthy replicas' slots, refreshed after each health round.
+        self.batch_share = setup.batch_max_share
+        self.batch_cap = batch_cap(self.batch_share, len(self.replicas) * max_concurrency)
         self.batch_in_flight = 0
         self.class_waits = {
             p: setup.waits.get(p, max_queue_wait_s) for p in ("interactive", "batch")
@@ -338,10 +340,13 @@ class ReplicaPool:
 
     def refresh_context(self) -> None:
         """Set ``context_len``: the smallest context length its replicas reported (``None``
-        when none did). Called after each health round, so requests read one attribute; then
-        free slots of replicas back in rotation go to waiters."""
+        when none did), and ``batch_cap`` from the healthy replicas' slots. Called after each
+        health round, so requests read one attribute; then free slots of replicas back in
+        rotation go to waiters."""
         known = [r.max_model_len for r in self.replicas if r.max_model_len is not None]
         self.context_len = min(known) if known else None
+        healthy = sum(r.max_concurrency for r in self.replicas if r.healthy)
+        self.batch_cap = batch_cap(self.batch_share, healthy)
         if self.queue.waiting:  # a replica back in rotation takes waiters at once
             self.dispatch()
 

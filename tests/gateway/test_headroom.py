@@ -113,3 +113,19 @@ def test_the_share_is_checked(share: float) -> None:
     with pytest.raises(ValidationError):
         QueueSettings(batch_max_share=share)
     assert QueueSettings().batch_max_share == 1.0
+
+
+def test_the_cap_follows_the_healthy_replicas_after_a_health_round() -> None:
+    """Half the tier down: batch keeps its share of the slots left, not of all of them."""
+    setup = QueueSetup(batch_max_share=0.5)
+    pool = ReplicaPool("fast", [URL, "http://10.0.0.2:8000"], 4, 5.0, queue=setup)
+    assert pool.batch_cap == 4
+    pool.replicas[1].healthy = False
+    pool.refresh_context()
+    assert pool.batch_cap == 2
+    pool.replicas[0].healthy = False
+    pool.refresh_context()
+    assert pool.batch_cap == 1  # at least one slot
+    pool.replicas[0].healthy = pool.replicas[1].healthy = True
+    pool.refresh_context()
+    assert pool.batch_cap == 4
