@@ -182,7 +182,7 @@ def build_backends(
 
 
 def _queue_setup(queue: QueueSettings) -> QueueSetup:
-    return QueueSetup(queue.policy, queue.max_length, queue.waits())
+    return QueueSetup(queue.policy, queue.max_length, queue.waits(), queue.batch_max_share)
 
 
 def _field_rules(tiers: Mapping[str, TierSettings], requests: RequestSettings) -> FieldRules:

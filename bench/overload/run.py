@@ -1,9 +1,10 @@
 """``make bench-overload``: a batch tenant floods, interactive tenants keep asking, then half
-the fast tier goes away. Per leg (FIFO, fair queuing, fair queuing + spill) and per tenant:
+the fast tier goes away. Per leg (FIFO, fair queuing, fair queuing + headroom for interactive,
+fair queuing + spill) and per tenant:
 TTFT p50/p99 of streamed answers, goodput within the SLO, 429/503 counts, spill rate.
 
-Usage: ``.venv/bin/python bench/overload/run.py [--legs fifo,fair,fair+spill] [--phase-s 12]
-[--workers 1] [--out bench/results/overload.md]``
+Usage: ``.venv/bin/python bench/overload/run.py [--legs fifo,fair,fair+headroom,fair+spill]
+[--phase-s 12] [--workers 1] [--out bench/results/overload.md]``
 
 Each leg starts its own simulators (fast tier: two replicas of ``SLOTS`` sequences, precise
 tier: one) and one gateway (``--workers``, each with ``max_concurrency`` = the simulators'
@@ -47,6 +48,7 @@ LIGHT = ("light-1", "light-2", "light-3")
 LIGHT_RPS = 2.0
 HEAVY_WORKERS = 10 * 2 * SLOTS // 4  # ten times its share of the fast tier's slots
 SLO_TTFT_S = 1.0
+HEADROOM_SHARE = 0.5  # queue.batch_max_share of the ``+headroom`` legs
 MAX_TOKENS = 32
 PHASES = ("calm", "flood", "brown-out")
 BODY = {
@@ -76,6 +78,7 @@ class Leg:
     name: str
     policy: str
     spill: bool
+    batch_max_share: float = 1.0
     outcomes: list[Outcome] = field(default_factory=list)
     phase_s: float = 0.0
     workers: int = 1  # gateway workers, each with SLOTS // workers slots per replica
@@ -109,7 +112,12 @@ def _gateway(leg: Leg, fast: list[Service], precise: Service, workdir: Path) -> 
         "auth": {"keys_file": str(workdir / "keys.yaml")},
         "telemetry": {"access_log": False, "log_level": "warning"},
         "health": {"interval_s": 0.5},
-        "queue": {"policy": leg.policy, "max_length": 64, "batch_wait_s": 5.0},
+        "queue": {
+            "policy": leg.policy,
+            "max_length": 64,
+            "batch_wait_s": 5.0,
+            "batch_max_share": leg.batch_max_share,
+        },
         "tiers": {
             "fast": {**tier("tiergate-fast", fast), "max_queue_wait_s": 2.0},
             "precise": {**tier("tiergate-precise", [precise]), "max_queue_wait_s": 2.0},
@@ -259,7 +267,8 @@ def report(legs: list[Leg], phase_s: float, workers: int = 1) -> str:
         f"SLO: 200 and first token within {SLO_TTFT_S:g} s; goodput in answers/s within it; "
         "a request counts in the phase it was sent in. "
         "`other`: any answer but 200/429/503 (a 5xx or a lost connection); `no RA`: 429/503 "
-        "without Retry-After.",
+        f"without Retry-After. `+headroom`: `queue.batch_max_share: {HEADROOM_SHARE:g}` "
+        "(batch holds at most that share of a tier's slots; other legs: 1, no cap).",
         "",
         "| leg | phase | tenant | requests | TTFT p50 s | TTFT p99 s | goodput/s | 200/s "
         "| share of 200s | 429 | 503 | other | no RA | spilled |",
@@ -278,7 +287,7 @@ def report(legs: list[Leg], phase_s: float, workers: int = 1) -> str:
 def main() -> None:
     """Run the legs asked for and write the table."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--legs", default="fifo,fair,fair+spill")
+    parser.add_argument("--legs", default="fifo,fair,fair+headroom,fair+spill")
     parser.add_argument("--phase-s", type=float, default=12.0)
     parser.add_argument(
         "--workers", type=int, default=1, help="gateway workers (slots per replica split)"
@@ -289,6 +298,7 @@ def main() -> None:
     for name in args.legs.split(","):
         policy = "fifo" if name.startswith("fifo") else "fair"
         leg = Leg(name, policy, spill=name.endswith("+spill"), phase_s=args.phase_s)
+        leg.batch_max_share = HEADROOM_SHARE if "+headroom" in name else 1.0
         leg.workers = args.workers
         legs.append(leg)
     for leg in legs:

@@ -434,6 +434,9 @@ class QueueSettings(Section):
     """Longest wait of an interactive request (unset: the tier's max_queue_wait_s)."""
     batch_wait_s: float | None = Field(default=None, ge=0)
     """Longest wait of a batch request (unset: the tier's max_queue_wait_s)."""
+    batch_max_share: float = Field(default=1.0, gt=0, le=1)
+    """Share of a tier's slots (per worker) batch requests may hold at once, so interactive
+    ones find a free slot; at least one slot. 1: no cap (batch may take every slot)."""
 
     def waits(self) -> dict[str, float]:
         """The classes' longest waits that are set."""

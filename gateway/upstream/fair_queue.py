@@ -11,6 +11,9 @@ and the class clock moves to it. A tenant with many waiters thus gets its weight
 one with few is served at once. A tenant that stops waiting keeps no credit. Policy ``fifo``
 serves in arrival order, ignoring class and tenant (the behaviour before fair queuing).
 
+Headroom (``batch_max_share`` below 1): batch requests hold at most that share of a tier's
+slots, so an interactive arrival finds a free one; below the cap batch takes any free slot.
+
 Exact within one worker process: each worker has its own slots (``max_concurrency`` per
 replica per worker) and its own queue.
 """
@@ -117,8 +120,9 @@ class FairQueue:
             return self.waiting
         return sum(self.by_class[: PRIORITIES.index(priority) + 1])
 
-    def pop(self, url: str) -> Waiter | None:
-        """The next waiter that may use replica ``url`` (taken off the queue), or ``None``."""
+    def pop(self, url: str, *, batch: bool = True) -> Waiter | None:
+        """The next waiter that may use replica ``url`` (taken off the queue), or ``None``;
+        ``batch`` False passes over batch waiters (their class holds its share of slots)."""
         heap = self._heap
         skipped: list[tuple[int, float, int, Waiter]] = []
         found: Waiter | None = None
@@ -129,6 +133,11 @@ class FairQueue:
                 continue  # left already (timed out or cancelled)
             if waiter.future.done() or url in waiter.exclude:
                 skipped.append(entry)
+                continue
+            if not batch and waiter.ticket.priority == BATCH:
+                skipped.append(entry)
+                if entry[0]:  # fair: only batch waiters are left behind this one
+                    break
                 continue
             self._clock[entry[0]] = entry[1]
             self.drop(waiter)

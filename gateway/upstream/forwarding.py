@@ -36,7 +36,7 @@ from gateway.pipeline.events import (
 from gateway.pipeline.ids import fresh_id
 from gateway.upstream.attempt import AUTH_STATUSES, AttemptFailed, Opened, UpstreamClient, attempt
 from gateway.upstream.explain import every_tier_failed, final_error, why_none
-from gateway.upstream.fair_queue import ANONYMOUS, Ticket
+from gateway.upstream.fair_queue import ANONYMOUS, BATCH, Ticket
 from gateway.upstream.keys import UpstreamKeys, every_key_refused
 from gateway.upstream.replicas import Replica, ReplicaPool
 from gateway.upstream.retry import RetryBudget, RetryLoop, RetryPolicy
@@ -64,6 +64,8 @@ class Exchange:
     pool: ReplicaPool
     first_event: bytes = b""
     finished: bool = False
+    # The lease counts as the batch class's (ReplicaPool.batch_cap).
+    batch: bool = False
     # The stream's line ending when not LF (b"\r\n" or b"\r"): the relay turns it into LF.
     framing: bytes | None = None
     # The request's deadline (time.monotonic(), timeouts.total_s): a stream ends there too.
@@ -91,7 +93,7 @@ class Exchange:
                 response.close()
             else:
                 response.release()
-        self.pool.release(self.replica)
+        self.pool.release(self.replica, batch=self.batch)
 
 
 class Forwarded(NamedTuple):
@@ -229,13 +231,14 @@ class Forwarder:
             counts_as_request=not fallback,
         )
         tried: set[str] = set()
+        batch = ticket.priority == BATCH
 
         async def one(number: int) -> Exchange:
             if number > 1 and loop.failures:
                 pool.count_retry(loop.failures[-1].kind)
             routed_at = time.perf_counter()
             exclude = frozenset(tried) if tried else _NOTHING
-            choice = _pick(route, exclude, prefix_blocks)
+            choice = _pick(route, exclude, prefix_blocks, ticket)
             if choice is None:  # every usable replica at its cap: queue for a slot
                 choice = await _queued(pool, exclude, loop, ticket)
             replica = choice.replica
@@ -243,8 +246,9 @@ class Forwarder:
             headers = self._started(tier, route, choice, routed_at, prefix_blocks, body, events)
             first_byte_s = route.timeouts.first_byte_s if stream else math.inf
             limit_s = max(0.001, min(first_byte_s, loop.remaining()))
+            url = replica.url + path
             return await self._attempt(
-                route, replica, replica.url + path, payload, headers, stream, limit_s, events
+                route, replica, url, payload, headers, stream, limit_s, events, batch
             )
 
         try:
@@ -300,12 +304,11 @@ class Forwarder:
         stream: bool,
         limit_s: float,
         events: AttemptEvents,
+        batch: bool,
     ) -> Exchange:
-        """One attempt, reported to ``events`` as ended (opened or failed) whatever happens.
-
-        Its lease on ``replica`` is returned on failure; on success the exchange holds it
-        (a non-streaming answer is read whole and gives it back at once).
-        """
+        """One attempt, reported to ``events`` as ended (opened or failed) whatever happens;
+        its lease on ``replica`` (``batch``: a batch one) is returned on failure, else the
+        exchange holds it (a non-streaming answer is read whole and gives it back at once)."""
         pool = route.pool
         waited = _Waited()
         started = time.perf_counter()
@@ -321,15 +324,15 @@ class Forwarder:
                     connect_s=route.timeouts.connect_s,
                 )
             except AttemptFailed as failure:
-                pool.release(replica)
+                pool.release(replica, batch=batch)
                 self._record_failure(route, replica, failure)
                 raise
             except BaseException:
-                pool.release(replica)
+                pool.release(replica, batch=batch)
                 raise
             finally:
                 waited.upstream_s += time.perf_counter() - started
-            exchange = Exchange(opened, replica, pool)
+            exchange = Exchange(opened, replica, pool, batch=batch)
             if stream:
                 await self._read_first_event(route, exchange, limit_s, waited)
             else:
@@ -402,9 +405,10 @@ async def _queued(
 
 
 def _pick(
-    route: TierRoute, exclude: frozenset[str], prefix_blocks: Sequence[int]
+    route: TierRoute, exclude: frozenset[str], prefix_blocks: Sequence[int], ticket: Ticket
 ) -> Choice[Replica] | None:
-    """A leased replica for the next attempt; None when every usable one is at its cap.
+    """A leased replica for the next attempt; None when every usable one is at its cap (or
+    ``ticket`` is batch and its class holds its share of the tier's slots).
 
     Raises ``AttemptFailed`` (no replica) when none is usable at all.
     """
@@ -420,8 +424,9 @@ def _pick(
         and r.url not in exclude
         and r.available(now)
     ]
-    if free:
-        return _lease(route, free, prefix_blocks)
+    batch = ticket.priority == BATCH
+    if free and not pool.batch_full(ticket):
+        return _lease(route, free, prefix_blocks, batch=batch)
     usable = pool.usable(now, exclude)
     if not usable and exclude:
         usable = pool.usable(now)  # every replica tried: any is fair
@@ -432,12 +437,14 @@ def _pick(
             retry_after=pool.ready_in(now) or None,
         )
     free = [r for r in usable if r.has_capacity]
-    if not free:
+    if not free or pool.batch_full(ticket):
         return None
-    return _lease(route, free, prefix_blocks)
+    return _lease(route, free, prefix_blocks, batch=batch)
 
 
-def _lease(route: TierRoute, free: list[Replica], prefix_blocks: Sequence[int]) -> Choice[Replica]:
+def _lease(
+    route: TierRoute, free: list[Replica], prefix_blocks: Sequence[int], *, batch: bool
+) -> Choice[Replica]:
     """The strategy's pick among ``free`` (all below their cap), leased."""
     pool = route.pool
     # One candidate: every strategy takes it, with no prefix followed (affinity None).
@@ -446,7 +453,7 @@ def _lease(route: TierRoute, free: list[Replica], prefix_blocks: Sequence[int]) 
         if len(free) == 1
         else route.strategy.choose(free, prefix_blocks, pool.next_index())
     )
-    pool.lease(choice.replica)
+    pool.lease(choice.replica, batch=batch)
     return choice
 
 

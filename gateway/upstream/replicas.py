@@ -26,7 +26,14 @@ from urllib.parse import urlsplit
 
 import structlog
 
-from gateway.upstream.fair_queue import FairQueue, QueuePolicy, QueueStats, Ticket, Waiter
+from gateway.upstream.fair_queue import (
+    BATCH,
+    FairQueue,
+    QueuePolicy,
+    QueueStats,
+    Ticket,
+    Waiter,
+)
 from policies.errors import Overloaded
 
 RECENT_ERRORS = 10
@@ -237,6 +244,11 @@ class ReplicaPool:
         self._rr = itertools.count()
         setup = queue or QueueSetup()
         self.queue = FairQueue(setup.policy, setup.max_length)
+        # Batch requests hold at most this many slots (headroom for interactive ones): a share
+        # of the healthy replicas' slots, refreshed after each health round.
+        self.batch_share = setup.batch_max_share
+        self.batch_cap = batch_cap(self.batch_share, len(self.replicas) * max_concurrency)
+        self.batch_in_flight = 0
         self.class_waits = {
             p: setup.waits.get(p, max_queue_wait_s) for p in ("interactive", "batch")
         }
@@ -269,15 +281,21 @@ class ReplicaPool:
         """A shared round-robin counter."""
         return next(self._rr)
 
-    def lease(self, replica: Replica) -> None:
-        """Count one more request in flight on ``replica``."""
+    def batch_full(self, ticket: Ticket) -> bool:
+        """``ticket`` is batch and its class holds its share of the tier's slots already."""
+        return ticket.priority == BATCH and self.batch_in_flight >= self.batch_cap
+
+    def lease(self, replica: Replica, *, batch: bool = False) -> None:
+        """Count one more request in flight on ``replica`` (``batch``: of the batch class)."""
         if replica.in_flight == 0 and replica.heard_at >= replica.owed_at:
             replica.owed_at = time.monotonic()  # it owed the gateway nothing until now
         replica.in_flight += 1
+        self.batch_in_flight += batch
 
-    def release(self, replica: Replica) -> None:
+    def release(self, replica: Replica, *, batch: bool = False) -> None:
         """Return a lease; with waiters queued, hand free slots to them."""
         replica.in_flight -= 1
+        self.batch_in_flight -= batch
         if self.queue.waiting:
             self.dispatch()
 
@@ -289,10 +307,10 @@ class ReplicaPool:
             if replica.misconfigured or not replica.available(now):
                 continue
             while queue.waiting and replica.has_capacity:
-                waiter = queue.pop(replica.url)
+                waiter = queue.pop(replica.url, batch=self.batch_in_flight < self.batch_cap)
                 if waiter is None:
                     break
-                self.lease(replica)
+                self.lease(replica, batch=waiter.ticket.priority == BATCH)
                 waiter.future.set_result(replica)
                 self._drained.append(now)
 
@@ -322,10 +340,13 @@ class ReplicaPool:
 
     def refresh_context(self) -> None:
         """Set ``context_len``: the smallest context length its replicas reported (``None``
-        when none did). Called after each health round, so requests read one attribute; then
-        free slots of replicas back in rotation go to waiters."""
+        when none did), and ``batch_cap`` from the healthy replicas' slots. Called after each
+        health round, so requests read one attribute; then free slots of replicas back in
+        rotation go to waiters."""
         known = [r.max_model_len for r in self.replicas if r.max_model_len is not None]
         self.context_len = min(known) if known else None
+        healthy = sum(r.max_concurrency for r in self.replicas if r.healthy)
+        self.batch_cap = batch_cap(self.batch_share, healthy)
         if self.queue.waiting:  # a replica back in rotation takes waiters at once
             self.dispatch()
 
@@ -396,7 +417,7 @@ class ReplicaPool:
                 raise self.overloaded(ticket, "deadline") from None
         except BaseException:
             if _handed(waiter):  # handed a slot, then cancelled: pass it on
-                self.release(_replica(waiter))
+                self.release(_replica(waiter), batch=ticket.priority == BATCH)
             self.queue.drop(waiter)
             raise
         self.queue_stats.waited(ticket, time.monotonic() - started)
@@ -462,6 +483,12 @@ class QueueSetup:
     policy: QueuePolicy = "fair"
     max_length: int = 1024
     waits: Mapping[str, float] = field(default_factory=dict)
+    batch_max_share: float = 1.0
+
+
+def batch_cap(share: float, slots: int) -> float:
+    """Slots batch requests may hold of ``slots``: at least one; no cap at share 1."""
+    return math.inf if share >= 1 else max(1, math.floor(share * slots))
 
 
 def _handed(waiter: Waiter) -> bool:
