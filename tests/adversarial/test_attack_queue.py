@@ -1,0 +1,57 @@
+"""Attacks on a full tier's queue (issue 36): weights that break its order, waits that cannot end.
+
+Unit level: the queue and the replica pool alone, no process (the behaviour is in-process).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from gateway.upstream.fair_queue import Ticket
+from gateway.upstream.replicas import Replica, ReplicaPool
+from policies.keys import policy_from_dict
+
+A = "http://10.0.0.1:8000"
+
+
+async def _served(pool: ReplicaPool, replica: Replica, tickets: list[Ticket]) -> list[str]:
+    """Queue ``tickets``, then free the one slot once per ticket: the tenants served, in turn."""
+    order: list[str] = []
+
+    async def wait(ticket: Ticket) -> None:
+        await pool.acquire(ticket, frozenset(), 5.0)
+        order.append(ticket.tenant)
+
+    tasks = [asyncio.create_task(wait(t)) for t in tickets]
+    await asyncio.sleep(0)
+    for _ in tickets:
+        pool.release(replica)
+        await asyncio.sleep(0)
+    await asyncio.gather(*tasks)
+    return order
+
+
+@pytest.mark.parametrize("weight", [5e-324, 1e-300, 1e-12])
+def test_a_weight_too_small_for_the_queue_clock_is_refused(weight: float) -> None:
+    """A key with a vanishing weight pushed the class clock to 1/weight (inf at 5e-324, 1e300
+    at 1e-300) once served; every later tag then compared equal and the class was served
+    first come first served for the life of the worker. Such weights are refused."""
+    with pytest.raises(ValueError, match="queue_weight"):
+        policy_from_dict({"queue_weight": weight})
+
+
+async def test_the_smallest_accepted_weight_leaves_fair_queuing_intact() -> None:
+    """After a tenant with the smallest weight a key may have is served twice, a light tenant
+    arriving behind a flood is still served among the first two, not last."""
+    smallest = policy_from_dict({"queue_weight": 0.001}).queue_weight
+    pool = ReplicaPool("fast", [A], 1, 5.0)
+    replica = pool.replicas[0]
+    pool.lease(replica)
+    tiny = Ticket("tiny", weight=smallest)
+    assert await _served(pool, replica, [tiny, tiny]) == ["tiny", "tiny"]
+    order = await _served(pool, replica, [Ticket("flood")] * 6 + [Ticket("light")])
+    assert "light" in order[:2]
+    assert replica.in_flight == 1  # the slot the test holds, nothing leaked
+    assert pool.queue.waiting == 0
