@@ -394,8 +394,9 @@ _NOTHING: frozenset[str] = frozenset()
 async def _queued(
     pool: ReplicaPool, exclude: frozenset[str], loop: RetryLoop, ticket: Ticket
 ) -> Choice[Replica]:
-    """A slot handed over by the tier's queue (no replica left untried: any replica)."""
-    if not any(r.url not in exclude for r in pool.replicas):
+    """A slot handed over by the tier's queue (no usable replica left untried: any replica;
+    an untried one that is down would never hand its slot over)."""
+    if exclude and not pool.usable(time.monotonic(), exclude):
         exclude = _NOTHING
     wait_s = min(pool.wait_for(ticket), loop.remaining())
     return Choice(await pool.acquire(ticket, exclude, wait_s))

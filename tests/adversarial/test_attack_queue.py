@@ -6,14 +6,18 @@ Unit level: the queue and the replica pool alone, no process (the behaviour is i
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
 from gateway.upstream.fair_queue import Ticket
+from gateway.upstream.forwarding import _queued
 from gateway.upstream.replicas import Replica, ReplicaPool
+from gateway.upstream.retry import RetryBudget, RetryLoop, RetryPolicy
 from policies.keys import policy_from_dict
 
 A = "http://10.0.0.1:8000"
+B = "http://10.0.0.2:8000"
 
 
 async def _served(pool: ReplicaPool, replica: Replica, tickets: list[Ticket]) -> list[str]:
@@ -55,3 +59,21 @@ async def test_the_smallest_accepted_weight_leaves_fair_queuing_intact() -> None
     assert "light" in order[:2]
     assert replica.in_flight == 1  # the slot the test holds, nothing leaked
     assert pool.queue.waiting == 0
+
+
+async def test_a_retry_whose_other_replica_is_down_takes_the_slot_it_tried() -> None:
+    """A retry that tried replica A finds A at its cap and B unhealthy: it must wait for A's
+    slot, not for B's, which never comes (it waited its whole deadline, then got 503)."""
+    pool = ReplicaPool("fast", [A, B], 1, 5.0)
+    first, second = pool.replicas
+    pool.lease(first)
+    second.healthy = False
+    loop = RetryLoop(RetryPolicy(), RetryBudget(0.2, 1.0), time.monotonic() + 5.0)
+    waiter = asyncio.create_task(_queued(pool, frozenset({A}), loop, Ticket("a")))
+    await asyncio.sleep(0)
+    assert pool.queue.waiting == 1
+    pool.release(first)  # the only usable replica frees its slot
+    assert pool.queue.waiting == 0, "the only usable replica's free slot was not handed over"
+    assert (await asyncio.wait_for(waiter, 1.0)).replica is first
+    assert first.in_flight == 1
+    assert second.in_flight == 0
