@@ -323,10 +323,16 @@ class ReplicaPool:
     def refresh_context(self) -> None:
         """Set ``context_len``: the smallest context length its replicas reported (``None``
         when none did). Called after each health round, so requests read one attribute; then
-        free slots of replicas back in rotation go to waiters."""
+        free slots of replicas back in rotation go to waiters; with no healthy replica left,
+        the waiters are refused now (a fallback tier may serve them), not at their deadline."""
         known = [r.max_model_len for r in self.replicas if r.max_model_len is not None]
         self.context_len = min(known) if known else None
-        if self.queue.waiting:  # a replica back in rotation takes waiters at once
+        if not self.queue.waiting:
+            return
+        if self.ready_in(time.monotonic()) is None:
+            while (waiter := self.queue.pop("")) is not None:  # "": excluded by nobody
+                waiter.future.set_result(None)  # acquire() refuses it
+        else:  # a replica back in rotation takes waiters at once
             self.dispatch()
 
     def ready(self) -> bool:
@@ -394,11 +400,13 @@ class ReplicaPool:
             if not _handed(waiter):
                 self.queue.drop(waiter)
                 raise self.overloaded(ticket, "deadline") from None
-        except BaseException:
+        except BaseException:  # cancelled
             if _handed(waiter):  # handed a slot, then cancelled: pass it on
                 self.release(_replica(waiter))
             self.queue.drop(waiter)
             raise
+        if waiter.future.result() is None:  # the tier went down while it waited
+            raise self.overloaded(ticket, "down")
         self.queue_stats.waited(ticket, time.monotonic() - started)
         return _replica(waiter)
 
@@ -466,7 +474,7 @@ class QueueSetup:
 
 def _handed(waiter: Waiter) -> bool:
     future = waiter.future
-    return future.done() and not future.cancelled()
+    return future.done() and not future.cancelled() and future.result() is not None
 
 
 def _replica(waiter: Waiter) -> Replica:

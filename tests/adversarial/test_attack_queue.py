@@ -14,6 +14,7 @@ from gateway.upstream.fair_queue import Ticket
 from gateway.upstream.forwarding import _queued
 from gateway.upstream.replicas import Replica, ReplicaPool
 from gateway.upstream.retry import RetryBudget, RetryLoop, RetryPolicy
+from policies.errors import Overloaded
 from policies.keys import policy_from_dict
 
 A = "http://10.0.0.1:8000"
@@ -77,3 +78,40 @@ async def test_a_retry_whose_other_replica_is_down_takes_the_slot_it_tried() -> 
     assert (await asyncio.wait_for(waiter, 1.0)).replica is first
     assert first.in_flight == 1
     assert second.in_flight == 0
+
+
+async def test_waiters_move_on_when_the_health_round_finds_the_tier_down() -> None:
+    """Every replica of the tier fails its health checks while requests wait for a slot: they
+    are refused at the health round (so a fallback tier can serve them), not held their whole
+    deadline for a slot no replica will hand over; the down replica's lease still comes back."""
+    pool = ReplicaPool("fast", [A], 1, 30.0)
+    replica = pool.replicas[0]
+    pool.lease(replica)
+    waiters = [asyncio.create_task(pool.acquire(Ticket(t), frozenset(), 30.0)) for t in ("a", "b")]
+    await asyncio.sleep(0)
+    assert pool.queue.waiting == 2
+    replica.healthy = False
+    pool.refresh_context()  # what the health monitor calls after each round
+    assert pool.queue.waiting == 0, "waiters still held for a tier with no healthy replica"
+    for waiter in waiters:
+        with pytest.raises(Overloaded):
+            await asyncio.wait_for(waiter, 1.0)
+    assert pool.queue_stats.shed["interactive", "down"] == 2
+    pool.release(replica)
+    assert replica.in_flight == 0
+
+
+async def test_a_waiter_cancelled_after_the_tier_went_down_leaks_nothing() -> None:
+    """A client that disconnects in the instant its waiter is refused for a down tier."""
+    pool = ReplicaPool("fast", [A], 1, 30.0)
+    replica = pool.replicas[0]
+    pool.lease(replica)
+    waiter = asyncio.create_task(pool.acquire(Ticket("a"), frozenset(), 30.0))
+    await asyncio.sleep(0)
+    replica.healthy = False
+    pool.refresh_context()
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    assert replica.in_flight == 1  # only the lease the test holds
+    assert pool.queue.waiting == 0
