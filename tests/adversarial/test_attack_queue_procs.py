@@ -19,8 +19,8 @@ from tests.processes import patience
 from tests.stack import CHAT_PATH, PRECISE_SIM, Backends, Stack, running_stack
 
 pytestmark = pytest.mark.slow
-SLOW_FAST = ("--profile", "fast", "--model", "tiergate-fast", "--latency-scale", "5")
-SLOW_FAST += ("--jitter", "0")
+SLOW_FAST = ("--profile", "fast", "--model", "tiergate-fast")
+SLOW_FAST_ARGS = (*SLOW_FAST, "--latency-scale", "5", "--jitter", "0")
 LONG = {
     "model": "tiergate-fast",
     "messages": [{"role": "user", "content": "hi"}],
@@ -39,7 +39,7 @@ def _one_slot(config: dict[str, Any], _backends: Backends) -> None:
 @pytest.fixture(scope="module")
 def stack() -> Iterator[Stack]:
     """The gateway in front of a slow fast tier with one slot."""
-    with running_stack(sims=(SLOW_FAST, PRECISE_SIM), configure=_one_slot) as stack:
+    with running_stack(sims=(SLOW_FAST_ARGS, PRECISE_SIM), configure=_one_slot) as stack:
         yield stack
 
 
@@ -82,4 +82,24 @@ def test_clients_that_give_up_while_queued_free_their_place_and_leak_no_slot(
     answer = stack.post(short, timeout=30)
     assert answer.status_code == 200
     assert answer.headers.get("x-tiergate-tier") == "fast"
+    assert _settles(stack, (0.0, 0.0), 20) == (0.0, 0.0)
+
+
+def test_a_stream_cut_by_its_client_hands_the_slot_to_the_waiter(stack: Stack) -> None:
+    """A client reads the first event of a long stream and hangs up while another request
+    waits for the tier's one slot: the waiter is served by the fast tier, nothing leaks."""
+    answers: list[httpx.Response] = []
+    waiter = threading.Thread(
+        target=lambda: answers.append(stack.post({**LONG, "max_tokens": 1}, timeout=120))
+    )
+    with httpx.stream(
+        "POST", stack.gateway.url + CHAT_PATH, json={**LONG, "stream": True}, timeout=30
+    ) as stream:
+        chunks = stream.iter_bytes()  # held: a dropped generator closes the stream at once
+        assert next(chunks).startswith(b"data: ")
+        waiter.start()
+        assert _settles(stack, (1.0, 1.0), 20) == (1.0, 1.0)
+    waiter.join(patience(60))
+    assert [a.status_code for a in answers] == [200]
+    assert answers[0].headers.get("x-tiergate-tier") == "fast"
     assert _settles(stack, (0.0, 0.0), 20) == (0.0, 0.0)
