@@ -285,8 +285,10 @@ class ReplicaPool:
         """Hand each free slot of an available replica to the next waiter that may use it."""
         now = time.monotonic()
         queue = self.queue
+        # Misconfigured replicas only when no other is up, as for a request that need not wait.
+        configured = any(not r.misconfigured and r.available(now) for r in self.replicas)
         for replica in self.replicas:
-            if replica.misconfigured or not replica.available(now):
+            if not replica.available(now) or (replica.misconfigured and configured):
                 continue
             while queue.waiting and replica.has_capacity:
                 waiter = queue.pop(replica.url)

@@ -115,3 +115,33 @@ async def test_a_waiter_cancelled_after_the_tier_went_down_leaks_nothing() -> No
         await waiter
     assert replica.in_flight == 1  # only the lease the test holds
     assert pool.queue.waiting == 0
+
+
+async def test_a_tier_whose_only_replica_is_misconfigured_still_serves_its_waiters() -> None:
+    """A replica flagged misconfigured (it refused the gateway's credentials once) is still
+    picked when no other is usable, but its freed slots were never handed to waiters: every
+    queued request waited its whole deadline and got 503 while the slot stood free."""
+    pool = ReplicaPool("fast", [A], 1, 30.0)
+    replica = pool.replicas[0]
+    pool.lease(replica)
+    pool.mark_misconfigured(replica, 401)
+    waiter = asyncio.create_task(pool.acquire(Ticket("a"), frozenset(), 30.0))
+    await asyncio.sleep(0)
+    pool.release(replica)
+    assert pool.queue.waiting == 0, "the free slot of the only replica was not handed over"
+    assert await asyncio.wait_for(waiter, 1.0) is replica
+    assert replica.in_flight == 1
+
+
+@pytest.mark.parametrize(("wait_s", "expected"), [(0.0, "1"), (0.2, "1"), (1000.0, "60")])
+async def test_retry_after_is_a_whole_second_count_from_1_to_60(
+    wait_s: float, expected: str
+) -> None:
+    """A refusal with nothing drained lately (the rate unknown): 1 to 60, never 0 or a
+    fraction, whatever the configured wait (0 refuses at once)."""
+    pool = ReplicaPool("fast", [A], 1, wait_s)
+    pool.lease(pool.replicas[0])
+    with pytest.raises(Overloaded) as refused:
+        await pool.acquire(Ticket("a"), frozenset(), min(wait_s, 0.01))
+    assert refused.value.headers["Retry-After"] == expected
+    assert pool.queue.waiting == 0
