@@ -10,12 +10,13 @@ import time
 
 import pytest
 
-from gateway.upstream.fair_queue import Ticket
+from gateway.upstream.fair_queue import BATCH, Ticket, ticket_for
 from gateway.upstream.forwarding import _queued
-from gateway.upstream.replicas import Replica, ReplicaPool
+from gateway.upstream.replicas import QueueSetup, Replica, ReplicaPool
 from gateway.upstream.retry import RetryBudget, RetryLoop, RetryPolicy
-from policies.errors import Overloaded
+from policies.errors import InvalidRequest, Overloaded, PermissionDenied
 from policies.keys import policy_from_dict
+from policies.principal import SCOPE_PRIORITY, KeyPolicy, Principal
 
 A = "http://10.0.0.1:8000"
 B = "http://10.0.0.2:8000"
@@ -145,3 +146,28 @@ async def test_retry_after_is_a_whole_second_count_from_1_to_60(
         await pool.acquire(Ticket("a"), frozenset(), min(wait_s, 0.01))
     assert refused.value.headers["Retry-After"] == expected
     assert pool.queue.waiting == 0
+
+
+async def test_a_shedding_storm_logs_one_warning(caplog: pytest.LogCaptureFixture) -> None:
+    """Two hundred refusals in a row (queue full) write one tier.shedding line, not 200."""
+    pool = ReplicaPool("fast", [A], 1, 5.0, queue=QueueSetup(max_length=0))
+    pool.lease(pool.replicas[0])
+    for index in range(200):
+        with pytest.raises(Overloaded):
+            await pool.acquire(Ticket(f"t{index}"), frozenset(), 5.0)
+    lines = [r for r in caplog.records if "tier.shedding" in r.getMessage()]
+    assert len(lines) == 1
+    assert pool.queue_stats.shed["interactive", "full"] == 200
+
+
+@pytest.mark.parametrize("header", ["Interactive", "INTERACTIVE", " interactive", "batch,batch"])
+def test_an_odd_priority_header_is_refused_not_guessed(header: str) -> None:
+    """Odd casing or a joined value: 403 for a key without the scope, 400 for one with it;
+    an empty value (a repeated header's first) leaves the key's own class."""
+    plain = Principal("k", "t", KeyPolicy(priority=BATCH))
+    scoped = Principal("k", "t", KeyPolicy(scopes=frozenset({SCOPE_PRIORITY})))
+    with pytest.raises(PermissionDenied):
+        ticket_for(plain, header)
+    with pytest.raises(InvalidRequest):
+        ticket_for(scoped, header)
+    assert ticket_for(plain, "").priority == BATCH
