@@ -240,7 +240,11 @@ class Forwarder:
                 choice = await _queued(pool, exclude, loop, ticket)
             replica = choice.replica
             tried.add(replica.url)
-            headers = self._started(tier, route, choice, routed_at, prefix_blocks, body, events)
+            try:
+                headers = self._started(tier, route, choice, routed_at, prefix_blocks, body, events)
+            except BaseException:  # a listener's bug must not keep the slot leased
+                pool.release(replica)
+                raise
             first_byte_s = route.timeouts.first_byte_s if stream else math.inf
             limit_s = max(0.001, min(first_byte_s, loop.remaining()))
             return await self._attempt(

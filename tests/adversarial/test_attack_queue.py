@@ -7,19 +7,25 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Mapping
 
 import pytest
 
+from gateway.config.settings import Timeouts
+from gateway.pipeline.events import AttemptEnd, AttemptStart
+from gateway.upstream.attempt import UpstreamClient
 from gateway.upstream.fair_queue import BATCH, Ticket, ticket_for
-from gateway.upstream.forwarding import _queued
+from gateway.upstream.forwarding import Forwarder, TierRoute, _queued
 from gateway.upstream.replicas import QueueSetup, Replica, ReplicaPool
 from gateway.upstream.retry import RetryBudget, RetryLoop, RetryPolicy
 from policies.errors import InvalidRequest, Overloaded, PermissionDenied
 from policies.keys import policy_from_dict
 from policies.principal import SCOPE_PRIORITY, KeyPolicy, Principal
+from policies.selection import RoundRobin
 
 A = "http://10.0.0.1:8000"
 B = "http://10.0.0.2:8000"
+PATH = "/v1/chat/completions"
 
 
 async def _served(pool: ReplicaPool, replica: Replica, tickets: list[Ticket]) -> list[str]:
@@ -171,3 +177,29 @@ def test_an_odd_priority_header_is_refused_not_guessed(header: str) -> None:
     with pytest.raises(InvalidRequest):
         ticket_for(scoped, header)
     assert ticket_for(plain, "").priority == BATCH
+
+
+class _BrokenTelemetry:
+    """An AttemptEvents listener that fails when an attempt starts (a telemetry bug)."""
+
+    def attempt_started(self, start: AttemptStart) -> Mapping[str, str]:
+        """Fail, as a tracing or logging bug would."""
+        raise RuntimeError(f"exporter broke on {start.replica}")
+
+    def attempt_ended(self, end: AttemptEnd) -> None:
+        """Nothing to keep."""
+
+
+async def test_a_failure_between_lease_and_attempt_returns_the_slot(
+    upstream: UpstreamClient,
+) -> None:
+    """The slot leased for an attempt comes back when reporting the attempt's start fails;
+    otherwise each such failure cost a slot for the worker's life, until the tier was dead."""
+    pool = ReplicaPool("fast", [A], 2, 0.1)
+    route = TierRoute(pool, RoundRobin(), Timeouts(), "tiergate-fast")
+    forwarder = Forwarder(upstream, {"fast": route}, RetryPolicy(backoff_base_s=0.0))
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    for _ in range(3):
+        with pytest.raises(RuntimeError, match="exporter broke"):
+            await forwarder.forward(PATH, dict(body), ["fast"], events=_BrokenTelemetry())
+    assert pool.replicas[0].in_flight == 0
