@@ -6,12 +6,15 @@ Unit level: the queue and the replica pool alone, no process (the behaviour is i
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Mapping
+from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
-from gateway.config.settings import Timeouts
+from gateway.config.settings import QueueSettings, TierSettings, Timeouts
 from gateway.pipeline.events import AttemptEnd, AttemptStart
 from gateway.upstream.attempt import UpstreamClient
 from gateway.upstream.fair_queue import BATCH, Ticket, ticket_for
@@ -203,3 +206,19 @@ async def test_a_failure_between_lease_and_attempt_returns_the_slot(
         with pytest.raises(RuntimeError, match="exporter broke"):
             await forwarder.forward(PATH, dict(body), ["fast"], events=_BrokenTelemetry())
     assert pool.replicas[0].in_flight == 0
+
+
+@pytest.mark.parametrize(
+    ("settings", "field"),
+    [
+        (TierSettings, "max_queue_wait_s"),
+        (QueueSettings, "interactive_wait_s"),
+        (QueueSettings, "batch_wait_s"),
+    ],
+)
+def test_an_endless_queue_wait_is_refused_at_startup(settings: type[Any], field: str) -> None:
+    """YAML ``.inf`` as a wait passed ``ge=0``; the first refusal with no drain history then
+    computed Retry-After as ceil(inf): OverflowError, a 500 for every shed request."""
+    base = {"model": "m", "replicas": [A]} if settings is TierSettings else {}
+    with pytest.raises(ValidationError, match=field):
+        settings.model_validate({**base, field: math.inf})
