@@ -159,9 +159,12 @@ def _queue_place(data: dict[str, Any]) -> tuple[str, float]:
     weight = data.get("queue_weight")
     if weight is None:
         return priority, 1.0
-    if isinstance(weight, bool) or not isinstance(weight, int | float) or not 0 < weight <= 1000:
+    # Bounded below too: 1/weight advances the queue's clock, and a vanishing weight (1e-300)
+    # would push it where adding 1 is lost and fair queuing turns into arrival order.
+    number = isinstance(weight, int | float) and not isinstance(weight, bool)
+    if not number or not 0.001 <= weight <= 1000:
         raise PolicyError(
-            "policy field 'queue_weight' must be a number above 0 and at most 1000 or null",
+            "policy field 'queue_weight' must be a number from 0.001 to 1000 or null",
             param="queue_weight",
         )
     return priority, float(weight)

@@ -129,7 +129,7 @@ class TierSettings(Section):
     max_concurrency: int = Field(default=64, ge=1)
     """Requests in flight per replica at most before new ones wait; fewer while the replica
     reports itself full (capacity-waiting, admission rejections; docs/replicas.md)."""
-    max_queue_wait_s: float = Field(default=1.0, ge=0)
+    max_queue_wait_s: float = Field(default=1.0, ge=0, allow_inf_nan=False)
     """How long a request waits for a free replica slot before a 503 with Retry-After."""
     strategy: Literal["round_robin", "least_loaded", "prefix_affinity"] = "prefix_affinity"
     """How a replica is picked: prefix_affinity (prefix-cache aware), least_loaded, round_robin."""
@@ -430,9 +430,9 @@ class QueueSettings(Section):
     """fair: interactive before batch, weighted fair across tenants; fifo: arrival order."""
     max_length: int = Field(default=1024, ge=1)
     """Requests waiting per tier per worker at most; one more gets 503 at once."""
-    interactive_wait_s: float | None = Field(default=None, ge=0)
+    interactive_wait_s: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     """Longest wait of an interactive request (unset: the tier's max_queue_wait_s)."""
-    batch_wait_s: float | None = Field(default=None, ge=0)
+    batch_wait_s: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     """Longest wait of a batch request (unset: the tier's max_queue_wait_s)."""
     batch_max_share: float = Field(default=1.0, gt=0, le=1)
     """Share of a tier's slots (per worker) batch requests may hold at once, so interactive

@@ -243,7 +243,11 @@ class Forwarder:
                 choice = await _queued(pool, exclude, loop, ticket)
             replica = choice.replica
             tried.add(replica.url)
-            headers = self._started(tier, route, choice, routed_at, prefix_blocks, body, events)
+            try:
+                headers = self._started(tier, route, choice, routed_at, prefix_blocks, body, events)
+            except BaseException:  # a listener's bug must not keep the slot leased
+                pool.release(replica, batch=batch)
+                raise
             first_byte_s = route.timeouts.first_byte_s if stream else math.inf
             limit_s = max(0.001, min(first_byte_s, loop.remaining()))
             url = replica.url + path
@@ -397,8 +401,9 @@ _NOTHING: frozenset[str] = frozenset()
 async def _queued(
     pool: ReplicaPool, exclude: frozenset[str], loop: RetryLoop, ticket: Ticket
 ) -> Choice[Replica]:
-    """A slot handed over by the tier's queue (no replica left untried: any replica)."""
-    if not any(r.url not in exclude for r in pool.replicas):
+    """A slot handed over by the tier's queue (no usable replica left untried: any replica;
+    an untried one that is down would never hand its slot over)."""
+    if exclude and not pool.usable(time.monotonic(), exclude):
         exclude = _NOTHING
     wait_s = min(pool.wait_for(ticket), loop.remaining())
     return Choice(await pool.acquire(ticket, exclude, wait_s))

@@ -303,8 +303,10 @@ class ReplicaPool:
         """Hand each free slot of an available replica to the next waiter that may use it."""
         now = time.monotonic()
         queue = self.queue
+        # Misconfigured replicas only when no other is up, as for a request that need not wait.
+        configured = any(not r.misconfigured and r.available(now) for r in self.replicas)
         for replica in self.replicas:
-            if replica.misconfigured or not replica.available(now):
+            if not replica.available(now) or (replica.misconfigured and configured):
                 continue
             while queue.waiting and replica.has_capacity:
                 waiter = queue.pop(replica.url, batch=self.batch_in_flight < self.batch_cap)
@@ -342,12 +344,18 @@ class ReplicaPool:
         """Set ``context_len``: the smallest context length its replicas reported (``None``
         when none did), and ``batch_cap`` from the healthy replicas' slots. Called after each
         health round, so requests read one attribute; then free slots of replicas back in
-        rotation go to waiters."""
+        rotation go to waiters; with no healthy replica left, the waiters are refused now (a
+        fallback tier may serve them), not at their deadline."""
         known = [r.max_model_len for r in self.replicas if r.max_model_len is not None]
         self.context_len = min(known) if known else None
         healthy = sum(r.max_concurrency for r in self.replicas if r.healthy)
         self.batch_cap = batch_cap(self.batch_share, healthy)
-        if self.queue.waiting:  # a replica back in rotation takes waiters at once
+        if not self.queue.waiting:
+            return
+        if self.ready_in(time.monotonic()) is None:
+            while (waiter := self.queue.pop("")) is not None:  # "": excluded by nobody
+                waiter.future.set_result(None)  # acquire() refuses it
+        else:  # a replica back in rotation takes waiters at once
             self.dispatch()
 
     def ready(self) -> bool:
@@ -415,11 +423,13 @@ class ReplicaPool:
             if not _handed(waiter):
                 self.queue.drop(waiter)
                 raise self.overloaded(ticket, "deadline") from None
-        except BaseException:
+        except BaseException:  # cancelled
             if _handed(waiter):  # handed a slot, then cancelled: pass it on
                 self.release(_replica(waiter), batch=ticket.priority == BATCH)
             self.queue.drop(waiter)
             raise
+        if waiter.future.result() is None:  # the tier went down while it waited
+            raise self.overloaded(ticket, "down")
         self.queue_stats.waited(ticket, time.monotonic() - started)
         return _replica(waiter)
 
@@ -493,7 +503,7 @@ def batch_cap(share: float, slots: int) -> float:
 
 def _handed(waiter: Waiter) -> bool:
     future = waiter.future
-    return future.done() and not future.cancelled()
+    return future.done() and not future.cancelled() and future.result() is not None
 
 
 def _replica(waiter: Waiter) -> Replica:
