@@ -480,8 +480,9 @@ class ReplicaPool:
                 in_flight=sum(r.in_flight for r in self.replicas),
             )
         self._shed_at = now
+        state = "has no healthy replica" if reason == "down" else "is at capacity"
         return Overloaded(
-            f"The '{self.tier}' tier is at capacity; retry shortly.",
+            f"The '{self.tier}' tier {state}; retry shortly.",
             headers={"Retry-After": str(self.retry_after())},
         )
 

@@ -104,7 +104,7 @@ async def test_waiters_move_on_when_the_health_round_finds_the_tier_down() -> No
     pool.refresh_context()  # what the health monitor calls after each round
     assert pool.queue.waiting == 0, "waiters still held for a tier with no healthy replica"
     for waiter in waiters:
-        with pytest.raises(Overloaded):
+        with pytest.raises(Overloaded, match="has no healthy replica"):
             await asyncio.wait_for(waiter, 1.0)
     assert pool.queue_stats.shed["interactive", "down"] == 2
     pool.release(replica)
