@@ -75,27 +75,6 @@ _LOAD_FIELDS = (
 )
 
 
-def _sample(line: str) -> tuple[str, float] | None:
-    """``(name, value)`` of one exposition line, or ``None`` for comments and junk (a count
-    or ratio that is NaN, infinite or negative is junk: no server runs -5 or +Inf requests)."""
-    if not line or line[0] == "#":
-        return None
-    brace = line.find("{")
-    if brace >= 0:
-        name = line[:brace]
-        close = line.rfind("}")
-        fields = line[close + 1 :].split() if close > brace else []
-    else:
-        name, *fields = line.split()
-    if not fields:
-        return None
-    try:
-        value = float(fields[0])
-    except ValueError:
-        return None
-    return (name.strip(), value) if math.isfinite(value) and value >= 0 else None
-
-
 def parse_metrics(text: str, kind: BackendKind = KINDS["vllm"]) -> EngineLoad:
     """Sum each of the kind's samples over its label sets (engines, models); ratios: the max."""
     found: dict[str, tuple[int, float]] = {}
@@ -105,11 +84,11 @@ def parse_metrics(text: str, kind: BackendKind = KINDS["vllm"]) -> EngineLoad:
     for line in text.splitlines():
         if not line.startswith(prefix):
             continue
-        sample = _sample(line)
+        sample = signals.sample_line(line)
         if sample is None or sample[0] not in names:
             continue
         field, rank = names[sample[0]]
-        value = sample[1]
+        value = sample[2]
         held = found.get(field)
         if held is None or rank < held[0]:
             found[field] = (rank, value)

@@ -54,24 +54,28 @@ class EngineSignals:
     finished: float | None = None
 
 
-def _split(line: str) -> tuple[str, str, float] | None:
-    """``(name, labels, value)`` of one sample line; ``None`` for anything else."""
+def sample_line(line: str) -> tuple[str, str, float] | None:
+    """``(name, labels, value)`` of one Prometheus exposition line; ``None`` for comments and
+    junk (a count or ratio that is NaN, infinite or negative is junk: no server runs -5 or
+    +Inf requests). The one sample parser of the health round's ``/metrics`` reads."""
+    if not line or line[0] == "#":
+        return None
     brace = line.find("{")
-    if brace < 0:
-        name, _, rest = line.partition(" ")
-        labels = ""
-    else:
+    if brace >= 0:
         close = line.rfind("}")
         if close < brace:
             return None
-        name, labels, rest = line[:brace], line[brace + 1 : close], line[close + 1 :]
-    fields = rest.split()
+        name, labels, fields = line[:brace], line[brace + 1 : close], line[close + 1 :].split()
+    else:
+        name, *fields = line.split()
+        labels = ""
     if not fields:
         return None
     try:
-        return name, labels, float(fields[0])
+        value = float(fields[0])
     except ValueError:
         return None
+    return (name.strip(), labels, value) if math.isfinite(value) and value >= 0 else None
 
 
 def parse_signals(page: str) -> EngineSignals:
@@ -82,8 +86,8 @@ def parse_signals(page: str) -> EngineSignals:
             (_WAITING_BY_REASON, _REJECTIONS, _FINISHED)
         ):
             continue
-        sample = _split(line)
-        if sample is None or not math.isfinite(sample[2]) or sample[2] < 0:
+        sample = sample_line(line)
+        if sample is None:
             continue
         name, labels, value = sample
         if name == _WAITING_BY_REASON:
