@@ -49,6 +49,11 @@ class Ticket(NamedTuple):
     priority: str = INTERACTIVE
     weight: float = 1.0
 
+    @property
+    def batch(self) -> bool:
+        """Of the batch class (held to its share of slots under headroom)."""
+        return self.priority == BATCH
+
 
 ANONYMOUS: Final = Ticket("-")
 
@@ -134,7 +139,7 @@ class FairQueue:
             if waiter.future.done() or url in waiter.exclude:
                 skipped.append(entry)
                 continue
-            if not batch and waiter.ticket.priority == BATCH:
+            if not batch and waiter.ticket.batch:
                 skipped.append(entry)
                 if entry[0]:  # fair: only batch waiters are left behind this one
                     break

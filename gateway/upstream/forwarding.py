@@ -36,7 +36,7 @@ from gateway.pipeline.events import (
 from gateway.pipeline.ids import fresh_id
 from gateway.upstream.attempt import AUTH_STATUSES, AttemptFailed, Opened, UpstreamClient, attempt
 from gateway.upstream.explain import every_tier_failed, final_error, why_none
-from gateway.upstream.fair_queue import ANONYMOUS, BATCH, Ticket
+from gateway.upstream.fair_queue import ANONYMOUS, Ticket
 from gateway.upstream.keys import UpstreamKeys, every_key_refused
 from gateway.upstream.replicas import Replica, ReplicaPool
 from gateway.upstream.retry import RetryBudget, RetryLoop, RetryPolicy
@@ -231,7 +231,7 @@ class Forwarder:
             counts_as_request=not fallback,
         )
         tried: set[str] = set()
-        batch = ticket.priority == BATCH
+        batch = ticket.batch
 
         async def one(number: int) -> Exchange:
             if number > 1 and loop.failures:
@@ -429,7 +429,7 @@ def _pick(
         and r.url not in exclude
         and r.available(now)
     ]
-    batch = ticket.priority == BATCH
+    batch = ticket.batch
     if free and not pool.batch_full(ticket):
         return _lease(route, free, prefix_blocks, batch=batch)
     usable = pool.usable(now, exclude)

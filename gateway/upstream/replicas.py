@@ -27,7 +27,6 @@ from urllib.parse import urlsplit
 import structlog
 
 from gateway.upstream.fair_queue import (
-    BATCH,
     FairQueue,
     QueuePolicy,
     QueueStats,
@@ -283,7 +282,7 @@ class ReplicaPool:
 
     def batch_full(self, ticket: Ticket) -> bool:
         """``ticket`` is batch and its class holds its share of the tier's slots already."""
-        return ticket.priority == BATCH and self.batch_in_flight >= self.batch_cap
+        return ticket.batch and self.batch_in_flight >= self.batch_cap
 
     def lease(self, replica: Replica, *, batch: bool = False) -> None:
         """Count one more request in flight on ``replica`` (``batch``: of the batch class)."""
@@ -312,7 +311,7 @@ class ReplicaPool:
                 waiter = queue.pop(replica.url, batch=self.batch_in_flight < self.batch_cap)
                 if waiter is None:
                     break
-                self.lease(replica, batch=waiter.ticket.priority == BATCH)
+                self.lease(replica, batch=waiter.ticket.batch)
                 waiter.future.set_result(replica)
                 self._drained.append(now)
 
@@ -425,7 +424,7 @@ class ReplicaPool:
                 raise self.overloaded(ticket, "deadline") from None
         except BaseException:  # cancelled
             if _handed(waiter):  # handed a slot, then cancelled: pass it on
-                self.release(_replica(waiter), batch=ticket.priority == BATCH)
+                self.release(_replica(waiter), batch=ticket.batch)
             self.queue.drop(waiter)
             raise
         if waiter.future.result() is None:  # the tier went down while it waited
