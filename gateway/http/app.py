@@ -1,15 +1,14 @@
 """The Litestar app: ``create_app(settings)`` wires what the composition root built.
 
 Every long-lived object is built by :func:`gateway.composition.build_gateway`; this module
-adds the two inference endpoints, the start-up and shutdown hooks, and the garbage-collector
-settings of a long-running server.
+adds the two inference endpoints and the start-up and shutdown hooks (which set up the
+garbage-collector schedule of :mod:`gateway.http.collector`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import gc
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextvars import Context
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -21,6 +20,7 @@ from litestar.response import Stream
 
 from gateway.access.auth import Access
 from gateway.config.settings import Settings
+from gateway.http import collector
 from gateway.http.edge import (
     TOO_LARGE_MESSAGE,
     client_gone,
@@ -42,27 +42,6 @@ from gateway.upstream.health import HealthMonitor
 from policies.errors import PayloadTooLarge
 
 T = TypeVar("T")
-
-_GC_GEN0_THRESHOLD = 10_000
-# Full collections only from the periodic task below, never from the collector's own count: a
-# full one walks every live object (55-61 ms with 1,000 streams open, 242 ms with 4,000,
-# bench/results/streams-4k.md), a pause for every stream at once.
-_GC_GEN1_COLLECTIONS_PER_FULL = 1_000_000
-# With start-up objects frozen and the young generation collected less often, a reference
-# cycle that reached the old generation could wait a long time for a full collection; one runs
-# at least this often while full collections find garbage, so garbage cycles cost time, never
-# memory that is not given back; while they find none, the interval doubles up to the longest.
-_FULL_COLLECTION_INTERVAL_S = 10.0
-_FULL_COLLECTION_LONGEST_S = 160.0
-
-
-async def _collect_garbage_periodically(interval_s: float) -> None:
-    """A full garbage collection every ``interval_s``, less often while none finds garbage."""
-    wait = interval_s
-    while True:
-        await asyncio.sleep(wait)
-        found = gc.collect()
-        wait = interval_s if found else min(2 * wait, _FULL_COLLECTION_LONGEST_S)
 
 
 class _FrameworkInbound:
@@ -167,6 +146,7 @@ class _Lifecycle:
     """Start-up and shutdown of what the handlers share: the upstream session, health, access."""
 
     gateway: Gateway
+    open_connections: Callable[[], int]
     collector: asyncio.Task[None] | None = None
 
     async def startup(self) -> None:
@@ -174,14 +154,9 @@ class _Lifecycle:
         gateway.monitor.start(gateway.upstream.open())
         await gateway.access.startup()
         await gateway.accounting.startup()
-        # Everything built so far lives as long as the process: move it out of the collector's
-        # reach so full collections stay short (fewer latency spikes under load), and collect
-        # the young generation less often (request objects mostly die by reference counting).
-        gc.collect()
-        gc.freeze()
-        gc.set_threshold(_GC_GEN0_THRESHOLD, gc.get_threshold()[1], _GC_GEN1_COLLECTIONS_PER_FULL)
+        collector.settle_at_start()
         self.collector = asyncio.get_running_loop().create_task(
-            _collect_garbage_periodically(_FULL_COLLECTION_INTERVAL_S), context=Context()
+            collector.collect_periodically(self.open_connections), context=Context()
         )
 
     async def shutdown(self) -> None:
@@ -194,12 +169,18 @@ class _Lifecycle:
         await gateway.access.shutdown()
 
 
-def app_for(gateway: Gateway, settings: Settings) -> Litestar:
+def app_for(
+    gateway: Gateway, settings: Settings, open_connections: Callable[[], int] = lambda: 0
+) -> Litestar:
     """The Litestar app over an already built :class:`Gateway` (the server keeps the gateway
-    too: it serves the inference endpoints natively, see :mod:`gateway.http.native`)."""
+    too: it serves the inference endpoints natively, see :mod:`gateway.http.native`).
+
+    ``open_connections`` counts the server's client connections: full garbage collections
+    wait for a quiet moment (:mod:`gateway.http.collector`).
+    """
     service = gateway.service
     limit = settings.server.max_body_bytes
-    lifecycle = _Lifecycle(gateway)
+    lifecycle = _Lifecycle(gateway, open_connections)
     telemetry = gateway.telemetry
 
     @post(CHAT_PATH, status_code=200)

@@ -1,30 +1,126 @@
-"""The gateway's full garbage collections: periodic, backing off while they find nothing."""
+"""The gateway's garbage-collection schedule (gateway/http/collector.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import gc
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
-from gateway.http import app
+from gateway.http import collector
 
 
-async def test_full_collections_back_off_while_they_find_nothing_and_not_while_they_do(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Waits double from 10 s up to 160 s while a collection finds no garbage, and go back
-    to 10 s when one does."""
-    found = iter([0, 0, 0, 0, 0, 3, 0])
-    waits: list[float] = []
+@pytest.fixture
+def restore_gc() -> Iterator[None]:
+    thresholds = gc.get_threshold()
+    yield
+    gc.set_threshold(*thresholds)
+    gc.unfreeze()
+
+
+def test_at_start_only_young_collections_run_by_themselves(restore_gc: None) -> None:
+    """After start-up, allocating many long-lived objects runs young collections only: the
+    survivors are never scanned again until a full pass."""
+    collector.settle_at_start()
+    assert gc.get_freeze_count() > 0
+    generations: list[int] = []
+
+    def record(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            generations.append(info["generation"])
+
+    gc.callbacks.append(record)
+    try:
+        kept = [[i] for i in range(300_000)]  # survivors, as open streams' objects are
+    finally:
+        gc.callbacks.remove(record)
+    assert len(kept) == 300_000
+    assert generations, "no young collection ran"
+    assert set(generations) == {0}
+
+
+def test_the_wait_doubles_to_the_longest_while_passes_find_little() -> None:
+    waits = [collector.FULL_INTERVAL_S]
+    for found in [0, 5, 9_999, 0, 0, 0]:
+        waits.append(collector.next_wait(waits[-1], found))
+    assert waits == [10.0, 20.0, 40.0, 80.0, 160.0, 160.0, 160.0]
+    assert collector.next_wait(160.0, collector.MUCH_GARBAGE) == collector.FULL_INTERVAL_S
+
+
+def test_a_due_pass_waits_for_a_quiet_moment_but_not_forever_nor_after_much_garbage() -> None:
+    busy = collector.QUIET_CONNECTIONS + 1
+    assert collector.may_run(10.0, 0, collector.QUIET_CONNECTIONS)
+    assert not collector.may_run(10.0, 0, busy)
+    assert not collector.may_run(collector.DEFER_LONGEST_S - 1, 0, busy)
+    assert collector.may_run(collector.DEFER_LONGEST_S, 0, busy)
+    assert collector.may_run(10.0, collector.MUCH_GARBAGE, busy)
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.passes: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def _run_schedule(
+    monkeypatch: pytest.MonkeyPatch, connections: Any, found: list[int], until_s: float
+) -> list[float]:
+    """The times (fake clock) at which full passes ran, until ``until_s``."""
+    clock = _Clock()
+    results = iter(found)
 
     async def sleep(seconds: float) -> None:
-        waits.append(seconds)
-        if len(waits) > 7:
+        assert seconds > 0
+        clock.now += seconds
+        if clock.now > until_s:
             raise asyncio.CancelledError
 
+    def collect() -> int:
+        clock.passes.append(clock.now)
+        return next(results, 0)
+
     monkeypatch.setattr(asyncio, "sleep", sleep)
-    monkeypatch.setattr(gc, "collect", lambda: next(found))
+    monkeypatch.setattr(gc, "collect", collect)
     with pytest.raises(asyncio.CancelledError):
-        await app._collect_garbage_periodically(10.0)
-    assert waits == [10.0, 20.0, 40.0, 80.0, 160.0, 160.0, 10.0, 20.0]
+        await collector.collect_periodically(lambda: connections(clock.now), clock)
+    return clock.passes
+
+
+async def test_passes_back_off_while_quiet_and_finding_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    passes = await _run_schedule(monkeypatch, lambda now: 0, [], until_s=700)
+    assert passes == [10, 30, 70, 150, 310, 470, 630]
+
+
+async def test_a_busy_server_gets_its_pass_at_the_first_quiet_moment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """4,000 connections open from 5 s to 47.5 s: the pass due at 10 s runs at the first poll
+    after they close, and the next one 20 s later."""
+
+    def connections(now: float) -> int:
+        return 4_000 if 5 <= now < 47.5 else 3
+
+    passes = await _run_schedule(monkeypatch, connections, [], until_s=70)
+    assert passes == [48, 68]
+
+
+async def test_a_server_never_quiet_gets_a_pass_every_ten_minutes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    passes = await _run_schedule(monkeypatch, lambda now: 4_000, [], until_s=1_900)
+    assert passes == [600, 1_200, 1_800]
+
+
+async def test_after_much_garbage_passes_do_not_wait_for_quiet(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    found = [collector.MUCH_GARBAGE, collector.MUCH_GARBAGE, 0]
+    passes = await _run_schedule(monkeypatch, lambda now: 4_000, found, until_s=700)
+    assert passes == [600, 610, 620]
