@@ -30,6 +30,11 @@ from bench.harness.processes import Service, free_port
 PEERS_DIR = REPO_ROOT / "bench" / ".peers"
 VLLM_ROUTER_VERSION = "0.1.17"
 PORTKEY_VERSION = "1.15.2"
+# Portkey's streaming path appends headers to a Response whose headers @hono/node-server made
+# immutable ("TypeError: immutable", Portkey-AI/gateway issue 1389), so every streamed request
+# fails with HTTP 500. The issue names versions after 1.14.2; on Node 20 here 1.14.2 failed too
+# and 1.13.8 streams, so npm's overrides pin 1.13.8 (non-streamed requests work with either).
+PORTKEY_HONO_NODE_SERVER = "1.13.8"
 NGINX_PACKAGE = "nginx-light"
 VLLM_ROUTER_VENV = PEERS_DIR / "vllm-router"
 PORTKEY_DIR = PEERS_DIR / "portkey"
@@ -110,10 +115,17 @@ def ensure_portkey() -> Installed:
             "node and npm are needed for the Portkey gateway "
             "(Debian: `apt-get install -y nodejs npm`)"
         )
-    if script.exists() and _npm_version() == PORTKEY_VERSION:
+    hono = PORTKEY_DIR / "node_modules" / "@hono" / "node-server" / "package.json"
+    if (
+        script.exists()
+        and _npm_version() == PORTKEY_VERSION
+        and _package_version(hono) == PORTKEY_HONO_NODE_SERVER
+    ):
         return Installed(script, PORTKEY_VERSION)
     print(f"installing @portkey-ai/gateway@{PORTKEY_VERSION} into {PORTKEY_DIR} ...", flush=True)
     PORTKEY_DIR.mkdir(parents=True, exist_ok=True)
+    manifest = {"private": True, "overrides": {"@hono/node-server": PORTKEY_HONO_NODE_SERVER}}
+    (PORTKEY_DIR / "package.json").write_text(json.dumps(manifest, indent=2) + "\n")
     cmd = ["npm", "install", "--no-audit", "--no-fund", "--prefix", str(PORTKEY_DIR)]
     proc = subprocess.run(
         [*cmd, f"@portkey-ai/gateway@{PORTKEY_VERSION}"],
@@ -128,8 +140,12 @@ def ensure_portkey() -> Installed:
 
 
 def _npm_version() -> str:
+    return _package_version(PORTKEY_SERVER.parent / "package.json")
+
+
+def _package_version(path: Path) -> str:
     try:
-        manifest = json.loads((PORTKEY_SERVER.parent / "package.json").read_text())
+        manifest = json.loads(path.read_text())
     except (OSError, ValueError):
         return ""
     version = manifest.get("version", "")
