@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import shlex
 import signal
 import subprocess
@@ -118,10 +119,11 @@ def header(args: argparse.Namespace, argv: list[str], pin: Placement) -> list[st
         f"{os.cpu_count()} CPUs, load average at start {loadavg()}",
         f"Placement: {placement}; {'nice -20' if pin.boosted else 'normal priority'}"
         + (
-            f"; proxies start with an open-file soft limit of {args.leg_nofile}."
+            f"; proxies start with an open-file soft limit of {args.leg_nofile}"
             if args.leg_nofile
-            else "."
-        ),
+            else ""
+        )
+        + f"; open-file limit {resource.getrlimit(resource.RLIMIT_NOFILE)[1]:,} (hard).",
         f"Each stream: {args.tokens} content events at {args.tokens_per_s:g}/s, first after "
         f"{args.first_token_ms:g} ms; N streams start evenly over {args.ramp_s:g} s, one "
         "connection each, held for the whole answer.",
@@ -251,7 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     # A TERM (or an INT where the shell ignores it) still stops every server the run started.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     args.pin = Placement.build(pin=not args.no_pin, boost=not args.no_boost)
-    hard = raise_fd_limit()  # inherited by every server the run starts
+    # Inherited by every server the run starts; a proxy holds two descriptors per stream.
+    hard = raise_fd_limit(at_least=2 * max(args.ladder_n) + 1024)
     if args.leg_nofile:  # e.g. a distribution's default soft limit, 1024
         limit = ("prlimit", f"--nofile={args.leg_nofile}:{hard}")
         args.pin = Placement((*args.pin.proxy, *limit), args.pin.load)

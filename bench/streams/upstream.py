@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import re
 import resource
@@ -306,9 +307,16 @@ def answer_tail(stream_id: str, model: str, finish: str, tokens: int, usage: boo
     return b"".join(chunked(p) for p in parts) + b"0\r\n\r\n"
 
 
-def raise_fd_limit() -> int:
-    """Raise this process' open-file soft limit to its hard limit; return the new limit."""
+def raise_fd_limit(at_least: int = 0) -> int:
+    """Raise this process' open-file soft limit to its hard limit, and both to ``at_least``
+    where the process may raise its hard limit (root, CAP_SYS_RESOURCE); return the new limit.
+    """
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < at_least:
+        # Unprivileged, this fails: the report states the limit the run had.
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (at_least, at_least))
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]

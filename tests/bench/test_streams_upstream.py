@@ -208,3 +208,30 @@ def test_stoppers_stop_reading_then_take_the_rest_and_are_left_out_of_the_others
     }).text  # fmt: skip
     texts = [json.loads(e)["choices"][0]["delta"].get("content", "") for e in events(raw)[:2]]
     assert [len(t.split(" ", 1)[1]) for t in texts] == [500, 500]  # "@<ns> " then the pad
+
+
+def test_the_run_raises_its_open_file_limits_as_far_as_it_may() -> None:
+    """Soft goes to hard; hard goes up to what the ladder needs where the process may raise it
+    (CAP_SYS_RESOURCE), and is left alone, without failing, elsewhere (the build machine's root
+    lacks that capability)."""
+    import resource
+    import subprocess
+    import sys
+
+    def low_limits() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (512, 1024))
+
+    code = "from bench.streams.upstream import raise_fd_limit; print(raise_fd_limit(4096))"
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        preexec_fn=low_limits,
+    )
+    status = Path("/proc/self/status").read_text()
+    effective = int(
+        next(ln.split()[1] for ln in status.splitlines() if ln.startswith("CapEff")), 16
+    )
+    may_raise_hard = bool(effective & (1 << 24))  # CAP_SYS_RESOURCE
+    assert int(proc.stdout) == (4096 if may_raise_hard else 1024)
