@@ -15,14 +15,18 @@ The schedule here:
 * a full pass runs every :data:`FULL_INTERVAL_S`, the wait doubling up to
   :data:`FULL_LONGEST_S` while passes find little garbage (under :data:`MUCH_GARBAGE` objects);
 * a due pass waits for a quiet moment, at most :data:`QUIET_CONNECTIONS` open connections,
-  because its pause grows with what is open; it waits at most :data:`DEFER_LONGEST_S` since the
-  last pass, and not at all after a pass that found much garbage (memory first, then).
+  because its pause grows with what is open. Memory comes first where garbage may be piling
+  up: it waits not at all after a pass that found much garbage, at most
+  :data:`DEFER_LONGEST_S` since the last pass, and no longer once the heap has grown by
+  :data:`HEAP_GROWTH_BLOCKS` allocated blocks since then (open streams' own objects, about
+  250 blocks each, stay well under it up to several thousand streams).
 """
 
 from __future__ import annotations
 
 import asyncio
 import gc
+import sys
 import time
 from collections.abc import Callable
 from typing import Final
@@ -39,6 +43,7 @@ FULL_LONGEST_S: Final = 160.0
 QUIET_CONNECTIONS: Final = 200
 DEFER_LONGEST_S: Final = 600.0
 MUCH_GARBAGE: Final = 10_000
+HEAP_GROWTH_BLOCKS: Final = 2_000_000
 _POLL_S: Final = 1.0
 
 
@@ -54,27 +59,34 @@ def next_wait(wait_s: float, found: int) -> float:
     return FULL_INTERVAL_S if found >= MUCH_GARBAGE else min(2 * wait_s, FULL_LONGEST_S)
 
 
-def may_run(since_last_s: float, last_found: int, open_connections: int) -> bool:
-    """Whether a due full pass runs now, rather than waiting for a quiet moment."""
+def may_run(since_last_s: float, last_found: int, open_connections: int, grown: int) -> bool:
+    """Whether a due full pass runs now, rather than waiting for a quiet moment (``grown``:
+    allocated blocks gained since the last pass)."""
     return (
         open_connections <= QUIET_CONNECTIONS
         or last_found >= MUCH_GARBAGE
         or since_last_s >= DEFER_LONGEST_S
+        or grown >= HEAP_GROWTH_BLOCKS
     )
 
 
 async def collect_periodically(
-    open_connections: Callable[[], int], clock: Callable[[], float] = time.monotonic
+    open_connections: Callable[[], int],
+    clock: Callable[[], float] = time.monotonic,
+    heap_blocks: Callable[[], int] = sys.getallocatedblocks,
 ) -> None:
     """Run the full passes of the schedule above, forever (cancel to stop)."""
     wait = FULL_INTERVAL_S
     found = 0
     last = clock()
+    blocks = heap_blocks()
     while True:
         remaining = wait - (clock() - last)
         await asyncio.sleep(remaining if remaining > 0 else _POLL_S)
         started = clock()
-        if started - last < wait or not may_run(started - last, found, open_connections()):
+        if started - last < wait or not may_run(
+            started - last, found, open_connections(), heap_blocks() - blocks
+        ):
             continue
         found = gc.collect()
         pause_s = clock() - started
@@ -86,4 +98,5 @@ async def collect_periodically(
             open_connections=open_connections(),
         )
         last = clock()
+        blocks = heap_blocks()
         wait = next_wait(wait, found)

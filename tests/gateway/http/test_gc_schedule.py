@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -51,11 +52,13 @@ def test_the_wait_doubles_to_the_longest_while_passes_find_little() -> None:
 
 def test_a_due_pass_waits_for_a_quiet_moment_but_not_forever_nor_after_much_garbage() -> None:
     busy = collector.QUIET_CONNECTIONS + 1
-    assert collector.may_run(10.0, 0, collector.QUIET_CONNECTIONS)
-    assert not collector.may_run(10.0, 0, busy)
-    assert not collector.may_run(collector.DEFER_LONGEST_S - 1, 0, busy)
-    assert collector.may_run(collector.DEFER_LONGEST_S, 0, busy)
-    assert collector.may_run(10.0, collector.MUCH_GARBAGE, busy)
+    grown = collector.HEAP_GROWTH_BLOCKS
+    assert collector.may_run(10.0, 0, collector.QUIET_CONNECTIONS, 0)
+    assert not collector.may_run(10.0, 0, busy, grown - 1)
+    assert not collector.may_run(collector.DEFER_LONGEST_S - 1, 0, busy, 0)
+    assert collector.may_run(collector.DEFER_LONGEST_S, 0, busy, 0)
+    assert collector.may_run(10.0, collector.MUCH_GARBAGE, busy, 0)
+    assert collector.may_run(10.0, 0, busy, grown)
 
 
 class _Clock:
@@ -68,7 +71,11 @@ class _Clock:
 
 
 async def _run_schedule(
-    monkeypatch: pytest.MonkeyPatch, connections: Any, found: list[int], until_s: float
+    monkeypatch: pytest.MonkeyPatch,
+    connections: Any,
+    found: list[int],
+    until_s: float,
+    heap: Any = lambda now: 0,
 ) -> list[float]:
     """The times (fake clock) at which full passes ran, until ``until_s``."""
     clock = _Clock()
@@ -87,7 +94,9 @@ async def _run_schedule(
     monkeypatch.setattr(asyncio, "sleep", sleep)
     monkeypatch.setattr(gc, "collect", collect)
     with pytest.raises(asyncio.CancelledError):
-        await collector.collect_periodically(lambda: connections(clock.now), clock)
+        await collector.collect_periodically(
+            lambda: connections(clock.now), clock, lambda: heap(clock.now)
+        )
     return clock.passes
 
 
@@ -124,3 +133,29 @@ async def test_after_much_garbage_passes_do_not_wait_for_quiet(
     found = [collector.MUCH_GARBAGE, collector.MUCH_GARBAGE, 0]
     passes = await _run_schedule(monkeypatch, lambda now: 4_000, found, until_s=700)
     assert passes == [600, 610, 620]
+
+
+async def test_a_growing_heap_gets_its_pass_while_busy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Busy throughout, the heap growing 100,000 blocks a second: a due pass runs once it has
+    grown by the limit since the last pass (20 s), not ten minutes later."""
+    passes = await _run_schedule(
+        monkeypatch, lambda now: 4_000, [], until_s=50, heap=lambda now: int(now * 100_000)
+    )
+    assert passes == [20, 40]
+
+
+def test_the_heap_measure_counts_garbage_waiting_for_a_pass(restore_gc: None) -> None:
+    """What the schedule reads grows with garbage cycles left for a full pass, and falls back
+    once one ran: the signal that keeps a busy server from piling them up."""
+    collector.settle_at_start()
+    before = sys.getallocatedblocks()
+    kept = []
+    for _ in range(50_000):  # alive through young collections, as a request's objects are
+        cycle: list[Any] = []
+        cycle.append(cycle)
+        kept.append(cycle)
+    del cycle, kept  # now garbage only a full pass finds
+    grown = sys.getallocatedblocks() - before
+    assert grown >= 40_000
+    gc.collect()
+    assert sys.getallocatedblocks() - before < grown / 10
