@@ -19,7 +19,7 @@ The schedule here:
   up: it waits not at all after a pass that found much garbage, at most
   :data:`DEFER_LONGEST_S` since the last pass, and no longer once the heap has grown by
   :data:`HEAP_GROWTH_BLOCKS` allocated blocks since then (open streams' own objects, about
-  250 blocks each, stay well under it up to several thousand streams).
+  180 blocks each, 4,000 streams 0.72 million, stay under it up to about 11,000 streams).
 """
 
 from __future__ import annotations
