@@ -47,11 +47,22 @@ HEAP_GROWTH_BLOCKS: Final = 2_000_000
 _POLL_S: Final = 1.0
 
 
-def settle_at_start() -> None:
-    """Collect once, freeze what lives, and leave only young collections automatic."""
+def settle_at_start() -> tuple[int, int, int]:
+    """Collect once, freeze what lives, and leave only young collections automatic; returns
+    the thresholds it replaced (for :func:`unsettle`)."""
+    before = gc.get_threshold()
     gc.collect()
     gc.freeze()
     gc.set_threshold(YOUNG_THRESHOLD, _NEVER, _NEVER)
+    return before
+
+
+def unsettle(thresholds: tuple[int, int, int]) -> None:
+    """Undo :func:`settle_at_start` once its full passes stop (the app shut down): without it,
+    a process that goes on (a test run's, after an in-process app) would never collect its
+    older generations again, nor anything frozen."""
+    gc.set_threshold(*thresholds)
+    gc.unfreeze()
 
 
 def next_wait(wait_s: float, found: int) -> float:
@@ -83,20 +94,24 @@ async def collect_periodically(
     while True:
         remaining = wait - (clock() - last)
         await asyncio.sleep(remaining if remaining > 0 else _POLL_S)
-        started = clock()
-        if started - last < wait or not may_run(
-            started - last, found, open_connections(), heap_blocks() - blocks
-        ):
-            continue
-        found = gc.collect()
-        pause_s = clock() - started
-        _log.debug(
-            "server.gc_full_pass",
-            found=found,
-            pause_ms=round(pause_s * 1000, 1),
-            deferred_s=round(started - last - wait, 1),
-            open_connections=open_connections(),
-        )
+        try:
+            started = clock()
+            if started - last < wait or not may_run(
+                started - last, found, open_connections(), heap_blocks() - blocks
+            ):
+                continue
+            found = gc.collect()
+            pause_s = clock() - started
+            _log.debug(
+                "server.gc_full_pass",
+                found=found,
+                pause_ms=round(pause_s * 1000, 1),
+                deferred_s=round(started - last - wait, 1),
+                open_connections=open_connections(),
+            )
+        except Exception:  # noqa: BLE001  # nothing else scans the older generations: go on
+            _log.exception("server.gc_full_pass_failed")
+            found = 0
         last = clock()
         blocks = heap_blocks()
         wait = next_wait(wait, found)
