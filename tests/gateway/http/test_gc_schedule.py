@@ -63,6 +63,8 @@ def test_a_due_pass_waits_for_a_quiet_moment_but_not_forever_nor_after_much_garb
     assert collector.may_run(collector.DEFER_LONGEST_S, 0, busy, 0)
     assert collector.may_run(10.0, collector.MUCH_GARBAGE, busy, 0)
     assert collector.may_run(10.0, 0, busy, grown)
+    assert not collector.may_run(10.0, 0, busy, 0, collector.RESIDENT_GROWTH_BYTES - 1)
+    assert collector.may_run(10.0, 0, busy, 0, collector.RESIDENT_GROWTH_BYTES)
 
 
 class _Clock:
@@ -82,6 +84,7 @@ async def _run_schedule(
     until_s: float,
     heap: Any = lambda now: 0,
     failing: frozenset[float] = frozenset(),
+    resident: Any = lambda now: 0,
 ) -> list[float]:
     """The times (fake clock) at which full passes ran (or failed, at ``failing``), until
     ``until_s``."""
@@ -104,7 +107,10 @@ async def _run_schedule(
     monkeypatch.setattr(gc, "collect", collect)
     with pytest.raises(asyncio.CancelledError):
         await collector.collect_periodically(
-            lambda: connections(clock.now), clock, lambda: heap(clock.now)
+            lambda: connections(clock.now),
+            clock,
+            lambda: heap(clock.now),
+            lambda: resident(clock.now),
         )
     return clock.passes
 
@@ -244,9 +250,52 @@ async def test_a_busy_server_collects_real_garbage_cycles_once_the_heap_grows_by
     assert after - start < 200_000  # what the last pass left behind
 
 
-def _garbage_cycles(count: int) -> None:
+def _garbage_cycles(count: int, holding: int = 0) -> None:
     kept = []
     for _ in range(count):  # alive through young collections, as a request's objects are
-        cycle: list[Any] = []
+        cycle: list[Any] = [b"x" * holding] if holding else []
         cycle.append(cycle)
         kept.append(cycle)
+    gc.collect(0)  # one while they live, whatever the count (few objects, large ones)
+
+
+async def test_garbage_holding_large_buffers_is_collected_once_resident_memory_grows_by_the_limit(
+    monkeypatch: pytest.MonkeyPatch, restore_gc: None
+) -> None:
+    """Busy throughout; from 30 s, 200 reference cycles a second that each hold a 64 KiB buffer
+    (a request body, say): 12.5 MiB a second but 600 allocated blocks, which would keep the
+    heap's block limit out of reach for hours. The resident memory limit (lowered here to 64
+    MiB) gets the pass due at 10 s run at the first poll after the process grew by it (garbage
+    may first fill memory the process freed before: the limit is on growth)."""
+    limit = 64 * 1024 * 1024
+    monkeypatch.setattr(collector, "RESIDENT_GROWTH_BYTES", limit)
+    collector.settle_at_start()
+    clock = _Clock()
+    full: list[tuple[float, int]] = []
+    resident: list[tuple[float, int]] = []
+
+    def record(phase: str, info: dict[str, Any]) -> None:
+        if phase == "stop" and info["generation"] == 2:
+            full.append((clock.now, info["collected"]))
+
+    async def sleep(seconds: float) -> None:
+        clock.now += seconds
+        if clock.now > 60:
+            raise asyncio.CancelledError
+        if clock.now > 30:
+            _garbage_cycles(200, holding=64 * 1024)
+        resident.append((clock.now, collector.resident_bytes()))
+
+    monkeypatch.setattr(asyncio, "sleep", sleep)
+    gc.callbacks.append(record)
+    try:
+        start = collector.resident_bytes()
+        with pytest.raises(asyncio.CancelledError):
+            await collector.collect_periodically(lambda: 4_000, clock)
+    finally:
+        gc.callbacks.remove(record)
+    assert full, "no full pass while busy"
+    at, collected = full[0]
+    grown_at = next(now for now, size in resident if size - start >= limit)
+    assert 30 < at <= grown_at + 1
+    assert collected >= 5 * 200
