@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
+import socket
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -39,6 +41,9 @@ LONG_STREAM = {**STREAM, "max_tokens": 200}
 REQUESTS = int(os.environ.get("TIERGATE_GC_PROBE_REQUESTS", "100"))
 # Objects only the cyclic collector frees, per request, that a path may leave (the bound the
 # tests hold every path to; the numbers the probe found are in the commit that added this).
+STALL_S = 1.0
+ADMIN = "gc-probe-admin-token-0123456789"
+_CUTS = re.compile(r'tiergate_stream_truncated_total\{[^}]*cause="client_stall"[^}]*\} (\S+)')
 BOUND_PER_REQUEST = float(os.environ.get("TIERGATE_GC_PROBE_BOUND", "1"))
 
 
@@ -51,6 +56,12 @@ class Probed:
     out: Path
     key: str
     limited: str
+
+    def stall_cuts(self) -> float:
+        """Streams cut so far because their client stopped reading."""
+        headers = {"authorization": f"Bearer {ADMIN}"}
+        found = _CUTS.search(httpx.get(self.gateway.url + "/metrics", headers=headers).text)
+        return float(found.group(1)) if found else 0.0
 
     def collect(self) -> dict[str, Any]:
         """A full collection in the gateway: what it found."""
@@ -79,9 +90,10 @@ def probed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Probed]:
     with SimulatorProcess(*FAST_SIM) as sim:
         tiers = tiers_config([sim.url], [sim.url], timeouts={"first_byte_s": 0.3, "idle_s": 0.5})
         config = {
-            "auth": {"keys_file": str(keys), "admin_token": "gc-probe-admin-token-0123456789"},
+            "auth": {"keys_file": str(keys), "admin_token": ADMIN},
             "tiers": tiers,
             "telemetry": {"access_log": False},
+            "server": {"stream_stall_s": STALL_S},
         }
         env = {"TIERGATE_GC_PROBE_OUT": str(out)}
         with GatewayProcess(config, module="tests.integration.gc_probe_serve", env=env) as gw:
@@ -113,6 +125,24 @@ def _fresh_connection(client: httpx.Client, p: Probed) -> int:
     del client
     with httpx.Client(timeout=10) as own:
         return _post(CHAT, p.key, own, p.gateway.url).status_code
+
+
+def _stalled_reader(client: httpx.Client, p: Probed) -> int:
+    """A long stream on a socket with a 4 KiB receive buffer, never read: the gateway cuts it
+    after ``server.stream_stall_s``."""
+    del client
+    body = json.dumps({**STREAM, "max_tokens": 4_000}).encode()
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\n"
+        f"authorization: Bearer {p.key}\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\n\r\n"
+    )
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", p.gateway.port))
+        sock.sendall(head.encode() + body)
+        time.sleep(STALL_S + 1.5)
+        return 200 if sock.recv(12) == b"HTTP/1.1 200" else 0
 
 
 # name: (faults on the simulator, what one request does)
@@ -153,6 +183,7 @@ PATHS: dict[str, tuple[dict[str, float], Send]] = {
         {"drop_mid_stream": 1.0},
         lambda c, p: _stream(c, p, LONG_STREAM, whole=True),
     ),
+    "client_stops_reading": ({}, _stalled_reader),
     "stall_mid_stream_idle_timeout": (
         {"stall_mid_stream": 1.0, "stall_seconds": 5.0},
         lambda c, p: _stream(c, p, LONG_STREAM, whole=True),
@@ -192,6 +223,7 @@ def test_a_request_path_leaves_no_reference_cycles(probed: Probed, path: str) ->
     _settle(probed)
     probed.sim.set_faults(**faults)
     idle_start = time.monotonic()
+    cuts = probed.stall_cuts()
     probed.collect()
     with httpx.Client(timeout=httpx.Timeout(10.0)) as client, ThreadPoolExecutor(8) as pool:
         statuses = list(pool.map(lambda _: send(client, probed), range(REQUESTS)))
@@ -205,7 +237,8 @@ def test_a_request_path_leaves_no_reference_cycles(probed: Probed, path: str) ->
     time.sleep(took)
     idle = probed.collect()
     per_request = (found["found"] - idle["found"]) / REQUESTS
-    counts = {s: statuses.count(s) for s in sorted(set(statuses))}
+    counts: dict[int | str, int] = {s: statuses.count(s) for s in sorted(set(statuses))}
+    counts["stall cuts"] = int(probed.stall_cuts() - cuts)
     print(f"\n{path}: statuses {counts}, {per_request:.1f} per request, {json.dumps(found)}")
     print(f"  ({took:.1f} s; idle as long: {idle['found']})")
     assert per_request <= BOUND_PER_REQUEST, found
