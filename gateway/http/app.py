@@ -148,13 +148,14 @@ class _Lifecycle:
     gateway: Gateway
     open_connections: Callable[[], int]
     collector: asyncio.Task[None] | None = None
+    thresholds: tuple[int, int, int] | None = None  # the collector's before start-up
 
     async def startup(self) -> None:
         gateway = self.gateway
         gateway.monitor.start(gateway.upstream.open())
         await gateway.access.startup()
         await gateway.accounting.startup()
-        collector.settle_at_start()
+        self.thresholds = collector.settle_at_start()
         self.collector = asyncio.get_running_loop().create_task(
             collector.collect_periodically(self.open_connections), context=Context()
         )
@@ -163,6 +164,10 @@ class _Lifecycle:
         gateway = self.gateway
         if self.collector is not None:
             self.collector.cancel()
+            self.collector = None
+        if self.thresholds is not None:
+            collector.unsettle(self.thresholds)
+            self.thresholds = None
         await gateway.accounting.shutdown()
         await gateway.monitor.stop()
         await gateway.upstream.close()

@@ -19,13 +19,18 @@ The schedule here:
   up: it waits not at all after a pass that found much garbage, at most
   :data:`DEFER_LONGEST_S` since the last pass, and no longer once the heap has grown by
   :data:`HEAP_GROWTH_BLOCKS` allocated blocks since then (open streams' own objects, about
-  180 blocks each, 4,000 streams 0.72 million, stay under it up to about 11,000 streams).
+  180 blocks each, 4,000 streams 0.72 million, stay under it up to about 11,000 streams),
+  nor once the process's resident memory has grown by :data:`RESIDENT_GROWTH_BYTES`: garbage
+  holding large buffers (request bodies, answers) grows the heap by few blocks (allocations
+  over 512 bytes are not blocks: 2,000 cycles holding 64 KiB each, 125 MiB, are 6,000 blocks;
+  with ``PYTHONMALLOC=malloc`` the block count is always 0).
 """
 
 from __future__ import annotations
 
 import asyncio
 import gc
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -44,14 +49,29 @@ QUIET_CONNECTIONS: Final = 200
 DEFER_LONGEST_S: Final = 600.0
 MUCH_GARBAGE: Final = 10_000
 HEAP_GROWTH_BLOCKS: Final = 2_000_000
+# Open streams hold about 19 KiB of resident memory each (bench/results/streams-gc.md): 4,000
+# of them 75 MiB, well under this.
+RESIDENT_GROWTH_BYTES: Final = 512 * 1024 * 1024
+_PAGE: Final = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _POLL_S: Final = 1.0
 
 
-def settle_at_start() -> None:
-    """Collect once, freeze what lives, and leave only young collections automatic."""
+def settle_at_start() -> tuple[int, int, int]:
+    """Collect once, freeze what lives, and leave only young collections automatic; returns
+    the thresholds it replaced (for :func:`unsettle`)."""
+    before = gc.get_threshold()
     gc.collect()
     gc.freeze()
     gc.set_threshold(YOUNG_THRESHOLD, _NEVER, _NEVER)
+    return before
+
+
+def unsettle(thresholds: tuple[int, int, int]) -> None:
+    """Undo :func:`settle_at_start` once its full passes stop (the app shut down): without it,
+    a process that goes on (a test run's, after an in-process app) would never collect its
+    older generations again, nor anything frozen."""
+    gc.set_threshold(*thresholds)
+    gc.unfreeze()
 
 
 def next_wait(wait_s: float, found: int) -> float:
@@ -59,44 +79,68 @@ def next_wait(wait_s: float, found: int) -> float:
     return FULL_INTERVAL_S if found >= MUCH_GARBAGE else min(2 * wait_s, FULL_LONGEST_S)
 
 
-def may_run(since_last_s: float, last_found: int, open_connections: int, grown: int) -> bool:
+def may_run(
+    since_last_s: float,
+    last_found: int,
+    open_connections: int,
+    grown: int,
+    grown_bytes: int = 0,
+) -> bool:
     """Whether a due full pass runs now, rather than waiting for a quiet moment (``grown``:
-    allocated blocks gained since the last pass)."""
+    allocated blocks gained since the last pass; ``grown_bytes``: resident memory gained)."""
     return (
         open_connections <= QUIET_CONNECTIONS
         or last_found >= MUCH_GARBAGE
         or since_last_s >= DEFER_LONGEST_S
         or grown >= HEAP_GROWTH_BLOCKS
+        or grown_bytes >= RESIDENT_GROWTH_BYTES
     )
+
+
+def resident_bytes() -> int:
+    """The process's resident memory (0 where ``/proc`` does not say)."""
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            return int(statm.read().split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 async def collect_periodically(
     open_connections: Callable[[], int],
     clock: Callable[[], float] = time.monotonic,
     heap_blocks: Callable[[], int] = sys.getallocatedblocks,
+    resident: Callable[[], int] = resident_bytes,
 ) -> None:
     """Run the full passes of the schedule above, forever (cancel to stop)."""
     wait = FULL_INTERVAL_S
     found = 0
     last = clock()
     blocks = heap_blocks()
+    memory = resident()
     while True:
         remaining = wait - (clock() - last)
         await asyncio.sleep(remaining if remaining > 0 else _POLL_S)
-        started = clock()
-        if started - last < wait or not may_run(
-            started - last, found, open_connections(), heap_blocks() - blocks
-        ):
-            continue
-        found = gc.collect()
-        pause_s = clock() - started
-        _log.debug(
-            "server.gc_full_pass",
-            found=found,
-            pause_ms=round(pause_s * 1000, 1),
-            deferred_s=round(started - last - wait, 1),
-            open_connections=open_connections(),
-        )
+        try:
+            started = clock()
+            if started - last < wait:
+                continue
+            grown, grown_bytes = heap_blocks() - blocks, resident() - memory
+            if not may_run(started - last, found, open_connections(), grown, grown_bytes):
+                continue
+            found = gc.collect()
+            pause_s = clock() - started
+            _log.debug(
+                "server.gc_full_pass",
+                found=found,
+                pause_ms=round(pause_s * 1000, 1),
+                deferred_s=round(started - last - wait, 1),
+                open_connections=open_connections(),
+            )
+        except Exception:  # noqa: BLE001  # nothing else scans the older generations: go on
+            _log.exception("server.gc_full_pass_failed")
+            found = 0
         last = clock()
         blocks = heap_blocks()
+        memory = resident()
         wait = next_wait(wait, found)

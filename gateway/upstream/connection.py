@@ -22,6 +22,8 @@ LOW_WATER = 64 * 1024  # ... and below which it resumes
 # has no bound and grows a header value by concatenation (memory, and CPU with the length).
 MAX_HEAD_BYTES = 64 * 1024
 _NO_BODY_STATUSES = frozenset({204, 304})
+# What a lost connection keeps instead of its parser: one bound to no protocol (no callbacks).
+_CLOSED = httptools.HttpResponseParser(object())
 # A separator given as a pattern matches at most this many bytes (looked for again across reads).
 PATTERN_OVERLAP = 8
 
@@ -279,6 +281,10 @@ class Connection(asyncio.Protocol):
                 self._lost = "The connection to the backend was lost."
         self._wake()
         self._on_lost(self)
+        # The parser holds this protocol's callbacks and the transport holds this protocol: both
+        # cycles, left for a full garbage collection (which a busy server defers) otherwise.
+        self.transport = None
+        self._parser = _CLOSED
 
     # -- httptools callbacks ------------------------------------------------------------------
 

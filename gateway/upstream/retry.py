@@ -270,17 +270,22 @@ class RetryLoop:
             wait=_Wait(self),
             reraise=True,
         )
-        async for try_ in retrying:
-            with try_:
-                number = try_.retry_state.attempt_number
-                if number == 1:
-                    raise first
-                self.attempts = number
-                try:
-                    return await attempt(number)
-                except AttemptFailed as failure:
-                    self.failures.append(failure)
-                    raise
-                finally:
-                    self._release_retry()
+        try:
+            async for try_ in retrying:
+                with try_:
+                    number = try_.retry_state.attempt_number
+                    if number == 1:
+                        raise first
+                    self.attempts = number
+                    try:
+                        return await attempt(number)
+                    except AttemptFailed as failure:
+                        self.failures.append(failure)
+                        raise
+                    finally:
+                        self._release_retry()
+        finally:
+            # Tenacity's state (its retry state, its pending actions) and the loop object hold
+            # each other: cycles a full garbage collection would have to find. Used once: drop it.
+            vars(retrying).clear()
         raise AssertionError("unreachable: tenacity re-raises the last failure")

@@ -9,7 +9,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import structlog
+from litestar.testing import TestClient
 
+from gateway.composition import create_app
+from gateway.config.settings import AuthSettings, Settings, TierSettings
 from gateway.http import collector
 
 
@@ -59,6 +63,8 @@ def test_a_due_pass_waits_for_a_quiet_moment_but_not_forever_nor_after_much_garb
     assert collector.may_run(collector.DEFER_LONGEST_S, 0, busy, 0)
     assert collector.may_run(10.0, collector.MUCH_GARBAGE, busy, 0)
     assert collector.may_run(10.0, 0, busy, grown)
+    assert not collector.may_run(10.0, 0, busy, 0, collector.RESIDENT_GROWTH_BYTES - 1)
+    assert collector.may_run(10.0, 0, busy, 0, collector.RESIDENT_GROWTH_BYTES)
 
 
 class _Clock:
@@ -74,10 +80,14 @@ async def _run_schedule(
     monkeypatch: pytest.MonkeyPatch,
     connections: Any,
     found: list[int],
+    *,
     until_s: float,
     heap: Any = lambda now: 0,
+    failing: frozenset[float] = frozenset(),
+    resident: Any = lambda now: 0,
 ) -> list[float]:
-    """The times (fake clock) at which full passes ran, until ``until_s``."""
+    """The times (fake clock) at which full passes ran (or failed, at ``failing``), until
+    ``until_s``."""
     clock = _Clock()
     results = iter(found)
 
@@ -89,13 +99,18 @@ async def _run_schedule(
 
     def collect() -> int:
         clock.passes.append(clock.now)
+        if clock.now in failing:
+            raise RuntimeError("a collector callback's bug")
         return next(results, 0)
 
     monkeypatch.setattr(asyncio, "sleep", sleep)
     monkeypatch.setattr(gc, "collect", collect)
     with pytest.raises(asyncio.CancelledError):
         await collector.collect_periodically(
-            lambda: connections(clock.now), clock, lambda: heap(clock.now)
+            lambda: connections(clock.now),
+            clock,
+            lambda: heap(clock.now),
+            lambda: resident(clock.now),
         )
     return clock.passes
 
@@ -159,3 +174,128 @@ def test_the_heap_measure_counts_garbage_waiting_for_a_pass(restore_gc: None) ->
     assert grown >= 40_000
     gc.collect()
     assert sys.getallocatedblocks() - before < grown / 10
+
+
+async def test_a_failed_pass_is_logged_and_the_schedule_goes_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Nothing else scans the older generations: a pass that raises must not end the task (an
+    unretrieved exception in a task nobody awaits is not even logged)."""
+    with structlog.testing.capture_logs() as logs:
+        passes = await _run_schedule(
+            monkeypatch, lambda now: 0, [], until_s=100, failing=frozenset({10.0})
+        )
+    assert passes == [10, 30, 70]
+    failed = [log["event"] for log in logs if log["log_level"] == "error"]
+    assert failed == ["server.gc_full_pass_failed"]
+
+
+def test_an_app_gives_the_collector_back_when_it_shuts_down(restore_gc: None) -> None:
+    """An app served in-process (the test client) leaves the process as it found it: the
+    automatic collections of the older generations back, nothing frozen."""
+    gc.set_threshold(700, 10, 10)
+    gc.unfreeze()
+    nowhere = "http://127.0.0.1:9"
+    settings = Settings(
+        tiers={
+            "fast": TierSettings(model="m", replicas=[nowhere]),
+            "precise": TierSettings(model="p", replicas=[nowhere]),
+        },
+        auth=AuthSettings(enabled=False),
+    )
+    with TestClient(app=create_app(settings)):
+        assert gc.get_threshold() == (collector.YOUNG_THRESHOLD, 1 << 30, 1 << 30)
+        assert gc.get_freeze_count() > 0
+    assert gc.get_threshold() == (700, 10, 10)
+    assert gc.get_freeze_count() == 0
+
+
+async def test_a_busy_server_collects_real_garbage_cycles_once_the_heap_grows_by_the_limit(
+    monkeypatch: pytest.MonkeyPatch, restore_gc: None
+) -> None:
+    """The real collector and heap: a server busy throughout (4,000 connections) makes no
+    garbage for 30 s, then 20,000 reference cycles a second that live through young
+    collections, as request objects do. The pass due at 10 s waits for a quiet moment until the
+    heap has grown by the limit (lowered here to 200,000 blocks, about 100,000 cycles), then
+    frees them, long before the ten minutes a busy server may otherwise wait."""
+    monkeypatch.setattr(collector, "HEAP_GROWTH_BLOCKS", 200_000)
+    collector.settle_at_start()
+    clock = _Clock()
+    full: list[tuple[float, int]] = []
+
+    def record(phase: str, info: dict[str, Any]) -> None:
+        if phase == "stop" and info["generation"] == 2:
+            full.append((clock.now, info["collected"]))
+
+    async def sleep(seconds: float) -> None:
+        clock.now += seconds
+        if clock.now > 45:
+            raise asyncio.CancelledError
+        if clock.now > 30:
+            _garbage_cycles(20_000)
+
+    monkeypatch.setattr(asyncio, "sleep", sleep)
+    gc.callbacks.append(record)
+    try:
+        start = sys.getallocatedblocks()
+        with pytest.raises(asyncio.CancelledError):
+            await collector.collect_periodically(lambda: 4_000, clock)
+        after = sys.getallocatedblocks()
+    finally:
+        gc.callbacks.remove(record)
+    assert full, "no full pass while busy"
+    at, collected = full[0]
+    assert 30 < at <= 42
+    assert collected >= 100_000
+    assert after - start < 200_000  # what the last pass left behind
+
+
+def _garbage_cycles(count: int, holding: int = 0) -> None:
+    kept = []
+    for _ in range(count):  # alive through young collections, as a request's objects are
+        cycle: list[Any] = [b"x" * holding] if holding else []
+        cycle.append(cycle)
+        kept.append(cycle)
+    gc.collect(0)  # one while they live, whatever the count (few objects, large ones)
+
+
+async def test_garbage_holding_large_buffers_is_collected_once_resident_memory_grows_by_the_limit(
+    monkeypatch: pytest.MonkeyPatch, restore_gc: None
+) -> None:
+    """Busy throughout; from 30 s, 200 reference cycles a second that each hold a 64 KiB buffer
+    (a request body, say): 12.5 MiB a second but 600 allocated blocks, which would keep the
+    heap's block limit out of reach for hours. The resident memory limit (lowered here to 64
+    MiB) gets the pass due at 10 s run at the first poll after the process grew by it (garbage
+    may first fill memory the process freed before: the limit is on growth)."""
+    limit = 64 * 1024 * 1024
+    monkeypatch.setattr(collector, "RESIDENT_GROWTH_BYTES", limit)
+    collector.settle_at_start()
+    clock = _Clock()
+    full: list[tuple[float, int]] = []
+    resident: list[tuple[float, int]] = []
+
+    def record(phase: str, info: dict[str, Any]) -> None:
+        if phase == "stop" and info["generation"] == 2:
+            full.append((clock.now, info["collected"]))
+
+    async def sleep(seconds: float) -> None:
+        clock.now += seconds
+        if clock.now > 60:
+            raise asyncio.CancelledError
+        if clock.now > 30:
+            _garbage_cycles(200, holding=64 * 1024)
+        resident.append((clock.now, collector.resident_bytes()))
+
+    monkeypatch.setattr(asyncio, "sleep", sleep)
+    gc.callbacks.append(record)
+    try:
+        start = collector.resident_bytes()
+        with pytest.raises(asyncio.CancelledError):
+            await collector.collect_periodically(lambda: 4_000, clock)
+    finally:
+        gc.callbacks.remove(record)
+    assert full, "no full pass while busy"
+    at, collected = full[0]
+    grown_at = next(now for now, size in resident if size - start >= limit)
+    assert 30 < at <= grown_at + 1
+    assert collected >= 5 * 200

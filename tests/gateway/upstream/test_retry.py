@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import time
 
 import pytest
@@ -247,3 +249,27 @@ async def test_a_maybe_started_request_is_charged_to_the_budget() -> None:
     with pytest.raises(AttemptFailed):
         await retry_loop.run(script)
     assert script.calls == 1
+
+
+async def test_a_retried_request_leaves_no_reference_cycles() -> None:
+    """Retrying hands over to tenacity, whose state and the loop hold each other: the loop
+    drops it, so nothing of a retried request waits for a full garbage collection (which a
+    busy server defers: gateway/http/collector.py)."""
+    gc.collect()
+    gc.disable()
+    try:
+        recovered, given_up = loop(), loop()
+        assert await recovered.run(Script(failure(kind="connect"), failure(503))) == "answer"
+        with contextlib.suppress(AttemptFailed):
+            await given_up.run(Script(*(failure(502) for _ in range(5))))
+        for done in (recovered, given_up):  # as the forwarder does once it handled the outcome
+            done.forget_tracebacks()
+        del recovered, given_up
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        found = gc.collect()
+        kinds = sorted({type(o).__qualname__ for o in gc.garbage})
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert found == 0, kinds

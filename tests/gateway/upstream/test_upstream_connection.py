@@ -7,12 +7,13 @@ for a real SSE stream, the simulator's app.
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import AsyncIterator
 
 import pytest
 from aiohttp import web
 
-from gateway.upstream.connection import HIGH_WATER, ConnectionLost
+from gateway.upstream.connection import HIGH_WATER, Connection, ConnectionLost
 from gateway.upstream.pool import UpstreamPool
 from simulator.app import build_app
 from simulator.profiles import FAST
@@ -226,3 +227,26 @@ async def test_a_simulator_stream_is_read_event_by_event(pool: UpstreamPool) -> 
         await runner.cleanup()
     assert events[0].startswith(b"data: {")
     assert events[-1] == b"data: [DONE]\n\n"
+
+
+async def test_a_closed_connection_leaves_no_reference_cycles(pool: UpstreamPool) -> None:
+    """The parser holds the connection's callbacks and the transport the connection: once it
+    is closed (here by the backend, after the answer) neither holds it, so it dies by reference
+    counting, not in a full garbage collection (which a busy server defers:
+    gateway/http/collector.py)."""
+    gc.collect()
+    gc.disable()
+    try:
+        body, _ = await _read_once(
+            pool, _writes(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", keep=False)
+        )
+        assert body == b"ok"
+        await asyncio.sleep(0.05)  # the close reaches the connection
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        left = [o for o in gc.garbage if isinstance(o, Connection)]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert left == []
