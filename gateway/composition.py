@@ -392,7 +392,7 @@ def served(
     )
     server = settings.server
     native = Handler(gateway.service.handle, server.max_body_bytes, server.stream_stall_s)
-    return app_for(gateway, settings, lambda: len(guard.open)), native
+    return app_for(gateway, settings, guard.busy), native
 
 
 def serve(

@@ -146,7 +146,7 @@ class _Lifecycle:
     """Start-up and shutdown of what the handlers share: the upstream session, health, access."""
 
     gateway: Gateway
-    open_connections: Callable[[], int]
+    busy_connections: Callable[[], int]
     collector: asyncio.Task[None] | None = None
     thresholds: tuple[int, int, int] | None = None  # the collector's before start-up
 
@@ -157,7 +157,7 @@ class _Lifecycle:
         await gateway.accounting.startup()
         self.thresholds = collector.settle_at_start()
         self.collector = asyncio.get_running_loop().create_task(
-            collector.collect_periodically(self.open_connections), context=Context()
+            collector.collect_periodically(self.busy_connections), context=Context()
         )
 
     async def shutdown(self) -> None:
@@ -175,17 +175,17 @@ class _Lifecycle:
 
 
 def app_for(
-    gateway: Gateway, settings: Settings, open_connections: Callable[[], int] = lambda: 0
+    gateway: Gateway, settings: Settings, busy_connections: Callable[[], int] = lambda: 0
 ) -> Litestar:
     """The Litestar app over an already built :class:`Gateway` (the server keeps the gateway
     too: it serves the inference endpoints natively, see :mod:`gateway.http.native`).
 
-    ``open_connections`` counts the server's client connections: full garbage collections
-    wait for a quiet moment (:mod:`gateway.http.collector`).
+    ``busy_connections`` counts the server's connections with a request in progress: full
+    garbage collections wait for a quiet moment (:mod:`gateway.http.collector`).
     """
     service = gateway.service
     limit = settings.server.max_body_bytes
-    lifecycle = _Lifecycle(gateway, open_connections)
+    lifecycle = _Lifecycle(gateway, busy_connections)
     telemetry = gateway.telemetry
 
     @post(CHAT_PATH, status_code=200)

@@ -14,16 +14,17 @@ The schedule here:
   allocations); what survives one waits in the older generations, which only a full pass scans;
 * a full pass runs every :data:`FULL_INTERVAL_S`, the wait doubling up to
   :data:`FULL_LONGEST_S` while passes find little garbage (under :data:`MUCH_GARBAGE` objects);
-* a due pass waits for a quiet moment, at most :data:`QUIET_CONNECTIONS` open connections,
-  because its pause grows with what is open. Memory comes first where garbage may be piling
-  up: it waits not at all after a pass that found much garbage, at most
-  :data:`DEFER_LONGEST_S` since the last pass, and no longer once the heap has grown by
-  :data:`HEAP_GROWTH_BLOCKS` allocated blocks since then (open streams' own objects, about
-  180 blocks each, 4,000 streams 0.72 million, stay under it up to about 11,000 streams),
-  nor once the process's resident memory has grown by :data:`RESIDENT_GROWTH_BYTES`: garbage
-  holding large buffers (request bodies, answers) grows the heap by few blocks (allocations
-  over 512 bytes are not blocks: 2,000 cycles holding 64 KiB each, 125 MiB, are 6,000 blocks;
-  with ``PYTHONMALLOC=malloc`` the block count is always 0).
+* a due pass waits for a quiet moment, at most :data:`QUIET_CONNECTIONS` connections with a
+  request in progress (idle keep-alive ones are not counted), because its pause grows with
+  what is open.
+* Memory comes first where garbage may be piling up. A due pass does not wait after a pass
+  that found much garbage, nor past :data:`DEFER_LONGEST_S` since the last pass, nor once the
+  heap has grown by :data:`HEAP_GROWTH_BLOCKS` allocated blocks since then (open streams' own
+  objects, about 180 blocks each, 4,000 streams 0.72 million, stay under it up to about
+  11,000 streams), nor once resident memory has grown by :data:`RESIDENT_GROWTH_BYTES`.
+  Garbage holding large buffers (request bodies, answers) adds few blocks: allocations over
+  512 bytes are not blocks (2,000 cycles holding 64 KiB each, 125 MiB, are 6,000 blocks), and
+  with ``PYTHONMALLOC=malloc`` the block count is always 0.
 """
 
 from __future__ import annotations
@@ -82,14 +83,14 @@ def next_wait(wait_s: float, found: int) -> float:
 def may_run(
     since_last_s: float,
     last_found: int,
-    open_connections: int,
+    busy_connections: int,
     grown: int,
     grown_bytes: int = 0,
 ) -> bool:
     """Whether a due full pass runs now, rather than waiting for a quiet moment (``grown``:
     allocated blocks gained since the last pass; ``grown_bytes``: resident memory gained)."""
     return (
-        open_connections <= QUIET_CONNECTIONS
+        busy_connections <= QUIET_CONNECTIONS
         or last_found >= MUCH_GARBAGE
         or since_last_s >= DEFER_LONGEST_S
         or grown >= HEAP_GROWTH_BLOCKS
@@ -107,7 +108,7 @@ def resident_bytes() -> int:
 
 
 async def collect_periodically(
-    open_connections: Callable[[], int],
+    busy_connections: Callable[[], int],
     clock: Callable[[], float] = time.monotonic,
     heap_blocks: Callable[[], int] = sys.getallocatedblocks,
     resident: Callable[[], int] = resident_bytes,
@@ -126,7 +127,7 @@ async def collect_periodically(
             if started - last < wait:
                 continue
             grown, grown_bytes = heap_blocks() - blocks, resident() - memory
-            if not may_run(started - last, found, open_connections(), grown, grown_bytes):
+            if not may_run(started - last, found, busy_connections(), grown, grown_bytes):
                 continue
             found = gc.collect()
             pause_s = clock() - started
@@ -135,7 +136,7 @@ async def collect_periodically(
                 found=found,
                 pause_ms=round(pause_s * 1000, 1),
                 deferred_s=round(started - last - wait, 1),
-                open_connections=open_connections(),
+                busy_connections=busy_connections(),
             )
         except Exception:  # noqa: BLE001  # nothing else scans the older generations: go on
             _log.exception("server.gc_full_pass_failed")

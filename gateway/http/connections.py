@@ -225,6 +225,10 @@ class ConnectionGuard:
         self.open.add(conn)
         return True
 
+    def busy(self) -> int:
+        """Connections with a request in progress (idle keep-alive ones not counted)."""
+        return sum(1 for conn in self.open if conn.phase is not Phase.IDLE)
+
     def _evictable(self) -> Guarded | None:
         """The connection waiting longest without a request in progress."""
         best: Guarded | None = None

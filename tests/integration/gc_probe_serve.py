@@ -34,8 +34,8 @@ def _settle_and_disable() -> None:
     gc.disable()
 
 
-async def _no_full_passes(open_connections: Callable[[], int], *_: Any) -> None:
-    del open_connections
+async def _no_full_passes(busy_connections: Callable[[], int], *_: Any) -> None:
+    del busy_connections
     await asyncio.Event().wait()
 
 

@@ -147,3 +147,13 @@ def test_raw_error_is_a_complete_openai_shaped_response() -> None:
             "code": "head",
         }
     }
+
+
+def test_busy_counts_connections_with_a_request_in_progress_not_idle_keep_alive_ones() -> None:
+    """What the garbage collector's schedule waits on (gateway/http/collector.py): a load
+    balancer's idle keep-alive connections do not keep a server from its full passes."""
+    guard = ConnectionGuard(ConnectionLimits(max_connections=10))
+    for phase in (Phase.HEAD, Phase.BODY, Phase.BUSY, Phase.IDLE, Phase.IDLE, Phase.IDLE):
+        guard.admit(FakeConnection(phase), 0.0)
+    assert len(guard.open) == 6
+    assert guard.busy() == 3
