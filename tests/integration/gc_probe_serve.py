@@ -29,9 +29,10 @@ from gateway.http import collector
 _settle = collector.settle_at_start
 
 
-def _settle_and_disable() -> None:
-    _settle()
+def _settle_and_disable() -> tuple[int, int, int]:
+    before = _settle()
     gc.disable()
+    return before
 
 
 async def _no_full_passes(busy_connections: Callable[[], int], *_: Any) -> None:
