@@ -208,8 +208,12 @@ def measure_leg(name: str, leg: Leg, upstream: Leg, args: argparse.Namespace, ru
             break
     if name in args.storm_legs.split(",") and args.storm_streams:
         storm_s = args.storm_tokens / args.tokens_per_s
-        spec = WaveSpec(args.storm_streams, args.storm_tokens, args.ramp_s, storm_s + 30,
-                        hangup_fraction=0.5, hangup_at_s=args.ramp_s + storm_s / 3)  # fmt: skip
+        # Hang-ups come a third of an answer after the last stream started: with a ramp longer
+        # than a third of an answer the first streams would be at their end by then (answered,
+        # not abandoned), so the storm's ramp is at most that long.
+        ramp_s = min(args.ramp_s, storm_s / 3)
+        spec = WaveSpec(args.storm_streams, args.storm_tokens, ramp_s, storm_s + 30,
+                        hangup_fraction=0.5, hangup_at_s=ramp_s + storm_s / 3)  # fmt: skip
         run.storms[name] = run_wave(leg, upstream, spec, pin)
         say(run.storms[name], "storm")
     if name in args.ceiling_legs.split(",") and args.ceiling_streams:
