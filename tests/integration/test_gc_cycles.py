@@ -225,7 +225,7 @@ def test_a_request_path_leaves_no_reference_cycles(probed: Probed, path: str) ->
     idle_start = time.monotonic()
     cuts = probed.stall_cuts()
     probed.collect()
-    with httpx.Client(timeout=httpx.Timeout(10.0)) as client, ThreadPoolExecutor(8) as pool:
+    with httpx.Client(timeout=httpx.Timeout(10.0)) as client, ThreadPoolExecutor(25) as pool:
         statuses = list(pool.map(lambda _: send(client, probed), range(REQUESTS)))
     probed.sim.set_faults(**_NO_FAULTS)
     _quiet(probed)
