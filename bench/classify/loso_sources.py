@@ -7,7 +7,7 @@ corpus plus every *other* source's trainable rows, how well is each held-out sou
 The fits, the per-fold Platt calibration and the figures are ``honest.loso_scores`` and
 ``honest.reliability``: the same code as the held-out report.
 
-Usage (about ten minutes on 2 shared cores; run it under ``nice -n 19``)::
+Usage (25-30 minutes on 2 shared cores at weight 1; run it under ``nice -n 19``)::
 
     .venv/bin/python bench/classify/loso_sources.py --external-weight 1 \\
         --data router_models/corpus/tiergate-corpus.jsonl router_models/corpus/hard-cases.jsonl \\
