@@ -21,6 +21,10 @@ EXTERNAL_TRAIN: Final = Path(__file__).resolve().parent / "data" / "external-tra
 # FollowBench's rule-C rows (stacked constraints, en + zh), in a file of their own: measured
 # beside external-train.jsonl, in no artifact (docs/router-data.md, "followbench").
 FOLLOWBENCH_TRAIN: Final = EXTERNAL_TRAIN.with_name("followbench.jsonl")
+# Rule-S rows (stated reasoning steps: StepGame's hop count, Multi-LogiEval's deduction depth),
+# each in a file of its own: measured beside the others, in no artifact (docs/router-data.md).
+STEPGAME_TRAIN: Final = EXTERNAL_TRAIN.with_name("stepgame.jsonl")
+MULTI_LOGIEVAL_TRAIN: Final = EXTERNAL_TRAIN.with_name("multi_logieval.jsonl")
 RULE_LABELLED_SOURCES: Final = frozenset(
     ("ape210k", "aqua", "dm_mathematics", "jmmlu", "svamp", "tal_scq5k")
 )

@@ -38,9 +38,12 @@ CAPS: Final = {
     "svamp": 400,
     "dm_mathematics": 400,
     "followbench": 200,
+    "stepgame": 400,
+    "multi_logieval": 400,
 }
-# Sources built into their own file (``--only followbench --out ...``), not external-train.jsonl.
-SEPARATE: Final = frozenset(("followbench",))
+# Sources built into their own files (``--only followbench --out ...``), not
+# external-train.jsonl.
+SEPARATE: Final = frozenset(("followbench", "stepgame", "multi_logieval"))
 MAX_CHARS: Final = 8000
 
 

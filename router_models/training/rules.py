@@ -189,3 +189,18 @@ def label_from_constraints(level: int) -> Label | None:
     if level >= SEVERAL_CONSTRAINTS:
         return "complex"
     return None
+
+
+# Rule S (stated reasoning steps): a source that builds each item from a known number of
+# inference steps or hops over the facts it states (a spatial relation chained over k agents,
+# a deduction of depth d) gives that count in its own field.  One step is a look-up of a
+# stated fact or a single deduction: simple, however many distracting sentences surround it.
+# Three or more chained steps are a chain of deductions: complex.  Two are neither (as in
+# rule M) and are dropped.
+def label_from_steps(steps: int) -> Label | None:
+    """Rule S on a source's own count of reasoning steps (hops, deduction depth)."""
+    if steps == 1:
+        return "simple"
+    if steps >= SEVERAL_STEPS:
+        return "complex"
+    return None

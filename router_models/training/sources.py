@@ -41,6 +41,10 @@ PINS: Final = {
     "followbench": Pin(
         "YJiangcm/FollowBench", "6278f4c1377b4eafab737267b8b21acd52ea0e52", "Apache-2.0"
     ),
+    "stepgame": Pin("ZhengxiangShi/StepGame", "5e6aff1563a6d7f46ee1f1aeff98b94e68c29005", "MIT"),
+    "multi_logieval": Pin(
+        "Mihir3009/Multi-LogiEval", "6d55ade5dfcc35e1382bf62335df3a061bc4c781", "MIT"
+    ),
     "dm_mathematics": Pin(
         "google-deepmind/mathematics_dataset", "PyPI mathematics_dataset==1.0.1", "Apache-2.0"
     ),
@@ -75,14 +79,18 @@ class Repo:
     git_dir: Path
     commit: str
 
-    def show(self, path: str) -> str:
-        """The file at ``path`` in the pinned commit, as text."""
+    def raw(self, path: str) -> bytes:
+        """The file at ``path`` in the pinned commit, as bytes."""
         out = subprocess.run(  # noqa: S603 - fixed argv, no shell
             ["git", "--git-dir", str(self.git_dir), "show", f"{self.commit}:{path}"],  # noqa: S607
             check=True,
             capture_output=True,
         )
-        return out.stdout.decode("utf-8-sig")
+        return out.stdout
+
+    def show(self, path: str) -> str:
+        """The file at ``path`` in the pinned commit, as text."""
+        return self.raw(path).decode("utf-8-sig")
 
     def paths(self, prefix: str) -> list[str]:
         """Tracked paths under ``prefix`` in the pinned commit, sorted."""
@@ -298,6 +306,59 @@ def followbench(repo: Repo) -> Iterator[Row]:
                 )
 
 
+# StepGame: the noisy CompleteVersion's validation files (1,000 items per hop count k; the
+# larger train and test files of k >= 4 are absent from the snapshot).  Noise sentences about
+# other agents surround the chain.  The story grows with k (median 3 sentences at k = 1, 6 at
+# k = 3, 9 at k = 4, 18 at k = 10), so only k = 3 and 4 are read for the complex side: the
+# length gap to k = 1 stays as small as the rule allows.
+STEPGAME_HOPS: Final = (1, 3, 4)
+
+
+def stepgame(repo: Repo) -> Iterator[Row]:
+    """StepGame (en): rule S on the hop count ``k`` of the file (``qa<k>_valid.json``)."""
+    for k in STEPGAME_HOPS:
+        label = rules.label_from_steps(k)
+        if label is None:
+            continue
+        items = json.loads(repo.show(f"Dataset/CompleteVersion/noise/qa{k}_valid.json"))
+        for key, item in items.items():
+            story = " ".join(s.strip() for s in item["story"])
+            yield Row(
+                f"stepgame-k{k}-{key}",
+                "stepgame",
+                f"hop{k}/en",
+                label,
+                f"{story}\n{item['question'].strip()}",
+            )
+
+
+def _utf8_or_cp1252(raw: bytes) -> str:
+    """Text of a file saved as UTF-8 or, as three Multi-LogiEval files are, as Windows-1252
+    (``d\xe9cor``, a curly apostrophe)."""
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        return raw.decode("cp1252")
+
+
+def multi_logieval(repo: Repo) -> Iterator[Row]:
+    """Multi-LogiEval (en): rule S on each file's own ``depth`` (``d1`` .. ``d5``)."""
+    for path in repo.paths("data/d"):
+        item = json.loads(_utf8_or_cp1252(repo.raw(path)))
+        depth = int(str(item["depth"]).lstrip("d"))
+        label = rules.label_from_steps(depth)
+        if label is None:
+            continue
+        for sample in item["samples"]:
+            yield Row(
+                f"multi_logieval-{item['logic']}-{item['rule']}-d{depth}-{sample['id']}",
+                "multi_logieval",
+                f"{item['logic']}-d{depth}/en",
+                label,
+                f"{sample['context'].strip()}\n{sample['question'].strip()}",
+            )
+
+
 READERS: Final = {
     "jmmlu": jmmlu,
     "tal_scq5k": tal_scq5k,
@@ -305,4 +366,6 @@ READERS: Final = {
     "aqua": aqua,
     "svamp": svamp,
     "followbench": followbench,
+    "stepgame": stepgame,
+    "multi_logieval": multi_logieval,
 }

@@ -6,14 +6,30 @@ from __future__ import annotations
 import json
 import subprocess
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 
 from router_models.records import read_jsonl
-from router_models.training import EXTERNAL_TRAIN, FOLLOWBENCH_TRAIN, RULE_LABELLED_SOURCES, rules
+from router_models.training import (
+    EXTERNAL_TRAIN,
+    FOLLOWBENCH_TRAIN,
+    MULTI_LOGIEVAL_TRAIN,
+    RULE_LABELLED_SOURCES,
+    STEPGAME_TRAIN,
+    rules,
+)
 from router_models.training.build import collect, sample
-from router_models.training.sources import Repo, Row, followbench, jmmlu, svamp
+from router_models.training.sources import (
+    Repo,
+    Row,
+    followbench,
+    jmmlu,
+    multi_logieval,
+    stepgame,
+    svamp,
+)
 
 RESERVED_WORDS = ("gsm8k", "humaneval", "mbpp", "bbh", "logiqa", "alpaca", "ifeval", "jsquad")
 
@@ -54,11 +70,14 @@ def test_rules_decide_or_drop() -> None:
     assert rules.label_from_hops("bridge") is None
 
 
-def _git_repo(root: Path, files: dict[str, str]) -> Repo:
+def _git_repo(root: Path, files: Mapping[str, str | bytes]) -> Repo:
     work = root / "work"
     for name, text in files.items():
         (work / name).parent.mkdir(parents=True, exist_ok=True)
-        (work / name).write_text(text, encoding="utf-8")
+        if isinstance(text, bytes):
+            (work / name).write_bytes(text)
+        else:
+            (work / name).write_text(text, encoding="utf-8")
     env = ["-c", "user.name=t", "-c", "user.email=t@example.invalid"]
     subprocess.run(["git", "init", "-q", str(work)], check=True)
     subprocess.run(["git", "-C", str(work), "add", "."], check=True)
@@ -193,4 +212,77 @@ def test_committed_followbench_file_has_both_labels_in_both_languages() -> None:
         level = int(r["category"].split("/")[0].rsplit("level", 1)[-1])
         assert rules.label_from_constraints(level) == r["label"]
         assert r["source"] == "followbench"
+    assert len({r["id"] for r in records}) == len(records)
+
+
+def test_rule_s_counts_stated_reasoning_steps() -> None:
+    """One stated step is simple, three or more complex, two (and none) dropped."""
+    assert [rules.label_from_steps(n) for n in range(7)] == [
+        None,
+        "simple",
+        None,
+        "complex",
+        "complex",
+        "complex",
+        "complex",
+    ]
+
+
+def test_stepgame_reader_labels_by_hop_count(tmp_path: Path) -> None:
+    """k = 1 simple, k = 3 and 4 complex; k = 2 and the k > 4 files are not read."""
+
+    def hops(k: int) -> str:
+        story = [f"A{i} is left of A{i + 1}." for i in range(k)] + ["Z is above Y."]
+        return json.dumps({"0": {"story": story, "question": f"Where is A0 from A{k}?",
+                                 "label": "left"}})  # fmt: skip
+
+    folder = "Dataset/CompleteVersion/noise"
+    files: dict[str, str | bytes] = {f"{folder}/qa{k}_valid.json": hops(k) for k in range(1, 6)}
+    rows = {r.id: r for r in stepgame(_git_repo(tmp_path, files))}
+    assert {k: r.label for k, r in rows.items()} == {
+        "stepgame-k1-0": "simple",
+        "stepgame-k3-0": "complex",
+        "stepgame-k4-0": "complex",
+    }
+    assert rows["stepgame-k1-0"].prompt == "A0 is left of A1. Z is above Y.\nWhere is A0 from A1?"
+    assert rows["stepgame-k3-0"].category == "hop3/en"
+
+
+def test_multi_logieval_reader_labels_by_depth_and_reads_cp1252(tmp_path: Path) -> None:
+    """Depth d1 simple, d3 and deeper complex, d2 dropped; a Windows-1252 file still reads."""
+
+    def depth(d: int, context: str) -> str:
+        return json.dumps({"logic": "pl", "rule": f"R{d}", "depth": f"d{d}",
+                           "samples": [{"id": 1, "context": context, "question": "Q?",
+                                        "answer": "yes"}]}, ensure_ascii=False)  # fmt: skip
+
+    files: dict[str, str | bytes] = {
+        "data/d1_Data/pl/MP.json": depth(1, "If p then q. p."),
+        "data/d2_Data/pl/HS_MP.json": depth(2, "Two steps."),
+        "data/d3_Data/pl/HS_MP_MP.json": depth(3, "Three steps."),
+        "data/d5_Data/pl/X.json": depth(5, "The d\u00e9cor.").encode("cp1252"),
+        "data/multivariable_fol_Data/1.json": depth(1, "No depth folder."),
+    }
+    rows = {r.id: r for r in multi_logieval(_git_repo(tmp_path, files))}
+    assert {k: r.label for k, r in rows.items()} == {
+        "multi_logieval-pl-R1-d1-1": "simple",
+        "multi_logieval-pl-R3-d3-1": "complex",
+        "multi_logieval-pl-R5-d5-1": "complex",
+    }
+    assert rows["multi_logieval-pl-R5-d5-1"].prompt == "The d\u00e9cor.\nQ?"
+    assert rows["multi_logieval-pl-R1-d1-1"].category == "pl-d1/en"
+
+
+@pytest.mark.parametrize(
+    ("path", "source"), [(STEPGAME_TRAIN, "stepgame"), (MULTI_LOGIEVAL_TRAIN, "multi_logieval")]
+)
+def test_committed_rule_s_files_are_balanced_and_labelled_by_rule(path: Path, source: str) -> None:
+    """The committed StepGame and Multi-LogiEval rows: 400 per label, labels by rule S."""
+    records = read_jsonl(path)
+    assert Counter(r["label"] for r in records) == {"simple": 400, "complex": 400}
+    for r in records:
+        field = r["category"].split("/")[0]
+        steps = int(field.removeprefix("hop")) if source == "stepgame" else int(field[-1])
+        assert rules.label_from_steps(steps) == r["label"]
+        assert r["source"] == source
     assert len({r["id"] for r in records}) == len(records)

@@ -1,0 +1,114 @@
+"""Leave-one-source-out over every external source of a training mix, at a chosen weight.
+
+``tiergate router eval --held-out`` uses the shipped settings (external rows at weight 0, so
+the folds learn from the corpus alone) and adds leave-one-family-out over the corpus.  This
+script asks the question a new training source raises: trained at ``--external-weight`` on the
+corpus plus every *other* source's trainable rows, how well is each held-out source ranked?
+The fits, the per-fold Platt calibration and the figures are ``honest.loso_scores`` and
+``honest.reliability``: the same code as the held-out report.
+
+Usage (25-30 minutes on 2 shared cores at weight 1; run it under ``nice -n 19``)::
+
+    .venv/bin/python bench/classify/loso_sources.py --external-weight 1 \\
+        --data router_models/corpus/tiergate-corpus.jsonl router_models/corpus/hard-cases.jsonl \\
+        router_models/training/data/external-train.jsonl ../shared/datasets/router-dev2.jsonl
+
+Prints the pooled figures (every held-out row; the rows of trainable sources only; the
+Chinese + Japanese slice) and one line per source and per language.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from router_models.records import read_jsonl  # noqa: E402
+from router_models.training.crossval import trainable  # noqa: E402
+from router_models.training.honest import (  # noqa: E402
+    GroupFigures,
+    Reliability,
+    group_figures,
+    language_of,
+    loso_scores,
+    reliability,
+)
+from router_models.training.train import TrainSettings, prepare  # noqa: E402
+
+CJK = frozenset(("zh", "ja"))
+
+
+def _pooled(title: str, r: Reliability) -> str:
+    return (
+        f"{title}: n={r.n} ({r.n_complex} complex), ROC AUC {r.roc_auc:.4f}, simple sent "
+        f"precise at 95 % caught {r.simple_sent_at_95:.1%}, ECE {r.ece:.4f}"
+    )
+
+
+def _groups(title: str, rows: Sequence[GroupFigures]) -> list[str]:
+    out = [title, f"  {'name':<20}{'n':>6}{'complex':>9}{'mean p':>8}{'auc':>7}{'sent@op':>9}"]
+    for g in rows:
+        auc = f"{g.roc_auc:.3f}" if g.roc_auc is not None else "-"
+        out.append(
+            f"  {g.name[:19]:<20}{g.n:>6}{g.n_complex:>9}{g.mean_score:>8.3f}{auc:>7}"
+            f"{g.sent_at_op:>9.3f}"
+        )
+    return out
+
+
+def report(paths: Sequence[Path], external_weight: float) -> str:
+    """The LOSO report of the training mix in ``paths`` at ``external_weight``."""
+    settings = dataclasses.replace(TrainSettings(), external_weight=external_weight)
+    data = prepare([r for p in paths for r in read_jsonl(p)], settings)
+    scores = loso_scores(data, settings)
+    rows = np.flatnonzero(~np.isnan(scores))
+    y = data.y[rows].astype(np.int_)
+    held = scores[rows]
+    groups = [data.groups[i] for i in rows]
+    langs = [language_of(data.records[i]) for i in rows]
+    trainable_sources = {data.groups[i] for i in rows if trainable(data.records[i])}
+    in_train = np.array([g in trainable_sources for g in groups], dtype=np.bool_)
+    cjk = np.array([lang in CJK for lang in langs], dtype=np.bool_)
+    pooled = reliability(y, held)
+    lines = [
+        f"external weight {external_weight}; data: {', '.join(str(p) for p in paths)}",
+        _pooled("every held-out row", pooled),
+        _pooled("trainable sources only", reliability(y[in_train], held[in_train])),
+        _pooled("non-CJK", reliability(y[~cjk], held[~cjk])),
+    ]
+    if cjk.any() and len(set(y[cjk].tolist())) == 2:
+        lines.append(_pooled("Chinese + Japanese", reliability(y[cjk], held[cjk])))
+    lines += [
+        "",
+        *_groups(
+            "by source (sent@op: share sent at the pooled 95 % point)",
+            group_figures(groups, y, held, pooled.op_threshold),
+        ),
+    ]
+    lines += ["", *_groups("by language", group_figures(langs, y, held, pooled.op_threshold))]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Print the report (and write it with ``--out``)."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--data", type=Path, nargs="+", required=True)
+    parser.add_argument("--external-weight", type=float, default=1.0)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    text = report(args.data, args.external_weight)
+    sys.stdout.write(text + "\n")
+    if args.out is not None:
+        args.out.write_text(text + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
