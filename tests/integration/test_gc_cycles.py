@@ -38,7 +38,7 @@ pytestmark = pytest.mark.slow
 CHAT = {"model": "fast", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 STREAM = {**CHAT, "stream": True}
 LONG_STREAM = {**STREAM, "max_tokens": 200}
-REQUESTS = int(os.environ.get("TIERGATE_GC_PROBE_REQUESTS", "100"))
+REQUESTS = int(os.environ.get("TIERGATE_GC_PROBE_REQUESTS", "40"))
 # Objects only the cyclic collector frees, per request, that a path may leave (the bound the
 # tests hold every path to; the numbers the probe found are in the commit that added this).
 STALL_S = 1.0

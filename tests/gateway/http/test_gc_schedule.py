@@ -191,8 +191,8 @@ async def test_a_failed_pass_is_logged_and_the_schedule_goes_on(
 
 
 def test_an_app_gives_the_collector_back_when_it_shuts_down(restore_gc: None) -> None:
-    """An app served in-process (the test client) leaves the process as it found it: the
-    automatic collections of the older generations back, nothing frozen."""
+    """An app served in-process (the test client) gives the automatic collections of the older
+    generations back when it shuts down (what it froze stays frozen)."""
     gc.set_threshold(700, 10, 10)
     gc.unfreeze()
     nowhere = "http://127.0.0.1:9"
@@ -207,7 +207,6 @@ def test_an_app_gives_the_collector_back_when_it_shuts_down(restore_gc: None) ->
         assert gc.get_threshold() == (collector.YOUNG_THRESHOLD, 1 << 30, 1 << 30)
         assert gc.get_freeze_count() > 0
     assert gc.get_threshold() == (700, 10, 10)
-    assert gc.get_freeze_count() == 0
 
 
 async def test_a_busy_server_collects_real_garbage_cycles_once_the_heap_grows_by_the_limit(
