@@ -33,9 +33,9 @@ sys.path.insert(0, str(ROOT))
 from router_models.records import read_jsonl  # noqa: E402
 from router_models.training.crossval import trainable  # noqa: E402
 from router_models.training.honest import (  # noqa: E402
-    GroupFigures,
     Reliability,
     group_figures,
+    group_lines,
     language_of,
     loso_scores,
     reliability,
@@ -50,17 +50,6 @@ def _pooled(title: str, r: Reliability) -> str:
         f"{title}: n={r.n} ({r.n_complex} complex), ROC AUC {r.roc_auc:.4f}, simple sent "
         f"precise at 95 % caught {r.simple_sent_at_95:.1%}, ECE {r.ece:.4f}"
     )
-
-
-def _groups(title: str, rows: Sequence[GroupFigures]) -> list[str]:
-    out = [title, f"  {'name':<20}{'n':>6}{'complex':>9}{'mean p':>8}{'auc':>7}{'sent@op':>9}"]
-    for g in rows:
-        auc = f"{g.roc_auc:.3f}" if g.roc_auc is not None else "-"
-        out.append(
-            f"  {g.name[:19]:<20}{g.n:>6}{g.n_complex:>9}{g.mean_score:>8.3f}{auc:>7}"
-            f"{g.sent_at_op:>9.3f}"
-        )
-    return out
 
 
 def report(paths: Sequence[Path], external_weight: float) -> str:
@@ -87,12 +76,12 @@ def report(paths: Sequence[Path], external_weight: float) -> str:
         lines.append(_pooled("Chinese + Japanese", reliability(y[cjk], held[cjk])))
     lines += [
         "",
-        *_groups(
+        *group_lines(
             "by source (sent@op: share sent at the pooled 95 % point)",
             group_figures(groups, y, held, pooled.op_threshold),
         ),
     ]
-    lines += ["", *_groups("by language", group_figures(langs, y, held, pooled.op_threshold))]
+    lines += ["", *group_lines("by language", group_figures(langs, y, held, pooled.op_threshold))]
     return "\n".join(lines)
 
 

@@ -383,7 +383,8 @@ def _rel_lines(title: str, r: Reliability) -> list[str]:
     ]
 
 
-def _group_lines(title: str, rows: Sequence[GroupFigures]) -> list[str]:
+def group_lines(title: str, rows: Sequence[GroupFigures]) -> list[str]:
+    """A table of per-group figures (source, language, family), one line per group."""
     lines = [
         title,
         f"  {'name':<26}{'n':>6}{'complex':>9}{'mean p':>8}{'auc':>7}{'sent@op':>9}{'sent@0.5':>9}",
@@ -402,11 +403,9 @@ def render_held_out(report: HeldOutReport) -> str:
     lines = _rel_lines("leave-one-source-out (external sources)", report.loso)
     lines += [
         "",
-        *_group_lines(
-            "LOSO by source (sent@op: share sent at the 95 % point)", report.loso_sources
-        ),
+        *group_lines("LOSO by source (sent@op: share sent at the 95 % point)", report.loso_sources),
     ]
-    lines += ["", *_group_lines("LOSO by language", report.loso_languages)]
+    lines += ["", *group_lines("LOSO by language", report.loso_languages)]
     lines += ["", "cue checks on the LOSO models (score of the same rows, cue changed)"]
     for c in report.cues:
         lines.append(
@@ -415,5 +414,5 @@ def render_held_out(report: HeldOutReport) -> str:
             f"largest change {c.max_abs_change:.3f}"
         )
     lines += ["", *_rel_lines("leave-one-family-out (our corpus)", report.lofo)]
-    lines += ["", *_group_lines("LOFO by family", report.lofo_families)]
+    lines += ["", *group_lines("LOFO by family", report.lofo_families)]
     return "\n".join(lines)
