@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import urllib.request
-from collections.abc import AsyncIterator
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -35,16 +34,6 @@ EXPECTED = {
     "ollama": ("ollama", "/api/version"),
     "tgi": ("tgi", "/health"),
 }
-
-
-@pytest.fixture
-async def client() -> AsyncIterator[UpstreamPool]:
-    """The gateway's upstream client, for the monitor."""
-    pool = UpstreamPool()
-    try:
-        yield pool
-    finally:
-        await pool.close()
 
 
 def _chat(sim: SimulatorProcess) -> None:

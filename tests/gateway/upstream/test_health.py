@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
-import pytest
 import structlog
 from structlog.testing import capture_logs
 
@@ -73,16 +71,6 @@ def test_junk_and_missing_samples() -> None:
     assert load.running is None
     assert load.waiting == 2.0
     assert load.kv_usage is None
-
-
-@pytest.fixture
-async def client() -> AsyncIterator[UpstreamPool]:
-    """The gateway's upstream client, for the monitor."""
-    pool = UpstreamPool()
-    try:
-        yield pool
-    finally:
-        await pool.close()
 
 
 async def test_probes_a_real_replica(

@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
-
-import pytest
 
 from gateway.config.settings import Timeouts
 from gateway.pipeline.events import Outcome, Usage
@@ -60,16 +57,6 @@ def _server(*, streams: bool) -> RawUpstream:
 
     server = RawUpstream(respond)
     return server
-
-
-@pytest.fixture
-async def client() -> AsyncIterator[UpstreamPool]:
-    """The gateway's upstream client, for the monitor."""
-    pool = UpstreamPool()
-    try:
-        yield pool
-    finally:
-        await pool.close()
 
 
 async def _in_flight(upstream: UpstreamClient, pool: ReplicaPool, *, stream: bool) -> None:

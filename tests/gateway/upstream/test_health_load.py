@@ -26,16 +26,6 @@ async def session() -> AsyncIterator[aiohttp.ClientSession]:
         yield s
 
 
-@pytest.fixture
-async def client() -> AsyncIterator[UpstreamPool]:
-    """The gateway's upstream client, for the monitor."""
-    pool = UpstreamPool()
-    try:
-        yield pool
-    finally:
-        await pool.close()
-
-
 def test_parse_load() -> None:
     """Only a non-negative number under server_load is a reading."""
     assert parse_load(b'{"server_load": 3}') == 3.0

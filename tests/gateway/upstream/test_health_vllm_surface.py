@@ -3,10 +3,7 @@ from its model card, vLLM's sleep gauge, and rotated keys on the credential re-c
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
-
-import pytest
 
 from gateway.upstream.health import HealthConfig, HealthMonitor
 from gateway.upstream.keys import UpstreamKeys
@@ -16,16 +13,6 @@ from gateway.upstream.worker_share import HealthShare, WorkerRole
 from tests.simulator.procs import SimulatorFactory, start_simulator
 
 __all__ = ["start_simulator"]
-
-
-@pytest.fixture
-async def client() -> AsyncIterator[UpstreamPool]:
-    """The gateway's upstream client, for the monitor."""
-    pool = UpstreamPool()
-    try:
-        yield pool
-    finally:
-        await pool.close()
 
 
 async def test_context_length_is_read_from_the_model_card(
