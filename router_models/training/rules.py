@@ -198,9 +198,6 @@ def label_from_constraints(level: int) -> Label | None:
 # Three or more chained steps are a chain of deductions: complex.  Two are neither (as in
 # rule M) and are dropped.
 def label_from_steps(steps: int) -> Label | None:
-    """Rule S on a source's own count of reasoning steps (hops, deduction depth)."""
-    if steps == 1:
-        return "simple"
-    if steps >= SEVERAL_STEPS:
-        return "complex"
-    return None
+    """Rule S on a source's own count of reasoning steps (hops, deduction depth): the same
+    count-to-label mapping as rule M's operations."""
+    return label_from_operations(steps)
