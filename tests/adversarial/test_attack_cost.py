@@ -137,6 +137,23 @@ async def _capped_key(url: str, policy: KeyPolicy) -> str:
 
 
 @pytest.mark.slow
+def _served_tiers(url: str, token: str, model: str, requests: int) -> list[str]:
+    """For each of ``requests`` chat requests in turn: the tier that answered, or
+    ``refused <status>``."""
+    client = openai.OpenAI(api_key=token, base_url=url + "/v1", max_retries=0)
+    served = []
+    for _ in range(requests):
+        try:
+            raw = client.chat.completions.with_raw_response.create(
+                model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=4
+            )
+        except openai.APIStatusError as exc:
+            served.append(f"refused {exc.status_code}")
+        else:
+            served.append(raw.headers["x-tiergate-tier"])
+    return served
+
+
 def test_fallback_to_precise_counts_against_the_cap() -> None:
     """A capped key (0.2, downgrade) whose requests go fast while the fast tier is down: the
     default fast → precise fallback serves them on the precise tier. Those answers are
@@ -158,17 +175,7 @@ def test_fallback_to_precise_counts_against_the_cap() -> None:
         token = asyncio.run(_capped_key(redis.url, KeyPolicy(max_precise_share=0.2)))
         gateway = GatewayProcess(config, ready_timeout=60).start()
         try:
-            client = openai.OpenAI(api_key=token, base_url=gateway.url + "/v1", max_retries=0)
-            served = []
-            for _ in range(20):
-                try:
-                    raw = client.chat.completions.with_raw_response.create(
-                        model="fast", messages=[{"role": "user", "content": "hi"}], max_tokens=4
-                    )
-                except openai.APIStatusError as exc:
-                    served.append(f"refused {exc.status_code}")
-                else:
-                    served.append(raw.headers["x-tiergate-tier"])
+            served = _served_tiers(gateway.url, token, "fast", 20)
         finally:
             gateway.stop()
     assert served.count("precise") <= 0.2 * len(served), served
@@ -348,17 +355,7 @@ def test_a_precise_only_key_over_its_cap_is_never_served_fast() -> None:
         token = asyncio.run(_capped_key(redis.url, policy))
         gateway = GatewayProcess(config, ready_timeout=60).start()
         try:
-            client = openai.OpenAI(api_key=token, base_url=gateway.url + "/v1", max_retries=0)
-            served = []
-            for _ in range(10):
-                try:
-                    raw = client.chat.completions.with_raw_response.create(
-                        model="precise", messages=[{"role": "user", "content": "hi"}], max_tokens=4
-                    )
-                except openai.APIStatusError as exc:
-                    served.append(f"refused {exc.status_code}")
-                else:
-                    served.append(raw.headers["x-tiergate-tier"])
+            served = _served_tiers(gateway.url, token, "precise", 10)
         finally:
             gateway.stop()
     assert "fast" not in served, served
