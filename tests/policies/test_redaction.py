@@ -43,4 +43,6 @@ def test_generated_tokens_and_keys_are_recognised() -> None:
     assert all(looks_like_secret(secrets.token_hex(32)) for _ in range(200))
     assert looks_like_secret("tg-ab12cd34-" + secrets.token_urlsafe(32))
     assert looks_like_secret("Bearer whatever")
-    assert redacted("x" + secrets.token_urlsafe(32)) == REDACTED
+    # A fixed token, not a fresh one: about 0.5 % of fresh ones are not caught (the bound above
+    # is 99 %), which made this line fail once in a CI run.
+    assert redacted("x" + sample[0]) == REDACTED
