@@ -304,13 +304,17 @@ class NativeCycle:
                 transport.write(
                     reply_head(reply, keep_alive=self.keep_alive, length=None, chunked=chunked)
                 )
-                async for chunk in stream:
-                    if chunk:
-                        transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk) if chunked else chunk)
-                    if flow.write_paused and not await self._drained(reply):
+                if reply.pump is not None:
+                    if not await reply.pump(_StreamOut(self, reply)):
                         return
-                    if self._left():
-                        return
+                else:
+                    async for chunk in stream:
+                        if chunk:
+                            transport.write(_framed(chunk) if chunked else chunk)
+                        if flow.write_paused and not await self._drained(reply):
+                            return
+                        if self._left():
+                            return
                 if chunked:
                     transport.write(_LAST_CHUNK)
                 self._complete()  # HTTP/1.0: never keep-alive, so the close ends the body
@@ -373,6 +377,42 @@ class _Guarded:
 
     def __exit__(self, *_: object) -> None:
         self.cycle._guarding = False  # the cycle's own helper
+
+
+class _StreamOut:
+    """A stream's client as a reply's pump writes to it (:class:`Downstream`)."""
+
+    __slots__ = ("_chunked", "_cycle", "_flow", "_reply", "_transport")
+
+    def __init__(self, cycle: NativeCycle, reply: Reply) -> None:
+        self._cycle = cycle
+        self._reply = reply
+        self._transport = cycle.transport
+        self._chunked = cycle.chunked
+        self._flow = cycle.flow
+
+    def write(self, chunk: bytes) -> None:
+        """Send ``chunk``, as one HTTP/1.1 chunk (HTTP/1.0: as it is)."""
+        self._transport.write(_framed(chunk) if self._chunked else chunk)
+
+    @property
+    def paused(self) -> bool:
+        """The client's buffer is full."""
+        return self._flow.write_paused
+
+    @property
+    def gone(self) -> bool:
+        """The client has left."""
+        return self._cycle.was_disconnected
+
+    async def drained(self) -> bool:
+        """Wait for the client to read; cut it past ``stall_s`` (``False``)."""
+        return await self._cycle._drained(self._reply)  # the cycle's own helper
+
+
+def _framed(chunk: bytes) -> bytes:
+    """``chunk`` as one HTTP/1.1 chunk."""
+    return b"%x\r\n%b\r\n" % (len(chunk), chunk)
 
 
 def _bound_send_buffer(transport: asyncio.Transport) -> None:

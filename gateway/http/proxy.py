@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, NamedTuple, TypeVar
 
 import structlog
@@ -31,6 +32,7 @@ from gateway.routing.spillover import Spillover
 from gateway.upstream.attempt import Opened
 from gateway.upstream.fair_queue import PRIORITY_HEADER, ticket_for
 from gateway.upstream.forwarding import Exchange, Forwarded, Forwarder
+from gateway.upstream.pump import Pump
 from gateway.upstream.relay import StreamRelay, usage_fields
 from policies.context_window import fitting_tiers, max_tokens_that_fit
 from policies.errors import InvalidRequest, TierGateError, UnsupportedMediaType
@@ -357,7 +359,10 @@ class ProxyService:
             stream = _settled_before_end(
                 stream, relay, ctx, admission, lambda usage: clip(usage, bound, ctx.tier)
             )
-        return Reply(200, headers, EVENT_STREAM, stream=stream, after=after, on_stall=relay.stalled)
+        settle = partial(_settle_now, ctx, admission) if admission.settle_first else None
+        reply = Reply(200, headers, EVENT_STREAM, stream=stream, after=after)
+        reply.on_stall, reply.pump = relay.stalled, Pump(relay, settle=settle)
+        return reply
 
     async def _complete(
         self,

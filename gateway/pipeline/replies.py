@@ -40,6 +40,28 @@ class Inbound(Protocol):
         ...
 
 
+class Downstream(Protocol):
+    """A stream's client, as a server layer offers it to a reply's ``pump``."""
+
+    def write(self, chunk: bytes) -> None:
+        """Send ``chunk`` (framed as the response needs)."""
+        ...
+
+    @property
+    def paused(self) -> bool:
+        """The client's buffer is full: write nothing more until :meth:`drained`."""
+        ...
+
+    @property
+    def gone(self) -> bool:
+        """The client has left."""
+        ...
+
+    async def drained(self) -> bool:
+        """Wait until the client reads again; ``False``: it stalled and was cut."""
+        ...
+
+
 @dataclass(slots=True)
 class Reply:
     """A response: a whole ``body`` or a ``stream`` of chunks, then ``after`` (off the path)."""
@@ -54,6 +76,10 @@ class Reply:
     finish: Callable[[], None] | None = None
     # A stream's writer calls this before it cuts a client that stopped reading.
     on_stall: Callable[[], None] | None = None
+    # The same stream, written by the reply itself to a server layer that offers it a
+    # :class:`Downstream` (then ``stream`` is never iterated): ``False`` if the client stalled
+    # or left before its end.
+    pump: Callable[[Downstream], Awaitable[bool]] | None = None
 
 
 def error_reply(exc: TierGateError, headers: dict[str, str]) -> Reply:

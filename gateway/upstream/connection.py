@@ -68,6 +68,7 @@ class Connection(asyncio.Protocol):
         "_parser",
         "_paused",
         "_received",
+        "_sink",
         "_size",
         "_until_eof",
         "_waiter",
@@ -104,6 +105,7 @@ class Connection(asyncio.Protocol):
         self._keep_alive = self._until_eof = self._paused = False
         self._lost: str | None = None
         self._waiter: asyncio.Future[None] | None = None
+        self._sink: Callable[[bytes], None] | None = None
 
     # -- the caller's side --------------------------------------------------------------------
 
@@ -114,6 +116,7 @@ class Connection(asyncio.Protocol):
         self._size = self._head_fed = 0
         self._head_done = self._complete = self._received = False
         self._lost = None
+        self._sink = None
         self.busy = True
         self.used += 1
         transport = self.transport
@@ -179,6 +182,36 @@ class Connection(asyncio.Protocol):
                 return self._take() if self._size else b""
             self._check_lost()
             await self._wait()
+
+    def divert(self, sink: Callable[[bytes], None] | None) -> None:
+        """Hand each piece of the body to ``sink`` as it is parsed, inside the protocol's
+        callback, instead of buffering it for a read (``None``: buffer again). Nothing wakes a
+        waiting reader while diverted but the answer's end, its failure, or :meth:`wake`: the
+        sink decides when its caller has something to do. Take what is buffered first; a
+        diverted connection with bytes buffered keeps buffering, so the order holds."""
+        self._sink = sink
+
+    async def wait(self) -> None:
+        """Wait for the next wake-up: bytes buffered, the answer's end or failure, or
+        :meth:`wake` (a diverted body's sink calls it)."""
+        await self._wait()
+
+    def wake(self) -> None:
+        """Wake the reader waiting in :meth:`wait` (none: nothing happens)."""
+        self._wake()
+
+    def take(self) -> bytes:
+        """The body bytes buffered and not read yet, now (``b""``: none)."""
+        return self._take() if self._size else b""
+
+    @property
+    def complete(self) -> bool:
+        """The whole body has arrived (what is buffered is the rest of it)."""
+        return self._complete
+
+    def check_lost(self) -> None:
+        """ConnectionLost if the answer can no longer be read to its end."""
+        self._check_lost()
 
     def release(self) -> None:
         """Done with the answer: back to the pool if it was read to its end, else closed."""
@@ -285,6 +318,7 @@ class Connection(asyncio.Protocol):
         # cycles, left for a full garbage collection (which a busy server defers) otherwise.
         self.transport = None
         self._parser = _CLOSED
+        self._sink = None
 
     # -- httptools callbacks ------------------------------------------------------------------
 
@@ -316,7 +350,12 @@ class Connection(asyncio.Protocol):
         self._wake()
 
     def on_body(self, body: bytes) -> None:
-        """Buffer a piece of the body; pause reading above the high-water mark."""
+        """Buffer a piece of the body (or hand it to the sink it is diverted to); pause
+        reading above the high-water mark."""
+        sink = self._sink
+        if sink is not None and not self._size:
+            sink(body)
+            return
         self._buffer.append(body)
         self._size += len(body)
         if self._size > HIGH_WATER and not self._paused and self.transport is not None:
@@ -388,6 +427,12 @@ class Response:
     async def readany(self) -> bytes:
         """The next bytes of the body; ``b""`` at its end."""
         return await self._conn.readany()
+
+    @property
+    def connection(self) -> Connection:
+        """The connection the answer arrives on (to divert its body, see
+        :meth:`Connection.divert`)."""
+        return self._conn
 
     async def readuntil(self, separator: bytes | re.Pattern[bytes], max_size: int) -> bytes:
         """The body up to and including ``separator`` (ValueError past ``max_size``)."""

@@ -192,7 +192,8 @@ class StreamRelay:
         self.silent = False  # the backend sent nothing for idle_s: the stream was cut
         # When the read now waiting for the backend began (0.0: none is waiting; the relay
         # may be parked while the client drains what it was given).
-        self._reading_since = 0.0
+        self.reading_since = 0.0
+        self._rest = b""  # the start of an event whose end has not arrived yet
 
     async def close(self) -> None:
         """Run after the response: make sure the lease is back even if iteration never ended."""
@@ -397,42 +398,65 @@ class StreamRelay:
     async def __aiter__(self) -> AsyncIterator[bytes]:
         response = self.exchange.opened.response
         assert response is not None  # noqa: S101  # streams keep their response
-        framing = self.exchange.framing
-        replica = self.exchange.replica
-        timers = [self._deadline_timer(), self._idle_timer()]
+        timers = self.start_timers()
         try:
-            chunk, buffer = self._split(self.exchange.first_event)
+            chunk = self.feed(self.exchange.first_event, framed=True)
             if chunk:
                 yield chunk
-            while not self.done and not self.errored:
-                self._reading_since = time.monotonic()
+            while not self.stopped:
+                self.reading_since = time.monotonic()
                 data = await response.readany()
-                self._reading_since = 0.0
+                self.reading_since = 0.0
                 if not data:
                     break
-                replica.heard_at = time.monotonic()
-                if framing is not None:  # LF streams (the usual) pass untouched
-                    data = self._to_lf(data, framing)
-                chunk, buffer = self._split(buffer + data if buffer else data)
+                chunk = self.feed(data)
                 if chunk:
                     yield chunk
-                if len(buffer) > MAX_EVENT:  # an event without end: never buffer it whole
-                    yield self._cut(
-                        Cut.OVERSIZE_EVENT, "The backend sent an event above the size limit."
-                    )
-                    return
-            if ending := self._ended():
+            if ending := self.ending():
                 yield ending
         except OSError:
-            yield self._lost()
+            yield self.lost()
         except Exception:  # noqa: BLE001  # a bug on an odd event: end the stream readably, not cut
-            _log.exception("relay.failed")
-            yield self._cut(Cut.INTERNAL_ERROR, "The gateway failed while relaying the stream.")
+            yield self.internal_error()
         finally:
             for timer in timers:
                 if timer is not None:
                     timer.cancel()
             self._close()
+
+    @property
+    def stopped(self) -> bool:
+        """Nothing more is read from the backend: the answer ended, failed or was cut."""
+        return self.done or self.errored or self.cut is not None
+
+    def feed(self, data: bytes, *, framed: bool = False) -> bytes:
+        """Take ``data`` read from the backend; return what of it goes to the client now
+        (complete events; the rest waits for the next read). ``framed``: already LF-framed
+        (the first event, which forwarding read). An event growing past the size limit cuts
+        the stream: its error event is returned and :attr:`stopped` turns true."""
+        if not framed:
+            self.exchange.replica.heard_at = time.monotonic()
+            framing = self.exchange.framing
+            if framing is not None:  # LF streams (the usual) pass untouched
+                data = self._to_lf(data, framing)
+        rest = self._rest
+        chunk, rest = self._split(rest + data if rest else data)
+        self._rest = rest
+        if len(rest) > MAX_EVENT:  # an event without end: never buffer it whole
+            self._rest = b""
+            return chunk + self._cut(
+                Cut.OVERSIZE_EVENT, "The backend sent an event above the size limit."
+            )
+        return chunk
+
+    def internal_error(self) -> bytes:
+        """The error event of a stream the gateway failed to relay (logged here)."""
+        _log.exception("relay.failed")
+        return self._cut(Cut.INTERNAL_ERROR, "The gateway failed while relaying the stream.")
+
+    def finish(self) -> None:
+        """Close the relay: the backend's exchange finished, ``on_close`` called (once)."""
+        self._close()
 
     def stalled(self) -> None:
         """The client stopped reading and is being cut (``server.stream_stall_s``): when the
@@ -452,7 +476,7 @@ class StreamRelay:
         self.outcome = _CUT_OUTCOMES[cut]
         return error_event(message, _CUT_STATUS.get(cut, 502))
 
-    def _ended(self) -> bytes:
+    def ending(self) -> bytes:
         """The stream's body ended: complete when the backend finished it, else cut short."""
         if self.cut is not None:
             return b""
@@ -467,6 +491,10 @@ class StreamRelay:
             self.outcome = Outcome.COMPLETE
             return ending
         return self._cut(Cut.EARLY_EOF, "The backend ended the stream early.")
+
+    def start_timers(self) -> list[asyncio.TimerHandle | None]:
+        """The stream's deadline and idle timers (cancel them when it ends)."""
+        return [self._deadline_timer(), self._idle_timer()]
 
     def _deadline_timer(self) -> asyncio.TimerHandle | None:
         """One timer for the whole stream (not a check per chunk): at the request's deadline
@@ -489,7 +517,7 @@ class StreamRelay:
         with an OSError), else look again when it could have."""
         if self.closed or self.done:
             return
-        since = self._reading_since
+        since = self.reading_since
         waited = time.monotonic() - since if since else 0.0
         if waited >= self.idle_s:
             self.silent = True
@@ -499,7 +527,7 @@ class StreamRelay:
             return
         asyncio.get_running_loop().call_later(self.idle_s - waited, self._check_idle)
 
-    def _lost(self) -> bytes:
+    def lost(self) -> bytes:
         """The error event of a stream whose connection closed: the deadline's, the idle
         limit's, or a reset."""
         if self.expired:

@@ -21,6 +21,7 @@ from gateway.upstream.replicas import ReplicaPool
 from gateway.upstream.retry import RetryPolicy
 from policies.selection import RoundRobin
 from tests.gateway.raw_upstream import RawUpstream, Respond
+from tests.gateway.relay_drive import DRIVES, drive
 
 PATH = "/v1/chat/completions"
 HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -63,6 +64,16 @@ def _sse(*events: bytes) -> Respond:
 async def _relayed(
     upstream: UpstreamClient, respond: Respond, *, choices: int = 1
 ) -> tuple[bytes, str, Usage | None]:
+    """The stream relayed both ways (iterated, and pumped from the connection's callback):
+    the client gets the same bytes, the stream the same outcome and usage."""
+    results = {how: await _relayed_once(how, upstream, respond, choices=choices) for how in DRIVES}
+    assert results["pump"] == results["iterate"]
+    return results["pump"]
+
+
+async def _relayed_once(
+    how: str, upstream: UpstreamClient, respond: Respond, *, choices: int = 1
+) -> tuple[bytes, str, Usage | None]:
     """Stream through the forwarder and relay for a request of ``choices`` choices."""
     server = await RawUpstream(respond).start()
     pool = ReplicaPool("fast", [server.url], 8, 0.1)
@@ -81,8 +92,7 @@ async def _relayed(
             choices=choices,
         )
         async with asyncio.timeout(10):
-            async for piece in relay:
-                sent += piece
+            sent = await drive(relay, how)
     finally:
         await server.stop()
     ((outcome, usage),) = closed

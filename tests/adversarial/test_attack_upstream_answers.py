@@ -23,6 +23,7 @@ from gateway.upstream.retry import RetryPolicy
 from policies.errors import TierGateError
 from policies.selection import RoundRobin
 from tests.gateway.raw_upstream import RawUpstream, Respond, answer
+from tests.gateway.relay_drive import DRIVES, drive
 
 PATH = "/v1/chat/completions"
 HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -91,6 +92,16 @@ async def _forward_once(upstream: UpstreamClient, respond: Respond, *, stream: b
 async def _relayed(
     upstream: UpstreamClient, respond: Respond, **timeouts: float
 ) -> tuple[bytes, str, Usage | None]:
+    """The stream relayed both ways (iterated, and pumped from the connection's callback):
+    the client gets the same bytes, the stream the same outcome and usage."""
+    results = {how: await _relayed_once(how, upstream, respond, **timeouts) for how in DRIVES}
+    assert results["pump"] == results["iterate"]
+    return results["pump"]
+
+
+async def _relayed_once(
+    how: str, upstream: UpstreamClient, respond: Respond, **timeouts: float
+) -> tuple[bytes, str, Usage | None]:
     """Stream through the gateway's forwarder and relay: what the client got, how it ended."""
     server = await RawUpstream(respond).start()
     closed: list[tuple[str, Usage | None]] = []
@@ -106,8 +117,7 @@ async def _relayed(
             on_close=lambda outcome, usage: closed.append((outcome, usage)),
         )
         async with asyncio.timeout(10):
-            async for piece in relay:
-                sent += piece
+            sent = await drive(relay, how)
     finally:
         await server.stop()
     ((outcome, usage),) = closed

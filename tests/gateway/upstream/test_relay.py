@@ -21,6 +21,7 @@ from gateway.upstream.replicas import ReplicaPool
 from gateway.upstream.retry import RetryPolicy
 from policies.selection import RoundRobin
 from tests.gateway.raw_upstream import RawUpstream, Respond, reset
+from tests.gateway.relay_drive import DRIVES, drive, open_relay
 from tests.processes import patience
 
 PATH = "/v1/chat/completions"
@@ -67,6 +68,14 @@ def _stream(ending: str, left: asyncio.Event) -> Respond:
 
 
 async def _relay(upstream: UpstreamClient, ending: str) -> tuple[bytes, str]:
+    """The stream ``ending`` relayed both ways (iterated, and pumped from the connection's
+    callback): the client gets the same bytes and the stream the same outcome."""
+    results = {how: await _relay_once(upstream, ending, how) for how in DRIVES}
+    assert results["pump"] == results["iterate"]
+    return results["pump"]
+
+
+async def _relay_once(upstream: UpstreamClient, ending: str, how: str) -> tuple[bytes, str]:
     left = asyncio.Event()
     server = await RawUpstream(_stream(ending, left)).start()
     pool = ReplicaPool("fast", [server.url], 8, 0.1)
@@ -83,7 +92,7 @@ async def _relay(upstream: UpstreamClient, ending: str) -> tuple[bytes, str]:
             idle_s=0.2,
             on_close=lambda outcome, usage: closed.append((outcome, usage)),
         )
-        text = b"".join([chunk async for chunk in relay])
+        text = await drive(relay, how)
         assert pool.replicas[0].in_flight == 0
         if ending == "stall":
             await asyncio.wait_for(left.wait(), 2.0)  # the abort reached the backend
@@ -144,21 +153,6 @@ async def test_a_stalled_stream_is_a_stall_and_its_connection_closes(
     assert b"stopped sending" in text
 
 
-async def _open(
-    upstream: UpstreamClient, respond: Respond
-) -> tuple[StreamRelay, ReplicaPool, RawUpstream]:
-    """A relay over ``respond``'s stream (idle limit 0.2 s)."""
-    server = await RawUpstream(respond).start()
-    pool = ReplicaPool("fast", [server.url], 8, 0.1)
-    route = TierRoute(pool, RoundRobin(), Timeouts(), "m")
-    forwarder = Forwarder(upstream, {"fast": route}, RetryPolicy(backoff_base_s=0.0))
-    body = {"messages": [{"role": "user", "content": "hi"}], "stream": True}
-    forwarded = await forwarder.forward(PATH, body, ["fast"])
-    relay = StreamRelay(forwarded.exchange, strip_usage=False, idle_s=0.2,
-                        on_close=lambda _outcome, _usage: None)  # fmt: skip
-    return relay, pool, server
-
-
 async def test_each_event_is_relayed_before_the_next_arrives_and_one_read_is_one_chunk(
     upstream: UpstreamClient,
 ) -> None:
@@ -177,7 +171,7 @@ async def test_each_event_is_relayed_before_the_next_arrives_and_one_read_is_one
         writer.write(_chunk(TOKEN + TOKEN + FINAL + USAGE + DONE) + b"0\r\n\r\n")
         return True
 
-    relay, _pool, server = await _open(upstream, respond)
+    relay, _pool, server = await open_relay(upstream, respond)
     chunks = []
     try:
         async for chunk in relay:
@@ -212,7 +206,7 @@ async def test_a_caller_that_stops_taking_events_stops_the_reads_and_is_no_backe
         writer.write(_chunk(FINAL + DONE) + b"0\r\n\r\n")
         return True
 
-    relay, pool, server = await _open(upstream, respond)
+    relay, pool, server = await open_relay(upstream, respond)
     stream = relay.__aiter__()
     try:
         assert await anext(stream) == FIRST
@@ -244,7 +238,7 @@ async def test_a_finished_relay_is_freed_by_reference_counting(upstream: Upstrea
     seen: list[object] = []
 
     async def relayed() -> weakref.ref[StreamRelay]:
-        relay, _pool, server = await _open(upstream, _stream("done", asyncio.Event()))
+        relay, _pool, server = await open_relay(upstream, _stream("done", asyncio.Event()))
         relay.on_close = lambda _outcome, _usage: seen.append(relay.cut)
         try:
             async for _chunk in relay:

@@ -1,0 +1,128 @@
+"""Relaying a stream from the backend connection's own callback: no task wake-up per event.
+
+:class:`~gateway.upstream.relay.StreamRelay` read as an async iterator costs a future, a task
+step and two generator resumptions for every read from the backend, for one write to the
+client; at thousands of open streams that is most of the gateway's Python time per event
+(bench/results/streams-pump-ab.md). A :class:`Pump` diverts the backend connection's body to
+the relay as the parser hands it over (:meth:`Connection.divert`), and writes what the relay
+lets through to the client in the same callback. The request's task sleeps until there is
+something only it can do: the client's buffer is full (it waits for the client to read, and
+cuts a client that stalls), the answer ended (it writes the ending, settles, and finishes),
+the connection broke, or the request is cancelled because the client left.
+
+The relay's contract is unchanged (:mod:`gateway.upstream.relay`): the same events, the same
+ending, the same outcome and cut, ``on_close`` exactly once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+
+from gateway.pipeline.replies import Downstream
+from gateway.upstream.connection import Connection
+from gateway.upstream.relay import StreamRelay
+
+
+class Pump:
+    """Relays one stream from the backend connection's callback (see the module)."""
+
+    __slots__ = ("_conn", "_held", "_out", "_relay", "_settle_first")
+
+    def __init__(
+        self,
+        relay: StreamRelay,
+        *,
+        settle: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        self._relay = relay
+        self._settle_first = settle
+        self._out: Downstream | None = None
+        self._conn: Connection | None = None
+        self._held = b""  # the chunk with [DONE], held until the request is settled
+
+    async def __call__(self, out: Downstream) -> bool:
+        """Relay the whole stream to ``out``; ``False`` if the client stalled and was cut
+        (or left) before its end. With ``settle``, the request is settled before the chunk
+        that carries ``[DONE]`` is written, or before the stream ends without one."""
+        relay = self._relay
+        response = relay.exchange.opened.response
+        assert response is not None  # noqa: S101  # streams keep their response
+        conn = self._conn = response.connection
+        self._out = out
+        timers = relay.start_timers()
+        try:
+            self._send(relay.feed(relay.exchange.first_event, framed=True))
+            if not await self._relay_body(conn, out):
+                return False
+            self._send(relay.ending())
+        except OSError:
+            self._send(relay.lost())
+        except Exception:  # noqa: BLE001  # a bug on an odd event: end the stream readably, not cut
+            self._send(relay.internal_error())
+        finally:
+            conn.divert(None)
+            for timer in timers:
+                if timer is not None:
+                    timer.cancel()
+            relay.finish()
+            self._out = self._conn = None
+        if self._settle_first is not None:
+            await self._settle_first()
+        if self._held:
+            out.write(self._held)
+        return True
+
+    async def _relay_body(self, conn: Connection, out: Downstream) -> bool:
+        """Relay until the backend's body ends or the relay stops reading it."""
+        relay = self._relay
+        while not relay.stopped:
+            if out.paused:
+                relay.reading_since = 0.0  # waiting for the client, not the backend
+                if not await out.drained():
+                    return False
+            if out.gone:
+                return False
+            if data := conn.take():  # what arrived while the client was not reading
+                self._send(relay.feed(data))
+                continue
+            if conn.complete:
+                break
+            conn.check_lost()
+            relay.reading_since = time.monotonic()
+            conn.divert(self._received)
+            try:
+                await conn.wait()
+            finally:
+                conn.divert(None)
+        return True
+
+    def _received(self, data: bytes) -> None:
+        """A piece of the body, in the connection's callback: relay it; wake the task when
+        it has something to do."""
+        relay, out, conn = self._relay, self._out, self._conn
+        if out is None or conn is None:
+            return
+        if out.gone:
+            conn.divert(None)  # buffered from here; the task is being cancelled
+            conn.wake()
+            return
+        try:
+            relay.reading_since = time.monotonic()
+            self._send(relay.feed(data))
+        except Exception:  # noqa: BLE001  # a bug on an odd event: end the stream readably
+            self._send(relay.internal_error())
+        if relay.stopped or out.paused:
+            conn.divert(None)
+            conn.wake()
+
+    def _send(self, chunk: bytes) -> None:
+        """Write ``chunk`` to the client; hold the one with ``[DONE]`` if settling first."""
+        if not chunk:
+            return
+        if self._settle_first is not None and self._relay.done:
+            self._held += chunk
+            return
+        out = self._out
+        if out is not None:
+            out.write(chunk)
