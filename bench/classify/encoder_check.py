@@ -34,9 +34,12 @@ Usage (run under ``nice -n 19``; one configuration per process, then ``--combine
         --out /tmp/enc-runs --data router_models/corpus/tiergate-corpus.jsonl \\
         router_models/corpus/hard-cases.jsonl router_models/training/data/external-train.jsonl \\
         router_models/training/data/followbench.jsonl ../shared/datasets/router-dev2.jsonl
-    (the same with --config encoder and --config features+encoder)
+    (the same with --config encoder and --config features+encoder; the committed report,
+    encoder-check.md, added --keep-one-in 2: a deterministic half of the rows)
     .venv/bin/python bench/classify/encoder_check.py combine --out /tmp/enc-runs
     .venv/bin/python bench/classify/encoder_check.py latency --rounds 20 --out /tmp/enc-runs
+    .venv/bin/python bench/classify/encoder_check.py tokens --out /tmp/enc-runs \\
+        --data router_models/training/data/external-train.jsonl ../shared/datasets/router-dev2.jsonl
 """
 
 from __future__ import annotations
@@ -200,6 +203,25 @@ def _source_rows(results: Sequence[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _paired_delta(base: dict[str, Any], other: dict[str, Any], draws: int = 1000) -> str:
+    """Pooled AUC of ``other`` minus ``base`` with a paired bootstrap 95 % interval (rows
+    resampled with replacement, seed 0)."""
+    y = np.asarray(base["y"], dtype=np.int_)
+    a = np.asarray(base["score"], dtype=np.float64)
+    b = np.asarray(other["score"], dtype=np.float64)
+    rng = np.random.default_rng(0)
+    deltas = []
+    for _ in range(draws):
+        idx = rng.integers(0, y.size, y.size)
+        deltas.append(roc_auc(y[idx], b[idx]) - roc_auc(y[idx], a[idx]))
+    low, high = np.quantile(deltas, [0.025, 0.975])
+    return (
+        f"- {other['config']} minus {base['config']}: pooled AUC "
+        f"{roc_auc(y, b) - roc_auc(y, a):+.4f} (paired bootstrap 95 % interval "
+        f"{low:+.4f} to {high:+.4f}, {draws} draws)"
+    )
+
+
 def combine(out: Path) -> str:
     """The Markdown tables of every saved configuration, side by side."""
     results = [
@@ -217,10 +239,39 @@ def combine(out: Path) -> str:
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
         *(_pooled_row(r["config"], r) for r in results),
         "",
+        *(_paired_delta(results[0], r) for r in results[1:]),
+        "",
         "Per held-out source with both labels (ROC AUC):",
         "",
         *_source_rows(results),
     ]
+    return "\n".join(lines)
+
+
+def coverage(paths: Sequence[Path]) -> str:
+    """How the encoder's tokenizer cuts the zh, ja and en prompts of ``paths``."""
+    encoder = Encoder()
+    seen: dict[str, list[int]] = {lang: [0, 0, 0, 0] for lang in ("zh", "ja", "en")}
+    for record in (r for p in paths for r in read_jsonl(p)):
+        counts = seen.get(language_of(record))
+        if counts is None:
+            continue
+        text = render(body_of(record)).text
+        tokens = encoder.tokenizer.encode(text, add_special_tokens=False).tokens
+        counts[0] += 1
+        counts[1] += len(tokens)
+        counts[2] += sum(t.startswith("<0x") for t in tokens)
+        counts[3] += len(text.encode("utf-8"))
+    lines = [
+        "| language | prompts | tokens per prompt | pieces that are raw UTF-8 bytes "
+        "| UTF-8 bytes per token |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for lang, (n, tokens, raw, size) in seen.items():
+        if n:
+            lines.append(
+                f"| {lang} | {n:,} | {tokens / n:.0f} | {raw / tokens:.1%} | {size / tokens:.2f} |"
+            )
     return "\n".join(lines)
 
 
@@ -266,9 +317,9 @@ def latency(rounds: int) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``loso`` (one configuration), ``combine`` (the tables) or ``latency``."""
+    """``loso`` (one configuration), ``combine`` (the tables), ``latency`` or ``tokens``."""
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("mode", choices=("loso", "combine", "latency"))
+    parser.add_argument("mode", choices=("loso", "combine", "latency", "tokens"))
     parser.add_argument("--config", choices=tuple(CONFIGS), default="features")
     parser.add_argument("--data", type=Path, nargs="+", default=[])
     parser.add_argument("--external-weight", type=float, default=1.0)
@@ -279,7 +330,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.mode == "loso":
         run_loso(args.data, args.config, args.external_weight, args.out, args.keep_one_in)
         return 0
-    text = combine(args.out) if args.mode == "combine" else latency(args.rounds)
+    if args.mode == "tokens":
+        text = coverage(args.data)
+    else:
+        text = combine(args.out) if args.mode == "combine" else latency(args.rounds)
     sys.stdout.write(text + "\n")
     return 0
 
