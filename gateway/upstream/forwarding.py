@@ -182,28 +182,31 @@ class Forwarder:
         """
         deadline = time.monotonic() + self.routes[tiers[0]].timeouts.total_s
         failed: list[tuple[str, TierGateError]] = []
-        for index, tier in enumerate(tiers):
-            if index > 0 and deadline <= time.monotonic():
-                break
-            try:
-                exchange = await self._forward_tier(
-                    path,
-                    body,
-                    tier,
-                    events,
-                    prefix_blocks=prefix_blocks,
-                    deadline=deadline,
-                    fallback=index > 0,
-                    ticket=ticket,
-                )
-            except (UpstreamUnavailable, Overloaded) as exc:
-                failed.append((tier, exc))
-                continue
-            exchange.deadline = deadline
-            if failed:
-                return Forwarded(exchange, tier, tiers[0], str(failed[-1][1].code))
-            return Forwarded(exchange, tier)
-        raise every_tier_failed(failed)
+        try:
+            for index, tier in enumerate(tiers):
+                if index > 0 and deadline <= time.monotonic():
+                    break
+                try:
+                    exchange = await self._forward_tier(
+                        path,
+                        body,
+                        tier,
+                        events,
+                        prefix_blocks=prefix_blocks,
+                        deadline=deadline,
+                        fallback=index > 0,
+                        ticket=ticket,
+                    )
+                except (UpstreamUnavailable, Overloaded) as exc:
+                    failed.append((tier, exc))
+                    continue
+                exchange.deadline = deadline
+                if failed:
+                    return Forwarded(exchange, tier, tiers[0], str(failed[-1][1].code))
+                return Forwarded(exchange, tier)
+            raise every_tier_failed(failed)
+        finally:
+            failed.clear()  # their tracebacks hold this frame: no cycle once it is left
 
     async def _forward_tier(
         self,

@@ -260,7 +260,13 @@ class RetryLoop:
         once the loop's outcome has been handled, from the frame that handled it.
         """
         for failure in self.failures:
-            failure.__traceback__ = None
+            # Its causes too: an ``except TimeoutError as exc: raise AttemptFailed(...) from exc``
+            # leaves ``exc`` in the frame its own traceback holds (and that frame the
+            # cancellation it came from).
+            error: BaseException | None = failure
+            while error is not None:
+                error.__traceback__ = None
+                error = error.__cause__ or error.__context__
             failure.__context__ = None
 
     async def _retries(self, attempt: Callable[[int], Awaitable[T]], first: AttemptFailed) -> T:

@@ -175,6 +175,13 @@ PATHS: dict[str, tuple[dict[str, float], Send]] = {
         {"stall_first_byte": 1.0, "stall_seconds": 5.0},
         lambda c, p: _stream(c, p, STREAM, whole=True),
     ),
+    # Half the attempts get no first byte in time: a request whose tier fails falls back to
+    # the other, which the one simulator refuses (404: it serves only the fast tier's model).
+    # Found under load in CI: the first tier's error, kept for the message, held the frame.
+    "tier_fallback": (
+        {"stall_first_byte": 0.5, "stall_seconds": 5.0},
+        lambda c, p: _stream(c, p, STREAM, whole=True),
+    ),
     "error_mid_stream": (
         {"error_mid_stream": 1.0},
         lambda c, p: _stream(c, p, LONG_STREAM, whole=True),
