@@ -5,12 +5,15 @@ each way the iterated relay ends, over a scripted loopback backend."""
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 
 import pytest
 
 from gateway.pipeline.events import Outcome
 from gateway.upstream.attempt import UpstreamClient
 from gateway.upstream.pump import Pump
+from gateway.upstream.relay import StreamRelay
 from tests.gateway.raw_upstream import Respond
 from tests.gateway.relay_drive import DRIVES, Recorder, drive, open_relay
 from tests.processes import patience
@@ -192,3 +195,34 @@ async def test_a_client_that_leaves_while_done_is_held_is_not_complete(
     assert DONE not in out.text
     assert relay.outcome == Outcome.CLIENT_DISCONNECT
     assert pool.replicas[0].in_flight == 0
+
+
+@pytest.mark.parametrize("settling", [False, True])
+async def test_a_pumped_relay_is_freed_by_reference_counting(
+    upstream: UpstreamClient, settling: bool
+) -> None:
+    """The pump, its relay and the connection's sink leave no cycle once the stream ended
+    (the garbage collector's full collections are what the pump is there to spare)."""
+    seen: list[object] = []
+
+    async def settle() -> None:
+        seen.append("settled")
+
+    async def pumped() -> weakref.ref[StreamRelay]:
+        relay, _pool, server = await open_relay(upstream, _bursts(3, 5), idle_s=30.0)
+        relay.on_close = lambda _outcome, _usage: seen.append(relay.cut)
+        pump = Pump(relay, settle=settle if settling else None)
+        try:
+            assert await pump(Recorder())
+        finally:
+            await server.stop()
+        return weakref.ref(relay)  # the pump holds it: freed with the pump
+
+    gc.collect()
+    gc.disable()
+    try:
+        freed = await pumped()
+        assert seen == (["settled", None] if settling else [None])  # settled before [DONE]
+        assert freed() is None
+    finally:
+        gc.enable()
