@@ -226,3 +226,35 @@ async def test_a_pumped_relay_is_freed_by_reference_counting(
         assert freed() is None
     finally:
         gc.enable()
+
+
+@pytest.mark.parametrize("how", DRIVES)
+@pytest.mark.parametrize("body_framing", ["content-length", "until-eof"])
+async def test_a_stream_body_not_chunked_is_relayed_whole(
+    upstream: UpstreamClient, how: str, body_framing: str
+) -> None:
+    """A stream whose body is delimited by its length or by the connection's close (an
+    HTTP/1.0-style backend), sent in many small writes: complete, in order, both ways."""
+    body = b"".join(_token(i) for i in range(40)) + FINAL + DONE
+
+    async def respond(_n: int, _r: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        length = b"Content-Length: %d\r\n" % (len(FIRST) + len(body))
+        head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+        head += length if body_framing == "content-length" else b"Connection: close\r\n"
+        writer.write(head + b"\r\n" + FIRST)
+        await writer.drain()
+        for at in range(0, len(body), 97):
+            writer.write(body[at : at + 97])
+            await writer.drain()
+            await asyncio.sleep(0.001)
+        return body_framing == "content-length"
+
+    relay, pool, server = await open_relay(upstream, respond, idle_s=30.0)
+    try:
+        text = await drive(relay, how)
+    finally:
+        await server.stop()
+    assert _numbers(text) == list(range(40))
+    assert text.endswith(DONE)
+    assert relay.complete
+    assert pool.replicas[0].in_flight == 0
