@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import time
 import weakref
 
 import pytest
@@ -258,3 +259,41 @@ async def test_a_stream_body_not_chunked_is_relayed_whole(
     assert text.endswith(DONE)
     assert relay.complete
     assert pool.replicas[0].in_flight == 0
+
+
+async def test_an_event_sent_a_byte_a_chunk_costs_the_pump_no_more_than_iterating(
+    upstream: UpstreamClient,
+) -> None:
+    """A backend that sends one 192 KB event as one-byte chunks: the pump is handed each
+    chunk on its own (not a read's worth at once), and must not copy the event's start again
+    for every one of them (quadratic: about 17 s of a blocked event loop here, every client
+    of the gateway frozen, where iterating takes a fraction of a second)."""
+    size = 192_000
+    big = (
+        b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"'
+        + b"y" * size
+        + b'"},"finish_reason":null}]}\n\n'
+    )
+
+    async def respond(_n: int, _r: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        writer.write(HEAD + _chunk(FIRST))
+        await writer.drain()
+        await asyncio.sleep(0.02)
+        writer.write(b"".join(b"1\r\n%c\r\n" % byte for byte in big))
+        writer.write(_chunk(FINAL + DONE) + b"0\r\n\r\n")
+        await writer.drain()
+        return True
+
+    took: dict[str, float] = {}
+    for how in DRIVES:
+        relay, pool, server = await open_relay(upstream, respond, idle_s=60.0)
+        started = time.perf_counter()
+        try:
+            text = await drive(relay, how)
+        finally:
+            await server.stop()
+        took[how] = time.perf_counter() - started
+        assert text.count(b"y" * 1000) == size // 1000
+        assert relay.complete
+        assert pool.replicas[0].in_flight == 0
+    assert took["pump"] < 5 * took["iterate"] + 1.0, took
