@@ -194,10 +194,11 @@ class StreamRelay:
         # When the read now waiting for the backend began (0.0: none is waiting; the relay
         # may be parked while the client drains what it was given).
         self.reading_since = 0.0
-        # The start of an event whose end has not arrived yet, grown in place: a pumped stream
-        # hands over every chunk of the body on its own, and copying the start again for each
-        # would cost time quadratic in the event's size (a backend's one-byte chunks).
-        self._rest = bytearray()
+        # The start of an event whose end has not arrived yet; grown in place once it spans
+        # more than two pieces: a pumped stream hands over every chunk of the body on its own,
+        # and copying the start again for each would cost time quadratic in the event's size
+        # (a backend's one-byte chunks).
+        self._rest: bytes | bytearray = b""
 
     async def close(self) -> None:
         """Run after the response: make sure the lease is back even if iteration never ended."""
@@ -446,21 +447,22 @@ class StreamRelay:
         rest = self._rest
         if rest:
             if _SEP not in data and not (data[:1] == b"\n" and rest[-1] == _LF):
+                if type(rest) is bytes:  # a third piece of one event: grow it in place from here
+                    rest = self._rest = bytearray(rest)
                 rest += data  # the event goes on: nothing to split yet
                 return self._oversize(b"") if len(rest) > MAX_EVENT else b""
-            rest += data
-            data = bytes(rest)
-            rest.clear()
+            data = b"".join((rest, data))
+            self._rest = b""
         chunk, tail = self._split(data)
         if tail:
-            rest += tail
-            if len(rest) > MAX_EVENT:
+            self._rest = tail
+            if len(tail) > MAX_EVENT:
                 return self._oversize(chunk)
         return chunk
 
     def _oversize(self, chunk: bytes) -> bytes:
         """``chunk``, then the error event of an event without end (never buffered whole)."""
-        self._rest.clear()
+        self._rest = b""
         return chunk + self._cut(
             Cut.OVERSIZE_EVENT, "The backend sent an event above the size limit."
         )
