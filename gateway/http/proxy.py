@@ -5,13 +5,14 @@ This module orchestrates the stages; each stage is an object built once in ``cre
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, NamedTuple, TypeVar
 
 import structlog
 
+from gateway.http.stream_settle import settle_relay, settled_before_end
 from gateway.limits.budgets import BudgetGate, with_budget
 from gateway.limits.precise_cap import EscalationTracker, PreciseShareCap
 from gateway.pipeline.context import (
@@ -354,12 +355,10 @@ class ProxyService:
         ctx.status = 200
         headers = ctx.headers()
         headers["cache-control"] = "no-cache"
-        stream = relay.__aiter__()
+        stream, settle = relay.__aiter__(), None
         if admission.settle_first:
-            stream = _settled_before_end(
-                stream, relay, ctx, admission, lambda usage: clip(usage, bound, ctx.tier)
-            )
-        settle = partial(_settle_now, ctx, admission) if admission.settle_first else None
+            settle = partial(settle_relay, relay, ctx, admission, clip, bound)
+            stream = settled_before_end(stream, relay, settle)
         reply = Reply(200, headers, EVENT_STREAM, stream=stream, after=after)
         reply.on_stall, reply.pump = relay.stalled, Pump(relay, settle=settle)
         return reply
@@ -549,37 +548,6 @@ class _Settled:
 
 
 _SETTLED = _Settled()
-
-
-async def _settled_before_end(
-    stream: AsyncIterator[bytes],
-    relay: StreamRelay,
-    ctx: RequestContext,
-    admission: Admission,
-    clip: Callable[[Usage | None], Usage | None],
-) -> AsyncIterator[bytes]:
-    """The relay's chunks, with the request settled before the stream ends: before the chunk
-    with ``[DONE]`` (its usage is known by then), else before the end of the body (the relay
-    has closed and counted what was streamed). The concurrency slot is free before the
-    caller can see the stream end."""
-    settled = False
-    try:
-        async for chunk in stream:
-            if relay.done and not settled:
-                settled = True
-                ctx.usage = clip(relay.usage)
-                await _settle_now(ctx, admission)
-            yield chunk
-        if not settled:
-            settled = True
-            await _settle_now(ctx, admission)
-    finally:
-        await stream.aclose()  # type: ignore[attr-defined]  # an async generator
-
-
-async def _settle_now(ctx: RequestContext, admission: Admission) -> None:
-    usage = ctx.usage
-    await admission.settle(usage.total if usage is not None else None)
 
 
 async def _ready(admission: Admission) -> Admission:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable
 
+from gateway.pipeline.events import Outcome
 from gateway.pipeline.replies import Downstream
 from gateway.upstream.connection import Connection
 from gateway.upstream.relay import StreamRelay
@@ -27,7 +28,7 @@ from gateway.upstream.relay import StreamRelay
 class Pump:
     """Relays one stream from the backend connection's callback (see the module)."""
 
-    __slots__ = ("_conn", "_held", "_out", "_relay", "_settle_first")
+    __slots__ = ("_conn", "_held", "_out", "_relay", "_settle_first", "_settled")
 
     def __init__(
         self,
@@ -40,17 +41,44 @@ class Pump:
         self._out: Downstream | None = None
         self._conn: Connection | None = None
         self._held = b""  # the chunk with [DONE], held until the request is settled
+        self._settled = False
 
     async def __call__(self, out: Downstream) -> bool:
         """Relay the whole stream to ``out``; ``False`` if the client stalled and was cut
         (or left) before its end. With ``settle``, the request is settled before the chunk
-        that carries ``[DONE]`` is written, or before the stream ends without one."""
+        that carries ``[DONE]`` is written (the relay still open: a client that leaves
+        meanwhile never got ``[DONE]`` and the stream is not complete), or after the relay
+        closed when the stream ends without one."""
         relay = self._relay
         response = relay.exchange.opened.response
         assert response is not None  # noqa: S101  # streams keep their response
         conn = self._conn = response.connection
         self._out = out
         timers = relay.start_timers()
+        try:
+            if not await self._relay_all(conn, out):
+                return False
+            if self._held:  # the chunk with [DONE]: settle first, then the client gets it
+                await self._release_held(out)
+                if self._held:
+                    return False
+        finally:
+            conn.divert(None)
+            for timer in timers:
+                if timer is not None:
+                    timer.cancel()
+            if self._held and relay.outcome == Outcome.COMPLETE:
+                relay.outcome = Outcome.CLIENT_DISCONNECT  # it never got the [DONE]
+            relay.finish()
+            self._out = self._conn = None
+        if self._settle_first is not None and not self._settled:
+            await self._settle_first()
+        return True
+
+    async def _relay_all(self, conn: Connection, out: Downstream) -> bool:
+        """The first event, the body and the stream's ending; ``False`` if the client stalled
+        or left first."""
+        relay = self._relay
         try:
             self._send(relay.feed(relay.exchange.first_event, framed=True))
             if not await self._relay_body(conn, out):
@@ -60,18 +88,17 @@ class Pump:
             self._send(relay.lost())
         except Exception:  # noqa: BLE001  # a bug on an odd event: end the stream readably, not cut
             self._send(relay.internal_error())
-        finally:
-            conn.divert(None)
-            for timer in timers:
-                if timer is not None:
-                    timer.cancel()
-            relay.finish()
-            self._out = self._conn = None
-        if self._settle_first is not None:
-            await self._settle_first()
-        if self._held:
-            out.write(self._held)
         return True
+
+    async def _release_held(self, out: Downstream) -> None:
+        """Settle, then write the held chunk (left held if the client is gone by then)."""
+        settle = self._settle_first
+        assert settle is not None  # noqa: S101  # only settling first holds a chunk
+        self._settled = True
+        await settle()
+        if not out.gone:
+            out.write(self._held)
+            self._held = b""
 
     async def _relay_body(self, conn: Connection, out: Downstream) -> bool:
         """Relay until the backend's body ends or the relay stops reading it."""

@@ -33,6 +33,7 @@ _DATA = b"data: "
 _DATA_OBJECT = b"data: {"
 _UPSTREAM_ERROR = b'data: {"error"'
 _SEP = b"\n\n"
+_LF = 0x0A  # b"\n"[0]
 # A chunk still generating (``"finish_reason": null``; JSON spaced any way).
 _NO_FINISH = re.compile(rb'"finish_reason"\s*:\s*null')
 # A choice's last chunk: its ``finish_reason`` is a string ("stop", "length", "tool_calls").
@@ -193,7 +194,11 @@ class StreamRelay:
         # When the read now waiting for the backend began (0.0: none is waiting; the relay
         # may be parked while the client drains what it was given).
         self.reading_since = 0.0
-        self._rest = b""  # the start of an event whose end has not arrived yet
+        # The start of an event whose end has not arrived yet; grown in place once it spans
+        # more than two pieces: a pumped stream hands over every chunk of the body on its own,
+        # and copying the start again for each would cost time quadratic in the event's size
+        # (a backend's one-byte chunks).
+        self._rest: bytes | bytearray = b""
 
     async def close(self) -> None:
         """Run after the response: make sure the lease is back even if iteration never ended."""
@@ -440,14 +445,27 @@ class StreamRelay:
             if framing is not None:  # LF streams (the usual) pass untouched
                 data = self._to_lf(data, framing)
         rest = self._rest
-        chunk, rest = self._split(rest + data if rest else data)
-        self._rest = rest
-        if len(rest) > MAX_EVENT:  # an event without end: never buffer it whole
+        if rest:
+            if _SEP not in data and not (data[:1] == b"\n" and rest[-1] == _LF):
+                if type(rest) is bytes:  # a third piece of one event: grow it in place from here
+                    rest = self._rest = bytearray(rest)
+                rest += data  # the event goes on: nothing to split yet
+                return self._oversize(b"") if len(rest) > MAX_EVENT else b""
+            data = b"".join((rest, data))
             self._rest = b""
-            return chunk + self._cut(
-                Cut.OVERSIZE_EVENT, "The backend sent an event above the size limit."
-            )
+        chunk, tail = self._split(data)
+        if tail:
+            self._rest = tail
+            if len(tail) > MAX_EVENT:
+                return self._oversize(chunk)
         return chunk
+
+    def _oversize(self, chunk: bytes) -> bytes:
+        """``chunk``, then the error event of an event without end (never buffered whole)."""
+        self._rest = b""
+        return chunk + self._cut(
+            Cut.OVERSIZE_EVENT, "The backend sent an event above the size limit."
+        )
 
     def internal_error(self) -> bytes:
         """The error event of a stream the gateway failed to relay (logged here)."""
