@@ -62,6 +62,8 @@ class Pump:
                 await self._release_held(out)
                 if self._held:
                     return False
+            if out.paused and not await out.drained():
+                return False  # the end is not the client's until it reads it: a stall still cuts
         finally:
             conn.divert(None)
             for timer in timers:

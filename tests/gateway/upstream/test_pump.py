@@ -262,3 +262,24 @@ async def test_a_failure_inside_the_callback_ends_the_stream_readably(
     assert DONE not in out.text
     assert relay.outcome == Outcome.INTERNAL_ERROR
     assert pool.replicas[0].in_flight == 0
+
+
+async def test_a_client_that_stalls_on_the_last_chunk_is_cut_not_complete(
+    upstream: UpstreamClient,
+) -> None:
+    """The client's buffer fills with the stream's last write and it reads no more: the
+    stream waits for it like any other chunk, and its stall cut makes the stream a client
+    disconnect, not complete (as the iterated relay reports it)."""
+    relay, pool, server = await open_relay(upstream, _paced(5), idle_s=30.0)
+    out = Recorder()
+    out.on_stall = relay.stalled
+    out.on_write = lambda client: client.pause() if client.text.endswith(DONE) else None
+    out.stalled = True
+    try:
+        assert not await Pump(relay)(out)
+    finally:
+        await server.stop()
+    assert out.text.endswith(DONE)
+    assert relay.cut == Cut.CLIENT_STALL
+    assert relay.outcome == Outcome.CLIENT_DISCONNECT
+    assert pool.replicas[0].in_flight == 0
