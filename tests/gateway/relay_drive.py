@@ -8,6 +8,7 @@ relays one stream either way into what the client would have received.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 
 from gateway.config.settings import Timeouts
@@ -19,6 +20,7 @@ from gateway.upstream.replicas import ReplicaPool
 from gateway.upstream.retry import RetryPolicy
 from policies.selection import RoundRobin
 from tests.gateway.raw_upstream import RawUpstream, Respond
+from tests.processes import patience
 
 DRIVES = ("iterate", "pump")
 PATH = "/v1/chat/completions"
@@ -89,3 +91,33 @@ async def drive(
     out = Recorder()
     assert await Pump(relay, settle=settle)(out)
     return out.text
+
+
+class Flood:
+    """A backend script: ``start``, then ``writes`` chunked writes of ``piece`` as fast as the
+    gateway takes them (about 17 MB by default: more than every buffer on the way), then
+    ``end``; ``sent`` counts the writes made."""
+
+    def __init__(self, start: bytes, piece: bytes, end: bytes, writes: int = 20_000) -> None:
+        self.start, self.piece, self.end, self.writes = start, piece, end, writes
+        self.sent = 0
+
+    async def __call__(self, _n: int, _r: asyncio.StreamReader, w: asyncio.StreamWriter) -> bool:
+        w.write(self.start)
+        try:
+            for _ in range(self.writes):
+                w.write(b"%x\r\n%s\r\n" % (len(self.piece), self.piece))
+                self.sent += 1
+                await w.drain()
+        except ConnectionError:
+            return False
+        w.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(self.end), self.end))
+        return True
+
+    async def held(self) -> int:
+        """Wait until the backend's writes stop (0.3 s without one); the count then."""
+        before, deadline = -1, time.monotonic() + patience(5.0)
+        while self.sent != before and time.monotonic() < deadline:
+            before = self.sent
+            await asyncio.sleep(0.3)
+        return self.sent

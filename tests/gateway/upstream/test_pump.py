@@ -21,7 +21,7 @@ from gateway.upstream.attempt import UpstreamClient
 from gateway.upstream.connection import HIGH_WATER, Connection
 from gateway.upstream.pump import Pump
 from gateway.upstream.relay import Cut, StreamRelay
-from tests.gateway.relay_drive import Recorder, open_relay
+from tests.gateway.relay_drive import Flood, Recorder, open_relay
 from tests.processes import patience
 
 HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -103,33 +103,14 @@ async def test_a_client_that_stops_reading_holds_the_backend_back(
     backend's bytes wait in the connection up to its high-water mark and the backend's writes
     stop; once the client reads again it gets every token, in order, and the stream is
     complete. A pause three times the idle limit (0.2 s) is not the backend's stall."""
-    writes = 20_000  # ten tokens each, about 17 MB: more than every buffer on the way
-    sent = 0
-
-    async def respond(_n: int, _r: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
-        nonlocal sent
-        writer.write(HEAD + _chunk(FIRST))
-        try:
-            for _ in range(writes):
-                writer.write(_chunk(TOKEN * 10))
-                sent += 1
-                await writer.drain()
-        except ConnectionError:
-            return False
-        writer.write(_chunk(FINAL + DONE) + b"0\r\n\r\n")
-        return True
-
-    relay, pool, server = await open_relay(upstream, respond)
+    flood = Flood(HEAD + _chunk(FIRST), TOKEN * 10, FINAL + DONE)
+    relay, pool, server = await open_relay(upstream, flood)
     out = Recorder()
     out.on_write = lambda client: client.pause() if len(client.chunks) == 3 else None
     pumping = asyncio.create_task(Pump(relay)(out))
     try:
         await asyncio.sleep(0.6)
-        before, deadline = -1, time.monotonic() + patience(5.0)
-        while sent != before and time.monotonic() < deadline:  # until the backend is held
-            before = sent
-            await asyncio.sleep(0.3)
-        assert sent == before < writes
+        assert await flood.held() < flood.writes  # the backend is held back
         assert len(out.chunks) == 3
         held = relay.exchange.opened.response.buffered  # type: ignore[union-attr]
         assert held <= HIGH_WATER + 256 * 1024  # the mark, plus one read (uvloop: 256 KiB)
@@ -140,7 +121,7 @@ async def test_a_client_that_stops_reading_holds_the_backend_back(
     finally:
         await server.stop()
     assert relay.complete
-    assert out.text.count(b'"content"') == writes * 10
+    assert out.text.count(b'"content"') == flood.writes * 10
     assert pool.replicas[0].in_flight == 0
 
 

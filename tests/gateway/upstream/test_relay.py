@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import time
 import weakref
 
 from gateway.config.settings import Timeouts
@@ -21,8 +20,7 @@ from gateway.upstream.replicas import ReplicaPool
 from gateway.upstream.retry import RetryPolicy
 from policies.selection import RoundRobin
 from tests.gateway.raw_upstream import RawUpstream, Respond, reset
-from tests.gateway.relay_drive import DRIVES, drive, open_relay
-from tests.processes import patience
+from tests.gateway.relay_drive import DRIVES, Flood, drive, open_relay
 
 PATH = "/v1/chat/completions"
 HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -190,33 +188,14 @@ async def test_a_caller_that_stops_taking_events_stops_the_reads_and_is_no_backe
     backend's bytes wait in the connection (bounded by its high-water mark) and the kernel,
     the backend's writes stop, and a pause longer than the idle limit (0.2 s) is not the
     backend's stall."""
-    writes = 20_000  # ten tokens each, about 17 MB: more than every buffer on the way
-    sent = 0
-
-    async def respond(_n: int, _r: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
-        nonlocal sent
-        writer.write(HEAD + _chunk(FIRST))
-        try:
-            for _ in range(writes):
-                writer.write(_chunk(TOKEN * 10))
-                sent += 1
-                await writer.drain()
-        except ConnectionError:
-            return False
-        writer.write(_chunk(FINAL + DONE) + b"0\r\n\r\n")
-        return True
-
-    relay, pool, server = await open_relay(upstream, respond)
+    flood = Flood(HEAD + _chunk(FIRST), TOKEN * 10, FINAL + DONE)
+    relay, pool, server = await open_relay(upstream, flood)
     stream = relay.__aiter__()
     try:
         assert await anext(stream) == FIRST
         received = (await anext(stream)).count(b'"content"')
         await asyncio.sleep(0.6)  # three idle limits without taking anything
-        before, deadline = -1, time.monotonic() + patience(5.0)
-        while sent != before and time.monotonic() < deadline:  # until the backend is held
-            before = sent
-            await asyncio.sleep(0.3)
-        assert sent == before < writes  # the backend is held back
+        assert await flood.held() < flood.writes  # the backend is held back
         held = relay.exchange.opened.response.buffered  # type: ignore[union-attr]
         assert (
             held <= HIGH_WATER + 256 * 1024
@@ -227,7 +206,7 @@ async def test_a_caller_that_stops_taking_events_stops_the_reads_and_is_no_backe
     finally:
         await server.stop()
     assert relay.complete
-    assert received == writes * 10  # every token
+    assert received == flood.writes * 10  # every token
     assert pool.replicas[0].in_flight == 0
 
 
