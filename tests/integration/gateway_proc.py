@@ -13,6 +13,8 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -22,6 +24,26 @@ import yaml
 from tests.processes import free_port, http_answers, terminate, wait_ready
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@contextmanager
+def fixed_rate_streamer(log_dir: Path, model: str, tokens: int) -> Iterator[str]:
+    """The streams benchmark's fixed-rate SSE upstream (``bench/streams/upstream.py``) as a
+    real process, answers of up to ``tokens`` paced per request; its base URL."""
+    port = free_port()
+    log = log_dir / "upstream.log"
+    script = REPO_ROOT / "bench" / "streams" / "upstream.py"
+    cmd = [sys.executable, str(script), "--port", str(port), "--model", model,
+           "--tokens", str(tokens)]  # fmt: skip
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(proc, lambda: http_answers(url + "/health"), timeout=10, poll_s=0.05,
+                   what="stream upstream", log=log.read_text)  # fmt: skip
+        yield url
+    finally:
+        terminate(proc)
 
 
 def tiers_config(fast: list[str], precise: list[str], **tier_options: Any) -> dict[str, Any]:

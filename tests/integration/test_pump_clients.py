@@ -7,16 +7,14 @@ from __future__ import annotations
 
 import json
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
 
-from tests.integration.gateway_proc import REPO_ROOT, GatewayProcess
-from tests.processes import free_port, http_answers, patience, terminate, wait_ready
+from tests.integration.gateway_proc import GatewayProcess, fixed_rate_streamer
+from tests.processes import patience
 
 pytestmark = pytest.mark.slow
 
@@ -27,16 +25,7 @@ MODEL = "tiergate-fast"
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     """A gateway in front of the fixed-rate streamer."""
-    port = free_port()
-    log = tmp_path_factory.mktemp("streamer") / "upstream.log"
-    script = REPO_ROOT / "bench" / "streams" / "upstream.py"
-    cmd = [sys.executable, str(script), "--port", str(port), "--model", MODEL, "--tokens", "5000"]
-    with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_ready(proc, lambda: http_answers(url + "/health"), timeout=10, poll_s=0.05,
-                   what="stream upstream", log=log.read_text)  # fmt: skip
+    with fixed_rate_streamer(tmp_path_factory.mktemp("streamer"), MODEL, 5000) as url:
         tier = {"model": MODEL, "replicas": [url], "max_concurrency": 8}
         config = {
             "auth": {"enabled": False, "admin_token": ADMIN},
@@ -45,8 +34,6 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess
         }
         with GatewayProcess(config) as gw:
             yield gw
-    finally:
-        terminate(proc)
 
 
 def _request(tokens: int, pace: int, *, version: str = "1.1", pad: int = 0) -> bytes:

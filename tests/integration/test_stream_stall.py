@@ -13,8 +13,6 @@ import contextlib
 import json
 import re
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -23,8 +21,8 @@ import httpx
 import openai
 import pytest
 
-from tests.integration.gateway_proc import REPO_ROOT, GatewayProcess
-from tests.processes import free_port, http_answers, patience, terminate, wait_ready
+from tests.integration.gateway_proc import GatewayProcess, fixed_rate_streamer
+from tests.processes import patience
 
 pytestmark = pytest.mark.slow
 
@@ -38,19 +36,8 @@ _CUTS = re.compile(r'tiergate_stream_truncated_total\{[^}]*cause="client_stall"[
 @pytest.fixture(scope="module")
 def streamer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The fixed-rate SSE upstream: answers as long as ``max_tokens``, paced per request."""
-    port = free_port()
-    log = tmp_path_factory.mktemp("streamer") / "upstream.log"
-    script = REPO_ROOT / "bench" / "streams" / "upstream.py"
-    cmd = [sys.executable, str(script), "--port", str(port), "--model", MODEL, "--tokens", "100000"]
-    with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_ready(proc, lambda: http_answers(url + "/health"), timeout=10, poll_s=0.05,
-                   what="stream upstream", log=log.read_text)  # fmt: skip
+    with fixed_rate_streamer(tmp_path_factory.mktemp("streamer"), MODEL, 100_000) as url:
         yield url
-    finally:
-        terminate(proc)
 
 
 def _config(upstream: str) -> dict[str, Any]:
