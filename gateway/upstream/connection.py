@@ -58,6 +58,7 @@ class Connection(asyncio.Protocol):
     __slots__ = (
         "_buffer",
         "_complete",
+        "_flush",
         "_head_done",
         "_head_fed",
         "_headers",
@@ -106,6 +107,7 @@ class Connection(asyncio.Protocol):
         self._lost: str | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._sink: Callable[[bytes], None] | None = None
+        self._flush: Callable[[], None] | None = None
 
     # -- the caller's side --------------------------------------------------------------------
 
@@ -116,7 +118,7 @@ class Connection(asyncio.Protocol):
         self._size = self._head_fed = 0
         self._head_done = self._complete = self._received = False
         self._lost = None
-        self._sink = None
+        self._sink = self._flush = None
         self.busy = True
         self.used += 1
         transport = self.transport
@@ -183,13 +185,20 @@ class Connection(asyncio.Protocol):
             self._check_lost()
             await self._wait()
 
-    def divert(self, sink: Callable[[bytes], None] | None) -> None:
+    def divert(
+        self,
+        sink: Callable[[bytes], None] | None,
+        flush: Callable[[], None] | None = None,
+    ) -> None:
         """Hand each piece of the body to ``sink`` as it is parsed, inside the protocol's
-        callback, instead of buffering it for a read (``None``: buffer again). Nothing wakes a
-        waiting reader while diverted but the answer's end, its failure, or :meth:`wake`: the
-        sink decides when its caller has something to do. Take what is buffered first; a
-        diverted connection with bytes buffered keeps buffering, so the order holds."""
+        callback, instead of buffering it for a read (``None``: buffer again); ``flush`` is
+        called once after each read from the socket that was parsed while diverted (the
+        pieces of one read go out together). Nothing wakes a waiting reader while diverted
+        but the answer's end, its failure, or :meth:`wake`: the sink decides when its caller
+        has something to do. Take what is buffered first; a diverted connection with bytes
+        buffered keeps buffering, so the order holds."""
         self._sink = sink
+        self._flush = flush if sink is not None else None
 
     async def wait(self) -> None:
         """Wait for the next wake-up: bytes buffered, the answer's end or failure, or
@@ -284,11 +293,16 @@ class Connection(asyncio.Protocol):
             self.abort()  # an idle connection has nothing to say: never trust it again
             return
         self._received = True
+        flush = self._flush  # the sink may stop the diversion in the middle of the read
         try:
             self._parser.feed_data(data)
         except (httptools.HttpParserError, httptools.HttpParserUpgrade):
+            if flush is not None:
+                flush()
             self._fail("The backend sent a malformed answer.")
             return
+        if flush is not None:
+            flush()
         if not self._head_done:
             self._head_fed += len(data)  # one read at most past the bound: recv-sized
             if self._head_fed > MAX_HEAD_BYTES:
@@ -318,7 +332,7 @@ class Connection(asyncio.Protocol):
         # cycles, left for a full garbage collection (which a busy server defers) otherwise.
         self.transport = None
         self._parser = _CLOSED
-        self._sink = None
+        self._sink = self._flush = None
 
     # -- httptools callbacks ------------------------------------------------------------------
 

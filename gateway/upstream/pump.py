@@ -28,7 +28,7 @@ from gateway.upstream.relay import StreamRelay
 class Pump:
     """Relays one stream from the backend connection's callback (see the module)."""
 
-    __slots__ = ("_conn", "_held", "_out", "_relay", "_settle_first", "_settled")
+    __slots__ = ("_conn", "_held", "_out", "_pending", "_relay", "_settle_first", "_settled")
 
     def __init__(
         self,
@@ -42,6 +42,7 @@ class Pump:
         self._conn: Connection | None = None
         self._held = b""  # the chunk with [DONE], held until the request is settled
         self._settled = False
+        self._pending: list[bytes] = []  # what one read from the backend lets through
 
     async def __call__(self, out: Downstream) -> bool:
         """Relay the whole stream to ``out``; ``False`` if the client stalled and was cut
@@ -119,7 +120,7 @@ class Pump:
                 break
             conn.check_lost()
             relay.reading_since = time.monotonic()
-            conn.divert(self._received)
+            conn.divert(self._received, self._flush)
             try:
                 await conn.wait()
             finally:
@@ -127,21 +128,37 @@ class Pump:
         return True
 
     def _received(self, data: bytes) -> None:
-        """A piece of the body, in the connection's callback: relay it; wake the task when
-        it has something to do."""
+        """A piece of the body, in the connection's callback: relay it (what goes to the
+        client waits for the end of the read, :meth:`_flush`)."""
         relay, out, conn = self._relay, self._out, self._conn
         if out is None or conn is None:
             return
         if out.gone:
             conn.divert(None)  # buffered from here; the task is being cancelled
-            conn.wake()
             return
         try:
             relay.reading_since = time.monotonic()
-            self._send(relay.feed(data))
+            chunk = relay.feed(data)
         except Exception:  # noqa: BLE001  # a bug on an odd event: end the stream readably
-            self._send(relay.internal_error())
-        if relay.stopped or out.paused:
+            chunk = relay.internal_error()
+        if chunk:
+            if self._settle_first is not None and relay.done:
+                self._held += chunk
+            else:
+                self._pending.append(chunk)
+        if relay.stopped:
+            conn.divert(None)  # the rest of the read waits in the connection's buffer
+
+    def _flush(self) -> None:
+        """The end of one read from the backend: write what it let through in one piece;
+        wake the task when it has something to do."""
+        pending, out, conn = self._pending, self._out, self._conn
+        if out is None or conn is None:
+            return
+        if pending:
+            out.write(pending[0] if len(pending) == 1 else b"".join(pending))
+            pending.clear()
+        if self._relay.stopped or out.paused or out.gone:
             conn.divert(None)
             conn.wake()
 

@@ -264,3 +264,28 @@ async def test_a_client_that_stalls_on_the_last_chunk_is_cut_not_complete(
     assert relay.cut == Cut.CLIENT_STALL
     assert relay.outcome == Outcome.CLIENT_DISCONNECT
     assert pool.replicas[0].in_flight == 0
+
+
+async def test_the_events_of_one_read_go_to_the_client_in_one_write(
+    upstream: UpstreamClient,
+) -> None:
+    """A backend that falls behind and sends 50 events at once (one HTTP chunk each, one
+    read): they reach the client in one write, not 50 (a write is a system call; a gateway
+    behind on its reads must not pay one per event)."""
+
+    async def respond(_n: int, _r: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        writer.write(HEAD + _chunk(FIRST))
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        writer.write(b"".join([_chunk(TOKEN)] * 50) + _chunk(FINAL + DONE) + b"0\r\n\r\n")
+        return True
+
+    relay, _pool, server = await open_relay(upstream, respond, idle_s=30.0)
+    out = Recorder()
+    try:
+        assert await Pump(relay)(out)
+    finally:
+        await server.stop()
+    assert out.text.count(b'"content"') == 50
+    assert out.text.endswith(DONE)
+    assert len(out.chunks) <= 3  # the first event, the burst (and the usage + [DONE] ending)
