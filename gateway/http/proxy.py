@@ -7,12 +7,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any, NamedTuple, TypeVar
 
 import structlog
 
-from gateway.http.stream_settle import settle_relay, settled_before_end
+from gateway.http.stream_settle import settled_before_end
 from gateway.limits.budgets import BudgetGate, with_budget
 from gateway.limits.precise_cap import EscalationTracker, PreciseShareCap
 from gateway.pipeline.context import (
@@ -355,12 +354,20 @@ class ProxyService:
         ctx.status = 200
         headers = ctx.headers()
         headers["cache-control"] = "no-cache"
-        stream, settle = relay.__aiter__(), None
-        if admission.settle_first:
-            settle = partial(settle_relay, relay, ctx, admission, clip, bound)
-            stream = settled_before_end(stream, relay, settle)
+
+        async def settle() -> None:
+            """``settle_first``: with the relay's usage while its [DONE] is held, else with
+            what ``ended`` recorded once it closed."""
+            if not relay.closed:
+                ctx.usage = clip(relay.usage, bound, ctx.tier)
+            usage = ctx.usage
+            await admission.settle(usage.total if usage is not None else None)
+
+        stream, first = relay.__aiter__(), settle if admission.settle_first else None
+        if first is not None:
+            stream = settled_before_end(stream, relay, first)
         reply = Reply(200, headers, EVENT_STREAM, stream=stream, after=after)
-        reply.on_stall, reply.pump = relay.stalled, Pump(relay, settle=settle)
+        reply.on_stall, reply.pump = relay.stalled, Pump(relay, settle=first)
         return reply
 
     async def _complete(

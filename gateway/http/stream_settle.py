@@ -4,32 +4,14 @@ An admission that holds a concurrency slot (or a budget whose header shows the s
 is settled before the stream's last chunk reaches the caller: before the chunk with ``[DONE]``
 (its usage is known by then, the relay still open), else once the relay has closed and counted
 what was streamed. The iterated relay (the Litestar path) wraps its chunks in
-:func:`settled_before_end`; the pump (the native path) calls :func:`settle_relay` itself.
+:func:`settled_before_end`; the pump (the native path) settles itself.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from gateway.pipeline.context import RequestContext
-from gateway.pipeline.usage_bound import UsageBound, UsageClipper
 from gateway.upstream.relay import StreamRelay
-from policies.ports import Admission
-
-
-async def settle_relay(
-    relay: StreamRelay,
-    ctx: RequestContext,
-    admission: Admission,
-    clip: UsageClipper,
-    bound: UsageBound,
-) -> None:
-    """Settle the request of ``relay``'s stream: with the relay's usage while it is open
-    (its ``[DONE]`` held), or with what its ``on_close`` recorded once it has closed."""
-    if not relay.closed:
-        ctx.usage = clip(relay.usage, bound, ctx.tier)
-    usage = ctx.usage
-    await admission.settle(usage.total if usage is not None else None)
 
 
 async def settled_before_end(
