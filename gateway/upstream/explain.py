@@ -73,15 +73,14 @@ def every_tier_failed(failed: list[tuple[str, TierGateError]]) -> TierGateError:
     """The caller's error when no tier could serve: the last tier's kind of error, with a
     message naming the tier asked for, every fallback tier tried, and why each failed.
 
-    Empties ``failed``: the caller's frame must not keep the errors (and through their
-    tracebacks the request body) alive once the error is raised.
+    The caller empties ``failed`` once it is done with it: its frame must not keep the errors
+    (and through their tracebacks the request body) alive.
     """
     _, last = failed[-1]
     parts = [
         f"tier '{name}' ({'asked' if index == 0 else 'fallback'}): {_summary(error)}"
         for index, (name, error) in enumerate(failed)
     ]
-    failed.clear()
     if len(parts) == 1:
         detail = last.detail or ""
         if detail and detail != last.message and not detail.startswith("no healthy replica: "):

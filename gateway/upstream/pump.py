@@ -55,7 +55,7 @@ class Pump:
         assert response is not None  # noqa: S101  # streams keep their response
         conn = self._conn = response.connection
         self._out = out
-        timers = relay.start_timers()
+        relay.start_timers()
         try:
             if not await self._relay_all(conn, out):
                 return False
@@ -67,9 +67,6 @@ class Pump:
                 return False  # the end is not the client's until it reads it: a stall still cuts
         finally:
             conn.divert(None)
-            for timer in timers:
-                if timer is not None:
-                    timer.cancel()
             if self._held and relay.outcome == Outcome.COMPLETE:
                 relay.outcome = Outcome.CLIENT_DISCONNECT  # it never got the [DONE]
             relay.finish()

@@ -199,6 +199,7 @@ class StreamRelay:
         # and copying the start again for each would cost time quadratic in the event's size
         # (a backend's one-byte chunks).
         self._rest: bytes | bytearray = b""
+        self._timers: list[asyncio.TimerHandle | None] = []  # cancelled when the relay closes
 
     async def close(self) -> None:
         """Run after the response: make sure the lease is back even if iteration never ended."""
@@ -208,6 +209,9 @@ class StreamRelay:
         if self.closed:
             return
         self.closed = True
+        for timer in self._timers:
+            if timer is not None:
+                timer.cancel()
         if self.usage is None and self.last_data:
             # Ended early (client gone, backend broke): what was streamed was still served,
             # and limits, budgets and the usage ledger count it.
@@ -403,7 +407,7 @@ class StreamRelay:
     async def __aiter__(self) -> AsyncIterator[bytes]:
         response = self.exchange.opened.response
         assert response is not None  # noqa: S101  # streams keep their response
-        timers = self.start_timers()
+        self.start_timers()
         try:
             chunk = self.feed(self.exchange.first_event, framed=True)
             if chunk:
@@ -424,9 +428,6 @@ class StreamRelay:
         except Exception:  # noqa: BLE001  # a bug on an odd event: end the stream readably, not cut
             yield self.internal_error()
         finally:
-            for timer in timers:
-                if timer is not None:
-                    timer.cancel()
             self._close()
 
     @property
@@ -510,9 +511,9 @@ class StreamRelay:
             return ending
         return self._cut(Cut.EARLY_EOF, "The backend ended the stream early.")
 
-    def start_timers(self) -> list[asyncio.TimerHandle | None]:
-        """The stream's deadline and idle timers (cancel them when it ends)."""
-        return [self._deadline_timer(), self._idle_timer()]
+    def start_timers(self) -> None:
+        """Start the stream's deadline and idle timers (closing the relay cancels them)."""
+        self._timers = [self._deadline_timer(), self._idle_timer()]
 
     def _deadline_timer(self) -> asyncio.TimerHandle | None:
         """One timer for the whole stream (not a check per chunk): at the request's deadline
