@@ -23,6 +23,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from gateway.access.key_cache import KeyCache
+from gateway.pipeline.tasks import stop_tasks
 from policies.keys import valid_key_id
 
 EVENT_FEED_DOWN = "auth.key_feed_unavailable"
@@ -72,10 +73,7 @@ class KeyChangeFeed:
     async def stop(self) -> None:
         """Stop listening."""
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await stop_tasks(task)
 
     async def _run(self) -> None:
         while True:

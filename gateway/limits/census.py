@@ -23,6 +23,8 @@ import structlog
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from gateway.pipeline.tasks import stop_tasks
+
 _log = structlog.get_logger("tiergate.census")
 # KEYS: the set. ARGV: member, ttl ms. Returns the live members, this one included.
 _BEAT = """
@@ -80,11 +82,8 @@ class ReplicaCensus:
 
     async def stop(self) -> None:
         """Stop beating and leave the set (the others stop counting this process at once)."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        task, self._task = self._task, None
+        await stop_tasks(task)
         with contextlib.suppress(RedisError, OSError):
             await self.client.zrem(self.key, self.member)
 

@@ -28,6 +28,7 @@ from redis.exceptions import RedisError
 
 from gateway.access.admin_keys import AdminGuard
 from gateway.pipeline.context import RequestContext
+from gateway.pipeline.tasks import stop_tasks
 from policies.cost import CostModel
 from policies.errors import InvalidRequest
 
@@ -37,6 +38,8 @@ FIELDS = ("requests", "input_tokens", "output_tokens", "cost", "baseline_cost")
 WINDOWS = {"1h": 1, "24h": 24, "7d": 24 * 7, "30d": 24 * 30}
 GROUPINGS = ("tier", "tenant", "key")
 RowKey = tuple[str, str, str]  # tier, tenant, key id
+
+_FLUSH_WAIT_S = 10.0  # at stop, the longest wait for the flush in progress past its interval
 
 
 def hour_of(now: float) -> int:
@@ -96,6 +99,7 @@ class RedisUsageStore:
         self.flush_s = flush_s
         self.pending = MemoryUsageStore()
         self._task: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
 
     def add(self, hour: int, key: RowKey, values: tuple[float, ...]) -> None:
         """Buffer in memory; the flusher sends it."""
@@ -108,16 +112,20 @@ class RedisUsageStore:
         )
 
     async def stop(self) -> None:
-        """Flush what is left and stop."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        """Let the flusher finish the flush it is in (a cancelled write would leave totals
+        that Redis may or may not have counted), then flush what is left."""
+        task, self._task = self._task, None
+        if task is not None:
+            self._stopping.set()
+            await asyncio.wait({task}, timeout=self.flush_s + _FLUSH_WAIT_S)
+            await stop_tasks(task)
         await self.flush()
 
     async def _flush_forever(self) -> None:
-        while True:
-            await asyncio.sleep(self.flush_s)
+        while not self._stopping.is_set():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.flush_s):
+                    await self._stopping.wait()
             await self.flush()
 
     async def flush(self) -> None:

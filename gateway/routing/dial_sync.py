@@ -34,6 +34,7 @@ import structlog
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from gateway.pipeline.tasks import stop_tasks
 from policies.dial import DialTargets, View, check_share, combine
 
 DIAL_FILE = "dial.json"
@@ -349,10 +350,7 @@ class DialSync:
     async def shutdown(self) -> None:
         """Stop following."""
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await stop_tasks(task)
 
     async def poll(self) -> None:
         """Read the store once and apply a change of target or a reload; then trade views

@@ -32,6 +32,7 @@ import msgspec
 import structlog
 
 from gateway.pipeline.events import UNREADABLE_JSON
+from gateway.pipeline.tasks import stop_tasks
 from gateway.routing.shadow_store import (
     Featurizer,
     RequestFeatures,
@@ -385,11 +386,7 @@ class ShadowRunner:
 
     async def close(self) -> None:
         """Cancel shadows still running (shutdown)."""
-        for task in list(self._tasks):
-            task.cancel()
-        for task in list(self._tasks):
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await stop_tasks(*self._tasks)
 
 
 def _heard(replica: Replica, failure: AttemptFailed | None = None) -> None:

@@ -22,7 +22,6 @@ both (``vllm:kv_cache_usage_perc`` over ``vllm:gpu_cache_usage_perc``,
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import math
 import time
@@ -32,6 +31,7 @@ from typing import Final
 
 import structlog
 
+from gateway.pipeline.tasks import stop_tasks
 from gateway.upstream import backends, signals
 from gateway.upstream.connection import UpstreamConnectionError
 from gateway.upstream.keys import UpstreamKeys
@@ -164,10 +164,7 @@ class HealthMonitor:
     async def stop(self) -> None:
         """Cancel the background task and wait for it to end."""
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await stop_tasks(task)
 
     async def _run(self) -> None:
         while True:

@@ -24,6 +24,7 @@ from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
+from gateway.pipeline.tasks import stop_tasks
 from gateway.upstream.replicas import Replica, ReplicaPool
 
 HEALTH_FILE = "health.json"
@@ -174,7 +175,4 @@ class GroupMetrics(Collector):
     async def stop(self) -> None:
         """Stop publishing."""
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await stop_tasks(task)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -106,6 +107,30 @@ def test_replicas_share_the_dial_through_redis(redis_server: RedisServer) -> Non
         finally:
             for client in clients:
                 await client.aclose()
+
+    asyncio.run(run())
+
+
+def test_a_follower_stops_at_any_point_of_its_commands(redis_server: RedisServer) -> None:
+    """Shut down 100 times at random points of its Redis commands (a client with a socket
+    timeout, so redis-py wraps each read in ``asyncio.wait_for``, which on Python 3.11 can
+    lose the cancellation): every shutdown ends within a second. One cancel and an await
+    hung here, and once in CI."""
+
+    async def run() -> None:
+        client = Redis.from_url(redis_server.url, socket_timeout=5)
+        rng = random.Random(5)
+        try:
+            for _ in range(100):
+                worker = _Worker(RedisDialStore(client, "tg:"), {"acme": View(0.4, 1000, 0.5)})
+                worker.sync.interval_s = 0.0  # poll without pause: always mid-command
+                await worker.sync.startup()
+                await asyncio.sleep(rng.random() * 0.003)
+                async with asyncio.timeout(1):
+                    await worker.sync.shutdown()
+                assert asyncio.all_tasks() == {asyncio.current_task()}  # the loop has ended
+        finally:
+            await client.aclose()
 
     asyncio.run(run())
 

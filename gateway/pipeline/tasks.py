@@ -1,0 +1,43 @@
+"""Stopping background tasks for certain.
+
+``task.cancel()`` asks once, and on Python 3.11 the request can be lost: ``asyncio.wait_for``,
+which redis-py puts around every send and read of a client with a socket timeout (its default
+is 5 s), drops a cancellation that arrives in the loop pass where the wrapped read finishes
+(CPython gh-86296; 3.12 rebuilt ``wait_for`` on ``asyncio.timeout``). A loop that polls Redis
+then runs on, and a shutdown that awaits it waits forever. :func:`stop_tasks` asks again until every
+task has ended, and gives up after a bound with a log line, so a shutdown always finishes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import structlog
+
+_log = structlog.get_logger("tiergate.tasks")
+
+_AGAIN_S = 0.05  # between asks: a swallowed cancellation costs one poll of the loop at most
+
+
+async def stop_tasks(*tasks: asyncio.Task[Any] | None, within_s: float = 5.0) -> bool:
+    """Cancel ``tasks`` (``None`` is skipped) and wait until each has ended, asking again
+    every 50 ms; ``False`` (and a warning) if some still run after ``within_s``. A task that
+    ended with an error is logged, not raised: a shutdown goes on with its other steps."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + within_s
+    running = {task for task in tasks if task is not None}
+    while running := {task for task in running if not task.done()}:
+        left = end - loop.time()
+        if left <= 0:
+            _log.warning("task.stop_timed_out", tasks=sorted(t.get_name() for t in running))
+            return False
+        for task in running:
+            task.cancel()
+        await asyncio.wait(running, timeout=min(_AGAIN_S, left))
+    for ended in tasks:
+        if ended is not None and not ended.cancelled():
+            error = ended.exception()
+            if error is not None:
+                _log.warning("task.failed", task=ended.get_name(), error=type(error).__name__)
+    return True
