@@ -301,22 +301,23 @@ class NativeCycle:
             with self._guard():
                 self.response_started = True
                 _bound_send_buffer(transport)
-                transport.write(
-                    reply_head(reply, keep_alive=self.keep_alive, length=None, chunked=chunked)
-                )
+                # the head goes out with the first event, in one write
+                head = reply_head(reply, keep_alive=self.keep_alive, length=None, chunked=chunked)
                 if reply.pump is not None:
-                    if not await reply.pump(_StreamOut(self, reply)):
+                    out = _StreamOut(self, reply, head)
+                    if not await reply.pump(out):
                         return
+                    head = out.head
                 else:
                     async for chunk in stream:
                         if chunk:
-                            transport.write(_framed(chunk) if chunked else chunk)
+                            transport.write(head + (_framed(chunk) if chunked else chunk))
+                            head = b""
                         if flow.write_paused and not await self._drained(reply):
                             return
                         if self._left():
                             return
-                if chunked:
-                    transport.write(_LAST_CHUNK)
+                transport.write(head + _LAST_CHUNK if chunked else head)
                 self._complete()  # HTTP/1.0: never keep-alive, so the close ends the body
         except asyncio.CancelledError:
             task = self._task
@@ -382,18 +383,22 @@ class _Guarded:
 class _StreamOut:
     """A stream's client as a reply's pump writes to it (:class:`Downstream`)."""
 
-    __slots__ = ("_chunked", "_cycle", "_flow", "_reply", "_transport")
+    __slots__ = ("_chunked", "_cycle", "_flow", "_reply", "_transport", "head")
 
-    def __init__(self, cycle: NativeCycle, reply: Reply) -> None:
+    def __init__(self, cycle: NativeCycle, reply: Reply, head: bytes) -> None:
         self._cycle = cycle
         self._reply = reply
         self._transport = cycle.transport
         self._chunked = cycle.chunked
         self._flow = cycle.flow
+        self.head = head  # the response's head, sent with the first write
 
     def write(self, chunk: bytes) -> None:
         """Send ``chunk``, as one HTTP/1.1 chunk (HTTP/1.0: as it is)."""
-        self._transport.write(_framed(chunk) if self._chunked else chunk)
+        data = _framed(chunk) if self._chunked else chunk
+        if self.head:
+            data, self.head = self.head + data, b""
+        self._transport.write(data)
 
     @property
     def paused(self) -> bool:
