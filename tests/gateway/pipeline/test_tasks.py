@@ -176,3 +176,30 @@ def test_usage_totals_survive_a_stop_during_a_flush(redis_server: RedisServer) -
             await client.aclose()
 
     asyncio.run(run())
+
+
+def test_usage_flushes_again_after_a_restart(redis_server: RedisServer) -> None:
+    """Stopped, then started again (an app started twice on one gateway, in one loop or a
+    new one): the flusher sends totals on its interval again, not only at the next stop."""
+    stores: list[RedisUsageStore] = []
+
+    async def runs(count: int, expect: float) -> None:
+        client = Redis.from_url(redis_server.url)
+        if not stores:
+            stores.append(RedisUsageStore(client, "r:", flush_s=0.01))
+        store = stores[0]
+        store.client = client
+        try:
+            for _ in range(count):
+                store.start()
+                store.add(5, ("fast", "acme", "k1"), (1.0,) * len(FIELDS))
+                await asyncio.sleep(0.2)  # many intervals
+                got = await client.hget("r:usage:5", "fast|acme|k1|requests")
+                await store.stop()
+                expect += 1
+                assert float(got or 0) == expect
+        finally:
+            await client.aclose()
+
+    asyncio.run(runs(2, 0.0))  # twice in one loop
+    asyncio.run(runs(1, 2.0))  # once more in a new one
