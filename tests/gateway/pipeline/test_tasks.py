@@ -1,9 +1,10 @@
 """gateway/pipeline/tasks.py: background tasks stop for certain, even when a cancellation is lost.
 
 The real case: a loop polling a real Redis through redis-py with a socket timeout (redis-py
-then wraps each read in ``asyncio.wait_for``, which on Python 3.11 can drop a cancellation),
-cancelled at many points of its work. A loop that absorbs one cancellation stands in for it
-where the outcome must not depend on timing.
+then wraps each send in ``asyncio.wait_for``, which on Python 3.11 can drop a cancellation),
+cancelled at many points of its work, and once just after a command started (lost every time).
+A loop that absorbs one cancellation stands in for it where the outcome must not depend on
+timing.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import sys
 
 import pytest
 from redis.asyncio import Redis
@@ -94,6 +96,41 @@ def test_a_task_that_failed_is_logged_not_raised(caplog: pytest.LogCaptureFixtur
             assert await stop_tasks(None, task)
         assert "task.failed" in caplog.text
         assert "RuntimeError" in caplog.text
+
+    asyncio.run(run())
+
+
+def test_redis_py_loses_a_cancellation_that_comes_as_a_command_starts(
+    redis_server: RedisServer,
+) -> None:
+    """The hazard itself, with no stand-in: a loop of commands on a pooled connection,
+    cancelled in the pass its first command was sent in. redis-py's ``wait_for`` around the
+    send returns the send's result instead of the cancellation (Python 3.11), and the loop runs
+    on; one cancel and an await would wait forever. ``stop_tasks`` ends it."""
+
+    async def run() -> None:
+        client = Redis.from_url(redis_server.url, socket_timeout=5)
+        polls = 0
+
+        async def poll() -> None:
+            nonlocal polls
+            while True:
+                await client.get("a")
+                polls += 1
+
+        try:
+            await client.ping()  # pooled: the next command's first wait is its send
+            task = asyncio.create_task(poll())
+            await asyncio.sleep(0)  # the task sent its command in this pass
+            task.cancel()
+            done, _ = await asyncio.wait({task}, timeout=0.1)
+            if sys.version_info < (3, 12):
+                assert not done, "the cancellation was lost"
+                assert polls > 0
+            assert await stop_tasks(task, within_s=2.0)
+            assert task.cancelled()
+        finally:
+            await client.aclose()
 
     asyncio.run(run())
 
