@@ -117,15 +117,22 @@ class FailOpenBudgetStore:
                 return await self.remote.adjust(key_id, windows, delta, lazy=lazy, seq=seq)
             except (RedisError, OSError) as exc:
                 self.health.failed(type(exc).__name__)
-                if seq:
-                    self.unsure.append((key_id, windows, delta, seq, False))
-                else:
-                    self._owe(key_id, windows, delta)
-                await self.local.adjust(key_id, windows, delta)
+                await self._not_answered(key_id, windows, delta, seq)
                 return None
+            except asyncio.CancelledError:  # the request's client left: the charge still counts
+                await self._not_answered(key_id, windows, delta, seq)
+                raise
         self._owe(key_id, windows, delta)
         await self.local.adjust(key_id, windows, delta)
         return None
+
+    async def _not_answered(self, key_id: str, windows: Windows, delta: float, seq: int) -> None:
+        """A settlement whose answer never came: unsure once sent (``seq``), else owed."""
+        if seq:
+            self.unsure.append((key_id, windows, delta, seq, False))
+        else:
+            self._owe(key_id, windows, delta)
+        await self.local.adjust(key_id, windows, delta)
 
     def _owe(self, key_id: str, windows: Windows, delta: float) -> None:
         entry = (key_id, windows.day, windows.month)
@@ -158,7 +165,9 @@ class FailOpenBudgetStore:
             seq = self.remote.next_seq()
             try:
                 await self.remote.adjust(entry[0], windows, delta, lazy=False, seq=seq)
-            except (RedisError, OSError):
+            except (RedisError, OSError, asyncio.CancelledError):
+                # Sent, perhaps run (a cancelled caller too: the command is out): Redis' marks
+                # will say; owed still, it would be paid twice.
                 self.unsure.append((entry[0], windows, delta, seq, False))
                 self._owe(entry[0], windows, -delta)  # now unsure instead of owed
                 if self.owed[entry][0] == 0.0:

@@ -26,6 +26,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
 from gateway.limits.redis import LuaScript, ScriptRunner, script_runner
+from gateway.pipeline.tasks import stop_tasks
 from policies.ratelimit import PERIOD_S, Limit, LimitSpec, Quota, Verdict
 
 # Shared by both scripts: read both buckets and drain them to Redis' ``now``.
@@ -260,6 +261,5 @@ class RedisRateLimiter:
         """Send the settlements still lingering, then close the pipelined connection."""
         if self._orphans:
             _, late = await asyncio.wait(self._orphans, timeout=_ORPHAN_RETRY_S)
-            for task in late:
-                task.cancel()
+            await stop_tasks(*late)  # ended, not only asked once: redis-py can lose a cancel
         await self._runner.aclose()

@@ -106,7 +106,8 @@ class RedisUsageStore:
         self.pending.add(hour, key, values)
 
     def start(self) -> None:
-        """Start the flusher (at start-up)."""
+        """Start the flusher (at start-up; again after ``stop``, in this loop or another)."""
+        self._stopping = asyncio.Event()
         self._task = asyncio.get_running_loop().create_task(
             self._flush_forever(), context=Context()
         )

@@ -1,11 +1,14 @@
 """Stopping background tasks for certain.
 
 ``task.cancel()`` asks once, and on Python 3.11 the request can be lost: ``asyncio.wait_for``,
-which redis-py puts around every send and read of a client with a socket timeout (its default
-is 5 s), drops a cancellation that arrives in the loop pass where the wrapped read finishes
-(CPython gh-86296; 3.12 rebuilt ``wait_for`` on ``asyncio.timeout``). A loop that polls Redis
-then runs on, and a shutdown that awaits it waits forever. :func:`stop_tasks` asks again until every
-task has ended, and gives up after a bound with a log line, so a shutdown always finishes.
+which redis-py (8.1) puts around every command's send on a client with a socket timeout (its
+default is 5 s; reads use ``asyncio.timeout``, which keeps it), drops a cancellation that
+arrives in the loop pass where the wrapped send finishes (CPython gh-86296; 3.12 rebuilt
+``wait_for`` on ``asyncio.timeout``). A send on a live connection finishes at once, so a
+cancellation that comes just after a command started is lost every time. A loop that polls
+Redis then runs on, and a shutdown that awaits it waits forever. :func:`stop_tasks` asks again
+until every task has ended, and gives up after a bound with a log line, so a shutdown always
+finishes.
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ from gateway.limits.limits import (
 from policies.errors import RateLimited
 from policies.principal import KeyPolicy, Principal
 from policies.ratelimit import MemoryRateLimiter
+from tests.processes import free_port
 from tests.redis_server import RedisServer, redis_server
 
 __all__ = ["redis_server"]
@@ -303,3 +304,19 @@ async def test_admits_at_once_says_when_admission_needs_no_round_trip(
     assert redis.admits_at_once(unlimited)
     assert dict(_completes_at_once(redis.admit(unlimited, 10)).headers) == {}
     assert dict((await redis.admit(limited, 10)).headers)  # a real round trip, with headers
+
+
+async def test_limiter_close_leaves_no_slot_freeing_behind(metrics: LimitMetrics) -> None:
+    """Redis does not answer: each refused admission leaves a task that frees its slot once
+    Redis is back. Shutdown gives up on them, and they have ended once it returns (before,
+    they were asked to stop once and left running past the close of the client)."""
+    client = open_redis(RedisSettings(url=f"redis://127.0.0.1:{free_port()}/0"))
+    limiter = redis_limiter(client, metrics, fail_open=False)
+    principal = Principal("dead", "tenant", KeyPolicy(max_concurrency=2))
+    for _ in range(3):
+        with pytest.raises(RateLimitUnavailable):
+            await limiter.admit(principal, 10)
+    assert len(asyncio.all_tasks()) > 1  # the slot-freeing retries
+    await limiter.aclose()
+    await client.aclose()
+    assert asyncio.all_tasks() == {asyncio.current_task()}

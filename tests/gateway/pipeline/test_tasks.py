@@ -1,9 +1,10 @@
 """gateway/pipeline/tasks.py: background tasks stop for certain, even when a cancellation is lost.
 
 The real case: a loop polling a real Redis through redis-py with a socket timeout (redis-py
-then wraps each read in ``asyncio.wait_for``, which on Python 3.11 can drop a cancellation),
-cancelled at many points of its work. A loop that absorbs one cancellation stands in for it
-where the outcome must not depend on timing.
+then wraps each send in ``asyncio.wait_for``, which on Python 3.11 can drop a cancellation),
+cancelled at many points of its work, and once just after a command started (lost every time).
+A loop that absorbs one cancellation stands in for it where the outcome must not depend on
+timing.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import sys
 
 import pytest
 from redis.asyncio import Redis
@@ -98,6 +100,41 @@ def test_a_task_that_failed_is_logged_not_raised(caplog: pytest.LogCaptureFixtur
     asyncio.run(run())
 
 
+def test_redis_py_loses_a_cancellation_that_comes_as_a_command_starts(
+    redis_server: RedisServer,
+) -> None:
+    """The hazard itself, with no stand-in: a loop of commands on a pooled connection,
+    cancelled in the pass its first command was sent in. redis-py's ``wait_for`` around the
+    send returns the send's result instead of the cancellation (Python 3.11), and the loop runs
+    on; one cancel and an await would wait forever. ``stop_tasks`` ends it."""
+
+    async def run() -> None:
+        client = Redis.from_url(redis_server.url, socket_timeout=5)
+        polls = 0
+
+        async def poll() -> None:
+            nonlocal polls
+            while True:
+                await client.get("a")
+                polls += 1
+
+        try:
+            await client.ping()  # pooled: the next command's first wait is its send
+            task = asyncio.create_task(poll())
+            await asyncio.sleep(0)  # the task sent its command in this pass
+            task.cancel()
+            done, _ = await asyncio.wait({task}, timeout=0.1)
+            if sys.version_info < (3, 12):
+                assert not done, "the cancellation was lost"
+                assert polls > 0
+            assert await stop_tasks(task, within_s=2.0)
+            assert task.cancelled()
+        finally:
+            await client.aclose()
+
+    asyncio.run(run())
+
+
 def test_redis_polling_loops_stop_every_time(redis_server: RedisServer) -> None:
     """A real redis-py client with a socket timeout, polled by a loop and stopped 100 times at
     random points of its commands: every stop ends the loop within a second. (With one
@@ -176,3 +213,30 @@ def test_usage_totals_survive_a_stop_during_a_flush(redis_server: RedisServer) -
             await client.aclose()
 
     asyncio.run(run())
+
+
+def test_usage_flushes_again_after_a_restart(redis_server: RedisServer) -> None:
+    """Stopped, then started again (an app started twice on one gateway, in one loop or a
+    new one): the flusher sends totals on its interval again, not only at the next stop."""
+    stores: list[RedisUsageStore] = []
+
+    async def runs(count: int, expect: float) -> None:
+        client = Redis.from_url(redis_server.url)
+        if not stores:
+            stores.append(RedisUsageStore(client, "r:", flush_s=0.01))
+        store = stores[0]
+        store.client = client
+        try:
+            for _ in range(count):
+                store.start()
+                store.add(5, ("fast", "acme", "k1"), (1.0,) * len(FIELDS))
+                await asyncio.sleep(0.2)  # many intervals
+                got = await client.hget("r:usage:5", "fast|acme|k1|requests")
+                await store.stop()
+                expect += 1
+                assert float(got or 0) == expect
+        finally:
+            await client.aclose()
+
+    asyncio.run(runs(2, 0.0))  # twice in one loop
+    asyncio.run(runs(1, 2.0))  # once more in a new one

@@ -113,7 +113,7 @@ def test_replicas_share_the_dial_through_redis(redis_server: RedisServer) -> Non
 
 def test_a_follower_stops_at_any_point_of_its_commands(redis_server: RedisServer) -> None:
     """Shut down 100 times at random points of its Redis commands (a client with a socket
-    timeout, so redis-py wraps each read in ``asyncio.wait_for``, which on Python 3.11 can
+    timeout, so redis-py wraps each send in ``asyncio.wait_for``, which on Python 3.11 can
     lose the cancellation): every shutdown ends within a second. One cancel and an await
     hung here, and once in CI."""
 

@@ -1,0 +1,55 @@
+"""gateway/limits/budget_outage.py against a real Redis: what was spent during an outage is
+written to Redis once, even when the request paying it back is cancelled (its client left)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from redis.asyncio import Redis
+
+from gateway.config.redis_client import BackendHealth
+from gateway.limits.budget_outage import FailOpenBudgetStore
+from gateway.limits.budgets import RedisBudgetStore, Windows
+from tests.redis_server import RedisServer, redis_server
+
+__all__ = ["redis_server"]
+NOON = 1_796_126_400.0  # 2026-12-01 12:00 UTC
+
+
+async def _day_spend(client: Redis, windows: Windows) -> float:
+    return float(await client.get(f"t:budget:{{k1}}:d:{windows.day}") or 0)
+
+
+async def test_a_settlement_cancelled_while_paying_back_counts_everything_once(
+    redis_server: RedisServer,
+) -> None:
+    """1.0 was spent during an outage (owed to Redis). The next settlement (0.25) pays it back
+    first, and its request is cancelled (the client left) once the payback is written, before
+    Redis answers. Redis ran the payback; a later settlement (0.5) must not pay it again, and
+    the cancelled settlement's own 0.25 still counts: 1.75 in all. (Before: the payback stayed
+    owed and was paid twice, and the 0.25 was dropped: 2.5.)"""
+    client = Redis.from_url(redis_server.url)
+    health = BackendHealth("redis", down_event="down", up_event="up")
+    store = FailOpenBudgetStore(RedisBudgetStore(client, "t:"), health, share=lambda: 1)
+    windows = Windows.at(NOON)
+    try:
+        health.failed("ConnectionError")  # the outage: this settlement is owed
+        await store.adjust("k1", windows, 1.0)
+        health.succeeded()
+        await store.remote.charged("k2", 1)  # the pipelined connection is open
+        await asyncio.sleep(0.01)
+
+        settling = asyncio.create_task(store.adjust("k1", windows, 0.25, lazy=False))
+        await asyncio.sleep(0)  # its first step wrote the payback; Redis has not answered yet
+        settling.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await settling
+
+        await store.adjust("k1", windows, 0.5, lazy=False)
+        assert await _day_spend(client, windows) == 1.75
+        assert not store.owed
+        assert not store.unsure
+    finally:
+        await store.aclose()
+        await client.aclose()
