@@ -260,12 +260,18 @@ async def _stream(
     fault = state.faults.mid_stream()
     fault_at = len(plan.pieces) // 2
     last = len(plan.pieces) - 1
+    loop = asyncio.get_running_loop()
+    # Decode steps keep their own clock, as an engine's do: a token is due one step after the
+    # one before was due, not after it was written, so a late wake-up (a loaded machine) is
+    # not added to every later gap and the mean gap stays the model's.
+    due = loop.time()
     for index, piece in enumerate(plan.pieces):
         if index:
             delay = engine.decode_delay()
             if delay:
                 await _flush(response, out)
-                await asyncio.sleep(delay)
+                due += delay
+                await asyncio.sleep(max(0.0, due - loop.time()))
             engine.tokens(seq, 1, delay)
         out.append(chunks.token(piece, plan.finish_reason if index == last else None))
         if index != last and state.serial.should_interrupt():
