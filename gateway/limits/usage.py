@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 import time
 from collections import defaultdict
 from collections.abc import Iterator, Mapping
@@ -40,6 +41,23 @@ GROUPINGS = ("tier", "tenant", "key")
 RowKey = tuple[str, str, str]  # tier, tenant, key id
 
 _FLUSH_WAIT_S = 10.0  # at stop, the longest wait for the flush in progress past its interval
+_BATCH_TTL_S = 3600  # how long Redis remembers a batch id (a batch is sent again within seconds)
+_HOUR_TTL_S = 32 * 86400
+# KEYS: the batch's mark, then one hash per hour. ARGV: the mark's and the hashes' TTL, then per
+# hash the number of field/increment values that follow, and those values. Once per batch id.
+_APPLY_ONCE = """
+if not redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[1]) then return 0 end
+local at = 3
+for k = 2, #KEYS do
+  local n = tonumber(ARGV[at])
+  for i = at + 1, at + n, 2 do
+    redis.call('HINCRBYFLOAT', KEYS[k], ARGV[i], ARGV[i + 1])
+  end
+  redis.call('EXPIRE', KEYS[k], ARGV[2])
+  at = at + n + 1
+end
+return 1
+"""
 
 
 def hour_of(now: float) -> int:
@@ -90,6 +108,14 @@ class MemoryUsageStore:
         return dict(out)
 
 
+@dataclass
+class _Batch:
+    """Totals sent to Redis together, under one id."""
+
+    id: str
+    hours: dict[int, dict[RowKey, list[float]]]
+
+
 class RedisUsageStore:
     """Hourly totals shared by every gateway: one hash per hour, flushed once a second."""
 
@@ -100,6 +126,7 @@ class RedisUsageStore:
         self.pending = MemoryUsageStore()
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
+        self._unsure: _Batch | None = None  # sent, not answered: counted by Redis or not
 
     def add(self, hour: int, key: RowKey, values: tuple[float, ...]) -> None:
         """Buffer in memory; the flusher sends it."""
@@ -130,28 +157,49 @@ class RedisUsageStore:
             await self.flush()
 
     async def flush(self) -> None:
-        """Send the buffered totals in one pipeline (kept for the next try if Redis fails)."""
+        """Send the buffered totals as one batch. A batch whose answer did not come (Redis
+        down, a timeout, the flusher stopped) may have been counted or not: it is kept and
+        sent again as it is, under its id, before anything newer; Redis counts an id once."""
+        if self._unsure is not None:
+            if not await self._send(self._unsure):
+                return
+            self._unsure = None
         hours, self.pending.hours = self.pending.hours, {}
-        if not hours:
-            return
+        if hours:
+            batch = _Batch(secrets.token_hex(8), hours)
+            if not await self._send(batch):
+                self._unsure = batch
+
+    async def _send(self, batch: _Batch) -> bool:
+        """Apply ``batch`` once (a repeat of an id already counted does nothing)."""
+        keys = [f"{self.prefix}usage-batch:{batch.id}"]
+        args: list[str | float | int] = [_BATCH_TTL_S, _HOUR_TTL_S]
+        for hour, bucket in batch.hours.items():
+            keys.append(f"{self.prefix}usage:{hour}")
+            args.append(len(bucket) * len(FIELDS) * 2)
+            for (tier, tenant, key_id), values in bucket.items():
+                for field_name, value in zip(FIELDS, values, strict=True):
+                    args += (f"{tier}|{tenant}|{key_id}|{field_name}", value)
         try:
-            async with self.client.pipeline(transaction=False) as pipe:
-                for hour, bucket in hours.items():
-                    name = f"{self.prefix}usage:{hour}"
-                    for (tier, tenant, key_id), values in bucket.items():
-                        for field_name, value in zip(FIELDS, values, strict=True):
-                            pipe.hincrbyfloat(name, f"{tier}|{tenant}|{key_id}|{field_name}", value)
-                    pipe.expire(name, 32 * 86400)
-                await pipe.execute()
-        except (RedisError, OSError):
-            _log.warning("usage.flush_failed")
-            for hour, bucket in hours.items():
-                for key, values in bucket.items():
-                    self.pending.add(hour, key, tuple(values))
+            await self.client.eval(_APPLY_ONCE, len(keys), *keys, *args)
+        except (RedisError, OSError) as exc:
+            _log.warning("usage.flush_failed", error=type(exc).__name__)
+            return False
+        except asyncio.CancelledError:  # sent perhaps: sent again, under its id, next time
+            self._unsure = self._unsure or batch
+            raise
+        return True
 
     async def rows(self, hours: range) -> dict[RowKey, list[float]]:
-        """Read and sum the hourly hashes (plus what is not flushed yet)."""
+        """Read and sum the hourly hashes (plus what is not flushed yet, and a batch whose
+        answer did not come)."""
         out = await self.pending.rows(hours)
+        if self._unsure is not None:
+            for hour in hours:
+                for key, values in self._unsure.hours.get(hour, {}).items():
+                    totals = out.setdefault(key, [0.0] * len(FIELDS))
+                    for index, value in enumerate(values):
+                        totals[index] += value
         async with self.client.pipeline(transaction=False) as pipe:
             for hour in hours:
                 pipe.hgetall(f"{self.prefix}usage:{hour}")

@@ -1,0 +1,159 @@
+"""gateway/limits/usage.py's Redis store: totals reach Redis once, whatever Redis does.
+
+A real redis-server. To lose an answer after Redis has applied a batch, a proxy passes the
+commands on and swallows the answers; to keep a batch in flight, another client runs a script
+that keeps the server busy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from gateway.config.redis_client import open_redis
+from gateway.config.settings import RedisSettings
+from gateway.limits.usage import FIELDS, RedisUsageStore
+from tests.redis_server import RedisServer, redis_server
+
+__all__ = ["redis_server"]
+
+ROW = ("fast", "acme", "k1")
+BUSY = """
+local start = redis.call('TIME')
+repeat
+  local now = redis.call('TIME')
+until (now[1] - start[1]) * 1000000 + (now[2] - start[2]) > tonumber(ARGV[1])
+return 1
+"""
+
+
+async def _requests(store: RedisUsageStore, hour: int = 5) -> float:
+    rows = await store.rows(range(hour, hour + 1))
+    return rows.get(ROW, [0.0] * len(FIELDS))[0]
+
+
+class _ReplyEater:
+    """A TCP proxy to Redis that, while ``eating``, swallows Redis' answers on a connection
+    from the moment usage totals are sent on it (the batch still reaches Redis and runs; the
+    connection's handshake before it is answered): an answer lost on the way back."""
+
+    def __init__(self, redis_port: int) -> None:
+        self.redis_port = redis_port
+        self.eating = True
+        self.server: asyncio.Server | None = None
+
+    async def start(self) -> str:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        port = self.server.sockets[0].getsockname()[1]
+        return f"redis://127.0.0.1:{port}/0"
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.redis_port)
+        batch_sent = False
+
+        async def up() -> None:
+            nonlocal batch_sent
+            while data := await reader.read(65536):
+                batch_sent = batch_sent or (self.eating and b"u:usage:" in data)
+                up_writer.write(data)
+
+        async def down() -> None:
+            while data := await up_reader.read(65536):
+                if not batch_sent:
+                    writer.write(data)
+
+        try:
+            await asyncio.gather(up(), down())
+        except OSError:
+            pass
+        finally:
+            writer.close()
+            up_writer.close()
+
+    async def stop(self) -> None:
+        if self.server is not None:
+            self.server.close()
+
+
+def test_a_batch_whose_answer_was_lost_is_counted_once(redis_server: RedisServer) -> None:
+    """Redis applies a batch and its answer is lost on the way back (and so are the answers to
+    redis-py's own retries of it); the store sends it again, since it cannot know, and Redis
+    counts it once. New totals go in a batch of their own."""
+
+    async def run() -> None:
+        eater = _ReplyEater(redis_server.port)
+        url = await eater.start()
+        client = open_redis(RedisSettings(url=url, socket_timeout_s=0.2))
+        admin = open_redis(RedisSettings(url=redis_server.url, socket_timeout_s=5))
+        store = RedisUsageStore(client, "u:")
+        try:
+            store.add(5, ROW, (3.0,) * len(FIELDS))
+            await store.flush()  # applied (perhaps more than once by redis-py), not answered
+            assert float(await admin.hget("u:usage:5", "fast|acme|k1|requests") or 0) == 3.0
+            eater.eating = False
+            store.add(5, ROW, (1.0,) * len(FIELDS))
+            await store.flush()  # the unsure batch again (a no-op), then the new one
+            assert float(await admin.hget("u:usage:5", "fast|acme|k1|requests") or 0) == 4.0
+            assert await _requests(store) == 4.0
+        finally:
+            await client.aclose()
+            await admin.aclose()
+            await eater.stop()
+
+    asyncio.run(run())
+
+
+def test_totals_wait_out_an_outage_and_arrive_once(redis_server: RedisServer) -> None:
+    """Redis down for a few flushes: nothing is lost, nothing counted twice, and the report
+    read during the outage's end includes what is still on its way."""
+
+    async def run() -> None:
+        client = open_redis(RedisSettings(url=redis_server.url, socket_timeout_s=0.2))
+        store = RedisUsageStore(client, "u:")
+        try:
+            store.add(5, ROW, (1.0,) * len(FIELDS))
+            redis_server.kill()
+            for _ in range(3):
+                store.add(5, ROW, (1.0,) * len(FIELDS))
+                await store.flush()
+            redis_server.restart()
+            assert await _requests(store) == 4.0  # pending and unsure, nothing in Redis yet
+            await store.flush()
+            await store.flush()
+            assert await _requests(store) == 4.0
+            admin = open_redis(RedisSettings(url=redis_server.url, socket_timeout_s=5))
+            try:
+                assert float(await admin.hget("u:usage:5", "fast|acme|k1|requests") or 0) == 4.0
+                assert await admin.ttl("u:usage:5") > 31 * 86400
+            finally:
+                await admin.aclose()
+        finally:
+            await client.aclose()
+
+    asyncio.run(run())
+
+
+def test_a_batch_cancelled_in_flight_is_sent_again_once(redis_server: RedisServer) -> None:
+    """The flusher cancelled while its batch is out (a shutdown past its wait): the batch is
+    kept as unsure and the next flush settles it, counted once."""
+
+    async def run() -> None:
+        client = open_redis(RedisSettings(url=redis_server.url, socket_timeout_s=5))
+        admin = open_redis(RedisSettings(url=redis_server.url, socket_timeout_s=5))
+        store = RedisUsageStore(client, "u:")
+        try:
+            store.add(5, ROW, (2.0,) * len(FIELDS))
+            busy = asyncio.ensure_future(admin.eval(BUSY, 0, 300_000))
+            await asyncio.sleep(0.05)
+            flushing = asyncio.create_task(store.flush())
+            await asyncio.sleep(0.1)
+            flushing.cancel()
+            await asyncio.gather(flushing, return_exceptions=True)
+            await busy
+            await asyncio.sleep(0.1)
+            await store.flush()
+            assert float(await admin.hget("u:usage:5", "fast|acme|k1|requests") or 0) == 2.0
+        finally:
+            await client.aclose()
+            await admin.aclose()
+
+    asyncio.run(run())
