@@ -37,12 +37,26 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 import re
 import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, NamedTuple
 
+from router_models.steps import (
+    CLASS_CLAUSE,
+    CLASS_INNER_NUMBER,
+    CLAUSE_TOKENS,
+    STEP_NAMES,
+    has_quantity,
+    step_signals,
+    token_cues,
+)
 from router_models.textparts import TECH_TERMS, cjk_tech_terms, split_instruction
+
+# The round 12 step-count block (``router_models.steps``): off unless the environment turns it
+# on for a measurement; it changes the feature space, so the shipped artifact loads only off.
+STEP_SIGNALS: Final = os.environ.get("TIERGATE_ROUTER_STEPS", "") == "1"
 
 HASH_BITS: Final = 18
 HASH_SIZE: Final = 1 << HASH_BITS
@@ -110,7 +124,7 @@ STRUCTURAL_NAMES: Final = (
     "math_density",
     "number_density",
     "log_tech_terms",
-)
+) + (STEP_NAMES if STEP_SIGNALS else ())
 
 FEATURE_SPEC: Final[dict[str, Any]] = {
     "name": "tiergate-hashed-v7",
@@ -132,6 +146,9 @@ FEATURE_SPEC: Final[dict[str, Any]] = {
     "max_text_chars": MAX_TEXT_CHARS,
     "structural": list(STRUCTURAL_NAMES),
 }
+if STEP_SIGNALS:
+    FEATURE_SPEC["name"] = "tiergate-hashed-v7-steps"
+    FEATURE_SPEC["steps"] = "router_models.steps (round 12 candidate)"
 
 _TOKEN_RE: Final = re.compile(r"\w+|[^\w\s]")
 _ASCII_TOKEN_RE: Final = re.compile(r"[a-z0-9_]+|[^a-z0-9_\s]")
@@ -334,10 +351,10 @@ def _is_option(head: str) -> bool:
     return head[:1] in _OPTION_LETTERS and (sep in (".", ")", ":") or (sep == " " and head < "a"))
 
 
-def _line_signals(text: str) -> tuple[int, int, bool, int]:
-    """Indented lines, bulleted or numbered lines, whether a line starts like code, and
-    multiple-choice option lines."""
-    indented = items = options = 0
+def _line_signals(text: str) -> tuple[int, int, bool, int, int]:
+    """Indented lines, bulleted or numbered lines, whether a line starts like code,
+    multiple-choice option lines, and the option lines with a digit."""
+    indented = items = options = numeric_options = 0
     code = False
     for line in text.split("\n"):
         head = line.lstrip()
@@ -352,7 +369,9 @@ def _line_signals(text: str) -> tuple[int, int, bool, int]:
             items += 1
         if head[0] in _OPTION_HEADS and _is_option(head):
             options += 1
-    return indented, items, code, options
+            if STEP_SIGNALS and any(ch.isdigit() for ch in head):
+                numeric_options += 1
+    return indented, items, code, options, numeric_options
 
 
 def _has_latex(text: str) -> bool:
@@ -370,7 +389,13 @@ def token_class(token: str) -> str:
         return CLASS_NUMBER
     if "_" in token and len(token) > 1 and token not in _TOKEN_CLASSES:
         return CLASS_IDENT  # an identifier_with_underscores
-    return _TOKEN_CLASSES.get(token, CLASS_NONE)
+    found = _TOKEN_CLASSES.get(token, CLASS_NONE)
+    if STEP_SIGNALS and found == CLASS_NONE:
+        if token in CLAUSE_TOKENS:
+            return CLASS_CLAUSE
+        if has_quantity(token):
+            return CLASS_INNER_NUMBER
+    return found
 
 
 class Parts(NamedTuple):
@@ -412,14 +437,19 @@ def _shape_signals(
 
 
 def structural(
-    r: Rendered, tokens: list[str] | int, classes: str | None = None, parts: Parts | None = None
+    r: Rendered,
+    tokens: list[str] | int,
+    classes: str | None = None,
+    parts: Parts | None = None,
+    cues: str | None = None,
 ) -> tuple[float, ...]:
     """Structural signals of a rendered request, in ``STRUCTURAL_NAMES`` order.
 
     ``tokens`` are the text's tokens (material first, then instruction), or only their number
-    when ``classes`` is given; ``classes`` is ``"".join(token_class(t) for t in tokens)`` and
-    ``parts`` the text's ``parts_of`` split: the scorer passes both, training lets them be
-    computed here.
+    when ``classes`` is given; ``classes`` is ``"".join(token_class(t) for t in tokens)``,
+    ``parts`` the text's ``parts_of`` split and ``cues`` (with the step block on)
+    ``"".join(steps.token_cues(t) for t in tokens)``: the scorer passes them, training lets
+    them be computed here.
     """
     text = r.text
     if isinstance(tokens, int):
@@ -432,14 +462,14 @@ def structural(
             classes = "".join(token_class(t) for t in tokens)
     if parts is None:
         parts = parts_of(text)[0]
-    indented, items, code_def, options = _line_signals(text)
+    indented, items, code_def, options, numeric_options = _line_signals(text)
     stripped = text.rstrip()
     wants_format = CLASS_FORMAT in classes
     if not wants_format and r.system:
         system = r.system.lower()
         wants_format = any(w in system for w in _FORMAT_WORDS)
     questions = classes.count(CLASS_QUESTION)
-    return (
+    base = (
         _log(r.full_chars, 10.0),
         _log(n_tokens, 8.0),
         _log(text.count("\n"), 5.0),
@@ -467,6 +497,13 @@ def structural(
         1.0 if r.is_chat else 0.0,
         *_shape_signals(text, parts, classes, n_tokens, options),
     )
+    if not STEP_SIGNALS:
+        return base
+    if cues is None:
+        if isinstance(tokens, int):
+            raise ValueError("structural() needs the tokens or their cues")
+        cues = "".join(map(token_cues, tokens))
+    return base + step_signals(classes, cues, options, numeric_options)
 
 
 def _add(feats: SparseFeatures, index: int, value: float) -> None:
