@@ -383,7 +383,7 @@ def _has_code(text: str) -> bool:
     return "```" in text or _line_signals(text)[2]
 
 
-def token_class(token: str) -> str:
+def _one_class(token: str) -> str:
     """The structural class of a token (one character, ``CLASS_*``)."""
     if token[0] == "0":
         return CLASS_NUMBER
@@ -396,6 +396,16 @@ def token_class(token: str) -> str:
         if has_quantity(token):
             return CLASS_INNER_NUMBER
     return found
+
+
+def _class_and_cues(token: str) -> str:
+    """The token's class followed by its step cues (``steps.token_cues``)."""
+    return _one_class(token) + token_cues(token)
+
+
+# The structural class of a token: one character (``CLASS_*``), followed by the token's step
+# cues when the round 12 block is on (so the scorer's cached class string carries them).
+token_class = _class_and_cues if STEP_SIGNALS else _one_class
 
 
 class Parts(NamedTuple):
@@ -441,15 +451,13 @@ def structural(
     tokens: list[str] | int,
     classes: str | None = None,
     parts: Parts | None = None,
-    cues: str | None = None,
 ) -> tuple[float, ...]:
     """Structural signals of a rendered request, in ``STRUCTURAL_NAMES`` order.
 
     ``tokens`` are the text's tokens (material first, then instruction), or only their number
-    when ``classes`` is given; ``classes`` is ``"".join(token_class(t) for t in tokens)``,
-    ``parts`` the text's ``parts_of`` split and ``cues`` (with the step block on)
-    ``"".join(steps.token_cues(t) for t in tokens)``: the scorer passes them, training lets
-    them be computed here.
+    when ``classes`` is given; ``classes`` is ``"".join(token_class(t) for t in tokens)`` and
+    ``parts`` the text's ``parts_of`` split: the scorer passes both, training lets them be
+    computed here.
     """
     text = r.text
     if isinstance(tokens, int):
@@ -499,11 +507,7 @@ def structural(
     )
     if not STEP_SIGNALS:
         return base
-    if cues is None:
-        if isinstance(tokens, int):
-            raise ValueError("structural() needs the tokens or their cues")
-        cues = "".join(map(token_cues, tokens))
-    return base + step_signals(classes, cues, options, numeric_options)
+    return base + step_signals(classes, options, numeric_options)
 
 
 def _add(feats: SparseFeatures, index: int, value: float) -> None:

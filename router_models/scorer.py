@@ -30,7 +30,6 @@ from router_models.features import (
     HASH_SIZE,
     MASK32,
     MATERIAL_WEIGHT,
-    STEP_SIGNALS,
     after_indices,
     bigram_index,
     char_indices,
@@ -42,7 +41,6 @@ from router_models.features import (
     token_class,
     word_hash,
 )
-from router_models.steps import token_cues
 
 DEFAULT_CACHE_WORDS: Final = 50_000  # about 10 MB; cleared (not LRU) when full
 # Up to this many tokens, bigrams are summed in a Python loop: numpy's fixed cost per call
@@ -58,11 +56,9 @@ _SHIFT: Final = np.uint64(HASH_SHIFT)
 #  structural class, MATERIAL_WEIGHT * material-unigram weight,
 #  AFTER_WEIGHT * the same word's weight as an instruction word after material, or NaN until
 #  the word is first met there: most words never are, and it costs a second set of character
-#  n-gram hashes, step cues when the round 12 block is on, else "")
-WordEntry = tuple[int, float, float, str, float, float, str]
-_HASH, _WORD, _EDGE, _CLASS, _MATERIAL, _AFTER, _CUES = (
-    operator.itemgetter(i) for i in range(7)
-)
+#  n-gram hashes)
+WordEntry = tuple[int, float, float, str, float, float]
+_HASH, _WORD, _EDGE, _CLASS, _MATERIAL, _AFTER = (operator.itemgetter(i) for i in range(6))
 
 
 def sigmoid(margin: float) -> float:
@@ -97,8 +93,7 @@ class LeanScorer:
             after = AFTER_WEIGHT * (
                 w[after_word] + CHAR_WEIGHT * math.fsum(w[i] for i in after_chars)
             )
-        cues = token_cues(token) if STEP_SIGNALS else ""
-        entry = (h, word, w[edge_index(token)], token_class(token), material, after, cues)
+        entry = (h, word, w[edge_index(token)], token_class(token), material, after)
         if len(self._cache) >= self._cache_words:
             self._cache.clear()
         self._cache[token] = entry
@@ -146,18 +141,13 @@ class LeanScorer:
         parts, m_tokens, i_tokens = parts_of(rendered.text)
         total = self._bias
         classes = ""
-        cues = ""
         if m_tokens:
             m_entries = self._entries(m_tokens)
             classes = "".join(map(_CLASS, m_entries))
-            if STEP_SIGNALS:
-                cues = "".join(map(_CUES, m_entries))
             total += sum(map(_MATERIAL, m_entries)) / math.sqrt(len(m_entries))
         entries = self._entries(i_tokens, after_material=bool(m_tokens))
         if entries:
             classes += "".join(map(_CLASS, entries))
-            if STEP_SIGNALS:
-                cues += "".join(map(_CUES, entries))
             word_sum = sum(map(_WORD, entries)) + self._bigram_sum(entries)
             if m_tokens:
                 word_sum += self._after_sum(i_tokens, entries)
@@ -169,7 +159,7 @@ class LeanScorer:
                 total += edge / math.sqrt(2 * EDGE_TOKENS)
             else:
                 total += sum(map(_EDGE, entries)) / math.sqrt(len(entries))
-        signals = structural(rendered, len(m_tokens) + len(i_tokens), classes, parts, cues)
+        signals = structural(rendered, len(m_tokens) + len(i_tokens), classes, parts)
         weighted: float = sum(map(operator.mul, signals, self._structural))
         return total + weighted
 

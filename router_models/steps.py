@@ -3,17 +3,18 @@
 A one-step problem and a multi-step one can carry the same numbers; what differs is how many
 clauses introduce a quantity, and whether the wording chains them ("then", "each", "remaining",
 然后 / 每 / 剩, その後 / ずつ / 残り) or asks for one operation on two of them ("how many more",
-多多少, 少ない).  Everything here works on the per-token classes and cue strings that the lean
-scorer caches per word, so the block costs a few string operations per request:
+多多少, 少ない).  Everything here works on the per-token class string that the lean scorer caches
+per word (no change to the scorer), so the block costs a few string operations per request:
 
-* ``token_cues(token)`` is ``"c"`` once per chain cue and ``"x"`` once per one-operation ask in
+* ``token_cues(token)`` is ``"C"`` once per chain cue and ``"X"`` once per one-operation ask in
   the token (English words by exact match; Chinese and Japanese cues as substrings, since those
-  scripts are tokenised into long runs);
+  scripts are tokenised into long runs).  With the block on, ``features.token_class`` appends
+  them to the token's one-character class, so the class string carries them;
 * ``has_quantity(token)``: a digit inside the token (tokens are digit-folded, so ``0``) or a CJK
   numeral other than 一 (too common as an article), for tokens that do not start with a digit;
-* ``step_signals(classes, cues, option_lines, numeric_options)``: the block, in
-  ``STEP_NAMES`` order.  Clauses are the runs of token classes between sentence, question and
-  clause punctuation; each numeric option line (``A. 24``) adds one numeric clause, so those
+* ``step_signals(classes, option_lines, numeric_options)``: the block, in ``STEP_NAMES``
+  order.  Clauses are the runs of token classes between sentence, question and clause
+  punctuation; each numeric option line (``A. 24``) adds one numeric clause, so those
   are taken off.
 
 The cue lists were written once, before the measurement (docs/router.md, "Round 12").
@@ -22,7 +23,6 @@ The cue lists were written once, before the measurement (docs/router.md, "Round 
 from __future__ import annotations
 
 import math
-import re
 from typing import Final
 
 STEP_NAMES: Final = (
@@ -32,8 +32,9 @@ STEP_NAMES: Final = (
     "log_compare_cues",
     "few_steps",
 )
-CHAIN: Final = "c"
-COMPARE: Final = "x"
+# Cue marks (upper case: no token class uses them, so no other count sees them).
+CHAIN: Final = "C"
+COMPARE: Final = "X"
 # Token classes this block adds (features.token_class uses them only when the block is on):
 # a token with a quantity inside it, and clause punctuation other than "." "!" "?".
 CLASS_INNER_NUMBER: Final = "N"
@@ -54,8 +55,8 @@ _CJK_COMPARE: Final = (
 )
 # fmt: on
 _CJK_NUMERALS: Final = frozenset("二两兩三四五六七八九十百千万萬半")
-_CLAUSE_RE: Final = re.compile(r"[^spq]+")
-_QUANTITY_CLAUSE_RE: Final = re.compile(r"[nN][^spq]*")
+# Clause ends (sentence, question, clause punctuation) become "|", quantities "n".
+_SEGMENTS: Final = str.maketrans({"s": "|", "q": "|", CLASS_CLAUSE: "|", CLASS_INNER_NUMBER: "n"})
 
 
 def token_cues(token: str) -> str:
@@ -78,14 +79,13 @@ def _log(value: float, scale: float) -> float:
     return math.log1p(value) / scale
 
 
-def step_signals(
-    classes: str, cues: str, option_lines: int, numeric_options: int
-) -> tuple[float, ...]:
-    """The step-count block of a text from its token classes and cue string."""
-    quantity_clauses = max(0, len(_QUANTITY_CLAUSE_RE.findall(classes)) - numeric_options)
-    clauses = max(1, len(_CLAUSE_RE.findall(classes)) - option_lines)
-    chain = cues.count(CHAIN)
-    compare = cues.count(COMPARE)
+def step_signals(classes: str, option_lines: int, numeric_options: int) -> tuple[float, ...]:
+    """The step-count block of a text from its class string (classes and cue marks)."""
+    segments = classes.translate(_SEGMENTS).split("|")
+    quantity_clauses = max(0, sum(["n" in seg for seg in segments]) - numeric_options)
+    clauses = max(1, len(segments) - segments.count("") - option_lines)
+    chain = classes.count(CHAIN)
+    compare = classes.count(COMPARE)
     few = 1.0 if 1 <= quantity_clauses <= 2 and chain == 0 else 0.0
     return (
         _log(quantity_clauses, 2.5),

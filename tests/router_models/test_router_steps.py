@@ -59,18 +59,18 @@ def test_quantities_inside_tokens_and_cjk_numerals() -> None:
 def test_step_signals_count_quantity_clauses_not_numbers() -> None:
     """Two numbers in one clause are one quantity clause; numeric option lines are not
     counted; the few-steps flag needs at most two quantity clauses and no chain cue."""
-    # classes: "n - n s - - n s q" = two clauses with numbers, a question
-    one_step = step_signals("n-n s--ns--q", "x", option_lines=0, numeric_options=0)
+    # classes: two clauses with numbers (one with a compare cue), a question
+    one_step = step_signals("n-nX s--ns--q", option_lines=0, numeric_options=0)
     values = dict(zip(STEP_NAMES, one_step, strict=True))
     assert values["few_steps"] == 1.0
     assert values["log_compare_cues"] > 0.0
     assert values["log_chain_cues"] == 0.0
-    chained = step_signals("n-pN-pn-pN-s--q", "cc", option_lines=0, numeric_options=0)
+    chained = step_signals("n-pNC-pn-pNC-s--q", option_lines=0, numeric_options=0)
     more = dict(zip(STEP_NAMES, chained, strict=True))
     assert more["log_quantity_clauses"] > values["log_quantity_clauses"]
     assert more["few_steps"] == 0.0
     # the same one-step text followed by four numeric option lines ("a . 0" each)
-    with_options = step_signals("n-n s--ns--q" + "-sn" * 4, "x", 4, 4)
+    with_options = step_signals("n-nX s--ns--q" + "-sn" * 4, 4, 4)
     assert with_options[0] == one_step[0]
     assert with_options[4] == 1.0
 
