@@ -369,7 +369,7 @@ def _line_signals(text: str) -> tuple[int, int, bool, int, int]:
             items += 1
         if head[0] in _OPTION_HEADS and _is_option(head):
             options += 1
-            if STEP_SIGNALS and any(ch.isdigit() for ch in head):
+            if STEP_SIGNALS and any(map(str.isdigit, head)):
                 numeric_options += 1
     return indented, items, code, options, numeric_options
 
