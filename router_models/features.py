@@ -37,26 +37,12 @@ from __future__ import annotations
 
 import itertools
 import math
-import os
 import re
 import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, NamedTuple
 
-from router_models.steps import (
-    CLASS_CLAUSE,
-    CLASS_INNER_NUMBER,
-    CLAUSE_TOKENS,
-    STEP_NAMES,
-    has_quantity,
-    step_signals,
-    token_cues,
-)
 from router_models.textparts import TECH_TERMS, cjk_tech_terms, split_instruction
-
-# The round 12 step-count block (``router_models.steps``): off unless the environment turns it
-# on for a measurement; it changes the feature space, so the shipped artifact loads only off.
-STEP_SIGNALS: Final = os.environ.get("TIERGATE_ROUTER_STEPS", "") == "1"
 
 HASH_BITS: Final = 18
 HASH_SIZE: Final = 1 << HASH_BITS
@@ -124,7 +110,7 @@ STRUCTURAL_NAMES: Final = (
     "math_density",
     "number_density",
     "log_tech_terms",
-) + (STEP_NAMES if STEP_SIGNALS else ())
+)
 
 FEATURE_SPEC: Final[dict[str, Any]] = {
     "name": "tiergate-hashed-v7",
@@ -146,9 +132,6 @@ FEATURE_SPEC: Final[dict[str, Any]] = {
     "max_text_chars": MAX_TEXT_CHARS,
     "structural": list(STRUCTURAL_NAMES),
 }
-if STEP_SIGNALS:
-    FEATURE_SPEC["name"] = "tiergate-hashed-v7-steps"
-    FEATURE_SPEC["steps"] = "router_models.steps (round 12 candidate)"
 
 _TOKEN_RE: Final = re.compile(r"\w+|[^\w\s]")
 _ASCII_TOKEN_RE: Final = re.compile(r"[a-z0-9_]+|[^a-z0-9_\s]")
@@ -351,10 +334,10 @@ def _is_option(head: str) -> bool:
     return head[:1] in _OPTION_LETTERS and (sep in (".", ")", ":") or (sep == " " and head < "a"))
 
 
-def _line_signals(text: str) -> tuple[int, int, bool, int, int]:
-    """Indented lines, bulleted or numbered lines, whether a line starts like code,
-    multiple-choice option lines, and the option lines with a digit."""
-    indented = items = options = numeric_options = 0
+def _line_signals(text: str) -> tuple[int, int, bool, int]:
+    """Indented lines, bulleted or numbered lines, whether a line starts like code, and
+    multiple-choice option lines."""
+    indented = items = options = 0
     code = False
     for line in text.split("\n"):
         head = line.lstrip()
@@ -369,9 +352,7 @@ def _line_signals(text: str) -> tuple[int, int, bool, int, int]:
             items += 1
         if head[0] in _OPTION_HEADS and _is_option(head):
             options += 1
-            if STEP_SIGNALS and any(map(str.isdigit, head)):
-                numeric_options += 1
-    return indented, items, code, options, numeric_options
+    return indented, items, code, options
 
 
 def _has_latex(text: str) -> bool:
@@ -383,29 +364,13 @@ def _has_code(text: str) -> bool:
     return "```" in text or _line_signals(text)[2]
 
 
-def _one_class(token: str) -> str:
+def token_class(token: str) -> str:
     """The structural class of a token (one character, ``CLASS_*``)."""
     if token[0] == "0":
         return CLASS_NUMBER
     if "_" in token and len(token) > 1 and token not in _TOKEN_CLASSES:
         return CLASS_IDENT  # an identifier_with_underscores
-    found = _TOKEN_CLASSES.get(token, CLASS_NONE)
-    if STEP_SIGNALS and found == CLASS_NONE:
-        if token in CLAUSE_TOKENS:
-            return CLASS_CLAUSE
-        if has_quantity(token):
-            return CLASS_INNER_NUMBER
-    return found
-
-
-def _class_and_cues(token: str) -> str:
-    """The token's class followed by its step cues (``steps.token_cues``)."""
-    return _one_class(token) + token_cues(token)
-
-
-# The structural class of a token: one character (``CLASS_*``), followed by the token's step
-# cues when the round 12 block is on (so the scorer's cached class string carries them).
-token_class = _class_and_cues if STEP_SIGNALS else _one_class
+    return _TOKEN_CLASSES.get(token, CLASS_NONE)
 
 
 class Parts(NamedTuple):
@@ -447,10 +412,7 @@ def _shape_signals(
 
 
 def structural(
-    r: Rendered,
-    tokens: list[str] | int,
-    classes: str | None = None,
-    parts: Parts | None = None,
+    r: Rendered, tokens: list[str] | int, classes: str | None = None, parts: Parts | None = None
 ) -> tuple[float, ...]:
     """Structural signals of a rendered request, in ``STRUCTURAL_NAMES`` order.
 
@@ -470,14 +432,14 @@ def structural(
             classes = "".join(token_class(t) for t in tokens)
     if parts is None:
         parts = parts_of(text)[0]
-    indented, items, code_def, options, numeric_options = _line_signals(text)
+    indented, items, code_def, options = _line_signals(text)
     stripped = text.rstrip()
     wants_format = CLASS_FORMAT in classes
     if not wants_format and r.system:
         system = r.system.lower()
         wants_format = any(w in system for w in _FORMAT_WORDS)
     questions = classes.count(CLASS_QUESTION)
-    base = (
+    return (
         _log(r.full_chars, 10.0),
         _log(n_tokens, 8.0),
         _log(text.count("\n"), 5.0),
@@ -505,9 +467,6 @@ def structural(
         1.0 if r.is_chat else 0.0,
         *_shape_signals(text, parts, classes, n_tokens, options),
     )
-    if not STEP_SIGNALS:
-        return base
-    return base + step_signals(classes, options, numeric_options)
 
 
 def _add(feats: SparseFeatures, index: int, value: float) -> None:
