@@ -261,10 +261,7 @@ async def _stream(
     fault_at = len(plan.pieces) // 2
     last = len(plan.pieces) - 1
     loop = asyncio.get_running_loop()
-    # Decode steps keep their own clock, as an engine's do: a token is due one step after the
-    # one before was due, not after it was written, so a late wake-up (a loaded machine) is
-    # not added to every later gap and the mean gap stays the model's.
-    due = loop.time()
+    due = loop.time()  # steps keep the engine's clock: a late wake-up stretches no later gap
     for index, piece in enumerate(plan.pieces):
         if index:
             delay = engine.decode_delay()
