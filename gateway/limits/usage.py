@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import secrets
 import time
 from collections import defaultdict
@@ -41,12 +42,16 @@ GROUPINGS = ("tier", "tenant", "key")
 RowKey = tuple[str, str, str]  # tier, tenant, key id
 
 _FLUSH_WAIT_S = 10.0  # at stop, the longest wait for the flush in progress past its interval
-_BATCH_TTL_S = 3600  # how long Redis remembers a batch id (a batch is sent again within seconds)
 _HOUR_TTL_S = 32 * 86400
-# KEYS: the batch's mark, then one hash per hour. ARGV: the mark's and the hashes' TTL, then per
-# hash the number of field/increment values that follow, and those values. Once per batch id.
+_BATCH_ROWS = 1000  # rows per script: 5,000 increments, a few ms of Redis' time
+# KEYS: this store's mark (the number of the last batch Redis counted from it), then one hash
+# per hour. ARGV: the batch's number, the TTL of the mark and the hashes, then per hash the
+# number of field/increment values that follow, and those values. A batch counts once: batches
+# go out one at a time, in order, so one not above the mark was counted already. The mark
+# lives as long as the hashes: a batch may wait as long as Redis is out of reach.
 _APPLY_ONCE = """
-if not redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[1]) then return 0 end
+if tonumber(ARGV[1]) <= tonumber(redis.call('GET', KEYS[1]) or '0') then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
 local at = 3
 for k = 2, #KEYS do
   local n = tonumber(ARGV[at])
@@ -110,9 +115,9 @@ class MemoryUsageStore:
 
 @dataclass
 class _Batch:
-    """Totals sent to Redis together, under one id."""
+    """Totals sent to Redis together, under one number (this store's batches count up)."""
 
-    id: str
+    number: int
     hours: dict[int, dict[RowKey, list[float]]]
 
 
@@ -127,14 +132,22 @@ class RedisUsageStore:
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
         self._unsure: _Batch | None = None  # sent, not answered: counted by Redis or not
+        self._mark = f"{prefix}usage-sent:{secrets.token_hex(8)}"
+        self._numbered = 0
+        self._lock = asyncio.Lock()
 
     def add(self, hour: int, key: RowKey, values: tuple[float, ...]) -> None:
-        """Buffer in memory; the flusher sends it."""
+        """Buffer in memory; the flusher sends it. A value that is not a finite number is
+        sent as 0 (Redis would refuse it halfway through a batch)."""
+        if not all(math.isfinite(value) for value in values):
+            _log.warning("usage.not_finite", tier=key[0], tenant=key[1], key_id=key[2])
+            values = tuple(value if math.isfinite(value) else 0.0 for value in values)
         self.pending.add(hour, key, values)
 
     def start(self) -> None:
         """Start the flusher (at start-up; again after ``stop``, in this loop or another)."""
         self._stopping = asyncio.Event()
+        self._lock = asyncio.Lock()
         self._task = asyncio.get_running_loop().create_task(
             self._flush_forever(), context=Context()
         )
@@ -157,23 +170,41 @@ class RedisUsageStore:
             await self.flush()
 
     async def flush(self) -> None:
-        """Send the buffered totals as one batch. A batch whose answer did not come (Redis
-        down, a timeout, the flusher stopped) may have been counted or not: it is kept and
-        sent again as it is, under its id, before anything newer; Redis counts an id once."""
-        if self._unsure is not None:
-            if not await self._send(self._unsure):
-                return
-            self._unsure = None
-        hours, self.pending.hours = self.pending.hours, {}
-        if hours:
-            batch = _Batch(secrets.token_hex(8), hours)
-            if not await self._send(batch):
-                self._unsure = batch
+        """Send the buffered totals in batches of at most ``_BATCH_ROWS`` rows, one at a time.
+        A batch whose answer did not come (Redis down, a timeout, the flusher stopped) may
+        have been counted or not: it is kept and sent again as it is, under its number,
+        before anything newer; Redis counts a number once."""
+        async with self._lock:
+            while True:
+                if self._unsure is None:
+                    if not self.pending.hours:
+                        return
+                    self._numbered += 1
+                    self._unsure = _Batch(self._numbered, self._take(_BATCH_ROWS))
+                if not await self._send(self._unsure):
+                    return
+                self._unsure = None
+
+    def _take(self, limit: int) -> dict[int, dict[RowKey, list[float]]]:
+        """Move up to ``limit`` rows out of ``pending``."""
+        taken: dict[int, dict[RowKey, list[float]]] = {}
+        count = 0
+        for hour in list(self.pending.hours):
+            bucket = self.pending.hours[hour]
+            while bucket and count < limit:
+                key = next(iter(bucket))
+                taken.setdefault(hour, {})[key] = bucket.pop(key)
+                count += 1
+            if not bucket:
+                del self.pending.hours[hour]
+            if count >= limit:
+                break
+        return taken
 
     async def _send(self, batch: _Batch) -> bool:
-        """Apply ``batch`` once (a repeat of an id already counted does nothing)."""
-        keys = [f"{self.prefix}usage-batch:{batch.id}"]
-        args: list[str | float | int] = [_BATCH_TTL_S, _HOUR_TTL_S]
+        """Apply ``batch`` once (a repeat of a batch already counted does nothing)."""
+        keys = [self._mark]
+        args: list[str | float | int] = [batch.number, _HOUR_TTL_S]
         for hour, bucket in batch.hours.items():
             keys.append(f"{self.prefix}usage:{hour}")
             args.append(len(bucket) * len(FIELDS) * 2)
@@ -185,9 +216,6 @@ class RedisUsageStore:
         except (RedisError, OSError) as exc:
             _log.warning("usage.flush_failed", error=type(exc).__name__)
             return False
-        except asyncio.CancelledError:  # sent perhaps: sent again, under its id, next time
-            self._unsure = self._unsure or batch
-            raise
         return True
 
     async def rows(self, hours: range) -> dict[RowKey, list[float]]:

@@ -157,3 +157,78 @@ def test_a_batch_cancelled_in_flight_is_sent_again_once(redis_server: RedisServe
             await admin.aclose()
 
     asyncio.run(run())
+
+
+def test_the_record_of_a_counted_batch_lasts_as_long_as_its_totals(
+    redis_server: RedisServer,
+) -> None:
+    """A batch whose answer was lost waits as long as Redis stays out of reach (a partition,
+    or a Redis with persistence down for hours): whatever tells Redis that it counted the
+    batch must outlive the totals it guards, or the batch sent again is counted twice."""
+
+    async def run() -> None:
+        eater = _ReplyEater(redis_server.port)
+        url = await eater.start()
+        client = open_redis(RedisSettings(url=url, socket_timeout_s=0.2))
+        admin = open_redis(RedisSettings(url=redis_server.url, socket_timeout_s=5))
+        store = RedisUsageStore(client, "u:")
+        try:
+            store.add(5, ROW, (3.0,) * len(FIELDS))
+            await store.flush()  # applied, not answered
+            marks = [key async for key in admin.scan_iter("u:*") if key != b"u:usage:5"]
+            assert marks
+            hour_ttl = await admin.ttl("u:usage:5")
+            for mark in marks:
+                assert await admin.ttl(mark) >= hour_ttl
+        finally:
+            await client.aclose()
+            await admin.aclose()
+            await eater.stop()
+
+    asyncio.run(run())
+
+
+def test_a_total_that_is_not_a_number_costs_no_other_total(redis_server: RedisServer) -> None:
+    """A NaN or infinite value (a price of inf times zero tokens) makes Redis refuse its
+    increment halfway through a batch; the other rows of the batch still arrive, once."""
+
+    async def run() -> None:
+        client = open_redis(RedisSettings(url=redis_server.url, socket_timeout_s=5))
+        store = RedisUsageStore(client, "u:")
+        try:
+            store.add(5, ("fast", "acme", "k0"), (1.0, 1.0, 1.0, float("nan"), float("inf")))
+            store.add(5, ROW, (1.0,) * len(FIELDS))
+            for _ in range(3):
+                await store.flush()
+            row = await client.hgetall("u:usage:5")
+            assert float(row[b"fast|acme|k1|cost"]) == 1.0
+            assert float(row[b"fast|acme|k0|requests"]) == 1.0
+        finally:
+            await client.aclose()
+
+    asyncio.run(run())
+
+
+def test_a_large_backlog_does_not_block_redis(redis_server: RedisServer) -> None:
+    """Hours of totals kept through an outage go out in pieces: no script holds Redis (and
+    with it every gateway's rate limiter) past the request path's Redis timeout of 0.25 s."""
+
+    async def run() -> None:
+        client = open_redis(RedisSettings(url=redis_server.url, socket_timeout_s=30))
+        store = RedisUsageStore(client, "u:")
+        try:
+            await client.config_set("slowlog-log-slower-than", 250_000)
+            await client.slowlog_reset()
+            for index in range(60_000):
+                store.add(5 + index % 24, ("fast", f"t{index}", "k"), (1.0,) * len(FIELDS))
+            await store.flush()
+            slow = await client.slowlog_get(10)
+            assert [entry["duration"] for entry in slow] == []
+            rows = await store.rows(range(5, 5 + 24))
+            assert len(rows) == 60_000
+            assert store.pending.hours == {}
+        finally:
+            await client.config_set("slowlog-log-slower-than", 10_000)
+            await client.aclose()
+
+    asyncio.run(run())
