@@ -220,18 +220,20 @@ class RedisUsageStore:
 
     async def rows(self, hours: range) -> dict[RowKey, list[float]]:
         """Read and sum the hourly hashes (plus what is not flushed yet, and a batch whose
-        answer did not come)."""
+        answer did not come unless the mark, read with the hashes, says Redis counted it)."""
+        unsure = self._unsure
         out = await self.pending.rows(hours)
-        if self._unsure is not None:
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.get(self._mark)
             for hour in hours:
-                for key, values in self._unsure.hours.get(hour, {}).items():
+                pipe.hgetall(f"{self.prefix}usage:{hour}")
+            counted, *answers = await pipe.execute()
+        if unsure is not None and unsure.number > int(counted or 0):
+            for hour in hours:
+                for key, values in unsure.hours.get(hour, {}).items():
                     totals = out.setdefault(key, [0.0] * len(FIELDS))
                     for index, value in enumerate(values):
                         totals[index] += value
-        async with self.client.pipeline(transaction=False) as pipe:
-            for hour in hours:
-                pipe.hgetall(f"{self.prefix}usage:{hour}")
-            answers = await pipe.execute()
         for answer in answers:
             for raw_field, raw_value in answer.items():
                 name = raw_field.decode() if isinstance(raw_field, bytes) else raw_field

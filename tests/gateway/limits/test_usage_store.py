@@ -232,3 +232,26 @@ def test_a_large_backlog_does_not_block_redis(redis_server: RedisServer) -> None
             await client.aclose()
 
     asyncio.run(run())
+
+
+def test_the_report_counts_an_unanswered_batch_once(redis_server: RedisServer) -> None:
+    """While a batch's answer is missing, the report adds the batch only if Redis has not
+    counted it: a batch applied but unanswered is not reported twice."""
+
+    async def run() -> None:
+        eater = _ReplyEater(redis_server.port)
+        url = await eater.start()
+        client = open_redis(RedisSettings(url=url, socket_timeout_s=0.2))
+        reader = open_redis(RedisSettings(url=redis_server.url, socket_timeout_s=5))
+        store = RedisUsageStore(client, "u:")
+        try:
+            store.add(5, ROW, (3.0,) * len(FIELDS))
+            await store.flush()  # applied, not answered
+            store.client = reader
+            assert await _requests(store) == 3.0
+        finally:
+            await client.aclose()
+            await reader.aclose()
+            await eater.stop()
+
+    asyncio.run(run())
