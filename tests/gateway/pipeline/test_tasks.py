@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import sys
 
 import pytest
 from redis.asyncio import Redis
@@ -105,28 +104,23 @@ def test_redis_py_loses_a_cancellation_that_comes_as_a_command_starts(
 ) -> None:
     """The hazard itself, with no stand-in: a loop of commands on a pooled connection,
     cancelled in the pass its first command was sent in. redis-py's ``wait_for`` around the
-    send returns the send's result instead of the cancellation (Python 3.11), and the loop runs
-    on; one cancel and an await would wait forever. ``stop_tasks`` ends it."""
+    send usually returns the send's result instead of the cancellation (Python 3.11; 20 of 20
+    idle tries), and the loop runs on; one cancel and an await would then wait forever. Lost or
+    not (it is a race, and a loaded machine delivered it once in CI), ``stop_tasks`` ends it."""
 
     async def run() -> None:
         client = Redis.from_url(redis_server.url, socket_timeout=5)
-        polls = 0
 
         async def poll() -> None:
-            nonlocal polls
             while True:
                 await client.get("a")
-                polls += 1
 
         try:
             await client.ping()  # pooled: the next command's first wait is its send
             task = asyncio.create_task(poll())
             await asyncio.sleep(0)  # the task sent its command in this pass
             task.cancel()
-            done, _ = await asyncio.wait({task}, timeout=0.1)
-            if sys.version_info < (3, 12):
-                assert not done, "the cancellation was lost"
-                assert polls > 0
+            await asyncio.wait({task}, timeout=0.1)  # on 3.11 it usually runs on (a race)
             assert await stop_tasks(task, within_s=2.0)
             assert task.cancelled()
         finally:
