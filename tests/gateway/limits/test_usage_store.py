@@ -8,6 +8,10 @@ that keeps the server busy.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+from redis.asyncio import Redis
 
 from gateway.config.redis_client import open_redis
 from gateway.config.settings import RedisSettings
@@ -74,30 +78,43 @@ class _ReplyEater:
             self.server.close()
 
 
+async def _counted(admin: Redis) -> float:
+    """The requests Redis holds for ``ROW`` in hour 5."""
+    return float(await admin.hget("u:usage:5", "fast|acme|k1|requests") or 0)
+
+
+@contextlib.asynccontextmanager
+async def _behind_eater(
+    redis_server: RedisServer,
+) -> AsyncIterator[tuple[_ReplyEater, RedisUsageStore, Redis]]:
+    """A store whose client talks through a :class:`_ReplyEater` (answers swallowed from its
+    first totals on), and a client straight to Redis; all closed afterwards."""
+    eater = _ReplyEater(redis_server.port)
+    client = open_redis(RedisSettings(url=await eater.start(), socket_timeout_s=0.2))
+    admin = open_redis(RedisSettings(url=redis_server.url, socket_timeout_s=5))
+    try:
+        yield eater, RedisUsageStore(client, "u:"), admin
+    finally:
+        await client.aclose()
+        await admin.aclose()
+        await eater.stop()
+
+
 def test_a_batch_whose_answer_was_lost_is_counted_once(redis_server: RedisServer) -> None:
     """Redis applies a batch and its answer is lost on the way back (and so are the answers to
     redis-py's own retries of it); the store sends it again, since it cannot know, and Redis
     counts it once. New totals go in a batch of their own."""
 
     async def run() -> None:
-        eater = _ReplyEater(redis_server.port)
-        url = await eater.start()
-        client = open_redis(RedisSettings(url=url, socket_timeout_s=0.2))
-        admin = open_redis(RedisSettings(url=redis_server.url, socket_timeout_s=5))
-        store = RedisUsageStore(client, "u:")
-        try:
+        async with _behind_eater(redis_server) as (eater, store, admin):
             store.add(5, ROW, (3.0,) * len(FIELDS))
             await store.flush()  # applied (perhaps more than once by redis-py), not answered
-            assert float(await admin.hget("u:usage:5", "fast|acme|k1|requests") or 0) == 3.0
+            assert await _counted(admin) == 3.0
             eater.eating = False
             store.add(5, ROW, (1.0,) * len(FIELDS))
             await store.flush()  # the unsure batch again (a no-op), then the new one
-            assert float(await admin.hget("u:usage:5", "fast|acme|k1|requests") or 0) == 4.0
+            assert await _counted(admin) == 4.0
             assert await _requests(store) == 4.0
-        finally:
-            await client.aclose()
-            await admin.aclose()
-            await eater.stop()
 
     asyncio.run(run())
 
@@ -122,7 +139,7 @@ def test_totals_wait_out_an_outage_and_arrive_once(redis_server: RedisServer) ->
             assert await _requests(store) == 4.0
             admin = open_redis(RedisSettings(url=redis_server.url, socket_timeout_s=5))
             try:
-                assert float(await admin.hget("u:usage:5", "fast|acme|k1|requests") or 0) == 4.0
+                assert await _counted(admin) == 4.0
                 assert await admin.ttl("u:usage:5") > 31 * 86400
             finally:
                 await admin.aclose()
@@ -151,7 +168,7 @@ def test_a_batch_cancelled_in_flight_is_sent_again_once(redis_server: RedisServe
             await busy
             await asyncio.sleep(0.1)
             await store.flush()
-            assert float(await admin.hget("u:usage:5", "fast|acme|k1|requests") or 0) == 2.0
+            assert await _counted(admin) == 2.0
         finally:
             await client.aclose()
             await admin.aclose()
@@ -167,12 +184,7 @@ def test_the_record_of_a_counted_batch_lasts_as_long_as_its_totals(
     batch must outlive the totals it guards, or the batch sent again is counted twice."""
 
     async def run() -> None:
-        eater = _ReplyEater(redis_server.port)
-        url = await eater.start()
-        client = open_redis(RedisSettings(url=url, socket_timeout_s=0.2))
-        admin = open_redis(RedisSettings(url=redis_server.url, socket_timeout_s=5))
-        store = RedisUsageStore(client, "u:")
-        try:
+        async with _behind_eater(redis_server) as (_, store, admin):
             store.add(5, ROW, (3.0,) * len(FIELDS))
             await store.flush()  # applied, not answered
             marks = [key async for key in admin.scan_iter("u:*") if key != b"u:usage:5"]
@@ -180,10 +192,6 @@ def test_the_record_of_a_counted_batch_lasts_as_long_as_its_totals(
             hour_ttl = await admin.ttl("u:usage:5")
             for mark in marks:
                 assert await admin.ttl(mark) >= hour_ttl
-        finally:
-            await client.aclose()
-            await admin.aclose()
-            await eater.stop()
 
     asyncio.run(run())
 
@@ -239,19 +247,10 @@ def test_the_report_counts_an_unanswered_batch_once(redis_server: RedisServer) -
     counted it: a batch applied but unanswered is not reported twice."""
 
     async def run() -> None:
-        eater = _ReplyEater(redis_server.port)
-        url = await eater.start()
-        client = open_redis(RedisSettings(url=url, socket_timeout_s=0.2))
-        reader = open_redis(RedisSettings(url=redis_server.url, socket_timeout_s=5))
-        store = RedisUsageStore(client, "u:")
-        try:
+        async with _behind_eater(redis_server) as (_, store, admin):
             store.add(5, ROW, (3.0,) * len(FIELDS))
             await store.flush()  # applied, not answered
-            store.client = reader
+            store.client = admin  # read straight from Redis
             assert await _requests(store) == 3.0
-        finally:
-            await client.aclose()
-            await reader.aclose()
-            await eater.stop()
 
     asyncio.run(run())
