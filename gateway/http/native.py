@@ -303,21 +303,19 @@ class NativeCycle:
                 _bound_send_buffer(transport)
                 # the head goes out with the first event, in one write
                 head = reply_head(reply, keep_alive=self.keep_alive, length=None, chunked=chunked)
+                out = _StreamOut(self, reply, head)
                 if reply.pump is not None:
-                    out = _StreamOut(self, reply, head)
                     if not await reply.pump(out):
                         return
-                    head = out.head
                 else:
                     async for chunk in stream:
                         if chunk:
-                            transport.write(head + (_framed(chunk) if chunked else chunk))
-                            head = b""
+                            out.write(chunk)
                         if flow.write_paused and not await self._drained(reply):
                             return
                         if self._left():
                             return
-                transport.write(head + _LAST_CHUNK if chunked else head)
+                transport.write(out.head + _LAST_CHUNK if chunked else out.head)
                 self._complete()  # HTTP/1.0: never keep-alive, so the close ends the body
         except asyncio.CancelledError:
             task = self._task
@@ -381,7 +379,7 @@ class _Guarded:
 
 
 class _StreamOut:
-    """A stream's client as a reply's pump writes to it (:class:`Downstream`)."""
+    """A stream's client as its chunks are written to it (:class:`Downstream` for a pump)."""
 
     __slots__ = ("_chunked", "_cycle", "_flow", "_reply", "_transport", "head")
 
