@@ -112,8 +112,9 @@ def test_redis_py_loses_a_cancellation_that_comes_as_a_command_starts(
         client = Redis.from_url(redis_server.url, socket_timeout=5)
 
         async def poll() -> None:
-            while True:
+            while True:  # as the gateway's loops: a command, then a pause
                 await client.get("a")
+                await asyncio.sleep(0.001)
 
         try:
             await client.ping()  # pooled: the next command's first wait is its send
