@@ -293,7 +293,6 @@ class NativeCycle:
         stream = reply.stream
         assert stream is not None  # noqa: S101  # only called for streams
         transport = self.transport
-        flow = self.flow
         chunked = self.chunked
         try:
             if self.was_disconnected:  # before the guard: no cancellation left pending
@@ -304,17 +303,10 @@ class NativeCycle:
                 # the head goes out with the first event, in one write
                 head = reply_head(reply, keep_alive=self.keep_alive, length=None, chunked=chunked)
                 out = _StreamOut(self, reply, head)
-                if reply.pump is not None:
-                    if not await reply.pump(out):
-                        return
-                else:
-                    async for chunk in stream:
-                        if chunk:
-                            out.write(chunk)
-                        if flow.write_paused and not await self._drained(reply):
-                            return
-                        if self._left():
-                            return
+                pump = reply.pump
+                assert pump is not None  # noqa: S101  # the proxy relays every stream with a pump
+                if not await pump(out):
+                    return
                 transport.write(out.head + _LAST_CHUNK if chunked else out.head)
                 self._complete()  # HTTP/1.0: never keep-alive, so the close ends the body
         except asyncio.CancelledError:
@@ -338,10 +330,6 @@ class NativeCycle:
             self.transport.abort()  # close() would wait for the bytes it does not read
             return False
         return True
-
-    def _left(self) -> bool:
-        """Whether the client is gone (the protocol may say so at any await)."""
-        return self.was_disconnected
 
     def _complete(self) -> None:
         self.response_complete = True

@@ -78,7 +78,8 @@ class Reply:
     on_stall: Callable[[], None] | None = None
     # The same stream, written by the reply itself to a server layer that offers it a
     # :class:`Downstream` (then ``stream`` is never iterated): ``False`` if the client stalled
-    # or left before its end.
+    # or left before its end. The native server relays streams only this way; the Litestar
+    # app iterates ``stream``.
     pump: Callable[[Downstream], Awaitable[bool]] | None = None
 
 
