@@ -66,11 +66,9 @@ def starter(
     A TierGate leg named ``NAME@REV`` runs revision ``REV``'s code through ``launcher`` (a
     worktree first on the path, as ``bench/overhead/ab.py`` does), for a same-run A/B.
     """
-    tiergate: dict[str, tuple[str, int]] = {
-        "tiergate-plain": ("plain", 1),
-        "tiergate-full": ("full", 1),
-        "tiergate-2w": ("plain", 2),
-    }
+    # Every overhead variant is a leg (tiergate-router, tiergate-traced...: one feature at a
+    # time, to find what a full-path figure is made of), plus plain on two workers.
+    tiergate = {f"tiergate-{v}": (v, 1) for v in VARIANTS} | {"tiergate-2w": ("plain", 2)}
     base = name.split("@", 1)[0]
     if base in tiergate:
         variant, workers = tiergate[base]
@@ -90,5 +88,6 @@ def starter(
         "litellm": start_litellm,
     }
     if name not in peers:
-        raise ValueError(f"unknown leg {name!r}; known: {', '.join(ALL_LEGS)}")
+        known = ", ".join((*ALL_LEGS, *tiergate))
+        raise ValueError(f"unknown leg {name!r}; known: {known}")
     return peers[name]
