@@ -19,8 +19,6 @@ from collections.abc import Callable
 import structlog
 import uvicorn
 
-from gateway.pipeline.eager import Eager, eager
-
 _log = structlog.get_logger("tiergate.server")
 # Connections taken per wake-up of the listening socket; the loop then serves everything else
 # once before the next batch, so a flood of connections cannot starve open streams.
@@ -94,10 +92,7 @@ class Acceptor:
                 return  # a connection reset before it was taken: nothing to serve
             conn.setblocking(False)
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            # Started here, not in a task's first step: the connection's transport is made in
-            # this pass of the loop, so its request is read a pass sooner (each pass takes
-            # milliseconds under load). The task finishes the rest.
-            task = self.loop.create_task(_finish(eager(self.serve(conn))))
+            task = self.loop.create_task(self.serve(conn))
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
 
@@ -124,8 +119,3 @@ class Acceptor:
         if not self.closed:
             self.closed = True
             self.loop.remove_reader(self.sock.fileno())
-
-
-async def _finish(started: Eager[None]) -> None:
-    """The rest of an eagerly started coroutine, in a task."""
-    await started
