@@ -13,6 +13,9 @@ Usage (25-30 minutes on 2 shared cores at weight 1; run it under ``nice -n 19``)
         --data router_models/corpus/tiergate-corpus.jsonl router_models/corpus/hard-cases.jsonl \\
         router_models/training/data/external-train.jsonl ../shared/datasets/router-dev2.jsonl
 
+``--balance-source-labels`` gives both labels of each external source equal total weight
+(``TrainSettings.balance_source_labels``).
+
 Prints the pooled figures (every held-out row; the rows of trainable sources only; the
 Chinese + Japanese slice) and one line per source and per language.
 """
@@ -52,9 +55,12 @@ def _pooled(title: str, r: Reliability) -> str:
     )
 
 
-def report(paths: Sequence[Path], external_weight: float) -> str:
-    """The LOSO report of the training mix in ``paths`` at ``external_weight``."""
-    settings = dataclasses.replace(TrainSettings(), external_weight=external_weight)
+def report(paths: Sequence[Path], external_weight: float, *, balance: bool = False) -> str:
+    """The LOSO report of the training mix in ``paths`` at ``external_weight`` (with each
+    external source's labels given equal weight when ``balance``)."""
+    settings = dataclasses.replace(
+        TrainSettings(), external_weight=external_weight, balance_source_labels=balance
+    )
     data = prepare([r for p in paths for r in read_jsonl(p)], settings)
     scores = loso_scores(data, settings)
     rows = np.flatnonzero(~np.isnan(scores))
@@ -66,8 +72,9 @@ def report(paths: Sequence[Path], external_weight: float) -> str:
     in_train = np.array([g in trainable_sources for g in groups], dtype=np.bool_)
     cjk = np.array([lang in CJK for lang in langs], dtype=np.bool_)
     pooled = reliability(y, held)
+    balanced = "; labels balanced within each external source" if balance else ""
     lines = [
-        f"external weight {external_weight}; data: {', '.join(str(p) for p in paths)}",
+        f"external weight {external_weight}{balanced}; data: {', '.join(str(p) for p in paths)}",
         _pooled("every held-out row", pooled),
         _pooled("trainable sources only", reliability(y[in_train], held[in_train])),
         _pooled("non-CJK", reliability(y[~cjk], held[~cjk])),
@@ -90,9 +97,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--data", type=Path, nargs="+", required=True)
     parser.add_argument("--external-weight", type=float, default=1.0)
+    parser.add_argument(
+        "--balance-source-labels",
+        action="store_true",
+        help="weight each external source's two labels equally (TrainSettings."
+        "balance_source_labels; docs/router.md, Round 13)",
+    )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
-    text = report(args.data, args.external_weight)
+    text = report(args.data, args.external_weight, balance=args.balance_source_labels)
     sys.stdout.write(text + "\n")
     if args.out is not None:
         args.out.write_text(text + "\n", encoding="utf-8")

@@ -77,6 +77,9 @@ class TrainSettings:
     # At 0 the calibration sees only the generated corpus; above 0 it sees the mixture of
     # sources the router will meet, so a score means the same on external traffic.
     calibration_external_weight: float = 0.0
+    # Whether each external source's trainable rows are reweighted so that its two labels carry
+    # equal total weight (``source_label_balance``).  Off: docs/router.md, "Round 13".
+    balance_source_labels: bool = False
     target_share: float = DEFAULT_TARGET_SHARE
 
     def fitter(self) -> FitFn:
@@ -104,18 +107,48 @@ def prepare(records: Sequence[dict[str, Any]], settings: TrainSettings) -> Prepa
     groups = [group_of(r) for r in rows]
     external = np.array([not g.startswith("corpus/") for g in groups], dtype=np.bool_)
     x = featurize([body_of(r) for r in rows])
+    y = np.asarray([label_of(r) for r in rows], dtype=np.float64)
+    train_mask = np.array([trainable(r) for r in rows], dtype=np.bool_)
+    weight = np.where(external, settings.external_weight, 1.0).astype(np.float64)
+    if settings.balance_source_labels:
+        weight = weight * source_label_balance(groups, y, train_mask)
     return Prepared(
         records=rows,
         x=x,
         x_fit=x if settings.external_hashed else _without_hashed(x, external),
-        y=np.asarray([label_of(r) for r in rows], dtype=np.float64),
-        weight=np.where(external, settings.external_weight, 1.0).astype(np.float64),
+        y=y,
+        weight=weight,
         calib_weight=np.where(external, settings.calibration_external_weight, 1.0).astype(
             np.float64
         ),
         groups=groups,
-        train_mask=np.array([trainable(r) for r in rows], dtype=np.bool_),
+        train_mask=train_mask,
     )
+
+
+def source_label_balance(groups: Sequence[str], y: FloatArray, train_mask: BoolArray) -> FloatArray:
+    """Per-row weight factors that give both labels of each external source equal weight.
+
+    A trainable row of external source ``s`` with label ``l`` gets ``n_s / (2 * n_s,l)``,
+    counting the trainable rows of ``s`` only, so each label carries half of the source's
+    total and the total is unchanged.  Corpus rows (``corpus/...``), sources with a single
+    trainable label, and rows never trained on get 1.  A row's factor depends on its own
+    source alone: holding another source out of a fit leaves it as it is.
+    """
+    names = np.asarray(groups)
+    factor = np.ones(len(groups), dtype=np.float64)
+    for group in sorted(set(groups)):
+        if group.startswith("corpus/"):
+            continue
+        rows = (names == group) & train_mask
+        n_complex = int(np.count_nonzero(y[rows] == 1.0))
+        n_simple = int(np.count_nonzero(rows)) - n_complex
+        if n_complex == 0 or n_simple == 0:
+            continue
+        total = n_complex + n_simple
+        factor[rows & (y == 1.0)] = total / (2 * n_complex)
+        factor[rows & (y != 1.0)] = total / (2 * n_simple)
+    return factor
 
 
 def _without_hashed(x: sparse.csr_matrix, rows: BoolArray) -> sparse.csr_matrix:
@@ -189,6 +222,8 @@ def _metadata(
             "external_weight": settings.external_weight,
             "external_hashed": settings.external_hashed,
             "calibration_external_weight": settings.calibration_external_weight,
+            # Named only when on, so the shipped artifact's bytes stay as they were.
+            **({"balance_source_labels": True} if settings.balance_source_labels else {}),
             "calibration": "Platt on group-held-out margins (source / generator family)",
         },
         "held_out_roc_auc": round(float(roc_auc_score(data.y, held)), 6),
