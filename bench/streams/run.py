@@ -67,6 +67,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--storm-streams", type=int, default=1000, help="0 skips the storm")
     parser.add_argument("--storm-legs", default=STORM_LEGS)
     parser.add_argument("--storm-tokens", type=int, default=120)
+    parser.add_argument(
+        "--storms", type=int, default=1, help="storms in a row per leg (the report shows the last)"
+    )
     parser.add_argument("--ceiling-streams", type=int, default=10000, help="0 skips it")
     parser.add_argument("--ceiling-legs", default=CEILING_LEGS)
     parser.add_argument("--ceiling-tokens-per-s", type=float, default=1.0)
@@ -214,8 +217,12 @@ def measure_leg(name: str, leg: Leg, upstream: Leg, args: argparse.Namespace, ru
         ramp_s = min(args.ramp_s, storm_s / 3)
         spec = WaveSpec(args.storm_streams, args.storm_tokens, ramp_s, storm_s + 30,
                         hangup_fraction=0.5, hangup_at_s=ramp_s + storm_s / 3)  # fmt: skip
-        run.storms[name] = run_wave(leg, upstream, spec, pin)
-        say(run.storms[name], "storm")
+        for k in range(1, args.storms + 1):  # in a row: what one storm leaves, the next adds to
+            run.storms[name] = storm = run_wave(leg, upstream, spec, pin)
+            say(storm, "storm")
+            if args.storms > 1:
+                rss = f"RSS before / after {storm.rss_before_kib:,} / {storm.rss_after_kib:,} KiB"
+                run.notes.append(f"- {leg.name}: storm {k} of {args.storms}, {rss}.")
     if name in args.ceiling_legs.split(",") and args.ceiling_streams:
         rate, tokens = args.ceiling_tokens_per_s, args.ceiling_tokens
         spec = WaveSpec(args.ceiling_streams, tokens, max(args.ramp_s, 3.0),
