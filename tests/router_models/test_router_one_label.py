@@ -122,3 +122,23 @@ def test_every_loso_fold_trains_without_one_label_sources_and_scores_them(
         assert not (~data.train_mask[rows]).any()
         assert (weight[np.isin(names[rows], _DROPPED)] == 0.0).all()
         assert (weight[~np.isin(names[rows], _DROPPED)] > 0.0).all()
+
+
+def test_weight_zero_rows_fit_as_if_absent() -> None:
+    """liblinear gives the same model with the dropped rows at weight 0 as without them."""
+    data = prepare(_records(), _SETTINGS)
+    fit = _SETTINGS.fitter()
+    rows = data.train_mask
+    kept = rows & (data.weight > 0)
+    with_zero = fit(data.x_fit[rows], data.y[rows], data.weight[rows])
+    without = fit(data.x_fit[kept], data.y[kept], data.weight[kept])
+    np.testing.assert_allclose(with_zero.coef, without.coef, rtol=0, atol=1e-12)
+    assert with_zero.intercept == pytest.approx(without.intercept, rel=0, abs=1e-12)
+
+
+def test_no_change_at_the_shipped_external_weight() -> None:
+    """At external weight 0 (the shipped setting) every external row already weighs 0."""
+    shipped = dataclasses.replace(_SETTINGS, external_weight=0.0)
+    on = prepare(_records(), shipped)
+    off = prepare(_records(), dataclasses.replace(shipped, drop_one_label_sources=False))
+    np.testing.assert_array_equal(on.weight, off.weight)
