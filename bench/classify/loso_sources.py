@@ -14,7 +14,9 @@ Usage (25-30 minutes on 2 shared cores at weight 1; run it under ``nice -n 19``)
         router_models/training/data/external-train.jsonl ../shared/datasets/router-dev2.jsonl
 
 ``--balance-source-labels`` gives both labels of each external source equal total weight
-(``TrainSettings.balance_source_labels``).
+(``TrainSettings.balance_source_labels``).  ``--drop-one-label-sources`` leaves every external
+source whose trainable rows carry one label out of the fits (weight 0); such a source is still
+held out and scored in its own fold (``TrainSettings.drop_one_label_sources``).
 
 Prints the pooled figures (every held-out row; the rows of trainable sources only; the
 Chinese + Japanese slice) and one line per source and per language.
@@ -43,7 +45,11 @@ from router_models.training.honest import (  # noqa: E402
     loso_scores,
     reliability,
 )
-from router_models.training.train import TrainSettings, prepare  # noqa: E402
+from router_models.training.train import (  # noqa: E402
+    TrainSettings,
+    one_label_sources,
+    prepare,
+)
 
 CJK = frozenset(("zh", "ja"))
 
@@ -55,11 +61,17 @@ def _pooled(title: str, r: Reliability) -> str:
     )
 
 
-def report(paths: Sequence[Path], external_weight: float, *, balance: bool = False) -> str:
+def report(
+    paths: Sequence[Path], external_weight: float, *, balance: bool = False, drop: bool = False
+) -> str:
     """The LOSO report of the training mix in ``paths`` at ``external_weight`` (with each
-    external source's labels given equal weight when ``balance``)."""
+    external source's labels given equal weight when ``balance``; with the one-label external
+    sources left out of the fits when ``drop``)."""
     settings = dataclasses.replace(
-        TrainSettings(), external_weight=external_weight, balance_source_labels=balance
+        TrainSettings(),
+        external_weight=external_weight,
+        balance_source_labels=balance,
+        drop_one_label_sources=drop,
     )
     data = prepare([r for p in paths for r in read_jsonl(p)], settings)
     scores = loso_scores(data, settings)
@@ -72,9 +84,12 @@ def report(paths: Sequence[Path], external_weight: float, *, balance: bool = Fal
     in_train = np.array([g in trainable_sources for g in groups], dtype=np.bool_)
     cjk = np.array([lang in CJK for lang in langs], dtype=np.bool_)
     pooled = reliability(y, held)
-    balanced = "; labels balanced within each external source" if balance else ""
+    notes = "; labels balanced within each external source" if balance else ""
+    if drop:
+        names = one_label_sources(data.groups, data.y, data.train_mask)
+        notes += f"; one-label sources left out of training: {', '.join(names) or 'none'}"
     lines = [
-        f"external weight {external_weight}{balanced}; data: {', '.join(str(p) for p in paths)}",
+        f"external weight {external_weight}{notes}; data: {', '.join(str(p) for p in paths)}",
         _pooled("every held-out row", pooled),
         _pooled("trainable sources only", reliability(y[in_train], held[in_train])),
         _pooled("non-CJK", reliability(y[~cjk], held[~cjk])),
@@ -103,9 +118,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="weight each external source's two labels equally (TrainSettings."
         "balance_source_labels; docs/router.md, Round 13)",
     )
+    parser.add_argument(
+        "--drop-one-label-sources",
+        action="store_true",
+        help="leave external sources whose trainable rows carry one label out of the fits "
+        "(TrainSettings.drop_one_label_sources; docs/router.md, Round 14)",
+    )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
-    text = report(args.data, args.external_weight, balance=args.balance_source_labels)
+    text = report(
+        args.data,
+        args.external_weight,
+        balance=args.balance_source_labels,
+        drop=args.drop_one_label_sources,
+    )
     sys.stdout.write(text + "\n")
     if args.out is not None:
         args.out.write_text(text + "\n", encoding="utf-8")

@@ -80,6 +80,9 @@ class TrainSettings:
     # Whether each external source's trainable rows are reweighted so that its two labels carry
     # equal total weight (``source_label_balance``).  Off: docs/router.md, "Round 13".
     balance_source_labels: bool = False
+    # Whether external sources whose trainable rows all carry one label are left out of the
+    # fits (weight 0; ``one_label_sources``).  Off: docs/router.md, "Round 14".
+    drop_one_label_sources: bool = False
     target_share: float = DEFAULT_TARGET_SHARE
 
     def fitter(self) -> FitFn:
@@ -112,6 +115,9 @@ def prepare(records: Sequence[dict[str, Any]], settings: TrainSettings) -> Prepa
     weight = np.where(external, settings.external_weight, 1.0).astype(np.float64)
     if settings.balance_source_labels:
         weight = weight * source_label_balance(groups, y, train_mask)
+    if settings.drop_one_label_sources:
+        dropped = one_label_sources(groups, y, train_mask)
+        weight = np.where(np.isin(groups, dropped), 0.0, weight)
     return Prepared(
         records=rows,
         x=x,
@@ -149,6 +155,22 @@ def source_label_balance(groups: Sequence[str], y: FloatArray, train_mask: BoolA
         factor[rows & (y == 1.0)] = total / (2 * n_complex)
         factor[rows & (y != 1.0)] = total / (2 * n_simple)
     return factor
+
+
+def one_label_sources(groups: Sequence[str], y: FloatArray, train_mask: BoolArray) -> list[str]:
+    """The external sources whose trainable rows all carry the same label, sorted.
+
+    Corpus groups (``corpus/...``) and sources with no trainable row are never named.  Whether
+    a source is named depends on its own trainable rows alone, so a leave-one-source-out fold
+    names the same sources among the rows it trains on as the full mix does.
+    """
+    names = np.asarray(groups)
+    out = []
+    for group in sorted(set(groups)):
+        rows = (names == group) & train_mask
+        if not group.startswith("corpus/") and rows.any() and np.unique(y[rows]).size == 1:
+            out.append(group)
+    return out
 
 
 def _without_hashed(x: sparse.csr_matrix, rows: BoolArray) -> sparse.csr_matrix:
@@ -224,6 +246,7 @@ def _metadata(
             "calibration_external_weight": settings.calibration_external_weight,
             # Named only when on, so the shipped artifact's bytes stay as they were.
             **({"balance_source_labels": True} if settings.balance_source_labels else {}),
+            **({"drop_one_label_sources": True} if settings.drop_one_label_sources else {}),
             "calibration": "Platt on group-held-out margins (source / generator family)",
         },
         "held_out_roc_auc": round(float(roc_auc_score(data.y, held)), 6),
