@@ -73,7 +73,8 @@ def report(
         balance_source_labels=balance,
         drop_one_label_sources=drop,
     )
-    data = prepare([r for p in paths for r in read_jsonl(p)], settings)
+    per_file = {p: read_jsonl(p) for p in paths}
+    data = prepare([r for p in paths for r in per_file[p]], settings)
     scores = loso_scores(data, settings)
     rows = np.flatnonzero(~np.isnan(scores))
     y = data.y[rows].astype(np.int_)
@@ -96,6 +97,11 @@ def report(
     ]
     if cjk.any() and len(set(y[cjk].tolist())) == 2:
         lines.append(_pooled("Chinese + Japanese", reliability(y[cjk], held[cjk])))
+    for path, records in per_file.items():  # each file alone: router-dev2 as its own report pools
+        ids = {r.get("id") for r in records}
+        mine = np.array([data.records[i].get("id") in ids for i in rows], dtype=np.bool_)
+        if len(set(y[mine].tolist())) == 2:
+            lines.append(_pooled(f"rows of {path.name}", reliability(y[mine], held[mine])))
     lines += [
         "",
         *group_lines(
