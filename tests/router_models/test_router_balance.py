@@ -9,12 +9,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-from scipy import sparse
 
-from router_models.artifact import FloatArray
-from router_models.training.crossval import Linear
-from router_models.training.honest import loso_scores
 from router_models.training.train import Prepared, TrainSettings, prepare
+from tests.router_models.weight_mixes import (
+    assert_weights_ignore_other_sources,
+    loso_fits,
+    mix_records,
+)
 
 # (group, simple rows, complex rows, eval rows); eval rows are labelled complex.
 _MIX = (
@@ -28,17 +29,7 @@ _SETTINGS = TrainSettings(external_weight=0.5, balance_source_labels=True)
 
 
 def _records() -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    for group, n_simple, n_complex, n_eval in _MIX:
-        source, category = ("tiergate-gen", "code") if group == "corpus/code" else (group, "x")
-        labels = ["simple"] * n_simple + ["complex"] * (n_complex + n_eval)
-        for i, label in enumerate(labels):
-            record = {"source": source, "category": category, "label": label}
-            record["prompt"] = f"{group} prompt {i}: {label}"
-            if i >= n_simple + n_complex:
-                record["use"] = "eval"
-            out.append(record)
-    return out
+    return mix_records(_MIX, lambda _: "complex")
 
 
 def _label_sums(data: Prepared, rows: np.ndarray) -> dict[str, dict[float, float]]:
@@ -69,20 +60,8 @@ def test_each_external_source_gives_its_labels_equal_weight() -> None:
 
 def test_a_rows_weight_ignores_every_other_source() -> None:
     """Dropping a source, or flipping its labels, leaves the other rows' weights as they are."""
-    full = prepare(_records(), _SETTINGS)
-    for held in ("skewed", "even", "one_label", "other_skew"):
-        kept = [r for r in _records() if r["source"] != held]
-        flipped = [
-            {**r, "label": "simple" if r["label"] == "complex" else "complex"}
-            if r["source"] == held
-            else r
-            for r in _records()
-        ]
-        others = np.asarray(full.groups) != held
-        np.testing.assert_array_equal(prepare(kept, _SETTINGS).weight, full.weight[others])
-        np.testing.assert_array_equal(
-            prepare(flipped, _SETTINGS).weight[others], full.weight[others]
-        )
+    sources = ("skewed", "even", "one_label", "other_skew")
+    assert_weights_ignore_other_sources(_records(), _SETTINGS, sources)
 
 
 def test_every_loso_fold_trains_on_balanced_sources_without_the_held_out_one(
@@ -91,20 +70,7 @@ def test_every_loso_fold_trains_on_balanced_sources_without_the_held_out_one(
     """What each fit receives: the held-out source is absent, and every external source in it
     still has equal label sums (one-hot rows let the fake fitter see which rows it got)."""
     data = prepare(_records(), _SETTINGS)
-    n = data.y.size
-    ident = sparse.identity(n, format="csr", dtype=np.float64)
-    data = dataclasses.replace(data, x=ident, x_fit=ident)
-    seen: list[tuple[np.ndarray, FloatArray]] = []
-
-    def fitter(_: TrainSettings) -> Any:
-        def fit(x: sparse.csr_matrix, y: FloatArray, weight: FloatArray) -> Linear:
-            seen.append((np.asarray(x.indices), weight.copy()))
-            return Linear(np.zeros(n), 0.0)
-
-        return fit
-
-    monkeypatch.setattr(TrainSettings, "fitter", fitter)
-    loso_scores(data, _SETTINGS)
+    _, seen = loso_fits(data, _SETTINGS, monkeypatch)
     names = np.asarray(data.groups)
     trained_groups = {frozenset(names[rows].tolist()) for rows, _ in seen}
     for held in ("skewed", "even", "one_label", "other_skew"):

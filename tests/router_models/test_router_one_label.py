@@ -8,12 +8,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-from scipy import sparse
 
-from router_models.artifact import FloatArray
-from router_models.training.crossval import Linear
-from router_models.training.honest import loso_scores
 from router_models.training.train import TrainSettings, one_label_sources, prepare
+from tests.router_models.weight_mixes import (
+    assert_weights_ignore_other_sources,
+    loso_fits,
+    mix_records,
+)
 
 # (group, simple rows, complex rows, eval rows of the other label)
 _MIX = (
@@ -29,18 +30,8 @@ _DROPPED = ["all_complex", "all_simple"]
 
 
 def _records() -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    for group, n_simple, n_complex, n_eval in _MIX:
-        source, category = ("tiergate-gen", "code") if group == "corpus/code" else (group, "x")
-        labels = ["simple"] * n_simple + ["complex"] * n_complex
-        labels += ["complex" if n_simple else "simple"] * n_eval
-        for i, label in enumerate(labels):
-            record = {"source": source, "category": category, "label": label}
-            record["prompt"] = f"{group} prompt {i}: {label}"
-            if i >= n_simple + n_complex:
-                record["use"] = "eval"
-            out.append(record)
-    return out
+    # eval rows carry the other label: "all_simple" stays one-label in its trainable rows
+    return mix_records(_MIX, lambda n_simple: "complex" if n_simple else "simple")
 
 
 def test_one_label_sources_are_named_from_trainable_rows_only() -> None:
@@ -76,20 +67,8 @@ def test_it_combines_with_label_balance() -> None:
 
 def test_a_rows_weight_ignores_every_other_source() -> None:
     """Removing a source, or flipping its labels, leaves every other row's weight as it is."""
-    full = prepare(_records(), _SETTINGS)
-    for held in {g for g, *_ in _MIX} - {"corpus/code"}:
-        kept = [r for r in _records() if r["source"] != held]
-        flipped = [
-            {**r, "label": "simple" if r["label"] == "complex" else "complex"}
-            if r["source"] == held
-            else r
-            for r in _records()
-        ]
-        others = np.asarray(full.groups) != held
-        np.testing.assert_array_equal(prepare(kept, _SETTINGS).weight, full.weight[others])
-        np.testing.assert_array_equal(
-            prepare(flipped, _SETTINGS).weight[others], full.weight[others]
-        )
+    sources = sorted({g for g, *_ in _MIX} - {"corpus/code"})
+    assert_weights_ignore_other_sources(_records(), _SETTINGS, sources)
 
 
 def test_every_loso_fold_trains_without_one_label_sources_and_scores_them(
@@ -98,20 +77,7 @@ def test_every_loso_fold_trains_without_one_label_sources_and_scores_them(
     """Each fit gets the one-label sources at weight 0 and never the held-out source; the
     one-label sources are still held out and scored (one-hot rows show the fitter its rows)."""
     data = prepare(_records(), _SETTINGS)
-    n = data.y.size
-    ident = sparse.identity(n, format="csr", dtype=np.float64)
-    data = dataclasses.replace(data, x=ident, x_fit=ident)
-    seen: list[tuple[np.ndarray, FloatArray]] = []
-
-    def fitter(_: TrainSettings) -> Any:
-        def fit(x: sparse.csr_matrix, y: FloatArray, weight: FloatArray) -> Linear:
-            seen.append((np.asarray(x.indices), weight.copy()))
-            return Linear(np.zeros(n), 0.0)
-
-        return fit
-
-    monkeypatch.setattr(TrainSettings, "fitter", fitter)
-    scores = loso_scores(data, _SETTINGS)
+    scores, seen = loso_fits(data, _SETTINGS, monkeypatch)
     names = np.asarray(data.groups)
     assert not np.isnan(scores[names != "corpus/code"]).any()
     trained_groups = {frozenset(names[rows].tolist()) for rows, _ in seen}
