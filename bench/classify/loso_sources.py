@@ -19,7 +19,7 @@ source whose trainable rows carry one label out of the fits (weight 0); such a s
 held out and scored in its own fold (``TrainSettings.drop_one_label_sources``).
 
 Prints the pooled figures (every held-out row; the rows of trainable sources only; the
-Chinese + Japanese slice) and one line per source and per language.
+Chinese + Japanese slice; each data file's rows) and one line per source and per language.
 """
 
 from __future__ import annotations
@@ -73,8 +73,10 @@ def report(
         balance_source_labels=balance,
         drop_one_label_sources=drop,
     )
-    per_file = {p: read_jsonl(p) for p in paths}
-    data = prepare([r for p in paths for r in per_file[p]], settings)
+    per_file = [read_jsonl(p) for p in paths]
+    data = prepare([r for records in per_file for r in records], settings)
+    # prepare keeps the rows in order: each row's file is where it falls in the concatenation
+    origin = np.repeat(np.arange(len(paths)), [len(records) for records in per_file])
     scores = loso_scores(data, settings)
     rows = np.flatnonzero(~np.isnan(scores))
     y = data.y[rows].astype(np.int_)
@@ -97,9 +99,8 @@ def report(
     ]
     if cjk.any() and len(set(y[cjk].tolist())) == 2:
         lines.append(_pooled("Chinese + Japanese", reliability(y[cjk], held[cjk])))
-    for path, records in per_file.items():  # each file alone: router-dev2 as its own report pools
-        ids = {r.get("id") for r in records}
-        mine = np.array([data.records[i].get("id") in ids for i in rows], dtype=np.bool_)
+    for k, path in enumerate(paths):  # each file alone: router-dev2 as its own report pools
+        mine = origin[rows] == k
         if len(set(y[mine].tolist())) == 2:
             lines.append(_pooled(f"rows of {path.name}", reliability(y[mine], held[mine])))
     lines += [
