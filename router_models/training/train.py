@@ -132,6 +132,21 @@ def prepare(records: Sequence[dict[str, Any]], settings: TrainSettings) -> Prepa
     )
 
 
+def _label_counts(
+    groups: Sequence[str], y: FloatArray, train_mask: BoolArray
+) -> dict[str, tuple[BoolArray, int, int]]:
+    """Each external source (not ``corpus/...``): its trainable rows, and how many of them are
+    simple and complex. Both rules below read a source's own trainable rows only."""
+    names = np.asarray(groups)
+    out = {}
+    for group in sorted(set(groups)):
+        if not group.startswith("corpus/"):
+            rows = (names == group) & train_mask
+            n_complex = int(np.count_nonzero(y[rows] == 1.0))
+            out[group] = (rows, int(np.count_nonzero(rows)) - n_complex, n_complex)
+    return out
+
+
 def source_label_balance(groups: Sequence[str], y: FloatArray, train_mask: BoolArray) -> FloatArray:
     """Per-row weight factors that give both labels of each external source equal weight.
 
@@ -141,19 +156,12 @@ def source_label_balance(groups: Sequence[str], y: FloatArray, train_mask: BoolA
     trainable label, and rows never trained on get 1.  A row's factor depends on its own
     source alone: holding another source out of a fit leaves it as it is.
     """
-    names = np.asarray(groups)
     factor = np.ones(len(groups), dtype=np.float64)
-    for group in sorted(set(groups)):
-        if group.startswith("corpus/"):
-            continue
-        rows = (names == group) & train_mask
-        n_complex = int(np.count_nonzero(y[rows] == 1.0))
-        n_simple = int(np.count_nonzero(rows)) - n_complex
-        if n_complex == 0 or n_simple == 0:
-            continue
-        total = n_complex + n_simple
-        factor[rows & (y == 1.0)] = total / (2 * n_complex)
-        factor[rows & (y != 1.0)] = total / (2 * n_simple)
+    for rows, n_simple, n_complex in _label_counts(groups, y, train_mask).values():
+        if n_complex and n_simple:
+            total = n_complex + n_simple
+            factor[rows & (y == 1.0)] = total / (2 * n_complex)
+            factor[rows & (y != 1.0)] = total / (2 * n_simple)
     return factor
 
 
@@ -164,13 +172,10 @@ def one_label_sources(groups: Sequence[str], y: FloatArray, train_mask: BoolArra
     a source is named depends on its own trainable rows alone, so a leave-one-source-out fold
     names the same sources among the rows it trains on as the full mix does.
     """
-    names = np.asarray(groups)
-    out = []
-    for group in sorted(set(groups)):
-        rows = (names == group) & train_mask
-        if not group.startswith("corpus/") and rows.any() and np.unique(y[rows]).size == 1:
-            out.append(group)
-    return out
+    counts = _label_counts(groups, y, train_mask)
+    return [
+        g for g, (_, n_simple, n_complex) in counts.items() if bool(n_simple) != bool(n_complex)
+    ]
 
 
 def _without_hashed(x: sparse.csr_matrix, rows: BoolArray) -> sparse.csr_matrix:
