@@ -20,6 +20,8 @@ class Run:
     header: list[str]
     ladder: dict[str, list[WaveResult]] = field(default_factory=dict)  # leg key -> waves
     storms: dict[str, WaveResult] = field(default_factory=dict)
+    # leg key -> the storm's shape with no hang-ups, run just before the storms (--storm-control)
+    storm_controls: dict[str, WaveResult] = field(default_factory=dict)
     ceilings: dict[str, WaveResult] = field(default_factory=dict)
     # leg key -> (control: the same streams all read on; the wave where some stop reading)
     stops: dict[str, tuple[WaveResult, WaveResult]] = field(default_factory=dict)
@@ -198,7 +200,8 @@ def error_lines(run: Run) -> list[str]:
     """Example error messages of every wave that had errors."""
     lines = []
     waves = [w for ws in run.ladder.values() for w in ws]
-    for result in [*waves, *run.storms.values(), *run.ceilings.values()]:
+    for result in [*waves, *run.storm_controls.values(), *run.storms.values(),
+                   *run.ceilings.values()]:  # fmt: skip
         if errors(result):
             examples = "; ".join(result.client["error_examples"])
             lines.append(f"- {result.leg}, N={result.streams:,}: {examples}")

@@ -5,7 +5,8 @@ and each N of the ladder, N streams start evenly over ``--ramp-s`` and are held 
 whole answer (``--tokens`` events at ``--tokens-per-s`` from ``bench/streams/upstream.py``).
 The client (``bench/streams/client.py``) timestamps every event; the orchestrator reads the
 leg's CPU time and RSS from /proc and samples its accept queue with ``ss``. Then a disconnect
-storm (half the clients hang up mid-answer), many slow streams held at once, and (with
+storm (half the clients hang up mid-answer; with ``--storm-control`` after a wave of its shape
+where nobody does), many slow streams held at once, and (with
 ``--stop-streams N``) the stop test: a share of the clients (``--stop-fraction``, long answers
 padded to fill the buffers on the way in seconds) stops reading mid-answer with its socket left
 open, against a control wave of the same streams all reading; the other streams' gaps, how the
@@ -30,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from bench.harness.legs import REPO_ROOT, Leg, LegUnavailableError, Placement
@@ -69,6 +71,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--storm-tokens", type=int, default=120)
     parser.add_argument(
         "--storms", type=int, default=1, help="storms in a row per leg (the report shows the last)"
+    )
+    parser.add_argument(
+        "--storm-control",
+        action="store_true",
+        help="before the storms, one wave of the storm's shape in which nobody hangs up, so the "
+        "storm's RSS is compared with a level that has already held as many streams at once",
     )
     parser.add_argument("--ceiling-streams", type=int, default=10000, help="0 skips it")
     parser.add_argument("--ceiling-legs", default=CEILING_LEGS)
@@ -217,6 +225,19 @@ def measure_leg(name: str, leg: Leg, upstream: Leg, args: argparse.Namespace, ru
         ramp_s = min(args.ramp_s, storm_s / 3)
         spec = WaveSpec(args.storm_streams, args.storm_tokens, ramp_s, storm_s + 30,
                         hangup_fraction=0.5, hangup_at_s=ramp_s + storm_s / 3)  # fmt: skip
+        if args.storm_control:
+            # The same streams, all read to the end: the storm then starts from a working set
+            # that has already held this many streams at once, and what it adds is what the
+            # abandoned streams leave behind (not a new peak's allocator high-water mark).
+            control = run_wave(leg, upstream, replace(spec, hangup_fraction=0.0), pin)
+            run.storm_controls[name] = control
+            say(control, "storm control")
+            grown = 100 * (control.rss_after_kib - control.rss_before_kib) / control.rss_before_kib
+            run.notes.append(
+                f"- {leg.name}: storm control (the storm's shape, nobody hangs up), RSS before / "
+                f"after {control.rss_before_kib:,} / {control.rss_after_kib:,} KiB "
+                f"({grown:+.1f} %); the storm below starts from its level."
+            )
         for k in range(1, args.storms + 1):  # in a row: what one storm leaves, the next adds to
             run.storms[name] = storm = run_wave(leg, upstream, spec, pin)
             say(storm, "storm")
@@ -297,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     out.write_text(render(run))
     raw = {"ladder": {k: [compact(w) for w in v] for k, v in run.ladder.items()},
            "storms": {k: compact(w) for k, w in run.storms.items()},
+           "storm_controls": {k: compact(w) for k, w in run.storm_controls.items()},
            "ceilings": {k: compact(w) for k, w in run.ceilings.items()},
            "stops": {k: [compact(w) for w in ws] for k, ws in run.stops.items()},
            "skipped": run.skipped}  # fmt: skip

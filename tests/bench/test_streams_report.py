@@ -105,6 +105,15 @@ def test_storm_counts_aborts_within_a_second_and_those_never_aborted() -> None:
     assert "| tg | 6 | 3 | 1 | 5.0 / 2,000.0 / 2,000.0 | 1 | 0 |" in storm_rows(run)[2]
 
 
+def test_a_storm_control_wave_with_errors_is_reported_like_every_other_wave() -> None:
+    """The control wave (the storm's shape, nobody hangs up) is a wave of its own: its errors
+    are listed, so a control that failed cannot pass unseen under the storm's numbers."""
+    run = Run(["# t"])
+    run.storm_controls["tg"] = wave("tg control", 1000, 52.0, errors=2)
+    run.storms["tg"] = wave("tg", 1000, 52.0)
+    assert "tg control, N=1,000: HTTP 503" in render(run)
+
+
 def test_stop_rows_compare_the_others_gaps_and_count_how_stopped_streams_ended() -> None:
     """The control wave's and the stop wave's gaps side by side, the move of p99, how the
     stopped streams ended, and RSS every 5 s."""
