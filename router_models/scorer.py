@@ -102,7 +102,9 @@ class LeanScorer:
     def _entries(self, tokens: list[str], after_material: bool = False) -> list[WordEntry]:
         """The cache entries of ``tokens`` (one C-level pass when every word is cached)."""
         found: list[WordEntry | None] = list(map(self._cache.get, tokens))
-        if None in found:
+        # Entries are non-empty tuples: all() tests truth (a length check), where ``None in``
+        # would call each tuple's comparison with None.
+        if not all(found):
             get = self._cache.get
             return [get(t) or self._entry(t, after_material) for t in tokens]
         return cast("list[WordEntry]", found)  # no None left

@@ -28,6 +28,7 @@ from router_models.features import (
     tokenize,
 )
 from router_models.records import body_of, read_jsonl
+from router_models.training import EXTERNAL_TRAIN
 
 ROOT = Path(__file__).resolve().parents[2]
 BODIES: list[dict[str, Any]] = [
@@ -156,6 +157,23 @@ def test_ascii_fast_path_gives_the_general_tokens() -> None:
     texts += ["MiXeD CaSe 123_ABC x=1;y=[2]", "Tabs\tand\nnewlines 9.75%"]
     for text in (t for t in texts if t.isascii()):
         assert tokenize(text) == _TOKEN_RE.findall(text.lower().translate(_DIGITS))
+
+
+def test_the_unicode_path_folds_exactly_the_ascii_digits_one_to_nine() -> None:
+    """The general tokeniser's digit fold (a regex over 1-9) gives the tokens of the reference
+    fold (``str.translate`` with ``_DIGITS``) on real Chinese and Japanese text, and leaves
+    other scripts' digits (full-width, Arabic-Indic, Devanagari) and superscripts alone."""
+    rows = read_jsonl(EXTERNAL_TRAIN)
+    texts = [t for t in (render(body_of(r)).text for r in rows[::10]) if not t.isascii()]
+    texts += [
+        "価格は\uff11\uff12\uff13円、合計 4,560 円です",
+        "\u0663 + \u0664 = \u0667 and 3 + 4 = 7",
+        "\u0968\u0966 \u00b2 \u2083 0.5",
+    ]
+    assert len(texts) > 100
+    for text in texts:
+        assert tokenize(text) == _TOKEN_RE.findall(text.lower().translate(_DIGITS))
+    assert tokenize("\uff11\uff12 12") == ["\uff11\uff12", "00"]
 
 
 PASSAGE = " ".join(["The committee met on Tuesday and reviewed the budget for the year."] * 6)
