@@ -138,7 +138,7 @@ _ASCII_TOKEN_RE: Final = re.compile(r"[a-z0-9_]+|[^a-z0-9_\s]")
 # The definition of the digit fold ("every digit replaced by 0"): ASCII 1-9 only.  The
 # tokeniser applies it with ``_NONZERO_DIGIT_RE`` (the same code points): ``str.translate``
 # looks every character up in a dict once the text is not ASCII, 47 µs against 7 µs on a
-# 1 KB Chinese or Japanese prompt (bench/classify/results.md).
+# 1 KB Chinese or Japanese prompt (docs/router.md, "Scoring cost").
 _DIGITS: Final = str.maketrans("123456789", "000000000")
 _NONZERO_DIGIT_RE: Final = re.compile("[1-9]")
 _ASCII_FOLD: Final = bytes.maketrans(
