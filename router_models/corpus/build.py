@@ -17,6 +17,7 @@ from random import Random
 from typing import Any, Final
 
 from router_models.corpus import (
+    arithmetic,
     code_tasks,
     dressing,
     math_problems,
@@ -156,6 +157,19 @@ HISTORY_POOL: Final = (
     simple_talk.advice,
     simple_text.translation,
 )
+# Word problems by their number of operations (router rounds 16 and 16b, docs/router.md):
+# one-step problems (simple) in English, Chinese and Japanese, and Chinese and Japanese problems
+# of three or more steps (complex), in the family of the English multi-step problems so that a
+# fold leaves every word problem out together. They come from a Random of their own and are
+# appended after the shuffle, so the rows built before them are unchanged.
+ARITHMETIC_SEED_OFFSET: Final = 1601  # round 16b's seed 1 (docs/router.md)
+ARITHMETIC: Final = (
+    Recipe("math_multistep", "simple", 200, (arithmetic.one_step_en,)),
+    Recipe("math_multistep", "simple", 120, (arithmetic.one_step_zh,), noise=False),
+    Recipe("math_multistep", "simple", 120, (arithmetic.one_step_ja,), noise=False),
+    Recipe("math_multistep", "complex", 100, (arithmetic.multi_step_zh,), noise=False),
+    Recipe("math_multistep", "complex", 100, (arithmetic.multi_step_ja,), noise=False),
+)
 JSON_CHATS: Final = 120
 FOLLOWUPS: Final = 150
 
@@ -223,6 +237,10 @@ def build(seed: int = DEFAULT_SEED) -> list[dict[str, Any]]:
     records.extend(_json_chats(rng))
     records.extend(_followups(rng))
     rng.shuffle(records)
+    arithmetic_rng = Random(seed + ARITHMETIC_SEED_OFFSET)  # noqa: S311 - as above
+    arithmetic_seen: set[str] = set()
+    for recipe in ARITHMETIC:
+        records.extend(_recipe_records(arithmetic_rng, recipe, arithmetic_seen))
     return [{"id": f"gen-{i:05d}", "source": SOURCE, **record} for i, record in enumerate(records)]
 
 

@@ -148,6 +148,39 @@ def test_contrast_pairs_are_single_families() -> None:
     """The multilingual and passage families hold both labels, so leaving one family out
     removes both halves of its contrast together."""
     records = read_jsonl(DEFAULT_CORPUS)
-    for family in ("multilingual", "passage_logic", "choice_puzzles"):
+    for family in ("multilingual", "passage_logic", "choice_puzzles", "math_multistep"):
         labels = Counter(label_of(r) for r in records if r["category"] == family)
         assert min(labels[0], labels[1]) >= 100
+
+
+def test_word_problems_carry_both_labels_in_english_chinese_and_japanese() -> None:
+    """One-step word problems (simple) sit in the multi-step problems' family in all three
+    languages, and Chinese and Japanese have multi-step (complex) problems of their own, so a
+    word problem's look or language does not give its label (router round 16b)."""
+    records = [r for r in read_jsonl(DEFAULT_CORPUS) if r["category"] == "math_multistep"]
+
+    def script(text: str) -> str:
+        if any("\u3040" <= ch <= "\u30ff" for ch in text):
+            return "ja"
+        return "zh" if any("\u4e00" <= ch <= "\u9fff" for ch in text) else "en"
+
+    counts = Counter((script(_text(r).rsplit("\n", 1)[-1]), label_of(r)) for r in records)
+    for language in ("en", "zh", "ja"):
+        assert counts[(language, 0)] >= 100, counts
+    for language in ("zh", "ja"):
+        assert counts[(language, 1)] >= 90, counts
+
+
+@pytest.mark.parametrize("language", ["en", "zh", "ja"])
+def test_one_step_templates_name_at_most_two_quantities(language: str) -> None:
+    """A one-step problem's template fills at most two number slots (the operands of its one
+    operation); the multi-step templates of the same language fill at least two and ask more
+    of them (checked by reading, in phrases/arith_multi_*.txt)."""
+    import string
+
+    from router_models.corpus.lexicon import phrases
+
+    words = {"a", "b", "item", "food"}
+    for template in phrases(f"arith_one_{language}"):
+        slots = {name for _, name, _, _ in string.Formatter().parse(template) if name}
+        assert 1 <= len(slots - words) <= 2, template
