@@ -35,7 +35,7 @@ shadows, among weights whose mean AUC on the never-learned rows stays within 0.0
 shipped artifact's; the default (0.1) changes only if that weight beats it by more than the
 spread between seeds.
 
-Writes bench/results/shadow-noise.json and .md.
+Writes bench/results/shadow-noise.json and .md (``--out``: another stem).
 """
 
 from __future__ import annotations
