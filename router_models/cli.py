@@ -132,6 +132,14 @@ def _shadow_arguments(train: argparse.ArgumentParser) -> None:
     train.add_argument(
         "--held-out-share", type=float, default=None, help="shadow prompts held out (default 0.2)"
     )
+    train.add_argument(
+        "--shadow-label",
+        choices=("agreement", "judge"),
+        default="agreement",
+        help="what labels a shadow prompt: the tiers' agreement (default) or the precise "
+        "tier's rubric score of the fast answer (router.shadow.judge_ratio; complex at 3 of 5 "
+        "or lower; prompts never judged are left out)",
+    )
     train.add_argument("--report", type=Path, default=None, help="also write the report as JSON")
 
 
@@ -148,6 +156,7 @@ def _train_from_shadow(args: argparse.Namespace, out: TextIO) -> int:
         settings = dataclasses.replace(settings, shadow_weight=args.shadow_weight)
     if args.held_out_share is not None:
         settings = dataclasses.replace(settings, held_out_share=args.held_out_share)
+    settings = dataclasses.replace(settings, label=args.shadow_label)
     base = args.base or DEFAULT_ARTIFACT
     report = retrain(args.from_shadow, args.out, base, list(args.data or DEFAULT_DATA), settings)
     out.write(

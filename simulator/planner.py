@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import msgspec
 
+from simulator.judge import verdict
 from simulator.prefix_cache import chain_seed
 from simulator.quality import QualityModel
 from simulator.schemas import (
@@ -119,7 +120,10 @@ class Planner:
         rng = self._rng if request.seed is None else random.Random(request.seed)  # noqa: S311 - simulation
         if self.config.quality is not None:  # the reply is a function of the prompt
             rng = random.Random(self.config.quality.seed(echo_text))  # noqa: S311 - simulation
-        if self.config.echo:
+        graded = _graded(request) if isinstance(request, ChatRequest) else None
+        if graded is not None:  # the gateway's judge call: a verdict, not an answer
+            pieces, output, reason = _echo(graded, max_tokens, room)
+        elif self.config.echo:
             pieces, output, reason = _echo(echo_text, max_tokens, room)
         else:
             count, reason = self._length(max_tokens, room, rng, request)
@@ -204,6 +208,14 @@ class Planner:
         low = min(max((max_tokens + 1) // 2, request.min_tokens or 0, 1), max_tokens)
         count = low + int(rng.random() * (max_tokens - low + 1))
         return count, "length" if count == max_tokens else "stop"
+
+
+def _graded(request: ChatRequest) -> str | None:
+    """The judge verdict when the chat is a rubric call (``simulator.judge``), else None."""
+    messages = request.messages
+    if len(messages) < 2 or messages[0].role != "system" or messages[-1].role != "user":
+        return None
+    return verdict(content_text(messages[0].content), content_text(messages[-1].content))
 
 
 def _echo(text: str, max_tokens: int | None, room: int) -> tuple[list[str], list[str], str]:

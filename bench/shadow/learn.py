@@ -118,9 +118,10 @@ def write_quality_file(rows: Sequence[dict[str, Any]], path: Path) -> None:
 
 
 def shadow_config(
-    fast: str, precise: str, store: Path, artifact: Path, admin: str
+    fast: str, precise: str, store: Path, artifact: Path, admin: str, *, judge_ratio: float = 0.0
 ) -> dict[str, Any]:
-    """Gateway settings: the given artifact, every request shadowed into ``store``."""
+    """Gateway settings: the given artifact, every request shadowed into ``store`` (and
+    ``judge_ratio`` of the shadows graded by the precise tier)."""
     return {
         "auth": {"enabled": False, "admin_token": admin},
         "tiers": {
@@ -134,6 +135,7 @@ def shadow_config(
                 "precise_ratio": 1.0,
                 "max_concurrent": 64,
                 "store": str(store),
+                "judge_ratio": judge_ratio,
             },
         },
         "telemetry": {"access_log": False},
@@ -172,7 +174,7 @@ async def _send(url: str, prompts: list[str], concurrency: int) -> int:
 def compared(view: dict[str, Any]) -> tuple[int, int]:
     """(shadows compared, shadows finished any way) in an /admin/routing view."""
     outcomes: dict[str, int] = view.get("shadow", {}).get("outcomes", {})
-    done = sum(outcomes.values())
+    done = sum(v for k, v in outcomes.items() if not k.startswith("judge:"))  # not shadows
     return sum(v for k, v in outcomes.items() if k.endswith(":compared")), done
 
 
@@ -249,7 +251,7 @@ def reload_live(url: str, admin: str, new: Path, live: Path) -> dict[str, Any]:
 
 
 def _stack(
-    work: Path, quality: Path, store: Path, live: Path, admin: str
+    work: Path, quality: Path, store: Path, live: Path, admin: str, *, judge_ratio: float = 0.0
 ) -> tuple[str, list[subprocess.Popen[bytes]]]:
     """Start the two simulators and the gateway; its URL and the processes."""
     from bench.shadow.run import free_port, start, wait  # noqa: PLC0415
@@ -269,7 +271,12 @@ def _stack(
         start([*sim, "--profile", "precise", "--port", str(precise_port)], work / "p.log"),
     ]
     config = shadow_config(
-        f"http://127.0.0.1:{fast_port}", f"http://127.0.0.1:{precise_port}", store, live, admin
+        f"http://127.0.0.1:{fast_port}",
+        f"http://127.0.0.1:{precise_port}",
+        store,
+        live,
+        admin,
+        judge_ratio=judge_ratio,
     )
     (work / "gw.json").write_text(json.dumps(config), encoding="utf-8")
     serve = [

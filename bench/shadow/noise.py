@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/shadow/noise.py [--requests 2000] [--steps 500,1000,2000]
         [--noise 0,0.1,0.2,0.3] [--weights 0.1,0.3,1.0] [--seeds 2]
+        [--labels agreement,judge --judge-ratio 1.0] [--out bench/results/shadow-judge]
 
 1. **Traffic nobody trained on.** Every ``use: train`` row of
    ../shared/datasets/router-dev2.jsonl (read at run time, never copied here) and every row of
@@ -14,16 +15,19 @@
 3. **Noise.** Real agreement is noisy. For each noise level, the agreement of a share of the
    *prompts* (every record of a prompt digest whose salted hash falls below the level) is
    flipped (``1 - agreement``) in a copy of the store; ``--seeds`` salts per level above 0.
+   The same prompts' judge label is flipped too: a recorded ``judge`` score at or above
+   ``JUDGE_AT`` becomes 0.0, one below it 1.0.
 4. **Retrain.** ``tiergate router train --from-shadow`` (the CLI's entry point) on each copy
-   cut to its first N records, at each ``--shadow-weight``.
+   cut to its first N records, at each ``--shadow-weight`` and each ``--shadow-label`` of
+   ``--labels``.
 5. **Score.** ROC AUC on the held-out rows with their dataset labels, overall and on the
    Chinese + Japanese rows; and the price: AUC on rows no traffic came from (router-dev2's
    ``use: eval`` rows, router-dev.jsonl), which are only ever scored.
 
-Judge-scored shadows: not run. The gateway can record the precise tier's rubric score
-(``router.shadow.judge_ratio``), but ``router_models.training.shadow_train.read_shadow`` labels a
-prompt from its agreement only and the simulator does not answer the judge rubric, so there
-is no judge-labelled training path to measure yet.
+Judge-scored shadows: with ``--judge-ratio 1.0`` the gateway has the precise simulator grade
+every shadow's fast answer (``router.shadow.judge_ratio``; the simulator's verdict is
+``simulator/judge.py``) and ``--labels agreement,judge`` retrains on both labels of the same
+noisy copies, so the two are compared on the same prompts and flips.
 
 Rule for the default ``--shadow-weight``, fixed before the first run: the weight with the
 highest held-out AUC averaged over the 10, 20 and 30 % noise levels (and seeds) at 1,000
@@ -31,18 +35,22 @@ shadows, among weights whose mean AUC on the never-learned rows stays within 0.0
 shipped artifact's; the default (0.1) changes only if that weight beats it by more than the
 spread between seeds.
 
-Writes bench/results/shadow-noise.json and .md.
+Writes bench/results/shadow-noise.json and .md (``--out``: another stem).
 """
 
 from __future__ import annotations
 
 import argparse
 import io
+import itertools
 import json
+import shlex
 import shutil
 import statistics
+import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
@@ -53,6 +61,7 @@ from sklearn.metrics import roc_auc_score
 import router_models
 from bench.shadow.learn import (
     _stack,
+    admin_call,
     body_of,
     drive,
     every_row,
@@ -65,7 +74,14 @@ from router_models.artifact import load as load_model
 from router_models.records import read_jsonl
 from router_models.training import EXTERNAL_TRAIN, shadow_train
 from router_models.training.honest import language_of
-from router_models.training.shadow_train import hash_unit, scores, to_csr
+from router_models.training.shadow_train import (
+    JUDGE_AT,
+    LABELS,
+    hash_unit,
+    read_shadow,
+    scores,
+    to_csr,
+)
 from router_models.training.train import DEV2, Prepared, TrainSettings, prepare
 from router_models.vectors import hashed_vector
 
@@ -121,7 +137,8 @@ def _router_dev(row: dict[str, Any]) -> bool:
 
 
 def noisy_copy(store: Path, level: float, seed: int, out: Path) -> dict[str, int]:
-    """``store`` with the agreement flipped on every record of ``level`` of its prompts."""
+    """``store`` with the agreement (and the judge label) flipped on every record of ``level``
+    of its prompts."""
     flipped: set[str] = set()
     digests: set[str] = set()
     lines = []
@@ -132,6 +149,8 @@ def noisy_copy(store: Path, level: float, seed: int, out: Path) -> dict[str, int
             digests.add(digest)
             if hash_unit(digest, f"noise{seed}:") < level:
                 record["agreement"] = 1.0 - float(record["agreement"])
+                if record.get("judge") is not None:
+                    record["judge"] = 0.0 if float(record["judge"]) >= JUDGE_AT else 1.0
                 flipped.add(digest)
             lines.append(json.dumps(record) + "\n")
     out.write_text("".join(lines), encoding="utf-8")
@@ -150,39 +169,67 @@ def _prepare_once(records: Sequence[dict[str, Any]], settings: TrainSettings) ->
     return _PREPARED[key]
 
 
-def retrain(store: Path, weight: float, out: Path) -> None:
-    """``tiergate router train --from-shadow STORE --shadow-weight W --out OUT``."""
-    args = ["train", "--from-shadow", str(store), "--out", str(out)]
+def retrain(store: Path, weight: float, out: Path, label: str = "agreement") -> None:
+    """``tiergate router train --from-shadow STORE --shadow-weight W --shadow-label L --out
+    OUT``."""
+    args = ["train", "--from-shadow", str(store), "--out", str(out), "--shadow-label", label]
     shadow_train.prepare = _prepare_once  # type: ignore[attr-defined]  # same result, once
     if router_cli.main([*args, "--shadow-weight", str(weight)], out=io.StringIO()) != 0:
         raise RuntimeError(f"tiergate router {' '.join(args)} failed")
 
 
-def collect(work: Path, requests: int) -> tuple[Path, dict[str, Any], list[dict[str, Any]]]:
+def collect(
+    work: Path, requests: int, judge_ratio: float = 0.0
+) -> tuple[Path, dict[str, Any], list[dict[str, Any]]]:
     """Run the gateway loop once; the clean store, loop counts and the held-out rows."""
     rows = traffic_rows()
     traffic, held = split(rows)
     write_quality_file(rows, work / "labels.jsonl")
     store, live = work / "shadow.jsonl", work / "live.npz"
     shutil.copyfile(router_models.DEFAULT_ARTIFACT, live)
-    url, procs = _stack(work, work / "labels.jsonl", store, live, ADMIN)
+    url, procs = _stack(work, work / "labels.jsonl", store, live, ADMIN, judge_ratio=judge_ratio)
     try:
         started = time.monotonic()
         loop: dict[str, Any] = {**drive(url, ADMIN, traffic, requests)}
         loop["seconds"] = round(time.monotonic() - started, 1)
+        if judge_ratio > 0:
+            outcomes = admin_call(url + "/admin/routing", ADMIN)["shadow"]["outcomes"]
+            loop["judge_outcomes"] = {k: v for k, v in outcomes.items() if k.startswith("judge:")}
     finally:
         for proc in procs:
             proc.terminate()
             proc.wait(timeout=10)
     loop |= {"traffic_rows": len(traffic), "held_out_rows": len(held)}
+    if judge_ratio > 0:
+        loop |= judge_summary(store)
     return store, loop, held
 
 
+def judge_summary(store: Path) -> dict[str, Any]:
+    """Recorded judge scores by value, and how often the clean labels of the two kinds differ."""
+    with store.open(encoding="utf-8") as src:
+        found = Counter(str(json.loads(line).get("judge")) for line in src)
+    by = {label: read_shadow([store], label=label) for label in LABELS}
+    agreement = dict(zip(by["agreement"].digests, by["agreement"].y.tolist(), strict=True))
+    judged = dict(zip(by["judge"].digests, by["judge"].y.tolist(), strict=True))
+    return {
+        "judge_scores": dict(sorted(found.items())),
+        "prompts_judged": len(judged),
+        "clean_labels_differ": sum(agreement[d] != y for d, y in judged.items()),
+    }
+
+
 def run(
-    work: Path, requests: int, grid: Mapping[str, Sequence[float]], seeds: int
+    work: Path,
+    requests: int,
+    grid: Mapping[str, Sequence[float]],
+    seeds: int,
+    *,
+    labels: Sequence[str] = ("agreement",),
+    judge_ratio: float = 0.0,
 ) -> dict[str, Any]:
-    """The loop once, then every noise level x seed x weight x step; the result document."""
-    store, loop, held_rows = collect(work, requests)
+    """The loop once, then every noise level x seed x step x weight x label; the result."""
+    store, loop, held_rows = collect(work, requests, judge_ratio)
     held = Scored(held_rows, {"cjk": _cjk})
     other = Scored(never_learned(), {"dev2_eval": _dev2_eval, "router_dev": _router_dev})
     shipped = router_models.DEFAULT_ARTIFACT
@@ -193,14 +240,16 @@ def run(
             flips = noisy_copy(store, level, seed, noisy)
             for step in grid["steps"]:
                 cut = truncate_store(noisy, int(step), work / "cut.jsonl")
-                for weight in grid["weights"]:
-                    retrain(cut, weight, work / "new.npz")
+                for weight, label in itertools.product(grid["weights"], labels):
+                    retrain(cut, weight, work / "new.npz", label)
                     points.append(
                         {
                             "noise": level,
                             "seed": seed,
                             "shadows": int(step),
                             "weight": weight,
+                            "label": label,
+                            "prompts": len(read_shadow([cut], label=label).digests),
                             "flips_in_store": flips,
                             "held_out": held.auc(work / "new.npz"),
                             "never_learned": other.auc(work / "new.npz"),
@@ -223,35 +272,67 @@ def _mean(points: Sequence[dict[str, Any]], part: str, key: str) -> tuple[float,
     return statistics.fmean(values), max(values) - min(values)
 
 
-def table(result: dict[str, Any], weight: float) -> list[str]:
+def _group(result: dict[str, Any], level: float, step: int, weight: float, label: str) -> list[Any]:
+    return [
+        p
+        for p in result["points"]
+        if (p["noise"], p["shadows"], p["weight"], p.get("label", "agreement"))
+        == (level, step, weight, label)
+    ]
+
+
+def _grid(result: dict[str, Any]) -> list[tuple[float, int]]:
+    levels = sorted({p["noise"] for p in result["points"]})
+    return [(lv, st) for lv in levels for st in sorted({p["shadows"] for p in result["points"]})]
+
+
+def table(result: dict[str, Any], weight: float, label: str = "agreement") -> list[str]:
     """Rows of held-out AUC (all / CJK, seed mean and spread) by noise and shadows."""
     lines = [
-        f"\n### `--shadow-weight {weight}`\n",
-        "| label noise | shadows | held-out AUC | seed spread | Chinese + Japanese AUC "
+        f"\n### `--shadow-weight {weight} --shadow-label {label}`\n",
+        "| label noise | shadows | prompts | held-out AUC | seed spread | Chinese + Japanese AUC "
         "| never-learned rows AUC | of it: router-dev2 eval rows | router-dev |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for level in sorted({p["noise"] for p in result["points"]}):
-        for step in sorted({p["shadows"] for p in result["points"]}):
-            group = [
-                p
-                for p in result["points"]
-                if p["noise"] == level and p["shadows"] == step and p["weight"] == weight
-            ]
-            auc, spread = _mean(group, "held_out", "all")
-            cjk, _ = _mean(group, "held_out", "cjk")
-            other = [
-                _mean(group, "never_learned", k)[0] for k in ("all", "dev2_eval", "router_dev")
-            ]
-            lines.append(
-                f"| {level:.0%} | {step} | {auc:.3f} | {spread:.3f} | {cjk:.3f} | "
-                + " | ".join(f"{v:.3f}" for v in other)
-                + " |"
-            )
+    for level, step in _grid(result):
+        group = _group(result, level, step, weight, label)
+        auc, spread = _mean(group, "held_out", "all")
+        cjk, _ = _mean(group, "held_out", "cjk")
+        other = [_mean(group, "never_learned", k)[0] for k in ("all", "dev2_eval", "router_dev")]
+        prompts = statistics.fmean(p.get("prompts", 0) for p in group) if group else 0
+        lines.append(
+            f"| {level:.0%} | {step} | {prompts:.0f} | {auc:.3f} | {spread:.3f} | {cjk:.3f} | "
+            + " | ".join(f"{v:.3f}" for v in other)
+            + " |"
+        )
     return lines
 
 
-def markdown(result: dict[str, Any], command: str, weights: Sequence[float]) -> str:
+def side_by_side(result: dict[str, Any], weight: float) -> list[str]:
+    """Held-out AUC all / CJK and never-learned AUC, agreement against judge labels."""
+    lines = [
+        f"\n### Agreement against judge labels, `--shadow-weight {weight}` (seed means)\n",
+        "| label noise | shadows | agreement: held-out / zh+ja / never-learned "
+        "| judge: held-out / zh+ja / never-learned | judge - agreement, held-out |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    for level, step in _grid(result):
+        cells = []
+        for label in LABELS:
+            group = _group(result, level, step, weight, label)
+            parts = [_mean(group, "held_out", k)[0] for k in ("all", "cjk")]
+            cells.append([*parts, _mean(group, "never_learned", "all")[0]])
+        lines.append(
+            f"| {level:.0%} | {step} | "
+            + " | ".join(" / ".join(f"{v:.3f}" for v in c) for c in cells)
+            + f" | {cells[1][0] - cells[0][0]:+.3f} |"
+        )
+    return lines
+
+
+def markdown(
+    result: dict[str, Any], command: str, weights: Sequence[float], labels: Sequence[str]
+) -> str:
     """The result as a short Markdown report."""
     shipped = result["shipped"]
     lines = [
@@ -267,7 +348,10 @@ def markdown(result: dict[str, Any], command: str, weights: Sequence[float]) -> 
         f"{shipped['never_learned'].get('router_dev', float('nan')):.3f}).",
     ]
     for weight in weights:
-        lines += table(result, weight)
+        if tuple(labels) == LABELS:
+            lines += side_by_side(result, weight)
+        for label in labels:
+            lines += table(result, weight, label)
     return "\n".join(lines) + "\n"
 
 
@@ -279,20 +363,24 @@ def main() -> int:
     parser.add_argument("--noise", default="0,0.1,0.2,0.3")
     parser.add_argument("--weights", default="0.1,0.3,1.0")
     parser.add_argument("--seeds", type=int, default=2)
+    parser.add_argument("--labels", default="agreement", help="agreement, judge or both")
+    parser.add_argument("--judge-ratio", type=float, default=0.0, help="router.shadow.judge_ratio")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "shadow-noise")
     args = parser.parse_args()
     grid = {k: [float(v) for v in getattr(args, k).split(",")] for k in ("steps", "noise")}
     grid["weights"] = [float(v) for v in args.weights.split(",")]
+    labels = [v for v in LABELS if v in args.labels.split(",")]
     if max(grid["steps"]) > args.requests:
         parser.error("the largest step exceeds --requests")
+    if not labels or ("judge" in labels and args.judge_ratio <= 0):
+        parser.error("--labels: agreement and/or judge; judge needs --judge-ratio above 0")
     with tempfile.TemporaryDirectory() as tmp:
-        result = run(Path(tmp), args.requests, grid, args.seeds)
-    command = (
-        f".venv/bin/python bench/shadow/noise.py --requests {args.requests} --steps "
-        f"{args.steps} --noise {args.noise} --weights {args.weights} --seeds {args.seeds}"
-    )
+        result = run(
+            Path(tmp), args.requests, grid, args.seeds, labels=labels, judge_ratio=args.judge_ratio
+        )
+    command = shlex.join([".venv/bin/python", *sys.argv])
     args.out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-    text = markdown(result, command, grid["weights"])
+    text = markdown(result, command, grid["weights"], labels)
     args.out.with_suffix(".md").write_text(text, encoding="utf-8")
     print(text)
     return 0

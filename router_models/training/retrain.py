@@ -51,7 +51,7 @@ def retrain(
     """Train from ``store`` and the corpus, compare with ``base``, write ``out``; the report."""
     settings = settings or ShadowSettings()
     files = store_files(store)
-    shadow = read_shadow(files, settings.agree_at)
+    shadow = read_shadow(files, settings.agree_at, label=settings.label, judge_at=settings.judge_at)
     if not shadow.digests:
         raise ValueError(f"{store}: no shadow records of the current feature space")
     held = held_out_mask(shadow.digests, settings.held_out_share)

@@ -11,8 +11,11 @@ and how well the two tiers' answers agreed. That is a label:
 So every record gives ``complex`` when its agreement is below ``agree_at`` and ``simple``
 otherwise; records of one prompt (same ``prompt_digest``) are merged, their agreement averaged.
 Records of another feature space (written before the feature code changed) are stale and
-skipped. The prompts are split by a hash of their digest: a held-out share is never trained
-on and is where ``shadow_eval`` compares the old and new artifacts.
+skipped. With ``label="judge"`` (``--shadow-label judge``) the precise tier's rubric score of
+the fast answer (``router.shadow.judge_ratio``, recorded as ``judge``) labels the prompt
+instead, and prompts never judged are left out. The prompts are split by a hash of their
+digest: a held-out share is never trained on and is where ``shadow_eval`` compares the old and
+new artifacts.
 
 Training blends these rows, weighted ``shadow_weight``, with the shipped corpus (featurised
 from its text as ``train.train`` does): out-of-fold margins over ``folds`` (3) hash folds give the
@@ -51,6 +54,8 @@ from router_models.vectors import HashedVector, feature_space
 
 BoolArray = npt.NDArray[np.bool_]
 SPLIT_SALT: Final = "tiergate-shadow-split:"
+LABELS: Final = ("agreement", "judge")  # what labels a shadow prompt (``read_shadow``)
+JUDGE_AT: Final = 0.625  # a mean rubric score below this (3 of 5 or lower) labels it complex
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +63,8 @@ class ShadowSettings:
     """How shadow records become training rows."""
 
     agree_at: float = 0.5  # agreement below this labels a prompt complex
+    label: str = "agreement"  # or "judge": the rubric score labels it (``read_shadow``)
+    judge_at: float = JUDGE_AT  # with label "judge": a mean score below this is complex
     # Weight of one shadow prompt against one corpus row. More learns the local traffic faster
     # and can forget the rest faster. 1.0 since issue 35 (bench/results/shadow-noise.md): on a
     # 13-source traffic mix with 10-30 % of agreement labels flipped, held-out AUC at 1,000
@@ -116,10 +123,25 @@ def _records(paths: Iterable[Path]) -> Iterable[dict[str, Any]]:
                     yield record
 
 
-def read_shadow(paths: Sequence[Path], agree_at: float = 0.5) -> ShadowSet:
-    """Shadow records merged by prompt digest; records of another feature space skipped."""
+def read_shadow(
+    paths: Sequence[Path],
+    agree_at: float = 0.5,
+    *,
+    label: str = "agreement",
+    judge_at: float = JUDGE_AT,
+) -> ShadowSet:
+    """Shadow records merged by prompt digest; records of another feature space skipped.
+
+    ``label="agreement"``: a prompt is complex when its mean agreement is below ``agree_at``.
+    ``label="judge"``: when the mean of its records' non-null ``judge`` scores (the precise
+    tier's rubric score of the fast answer, ``(n - 1) / 4``) is below ``judge_at``; the default
+    0.625 makes rubric score 3 or lower (the fast answer lost quality) complex. Prompts with no
+    judged record are left out.
+    """
+    if label not in LABELS:
+        raise ValueError(f"label must be one of {LABELS}, not {label!r}")
     space = feature_space()
-    merged: dict[str, tuple[HashedVector, list[float]]] = {}
+    merged: dict[str, tuple[HashedVector, list[float], list[float]]] = {}
     records = stale = 0
     for record in _records(paths):
         records += 1
@@ -129,15 +151,21 @@ def read_shadow(paths: Sequence[Path], agree_at: float = 0.5) -> ShadowSet:
             continue
         vector = HashedVector(space, tuple(feats["index"]), tuple(feats["value"]))
         digest = str(record["prompt_digest"])
-        entry = merged.setdefault(digest, (vector, []))
+        entry = merged.setdefault(digest, (vector, [], []))
         entry[1].append(float(record["agreement"]))
-    digests = sorted(merged)
+        if record.get("judge") is not None:
+            entry[2].append(float(record["judge"]))
+    digests = sorted(d for d in merged if label == "agreement" or merged[d][2])
     agreement = np.asarray([np.mean(merged[d][1]) for d in digests], dtype=np.float64)
+    if label == "agreement":
+        y = agreement < agree_at
+    else:
+        y = np.asarray([np.mean(merged[d][2]) < judge_at for d in digests], dtype=np.bool_)
     return ShadowSet(
         digests,
         [merged[d][0] for d in digests],
         agreement,
-        (agreement < agree_at).astype(np.float64),
+        y.astype(np.float64),
         records,
         stale,
     )
@@ -257,6 +285,7 @@ def train_from_shadow(
         "prompts": len(shadow.digests),
         "complex": int(shadow.y.sum()),
         "agree_at": settings.agree_at,
+        **({"label": "judge", "judge_at": settings.judge_at} if settings.label == "judge" else {}),
         "shadow_weight": settings.shadow_weight,
         "folds": settings.folds,
     }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from bench.shadow.noise import noisy_copy
 
@@ -50,3 +51,25 @@ def test_no_noise_leaves_the_store_alone_and_seeds_pick_other_prompts(tmp_path: 
     noisy_copy(tmp_path / "store.jsonl", 0.2, 1, tmp_path / "a.jsonl")
     noisy_copy(tmp_path / "store.jsonl", 0.2, 2, tmp_path / "b.jsonl")
     assert _read(tmp_path / "a.jsonl") != _read(tmp_path / "b.jsonl")
+
+
+def test_noise_flips_the_judge_label_of_the_same_prompts(tmp_path: Path) -> None:
+    """A flipped prompt's judge score crosses 0.625 (score 4+ -> 0.0, 3- -> 1.0); null stays."""
+    scores = [1.0, 0.75, 0.5, 0.0, None]
+    records: list[dict[str, Any]] = [
+        {"prompt_digest": f"d{i}", "agreement": 0.9, "judge": scores[i % 5]} for i in range(500)
+    ]
+    (tmp_path / "store.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in records), encoding="utf-8"
+    )
+    noisy_copy(tmp_path / "store.jsonl", 0.5, 1, tmp_path / "noisy.jsonl")
+    opposite = {1.0: 0.0, 0.75: 0.0, 0.5: 1.0, 0.0: 1.0, None: None}
+    flipped_from = []
+    for before, after in zip(records, _read(tmp_path / "noisy.jsonl"), strict=True):
+        if after["agreement"] != before["agreement"]:  # this prompt was flipped
+            assert after["judge"] == opposite[before["judge"]]
+            flipped_from.append(before["judge"])
+        else:
+            assert after["judge"] == before["judge"]
+    assert set(flipped_from) == set(scores)
+    assert 200 <= len(flipped_from) <= 300

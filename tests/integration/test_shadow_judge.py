@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import json
+import shutil
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+import router_models
+from bench.shadow import learn
 from policies.judge import RUBRIC
+from router_models.training.shadow_train import JUDGE_AT, read_shadow
 from tests.integration.gateway_proc import GatewayProcess
 from tests.processes import patience
+from tests.simulator.procs import SimulatorProcess
 from tests.stack import FAST_SIM, PRECISE_SIM, Backends, running_stack
 
 pytestmark = pytest.mark.slow
@@ -47,3 +54,39 @@ def test_judged_shadows_carry_the_precise_tiers_rubric_score() -> None:
     assert stats["requests_total"] == 6  # three shadows, three judge calls
     assert stats["last_request"]["messages"][0] == {"role": "system", "content": RUBRIC}
     assert "CANDIDATE:\n" in stats["last_request"]["messages"][1]["content"]
+
+
+def test_judge_scores_from_the_simulator_label_the_stores_prompts(tmp_path: Path) -> None:
+    """Weak fast and strong precise simulators, every shadow judged: the store's ``judge`` is
+    1.0 (SCORE: 5) where the answers match and below 0.625 where the fast one is wrong, and
+    ``read_shadow(label="judge")`` gives the quality file's labels."""
+    rows = [{"prompt": f"Name fruit number {i}.", "label": "simple"} for i in range(4)] + [
+        {"prompt": f"Prove lemma {i} by induction on n.", "label": "complex"} for i in range(4)
+    ]
+    labels, store, live = tmp_path / "labels.jsonl", tmp_path / "s.jsonl", tmp_path / "a.npz"
+    learn.write_quality_file(rows, labels)
+    shutil.copyfile(router_models.DEFAULT_ARTIFACT, live)
+    config = learn.shadow_config("", "", store, live, ADMIN, judge_ratio=1.0)
+    quality = ("--latency-scale", "0", "--quality-file", str(labels))
+    with (
+        SimulatorProcess("--model", "tiergate-fast", *quality, "--weak") as fast,
+        SimulatorProcess("--model", "tiergate-precise", *quality) as precise,
+    ):
+        config["tiers"]["fast"]["replicas"] = [fast.url]
+        config["tiers"]["precise"]["replicas"] = [precise.url]
+        config["router"]["shadow"]["store_prompts"] = True
+        with GatewayProcess(config) as gateway:
+            assert learn.drive(gateway.url, ADMIN, rows, 40)["compared"] >= 40
+            outcomes = routing(gateway)["shadow"]["outcomes"]
+    records = [json.loads(line) for line in store.read_text(encoding="utf-8").splitlines()]
+    assert outcomes["judge:scored"] == len(records) >= 40
+    truth = {r["prompt"]: r["label"] for r in rows}
+    for record in records:
+        if truth[record["prompt"]] == "simple":
+            assert record["judge"] == 1.0 == record["agreement"]
+        else:
+            assert record["judge"] < JUDGE_AT
+            assert record["agreement"] < 0.5
+    by_judge = read_shadow([store], label="judge")
+    complex_digests = {r["prompt_digest"] for r in records if truth[r["prompt"]] == "complex"}
+    assert {d for d, y in zip(by_judge.digests, by_judge.y, strict=True) if y} == complex_digests

@@ -118,3 +118,65 @@ def test_train_from_shadow_never_overwrites_the_shipped_artifact(tmp_path: Path)
     before = router_models.DEFAULT_ARTIFACT.read_bytes()
     assert main(["train", "--from-shadow", str(store)], out=io.StringIO()) == 2
     assert router_models.DEFAULT_ARTIFACT.read_bytes() == before
+
+
+def judged(prompt: str, agreement: float, judge: float | None) -> dict[str, Any]:
+    """A store line with the precise tier's rubric score of the fast answer (or none)."""
+    return record(prompt, agreement) | {"judge": judge}
+
+
+def test_judge_labels_come_from_the_mean_rubric_score_of_judged_records(tmp_path: Path) -> None:
+    """Below 0.625 (score 3 of 5 or lower) is complex; unjudged prompts are left out."""
+    store = write_store(
+        tmp_path / "s.jsonl",
+        [
+            judged(SIMPLE[0], 0.0, 1.0),  # agreement says complex, the judge says equivalent
+            judged(SIMPLE[0], 0.0, None),  # not judged: the mean is over judged records only
+            judged(SIMPLE[1], 1.0, 0.75),  # score 4: simple
+            judged(COMPLEX[0], 1.0, 0.5),  # score 3: complex
+            judged(COMPLEX[1], 1.0, 0.75),
+            judged(COMPLEX[1], 1.0, 0.25),  # mean 0.5: complex
+            judged(COMPLEX[2], 0.0, None),  # never judged: left out
+            record(COMPLEX[3], 0.0),  # written before the judge field existed: left out
+        ],
+    )
+    by_agreement = read_shadow(store_files(store))
+    by_judge = read_shadow(store_files(store), label="judge")
+    assert len(by_agreement.digests) == 6
+    assert by_judge.records == 8
+    labels = dict(zip(by_judge.digests, by_judge.y.tolist(), strict=True))
+    digest = {p: record(p, 0.0)["prompt_digest"] for p in SIMPLE[:2] + COMPLEX[:2]}
+    assert labels == {
+        digest[SIMPLE[0]]: 0.0,
+        digest[SIMPLE[1]]: 0.0,
+        digest[COMPLEX[0]]: 1.0,
+        digest[COMPLEX[1]]: 1.0,
+    }
+    agreement = dict(zip(by_judge.digests, by_judge.agreement.tolist(), strict=True))
+    assert agreement[digest[SIMPLE[0]]] == 0.0  # kept from both records, for the quality curve
+    stricter = read_shadow(store_files(store), label="judge", judge_at=0.8)
+    assert dict(zip(stricter.digests, stricter.y.tolist(), strict=True))[digest[SIMPLE[1]]] == 1.0
+    with pytest.raises(ValueError, match="label"):
+        read_shadow(store_files(store), label="rubric")
+
+
+def test_shadow_label_judge_trains_on_the_rubric_score(tmp_path: Path) -> None:
+    """Agreement and judge disagree on every prompt: the flag decides what is learned."""
+    records = [judged(p, 0.0, 1.0) for p in SIMPLE] + [judged(p, 1.0, 0.25) for p in COMPLEX]
+    records[0]["judge"] = None  # one prompt never judged
+    store = write_store(tmp_path / "shadow.jsonl", records)
+    body = {p: {"messages": [{"role": "user", "content": p}]} for p in (SIMPLE[-1], COMPLEX[-1])}
+    margins = {}
+    for label in ("agreement", "judge"):
+        out, text = tmp_path / f"{label}.npz", io.StringIO()
+        args = ["train", "--from-shadow", str(store), "--out", str(out), "--shadow-weight", "3"]
+        assert main([*args, "--shadow-label", label], out=text) == 0
+        router = router_models.load(out)
+        margins[label] = router.score(body[COMPLEX[-1]]) - router.score(body[SIMPLE[-1]])
+        prompts = 60 if label == "agreement" else 59
+        assert f"60 records (0 stale), {prompts} prompts" in text.getvalue()
+        shadow_meta = router.metadata["shadow"]
+        assert shadow_meta.get("label", "agreement") == label
+    assert margins["judge"] > 0 > margins["agreement"]
+    with pytest.raises(SystemExit):
+        main(["train", "--from-shadow", str(store), "--shadow-label", "x"])
