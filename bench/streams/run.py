@@ -286,7 +286,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     args.pin = Placement.build(pin=not args.no_pin, boost=not args.no_boost)
     # Inherited by every server the run starts; a proxy holds two descriptors per stream.
-    hard = raise_fd_limit(at_least=2 * max(args.ladder_n) + 1024)
+    most = max(*args.ladder_n, args.ceiling_streams, args.storm_streams, args.stop_streams)
+    hard = raise_fd_limit(at_least=2 * most + 1024)
     if args.leg_nofile:  # e.g. a distribution's default soft limit, 1024
         limit = ("prlimit", f"--nofile={args.leg_nofile}:{hard}")
         args.pin = Placement((*args.pin.proxy, *limit), args.pin.load)
