@@ -61,36 +61,20 @@ def _slots(rng: Random, names: tuple[str, ...], items: tuple[str, ...],
     }  # fmt: skip
 
 
-def _problem(rng: Random, templates: tuple[str, ...], leads: tuple[str, ...],
-             endings: tuple[str, ...], slots: dict[str, object]) -> str:  # fmt: skip
-    return one(rng, leads) + one(rng, templates).format(**slots) + one(rng, endings)
+_LANGUAGES: dict[str, tuple[tuple[str, ...], ...]] = {
+    "en": (NAMES, ("notebook", "lamp", "umbrella", "backpack", "mug"), FOODS, _EN_LEADS,
+           _EN_ENDINGS),
+    "zh": (_ZH_NAMES, _ZH_ITEMS, _ZH_FOODS, _ZH_LEADS, _ZH_ENDINGS),
+    "ja": (_JA_NAMES, _JA_ITEMS, _JA_FOODS, _JA_LEADS, _JA_ENDINGS),
+}  # fmt: skip
 
 
-def one_step_en(rng: Random) -> str:
-    """An English word problem answered by one arithmetic operation (simple)."""
-    slots = _slots(rng, NAMES, ("notebook", "lamp", "umbrella", "backpack", "mug"), FOODS)
-    return _problem(rng, phrases("arith_one_en"), _EN_LEADS, _EN_ENDINGS, slots)
-
-
-def one_step_zh(rng: Random) -> str:
-    """A Chinese word problem answered by one arithmetic operation (simple)."""
-    slots = _slots(rng, _ZH_NAMES, _ZH_ITEMS, _ZH_FOODS)
-    return _problem(rng, phrases("arith_one_zh"), _ZH_LEADS, _ZH_ENDINGS, slots)
-
-
-def one_step_ja(rng: Random) -> str:
-    """A Japanese word problem answered by one arithmetic operation (simple)."""
-    slots = _slots(rng, _JA_NAMES, _JA_ITEMS, _JA_FOODS)
-    return _problem(rng, phrases("arith_one_ja"), _JA_LEADS, _JA_ENDINGS, slots)
-
-
-def multi_step_zh(rng: Random) -> str:
-    """A Chinese word problem that needs three or more operations (complex)."""
-    slots = _slots(rng, _ZH_NAMES, _ZH_ITEMS, _ZH_FOODS)
-    return _problem(rng, phrases("arith_multi_zh"), _ZH_LEADS, _ZH_ENDINGS, slots)
-
-
-def multi_step_ja(rng: Random) -> str:
-    """A Japanese word problem that needs three or more operations (complex)."""
-    slots = _slots(rng, _JA_NAMES, _JA_ITEMS, _JA_FOODS)
-    return _problem(rng, phrases("arith_multi_ja"), _JA_LEADS, _JA_ENDINGS, slots)
+def problem(rng: Random, language: str, steps: str) -> str:
+    """A word problem in ``language`` (``en``, ``zh``, ``ja``): ``steps`` ``one`` is answered by
+    one arithmetic operation (simple), ``multi`` needs three or more (complex; Chinese and
+    Japanese only, the English ones are ``math_problems.word_problem``)."""
+    names, items, foods, leads, endings = _LANGUAGES[language]
+    slots = _slots(rng, names, items, foods)
+    lead = one(rng, leads)  # drawn in this order: lead, template, ending
+    text = one(rng, phrases(f"arith_{steps}_{language}")).format(**slots)
+    return lead + text + one(rng, endings)

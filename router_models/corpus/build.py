@@ -12,6 +12,7 @@ import argparse
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from random import Random
 from typing import Any, Final
@@ -163,13 +164,17 @@ HISTORY_POOL: Final = (
 # fold leaves every word problem out together. They come from a Random of their own and are
 # appended after the shuffle, so the rows built before them are unchanged.
 ARITHMETIC_SEED_OFFSET: Final = 1601  # round 16b's seed 1 (docs/router.md)
-ARITHMETIC: Final = (
-    Recipe("math_multistep", "simple", 200, (arithmetic.one_step_en,)),
-    Recipe("math_multistep", "simple", 120, (arithmetic.one_step_zh,), noise=False),
-    Recipe("math_multistep", "simple", 120, (arithmetic.one_step_ja,), noise=False),
-    Recipe("math_multistep", "complex", 100, (arithmetic.multi_step_zh,), noise=False),
-    Recipe("math_multistep", "complex", 100, (arithmetic.multi_step_ja,), noise=False),
-)
+ARITHMETIC: Final = tuple(
+    Recipe("math_multistep", label, count,
+           (partial(arithmetic.problem, language=lang, steps=steps),), noise=lang == "en")
+    for label, count, lang, steps in (
+        ("simple", 200, "en", "one"),
+        ("simple", 120, "zh", "one"),
+        ("simple", 120, "ja", "one"),
+        ("complex", 100, "zh", "multi"),
+        ("complex", 100, "ja", "multi"),
+    )
+)  # fmt: skip
 JSON_CHATS: Final = 120
 FOLLOWUPS: Final = 150
 
