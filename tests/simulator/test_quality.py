@@ -62,21 +62,22 @@ def judge(sim: SimulatorProcess, reference: str, candidate: str, *, stream: bool
 
 
 def test_the_judge_rubric_gets_a_score_graded_by_word_overlap() -> None:
-    """Equal answers score 5; others by word-set Jaccard; the gateway's parser reads them."""
+    """Equal answers score 5; others by the share of their words that match in order
+    (2 * matched / total); the gateway's parser reads them."""
     with SimulatorProcess("--model", "m", "--latency-scale", "0") as sim:
         base = "one two three four five six seven eight"
         cases = {
             (base, "one  two three four five six seven eight"): "SCORE: 5",  # whitespace only
-            (base, "one two three four five six seven"): "SCORE: 4",  # Jaccard 7/8
-            (base, "ONE two three four five six"): "SCORE: 4",  # 6/8 = 0.75, case ignored
-            (base, "one two three four five"): "SCORE: 3",  # 5/8
-            (base, "one two three four nine"): "SCORE: 2",  # 4/9
-            (base, "one nine ten eleven"): "SCORE: 1",  # 1/11
+            (base, "one two three four five six seven"): "SCORE: 4",  # 14/15
+            (base, "ONE two three four five six"): "SCORE: 4",  # 12/14, case ignored
+            (base, "one two three four"): "SCORE: 3",  # 8/12
+            (base, "one two nine ten eleven"): "SCORE: 2",  # 4/13
+            (base, "one nine ten eleven"): "SCORE: 1",  # 2/12
             ("", "anything"): "SCORE: 1",
         }
         assert {pair: judge(sim, *pair) for pair in cases} == cases
         assert parse_score(judge(sim, base, base)) == 1.0
-        assert judge(sim, base, "one two three four nine", stream=True) == "SCORE: 2"
+        assert judge(sim, base, "one two nine ten eleven", stream=True) == "SCORE: 2"
         # Not the rubric, or the rubric without the answers: an ordinary reply.
         other = [{"role": "system", "content": RUBRIC + " "}, {"role": "user", "content": "x"}]
         plain = {"messages": other, "max_tokens": 12}
