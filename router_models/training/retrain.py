@@ -53,6 +53,11 @@ def retrain(
     files = store_files(store)
     shadow = read_shadow(files, settings.agree_at, label=settings.label, judge_at=settings.judge_at)
     if not shadow.digests:
+        if settings.label == "judge" and shadow.records > shadow.stale:
+            raise ValueError(
+                f"{store}: no judged shadow record (judge labels need "
+                "router.shadow.judge_ratio > 0; or use --shadow-label agreement)"
+            )
         raise ValueError(f"{store}: no shadow records of the current feature space")
     held = held_out_mask(shadow.digests, settings.held_out_share)
     train_set, held_set = shadow.subset(~held), shadow.subset(held)

@@ -109,7 +109,8 @@ def store_files(store: Path) -> list[Path]:
     return files
 
 
-def _records(paths: Iterable[Path]) -> Iterable[dict[str, Any]]:
+def _records(paths: Iterable[Path]) -> Iterable[tuple[str, dict[str, Any]]]:
+    """Each record object with where it is (``path:line``)."""
     for path in paths:
         with path.open(encoding="utf-8") as fh:
             for number, line in enumerate(fh, 1):
@@ -120,7 +121,18 @@ def _records(paths: Iterable[Path]) -> Iterable[dict[str, Any]]:
                 except json.JSONDecodeError as exc:
                     raise RecordError(f"{path}:{number}: invalid JSON: {exc}") from exc
                 if isinstance(record, dict):
-                    yield record
+                    yield f"{path}:{number}", record
+
+
+def _judge(where: str, value: object) -> float | None:
+    """A record's ``judge`` score: None when it was not judged; the gateway writes ``(n - 1) /
+    4`` of a 1-5 verdict, so anything but a finite number in [0, 1] is a corrupt record (a
+    NaN would make its prompt's mean NaN, and a string or a boolean is not a score)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+        raise RecordError(f"{where}: judge must be a number from 0 to 1 or null, not {value!r}")
+    return float(value)
 
 
 def read_shadow(
@@ -140,10 +152,12 @@ def read_shadow(
     """
     if label not in LABELS:
         raise ValueError(f"label must be one of {LABELS}, not {label!r}")
+    if not 0 < judge_at <= 1:  # also refuses NaN
+        raise ValueError(f"judge_at must be in (0, 1], not {judge_at!r}")
     space = feature_space()
     merged: dict[str, tuple[HashedVector, list[float], list[float]]] = {}
     records = stale = 0
-    for record in _records(paths):
+    for where, record in _records(paths):
         records += 1
         feats = record.get("features")
         if record.get("feature_space") != space or not isinstance(feats, dict):
@@ -153,8 +167,9 @@ def read_shadow(
         digest = str(record["prompt_digest"])
         entry = merged.setdefault(digest, (vector, [], []))
         entry[1].append(float(record["agreement"]))
-        if record.get("judge") is not None:
-            entry[2].append(float(record["judge"]))
+        judge = _judge(where, record.get("judge"))
+        if judge is not None:
+            entry[2].append(judge)
     digests = sorted(d for d in merged if label == "agreement" or merged[d][2])
     agreement = np.asarray([np.mean(merged[d][1]) for d in digests], dtype=np.float64)
     if label == "agreement":
