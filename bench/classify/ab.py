@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -55,8 +56,10 @@ def measure(tree: Path, prompts: Path, passes: int, cpu: int) -> dict[str, float
         env={**os.environ, "PYTHONPATH": str(tree)},
         capture_output=True,
         text=True,
-        check=True,
+        check=False,
     )
+    if out.returncode:
+        raise RuntimeError(f"{tree}: the timing process failed: {out.stderr.strip()[-2000:]}")
     return summary(json.loads(out.stdout))
 
 
@@ -91,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpu", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
-    names = [r for r in args.revs.split(",") if r]
+    names = list(dict.fromkeys(r for r in args.revs.split(",") if r))
     origin, bodies = typical_bodies()
     workdir = Path(tempfile.mkdtemp(prefix="tiergate-classify-ab-"))
     trees: dict[str, Path] = {}
@@ -99,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for name in names:
             rev = name if name == WORKTREE else resolve(name)
+            if rev in trees:  # two names of one commit
+                continue
             trees[rev] = ROOT if rev == WORKTREE else checkout(rev, workdir)
             revs.append(rev)
         prompts = workdir / "prompts.json"
@@ -114,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         for rev, tree in trees.items():
             if rev != WORKTREE:
                 remove(tree)
+        shutil.rmtree(workdir, ignore_errors=True)
     header = (
         f"# Scorer latency A/B\n\nCommand: `.venv/bin/python bench/classify/ab.py "
         f"{' '.join(argv if argv is not None else sys.argv[1:])}`\n\n"

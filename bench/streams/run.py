@@ -232,11 +232,12 @@ def measure_leg(name: str, leg: Leg, upstream: Leg, args: argparse.Namespace, ru
             control = run_wave(leg, upstream, replace(spec, hangup_fraction=0.0), pin)
             run.storm_controls[name] = control
             say(control, "storm control")
-            grown = 100 * (control.rss_after_kib - control.rss_before_kib) / control.rss_before_kib
+            before, after = control.rss_before_kib, control.rss_after_kib
+            grown = f"{100 * (after - before) / before:+.1f} %" if before else "not read"
             run.notes.append(
                 f"- {leg.name}: storm control (the storm's shape, nobody hangs up), RSS before / "
-                f"after {control.rss_before_kib:,} / {control.rss_after_kib:,} KiB "
-                f"({grown:+.1f} %); the storm below starts from its level."
+                f"after {before:,} / {after:,} KiB ({grown}); the storm below starts from its "
+                "level."
             )
         for k in range(1, args.storms + 1):  # in a row: what one storm leaves, the next adds to
             run.storms[name] = storm = run_wave(leg, upstream, spec, pin)
