@@ -40,10 +40,16 @@ _JA_ENDINGS = ("", "", "", "式も書きなさい。", "考え方も説明して
 
 def _slots(rng: Random, names: tuple[str, ...], items: tuple[str, ...],
            foods: tuple[str, ...]) -> dict[str, object]:  # fmt: skip
-    """Every slot the templates use: shares divide exactly, differences and change stay
-    positive, and money and pages cover what is spent and read."""
+    """Every slot the templates use, drawn so that each template's answer makes sense: shares
+    divide exactly, differences, change and remainders stay positive, money and pages cover
+    what is spent and read (``tests/router_models/test_arithmetic_attack.py``)."""
     k, m, n1, t1 = rng.randint(2, 12), rng.randint(2, 15), rng.randint(12, 900), rng.randint(-5, 20)
-    n2, p, q = rng.randint(1, n1 - 1), rng.randint(2, 95), rng.randint(2, 40)
+    total = k * rng.randint(3, 250)
+    n2 = rng.randint(1, min(n1, total) - 1)  # fewer absent than students; a shorter width
+    p = rng.randint(3, 95)
+    q = rng.randint(2, min(40, p - 1))  # a discount below the price
+    h = rng.randint(2, 9)
+    d1, d2 = rng.randint(2 * h, 42), rng.randint(2 * h, 42)  # together they need h days or more
     cents = rng.randint(100, 48000) if rng.random() < 0.5 else 100 * rng.randint(3, 480)
     price = f"{cents // 100}.{cents % 100:02d}" if cents % 100 else str(cents // 100)
     bill = one(rng, [b for b in (5, 10, 20, 50, 100, 200, 500, 1000) if 100 * b > cents])
@@ -51,12 +57,12 @@ def _slots(rng: Random, names: tuple[str, ...], items: tuple[str, ...],
     return {
         "a": a, "b": b, "item": one(rng, items), "food": one(rng, foods),
         "price": price, "bill": bill, "n1": n1, "n2": n2, "k": k, "m": m, "p": p, "q": q,
-        "total": k * rng.randint(3, 250), "t1": t1, "t2": t1 + rng.randint(2, 15),
-        "d1": rng.randint(3, 42), "d2": rng.randint(3, 42), "s1": rng.randint(40, 320),
-        "s2": rng.randint(30, 120), "h": rng.randint(2, 9), "h2": rng.randint(2, 6),
+        "total": total, "t1": t1, "t2": t1 + rng.randint(2, 15), "d1": d1, "d2": d2,
+        "s1": rng.randint(40, 320), "s2": rng.randint(30, 120), "h": h, "h2": rng.randint(2, 6),
         "w": rng.randint(15, 90), "w2": rng.randint(5, 14), "p1": rng.randint(60, 900),
-        "p2": rng.randint(5, 59), "big": rng.randint(120, 9800), "rows": rng.randint(8, 40),
-        "seats": rng.randint(10, 36), "money": k * p + q + rng.randint(10, 500),
+        "p2": rng.randint(5, 59), "big": rng.randint(n1 + 1, n1 + 9000),
+        "rows": rng.randint(8, 40), "seats": rng.randint(10, 36),
+        "money": k * p + q + rng.randint(10, 500), "paid": k * rng.randint(3, 60),
         "pages": m * k + n2 % 40 * rng.randint(2, 20) + 40,
     }  # fmt: skip
 

@@ -21,7 +21,7 @@ def _broken(slots: dict[str, object]) -> list[str]:
     broken = []
     if s["big"] <= s["n1"]:  # arith_one_en: "A tank holds {big} litres and {n1} ... used"
         broken.append("tank: litres left <= 0")
-    if (100 * s["bill"]) % s["k"]:  # arith_one_en: "paid ${bill} for {k} identical tickets"
+    if s["paid"] % s["k"]:  # arith_one_en: "paid ${paid} for {k} identical tickets"
         broken.append("tickets: price not a whole number of cents")
     if s["total"] <= s["n2"]:  # arith_multi_*: width = length {total} - {n2}
         broken.append("rectangle: width <= 0")
