@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from bench.classify.run import summary, typical_bodies  # noqa: E402
+from bench.harness.markdown import report_head  # noqa: E402
 from bench.overhead.ab import checkout, remove, resolve, round_order  # noqa: E402
 
 WORKTREE = "WORKTREE"
@@ -120,13 +121,15 @@ def main(argv: list[str] | None = None) -> int:
             if rev != WORKTREE:
                 remove(tree)
         shutil.rmtree(workdir, ignore_errors=True)
-    header = (
-        f"# Scorer latency A/B\n\nCommand: `.venv/bin/python bench/classify/ab.py "
-        f"{' '.join(argv if argv is not None else sys.argv[1:])}`\n\n"
+    command = ".venv/bin/python bench/classify/ab.py " + " ".join(
+        argv if argv is not None else sys.argv[1:]
+    )
+    setup = (
         f"{len(bodies)} prompts of ~1 KB from {origin}, {args.rounds} rounds of {args.passes} "
         f"passes per revision, one process per revision and round, pinned to CPU {args.cpu}; "
         f"1-minute load average {os.getloadavg()[0]:.1f} at the end."
     )
+    header = "\n".join([*report_head("Scorer latency A/B", command), setup])
     text = report(revs, rounds, header)
     print(text)
     if args.out:

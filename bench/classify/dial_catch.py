@@ -25,12 +25,14 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import router_models  # noqa: E402
+from bench.harness.markdown import report_head  # noqa: E402
 from router_models.records import body_of, label_of, read_jsonl  # noqa: E402
 from router_models.training import EXTERNAL_TRAIN  # noqa: E402
 from router_models.training.honest import language_of  # noqa: E402
 from router_models.training.train import DEV2  # noqa: E402
 
 FOLLOWBENCH = EXTERNAL_TRAIN.with_name("followbench.jsonl")
+TITLE = "Complex prompts caught at the share dial, on traffic never trained on"
 
 
 def cjk(record: dict[str, Any]) -> bool:
@@ -88,12 +90,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     files = [p for p in args.data if p.is_file()]
     records = [r for p in files for r in read_jsonl(p)]
+    command = ".venv/bin/python bench/classify/dial_catch.py " + " ".join(
+        argv if argv is not None else sys.argv[1:]
+    )
     lines = [
-        "# Complex prompts caught at the share dial, on traffic never trained on",
-        "",
-        f"Command: `.venv/bin/python bench/classify/dial_catch.py "
-        f"{' '.join(argv if argv is not None else sys.argv[1:])}`",
-        "",
+        *report_head(
+            "Complex prompts caught at the share dial, on traffic never trained on", command
+        ),
         f"Rows: {len(records):,} from {', '.join(p.name for p in files)}; {args.draws} draws of "
         f"{args.complex_share:.0%} complex traffic (seed {args.seed}); threshold at the top "
         f"{args.share:.0%} of each draw.",
