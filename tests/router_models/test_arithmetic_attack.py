@@ -1,8 +1,8 @@
 # ruff: noqa: RUF001 - the corpus's Chinese text uses full-width commas
 """Attack findings on router_models/corpus/arithmetic.py: ``_slots`` promises "shares divide
 exactly, differences and change stay positive"; the templates that subtract or share slots
-it does not constrain break that, and the shipped corpus holds such rows. Fails on the code
-as shipped (branch wave-attack)."""
+it did not constrain broke that, and the corpus held such rows. Written by an attack review
+against the first version of v8 (which failed them); they hold since the slots were redrawn."""
 
 from __future__ import annotations
 
@@ -69,8 +69,8 @@ PATTERNS: dict[
 
 
 def test_the_shipped_corpus_has_no_nonsense_word_problems() -> None:
-    """As shipped: 5 rectangles of negative width, 4 footballs of price <= 0, 10 joint-work
-    problems with a negative remainder, 7 ticket prices like $1000 / 9."""
+    """The first v8 corpus had 5 rectangles of negative width, 4 footballs of price <= 0, 10
+    joint-work problems with a negative remainder, 7 ticket prices like $1000 / 9."""
     found: dict[str, list[str]] = {}
     for record in read_jsonl(DEFAULT_CORPUS):
         if record["category"] != "math_multistep":

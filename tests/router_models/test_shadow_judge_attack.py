@@ -1,5 +1,6 @@
 """Attack findings on ``read_shadow(label="judge")`` and ``--shadow-label judge``: each test
-states what the reader should do and fails on the code as shipped (branch wave-attack)."""
+states what the reader should do; each failed on the first version of the judge path and
+holds since the fix."""
 
 from __future__ import annotations
 
@@ -19,10 +20,11 @@ pytestmark = pytest.mark.slow
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf, 7.0, -3.0, "0.25", True])
 def test_a_judge_score_that_is_not_a_number_in_0_1_is_refused(tmp_path: Path, bad: object) -> None:
-    """parse_score writes (n - 1) / 4 in [0, 1]; anything else in the store is corrupt. As
-    shipped, NaN and +inf and 7.0 label the prompt simple, -inf and -3.0 complex, the string
-    '0.25' and True are read as numbers: no error, and one such record among a prompt's judged
-    records decides its mean (NaN makes any mean NaN, and NaN < 0.625 is False: simple)."""
+    """parse_score writes (n - 1) / 4 in [0, 1]; anything else in the store is corrupt. In
+    the first version, NaN and +inf and 7.0 labelled the prompt simple, -inf and -3.0 complex,
+    the string '0.25' and True were read as numbers: no error, and one such record among a
+    prompt's judged records decided its mean (NaN makes any mean NaN, and NaN < 0.625 is
+    False: simple)."""
     store = write_store(
         tmp_path / "s.jsonl",
         [record(SIMPLE[0], 0.0) | {"judge": 0.25}, record(SIMPLE[0], 0.0) | {"judge": bad}],

@@ -1,7 +1,7 @@
 """Attack on the Unicode tokeniser's digit fold (``_NONZERO_DIGIT_RE.sub`` in place of
 ``str.translate(_DIGITS)``): the same tokens as the reference fold on every code point,
 on characters whose lowercase is longer ('İ' -> 'i̇'), lone surrogates, combining marks and a
-1 MB string. Passes on the code as shipped: the finding is that there is no difference."""
+1 MB string. It passed when written: the finding was that there is no difference."""
 
 from __future__ import annotations
 

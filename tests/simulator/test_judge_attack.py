@@ -1,5 +1,6 @@
 """Attack findings on the simulator's judge (simulator/judge.py): each test states what a
-grader should do and fails on the code as shipped (branch wave-attack)."""
+grader should do; each failed on the first (word-set Jaccard) grader and holds on the
+current one."""
 
 from __future__ import annotations
 
