@@ -104,13 +104,11 @@ class MemoryUsageStore:
 
     async def rows(self, hours: range) -> dict[RowKey, list[float]]:
         """Sum the hours asked for."""
-        out: dict[RowKey, list[float]] = defaultdict(lambda: [0.0] * len(FIELDS))
+        out: dict[RowKey, list[float]] = {}
         for hour in hours:
             for key, values in self.hours.get(hour, {}).items():
-                totals = out[key]
-                for index, value in enumerate(values):
-                    totals[index] += value
-        return dict(out)
+                _add_into(out, key, values)
+        return out
 
 
 @dataclass
@@ -135,6 +133,8 @@ class RedisUsageStore:
         self._mark = f"{prefix}usage-sent:{secrets.token_hex(8)}"
         self._numbered = 0
         self._lock = asyncio.Lock()
+        # One list per report being read: the batches Redis confirms while the read is out.
+        self._readers: list[list[_Batch]] = []
 
     def add(self, hour: int, key: RowKey, values: tuple[float, ...]) -> None:
         """Buffer in memory; the flusher sends it. A value that is not a finite number is
@@ -154,13 +154,27 @@ class RedisUsageStore:
 
     async def stop(self) -> None:
         """Let the flusher finish the flush it is in (a cancelled write would leave totals
-        that Redis may or may not have counted), then flush what is left."""
+        that Redis may or may not have counted), then flush what is left; totals Redis still
+        has not confirmed are summed in one ``usage.unsent_at_stop`` error (they may be
+        counted already: a batch whose answer did not come is among them)."""
         task, self._task = self._task, None
         if task is not None:
             self._stopping.set()
             await asyncio.wait({task}, timeout=self.flush_s + _FLUSH_WAIT_S)
             await stop_tasks(task)
         await self.flush()
+        left = list(self.pending.hours.values())
+        if self._unsure is not None:
+            left += self._unsure.hours.values()
+        if left:  # Redis out of reach at the end: say what this process's report loses
+            sums = [
+                sum(v[i] for bucket in left for v in bucket.values()) for i in range(len(FIELDS))
+            ]
+            _log.error(
+                "usage.unsent_at_stop",
+                rows=sum(len(bucket) for bucket in left),
+                **dict(zip(FIELDS, sums, strict=True)),
+            )
 
     async def _flush_forever(self) -> None:
         while not self._stopping.is_set():
@@ -183,6 +197,8 @@ class RedisUsageStore:
                     self._unsure = _Batch(self._numbered, self._take(_BATCH_ROWS))
                 if not await self._send(self._unsure):
                     return
+                for landed in self._readers:
+                    landed.append(self._unsure)
                 self._unsure = None
 
     def _take(self, limit: int) -> dict[int, dict[RowKey, list[float]]]:
@@ -219,21 +235,31 @@ class RedisUsageStore:
         return True
 
     async def rows(self, hours: range) -> dict[RowKey, list[float]]:
-        """Read and sum the hourly hashes (plus what is not flushed yet, and a batch whose
-        answer did not come unless the mark, read with the hashes, says Redis counted it)."""
-        unsure = self._unsure
-        out = await self.pending.rows(hours)
-        async with self.client.pipeline(transaction=True) as pipe:
-            pipe.get(self._mark)
+        """Read and sum the hourly hashes, then add what this process holds that Redis had not
+        counted when it answered: the mark read with the hashes numbers the last batch they
+        include, so the rows not flushed yet and any batch above the mark (the one still
+        unanswered, or one confirmed while the read was out) are added; a batch that landed
+        before the read is counted once, from Redis."""
+        landed: list[_Batch] = []
+        self._readers.append(landed)
+        try:
+            async with self.client.pipeline(transaction=True) as pipe:
+                pipe.get(self._mark)
+                for hour in hours:
+                    pipe.hgetall(f"{self.prefix}usage:{hour}")
+                counted, *answers = await pipe.execute()
+        finally:
+            self._readers.remove(landed)
+        # From here to the return nothing awaits, so the flusher cannot move rows meanwhile.
+        out: dict[RowKey, list[float]] = {}
+        mark = int(counted or 0)
+        held = [self.pending.hours, *(b.hours for b in landed if b.number > mark)]
+        if self._unsure is not None and self._unsure.number > mark:
+            held.append(self._unsure.hours)
+        for by_hour in held:
             for hour in hours:
-                pipe.hgetall(f"{self.prefix}usage:{hour}")
-            counted, *answers = await pipe.execute()
-        if unsure is not None and unsure.number > int(counted or 0):
-            for hour in hours:
-                for key, values in unsure.hours.get(hour, {}).items():
-                    totals = out.setdefault(key, [0.0] * len(FIELDS))
-                    for index, value in enumerate(values):
-                        totals[index] += value
+                for key, values in by_hour.get(hour, {}).items():
+                    _add_into(out, key, values)
         for answer in answers:
             for raw_field, raw_value in answer.items():
                 name = raw_field.decode() if isinstance(raw_field, bytes) else raw_field
@@ -241,6 +267,12 @@ class RedisUsageStore:
                 totals = out.setdefault((tier, tenant, key_id), [0.0] * len(FIELDS))
                 totals[FIELDS.index(metric)] += float(raw_value)
         return out
+
+
+def _add_into(out: dict[RowKey, list[float]], key: RowKey, values: list[float]) -> None:
+    totals = out.setdefault(key, [0.0] * len(FIELDS))
+    for index, value in enumerate(values):
+        totals[index] += value
 
 
 @dataclass

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, MutableMapping
+from typing import Any
 
+import structlog.testing
 from redis.asyncio import Redis
 
 from gateway.config.redis_client import open_redis
 from gateway.config.settings import RedisSettings
 from gateway.limits.usage import FIELDS, RedisUsageStore
+from tests.processes import free_port
 from tests.redis_server import RedisServer, redis_server
 
 __all__ = ["redis_server"]
@@ -254,3 +257,139 @@ def test_the_report_counts_an_unanswered_batch_once(redis_server: RedisServer) -
             assert await _requests(store) == 3.0
 
     asyncio.run(run())
+
+
+class _ReadDelayer:
+    """A TCP proxy to Redis that holds back, for ``delay_s``, the report's read (a write that
+    opens a transaction; ``hold="request"``) or the answers on a connection once it has sent
+    one (``hold="answer"``), and passes everything else on at once: the flusher's batch then
+    reaches Redis before the read, or its answer comes back before the read's."""
+
+    def __init__(self, redis_port: int, delay_s: float, hold: str = "request") -> None:
+        self.redis_port = redis_port
+        self.delay_s = delay_s
+        self.hold = hold
+        self.server: asyncio.Server | None = None
+
+    async def start(self) -> str:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        port = self.server.sockets[0].getsockname()[1]
+        return f"redis://127.0.0.1:{port}/0"
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.redis_port)
+        read_sent = False
+
+        async def up() -> None:
+            nonlocal read_sent
+            while data := await reader.read(65536):
+                if b"MULTI" in data:
+                    read_sent = True
+                    if self.hold == "request":
+                        await asyncio.sleep(self.delay_s)
+                up_writer.write(data)
+
+        async def down() -> None:
+            while data := await up_reader.read(65536):
+                if read_sent and self.hold == "answer":
+                    await asyncio.sleep(self.delay_s)
+                writer.write(data)
+
+        try:
+            await asyncio.gather(up(), down())
+        except OSError:
+            pass
+        finally:
+            writer.close()
+            up_writer.close()
+
+    async def stop(self) -> None:
+        if self.server is not None:
+            self.server.close()
+
+
+def test_a_flush_during_a_report_is_counted_once(redis_server: RedisServer) -> None:
+    """A report begins, the flusher sends the totals it would have read from memory, Redis
+    counts them, then the report's read arrives: the totals appear once, not from memory and
+    from Redis both (the first version summed memory before the read and reported 6)."""
+
+    async def run() -> None:
+        delayer = _ReadDelayer(redis_server.port, delay_s=0.3)
+        client = open_redis(RedisSettings(url=await delayer.start(), socket_timeout_s=5))
+        admin = open_redis(RedisSettings(url=redis_server.url, socket_timeout_s=5))
+        try:
+            store = RedisUsageStore(client, "u:")
+            store.add(5, ROW, (3.0,) * len(FIELDS))
+            report = asyncio.create_task(_requests(store))
+            await asyncio.sleep(0.05)  # the report's read is on its way, held by the proxy
+            await store.flush()
+            assert await _counted(admin) == 3.0  # Redis counted the batch before the read
+            assert not report.done()
+            assert await report == 3.0
+            assert await _requests(store) == 3.0
+        finally:
+            await client.aclose()
+            await admin.aclose()
+            await delayer.stop()
+
+    asyncio.run(run())
+
+
+def test_a_batch_confirmed_while_the_read_is_out_is_counted_once(
+    redis_server: RedisServer,
+) -> None:
+    """The report's read reaches Redis before the batch, but the read's answer is held back
+    until after the batch is confirmed: the report adds the batch from memory, once (summing
+    memory only after the read, without the batches confirmed meanwhile, would report 0)."""
+
+    async def run() -> None:
+        delayer = _ReadDelayer(redis_server.port, delay_s=0.3, hold="answer")
+        client = open_redis(RedisSettings(url=await delayer.start(), socket_timeout_s=5))
+        admin = open_redis(RedisSettings(url=redis_server.url, socket_timeout_s=5))
+        try:
+            store = RedisUsageStore(client, "u:")
+            store.add(5, ROW, (3.0,) * len(FIELDS))
+            report = asyncio.create_task(_requests(store))
+            await asyncio.sleep(0.05)  # the read has reached Redis; its answer is held
+            await store.flush()
+            assert await _counted(admin) == 3.0
+            assert not report.done()
+            assert await report == 3.0
+            assert await _requests(store) == 3.0
+        finally:
+            await client.aclose()
+            await admin.aclose()
+            await delayer.stop()
+
+    asyncio.run(run())
+
+
+def test_totals_redis_never_took_are_named_at_stop() -> None:
+    """Redis out of reach when the gateway stops: the totals it never confirmed are not
+    dropped in silence; one error sums them (rows and every field) for the operator."""
+
+    async def run() -> list[MutableMapping[str, Any]]:
+        client = open_redis(RedisSettings(url=f"redis://127.0.0.1:{free_port()}/0"))
+        store = RedisUsageStore(client, "u:", flush_s=0.05)
+        store.start()
+        store.add(5, ROW, (1.0, 10.0, 20.0, 0.5, 1.5))
+        store.add(6, ("precise", "acme", "k2"), (2.0, 30.0, 40.0, 2.0, 2.0))
+        with structlog.testing.capture_logs() as logs:
+            await store.stop()
+        await client.aclose()
+        return logs
+
+    logs = asyncio.run(run())
+    lost = [entry for entry in logs if entry["event"] == "usage.unsent_at_stop"]
+    assert lost == [
+        {
+            "event": "usage.unsent_at_stop",
+            "log_level": "error",
+            "rows": 2,
+            "requests": 3.0,
+            "input_tokens": 40.0,
+            "output_tokens": 60.0,
+            "cost": 2.5,
+            "baseline_cost": 3.5,
+        }
+    ]
