@@ -21,23 +21,34 @@ import structlog
 _log = structlog.get_logger("tiergate.tasks")
 
 _AGAIN_S = 0.05  # between asks: a swallowed cancellation costs one poll of the loop at most
+_finishing: set[asyncio.Task[bool]] = set()  # stops carried on for a cancelled caller
 
 
 async def stop_tasks(*tasks: asyncio.Task[Any] | None, within_s: float = 5.0) -> bool:
     """Cancel ``tasks`` (``None`` is skipped) and wait until each has ended, asking again
     every 50 ms; ``False`` (and a warning) if some still run after ``within_s``. A task that
-    ended with an error is logged, not raised: a shutdown goes on with its other steps."""
+    ended with an error is logged, not raised: a shutdown goes on with its other steps. If the
+    caller is cancelled meanwhile, it is cancelled at once and the asking carries on in a task
+    of its own, to the same bound."""
     loop = asyncio.get_running_loop()
     end = loop.time() + within_s
     running = {task for task in tasks if task is not None}
-    while running := {task for task in running if not task.done()}:
-        left = end - loop.time()
-        if left <= 0:
-            _log.warning("task.stop_timed_out", tasks=sorted(t.get_name() for t in running))
-            return False
-        for task in running:
-            task.cancel()
-        await asyncio.wait(running, timeout=min(_AGAIN_S, left))
+    try:
+        while running := {task for task in running if not task.done()}:
+            left = end - loop.time()
+            if left <= 0:
+                _log.warning("task.stop_timed_out", tasks=sorted(t.get_name() for t in running))
+                return False
+            for task in running:
+                task.cancel()
+            await asyncio.wait(running, timeout=min(_AGAIN_S, left))
+    except asyncio.CancelledError:
+        # The caller was cancelled: that goes on at once, and the asking goes on without it
+        # (to the same bound), so the tasks still end.
+        finisher = loop.create_task(stop_tasks(*running, within_s=max(end - loop.time(), 0.0)))
+        _finishing.add(finisher)
+        finisher.add_done_callback(_finishing.discard)
+        raise
     for ended in tasks:
         if ended is not None and not ended.cancelled():
             error = ended.exception()

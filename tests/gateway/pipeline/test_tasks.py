@@ -235,3 +235,38 @@ def test_usage_flushes_again_after_a_restart(redis_server: RedisServer) -> None:
 
     asyncio.run(runs(2, 0.0))  # twice in one loop
     asyncio.run(runs(1, 2.0))  # once more in a new one
+
+
+async def _absorbs(cancels: int, ticks: list[int]) -> None:
+    """A polling loop that loses its first ``cancels`` cancellations."""
+    lost = 0
+    while True:
+        try:
+            await asyncio.sleep(0.01)
+        except asyncio.CancelledError:
+            if lost == cancels:
+                raise
+            lost += 1
+        ticks.append(1)
+
+
+def test_a_cancelled_caller_still_leaves_the_tasks_stopping() -> None:
+    """The caller of ``stop_tasks`` is itself cancelled after the first ask (a shutdown cut
+    short): the caller ends cancelled at once, and the task that lost the first asks still
+    ends, asked again without the caller (the first version left it running for good)."""
+
+    async def run() -> None:
+        ticks: list[int] = []
+        task = asyncio.create_task(_absorbs(3, ticks))
+        await asyncio.sleep(0.03)
+        caller = asyncio.create_task(stop_tasks(task, within_s=5.0))
+        await asyncio.sleep(0.02)  # the first ask is made and lost
+        caller.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await caller
+        assert not task.done()
+        done, _ = await asyncio.wait({task}, timeout=2.0)
+        assert done == {task}
+        assert task.cancelled()
+
+    asyncio.run(run())
