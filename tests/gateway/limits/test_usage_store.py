@@ -38,14 +38,11 @@ async def _requests(store: RedisUsageStore, hour: int = 5) -> float:
     return rows.get(ROW, [0.0] * len(FIELDS))[0]
 
 
-class _ReplyEater:
-    """A TCP proxy to Redis that, while ``eating``, swallows Redis' answers on a connection
-    from the moment usage totals are sent on it (the batch still reaches Redis and runs; the
-    connection's handshake before it is answered): an answer lost on the way back."""
+class _Proxy:
+    """A TCP proxy to Redis; subclasses decide, per connection, what passes and when."""
 
     def __init__(self, redis_port: int) -> None:
         self.redis_port = redis_port
-        self.eating = True
         self.server: asyncio.Server | None = None
 
     async def start(self) -> str:
@@ -53,32 +50,50 @@ class _ReplyEater:
         port = self.server.sockets[0].getsockname()[1]
         return f"redis://127.0.0.1:{port}/0"
 
+    async def stop(self) -> None:
+        if self.server is not None:
+            self.server.close()
+
+    async def pass_up(self, data: bytes, seen: set[str]) -> bool:
+        """Whether ``data`` (client to Redis) passes; ``seen`` is the connection's state."""
+        return True
+
+    async def pass_down(self, data: bytes, seen: set[str]) -> bool:
+        """Whether ``data`` (Redis to client) passes."""
+        return True
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.redis_port)
-        batch_sent = False
+        seen: set[str] = set()
 
-        async def up() -> None:
-            nonlocal batch_sent
-            while data := await reader.read(65536):
-                batch_sent = batch_sent or (self.eating and b"u:usage:" in data)
-                up_writer.write(data)
-
-        async def down() -> None:
-            while data := await up_reader.read(65536):
-                if not batch_sent:
-                    writer.write(data)
+        async def pump(source: asyncio.StreamReader, sink: asyncio.StreamWriter, up: bool) -> None:
+            while data := await source.read(65536):
+                if await (self.pass_up(data, seen) if up else self.pass_down(data, seen)):
+                    sink.write(data)
 
         try:
-            await asyncio.gather(up(), down())
+            await asyncio.gather(pump(reader, up_writer, True), pump(up_reader, writer, False))
         except OSError:
             pass
         finally:
             writer.close()
             up_writer.close()
 
-    async def stop(self) -> None:
-        if self.server is not None:
-            self.server.close()
+
+class _ReplyEater(_Proxy):
+    """While ``eating``, swallows Redis' answers on a connection from the moment usage totals
+    are sent on it (the batch still reaches Redis and runs; the connection's handshake before
+    it is answered): an answer lost on the way back."""
+
+    eating = True
+
+    async def pass_up(self, data: bytes, seen: set[str]) -> bool:
+        if self.eating and b"u:usage:" in data:
+            seen.add("batch")
+        return True
+
+    async def pass_down(self, data: bytes, seen: set[str]) -> bool:
+        return "batch" not in seen
 
 
 async def _counted(admin: Redis) -> float:
@@ -259,53 +274,28 @@ def test_the_report_counts_an_unanswered_batch_once(redis_server: RedisServer) -
     asyncio.run(run())
 
 
-class _ReadDelayer:
-    """A TCP proxy to Redis that holds back, for ``delay_s``, the report's read (a write that
-    opens a transaction; ``hold="request"``) or the answers on a connection once it has sent
-    one (``hold="answer"``), and passes everything else on at once: the flusher's batch then
+class _ReadDelayer(_Proxy):
+    """Holds back, for ``delay_s``, the report's read (a write that opens a transaction;
+    ``hold="request"``) or the answers on a connection once it has sent one
+    (``hold="answer"``), and passes everything else on at once: the flusher's batch then
     reaches Redis before the read, or its answer comes back before the read's."""
 
     def __init__(self, redis_port: int, delay_s: float, hold: str = "request") -> None:
-        self.redis_port = redis_port
+        super().__init__(redis_port)
         self.delay_s = delay_s
         self.hold = hold
-        self.server: asyncio.Server | None = None
 
-    async def start(self) -> str:
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        port = self.server.sockets[0].getsockname()[1]
-        return f"redis://127.0.0.1:{port}/0"
+    async def pass_up(self, data: bytes, seen: set[str]) -> bool:
+        if b"MULTI" in data:
+            seen.add("read")
+            if self.hold == "request":
+                await asyncio.sleep(self.delay_s)
+        return True
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.redis_port)
-        read_sent = False
-
-        async def up() -> None:
-            nonlocal read_sent
-            while data := await reader.read(65536):
-                if b"MULTI" in data:
-                    read_sent = True
-                    if self.hold == "request":
-                        await asyncio.sleep(self.delay_s)
-                up_writer.write(data)
-
-        async def down() -> None:
-            while data := await up_reader.read(65536):
-                if read_sent and self.hold == "answer":
-                    await asyncio.sleep(self.delay_s)
-                writer.write(data)
-
-        try:
-            await asyncio.gather(up(), down())
-        except OSError:
-            pass
-        finally:
-            writer.close()
-            up_writer.close()
-
-    async def stop(self) -> None:
-        if self.server is not None:
-            self.server.close()
+    async def pass_down(self, data: bytes, seen: set[str]) -> bool:
+        if "read" in seen and self.hold == "answer":
+            await asyncio.sleep(self.delay_s)
+        return True
 
 
 def test_a_flush_during_a_report_is_counted_once(redis_server: RedisServer) -> None:
