@@ -32,7 +32,7 @@ from gateway.access.admin_keys import AdminGuard
 from gateway.pipeline.context import RequestContext
 from gateway.pipeline.tasks import stop_tasks
 from policies.cost import CostModel
-from policies.errors import InvalidRequest
+from policies.errors import InvalidRequest, TierGateError
 
 _encoder = msgspec.json.Encoder()
 _log = structlog.get_logger("tiergate.usage")
@@ -133,8 +133,10 @@ class RedisUsageStore:
         self._mark = f"{prefix}usage-sent:{secrets.token_hex(8)}"
         self._numbered = 0
         self._lock = asyncio.Lock()
-        # One list per report being read: the batches Redis confirms while the read is out.
-        self._readers: list[list[_Batch]] = []
+        # One list per report being read, under a token of its own (lists that hold the same
+        # batches are equal, so a list cannot name its report): the batches Redis confirms
+        # while the read is out.
+        self._readers: dict[object, list[_Batch]] = {}
 
     def add(self, hour: int, key: RowKey, values: tuple[float, ...]) -> None:
         """Buffer in memory; the flusher sends it. A value that is not a finite number is
@@ -197,7 +199,7 @@ class RedisUsageStore:
                     self._unsure = _Batch(self._numbered, self._take(_BATCH_ROWS))
                 if not await self._send(self._unsure):
                     return
-                for landed in self._readers:
+                for landed in self._readers.values():
                     landed.append(self._unsure)
                 self._unsure = None
 
@@ -241,7 +243,8 @@ class RedisUsageStore:
         unanswered, or one confirmed while the read was out) are added; a batch that landed
         before the read is counted once, from Redis."""
         landed: list[_Batch] = []
-        self._readers.append(landed)
+        reader = object()
+        self._readers[reader] = landed
         try:
             async with self.client.pipeline(transaction=True) as pipe:
                 pipe.get(self._mark)
@@ -249,7 +252,7 @@ class RedisUsageStore:
                     pipe.hgetall(f"{self.prefix}usage:{hour}")
                 counted, *answers = await pipe.execute()
         finally:
-            self._readers.remove(landed)
+            del self._readers[reader]
         # From here to the return nothing awaits, so the flusher cannot move rows meanwhile.
         out: dict[RowKey, list[float]] = {}
         mark = int(counted or 0)
@@ -365,6 +368,14 @@ class UsageCollector(Collector):
         yield baseline
 
 
+class UsageStoreDown(TierGateError):
+    """The shared usage store (Redis) did not answer a report (503): the report needs every
+    replica's totals, and this process holds only its own."""
+
+    status = 503
+    default_code = "usage_store_unavailable"
+
+
 def admin_usage_handlers(ledger: UsageLedger, admin_token: str | None) -> list[Any]:
     """``GET /admin/usage?window=24h&by=tenant`` (admin token), or nothing when admin is off."""
     if not admin_token:
@@ -380,7 +391,11 @@ def admin_usage_handlers(ledger: UsageLedger, admin_token: str | None) -> list[A
             raise InvalidRequest(f"'window' must be one of {sorted(WINDOWS)}.", param="window")
         if by not in GROUPINGS:
             raise InvalidRequest(f"'by' must be one of {list(GROUPINGS)}.", param="by")
-        body = _encoder.encode(await ledger.view(window, by))
+        try:
+            view = await ledger.view(window, by)
+        except (RedisError, OSError):
+            raise UsageStoreDown("The usage store (Redis) is unreachable; try again.") from None
+        body = _encoder.encode(view)
         return Response(body, media_type="application/json", headers={"Cache-Control": "no-store"})
 
     return [admin_usage]

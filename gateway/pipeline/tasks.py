@@ -14,6 +14,7 @@ finishes.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from typing import Any
 
 import structlog
@@ -21,7 +22,6 @@ import structlog
 _log = structlog.get_logger("tiergate.tasks")
 
 _AGAIN_S = 0.05  # between asks: a swallowed cancellation costs one poll of the loop at most
-_finishing: set[asyncio.Task[bool]] = set()  # stops carried on for a cancelled caller
 
 
 async def stop_tasks(*tasks: asyncio.Task[Any] | None, within_s: float = 5.0) -> bool:
@@ -29,7 +29,8 @@ async def stop_tasks(*tasks: asyncio.Task[Any] | None, within_s: float = 5.0) ->
     every 50 ms; ``False`` (and a warning) if some still run after ``within_s``. A task that
     ended with an error is logged, not raised: a shutdown goes on with its other steps. If the
     caller is cancelled meanwhile, it is cancelled at once and the asking carries on in a task
-    of its own, to the same bound."""
+    of the loop's own (timer callbacks, which a loop shutting down does not cancel, as it
+    cancels tasks), to the same bound."""
     loop = asyncio.get_running_loop()
     end = loop.time() + within_s
     running = {task for task in tasks if task is not None}
@@ -44,14 +45,34 @@ async def stop_tasks(*tasks: asyncio.Task[Any] | None, within_s: float = 5.0) ->
             await asyncio.wait(running, timeout=min(_AGAIN_S, left))
     except asyncio.CancelledError:
         # The caller was cancelled: that goes on at once, and the asking goes on without it
-        # (to the same bound), so the tasks still end.
-        finisher = loop.create_task(stop_tasks(*running, within_s=max(end - loop.time(), 0.0)))
-        _finishing.add(finisher)
-        finisher.add_done_callback(_finishing.discard)
+        # (to the same bound), so the tasks still end. Not in a task: asyncio.run's shutdown
+        # cancels every task once, and a task cancelled before its first step never asks.
+        loop.call_soon(_ask_again, loop, frozenset(running), end)
         raise
+    _log_failures(tasks)
+    return True
+
+
+def _ask_again(
+    loop: asyncio.AbstractEventLoop, tasks: frozenset[asyncio.Task[Any]], end: float
+) -> None:
+    """:func:`stop_tasks`' asking for a caller that was cancelled, as timer callbacks."""
+    running = [task for task in tasks if not task.done()]
+    if not running:
+        _log_failures(tasks)
+        return
+    left = end - loop.time()
+    if left <= 0:
+        _log.warning("task.stop_timed_out", tasks=sorted(t.get_name() for t in running))
+        return
+    for task in running:
+        task.cancel()
+    loop.call_later(min(_AGAIN_S, left), _ask_again, loop, tasks, end)
+
+
+def _log_failures(tasks: Iterable[asyncio.Task[Any] | None]) -> None:
     for ended in tasks:
         if ended is not None and not ended.cancelled():
             error = ended.exception()
             if error is not None:
                 _log.warning("task.failed", task=ended.get_name(), error=type(error).__name__)
-    return True
