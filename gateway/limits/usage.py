@@ -18,7 +18,7 @@ from collections import defaultdict
 from collections.abc import Iterator, Mapping
 from contextvars import Context
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import msgspec
 import structlog
@@ -40,6 +40,7 @@ FIELDS = ("requests", "input_tokens", "output_tokens", "cost", "baseline_cost")
 WINDOWS = {"1h": 1, "24h": 24, "7d": 24 * 7, "30d": 24 * 30}
 GROUPINGS = ("tier", "tenant", "key")
 RowKey = tuple[str, str, str]  # tier, tenant, key id
+_K = TypeVar("_K")
 
 _FLUSH_WAIT_S = 10.0  # at stop, the longest wait for the flush in progress past its interval
 _HOUR_TTL_S = 32 * 86400
@@ -165,17 +166,15 @@ class RedisUsageStore:
             await asyncio.wait({task}, timeout=self.flush_s + _FLUSH_WAIT_S)
             await stop_tasks(task)
         await self.flush()
-        left = list(self.pending.hours.values())
-        if self._unsure is not None:
-            left += self._unsure.hours.values()
+        left: dict[tuple[int, RowKey], list[float]] = {}
+        for by_hour in (self.pending.hours, {} if self._unsure is None else self._unsure.hours):
+            for hour, bucket in by_hour.items():
+                for key, values in bucket.items():
+                    _add_into(left, (hour, key), values)
         if left:  # Redis out of reach at the end: say what this process's report loses
-            sums = [
-                sum(v[i] for bucket in left for v in bucket.values()) for i in range(len(FIELDS))
-            ]
+            sums = [sum(values[i] for values in left.values()) for i in range(len(FIELDS))]
             _log.error(
-                "usage.unsent_at_stop",
-                rows=sum(len(bucket) for bucket in left),
-                **dict(zip(FIELDS, sums, strict=True)),
+                "usage.unsent_at_stop", rows=len(left), **dict(zip(FIELDS, sums, strict=True))
             )
 
     async def _flush_forever(self) -> None:
@@ -272,7 +271,7 @@ class RedisUsageStore:
         return out
 
 
-def _add_into(out: dict[RowKey, list[float]], key: RowKey, values: list[float]) -> None:
+def _add_into(out: dict[_K, list[float]], key: _K, values: list[float]) -> None:
     totals = out.setdefault(key, [0.0] * len(FIELDS))
     for index, value in enumerate(values):
         totals[index] += value
