@@ -29,9 +29,14 @@ MAX_ANSWER = 32 << 20
 
 
 class _Answer(msgspec.Struct):
-    """A non-streaming answer: a JSON object (checked whole); its ``usage`` the one field kept."""
+    """A non-streaming answer: a JSON object (checked whole); its ``usage`` kept, and what
+    tells an error object from an answer (``error``, ``object``, whether ``choices`` is there:
+    its value is not built)."""
 
     usage: Any = None
+    error: Any = None
+    object: Any = None
+    choices: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
 
 
 _answer_decoder = msgspec.json.Decoder(_Answer)
@@ -206,7 +211,7 @@ def answer_usage(body: bytes) -> Any:
     short, nested too deep) is a failed attempt, never passed on as a success. A JSON array
     (llama.cpp's answer to a list of prompts on /v1/completions) is an answer without usage."""
     try:
-        return _answer_decoder.decode(body).usage
+        answer = _answer_decoder.decode(body)
     except msgspec.ValidationError:
         if body.lstrip()[:1] == b"[" and _is_json(body):
             return None
@@ -215,6 +220,29 @@ def answer_usage(body: bytes) -> Any:
         ) from None
     except UNREADABLE_JSON:
         raise AttemptFailed(FailureKind.BAD_ANSWER, "The backend's answer is not JSON.") from None
+    if answer.choices is msgspec.UNSET and (answer.error or answer.object == "error"):
+        raise _error_answer(answer, body)
+    return answer.usage
+
+
+def _error_answer(answer: _Answer, body: bytes) -> AttemptFailed:
+    """A 200 whose body is an error object and no answer (``{"error": ...}``, or the flat
+    ``{"object": "error", ...}``): the failure its ``code`` names (500 without one), handled
+    like an HTTP error answer of that status, never passed on as a success."""
+    error = answer.error if isinstance(answer.error, dict) else _object_of(body)
+    code = error.get("code") if isinstance(error, dict) else None
+    status = code if type(code) is int and 400 <= code <= 599 else 500
+    message, detail = _upstream_message(body, status)
+    return AttemptFailed(status_kind(status), message, status=status, body=detail)
+
+
+def _object_of(body: bytes) -> dict[str, Any] | None:
+    """``body`` decoded, if it is a JSON object."""
+    try:
+        data = _decoder.decode(body)
+    except UNREADABLE_JSON:
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def _without_bom(body: bytes) -> bytes:

@@ -35,6 +35,7 @@ from gateway.pipeline.events import (
 )
 from gateway.pipeline.ids import fresh_id
 from gateway.upstream.attempt import AUTH_STATUSES, AttemptFailed, Opened, UpstreamClient, attempt
+from gateway.upstream.connection import Response
 from gateway.upstream.explain import every_tier_failed, final_error, why_none
 from gateway.upstream.fair_queue import ANONYMOUS, Ticket
 from gateway.upstream.keys import UpstreamKeys, every_key_refused
@@ -471,7 +472,8 @@ async def _first_event(exchange: Exchange, timeout_s: float, waited: _Waited) ->
     started = time.perf_counter()
     try:
         async with asyncio.timeout(timeout_s):
-            event = await response.readuntil(_EVENT_END, MAX_EVENT)
+            while _keep_alive(event := _framed(exchange, await _next_event(response))):
+                pass  # a comment or blank event before the first: not the answer's start
     except TimeoutError as exc:
         raise AttemptFailed(
             FailureKind.FIRST_BYTE_TIMEOUT, "The backend sent no token in time."
@@ -487,18 +489,42 @@ async def _first_event(exchange: Exchange, timeout_s: float, waited: _Waited) ->
     finally:
         waited.first_chunk_at = now = time.perf_counter()
         waited.upstream_s += now - started
+    if event.startswith(_ERROR_EVENT):
+        raise stream_error(event)
+    return event
+
+
+async def _next_event(response: Response) -> bytes:
+    """The stream's next event as sent (its blank line included; the body's rest at its end)."""
+    return await response.readuntil(_EVENT_END, MAX_EVENT)
+
+
+def _framed(exchange: Exchange, event: bytes) -> bytes:
+    """An event read before the first one that counts, with LF line ends and in the relay's
+    dialect; the stream's framing, when not LF, noted on ``exchange`` (the first event
+    read says which)."""
     if event[-2:] != b"\n\n":  # not LF framing (or a body that ended without a blank line)
-        framing = (
-            b"\r\n" if event.endswith(b"\r\n\r\n") else b"\r" if event[-2:] == b"\r\r" else None
-        )
+        framing = exchange.framing
+        if framing is None:
+            framing = (
+                b"\r\n" if event.endswith(b"\r\n\r\n") else b"\r" if event[-2:] == b"\r\r" else None
+            )
         if framing is not None:
             exchange.framing = framing
             event = event.replace(framing, b"\n")
     if not event.startswith(b"data: "):
         event = _first_of_dialect(event[3:] if event[:3] == _BOM else event)
-    if event.startswith(_ERROR_EVENT):
-        raise stream_error(event)
     return event
+
+
+def _keep_alive(event: bytes) -> bool:
+    """A whole event with nothing for the caller: blank, fields without data (already made
+    blank), or comments only (sse-starlette's ``: ping``, a hosted API's ``: PROCESSING``).
+    Such events before the first one are dropped, so the first-byte limit and the handling
+    of a first error event apply to the event that starts the answer."""
+    if not event.endswith(b"\n\n"):
+        return False
+    return all(not line or line.startswith(b":") for line in event.split(b"\n"))
 
 
 def _first_of_dialect(event: bytes) -> bytes:

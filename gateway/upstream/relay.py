@@ -243,6 +243,10 @@ class StreamRelay:
             if standard is not event:
                 sent = self._event(standard)
                 return standard + _SEP if sent is standard else sent
+        elif not event[6:].strip():
+            # ``data:`` with no value: an SSE client still hands it on, and an SDK fails to
+            # read JSON from it; it reaches the caller blank, like a field-only event.
+            return _SEP
         on_event = self.on_event
         if on_event is not None:
             on_event(event)

@@ -452,11 +452,16 @@ async def test_data_without_a_space_is_read(upstream: UpstreamClient) -> None:
 
 
 async def test_named_events_and_comments_are_read(upstream: UpstreamClient) -> None:
-    """`event: message` lines, `id:` lines and keep-alive comments do not hide the data."""
+    """`event: message` lines, `id:` lines and keep-alive comments do not hide the data; a
+    comment before the first event is dropped (the first event is the answer's start), one
+    after it is relayed."""
     named = [b"event: message\nid: 1\n" + e for e in (FIRST, TOKEN, USAGE)]
-    sent, outcome, usage = await _relayed(upstream, _sse(b": ping\n\n", *named, FINAL, DONE))
+    ping = b": ping\n\n"
+    sent, outcome, usage = await _relayed(
+        upstream, _sse(ping, named[0], ping, *named[1:], FINAL, DONE)
+    )
     assert outcome == Outcome.COMPLETE
-    assert sent == b": ping\n\n" + FIRST + TOKEN + USAGE + FINAL + DONE
+    assert sent == FIRST + ping + TOKEN + USAGE + FINAL + DONE
     assert usage == Usage(prompt_tokens=7, completion_tokens=2)
 
 
