@@ -84,7 +84,7 @@ class Timeouts(Section):
     first_byte_s: float = Field(default=60.0, gt=0)
     """Time until the replica's first response byte (first token when streaming)."""
     idle_s: float = Field(default=30.0, gt=0)
-    """Longest silence between two chunks of a stream."""
+    """Longest wait for a stream's next chunk (keep-alive comments do not count)."""
     total_s: float = Field(default=600.0, gt=0)
     """Deadline for the whole request, retries included."""
 

@@ -134,8 +134,10 @@ class Pump:
             conn.divert(None)  # buffered from here; the task is being cancelled
             return
         try:
-            relay.reading_since = time.monotonic()
+            heard = relay.last_data
             chunk = relay.feed(data)
+            if relay.last_data is not heard:  # a chunk (not a keep-alive comment, not a piece
+                relay.reading_since = time.monotonic()  # of an event): the idle clock restarts
         except Exception:  # noqa: BLE001  # a bug on an odd event: end the stream readably
             chunk = relay.internal_error()
         if chunk:

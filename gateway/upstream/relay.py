@@ -190,9 +190,10 @@ class StreamRelay:
         self.last_data = b""
         self._cr = b""  # a CRLF stream's read that ended between \r and \n: its \r, held back
         self.expired = False  # the request's deadline (timeouts.total_s) cut the stream
-        self.silent = False  # the backend sent nothing for idle_s: the stream was cut
-        # When the read now waiting for the backend began (0.0: none is waiting; the relay
-        # may be parked while the client drains what it was given).
+        self.silent = False  # the backend sent no chunk for idle_s: the stream was cut
+        # When the read now waiting for the backend began, or its last chunk came if later
+        # (0.0: none is waiting; the relay may be parked while the client drains what it was
+        # given). Keep-alive comments and pieces of an event do not move it.
         self.reading_since = 0.0
         # The start of an event whose end has not arrived yet; grown in place once it spans
         # more than two pieces: a pumped stream hands over every chunk of the body on its own,
@@ -416,15 +417,21 @@ class StreamRelay:
             chunk = self.feed(self.exchange.first_event, framed=True)
             if chunk:
                 yield chunk
+            waiting_since = time.monotonic()  # the idle clock: only chunks restart it
             while not self.stopped:
-                self.reading_since = time.monotonic()
+                self.reading_since = waiting_since
                 data = await response.readany()
                 self.reading_since = 0.0
                 if not data:
                     break
+                heard = self.last_data
                 chunk = self.feed(data)
+                if self.last_data is not heard:
+                    waiting_since = time.monotonic()
                 if chunk:
+                    paused_at = time.monotonic()
                     yield chunk
+                    waiting_since += time.monotonic() - paused_at  # the client's time, not idle
             if ending := self.ending():
                 yield ending
         except OSError:

@@ -219,12 +219,6 @@ def test_an_event_that_is_not_json_does_not_count_as_complete(gateway: GatewayPr
     assert _access(gateway, request_id)["outcome"] != "complete"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="any bytes reset the idle limit: a backend that stopped generating but keeps "
-    "sending keep-alive comments (sse-starlette pings every 15 s) holds the stream and its "
-    "slot until timeouts.total_s",
-)
 def test_keep_alive_comments_alone_do_not_keep_a_stalled_stream_open(
     gateway: GatewayProcess,
 ) -> None:

@@ -7,8 +7,11 @@ that then completes, resets, stalls or ends the stream early; the relay must say
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import weakref
+
+import pytest
 
 from gateway.config.settings import Timeouts
 from gateway.pipeline.events import Outcome, Usage
@@ -57,8 +60,15 @@ def _stream(ending: str, left: asyncio.Event) -> Respond:
         if ending == "early":
             writer.write(b"0\r\n\r\n")  # a well-formed end without [DONE]
             return True
-        while await reader.read(65536):  # stall until the client leaves
-            pass
+        if ending == "pings":  # generation stopped; keep-alive comments go on
+            with contextlib.suppress(ConnectionError):
+                while not reader.at_eof():
+                    writer.write(_chunk(b": ping\n\n"))
+                    await writer.drain()
+                    await asyncio.sleep(0.05)
+        else:
+            while await reader.read(65536):  # stall until the client leaves
+                pass
         left.set()
         return False
 
@@ -148,6 +158,19 @@ async def test_a_stalled_stream_is_a_stall_and_its_connection_closes(
     """No event within idle_s: UPSTREAM_STALL, and the backend sees the connection close."""
     text, outcome = await _relay(upstream, "stall")
     assert outcome == Outcome.UPSTREAM_STALL
+    assert b"stopped sending" in text
+
+
+@pytest.mark.parametrize("how", DRIVES)
+async def test_keep_alive_comments_do_not_hold_a_stalled_stream_open(
+    upstream: UpstreamClient, how: str
+) -> None:
+    """A token, then only ``: ping`` comments every 50 ms: no chunk within idle_s is a stall,
+    cut as one, pings or not (any bytes used to restart the idle clock, so such a stream ran
+    to the request's deadline)."""
+    text, outcome = await asyncio.wait_for(_relay_once(upstream, "pings", how), 10.0)
+    assert outcome == Outcome.UPSTREAM_STALL
+    assert b": ping" in text  # relayed while they came: the caller's own keep-alive
     assert b"stopped sending" in text
 
 
