@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 from gateway.pipeline.events import Outcome
 from gateway.pipeline.replies import Downstream
 from gateway.upstream.connection import Connection
-from gateway.upstream.relay import StreamRelay
+from gateway.upstream.relay import DATA_LINE, StreamRelay
 
 
 class Pump:
@@ -134,10 +134,9 @@ class Pump:
             conn.divert(None)  # buffered from here; the task is being cancelled
             return
         try:
-            heard = relay.last_data
             chunk = relay.feed(data)
-            if relay.last_data is not heard:  # a chunk (not a keep-alive comment, not a piece
-                relay.reading_since = time.monotonic()  # of an event): the idle clock restarts
+            if DATA_LINE in chunk:  # an event with data (not a keep-alive comment, not a piece of
+                relay.reading_since = time.monotonic()  # an event): the idle clock restarts
         except Exception:  # noqa: BLE001  # a bug on an odd event: end the stream readably
             chunk = relay.internal_error()
         if chunk:

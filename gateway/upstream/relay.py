@@ -33,6 +33,7 @@ _DATA = b"data: "
 _DATA_OBJECT = b"data: {"
 _UPSTREAM_ERROR = b'data: {"error"'
 _SEP = b"\n\n"
+DATA_LINE = b"data:"  # in what a read lets through: an event with data came
 _LF = 0x0A  # b"\n"[0]
 # A chunk still generating (``"finish_reason": null``; JSON spaced any way).
 _NO_FINISH = re.compile(rb'"finish_reason"\s*:\s*null')
@@ -424,9 +425,8 @@ class StreamRelay:
                 self.reading_since = 0.0
                 if not data:
                     break
-                heard = self.last_data
                 chunk = self.feed(data)
-                if self.last_data is not heard:
+                if DATA_LINE in chunk:  # an event with data, not a keep-alive comment
                     waiting_since = time.monotonic()
                 if chunk:
                     paused_at = time.monotonic()

@@ -174,6 +174,34 @@ async def test_keep_alive_comments_do_not_hold_a_stalled_stream_open(
     assert b"stopped sending" in text
 
 
+@pytest.mark.parametrize("how", DRIVES)
+async def test_events_of_any_dialect_restart_the_idle_clock(
+    upstream: UpstreamClient, how: str
+) -> None:
+    """Ten chunks 50 ms apart, each over two ``data:`` lines without the space (passed on as
+    sent, never parsed as a chunk), then the end: 0.5 s in all against an idle limit of
+    0.2 s, and complete, since every event with data restarts the clock."""
+    split = b'data:{"id":"c","choices":[{"index":0,\ndata:"delta":{"content":"x"}}]}\n\n'
+
+    async def respond(_n: int, _r: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        writer.write(HEAD + _chunk(FIRST))
+        for _ in range(10):
+            await asyncio.sleep(0.05)
+            writer.write(_chunk(split))
+            await writer.drain()
+        writer.write(_chunk(TOKEN + FINAL + DONE) + b"0\r\n\r\n")
+        return True
+
+    relay, _pool, server = await open_relay(upstream, respond)
+    try:
+        text = await asyncio.wait_for(drive(relay, how), 10.0)
+    finally:
+        await server.stop()
+    assert relay.cut is None
+    assert relay.complete
+    assert text.count(split) == 10
+
+
 async def test_each_event_is_relayed_before_the_next_arrives_and_one_read_is_one_chunk(
     upstream: UpstreamClient,
 ) -> None:
