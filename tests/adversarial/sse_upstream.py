@@ -12,9 +12,9 @@ import argparse
 import asyncio
 import gzip
 import json
-import socket
-import struct
 from collections.abc import Awaitable, Callable
+
+from tests.gateway.raw_upstream import read_request, reset
 
 Writer = asyncio.StreamWriter
 
@@ -83,13 +83,6 @@ async def _bytewise(writer: Writer, body: bytes) -> None:
         await writer.drain()
     writer.write(b"0\r\n\r\n")
     await writer.drain()
-
-
-def _reset(writer: Writer) -> None:
-    sock = writer.get_extra_info("socket")
-    if sock is not None:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    writer.transport.abort()
 
 
 # -- streams that are whole ---------------------------------------------------------------------
@@ -217,7 +210,7 @@ async def reset_after_json(writer: Writer) -> None:
     writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n" + ANSWER)
     await writer.drain()
     await asyncio.sleep(0.05)
-    _reset(writer)
+    reset(writer)
 
 
 Scenario = Callable[[Writer], Awaitable[None]]
@@ -249,12 +242,7 @@ _MODELS = b'{"object":"list","data":[{"id":"m","object":"model"}]}'
 async def _handle(reader: asyncio.StreamReader, writer: Writer) -> None:
     try:
         while True:
-            head = await reader.readuntil(b"\r\n\r\n")
-            length = 0
-            for line in head.split(b"\r\n"):
-                if line.lower().startswith(b"content-length:"):
-                    length = int(line.split(b":", 1)[1])
-            body = await reader.readexactly(length)
+            head, body = await read_request(reader)
             if head.startswith(b"GET"):
                 answer = _MODELS if head.split(b" ", 2)[1] == b"/v1/models" else b""
                 writer.write(_json_head(len(answer)) + answer)

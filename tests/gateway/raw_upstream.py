@@ -30,6 +30,16 @@ def reset(writer: asyncio.StreamWriter) -> None:
     writer.transport.abort()
 
 
+async def read_request(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
+    """One HTTP/1.1 request: its head (blank line included) and its ``Content-Length`` body."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":", 1)[1])
+    return head, await reader.readexactly(length)
+
+
 @dataclass
 class RawUpstream:
     """The server: how many connections it accepted, what it was sent, who hung up."""
@@ -64,12 +74,7 @@ class RawUpstream:
         self.writers.add(writer)
         try:
             while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = 0
-                for line in head.split(b"\r\n"):
-                    if line.lower().startswith(b"content-length:"):
-                        length = int(line.split(b":", 1)[1])
-                body = await reader.readexactly(length)
+                head, body = await read_request(reader)
                 self.requests.append(head + body)
                 if not await self.respond(len(self.requests), reader, writer):
                     break
