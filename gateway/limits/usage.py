@@ -158,14 +158,21 @@ class RedisUsageStore:
     async def stop(self) -> None:
         """Let the flusher finish the flush it is in (a cancelled write would leave totals
         that Redis may or may not have counted), then flush what is left; totals Redis still
-        has not confirmed are summed in one ``usage.unsent_at_stop`` error (they may be
-        counted already: a batch whose answer did not come is among them)."""
+        has not confirmed are summed in one ``usage.unsent_at_stop`` error, also when the stop
+        is cancelled (they may be counted already: a batch whose answer did not come is among
+        them)."""
         task, self._task = self._task, None
-        if task is not None:
-            self._stopping.set()
-            await asyncio.wait({task}, timeout=self.flush_s + _FLUSH_WAIT_S)
-            await stop_tasks(task)
-        await self.flush()
+        try:
+            if task is not None:
+                self._stopping.set()
+                await asyncio.wait({task}, timeout=self.flush_s + _FLUSH_WAIT_S)
+                await stop_tasks(task)
+            await self.flush()
+        finally:  # said also when the stop itself is cut short
+            self._say_unsent()
+
+    def _say_unsent(self) -> None:
+        """One ``usage.unsent_at_stop`` error summing the totals Redis has not confirmed."""
         left: dict[tuple[int, RowKey], list[float]] = {}
         for by_hour in (self.pending.hours, {} if self._unsure is None else self._unsure.hours):
             for hour, bucket in by_hour.items():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import AsyncIterator, MutableMapping
 from typing import Any
 
@@ -363,3 +364,34 @@ def test_totals_redis_never_took_are_named_at_stop() -> None:
             "baseline_cost": 3.5,
         }
     ]
+
+
+def test_totals_are_named_when_the_stop_itself_is_cut_short() -> None:
+    """Redis accepts the connection and never answers; the stop waiting on it is cancelled
+    (a shutdown with its own deadline): the unsent totals are still summed in the error line
+    (the first version logged nothing then)."""
+
+    async def run() -> list[MutableMapping[str, Any]]:
+        silent = socket.socket()
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()  # the kernel completes connections; nothing ever answers
+        port = silent.getsockname()[1]
+        client = open_redis(RedisSettings(url=f"redis://127.0.0.1:{port}/0", socket_timeout_s=5))
+        store = RedisUsageStore(client, "u:", flush_s=0.05)
+        store.add(5, ROW, (1.0, 10.0, 20.0, 0.5, 1.5))
+        try:
+            with structlog.testing.capture_logs() as logs:
+                stopping = asyncio.create_task(store.stop())
+                await asyncio.sleep(0.3)  # the final flush waits on the silent server
+                assert not stopping.done()
+                stopping.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await stopping
+        finally:
+            await client.aclose()
+            silent.close()
+        return logs
+
+    logs = asyncio.run(run())
+    lost = [entry for entry in logs if entry["event"] == "usage.unsent_at_stop"]
+    assert [(entry["rows"], entry["requests"], entry["cost"]) for entry in lost] == [(1, 1.0, 0.5)]
