@@ -9,7 +9,6 @@ error for the caller and is not counted as complete.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import time
@@ -42,10 +41,7 @@ def gateway() -> Iterator[GatewayProcess]:
             "tiers": {"fast": {"model": "m", **tier}, "precise": {"model": "m2", **tier}},
         }
         with GatewayProcess(config) as gw:
-            deadline = time.monotonic() + 20
-            while httpx.get(gw.url + "/readyz").status_code != 200:
-                assert time.monotonic() < deadline, gw.log_text()
-                time.sleep(0.05)
+            gw.wait_until_ready(timeout=20)
             yield gw
     finally:
         terminate(backend)
@@ -76,11 +72,9 @@ def _access(gw: GatewayProcess, request_id: str) -> dict[str, Any]:
     """The access line of the request sent with ``request_id`` (waited for)."""
     deadline = time.monotonic() + 5
     while True:
-        for line in gw.log_text().splitlines():
-            if line.startswith("{") and request_id in line:
-                entry: dict[str, Any] = json.loads(line)
-                if entry.get("event") == "request.finished":
-                    return entry
+        for entry in gw.access_lines():
+            if entry.get("request_id") == request_id:
+                return entry
         assert time.monotonic() < deadline, gw.log_text()[-3000:]
         time.sleep(0.05)
 

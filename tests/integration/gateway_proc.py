@@ -9,16 +9,19 @@ more, ``gw.pid`` is the supervisor's).
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+import httpx
 import yaml
 
 from tests.processes import free_port, http_answers, terminate, wait_ready
@@ -117,6 +120,18 @@ class GatewayProcess:
     def log_text(self) -> str:
         """Everything the process wrote so far (stdout and stderr)."""
         return self.log_path.read_text(encoding="utf-8", errors="replace")
+
+    def access_lines(self) -> list[dict[str, Any]]:
+        """The access lines (``request.finished``) logged so far, parsed."""
+        lines = (json.loads(line) for line in self.log_text().splitlines() if line[:1] == "{")
+        return [line for line in lines if line.get("event") == "request.finished"]
+
+    def wait_until_ready(self, timeout: float = 30.0) -> None:
+        """Wait until ``/readyz`` answers 200 (every tier has a healthy replica)."""
+        deadline = time.monotonic() + timeout
+        while httpx.get(self.url + "/readyz").status_code != 200:
+            assert time.monotonic() < deadline, self.log_text()
+            time.sleep(0.05)
 
     def stop(self) -> None:
         """SIGTERM, wait, clean up."""

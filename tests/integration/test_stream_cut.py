@@ -11,7 +11,6 @@ the caller sees an error, and the gateway counts it.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Iterator
@@ -65,13 +64,6 @@ def _config(servers: tuple[SimulatorProcess, SimulatorProcess], **tier: Any) -> 
     }
 
 
-def _ready(gw: GatewayProcess, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while httpx.get(gw.url + "/readyz").status_code != 200:
-        assert time.monotonic() < deadline, gw.log_text()
-        time.sleep(0.1)
-
-
 def _stream(gw: GatewayProcess) -> tuple[str, int, str | None]:
     """One streamed answer: its text, the usage's completion tokens, the finish reason."""
     client = openai.OpenAI(base_url=gw.url + "/v1", api_key="unused", max_retries=0)
@@ -104,7 +96,7 @@ def test_a_models_health_path_never_cuts_a_stream(
 ) -> None:
     """health_path /v1/models on both tiers: every stream arrives whole (24 tokens)."""
     with GatewayProcess(_config(servers, health_path="/v1/models")) as gw:
-        _ready(gw)
+        gw.wait_until_ready()
         _three_whole_streams(gw)
 
 
@@ -113,7 +105,7 @@ def test_streams_after_a_non_streamed_request_arrive_whole(
 ) -> None:
     """The same, right after one non-streamed model=auto request (it used to leave 0 tokens)."""
     with GatewayProcess(_config(servers, health_path="/v1/models")) as gw:
-        _ready(gw)
+        gw.wait_until_ready()
         client = openai.OpenAI(base_url=gw.url + "/v1", api_key="unused", max_retries=0)
         answer = client.chat.completions.create(
             model="auto",
@@ -130,12 +122,12 @@ def test_a_second_gateway_starting_beside_never_cuts_a_stream(
 ) -> None:
     """Auto-detected kind; a second gateway detects the same servers while streams run."""
     with GatewayProcess(_config(servers)) as gw:
-        _ready(gw)
+        gw.wait_until_ready()
         results: list[tuple[str, int, str | None]] = []
         worker = threading.Thread(target=lambda: results.extend(_stream(gw) for _ in range(3)))
         worker.start()
         with GatewayProcess(_config(servers)) as second:
-            _ready(second)
+            second.wait_until_ready()
             worker.join(timeout=60)
             detected = httpx.get(
                 second.url + "/admin/backends", headers={"Authorization": f"Bearer {ADMIN}"}
@@ -152,7 +144,7 @@ def test_two_callers_at_once_with_max_concurrency_1_both_get_whole_answers(
     second waits in the gateway, not at the server (where it would cut the first stream)."""
     config = _config(servers, max_concurrency=1, max_queue_wait_s=30)
     with GatewayProcess(config) as gw:
-        _ready(gw)
+        gw.wait_until_ready()
         results: list[tuple[str, int, str | None]] = []
         first = threading.Thread(target=lambda: results.append(_stream(gw)))
         first.start()
@@ -174,7 +166,7 @@ def test_a_stream_the_server_cuts_is_an_error_for_the_caller_and_counted(
     """[DONE] without a finish_reason: the openai client raises, the access log says
     upstream_truncated, and the truncation metric and /admin/backends count it."""
     with GatewayProcess(_config(servers)) as gw:
-        _ready(gw)
+        gw.wait_until_ready()
         poke = threading.Thread(target=_interrupt_soon, args=(servers[1],))
         poke.start()
         with pytest.raises(openai.APIError, match="before the answer was finished"):
@@ -190,14 +182,9 @@ def test_a_stream_the_server_cuts_is_an_error_for_the_caller_and_counted(
         replica = view["tiers"]["precise"]["replicas"][0]
         assert replica["truncated_streams"] == {"no_finish_reason": 1}
         deadline = time.monotonic() + 5
-        while not (access := _access_lines(gw)):
+        while not (access := gw.access_lines()):
             assert time.monotonic() < deadline, gw.log_text()
             time.sleep(0.05)
         assert [(a["status"], a["outcome"], a["stream_cut"]) for a in access] == [
             (200, "upstream_truncated", "no_finish_reason")
         ]
-
-
-def _access_lines(gw: GatewayProcess) -> list[dict[str, Any]]:
-    lines = (json.loads(line) for line in gw.log_text().splitlines() if line.startswith("{"))
-    return [line for line in lines if line.get("event") == "request.finished"]
