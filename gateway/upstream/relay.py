@@ -426,12 +426,12 @@ class StreamRelay:
                 if not data:
                     break
                 chunk = self.feed(data)
-                if DATA_LINE in chunk:  # an event with data, not a keep-alive comment
-                    waiting_since = time.monotonic()
                 if chunk:
-                    paused_at = time.monotonic()
+                    now = time.monotonic()
+                    if DATA_LINE in chunk:  # an event with data, not a keep-alive comment
+                        waiting_since = now
                     yield chunk
-                    waiting_since += time.monotonic() - paused_at  # the client's time, not idle
+                    waiting_since += time.monotonic() - now  # the client's time, not idle
             if ending := self.ending():
                 yield ending
         except OSError:
