@@ -230,10 +230,15 @@ def _error_answer(answer: _Answer, body: bytes) -> AttemptFailed:
     ``{"object": "error", ...}``): the failure its ``code`` names (500 without one), handled
     like an HTTP error answer of that status, never passed on as a success."""
     error = answer.error if isinstance(answer.error, dict) else _object_of(body)
-    code = error.get("code") if isinstance(error, dict) else None
-    status = code if type(code) is int and 400 <= code <= 599 else 500
+    status = error_status(error) if isinstance(error, dict) else 500
     message, detail = _upstream_message(body, status)
     return AttemptFailed(status_kind(status), message, status=status, body=detail)
+
+
+def error_status(error: dict[str, Any]) -> int:
+    """The HTTP status an error object's ``code`` names (500 without one)."""
+    code = error.get("code")
+    return code if type(code) is int and 400 <= code <= 599 else 500
 
 
 def _object_of(body: bytes) -> dict[str, Any] | None:

@@ -34,7 +34,14 @@ from gateway.pipeline.events import (
     status_kind,
 )
 from gateway.pipeline.ids import fresh_id
-from gateway.upstream.attempt import AUTH_STATUSES, AttemptFailed, Opened, UpstreamClient, attempt
+from gateway.upstream.attempt import (
+    AUTH_STATUSES,
+    AttemptFailed,
+    Opened,
+    UpstreamClient,
+    attempt,
+    error_status,
+)
 from gateway.upstream.connection import Response
 from gateway.upstream.explain import every_tier_failed, final_error, why_none
 from gateway.upstream.fair_queue import ANONYMOUS, Ticket
@@ -47,6 +54,7 @@ from policies.selection import Choice, Strategy
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder()
 _ERROR_EVENT = b'data: {"error"'
+_ERROR_KEY = b'"error"'  # in every error event, in any shape
 # What a server-sent event's first line starts with (a field, or ":" for a comment).
 _SSE_FIELDS = (b"data:", b":", b"event:", b"id:", b"retry:", b"error:")
 _BOM = b"\xef\xbb\xbf"
@@ -489,7 +497,7 @@ async def _first_event(exchange: Exchange, timeout_s: float, waited: _Waited) ->
     finally:
         waited.first_chunk_at = now = time.perf_counter()
         waited.upstream_s += now - started
-    if event.startswith(_ERROR_EVENT):
+    if event.startswith(_ERROR_EVENT) or event_error(event) is not None:
         raise stream_error(event)
     return event
 
@@ -574,20 +582,48 @@ def standard_event(event: bytes) -> bytes:
     return event if comments else b""
 
 
+def event_data(event: bytes) -> bytes:
+    """The data of a ``data:`` event, as an SSE client reads it: each ``data`` line's value
+    (one space after the colon dropped), joined by line feeds; other fields and comments left
+    out."""
+    if b"\n" not in event:
+        return event[6:] if event[5:6] == b" " else event[5:]
+    return b"\n".join(
+        line[6:] if line[5:6] == b" " else line[5:]
+        for line in event.split(b"\n")
+        if line.startswith(b"data:")
+    )
+
+
+def event_error(event: bytes) -> dict[str, Any] | None:
+    """The error a ``data:`` event carries instead of a chunk, in any shape a backend writes:
+    ``{"error": {...}}`` (vLLM, llama.cpp; spaced any way), ``{"error": "..."}`` (TGI) or the
+    flat ``{"object": "error", "message": ...}`` (SGLang, older vLLM); ``None`` for a chunk.
+    Only an event that names ``"error"`` is decoded."""
+    if _ERROR_KEY not in event:
+        return None
+    try:
+        data = _decoder.decode(event_data(event))
+    except UNREADABLE_JSON:
+        return None
+    if not isinstance(data, dict) or "choices" in data:
+        return None
+    error = data.get("error")
+    if isinstance(error, dict):
+        return error
+    if isinstance(error, str) and error:
+        return {"message": error}
+    return data if data.get("object") == "error" else None
+
+
 def stream_error(event: bytes) -> AttemptFailed:
     """A stream whose first event is the backend's error: a failure with that error's status.
 
     Nothing reached the caller yet, so it is handled like an HTTP error answer (vLLM 0.11 puts
     "Request id ... already running." there; a 5xx may be retried on another replica).
     """
-    try:
-        data = _decoder.decode(event.strip()[len(b"data: ") :])
-    except UNREADABLE_JSON:
-        data = None
-    inner = data.get("error") if isinstance(data, dict) else None
-    inner = inner if isinstance(inner, dict) else {}
-    code = inner.get("code")
-    status = code if isinstance(code, int) and 400 <= code <= 599 else 500
+    inner = event_error(event) or {}
+    status = error_status(inner)
     message = inner.get("message")
     text = message[:2000] if isinstance(message, str) and message else "The backend failed."
     return AttemptFailed(status_kind(status), text, status=status, body=inner)

@@ -23,15 +23,25 @@ import structlog
 
 from gateway.pipeline.errors import error_body
 from gateway.pipeline.events import UNREADABLE_JSON, UPSTREAM_FAILURES, Outcome, Usage
-from gateway.upstream.forwarding import MAX_EVENT, Exchange, standard_event
+from gateway.upstream.attempt import error_status
+from gateway.upstream.forwarding import (
+    MAX_EVENT,
+    Exchange,
+    event_data,
+    event_error,
+    standard_event,
+)
 
 _log = structlog.get_logger("tiergate.relay")
 _decoder = msgspec.json.Decoder()
+# Checks that an event's data is JSON without building it (about a third of a full decode).
+_checker = msgspec.json.Decoder(msgspec.Raw)
 _encoder = msgspec.json.Encoder()
 _DONE = b"data: [DONE]"
 _DATA = b"data: "
 _DATA_OBJECT = b"data: {"
 _UPSTREAM_ERROR = b'data: {"error"'
+_ERROR_KEY = b'"error"'  # in an error event of any shape (and in a chunk now and then)
 _SEP = b"\n\n"
 DATA_LINE = b"data:"  # in what a read lets through: an event with data came
 _LF = 0x0A  # b"\n"[0]
@@ -61,6 +71,7 @@ class Cut(StrEnum):
     DEADLINE = "deadline"  # the request's own time limit (timeouts.total_s)
     UPSTREAM_ERROR = "upstream_error"  # the backend's own in-band error event
     OVERSIZE_EVENT = "oversize_event"  # an event above the size limit
+    MALFORMED_EVENT = "malformed_event"  # an event whose data is not JSON
     INTERNAL_ERROR = "internal_error"  # the gateway failed while relaying
     CLIENT_STALL = "client_stall"  # the client read nothing for server.stream_stall_s
 
@@ -112,6 +123,15 @@ def _count(value: Any) -> int:
     return 0
 
 
+def _is_json(event: bytes) -> bool:
+    """Is a ``data:`` event's data JSON (what an OpenAI client decodes)? Checked, not built."""
+    try:
+        _checker.decode(event_data(event))
+    except UNREADABLE_JSON:
+        return False
+    return True
+
+
 def _closed(_outcome: str, _usage: Usage | None) -> None:
     """What a closed relay's ``on_close`` becomes."""
 
@@ -129,6 +149,7 @@ _CUT_OUTCOMES: Final = {
     Cut.DEADLINE: Outcome.DEADLINE,
     Cut.UPSTREAM_ERROR: Outcome.UPSTREAM_ERROR,
     Cut.OVERSIZE_EVENT: Outcome.UPSTREAM_ERROR,
+    Cut.MALFORMED_EVENT: Outcome.UPSTREAM_ERROR,
     Cut.INTERNAL_ERROR: Outcome.INTERNAL_ERROR,
     Cut.CLIENT_STALL: Outcome.CLIENT_DISCONNECT,
 }
@@ -237,31 +258,64 @@ class StreamRelay:
         when it goes out as it came, other bytes (separator included) in its place, or
         ``None`` to drop it."""
         if event.startswith(_DATA_OBJECT):  # the usual: a chunk
-            self._chunk(event)
-        elif event.startswith(_DONE):
+            return self._data(event, chunk=True)
+        if event.startswith(_DONE):
             return self._done(event)
-        elif not event.startswith(_DATA):  # only other SSE dialects come here
+        if not event.startswith(_DATA):  # only other SSE dialects come here
             standard = standard_event(event)
             if standard is not event:
                 sent = self._event(standard)
                 return standard + _SEP if sent is standard else sent
+            if DATA_LINE not in event:  # comments only
+                return self._passed(event)
         elif not event[6:].strip():
             # ``data:`` with no value: an SSE client still hands it on, and an SDK fails to
             # read JSON from it; it reaches the caller blank, like a field-only event.
             return _SEP
+        return self._data(event, chunk=False)
+
+    def _data(self, event: bytes, *, chunk: bool) -> bytes | None:
+        """An event with data: a chunk (``chunk``: counted, its end noted), the backend's
+        in-band error, or data that is not JSON."""
+        if not _is_json(event):
+            return self._malformed()
+        if _ERROR_KEY in event and (error := event_error(event)) is not None:
+            return self._error(event, error)
+        if chunk:
+            self._chunk(event)
+        return self._passed(event)
+
+    def _passed(self, event: bytes) -> bytes | None:
+        """An event that goes on to the caller (the gateway's own usage chunk dropped)."""
         on_event = self.on_event
         if on_event is not None:
             on_event(event)
-        if event.startswith(_UPSTREAM_ERROR):
-            # The backend's own in-band error: pass it on as is and end there, whatever the
-            # backend sends after it (vLLM: [DONE]).
-            self.outcome = Outcome.UPSTREAM_ERROR
-            self.cut = Cut.UPSTREAM_ERROR
-            self.errored = self.ended = True
-            return event
         if _USAGE in event and event.startswith(_DATA) and _USAGE_OBJECT.search(event):
             return self._usage_event(event)
         return event
+
+    def _error(self, event: bytes, error: dict[str, Any]) -> bytes:
+        """The backend's own in-band error, in any shape: passed on in OpenAI's (as sent when it
+        starts as OpenAI's does; a flat or spaced one rewritten), and the stream ends there,
+        whatever the backend sends after it (vLLM: [DONE])."""
+        on_event = self.on_event
+        if on_event is not None:
+            on_event(event)
+        self.outcome = Outcome.UPSTREAM_ERROR
+        self.cut = Cut.UPSTREAM_ERROR
+        self.errored = self.ended = True
+        if event.startswith(_UPSTREAM_ERROR):
+            return event
+        message, kind = error.get("message"), error.get("type")
+        text = message[:2000] if isinstance(message, str) and message else "The backend failed."
+        kind = kind[:100] if isinstance(kind, str) and kind else "server_error"
+        return b"data: " + error_body(text, kind, None, error_status(error)) + _SEP
+
+    def _malformed(self) -> bytes:
+        """An event whose data is not JSON: an SDK fails on it, so the stream ends there as the
+        backend's error (the event itself is not passed on)."""
+        self.ended = True
+        return self._cut(Cut.MALFORMED_EVENT, "The backend sent an event that is not JSON.")
 
     def _done(self, event: bytes) -> bytes:
         """``[DONE]``: the end of a complete answer only after every choice's final chunk."""

@@ -172,6 +172,34 @@ async def garbage(writer: Writer) -> None:
     await _events(writer, ROLE, token(), b"data: {not json\n\n", final(), USAGE, DONE)
 
 
+async def bare_text(writer: Writer) -> None:
+    """One event whose data is plain text, not JSON, in an answer otherwise whole."""
+    await _events(writer, ROLE, token(), b"data: overloaded, try later\n\n", final(), USAGE, DONE)
+
+
+async def flat_error_midstream(writer: Writer) -> None:
+    """A token, then the flat error shape (SGLang, older vLLM), then ``[DONE]``."""
+    error = b'data: {"object":"error","message":"KV cache full","type":"ServerError","code":503}'
+    await _events(writer, ROLE, token(), error + b"\n\n", DONE)
+
+
+async def spaced_error_midstream(writer: Writer) -> None:
+    """A token, then ``{ "error": ... }`` written with a space, then ``[DONE]``."""
+    error = b'data: { "error": { "message": "engine died", "code": 500 } }'
+    await _events(writer, ROLE, token(), error + b"\n\n", DONE)
+
+
+async def flat_error_first(writer: Writer) -> None:
+    """The flat error shape as the stream's first event (code 400), then ``[DONE]``."""
+    error = b'data: {"object":"error","message":"prompt too long","type":"BadRequestError",'
+    await _events(writer, error + b'"code":400}\n\n', DONE)
+
+
+async def the_word_error(writer: Writer) -> None:
+    """A whole answer whose one token is the word ``"error"`` (a chunk, not an error)."""
+    await _events(writer, ROLE, token("error"), final(), USAGE, DONE)
+
+
 async def pings_forever(writer: Writer) -> None:
     """One token, then only keep-alive comments (every 0.1 s) for an hour."""
     await _events(writer, ROLE, token(), end=False)
@@ -229,6 +257,11 @@ SCENARIOS: dict[str, Scenario] = {
         comment_then_error,
         ping_then_stall,
         garbage,
+        bare_text,
+        flat_error_midstream,
+        spaced_error_midstream,
+        flat_error_first,
+        the_word_error,
         pings_forever,
         ok_with_error,
         ok_with_flat_400,

@@ -199,18 +199,56 @@ def test_an_answer_that_cannot_be_read_as_sent_is_never_a_200(
     assert answer.json()["error"]["code"] == code
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the relay does not decode content chunks (hot path): an event that is not JSON is "
-    "relayed and the stream counts as complete, while the openai client raises on it",
-)
-def test_an_event_that_is_not_json_does_not_count_as_complete(gateway: GatewayProcess) -> None:
-    """``data: {not json`` mid-stream: the openai client raises JSONDecodeError; the gateway
-    should end the stream with an error event and not count it as complete."""
-    answer, request_id = _post(gateway, "garbage", stream=True)
-    assert b"data: {not json" in answer.content
+@pytest.mark.parametrize("scenario", ["garbage", "bare_text"])
+def test_an_event_that_is_not_json_ends_the_stream_as_an_error(
+    gateway: GatewayProcess, scenario: str
+) -> None:
+    """``data: {not json`` or plain text mid-stream: the openai client used to fail on it with
+    a JSON error while the gateway counted the stream complete. The event is not passed on:
+    the stream ends there with an error event the client raises as ``APIError``."""
+    answer, request_id = _post(gateway, scenario, stream=True)
+    assert b"not json" not in answer.content
+    assert b"try later" not in answer.content
     assert b"data: [DONE]" not in answer.content
-    assert _access(gateway, request_id)["outcome"] != "complete"
+    assert b"not JSON" in answer.content  # the error event's message
+    access = _access(gateway, request_id)
+    assert (access["outcome"], access["stream_cut"]) == ("upstream_error", "malformed_event")
+    with pytest.raises(openai.APIError, match="not JSON"):
+        _streamed(gateway, scenario)
+
+
+@pytest.mark.parametrize(
+    ("scenario", "message"),
+    [("flat_error_midstream", "KV cache full"), ("spaced_error_midstream", "engine died")],
+)
+def test_an_error_event_in_another_shape_is_the_backends_error(
+    gateway: GatewayProcess, scenario: str, message: str
+) -> None:
+    """The flat error shape (SGLang, older vLLM) or ``{ "error"`` with a space, mid-stream:
+    the client raises the backend's message (the flat one used to reach it as a chunk with no
+    choices), and the cause is the backend's error, not ``no_finish_reason``."""
+    answer, request_id = _post(gateway, scenario, stream=True)
+    assert b"data: [DONE]" not in answer.content
+    access = _access(gateway, request_id)
+    assert (access["outcome"], access["stream_cut"]) == ("upstream_error", "upstream_error")
+    with pytest.raises(openai.APIError, match=message):
+        _streamed(gateway, scenario)
+
+
+def test_a_first_event_in_the_flat_error_shape_is_an_http_error(gateway: GatewayProcess) -> None:
+    """A stream whose first event is a flat error with code 400: the caller gets a 400, as for
+    ``{"error": {...}}`` (it used to get a 200 stream)."""
+    answer, request_id = _post(gateway, "flat_error_first", stream=True)
+    assert answer.status_code == 400, answer.content
+    assert "prompt too long" in answer.json()["error"]["message"]
+    assert _access(gateway, request_id)["status"] == 400
+
+
+def test_a_chunk_whose_token_is_the_word_error_is_a_chunk(gateway: GatewayProcess) -> None:
+    """A token spelled ``"error"`` is text, not an error event."""
+    got, finish, completion, request_id = _streamed(gateway, "the_word_error")
+    assert (got, finish, completion) == ("error", "stop", 3)
+    assert _access(gateway, request_id)["outcome"] == "complete"
 
 
 def test_keep_alive_comments_alone_do_not_keep_a_stalled_stream_open(

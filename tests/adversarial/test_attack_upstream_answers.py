@@ -163,14 +163,45 @@ async def test_a_deep_first_stream_event_is_a_backend_error(upstream: UpstreamCl
     assert caught.value.status >= 500
 
 
-async def test_a_deep_usage_event_mid_stream_does_not_cut_the_stream(
+async def test_data_over_several_lines_with_other_fields_is_read_as_one_json_value(
     upstream: UpstreamClient,
 ) -> None:
-    """A usage event nested too deep is passed on like malformed JSON; the stream completes."""
+    """A chunk over two ``data`` lines (one without the space) with an ``id`` line between:
+    an SSE client joins the data lines, which make JSON, so it is relayed as sent and the
+    stream completes."""
+    split = (
+        b'data: {"id":"c","choices":[{"index":0,\nid: 7\n'
+        b'data:"delta":{"content":"y"},"finish_reason":null}]}\n\n'
+    )
+    sent, outcome, _ = await _relayed(upstream, _sse(FIRST, split, FINAL, DONE))
+    assert outcome == Outcome.COMPLETE
+    assert split in sent
+
+
+async def test_data_lines_that_do_not_join_into_json_end_the_stream(
+    upstream: UpstreamClient,
+) -> None:
+    """Two ``data`` lines whose joined value is not JSON: not passed on, the stream ends with
+    an error event."""
+    broken = b'data:{"id":"c",\ndata: oops\n\n'
+    sent, outcome, _ = await _relayed(upstream, _sse(FIRST, TOKEN, broken, FINAL, DONE))
+    assert outcome == Outcome.UPSTREAM_ERROR
+    assert b"oops" not in sent
+    assert not sent.endswith(DONE)
+
+
+async def test_a_deep_usage_event_mid_stream_ends_the_stream_readably(
+    upstream: UpstreamClient,
+) -> None:
+    """A usage event nested deeper than a client's JSON reader goes (Python's ``json`` stops
+    near 1,000 levels, as the relay's check does) is not passed on: the stream ends with an
+    error event, not a crash and not as complete."""
     usage = b'data: {"id":"c","choices":[],"usage":{"prompt_tokens":1},"x":' + DEEP + b"}\n\n"
     sent, outcome, _ = await _relayed(upstream, _sse(FIRST, TOKEN, usage, FINAL, DONE))
-    assert outcome == Outcome.COMPLETE
-    assert sent.endswith(DONE)
+    assert outcome == Outcome.UPSTREAM_ERROR
+    assert DEEP not in sent
+    assert sent.endswith(b"\n\n")
+    assert b'"error"' in sent.rsplit(b"data: ", 1)[1]
 
 
 async def test_a_failure_inside_the_relay_ends_the_stream_with_an_error_event(

@@ -106,11 +106,15 @@ async def test_first_event_5xx_error_is_retried_elsewhere_with_a_new_id(
         (b'data: {"error":{"message":"m","code":422}}', 422, "m"),
         (b'data: {"error":{"message":"m","code":"x"}}', 500, "m"),
         (b'data: {"error": not json', 500, "The backend failed."),
-        (b'data: {"error":"flat"}', 500, "The backend failed."),
+        (b'data: {"error":"a string"}', 500, "a string"),  # TGI's shape
+        (b'data: {"object":"error","message":"m","code":503}', 503, "m"),  # SGLang's flat one
+        (b'data: { "error" : { "message": "m", "code": 400 } }', 400, "m"),
+        (b'data: {"error":{"message":"m","code":401}}\n\n', 401, "m"),  # as read, blank line
     ],
 )
 def test_stream_error_parsing(event: bytes, status: int, message: str) -> None:
-    """The status comes from the event's integer code (else 500); the message is kept."""
+    """The status comes from the event's integer code (else 500); the message is kept, from
+    every shape a backend writes its error in."""
     failure = stream_error(event)
     assert failure.status == status
     assert failure.message == message
