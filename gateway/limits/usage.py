@@ -49,21 +49,29 @@ _BATCH_ROWS = 1000  # rows per script: 5,000 increments, a few ms of Redis' time
 # per hour. ARGV: the batch's number, the TTL of the mark and the hashes, then per hash the
 # number of field/increment values that follow, and those values. A batch counts once: batches
 # go out one at a time, in order, so one not above the mark was counted already. The mark
-# lives as long as the hashes: a batch may wait as long as Redis is out of reach.
+# lives as long as the hashes: a batch may wait as long as Redis is out of reach. An increment
+# Redis refuses (its field holds text, its key is not a hash: written by something else) does
+# not stop the script, which would leave the rest of a batch already marked uncounted: it is
+# skipped, and the answer lists each one ("hour-key field"), for the error log.
 _APPLY_ONCE = """
 if tonumber(ARGV[1]) <= tonumber(redis.call('GET', KEYS[1]) or '0') then return 0 end
 redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+local refused = {}
 local at = 3
 for k = 2, #KEYS do
   local n = tonumber(ARGV[at])
   for i = at + 1, at + n, 2 do
-    redis.call('HINCRBYFLOAT', KEYS[k], ARGV[i], ARGV[i + 1])
+    local done = redis.pcall('HINCRBYFLOAT', KEYS[k], ARGV[i], ARGV[i + 1])
+    if type(done) == 'table' and done.err then
+      refused[#refused + 1] = KEYS[k] .. ' ' .. ARGV[i]
+    end
   end
-  redis.call('EXPIRE', KEYS[k], ARGV[2])
+  redis.pcall('EXPIRE', KEYS[k], ARGV[2])
   at = at + n + 1
 end
-return 1
+return refused
 """
+_NAMED_REFUSALS = 20  # at most this many refused increments named in the log line
 
 
 def hour_of(now: float) -> int:
@@ -236,10 +244,15 @@ class RedisUsageStore:
                 for field_name, value in zip(FIELDS, values, strict=True):
                     args += (f"{tier}|{tenant}|{key_id}|{field_name}", value)
         try:
-            await self.client.eval(_APPLY_ONCE, len(keys), *keys, *args)
+            refused = await self.client.eval(_APPLY_ONCE, len(keys), *keys, *args)
         except (RedisError, OSError) as exc:
             _log.warning("usage.flush_failed", error=type(exc).__name__)
             return False
+        if isinstance(refused, list) and refused:
+            named = [r.decode() if isinstance(r, bytes) else str(r) for r in refused]
+            _log.error(
+                "usage.increments_refused", count=len(refused), first=named[:_NAMED_REFUSALS]
+            )
         return True
 
     async def rows(self, hours: range) -> dict[RowKey, list[float]]:

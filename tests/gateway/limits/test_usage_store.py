@@ -237,6 +237,44 @@ def test_a_total_that_is_not_a_number_costs_no_other_total(redis_server: RedisSe
     asyncio.run(run())
 
 
+@pytest.mark.parametrize("spoil", ["field", "key"])
+def test_an_increment_redis_refuses_costs_no_other_total_and_is_logged(
+    redis_server: RedisServer, spoil: str
+) -> None:
+    """A total Redis cannot add to (its field holds text, or its hour's key is a string that
+    someone else wrote): the batch's other totals still arrive, once, and an error line names
+    what was refused. It used to stop the batch's script at that increment, leaving the rest
+    of the batch uncounted, and the batch, already marked as counted, was never sent again."""
+
+    async def run() -> None:
+        client = open_redis(RedisSettings(url=redis_server.url, socket_timeout_s=5))
+        store = RedisUsageStore(client, "u:")
+        try:
+            if spoil == "field":
+                await client.hset("u:usage:5", "fast|acme|k0|requests", "text")
+            else:
+                await client.set("u:usage:4", "not a hash")
+            store.add(4, ("fast", "acme", "k0"), (1.0,) * len(FIELDS))
+            store.add(5, ("fast", "acme", "k0"), (1.0,) * len(FIELDS))
+            store.add(5, ROW, (2.0,) * len(FIELDS))
+            with structlog.testing.capture_logs() as logs:
+                for _ in range(3):
+                    await store.flush()
+            row = await client.hgetall("u:usage:5")
+            assert float(row[b"fast|acme|k1|requests"]) == 2.0
+            assert float(row[b"fast|acme|k1|baseline_cost"]) == 2.0
+            assert float(row[b"fast|acme|k0|output_tokens"]) == 1.0
+            refused = [e for e in logs if e["event"] == "usage.increments_refused"]
+            assert len(refused) == 1
+            assert refused[0]["log_level"] == "error"
+            expected = 1 if spoil == "field" else len(FIELDS)
+            assert refused[0]["count"] == expected
+        finally:
+            await client.aclose()
+
+    asyncio.run(run())
+
+
 def test_a_large_backlog_does_not_block_redis(redis_server: RedisServer) -> None:
     """Hours of totals kept through an outage go out in pieces: no script holds Redis (and
     with it every gateway's rate limiter) past the request path's Redis timeout of 0.25 s."""
