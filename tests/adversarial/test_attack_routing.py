@@ -1,0 +1,74 @@
+"""Attacks on where a request goes: the classifier's path, the tier rules, replica choice.
+
+Each test runs real parts: a real ``tiergate serve`` process in front of simulator processes,
+the official ``openai`` client where a well-behaved client is measured. A hostile request is
+one a client may send without any special scope.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.stack import CHAT_PATH, FAST_SIM, PRECISE_SIM, Stack, running_stack
+
+pytestmark = pytest.mark.slow
+
+# Just under the default long-prompt rule (6,000 estimated tokens, four ASCII characters a
+# token), so the classifier, not the rule, decides these requests.
+SCORED_CHARS = 23_000
+# Room for every hostile prompt here: the backend answers them, so only routing is measured.
+LONG_CONTEXT = ("--max-model-len", "131072")
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[Stack]:
+    """Two zero-latency simulators (fast, precise) behind one gateway, auth off."""
+    with running_stack(sims=(FAST_SIM + LONG_CONTEXT, PRECISE_SIM + LONG_CONTEXT)) as running:
+        yield running
+
+
+def _user(text: str) -> dict[str, Any]:
+    return {"model": "auto", "max_tokens": 4, "messages": [{"role": "user", "content": text}]}
+
+
+def _normal_latency(stack: Stack, hostile: dict[str, Any], copies: int) -> float:
+    """Seconds a well-behaved client waits for a short answer while ``copies`` of
+    ``hostile`` are being routed by the same gateway process."""
+    statuses: list[int] = []
+
+    def send() -> None:
+        reply = httpx.post(stack.gateway.url + CHAT_PATH, json=hostile, timeout=120)
+        statuses.append(reply.status_code)
+
+    senders = [threading.Thread(target=send) for _ in range(copies)]
+    for sender in senders:
+        sender.start()
+    time.sleep(0.2)  # the hostile bodies (23 KB) are in and being scored
+    client = openai.OpenAI(base_url=stack.gateway.url + "/v1", api_key="none", max_retries=0)
+    started = time.perf_counter()
+    client.chat.completions.create(
+        model="auto", max_tokens=4, messages=[{"role": "user", "content": "hi"}]
+    )
+    waited = time.perf_counter() - started
+    for sender in senders:
+        sender.join()
+    assert statuses == [200] * copies  # hostile, but valid: answered
+    return waited
+
+
+def test_latex_openers_without_closers_do_not_stall_other_clients(stack: Stack) -> None:
+    """A prompt of 11,000 ``\\[`` openers with no ``\\]`` does not hold the event loop.
+
+    ``router_models.packaging`` looks for LaTeX blocks with a lazy ``\\[.+?\\]``: every
+    opener scanned to the end of the text, quadratic in its length (about 2 s for one 23 KB
+    prompt on this machine). Three such requests must not keep a short request waiting.
+    """
+    waited = _normal_latency(stack, _user("\\[" * (SCORED_CHARS // 2)), copies=3)
+    assert waited < 1.0, f"a short request waited {waited:.2f}s behind three hostile ones"
