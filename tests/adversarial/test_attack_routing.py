@@ -94,3 +94,52 @@ def test_megabyte_prompts_without_the_long_prompt_rule_do_not_stall_other_client
         # only the gateway's work is measured); routing ran before that.
         waited = _normal_latency(stack, _user("a " * 500_000), 3, frozenset({200, 400}))
     assert waited < 1.0, f"a short request waited {waited:.2f}s behind three 1 MB prompts"
+
+
+def _route(reply: httpx.Response) -> tuple[str | None, str | None]:
+    return reply.headers.get("x-tiergate-tier"), reply.headers.get("x-tiergate-route-reason")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the prompt estimate counts message text only, not the chat template's tokens per "
+    "message: 3,000 two-letter turns are estimated at 1,501 tokens, the backend counts 18,000+, "
+    "and the long-prompt rule never fires (fixing it moves every reservation and budget "
+    "estimate, not a small change)",
+)
+def test_a_long_chat_of_short_turns_meets_the_long_prompt_rule(stack: Stack) -> None:
+    """docs/router.md: prompts over ``router.long_prompt_tokens`` (6,000) go precise by rule.
+    A chat of 3,000 short turns is a prompt the backend itself counts far above that."""
+    turns = [{"role": ("user", "assistant")[i % 2], "content": "ok"} for i in range(3_001)]
+    client = openai.OpenAI(base_url=stack.gateway.url + "/v1", api_key="none", max_retries=0)
+    raw = client.chat.completions.with_raw_response.create(
+        model="auto",
+        max_tokens=4,
+        messages=turns,  # type: ignore[arg-type]
+    )
+    usage = raw.parse().usage
+    assert usage is not None
+    assert usage.prompt_tokens > 6_000  # the backend's own count
+    assert raw.headers.get("x-tiergate-route-reason") == "rule:long_prompt"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="rule:json_schema reads response_format only: the same JSON schema sent in vLLM's "
+    "own structured-output fields (guided_json, structured_outputs.json), which every key may "
+    "send, is scored by the classifier and a trivial prompt goes fast (the tiering docstring "
+    "says 'a JSON schema ... go[es] to the precise tier'; docs/router.md names response_format)",
+)
+def test_a_json_schema_in_vllm_fields_meets_the_structured_output_rule(stack: Stack) -> None:
+    """A JSON schema constrains the answer alike in ``response_format`` and in vLLM's own
+    ``structured_outputs`` / ``guided_json``: the structured-output rule sends all three
+    precise."""
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}}
+    named = {"name": "c", "schema": schema}
+    formats: list[dict[str, Any]] = [
+        {"response_format": {"type": "json_schema", "json_schema": named}},
+        {"structured_outputs": {"json": schema}},
+        {"guided_json": schema},
+    ]
+    routes = [_route(stack.post({**_user("Name a city."), **extra})) for extra in formats]
+    assert routes == [("precise", "rule:json_schema")] * 3, routes
