@@ -45,11 +45,17 @@ _COT: Final = re.compile(
     r"|\b(?:chain of thought|be (?:rigorous|precise|thorough))\b[,.:;!]?",
     re.IGNORECASE,
 )
-_LATEX_BLOCK: Final = re.compile(
-    r"\$\$.+?\$\$|\\\[.+?\\\]|\\\(.+?\\\)|\\begin\{([a-z*]+)\}.+?\\end\{\1\}"
-    r"|\$[^$\n]*\\[a-zA-Z]+[^$\n]*\$",  # inline maths with a command in it
-    re.DOTALL,
-)
+# A LaTeX block: $$...$$, \[...\], \(...\), \begin{name}...\end{name}, or inline $...$ with a
+# command in it. ``_drop_latex`` finds them from these openers rather than with one regex of
+# lazy ``.+?`` bodies: such a regex scans to the end of the text from every opener that has
+# no closer, so 11,000 \[ took seconds (tests/adversarial/test_attack_routing.py).
+_LATEX_OPENER: Final = re.compile(r"\$|\\(?:\[|\(|begin\{([a-z*]+)\})")
+_LATEX_COMMAND: Final = re.compile(r"\\[a-zA-Z]")
+_BRACKET_CLOSERS: Final = {"[": "\\]", "(": "\\)"}
+# Longer texts are scored as sent: the passes below cost about 2.7 s a megabyte of plain
+# words, on the event loop. Above the reach of the default long-prompt rule (6,000 tokens,
+# 24,000 ASCII characters), so only a deployment or key without that rule scores such text.
+UNWRAP_MAX_CHARS: Final = 32_768
 _FENCE: Final = re.compile(r"```[^\n`]*\n.*?(?:```|\Z)|~~~[^\n]*\n.*?(?:~~~|\Z)", re.DOTALL)
 _NUMBER_RUN: Final = re.compile(
     r"(?:[-+]?\d+(?:[.,]\d+)?[\s,;]+){7,}[-+]?\d+(?:[.,]\d+)?|\d[\d.,]{11,}"
@@ -87,14 +93,75 @@ def _squeeze(text: str) -> str:
     return "\n".join(lines)
 
 
+def _inline_maths_end(text: str, start: int, dead: set[str]) -> int | None:
+    """Where inline maths opened by the ``$`` at ``start`` ends: the next ``$`` on the same
+    line, when a command (``\\frac``) comes before it."""
+    if "$" in dead:
+        return None
+    close = text.find("$", start + 1)
+    if close < 0:
+        dead.add("$")
+        return None
+    if text.find("\n", start + 1, close) >= 0 or not _LATEX_COMMAND.search(text, start + 1, close):
+        return None
+    return close + 1
+
+
+def _latex_end(text: str, opener: re.Match[str], dead: set[str]) -> int | None:
+    """Where the LaTeX block ``opener`` starts ends (``None``: it starts none).
+
+    A closer must follow its opener by at least one character. ``dead`` holds the closers not
+    found after an earlier opener: none can follow a later one either, so each is searched for
+    at most once per text without success.
+    """
+    start = opener.start()
+    if text[start] == "$":
+        if "$$" not in dead and text.startswith("$$", start):
+            close = text.find("$$", start + 3)
+            if close >= 0:
+                return close + 2
+            dead.add("$$")
+        return _inline_maths_end(text, start, dead)
+    name = opener.group(1)
+    closer = _BRACKET_CLOSERS[text[start + 1]] if name is None else f"\\end{{{name}}}"
+    if closer in dead:
+        return None
+    close = text.find(closer, opener.end() + 1)
+    if close < 0:
+        dead.add(closer)
+        return None
+    return close + len(closer)
+
+
+def _drop_latex(text: str) -> str:
+    """``text`` with each LaTeX block replaced by a space, scanned left to right as a regex
+    would (the first block that starts at the earliest place wins), in linear time."""
+    pieces: list[str] = []
+    dead: set[str] = set()
+    kept = pos = 0
+    while (opener := _LATEX_OPENER.search(text, pos)) is not None:
+        end = _latex_end(text, opener, dead)
+        if end is None:
+            pos = opener.start() + 1
+            continue
+        pieces.append(text[kept : opener.start()])
+        kept = pos = end
+    if not pieces:
+        return text
+    pieces.append(text[kept:])
+    return " ".join(pieces)
+
+
 def unwrap_text(text: str) -> str:
-    """The user's own words of ``text`` (``text`` itself when nothing is packaging)."""
+    """The user's own words of ``text`` (``text`` itself when nothing is packaging, or when
+    it is longer than ``UNWRAP_MAX_CHARS``)."""
+    if len(text) > UNWRAP_MAX_CHARS:
+        return text  # bounded cost on the request path: such a text is scored as sent
     words = _COT.sub(" ", text)
     if words != text:  # what the phrasing leaves: "and", "then", stray punctuation
         words = _LEFTOVER.sub(" ", words)
-    blocks = [_LATEX_BLOCK, _FENCE, _NUMBER_RUN]
-    outside = words
-    for pattern in blocks:
+    outside = _drop_latex(words)
+    for pattern in (_FENCE, _NUMBER_RUN):
         outside = pattern.sub(" ", outside)
     if not _REFERS.search(outside):
         words = outside
