@@ -29,11 +29,11 @@ from gateway.pipeline.usage_bound import UsageBound, UsageClipper
 from gateway.routing.routing import TierRouter
 from gateway.routing.shadow import ShadowRunner, answer_text
 from gateway.routing.spillover import Spillover
-from gateway.upstream.attempt import Opened
+from gateway.upstream.attempt import Opened, usage_fields
 from gateway.upstream.fair_queue import PRIORITY_HEADER, ticket_for
 from gateway.upstream.forwarding import Exchange, Forwarded, Forwarder
 from gateway.upstream.pump import Pump
-from gateway.upstream.relay import StreamRelay, usage_fields
+from gateway.upstream.relay import StreamRelay
 from policies.context_window import fitting_tiers, max_tokens_that_fit
 from policies.errors import InvalidRequest, TierGateError, UnsupportedMediaType
 from policies.fields import MediaUrl

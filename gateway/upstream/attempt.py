@@ -13,12 +13,12 @@ from __future__ import annotations
 import asyncio
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 
 from gateway.pipeline.deadline import deadline
-from gateway.pipeline.events import UNREADABLE_JSON, FailureKind, status_kind
+from gateway.pipeline.events import UNREADABLE_JSON, FailureKind, Usage, status_kind
 from gateway.upstream.connection import ConnectFailed, ConnectTimedOut, Response
 from gateway.upstream.pool import UpstreamPool
 
@@ -205,9 +205,56 @@ async def _fail_from_status(response: Response) -> AttemptFailed:
     )
 
 
+def usage_from(data: Any) -> Usage | None:
+    """The ``usage`` of a response or chunk object, if it has one."""
+    if not isinstance(data, dict):
+        return None
+    return usage_fields(data.get("usage"))
+
+
+def usage_fields(usage: Any) -> Usage | None:
+    """A ``usage`` object's counts, if it is one."""
+    if not isinstance(usage, dict):
+        return None
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    return Usage(
+        prompt_tokens=_count(usage.get("prompt_tokens")),
+        completion_tokens=_count(usage.get("completion_tokens")),
+        cached_tokens=_count(cached),
+    )
+
+
+# No answer holds more tokens than this; a larger claim (1e26 from a broken backend) would
+# overflow the 64-bit limit counters it settles into, so it is clipped here.
+MAX_COUNT: Final = 1 << 40
+# Decimal digits of a count sent as a string ("300"): at most this many, so int() stays cheap.
+_MAX_DIGITS: Final = 13
+
+
+def _count(value: Any) -> int:
+    """A token count from the backend: never below zero (a negative one would refund tokens
+    the key never got back and make the token counters go down), never above ``MAX_COUNT``,
+    a count sent as a string of decimal digits ("300") read as its number, and 0 for anything
+    else that is not a finite number ("many", a list, true, 1e999) rather than an error for
+    the caller."""
+    if type(value) is int:  # the usual case; bool is not a count
+        return (value if value < MAX_COUNT else MAX_COUNT) if value > 0 else 0
+    if isinstance(value, float) and math.isfinite(value):
+        return min(MAX_COUNT, max(0, int(value)))
+    if (
+        isinstance(value, str)
+        and 0 < len(value) <= _MAX_DIGITS
+        and value.isascii()
+        and value.isdigit()
+    ):
+        return min(MAX_COUNT, int(value))
+    return 0
+
+
 def answer_usage(body: bytes) -> Any:
     """The answer's ``usage``, read without building the rest (the value as sent: the proxy
-    reads its counts with ``relay.usage_fields``). A 200 that is not JSON (HTML, empty, cut
+    reads its counts with ``usage_fields``). A 200 that is not JSON (HTML, empty, cut
     short, nested too deep) is a failed attempt, never passed on as a success. A JSON array
     (llama.cpp's answer to a list of prompts on /v1/completions) is an answer without usage."""
     try:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -26,12 +25,10 @@ import msgspec
 from gateway.config.settings import Timeouts
 from gateway.pipeline.events import (
     NO_EVENTS,
-    UNREADABLE_JSON,
     AttemptEnd,
     AttemptEvents,
     AttemptStart,
     FailureKind,
-    status_kind,
 )
 from gateway.pipeline.ids import fresh_id
 from gateway.upstream.attempt import (
@@ -40,7 +37,6 @@ from gateway.upstream.attempt import (
     Opened,
     UpstreamClient,
     attempt,
-    error_status,
 )
 from gateway.upstream.connection import Response
 from gateway.upstream.explain import every_tier_failed, final_error, why_none
@@ -48,20 +44,21 @@ from gateway.upstream.fair_queue import ANONYMOUS, Ticket
 from gateway.upstream.keys import UpstreamKeys, every_key_refused
 from gateway.upstream.replicas import Replica, ReplicaPool
 from gateway.upstream.retry import RetryBudget, RetryLoop, RetryPolicy
+from gateway.upstream.sse import (
+    BOM,
+    ERROR_EVENT,
+    EVENT_END,
+    MAX_EVENT,
+    event_error,
+    first_of_dialect,
+    keep_alive,
+    stream_error,
+)
 from policies.errors import Overloaded, TierGateError, UpstreamUnavailable
 from policies.selection import Choice, Strategy
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder()
-_ERROR_EVENT = b'data: {"error"'
-_ERROR_KEY = b'"error"'  # in every error event, in any shape
-# What a server-sent event's first line starts with (a field, or ":" for a comment).
-_SSE_FIELDS = (b"data:", b":", b"event:", b"id:", b"retry:", b"error:")
-_BOM = b"\xef\xbb\xbf"
-# An SSE event ends with a blank line: LF (vLLM, SGLang, llama.cpp), CRLF (sse-starlette's
-# default) or CR framing; the first event says which one the stream uses.
-_EVENT_END = re.compile(rb"\n\n|\r\n\r\n|\r\r")
-MAX_EVENT = 1 << 20  # the largest SSE event read from a backend
 
 
 @dataclass(slots=True)
@@ -480,7 +477,7 @@ async def _first_event(exchange: Exchange, timeout_s: float, waited: _Waited) ->
     started = time.perf_counter()
     try:
         async with asyncio.timeout(timeout_s):
-            while _keep_alive(event := _framed(exchange, await _next_event(response))):
+            while keep_alive(event := _framed(exchange, await _next_event(response))):
                 pass  # a comment or blank event before the first: not the answer's start
     except TimeoutError as exc:
         raise AttemptFailed(
@@ -497,14 +494,14 @@ async def _first_event(exchange: Exchange, timeout_s: float, waited: _Waited) ->
     finally:
         waited.first_chunk_at = now = time.perf_counter()
         waited.upstream_s += now - started
-    if event.startswith(_ERROR_EVENT) or event_error(event) is not None:
+    if event.startswith(ERROR_EVENT) or event_error(event) is not None:
         raise stream_error(event)
     return event
 
 
 async def _next_event(response: Response) -> bytes:
     """The stream's next event as sent (its blank line included; the body's rest at its end)."""
-    return await response.readuntil(_EVENT_END, MAX_EVENT)
+    return await response.readuntil(EVENT_END, MAX_EVENT)
 
 
 def _framed(exchange: Exchange, event: bytes) -> bytes:
@@ -521,109 +518,5 @@ def _framed(exchange: Exchange, event: bytes) -> bytes:
             exchange.framing = framing
             event = event.replace(framing, b"\n")
     if not event.startswith(b"data: "):
-        event = _first_of_dialect(event[3:] if event[:3] == _BOM else event)
+        event = first_of_dialect(event[3:] if event[:3] == BOM else event)
     return event
-
-
-def _keep_alive(event: bytes) -> bool:
-    """A whole event with nothing for the caller: blank, fields without data (already made
-    blank), or comments only (sse-starlette's ``: ping``, a hosted API's ``: PROCESSING``).
-    Such events before the first one are dropped, so the first-byte limit and the handling
-    of a first error event apply to the event that starts the answer."""
-    if not event.endswith(b"\n\n"):
-        return False
-    return all(not line or line.startswith(b":") for line in event.split(b"\n"))
-
-
-def _first_of_dialect(event: bytes) -> bytes:
-    """A first event not in the relay's dialect: rewritten, or a failed attempt when the answer
-    is not server-sent events at all (an HTML page, a JSON answer, an empty body)."""
-    if event and not event.strip(b"\n"):  # an empty event (blank lines) before the first one
-        return event
-    if not event.startswith(_SSE_FIELDS):
-        raise AttemptFailed(
-            FailureKind.BAD_ANSWER,
-            "The backend's stream ended before any event."
-            if not event
-            else "The backend's answer to a stream request is not server-sent events.",
-        )
-    if event.endswith(b"\n\n"):
-        event = standard_event(event[:-2]) + b"\n\n"
-    return event
-
-
-def standard_event(event: bytes) -> bytes:
-    """An SSE event (without its blank line) in the one dialect the relay reads.
-
-    Servers may write ``data:`` without the space, name the event (``event: message``,
-    ``event: error``), or add ``id:``/``retry:`` lines: a single ``data`` line becomes
-    ``data: <value>``, the other fields dropped. llama.cpp writes its errors in an ``error:``
-    field: it becomes ``data: {"error": <value>}``, the relay's error event. An event with
-    several ``data`` lines, or only comments, is returned as is (the same object); one with
-    fields but no data (``retry: 3000``, ``event: ping``) becomes empty (a client's SSE
-    parser would try to read JSON from it).
-    """
-    found: bytes | None = None
-    error: bytes | None = None
-    comments = True
-    for line in event.split(b"\n"):
-        if line.startswith(b"data:"):
-            if found is not None:
-                return event
-            found = line[6:] if line[5:6] == b" " else line[5:]
-        elif line.startswith(b"error:"):
-            error = line[7:] if line[6:7] == b" " else line[6:]
-        if not line.startswith(b":"):
-            comments = False
-    if found is not None:
-        return b"data: " + found
-    if error is not None:
-        return b'data: {"error": ' + error + b"}"
-    return event if comments else b""
-
-
-def event_data(event: bytes) -> bytes:
-    """The data of a ``data:`` event, as an SSE client reads it: each ``data`` line's value
-    (one space after the colon dropped), joined by line feeds; other fields and comments left
-    out."""
-    if b"\n" not in event:
-        return event[6:] if event[5:6] == b" " else event[5:]
-    return b"\n".join(
-        line[6:] if line[5:6] == b" " else line[5:]
-        for line in event.split(b"\n")
-        if line.startswith(b"data:")
-    )
-
-
-def event_error(event: bytes) -> dict[str, Any] | None:
-    """The error a ``data:`` event carries instead of a chunk, in any shape a backend writes:
-    ``{"error": {...}}`` (vLLM, llama.cpp; spaced any way), ``{"error": "..."}`` (TGI) or the
-    flat ``{"object": "error", "message": ...}`` (SGLang, older vLLM); ``None`` for a chunk.
-    Only an event that names ``"error"`` is decoded."""
-    if _ERROR_KEY not in event:
-        return None
-    try:
-        data = _decoder.decode(event_data(event))
-    except UNREADABLE_JSON:
-        return None
-    if not isinstance(data, dict) or "choices" in data:
-        return None
-    error = data.get("error")
-    if isinstance(error, dict):
-        return error
-    if isinstance(error, str) and error:
-        return {"message": error}
-    return data if data.get("object") == "error" else None
-
-
-def stream_error(event: bytes) -> AttemptFailed:
-    """A stream whose first event is the backend's error: a failure with that error's status.
-
-    Nothing reached the caller yet, so it is handled like an HTTP error answer (vLLM 0.11 puts
-    "Request id ... already running." there; a 5xx may be retried on another replica).
-    """
-    inner = event_error(event) or {}
-    status = error_status(inner)
-    message = inner.get("message")
-    text = message[:2000] if isinstance(message, str) and message else "The backend failed."
-    return AttemptFailed(status_kind(status), text, status=status, body=inner)

@@ -23,24 +23,16 @@ import structlog
 
 from gateway.pipeline.errors import error_body
 from gateway.pipeline.events import UNREADABLE_JSON, UPSTREAM_FAILURES, Outcome, Usage
-from gateway.upstream.attempt import error_status
-from gateway.upstream.forwarding import (
-    MAX_EVENT,
-    Exchange,
-    event_data,
-    event_error,
-    standard_event,
-)
+from gateway.upstream.attempt import error_status, usage_from
+from gateway.upstream.forwarding import Exchange
+from gateway.upstream.sse import ERROR_EVENT, MAX_EVENT, event_error, is_json, standard_event
 
 _log = structlog.get_logger("tiergate.relay")
 _decoder = msgspec.json.Decoder()
-# Checks that an event's data is JSON without building it (about a third of a full decode).
-_checker = msgspec.json.Decoder(msgspec.Raw)
 _encoder = msgspec.json.Encoder()
 _DONE = b"data: [DONE]"
 _DATA = b"data: "
 _DATA_OBJECT = b"data: {"
-_UPSTREAM_ERROR = b'data: {"error"'
 _ERROR_KEY = b'"error"'  # in an error event of any shape (and in a chunk now and then)
 _SEP = b"\n\n"
 DATA_LINE = b"data:"  # in what a read lets through: an event with data came
@@ -74,62 +66,6 @@ class Cut(StrEnum):
     MALFORMED_EVENT = "malformed_event"  # an event whose data is not JSON
     INTERNAL_ERROR = "internal_error"  # the gateway failed while relaying
     CLIENT_STALL = "client_stall"  # the client read nothing for server.stream_stall_s
-
-
-def usage_from(data: Any) -> Usage | None:
-    """The ``usage`` of a response or chunk object, if it has one."""
-    if not isinstance(data, dict):
-        return None
-    return usage_fields(data.get("usage"))
-
-
-def usage_fields(usage: Any) -> Usage | None:
-    """A ``usage`` object's counts, if it is one."""
-    if not isinstance(usage, dict):
-        return None
-    details = usage.get("prompt_tokens_details")
-    cached = details.get("cached_tokens") if isinstance(details, dict) else None
-    return Usage(
-        prompt_tokens=_count(usage.get("prompt_tokens")),
-        completion_tokens=_count(usage.get("completion_tokens")),
-        cached_tokens=_count(cached),
-    )
-
-
-# No answer holds more tokens than this; a larger claim (1e26 from a broken backend) would
-# overflow the 64-bit limit counters it settles into, so it is clipped here.
-MAX_COUNT: Final = 1 << 40
-# Decimal digits of a count sent as a string ("300"): at most this many, so int() stays cheap.
-_MAX_DIGITS: Final = 13
-
-
-def _count(value: Any) -> int:
-    """A token count from the backend: never below zero (a negative one would refund tokens
-    the key never got back and make the token counters go down), never above ``MAX_COUNT``,
-    a count sent as a string of decimal digits ("300") read as its number, and 0 for anything
-    else that is not a finite number ("many", a list, true, 1e999) rather than an error for
-    the caller."""
-    if type(value) is int:  # the usual case; bool is not a count
-        return (value if value < MAX_COUNT else MAX_COUNT) if value > 0 else 0
-    if isinstance(value, float) and math.isfinite(value):
-        return min(MAX_COUNT, max(0, int(value)))
-    if (
-        isinstance(value, str)
-        and 0 < len(value) <= _MAX_DIGITS
-        and value.isascii()
-        and value.isdigit()
-    ):
-        return min(MAX_COUNT, int(value))
-    return 0
-
-
-def _is_json(event: bytes) -> bool:
-    """Is a ``data:`` event's data JSON (what an OpenAI client decodes)? Checked, not built."""
-    try:
-        _checker.decode(event_data(event))
-    except UNREADABLE_JSON:
-        return False
-    return True
 
 
 def _closed(_outcome: str, _usage: Usage | None) -> None:
@@ -277,7 +213,7 @@ class StreamRelay:
     def _data(self, event: bytes, *, chunk: bool) -> bytes | None:
         """An event with data: a chunk (``chunk``: counted, its end noted), the backend's
         in-band error, or data that is not JSON."""
-        if not _is_json(event):
+        if not is_json(event):
             return self._malformed()
         if _ERROR_KEY in event and (error := event_error(event)) is not None:
             return self._error(event, error)
@@ -304,7 +240,7 @@ class StreamRelay:
         self.outcome = Outcome.UPSTREAM_ERROR
         self.cut = Cut.UPSTREAM_ERROR
         self.errored = self.ended = True
-        if event.startswith(_UPSTREAM_ERROR):
+        if event.startswith(ERROR_EVENT):
             return event
         message, kind = error.get("message"), error.get("type")
         text = message[:2000] if isinstance(message, str) and message else "The backend failed."

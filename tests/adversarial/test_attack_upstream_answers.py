@@ -16,10 +16,11 @@ import pytest
 from gateway.config.settings import Timeouts
 from gateway.pipeline.events import UPSTREAM_FAILURES, Outcome, Usage
 from gateway.upstream.attempt import AttemptFailed, UpstreamClient, _upstream_message, answer_usage
-from gateway.upstream.forwarding import Forwarded, Forwarder, TierRoute, stream_error
+from gateway.upstream.forwarding import Forwarded, Forwarder, TierRoute
 from gateway.upstream.relay import StreamRelay
 from gateway.upstream.replicas import ReplicaPool
 from gateway.upstream.retry import RetryPolicy
+from gateway.upstream.sse import stream_error
 from policies.errors import TierGateError
 from policies.selection import RoundRobin
 from tests.gateway.raw_upstream import RawUpstream, Respond, answer

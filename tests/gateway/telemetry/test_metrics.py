@@ -8,7 +8,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from gateway.limits.limits import KeyLimiter, LimitMetrics
 from gateway.pipeline.context import Failure, Usage
 from gateway.telemetry.metrics import GatewayMetrics, ShareWindow, status_class
-from gateway.upstream.relay import usage_from
+from gateway.upstream.attempt import usage_from
 from gateway.upstream.replicas import ReplicaPool
 from policies.errors import RateLimited
 from policies.principal import KeyPolicy, Principal

@@ -7,9 +7,10 @@ from aiohttp import web
 
 from gateway.config.settings import Timeouts
 from gateway.upstream.attempt import UpstreamClient
-from gateway.upstream.forwarding import Forwarder, TierRoute, stream_error
+from gateway.upstream.forwarding import Forwarder, TierRoute
 from gateway.upstream.replicas import ReplicaPool
 from gateway.upstream.retry import RetryPolicy
+from gateway.upstream.sse import stream_error
 from policies.errors import UpstreamRejected
 from policies.selection import RoundRobin
 

@@ -15,8 +15,7 @@ from litestar.testing import AsyncTestClient
 from gateway.composition import create_app
 from gateway.config.settings import AuthSettings, Settings, TierSettings
 from gateway.pipeline.events import Usage
-from gateway.upstream.attempt import AttemptFailed, answer_usage
-from gateway.upstream.relay import usage_fields, usage_from
+from gateway.upstream.attempt import AttemptFailed, answer_usage, usage_fields, usage_from
 
 ANSWER = {
     "id": "chatcmpl-1",

@@ -1,0 +1,143 @@
+"""Server-sent events as backends write them, read the way an SSE client reads them.
+
+Backends differ in how they frame and spell their events (LF, CRLF or CR line ends; ``data:``
+with or without the space; named events; llama.cpp's ``error:`` field; an error object in
+OpenAI's shape, TGI's or the flat one of SGLang and older vLLM). Forwarding reads the first
+event with these helpers and the relay every later one, so both read them the same way.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Final
+
+import msgspec
+
+from gateway.pipeline.events import UNREADABLE_JSON, FailureKind, status_kind
+from gateway.upstream.attempt import AttemptFailed, error_status
+
+_decoder = msgspec.json.Decoder()
+# Checks that an event's data is JSON without building it (about a third of a full decode).
+_checker = msgspec.json.Decoder(msgspec.Raw)
+ERROR_EVENT: Final = b'data: {"error"'  # the backend's error event in OpenAI's shape
+_ERROR_KEY: Final = b'"error"'  # in every error event, in any shape
+# What a server-sent event's first line starts with (a field, or ":" for a comment).
+SSE_FIELDS: Final = (b"data:", b":", b"event:", b"id:", b"retry:", b"error:")
+BOM: Final = b"\xef\xbb\xbf"
+# An SSE event ends with a blank line: LF (vLLM, SGLang, llama.cpp), CRLF (sse-starlette's
+# default) or CR framing; the first event says which one the stream uses.
+EVENT_END: Final = re.compile(rb"\n\n|\r\n\r\n|\r\r")
+MAX_EVENT: Final = 1 << 20  # the largest SSE event read from a backend
+
+
+def keep_alive(event: bytes) -> bool:
+    """A whole event with nothing for the caller: blank, fields without data (already made
+    blank), or comments only (sse-starlette's ``: ping``, a hosted API's ``: PROCESSING``).
+    Such events before the first one are dropped, so the first-byte limit and the handling
+    of a first error event apply to the event that starts the answer."""
+    if not event.endswith(b"\n\n"):
+        return False
+    return all(not line or line.startswith(b":") for line in event.split(b"\n"))
+
+
+def first_of_dialect(event: bytes) -> bytes:
+    """A first event not in the relay's dialect: rewritten, or a failed attempt when the answer
+    is not server-sent events at all (an HTML page, a JSON answer, an empty body)."""
+    if event and not event.strip(b"\n"):  # an empty event (blank lines) before the first one
+        return event
+    if not event.startswith(SSE_FIELDS):
+        raise AttemptFailed(
+            FailureKind.BAD_ANSWER,
+            "The backend's stream ended before any event."
+            if not event
+            else "The backend's answer to a stream request is not server-sent events.",
+        )
+    if event.endswith(b"\n\n"):
+        event = standard_event(event[:-2]) + b"\n\n"
+    return event
+
+
+def standard_event(event: bytes) -> bytes:
+    """An SSE event (without its blank line) in the one dialect the relay reads.
+
+    Servers may write ``data:`` without the space, name the event (``event: message``,
+    ``event: error``), or add ``id:``/``retry:`` lines: a single ``data`` line becomes
+    ``data: <value>``, the other fields dropped. llama.cpp writes its errors in an ``error:``
+    field: it becomes ``data: {"error": <value>}``, the relay's error event. An event with
+    several ``data`` lines, or only comments, is returned as is (the same object); one with
+    fields but no data (``retry: 3000``, ``event: ping``) becomes empty (a client's SSE
+    parser would try to read JSON from it).
+    """
+    found: bytes | None = None
+    error: bytes | None = None
+    comments = True
+    for line in event.split(b"\n"):
+        if line.startswith(b"data:"):
+            if found is not None:
+                return event
+            found = line[6:] if line[5:6] == b" " else line[5:]
+        elif line.startswith(b"error:"):
+            error = line[7:] if line[6:7] == b" " else line[6:]
+        if not line.startswith(b":"):
+            comments = False
+    if found is not None:
+        return b"data: " + found
+    if error is not None:
+        return b'data: {"error": ' + error + b"}"
+    return event if comments else b""
+
+
+def event_data(event: bytes) -> bytes:
+    """The data of a ``data:`` event, as an SSE client reads it: each ``data`` line's value
+    (one space after the colon dropped), joined by line feeds; other fields and comments left
+    out."""
+    if b"\n" not in event:
+        return event[6:] if event[5:6] == b" " else event[5:]
+    return b"\n".join(
+        line[6:] if line[5:6] == b" " else line[5:]
+        for line in event.split(b"\n")
+        if line.startswith(b"data:")
+    )
+
+
+def event_error(event: bytes) -> dict[str, Any] | None:
+    """The error a ``data:`` event carries instead of a chunk, in any shape a backend writes:
+    ``{"error": {...}}`` (vLLM, llama.cpp; spaced any way), ``{"error": "..."}`` (TGI) or the
+    flat ``{"object": "error", "message": ...}`` (SGLang, older vLLM); ``None`` for a chunk.
+    Only an event that names ``"error"`` is decoded."""
+    if _ERROR_KEY not in event:
+        return None
+    try:
+        data = _decoder.decode(event_data(event))
+    except UNREADABLE_JSON:
+        return None
+    if not isinstance(data, dict) or "choices" in data:
+        return None
+    error = data.get("error")
+    if isinstance(error, dict):
+        return error
+    if isinstance(error, str) and error:
+        return {"message": error}
+    return data if data.get("object") == "error" else None
+
+
+def stream_error(event: bytes) -> AttemptFailed:
+    """A stream whose first event is the backend's error: a failure with that error's status.
+
+    Nothing reached the caller yet, so it is handled like an HTTP error answer (vLLM 0.11 puts
+    "Request id ... already running." there; a 5xx may be retried on another replica).
+    """
+    inner = event_error(event) or {}
+    status = error_status(inner)
+    message = inner.get("message")
+    text = message[:2000] if isinstance(message, str) and message else "The backend failed."
+    return AttemptFailed(status_kind(status), text, status=status, body=inner)
+
+
+def is_json(event: bytes) -> bool:
+    """Is a ``data:`` event's data JSON (what an OpenAI client decodes)? Checked, not built."""
+    try:
+        _checker.decode(event_data(event))
+    except UNREADABLE_JSON:
+        return False
+    return True
