@@ -28,6 +28,9 @@ _CHARS_PER_TOKEN = 4
 # serialized JSON at three characters a token, a non-text content part (an image, audio, a
 # file) as a flat 512 tokens, and text outside ASCII by its UTF-8 size at three bytes a token.
 _BODY_FIELDS_COUNTED = frozenset({"tools", "functions", "response_format"})
+# Where an engine takes a JSON schema for the answer beside ``response_format``: vLLM's
+# ``structured_outputs.json`` and older ``guided_json``, llama.cpp's ``json_schema``.
+_ENGINE_SCHEMA_FIELDS = frozenset({"structured_outputs", "guided_json", "json_schema"})
 _MESSAGE_FIELDS_NOT_EXTRA = frozenset({"role", "content"})
 _MEDIA_PART_CHARS = 512 * _CHARS_PER_TOKEN
 
@@ -193,6 +196,11 @@ def _include_usage(body: dict[str, Any]) -> bool:
 
 
 def _response_format(body: dict[str, Any]) -> str | None:
+    """The answer's format: ``response_format``'s type, or ``json_schema`` when a JSON schema
+    constrains the answer in an engine's own field instead (the same constraint, and the same
+    rule, whichever field carries it)."""
+    if not _ENGINE_SCHEMA_FIELDS.isdisjoint(body) and _engine_schema(body):
+        return "json_schema"
     fmt = body.get("response_format")
     if fmt is None:
         return None
@@ -201,6 +209,15 @@ def _response_format(body: dict[str, Any]) -> str | None:
             "'response_format' must be an object with a 'type'.", param="response_format"
         )
     return str(fmt["type"])
+
+
+def _engine_schema(body: dict[str, Any]) -> bool:
+    """Does an engine field carry a JSON schema (``structured_outputs.json``, ``guided_json``,
+    ``json_schema``)? A regex, grammar or choice list does not count."""
+    if body.get("guided_json") is not None or body.get("json_schema") is not None:
+        return True
+    structured = body.get("structured_outputs")
+    return isinstance(structured, dict) and structured.get("json") is not None
 
 
 def json_depth(value: object) -> int:

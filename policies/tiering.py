@@ -4,8 +4,10 @@ The order is fixed and documented in the README:
 
 1. an explicit tier name or served model name in ``model`` forces that tier (``explicit``);
 2. the ``x-tiergate-tier`` override header, only for keys with the override scope (``override``);
-3. hard rules: a JSON schema / tools the model may call / very long prompts go to the precise
-   tier (``rule:json_schema``, ``rule:tools``, ``rule:long_prompt``); ``json_object`` only
+3. hard rules: a JSON schema (in ``response_format`` or an engine's own field:
+   ``structured_outputs.json``, ``guided_json``, ``json_schema``) / tools the model may call /
+   very long prompts go to the precise tier (``rule:json_schema``, ``rule:tools``,
+   ``rule:long_prompt``); ``json_object`` only
    when the deployment says so (``rule:json_object``, off by default);
 4. the classifier's score against the threshold (``classifier``).
 

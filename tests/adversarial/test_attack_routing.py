@@ -124,13 +124,6 @@ def test_a_long_chat_of_short_turns_meets_the_long_prompt_rule(stack: Stack) -> 
     assert raw.headers.get("x-tiergate-route-reason") == "rule:long_prompt"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="rule:json_schema reads response_format only: the same JSON schema sent in vLLM's "
-    "own structured-output fields (guided_json, structured_outputs.json), which every key may "
-    "send, is scored by the classifier and a trivial prompt goes fast (the tiering docstring "
-    "says 'a JSON schema ... go[es] to the precise tier'; docs/router.md names response_format)",
-)
 def test_a_json_schema_in_vllm_fields_meets_the_structured_output_rule(stack: Stack) -> None:
     """A JSON schema constrains the answer alike in ``response_format`` and in vLLM's own
     ``structured_outputs`` / ``guided_json``: the structured-output rule sends all three
@@ -141,9 +134,22 @@ def test_a_json_schema_in_vllm_fields_meets_the_structured_output_rule(stack: St
         {"response_format": {"type": "json_schema", "json_schema": named}},
         {"structured_outputs": {"json": schema}},
         {"guided_json": schema},
+        {"json_schema": schema},  # llama.cpp's own field
     ]
     routes = [_route(stack.post({**_user("Name a city."), **extra})) for extra in formats]
-    assert routes == [("precise", "rule:json_schema")] * 3, routes
+    assert routes == [("precise", "rule:json_schema")] * 4, routes
+
+
+def test_a_choice_list_or_a_regex_is_left_to_the_classifier(stack: Stack) -> None:
+    """Only a JSON schema meets the rule: a choice list (a classification) or a regex in vLLM's
+    fields is routed by the classifier like any other request."""
+    formats: list[dict[str, Any]] = [
+        {"guided_choice": ["yes", "no"]},
+        {"structured_outputs": {"regex": "[0-9]+"}},
+        {"structured_outputs": {"json": None}},
+    ]
+    routes = [_route(stack.post({**_user("Name a city."), **extra})) for extra in formats]
+    assert [reason for _tier, reason in routes] == ["classifier"] * 3, routes
 
 
 def test_odd_request_shapes_are_routed_or_refused_never_a_server_error(stack: Stack) -> None:
