@@ -209,7 +209,6 @@ def key_echo(request: pytest.FixtureRequest) -> Iterator[GatewayProcess]:
         terminate(upstream)
 
 
-@pytest.mark.xfail(strict=True, reason="O1: the backend's quote of the upstream key is relayed")
 def test_a_backend_quoting_the_upstream_key_never_shows_it(key_echo: GatewayProcess) -> None:
     """The upstream key a backend writes into its error reaches neither the caller's error body
     nor /admin/backends nor the log."""
