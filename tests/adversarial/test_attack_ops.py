@@ -264,7 +264,6 @@ def _refused_in_one_line(result: subprocess.CompletedProcess[str], *needles: str
     return lines[0]
 
 
-@pytest.mark.xfail(strict=True, reason="O2: replica URLs are not masked by config check")
 def test_config_check_masks_a_replica_password(tmp_path: Path) -> None:
     """`tiergate config check` masks a password in a replica URL, as it does in redis.url."""
     tiers = {
@@ -277,7 +276,6 @@ def test_config_check_masks_a_replica_password(tmp_path: Path) -> None:
     assert "REPLICA-PW-77" not in result.stdout + result.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="O2: a bad replica URL is echoed with its password")
 def test_a_bad_replica_url_error_masks_its_password(tmp_path: Path) -> None:
     """A replica URL with a wrong scheme is refused without quoting its password."""
     tiers = {
