@@ -17,6 +17,7 @@ import msgspec
 from litestar import Request, Response, delete, get, post
 from litestar.params import FromPath
 
+from gateway.config.settings import MIN_ADMIN_TOKEN_CHARS
 from policies.errors import AuthenticationFailed, InvalidRequest, PermissionDenied
 from policies.keys import (
     KEY_PREFIX,
@@ -33,7 +34,6 @@ from policies.keys import (
 )
 from policies.principal import KeyPolicy
 
-MIN_ADMIN_TOKEN_CHARS = 16
 _encoder = msgspec.json.Encoder()
 
 

@@ -43,6 +43,7 @@ from gateway.config.strict import (
 _FILE_DATA: ContextVar[dict[str, Any]] = ContextVar("tiergate_file_data", default={})  # noqa: B039  # never mutated
 
 _HEADER_SAFE = re.compile(r"[\x21-\x7e]+")
+MIN_ADMIN_TOKEN_CHARS = 16  # the admin token's least length, checked where it is read
 
 
 class ServerSettings(Section):
@@ -247,12 +248,28 @@ class AuthSettings(Section):
     keys_reload_interval_s: float = Field(default=1.0, ge=0)
     """How often the key file is checked for changes (0: every request)."""
 
+    @field_validator("admin_token")
+    @classmethod
+    def _long_enough(cls, token: str | None) -> str | None:
+        if token and len(token) < MIN_ADMIN_TOKEN_CHARS:
+            raise ValueError(
+                f"the admin token must have at least {MIN_ADMIN_TOKEN_CHARS} characters"
+            )
+        return token
+
     def read_admin_token(self) -> str | None:
         """The admin token from the setting or its file; ``None`` keeps admin routes off."""
         if self.admin_token:
             return self.admin_token
         if self.admin_token_file is not None:
             token = self.admin_token_file.read_text(encoding="utf-8").strip()
+            if token and len(token) < MIN_ADMIN_TOKEN_CHARS:
+                raise ConfigError(
+                    [
+                        f"auth.admin_token_file ({self.admin_token_file}): the admin token in it "
+                        f"must have at least {MIN_ADMIN_TOKEN_CHARS} characters"
+                    ]
+                )
             return token or None
         return None
 

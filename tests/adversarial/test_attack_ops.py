@@ -288,7 +288,6 @@ def test_a_bad_replica_url_error_masks_its_password(tmp_path: Path) -> None:
         assert "REPLICA-PW-77" not in line
 
 
-@pytest.mark.xfail(strict=True, reason="O3: the admin token's length is checked only in workers")
 def test_a_short_admin_token_is_a_configuration_error(tmp_path: Path) -> None:
     """An admin token under 16 characters: `config check` and `serve` refuse it in one line
     naming auth.admin_token, exit 2, without echoing it."""
@@ -298,7 +297,6 @@ def test_a_short_admin_token_is_a_configuration_error(tmp_path: Path) -> None:
         assert "tiny-tok" not in line
 
 
-@pytest.mark.xfail(strict=True, reason="O3: a short admin token file fails in every worker")
 def test_a_short_admin_token_file_is_refused_in_one_line(tmp_path: Path) -> None:
     """The same for a token read from auth.admin_token_file (read once, at start)."""
     token = tmp_path / "admin"
