@@ -16,6 +16,7 @@ import re
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Annotated, Any, Literal, cast
+from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic.json_schema import SkipJsonSchema
@@ -311,6 +312,19 @@ class RedisSettings(Section):
     """Per-command Redis timeout; keep it short, it is on the request path."""
     key_prefix: str = "tiergate:"
     """Prefix of every Redis key the gateway writes."""
+
+    @field_validator("url")
+    @classmethod
+    def _redis_url(cls, url: str) -> str:
+        # Checked here, not first in each worker; the message never quotes it (a password).
+        parts = urlsplit(url)
+        if parts.scheme not in ("redis", "rediss", "unix"):
+            raise ValueError("the Redis URL must start with redis://, rediss:// or unix://")
+        try:
+            parts.port  # noqa: B018  # parsing it raises on a port that is not a number
+        except ValueError:
+            raise ValueError("the Redis URL's port must be a number from 0 to 65535") from None
+        return url
 
 
 def _otel_environment() -> dict[str, str]:

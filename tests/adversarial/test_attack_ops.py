@@ -306,7 +306,6 @@ def test_a_short_admin_token_file_is_refused_in_one_line(tmp_path: Path) -> None
     assert "tiny-tok" not in line
 
 
-@pytest.mark.xfail(strict=True, reason="O4: redis.url is not checked until a worker uses it")
 @pytest.mark.parametrize(
     "url", ["http://:REDIS-PW-55@127.0.0.1:6379/0", "redis://:REDIS-PW-55@127.0.0.1:port/0"]
 )
@@ -322,3 +321,13 @@ def test_a_redis_url_redis_cannot_use_is_a_configuration_error(tmp_path: Path, u
     for command in (("config", "check", path), ("serve", "--config", path, "--workers", "2")):
         line = _refused_in_one_line(_tiergate(*command), "redis.url")
         assert "REDIS-PW-55" not in line
+
+
+def test_keys_cli_refuses_a_bad_redis_url_without_quoting_it() -> None:
+    """`tiergate keys list --redis-url` with a scheme Redis does not speak: one line, exit 2,
+    the password not repeated."""
+    result = _tiergate("keys", "list", "--redis-url", "http://:REDIS-PW-55@127.0.0.1:6379/0")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("tiergate keys: --redis-url: "), result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "REDIS-PW-55" not in result.stderr + result.stdout
