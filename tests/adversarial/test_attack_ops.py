@@ -331,3 +331,13 @@ def test_keys_cli_refuses_a_bad_redis_url_without_quoting_it() -> None:
     assert result.stderr.startswith("tiergate keys: --redis-url: "), result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert "REDIS-PW-55" not in result.stderr + result.stdout
+
+
+@pytest.mark.xfail(strict=True, reason="O5: the key CLI takes any tenant")
+def test_keys_cli_refuses_an_unprintable_tenant(tmp_path: Path) -> None:
+    """`tiergate keys create --tenant` with a newline and an escape: exit 2, nothing written."""
+    keys = tmp_path / "keys.yaml"
+    result = _tiergate("keys", "create", "--keys-file", str(keys), "--tenant", "a\nb\x1b[31m")
+    assert result.returncode == 2, result.stderr
+    assert "tenant" in result.stderr
+    assert not keys.exists() or "a\\nb" not in keys.read_text(encoding="utf-8")
