@@ -25,6 +25,7 @@ from policies.keys import (
     KeyStore,
     PolicyError,
     bearer_token,
+    check_owner,
     create_key,
     describe,
     make_policy,
@@ -110,6 +111,7 @@ async def _requested(
     """
     try:
         spec = msgspec.json.decode(await request.body(), type=NewKey)
+        check_owner(spec.tenant, spec.name)
         now = clock()
         policy = make_policy(
             tiers=spec.tiers,
@@ -188,8 +190,6 @@ def admin_key_handlers(
     async def create(request: Request[Any, Any, Any]) -> Response[bytes]:
         guard.check(request.headers.get("authorization"))
         spec, policy, now = await _requested(request, tiers, clock)
-        if not spec.tenant:
-            raise InvalidRequest("A key needs a tenant.", param="tenant")
         record, key = await create_key(
             store, spec.tenant, policy, now=now, name=spec.name, pepper=pepper
         )

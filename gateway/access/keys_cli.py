@@ -28,6 +28,7 @@ from gateway.config.settings import RedisSettings, Settings, load_settings
 from policies.keys import (
     KeyStore,
     KeyStoreUnavailable,
+    check_owner,
     create_key,
     describe,
     make_policy,
@@ -58,6 +59,7 @@ def _when(epoch: float | None) -> str:
 
 async def _create(args: argparse.Namespace, store: KeyStore, settings: Settings) -> int:
     now = time.time()
+    check_owner(args.tenant, args.name)
     policy = make_policy(
         tiers=args.tiers,
         rpm=args.rpm,
