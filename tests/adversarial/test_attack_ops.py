@@ -13,6 +13,8 @@
   ``serve`` failed the same way in every worker.
 - O5: ``POST /admin/keys`` took a 1 MB tenant (or one with control characters), which every
   access-log line of that key then carries; the dial refuses tenants over 200 characters.
+- O6: the admin routes, ``/metrics`` and ``/v1/models`` took the first of two Authorization
+  lines, where the edge's rule (inference) joins them so that no credential matches.
 """
 
 from __future__ import annotations
@@ -125,6 +127,36 @@ def test_admin_routes_refuse_non_ascii_and_empty_bearer_on_the_wire(
             head, _, body = answer.partition(b"\r\n\r\n")
             assert head.split(b" ")[1] == b"401", (method, path, value, answer[:300])
             assert set(json.loads(body)["error"]) == {"message", "type", "param", "code"}
+
+
+def _raw_status(port: int, method: str, path: str, *auth: bytes) -> int:
+    """The status of one request whose head carries an Authorization line per ``auth``."""
+    lines = b"".join(b"Authorization: " + value + b"\r\n" for value in auth)
+    sock = connect(port)
+    sock.sendall(
+        method.encode() + b" " + path.encode() + b" HTTP/1.1\r\nHost: gw\r\n"
+        b"Connection: close\r\nContent-Length: 0\r\n" + lines + b"\r\n"
+    )
+    answer = read_response(sock)
+    sock.close()
+    return int(answer.split(b" ")[1])
+
+
+@pytest.mark.xfail(strict=True, reason="O6: admin routes and /v1/models take the first line")
+def test_a_repeated_authorization_opens_no_admin_route(
+    admin_stack: tuple[Stack, str, str],
+) -> None:
+    """The admin token beside another Authorization line, in either order: 401, as the edge's
+    rule for inference (repeated lines are joined, which no credential matches)."""
+    stack, live, _ = admin_stack
+    port, token, other = stack.gateway.port, b"Bearer " + ADMIN.encode(), b"Bearer junk"
+    for method, path in (("GET", "/admin/keys"), ("GET", "/admin/backends"), ("GET", "/metrics")):
+        assert _raw_status(port, method, path, token) == 200
+        assert _raw_status(port, method, path, token, other) == 401, (method, path)
+        assert _raw_status(port, method, path, other, token) == 401, (method, path)
+    key = b"Bearer " + live.encode()
+    assert _raw_status(port, "GET", "/v1/models", key) == 200
+    assert _raw_status(port, "GET", "/v1/models", key, b"Bearer tg-nothing") == 401
 
 
 # O5 -------------------------------------------------------------------------------------------
