@@ -19,6 +19,7 @@ from litestar.handlers import HTTPRouteHandler
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.exposition import start_http_server
 
+from gateway.access.admin_keys import authorization
 from policies.errors import AuthenticationFailed, PermissionDenied
 
 
@@ -43,7 +44,7 @@ def metrics_handler(
 
     @get("/metrics", sync_to_thread=False, include_in_schema=False)
     def metrics(request: Request[Any, Any, Any]) -> Response[bytes]:
-        _check(request.headers.get("authorization"), admin_token, open_access)
+        _check(authorization(request), admin_token, open_access)
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     return metrics

@@ -142,7 +142,6 @@ def _raw_status(port: int, method: str, path: str, *auth: bytes) -> int:
     return int(answer.split(b" ")[1])
 
 
-@pytest.mark.xfail(strict=True, reason="O6: admin routes and /v1/models take the first line")
 def test_a_repeated_authorization_opens_no_admin_route(
     admin_stack: tuple[Stack, str, str],
 ) -> None:
