@@ -15,6 +15,8 @@
   access-log line of that key then carries; the dial refuses tenants over 200 characters.
 - O6: the admin routes, ``/metrics`` and ``/v1/models`` took the first of two Authorization
   lines, where the edge's rule (inference) joins them so that no credential matches.
+- O7: ``/metrics`` told a caller without the admin token ``invalid_api_key``, and an API key
+  401, where every other admin route says ``missing_admin_token`` and 403 ``admin_required``.
 """
 
 from __future__ import annotations
@@ -156,6 +158,97 @@ def test_a_repeated_authorization_opens_no_admin_route(
     key = b"Bearer " + live.encode()
     assert _raw_status(port, "GET", "/v1/models", key) == 200
     assert _raw_status(port, "GET", "/v1/models", key, b"Bearer tg-nothing") == 401
+
+
+@pytest.mark.xfail(strict=True, reason="O7: /metrics has its own credential check and codes")
+def test_metrics_refuses_like_every_admin_route(admin_stack: tuple[Stack, str, str]) -> None:
+    """/metrics answers a missing token, a wrong one and an API key with the admin API's codes."""
+    stack, live, _ = admin_stack
+    with httpx.Client(base_url=stack.gateway.url, timeout=10) as client:
+        for headers, status, code in (
+            ({}, 401, "missing_admin_token"),
+            (bearer("not-the-admin-token-at-all"), 401, "invalid_admin_token"),
+            (bearer(live), 403, "admin_required"),
+        ):
+            keys, metrics = (
+                client.get("/admin/keys", headers=headers),
+                client.get("/metrics", headers=headers),
+            )
+            assert (keys.status_code, _openai_error(keys)["code"]) == (status, code)
+            assert (metrics.status_code, _openai_error(metrics)["code"]) == (status, code)
+
+
+def test_admin_routes_answer_503_while_redis_is_down_and_never_show_its_password() -> None:
+    """Redis (with a password) killed: every admin route that needs it is a 503 OpenAI error,
+    the others still answer, and the password is in no body and no log line."""
+    password = "REDIS-PW-" + uuid.uuid4().hex[:12]
+
+    def configure(config: dict[str, Any], backends: Backends) -> None:
+        assert backends.redis is not None
+        with socket.create_connection(("127.0.0.1", backends.redis.port), timeout=5) as sock:
+            sock.sendall(f"CONFIG SET requirepass {password}\r\n".encode())
+            assert sock.recv(16) == b"+OK\r\n"
+        url = f"redis://:{password}@127.0.0.1:{backends.redis.port}/0"
+        asyncio.run(redis_key(url))
+        config["auth"] = {"store": "redis", "admin_token": ADMIN}
+        config["redis"] = {"url": url}
+        config["ratelimit"] = {"backend": "redis"}
+        config["telemetry"] = {"log_level": "debug"}
+
+    with running_stack(redis=True, configure=configure) as stack:
+        assert stack.redis is not None
+        stack.redis.kill()
+        calls = (
+            ("GET", "/admin/keys", None, 503),
+            ("POST", "/admin/keys", {"tenant": "ops"}, 503),
+            ("DELETE", "/admin/keys/abcdefghij", None, 503),
+            ("POST", "/admin/keys/abcdefghij/rotate", None, 503),
+            ("GET", "/admin/usage", None, 503),
+            ("PUT", "/admin/router/share", {"share": 0.4}, 503),
+            ("GET", "/admin/routing", None, 200),
+            ("GET", "/admin/backends", None, 200),
+            ("GET", "/metrics", None, 200),
+        )
+        with httpx.Client(base_url=stack.gateway.url, timeout=15) as client:
+            for method, path, body, status in calls:
+                answer = client.request(method, path, json=body, headers=bearer(ADMIN))
+                assert answer.status_code == status, (method, path, answer.text)
+                if status == 503:
+                    _openai_error(answer)
+                assert password not in answer.text
+        assert password not in stack.gateway.log_text()
+
+
+def test_a_metrics_port_takes_metrics_off_the_main_port_and_stays_on_loopback() -> None:
+    """telemetry.metrics_port: /metrics answers there, on server.host (127.0.0.1) by default,
+    and is a 404 on the main port; without an admin token every /admin route is a 404; `serve`
+    without --host listens on 127.0.0.1 only."""
+    port = free_port()
+
+    def configure(config: dict[str, Any], _: Backends) -> None:
+        config["telemetry"] = {"access_log": False, "metrics_port": port}
+
+    with running_stack(configure=configure) as stack:
+        url = stack.gateway.url
+        assert httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).status_code == 200
+        for path in ("/metrics", *(path for _, path in ADMIN_ROUTES)):
+            answer = httpx.get(url + path, timeout=10)
+            assert answer.status_code in (404, 405), (path, answer.text)
+            _openai_error(answer)
+        assert _listening_addresses(port) == ["0100007F"]  # 127.0.0.1 only, no IPv6
+        assert _listening_addresses(stack.gateway.port) == ["0100007F"]  # serve's default host
+
+
+def _listening_addresses(port: int) -> list[str]:
+    """The local addresses (hex, as /proc/net/tcp* writes them) listening on ``port``."""
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for row in Path(table).read_text(encoding="ascii").splitlines()[1:]:
+            local, state = row.split()[1], row.split()[3]
+            address, _, hex_port = local.partition(":")
+            if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                found.append(address)
+    return found
 
 
 # O5 -------------------------------------------------------------------------------------------
