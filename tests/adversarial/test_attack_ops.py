@@ -160,7 +160,6 @@ def test_a_repeated_authorization_opens_no_admin_route(
     assert _raw_status(port, "GET", "/v1/models", key, b"Bearer tg-nothing") == 401
 
 
-@pytest.mark.xfail(strict=True, reason="O7: /metrics has its own credential check and codes")
 def test_metrics_refuses_like_every_admin_route(admin_stack: tuple[Stack, str, str]) -> None:
     """/metrics answers a missing token, a wrong one and an API key with the admin API's codes."""
     stack, live, _ = admin_stack
