@@ -17,6 +17,8 @@
   lines, where the edge's rule (inference) joins them so that no credential matches.
 - O7: ``/metrics`` told a caller without the admin token ``invalid_api_key``, and an API key
   401, where every other admin route says ``missing_admin_token`` and 403 ``admin_required``.
+- O8: an upstream api_key (inline or in api_key_file) that cannot be a header value passed
+  ``config check``; ``serve`` failed in every worker with ``ValueError``, exit 1, no tier named.
 """
 
 from __future__ import annotations
@@ -462,3 +464,27 @@ def test_keys_cli_refuses_an_unprintable_tenant(tmp_path: Path) -> None:
     assert result.returncode == 2, result.stderr
     assert "tenant" in result.stderr
     assert not keys.exists() or "a\\nb" not in keys.read_text(encoding="utf-8")
+
+
+@pytest.mark.xfail(strict=True, reason="O8: upstream keys are checked only in each worker")
+def test_an_upstream_key_that_cannot_be_sent_is_a_configuration_error(tmp_path: Path) -> None:
+    """An upstream key with a space, inline or in api_key_file: one line naming the tier's
+    setting, exit 2, the key not echoed (`config check` for the inline one, `serve` for both)."""
+    tiers = {
+        "fast": {"model": "m", "replicas": ["http://127.0.0.1:9"], "api_key": "UP KEY-1"},
+        "precise": {"model": "p", "replicas": ["http://127.0.0.1:9"]},
+    }
+    path = _config(tmp_path, {"auth": {"enabled": False}, "tiers": tiers})
+    for command in (("config", "check", path), ("serve", "--config", path, "--workers", "2")):
+        line = _refused_in_one_line(_tiergate(*command), "tiers.fast.api_key")
+        assert "UP KEY-1" not in line
+    key_file = tmp_path / "upstream-keys"
+    key_file.write_text("good-key\nUP KEY-2\n", encoding="utf-8")
+    del tiers["fast"]["api_key"]
+    tiers["fast"]["api_key_file"] = str(key_file)
+    path = _config(tmp_path, {"auth": {"enabled": False}, "tiers": tiers})
+    line = _refused_in_one_line(
+        _tiergate("serve", "--config", path, "--workers", "2"), "tiers.fast.api_key_file"
+    )
+    assert "UP KEY-2" not in line
+    assert "good-key" not in line
