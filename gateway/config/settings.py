@@ -189,6 +189,15 @@ class TierSettings(Section):
             return json.loads(value)  # a JSON list from the environment
         return value
 
+    @field_validator("api_key")
+    @classmethod
+    def _sendable(cls, keys: SecretStr | list[SecretStr] | None) -> object:
+        given = keys if isinstance(keys, list) else [keys]
+        values = [k.get_secret_value() for k in given if k is not None and k.get_secret_value()]
+        if not all(_HEADER_SAFE.fullmatch(value) for value in values):
+            raise ValueError("an upstream api_key must be printable ASCII without spaces")
+        return keys
+
     @field_validator("replicas")
     @classmethod
     def _urls(cls, urls: list[str]) -> list[str]:

@@ -35,7 +35,11 @@ def without_passwords(text: str) -> str:
 class Section(BaseModel):
     """The base of every settings section: unknown keys are errors, never ignored."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    # hide_input_in_errors: a ValidationError's text never quotes a value (it may be a key);
+    # format_validation_error still reads the inputs it may echo from ``errors()``.
+    model_config = ConfigDict(
+        extra="forbid", use_attribute_docstrings=True, hide_input_in_errors=True
+    )
 
 
 class ConfigError(ValueError):

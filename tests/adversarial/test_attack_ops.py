@@ -466,7 +466,6 @@ def test_keys_cli_refuses_an_unprintable_tenant(tmp_path: Path) -> None:
     assert not keys.exists() or "a\\nb" not in keys.read_text(encoding="utf-8")
 
 
-@pytest.mark.xfail(strict=True, reason="O8: upstream keys are checked only in each worker")
 def test_an_upstream_key_that_cannot_be_sent_is_a_configuration_error(tmp_path: Path) -> None:
     """An upstream key with a space, inline or in api_key_file: one line naming the tier's
     setting, exit 2, the key not echoed (`config check` for the inline one, `serve` for both)."""
