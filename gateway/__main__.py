@@ -41,6 +41,7 @@ def _serve(args: argparse.Namespace) -> int:
     if not _exposure_preflight(settings):
         print("tiergate: refusing to start (exposure.mode is strict)", file=sys.stderr)
         return 2
+    _read_secret_files(settings)
     try:
         workers = resolve_workers(settings, args.workers, usable_cores())
         settings = settings.model_copy(
@@ -51,6 +52,18 @@ def _serve(args: argparse.Namespace) -> int:
     except (NoKeysConfigured, WorkersRefused) as exc:
         print(f"tiergate: refusing to start: {exc}", file=sys.stderr)
         return 2
+
+
+def _read_secret_files(settings: Settings) -> None:
+    """Read every tier's upstream keys and the admin token once, before any worker starts: a
+    bad one is one line naming its setting and exit 2, not a failure in every worker."""
+    for name, tier in settings.tiers.items():
+        try:
+            tier.read_api_keys()
+        except ValueError as exc:  # the file's text is never quoted: it holds secrets
+            where = f"tiers.{name}.api_key_file ({tier.api_key_file})"
+            raise ConfigError([f"{where}: {exc}"]) from None
+    settings.auth.read_admin_token()
 
 
 def _run(settings: Settings, workers: WorkerCount, config: Path | None) -> int:

@@ -36,6 +36,9 @@ _DAY_S = 86400.0
 MAX_EXPIRY_DAYS = 3650  # ten years: a longer-lived key is a key that should not expire
 # Limits are applied in doubles (Redis Lua): anything above 2**53 is no longer exact.
 MAX_LIMIT = 2**53
+# A tenant and a key name go into every access-log line, Redis key and report of the key's
+# requests: bounded, and printable (no newline or terminal escape in a console log).
+MAX_OWNER_CHARS = 200
 _ID_ALPHABET = string.ascii_lowercase + string.digits
 _SECRET_ALPHABET = string.ascii_letters + string.digits
 _ID_LENGTH = 10
@@ -352,6 +355,17 @@ class KeyRecord:
             name=str(data.get("name") or ""),
             disabled=bool(data.get("disabled", False)),
         )
+
+
+def check_owner(tenant: str, name: str) -> None:
+    """Raise :class:`PolicyError` unless ``tenant`` (1 to 200 characters) and ``name`` (at most
+    200) are printable."""
+    for param, value, least in (("tenant", tenant, 1), ("name", name, 0)):
+        if not least <= len(value) <= MAX_OWNER_CHARS or not value.isprintable():
+            raise PolicyError(
+                f"a key's {param} has {least} to {MAX_OWNER_CHARS} printable characters",
+                param=param,
+            )
 
 
 def issue_key(

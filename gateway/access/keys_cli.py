@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
 from redis.asyncio import Redis
 
 from gateway.access.keystore_file import FileKeyStore
@@ -27,6 +28,7 @@ from gateway.config.settings import RedisSettings, Settings, load_settings
 from policies.keys import (
     KeyStore,
     KeyStoreUnavailable,
+    check_owner,
     create_key,
     describe,
     make_policy,
@@ -57,6 +59,7 @@ def _when(epoch: float | None) -> str:
 
 async def _create(args: argparse.Namespace, store: KeyStore, settings: Settings) -> int:
     now = time.time()
+    check_owner(args.tenant, args.name)
     policy = make_policy(
         tiers=args.tiers,
         rpm=args.rpm,
@@ -274,11 +277,14 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
     if args.keys_file is not None:
         store = FileKeyStore(args.keys_file)
     elif args.redis_url is not None or settings.auth.store == "redis":
-        redis = RedisSettings(
-            url=args.redis_url or settings.redis.url,
-            key_prefix=settings.redis.key_prefix,
-            socket_timeout_s=5.0,
-        )
+        try:
+            redis = RedisSettings(
+                url=args.redis_url or settings.redis.url,
+                key_prefix=settings.redis.key_prefix,
+                socket_timeout_s=5.0,
+            )
+        except ValidationError as exc:  # pydantic's text quotes the URL, and its password
+            raise ValueError(f"--redis-url: {exc.errors()[0]['msg']}") from None
         client = open_redis(redis)
         store = RedisKeyStore(client, redis.key_prefix)
     elif settings.auth.keys_file is not None:

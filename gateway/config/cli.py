@@ -65,6 +65,8 @@ def mask(loc: Loc, value: Any) -> Any:
         return value
     if name in _SECRET_NAMES:
         return "***"
+    if isinstance(value, list):  # a tier's replica URLs may carry user-info too
+        return [mask(loc, item) for item in value]
     if isinstance(value, str) and "://" in value:
         parts = urlsplit(value)
         if parts.password is not None:

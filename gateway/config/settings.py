@@ -16,6 +16,7 @@ import re
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Annotated, Any, Literal, cast
+from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic.json_schema import SkipJsonSchema
@@ -43,6 +44,7 @@ from gateway.config.strict import (
 _FILE_DATA: ContextVar[dict[str, Any]] = ContextVar("tiergate_file_data", default={})  # noqa: B039  # never mutated
 
 _HEADER_SAFE = re.compile(r"[\x21-\x7e]+")
+MIN_ADMIN_TOKEN_CHARS = 16  # the admin token's least length, checked where it is read
 
 
 class ServerSettings(Section):
@@ -187,6 +189,15 @@ class TierSettings(Section):
             return json.loads(value)  # a JSON list from the environment
         return value
 
+    @field_validator("api_key")
+    @classmethod
+    def _sendable(cls, keys: SecretStr | list[SecretStr] | None) -> object:
+        given = keys if isinstance(keys, list) else [keys]
+        values = [k.get_secret_value() for k in given if k is not None and k.get_secret_value()]
+        if not all(_HEADER_SAFE.fullmatch(value) for value in values):
+            raise ValueError("an upstream api_key must be printable ASCII without spaces")
+        return keys
+
     @field_validator("replicas")
     @classmethod
     def _urls(cls, urls: list[str]) -> list[str]:
@@ -247,12 +258,28 @@ class AuthSettings(Section):
     keys_reload_interval_s: float = Field(default=1.0, ge=0)
     """How often the key file is checked for changes (0: every request)."""
 
+    @field_validator("admin_token")
+    @classmethod
+    def _long_enough(cls, token: str | None) -> str | None:
+        if token and len(token) < MIN_ADMIN_TOKEN_CHARS:
+            raise ValueError(
+                f"the admin token must have at least {MIN_ADMIN_TOKEN_CHARS} characters"
+            )
+        return token
+
     def read_admin_token(self) -> str | None:
         """The admin token from the setting or its file; ``None`` keeps admin routes off."""
         if self.admin_token:
             return self.admin_token
         if self.admin_token_file is not None:
             token = self.admin_token_file.read_text(encoding="utf-8").strip()
+            if token and len(token) < MIN_ADMIN_TOKEN_CHARS:
+                raise ConfigError(
+                    [
+                        f"auth.admin_token_file ({self.admin_token_file}): the admin token in it "
+                        f"must have at least {MIN_ADMIN_TOKEN_CHARS} characters"
+                    ]
+                )
             return token or None
         return None
 
@@ -294,6 +321,19 @@ class RedisSettings(Section):
     """Per-command Redis timeout; keep it short, it is on the request path."""
     key_prefix: str = "tiergate:"
     """Prefix of every Redis key the gateway writes."""
+
+    @field_validator("url")
+    @classmethod
+    def _redis_url(cls, url: str) -> str:
+        # Checked here, not first in each worker; the message never quotes it (a password).
+        parts = urlsplit(url)
+        if parts.scheme not in ("redis", "rediss", "unix"):
+            raise ValueError("the Redis URL must start with redis://, rediss:// or unix://")
+        try:
+            parts.port  # noqa: B018  # parsing it raises on a port that is not a number
+        except ValueError:
+            raise ValueError("the Redis URL's port must be a number from 0 to 65535") from None
+        return url
 
 
 def _otel_environment() -> dict[str, str]:

@@ -9,6 +9,7 @@ per problem (``ratelimit.backnd: unknown setting; did you mean `backend`?``) and
 from __future__ import annotations
 
 import difflib
+import re
 import types
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -22,12 +23,23 @@ ENV_PREFIX = "TIERGATE_"
 NON_SETTINGS_ENV = frozenset({"TIERGATE_CONFIG"})
 
 Loc = tuple[str | int, ...]
+# The password of a URL's user-info (``scheme://user:PASSWORD@host``), wherever a URL is quoted.
+_URL_PASSWORD = re.compile(r"(://[^/@:\s'\"]*:)[^/@\s'\"]*@")
+
+
+def without_passwords(text: str) -> str:
+    """``text`` with the password of every URL in it shown as ``***``."""
+    return _URL_PASSWORD.sub(r"\1***@", text) if "://" in text else text
 
 
 class Section(BaseModel):
     """The base of every settings section: unknown keys are errors, never ignored."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    # hide_input_in_errors: a ValidationError's text never quotes a value (it may be a key);
+    # format_validation_error still reads the inputs it may echo from ``errors()``.
+    model_config = ConfigDict(
+        extra="forbid", use_attribute_docstrings=True, hide_input_in_errors=True
+    )
 
 
 class ConfigError(ValueError):
@@ -162,7 +174,7 @@ def format_validation_error(
                 what += f" (got {str(error['input'])[:80]!r})"
         where = dotted(loc) or "settings"
         source = origin(loc[:-1] if error["type"] == "missing" else loc)
-        lines.append(f"{where} ({source}): {what}")
+        lines.append(f"{where} ({source}): {without_passwords(what)}")
     return lines
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import msgspec
 from litestar import Request, Response, get
 
-from gateway.access.admin_keys import AdminGuard
+from gateway.access.admin_keys import AdminGuard, authorization
 from gateway.upstream.backends import kind_of
 from gateway.upstream.forwarding import Forwarder, TierRoute
 from gateway.upstream.replicas import Replica
@@ -137,13 +137,13 @@ def admin_backends_handlers(forwarder: Forwarder, admin_token: str | None) -> li
 
     @get("/admin/backends", sync_to_thread=False)
     def admin_backends(request: Request[Any, Any, Any]) -> Response[bytes]:
-        guard.check(request.headers.get("authorization"))
+        guard.check(authorization(request))
         body = backends_body(forwarder.routes, forwarder)
         return Response(body, media_type="application/json", headers={"Cache-Control": "no-store"})
 
     @get("/admin/queue", sync_to_thread=False)
     def admin_queue(request: Request[Any, Any, Any]) -> Response[bytes]:
-        guard.check(request.headers.get("authorization"))
+        guard.check(authorization(request))
         body = queue_body(forwarder.routes)
         return Response(body, media_type="application/json", headers={"Cache-Control": "no-store"})
 

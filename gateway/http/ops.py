@@ -11,6 +11,7 @@ import msgspec
 from litestar import HttpMethod, Request, Response, get, route
 from litestar.params import FromPath
 
+from gateway.access.admin_keys import authorization
 from gateway.upstream.attempt import UpstreamClient
 from gateway.upstream.connection import UpstreamConnectionError
 from gateway.upstream.health import HealthMonitor
@@ -108,14 +109,14 @@ def ops_handlers(catalog: TierCatalog, readiness: Readiness, auth: Authenticator
 
     @get("/v1/models")
     async def list_models(request: Request[Any, Any, Any]) -> Response[bytes]:
-        principal = await auth.authenticate(request.headers.get("authorization"))
+        principal = await auth.authenticate(authorization(request))
         return Response(models_body(catalog, principal, created), media_type="application/json")
 
     @get("/v1/models/{model_id:path}")
     async def retrieve_model(
         request: Request[Any, Any, Any], model_id: FromPath[str]
     ) -> Response[bytes]:
-        principal = await auth.authenticate(request.headers.get("authorization"))
+        principal = await auth.authenticate(authorization(request))
         wanted = model_id.lstrip("/")
         if wanted not in model_ids(catalog, principal):
             # Unknown and forbidden look alike: a key does not learn the tiers it may not use.

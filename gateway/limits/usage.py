@@ -28,7 +28,7 @@ from prometheus_client.registry import Collector
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from gateway.access.admin_keys import AdminGuard
+from gateway.access.admin_keys import AdminGuard, authorization
 from gateway.pipeline.context import RequestContext
 from gateway.pipeline.tasks import stop_tasks
 from policies.cost import CostModel
@@ -403,7 +403,7 @@ def admin_usage_handlers(ledger: UsageLedger, admin_token: str | None) -> list[A
 
     @get("/admin/usage")
     async def admin_usage(request: Request[Any, Any, Any]) -> Response[bytes]:
-        guard.check(request.headers.get("authorization"))
+        guard.check(authorization(request))
         window = request.query_params.get("window", "24h")
         by = request.query_params.get("by", "tier")
         if window not in WINDOWS:

@@ -21,7 +21,7 @@ from prometheus_client.registry import Collector
 from redis.exceptions import RedisError
 
 import router_models
-from gateway.access.admin_keys import AdminGuard
+from gateway.access.admin_keys import AdminGuard, authorization
 from gateway.config.router_settings import RouterSettings
 from gateway.routing.dial_sync import DialSync
 from gateway.routing.routing import TierRouter, calibration
@@ -242,13 +242,13 @@ def admin_routing_handlers(  # noqa: PLR0917  # one builder for the composition 
 
     @get("/admin/routing", sync_to_thread=False)
     def admin_routing(request: Request[Any, Any, Any]) -> Response[bytes]:
-        guard.check(request.headers.get("authorization"))
+        guard.check(authorization(request))
         body = routing_body(router, runner, observed_share, reloader, sync)
         return Response(body, media_type="application/json", headers=headers)
 
     @post("/admin/router/reload", status_code=200)
     async def reload_router(request: Request[Any, Any, Any]) -> Response[bytes]:
-        guard.check(request.headers.get("authorization"))
+        guard.check(authorization(request))
         described = await reloader.reload()
         if sync is not None:
             with contextlib.suppress(RedisError, OSError):  # this worker has it either way
@@ -284,7 +284,7 @@ def _dial_handler(guard: AdminGuard, router: TierRouter, sync: DialSync | None) 
 
     @put("/admin/router/share", status_code=200)
     async def dial_share(request: Request[Any, Any, Any]) -> Response[bytes]:
-        guard.check(request.headers.get("authorization"))
+        guard.check(authorization(request))
         body = await _turn(router, sync, await request.body())
         return Response(
             _encoder.encode(body),

@@ -9,8 +9,8 @@ endpoint is open, like every other route in that mode.
 
 from __future__ import annotations
 
-import hmac
 import threading
+from collections.abc import Callable
 from typing import Any
 from wsgiref.simple_server import WSGIServer
 
@@ -19,31 +19,35 @@ from litestar.handlers import HTTPRouteHandler
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.exposition import start_http_server
 
-from policies.errors import AuthenticationFailed, PermissionDenied
+from gateway.access.admin_keys import AdminGuard, authorization
+from policies.errors import PermissionDenied
 
 
-def _check(authorization: str | None, admin_token: str | None, open_access: bool) -> None:
-    if admin_token is None:
-        if open_access:
-            return
+def _guard(admin_token: str | None, open_access: bool) -> Callable[[str | None], None]:
+    """The check of a caller's Authorization: the admin API's (same codes: 401
+    ``missing_admin_token`` / ``invalid_admin_token``, 403 ``admin_required`` for an API key)."""
+    if admin_token is not None:
+        return AdminGuard(admin_token).check
+    if open_access:
+        return lambda _: None
+
+    def refuse(_: str | None) -> None:
         raise PermissionDenied(
             "Metrics need the admin token (auth.admin_token) or a separate telemetry.metrics_port."
         )
-    scheme, _, token = (authorization or "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(
-        token.strip().encode(), admin_token.encode()
-    ):
-        raise AuthenticationFailed("The metrics endpoint needs the admin token.")
+
+    return refuse
 
 
 def metrics_handler(
     registry: CollectorRegistry, admin_token: str | None, *, open_access: bool
 ) -> HTTPRouteHandler:
     """The main-port ``/metrics`` route for ``registry``."""
+    check = _guard(admin_token, open_access)
 
     @get("/metrics", sync_to_thread=False, include_in_schema=False)
     def metrics(request: Request[Any, Any, Any]) -> Response[bytes]:
-        _check(request.headers.get("authorization"), admin_token, open_access)
+        check(authorization(request))
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     return metrics

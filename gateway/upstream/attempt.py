@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -20,6 +21,7 @@ import msgspec
 from gateway.pipeline.deadline import deadline
 from gateway.pipeline.events import UNREADABLE_JSON, FailureKind, Usage, status_kind
 from gateway.upstream.connection import ConnectFailed, ConnectTimedOut, Response
+from gateway.upstream.keys import blank
 from gateway.upstream.pool import UpstreamPool
 
 _decoder = msgspec.json.Decoder()
@@ -134,6 +136,17 @@ class AttemptFailed(Exception):
         self.retry_after = retry_after
         self.body = body
         self.replica: str | None = None  # which replica failed, for the caller's message
+
+    def blank(self, secrets: Sequence[str]) -> None:
+        """Blank ``secrets`` (the upstream keys) in the backend's message and error fields."""
+        if not secrets:
+            return
+        self.message = blank(self.message, secrets)
+        if self.body is not None:
+            self.body = {
+                name: blank(value, secrets) if isinstance(value, str) else value
+                for name, value in self.body.items()
+            }
 
     @property
     def counts_against_replica(self) -> bool:

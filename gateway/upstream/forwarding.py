@@ -41,7 +41,7 @@ from gateway.upstream.attempt import (
 from gateway.upstream.connection import Response
 from gateway.upstream.explain import every_tier_failed, final_error, why_none
 from gateway.upstream.fair_queue import ANONYMOUS, Ticket
-from gateway.upstream.keys import UpstreamKeys, every_key_refused
+from gateway.upstream.keys import UpstreamKeys, bearer_tokens, every_key_refused
 from gateway.upstream.replicas import Replica, ReplicaPool
 from gateway.upstream.retry import RetryBudget, RetryLoop, RetryPolicy
 from gateway.upstream.sse import (
@@ -156,6 +156,9 @@ class Forwarder:
             for tier, route in routes.items()
         }
         self.budget = RetryBudget(policy.budget_ratio, policy.budget_min, policy.budget_window_s)
+        # A backend may quote the key it was sent in an error ("Incorrect API key provided").
+        heads = [h for r in routes.values() for h in (r.upstream_headers, *(r.keys or ()))]
+        self._upstream_secrets = bearer_tokens(heads)
 
     def uses_prefix(self, tiers: Sequence[str]) -> bool:
         """Whether a replica choice on ``tiers`` can follow the request's prefix blocks.
@@ -384,6 +387,7 @@ class Forwarder:
     def _record_failure(self, route: TierRoute, replica: Replica, failure: AttemptFailed) -> None:
         """Count ``failure`` on the replica; a Retry-After on 429/503 becomes a cool-down."""
         failure.replica = replica.name  # named in the caller's error if every attempt fails
+        failure.blank(self._upstream_secrets)  # before callers, logs or /admin/backends see it
         pool = route.pool
         if failure.status is not None:  # an error answer is still an answer: the server lives
             replica.heard_at = time.monotonic()

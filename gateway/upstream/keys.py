@@ -10,7 +10,7 @@ The key each replica takes is remembered per gateway process; keys are never log
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from urllib.parse import urlsplit
 
 import structlog
@@ -39,6 +39,9 @@ class UpstreamKeys:
 
     def __repr__(self) -> str:
         return f"UpstreamKeys({len(self.headers)} keys)"
+
+    def __iter__(self) -> Iterator[Mapping[str, str]]:
+        return iter(self.headers)
 
     @property
     def rotates(self) -> bool:
@@ -89,3 +92,17 @@ def every_key_refused(keys: UpstreamKeys | None, url: str) -> bool:
     """``url`` refused its key (401/403): True when that makes it misconfigured, False when
     it moved on to another key of the tier (:meth:`UpstreamKeys.refused`)."""
     return keys is None or not keys.refused(url)
+
+
+def bearer_tokens(headers: Iterable[Mapping[str, str]]) -> tuple[str, ...]:
+    """The bearer tokens (upstream keys) that ``headers`` send, each once."""
+    tokens = (h.get("Authorization", "").removeprefix("Bearer ") for h in headers)
+    return tuple(dict.fromkeys(t for t in tokens if t))
+
+
+def blank(text: str, secrets: Sequence[str]) -> str:
+    """``text`` with every one of ``secrets`` in it replaced by ``[REDACTED]``."""
+    for secret in secrets:
+        if secret in text:
+            text = text.replace(secret, "[REDACTED]")
+    return text

@@ -180,7 +180,7 @@ def test_a_rule_across_sections_names_every_source_not_just_the_file(
 ) -> None:
     """An error on the whole settings names the variables too, and echoes none of it."""
     monkeypatch.setenv("TIERGATE_ROUTER__PRECISE_TIER", "big")
-    config = _write(tmp_path, {"auth": {"admin_token": "hunter2"}})
+    config = _write(tmp_path, {"auth": {"admin_token": "hunter2-hunter2-hunter2"}})
     problems = _problems(config)
     assert problems[0].startswith(f"settings (env TIERGATE_ROUTER__PRECISE_TIER, file {config}): ")
     assert "hunter2" not in problems[0]

@@ -1,0 +1,69 @@
+"""A backend that quotes the credential it was sent in every error it gives, as a real process.
+
+``python -m tests.adversarial.key_echo_upstream --port N --status 400`` answers ``GET`` with
+200 (a model list on ``/v1/models``) and every ``POST`` with ``--status`` and an OpenAI-shaped
+error whose message is ``Incorrect API key provided: <the bearer token it got>`` (what some
+OpenAI-compatible servers and proxies write back).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+
+_REASONS = {400: b"Bad Request", 401: b"Unauthorized", 500: b"Internal Server Error"}
+
+
+def _answer(status: int, body: bytes) -> bytes:
+    head = b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+    return head % (status, _REASONS.get(status, b"Error"), len(body)) + body
+
+
+async def _handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, status: int) -> None:
+    try:
+        while True:
+            head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+            method, path, _ = head[0].split(" ", 2)
+            headers = {
+                name.strip().lower(): value.strip()
+                for name, _, value in (line.partition(":") for line in head[1:] if line)
+            }
+            length = int(headers.get("content-length", "0"))
+            if length:
+                await reader.readexactly(length)
+            if method != "POST":
+                models = {"object": "list", "data": [{"id": "m", "object": "model"}]}
+                body = json.dumps(models if path.startswith("/v1/models") else {}).encode()
+                writer.write(_answer(200, body))
+            else:
+                sent = headers.get("authorization", "").removeprefix("Bearer ")
+                error = {
+                    "message": f"Incorrect API key provided: {sent}",
+                    "type": "invalid_request_error",
+                    "param": None,
+                    "code": "invalid_api_key",
+                }
+                writer.write(_answer(status, json.dumps({"error": error}).encode()))
+            await writer.drain()
+    except (asyncio.IncompleteReadError, ConnectionError, ValueError):
+        writer.close()
+
+
+async def _serve(port: int, status: int) -> None:
+    server = await asyncio.start_server(lambda r, w: _handle(r, w, status), "127.0.0.1", port)
+    async with server:
+        await server.serve_forever()
+
+
+def main() -> None:
+    """Serve until killed."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--status", type=int, default=400)
+    args = parser.parse_args()
+    asyncio.run(_serve(args.port, args.status))
+
+
+if __name__ == "__main__":
+    main()
