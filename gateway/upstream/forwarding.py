@@ -76,6 +76,8 @@ class Exchange:
     framing: bytes | None = None
     # The request's deadline (time.monotonic(), timeouts.total_s): a stream ends there too.
     deadline: float = math.inf
+    # The upstream keys, blanked in an error event that quotes one (Forwarder's own tuple).
+    secrets: tuple[str, ...] = ()
 
     def finish(self, *, abort: bool = False, failed: bool = False) -> None:
         """Return the lease; ``abort`` closes the connection so the engine stops work.
@@ -348,7 +350,7 @@ class Forwarder:
                 raise
             finally:
                 waited.upstream_s += time.perf_counter() - started
-            exchange = Exchange(opened, replica, pool, batch=batch)
+            exchange = Exchange(opened, replica, pool, batch=batch, secrets=self._upstream_secrets)
             if stream:
                 await self._read_first_event(route, exchange, limit_s, waited)
             else:

@@ -25,6 +25,7 @@ from gateway.pipeline.errors import error_body
 from gateway.pipeline.events import UNREADABLE_JSON, UPSTREAM_FAILURES, Outcome, Usage
 from gateway.upstream.attempt import error_status, usage_from
 from gateway.upstream.forwarding import Exchange
+from gateway.upstream.keys import blank
 from gateway.upstream.sse import ERROR_EVENT, MAX_EVENT, event_error, is_json, standard_event
 
 _log = structlog.get_logger("tiergate.relay")
@@ -232,18 +233,23 @@ class StreamRelay:
 
     def _error(self, event: bytes, error: dict[str, Any]) -> bytes:
         """The backend's own in-band error, in any shape: passed on in OpenAI's (as sent when it
-        starts as OpenAI's does; a flat or spaced one rewritten), and the stream ends there,
-        whatever the backend sends after it (vLLM: [DONE])."""
+        starts as OpenAI's does and quotes no upstream key; otherwise rewritten, the key
+        blanked), and the stream ends there, whatever the backend sends after it (vLLM:
+        [DONE])."""
         on_event = self.on_event
         if on_event is not None:
             on_event(event)
         self.outcome = Outcome.UPSTREAM_ERROR
         self.cut = Cut.UPSTREAM_ERROR
         self.errored = self.ended = True
-        if event.startswith(ERROR_EVENT):
+        secrets = self.exchange.secrets
+        quoted = [key for key in secrets if key.encode() in event] if secrets else None
+        if event.startswith(ERROR_EVENT) and not quoted:
             return event
         message, kind = error.get("message"), error.get("type")
         text = message[:2000] if isinstance(message, str) and message else "The backend failed."
+        if quoted:  # a backend may quote the key it was sent ("Incorrect API key provided")
+            text = blank(text, quoted)
         kind = kind[:100] if isinstance(kind, str) and kind else "server_error"
         return b"data: " + error_body(text, kind, None, error_status(error)) + _SEP
 

@@ -3,7 +3,8 @@
 ``python -m tests.adversarial.key_echo_upstream --port N --status 400`` answers ``GET`` with
 200 (a model list on ``/v1/models``) and every ``POST`` with ``--status`` and an OpenAI-shaped
 error whose message is ``Incorrect API key provided: <the bearer token it got>`` (what some
-OpenAI-compatible servers and proxies write back).
+OpenAI-compatible servers and proxies write back). With ``--status 200`` a ``POST`` is a
+200 stream instead: one token, then that error as an in-band event, then ``[DONE]``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,15 @@ _REASONS = {400: b"Bad Request", 401: b"Unauthorized", 500: b"Internal Server Er
 def _answer(status: int, body: bytes) -> bytes:
     head = b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
     return head % (status, _REASONS.get(status, b"Error"), len(body)) + body
+
+
+def _stream(error: bytes) -> bytes:
+    """A 200 stream (closed at its end): one token, then ``error`` in-band, then ``[DONE]``."""
+    token = b'{"id":"c","object":"chat.completion.chunk","created":1,"model":"m",'
+    token += b'"choices":[{"index":0,"delta":{"content":"x"},"finish_reason":null}]}'
+    body = b"data: " + token + b"\n\ndata: " + error + b"\n\ndata: [DONE]\n\n"
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n"
+    return head % len(body) + body
 
 
 async def _handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, status: int) -> None:
@@ -44,7 +54,10 @@ async def _handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, st
                     "param": None,
                     "code": "invalid_api_key",
                 }
-                writer.write(_answer(status, json.dumps({"error": error}).encode()))
+                if status == 200:
+                    writer.write(_stream(json.dumps({"error": error}).encode()))
+                else:
+                    writer.write(_answer(status, json.dumps({"error": error}).encode()))
             await writer.drain()
     except (asyncio.IncompleteReadError, ConnectionError, ValueError):
         writer.close()

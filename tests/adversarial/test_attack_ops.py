@@ -24,6 +24,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import socket
@@ -311,12 +312,12 @@ def test_client_chosen_values_add_no_metric_series() -> None:
 # O1 -------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module", params=[400, 500])
-def key_echo(request: pytest.FixtureRequest) -> Iterator[GatewayProcess]:
-    """A gateway whose every replica quotes the upstream key back in its errors."""
+@contextlib.contextmanager
+def _key_echo(status: int) -> Iterator[GatewayProcess]:
+    """A gateway in front of a key-echoing backend that answers ``status``."""
     port = free_port()
     command = [sys.executable, "-m", "tests.adversarial.key_echo_upstream", "--port", str(port),
-               "--status", str(request.param)]  # fmt: skip
+               "--status", str(status)]  # fmt: skip
     upstream = subprocess.Popen(command, cwd=REPO_ROOT)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -333,6 +334,13 @@ def key_echo(request: pytest.FixtureRequest) -> Iterator[GatewayProcess]:
         terminate(upstream)
 
 
+@pytest.fixture(scope="module", params=[400, 500])
+def key_echo(request: pytest.FixtureRequest) -> Iterator[GatewayProcess]:
+    """A gateway whose every replica quotes the upstream key back in its errors."""
+    with _key_echo(request.param) as gateway:
+        yield gateway
+
+
 def test_a_backend_quoting_the_upstream_key_never_shows_it(key_echo: GatewayProcess) -> None:
     """The upstream key a backend writes into its error reaches neither the caller's error body
     nor /admin/backends nor the log."""
@@ -345,6 +353,20 @@ def test_a_backend_quoting_the_upstream_key_never_shows_it(key_echo: GatewayProc
     assert "Incorrect API key provided" in backends.text  # the message itself is kept
     assert UPSTREAM_KEY not in backends.text
     assert UPSTREAM_KEY not in key_echo.log_text()
+
+
+def test_an_in_band_error_event_quoting_the_upstream_key_never_shows_it() -> None:
+    """A 200 stream whose error event quotes the upstream key: the caller's stream ends with
+    the backend's error, its message kept and the key blanked."""
+    with _key_echo(200) as gateway:
+        answer = httpx.post(
+            gateway.url + "/v1/chat/completions", json={**CHAT, "stream": True}, timeout=10
+        )
+        assert answer.status_code == 200
+        assert "Incorrect API key provided: [REDACTED]" in answer.text
+        assert UPSTREAM_KEY not in answer.text
+        assert "data: [DONE]" not in answer.text
+        assert UPSTREAM_KEY not in gateway.log_text()
 
 
 # Config: O2, O3, O4 ---------------------------------------------------------------------------
