@@ -24,6 +24,11 @@ _STEERING = frozenset(STEERING_FIELDS)
 
 _NUMBER_PARAMS = frozenset({"temperature", "top_p", "presence_penalty", "frequency_penalty"})
 _CHARS_PER_TOKEN = 4
+# The chat template's own tokens around each message: ChatML (Qwen) writes
+# ``<|im_start|>role\n ... <|im_end|>\n``, Llama 3 ``<|start_header_id|>role<|end_header_id|>\n\n
+# ... <|eot_id|>``: five tokens each. Without them a chat of many short turns (3,000 of "ok")
+# was estimated at a sixth of what the backend counts and escaped the long-prompt rule.
+_TEMPLATE_CHARS = 5 * _CHARS_PER_TOKEN
 # What the prompt estimate counts besides message text (see RequestSummary.prompt_chars):
 # serialized JSON at three characters a token, a non-text content part (an image, audio, a
 # file) as a flat 512 tokens, and text outside ASCII by its UTF-8 size at three bytes a token.
@@ -45,9 +50,9 @@ class RequestSummary(NamedTuple):
     include_usage: bool
     # Weighted characters, four to a token: message or prompt text (ASCII as is; other text
     # by UTF-8 size, so one CJK character is a token), plus what the backend also renders into
-    # the prompt: tool and function definitions, assistant tool calls and their arguments, a
-    # response_format schema (serialized, three characters a token), and 512 tokens for each
-    # non-text content part.
+    # the prompt: the chat template's tokens around each message (five), tool and function
+    # definitions, assistant tool calls and their arguments, a response_format schema
+    # (serialized, three characters a token), and 512 tokens for each non-text content part.
     prompt_chars: int
     has_tools: bool
     response_format: str | None
@@ -128,7 +133,7 @@ def _messages_chars(messages: object) -> int:
             raise InvalidRequest(
                 f"'messages[{i}].role' must be a non-empty string.", param=f"messages[{i}].role"
             )
-        total += _content_chars(message.get("content"), f"messages[{i}].content")
+        total += _TEMPLATE_CHARS + _content_chars(message.get("content"), f"messages[{i}].content")
         if len(message) > 2:  # more than role and content: tool calls, a name, a call id
             total += _message_extra_chars(message)
     return total

@@ -101,13 +101,6 @@ def _route(reply: httpx.Response) -> tuple[str | None, str | None]:
     return reply.headers.get("x-tiergate-tier"), reply.headers.get("x-tiergate-route-reason")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the prompt estimate counts message text only, not the chat template's tokens per "
-    "message: 3,000 two-letter turns are estimated at 1,501 tokens, the backend counts 18,000+, "
-    "and the long-prompt rule never fires (fixing it moves every reservation and budget "
-    "estimate, not a small change)",
-)
 def test_a_long_chat_of_short_turns_meets_the_long_prompt_rule(stack: Stack) -> None:
     """docs/router.md: prompts over ``router.long_prompt_tokens`` (6,000) go precise by rule.
     A chat of 3,000 short turns is a prompt the backend itself counts far above that."""

@@ -90,7 +90,7 @@ def test_unknown_contexts_never_refuse() -> None:
 
 def test_a_missing_max_tokens_fits_the_smallest_known_context() -> None:
     """The cap is the smallest context minus the usual estimate, and at least 1."""
-    _, summary = _chat("x" * 400)  # estimate 101
-    assert max_tokens_that_fit(summary, TIERS, {"fast": 512, "precise": 4096}) == 411
-    assert max_tokens_that_fit(summary, TIERS, {"fast": None, "precise": 4096}) == 3995
+    _, summary = _chat("x" * 400)  # estimate 106: 100 for the text, 5 for the template, +1
+    assert max_tokens_that_fit(summary, TIERS, {"fast": 512, "precise": 4096}) == 406
+    assert max_tokens_that_fit(summary, TIERS, {"fast": None, "precise": 4096}) == 3990
     assert max_tokens_that_fit(summary, TIERS, {"fast": 50}) == 1

@@ -26,7 +26,7 @@ def test_chat_summary() -> None:
     assert summary.stream
     assert summary.max_tokens == 10
     assert summary.include_usage
-    assert summary.prompt_chars == 5
+    assert summary.prompt_chars == 5 + 20  # "hello", and the template's five tokens around it
     assert summary.prompt_token_estimate >= 1
 
 
@@ -37,7 +37,10 @@ def test_multimodal_parts_and_tool_messages_are_accepted() -> None:
         {"role": "assistant", "content": None, "tool_calls": []},
     ]
     # the image part and the (empty) tool_calls: 512 tokens for the image, nothing for []
-    assert validate({"model": "m", "messages": messages}, "chat").prompt_chars == 3 + 512 * 4
+    # two messages: five template tokens each, 3 characters of text, one 512-token image
+    assert (
+        validate({"model": "m", "messages": messages}, "chat").prompt_chars == 2 * 20 + 3 + 512 * 4
+    )
 
 
 @pytest.mark.parametrize("prompt", ["text", ["a", "b"], [1, 2, 3]])
@@ -169,7 +172,7 @@ def test_definitions_and_schemas_count_towards_the_prompt_estimate(extra: dict[s
     """Tools, functions and a response_format schema are prompt tokens: at least their size / 4."""
     size = len(json.dumps(next(iter(extra.values()))))
     assert _estimate(extra) >= size // 4
-    assert _estimate({}) == 2
+    assert _estimate({}) == 7  # "hello" and the template around it
 
 
 def test_tool_call_arguments_count_towards_the_prompt_estimate() -> None:
@@ -195,11 +198,12 @@ def test_tool_call_arguments_count_towards_the_prompt_estimate() -> None:
     [("汉字" * 600, 1200), ("привет " * 100, 300), ("hello world " * 100, 300)],
 )
 def test_text_outside_ascii_is_weighed_by_its_utf8_size(text: str, at_least: int) -> None:
-    """CJK text counts about a token a character; ASCII stays at four characters a token."""
+    """CJK text counts about a token a character; ASCII stays at four characters a token. The
+    same text as a completion prompt counts the same, less the chat template's five tokens."""
     estimate = validate({"model": "m", "messages": [{"role": "user", "content": text}]}, "chat")
     assert at_least <= estimate.prompt_token_estimate <= at_least * 2
     completion = validate({"model": "m", "prompt": text}, "completion")
-    assert completion.prompt_token_estimate == estimate.prompt_token_estimate
+    assert completion.prompt_token_estimate == estimate.prompt_token_estimate - 5
 
 
 def test_a_media_part_with_an_empty_text_key_still_counts_as_media() -> None:
