@@ -35,6 +35,7 @@ from gateway.config.strict import (
     Loc,
     Origins,
     Section,
+    env_json_problem,
     env_paths,
     format_validation_error,
 )
@@ -593,6 +594,6 @@ def load_settings_traced(config: Path | None = None, **overrides: Any) -> tuple[
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc, Settings, origins.of)) from None
     except SettingsError as exc:  # an environment value that is not valid JSON for its field
-        raise ConfigError([f"environment: {exc}"]) from None
+        raise ConfigError([env_json_problem(str(exc), env)]) from None
     finally:
         _FILE_DATA.reset(token)

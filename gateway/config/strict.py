@@ -265,3 +265,22 @@ def env_paths(
                 f"did you mean {ENV_PREFIX}{hint.upper()}?"
             )
     return paths, problems
+
+
+_FIELD_NAMED = re.compile(r'field "([^"]+)"')
+
+
+def env_json_problem(message: str, paths: Mapping[Loc, str]) -> str:
+    """The problem of a ``TIERGATE_*`` value that is not valid JSON for its setting, naming the
+    variable (pydantic-settings names only the field: ``error parsing value for field "tiers"
+    from source "EnvSettingsSource"``); the value itself is never quoted."""
+    found = _FIELD_NAMED.search(message)
+    field = found.group(1) if found else None
+    names = sorted({name for loc, name in paths.items() if loc[:1] == (field,)})
+    if not names:
+        return f"environment: {message}"
+    which = f"variable {names[0]}" if len(names) == 1 else f"variables {', '.join(names)}: one"
+    return (
+        f"environment {which}: not valid JSON for the setting '{field}' (a section takes a "
+        "JSON object, a list a JSON array)"
+    )

@@ -146,6 +146,23 @@ def test_bad_value_names_its_source(monkeypatch: pytest.MonkeyPatch, tmp_path: P
     assert _problems(config)[0].startswith(f"server.port (file {config}): ")
 
 
+@pytest.mark.parametrize(
+    ("name", "field"),
+    [("TIERGATE_TIERS", "tiers"), ("TIERGATE_TIERS__FAST__REPLICAS", "tiers")],
+)
+def test_a_value_that_is_not_json_names_its_variable(
+    monkeypatch: pytest.MonkeyPatch, name: str, field: str
+) -> None:
+    """A section or list variable whose value is not JSON is named (pydantic-settings names
+    only the field), and its value, which may hold a secret, is not quoted."""
+    monkeypatch.setenv(name, "{not json sk-secret")
+    problems = _problems()
+    assert problems == [
+        f"environment variable {name}: not valid JSON for the setting '{field}' (a section "
+        "takes a JSON object, a list a JSON array)"
+    ]
+
+
 def test_environment_tier_values_merge_over_the_embedded_tiers(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
