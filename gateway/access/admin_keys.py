@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import msgspec
+import structlog
 from litestar import Request, Response, delete, get, post
 from litestar.params import FromPath
 
@@ -166,6 +167,22 @@ async def _rotated(store: KeyStore, key_id: str, pepper: bytes | None) -> tuple[
     return result
 
 
+_audit = structlog.get_logger("tiergate.audit")
+
+
+def _log_change(action: str, record: KeyRecord) -> None:
+    """The audit event of a key created, revoked or rotated through the API (its id and tenant;
+    never its secret or digest)."""
+    _audit.info(
+        "keys.changed",
+        audit=True,
+        actor="admin",
+        action=action,
+        key_id=record.key_id,
+        tenant=record.tenant,
+    )
+
+
 def admin_key_handlers(
     store: KeyStore,
     token: str,
@@ -202,6 +219,7 @@ def admin_key_handlers(
             store, spec.tenant, policy, now=now, name=spec.name, pepper=pepper
         )
         changed(record.key_id)
+        _log_change("create", record)
         return _json({**describe(record, now), "key": key}, status=201)
 
     @delete("/admin/keys/{key_id:str}", status_code=200)
@@ -209,6 +227,7 @@ def admin_key_handlers(
         guard.check(authorization(request))
         record = await _revoked(store, key_id)
         changed(record.key_id)
+        _log_change("revoke", record)
         return _json(describe(record, clock()))
 
     @post("/admin/keys/{key_id:str}/rotate", status_code=200)
@@ -216,6 +235,7 @@ def admin_key_handlers(
         guard.check(authorization(request))
         record, key = await _rotated(store, key_id, pepper)
         changed(record.key_id)
+        _log_change("rotate", record)
         return _json({**describe(record, clock()), "key": key})
 
     return [list_keys, create, revoke, rotate]

@@ -12,6 +12,7 @@ from typing import Any, TypedDict, Unpack
 
 import httpx
 import pytest
+import structlog.testing
 from litestar import Litestar
 from litestar.testing import AsyncTestClient
 
@@ -229,6 +230,28 @@ async def test_admin_api_lifecycle(client: AsyncTestClient[Litestar]) -> None:
     assert (await client.get("/v1/models", headers=bearer(new_key))).status_code == 401
     missing = await client.delete("/admin/keys/nosuchkey", headers=admin)
     assert missing.status_code == 404
+
+
+async def test_key_changes_through_the_api_are_audit_events(
+    client: AsyncTestClient[Litestar],
+) -> None:
+    """Create, rotate and revoke each log one ``keys.changed`` audit event with the key's id
+    and tenant, and never its secret (as a dial change logs ``router.dial_changed``)."""
+    admin = bearer(ADMIN)
+    with structlog.testing.capture_logs() as logs:
+        created = await client.post("/admin/keys", json={"tenant": "ops"}, headers=admin)
+        key_id = created.json()["id"]
+        rotated = await client.post(f"/admin/keys/{key_id}/rotate", headers=admin)
+        await client.delete(f"/admin/keys/{key_id}", headers=admin)
+        await client.delete("/admin/keys/nosuchkey", headers=admin)  # a 404 changes nothing
+    events = [e for e in logs if e["event"] == "keys.changed"]
+    assert [(e["action"], e["key_id"], e["tenant"], e["audit"]) for e in events] == [
+        ("create", key_id, "ops", True),
+        ("rotate", key_id, "ops", True),
+        ("revoke", key_id, "ops", True),
+    ]
+    for secret in (created.json()["key"], rotated.json()["key"]):
+        assert secret not in str(logs)
 
 
 async def test_admin_key_routes_answer_as_the_docs_table_says(
