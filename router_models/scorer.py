@@ -42,7 +42,11 @@ from router_models.features import (
     word_hash,
 )
 
-DEFAULT_CACHE_WORDS: Final = 50_000  # about 10 MB; cleared (not LRU) when full
+DEFAULT_CACHE_WORDS: Final = 50_000  # about 10 MB of entries; cleared (not LRU) when full
+# The cache's words together hold at most this many characters (a few MB): a Chinese clause is
+# one word, and a client sending distinct 4,000-character words could otherwise fill the 50,000
+# entries with about a gigabyte.
+DEFAULT_CACHE_CHARS: Final = 1_000_000
 # Up to this many tokens, bigrams are summed in a Python loop: numpy's fixed cost per call
 # (about 4.5 µs here) is more than the loop's (0.16 µs a bigram); they break even near 32.
 _PYTHON_BIGRAMS: Final = 24
@@ -72,7 +76,12 @@ def sigmoid(margin: float) -> float:
 class LeanScorer:
     """Scores request bodies with a folded linear model; safe to share across requests."""
 
-    def __init__(self, model: RouterModel, cache_words: int = DEFAULT_CACHE_WORDS) -> None:
+    def __init__(
+        self,
+        model: RouterModel,
+        cache_words: int = DEFAULT_CACHE_WORDS,
+        cache_chars: int = DEFAULT_CACHE_CHARS,
+    ) -> None:
         dense, bias = model.folded_weights()
         self._hashed: FloatArray = dense[:HASH_SIZE].copy()
         self._hashed_list: list[float] = self._hashed.tolist()
@@ -80,6 +89,8 @@ class LeanScorer:
         self._bias = bias
         self._cache: dict[str, WordEntry] = {}
         self._cache_words = cache_words
+        self._cache_chars = cache_chars
+        self._cached_chars = 0  # the characters of the cached words
 
     def _entry(self, token: str, after_material: bool = False) -> WordEntry:
         w = self._hashed_list
@@ -94,10 +105,18 @@ class LeanScorer:
                 w[after_word] + CHAR_WEIGHT * math.fsum(w[i] for i in after_chars)
             )
         entry = (h, word, w[edge_index(token)], token_class(token), material, after)
-        if len(self._cache) >= self._cache_words:
+        held = self._cached_chars + len(token)
+        if len(self._cache) >= self._cache_words or held > self._cache_chars:
             self._cache.clear()
+            held = len(token)
         self._cache[token] = entry
+        self._cached_chars = held
         return entry
+
+    @property
+    def cache_size(self) -> tuple[int, int]:
+        """The word cache's size: words, and their characters together."""
+        return len(self._cache), self._cached_chars
 
     def _entries(self, tokens: list[str], after_material: bool = False) -> list[WordEntry]:
         """The cache entries of ``tokens`` (one C-level pass when every word is cached)."""

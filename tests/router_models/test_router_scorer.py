@@ -105,3 +105,20 @@ def test_words_met_first_without_material_score_the_same_after_it() -> None:
     clf = sklearn_equivalent(model)
     expected = float(clf.predict_proba(featurize([with_material]))[0, 1])
     assert warm.score(with_material) == pytest.approx(expected, abs=1e-9)
+
+
+def test_the_word_cache_stays_small_whatever_the_words() -> None:
+    """A client sending prompts of distinct very long words (a 3,000-character run of CJK,
+    one word to the tokeniser) cannot grow a worker's word cache past its character budget:
+    the cache counted entries only, so 50,000 such words could hold about a gigabyte. Scores
+    do not depend on what the cache holds."""
+    model = load_model(router_models.DEFAULT_ARTIFACT)
+    small, plain = LeanScorer(model, cache_chars=10_000), LeanScorer(model)
+    assert scorer.DEFAULT_CACHE_CHARS <= 1_000_000
+    for i in range(12):
+        body = {"messages": [{"role": "user", "content": f"hi {chr(0x20000 + i) * 3_000}"}]}
+        assert small.score(body) == plain.score(body)
+        words, chars = small.cache_size
+        assert chars <= 10_000
+        assert words >= 1
+    assert plain.cache_size[1] > 30_000  # the default budget keeps them all
