@@ -135,9 +135,16 @@ def stream_error(event: bytes) -> AttemptFailed:
 
 
 def is_json(event: bytes) -> bool:
-    """Is a ``data:`` event's data JSON (what an OpenAI client decodes)? Checked, not built."""
+    """Is a ``data:`` event's data JSON (what an OpenAI client decodes)? Checked, not built.
+
+    The check skips strings unread, so text outside ASCII is also checked to be UTF-8: an
+    SSE client decodes each line as UTF-8 before any JSON (the openai client fails on a
+    stray byte), and the relay's own reads of an event decode it whole."""
+    data = event_data(event)
     try:
-        _checker.decode(event_data(event))
-    except UNREADABLE_JSON:
+        _checker.decode(data)
+        if not data.isascii():
+            data.decode()
+    except (*UNREADABLE_JSON, UnicodeDecodeError):
         return False
     return True
