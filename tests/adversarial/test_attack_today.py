@@ -42,6 +42,8 @@ import pytest
 
 from gateway.pipeline.events import Outcome
 from gateway.upstream.attempt import UpstreamClient
+from gateway.upstream.keys import blank
+from gateway.upstream.sse import quoted_keys
 from policies.requests import validate
 from tests.adversarial.sse_upstream import DONE, ROLE, USAGE, final, token
 from tests.gateway.raw_upstream import Respond
@@ -295,3 +297,17 @@ def test_engine_fields_meet_the_rules_they_should(extra: dict[str, Any], expecte
     """Held: a schema in an engine's own field is ``json_schema``; a regex, a non-object
     ``structured_outputs`` and null fields are not; plain JSON mode stays ``json_object``."""
     assert _format(extra) == expected
+
+
+def test_every_json_spelling_of_a_key_is_found_and_a_cut_key_is_blanked() -> None:
+    """The fix of T3 and T4 at unit level: a key written with ``\\u`` escapes, or one of two
+    keys only in a nested field, is found; a text cut in the middle of a key loses its start."""
+    key = "sk-abc/def"
+    event = b'data: {"error":{"message":"\\u0073k-abc\\/def"}}'
+    assert quoted_keys(event, (key,)) == [key]
+    nested = b'data: {"error":{"message":"x","param":{"k":["sk-abc\\/def"]}}}'
+    assert quoted_keys(nested, ("other", key)) == [key]
+    assert quoted_keys(b'data: {"error":{"message":"none"}}', (key,)) == []
+    assert blank("Incorrect key: sk-abc/d", (key,)) == "Incorrect key: [REDACTED]"
+    assert blank("sk-abc/def and sk-a", (key,)) == "[REDACTED] and [REDACTED]"
+    assert blank("ends in sk", (key,)) == "ends in sk"  # under four characters: kept
