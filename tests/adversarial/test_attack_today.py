@@ -24,12 +24,19 @@ Findings (each a test that failed on the code it attacked):
 - T5: a JSON schema under ``response_format`` in TGI's (``{"type": "json", "value": ...}``) or
   llama.cpp's (``{"type": "json_object", "schema": ...}``) spelling escapes the
   structured-output rule.
+
+Held (tests below): valid JSON naming ``error`` (a token, ``"error": null`` next to choices),
+a CR at a data line's end, a 400-digit number and nesting of 900 levels pass both relay paths;
+an HTTP error answer decodes before it blanks (escaped key, key in ``type``); a schema in an
+engine field and nothing else meets the rule; the LaTeX scan drops what the regex dropped.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
+import re
 import subprocess
 import sys
 import time
@@ -45,6 +52,7 @@ from gateway.upstream.attempt import UpstreamClient
 from gateway.upstream.keys import blank
 from gateway.upstream.sse import quoted_keys
 from policies.requests import validate
+from router_models.packaging import _drop_latex
 from tests.adversarial.sse_upstream import DONE, ROLE, USAGE, final, token
 from tests.gateway.raw_upstream import Respond
 from tests.gateway.relay_drive import DRIVES, drive, open_relay
@@ -311,3 +319,26 @@ def test_every_json_spelling_of_a_key_is_found_and_a_cut_key_is_blanked() -> Non
     assert blank("Incorrect key: sk-abc/d", (key,)) == "Incorrect key: [REDACTED]"
     assert blank("sk-abc/def and sk-a", (key,)) == "[REDACTED] and [REDACTED]"
     assert blank("ends in sk", (key,)) == "ends in sk"  # under four characters: kept
+
+
+# Held: the LaTeX scan -------------------------------------------------------------------------
+
+# The regex that ``_drop_latex`` replaced (85e32ba's router_models/packaging.py).
+_OLD_LATEX = re.compile(
+    r"\$\$.+?\$\$|\\\[.+?\\\]|\\\(.+?\\\)|\\begin\{([a-z*]+)\}.+?\\end\{\1\}"
+    r"|\$[^$\n]*\\[a-zA-Z]+[^$\n]*\$",
+    re.DOTALL,
+)
+_ATOMS = ("$", "$$", "\\", "[", "]", "(", ")", "\\[", "\\]", "\\(", "\\)", "\\begin{a}",
+          "\\end{a}", "\\begin{a*}", "\\end{a*}", "\\begin{ab}", "\\end{ab}", "\\begin{",
+          "\\end{", "}", "{", "a", "*", " ", "\n", "\\frac", "\\F", "\\\\", "é", "\U0001d465",
+          "\\begin{A}", "\\end{A}")  # fmt: skip
+
+
+def test_the_linear_latex_scan_drops_what_the_old_regex_dropped() -> None:
+    """30,000 random texts of LaTeX openers and closers (nested, overlapping, ``$$`` inside
+    ``\\[``, starred and upper-case environments, unicode): the same output as the regex."""
+    rng = random.Random(85)
+    for _ in range(30_000):
+        text = "".join(rng.choice(_ATOMS) for _ in range(rng.randint(0, 24)))
+        assert _drop_latex(text) == _OLD_LATEX.sub(" ", text), text
