@@ -36,6 +36,10 @@ _BODY_FIELDS_COUNTED = frozenset({"tools", "functions", "response_format"})
 # Where an engine takes a JSON schema for the answer beside ``response_format``: vLLM's
 # ``structured_outputs.json`` and older ``guided_json``, llama.cpp's ``json_schema``.
 _ENGINE_SCHEMA_FIELDS = frozenset({"structured_outputs", "guided_json", "json_schema"})
+# ``response_format`` types that carry a JSON schema in an engine's spelling: TGI's grammar
+# (``{"type": "json", "value": schema}``, ``json_object`` its alias) and llama.cpp's
+# ``{"type": "json_object", "schema": schema}``.
+_SCHEMA_TYPE_ALIASES = frozenset({"json", "json_object"})
 _MESSAGE_FIELDS_NOT_EXTRA = frozenset({"role", "content"})
 _MEDIA_PART_CHARS = 512 * _CHARS_PER_TOKEN
 
@@ -202,8 +206,8 @@ def _include_usage(body: dict[str, Any]) -> bool:
 
 def _response_format(body: dict[str, Any]) -> str | None:
     """The answer's format: ``response_format``'s type, or ``json_schema`` when a JSON schema
-    constrains the answer in an engine's own field instead (the same constraint, and the same
-    rule, whichever field carries it)."""
+    constrains the answer in an engine's own field or spelling instead (the same constraint,
+    and the same rule, whichever field carries it)."""
     if not _ENGINE_SCHEMA_FIELDS.isdisjoint(body) and _engine_schema(body):
         return "json_schema"
     fmt = body.get("response_format")
@@ -213,7 +217,12 @@ def _response_format(body: dict[str, Any]) -> str | None:
         raise InvalidRequest(
             "'response_format' must be an object with a 'type'.", param="response_format"
         )
-    return str(fmt["type"])
+    kind = str(fmt["type"])
+    if kind in _SCHEMA_TYPE_ALIASES and (
+        fmt.get("value") is not None or fmt.get("schema") is not None
+    ):
+        return "json_schema"
+    return kind
 
 
 def _engine_schema(body: dict[str, Any]) -> bool:

@@ -4,7 +4,8 @@ The order is fixed and documented in the README:
 
 1. an explicit tier name or served model name in ``model`` forces that tier (``explicit``);
 2. the ``x-tiergate-tier`` override header, only for keys with the override scope (``override``);
-3. hard rules: a JSON schema (in ``response_format`` or an engine's own field:
+3. hard rules: a JSON schema (in ``response_format``, TGI's and llama.cpp's spellings of it
+   included, or an engine's own field:
    ``structured_outputs.json``, ``guided_json``, ``json_schema``) / tools the model may call /
    very long prompts go to the precise tier (``rule:json_schema``, ``rule:tools``,
    ``rule:long_prompt``); ``json_object`` only

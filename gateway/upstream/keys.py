@@ -100,9 +100,20 @@ def bearer_tokens(headers: Iterable[Mapping[str, str]]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(t for t in tokens if t))
 
 
+# A backend's message is cut at a length limit before it is blanked (the failure is built
+# where the keys are not known): a cut that splits a key leaves its start at the text's end,
+# blanked too from this many characters.
+_CUT_KEY_MIN = 4
+
+
 def blank(text: str, secrets: Sequence[str]) -> str:
-    """``text`` with every one of ``secrets`` in it replaced by ``[REDACTED]``."""
+    """``text`` with every one of ``secrets`` in it replaced by ``[REDACTED]``, and the start of
+    one that ends it (a text cut short in the middle of a key)."""
     for secret in secrets:
         if secret in text:
             text = text.replace(secret, "[REDACTED]")
+        for size in range(min(len(secret), len(text) + 1) - 1, _CUT_KEY_MIN - 1, -1):
+            if text.endswith(secret[:size]):
+                text = text[:-size] + "[REDACTED]"
+                break
     return text

@@ -26,7 +26,14 @@ from gateway.pipeline.events import UNREADABLE_JSON, UPSTREAM_FAILURES, Outcome,
 from gateway.upstream.attempt import error_status, usage_from
 from gateway.upstream.forwarding import Exchange
 from gateway.upstream.keys import blank
-from gateway.upstream.sse import ERROR_EVENT, MAX_EVENT, event_error, is_json, standard_event
+from gateway.upstream.sse import (
+    ERROR_EVENT,
+    MAX_EVENT,
+    event_error,
+    is_json,
+    quoted_keys,
+    standard_event,
+)
 
 _log = structlog.get_logger("tiergate.relay")
 _decoder = msgspec.json.Decoder()
@@ -243,15 +250,16 @@ class StreamRelay:
         self.cut = Cut.UPSTREAM_ERROR
         self.errored = self.ended = True
         secrets = self.exchange.secrets
-        quoted = [key for key in secrets if key.encode() in event] if secrets else None
+        quoted = quoted_keys(event, secrets) if secrets else None
         if event.startswith(ERROR_EVENT) and not quoted:
             return event
         message, kind = error.get("message"), error.get("type")
-        text = message[:2000] if isinstance(message, str) and message else "The backend failed."
-        if quoted:  # a backend may quote the key it was sent ("Incorrect API key provided")
-            text = blank(text, quoted)
-        kind = kind[:100] if isinstance(kind, str) and kind else "server_error"
-        return b"data: " + error_body(text, kind, None, error_status(error)) + _SEP
+        text = message if isinstance(message, str) and message else "The backend failed."
+        kind = kind if isinstance(kind, str) and kind else "server_error"
+        if quoted:  # a backend may quote the key it was sent ("Incorrect API key provided"),
+            # in any field it writes: blanked before the cut, which could split it
+            text, kind = blank(text, quoted), blank(kind, quoted)
+        return b"data: " + error_body(text[:2000], kind[:100], None, error_status(error)) + _SEP
 
     def _malformed(self) -> bytes:
         """An event whose data is not JSON: an SDK fails on it, so the stream ends there as the

@@ -9,6 +9,7 @@ event with these helpers and the relay every later one, so both read them the sa
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Any, Final
 
 import msgspec
@@ -135,9 +136,43 @@ def stream_error(event: bytes) -> AttemptFailed:
 
 
 def is_json(event: bytes) -> bool:
-    """Is a ``data:`` event's data JSON (what an OpenAI client decodes)? Checked, not built."""
+    """Is a ``data:`` event's data JSON (what an OpenAI client decodes)? Checked, not built.
+
+    The check skips strings unread, so text outside ASCII is also checked to be UTF-8: an
+    SSE client decodes each line as UTF-8 before any JSON (the openai client fails on a
+    stray byte), and the relay's own reads of an event decode it whole."""
+    data = event_data(event)
     try:
-        _checker.decode(event_data(event))
-    except UNREADABLE_JSON:
+        _checker.decode(data)
+        if not data.isascii():
+            data.decode()
+    except (*UNREADABLE_JSON, UnicodeDecodeError):
         return False
     return True
+
+
+def quoted_keys(event: bytes, secrets: Sequence[str]) -> list[str]:
+    """The upstream keys in ``secrets`` that a ``data:`` event quotes: as sent, or written with
+    JSON escapes (``\\/`` for ``/``, as PHP's json_encode writes it), which the caller's JSON
+    decoder reads as the key. Only an event with an escape in it is decoded."""
+    found = [key for key in secrets if key.encode() in event]
+    if len(found) == len(secrets) or b"\\" not in event:
+        return found
+    try:
+        data = _decoder.decode(event_data(event))
+    except UNREADABLE_JSON:
+        return found
+    strings: list[str] = []
+    pending: list[Any] = [data]
+    while pending:  # every string of the data, keys included (no recursion: deep nesting)
+        value = pending.pop()
+        if isinstance(value, str):
+            strings.append(value)
+        elif isinstance(value, dict):
+            strings.extend(value)
+            pending.extend(value.values())
+        elif isinstance(value, list):
+            pending.extend(value)
+    return found + [
+        key for key in secrets if key not in found and any(key in text for text in strings)
+    ]

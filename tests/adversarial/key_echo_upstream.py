@@ -5,6 +5,11 @@
 error whose message is ``Incorrect API key provided: <the bearer token it got>`` (what some
 OpenAI-compatible servers and proxies write back). With ``--status 200`` a ``POST`` is a
 200 stream instead: one token, then that error as an in-band event, then ``[DONE]``.
+
+``--shape`` says where and how the token is quoted: ``message`` (as above), ``type`` (in the
+error's ``type`` field too), ``escaped`` (every ``/`` written ``\\/``, as PHP's json_encode
+does: JSON for the same text) or ``long`` (the message is the request's last message, then
+the token: a caller sets where the token falls).
 """
 
 from __future__ import annotations
@@ -30,7 +35,24 @@ def _stream(error: bytes) -> bytes:
     return head % len(body) + body
 
 
-async def _handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, status: int) -> None:
+def _error(sent: str, body: bytes, shape: str) -> bytes:
+    """The error object quoting ``sent`` in ``shape`` (see the module's docstring)."""
+    message = f"Incorrect API key provided: {sent}"
+    if shape == "long":
+        message = f"{json.loads(body)['messages'][-1]['content']} {sent}"
+    error = {
+        "message": message,
+        "type": f"invalid_api_key: {sent}" if shape == "type" else "invalid_request_error",
+        "param": None,
+        "code": "invalid_api_key",
+    }
+    text = json.dumps({"error": error})
+    return (text.replace("/", "\\/") if shape == "escaped" else text).encode()
+
+
+async def _handle(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, status: int, shape: str
+) -> None:
     try:
         while True:
             head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
@@ -40,31 +62,24 @@ async def _handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, st
                 for name, _, value in (line.partition(":") for line in head[1:] if line)
             }
             length = int(headers.get("content-length", "0"))
-            if length:
-                await reader.readexactly(length)
+            body = await reader.readexactly(length) if length else b""
             if method != "POST":
                 models = {"object": "list", "data": [{"id": "m", "object": "model"}]}
                 body = json.dumps(models if path.startswith("/v1/models") else {}).encode()
                 writer.write(_answer(200, body))
             else:
                 sent = headers.get("authorization", "").removeprefix("Bearer ")
-                error = {
-                    "message": f"Incorrect API key provided: {sent}",
-                    "type": "invalid_request_error",
-                    "param": None,
-                    "code": "invalid_api_key",
-                }
-                if status == 200:
-                    writer.write(_stream(json.dumps({"error": error}).encode()))
-                else:
-                    writer.write(_answer(status, json.dumps({"error": error}).encode()))
+                error = _error(sent, body, shape)
+                writer.write(_stream(error) if status == 200 else _answer(status, error))
             await writer.drain()
     except (asyncio.IncompleteReadError, ConnectionError, ValueError):
         writer.close()
 
 
-async def _serve(port: int, status: int) -> None:
-    server = await asyncio.start_server(lambda r, w: _handle(r, w, status), "127.0.0.1", port)
+async def _serve(port: int, status: int, shape: str) -> None:
+    server = await asyncio.start_server(
+        lambda r, w: _handle(r, w, status, shape), "127.0.0.1", port
+    )
     async with server:
         await server.serve_forever()
 
@@ -74,8 +89,11 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--status", type=int, default=400)
+    parser.add_argument(
+        "--shape", choices=["message", "type", "escaped", "long"], default="message"
+    )
     args = parser.parse_args()
-    asyncio.run(_serve(args.port, args.status))
+    asyncio.run(_serve(args.port, args.status, args.shape))
 
 
 if __name__ == "__main__":

@@ -200,6 +200,19 @@ async def the_word_error(writer: Writer) -> None:
     await _events(writer, ROLE, token("error"), final(), USAGE, DONE)
 
 
+async def bad_utf8_token(writer: Writer) -> None:
+    """A whole answer but for one token whose text holds a byte that is not UTF-8 (0xff)."""
+    await _events(writer, ROLE, token("a"), token("b?").replace(b"b?", b"b\xff"), final(),
+                  USAGE, DONE)  # fmt: skip
+
+
+async def bad_utf8_error_after_finish(writer: Writer) -> None:
+    """A final chunk, then an in-band error event holding a byte that is not UTF-8, then the
+    end (no [DONE])."""
+    error = b'data: {"error":{"message":"boom \xff","code":500}}\n\n'
+    await _events(writer, ROLE, token(), final(), error)
+
+
 async def pings_forever(writer: Writer) -> None:
     """One token, then only keep-alive comments (every 0.1 s) for an hour."""
     await _events(writer, ROLE, token(), end=False)
@@ -262,6 +275,8 @@ SCENARIOS: dict[str, Scenario] = {
         spaced_error_midstream,
         flat_error_first,
         the_word_error,
+        bad_utf8_token,
+        bad_utf8_error_after_finish,
         pings_forever,
         ok_with_error,
         ok_with_flat_400,
