@@ -8,6 +8,7 @@ event with these helpers and the relay every later one, so both read them the sa
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
 from typing import Any, Final
@@ -147,6 +148,19 @@ def is_json(event: bytes) -> bool:
         if not data.isascii():
             data.decode()
     except (*UNREADABLE_JSON, UnicodeDecodeError):
+        return _python_json(data)
+    return True
+
+
+def _python_json(data: bytes) -> bool:
+    """Data the strict check refused that Python's ``json`` (the openai client's reader) still
+    reads: ``NaN`` and ``Infinity``, which servers on Python's ``json.dumps`` write (a logprob
+    of ``-Infinity`` from llama-cpp-python). Only the refused path comes here."""
+    if b"NaN" not in data and b"Infinity" not in data:
+        return False
+    try:
+        json.loads(data)
+    except (ValueError, RecursionError):
         return False
     return True
 

@@ -179,6 +179,26 @@ async def test_data_over_several_lines_with_other_fields_is_read_as_one_json_val
     assert split in sent
 
 
+async def test_nan_and_infinity_as_python_writes_them_pass_the_json_check(
+    upstream: UpstreamClient,
+) -> None:
+    """A server on Python's ``json.dumps`` (llama-cpp-python) writes a logprob of minus
+    infinity as ``-Infinity``: Python's json, the openai client's reader, reads it, so the
+    stream completes; such a value in data that is still not JSON ends the stream."""
+    logprob = (
+        b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"x"},"logprobs":'
+        b'{"content":[{"token":"x","logprob":-Infinity,"bytes":null,"extra":NaN}]},'
+        b'"finish_reason":null}]}\n\n'
+    )
+    sent, outcome, _ = await _relayed(upstream, _sse(FIRST, logprob, FINAL, DONE))
+    assert outcome == Outcome.COMPLETE
+    assert logprob in sent
+    broken = b'data: {"id":"c","x":NaN,\n\n'
+    sent, outcome, _ = await _relayed(upstream, _sse(FIRST, TOKEN, broken, FINAL, DONE))
+    assert outcome == Outcome.UPSTREAM_ERROR
+    assert b'"x":NaN' not in sent
+
+
 async def test_data_lines_that_do_not_join_into_json_end_the_stream(
     upstream: UpstreamClient,
 ) -> None:
