@@ -37,6 +37,7 @@ from gateway.upstream.sse import (
 
 _log = structlog.get_logger("tiergate.relay")
 _decoder = msgspec.json.Decoder()
+_checker = msgspec.json.Decoder(msgspec.Raw)  # an event's data is JSON: checked, not built
 _encoder = msgspec.json.Encoder()
 _DONE = b"data: [DONE]"
 _DATA = b"data: "
@@ -201,8 +202,24 @@ class StreamRelay:
         """Inspect one complete event; return what to send: ``event`` itself (the very object)
         when it goes out as it came, other bytes (separator included) in its place, or
         ``None`` to drop it."""
-        if event.startswith(_DATA_OBJECT):  # the usual: a chunk
-            return self._data(event, chunk=True)
+        if event.startswith(_DATA_OBJECT):  # the usual: a chunk, checked inline (hot path)
+            try:
+                _checker.decode(event[6:])  # JSON? (checked, not built; strings skipped)
+                if not event.isascii():
+                    event.decode()  # an SSE client decodes each line as UTF-8 first
+            except (*UNREADABLE_JSON, UnicodeDecodeError):
+                if not is_json(event):  # data over several lines, NaN: the whole check
+                    return self._malformed()
+            error = event_error(event) if event.startswith(ERROR_EVENT) else None
+            if error is None and not self._chunk(event) and _ERROR_KEY in event:
+                error = event_error(event)  # no finish_reason, so no choice's: another shape?
+            if error is not None:
+                return self._error(event, error)
+            return self._passed(event)
+        return self._other_event(event)
+
+    def _other_event(self, event: bytes) -> bytes | None:
+        """:meth:`_event` for anything but a ``data: {`` event."""
         if event.startswith(_DONE):
             return self._done(event)
         if not event.startswith(_DATA):  # only other SSE dialects come here
@@ -216,17 +233,15 @@ class StreamRelay:
             # ``data:`` with no value: an SSE client still hands it on, and an SDK fails to
             # read JSON from it; it reaches the caller blank, like a field-only event.
             return _SEP
-        return self._data(event, chunk=False)
+        return self._data(event)
 
-    def _data(self, event: bytes, *, chunk: bool) -> bytes | None:
-        """An event with data: a chunk (``chunk``: counted, its end noted), the backend's
-        in-band error, or data that is not JSON."""
+    def _data(self, event: bytes) -> bytes | None:
+        """An event with data not in the usual spelling: passed on, the backend's in-band
+        error, or data that is not JSON."""
         if not is_json(event):
             return self._malformed()
         if _ERROR_KEY in event and (error := event_error(event)) is not None:
             return self._error(event, error)
-        if chunk:
-            self._chunk(event)
         return self._passed(event)
 
     def _passed(self, event: bytes) -> bytes | None:
@@ -281,9 +296,11 @@ class StreamRelay:
             return self._estimated_usage() + event + _SEP
         return event
 
-    def _chunk(self, event: bytes) -> None:
-        """A ``data: {...}`` event: count its token, note a final chunk, capture its text."""
+    def _chunk(self, event: bytes) -> bool:
+        """A ``data: {...}`` event: count its token, note a final chunk, capture its text;
+        whether it names a ``finish_reason`` (a choice's chunk, not the backend's error)."""
         self.last_data = event
+        choice = True
         if _NO_FINISH_COMPACT in event or _NO_FINISH.search(event):
             if b'"role"' not in event:
                 self.token_events += 1
@@ -291,10 +308,13 @@ class StreamRelay:
             self.finishes += 1
             if _TEXT.search(event):  # a final chunk that carries the last token
                 self.token_events += 1
+        else:
+            choice = False
         if self.started is not None:
             self._track_choices(event)
         if self.captured is not None:
             self._capture(event)
+        return choice
 
     def _track_choices(self, event: bytes) -> None:
         """Note each choice of the chunk by its index, and whether it is its final chunk."""
