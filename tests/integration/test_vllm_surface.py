@@ -148,14 +148,14 @@ def test_a_missing_max_tokens_is_capped_to_what_fits(
     gateway: GatewayProcess, sims: tuple[SimulatorProcess, SimulatorProcess]
 ) -> None:
     """No max_tokens on the 512-token tier: the forwarded body asks 512 minus the estimate."""
-    prompt = "x" * 400  # estimate: 400 // 4 + 1 = 101 tokens
+    prompt = "x" * 400  # estimate: (400 + 5 template tokens * 4) // 4 + 1 = 106 tokens
     answer = _client(gateway).chat.completions.create(
         model="fast",
         messages=[{"role": "user", "content": prompt}],
         extra_headers={"x-tiergate-tier": "fast"},
     )
     assert answer.choices[0].finish_reason in ("stop", "length")
-    assert sims[0].stats()["last_request"]["max_tokens"] == FAST_CONTEXT - 101
+    assert sims[0].stats()["last_request"]["max_tokens"] == FAST_CONTEXT - 106
 
 
 def test_a_sleeping_engine_is_unready_although_its_health_says_200(
