@@ -59,6 +59,7 @@ from tests.gateway.relay_drive import DRIVES, drive, open_relay
 from tests.integration.gateway_proc import REPO_ROOT, GatewayProcess
 from tests.processes import free_port, http_answers, terminate, wait_ready
 
+pytestmark = pytest.mark.slow  # an attack suite: make test-all and CI
 TIMEOUTS = {"connect_s": 1.0, "first_byte_s": 1.0, "idle_s": 1.0, "total_s": 3.0}
 # An upstream key with a "/" (base64 keys have them): PHP's json_encode writes it "\/".
 UPSTREAM_KEY = "sk-today/upstream+key=0123456789abcdefXYZ"
