@@ -9,10 +9,12 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 
 # The most a wait is stretched: a machine this loaded fails for other reasons anyway.
 MAX_STRETCH = 8.0
@@ -103,3 +105,18 @@ def terminate(proc: Process | None, timeout: float = 10.0) -> None:
             proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             kill(proc)
+
+
+def run_tiergate(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m gateway ARGS`` from the repository with no ``TIERGATE_*`` variable of
+    this environment, only those of ``env``."""
+    clean = {k: v for k, v in os.environ.items() if not k.upper().startswith("TIERGATE_")}
+    return subprocess.run(
+        [sys.executable, "-m", "gateway", *args],
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**clean, **(env or {})},
+        check=False,
+    )

@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -42,7 +41,7 @@ import yaml
 from tests.adversarial.keys_stack import bearer, redis_key
 from tests.adversarial.rawhttp import connect, read_response
 from tests.integration.gateway_proc import REPO_ROOT, GatewayProcess
-from tests.processes import free_port, http_answers, terminate, wait_ready
+from tests.processes import free_port, http_answers, run_tiergate, terminate, wait_ready
 from tests.stack import Backends, Stack, running_stack
 
 pytestmark = pytest.mark.slow
@@ -372,18 +371,7 @@ def test_an_in_band_error_event_quoting_the_upstream_key_never_shows_it() -> Non
 # Config: O2, O3, O4 ---------------------------------------------------------------------------
 
 
-def _tiergate(*args: str) -> subprocess.CompletedProcess[str]:
-    """``python -m gateway ARGS`` without any TIERGATE_* variable of this environment."""
-    clean = {k: v for k, v in os.environ.items() if not k.upper().startswith("TIERGATE_")}
-    return subprocess.run(
-        [sys.executable, "-m", "gateway", *args],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=clean,
-        check=False,
-    )
+_tiergate = run_tiergate
 
 
 def _config(tmp_path: Path, data: dict[str, Any]) -> str:

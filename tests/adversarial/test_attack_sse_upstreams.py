@@ -68,17 +68,6 @@ def _post(gw: GatewayProcess, scenario: str, *, stream: bool) -> tuple[httpx.Res
     return answer, request_id
 
 
-def _access(gw: GatewayProcess, request_id: str) -> dict[str, Any]:
-    """The access line of the request sent with ``request_id`` (waited for)."""
-    deadline = time.monotonic() + 5
-    while True:
-        for entry in gw.access_lines():
-            if entry.get("request_id") == request_id:
-                return entry
-        assert time.monotonic() < deadline, gw.log_text()[-3000:]
-        time.sleep(0.05)
-
-
 def _client(gw: GatewayProcess, request_id: str) -> openai.OpenAI:
     return openai.OpenAI(
         base_url=gw.url + "/v1",
@@ -126,7 +115,7 @@ def test_an_unusually_framed_whole_answer_arrives_whole(
     complete, the backend's usage kept."""
     got, finish, completion, request_id = _streamed(gateway, scenario)
     assert (got, finish, completion) == (text, "stop", 3)
-    access = _access(gateway, request_id)
+    access = gateway.access_of(request_id)
     assert (access["status"], access["outcome"], access["stream_cut"]) == (200, "complete", None)
 
 
@@ -143,7 +132,7 @@ def test_a_stream_that_ends_badly_is_an_error_for_the_client(
     assert b"data: [DONE]" not in answer.content
     with pytest.raises(openai.APIError):
         _streamed(gateway, scenario)
-    access = _access(gateway, request_id)
+    access = gateway.access_of(request_id)
     assert (access["outcome"] != "complete", access["stream_cut"]) == (True, cut)
 
 
@@ -154,7 +143,7 @@ def test_a_keep_alive_comment_before_a_first_error_event_is_the_backends_error(
     used to get a 200 stream whose only event was the error, never retried elsewhere)."""
     answer, request_id = _post(gateway, "comment_then_error", stream=True)
     assert answer.status_code == 503, answer.content
-    assert _access(gateway, request_id)["status"] == 503
+    assert gateway.access_of(request_id)["status"] == 503
 
 
 def test_a_keep_alive_comment_then_silence_is_a_first_byte_timeout(
@@ -165,7 +154,7 @@ def test_a_keep_alive_comment_then_silence_is_a_first_byte_timeout(
     answer, request_id = _post(gateway, "ping_then_stall", stream=True)
     assert answer.status_code == 504, answer.content
     assert answer.json()["error"]["code"] == "upstream_timeout"
-    assert _access(gateway, request_id)["status"] == 504
+    assert gateway.access_of(request_id)["status"] == 504
 
 
 @pytest.mark.parametrize(
@@ -181,7 +170,7 @@ def test_a_200_whose_body_is_an_error_object_is_an_error(
     answer, request_id = _post(gateway, scenario, stream=False)
     assert answer.status_code == status, answer.content
     assert message in answer.json()["error"]["message"]
-    access = _access(gateway, request_id)
+    access = gateway.access_of(request_id)
     assert (access["status"], access["outcome"] != "complete") == (status, True)
 
 
@@ -211,7 +200,7 @@ def test_an_event_that_is_not_json_ends_the_stream_as_an_error(
     assert b"try later" not in answer.content
     assert b"data: [DONE]" not in answer.content
     assert b"not JSON" in answer.content  # the error event's message
-    access = _access(gateway, request_id)
+    access = gateway.access_of(request_id)
     assert (access["outcome"], access["stream_cut"]) == ("upstream_error", "malformed_event")
     with pytest.raises(openai.APIError, match="not JSON"):
         _streamed(gateway, scenario)
@@ -229,7 +218,7 @@ def test_an_error_event_in_another_shape_is_the_backends_error(
     choices), and the cause is the backend's error, not ``no_finish_reason``."""
     answer, request_id = _post(gateway, scenario, stream=True)
     assert b"data: [DONE]" not in answer.content
-    access = _access(gateway, request_id)
+    access = gateway.access_of(request_id)
     assert (access["outcome"], access["stream_cut"]) == ("upstream_error", "upstream_error")
     with pytest.raises(openai.APIError, match=message):
         _streamed(gateway, scenario)
@@ -241,14 +230,14 @@ def test_a_first_event_in_the_flat_error_shape_is_an_http_error(gateway: Gateway
     answer, request_id = _post(gateway, "flat_error_first", stream=True)
     assert answer.status_code == 400, answer.content
     assert "prompt too long" in answer.json()["error"]["message"]
-    assert _access(gateway, request_id)["status"] == 400
+    assert gateway.access_of(request_id)["status"] == 400
 
 
 def test_a_chunk_whose_token_is_the_word_error_is_a_chunk(gateway: GatewayProcess) -> None:
     """A token spelled ``"error"`` is text, not an error event."""
     got, finish, completion, request_id = _streamed(gateway, "the_word_error")
     assert (got, finish, completion) == ("error", "stop", 3)
-    assert _access(gateway, request_id)["outcome"] == "complete"
+    assert gateway.access_of(request_id)["outcome"] == "complete"
 
 
 def test_keep_alive_comments_alone_do_not_keep_a_stalled_stream_open(
@@ -258,5 +247,5 @@ def test_keep_alive_comments_alone_do_not_keep_a_stalled_stream_open(
     started = time.monotonic()
     answer, request_id = _post(gateway, "pings_forever", stream=True)
     assert b"data: [DONE]" not in answer.content
-    assert _access(gateway, request_id)["stream_cut"] == "stall"
+    assert gateway.access_of(request_id)["stream_cut"] == "stall"
     assert time.monotonic() - started < TIMEOUTS["total_s"]

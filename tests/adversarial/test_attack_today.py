@@ -89,17 +89,6 @@ def _config(url: str, **tier: Any) -> dict[str, Any]:
     }
 
 
-def _access(gw: GatewayProcess, request_id: str) -> dict[str, Any]:
-    """The access line of the request sent with ``request_id`` (waited for)."""
-    deadline = time.monotonic() + 5
-    while True:
-        for entry in gw.access_lines():
-            if entry.get("request_id") == request_id:
-                return entry
-        assert time.monotonic() < deadline, gw.log_text()[-3000:]
-        time.sleep(0.05)
-
-
 # T1 -------------------------------------------------------------------------------------------
 
 
@@ -143,7 +132,7 @@ def test_an_event_that_is_not_utf8_ends_the_stream_as_an_error(
     )
     assert b"\xff" not in answer.content
     assert b"data: [DONE]" not in answer.content
-    access = _access(scripted, request_id)
+    access = scripted.access_of(request_id)
     assert access["outcome"] != "complete", access
     with pytest.raises(openai.APIError):
         _openai_stream(scripted, scenario, f"{request_id}-sdk")

@@ -3,32 +3,21 @@
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+
+from tests.processes import run_tiergate
 
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def tiergate(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m gateway ARGS`` with no TIERGATE_* variable but ``env``."""
-    clean = {k: v for k, v in os.environ.items() if not k.upper().startswith("TIERGATE_")}
-    return subprocess.run(
-        [sys.executable, "-m", "gateway", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**clean, **(env or {})},
-        check=False,
-    )
+tiergate = run_tiergate
 
 
 def _one_line_failure(result: subprocess.CompletedProcess[str], *needles: str) -> None:

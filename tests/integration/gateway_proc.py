@@ -126,6 +126,16 @@ class GatewayProcess:
         lines = (json.loads(line) for line in self.log_text().splitlines() if line[:1] == "{")
         return [line for line in lines if line.get("event") == "request.finished"]
 
+    def access_of(self, request_id: str, timeout: float = 5.0) -> dict[str, Any]:
+        """The access line of the request sent with ``request_id`` (waited for)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for entry in self.access_lines():
+                if entry.get("request_id") == request_id:
+                    return entry
+            assert time.monotonic() < deadline, self.log_text()[-3000:]
+            time.sleep(0.05)
+
     def wait_until_ready(self, timeout: float = 30.0) -> None:
         """Wait until ``/readyz`` answers 200 (every tier has a healthy replica)."""
         deadline = time.monotonic() + timeout
