@@ -20,6 +20,8 @@ from tests.integration.gateway_proc import GatewayProcess
 from tests.processes import patience
 from tests.stack import running_stack
 
+pytestmark = pytest.mark.slow  # a process fleet: make test-all and CI
+
 FLAVOURS = ("vllm", "sglang", "llamacpp", "llamacpp-python", "ollama", "tgi")
 INSTANT = ("--latency-scale", "0", "--health-delay", "0")
 MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello there"}]

@@ -23,6 +23,8 @@ import pytest
 from tests.integration.gateway_proc import GatewayProcess
 from tests.simulator.procs import SimulatorProcess
 
+pytestmark = pytest.mark.slow  # a process fleet: make test-all and CI
+
 ADMIN = "admin-token-for-stream-cut-tests"
 TOKENS = 24
 PROMPT = "Write a Python function that reverses a list."

@@ -275,6 +275,7 @@ def test_an_increment_redis_refuses_costs_no_other_total_and_is_logged(
     asyncio.run(run())
 
 
+@pytest.mark.slow  # 10 s: make test-all and CI
 def test_a_large_backlog_does_not_block_redis(redis_server: RedisServer) -> None:
     """Hours of totals kept through an outage go out in pieces: no script holds Redis (and
     with it every gateway's rate limiter) past the request path's Redis timeout of 0.25 s."""
