@@ -38,6 +38,12 @@ def pytest_configure(config: pytest.Config) -> None:
     logging.getLogger().addHandler(logging.NullHandler())
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests marked ``slow`` first (the order otherwise kept): with several workers, a long
+    test started last would leave the others idle at the end of the run."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """Before fixtures: a test that reads a missing ``../shared`` file skips (fails in CI)."""

@@ -42,6 +42,7 @@ _encoder = msgspec.json.Encoder()
 _DONE = b"data: [DONE]"
 _DATA = b"data: "
 _DATA_OBJECT = b"data: {"
+_BLANKS: Final = (b" ", b"\t")  # after ``data: ``: more blank before the data
 _ERROR_KEY = b'"error"'  # in an error event of any shape (and in a chunk now and then)
 _SEP = b"\n\n"
 DATA_LINE = b"data:"  # in what a read lets through: an event with data came
@@ -222,7 +223,7 @@ class StreamRelay:
         """:meth:`_event` for anything but a ``data: {`` event."""
         if event.startswith(_DONE):
             return self._done(event)
-        if not event.startswith(_DATA):  # only other SSE dialects come here
+        if not event.startswith(_DATA) or event[6:7] in _BLANKS:  # other dialects, ``data:  {``
             standard = standard_event(event)
             if standard is not event:
                 sent = self._event(standard)

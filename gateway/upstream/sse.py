@@ -64,11 +64,11 @@ def standard_event(event: bytes) -> bytes:
 
     Servers may write ``data:`` without the space, name the event (``event: message``,
     ``event: error``), or add ``id:``/``retry:`` lines: a single ``data`` line becomes
-    ``data: <value>``, the other fields dropped. llama.cpp writes its errors in an ``error:``
-    field: it becomes ``data: {"error": <value>}``, the relay's error event. An event with
-    several ``data`` lines, or only comments, is returned as is (the same object); one with
-    fields but no data (``retry: 3000``, ``event: ping``) becomes empty (a client's SSE
-    parser would try to read JSON from it).
+    ``data: <value>`` (blank before the value dropped), the other fields dropped. llama.cpp
+    writes its errors in an ``error:`` field: it becomes ``data: {"error": <value>}``, the
+    relay's error event. An event with several ``data`` lines, or only comments, is returned
+    as is (the same object); one with fields but no data (``retry: 3000``, ``event: ping``)
+    becomes empty (a client's SSE parser would try to read JSON from it).
     """
     found: bytes | None = None
     error: bytes | None = None
@@ -82,8 +82,8 @@ def standard_event(event: bytes) -> bytes:
             error = line[7:] if line[6:7] == b" " else line[6:]
         if not line.startswith(b":"):
             comments = False
-    if found is not None:
-        return b"data: " + found
+    if found is not None:  # blank before JSON is no part of it: ``data:  {`` reads as usual
+        return b"data: " + found.lstrip(b" \t")
     if error is not None:
         return b'data: {"error": ' + error + b"}"
     return event if comments else b""
@@ -112,7 +112,7 @@ def event_error(event: bytes) -> dict[str, Any] | None:
     try:
         data = _decoder.decode(event_data(event))
     except UNREADABLE_JSON:
-        return None
+        data = _python_decoded(event_data(event))  # 1e400, NaN: read as an SDK reads them
     if not isinstance(data, dict) or "choices" in data:
         return None
     error = data.get("error")
@@ -163,6 +163,16 @@ def _python_json(data: bytes) -> bool:
     except (ValueError, RecursionError):
         return False
     return True
+
+
+def _python_decoded(data: bytes) -> Any:
+    """``data`` as Python's ``json`` (the openai client's reader) builds it, for what the strict
+    decoder refuses: a number past a double's range (``1e400`` is infinity there), ``NaN``;
+    ``None`` where that fails too. Only the refused path comes here."""
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError):
+        return None
 
 
 def quoted_keys(event: bytes, secrets: Sequence[str]) -> list[str]:

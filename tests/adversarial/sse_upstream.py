@@ -189,6 +189,20 @@ async def spaced_error_midstream(writer: Writer) -> None:
     await _events(writer, ROLE, token(), error + b"\n\n", DONE)
 
 
+async def spaced_data(writer: Writer) -> None:
+    """Every chunk written ``data:  {`` (two spaces): the data has a leading space, which JSON
+    allows, so an SSE client reads the same chunks."""
+    events = (ROLE, token("a"), token("b"), final(), USAGE)
+    await _events(writer, *(b"data:  " + event[6:] for event in events), DONE)
+
+
+async def huge_number_error_midstream(writer: Writer) -> None:
+    """A token, then an error event carrying a number too large for a double (``1e400``, which
+    Python's json reads as infinity), then ``[DONE]``."""
+    error = b'data: {"error":{"message":"engine overflow","code":500,"at":1e400}}'
+    await _events(writer, ROLE, token(), error + b"\n\n", DONE)
+
+
 async def flat_error_first(writer: Writer) -> None:
     """The flat error shape as the stream's first event (code 400), then ``[DONE]``."""
     error = b'data: {"object":"error","message":"prompt too long","type":"BadRequestError",'
@@ -273,6 +287,8 @@ SCENARIOS: dict[str, Scenario] = {
         bare_text,
         flat_error_midstream,
         spaced_error_midstream,
+        spaced_data,
+        huge_number_error_midstream,
         flat_error_first,
         the_word_error,
         bad_utf8_token,

@@ -106,6 +106,7 @@ def _streamed(gw: GatewayProcess, scenario: str) -> tuple[str, str | None, int |
         ("fields", "x"),  # retry:/id:/event: fields, comments, empty data: lines
         ("huge", "z" * 1_000_000),  # one event just under the 1 MiB limit
         ("until_close", "abc"),  # no length, not chunked: the body ends at the close
+        ("spaced_data", "ab"),  # ``data:  {``: two spaces, the same JSON
     ],
 )
 def test_an_unusually_framed_whole_answer_arrives_whole(
@@ -208,7 +209,11 @@ def test_an_event_that_is_not_json_ends_the_stream_as_an_error(
 
 @pytest.mark.parametrize(
     ("scenario", "message"),
-    [("flat_error_midstream", "KV cache full"), ("spaced_error_midstream", "engine died")],
+    [
+        ("flat_error_midstream", "KV cache full"),
+        ("spaced_error_midstream", "engine died"),
+        ("huge_number_error_midstream", "engine overflow"),  # 1e400: the strict decoder refuses
+    ],
 )
 def test_an_error_event_in_another_shape_is_the_backends_error(
     gateway: GatewayProcess, scenario: str, message: str
