@@ -76,6 +76,17 @@ def test_runtime_runs_as_a_non_root_user() -> None:
     assert int(uid) != 0
 
 
+def test_runtime_is_the_documented_base_uid_and_precompiled_bytecode() -> None:
+    """docs/deployment.md: a python:3.11-slim runtime as uid 10001 (the uid compose and the
+    secret files' permissions rely on), bytecode compiled at build time."""
+    (base,) = re.findall(r"^ARG PYTHON_IMAGE=(\S+)$", DOCKERFILE, re.MULTILINE)
+    assert base.startswith("python:3.11-slim")
+    assert _stages()[-1][0] == "FROM ${PYTHON_IMAGE} AS runtime"
+    users = [i.split()[1] for i in _stages()[-1] if i.upper().startswith("USER ")]
+    assert users[-1] == "10001:10001"
+    assert any("UV_COMPILE_BYTECODE=1" in i for i in _stages()[0] if i.startswith("ENV "))
+
+
 def test_runtime_has_health_check_port_and_command() -> None:
     """HEALTHCHECK probes /livez with Python, port 8080 is exposed, CMD serves on 0.0.0.0."""
     runtime = _stages()[-1]

@@ -296,3 +296,30 @@ def test_upstream_unreachable_is_clear_5xx(stack: Stack) -> None:
             assert resp.status_code in (502, 503)
             assert "precise" in resp.json()["error"]["message"]
             assert httpx.get(gw.url + "/readyz").status_code == 503
+
+
+@pytest.mark.parametrize("path", ["/v1/embeddings", "/v1/responses", "/v1/audio/speech"])
+def test_other_v1_paths_are_an_openai_shaped_404(gateway: GatewayProcess, path: str) -> None:
+    """README: a `/v1/` path the gateway does not serve is refused with OpenAI's 404 shape
+    (nothing is proxied: the body names the gateway's refusal, not a backend's)."""
+    resp = httpx.post(gateway.url + path, json={"model": "fast", "input": "x"}, timeout=5)
+    assert resp.status_code == 404
+    error = resp.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["code"] == "not_found"
+    assert error["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [("GET", "/v1/chat/completions"), ("GET", "/v1/completions"), ("DELETE", "/v1/models/fast")],
+)
+def test_a_wrong_method_on_a_served_path_is_405(
+    gateway: GatewayProcess, method: str, path: str
+) -> None:
+    """README: another method on a served path is 405, in OpenAI's error shape."""
+    resp = httpx.request(method, gateway.url + path, timeout=5)
+    assert resp.status_code == 405
+    error = resp.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == "invalid_request_error"

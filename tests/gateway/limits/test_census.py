@@ -62,3 +62,22 @@ def test_the_setting_overrides_the_count() -> None:
     assert LocalShare(census, None, 2)() == 7
     assert LocalShare(census, 3, 2)() == 6
     assert LocalShare(None, None, 2)() == 2
+
+
+async def test_the_defaults_are_a_beat_a_second_and_five_seconds_to_expire(
+    redis_server: RedisServer,
+) -> None:
+    """docs/access.md: a beat a second; a member the census no longer hears from is gone 5 s
+    after its last beat (its score is Redis' clock + 5 s)."""
+    client = Redis.from_url(redis_server.url)
+    census = ReplicaCensus(client, "t:")
+    try:
+        assert census.interval_s == 1.0
+        await census.beat()
+        seconds, micros = await client.time()
+        now_ms = seconds * 1000 + micros // 1000
+        expires_ms = await client.zscore("t:census", census.member)
+        assert expires_ms is not None
+        assert 4_900 <= expires_ms - now_ms <= 5_000
+    finally:
+        await client.aclose()

@@ -12,7 +12,7 @@ from gateway.pipeline.context import Usage
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.observer import TelemetryObserver
 from gateway.telemetry.tracing import Tracing, build_tracer_provider
-from tests.gateway.telemetry.factories import finished_context
+from tests.gateway.telemetry.factories import finished_context, summary
 
 
 class CapturedLog:
@@ -76,3 +76,13 @@ def test_access_log_can_be_switched_off() -> None:
     assert log.lines == []
     labels = {"route": "/v1/chat/completions", "tier": "fast", "status_class": "2xx"}
     assert metrics.registry.get_sample_value("tiergate_requests_total", labels) == 1.0
+
+
+def test_the_access_line_quotes_at_most_128_characters_of_the_model() -> None:
+    """docs/security.md: the caller's ``model`` is cut to 128 characters in the access log."""
+    log = CapturedLog()
+    ctx = finished_context()
+    ctx.summary = summary(model="m" * 100_000)
+    _observer(log).finished(ctx, "complete")
+    ((_, fields),) = log.lines
+    assert fields["model"] == "m" * 128

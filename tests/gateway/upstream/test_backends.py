@@ -11,10 +11,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
-from gateway.config.settings import TierSettings
+from gateway.config.settings import HealthSettings, TierSettings
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.upstream.attempt import AttemptFailed
-from gateway.upstream.backends import kind_of
+from gateway.upstream.backends import DETECTION_TIMEOUT_S, kind_of, probe_timeout
 from gateway.upstream.explain import every_tier_failed, final_error, why_none
 from gateway.upstream.health import HealthConfig, HealthMonitor, parse_metrics
 from gateway.upstream.pool import UpstreamPool
@@ -253,3 +253,27 @@ def test_summaries_name_each_distinct_answer_once() -> None:
         "No healthy replica in tier 'fast': replica 10.0.0.2:8000 "
         "unhealthy (health check: could not connect)."
     )
+
+
+def test_probe_timeouts_per_kind_are_the_documented_ones() -> None:
+    """docs/backends.md: the probe waits max(health.timeout_s, the kind's minimum): SGLang 3 s,
+    llama.cpp 2 s, the others 1 s, vLLM the configured 0.5 s; detection waits up to 3 s; a
+    replica not yet detected is treated as ``openai``."""
+    expected = {
+        "vllm": 0.5,
+        "sglang": 3.0,
+        "llamacpp": 2.0,
+        "ollama": 1.0,
+        "tgi": 1.0,
+        "trtllm": 1.0,
+        "openai": 1.0,
+    }
+    assert set(expected) == set(KINDS)
+    assert HealthSettings().timeout_s == 0.5
+    for kind, seconds in expected.items():
+        (replica,) = ReplicaPool("fast", ["http://127.0.0.1:1"], 4, 0.1, kind=kind).replicas
+        assert probe_timeout(replica, HealthSettings().timeout_s) == seconds, kind
+        assert probe_timeout(replica, 5.0) == 5.0, kind  # a longer configured timeout wins
+    (unknown,) = ReplicaPool("fast", ["http://127.0.0.1:1"], 4, 0.1).replicas
+    assert kind_of(unknown).name == "openai"
+    assert DETECTION_TIMEOUT_S == 3.0

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gateway.upstream.health import HealthConfig, HealthMonitor
+from gateway.upstream.health import MODELS_REFRESH_S, HealthConfig, HealthMonitor
 from gateway.upstream.keys import UpstreamKeys
 from gateway.upstream.pool import UpstreamPool
-from gateway.upstream.replicas import ReplicaPool
+from gateway.upstream.replicas import Replica, ReplicaPool
 from gateway.upstream.worker_share import HealthShare, WorkerRole
 from tests.simulator.procs import SimulatorFactory, start_simulator
 
@@ -30,6 +30,37 @@ async def test_context_length_is_read_from_the_model_card(
     assert [r.max_model_len for r in pool.replicas] == [1024, 8192]
     assert pool.context_len == 1024
     assert all(r.sleep_state == "awake" for r in pool.replicas)
+
+
+def _context_of(replica: Replica) -> int | None:
+    """The replica's context length as read now (a call, so no narrowing carries over)."""
+    return replica.max_model_len
+
+
+async def test_the_model_card_is_read_again_every_60_s_not_every_round(
+    start_simulator: SimulatorFactory, client: UpstreamPool
+) -> None:
+    """docs/backends.md: ``max_model_len`` is read from ``/v1/models`` every 60 s: a health
+    round within the minute leaves it alone, one after it reads it again."""
+    assert MODELS_REFRESH_S == 60.0
+    sim = start_simulator("--latency-scale", "0", "--max-model-len", "2048")
+    pool = ReplicaPool("fast", [sim.url], 4, 0.1)
+    (replica,) = pool.replicas
+    monitor = HealthMonitor(
+        {"fast": pool}, HealthConfig(timeout_s=2.0), served_models={"fast": "tiergate-fast"}
+    )
+    monitor.client = client
+    await monitor.check_once()
+    assert replica.max_model_len == 2048
+    read_at = replica.models_read_at
+    replica.max_model_len = None  # forgotten: only a new read brings it back
+    replica.models_read_at = read_at - (MODELS_REFRESH_S - 5.0)
+    await monitor.check_once()
+    assert _context_of(replica) is None
+    replica.models_read_at = read_at - (MODELS_REFRESH_S + 1.0)
+    await monitor.check_once()
+    assert _context_of(replica) == 2048
+    assert replica.models_read_at > read_at
 
 
 async def test_a_one_at_a_time_server_is_never_asked_its_model_list(
