@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -46,6 +47,7 @@ from router_models.training.honest import (  # noqa: E402
     reliability,
 )
 from router_models.training.train import (  # noqa: E402
+    Prepared,
     TrainSettings,
     one_label_sources,
     prepare,
@@ -75,9 +77,25 @@ def report(
     )
     per_file = [read_jsonl(p) for p in paths]
     data = prepare([r for records in per_file for r in records], settings)
+    notes = "; labels balanced within each external source" if balance else ""
+    if drop:
+        names = one_label_sources(data.groups, data.y, data.train_mask)
+        notes += f"; one-label sources left out of training: {', '.join(names) or 'none'}"
+    head = f"external weight {external_weight}{notes}; data: {', '.join(str(p) for p in paths)}"
+    return "\n".join([head, *lines(data, per_file, paths, loso_scores(data, settings))])
+
+
+def lines(
+    data: Prepared,
+    per_file: Sequence[Sequence[object]],
+    paths: Sequence[Path],
+    scores: npt.NDArray[np.float64],
+) -> list[str]:
+    """The figures of held-out ``scores`` (NaN for rows not held out) of the rows of ``data``,
+    read from ``paths`` (``per_file``: each file's records): pooled, per file, source and
+    language."""
     # prepare keeps the rows in order: each row's file is where it falls in the concatenation
     origin = np.repeat(np.arange(len(paths)), [len(records) for records in per_file])
-    scores = loso_scores(data, settings)
     rows = np.flatnonzero(~np.isnan(scores))
     y = data.y[rows].astype(np.int_)
     held = scores[rows]
@@ -87,31 +105,26 @@ def report(
     in_train = np.array([g in trainable_sources for g in groups], dtype=np.bool_)
     cjk = np.array([lang in CJK for lang in langs], dtype=np.bool_)
     pooled = reliability(y, held)
-    notes = "; labels balanced within each external source" if balance else ""
-    if drop:
-        names = one_label_sources(data.groups, data.y, data.train_mask)
-        notes += f"; one-label sources left out of training: {', '.join(names) or 'none'}"
-    lines = [
-        f"external weight {external_weight}{notes}; data: {', '.join(str(p) for p in paths)}",
+    out = [
         _pooled("every held-out row", pooled),
         _pooled("trainable sources only", reliability(y[in_train], held[in_train])),
         _pooled("non-CJK", reliability(y[~cjk], held[~cjk])),
     ]
     if cjk.any() and len(set(y[cjk].tolist())) == 2:
-        lines.append(_pooled("Chinese + Japanese", reliability(y[cjk], held[cjk])))
+        out.append(_pooled("Chinese + Japanese", reliability(y[cjk], held[cjk])))
     for k, path in enumerate(paths):  # each file alone: router-dev2 as its own report pools
         mine = origin[rows] == k
         if len(set(y[mine].tolist())) == 2:
-            lines.append(_pooled(f"rows of {path.name}", reliability(y[mine], held[mine])))
-    lines += [
+            out.append(_pooled(f"rows of {path.name}", reliability(y[mine], held[mine])))
+    out += [
         "",
         *group_lines(
             "by source (sent@op: share sent at the pooled 95 % point)",
             group_figures(groups, y, held, pooled.op_threshold),
         ),
     ]
-    lines += ["", *group_lines("by language", group_figures(langs, y, held, pooled.op_threshold))]
-    return "\n".join(lines)
+    out += ["", *group_lines("by language", group_figures(langs, y, held, pooled.op_threshold))]
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
