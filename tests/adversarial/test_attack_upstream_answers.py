@@ -503,6 +503,31 @@ async def test_data_without_a_space_is_read(upstream: UpstreamClient) -> None:
     assert usage == Usage(prompt_tokens=7, completion_tokens=2)
 
 
+@pytest.mark.parametrize("blank", [b"  ", b"\t", b" \t ", b":   "])
+async def test_more_blank_before_the_data_is_read_as_the_usual_spelling(
+    upstream: UpstreamClient, blank: bytes
+) -> None:
+    """`data:` followed by more blank than one space (JSON ignores it), in every event, [DONE]
+    included, some events in one read: counted, usage read, complete; the caller gets the usual
+    `data: ` spelling."""
+    prefix = b"data" + (blank if blank.startswith(b":") else b":" + blank)
+    events = [prefix + e[6:] for e in (FIRST, TOKEN, TOKEN, FINAL, USAGE, DONE)]
+    sent, outcome, usage = await _relayed(
+        upstream, _sse(events[0], b"".join(events[1:4]), *events[4:])
+    )
+    assert outcome == Outcome.COMPLETE
+    assert sent == FIRST + TOKEN + TOKEN + FINAL + USAGE + DONE
+    assert usage == Usage(prompt_tokens=7, completion_tokens=2)
+
+
+async def test_an_error_event_with_more_blank_ends_the_stream(upstream: UpstreamClient) -> None:
+    """`data:  {"error": ...}` mid-stream is the backend's error, in OpenAI's shape."""
+    error = b'data:  {"error":{"message":"boom","code":500}}\n\n'
+    sent, outcome, _ = await _relayed(upstream, _sse(FIRST, TOKEN, error, DONE))
+    assert outcome == Outcome.UPSTREAM_ERROR
+    assert sent.endswith(b'data: {"error":{"message":"boom","code":500}}\n\n')
+
+
 async def test_named_events_and_comments_are_read(upstream: UpstreamClient) -> None:
     """`event: message` lines, `id:` lines and keep-alive comments do not hide the data; a
     comment before the first event is dropped (the first event is the answer's start), one
