@@ -6,7 +6,7 @@ import ast
 import re
 from pathlib import Path
 
-from gateway.config.settings import ServerSettings
+from gateway.config.settings import ServerSettings, Settings
 from gateway.pipeline.context import request_id_from
 from policies.requests import COMPLETIONS_DEFAULT_MAX_TOKENS, default_max_tokens
 from tests.adversarial.test_keys_revocation import BOUND_S
@@ -167,3 +167,17 @@ def test_the_architecture_page_names_every_gateway_module() -> None:
     )
     assert modules
     assert [module for module in modules if f"`{module}`" not in page] == []
+
+
+def test_ratelimit_default_completion_tokens_still_loads_and_nothing_reads_it() -> None:
+    """docs/vllm-compat.md: ``ratelimit.default_completion_tokens`` is no longer used, kept so
+    configurations load."""
+    loaded = Settings.model_validate({"ratelimit": {"default_completion_tokens": 99}})
+    assert loaded.ratelimit.default_completion_tokens == 99
+    readers = [
+        path.relative_to(REPO).as_posix()
+        for folder in ("gateway", "policies")
+        for path in (REPO / folder).rglob("*.py")
+        if "default_completion_tokens" in path.read_text(encoding="utf-8")
+    ]
+    assert readers == ["gateway/config/settings.py"]
