@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import ast
+import inspect
 import re
 from pathlib import Path
 
-from gateway.config.settings import ServerSettings, Settings
+from gateway.access.key_cache import DEGRADED_TTL_S, KeyCache
+from gateway.access.key_feed import KeyChangeFeed
+from gateway.config.settings import AuthSettings, ServerSettings, Settings
 from gateway.pipeline.context import request_id_from
 from policies.requests import COMPLETIONS_DEFAULT_MAX_TOKENS, default_max_tokens
 from tests.adversarial.test_keys_revocation import BOUND_S
@@ -181,3 +184,17 @@ def test_ratelimit_default_completion_tokens_still_loads_and_nothing_reads_it() 
         if "default_completion_tokens" in path.read_text(encoding="utf-8")
     ]
     assert readers == ["gateway/config/settings.py"]
+
+
+def test_the_key_cache_and_feed_bounds_of_key_revocation_md() -> None:
+    """docs/key-revocation.md: cache_ttl_s 30 s, unknown ids 10 s (at most 10,000), the key
+    file checked every 1 s, 1 s trust without pub/sub, a PING after 5 s of silence."""
+    auth = AuthSettings()
+    assert (auth.cache_ttl_s, auth.unknown_key_cache_ttl_s) == (30.0, 10.0)
+    assert auth.keys_reload_interval_s == 1.0
+    assert inspect.signature(KeyCache).parameters["max_unknown"].default == 10_000
+    assert DEGRADED_TTL_S == 1.0
+    assert inspect.signature(KeyChangeFeed).parameters["ping_interval_s"].default == 5.0
+    doc = _flat((REPO / "docs/key-revocation.md").read_text(encoding="utf-8"))
+    for said in ("(30 s)", "(10 s)", "(1 s by default)", "at most 10,000", "after 5 s of silence"):
+        assert said in doc
