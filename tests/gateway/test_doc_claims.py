@@ -7,6 +7,8 @@ import inspect
 import re
 from pathlib import Path
 
+import yaml
+
 from gateway.access.key_cache import DEGRADED_TTL_S, KeyCache
 from gateway.access.key_feed import KeyChangeFeed
 from gateway.config.settings import AuthSettings, ServerSettings, Settings
@@ -198,3 +200,13 @@ def test_the_key_cache_and_feed_bounds_of_key_revocation_md() -> None:
     doc = _flat((REPO / "docs/key-revocation.md").read_text(encoding="utf-8"))
     for said in ("(30 s)", "(10 s)", "(1 s by default)", "at most 10,000", "after 5 s of silence"):
         assert said in doc
+
+
+def test_the_example_file_of_configuration_md_is_a_valid_configuration() -> None:
+    """docs/configuration.md's example YAML loads under the strict settings, values as written."""
+    page = (REPO / "docs/configuration.md").read_text(encoding="utf-8")
+    (block,) = re.findall(r"```yaml\n(.*?)```", page, flags=re.DOTALL)
+    settings = Settings.model_validate(yaml.safe_load(block))
+    assert set(settings.tiers) == {"fast", "precise"}
+    assert settings.tiers["fast"].default_max_tokens == 1024
+    assert settings.queue.batch_wait_s == 10
