@@ -290,10 +290,9 @@ class RateLimitSettings(Section):
     """Where limit counters live: memory (one replica) or redis (shared by all replicas)."""
     on_redis_error: Literal["open", "closed"] = "open"
     """When Redis is unreachable: open (degrade to local limits) or closed (refuse with 503)."""
-    # No longer used: every forwarded request carries max_tokens (tiers.X.default_max_tokens
-    # or the cap), which is what is reserved. Kept so existing configuration files still load.
     default_completion_tokens: int = Field(default=256, ge=1)
-    """Tokens reserved for a request that sets no max_tokens."""
+    """No longer used: every forwarded request carries max_tokens (tiers.X.default_max_tokens or
+    the cap), which is what is reserved. Kept so existing configuration files still load."""
     # While Redis is down and on_redis_error is "open", each process enforces 1/N of every
     # key's limits and budgets locally: N is the live gateway processes counted in Redis
     # (gateway/limits/census.py) unless this overrides it with a replica count (times the workers).

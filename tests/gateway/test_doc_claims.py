@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import ast
+import inspect
 import re
 from pathlib import Path
 
-from gateway.config.settings import ServerSettings
+import yaml
+
+from gateway.access.key_cache import DEGRADED_TTL_S, KeyCache
+from gateway.access.key_feed import KeyChangeFeed
+from gateway.config.settings import AuthSettings, ServerSettings, Settings
 from gateway.pipeline.context import request_id_from
 from policies.requests import COMPLETIONS_DEFAULT_MAX_TOKENS, default_max_tokens
 from tests.adversarial.test_keys_revocation import BOUND_S
@@ -167,3 +172,41 @@ def test_the_architecture_page_names_every_gateway_module() -> None:
     )
     assert modules
     assert [module for module in modules if f"`{module}`" not in page] == []
+
+
+def test_ratelimit_default_completion_tokens_still_loads_and_nothing_reads_it() -> None:
+    """docs/vllm-compat.md: ``ratelimit.default_completion_tokens`` is no longer used, kept so
+    configurations load."""
+    loaded = Settings.model_validate({"ratelimit": {"default_completion_tokens": 99}})
+    assert loaded.ratelimit.default_completion_tokens == 99
+    readers = [
+        path.relative_to(REPO).as_posix()
+        for folder in ("gateway", "policies")
+        for path in (REPO / folder).rglob("*.py")
+        if "default_completion_tokens" in path.read_text(encoding="utf-8")
+    ]
+    assert readers == ["gateway/config/settings.py"]
+
+
+def test_the_key_cache_and_feed_bounds_of_key_revocation_md() -> None:
+    """docs/key-revocation.md: cache_ttl_s 30 s, unknown ids 10 s (at most 10,000), the key
+    file checked every 1 s, 1 s trust without pub/sub, a PING after 5 s of silence."""
+    auth = AuthSettings()
+    assert (auth.cache_ttl_s, auth.unknown_key_cache_ttl_s) == (30.0, 10.0)
+    assert auth.keys_reload_interval_s == 1.0
+    assert inspect.signature(KeyCache).parameters["max_unknown"].default == 10_000
+    assert DEGRADED_TTL_S == 1.0
+    assert inspect.signature(KeyChangeFeed).parameters["ping_interval_s"].default == 5.0
+    doc = _flat((REPO / "docs/key-revocation.md").read_text(encoding="utf-8"))
+    for said in ("(30 s)", "(10 s)", "(1 s by default)", "at most 10,000", "after 5 s of silence"):
+        assert said in doc
+
+
+def test_the_example_file_of_configuration_md_is_a_valid_configuration() -> None:
+    """docs/configuration.md's example YAML loads under the strict settings, values as written."""
+    page = (REPO / "docs/configuration.md").read_text(encoding="utf-8")
+    (block,) = re.findall(r"```yaml\n(.*?)```", page, flags=re.DOTALL)
+    settings = Settings.model_validate(yaml.safe_load(block))
+    assert set(settings.tiers) == {"fast", "precise"}
+    assert settings.tiers["fast"].default_max_tokens == 1024
+    assert settings.queue.batch_wait_s == 10

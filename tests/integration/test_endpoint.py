@@ -323,3 +323,28 @@ def test_a_wrong_method_on_a_served_path_is_405(
     error = resp.json()["error"]
     assert set(error) == {"message", "type", "param", "code"}
     assert error["type"] == "invalid_request_error"
+
+
+def test_only_the_inference_endpoints_carry_the_gateways_headers(gateway: GatewayProcess) -> None:
+    """docs/api.md: /v1/models, health, metrics, admin and unknown paths carry no x-request-id,
+    x-tiergate-* or x-ratelimit-* header; an inference answer carries its own."""
+    answered = post(gateway, {"model": "fast", "messages": CHAT, "max_tokens": 4})
+    assert answered.status_code == 200
+    assert {"x-request-id", "x-tiergate-overhead-ms", "x-tiergate-tier"} <= set(answered.headers)
+    assert {"x-tiergate-route-reason", "x-tiergate-attempts"} <= set(answered.headers)
+    for method, path in [
+        ("GET", "/v1/models"),
+        ("GET", "/v1/models/fast"),
+        ("GET", "/livez"),
+        ("GET", "/readyz"),
+        ("GET", "/metrics"),
+        ("GET", "/admin/backends"),
+        ("POST", "/v1/embeddings"),
+    ]:
+        resp = httpx.request(method, gateway.url + path, timeout=5)
+        ours = [
+            name
+            for name in resp.headers
+            if name == "x-request-id" or name.startswith(("x-tiergate-", "x-ratelimit-"))
+        ]
+        assert ours == [], (path, resp.status_code, ours)

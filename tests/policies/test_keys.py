@@ -201,6 +201,10 @@ def test_max_n_defaults_to_one_and_round_trips() -> None:
     assert policy_from_dict(policy_to_dict(policy)) == policy
     with pytest.raises(ValueError, match="max_n"):
         policy_from_dict({"max_n": 0})
+    # docs/vllm-compat.md: a record carries max_n only when it is not 1 (older gateways
+    # refuse the field)
+    assert "max_n" not in policy_to_dict(policy_from_dict({}))
+    assert policy_to_dict(policy)["max_n"] == 4
 
 
 def test_rule_overrides_round_trip_and_bad_ones_are_refused() -> None:

@@ -14,11 +14,12 @@ import yaml
 from redis.asyncio import Redis
 from structlog.testing import capture_logs
 
-from gateway.access.auth import KeyFileDamaged, require_keys_now
+from gateway.access.auth import KeyAuthenticator, KeyFileDamaged, require_keys_now
 from gateway.access.keystore_file import EVENT_KEYS_DROPPED, FileKeyStore
 from gateway.access.keystore_redis import RedisKeyStore
 from gateway.config.redis_client import open_redis
 from gateway.config.settings import RedisSettings
+from policies.errors import AuthenticationFailed
 from policies.keys import (
     KeyStore,
     KeyStoreUnavailable,
@@ -230,7 +231,10 @@ async def test_file_store_keeps_last_good_records_when_the_file_breaks(tmp_path:
     store = FileKeyStore(path, reload_interval_s=0)
     record, _ = await create_key(store, "a", KeyPolicy(), now=NOW)
     path.write_text("keys: [this is: not valid")
-    assert await store.get(record.key_id) == record
+    with capture_logs() as logs:
+        assert await store.get(record.key_id) == record
+    unreadable = [log for log in logs if log["event"] == "auth.keys_file_unreadable"]
+    assert [log["path"] for log in unreadable] == [str(path)]
 
 
 async def test_unwritable_key_file_is_a_clean_error(tmp_path: Path) -> None:
@@ -263,3 +267,54 @@ async def test_a_key_file_emptied_while_running_is_logged_once(tmp_path: Path, h
     assert dropped[0]["path"] == str(path)
     assert dropped[0]["dropped"] == 2
     assert dropped[0]["log_level"] == "warning"
+    why = {"delete": "the file is gone", "empty": "the file has no valid key"}[how]
+    assert dropped[0]["reason"] == why
+    await create_key(store, "c", KeyPolicy(), now=2.0)  # keys came back, then went again
+    path.unlink()
+    with capture_logs() as again:
+        assert await store.get("abcdefghij") is None
+    assert [log["dropped"] for log in again if log["event"] == EVENT_KEYS_DROPPED] == [1]
+
+
+async def test_a_damaged_file_entry_is_logged_once_per_change_of_the_file(tmp_path: Path) -> None:
+    """docs/key-revocation.md: auth.key_record_damaged names the id and why, never the record;
+    the key file logs it when the file is read after a change, not on every lookup."""
+    path = tmp_path / "keys.yaml"
+    good, _ = issue_key("t", KeyPolicy(), now=NOW)
+    bad = {**good.to_dict(), "id": "badexpiry", "policy": {"expires_at": ".inf"}}
+    path.write_text(yaml.safe_dump({"keys": [bad]}).replace("'.inf'", ".inf"))
+    with capture_logs() as logs:
+        store = FileKeyStore(path, reload_interval_s=0)
+        for _ in range(3):
+            assert await store.get("badexpiry") is None
+    damaged = [log for log in logs if log["event"] == "auth.key_record_damaged"]
+    assert len(damaged) == 1
+    assert set(damaged[0]) == {"event", "log_level", "key_id", "error"}
+    assert damaged[0]["key_id"] == "badexpiry"
+    assert good.digest not in str(damaged[0])
+
+
+async def test_a_damaged_redis_record_is_logged_per_lookup_the_unknown_cache_spares(
+    redis_server: RedisServer,
+) -> None:
+    """The Redis store logs a damaged record at each read; the authenticator remembers the id
+    as unknown while its change feed is live, so a replica asks (and logs) once per
+    unknown_key_cache_ttl_s."""
+    client = Redis.from_url(redis_server.url)
+    try:
+        store = RedisKeyStore(client)
+        record, token = await create_key(store, "a", KeyPolicy(), now=NOW)
+        await client.set(f"tiergate:key:{record.key_id}", b"\xff{")
+        with capture_logs() as logs:
+            for _ in range(2):
+                assert await store.get(record.key_id) is None
+            auth = KeyAuthenticator(store, unknown_ttl_s=10.0)
+            auth.cache.feed_live = True  # as with its change feed subscribed
+            for _ in range(3):
+                with pytest.raises(AuthenticationFailed):
+                    await auth.authenticate(f"Bearer {token}")
+        damaged = [log for log in logs if log["event"] == "auth.key_record_damaged"]
+        assert len(damaged) == 3  # two direct reads, one for the three requests
+        assert token not in str(damaged)
+    finally:
+        await client.aclose()

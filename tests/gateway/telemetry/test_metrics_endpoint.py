@@ -103,3 +103,15 @@ def test_metrics_host_binds_the_metrics_port_to_that_address_only() -> None:
         with pytest.raises(httpx.ConnectError):
             httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5)
     assert there.status_code == 200
+
+
+def test_the_metrics_port_binds_server_host_when_metrics_host_is_unset() -> None:
+    """docs/observability.md: metrics_host is by default server.host."""
+    port = free_port()
+    settings = _settings(metrics_port=port)
+    settings.server.host = "127.0.0.2"
+    with ServedApp(create_app(settings)):
+        there = httpx.get(f"http://127.0.0.2:{port}/metrics", timeout=5)
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5)
+    assert there.status_code == 200

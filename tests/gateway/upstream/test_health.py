@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import time
+from typing import Any
 
 import structlog
 from structlog.testing import capture_logs
@@ -189,10 +191,44 @@ async def test_misconfigured_replica_is_cleared_once_its_key_is_accepted(
         },
     )
     monitor.client = client
-    await monitor.check_once()
+    with capture_logs() as logs:
+        await monitor.check_once()
     assert wrong.replicas[0].misconfigured
     assert not right.replicas[0].misconfigured
     assert monitor.readiness() == {"fast": False, "precise": True}
+    accepted = [line for line in logs if line["event"] == "replica.credentials_accepted"]
+    assert [line["tier"] for line in accepted] == ["precise"]
+
+
+async def test_a_misconfigured_replica_is_rechecked_at_most_every_5_s(
+    start_simulator: SimulatorFactory, client: UpstreamPool
+) -> None:
+    """docs/vllm-compat.md: re-checked every 5 s on /v1/models with the tier's key, not on
+    every health round."""
+    sim = start_simulator("--latency-scale", "0", "--api-key", "right")
+    pool = ReplicaPool("fast", [sim.url], 4, 0.1)
+    pool.mark_misconfigured(pool.replicas[0], 401)
+    monitor = HealthMonitor(
+        {"fast": pool},
+        HealthConfig(scrape_metrics=False),
+        credentials={"fast": {"Authorization": "Bearer wrong"}},
+    )
+    monitor.client = client
+    rechecks: list[str] = []
+    probe = monitor._get
+
+    async def counting(url: str, headers: Any = None, timeout_s: float | None = None) -> Any:
+        if headers and url.endswith("/v1/models") and timeout_s is None:
+            rechecks.append(url)
+        return await probe(url, headers, timeout_s)
+
+    monitor._get = counting  # type: ignore[method-assign]
+    started = time.monotonic()
+    for _ in range(3):
+        await monitor.check_once()
+    assert time.monotonic() - started < 5.0
+    assert len(rechecks) == 1
+    assert pool.replicas[0].misconfigured
 
 
 async def test_a_model_list_nested_too_deep_is_survived(client: UpstreamPool) -> None:
