@@ -13,8 +13,7 @@ from sklearn.metrics import roc_auc_score
 import router_models
 from router_models.artifact import load, save
 from router_models.records import body_of, label_of, read_jsonl
-from router_models.scorer import LeanScorer
-from router_models.training.train import DEFAULT_DATA, TrainSettings, train
+from router_models.training.train import DEFAULT_DATA, TrainSettings, featurize, prepare, train
 
 # One training on the corpus took 123 s on the 2-core machine at load average 10 (2026-12-06).
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -49,15 +48,18 @@ def test_shipped_artifact_is_rebuilt_from_the_repository(tmp_path: Path) -> None
     assert abs(again.metadata["default_threshold"] - shipped.metadata["default_threshold"]) < 1e-9
 
 
-def test_quality_floor_on_held_out_corpus(tmp_path: Path) -> None:
-    """Trained on 80 % of the corpus, the router ranks the other 20 % with AUC >= 0.97."""
+def test_quality_floor_on_held_out_corpus() -> None:
+    """Fitted on 80 % of the corpus, the router ranks the other 20 % with AUC >= 0.97.
+
+    One fit of the shipped settings' learner, without the calibration's eighteen held-out
+    fits: Platt's map is increasing, so the ranking, and the AUC, are the margins'."""
     records = read_jsonl(DEFAULT_DATA[0])
     order = np.random.default_rng(11).permutation(len(records))
     cut = int(0.8 * len(records))
-    train_part = [records[i] for i in order[:cut]]
+    settings = TrainSettings()
+    data = prepare([records[i] for i in order[:cut]], settings)
+    model = settings.fitter()(data.x_fit, data.y, data.weight)
     test_part = [records[i] for i in order[cut:]]
-    model = train([_write(train_part, tmp_path / "train.jsonl")], TrainSettings())
-    scorer = LeanScorer(model)
-    scores = [scorer.score(body_of(r)) for r in test_part]
+    margins = model.margins(featurize([body_of(r) for r in test_part]))
     labels = [label_of(r) for r in test_part]
-    assert roc_auc_score(labels, scores) >= 0.97
+    assert roc_auc_score(labels, margins) >= 0.97
