@@ -375,6 +375,9 @@ def test_saturation_sheds_with_503_and_retry_after(
     assert len(shed) == 3
     assert all(r.headers["Retry-After"] == "1" for r in shed)
     assert shed[0].json()["error"]["code"] == "overloaded"
+    assert shed[0].json()["error"]["message"] == (
+        "The 'precise' tier is at capacity; retry shortly."
+    )
     assert time.monotonic() - started < 5.0
 
 

@@ -118,3 +118,59 @@ def test_json_nested_too_deep_is_no_evidence() -> None:
     found = classify({MODELS_PATH: deep})
     assert found is not None
     assert found.kind == "openai"
+
+
+def test_the_kinds_table_of_docs_backends_md() -> None:
+    """docs/backends.md, "The kinds": each row's health routes, load metrics read, stream
+    ``usage``, request-id rule and error shape, as the gateway holds them."""
+    rows = {
+        # kind: (health routes, metric names read, stream usage, UUID-only ids, error shape)
+        "vllm": (("/health",), "vllm:", True, False, "openai"),
+        "sglang": (("/health",), "sglang:", True, False, "openai_flat"),
+        "llamacpp": (("/health", "/docs"), "llamacpp:", False, True, "llamacpp"),
+        "ollama": (("/api/version",), None, True, False, "openai"),
+        "tgi": (("/health",), "tgi_", True, False, "tgi"),
+        "trtllm": (("/health",), None, True, False, "openai"),
+        "openai": (("/health",), None, True, False, "openai"),
+    }
+    assert set(rows) == set(KINDS)
+    for name, (health, prefix, usage, uuid_ids, shape) in rows.items():
+        kind = KINDS[name]
+        assert kind.probe_candidates == (*health, MODELS_PATH), name
+        assert (kind.stream_usage, kind.uuid_request_ids, kind.error_shape) == (
+            usage,
+            uuid_ids,
+            shape,
+        ), name
+        if prefix is None:
+            assert not kind.metrics, name
+        else:
+            assert kind.metrics, name
+            assert all(m.startswith(prefix) for m in kind.metrics), name
+    assert set(KINDS["vllm"].metrics) >= {
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:gpu_cache_usage_perc",
+        "vllm:prefix_cache_queries_total",
+        "vllm:prefix_cache_hits_total",
+        "vllm:gpu_prefix_cache_queries_total",
+        "vllm:gpu_prefix_cache_hits_total",
+    }
+    assert set(KINDS["sglang"].metrics) == {
+        "sglang:num_running_reqs",
+        "sglang:num_queue_reqs",
+        "sglang:token_usage",
+        "sglang:prompt_tokens_total",
+        "sglang:cached_tokens_total",
+        "sglang:cache_hit_rate",
+    }
+    assert set(KINDS["llamacpp"].metrics) == {
+        "llamacpp:requests_processing",
+        "llamacpp:requests_deferred",
+        "llamacpp:kv_cache_usage_ratio",
+    }
+    assert {k: v[0] for k, v in KINDS["tgi"].metrics.items()} == {
+        "tgi_batch_current_size": "running",
+        "tgi_queue_size": "waiting",
+    }

@@ -180,3 +180,13 @@ def test_shadow_label_judge_trains_on_the_rubric_score(tmp_path: Path) -> None:
     assert margins["judge"] > 0 > margins["agreement"]
     with pytest.raises(SystemExit):
         main(["train", "--from-shadow", str(store), "--shadow-label", "x"])
+
+
+def test_the_documented_training_defaults() -> None:
+    """docs/savings.md: agreement below 0.5 is complex, a fifth of the prompts is held out,
+    a shadow prompt weighs 1.0, three calibration folds, judge labels below 0.625."""
+    from router_models.training.shadow_train import ShadowSettings
+
+    settings = ShadowSettings()
+    assert (settings.agree_at, settings.held_out_share, settings.shadow_weight) == (0.5, 0.2, 1.0)
+    assert (settings.folds, settings.label, settings.judge_at) == (3, "agreement", 0.625)

@@ -172,3 +172,17 @@ async def test_the_marks_tell_which_charges_ran(redis_server: RedisServer) -> No
     finally:
         await store.aclose()
         await client.aclose()
+
+
+def test_unset_prices_are_one_unit_on_precise_and_a_quarter_elsewhere() -> None:
+    """docs/savings.md: unset, precise costs 1 unit per 1,000 tokens and every other tier 0.25."""
+    from gateway.config.settings import Settings
+    from gateway.routing.accounting import cost_model
+
+    settings = Settings()
+    costs = cost_model(settings.tiers, settings.router.precise_tier)
+    assert settings.router.precise_tier == "precise"
+    assert costs.cost("precise", 1000, 1000) == pytest.approx(2.0)
+    for tier in set(settings.tiers) - {"precise"}:
+        assert costs.cost(tier, 1000, 1000) == pytest.approx(0.5), tier
+    assert costs.savings("fast", 1000, 1000) == pytest.approx(1.5)

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from gateway.upstream.fair_queue import ANONYMOUS
-from gateway.upstream.replicas import EjectionPolicy, Replica, ReplicaPool
+from gateway.upstream.replicas import EjectionPolicy, ErrorRecord, Replica, ReplicaPool
 from policies.errors import Overloaded
 
 URLS = [f"http://10.0.0.{i}:8000" for i in range(1, 5)]
@@ -153,3 +153,22 @@ def test_misconfigured_replicas_are_a_last_resort_and_not_ready() -> None:
     p.record_success(first)
     assert p.usable(0.0) == [first]
     assert p.ready()
+
+
+def test_unavailable_reasons_read_as_docs_backends_md_lists_them() -> None:
+    """docs/backends.md, "Error messages": the four reasons a replica is named with."""
+    replica = Replica("fast", "http://10.0.0.5:8080", 4)
+    replica.healthy, replica.last_probe_error = False, "health check: /health answered 404"
+    assert replica.unavailable_reason(100.0) == ("unhealthy (health check: /health answered 404)")
+    replica.healthy = True
+    replica.ejected_until = 112.0
+    replica.recent_errors.append(ErrorRecord(0.0, "connect", "could not connect"))
+    assert replica.unavailable_reason(100.0) == (
+        "ejected for 12.0s after repeated failures (could not connect)"
+    )
+    replica.ejected_until, replica.cooldown_until = 0.0, 105.0
+    assert replica.unavailable_reason(100.0) == "cooling down for 5.0s after a Retry-After"
+    replica.cooldown_until, replica.in_flight = 0.0, 4
+    assert replica.unavailable_reason(100.0) == "at its concurrency cap (4 of at most 4)"
+    replica.in_flight = 3
+    assert replica.unavailable_reason(100.0) is None
