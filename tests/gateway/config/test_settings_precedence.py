@@ -3,21 +3,12 @@ embedded defaults, and what those defaults are."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 import yaml
 
 from gateway.config.settings import load_settings, load_settings_traced
-
-
-@pytest.fixture(autouse=True)
-def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each test sees no TIERGATE_* variable but its own."""
-    for name in list(os.environ):
-        if name.upper().startswith("TIERGATE_"):
-            monkeypatch.delenv(name)
 
 
 def test_the_embedded_defaults_are_two_loopback_tiers_and_a_loopback_gateway() -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -17,14 +16,6 @@ TIERS = {
     "fast": {"model": "f", "replicas": ["http://127.0.0.1:8101"]},
     "precise": {"model": "p", "replicas": ["http://127.0.0.1:8102"]},
 }
-
-
-@pytest.fixture(autouse=True)
-def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each test sees no TIERGATE_* variable but its own."""
-    for name in list(os.environ):
-        if name.upper().startswith("TIERGATE_"):
-            monkeypatch.delenv(name)
 
 
 def _write(tmp_path: Path, data: dict[str, Any]) -> Path:

@@ -7,11 +7,9 @@ from __future__ import annotations
 import io
 import logging
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import structlog
 from prometheus_client import CollectorRegistry
 
 from gateway.config.settings import TelemetrySettings
@@ -135,18 +133,6 @@ def test_the_access_line_has_every_field_the_doc_names() -> None:
     sink = LogSink(io.StringIO())
     assert sink.max_lines == 20_000
     sink.close()
-
-
-@pytest.fixture
-def restore_logging() -> Iterator[None]:
-    """Put structlog and the quieted loggers back as they were."""
-    names = ("", "aiohttp", "httpx", "uvicorn.access")
-    saved = {n: (list(logging.getLogger(n).handlers), logging.getLogger(n).level) for n in names}
-    yield
-    structlog.reset_defaults()
-    for name, (handlers, level) in saved.items():
-        logging.getLogger(name).handlers[:] = handlers
-        logging.getLogger(name).setLevel(level)
 
 
 @pytest.mark.usefixtures("restore_logging")
