@@ -371,9 +371,6 @@ def test_an_in_band_error_event_quoting_the_upstream_key_never_shows_it() -> Non
 # Config: O2, O3, O4 ---------------------------------------------------------------------------
 
 
-_tiergate = run_tiergate
-
-
 def _config(tmp_path: Path, data: dict[str, Any]) -> str:
     """``data`` as a config file, on a free port unless it names one."""
     path = tmp_path / "tiergate.yaml"
@@ -404,7 +401,7 @@ def test_config_check_masks_a_replica_password(tmp_path: Path) -> None:
         "fast": {"model": "m", "replicas": ["http://ops:REPLICA-PW-77@10.0.0.5:8000"]},
         "precise": {"model": "p", "replicas": ["http://10.0.0.6:8000"]},
     }
-    result = _tiergate("config", "check", _config(tmp_path, {"tiers": tiers}))
+    result = run_tiergate("config", "check", _config(tmp_path, {"tiers": tiers}))
     assert result.returncode == 0, result.stderr
     assert "tiers.fast.replicas" in result.stdout
     assert "REPLICA-PW-77" not in result.stdout + result.stderr
@@ -418,7 +415,7 @@ def test_a_bad_replica_url_error_masks_its_password(tmp_path: Path) -> None:
     }
     path = _config(tmp_path, {"tiers": tiers, "auth": {"enabled": False}})
     for command in (("config", "check", path), ("serve", "--config", path)):
-        line = _refused_in_one_line(_tiergate(*command), "tiers.fast.replicas")
+        line = _refused_in_one_line(run_tiergate(*command), "tiers.fast.replicas")
         assert "REPLICA-PW-77" not in line
 
 
@@ -427,7 +424,7 @@ def test_a_short_admin_token_is_a_configuration_error(tmp_path: Path) -> None:
     naming auth.admin_token, exit 2, without echoing it."""
     path = _config(tmp_path, {"auth": {"enabled": False, "admin_token": "tiny-tok"}})
     for command in (("config", "check", path), ("serve", "--config", path, "--workers", "2")):
-        line = _refused_in_one_line(_tiergate(*command), "auth.admin_token", "16")
+        line = _refused_in_one_line(run_tiergate(*command), "auth.admin_token", "16")
         assert "tiny-tok" not in line
 
 
@@ -436,7 +433,7 @@ def test_a_short_admin_token_file_is_refused_in_one_line(tmp_path: Path) -> None
     token = tmp_path / "admin"
     token.write_text("tiny-tok\n", encoding="utf-8")
     path = _config(tmp_path, {"auth": {"enabled": False, "admin_token_file": str(token)}})
-    line = _refused_in_one_line(_tiergate("serve", "--config", path, "--workers", "2"), "16")
+    line = _refused_in_one_line(run_tiergate("serve", "--config", path, "--workers", "2"), "16")
     assert "tiny-tok" not in line
 
 
@@ -453,14 +450,14 @@ def test_a_redis_url_redis_cannot_use_is_a_configuration_error(tmp_path: Path, u
     }
     path = _config(tmp_path, data)
     for command in (("config", "check", path), ("serve", "--config", path, "--workers", "2")):
-        line = _refused_in_one_line(_tiergate(*command), "redis.url")
+        line = _refused_in_one_line(run_tiergate(*command), "redis.url")
         assert "REDIS-PW-55" not in line
 
 
 def test_keys_cli_refuses_a_bad_redis_url_without_quoting_it() -> None:
     """`tiergate keys list --redis-url` with a scheme Redis does not speak: one line, exit 2,
     the password not repeated."""
-    result = _tiergate("keys", "list", "--redis-url", "http://:REDIS-PW-55@127.0.0.1:6379/0")
+    result = run_tiergate("keys", "list", "--redis-url", "http://:REDIS-PW-55@127.0.0.1:6379/0")
     assert result.returncode == 2, result.stderr
     assert result.stderr.startswith("tiergate keys: --redis-url: "), result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
@@ -470,7 +467,7 @@ def test_keys_cli_refuses_a_bad_redis_url_without_quoting_it() -> None:
 def test_keys_cli_refuses_an_unprintable_tenant(tmp_path: Path) -> None:
     """`tiergate keys create --tenant` with a newline and an escape: exit 2, nothing written."""
     keys = tmp_path / "keys.yaml"
-    result = _tiergate("keys", "create", "--keys-file", str(keys), "--tenant", "a\nb\x1b[31m")
+    result = run_tiergate("keys", "create", "--keys-file", str(keys), "--tenant", "a\nb\x1b[31m")
     assert result.returncode == 2, result.stderr
     assert "tenant" in result.stderr
     assert not keys.exists() or "a\\nb" not in keys.read_text(encoding="utf-8")
@@ -485,7 +482,7 @@ def test_an_upstream_key_that_cannot_be_sent_is_a_configuration_error(tmp_path: 
     }
     path = _config(tmp_path, {"auth": {"enabled": False}, "tiers": tiers})
     for command in (("config", "check", path), ("serve", "--config", path, "--workers", "2")):
-        line = _refused_in_one_line(_tiergate(*command), "tiers.fast.api_key")
+        line = _refused_in_one_line(run_tiergate(*command), "tiers.fast.api_key")
         assert "UP KEY-1" not in line
     key_file = tmp_path / "upstream-keys"
     key_file.write_text("good-key\nUP KEY-2\n", encoding="utf-8")
@@ -493,7 +490,7 @@ def test_an_upstream_key_that_cannot_be_sent_is_a_configuration_error(tmp_path: 
     tiers["fast"]["api_key_file"] = str(key_file)
     path = _config(tmp_path, {"auth": {"enabled": False}, "tiers": tiers})
     line = _refused_in_one_line(
-        _tiergate("serve", "--config", path, "--workers", "2"), "tiers.fast.api_key_file"
+        run_tiergate("serve", "--config", path, "--workers", "2"), "tiers.fast.api_key_file"
     )
     assert "UP KEY-2" not in line
     assert "good-key" not in line

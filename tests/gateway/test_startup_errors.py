@@ -17,9 +17,6 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 
 
-tiergate = run_tiergate
-
-
 def _one_line_failure(result: subprocess.CompletedProcess[str], *needles: str) -> None:
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr
@@ -33,26 +30,28 @@ def _one_line_failure(result: subprocess.CompletedProcess[str], *needles: str) -
 def test_missing_config_file(tmp_path: Path) -> None:
     """A --config that does not exist: its path and 'not found', no traceback."""
     missing = tmp_path / "nope.yaml"
-    _one_line_failure(tiergate("serve", "--config", str(missing)), str(missing), "not found")
+    _one_line_failure(run_tiergate("serve", "--config", str(missing)), str(missing), "not found")
 
 
 def test_config_is_a_directory(tmp_path: Path) -> None:
     """A directory given as --config is named as such."""
-    _one_line_failure(tiergate("serve", "--config", str(tmp_path)), "is a directory")
+    _one_line_failure(run_tiergate("serve", "--config", str(tmp_path)), "is a directory")
 
 
 def test_config_not_utf8(tmp_path: Path) -> None:
     """A binary file as --config is reported as not text."""
     config = tmp_path / "c.yaml"
     config.write_bytes(b"\xff\xfe\x00bad")
-    _one_line_failure(tiergate("serve", "--config", str(config)), "not UTF-8")
+    _one_line_failure(run_tiergate("serve", "--config", str(config)), "not UTF-8")
 
 
 def test_bad_yaml_names_line_and_column(tmp_path: Path) -> None:
     """Broken YAML says which line and column."""
     config = tmp_path / "c.yaml"
     config.write_text("server:\n  port: 8080\n   host: x\n")
-    _one_line_failure(tiergate("serve", "--config", str(config)), "line 3, column", "invalid YAML")
+    _one_line_failure(
+        run_tiergate("serve", "--config", str(config)), "line 3, column", "invalid YAML"
+    )
 
 
 def test_duplicate_key_refused(tmp_path: Path) -> None:
@@ -62,7 +61,9 @@ def test_duplicate_key_refused(tmp_path: Path) -> None:
         "ratelimit: {backend: redis}\nserver: {port: 1}\nratelimit: {backend: memory}\n"
     )
     _one_line_failure(
-        tiergate("serve", "--config", str(config)), "line 3, column 1", "duplicate key 'ratelimit'"
+        run_tiergate("serve", "--config", str(config)),
+        "line 3, column 1",
+        "duplicate key 'ratelimit'",
     )
 
 
@@ -70,14 +71,14 @@ def test_top_level_not_a_mapping(tmp_path: Path) -> None:
     """A YAML list at the top level is refused."""
     config = tmp_path / "c.yaml"
     config.write_text("- server\n")
-    _one_line_failure(tiergate("serve", "--config", str(config)), "must be a mapping")
+    _one_line_failure(run_tiergate("serve", "--config", str(config)), "must be a mapping")
 
 
 def test_bad_value_in_file(tmp_path: Path) -> None:
     """A value out of range: the dotted path, the file and the reason."""
     config = tmp_path / "c.yaml"
     config.write_text(yaml.safe_dump({"server": {"port": 70000}}))
-    _one_line_failure(tiergate("serve", "--config", str(config)), "server.port", str(config))
+    _one_line_failure(run_tiergate("serve", "--config", str(config)), "server.port", str(config))
 
 
 def test_nested_typo_in_file(tmp_path: Path) -> None:
@@ -85,13 +86,15 @@ def test_nested_typo_in_file(tmp_path: Path) -> None:
     config = tmp_path / "c.yaml"
     config.write_text(yaml.safe_dump({"ratelimit": {"backnd": "redis"}}))
     _one_line_failure(
-        tiergate("serve", "--config", str(config)), "ratelimit.backnd", "did you mean `backend`?"
+        run_tiergate("serve", "--config", str(config)),
+        "ratelimit.backnd",
+        "did you mean `backend`?",
     )
 
 
 def test_environment_typo() -> None:
     """A misspelled TIERGATE_* variable stops the gateway with the corrected name."""
-    result = tiergate("serve", env={"TIERGATE_TELEMETRY__TRACNG": "true"})
+    result = run_tiergate("serve", env={"TIERGATE_TELEMETRY__TRACNG": "true"})
     _one_line_failure(result, "TIERGATE_TELEMETRY__TRACNG", "TIERGATE_TELEMETRY__TRACING")
 
 
@@ -103,13 +106,13 @@ def test_port_in_use(tmp_path: Path) -> None:
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         port = holder.getsockname()[1]
-        result = tiergate("serve", "--config", str(config), "--port", str(port))
+        result = run_tiergate("serve", "--config", str(config), "--port", str(port))
     _one_line_failure(result, f"127.0.0.1:{port}", "already in use")
 
 
 def test_debug_shows_traceback(tmp_path: Path) -> None:
     """--debug turns the one-line message back into a traceback for the developer."""
-    result = tiergate("--debug", "serve", "--config", str(tmp_path / "nope.yaml"))
+    result = run_tiergate("--debug", "serve", "--config", str(tmp_path / "nope.yaml"))
     assert result.returncode != 0
     assert "Traceback" in result.stderr
 
@@ -125,7 +128,7 @@ def test_missing_admin_token_file(tmp_path: Path) -> None:
             }
         )
     )
-    _one_line_failure(tiergate("serve", "--config", str(config), "--port", "0"), "absent")
+    _one_line_failure(run_tiergate("serve", "--config", str(config), "--port", "0"), "absent")
 
 
 def test_check_exposure_error_exits_nonzero(tmp_path: Path) -> None:
@@ -142,7 +145,7 @@ def test_check_exposure_error_exits_nonzero(tmp_path: Path) -> None:
             }
         )
     )
-    result = tiergate("check-exposure", "--config", str(config))
+    result = run_tiergate("check-exposure", "--config", str(config))
     assert "error:" in result.stdout
     assert result.returncode == 1
 
@@ -153,7 +156,7 @@ def test_config_check_shows_sources_and_masks_secrets(tmp_path: Path) -> None:
     config.write_text(
         yaml.safe_dump({"server": {"port": 9000}, "auth": {"admin_token": "s3cret-admin-token"}})
     )
-    result = tiergate(
+    result = run_tiergate(
         "config",
         "check",
         str(config),
@@ -174,12 +177,12 @@ def test_config_check_refuses_typo(tmp_path: Path) -> None:
     """config check fails like serve on a typo."""
     config = tmp_path / "c.yaml"
     config.write_text(yaml.safe_dump({"telemetry": {"tracng": True}}))
-    _one_line_failure(tiergate("config", "check", str(config)), "did you mean `tracing`?")
+    _one_line_failure(run_tiergate("config", "check", str(config)), "did you mean `tracing`?")
 
 
 def test_config_schema_is_json_schema_refusing_typos() -> None:
     """config schema prints a JSON Schema that forbids unknown keys in sections."""
-    result = tiergate("config", "schema")
+    result = run_tiergate("config", "schema")
     assert result.returncode == 0
     schema = json.loads(result.stdout)
     assert schema["additionalProperties"] is False
