@@ -109,10 +109,11 @@ def event_error(event: bytes) -> dict[str, Any] | None:
     Only an event that names ``"error"`` is decoded."""
     if _ERROR_KEY not in event:
         return None
+    raw = event_data(event)
     try:
-        data = _decoder.decode(event_data(event))
+        data = _decoder.decode(raw)
     except UNREADABLE_JSON:
-        data = _python_decoded(event_data(event))  # 1e400, NaN: read as an SDK reads them
+        data = _python_decoded(raw)  # 1e400, NaN: read as an SDK reads them
     if not isinstance(data, dict) or "choices" in data:
         return None
     error = data.get("error")
@@ -158,21 +159,20 @@ def _python_json(data: bytes) -> bool:
     of ``-Infinity`` from llama-cpp-python). Only the refused path comes here."""
     if b"NaN" not in data and b"Infinity" not in data:
         return False
-    try:
-        json.loads(data)
-    except (ValueError, RecursionError):
-        return False
-    return True
+    return _python_decoded(data) is not _UNREADABLE
+
+
+_UNREADABLE: Final = object()  # what ``_python_decoded`` gives for data Python cannot read
 
 
 def _python_decoded(data: bytes) -> Any:
     """``data`` as Python's ``json`` (the openai client's reader) builds it, for what the strict
     decoder refuses: a number past a double's range (``1e400`` is infinity there), ``NaN``;
-    ``None`` where that fails too. Only the refused path comes here."""
+    ``_UNREADABLE`` where that fails too. Only the refused paths come here."""
     try:
         return json.loads(data)
     except (ValueError, RecursionError):
-        return None
+        return _UNREADABLE
 
 
 def quoted_keys(event: bytes, secrets: Sequence[str]) -> list[str]:
