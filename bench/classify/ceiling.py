@@ -34,7 +34,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench.classify.loso_sources import CJK, _pooled  # noqa: E402
+from bench.classify.loso_sources import CJK, _pooled, emit  # noqa: E402
 from router_models.records import read_jsonl  # noqa: E402
 from router_models.training.honest import (  # noqa: E402
     group_figures,
@@ -111,9 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     text = report(args.data, args.external_weight, args.folds, args.seed)
-    sys.stdout.write(text + "\n")
-    if args.out is not None:
-        args.out.write_text(text + "\n", encoding="utf-8")
+    emit(text, args.out)
     return 0
 
 

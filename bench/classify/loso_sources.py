@@ -127,6 +127,13 @@ def lines(
     return out
 
 
+def emit(text: str, out: Path | None) -> None:
+    """Print a report, and write it to ``out`` when given."""
+    sys.stdout.write(text + "\n")
+    if out is not None:
+        out.write_text(text + "\n", encoding="utf-8")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Print the report (and write it with ``--out``)."""
     parser = argparse.ArgumentParser(description=__doc__)
@@ -152,9 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         balance=args.balance_source_labels,
         drop=args.drop_one_label_sources,
     )
-    sys.stdout.write(text + "\n")
-    if args.out is not None:
-        args.out.write_text(text + "\n", encoding="utf-8")
+    emit(text, args.out)
     return 0
 
 

@@ -37,12 +37,18 @@ from scipy import sparse
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench.classify.loso_sources import lines  # noqa: E402
+from bench.classify.loso_sources import emit, lines  # noqa: E402
+from router_models.artifact import FloatArray  # noqa: E402
 from router_models.records import read_jsonl  # noqa: E402
-from router_models.training.crossval import Linear, platt, sigmoid  # noqa: E402
+from router_models.training.crossval import (  # noqa: E402
+    FitFn,
+    Linear,
+    held_out_margins,
+    platt,
+    sigmoid,
+)
 from router_models.training.train import Prepared, TrainSettings, prepare  # noqa: E402
 
-FloatArray = npt.NDArray[np.float64]
 IndexArray = npt.NDArray[np.intp]
 PairRows = tuple[sparse.csr_matrix, FloatArray, FloatArray]
 
@@ -80,40 +86,45 @@ def _pair_rows(
     return rows, labels, np.full(2 * c.size, weight)
 
 
-def _fit(
-    data: Prepared, settings: TrainSettings, use: npt.NDArray[np.bool_], extra: PairRows
-) -> Linear:
+def _plus(settings: TrainSettings, extra: PairRows) -> FitFn:
+    """The shipped settings' fitter, with the rows of ``extra`` added to every fit."""
     rows, labels, weights = extra
-    x = sparse.vstack([data.x_fit[use], rows]).tocsr()
-    y = np.concatenate([data.y[use], labels])
-    w = np.concatenate([data.weight[use], weights])
-    return settings.fitter()(x, y, w)
+    fit = settings.fitter()
+
+    def fit_with(x: sparse.csr_matrix, y: FloatArray, w: FloatArray) -> Linear:
+        x = sparse.vstack([x, rows]).tocsr()
+        return fit(x, np.concatenate([y, labels]), np.concatenate([w, weights]))
+
+    return fit_with
+
+
+def _held_out(data: Prepared, fit: FitFn, groups: Sequence[str]) -> FloatArray:
+    return held_out_margins(
+        data.x, data.y, data.weight, data.groups, data.train_mask, fit, groups, fit_x=data.x_fit
+    )
 
 
 def pair_loso_scores(
-    data: Prepared, settings: TrainSettings, pair_weight: float, seed: int
+    data: Prepared,
+    settings: TrainSettings,
+    pairs: dict[str, tuple[IndexArray, IndexArray]],
+    pair_weight: float,
 ) -> FloatArray:
-    """The calibrated leave-one-source-out score of every external row (NaN elsewhere)."""
-    pairs = source_pairs(data, seed)
+    """The calibrated leave-one-source-out score of every external row (NaN elsewhere), each
+    fold fitted with the ``pairs`` of every other source."""
     names = np.asarray(data.groups)
-    every_pair = _pair_rows(data, pairs, pair_weight)
-    margins = np.full(data.y.size, np.nan)
     corpus = sorted({g for g in data.groups if g.startswith("corpus/")})
-    for group in corpus:  # Platt's inputs: each corpus family's margins from a fit without it
-        inside = names == group
-        model = _fit(data, settings, data.train_mask & ~inside, every_pair)
-        margins[inside] = model.margins(data.x[inside])
+    # Platt's inputs: each corpus family's margins from a fit without it (and with every pair)
+    margins = _held_out(data, _plus(settings, _pair_rows(data, pairs, pair_weight)), corpus)
     calib = np.isin(names, corpus) & data.train_mask
     a, c = platt(margins[calib], data.y[calib])
     scores = np.full(data.y.size, np.nan)
     for group in sorted({g for g in data.groups if not g.startswith("corpus/")}):
-        inside = names == group
         others = {g: p for g, p in pairs.items() if g != group}
-        extra = _pair_rows(data, others, pair_weight)
-        model = _fit(data, settings, data.train_mask & ~inside, extra)
-        rows = np.flatnonzero(inside)
-        scores[rows] = sigmoid(a * model.margins(data.x[rows]) + c)
-        print(f"held out {group}: {rows.size} rows", file=sys.stderr, flush=True)
+        held = _held_out(data, _plus(settings, _pair_rows(data, others, pair_weight)), [group])
+        inside = names == group
+        scores[inside] = sigmoid(a * held[inside] + c)
+        print(f"held out {group}: {int(inside.sum())} rows", file=sys.stderr, flush=True)
     return scores
 
 
@@ -128,16 +139,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = TrainSettings()  # external rows at weight 0 as pointwise rows: the shipped fit
     per_file = [read_jsonl(p) for p in args.data]
     data = prepare([r for records in per_file for r in records], settings)
-    scores = pair_loso_scores(data, settings, args.pair_weight, args.seed)
     pairs = source_pairs(data, args.seed)
+    scores = pair_loso_scores(data, settings, pairs, args.pair_weight)
     head = (
         f"round 18: corpus + within-source pairs at weight {args.pair_weight} (seed {args.seed};"
         f" pairs: {', '.join(f'{g} {p[0].size}' for g, p in pairs.items())})"
     )
-    text = "\n".join([head, *lines(data, per_file, args.data, scores)])
-    sys.stdout.write(text + "\n")
-    if args.out is not None:
-        args.out.write_text(text + "\n", encoding="utf-8")
+    emit("\n".join([head, *lines(data, per_file, args.data, scores)]), args.out)
     return 0
 
 

@@ -56,7 +56,8 @@ def test_each_external_row_gets_a_held_out_score(monkeypatch: Any) -> None:
         return real(data_, chosen, weight)
 
     monkeypatch.setattr(pairs, "_pair_rows", counting)
-    scores = pairs.pair_loso_scores(data, TrainSettings(), pair_weight=1.0, seed=0)
+    chosen = pairs.source_pairs(data, seed=0)
+    scores = pairs.pair_loso_scores(data, TrainSettings(), chosen, pair_weight=1.0)
     external = np.array([not g.startswith("corpus/") for g in data.groups])
     assert not np.isnan(scores[external]).any()
     assert np.isnan(scores[~external]).all()
