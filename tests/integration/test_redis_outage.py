@@ -94,18 +94,17 @@ async def call(http: httpx.AsyncClient, gateway: GatewayProcess, key: str) -> ht
     )
 
 
-errors: dict[str, list[str]] = {}
-
-
 async def background_load(
     http: httpx.AsyncClient,
     gateways: list[GatewayProcess],
     key: str,
     statuses: dict[str, list[int]],
     stop: asyncio.Event,
+    *,
+    errors: dict[str, list[str]],
 ) -> None:
-    """Keep requests flowing to every gateway until ``stop``; record every status (and, in
-    ``errors``, every refusal's body)."""
+    """Keep requests flowing to every gateway until ``stop``; record every status, and in
+    ``errors`` every refusal's body."""
     while not stop.is_set():
         for gateway in gateways:
             response = await call(http, gateway, key)
@@ -129,9 +128,11 @@ async def test_outage_policies_hold_and_limits_return(
         for key in (busy, limited):
             assert (await call(http, gateway, key)).status_code == 200
     statuses: dict[str, list[int]] = {open_gw.url: [], closed_gw.url: []}
-    errors.update({open_gw.url: [], closed_gw.url: []})
+    errors: dict[str, list[str]] = {open_gw.url: [], closed_gw.url: []}
     stop = asyncio.Event()
-    load = asyncio.create_task(background_load(http, [open_gw, closed_gw], busy, statuses, stop))
+    load = asyncio.create_task(
+        background_load(http, [open_gw, closed_gw], busy, statuses, stop, errors=errors)
+    )
     try:
         await asyncio.sleep(0.3)
         redis.kill()
@@ -154,7 +155,7 @@ async def test_outage_policies_hold_and_limits_return(
         await store_op(redis.url, busy_record)
         stop = asyncio.Event()
         load = asyncio.create_task(
-            background_load(http, [open_gw, closed_gw], busy, statuses, stop)
+            background_load(http, [open_gw, closed_gw], busy, statuses, stop, errors=errors)
         )
         await asyncio.sleep(0.6)
     finally:
