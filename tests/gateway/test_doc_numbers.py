@@ -1,0 +1,182 @@
+"""Numbers quoted in README.md and docs/ checked against the committed result files they cite,
+and the limits docs/security.md states checked against the code's defaults."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from gateway.config.settings import Settings, TierSettings
+from gateway.http import collector, native, protocol
+from gateway.limits import limiter_redis
+from gateway.limits.limits import limiter_lease_s
+from gateway.upstream import connection, sse
+from policies.keys import MAX_EXPIRY_DAYS
+
+REPO = Path(__file__).resolve().parents[2]
+RESULTS = REPO / "bench" / "results"
+CLASSIFY = REPO / "bench" / "classify"
+
+
+def _flat(path: Path) -> str:
+    return " ".join(path.read_text(encoding="utf-8").split())
+
+
+def _json_blocks(path: Path) -> list[Any]:
+    text = path.read_text(encoding="utf-8")
+    return [json.loads(block) for block in re.findall(r"```json\n(.*?)```", text, re.DOTALL)]
+
+
+def test_security_md_limits_are_the_code_defaults() -> None:
+    """Every bracketed default and fixed bound of docs/security.md is the code's value."""
+    doc = _flat(REPO / "docs/security.md")
+    settings = Settings()
+    server = settings.server
+    assert settings.requests.max_json_depth == 64
+    assert "`requests.max_json_depth` [64]" in doc
+    assert server.max_body_bytes == 4 * 1024 * 1024
+    assert "`server.max_body_bytes` [4 MiB]" in doc
+    assert native.LINGER_S == 5.0
+    assert "read and dropped for at most 5 s" in doc
+    assert (connection.MAX_HEAD_BYTES, sse.MAX_EVENT) == (64 * 1024, 1024 * 1024)
+    assert "a response head of at most 64 KiB and a streamed event of at most 1 MiB" in doc
+    bracketed = {
+        "max_head_bytes": (server.max_head_bytes, 16 * 1024, "[16 KiB]"),
+        "head_timeout_s": (server.head_timeout_s, 10.0, "[10 s]"),
+        "body_timeout_s": (server.body_timeout_s, 10.0, "[10 s]"),
+        "body_min_rate_bytes_s": (server.body_min_rate_bytes_s, 1024, "[1 KiB/s]"),
+        "idle_timeout_s": (server.idle_timeout_s, 75.0, "[75 s]"),
+        "write_timeout_s": (server.write_timeout_s, 60.0, "[60 s]"),
+    }
+    for name, (value, expected, said) in bracketed.items():
+        assert value == expected, name
+        assert f"`{name}` {said}" in doc, name
+    assert protocol.MAX_PIPELINE == 32
+    assert "at most 32 pipelined requests" in doc
+    assert {tier.max_tokens_cap for tier in settings.tiers.values()} == {4096}
+    assert "(default: `max_tokens_cap`, 4,096)" in doc
+    assert MAX_EXPIRY_DAYS == 3650
+    assert "expiry is at most 10 years" in doc
+
+
+def test_the_slot_lease_and_the_orphan_retries_of_security_md() -> None:
+    """A slot whose release Redis did not take is retried every 0.5 s for up to a minute; its
+    lease is the longest tier timeout + 60 s."""
+    doc = _flat(REPO / "docs/security.md")
+    assert "retried in the background every 0.5 s for up to a minute" in doc
+    assert "the longest tier timeout + 60 s" in doc
+    retry_s, tries = limiter_redis._ORPHAN_RETRY_S, limiter_redis._ORPHAN_TRIES
+    assert (retry_s, retry_s * tries) == (0.5, 60.0)
+    tiers = Settings().tiers
+    assert limiter_lease_s(tiers) == 660.0  # the default tiers' 600 s + 60 s
+    tier = next(iter(tiers.values()))
+    short, long = _with_total(tier, 30), _with_total(tier, 120)
+    assert limiter_lease_s({"fast": short, "precise": long}) == 180.0
+
+
+def _with_total(tier: TierSettings, total_s: float) -> TierSettings:
+    timeouts = tier.timeouts.model_copy(update={"total_s": total_s})
+    return tier.model_copy(update={"timeouts": timeouts})
+
+
+def test_the_full_collection_schedule_of_security_md() -> None:
+    """A full garbage collection every 10 s while passes find much garbage, the wait doubling
+    up to 160 s while they find little."""
+    doc = _flat(REPO / "docs/security.md")
+    assert (collector.FULL_INTERVAL_S, collector.FULL_LONGEST_S) == (10.0, 160.0)
+    assert collector.next_wait(10.0, collector.MUCH_GARBAGE) == 10.0
+    assert collector.next_wait(10.0, 0) == 20.0
+    assert collector.next_wait(160.0, 0) == 160.0
+    assert "a full garbage collection runs every 10 s to 160 s" in doc
+
+
+def test_savings_md_quotes_the_shadow_run_of_its_result_file() -> None:
+    """docs/savings.md and README quote bench/results/shadow.md's counts, cost and quality."""
+    routing, usage = _json_blocks(RESULTS / "shadow.md")
+    rows = {row["tier"]: row for row in usage["rows"]}
+    total = usage["total"]
+    said = (
+        f"{total['requests']} requests, {rows['fast']['requests']} fast / "
+        f"{rows['precise']['requests']} precise, cost {total['cost']:.2f} vs "
+        f"{total['baseline_cost']:.2f} all-precise (savings {total['savings_share']:.0%}), "
+        f"quality retained {routing['quality_retained']:.2f}"
+    ).replace("%", " %")
+    assert said in _flat(REPO / "docs/savings.md")
+    readme = _flat(REPO / "README.md")
+    assert f"cost **{total['cost']:.2f} vs {total['baseline_cost']:.2f}** all-precise" in readme
+
+
+def test_savings_md_quotes_the_learning_run_of_its_result_file() -> None:
+    """The 2,000-shadow figures of docs/savings.md are bench/results/shadow-learn.md's."""
+    text = (RESULTS / "shadow-learn.md").read_text(encoding="utf-8")
+    shipped, retrained = re.search(
+        r"^\| 2000 \| 0\.9\d\d \| (0\.\d+) \| (0\.\d+) \| [\d.]+% \|$", text, re.MULTILINE
+    ).groups()  # type: ignore[union-attr]
+    before, after = re.search(r"2000 shadow records: (0\.\d+) -> (0\.\d+)", text).groups()  # type: ignore[union-attr]
+    doc = _flat(REPO / "docs/savings.md")
+    assert f"from {shipped} to {retrained}" in doc
+    assert f"sends {retrained} of the held-out simple prompts" in doc
+    assert doc.count(f"falls from {before} to {after}") == 2
+
+
+def _tiergate_rates(path: Path, leg: str) -> str:
+    """``a / b / c`` req/s of one leg at c=1/16/64 in an overhead report."""
+    row = rf"^\| {re.escape(leg)} \| (?:1|16|64) \| ([\d,]+) \|"
+    rates = re.findall(row, path.read_text(encoding="utf-8"), re.M)
+    assert len(rates) == 3, (path.name, leg)
+    return " / ".join(rates)
+
+
+def test_performance_md_quotes_the_epyc_runs_it_names() -> None:
+    """The 2026-12-03 evening and 2026-12-04 runs of docs/performance.md are their files'."""
+    doc = _flat(REPO / "docs/performance.md")
+    reps = RESULTS / "overhead-reps"
+    full, plain = reps / "epyc3-full-1-8402102.md", reps / "epyc3-plain-3-8402102.md"
+    assert f"TierGate {_tiergate_rates(full, 'TierGate (full)')} req/s at c=1/16/64" in doc
+    assert f"Portkey 1.15.2 {_tiergate_rates(full, 'Portkey gateway 1.15.2')};" in doc
+    assert f"TierGate {_tiergate_rates(plain, 'TierGate (plain)')} req/s;" in doc
+    assert f"Portkey {_tiergate_rates(plain, 'Portkey gateway 1.15.2')};" in doc
+    for name, leg in (("epyc4-full-1-83efb1e.md", "full"), ("epyc4-plain-1-83efb1e.md", "plain")):
+        rates = _tiergate_rates(reps / name, f"TierGate ({leg})")
+        assert f"`{leg}`: TierGate {rates}" in doc
+
+
+def test_readme_and_router_md_quote_the_held_out_reports() -> None:
+    """The headline AUC and simple-sent share are heldout-eval.txt's and loso-v8.txt's."""
+    held = (CLASSIFY / "heldout-eval.txt").read_text(encoding="utf-8")
+    auc, sent = re.search(
+        r"leave-one-source-out.*?\n\s+ROC AUC (0\.\d+); catching 95 % of complex sends ([\d.]+)%",
+        held,
+    ).groups()  # type: ignore[union-attr]
+    loso = (CLASSIFY / "loso-v8.txt").read_text(encoding="utf-8")
+    pooled = re.search(r"every held-out row: .*?ROC AUC (0\.\d+)", loso).group(1)  # type: ignore[union-attr]
+    cjk = re.search(r"Chinese \+ Japanese: .*?ROC AUC (0\.\d+)", loso).group(1)  # type: ignore[union-attr]
+    readme, router = _flat(REPO / "README.md"), _flat(REPO / "docs/router.md")
+    assert f"AUC **{float(pooled):.3f}**" in readme
+    assert f"**AUC {float(pooled):.3f}**" in router
+    for doc in (readme, router):
+        assert f"Chinese + Japanese **{float(cjk):.3f}**" in doc
+    assert f"ROC AUC **{float(auc):.3f}**" in readme
+    assert f"**ROC AUC {float(auc):.3f}**" in router
+    assert f"**{sent} %**" in readme
+    assert f"**{sent} %**" in router
+
+
+def _within_source(path: Path) -> str:
+    """Within-source AUC of the six both-label sources, in router.md's table order."""
+    text = path.read_text(encoding="utf-8")
+    names = ("ape210k", "aqua", "tal_scq5k", "jmmlu", "dm_mathematics", "followbench")
+    return " / ".join(
+        re.search(rf"^  {name}\s+\d+\s+\d+\s+[\d.]+\s+([\d.]+)", text, re.M).group(1)  # type: ignore[union-attr]
+        for name in names
+    )
+
+
+def test_router_md_round_tables_quote_their_reports() -> None:
+    """Rounds 12-14: the within-source AUC rows are those of the committed LOSO reports."""
+    doc = _flat(REPO / "docs/router.md")
+    base = _within_source(CLASSIFY / "loso-round12-base.txt")
+    for name in ("loso-round12.txt", "loso-round13.txt", "loso-round14.txt"):
+        assert f"| {base} | {_within_source(CLASSIFY / name)} |" in doc, name
