@@ -11,6 +11,7 @@ import yaml
 
 from gateway.access.key_cache import DEGRADED_TTL_S, KeyCache
 from gateway.access.key_feed import KeyChangeFeed
+from gateway.config.router_settings import RouterSettings
 from gateway.config.settings import AuthSettings, ServerSettings, Settings
 from gateway.pipeline.context import request_id_from
 from policies.requests import COMPLETIONS_DEFAULT_MAX_TOKENS, default_max_tokens
@@ -210,3 +211,17 @@ def test_the_example_file_of_configuration_md_is_a_valid_configuration() -> None
     assert set(settings.tiers) == {"fast", "precise"}
     assert settings.tiers["fast"].default_max_tokens == 1024
     assert settings.queue.batch_wait_s == 10
+
+
+def test_the_fallback_of_an_explicit_tier_is_documented_for_a_full_tier_too() -> None:
+    """`model: fast` falls back to precise when fast is full past its queue wait, not only when
+    it has no healthy replica (tests/integration/test_faults.py::
+    test_a_full_fast_tier_falls_back_to_precise); README's model table, docs/api.md's
+    saturation row and the setting's description say both."""
+    row = next(line for line in README.splitlines() if line.startswith("| a tier name"))
+    assert "full" in row
+    saturated = next(line for line in API_DOC.splitlines() if "every replica saturated" in line)
+    assert "fallback_to_precise" in saturated
+    description = RouterSettings.model_fields["fallback_to_precise"].description
+    assert description is not None
+    assert "full" in description
