@@ -5,8 +5,11 @@ from __future__ import annotations
 import ast
 import inspect
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
 
 from gateway.access.key_cache import DEGRADED_TTL_S, KeyCache
@@ -225,3 +228,19 @@ def test_the_fallback_of_an_explicit_tier_is_documented_for_a_full_tier_too() ->
     description = RouterSettings.model_fields["fallback_to_precise"].description
     assert description is not None
     assert "full" in description
+
+
+def test_the_existing_vllm_walkthrough_directory_keeps_its_secrets_out_of_git() -> None:
+    """docs/existing-vllm.md works in `tiergate-prod/` inside the checkout and writes the admin
+    token there: git must ignore it, or a `git add -A` commits the token."""
+    doc = (REPO / "docs/existing-vllm.md").read_text(encoding="utf-8")
+    made = re.search(r"mkdir -p (\S+) && cd \1", doc)
+    assert made is not None
+    secret = f"{made.group(1)}/admin-token"
+    assert f"> {Path(secret).name}" in doc  # the walkthrough writes the token there
+    if shutil.which("git") is None or not (REPO / ".git").exists():
+        pytest.skip("not a git checkout")
+    ignored = subprocess.run(
+        ["git", "check-ignore", "-q", secret], cwd=REPO, check=False, capture_output=True
+    )
+    assert ignored.returncode == 0, f"{secret} is not git-ignored"
