@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import json
 import re
 import shutil
 import subprocess
@@ -18,6 +19,7 @@ from gateway.config.router_settings import RouterSettings
 from gateway.config.settings import AuthSettings, ServerSettings, Settings
 from gateway.pipeline.context import request_id_from
 from policies.requests import COMPLETIONS_DEFAULT_MAX_TOKENS, default_max_tokens
+from router_models.records import body_of
 from tests.adversarial.test_keys_revocation import BOUND_S
 
 REPO = Path(__file__).resolve().parents[2]
@@ -244,3 +246,17 @@ def test_the_existing_vllm_walkthrough_directory_keeps_its_secrets_out_of_git() 
         ["git", "check-ignore", "-q", secret], cwd=REPO, check=False, capture_output=True
     )
     assert ignored.returncode == 0, f"{secret} is not git-ignored"
+
+
+def test_the_calibrate_sample_format_is_shown_and_readable() -> None:
+    """docs/router.md's share dial tells how to calibrate on `traffic.jsonl`: it must show what
+    a line of that file looks like (the command reads `prompt` or `messages`), and every line it
+    shows must be one the command accepts."""
+    doc = (REPO / "docs/router.md").read_text(encoding="utf-8")
+    section = doc[doc.index("## The share dial") : doc.index("## A dial per tenant")]
+    sample = re.search(r"```jsonl\n(.*?)```", section, re.DOTALL)
+    assert sample is not None, "no example of traffic.jsonl's lines"
+    lines = [line for line in sample.group(1).splitlines() if line.strip()]
+    assert {"prompt", "messages"} <= {key for line in lines for key in json.loads(line)}
+    for line in lines:
+        assert body_of(json.loads(line))
