@@ -260,3 +260,14 @@ def test_the_calibrate_sample_format_is_shown_and_readable() -> None:
     assert {"prompt", "messages"} <= {key for line in lines for key in json.loads(line)}
     for line in lines:
         assert body_of(json.loads(line))
+
+
+def test_the_deployment_blocks_set_every_variable_they_use() -> None:
+    """docs/deployment.md's command blocks cannot be run as marked blocks (Docker, Helm), so
+    check what a reader pasting them meets first: each `$NAME` a block reads is set in it
+    (the compose block used to print the key, then curl `$KEY`, which nothing had set)."""
+    doc = (REPO / "docs/deployment.md").read_text(encoding="utf-8")
+    for block in re.findall(r"```(?:sh|bash)\n(.*?)```", doc, re.DOTALL):
+        used = set(re.findall(r"\$\{?([A-Z_][A-Z0-9_]*)", block))
+        assigned = set(re.findall(r"(?:^|[\s;(])(?:export )?([A-Z_][A-Z0-9_]*)=", block, re.M))
+        assert used <= assigned, (used - assigned, block)
