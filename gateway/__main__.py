@@ -8,6 +8,8 @@ per problem and exit 2, without a traceback unless ``--debug`` is given.
 from __future__ import annotations
 
 import argparse
+import os
+import select
 import sys
 from collections.abc import Callable
 from importlib.metadata import entry_points
@@ -58,12 +60,29 @@ def _read_secret_files(settings: Settings) -> None:
     """Read every tier's upstream keys and the admin token once, before any worker starts: a
     bad one is one line naming its setting and exit 2, not a failure in every worker."""
     for name, tier in settings.tiers.items():
+        where = f"tiers.{name}.api_key_file ({tier.api_key_file})"
         try:
             tier.read_api_keys()
         except ValueError as exc:  # the file's text is never quoted: it holds secrets
-            where = f"tiers.{name}.api_key_file ({tier.api_key_file})"
             raise ConfigError([f"{where}: {exc}"]) from None
-    settings.auth.read_admin_token()
+        except OSError as exc:
+            raise ConfigError([f"{where}: {_unreadable(exc)}"]) from None
+    try:
+        settings.auth.read_admin_token()
+    except OSError as exc:
+        where = f"auth.admin_token_file ({settings.auth.admin_token_file})"
+        raise ConfigError([f"{where}: {_unreadable(exc)}"]) from None
+
+
+def _unreadable(exc: OSError) -> str:
+    """Why a settings file could not be read, in words (not found, not allowed...)."""
+    if isinstance(exc, FileNotFoundError):
+        return "not found"
+    if isinstance(exc, PermissionError):
+        return "permission denied (the gateway's user must be able to read it)"
+    if isinstance(exc, IsADirectoryError):
+        return "is a directory, not a file"
+    return exc.strerror or str(exc)
 
 
 def _run(settings: Settings, workers: WorkerCount, config: Path | None) -> int:
@@ -210,6 +229,16 @@ def _plugin(name: str) -> Callable[[list[str]], int] | None:
     return None
 
 
+def _stdout_gone() -> bool:
+    """Whether stdout is a pipe whose reader has closed it (poll reports an error on it)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(event & (select.POLLERR | select.POLLHUP) for _, event in poller.poll(0))
+    except (OSError, ValueError, AttributeError):  # no fd (captured), or no poll here
+        return False
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run a sub-command; ``--debug`` anywhere shows tracebacks of start-up failures."""
     args_list = list(sys.argv[1:] if argv is None else argv)
@@ -226,6 +255,13 @@ def main(argv: list[str] | None = None) -> int:
         for problem in exc.problems:
             print(f"tiergate: {problem}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        if debug or not _stdout_gone():
+            raise
+        # `tiergate config check FILE | head`: the reader left, which is no failure to report.
+        # Point stdout at /dev/null so that the exit's own flush does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except OSError as exc:  # a file named in the settings, or the listening port (ListenError)
         if debug:
             raise

@@ -95,6 +95,11 @@ def _parser() -> argparse.ArgumentParser:
     score = sub.add_parser("score", help="score JSONL lines with id and prompt/messages")
     _score_arguments(score)
     cal = sub.add_parser("calibrate", help="threshold for a target share from unlabelled traffic")
+    # `tiergate router dial` talks to a running gateway and is dispatched before this parser
+    # (gateway/__main__.py); it is listed here so that `tiergate router --help` names it.
+    sub.add_parser(
+        "dial", help="turn the share dial of a running gateway (tiergate router dial --help)"
+    )
     cal.add_argument(
         "--sample",
         type=Path,
@@ -307,6 +312,9 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     """Run a router subcommand; returns the process exit status."""
     args = _parser().parse_args(argv)
     stream = out or sys.stdout
+    if args.command == "dial":
+        sys.stderr.write("tiergate router dial: run it as `tiergate router dial SHARE ...`\n")
+        return 2
     handlers = {"train": _train, "eval": _eval, "score": _score, "calibrate": _calibrate}
     trains = args.command == "train" or (args.command == "eval" and args.held_out)
     if trains and sklearn_missing():

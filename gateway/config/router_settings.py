@@ -93,7 +93,8 @@ class RouterSettings(Section):
     # Tier fallback when the chosen tier has no healthy capacity: fast -> precise (on by
     # default); precise -> fast only for keys with the downgrade scope and this switch on.
     fallback_to_precise: bool = True
-    """When the fast tier has no healthy capacity, use the precise tier."""
+    """When the fast tier has no healthy replica, or stays full past its queue wait, use the
+    precise tier (x-tiergate-fallback-from: fast; priced as precise)."""
     downgrade_to_fast: bool = False
     """When the precise tier has no healthy capacity, use the fast tier (keys with the downgrade
     scope only).

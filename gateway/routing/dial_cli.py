@@ -1,7 +1,8 @@
 """``tiergate router dial SHARE [--tenant T]``: turn the cost dial of a running gateway.
 
 It calls ``PUT /admin/router/share`` on one gateway with the admin token; that gateway shares
-the change with its other workers and, through Redis, with every replica (``gateway/dial_sync``).
+the change with its other workers and, through Redis, with every replica
+(``gateway/routing/dial_sync.py``).
 ``SHARE`` is a number in [0, 1], or ``clear`` to drop a tenant's own target (or a dialled
 default: back to ``router.target_precise_share``).
 """
@@ -37,7 +38,9 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tiergate router dial", description=__doc__)
     parser.add_argument("share", type=_share, help="target precise share in [0, 1], or 'clear'")
     parser.add_argument("--tenant", default=None, help="this tenant's own target (default: all)")
-    parser.add_argument("--url", default="http://127.0.0.1:8080", help="a gateway's base URL")
+    parser.add_argument(
+        "--url", default="http://127.0.0.1:8080", help="a gateway's base URL (default %(default)s)"
+    )
     parser.add_argument(
         "--admin-token-file",
         type=Path,

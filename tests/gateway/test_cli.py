@@ -111,3 +111,36 @@ def test_serve_refuses_public_bind_in_strict_mode(tmp_path: Path) -> None:
     result = tiergate("serve", "--config", str(config), "--host", "0.0.0.0", "--port", "1")
     assert result.returncode == 2
     assert "refusing to start" in result.stderr
+
+
+def test_router_help_lists_the_dial() -> None:
+    """`tiergate router --help` names every router sub-command, `dial` (the live share dial
+    the README and docs/router.md teach) included, and `dial --help` names its default URL."""
+    result = tiergate("router", "--help")
+    assert result.returncode == 0, result.stderr
+    assert "dial" in result.stdout.split("options:")[0]
+    dial = tiergate("router", "dial", "--help")
+    assert dial.returncode == 0, dial.stderr
+    assert "http://127.0.0.1:8080" in dial.stdout
+
+
+def test_output_into_a_closed_pipe_is_not_reported_as_an_error(tmp_path: Path) -> None:
+    """`tiergate config check FILE | head -1`: the reader leaving early is not a failure the
+    command reports (it used to print `tiergate: [Errno 32] Broken pipe`)."""
+    config = tmp_path / "c.yaml"
+    config.write_text("server: {port: 8080}\n")
+    proc = subprocess.Popen(  # this interpreter, fixed arguments
+        [sys.executable, "-m", "gateway", "config", "check", str(config)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    assert proc.stderr is not None
+    proc.stdout.close()  # like `head` exiting before the command writes its first line
+    stderr = proc.stderr.read()
+    proc.wait(timeout=60)
+    assert "Broken pipe" not in stderr
+    assert "Traceback" not in stderr
+    assert "Exception ignored" not in stderr

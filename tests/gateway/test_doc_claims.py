@@ -4,16 +4,22 @@ from __future__ import annotations
 
 import ast
 import inspect
+import json
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
 
 from gateway.access.key_cache import DEGRADED_TTL_S, KeyCache
 from gateway.access.key_feed import KeyChangeFeed
+from gateway.config.router_settings import RouterSettings
 from gateway.config.settings import AuthSettings, ServerSettings, Settings
 from gateway.pipeline.context import request_id_from
 from policies.requests import COMPLETIONS_DEFAULT_MAX_TOKENS, default_max_tokens
+from router_models.records import body_of
 from tests.adversarial.test_keys_revocation import BOUND_S
 
 REPO = Path(__file__).resolve().parents[2]
@@ -210,3 +216,58 @@ def test_the_example_file_of_configuration_md_is_a_valid_configuration() -> None
     assert set(settings.tiers) == {"fast", "precise"}
     assert settings.tiers["fast"].default_max_tokens == 1024
     assert settings.queue.batch_wait_s == 10
+
+
+def test_the_fallback_of_an_explicit_tier_is_documented_for_a_full_tier_too() -> None:
+    """`model: fast` falls back to precise when fast is full past its queue wait, not only when
+    it has no healthy replica (tests/integration/test_faults.py::
+    test_a_full_fast_tier_falls_back_to_precise); README's model table, docs/api.md's
+    saturation row and the setting's description say both."""
+    row = next(line for line in README.splitlines() if line.startswith("| a tier name"))
+    assert "full" in row
+    saturated = next(line for line in API_DOC.splitlines() if "every replica saturated" in line)
+    assert "fallback_to_precise" in saturated
+    description = RouterSettings.model_fields["fallback_to_precise"].description
+    assert description is not None
+    assert "full" in description
+
+
+def test_the_existing_vllm_walkthrough_directory_keeps_its_secrets_out_of_git() -> None:
+    """docs/existing-vllm.md works in `tiergate-prod/` inside the checkout and writes the admin
+    token there: git must ignore it, or a `git add -A` commits the token."""
+    doc = (REPO / "docs/existing-vllm.md").read_text(encoding="utf-8")
+    made = re.search(r"mkdir -p (\S+) && cd \1", doc)
+    assert made is not None
+    secret = f"{made.group(1)}/admin-token"
+    assert f"> {Path(secret).name}" in doc  # the walkthrough writes the token there
+    if shutil.which("git") is None or not (REPO / ".git").exists():
+        pytest.skip("not a git checkout")
+    ignored = subprocess.run(
+        ["git", "check-ignore", "-q", secret], cwd=REPO, check=False, capture_output=True
+    )
+    assert ignored.returncode == 0, f"{secret} is not git-ignored"
+
+
+def test_the_calibrate_sample_format_is_shown_and_readable() -> None:
+    """docs/router.md's share dial tells how to calibrate on `traffic.jsonl`: it must show what
+    a line of that file looks like (the command reads `prompt` or `messages`), and every line it
+    shows must be one the command accepts."""
+    doc = (REPO / "docs/router.md").read_text(encoding="utf-8")
+    section = doc[doc.index("## The share dial") : doc.index("## A dial per tenant")]
+    sample = re.search(r"```jsonl\n(.*?)```", section, re.DOTALL)
+    assert sample is not None, "no example of traffic.jsonl's lines"
+    lines = [line for line in sample.group(1).splitlines() if line.strip()]
+    assert {"prompt", "messages"} <= {key for line in lines for key in json.loads(line)}
+    for line in lines:
+        assert body_of(json.loads(line))
+
+
+def test_the_deployment_blocks_set_every_variable_they_use() -> None:
+    """docs/deployment.md's command blocks cannot be run as marked blocks (Docker, Helm), so
+    check what a reader pasting them meets first: each `$NAME` a block reads is set in it
+    (the compose block used to print the key, then curl `$KEY`, which nothing had set)."""
+    doc = (REPO / "docs/deployment.md").read_text(encoding="utf-8")
+    for block in re.findall(r"```(?:sh|bash)\n(.*?)```", doc, re.DOTALL):
+        used = set(re.findall(r"\$\{?([A-Z_][A-Z0-9_]*)", block))
+        assigned = set(re.findall(r"(?:^|[\s;(])(?:export )?([A-Z_][A-Z0-9_]*)=", block, re.M))
+        assert used <= assigned, (used - assigned, block)

@@ -187,3 +187,28 @@ def test_config_schema_is_json_schema_refusing_typos() -> None:
     schema = json.loads(result.stdout)
     assert schema["additionalProperties"] is False
     assert schema["$defs"]["RateLimitSettings"]["additionalProperties"] is False
+
+
+def _with_missing_secret_file(setting: str, absent: str) -> dict[str, object]:
+    """Gateway settings whose ``setting`` (a secret file) names ``absent``."""
+    tiers = {
+        "fast": {"model": "f", "replicas": ["http://127.0.0.1:8101"]},
+        "precise": {"model": "p", "replicas": ["http://127.0.0.1:8102"]},
+    }
+    auth: dict[str, object] = {"enabled": False}
+    if setting == "auth.admin_token_file":
+        auth["admin_token_file"] = absent
+    else:
+        tiers["fast"]["api_key_file"] = absent
+    return {"auth": auth, "tiers": tiers, "exposure": {"mode": "off"}}
+
+
+@pytest.mark.parametrize("setting", ["auth.admin_token_file", "tiers.fast.api_key_file"])
+def test_a_missing_secret_file_names_its_setting(tmp_path: Path, setting: str) -> None:
+    """A secret file that is not there names the setting that points at it (it used to be a
+    bare `[Errno 2] No such file or directory: '...'`, which left the operator to guess)."""
+    absent = str(tmp_path / "absent")
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(_with_missing_secret_file(setting, absent)))
+    result = run_tiergate("serve", "--config", str(config), "--port", "0")
+    _one_line_failure(result, setting, absent, "not found")

@@ -400,3 +400,31 @@ def test_client_disconnect_mid_stream_aborts_and_returns_the_lease(
             break
         time.sleep(0.05)
     assert replica_view(gateway, sim, "precise")["in_flight"] == 0
+
+
+def test_a_full_fast_tier_falls_back_to_precise(sims: tuple[SimulatorProcess, ...]) -> None:
+    """Not only a fast tier with no healthy replica: a fast tier that stays full past its queue
+    wait also sends the request to precise (fallback reason `overloaded`), `model: fast`
+    included. README's model table and docs/api.md say so (they used to name only the first)."""
+    _, _, p = sims
+    with SimulatorProcess(
+        "--profile", "fast", "--model", "tiergate-fast", "--latency-scale", "20", "--seed", "6"
+    ) as slow_fast:
+        settings = config(
+            [slow_fast.url], [p.url], fast_tier={"max_concurrency": 1, "max_queue_wait_s": 0.2}
+        )
+        with GatewayProcess(settings) as gateway:
+            body = chat(max_tokens=20)
+
+            async def burst() -> list[httpx.Response]:
+                async with httpx.AsyncClient(timeout=10) as client:
+                    url = gateway.url + "/v1/chat/completions"
+                    return list(await asyncio.gather(*(client.post(url, json=body) for _ in "abc")))
+
+            responses = asyncio.run(burst())
+    assert [r.status_code for r in responses] == [200, 200, 200]
+    fell_back = [r for r in responses if r.headers.get("x-tiergate-fallback-from") == "fast"]
+    assert fell_back, [dict(r.headers) for r in responses]
+    for resp in fell_back:
+        assert resp.headers["x-tiergate-tier"] == "precise"
+        assert resp.headers["x-tiergate-fallback-reason"] == "overloaded"
