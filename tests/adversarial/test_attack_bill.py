@@ -1,0 +1,240 @@
+"""Billing attacks: what the gateway charges and counts against what the backend served.
+
+A real ``tiergate serve`` (keys, token limits and budgets in a real redis-server) sits in front
+of a scripted backend process (``tests.adversarial.bill_upstream``) whose every answer reports
+a known usage, in the ways other servers report it, or fails to. Each test compares, for one
+request on a fresh key, what was served with what the budget (Redis), the usage report
+(``/admin/usage``) and the access log charged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.adversarial.bill_upstream import ANSWER_TOKENS, PROMPT
+from tests.integration.gateway_proc import REPO_ROOT, GatewayProcess
+from tests.integration.test_budgets_usage import new_key, spent
+from tests.processes import free_port, http_answers, terminate, wait_ready
+from tests.redis_server import RedisServer
+
+ADMIN = "attack-bill-admin-token-0000000000000"
+TIMEOUTS = {"connect_s": 1.0, "first_byte_s": 10.0, "idle_s": 5.0, "total_s": 10.0}
+PRECISE_PER_TOKEN = 1 / 1000  # the precise tier's default price
+
+
+class Bill:
+    """The running world: Redis, the scripted backend, the gateway."""
+
+    def __init__(self, redis: RedisServer, backend: str, gateway: GatewayProcess) -> None:
+        self.redis, self.backend, self.gateway = redis, backend, gateway
+
+    def key(self, **policy: Any) -> tuple[str, str]:
+        """A fresh key (id, token) with a generous daily budget unless told otherwise."""
+        return asyncio.run(new_key(self.redis.url, **{"budget_daily": 100.0, **policy}))
+
+    def spent(self, key_id: str) -> float:
+        """Today's budget spend of ``key_id`` in Redis."""
+        return asyncio.run(spent(self.redis.url, key_id))
+
+    def forwarded(self) -> dict[str, Any]:
+        """The body the backend was last sent."""
+        answer: dict[str, Any] = httpx.get(self.backend + "/last", timeout=5).json()
+        return answer
+
+    def usage(self, key_id: str, within: float = 4.0) -> dict[str, Any] | None:
+        """``key_id``'s row of ``/admin/usage?by=key`` once it shows (``None``: never did)."""
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            answer = httpx.get(
+                self.gateway.url + "/admin/usage?window=1h&by=key",
+                headers={"Authorization": f"Bearer {ADMIN}"},
+                timeout=5,
+            )
+            rows = [row for row in answer.json()["rows"] if row["key_id"] == key_id]
+            if rows:
+                row: dict[str, Any] = rows[0]
+                return row
+            time.sleep(0.1)
+        return None
+
+    def settled_spend(self, key_id: str, within: float = 4.0) -> float:
+        """The spend once it has stopped moving (the settlement runs after the answer)."""
+        deadline = time.monotonic() + within
+        last = self.spent(key_id)
+        while time.monotonic() < deadline:
+            time.sleep(0.3)
+            now = self.spent(key_id)
+            if now == last:
+                return now
+            last = now
+        return last
+
+    def client(self, token: str, **options: Any) -> openai.OpenAI:
+        """The official client on the gateway, no retries."""
+        return openai.OpenAI(
+            base_url=self.gateway.url + "/v1", api_key=token, max_retries=0, **options
+        )
+
+
+@pytest.fixture(scope="module")
+def bill() -> Iterator[Bill]:
+    """redis-server, the scripted backend behind both tiers, one gateway keeping keys, limits,
+    budgets and usage in Redis."""
+    port = free_port()
+    command = [sys.executable, "-m", "tests.adversarial.bill_upstream", "--port", str(port)]
+    with RedisServer() as redis:
+        backend = subprocess.Popen(command, cwd=REPO_ROOT)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            wait_ready(backend, lambda: http_answers(url + "/health"), timeout=10, poll_s=0.05,
+                       what="billing backend", log=lambda: "")  # fmt: skip
+            asyncio.run(new_key(redis.url))  # the gateway refuses to start with no key
+            tier = {"replicas": [url], "kind": "vllm", "timeouts": TIMEOUTS}
+            config = {
+                "auth": {"store": "redis", "admin_token": ADMIN},
+                "ratelimit": {"backend": "redis"},
+                "redis": {"url": redis.url},
+                "tiers": {"fast": {"model": "m", **tier}, "precise": {"model": "m2", **tier}},
+            }
+            with GatewayProcess(config) as gateway:
+                gateway.wait_until_ready(timeout=20)
+                yield Bill(redis, url, gateway)
+        finally:
+            terminate(backend)
+
+
+def chat(scenario: str, **extra: Any) -> dict[str, Any]:
+    """A precise-tier chat request whose prompt names the backend's scenario."""
+    return {
+        "model": "precise",
+        "messages": [{"role": "user", "content": scenario}],
+        "max_tokens": 50,
+        **extra,
+    }
+
+
+def post(bill: Bill, token: str, body: dict[str, Any], **options: Any) -> httpx.Response:
+    """POST a chat request to the gateway."""
+    return httpx.post(
+        bill.gateway.url + "/v1/chat/completions",
+        json=body,
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=options.get("timeout", 10),
+    )
+
+
+def test_an_answer_that_reports_its_usage_is_charged_exactly(bill: Bill) -> None:
+    """Baseline: 20 + 10 tokens reported, 0.030 charged, the same in /admin/usage. Held."""
+    key_id, token = bill.key()
+    answer = bill.client(token).chat.completions.create(**chat("whole"))
+    assert answer.usage is not None
+    assert answer.usage.total_tokens == PROMPT + ANSWER_TOKENS
+    assert bill.settled_spend(key_id) == pytest.approx(30 * PRECISE_PER_TOKEN)
+    row = bill.usage(key_id)
+    assert row is not None
+    assert (row["requests"], row["input_tokens"], row["output_tokens"]) == (1, 20, 10)
+
+
+def test_an_answer_with_null_usage_is_not_free(bill: Bill) -> None:
+    """A backend that answers with ``"usage": null`` served 10 tokens: the budget and the
+    usage report must count the request, not charge it nothing."""
+    key_id, token = bill.key()
+    answer = bill.client(token).chat.completions.create(**chat("whole_usage_null"))
+    assert answer.choices[0].message.content
+    charged = bill.settled_spend(key_id)
+    row = bill.usage(key_id)
+    assert charged > 0, "a served answer cost nothing against the budget"
+    assert row is not None, "a served answer is missing from the report"
+    assert row["requests"] == 1
+
+
+def test_an_answer_without_a_prompt_count_charges_its_prompt(bill: Bill) -> None:
+    """Usage with ``total_tokens`` 30 and ``completion_tokens`` 10 but no ``prompt_tokens``:
+    the 20 prompt tokens are charged (total minus completion), not 0."""
+    key_id, token = bill.key()
+    bill.client(token).chat.completions.create(**chat("whole_no_prompt_count"))
+    row = bill.usage(key_id)
+    assert row is not None
+    assert (row["input_tokens"], row["output_tokens"]) == (20, 10)
+    assert bill.settled_spend(key_id) == pytest.approx(30 * PRECISE_PER_TOKEN)
+
+
+def test_a_caller_who_times_out_still_pays_for_the_forwarded_request(bill: Bill) -> None:
+    """A non-streaming request forwarded, then the client times out (the openai client's
+    ``timeout``): the token limit keeps its reservation (docs/access.md), and the budget must
+    not refund it all, or a short client timeout buys unlimited compute for free."""
+    key_id, token = bill.key()
+    with pytest.raises(openai.APITimeoutError):
+        bill.client(token, timeout=1.0).chat.completions.create(**chat("whole_slow"))
+    time.sleep(0.5)  # the gateway sees the hang-up and settles
+    assert bill.settled_spend(key_id) > 0, "a forwarded request the caller left cost nothing"
+
+
+def test_a_stream_left_before_its_first_event_pays_its_prompt(bill: Bill) -> None:
+    """A stream whose backend has the prompt but sent nothing yet when the client leaves: the
+    token limit charges the prompt estimate (docs/access.md); the budget must too."""
+    key_id, token = bill.key()
+    with pytest.raises(openai.APITimeoutError):
+        bill.client(token, timeout=1.0).chat.completions.create(
+            **chat("stream_slow_start", stream=True)
+        )
+    time.sleep(0.5)
+    assert bill.settled_spend(key_id) > 0, "a forwarded stream the caller left cost nothing"
+
+
+def test_usage_on_every_chunk_is_charged_once(bill: Bill) -> None:
+    """A backend reporting the running usage on every chunk (then a usage chunk): charged
+    20 + 4 once, not the sum of the five reports. Held."""
+    key_id, token = bill.key()
+    stream = bill.client(token).chat.completions.create(
+        **chat("stream_cumulative", stream=True, stream_options={"include_usage": True})
+    )
+    chunks = list(stream)
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == 4
+    row = bill.usage(key_id)
+    assert row is not None
+    assert (row["input_tokens"], row["output_tokens"]) == (20, 4)
+    assert bill.settled_spend(key_id) == pytest.approx(24 * PRECISE_PER_TOKEN)
+
+
+def test_usage_on_the_final_choice_is_charged_and_not_shown_unasked(bill: Bill) -> None:
+    """A backend that puts ``usage`` on the final chunk beside ``finish_reason``: charged as
+    reported; a caller who did not ask for usage gets none (the gateway asked for it)."""
+    key_id, token = bill.key()
+    response = post(bill, token, chat("stream_usage_on_final_choice", stream=True))
+    assert response.status_code == 200
+    assert bill.forwarded()["stream_options"] == {"include_usage": True}
+    row = bill.usage(key_id)
+    assert row is not None
+    assert (row["input_tokens"], row["output_tokens"]) == (20, 3)
+    events = [
+        json.loads(line[6:]) for line in response.text.splitlines() if line.startswith("data: {")
+    ]
+    assert [event for event in events if event.get("usage")] == [], "usage shown unasked"
+
+
+def test_a_cut_stream_of_two_choices_charges_both(bill: Bill) -> None:
+    """``n: 2`` with ``max_tokens: 6``: the backend streams 6 tokens for each choice, then the
+    body ends with neither finished and no usage. 12 tokens were streamed to the caller; the
+    gateway's own count must charge 12, not clip the sum of both choices to one's 6."""
+    key_id, token = bill.key(max_n=2)
+    response = post(bill, token, chat("stream_two_choices_cut", stream=True, n=2, max_tokens=6))
+    assert response.status_code == 200
+    content = [line for line in response.text.splitlines() if '"content"' in line]
+    assert len(content) == 12
+    row = bill.usage(key_id)
+    assert row is not None
+    assert row["output_tokens"] == 12, (
+        f"{len(content)} tokens streamed, {row['output_tokens']} counted"
+    )
