@@ -33,6 +33,7 @@ from gateway.upstream.sse import (
     is_json,
     quoted_keys,
     standard_event,
+    unasked,
 )
 
 _log = structlog.get_logger("tiergate.relay")
@@ -57,8 +58,7 @@ _FINISH = re.compile(rb'"finish_reason"\s*:\s*"')
 _TEXT = re.compile(rb'"(?:content|text)"\s*:\s*"[^"]')
 # The usual spelling of a chunk still generating, checked before the pattern above.
 _NO_FINISH_COMPACT = b'"finish_reason":null'
-# A ``usage`` object (not ``"usage": null``, which OpenAI and SGLang put on every chunk):
-# only such an event is parsed.
+# A ``usage`` object (not ``"usage": null``, as OpenAI and SGLang send on every chunk) to parse.
 _USAGE = b'"usage"'
 _USAGE_OBJECT = re.compile(rb'"usage"\s*:\s*\{')
 
@@ -108,7 +108,7 @@ class StreamRelay:
     The relay reports to its caller only: ``on_event`` (if given) sees each event relayed,
     ``on_close`` is called exactly once, with the outcome and the usage (the backend's, or
     the relay's own count from ``prompt_tokens`` and the content chunks, at most
-    ``max_tokens``).
+    ``max_tokens`` per choice).
 
     The stream reaches the caller as complete only when the backend ended it: its final chunk
     (a string ``finish_reason``) or, when ``choices`` > 1, one for each choice it started
@@ -340,7 +340,7 @@ class StreamRelay:
         return bool(self.started) and all(self.started.values())
 
     def _usage_event(self, event: bytes) -> bytes | None:
-        """An event that may carry ``usage``: recorded; the gateway's own usage chunk dropped."""
+        """An event that may carry ``usage``: recorded; usage the gateway asked for dropped."""
         try:
             data = _decoder.decode(event[6:])
         except UNREADABLE_JSON:
@@ -348,8 +348,8 @@ class StreamRelay:
         usage = usage_from(data)
         if usage is not None:
             self.usage = usage
-            if self.strip_usage and data.get("choices") == []:
-                return None
+            if self.strip_usage:  # asked for by the gateway: the caller sees none, also where
+                return unasked(data)  # it rides on a chunk with choices (some servers)
         return event
 
     def _capture(self, event: bytes) -> None:
@@ -367,10 +367,10 @@ class StreamRelay:
             self.captured.append(text)
 
     def _count_usage(self) -> Usage:
-        """The gateway's own count: its prompt estimate and one token per content chunk."""
+        """The gateway's own count: its prompt estimate, a token a content chunk (any choice's)."""
         completion = self.token_events
         if self.max_tokens is not None:
-            completion = min(completion, self.max_tokens)
+            completion = min(completion, self.max_tokens * self.choices)
         usage = Usage(prompt_tokens=self.prompt_tokens, completion_tokens=completion)
         self.usage = usage
         return usage
