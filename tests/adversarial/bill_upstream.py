@@ -136,6 +136,13 @@ async def stream_two_choices_cut(writer: Writer) -> None:
     await _events(writer, ROLE, *tokens)
 
 
+async def stream_role_on_every_chunk_cut(writer: Writer) -> None:
+    """6 tokens, each chunk's delta naming the role too (Ollama's chunks do), then the body
+    ends: no final chunk, no usage."""
+    chunk = {"index": 0, "delta": {"role": "assistant", "content": "t"}, "finish_reason": None}
+    await _events(writer, *[_chunk([chunk]) for _ in range(6)])
+
+
 Scenario = Callable[[Writer], Awaitable[None]]
 SCENARIOS: dict[str, Scenario] = {
     each.__name__: each
@@ -148,6 +155,7 @@ SCENARIOS: dict[str, Scenario] = {
         stream_cumulative,
         stream_usage_on_final_choice,
         stream_two_choices_cut,
+        stream_role_on_every_chunk_cut,
     )
 }
 _MODELS = b'{"object":"list","data":[{"id":"m","object":"model"}]}'

@@ -238,3 +238,16 @@ def test_a_cut_stream_of_two_choices_charges_both(bill: Bill) -> None:
     assert row["output_tokens"] == 12, (
         f"{len(content)} tokens streamed, {row['output_tokens']} counted"
     )
+
+
+def test_a_cut_stream_whose_chunks_all_name_the_role_counts_its_tokens(bill: Bill) -> None:
+    """A backend that names ``role`` in every chunk's delta (Ollama) streams 6 tokens, then
+    the body ends without usage: the gateway's own count charges 6, not 0 (it skipped every
+    chunk with a role, taking it for the first, empty one)."""
+    key_id, token = bill.key()
+    response = post(bill, token, chat("stream_role_on_every_chunk_cut", stream=True))
+    assert response.status_code == 200
+    assert sum('"content"' in line for line in response.text.splitlines()) == 6
+    row = bill.usage(key_id)
+    assert row is not None
+    assert row["output_tokens"] == 6
