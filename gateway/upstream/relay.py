@@ -303,7 +303,7 @@ class StreamRelay:
         self.last_data = event
         choice = True
         if _NO_FINISH_COMPACT in event or _NO_FINISH.search(event):
-            if b'"role"' not in event:
+            if b'"role"' not in event or _TEXT.search(event):  # Ollama: a role on every chunk
                 self.token_events += 1
         elif _FINISH.search(event):
             self.finishes += 1
