@@ -143,6 +143,15 @@ async def stream_role_on_every_chunk_cut(writer: Writer) -> None:
     await _events(writer, *[_chunk([chunk]) for _ in range(6)])
 
 
+async def stream_claims_no_completion(writer: Writer) -> None:
+    """5 tokens and a final chunk, then a usage chunk claiming ``"completion_tokens": "many"``
+    (a count that is no number: read as 0)."""
+    usage = {"prompt_tokens": PROMPT, "completion_tokens": "many", "total_tokens": PROMPT}
+    tokens = [_chunk([_delta("t")]) for _ in range(4)]
+    last = _chunk([_delta("t", 0, "length")])
+    await _events(writer, ROLE, *tokens, last, _chunk([], usage=usage), DONE)
+
+
 Scenario = Callable[[Writer], Awaitable[None]]
 SCENARIOS: dict[str, Scenario] = {
     each.__name__: each
@@ -156,6 +165,7 @@ SCENARIOS: dict[str, Scenario] = {
         stream_usage_on_final_choice,
         stream_two_choices_cut,
         stream_role_on_every_chunk_cut,
+        stream_claims_no_completion,
     )
 }
 _MODELS = b'{"object":"list","data":[{"id":"m","object":"model"}]}'

@@ -251,3 +251,15 @@ def test_a_cut_stream_whose_chunks_all_name_the_role_counts_its_tokens(bill: Bil
     row = bill.usage(key_id)
     assert row is not None
     assert row["output_tokens"] == 6
+
+
+def test_a_stream_reported_as_no_completion_is_charged_what_it_streamed(bill: Bill) -> None:
+    """The backend streams 5 tokens, then reports a completion count that is no number: the
+    gateway charges at least the 5 tokens it relayed itself, as it would with no usage at all
+    (clipping guards against a backend claiming too much; this, too little)."""
+    key_id, token = bill.key()
+    response = post(bill, token, chat("stream_claims_no_completion", stream=True))
+    assert response.status_code == 200
+    row = bill.usage(key_id)
+    assert row is not None
+    assert (row["input_tokens"], row["output_tokens"]) == (20, 5)
