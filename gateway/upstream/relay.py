@@ -30,6 +30,7 @@ from gateway.upstream.sse import (
     ERROR_EVENT,
     MAX_EVENT,
     event_error,
+    first_choice_text,
     is_json,
     quoted_keys,
     standard_event,
@@ -346,33 +347,28 @@ class StreamRelay:
         except UNREADABLE_JSON:
             return event
         usage = usage_from(data)
-        if usage is not None:
+        if usage is not None:  # never below what was streamed (a count that is no number: 0)
+            usage.completion_tokens = max(usage.completion_tokens, self._streamed())
             self.usage = usage
             if self.strip_usage:  # asked for by the gateway: the caller sees none, also where
                 return unasked(data)  # it rides on a chunk with choices (some servers)
         return event
 
     def _capture(self, event: bytes) -> None:
-        try:
-            data = _decoder.decode(event[6:])
-        except UNREADABLE_JSON:
-            return
-        choices = data.get("choices") if isinstance(data, dict) else None
-        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-            return
-        choice = choices[0]
-        delta = choice.get("delta")
-        text = delta.get("content") if isinstance(delta, dict) else choice.get("text")
-        if isinstance(text, str) and self.captured is not None:
+        text = first_choice_text(event)
+        if text is not None and self.captured is not None:
             self.captured.append(text)
 
+    def _streamed(self) -> int:
+        """Completion tokens streamed, by the gateway's count: a content chunk (of any choice)
+        a token, at most ``max_tokens`` for each choice."""
+        if self.max_tokens is None:
+            return self.token_events
+        return min(self.token_events, self.max_tokens * self.choices)
+
     def _count_usage(self) -> Usage:
-        """The gateway's own count: its prompt estimate, a token a content chunk (any choice's)."""
-        completion = self.token_events
-        if self.max_tokens is not None:
-            completion = min(completion, self.max_tokens * self.choices)
-        usage = Usage(prompt_tokens=self.prompt_tokens, completion_tokens=completion)
-        self.usage = usage
+        """The gateway's own count: its prompt estimate and the tokens it streamed."""
+        self.usage = usage = Usage(self.prompt_tokens, self._streamed())
         return usage
 
     def _estimated_usage(self) -> bytes:

@@ -209,3 +209,18 @@ def unasked(data: dict[str, Any]) -> bytes | None:
     if not data.get("choices"):
         return None
     return b"data: " + _encoder.encode({k: v for k, v in data.items() if k != "usage"}) + b"\n\n"
+
+
+def first_choice_text(event: bytes) -> str | None:
+    """The text a ``data:`` chunk adds to its first choice (a chat delta's or a completion's)."""
+    try:
+        data = _decoder.decode(event[6:])
+    except UNREADABLE_JSON:
+        return None
+    choices = data.get("choices") if isinstance(data, dict) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return None
+    choice = choices[0]
+    delta = choice.get("delta")
+    text = delta.get("content") if isinstance(delta, dict) else choice.get("text")
+    return text if isinstance(text, str) else None
