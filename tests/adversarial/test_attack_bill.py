@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from redis.asyncio import Redis
 
 from tests.adversarial.bill_upstream import ANSWER_TOKENS, PROMPT
 from tests.integration.gateway_proc import REPO_ROOT, GatewayProcess
@@ -263,3 +264,33 @@ def test_a_stream_reported_as_no_completion_is_charged_what_it_streamed(bill: Bi
     row = bill.usage(key_id)
     assert row is not None
     assert (row["input_tokens"], row["output_tokens"]) == (20, 5)
+
+
+async def _token_debt(url: str, key_id: str, tpm: int) -> float:
+    """The key's token debt now (tokens charged in the last minute, drained at ``tpm``)."""
+    client = Redis.from_url(url)
+    try:
+        [bucket] = [k async for k in client.scan_iter(f"*rl:{{{key_id}}}")]
+        debt, stamp = await client.hmget(bucket, ["t", "s"])
+        seconds, micros = await client.time()
+    finally:
+        await client.aclose()
+    elapsed_s = seconds + micros / 1e6 - int(stamp) / 1e6
+    return max(0.0, float(debt) - elapsed_s * tpm / 60)
+
+
+@pytest.mark.parametrize("scenario", ["whole", "whole_usage_null", "whole_slow"])
+def test_the_token_limit_and_the_budget_charge_the_same_tokens(bill: Bill, scenario: str) -> None:
+    """An answer with usage, one without, one the client timed out on: the key's token debt
+    and its budget spend (at 1 per 1,000 tokens) name the same number of tokens. Held after the
+    fixes above (before them the budget charged 0 for the last two)."""
+    tpm = 60  # drains 1 token a second; the reservation (58) fits
+    key_id, token = bill.key(tpm=tpm)
+    try:
+        bill.client(token, timeout=1.0).chat.completions.create(**chat(scenario))
+    except openai.APITimeoutError:
+        assert scenario == "whole_slow"
+    charged = bill.settled_spend(key_id) / PRECISE_PER_TOKEN
+    debt = asyncio.run(_token_debt(bill.redis.url, key_id, tpm))
+    assert charged > 0
+    assert debt == pytest.approx(charged, abs=4)  # what drained since the admission
