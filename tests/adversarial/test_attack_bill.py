@@ -277,6 +277,8 @@ async def _token_debt(url: str, key_id: str, tpm: int) -> float:
         seconds, micros = await client.time()
     finally:
         await client.aclose()
+    assert debt is not None
+    assert stamp is not None
     elapsed_s = seconds + micros / 1e6 - int(stamp) / 1e6
     return max(0.0, float(debt) - elapsed_s * tpm / 60)
 
