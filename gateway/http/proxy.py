@@ -114,13 +114,16 @@ class ProxyService:
         ctx.mark("validate")
         admitted = await self._admit(ctx, body, summary, principal, headers, body_bytes=body_bytes)
         admission = admitted.admission
+        attempts = _Attempts(ctx)
         try:
             forwarding = self.forwarder.forward(
-                path, body, admitted.tiers, admitted.blocks, _Attempts(ctx), ticket=ticket
+                path, body, admitted.tiers, admitted.blocks, attempts, ticket=ticket
             )
             forwarded = await inbound.unless_gone(forwarding)
         except ClientGone:
-            await admission.settle(_abandoned_cost(ctx, summary))
+            ctx.usage = _abandoned_usage(summary, admitted.bound, attempts.tier)
+            ctx.tier = attempts.tier
+            await admission.settle(ctx.usage.total if ctx.usage is not None else 0)
             raise
         except BaseException:
             await admission.settle(0)
@@ -379,9 +382,10 @@ class ProxyService:
         bound: UsageBound,
     ) -> Reply:
         raw = opened.body or b""
-        if opened.usage is not None:  # read when the answer was checked (gateway.upstream.attempt)
-            ctx.usage = self.clip_usage(usage_fields(opened.usage), bound, ctx.tier)
-        usage = ctx.usage
+        # Read when the answer was checked (gateway.upstream.attempt). An answer without usage
+        # (``null``, absent: llama.cpp's list of answers) is charged what it reserved.
+        reported = usage_fields(opened.usage) or _reserved_usage(ctx.summary, bound)
+        usage = ctx.usage = self.clip_usage(reported, bound, ctx.tier)
         ctx.status = 200
         used = usage.total if usage is not None else None
 
@@ -445,14 +449,16 @@ class _Attempts:
     only the pipeline writes the request's context.
     """
 
-    __slots__ = ("ctx",)
+    __slots__ = ("ctx", "tier")
 
     def __init__(self, ctx: RequestContext) -> None:
         self.ctx = ctx
+        self.tier: str | None = None  # the tier of the last attempt started
 
     def attempt_started(self, start: AttemptStart) -> Mapping[str, str]:
         """Name the attempt's replica and id on the context; the trace context to send."""
         ctx = self.ctx
+        self.tier = start.tier
         ctx.replica = start.replica
         ctx.attempts += 1
         ctx.upstream_request_id = start.upstream_request_id
@@ -516,17 +522,26 @@ class _Shadow:
         )
 
 
-def _abandoned_cost(ctx: RequestContext, summary: RequestSummary) -> int | None:
-    """The tokens a request the client left before its answer costs (``None``: its reservation).
+def _abandoned_usage(summary: RequestSummary, bound: UsageBound, tier: str | None) -> Usage | None:
+    """What a request the client left before its answer is charged, on its tier's price, by
+    the token limits, the budget and the usage report alike (``None``: nothing).
 
-    Nothing when no backend was asked yet. A stream's first event is read before it is
-    answered, so no token had come out: its prompt estimate. A non-streaming answer comes
-    whole at the end, so the backend may have generated up to ``max_tokens`` (it is aborted
-    now; how far it got is unknown): the whole reservation stays charged.
+    Nothing when no backend was asked yet (``tier`` is the tier of the last attempt). A
+    stream's first event is read before it is answered, so no token had come out: its prompt
+    estimate. A non-streaming answer comes whole at the end, so the backend may have generated
+    up to ``max_tokens`` (it is aborted now; how far it got is unknown): its whole reservation.
     """
-    if not ctx.attempts:
-        return 0
-    return summary.prompt_token_estimate if summary.stream else None
+    if tier is None:
+        return None
+    if summary.stream:
+        return Usage(prompt_tokens=summary.prompt_token_estimate)
+    return _reserved_usage(summary, bound)
+
+
+def _reserved_usage(summary: RequestSummary | None, bound: UsageBound) -> Usage:
+    """The usage a request reserved: its prompt estimate, and ``max_tokens`` per completion."""
+    prompt = summary.prompt_token_estimate if summary is not None else 0
+    return Usage(prompt_tokens=prompt, completion_tokens=bound.completion)
 
 
 async def _after_complete(

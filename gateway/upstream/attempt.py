@@ -231,10 +231,13 @@ def usage_fields(usage: Any) -> Usage | None:
         return None
     details = usage.get("prompt_tokens_details")
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    completion = _count(usage.get("completion_tokens"))
+    prompt = usage.get("prompt_tokens")
+    if prompt is None:  # absent: what the total says is left after the completion
+        total = _count(usage.get("total_tokens"))
+        prompt = total - completion if total > completion else 0
     return Usage(
-        prompt_tokens=_count(usage.get("prompt_tokens")),
-        completion_tokens=_count(usage.get("completion_tokens")),
-        cached_tokens=_count(cached),
+        prompt_tokens=_count(prompt), completion_tokens=completion, cached_tokens=_count(cached)
     )
 
 

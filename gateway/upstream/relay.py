@@ -30,9 +30,11 @@ from gateway.upstream.sse import (
     ERROR_EVENT,
     MAX_EVENT,
     event_error,
+    first_choice_text,
     is_json,
     quoted_keys,
     standard_event,
+    unasked,
 )
 
 _log = structlog.get_logger("tiergate.relay")
@@ -57,8 +59,7 @@ _FINISH = re.compile(rb'"finish_reason"\s*:\s*"')
 _TEXT = re.compile(rb'"(?:content|text)"\s*:\s*"[^"]')
 # The usual spelling of a chunk still generating, checked before the pattern above.
 _NO_FINISH_COMPACT = b'"finish_reason":null'
-# A ``usage`` object (not ``"usage": null``, which OpenAI and SGLang put on every chunk):
-# only such an event is parsed.
+# A ``usage`` object (not ``"usage": null``, as OpenAI and SGLang send on every chunk) to parse.
 _USAGE = b'"usage"'
 _USAGE_OBJECT = re.compile(rb'"usage"\s*:\s*\{')
 
@@ -108,7 +109,7 @@ class StreamRelay:
     The relay reports to its caller only: ``on_event`` (if given) sees each event relayed,
     ``on_close`` is called exactly once, with the outcome and the usage (the backend's, or
     the relay's own count from ``prompt_tokens`` and the content chunks, at most
-    ``max_tokens``).
+    ``max_tokens`` per choice).
 
     The stream reaches the caller as complete only when the backend ended it: its final chunk
     (a string ``finish_reason``) or, when ``choices`` > 1, one for each choice it started
@@ -303,7 +304,7 @@ class StreamRelay:
         self.last_data = event
         choice = True
         if _NO_FINISH_COMPACT in event or _NO_FINISH.search(event):
-            if b'"role"' not in event:
+            if b'"role"' not in event or _TEXT.search(event):  # Ollama: a role on every chunk
                 self.token_events += 1
         elif _FINISH.search(event):
             self.finishes += 1
@@ -340,39 +341,34 @@ class StreamRelay:
         return bool(self.started) and all(self.started.values())
 
     def _usage_event(self, event: bytes) -> bytes | None:
-        """An event that may carry ``usage``: recorded; the gateway's own usage chunk dropped."""
+        """An event that may carry ``usage``: recorded; usage the gateway asked for dropped."""
         try:
             data = _decoder.decode(event[6:])
         except UNREADABLE_JSON:
             return event
         usage = usage_from(data)
-        if usage is not None:
+        if usage is not None:  # never below what was streamed (a count that is no number: 0)
+            usage.completion_tokens = max(usage.completion_tokens, self._streamed())
             self.usage = usage
-            if self.strip_usage and data.get("choices") == []:
-                return None
+            if self.strip_usage:  # asked for by the gateway: the caller sees none, also where
+                return unasked(data)  # it rides on a chunk with choices (some servers)
         return event
 
     def _capture(self, event: bytes) -> None:
-        try:
-            data = _decoder.decode(event[6:])
-        except UNREADABLE_JSON:
-            return
-        choices = data.get("choices") if isinstance(data, dict) else None
-        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-            return
-        choice = choices[0]
-        delta = choice.get("delta")
-        text = delta.get("content") if isinstance(delta, dict) else choice.get("text")
-        if isinstance(text, str) and self.captured is not None:
+        text = first_choice_text(event)
+        if text is not None and self.captured is not None:
             self.captured.append(text)
 
+    def _streamed(self) -> int:
+        """Completion tokens streamed, by the gateway's count: a content chunk (of any choice)
+        a token, at most ``max_tokens`` for each choice."""
+        if self.max_tokens is None:
+            return self.token_events
+        return min(self.token_events, self.max_tokens * self.choices)
+
     def _count_usage(self) -> Usage:
-        """The gateway's own count: its prompt estimate and one token per content chunk."""
-        completion = self.token_events
-        if self.max_tokens is not None:
-            completion = min(completion, self.max_tokens)
-        usage = Usage(prompt_tokens=self.prompt_tokens, completion_tokens=completion)
-        self.usage = usage
+        """The gateway's own count: its prompt estimate and the tokens it streamed."""
+        self.usage = usage = Usage(self.prompt_tokens, self._streamed())
         return usage
 
     def _estimated_usage(self) -> bytes:

@@ -19,6 +19,7 @@ from gateway.pipeline.events import UNREADABLE_JSON, FailureKind, status_kind
 from gateway.upstream.attempt import AttemptFailed, error_status
 
 _decoder = msgspec.json.Decoder()
+_encoder = msgspec.json.Encoder()
 # Checks that an event's data is JSON without building it (about a third of a full decode).
 _checker = msgspec.json.Decoder(msgspec.Raw)
 ERROR_EVENT: Final = b'data: {"error"'  # the backend's error event in OpenAI's shape
@@ -200,3 +201,26 @@ def quoted_keys(event: bytes, secrets: Sequence[str]) -> list[str]:
     return found + [
         key for key in secrets if key not in found and any(key in text for text in strings)
     ]
+
+
+def unasked(data: dict[str, Any]) -> bytes | None:
+    """An event carrying ``usage`` that the gateway asked for and the caller did not: dropped
+    when it has no choices (vLLM's usage chunk), otherwise sent on without its ``usage``."""
+    if not data.get("choices"):
+        return None
+    return b"data: " + _encoder.encode({k: v for k, v in data.items() if k != "usage"}) + b"\n\n"
+
+
+def first_choice_text(event: bytes) -> str | None:
+    """The text a ``data:`` chunk adds to its first choice (a chat delta's or a completion's)."""
+    try:
+        data = _decoder.decode(event[6:])
+    except UNREADABLE_JSON:
+        return None
+    choices = data.get("choices") if isinstance(data, dict) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return None
+    choice = choices[0]
+    delta = choice.get("delta")
+    text = delta.get("content") if isinstance(delta, dict) else choice.get("text")
+    return text if isinstance(text, str) else None

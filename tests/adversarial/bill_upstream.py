@@ -1,0 +1,214 @@
+"""A backend that reports ``usage`` in unusual ways, as a real process, for the billing attacks.
+
+``python -m tests.adversarial.bill_upstream --port N`` answers ``GET /v1/models`` with a model
+list, ``GET /last`` with the JSON body of the latest ``POST`` it was sent (what the gateway
+forwarded), any other ``GET`` with 200, and each ``POST`` with the scenario its prompt names
+(a chat request's last message, or a completion's ``prompt``, first item of a list): a key
+of :data:`SCENARIOS`. Every answer reports (or fails to report) :data:`PROMPT` prompt tokens
+and a known number of completion tokens, so a test can compare what was served with what the
+gateway charged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from tests.gateway.raw_upstream import read_request
+
+Writer = asyncio.StreamWriter
+PROMPT = 20  # prompt tokens every scenario's backend says it read
+ANSWER_TOKENS = 10  # completion tokens of a whole (non-streamed) answer
+_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: %s\r\n"
+
+
+def _json(writer: Writer, body: bytes) -> None:
+    head = _HEAD % b"application/json" + b"Content-Length: %d\r\n\r\n" % len(body)
+    writer.write(head + body)
+
+
+def _usage(completion: int, **extra: Any) -> dict[str, Any]:
+    return {
+        "prompt_tokens": PROMPT,
+        "completion_tokens": completion,
+        "total_tokens": PROMPT + completion,
+        **extra,
+    }
+
+
+def _answer(usage: Any = ..., *, choices: int = 1) -> bytes:
+    """A whole chat answer of :data:`ANSWER_TOKENS` tokens per choice; ``usage`` as given
+    (``...``: the true one)."""
+    answer: dict[str, Any] = {
+        "id": "b",
+        "object": "chat.completion",
+        "created": 1,
+        "model": "m",
+        "choices": [
+            {
+                "index": i,
+                "message": {"role": "assistant", "content": "word " * ANSWER_TOKENS},
+                "finish_reason": "length",
+            }
+            for i in range(choices)
+        ],
+    }
+    answer["usage"] = _usage(ANSWER_TOKENS * choices) if usage is ... else usage
+    return json.dumps(answer).encode()
+
+
+def _chunk(choices: list[dict[str, Any]], **extra: Any) -> bytes:
+    data = {"id": "b", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+    return b"data: " + json.dumps({**data, "choices": choices, **extra}).encode() + b"\n\n"
+
+
+def _delta(text: str, index: int = 0, finish: str | None = None) -> dict[str, Any]:
+    return {"index": index, "delta": {"content": text}, "finish_reason": finish}
+
+
+ROLE = _chunk([{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}])
+DONE = b"data: [DONE]\n\n"
+
+
+async def _events(writer: Writer, *events: bytes, end: bool = True) -> None:
+    """A chunked SSE answer, one flushed chunk per event; then its end (``end``) or a close
+    of the connection without the last chunk (a body cut short)."""
+    writer.write(_HEAD % b"text/event-stream" + b"Transfer-Encoding: chunked\r\n\r\n")
+    for event in events:
+        writer.write(b"%x\r\n%s\r\n" % (len(event), event))
+        await writer.drain()
+        await asyncio.sleep(0.001)
+    if end:
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+
+
+async def whole(writer: Writer) -> None:
+    """A whole answer that reports its usage: 20 prompt and 10 completion tokens."""
+    _json(writer, _answer())
+
+
+async def whole_usage_null(writer: Writer) -> None:
+    """A whole answer of 10 tokens with ``"usage": null``."""
+    _json(writer, _answer(None))
+
+
+async def whole_no_prompt_count(writer: Writer) -> None:
+    """A whole answer whose usage names the total and the completion but not the prompt."""
+    _json(writer, _answer({"completion_tokens": ANSWER_TOKENS, "total_tokens": 30}))
+
+
+async def whole_slow(writer: Writer) -> None:
+    """A whole answer written after 3 s (the caller has given up by then)."""
+    await asyncio.sleep(3)
+    _json(writer, _answer())
+
+
+async def stream_slow_start(writer: Writer) -> None:
+    """A stream whose head comes after 3 s (the caller has given up by then)."""
+    await asyncio.sleep(3)
+    await _events(writer, ROLE, _chunk([_delta("a", 0, "stop")]), DONE)
+
+
+async def stream_cumulative(writer: Writer) -> None:
+    """4 tokens, each chunk with the usage so far (vLLM's ``continuous_usage_stats``), then
+    the usage chunk: 20 + 4 tokens in all, reported five times."""
+    tokens = [_chunk([_delta("t")], usage=_usage(k)) for k in range(1, 4)]
+    last = _chunk([_delta("t", 0, "length")], usage=_usage(4))
+    await _events(writer, ROLE, *tokens, last, _chunk([], usage=_usage(4)), DONE)
+
+
+async def stream_usage_on_final_choice(writer: Writer) -> None:
+    """3 tokens; the usage rides on the final chunk (beside its ``finish_reason``), as some
+    servers send it, and no ``choices: []`` chunk follows."""
+    tokens = [_chunk([_delta("t")]) for _ in range(2)]
+    last = _chunk([_delta("t", 0, "length")], usage=_usage(3))
+    await _events(writer, ROLE, *tokens, last, DONE)
+
+
+async def stream_two_choices_cut(writer: Writer) -> None:
+    """Two choices (``n: 2``) of 6 tokens each, interleaved, then the body ends: no final chunk,
+    no usage."""
+    tokens = [_chunk([_delta("t", index)]) for _ in range(6) for index in (0, 1)]
+    await _events(writer, ROLE, *tokens)
+
+
+async def stream_role_on_every_chunk_cut(writer: Writer) -> None:
+    """6 tokens, each chunk's delta naming the role too (Ollama's chunks do), then the body
+    ends: no final chunk, no usage."""
+    chunk = {"index": 0, "delta": {"role": "assistant", "content": "t"}, "finish_reason": None}
+    await _events(writer, *[_chunk([chunk]) for _ in range(6)])
+
+
+async def stream_claims_no_completion(writer: Writer) -> None:
+    """5 tokens and a final chunk, then a usage chunk claiming ``"completion_tokens": "many"``
+    (a count that is no number: read as 0)."""
+    usage = {"prompt_tokens": PROMPT, "completion_tokens": "many", "total_tokens": PROMPT}
+    tokens = [_chunk([_delta("t")]) for _ in range(4)]
+    last = _chunk([_delta("t", 0, "length")])
+    await _events(writer, ROLE, *tokens, last, _chunk([], usage=usage), DONE)
+
+
+Scenario = Callable[[Writer], Awaitable[None]]
+SCENARIOS: dict[str, Scenario] = {
+    each.__name__: each
+    for each in (
+        whole,
+        whole_usage_null,
+        whole_no_prompt_count,
+        whole_slow,
+        stream_slow_start,
+        stream_cumulative,
+        stream_usage_on_final_choice,
+        stream_two_choices_cut,
+        stream_role_on_every_chunk_cut,
+        stream_claims_no_completion,
+    )
+}
+_MODELS = b'{"object":"list","data":[{"id":"m","object":"model"}]}'
+
+
+def _scenario(body: dict[str, Any]) -> str:
+    if "messages" in body:
+        return str(body["messages"][-1]["content"])
+    prompt = body["prompt"]
+    return str(prompt[0] if isinstance(prompt, list) else prompt)
+
+
+async def _handle(reader: asyncio.StreamReader, writer: Writer, last: list[bytes]) -> None:
+    try:
+        while True:
+            head, body = await read_request(reader)
+            if head.startswith(b"GET"):
+                path = head.split(b" ", 2)[1]
+                _json(writer, {b"/v1/models": _MODELS, b"/last": last[0]}.get(path, b"{}"))
+                await writer.drain()
+                continue
+            last[0] = body
+            await SCENARIOS[_scenario(json.loads(body))](writer)
+            await writer.drain()
+            return
+    except (asyncio.IncompleteReadError, ConnectionError):
+        pass
+    finally:
+        writer.close()
+
+
+async def _serve(port: int) -> None:
+    last = [b"{}"]
+
+    async def handle(reader: asyncio.StreamReader, writer: Writer) -> None:
+        await _handle(reader, writer, last)
+
+    server = await asyncio.start_server(handle, "127.0.0.1", port)
+    async with server:
+        await server.serve_forever()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--port", type=int, required=True)
+    asyncio.run(_serve(parser.parse_args().port))
