@@ -39,6 +39,7 @@ def test_the_list_holds_the_scripts_the_docs_name() -> None:
     assert len(names) >= 30
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", SCRIPTS, ids=str)
 def test_help_prints_usage_and_writes_nothing(copy: Path, script: Path) -> None:
     """``python -m bench.X --help``: exit 0, a usage line, no file created or changed."""
