@@ -12,6 +12,7 @@ graceful shutdown with the default handler back in place.
 
 from __future__ import annotations
 
+import argparse
 import cProfile
 import signal
 import sys
@@ -36,18 +37,32 @@ class Toggle:
         self.profiler.dump_stats(self.stats_file)
 
 
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.overhead.profiled_gateway",
+        description=(__doc__ or "").split("\n\n")[0],
+    )
+    parser.add_argument("stats_file", help="where SIGUSR2 writes the cProfile stats")
+    parser.add_argument("tiergate_args", nargs=argparse.REMAINDER, help="e.g. serve --config F")
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run ``tiergate ARGS...`` with the two signal handlers installed."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    if len(args) < 2:
-        print("usage: profiled_gateway STATS_FILE TIERGATE_ARGS...", file=sys.stderr)
+    parser = _parser()
+    try:
+        args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    except SystemExit as stop:  # --help (0) or a usage error (2), as a return code
+        return stop.code if isinstance(stop.code, int) else 2
+    if not args.tiergate_args:
+        parser.print_usage(sys.stderr)
         return 2
     from gateway.__main__ import main as tiergate  # noqa: PLC0415  # after the usage check
 
-    toggle = Toggle(args[0])
+    toggle = Toggle(args.stats_file)
     signal.signal(signal.SIGUSR1, toggle.start)
     signal.signal(signal.SIGUSR2, toggle.stop)
-    return tiergate(args[1:])
+    return tiergate(args.tiergate_args)
 
 
 if __name__ == "__main__":

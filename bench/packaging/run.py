@@ -14,6 +14,7 @@ at that threshold.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -88,8 +89,14 @@ def _auc(scores: np.ndarray, labels: np.ndarray) -> float:
     return float((ranks[pos].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
 
 
-def main() -> int:
-    """Score, print and write the report."""
+def main(argv: list[str] | None = None) -> int:
+    """Score, print and write the report (no options; ``--help`` says what it does)."""
+    argparse.ArgumentParser(
+        prog="bench/packaging/run.py",
+        description=(__doc__ or "").split("\n\n    ")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=f"Writes {OUT.relative_to(OUT.parents[2])}.",
+    ).parse_args(argv)
     router = router_models.load()
     threshold = router.threshold_for_share(SHARE)
 

@@ -180,3 +180,168 @@ def test_router_md_round_tables_quote_their_reports() -> None:
     base = _within_source(CLASSIFY / "loso-round12-base.txt")
     for name in ("loso-round12.txt", "loso-round13.txt", "loso-round14.txt"):
         assert f"| {base} | {_within_source(CLASSIFY / name)} |" in doc, name
+
+
+def _c16(path: Path, leg: str) -> int:
+    """req/s of the row whose setup starts with ``leg`` at c=16 in an overhead report."""
+    row = rf"^\| {re.escape(leg)}[^|]* \| 16 \| ([\d,]+) \|"
+    return int(re.search(row, path.read_text(encoding="utf-8"), re.M).group(1).replace(",", ""))  # type: ignore[union-attr]
+
+
+def _k_range(values: list[int], digits: int = 0) -> str:
+    """``low-high`` in thousands, as the docs write a machine's range."""
+    low, high = min(values) / 1000, max(values) / 1000
+    return f"{low:.{digits}f}-{high:.{digits}f}k"
+
+
+def test_the_machine_ranges_are_those_of_the_kept_runs() -> None:
+    """The direct upstream's and vllm-router's c=16 ranges of the 2026-12-03 evening and
+    2026-12-04 machines, in performance.md and overhead-reps/README.md, span their files."""
+    reps = RESULTS / "overhead-reps"
+    epyc3 = sorted(reps.glob("epyc3-*.md"))
+    direct = _k_range([_c16(path, "fixed upstream (direct)") for path in epyc3])
+    router = _k_range([_c16(path, "vllm-router") for path in epyc3], 1)
+    epyc4 = sorted(reps.glob("epyc4-*.md"))
+    direct4 = _k_range([_c16(path, "fixed upstream (direct)") for path in epyc4])
+    performance = _flat(REPO / "docs/performance.md")
+    assert f"did {direct} req/s direct at c=16, vllm-router {router};" in performance
+    assert f"({direct4} req/s direct at c=16" in performance.replace("(fixed upstream ", "(")
+    readme = _flat(reps / "README.md")
+    assert f"did {direct} req/s direct at c=16, vllm-router {router}:" in readme
+    assert f"did {direct4} req/s direct at c=16" in readme
+
+
+def _streams_added(path: Path, leg: str) -> list[tuple[float, float]]:
+    """(added TTFT p99, added gap p99) of every ladder row of ``leg`` at 1,000 streams."""
+    found = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        cells = [cell.strip() for cell in line.split("|")[1:-1]]
+        if len(cells) == 13 and cells[0].startswith(leg) and cells[1] == "1,000":
+            ttft = re.search(r"\(\S+ / ([+-][\d.]+)\)", cells[5])
+            gap = re.search(r"\(\S+ / ([+-][\d.]+) / \S+\)", cells[6])
+            if ttft and gap:
+                found.append((float(ttft.group(1)), float(gap.group(1))))
+    return found
+
+
+def _span(values: list[float]) -> str:
+    return f"{min(values):+.1f} to {max(values):+.1f} ms"
+
+
+def test_readme_streams_row_spans_the_fifth_rounds_runs() -> None:
+    """README's 1,000-stream gap and TTFT ranges are the fifth round's TierGate legs' (the
+    three rated-load A/Bs, the quiet peer run and the full path taken apart)."""
+    names = [f"streams-accept-eager-ab{tail}.md" for tail in ("", "-2", "-3")]
+    names += ["streams-peers-quiet.md", "streams-full-parts.md"]
+    plain = [row for name in names for row in _streams_added(RESULTS / name, "TierGate (plain)")]
+    full = [row for name in names for row in _streams_added(RESULTS / name, "TierGate (full)")]
+    assert len(plain) == 9
+    assert len(full) == 3
+    readme = _flat(REPO / "README.md")
+    gap, ttft = _span([g for _, g in plain]), _span([t for t, _ in plain])
+    assert f"added gap p99 **{gap}**, added TTFT p99 {ttft} on a quiet machine" in readme
+    full_ttft, full_gap = _span([t for t, _ in full]), _span([g for _, g in full])
+    assert f"tracing: TTFT p99 {full_ttft}, gap p99 {full_gap};" in readme
+
+
+def _rows(name: str) -> list[dict[str, str]]:
+    path = REPO / "router_models/training/data" / name
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def _lang(row: dict[str, str]) -> str:
+    return row["category"].rsplit("/", 1)[-1]
+
+
+def _median_chars(rows: list[dict[str, str]], label: str) -> int:
+    lengths = sorted(len(row["prompt"]) for row in rows if row["label"] == label)
+    middle = len(lengths) // 2
+    value = lengths[middle] if len(lengths) % 2 else (lengths[middle - 1] + lengths[middle]) / 2
+    return int(value + 0.5)
+
+
+def _longer(rows: list[dict[str, str]]) -> str:
+    """How the cards say complex prompts are longer: median characters, complex first."""
+    complex_, simple = _median_chars(rows, "complex"), _median_chars(rows, "simple")
+    return f"median {complex_} characters against {simple}"
+
+
+def test_router_data_cards_count_the_committed_files() -> None:
+    """Every count per source, language and label of docs/router-data.md (and the totals
+    router.md repeats) is the committed jsonl files'."""
+    cards, router = _flat(REPO / "docs/router-data.md"), _flat(REPO / "docs/router.md")
+    external = _rows("external-train.jsonl")
+    for source in sorted({row["source"] for row in external}):
+        mine = [row for row in external if row["source"] == source]
+        (lang,) = {_lang(row) for row in mine}
+        simple = sum(row["label"] == "simple" for row in mine)
+        assert f"| {source} | {lang} | {simple} | {len(mine) - simple} |" in cards, source
+    simple = sum(row["label"] == "simple" for row in external)
+    assert f"| **{simple:,}** | **{len(external) - simple:,}** |" in cards
+    cjk = sum(_lang(row) in ("zh", "ja") for row in external)
+    share = f"{cjk / len(external):.1%}".replace("%", " %")
+    assert f"The total is {len(external):,} prompts. {cjk:,} of them ({share})" in cards
+    assert f"({len(external):,} prompts, {cjk / len(external):.0%}".replace("%", " %") in router
+    ape = [row for row in external if row["source"] == "ape210k"]
+    assert _longer(ape) in cards
+    follow = _rows("followbench.jsonl")
+    for lang in ("en", "zh"):
+        mine = [row for row in follow if _lang(row) == lang]
+        simple = sum(row["label"] == "simple" for row in mine)
+        assert f"| {lang} | {simple} | {len(mine) - simple} |" in cards
+    simple, zh = sum(r["label"] == "simple" for r in follow), sum(_lang(r) == "zh" for r in follow)
+    assert f"| **total** | **{simple}** | **{len(follow) - simple}** |" in cards
+    total, complex_ = len(follow), len(follow) - simple
+    assert f"{total} prompts, {zh} ({zh / total:.1%}) Chinese".replace("%", " %") in cards
+    assert f"({total} prompts, {simple} simple / {complex_} complex, {zh} Chinese" in router
+
+
+def test_step_count_cards_count_the_committed_files() -> None:
+    """StepGame's and Multi-LogiEval's counts per hop / depth family and their medians."""
+    cards = _flat(REPO / "docs/router-data.md")
+    steps = _rows("stepgame.jsonl")
+    hops = {hop: sum(row["category"] == f"hop{hop}/en" for row in steps) for hop in (1, 3, 4)}
+    assert {_lang(row) for row in steps} == {"en"}
+    assert (
+        f"{hops[1]} simple (k = 1), {hops[3] + hops[4]} complex ({hops[3]} at k = 3, "
+        f"{hops[4]} at k = 4), all English"
+    ) in cards
+    assert _longer(steps) in cards
+    logic = _rows("multi_logieval.jsonl")
+    assert {_lang(row) for row in logic} == {"en"}
+
+    def family(label: str) -> str:
+        mine = [row["category"].split("-")[0] for row in logic if row["label"] == label]
+        return ", ".join(f"{name} {mine.count(name)}" for name in ("fol", "nm", "pl"))
+
+    assert f"({family('simple')};" in cards
+    assert f"complex of 700 ({family('complex')})" in cards
+    assert _longer(logic) in cards
+
+
+def _source_auc(path: Path, name: str) -> str:
+    row = rf"^  {name}\s+\d+\s+\d+\s+[\d.]+\s+([\d.]+)"
+    return re.search(row, path.read_text(encoding="utf-8"), re.M).group(1)  # type: ignore[union-attr]
+
+
+def test_router_md_step_count_and_encoder_tables_quote_their_reports() -> None:
+    """The StepGame / Multi-LogiEval LOSO table is loso-rule-s*.txt's; the encoder table is
+    encoder-check.md's."""
+    router = _flat(REPO / "docs/router.md")
+    with_new, without = CLASSIFY / "loso-rule-s.txt", CLASSIFY / "loso-rule-s-base.txt"
+    names = ("jmmlu", "ape210k", "tal_scq5k", "aqua", "dm_mathematics", "followbench")
+    after = ", ".join(_source_auc(with_new, name) for name in names)
+    before = ", ".join(_source_auc(without, name) for name in names)
+    assert f"| {after} | {before} |" in router
+    held = f"**{_source_auc(with_new, 'stepgame')}** / {_source_auc(with_new, 'multi_logieval')}"
+    assert f"stepgame / multi_logieval (held out) | {held} |" in router
+    for path in (with_new, without):
+        pooled = r"every held-out row: n=(\d+) .*?ROC AUC (0\.\d+)"
+        n, auc = re.search(pooled, path.read_text(encoding="utf-8")).groups()  # type: ignore[union-attr]
+        assert f"{float(auc):.3f} ({int(n):,} rows)" in router
+    text = (CLASSIFY / "encoder-check.md").read_text(encoding="utf-8")
+    for said, name in (("shipped features", "features"), ("encoder embedding", "encoder")):
+        cells = re.search(rf"^\| {name} \(C = \d\) \| (.*) \|$", text, re.M).group(1).split(" | ")  # type: ignore[union-attr]
+        auc, ece, zh = float(cells[0]), float(cells[2]), float(cells[5])
+        sent = cells[1].replace("%", " %")
+        assert f"| {auc:.3f} | {sent} | {ece:.3f} | {zh:.3f} |" in router, said
