@@ -1,0 +1,140 @@
+"""Attacks on the fleet: several real `tiergate serve` processes sharing one real redis-server,
+broken the way production breaks them (a gateway SIGKILLed mid-request, Redis restarted
+empty)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from redis.asyncio import Redis
+
+from tests.adversarial.keys_stack import CHAT, bearer, redis_key, start_all
+from tests.integration.gateway_proc import GatewayProcess, tiers_config
+from tests.redis_server import RedisServer
+from tests.simulator.procs import SimulatorProcess
+
+pytestmark = pytest.mark.slow
+# How long a concurrency slot of a dead gateway may keep its key locked out: the slot lease
+# (gateway/limits/limiter_redis.py), plus a little for the polling.
+SLOT_LEASE_S = 15.0
+
+
+@pytest.fixture(scope="module")
+def redis() -> Iterator[RedisServer]:
+    """The fleet's one redis-server (no persistence)."""
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def fast_sim() -> Iterator[SimulatorProcess]:
+    """A zero-latency fast-tier simulator."""
+    with SimulatorProcess(
+        "--profile", "fast", "--model", "tiergate-fast", "--latency-scale", "0"
+    ) as sim:
+        yield sim
+
+
+@pytest.fixture(scope="module")
+def stalling_sim() -> Iterator[SimulatorProcess]:
+    """A fast-tier simulator that holds every request two minutes before answering."""
+    with SimulatorProcess(
+        "--profile", "fast", "--model", "tiergate-fast", "--latency-scale", "0",
+        "--stall-first-byte", "1", "--stall-seconds", "120",
+    ) as sim:  # fmt: skip
+        yield sim
+
+
+def gateway_config(redis: RedisServer, replica: str) -> dict[str, Any]:
+    """Keys and limits in the shared Redis; one fast replica (precise unreachable)."""
+    return {
+        "auth": {"store": "redis"},
+        "ratelimit": {"backend": "redis", "on_redis_error": "open"},
+        "redis": {"url": redis.url},
+        "tiers": tiers_config([replica], ["http://127.0.0.1:9"]),
+        "telemetry": {"access_log": False},
+    }
+
+
+def hold_requests(url: str, token: str, count: int) -> list[threading.Thread]:
+    """``count`` requests sent in the background to ``url``; they end however they end."""
+
+    def send() -> None:
+        with contextlib.suppress(httpx.HTTPError):  # its gateway is killed: the point
+            httpx.post(url + "/v1/chat/completions", json=CHAT, headers=bearer(token), timeout=300)
+
+    threads = [threading.Thread(target=send, daemon=True) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    return threads
+
+
+async def lease_left_s(url: str, key_id: str) -> float:
+    """How long the key's longest-held slot still has in Redis (seconds; 0 when none)."""
+    client = Redis.from_url(url)
+    try:
+        seconds, micros = await client.time()
+        top = await client.zrange(f"tiergate:rl:{{{key_id}}}:c", -1, -1, withscores=True)
+    finally:
+        await client.aclose()
+    return max(0.0, (float(top[0][1]) - seconds * 1e6 - micros) / 1e6) if top else 0.0
+
+
+async def slots_held(url: str, key_id: str) -> int:
+    """The key's concurrency slots in Redis (members of its in-flight set, unexpired or not)."""
+    client = Redis.from_url(url)
+    try:
+        return int(await client.zcard(f"tiergate:rl:{{{key_id}}}:c"))
+    finally:
+        await client.aclose()
+
+
+def wait_slots(url: str, key_id: str, count: int, within: float = 20.0) -> None:
+    """Wait until the key holds ``count`` slots in Redis."""
+    deadline = time.monotonic() + within
+    while asyncio.run(slots_held(url, key_id)) != count:
+        assert time.monotonic() < deadline, "the held requests never took their slots"
+        time.sleep(0.05)
+
+
+def test_a_gateway_killed_mid_request_does_not_lock_its_key_out(
+    redis: RedisServer, stalling_sim: SimulatorProcess, fast_sim: SimulatorProcess
+) -> None:
+    """A gateway SIGKILLed while it holds a key's every concurrency slot: the slots stay taken
+    while it lives (even past the lease: it renews them), and once it is dead another gateway
+    admits the key again within the slot lease, not after the longest tier timeout + 60 s."""
+    record, token = asyncio.run(redis_key(redis.url, max_concurrency=2))
+    doomed = GatewayProcess(gateway_config(redis, stalling_sim.url))
+    other = GatewayProcess(gateway_config(redis, fast_sim.url))
+    start_all([doomed, other])
+    try:
+        hold_requests(doomed.url, token, 2)
+        wait_slots(redis.url, record.key_id, 2)
+        time.sleep(SLOT_LEASE_S + 2)  # past one lease: a live holder keeps its slots
+        chat = other.url + "/v1/chat/completions"
+        refused = httpx.post(chat, json=CHAT, headers=bearer(token))
+        assert refused.status_code == 429, refused.text
+        assert "concurrent" in refused.json()["error"]["message"]
+        doomed.kill()
+        killed_at = time.monotonic()
+        while True:
+            answer = httpx.post(chat, json=CHAT, headers=bearer(token))
+            waited = time.monotonic() - killed_at
+            if answer.status_code == 200:
+                break
+            assert answer.status_code == 429, answer.text
+            left = asyncio.run(lease_left_s(redis.url, record.key_id))
+            assert waited < SLOT_LEASE_S + 5, (
+                f"key still locked out {waited:.0f}s after the kill, for {left:.0f}s more"
+            )
+            time.sleep(0.25)
+    finally:
+        doomed.stop()
+        other.stop()
