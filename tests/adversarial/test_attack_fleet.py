@@ -15,12 +15,15 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
+from gateway.limits.limiter_redis import RedisRateLimiter
+from policies.ratelimit import LimitSpec
 from tests.adversarial.keys_stack import CHAT, bearer, redis_key, start_all
 from tests.integration.gateway_proc import GatewayProcess, tiers_config
-from tests.redis_server import RedisServer
+from tests.processes import patience
+from tests.redis_server import RedisServer, redis_server
 from tests.simulator.procs import SimulatorProcess
 
-pytestmark = pytest.mark.slow
+__all__ = ["redis_server"]
 # How long a concurrency slot of a dead gateway may keep its key locked out: the slot lease
 # (gateway/limits/limiter_redis.py), plus a little for the polling.
 SLOT_LEASE_S = 15.0
@@ -104,6 +107,34 @@ def wait_slots(url: str, key_id: str, count: int, within: float = 20.0) -> None:
         time.sleep(0.05)
 
 
+async def test_a_held_slot_outlives_its_lease_and_a_redis_that_lost_it(
+    redis_server: RedisServer,
+) -> None:
+    """A live holder renews its slot past the lease, and puts it back when Redis loses it
+    (restarted empty): the key's concurrency stays exact; released, it is free at once."""
+    client = Redis.from_url(redis_server.url)
+    limiter = RedisRateLimiter(client, prefix="fleet:", lease_s=0.3, max_hold_s=30)
+    spec = LimitSpec(concurrency=1)
+    try:
+        assert (await limiter.acquire("k", spec, 0, "held")).allowed
+        await asyncio.sleep(0.6)  # two leases
+        assert not (await limiter.acquire("k", spec, 0, "other")).allowed
+        await client.flushall()
+        assert (await limiter.acquire("k", spec, 0, "sneaks-in")).allowed
+        await limiter.release("k", spec, 0, "sneaks-in")
+        deadline = time.monotonic() + patience(2.0)
+        while await client.zscore("fleet:rl:{k}:c", "held") is None:  # the next renewal
+            assert time.monotonic() < deadline, "the held slot was never put back"
+            await asyncio.sleep(0.02)
+        assert not (await limiter.acquire("k", spec, 0, "other")).allowed
+        await limiter.release("k", spec, 0, "held")
+        assert (await limiter.acquire("k", spec, 0, "other")).allowed
+    finally:
+        await limiter.aclose()
+        await client.aclose()
+
+
+@pytest.mark.slow
 def test_a_gateway_killed_mid_request_does_not_lock_its_key_out(
     redis: RedisServer, stalling_sim: SimulatorProcess, fast_sim: SimulatorProcess
 ) -> None:
