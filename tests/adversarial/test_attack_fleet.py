@@ -9,16 +9,22 @@ import contextlib
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from redis.asyncio import Redis
 
+from gateway.access.keystore_file import FileKeyStore
+from gateway.limits.budgets import RedisBudgetStore, Windows
 from gateway.limits.limiter_redis import RedisRateLimiter
+from policies.keys import issue_key
+from policies.principal import KeyPolicy
 from policies.ratelimit import LimitSpec
 from tests.adversarial.keys_stack import CHAT, bearer, redis_key, start_all
 from tests.integration.gateway_proc import GatewayProcess, tiers_config
+from tests.integration.test_budget_outage import cost_of, recorded_spend
 from tests.processes import patience
 from tests.redis_server import RedisServer, redis_server
 from tests.simulator.procs import SimulatorProcess
@@ -169,3 +175,90 @@ def test_a_gateway_killed_mid_request_does_not_lock_its_key_out(
     finally:
         doomed.stop()
         other.stop()
+
+
+def test_a_redis_restarted_empty_does_not_give_a_key_its_budget_again(
+    fast_sim: SimulatorProcess, tmp_path: Path
+) -> None:
+    """Redis restarted empty (no persistence, as the Helm chart's Redis) while a budgeted
+    key has spent half its day and has a request in flight: the gateway that saw the spend
+    puts it back, so the key's answered requests still cost at most its budget (plus one
+    request's overrun)."""
+    budget = 1.0
+    record, token = issue_key("fleet", KeyPolicy(budget_daily=budget), now=time.time())
+    keys = tmp_path / "keys.yaml"
+    FileKeyStore(keys).put_sync(record)
+    with RedisServer() as redis:
+        config = gateway_config(redis, fast_sim.url)
+        config["auth"] = {"keys_file": str(keys)}
+        with GatewayProcess(config) as gateway:
+            spend = Spend(gateway.url, token)
+            while spend.cost < budget / 2:
+                assert spend.one() == 200
+            fast_sim.set_faults(stall_first_byte=1.0, stall_seconds=2.0)
+            try:
+                held = threading.Thread(target=spend.one)
+                held.start()
+                before = spend.cost
+                deadline = time.monotonic() + patience(10)
+                while asyncio.run(recorded_spend(redis.url, record.key_id)) <= before:
+                    assert time.monotonic() < deadline, "the held request reserved nothing"
+                    time.sleep(0.02)
+                redis.restart()
+            finally:
+                fast_sim.set_faults(stall_first_byte=0.0)
+            held.join(timeout=30)
+            assert asyncio.run(recorded_spend(redis.url, record.key_id)) >= 0.0
+            for _ in range(40):  # spend what is left, and more if the gateway lets it
+                if spend.one() == 429:
+                    break
+    assert spend.statuses.count(429) == 1, spend.statuses
+    assert spend.cost <= budget + spend.largest, (spend.cost, spend.statuses)
+
+
+async def test_a_refund_into_a_lost_day_never_makes_the_spend_negative(
+    redis_server: RedisServer,
+) -> None:
+    """Requests reserved before Redis lost its data settle after (their real use below their
+    reservation): the spend Redis holds is never negative, which would give the key more
+    than its whole budget."""
+    client = Redis.from_url(redis_server.url)
+    store = RedisBudgetStore(client, "fleet:")
+    today = Windows.at(time.time())
+    try:
+        for _ in range(2):
+            assert (await store.reserve("k", today, 1.0, None, 0.5))[0] is None
+        await client.flushall()  # Redis restarted empty
+        for _ in range(2):
+            await store.adjust("k", today, -0.4, lazy=False)  # each used 0.1 of its 0.5
+        spent = float(await client.get(f"fleet:budget:{{k}}:d:{today.day}") or 0)
+        assert spent >= 0.0
+        refused, _ = await store.reserve("k", today, 1.0, None, 0.9)
+        assert refused == "budget_daily", "the key may spend 1.7 of a budget of 1"
+    finally:
+        await store.aclose()
+        await client.aclose()
+
+
+class Spend:
+    """Requests of one budgeted key, one after another; the cost of what was answered."""
+
+    def __init__(self, url: str, token: str) -> None:
+        self.url = url + "/v1/chat/completions"
+        self.headers = bearer(token)
+        self.cost = 0.0
+        self.largest = 0.0  # the dearest answer: the most one request may overrun
+        self.statuses: list[int] = []
+
+    def one(self) -> int:
+        """One request of up to 200 tokens; its status."""
+        body = {**CHAT, "max_tokens": 200}
+        answer = httpx.post(self.url, json=body, headers=self.headers, timeout=30)
+        self.statuses.append(answer.status_code)
+        if answer.status_code == 200:
+            cost = cost_of(answer, answer.text)
+            self.cost += cost
+            self.largest = max(self.largest, cost)
+        else:
+            assert answer.status_code == 429, answer.text
+        return answer.status_code
