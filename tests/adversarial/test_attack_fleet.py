@@ -240,6 +240,24 @@ async def test_a_refund_into_a_lost_day_never_makes_the_spend_negative(
         await client.aclose()
 
 
+def test_keys_of_the_redis_store_are_gone_with_a_redis_restarted_empty(
+    fast_sim: SimulatorProcess,
+) -> None:
+    """Pinned trade-off (docs/access.md): a Redis key store restarted without persistence has
+    lost its keys; the gateway refuses them (401) at once, never serves them from its cache."""
+    with RedisServer() as redis:
+        _, token = asyncio.run(redis_key(redis.url))
+        with GatewayProcess(gateway_config(redis, fast_sim.url)) as gateway:
+            chat = gateway.url + "/v1/chat/completions"
+            assert httpx.post(chat, json=CHAT, headers=bearer(token)).status_code == 200
+            redis.restart()
+            deadline = time.monotonic() + 1.5  # the cache's bound while Redis answers
+            while (status := httpx.post(chat, json=CHAT, headers=bearer(token)).status_code) != 401:
+                assert status == 200, status
+                assert time.monotonic() < deadline, "a lost key still served"
+                time.sleep(0.05)
+
+
 class Spend:
     """Requests of one budgeted key, one after another; the cost of what was answered."""
 
