@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -16,13 +18,16 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
+import router_models
 from gateway.access.keystore_file import FileKeyStore
 from gateway.limits.budgets import RedisBudgetStore, Windows
 from gateway.limits.limiter_redis import RedisRateLimiter
 from policies.keys import issue_key
 from policies.principal import KeyPolicy
 from policies.ratelimit import LimitSpec
-from tests.adversarial.keys_stack import CHAT, bearer, redis_key, start_all
+from router_models.artifact import load as load_model
+from router_models.artifact import save as save_model
+from tests.adversarial.keys_stack import ADMIN, CHAT, bearer, redis_key, start_all
 from tests.integration.gateway_proc import GatewayProcess, tiers_config
 from tests.integration.test_budget_outage import cost_of, recorded_spend
 from tests.processes import patience
@@ -256,6 +261,65 @@ def test_keys_of_the_redis_store_are_gone_with_a_redis_restarted_empty(
                 assert status == 200, status
                 assert time.monotonic() < deadline, "a lost key still served"
                 time.sleep(0.05)
+
+
+@pytest.mark.slow
+def test_a_redis_restarted_empty_keeps_the_fleets_dial_and_reloads(
+    fast_sim: SimulatorProcess, tmp_path: Path
+) -> None:
+    """Redis restarted empty after a tenant's dial was turned and the artifact reloaded:
+    every gateway keeps the dialled target (and a new gateway gets it), and the next reload,
+    on either gateway, is still followed by the other."""
+    artifact = tmp_path / "router.npz"
+    shutil.copy(router_models.DEFAULT_ARTIFACT, artifact)
+    with RedisServer() as redis:
+        config = gateway_config(redis, fast_sim.url)
+        config["auth"] = {"enabled": False, "admin_token": ADMIN}
+        config["router"] = {"artifact": str(artifact)}
+        first, second = start_all([GatewayProcess(config) for _ in range(2)])
+        late = GatewayProcess(config)
+        try:
+            dialled = httpx.put(
+                first.url + "/admin/router/share", json={"share": 0.1, "tenant": "acme"},
+                headers=bearer(ADMIN),
+            )  # fmt: skip
+            assert dialled.status_code == 200, dialled.text
+            loaded = routing(second)["artifact"]["loaded_at"]
+            assert reload(first) == reload(first)  # the fleet is at its second reload
+            deadline = time.monotonic() + patience(5)
+            while routing(second)["artifact"]["loaded_at"] == loaded:  # followed, at last
+                assert time.monotonic() < deadline, "the other gateway never followed"
+                time.sleep(0.05)
+            time.sleep(0.5)  # both reloads followed (a poll every 0.25 s)
+            redis.restart()
+            time.sleep(1.0)  # a few dial-sync rounds on the empty Redis
+            late.start()
+            for gateway in (first, second, late):
+                assert routing(gateway)["dial"]["tenant_targets"] == {"acme": 0.1}
+            model = load_model(artifact)
+            save_model(dataclasses.replace(model, platt_c=model.platt_c - 3.0), artifact)
+            new_id = reload(first)
+            deadline = time.monotonic() + 3.0  # the dial-sync bound is 1 s
+            while routing(second)["artifact"]["id"] != new_id:
+                assert time.monotonic() < deadline, "the other gateway never followed the reload"
+                time.sleep(0.1)
+        finally:
+            for gateway in (first, second, late):
+                gateway.stop()
+
+
+def reload(gateway: GatewayProcess) -> str:
+    """``POST /admin/router/reload``; the loaded artifact's id."""
+    answer = httpx.post(gateway.url + "/admin/router/reload", headers=bearer(ADMIN), timeout=60)
+    assert answer.status_code == 200, answer.text
+    return str(answer.json()["artifact"]["id"])
+
+
+def routing(gateway: GatewayProcess) -> dict[str, Any]:
+    """``GET /admin/routing``."""
+    answer = httpx.get(gateway.url + "/admin/routing", headers=bearer(ADMIN))
+    assert answer.status_code == 200, answer.text
+    return dict(answer.json())
 
 
 class Spend:
