@@ -22,6 +22,7 @@ import router_models
 from gateway.access.keystore_file import FileKeyStore
 from gateway.limits.budgets import RedisBudgetStore, Windows
 from gateway.limits.limiter_redis import RedisRateLimiter
+from gateway.routing.dial_sync import RedisDialStore
 from policies.keys import issue_key
 from policies.principal import KeyPolicy
 from policies.ratelimit import LimitSpec
@@ -306,6 +307,28 @@ def test_a_redis_restarted_empty_keeps_the_fleets_dial_and_reloads(
         finally:
             for gateway in (first, second, late):
                 gateway.stop()
+
+
+async def test_a_dial_store_that_lost_its_data_is_put_back_without_undoing_a_later_change(
+    redis_server: RedisServer,
+) -> None:
+    """A worker's applied dial goes back into an emptied Redis; but once a change was made on
+    the empty Redis, that change stands and the version moves past every worker's."""
+    client = Redis.from_url(redis_server.url)
+    store = RedisDialStore(client, "fleet:")
+    try:
+        await store.set_target("acme", 0.1)
+        await store.set_target("acme", 0.2)
+        applied = await store.bump_reload()
+        await client.flushall()
+        restored = await store.restore(applied)
+        assert (restored.tenants, restored.version, restored.reload) == ({"acme": 0.2}, 2, 1)
+        await client.flushall()
+        await store.set_target(None, 0.4)  # a change on the empty Redis, before any restore
+        after = await store.restore(applied)
+        assert (after.default, after.tenants, after.version) == (0.4, {}, 3)
+    finally:
+        await client.aclose()
 
 
 def reload(gateway: GatewayProcess) -> str:
