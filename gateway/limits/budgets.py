@@ -36,7 +36,12 @@ _log = structlog.get_logger("tiergate.budgets")
 # each charge the writer sends; KEYS[3] holds, per writer, the highest number that charged.
 # A charge whose answer was lost (Redis died) is judged by it once Redis is back: a writer's
 # charges run in the order it numbered them (one connection, never retried), so one numbered
-# at or below the mark ran. Its arguments come last.
+# at or below the mark ran.
+# A window's spend that Redis lost (restarted empty, no persistence) is put back, before
+# anything is charged, at what the charging process last saw spent there (its *floor*): the
+# key does not get its budget again, and a refund of a reservation made before the loss does
+# not take the spend below zero. (A window's key outlives its window by an hour: while the
+# window runs, a missing key with a floor above zero is a loss.)
 _MARK = """
 local function mark(writer, seq)
   if seq <= 0 then return end
@@ -45,12 +50,21 @@ local function mark(writer, seq)
   end
   redis.call('EXPIRE', KEYS[3], 172800)
 end
+local function restore(key, floor, ttl)
+  floor = tonumber(floor)
+  if floor > 0 and redis.call('EXISTS', key) == 0 then
+    redis.call('SET', key, tostring(floor), 'EX', ttl)
+  end
+end
 """
 # KEYS: day, month, marks. ARGV: day budget, month budget (-1: none), amount, day ttl, month
-# ttl, writer, seq. Returns {charged (0/1), refused window name or '', day, month}.
+# ttl, writer, seq, day floor, month floor. Returns {charged (0/1), refused window name or '',
+# day, month}.
 _RESERVE = (
     _MARK
     + """
+restore(KEYS[1], ARGV[8], ARGV[4])
+restore(KEYS[2], ARGV[9], ARGV[5])
 local day = tonumber(redis.call('GET', KEYS[1]) or '0')
 local month = tonumber(redis.call('GET', KEYS[2]) or '0')
 local reserve = tonumber(ARGV[3])
@@ -70,22 +84,31 @@ mark(writer, seq)
 return {1, '', tostring(day + reserve), tostring(month + reserve)}
 """
 )
-_RESERVE_SCRIPT = LuaScript(_RESERVE, keys=3, args=7)
-# KEYS: day, month, marks. ARGV: delta, day ttl, month ttl, writer, seq. A settlement, or
-# spend owed since an outage (the keys may be gone: a Redis that lost its data).
+_RESERVE_SCRIPT = LuaScript(_RESERVE, keys=3, args=9)
+# KEYS: day, month, marks. ARGV: delta, day ttl, month ttl, writer, seq, day floor, month
+# floor. A settlement, or spend owed since an outage (the keys may be gone: a Redis that lost
+# its data); a spend never goes below zero.
 _ADD = (
     _MARK
     + """
 local writer, seq = ARGV[4], tonumber(ARGV[5])
-local day = redis.call('INCRBYFLOAT', KEYS[1], ARGV[1])
-redis.call('EXPIRE', KEYS[1], ARGV[2])
-local month = redis.call('INCRBYFLOAT', KEYS[2], ARGV[1])
-redis.call('EXPIRE', KEYS[2], ARGV[3])
+local function add(key, floor, ttl)
+  restore(key, floor, ttl)
+  local spent = redis.call('INCRBYFLOAT', key, ARGV[1])
+  if tonumber(spent) < 0 then
+    spent = '0'
+    redis.call('SET', key, spent)
+  end
+  redis.call('EXPIRE', key, ttl)
+  return spent
+end
+local day = add(KEYS[1], ARGV[6], ARGV[2])
+local month = add(KEYS[2], ARGV[7], ARGV[3])
 mark(writer, seq)
 return {day, month}
 """
 )
-ADD_SCRIPT = LuaScript(_ADD, keys=3, args=5)
+ADD_SCRIPT = LuaScript(_ADD, keys=3, args=7)
 _MAX_SEEN = 100_000
 LINGER_S = 0.005  # how long a settlement may wait for the next command to carry it
 
@@ -199,6 +222,11 @@ class RedisBudgetStore:
         self.seen[(key_id, windows.day)] = day
         self.seen[(key_id, windows.month)] = month
 
+    def _floors(self, key_id: str, windows: Windows) -> tuple[float, float]:
+        """The day's and the month's spend as Redis last told this process (0: never)."""
+        seen = self.seen
+        return seen.get((key_id, windows.day), 0.0), seen.get((key_id, windows.month), 0.0)
+
     def _keys(self, key_id: str, windows: Windows) -> list[str]:
         base = f"{self.prefix}budget:{{{key_id}}}"
         return [f"{base}:d:{windows.day}", f"{base}:m:{windows.month}", f"{base}:w"]
@@ -242,6 +270,7 @@ class RedisBudgetStore:
                     windows.month_left_s + 86400,
                     self.writer,
                     seq or self.next_seq(),
+                    *self._floors(key_id, windows),
                 ),
                 retry=False,  # never after a later charge: the marks would say it ran
             )
@@ -271,6 +300,7 @@ class RedisBudgetStore:
             windows.month_left_s + 86400,
             self.writer,
             seq or self.next_seq(),
+            *self._floors(key_id, windows),
         )
         day, month = await self._runner.run(ADD_SCRIPT, keys, args, lazy=lazy, retry=False)
         self._saw(key_id, windows, float(day), float(month))

@@ -14,13 +14,18 @@ Per key (``{id}`` is a hash tag, so a key's data stays on one cluster slot):
 
 - ``<prefix>rl:{id}``   hash: ``r`` request debt, ``t`` token debt, ``s`` stamp (µs);
   expires once fully drained;
-- ``<prefix>rl:{id}:c`` sorted set of in-flight request slots scored by lease expiry (µs), so
-  a replica that dies mid-request cannot leak a concurrency slot for longer than the lease.
+- ``<prefix>rl:{id}:c`` sorted set of in-flight request slots scored by lease expiry (µs).
+
+A slot's lease is short (``SLOT_LEASE_S``) and renewed by its holder every third of it while
+the request runs (up to ``max_hold_s``, the longest request), so a gateway that dies
+mid-request (SIGKILL, OOM kill, a lost node) frees its keys' slots within one lease, and a
+Redis that lost them (restarted empty) gets them back within a third of one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
@@ -108,8 +113,23 @@ return 1
 """
 )
 
+# KEYS: slots. ARGV: lease_us, slot ids joined by ','. Every slot's lease starts again now
+# (one that expired or that Redis lost is added back: its request still runs).
+_RENEW = """
+local t = redis.call('TIME')
+local expiry = tonumber(t[1]) * 1000000 + tonumber(t[2]) + tonumber(ARGV[1])
+for slot in string.gmatch(ARGV[2], '[^,]+') do
+  redis.call('ZADD', KEYS[1], expiry, slot)
+end
+redis.call('PEXPIRE', KEYS[1], math.ceil(tonumber(ARGV[1]) / 1000) + 1000)
+return 1
+"""
+
 ACQUIRE = LuaScript(_ACQUIRE, keys=2, args=7)
 RELEASE = LuaScript(_RELEASE, keys=2, args=6)
+RENEW = LuaScript(_RENEW, keys=1, args=2)
+# A concurrency slot's lease in Redis; its holder renews it every third of that.
+SLOT_LEASE_S = 15.0
 # How long a settlement may wait for the next admission to carry it to Redis.
 LINGER_S = 0.005
 _MAX_CACHED_KEYS = 10_000
@@ -138,15 +158,23 @@ class RedisRateLimiter:
         prefix: str = "tiergate:",
         period_s: float = PERIOD_S,
         lease_s: float = 900.0,
+        max_hold_s: float | None = None,
         runner: ScriptRunner | None = None,
     ) -> None:
+        """``lease_s``: a slot's lease in Redis, renewed while its request runs, for at most
+        ``max_hold_s`` (default ``lease_s``: never renewed)."""
         self.client = client
         self._prefix = prefix
         self._period_us = int(period_s * 1_000_000)
+        self._lease_s = lease_s
         self._lease_us = int(lease_s * 1_000_000)
+        self._max_hold_s = lease_s if max_hold_s is None else max(max_hold_s, lease_s)
         self._runner = runner or script_runner(client, linger_s=LINGER_S)
         self._key_names: dict[str, tuple[str, str]] = {}
         self._orphans: set[asyncio.Task[None]] = set()
+        # Slots this process holds in Redis, per key id: slot -> when it was taken (monotonic).
+        self._held: dict[str, dict[str, float]] = {}
+        self._renewer: asyncio.Task[None] | None = None
 
     def _keys(self, key_id: str) -> tuple[str, str]:
         keys = self._key_names.get(key_id)
@@ -179,12 +207,55 @@ class RedisRateLimiter:
                 self._free_orphan(key_id, spec, slot)
             raise
         code, wait, rrem, rreset, trem, treset = (int(x) for x in reply)
+        if code == 0 and slot and spec.concurrency:
+            self._hold(key_id, slot)
         return Verdict(
             exceeded=_EXCEEDED.get(code),
             retry_after_ms=None if wait < 0 else wait,
             requests=_quota(spec.rpm, rrem, rreset),
             tokens=_quota(spec.tpm, trem, treset),
         )
+
+    def _hold(self, key_id: str, slot: str) -> None:
+        """Remember a slot taken, and keep its lease renewed while it is held."""
+        if self._max_hold_s <= self._lease_s:
+            return  # never renewed: the lease alone bounds it
+        self._held.setdefault(key_id, {})[slot] = time.monotonic()
+        loop = asyncio.get_running_loop()
+        if self._renewer is None or self._renewer.done() or self._renewer.get_loop() is not loop:
+            self._renewer = loop.create_task(self._renew_held())
+
+    def _drop(self, key_id: str, slot: str) -> None:
+        held = self._held.get(key_id)
+        if held is not None and held.pop(slot, None) is not None and not held:
+            del self._held[key_id]
+
+    async def _renew_held(self) -> None:
+        """Every third of a lease, start the lease of each slot still held again (one script
+        per key), so that only a dead process's slots run out. A slot held past
+        ``max_hold_s`` is let go (its lease bounds it). Redis not answering: the next round."""
+        while self._held:
+            await asyncio.sleep(self._lease_s / 3)
+            for key_id in list(self._held):
+                try:
+                    await self._renew(key_id)
+                except (RedisError, OSError):
+                    break
+
+    async def _renew(self, key_id: str) -> None:
+        held = self._held.get(key_id)
+        if not held:
+            return
+        oldest = time.monotonic() - self._max_hold_s + self._lease_s
+        for slot in [slot for slot, since in held.items() if since < oldest]:
+            self._drop(key_id, slot)
+        if key_id in self._held:
+            # Read and written in one step of the loop: a release of one of them written
+            # after this goes after it on the connection (retry=False: never re-sent after it).
+            slots = ",".join(held)
+            await self._runner.run(
+                RENEW, self._keys(key_id)[1:], (self._lease_us, slots), retry=False
+            )
 
     def _free_orphan(self, key_id: str, spec: LimitSpec, slot: str) -> None:
         """An admission nobody will settle (its caller gave up, or Redis did not answer in
@@ -231,6 +302,8 @@ class RedisRateLimiter:
         the whole lease. The token and request deltas are not retried (a refund may have
         been applied already; a charge left out is the safe side of a refund left out).
         """
+        if slot:
+            self._drop(key_id, slot)  # no renewal written after this release
         try:
             await self._send_release(key_id, spec, token_delta, slot, request_delta, lazy=lazy)
         except (RedisError, OSError) as exc:
@@ -259,6 +332,8 @@ class RedisRateLimiter:
 
     async def aclose(self) -> None:
         """Send the settlements still lingering, then close the pipelined connection."""
+        self._held.clear()
+        await stop_tasks(self._renewer)
         if self._orphans:
             _, late = await asyncio.wait(self._orphans, timeout=_ORPHAN_RETRY_S)
             await stop_tasks(*late)  # ended, not only asked once: redis-py can lose a cancel

@@ -37,7 +37,11 @@ from redis.asyncio import Redis
 from gateway.config.redis_client import BackendHealth
 from gateway.config.settings import RateLimitSettings, TierSettings
 from gateway.limits.census import LocalShare, ReplicaCensus
-from gateway.limits.limiter_redis import RateLimitBackendUnavailable, RedisRateLimiter
+from gateway.limits.limiter_redis import (
+    SLOT_LEASE_S,
+    RateLimitBackendUnavailable,
+    RedisRateLimiter,
+)
 from policies.errors import RateLimited, TierGateError
 from policies.principal import Principal
 from policies.ratelimit import (
@@ -363,7 +367,8 @@ def build_limiter(
 ) -> KeyLimiter:
     """The limiter ``rl`` asks for (``client`` is needed for Redis), for ``workers`` processes.
 
-    ``lease_s`` bounds a concurrency slot's life (:func:`limiter_lease_s`); ``key_prefix``
+    ``lease_s`` bounds a concurrency slot's life (:func:`limiter_lease_s`; in Redis a slot's
+    lease is ``SLOT_LEASE_S``, renewed by its live holder up to that); ``key_prefix``
     namespaces the Redis keys.
     """
     if rl.backend == "memory":
@@ -382,7 +387,7 @@ def build_limiter(
         policy=rl.on_redis_error,
     )
     return KeyLimiter(
-        RedisRateLimiter(client, prefix=key_prefix, lease_s=lease_s),
+        RedisRateLimiter(client, prefix=key_prefix, lease_s=SLOT_LEASE_S, max_hold_s=lease_s),
         metrics=metrics,
         health=health,
         fallback=MemoryRateLimiter(lease_s=lease_s) if rl.on_redis_error == "open" else None,

@@ -5,7 +5,8 @@ applies it at once on the worker that took the call; every other worker and repl
 store every ``router.dial_sync_interval_s`` (0.25 s) and applies what changed. The store is:
 
 * Redis when the gateway has a Redis client (keys ``<prefix>dial:*``): every replica, and the
-  targets outlive restarts;
+  targets outlive restarts (a Redis that lost them, restarted empty, gets them back from the
+  first worker that finds the store behind what it applied: :meth:`DialStore.restore`);
 * else, for ``--workers N``, a file (``dial.json``) in the workers' shared directory;
 * else memory (one process: nothing to share).
 
@@ -103,6 +104,10 @@ class DialStore(Protocol):
         workers' views."""
         ...
 
+    async def restore(self, applied: DialState) -> DialState:
+        """The store is behind ``applied`` (it lost its data): put it back; the state now."""
+        ...
+
 
 class MemoryDialStore:
     """One process: the state lives here."""
@@ -128,6 +133,10 @@ class MemoryDialStore:
     async def exchange(self, worker: str, view: ViewData) -> list[ViewData]:
         """One process: no other worker."""
         return []
+
+    async def restore(self, applied: DialState) -> DialState:
+        """Never behind: the state lives here."""
+        return self.state
 
 
 def _with_target(state: DialState, tenant: str | None, share: float | None) -> DialState:
@@ -219,8 +228,34 @@ class FileDialStore:
         """Views as files in the shared directory; a file older than the TTL is ignored."""
         return await asyncio.to_thread(self._exchange, worker, view)
 
+    async def restore(self, applied: DialState) -> DialState:
+        """Not put back: the file is only lost with the directory the workers share."""
+        return await self.read()
+
 
 _DEFAULT_FIELD = "*default"  # not a tenant: tenant fields are "t:<name>"
+# KEYS: targets, version, reload. ARGV: the version and reload generation a worker applied,
+# then its targets as field, value pairs. Counters behind them mean Redis lost the dial: with
+# nothing written since (version 0) the worker's targets and version are put back; after a
+# change made since, the version moves past the worker's so that every worker reads the targets
+# again. A reload generation behind is raised to the worker's, so the next reload counts above
+# what every worker followed.
+_RESTORE = """
+local version, mine = tonumber(redis.call('GET', KEYS[2]) or '0'), tonumber(ARGV[1])
+if version < mine then
+  if version == 0 then
+    redis.call('DEL', KEYS[1])
+    for i = 3, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+    redis.call('SET', KEYS[2], mine)
+  else
+    redis.call('SET', KEYS[2], mine + 1)
+  end
+end
+if tonumber(redis.call('GET', KEYS[3]) or '0') < tonumber(ARGV[2]) then
+  redis.call('SET', KEYS[3], ARGV[2])
+end
+return 1
+"""
 
 
 class RedisDialStore:
@@ -273,6 +308,17 @@ class RedisDialStore:
     async def bump_reload(self) -> DialState:
         """Count a reload."""
         await self.client.incr(self.reload_key)
+        return await self.read()
+
+    async def restore(self, applied: DialState) -> DialState:
+        """Put back what Redis lost (``_RESTORE``), atomically; the state now."""
+        fields: list[str] = []
+        if applied.default is not None:
+            fields += [_DEFAULT_FIELD, repr(applied.default)]
+        for tenant, share in applied.tenants.items():
+            fields += [f"t:{tenant}", repr(share)]
+        keys = (self.targets_key, self.version_key, self.reload_key)
+        await self.client.eval(_RESTORE, 3, *keys, applied.version, applied.reload, *fields)
         return await self.read()
 
     async def exchange(self, worker: str, view: ViewData) -> list[ViewData]:
@@ -356,6 +402,11 @@ class DialSync:
         """Read the store once and apply a change of target or a reload; then trade views
         with the other workers and set each tenant's fleet threshold."""
         state = await self.store.read()
+        if state.version < self.applied.version or state.reload < self.applied.reload:
+            _log.warning(
+                "router.dial_restored", version=self.applied.version, reload=self.applied.reload
+            )  # Redis lost the dial (restarted empty): put back what this worker applied
+            state = await self.store.restore(self.applied)
         self._take(state)
         if state.reload > self.applied.reload:
             await self._reload()

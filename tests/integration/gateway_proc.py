@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 import yaml
 
-from tests.processes import free_port, http_answers, terminate, wait_ready
+from tests.processes import free_port, http_answers, kill, terminate, wait_ready
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -146,6 +146,10 @@ class GatewayProcess:
     def stop(self) -> None:
         """SIGTERM, wait, clean up."""
         terminate(self._proc)
+
+    def kill(self) -> None:
+        """SIGKILL (a crash: nothing is settled or released) and reap."""
+        kill(self._proc)
 
     def __enter__(self) -> GatewayProcess:
         return self.start()
