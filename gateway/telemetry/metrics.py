@@ -334,6 +334,13 @@ class GatewayMetrics:
         self.empty = _Counter(
             sc.M_STREAM_EMPTY, "Complete streams with no completion token", ("tier",)
         )
+        # Refused credentials (gateway.telemetry.refusals): counted on refusals only.
+        self.auth_refusals = _Counter(
+            sc.M_AUTH_REFUSALS,
+            "Refused credentials, by route class and reason (401s, and 403 for an API key "
+            "presented where the admin token is needed)",
+            ("route", "reason"),
+        )
         self.ratelimit.inc(_ALLOWED, 0.0)  # exposed from the start, as before the first request
         registry.register(
             _Families(
@@ -349,6 +356,7 @@ class GatewayMetrics:
                     self.aborts,
                     self.truncated,
                     self.empty,
+                    self.auth_refusals,
                 ]
             )
         )

@@ -47,11 +47,11 @@ def _lines(gw: GatewayProcess, event: str) -> list[dict[str, Any]]:
 
 def _refusals(metrics: str) -> dict[tuple[str, str], float]:
     found = re.findall(
-        r'^tiergate_auth_refusals_total\{route="(\w+)",reason="(\w+)"\} ([0-9.e+]+)$',
+        r'^tiergate_auth_refusals_total\{reason="(\w+)",route="(\w+)"\} ([0-9.e+]+)$',
         metrics,
         flags=re.MULTILINE,
     )
-    return {(route, reason): float(value) for route, reason, value in found}
+    return {(route, reason): float(value) for reason, route, value in found}
 
 
 def test_refusals_are_counted_by_route_class_and_reason(
@@ -61,8 +61,9 @@ def test_refusals_are_counted_by_route_class_and_reason(
     gw, key = gateway
     wrong_key = key[:-6] + "AAAAAA"
     bad = {"Authorization": f"Bearer {WRONG_ADMIN}"}
+    admin = {"Authorization": f"Bearer {ADMIN}"}
     with httpx.Client(base_url=gw.url, timeout=10) as client:
-        before = _refusals(client.get("/metrics", headers={"Authorization": f"Bearer {ADMIN}"}).text)
+        before = _refusals(client.get("/metrics", headers=admin).text)
         for _ in range(3):
             assert client.get("/admin/keys", headers=bad).status_code == 401
         api_key = {"Authorization": f"Bearer {key}"}
@@ -74,7 +75,7 @@ def test_refusals_are_counted_by_route_class_and_reason(
         assert client.post("/v1/chat/completions", json=CHAT, headers=wrong).status_code == 401
         assert client.post("/v1/chat/completions", json=CHAT).status_code == 401
         assert client.get("/v1/models", headers=api_key).status_code == 200  # not a refusal
-        after = _refusals(client.get("/metrics", headers={"Authorization": f"Bearer {ADMIN}"}).text)
+        after = _refusals(client.get("/metrics", headers=admin).text)
     grown = {k: v - before.get(k, 0.0) for k, v in after.items() if v - before.get(k, 0.0)}
     assert grown == {
         ("admin", "invalid"): 3,
