@@ -143,3 +143,25 @@ def test_sigterm_counts_the_streams_it_drained_and_the_ones_it_cut(tmp_path: Pat
             assert stopped["drain_s"] >= 1.5
         finally:
             gw.stop()
+
+
+def test_with_workers_the_supervisor_announces_once_and_each_worker_drains() -> None:
+    """--workers 2: one server.started (workers 2) from the supervisor; on SIGTERM each worker
+    writes its own server.draining and server.stopped, tagged with its index."""
+    dead = [f"http://127.0.0.1:{free_port()}"]
+    config = {
+        "auth": {"enabled": False},
+        "tiers": tiers_config(dead, dead),
+        "telemetry": {"log_format": "json"},
+    }
+    gw = GatewayProcess(config, workers=2)
+    try:
+        gw.start()
+        assert _stopped(gw)
+        (started,) = _events(gw, "server.started")
+        assert (started["workers"], started["port"]) == (2, gw.port)
+        assert "worker" not in started
+        assert sorted(x["worker"] for x in _events(gw, "server.draining")) == [0, 1]
+        assert sorted(x["worker"] for x in _events(gw, "server.stopped")) == [0, 1]
+    finally:
+        gw.stop()
