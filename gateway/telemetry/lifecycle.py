@@ -19,6 +19,7 @@ from typing import Any
 
 import structlog
 
+from gateway.config.pricing import price_warnings
 from gateway.config.settings import Settings
 from gateway.telemetry import semconv as sc
 
@@ -47,8 +48,18 @@ def started_fields(settings: Settings, *, port: int, workers: int) -> dict[str, 
 
 
 def log_started(settings: Settings, *, port: int, workers: int) -> None:
-    """Write ``server.started``."""
+    """Write ``server.started``, then a warning for each price that makes the fast tier dearer
+    than the precise one (``tiergate config check`` flags the same)."""
     _log.info(sc.EV_SERVER_STARTED, **started_fields(settings, port=port, workers=workers))
+    for warning in price_warnings(settings.tiers, settings.router):
+        _log.warning(
+            sc.EV_PRICES_INVERTED,
+            setting=warning.setting,
+            price=warning.price,
+            value=warning.value,
+            precise_value=warning.precise_value,
+            message=warning.message(),
+        )
 
 
 class ServerEvents:
