@@ -36,8 +36,8 @@ variables, with the closest valid name (`ratelimit.backnd: unknown setting; did 
 `backend`?`). `tiergate config check FILE` prints every effective value, secrets masked, and
 where it came from (default, file, env, flag), and warns (exit 0; start-up logs
 `config.prices_inverted`) when a tier costs more than the precise tier per token or per
-replica-hour, which `/admin/usage` would show as negative savings; `tiergate config schema` prints the JSON Schema
-(published as `config/tiergate.schema.json`; start a config file with
+replica-hour, which `/admin/usage` would show as negative savings; `tiergate config schema`
+prints the JSON Schema (published as `config/tiergate.schema.json`; start a config file with
 `# yaml-language-server: $schema=<path or URL of it>` and editors validate and complete it).
 
 Two things worth knowing before production:

@@ -296,6 +296,14 @@ class GatewayMetrics:
         self.share = ShareWindow()
         registry.register(_LiveCollector(pools, self.share, target_share))
         self._build(registry)
+        # Refused credentials (gateway.telemetry.refusals): counted on refusals only.
+        self.auth_refusals = _Counter(
+            sc.M_AUTH_REFUSALS,
+            "Refused credentials, by route class and reason (401s, and 403 for an API key "
+            "presented where the admin token is needed)",
+            ("route", "reason"),
+        )
+        registry.register(_Families([self.auth_refusals]))
 
     def _build(self, registry: CollectorRegistry) -> None:
         self.requests = _Counter(
@@ -334,13 +342,6 @@ class GatewayMetrics:
         self.empty = _Counter(
             sc.M_STREAM_EMPTY, "Complete streams with no completion token", ("tier",)
         )
-        # Refused credentials (gateway.telemetry.refusals): counted on refusals only.
-        self.auth_refusals = _Counter(
-            sc.M_AUTH_REFUSALS,
-            "Refused credentials, by route class and reason (401s, and 403 for an API key "
-            "presented where the admin token is needed)",
-            ("route", "reason"),
-        )
         self.ratelimit.inc(_ALLOWED, 0.0)  # exposed from the start, as before the first request
         registry.register(
             _Families(
@@ -356,7 +357,6 @@ class GatewayMetrics:
                     self.aborts,
                     self.truncated,
                     self.empty,
-                    self.auth_refusals,
                 ]
             )
         )

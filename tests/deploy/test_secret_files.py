@@ -20,7 +20,7 @@ def _setup_block() -> str:
     """The shell block of the Docker Compose section that creates the secret files."""
     section = DOC.split("## Docker Compose", 1)[1].split("\n## ", 1)[0]
     blocks = re.findall(r"```sh\n(.*?)```", section, flags=re.DOTALL)
-    (block,) = [b for b in blocks if "deploy/secrets/admin-token" in b]
+    (block,) = [str(b) for b in blocks if "deploy/secrets/admin-token" in b]
     return block
 
 
