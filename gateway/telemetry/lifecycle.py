@@ -6,7 +6,8 @@ store and rate-limit backend it uses; secrets (keys, the admin token, passwords)
 among its fields. On SIGTERM, ``server.draining`` counts the requests in flight and
 ``server.stopped`` how many of them finished within ``server.shutdown_grace_s`` (drained) and
 how many were cancelled at the deadline (cut). With several workers the supervisor writes
-``server.started`` once and each worker its own ``server.draining`` and ``server.stopped``.
+``server.started`` once and each worker ``server.worker_started`` when it serves (again, after
+a restart) and its own ``server.draining`` and ``server.stopped``.
 """
 
 from __future__ import annotations
@@ -75,6 +76,8 @@ class ServerEvents:
         """The server accepts connections on ``port``."""
         if self.announce:
             log_started(self.settings, port=port, workers=1)
+        else:  # one of several workers (also one restarted after a crash)
+            _log.info(sc.EV_WORKER_STARTED, port=port, pid=os.getpid())
 
     def draining(self, tasks: Collection[asyncio.Task[Any]], connections: int) -> None:
         """Shutdown began: ``tasks`` are the requests being answered."""

@@ -89,30 +89,27 @@ def test_start_and_stop_are_logged_without_secrets(tmp_path: Path) -> None:
 
 
 def test_sigterm_counts_the_streams_it_drained_and_the_ones_it_cut(tmp_path: Path) -> None:
-    """Two streams in flight at SIGTERM with a 2 s grace: the short one finishes (drained), the
+    """Two streams in flight at SIGTERM with a 3 s grace: the short one finishes (drained), the
     long one is cut at the deadline; the lines say 2 in flight, 1 drained, 1 cut."""
     with fixed_rate_streamer(tmp_path, "tiergate-fast", tokens=1000) as upstream:
         config = {
             "auth": {"enabled": False},
-            "server": {"shutdown_grace_s": 2},
+            "server": {"shutdown_grace_s": 3},
             "tiers": tiers_config([upstream], [upstream]),
             "telemetry": {"log_format": "json"},
         }
         gw = GatewayProcess(config)
         try:
             gw.start()
-            first_events: list[threading.Event] = []
             results: list[str] = []
 
-            def stream(tokens: int) -> None:
+            def stream(tokens: int, seen: threading.Event) -> None:
                 body = {
                     "model": "fast",
                     "stream": True,
                     "max_tokens": tokens,
                     "messages": [{"role": "user", "content": "pace 20/s"}],
                 }
-                seen = threading.Event()
-                first_events.append(seen)
                 text = ""
                 try:
                     with httpx.stream(
@@ -126,10 +123,13 @@ def test_sigterm_counts_the_streams_it_drained_and_the_ones_it_cut(tmp_path: Pat
                 seen.set()
                 results.append(text)
 
-            threads = [threading.Thread(target=stream, args=(n,)) for n in (10, 400)]
+            first_events = [threading.Event(), threading.Event()]
+            threads = [
+                threading.Thread(target=stream, args=(n, seen))
+                for n, seen in zip((30, 400), first_events, strict=True)
+            ]
             for thread in threads:
                 thread.start()
-                time.sleep(0.1)
             for seen in first_events:
                 assert seen.wait(patience(10))
             assert _stopped(gw)
@@ -140,14 +140,14 @@ def test_sigterm_counts_the_streams_it_drained_and_the_ones_it_cut(tmp_path: Pat
             assert draining["in_flight"] == 2
             (stopped,) = _events(gw, "server.stopped")
             assert (stopped["drained"], stopped["cut"]) == (1, 1)
-            assert stopped["drain_s"] >= 1.5
+            assert stopped["drain_s"] >= 2.5
         finally:
             gw.stop()
 
 
 def test_with_workers_the_supervisor_announces_once_and_each_worker_drains() -> None:
-    """--workers 2: one server.started (workers 2) from the supervisor; on SIGTERM each worker
-    writes its own server.draining and server.stopped, tagged with its index."""
+    """--workers 2: one server.started (workers 2) from the supervisor, a server.worker_started
+    per worker; on SIGTERM each writes its own server.draining and server.stopped."""
     dead = [f"http://127.0.0.1:{free_port()}"]
     config = {
         "auth": {"enabled": False},
@@ -157,6 +157,11 @@ def test_with_workers_the_supervisor_announces_once_and_each_worker_drains() -> 
     gw = GatewayProcess(config, workers=2)
     try:
         gw.start()
+        deadline = time.monotonic() + patience(10)
+        while len(_events(gw, "server.worker_started")) < 2:
+            assert time.monotonic() < deadline, gw.log_text()[-3000:]
+            time.sleep(0.05)
+        assert sorted(x["worker"] for x in _events(gw, "server.worker_started")) == [0, 1]
         assert _stopped(gw)
         (started,) = _events(gw, "server.started")
         assert (started["workers"], started["port"]) == (2, gw.port)
