@@ -37,6 +37,7 @@ from gateway.http.proxy import ProxyService
 from gateway.http.server import run
 from gateway.limits.limits import LimitMetrics, build_limiter, limiter_lease_s
 from gateway.pipeline.context import RequestObserver
+from gateway.pipeline.errors import Refused
 from gateway.pipeline.request_body import FieldRules
 from gateway.routing.accounting import Accounting, build_accounting
 from gateway.routing.routing import TierRouter, build_dial
@@ -205,6 +206,7 @@ def build_service(
     observer: RequestObserver,
     spillover: Spillover | None = None,
     accounting: Accounting | None = None,
+    refused: Refused | None = None,
 ) -> ProxyService:
     """The request pipeline: authenticate, limit, route, forward, observe."""
     return ProxyService(
@@ -226,6 +228,7 @@ def build_service(
         budgets=accounting.budgets if accounting is not None else None,
         precise_cap=accounting.precise_cap if accounting is not None else None,
         escalation=accounting.escalation if accounting is not None else None,
+        refused=refused,
     )
 
 
@@ -347,6 +350,7 @@ def _assemble(
         observer=accounting.observer,
         spillover=_spillover(settings.spillover, settings.router, monitor.pools),
         accounting=accounting,
+        refused=telemetry.refusals.refused,
     )
     readiness = Readiness(monitor.pools, upstream, monitor)
     handlers = [

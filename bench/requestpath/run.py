@@ -84,6 +84,8 @@ class AnswerAtOnce(Forwarder):
 class Inbound:
     """A request already read: headers and body in memory."""
 
+    client_host: str | None = None
+
     def __init__(self, headers: Mapping[str, str]) -> None:
         self.headers = headers
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from gateway.config.pricing import price_warnings
 from gateway.config.settings import Settings, load_settings_traced
 from gateway.config.strict import Loc, dotted
 
@@ -82,15 +83,18 @@ def _leaves(node: Any, loc: Loc = ()) -> list[tuple[Loc, Any]]:
     return [(loc, node)]
 
 
-def check_lines(config: Path) -> list[str]:
-    """``path: value  (source)`` for every effective value of ``config``."""
+def check_lines(config: Path) -> tuple[list[str], list[str]]:
+    """``path: value  (source)`` for every effective value of ``config``, and its warnings
+    (prices that make the fast tier dearer than the precise one)."""
     settings, origins = load_settings_traced(config)
+    warnings = [w.message() for w in price_warnings(settings.tiers, settings.router)]
     rows = [
         (dotted(loc), json.dumps(mask(loc, value)), origins.of(loc))
         for loc, value in _leaves(settings.model_dump(mode="json"))
     ]
     width = max(len(path) + len(value) for path, value, _ in rows) + 3
-    return [f"{path}: {value}".ljust(width) + f"({source})" for path, value, source in rows]
+    lines = [f"{path}: {value}".ljust(width) + f"({source})" for path, value, source in rows]
+    return lines, warnings
 
 
 def _schema(args: argparse.Namespace) -> int:
@@ -114,9 +118,13 @@ def _docs(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    for line in check_lines(args.file):
+    lines, warnings = check_lines(args.file)
+    for line in lines:
         print(line)
-    print(f"ok: {args.file} is a valid TierGate configuration", file=sys.stderr)
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    noted = f" ({len(warnings)} warning{'s' if len(warnings) > 1 else ''})" if warnings else ""
+    print(f"ok: {args.file} is a valid TierGate configuration{noted}", file=sys.stderr)
     return 0
 
 

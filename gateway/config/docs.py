@@ -34,8 +34,10 @@ variables, the YAML file (`--config FILE` or `TIERGATE_CONFIG`, with `${VAR}` an
 Unknown keys are refused at every depth, in the file and in `TIERGATE_<SECTION>__...`
 variables, with the closest valid name (`ratelimit.backnd: unknown setting; did you mean
 `backend`?`). `tiergate config check FILE` prints every effective value, secrets masked, and
-where it came from (default, file, env, flag); `tiergate config schema` prints the JSON Schema
-(published as `config/tiergate.schema.json`; start a config file with
+where it came from (default, file, env, flag), and warns (exit 0; start-up logs
+`config.prices_inverted`) when a tier costs more than the precise tier per token or per
+replica-hour, which `/admin/usage` would show as negative savings; `tiergate config schema`
+prints the JSON Schema (published as `config/tiergate.schema.json`; start a config file with
 `# yaml-language-server: $schema=<path or URL of it>` and editors validate and complete it).
 
 Two things worth knowing before production:

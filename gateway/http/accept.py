@@ -11,13 +11,16 @@ protocol through ``loop.connect_accepted_socket``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import functools
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 
 import structlog
 import uvicorn
+
+from gateway.telemetry.lifecycle import ServerEvents
 
 _log = structlog.get_logger("tiergate.server")
 # Connections taken per wake-up of the listening socket; the loop then serves everything else
@@ -29,9 +32,32 @@ _OUT_OF_FDS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 
 
 class DrainingServer(uvicorn.Server):
-    """uvicorn's server with the listening sockets served by :class:`Acceptor`."""
+    """uvicorn's server with the listening sockets served by :class:`Acceptor`; ``events``
+    (if given) logs when it starts serving, and what its graceful shutdown drained."""
 
     acceptors: list[Acceptor]
+
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        events: ServerEvents | None = None,
+        before_exit: Callable[[], None] | None = None,
+    ) -> None:
+        super().__init__(config)
+        self.events = events
+        self.before_exit = before_exit
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        """uvicorn's signal capture; ``before_exit`` runs once serving is over and before
+        uvicorn raises the captured SIGTERM again, which ends the process at once (the log
+        lines of the shutdown would otherwise die in the writer's queue)."""
+        with super().capture_signals():
+            try:
+                yield
+            finally:
+                if self.before_exit is not None:
+                    self.before_exit()
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         """uvicorn's start-up without its listeners; then one acceptor per socket."""
@@ -54,12 +80,19 @@ class DrainingServer(uvicorn.Server):
             # the same backlog, for a worker's inherited socket that already listens).
             sock.listen(self.config.backlog)
         self.acceptors = [Acceptor(loop, sock, factory) for sock in sockets]
+        if self.events is not None and sockets:
+            self.events.started(sockets[0].getsockname()[1])
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         """Stop accepting first, then uvicorn's graceful shutdown."""
         for acceptor in getattr(self, "acceptors", []):
             acceptor.close()
+        events = self.events
+        if events is not None:
+            events.draining(self.server_state.tasks, len(self.server_state.connections))
         await super().shutdown(sockets=sockets)
+        if events is not None:
+            events.stopped()
 
 
 class Acceptor:

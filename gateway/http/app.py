@@ -32,7 +32,7 @@ from gateway.http.edge import (
 from gateway.http.native import CHAT_PATH, COMPLETIONS_PATH
 from gateway.http.ops import Readiness
 from gateway.http.proxy import ProxyService
-from gateway.pipeline.errors import EXCEPTION_HANDLERS
+from gateway.pipeline.errors import exception_handlers
 from gateway.pipeline.replies import Reply
 from gateway.routing.accounting import Accounting
 from gateway.telemetry import Telemetry
@@ -54,6 +54,12 @@ class _FrameworkInbound:
         self.limit = limit
         # The edge's header view, as on the native path: one Authorization, merged.
         self.headers: Mapping[str, str] = header_view(request.scope["headers"])
+
+    @property
+    def client_host(self) -> str | None:
+        """The client's address (asked only when a refusal is logged)."""
+        client = self.request.client
+        return client.host if client is not None else None
 
     async def read_body(self) -> bytes:
         """The body, read up to the edge's limit (413 past it, declared or read)."""
@@ -201,7 +207,7 @@ def app_for(
 
     return Litestar(
         route_handlers=[chat, completions, *gateway.handlers],
-        exception_handlers=EXCEPTION_HANDLERS,
+        exception_handlers=exception_handlers(telemetry.refusals.refused),
         on_startup=[lifecycle.startup, telemetry.startup],
         on_shutdown=[lifecycle.shutdown, telemetry.shutdown],
         request_max_body_size=settings.server.max_body_bytes,

@@ -210,6 +210,12 @@ class NativeCycle:
             headers = self._headers = header_view(self.raw_headers)
         return headers
 
+    @property
+    def client_host(self) -> str | None:
+        """The client's address (asked only when a refusal is logged)."""
+        peer = self.transport.get_extra_info("peername")
+        return str(peer[0]) if isinstance(peer, tuple | list) and peer else None
+
     async def read_body(self) -> bytes:
         """The whole body, read up to the limit (413 past it; the connection then closes)."""
         limit = self.handler.max_body_bytes

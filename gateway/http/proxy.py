@@ -21,7 +21,7 @@ from gateway.pipeline.context import (
     request_id_from,
 )
 from gateway.pipeline.eager import Eager, eager
-from gateway.pipeline.errors import ClientGone
+from gateway.pipeline.errors import ClientGone, Refused
 from gateway.pipeline.events import AttemptEnd, AttemptStart, Outcome, Usage
 from gateway.pipeline.replies import EVENT_STREAM, Inbound, Reply, error_reply, internal_error_reply
 from gateway.pipeline.request_body import FieldRules, decode
@@ -35,7 +35,12 @@ from gateway.upstream.forwarding import Exchange, Forwarded, Forwarder
 from gateway.upstream.pump import Pump
 from gateway.upstream.relay import StreamRelay
 from policies.context_window import fitting_tiers, max_tokens_that_fit
-from policies.errors import InvalidRequest, TierGateError, UnsupportedMediaType
+from policies.errors import (
+    AuthenticationFailed,
+    InvalidRequest,
+    TierGateError,
+    UnsupportedMediaType,
+)
 from policies.fields import MediaUrl
 from policies.ports import Admission, Authenticator, RequestLimiter
 from policies.prefix import PrefixConfig, prefix_blocks
@@ -76,6 +81,8 @@ class ProxyService:
     clip_usage: UsageClipper = field(default_factory=UsageClipper)
     precise_cap: PreciseShareCap | None = None
     escalation: EscalationTracker | None = None
+    # Told of every refused credential (gateway.telemetry.refusals); only refusals call it.
+    refused: Refused | None = None
 
     async def handle(self, inbound: Inbound, kind: RequestKind, path: str) -> Reply:
         """Serve one chat or completion request; every error becomes its OpenAI-shaped reply."""
@@ -88,6 +95,8 @@ class ProxyService:
             ctx.status = exc.status
             ctx.failure = Failure.of(exc)
             self.observer.finished(ctx, ctx.failure.kind)
+            if self.refused is not None and isinstance(exc, AuthenticationFailed):
+                self.refused(path, exc.code, inbound.client_host)
             return error_reply(exc, ctx.headers())
         except Exception:  # noqa: BLE001  # a bug: account for the request and answer 500, never a traceback
             _log.exception("request.unhandled_error")

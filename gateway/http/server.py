@@ -23,6 +23,7 @@ from gateway.http.connections import (
 )
 from gateway.http.native import Handler
 from gateway.http.protocol import GuardedHttpToolsProtocol
+from gateway.telemetry.lifecycle import ServerEvents
 from gateway.telemetry.logging import configure_logging
 from gateway.upstream.worker_share import WorkerRole
 
@@ -151,7 +152,8 @@ def _run(
     default_interval = sys.getswitchinterval()
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     try:
-        DrainingServer(config).run(sockets=[sock])
+        events = ServerEvents(settings, announce=worker is None)
+        DrainingServer(config, events, before_exit=logs.flush).run(sockets=[sock])
     finally:
         sys.setswitchinterval(default_interval)
         logs.close()

@@ -27,6 +27,7 @@ from types import FrameType
 import structlog
 
 from gateway.config.settings import Settings
+from gateway.telemetry.lifecycle import log_started
 
 _log = structlog.get_logger("tiergate.workers")
 _PR_SET_PDEATHSIG = 1
@@ -181,6 +182,7 @@ class Supervisor:
         try:
             for index in range(self.count):
                 self._spawn(index)
+            log_started(self.settings, port=self.sock.getsockname()[1], workers=self.count)
             while not self.stopping:
                 time.sleep(0.2)
                 self._reap()

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
 from litestar import Request, Response
 from litestar.exceptions import HTTPException, NotFoundException, ValidationException
 
-from policies.errors import TierGateError
+from policies.errors import AuthenticationFailed, PermissionDenied, TierGateError
 
 _encoder = msgspec.json.Encoder()
 
@@ -94,3 +95,25 @@ EXCEPTION_HANDLERS: dict[type[Exception] | int, Any] = {
     HTTPException: _http,
     Exception: _unexpected,
 }
+
+# What is told of a refused credential: the path, the error code and the client's address.
+Refused = Callable[[str, object, "str | None"], None]
+
+
+def refused_credential(exc: TierGateError) -> bool:
+    """A missing or wrong credential (401), or an API key where the admin token is needed."""
+    if isinstance(exc, AuthenticationFailed):
+        return True
+    return isinstance(exc, PermissionDenied) and exc.code == "admin_required"
+
+
+def exception_handlers(refused: Refused) -> dict[type[Exception] | int, Any]:
+    """:data:`EXCEPTION_HANDLERS`, telling ``refused`` of every refused credential."""
+
+    def domain(request: Request[Any, Any, Any], exc: TierGateError) -> Response[bytes]:
+        if refused_credential(exc):
+            client = request.client
+            refused(request.url.path, exc.code, client.host if client is not None else None)
+        return _domain(request, exc)
+
+    return {**EXCEPTION_HANDLERS, TierGateError: domain}

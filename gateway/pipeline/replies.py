@@ -31,6 +31,11 @@ class Inbound(Protocol):
         Authorization is its values joined with ", ", so two keys authenticate as neither)."""
         ...
 
+    @property
+    def client_host(self) -> str | None:
+        """The client's address (read only when a refusal is logged)."""
+        ...
+
     async def read_body(self) -> bytes:
         """The whole request body (:class:`policies.errors.PayloadTooLarge` past the limit)."""
         ...

@@ -16,6 +16,7 @@ import structlog
 from prometheus_client import CollectorRegistry
 from redis.asyncio import Redis
 
+from gateway.config.pricing import tier_prices
 from gateway.config.redis_client import BackendHealth
 from gateway.config.router_settings import RouterSettings
 from gateway.config.settings import RateLimitSettings, TierSettings
@@ -41,7 +42,7 @@ from gateway.routing.dial_sync import DialSync, dial_store
 from gateway.routing.routing import TierRouter
 from gateway.routing.shadow import Featurizer, RequestFeatures, ShadowConfig, ShadowRunner
 from gateway.upstream.forwarding import Forwarder
-from policies.cost import CostModel, TierPrice
+from policies.cost import CostModel
 from policies.errors import InvalidRequest
 from router_models import Router
 from router_models.vectors import hashed_vector
@@ -49,19 +50,11 @@ from router_models.vectors import hashed_vector
 _log = structlog.get_logger("tiergate.router")
 EVENT_BUDGET_REDIS_DOWN = "budget.redis_unavailable"
 EVENT_BUDGET_REDIS_UP = "budget.redis_recovered"
-FAST_RELATIVE_PRICE = 0.25  # an INT4 tier's token at about a quarter of an FP16 one's
 
 
 def cost_model(tiers: Mapping[str, TierSettings], precise: str) -> CostModel:
     """Each tier's configured price; unset: 1 per 1k tokens on ``precise``, 0.25 elsewhere."""
-    prices: dict[str, TierPrice] = {}
-    for name, tier in tiers.items():
-        if tier.cost is not None:
-            prices[name] = TierPrice(*tier.cost.prices())
-        else:
-            unit = 1.0 if name == precise else FAST_RELATIVE_PRICE
-            prices[name] = TierPrice(unit, unit)
-    return CostModel(prices, precise)
+    return CostModel(tier_prices(tiers, precise), precise)
 
 
 def build_shadow(

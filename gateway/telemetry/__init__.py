@@ -20,6 +20,7 @@ from gateway.config.settings import TelemetrySettings
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.metrics_endpoint import MetricsServer, metrics_handler
 from gateway.telemetry.observer import TelemetryObserver
+from gateway.telemetry.refusals import AuthRefusals
 from gateway.telemetry.tracing import Tracing, build_tracer_provider
 from gateway.upstream.replicas import ReplicaPool
 from gateway.upstream.worker_share import GroupMetrics, WorkerRole
@@ -35,6 +36,7 @@ class Telemetry:
     registry: CollectorRegistry
     metrics: GatewayMetrics
     tracing: Tracing | None
+    refusals: AuthRefusals
     handlers: list[Any] = field(default_factory=list)
     metrics_server: MetricsServer | None = None
     group: GroupMetrics | None = None
@@ -91,7 +93,7 @@ def build_telemetry(
         else None
     )
     observer = TelemetryObserver(metrics, tracing, access_log=t.access_log, logger=access_logger)
-    telemetry = Telemetry(observer, registry, metrics, tracing)
+    telemetry = Telemetry(observer, registry, metrics, tracing, AuthRefusals(metrics.auth_refusals))
     exposed = registry
     if worker is not None and worker.count > 1:
         telemetry.group = GroupMetrics(worker, registry)

@@ -80,6 +80,7 @@ class LogSink:
         self.dropped = 0
         self._reported = 0
         self._lines: deque[str] = deque()
+        self._writing = threading.Lock()  # the writer thread and ``flush`` take turns
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tiergate-log-writer", daemon=True)
         self._thread.start()
@@ -91,7 +92,15 @@ class LogSink:
             return
         self._lines.append(line)
 
+    def flush(self) -> None:
+        """Write what is queued now, on the calling thread (before the process may end)."""
+        self._drain()
+
     def _drain(self) -> None:
+        with self._writing:
+            self._drain_locked()
+
+    def _drain_locked(self) -> None:
         lines = self._lines
         batch: list[str] = []
         while lines:

@@ -296,6 +296,14 @@ class GatewayMetrics:
         self.share = ShareWindow()
         registry.register(_LiveCollector(pools, self.share, target_share))
         self._build(registry)
+        # Refused credentials (gateway.telemetry.refusals): counted on refusals only.
+        self.auth_refusals = _Counter(
+            sc.M_AUTH_REFUSALS,
+            "Refused credentials, by route class and reason (401s, and 403 for an API key "
+            "presented where the admin token is needed)",
+            ("route", "reason"),
+        )
+        registry.register(_Families([self.auth_refusals]))
 
     def _build(self, registry: CollectorRegistry) -> None:
         self.requests = _Counter(

@@ -124,6 +124,7 @@ M_CONNECTIONS_SHED: Final = "tiergate_connections_shed"
 M_QUEUE_WAIT: Final = "tiergate_queue_wait_seconds"
 M_QUEUE_SHED: Final = "tiergate_queue_shed"
 M_QUEUE_WAITING: Final = "tiergate_queue_waiting"
+M_AUTH_REFUSALS: Final = "tiergate_auth_refusals"
 
 # Label values
 TOKENS_INPUT: Final = "input"
@@ -142,3 +143,9 @@ OUTCOME_CLIENT_DISCONNECT: Final = Outcome.CLIENT_DISCONNECT
 EVENT_ACCESS: Final = "request.finished"
 EVENT_LOGS_DROPPED: Final = "telemetry.log_lines_dropped"
 EV_CONNECTION_SHED: Final = "connection.shed"
+EV_AUTH_REFUSED: Final = "auth.refused"
+EV_SERVER_STARTED: Final = "server.started"
+EV_WORKER_STARTED: Final = "server.worker_started"
+EV_SERVER_DRAINING: Final = "server.draining"
+EV_SERVER_STOPPED: Final = "server.stopped"
+EV_PRICES_INVERTED: Final = "config.prices_inverted"

@@ -20,6 +20,7 @@ from gateway.telemetry import semconv as sc
 from gateway.telemetry.logging import LogSink, configure_logging
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.observer import access_fields
+from gateway.telemetry.refusals import REASONS, ROUTE_CLASSES, AuthRefusals
 from gateway.upstream.fair_queue import PRIORITIES, Ticket
 from gateway.upstream.replicas import ReplicaPool
 from policies.errors import RateLimited
@@ -83,6 +84,7 @@ def _exercised_metrics() -> GatewayMetrics:
     refused.admitted = False
     refused.failure = Failure.of(RateLimited("over"))
     metrics.record(refused, "RateLimited", 0.001, 0.001)
+    AuthRefusals(metrics.auth_refusals).refused("/admin/keys", "invalid_admin_token", None)
     return metrics
 
 
@@ -97,7 +99,7 @@ def test_the_metric_table_names_each_family_with_its_labels() -> None:
                     name = name.removesuffix(suffix)
             exposed.setdefault(name, set()).update(set(sample.labels) - {"le"})
     table = _doc_table()
-    assert len(table) == 19
+    assert len(table) == 20
     assert "`tiergate_precise_share` (last 1,000 routed requests)" in DOC
     assert (
         GatewayMetrics(CollectorRegistry(), {}, precise_tier="p", target_share=0).share.size == 1000
@@ -119,6 +121,8 @@ def test_the_label_values_the_table_lists_are_all_there_are() -> None:
     assert _doc_values(r"priority \(") == set(PRIORITIES)
     tokens = {sc.TOKENS_INPUT, sc.TOKENS_OUTPUT, sc.TOKENS_CACHED_INPUT}
     assert _doc_values(r"direction = ") == tokens
+    assert _doc_values(r"\| route \(") == set(ROUTE_CLASSES)
+    assert _doc_values(r", reason \(") == set(REASONS)
 
 
 def test_the_access_line_has_every_field_the_doc_names() -> None:
