@@ -62,11 +62,13 @@ def test_security_md_limits_are_the_code_defaults() -> None:
 
 
 def test_the_slot_lease_and_the_orphan_retries_of_security_md() -> None:
-    """A slot whose release Redis did not take is retried every 0.5 s for up to a minute; its
-    lease is the longest tier timeout + 60 s."""
+    """A slot whose release Redis did not take is retried every 0.5 s for up to a minute; then
+    its 15 s lease, no longer renewed, bounds it. A live holder renews the lease for at most
+    the longest tier timeout + 60 s."""
     doc = _flat(REPO / "docs/security.md")
     assert "retried in the background every 0.5 s for up to a minute" in doc
-    assert "the longest tier timeout + 60 s" in doc
+    assert "then the slot's 15 s lease, no longer renewed, still bounds it" in doc
+    assert limiter_redis.SLOT_LEASE_S == 15.0
     retry_s, tries = limiter_redis._ORPHAN_RETRY_S, limiter_redis._ORPHAN_TRIES
     assert (retry_s, retry_s * tries) == (0.5, 60.0)
     tiers = Settings().tiers
