@@ -165,3 +165,15 @@ def test_a_shadow_that_times_out_counts_its_worst_case(world: Shadowed) -> None:
     assert inputs > 0
     assert cost == pytest.approx((inputs + CAP) * PRECISE_PER_TOKEN)
     assert world.settled_spend(key_id) == pytest.approx(30 * FAST_PER_TOKEN)
+
+
+def test_a_shadow_answer_without_usage_counts_its_worst_case(world: Shadowed) -> None:
+    """Both tiers answer with ``"usage": null``: the caller is charged its reservation (as
+    without shadows), and the shadow counts its own worst case, the prompt estimate and the
+    cap, on its tier; the caller's budget does not see it."""
+    key_id, token = world.key()
+    seen = world.shadowed(token, _chat("fast", "whole_usage_null"), "fast_on_precise:compared")
+    requests, inputs, outputs, cost = _added(seen, ("precise", "answer"))
+    assert (requests, outputs) == (1, CAP)
+    assert cost == pytest.approx((inputs + CAP) * PRECISE_PER_TOKEN)
+    assert world.settled_spend(key_id) == pytest.approx((inputs + CAP) * FAST_PER_TOKEN)
