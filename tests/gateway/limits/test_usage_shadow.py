@@ -132,3 +132,24 @@ def test_shadow_tokens_and_cost_are_exported_apart() -> None:
     tokens = "tiergate_shadow_tokens_total"
     assert samples[(tokens, (("direction", "input"), *key))] == 40
     assert samples[(tokens, (("direction", "output"), *key))] == 12
+
+
+def test_a_tenant_with_a_bar_in_its_name_is_reported_as_itself(redis_server: RedisServer) -> None:
+    """A tenant may be any printable name, ``|`` included; Redis keeps each total under
+    ``tier|tenant|key|field``, and the report must read the tenant back whole (it read
+    ``acme|eu`` as tier ``fast|acme``, tenant ``eu``, and ``|`` as the empty tenant that marks
+    shadow evaluation's rows)."""
+
+    async def run() -> set[tuple[str, str, str]]:
+        client = open_redis(RedisSettings(url=redis_server.url, socket_timeout_s=5))
+        store = RedisUsageStore(client, f"bar-{id(client)}:")
+        try:
+            for tenant in ("acme|eu", "|", "a||b|"):
+                store.add(5, ("fast", tenant, "k1"), (1.0, 2.0, 3.0, 4.0, 5.0))
+            await store.flush()
+            return set(await store.rows(range(5, 6)))
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(run()) == {("fast", "acme|eu", "k1"), ("fast", "|", "k1"),
+                                  ("fast", "a||b|", "k1")}  # fmt: skip
