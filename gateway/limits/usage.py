@@ -298,7 +298,9 @@ class RedisUsageStore:
         for answer in answers:
             for raw_field, raw_value in answer.items():
                 name = raw_field.decode() if isinstance(raw_field, bytes) else raw_field
-                tier, tenant, key_id, metric = name.rsplit("|", 3)
+                # A tier has no "|" (settings), nor a key id or field; a tenant may.
+                tier, rest = name.split("|", 1)
+                tenant, key_id, metric = rest.rsplit("|", 2)
                 totals = out.setdefault((tier, tenant, key_id), [0.0] * len(FIELDS))
                 totals[FIELDS.index(metric)] += float(raw_value)
         return out
