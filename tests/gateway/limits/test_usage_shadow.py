@@ -24,8 +24,7 @@ from gateway.limits.usage import (
 from gateway.pipeline.context import RequestContext
 from gateway.pipeline.events import Usage
 from policies.cost import CostModel, TierPrice
-from policies.keys import KeyPolicy
-from policies.principal import Principal
+from policies.principal import KeyPolicy, Principal
 from tests.redis_server import RedisServer, redis_server
 
 __all__ = ["redis_server"]
