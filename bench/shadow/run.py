@@ -6,7 +6,8 @@ A weak fast simulator (it answers the prompts labelled complex differently) and 
 precise one share a quality file built at run time from ../shared/datasets/router-dev2.jsonl
 (labels only, never copied into the repository). Traffic is drawn from that set's prompts and
 sent as ``model: auto`` through a real gateway with shadowing on; the script prints and writes
-(bench/results/shadow.md) the two admin views, so the README can quote a real run.
+(bench/results/shadow.md) the two admin views, so the README can quote a real run, and a
+summary of the cost and savings with the shadows' own compute counted and without it.
 """
 
 from __future__ import annotations
@@ -85,6 +86,20 @@ async def load(url: str, prompts: list[str], concurrency: int) -> dict[int, int]
     async with aiohttp.ClientSession() as session:
         await asyncio.gather(*(worker(session) for _ in range(concurrency)))
     return statuses
+
+
+def summary(usage: dict[str, Any]) -> str:
+    """Cost and savings against all-precise, with the shadows' compute and without it."""
+    total, shadow = usage["total"], usage["shadow"]["total"]
+    baseline, cost, shadows = total["baseline_cost"], total["cost"], shadow["cost"]
+    callers = cost - shadows
+    return (
+        f"Callers' answers: {total['requests'] - shadow['requests']} requests, cost "
+        f"{callers:.2f} vs {baseline:.2f} all-precise (saved {1 - callers / baseline:.1%}). "
+        f"Shadow answers and judge calls: {shadow['requests']} requests, cost {shadows:.2f} "
+        f"({shadows / baseline:.1%} of the all-precise cost). With them counted: cost "
+        f"{cost:.2f} vs {baseline:.2f} (saved {1 - cost / baseline:.1%})."
+    )
 
 
 def main() -> int:
@@ -172,7 +187,7 @@ def main() -> int:
     )
     report = (
         f"# Shadow evaluation and savings on the simulator\n\n`{command}`\n\n"
-        f"Statuses: {statuses}\n\n## GET /admin/routing\n\n```json\n"
+        f"Statuses: {statuses}\n\n{summary(usage)}\n\n## GET /admin/routing\n\n```json\n"
         f"{json.dumps(routing, indent=2)}\n```\n\n## GET /admin/usage?window=1h&by=tier\n\n"
         f"```json\n{json.dumps(usage, indent=2)}\n```\n"
     )

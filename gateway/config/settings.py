@@ -532,6 +532,8 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _tiers_known(self) -> Settings:
+        if barred := [t for t in self.tiers if "|" in t]:  # Redis usage: tier|tenant|key|…
+            raise ValueError(f"a tier's name may not hold '|' (a tenant's may): {barred}")
         for role in (self.router.fast_tier, self.router.precise_tier):
             if role not in self.tiers:
                 raise ValueError(f"router tier {role!r} is not among tiers {list(self.tiers)}")

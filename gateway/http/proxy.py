@@ -321,7 +321,7 @@ class ProxyService:
         if principal.policy.max_tokens is not None:
             cap = min(cap, principal.policy.max_tokens)
         score = ctx.decision.score if ctx.decision is not None else None
-        return _Shadow(self.shadow, direction, path, body, score, cap)
+        return _Shadow(self.shadow, direction, path, body, score, cap, ctx.summary)
 
     def _stream(
         self,
@@ -523,12 +523,16 @@ class _Shadow:
     body: dict[str, Any]
     score: float | None
     max_tokens: int
+    summary: RequestSummary | None  # the shadow's worst case: prompt estimate, completions
 
     def submit(self, answer: str) -> None:
         """Start the shadow (never awaited by the caller's response)."""
+        known = self.summary
         self.runner.submit(
-            self.direction, self.path, self.body, answer, self.score, max_tokens=self.max_tokens
-        )
+            self.direction, self.path, self.body, answer, self.score, max_tokens=self.max_tokens,
+            prompt_tokens=known.prompt_token_estimate if known else 0,
+            completions=known.completions if known else 1,
+        )  # fmt: skip
 
 
 def _abandoned_usage(summary: RequestSummary, bound: UsageBound, tier: str | None) -> Usage | None:

@@ -5,6 +5,13 @@ all-precise baseline (``policies/cost.py``). Totals are kept per UTC hour, tier,
 key id: in memory for a single gateway, and in Redis hashes (one per hour, written in batches
 off the request path) when the rate limiter uses Redis, so ``GET /admin/usage`` on any replica
 sees every replica's traffic. Prometheus counters per tier come from this process's totals.
+
+Shadow answers and judge calls (``gateway/routing/shadow.py``) are compute the gateway spent
+on its own account: they are kept under :data:`SHADOW_TENANT`, a tenant no key can have (a
+key's tenant has at least one character: ``policies/keys.py``), with the purpose in the key id
+slot (ids no key can have either), reported in a ``shadow`` block beside the callers' rows and
+added to the totals, with an all-precise baseline of 0 (sending everything to precise would
+shadow nothing).
 """
 
 from __future__ import annotations
@@ -15,7 +22,7 @@ import math
 import secrets
 import time
 from collections import defaultdict
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextvars import Context
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -30,6 +37,7 @@ from redis.exceptions import RedisError
 
 from gateway.access.admin_keys import AdminGuard, authorization
 from gateway.pipeline.context import RequestContext
+from gateway.pipeline.events import Usage
 from gateway.pipeline.tasks import stop_tasks
 from policies.cost import CostModel
 from policies.errors import InvalidRequest, TierGateError
@@ -41,6 +49,11 @@ WINDOWS = {"1h": 1, "24h": 24, "7d": 24 * 7, "30d": 24 * 30}
 GROUPINGS = ("tier", "tenant", "key")
 RowKey = tuple[str, str, str]  # tier, tenant, key id
 _K = TypeVar("_K")
+# Shadow evaluation's own spend: no key's tenant is empty, and no key id has a "-" (its ids
+# are [a-z0-9_]; the development principal's "auth-disabled" has another tenant).
+SHADOW_TENANT = ""
+SHADOW_PURPOSES = {"answer": "shadow-answer", "judge": "shadow-judge"}  # purpose -> key id
+_PURPOSE_OF = {key_id: purpose for purpose, key_id in SHADOW_PURPOSES.items()}
 
 _FLUSH_WAIT_S = 10.0  # at stop, the longest wait for the flush in progress past its interval
 _HOUR_TTL_S = 32 * 86400
@@ -285,7 +298,9 @@ class RedisUsageStore:
         for answer in answers:
             for raw_field, raw_value in answer.items():
                 name = raw_field.decode() if isinstance(raw_field, bytes) else raw_field
-                tier, tenant, key_id, metric = name.rsplit("|", 3)
+                # A tier has no "|" (settings), nor a key id or field; a tenant may.
+                tier, rest = name.split("|", 1)
+                tenant, key_id, metric = rest.rsplit("|", 2)
                 totals = out.setdefault((tier, tenant, key_id), [0.0] * len(FIELDS))
                 totals[FIELDS.index(metric)] += float(raw_value)
         return out
@@ -306,6 +321,9 @@ class UsageLedger:
 
     def __post_init__(self) -> None:
         self.per_tier: dict[str, list[float]] = defaultdict(lambda: [0.0] * len(FIELDS))
+        self.shadow_per_tier: dict[tuple[str, str], list[float]] = defaultdict(
+            lambda: [0.0] * len(FIELDS)
+        )
 
     def record(self, ctx: RequestContext) -> None:
         """Add one finished request (those without usage or tier cost nothing)."""
@@ -320,16 +338,31 @@ class UsageLedger:
         for index, value in enumerate(values):
             totals[index] += value
 
+    def record_shadow(self, tier: str, purpose: str, usage: Usage) -> None:
+        """Add one shadow answer or judge call (``purpose``: a key of ``SHADOW_PURPOSES``)
+        served by ``tier``: priced on ``tier``, billed to no tenant, no baseline."""
+        cost = self.costs.cost(tier, usage.prompt_tokens, usage.completion_tokens)
+        values = (1.0, float(usage.prompt_tokens), float(usage.completion_tokens), cost, 0.0)
+        key = (tier, SHADOW_TENANT, SHADOW_PURPOSES[purpose])
+        self.store.add(hour_of(time.time()), key, values)
+        totals = self.shadow_per_tier[tier, purpose]
+        for index, value in enumerate(values):
+            totals[index] += value
+
     async def view(self, window: str, by: str) -> dict[str, Any]:
-        """Totals over ``window`` grouped ``by`` tier, tenant or key, with savings."""
+        """Totals over ``window`` grouped ``by`` tier, tenant or key, with savings; shadow
+        evaluation's spend apart (``shadow``, by tier and purpose) and in ``total``."""
         now_hour = hour_of(time.time())
         rows = await self.store.rows(range(now_hour - WINDOWS[window] + 1, now_hour + 1))
         grouped: dict[tuple[str, ...], list[float]] = defaultdict(lambda: [0.0] * len(FIELDS))
+        shadows: dict[tuple[str, ...], list[float]] = defaultdict(lambda: [0.0] * len(FIELDS))
         for (tier, tenant, key_id), values in rows.items():
+            purpose = _PURPOSE_OF.get(key_id) if tenant == SHADOW_TENANT else None
+            if purpose is not None:
+                _add_into(shadows, (tier, purpose), values)
+                continue
             group = {"tier": (tier,), "tenant": (tenant, tier), "key": (key_id, tenant, tier)}[by]
-            totals = grouped[group]
-            for index, value in enumerate(values):
-                totals[index] += value
+            _add_into(grouped, group, values)
         labels = {
             "tier": ("tier",),
             "tenant": ("tenant", "tier"),
@@ -339,14 +372,30 @@ class UsageLedger:
             _row(dict(zip(labels, group, strict=True)), values)
             for group, values in sorted(grouped.items())
         ]
-        total = [sum(r[i] for r in grouped.values()) for i in range(len(FIELDS))]
+        shadow_total = _sum(shadows.values())
         return {
             "window": window,
             "by": by,
             "rows": out_rows,
-            "total": _row({}, total),
+            "total": _row({}, _sum([*grouped.values(), shadow_total])),
+            "shadow": {
+                "rows": [
+                    _row({"tier": tier, "purpose": purpose}, values)
+                    for (tier, purpose), values in sorted(shadows.items())
+                ],
+                "total": _row({}, shadow_total),
+            },
             "baseline_tier": self.costs.baseline_tier,
         }
+
+
+def _sum(rows: Iterable[list[float]]) -> list[float]:
+    """Field by field."""
+    total = [0.0] * len(FIELDS)
+    for values in rows:
+        for index, value in enumerate(values):
+            total[index] += value
+    return total
 
 
 def _row(labels: Mapping[str, str], values: list[float]) -> dict[str, Any]:
@@ -365,7 +414,8 @@ def _row(labels: Mapping[str, str], values: list[float]) -> dict[str, Any]:
 
 
 class UsageCollector(Collector):
-    """``tiergate_cost_total`` and ``tiergate_cost_baseline_total`` per tier (this process)."""
+    """``tiergate_cost_total`` and ``tiergate_cost_baseline_total`` per tier (callers' answers),
+    ``tiergate_shadow_tokens_total`` and ``tiergate_shadow_cost_total`` (this process)."""
 
     def __init__(self, ledger: UsageLedger) -> None:
         self.ledger = ledger
@@ -385,6 +435,26 @@ class UsageCollector(Collector):
             baseline.add_metric((tier,), values[4])
         yield cost
         yield baseline
+        yield from self._shadows()
+
+    def _shadows(self) -> Iterator[Metric]:
+        """Shadow answers' and judge calls' tokens and cost, per tier and purpose."""
+        tokens = CounterMetricFamily(
+            "tiergate_shadow_tokens",
+            "Tokens of shadow answers and judge calls (billed to no caller)",
+            labels=("tier", "purpose", "direction"),
+        )
+        cost = CounterMetricFamily(
+            "tiergate_shadow_cost",
+            "Cost of shadow answers and judge calls, on the tier that served them",
+            labels=("tier", "purpose"),
+        )
+        for (tier, purpose), values in list(self.ledger.shadow_per_tier.items()):
+            tokens.add_metric((tier, purpose, "input"), values[1])
+            tokens.add_metric((tier, purpose, "output"), values[2])
+            cost.add_metric((tier, purpose), values[3])
+        yield tokens
+        yield cost
 
 
 class UsageStoreDown(TierGateError):

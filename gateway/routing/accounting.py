@@ -58,9 +58,13 @@ def cost_model(tiers: Mapping[str, TierSettings], precise: str) -> CostModel:
 
 
 def build_shadow(
-    settings: RouterSettings, forwarder: Forwarder, router: TierRouter
+    settings: RouterSettings,
+    forwarder: Forwarder,
+    router: TierRouter,
+    ledger: UsageLedger | None = None,
 ) -> ShadowRunner | None:
-    """The shadow-evaluation runner, when ``settings.shadow`` samples anything."""
+    """The shadow-evaluation runner, when ``settings.shadow`` samples anything; what its
+    calls spend goes to ``ledger`` (apart from every tenant)."""
     config = ShadowConfig(**settings.shadow.model_dump())
     if not config.enabled:
         return None
@@ -71,6 +75,7 @@ def build_shadow(
         precise_tier=settings.precise_tier,
         upstream=forwarder.upstream.current_pool,
         featurizer=router_featurizer(router),
+        on_usage=ledger.record_shadow if ledger is not None else lambda *_: None,
     )
 
 
@@ -200,7 +205,7 @@ def build_accounting(
     ledger = UsageLedger(costs, redis_usage or MemoryUsageStore())
     store = _budget_store(ratelimit, client if shared else None, key_prefix, local_share)
     budgets = BudgetGate(store, costs, fail_open=ratelimit.on_redis_error == "open")
-    shadow = build_shadow(router_settings, forwarder, router)
+    shadow = build_shadow(router_settings, forwarder, router, ledger)
     cap, windows = build_precise_cap(
         ratelimit, router_settings, client=client if shared else None, key_prefix=key_prefix
     )

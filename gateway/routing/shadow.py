@@ -7,7 +7,11 @@ limits, bounded in concurrency, and skipped when the target tier has no idle cap
 in-flight counts and the scraped ``num_requests_waiting`` of its replicas). Each outcome — the
 two answers' agreement (``policies/agreement.py``), the route score and the direction — goes to
 the metrics, a rolling window for ``/admin/routing`` and, if configured, the bounded store of
-``gateway/routing/shadow_store.py`` (the router's feature vector, no prompt text).
+``gateway/routing/shadow_store.py`` (the router's feature vector, no prompt text). What each
+shadow answer and judge call spent goes to ``on_usage`` (the usage ledger, apart from every
+tenant): its reported usage; its worst case (prompt estimate and cap) when it reports none, or
+when it timed out or was cut after it was sent (the backend may have generated up to the cap);
+nothing when no byte was sent or the backend answered an error.
 """
 
 from __future__ import annotations
@@ -31,8 +35,9 @@ from typing import Any
 import msgspec
 import structlog
 
-from gateway.pipeline.events import UNREADABLE_JSON
+from gateway.pipeline.events import NOT_SENT, UNREADABLE_JSON, Usage
 from gateway.pipeline.tasks import stop_tasks
+from gateway.pipeline.usage_bound import UsageBound
 from gateway.routing.shadow_store import (
     Featurizer,
     RequestFeatures,
@@ -40,7 +45,7 @@ from gateway.routing.shadow_store import (
     ShadowStore,
     rotated,
 )
-from gateway.upstream.attempt import AttemptFailed, attempt
+from gateway.upstream.attempt import MAX_COUNT, AttemptFailed, attempt, usage_fields
 from gateway.upstream.backends import kind_of
 from gateway.upstream.forwarding import TierRoute
 from gateway.upstream.pool import UpstreamPool
@@ -48,12 +53,18 @@ from gateway.upstream.replicas import Replica
 from policies.agreement import agreement
 from policies.judge import MAX_TOKENS as JUDGE_MAX_TOKENS
 from policies.judge import judge_messages, parse_score
+from policies.requests import validate
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder()
 UNDER = "fast_on_precise"  # a fast-routed request, answered again by precise
 OVER = "precise_on_fast"  # a precise-routed request, answered again by fast
 JUDGE = "judge"  # the precise tier grading a fast answer (counted like a direction)
+# What a call is for, in the usage report (gateway/limits/usage.py, SHADOW_PURPOSES).
+ANSWER_PURPOSE = "answer"
+JUDGE_PURPOSE = "judge"
+# Prompt tokens a backend may add to a body's own (as for callers: gateway/pipeline/usage_bound.py).
+_PROMPT_ALLOWANCE = UsageBound.of(0, 0, 1).prompt
 # Re-exported: the record types live in gateway/routing/shadow_store.py.
 __all__ = [
     "JUDGE",
@@ -106,6 +117,7 @@ class _Job:
     body: dict[str, Any]
     primary: str
     score: float | None
+    worst: Usage  # what it may cost at most: the prompt estimate and the completion cap
 
 
 def answer_text(raw: bytes) -> str | None:
@@ -135,6 +147,7 @@ class ShadowRunner:
         precise_tier: str,
         upstream: Callable[[], UpstreamPool | None],
         on_outcome: Callable[[str, str, ShadowRecord | None], None] = lambda *_: None,
+        on_usage: Callable[[str, str, Usage], None] = lambda *_: None,
         rng: random.Random | None = None,
         featurizer: Featurizer | None = None,
     ) -> None:
@@ -145,6 +158,7 @@ class ShadowRunner:
         self.precise_tier = precise_tier
         self.upstream = upstream
         self.on_outcome = on_outcome
+        self.on_usage = on_usage  # (tier, purpose, usage) of each call that may have spent
         self.rng = rng or random.Random()  # noqa: S311  # sampling, not security
         self.running = 0
         self.recent: deque[ShadowRecord] = deque(maxlen=config.window)
@@ -197,10 +211,15 @@ class ShadowRunner:
         score: float | None,
         *,
         max_tokens: int | None = None,
+        prompt_tokens: int = 0,
+        completions: int = 1,
     ) -> None:
         """Start the shadow of one answered request, unless capacity says skip.
 
-        ``max_tokens`` caps the shadow's completion (the target tier's limit).
+        ``max_tokens`` caps the shadow's completion (the target tier's limit). Its worst case
+        (``prompt_tokens``, the caller's estimate, and the capped ``max_tokens`` for each of
+        its ``completions``) is what it counts when its answer reports no usage or it may have
+        run without answering.
         """
         if self.running >= self.config.max_concurrent:
             self._count(direction, "skipped_concurrency")
@@ -215,7 +234,8 @@ class ShadowRunner:
             return
         self.routes[target].pool.lease(replica)
         self.running += 1
-        job = _Job(direction, target, replica, path, body, primary, score)
+        worst = Usage(prompt_tokens, _completion_cap(body) * max(1, completions))
+        job = _Job(direction, target, replica, path, body, primary, score, worst)
         task = asyncio.get_running_loop().create_task(
             self._run(upstream, job),
             context=Context(),  # no request's log or trace context
@@ -224,43 +244,32 @@ class ShadowRunner:
         task.add_done_callback(self._tasks.discard)
 
     async def _run(self, upstream: UpstreamPool, job: _Job) -> None:
-        direction, replica = job.direction, job.replica
         route = self.routes[job.target]
         body = job.body
         shadow_body = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
         shadow_body["model"] = route.served_model
-        headers = {"Content-Type": "application/json", "x-tiergate-shadow": direction}
-        try:
-            opened = await attempt(
-                upstream,
-                replica.url + job.path,
-                _encoder.encode(shadow_body),
-                headers,
-                stream=False,
-                timeout_s=self.config.timeout_s,
-                connect_s=route.timeouts.connect_s,
-            )
-        except AttemptFailed as failure:
-            _heard(replica, failure)
-            self._count(direction, "failed")
-            return
-        finally:
-            route.pool.release(replica)
-            self.running -= 1
-        _heard(replica)
-        text = answer_text(opened.body or b"")
+        headers = {"Content-Type": "application/json", "x-tiergate-shadow": job.direction}
+        answer = await self._ask(
+            upstream,
+            job.target,
+            job.replica,
+            (job.path, _encoder.encode(shadow_body), headers),
+            ANSWER_PURPOSE,
+            job.worst,
+        )
+        text = answer_text(answer) if answer is not None else None
         if text is None:
-            self._count(direction, "failed")
+            self._count(job.direction, "failed")
             return
         prompt = _prompt_of(body)
         judged = None
         if self.config.judge_ratio > 0 and self.rng.random() < self.config.judge_ratio:
             fast_answer, precise_answer = (
-                (job.primary, text) if direction == UNDER else (text, job.primary)
+                (job.primary, text) if job.direction == UNDER else (text, job.primary)
             )
             judged = await self.judge(upstream, prompt, precise_answer, fast_answer)
         self.record(
-            direction,
+            job.direction,
             job.target,
             job.primary,
             text,
@@ -269,6 +278,46 @@ class ShadowRunner:
             body=body,
             judge=judged,
         )
+
+    async def _ask(  # noqa: PLR0917  # one call, as its two callers know it
+        self,
+        upstream: UpstreamPool,
+        tier: str,
+        replica: Replica,
+        request: tuple[str, bytes, dict[str, str]],
+        purpose: str,
+        worst: Usage,
+    ) -> bytes | None:
+        """One attempt on ``replica`` (leased by the caller, released here): the answer, or
+        ``None`` when it failed; what it spent goes to ``on_usage`` (see the module)."""
+        route = self.routes[tier]
+        path, payload, headers = request
+        try:
+            opened = await attempt(
+                upstream,
+                replica.url + path,
+                payload,
+                headers,
+                stream=False,
+                timeout_s=self.config.timeout_s,
+                connect_s=route.timeouts.connect_s,
+            )
+        except AttemptFailed as failure:
+            _heard(replica, failure)
+            if failure.status is None and failure.kind not in NOT_SENT:
+                self.on_usage(tier, purpose, worst)  # sent, no answer: it may have run
+            return None
+        except asyncio.CancelledError:  # shutdown: the backend may have run (vLLM aborts it)
+            self.on_usage(tier, purpose, worst)
+            raise
+        finally:
+            route.pool.release(replica)
+            self.running -= 1
+        _heard(replica)
+        reported = usage_fields(opened.usage)
+        bound = UsageBound(len(payload) + _PROMPT_ALLOWANCE, worst.completion_tokens or MAX_COUNT)
+        self.on_usage(tier, purpose, worst if reported is None else bound.clip(reported))
+        return opened.body or b""
 
     async def judge(
         self, upstream: UpstreamPool, question: str, reference: str, candidate: str
@@ -289,28 +338,22 @@ class ShadowRunner:
             "max_tokens": JUDGE_MAX_TOKENS,
             "temperature": 0,
         }
+        worst = Usage(validate(dict(body), "chat").prompt_token_estimate, JUDGE_MAX_TOKENS)
         headers = {"Content-Type": "application/json", "x-tiergate-shadow": JUDGE}
         route.pool.lease(replica)
         self.running += 1
-        try:
-            opened = await attempt(
-                upstream,
-                replica.url + "/v1/chat/completions",
-                _encoder.encode(body),
-                headers,
-                stream=False,
-                timeout_s=self.config.timeout_s,
-                connect_s=route.timeouts.connect_s,
-            )
-        except AttemptFailed as failure:
-            _heard(replica, failure)
+        answer = await self._ask(
+            upstream,
+            self.precise_tier,
+            replica,
+            ("/v1/chat/completions", _encoder.encode(body), headers),
+            JUDGE_PURPOSE,
+            worst,
+        )
+        if answer is None:
             self._count(JUDGE, "failed")
             return None
-        finally:
-            route.pool.release(replica)
-            self.running -= 1
-        _heard(replica)
-        reply = answer_text(opened.body or b"")
+        reply = answer_text(answer)
         score = parse_score(reply) if reply is not None else None
         self._count(JUDGE, "failed" if reply is None else "unparsed" if score is None else "scored")
         return score
@@ -404,6 +447,12 @@ def _capped(body: dict[str, Any], cap: int) -> dict[str, Any]:
     if "max_completion_tokens" not in body:
         out.pop("max_completion_tokens")
     return out
+
+
+def _completion_cap(body: Mapping[str, Any]) -> int:
+    """The completion tokens ``body`` allows (0 when it names no limit)."""
+    value = body.get("max_completion_tokens", body.get("max_tokens"))
+    return value if isinstance(value, int) and value > 0 else 0
 
 
 def score_bucket(score: float | None) -> str:

@@ -4,7 +4,9 @@
 list, ``GET /last`` with the JSON body of the latest ``POST`` it was sent (what the gateway
 forwarded), any other ``GET`` with 200, and each ``POST`` with the scenario its prompt names
 (a chat request's last message, or a completion's ``prompt``, first item of a list): a key
-of :data:`SCENARIOS`. Every answer reports (or fails to report) :data:`PROMPT` prompt tokens
+of :data:`SCENARIOS`, or of :data:`BY_MODEL`, whose scenario also depends on the model the
+gateway forwarded (``m`` on one tier, ``m2`` on the other: a shadow can fail where the caller's
+answer did not). Every answer reports (or fails to report) :data:`PROMPT` prompt tokens
 and a known number of completion tokens, so a test can compare what was served with what the
 gateway charged.
 """
@@ -152,6 +154,15 @@ async def stream_claims_no_completion(writer: Writer) -> None:
     await _events(writer, ROLE, *tokens, last, _chunk([], usage=usage), DONE)
 
 
+async def error_500(writer: Writer) -> None:
+    """An HTTP 500 error answer, no usage."""
+    body = b'{"error": {"message": "boom", "type": "server_error", "code": 500}}'
+    writer.write(
+        b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n" % len(body) + body
+    )
+
+
 Scenario = Callable[[Writer], Awaitable[None]]
 SCENARIOS: dict[str, Scenario] = {
     each.__name__: each
@@ -167,6 +178,11 @@ SCENARIOS: dict[str, Scenario] = {
         stream_role_on_every_chunk_cut,
         stream_claims_no_completion,
     )
+}
+# Scenarios by the forwarded model: ``m`` answers whole (20 + 10 tokens), ``m2`` as named.
+BY_MODEL: dict[str, dict[str, Scenario]] = {
+    "m2_fails": {"m": whole, "m2": error_500},
+    "m2_slow": {"m": whole, "m2": whole_slow},
 }
 _MODELS = b'{"object":"list","data":[{"id":"m","object":"model"}]}'
 
@@ -188,7 +204,10 @@ async def _handle(reader: asyncio.StreamReader, writer: Writer, last: list[bytes
                 await writer.drain()
                 continue
             last[0] = body
-            await SCENARIOS[_scenario(json.loads(body))](writer)
+            data = json.loads(body)
+            name = _scenario(data)
+            by_model = BY_MODEL.get(name)
+            await (by_model[data["model"]] if by_model else SCENARIOS[name])(writer)
             await writer.drain()
             return
     except (asyncio.IncompleteReadError, ConnectionError):

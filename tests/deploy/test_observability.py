@@ -87,6 +87,7 @@ def test_dashboard_queries_only_series_the_gateway_exports() -> None:
         "tiergate_replica_healthy",
         "tiergate_cost_total",
         "tiergate_cost_baseline_total",
+        "tiergate_shadow_cost_total",
         "tiergate_shadow_agreement_sum",
     ],
 )

@@ -95,19 +95,30 @@ def test_the_full_collection_schedule_of_security_md() -> None:
 
 
 def test_savings_md_quotes_the_shadow_run_of_its_result_file() -> None:
-    """docs/savings.md and README quote bench/results/shadow.md's counts, cost and quality."""
+    """docs/savings.md and README quote bench/results/shadow.md's counts, cost and quality,
+    for the callers' answers and with the shadows' own cost counted."""
     routing, usage = _json_blocks(RESULTS / "shadow.md")
     rows = {row["tier"]: row for row in usage["rows"]}
-    total = usage["total"]
-    said = (
-        f"{total['requests']} requests, {rows['fast']['requests']} fast / "
-        f"{rows['precise']['requests']} precise, cost {total['cost']:.2f} vs "
-        f"{total['baseline_cost']:.2f} all-precise (savings {total['savings_share']:.0%}), "
-        f"quality retained {routing['quality_retained']:.2f}"
-    ).replace("%", " %")
-    assert said in _flat(REPO / "docs/savings.md")
+    total, shadow = usage["total"], usage["shadow"]["total"]
+    callers = total["cost"] - shadow["cost"]
+    routed = 1 - callers / total["baseline_cost"]  # the savings of routing alone
+    saids = [
+        f"{total['requests'] - shadow['requests']} requests, {rows['fast']['requests']} fast / "
+        f"{rows['precise']['requests']} precise, cost {callers:.2f} vs "
+        f"{total['baseline_cost']:.2f} all-precise (savings {routed:.0%})",
+        f"cost {shadow['cost']:.2f} more ({shadow['requests']} shadow answers)",
+        f"it is {total['cost']:.2f} (savings {total['savings_share']:.0%})",
+        f"quality retained {routing['quality_retained']:.2f}",
+    ]
+    doc = _flat(REPO / "docs/savings.md")
+    for said in saids:
+        assert said.replace("%", " %") in doc
     readme = _flat(REPO / "README.md")
     assert f"cost **{total['cost']:.2f} vs {total['baseline_cost']:.2f}** all-precise" in readme
+    assert (
+        f"{callers:.2f}, {1 - callers / total['baseline_cost']:.0%} saved".replace("%", " %")
+        in readme
+    )
 
 
 def test_savings_md_quotes_the_learning_run_of_its_result_file() -> None:

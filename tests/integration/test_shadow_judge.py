@@ -49,7 +49,14 @@ def test_judged_shadows_carry_the_precise_tiers_rubric_score() -> None:
             time.sleep(0.1)
         view = routing(stack.gateway)
         stats = stack.precise.stats()
+        usage = httpx.get(
+            stack.gateway.url + "/admin/usage?window=1h&by=tier",
+            headers={"Authorization": f"Bearer {ADMIN}"},
+        ).json()
     assert view["judge"] == {"ratio": 1.0, "mean_score": 0.75, "samples": 3}
+    # The judge calls are the gateway's own spend too: reported apart from the shadow answers.
+    spent = {(r["tier"], r["purpose"]): r["requests"] for r in usage["shadow"]["rows"]}
+    assert spent == {("precise", "answer"): 3, ("precise", "judge"): 3}
     assert view["shadow"]["outcomes"]["judge:scored"] == 3
     assert stats["requests_total"] == 6  # three shadows, three judge calls
     assert stats["last_request"]["messages"][0] == {"role": "system", "content": RUBRIC}

@@ -223,3 +223,11 @@ def test_every_settings_section_forbids_unknown_keys() -> None:
     assert len(seen) > 10
     lax = [m.__name__ for m in seen if m.model_config.get("extra") != "forbid"]
     assert lax == [], f"derive these from gateway.settings_strict.Section: {lax}"
+
+
+def test_a_tier_name_with_a_bar_is_refused(tmp_path: Path) -> None:
+    """The usage totals in Redis are kept under ``tier|tenant|key|field``, and a tenant may
+    hold ``|``: a tier's name may not, or the two could not be told apart."""
+    tiers = {**TIERS, "code|eu": {"model": "c", "replicas": ["http://127.0.0.1:8103"]}}
+    problems = _problems(_write(tmp_path, {"tiers": tiers}))
+    assert any("'|'" in problem and "code|eu" in problem for problem in problems), problems
