@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from gateway.config.settings import TelemetrySettings
 from gateway.limits import precise_cap
+from gateway.limits.usage import MemoryUsageStore, UsageCollector, UsageLedger
 from gateway.pipeline.context import Failure, Usage
 from gateway.pipeline.events import Outcome
 from gateway.telemetry import semconv as sc
@@ -23,6 +24,7 @@ from gateway.telemetry.observer import access_fields
 from gateway.telemetry.refusals import REASONS, ROUTE_CLASSES, AuthRefusals
 from gateway.upstream.fair_queue import PRIORITIES, Ticket
 from gateway.upstream.replicas import ReplicaPool
+from policies.cost import CostModel, TierPrice
 from policies.errors import RateLimited
 from policies.ratelimit import Limit
 from tests.gateway.telemetry.factories import finished_context
@@ -61,6 +63,9 @@ def _doc_table() -> dict[str, set[str]]:
     return table
 
 
+_COSTS = CostModel({"fast": TierPrice(0.25, 0.25), "precise": TierPrice(1.0, 1.0)}, "precise")
+
+
 def _doc_values(pattern: str) -> set[str]:
     """The ``a / b / c`` values the doc lists after ``pattern``."""
     found = re.search(pattern + r"([a-z_]+(?: / [a-z_]+)+)", _flat(DOC))
@@ -91,7 +96,11 @@ def _exercised_metrics() -> GatewayMetrics:
 def test_the_metric_table_names_each_family_with_its_labels() -> None:
     """Every metric in the table is exposed under that name with exactly those labels."""
     exposed: dict[str, set[str]] = {}
-    for family in _exercised_metrics().registry.collect():
+    ledger = UsageLedger(_COSTS, MemoryUsageStore())  # the cost and shadow families
+    ledger.record(finished_context(stream=False, usage=Usage(10, 11, 4)))
+    ledger.record_shadow("precise", "answer", Usage(prompt_tokens=4, completion_tokens=2))
+    families = [*_exercised_metrics().registry.collect(), *UsageCollector(ledger).collect()]
+    for family in families:
         for sample in family.samples:
             name = sample.name
             for suffix in _SUFFIXES:
@@ -99,7 +108,7 @@ def test_the_metric_table_names_each_family_with_its_labels() -> None:
                     name = name.removesuffix(suffix)
             exposed.setdefault(name, set()).update(set(sample.labels) - {"le"})
     table = _doc_table()
-    assert len(table) == 20
+    assert len(table) == 24
     assert "`tiergate_precise_share` (last 1,000 routed requests)" in DOC
     assert (
         GatewayMetrics(CollectorRegistry(), {}, precise_tier="p", target_share=0).share.size == 1000
