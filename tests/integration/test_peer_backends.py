@@ -167,6 +167,10 @@ def test_litellm_is_detected_and_probing_it_generates_nothing(
     gateway names the kind and probes ``/health/readiness``, so an idle tier costs nothing."""
     with GatewayProcess(_config([litellm], precise_sim.url, api_key=MASTER_KEY)) as gw:
         gw.wait_until_ready()
+        # A cold proxy answers its first requests in seconds: a round or two may pass first.
+        deadline = time.monotonic() + patience(10)
+        while _replica(gw)["backend"]["kind"] != "litellm" and time.monotonic() < deadline:
+            time.sleep(0.1)
         backend = _replica(gw)["backend"]
         assert (backend["kind"], backend["probe_path"]) == ("litellm", "/health/readiness")
         engine.sim.reset()
