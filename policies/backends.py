@@ -20,8 +20,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-KindName = Literal["vllm", "sglang", "llamacpp", "ollama", "tgi", "trtllm", "openai"]
-KIND_NAMES: tuple[str, ...] = ("vllm", "sglang", "llamacpp", "ollama", "tgi", "trtllm", "openai")
+KindName = Literal["vllm", "sglang", "llamacpp", "ollama", "tgi", "trtllm", "litellm", "openai"]
+KIND_NAMES: tuple[str, ...] = (
+    "vllm",
+    "sglang",
+    "llamacpp",
+    "ollama",
+    "tgi",
+    "trtllm",
+    "litellm",
+    "openai",
+)
 
 # The route every OpenAI-compatible server has: the fallback probe when no health route exists.
 MODELS_PATH = "/v1/models"
@@ -173,6 +182,9 @@ KINDS: dict[str, BackendKind] = {
         ),
         # /metrics is JSON iteration statistics, not Prometheus text: not parsed.
         BackendKind("trtllm", ("/health",), 1.0, None, description="TensorRT-LLM trtllm-serve"),
+        # A LiteLLM proxy: its /health (with the key) runs a completion on every deployment,
+        # so the probe is its readiness route, which asks no model; no engine metrics.
+        BackendKind("litellm", ("/health/readiness",), 1.0, None, description="a LiteLLM proxy"),
         BackendKind("openai", ("/health",), 1.0, None, description="any OpenAI-compatible server"),
     )
 }
@@ -236,12 +248,23 @@ _TITLE = re.compile(rb'"title"\s*:\s*"([^"]{0,120})"')
 
 
 def _openapi_kind(probe: Probe) -> Detection | None:
-    """llama-cpp-python's server names itself in its OpenAPI schema's title."""
+    """llama-cpp-python's server and LiteLLM's proxy name themselves in their OpenAPI
+    schema's title."""
     if not probe.ok:
         return None
     title = _TITLE.search(probe.body[:8192])
     if title is not None and b"llama.cpp" in title.group(1):
         return Detection("llamacpp", "/openapi.json titled llama.cpp")
+    if title is not None and title.group(1).startswith(b"LiteLLM"):
+        return Detection("litellm", "/openapi.json titled LiteLLM")
+    return None
+
+
+def _litellm_health(probe: Probe) -> Detection | None:
+    """A LiteLLM proxy's ``/health`` (answered with its key) lists its deployments."""
+    data = probe.json() if probe.ok else None
+    if isinstance(data, dict) and "healthy_endpoints" in data and "unhealthy_endpoints" in data:
+        return Detection("litellm", "/health lists healthy_endpoints (LiteLLM)")
     return None
 
 
@@ -306,6 +329,7 @@ def identify(probes: Mapping[str, Probe]) -> Detection | None:
         _metrics_kind(metrics)
         or _info_kind(probes)
         or _openapi_kind(probes.get(OPENAPI_PATH, Probe(None)))
+        or _litellm_health(probes.get("/health", Probe(None)))
     )
     if found is None and metrics.ok and metrics.body.lstrip()[:1] == b"[":
         found = Detection("trtllm", "/metrics answered JSON iteration statistics")

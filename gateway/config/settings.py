@@ -138,9 +138,9 @@ class TierSettings(Section):
     """How a replica is picked: prefix_affinity (prefix-cache aware), least_loaded, round_robin."""
     timeouts: Timeouts = Field(default_factory=Timeouts)
     """Upstream timeouts for this tier."""
-    kind: Literal["auto", "vllm", "sglang", "llamacpp", "ollama", "tgi", "trtllm", "openai"] = (
-        "auto"
-    )
+    kind: Literal[
+        "auto", "vllm", "sglang", "llamacpp", "ollama", "tgi", "trtllm", "litellm", "openai"
+    ] = "auto"
     """Which inference server the replicas run (docs/backends.md); `auto` detects it."""
     health_path: str | None = Field(default=None, pattern=r"^/[^?#]*$")
     """Overrides the route the health monitor probes (default: the kind's health route, else

@@ -33,6 +33,9 @@ from policies.backends import (
 _log = structlog.get_logger("tiergate.backends")
 # Enough for SGLang's /health (a one-token generation) on the first look at an unknown server.
 DETECTION_TIMEOUT_S = max(kind.probe_timeout_s for kind in KINDS.values())
+# Detections that may end "generic" only because some route did not answer in time (a LiteLLM
+# proxy's first requests take seconds): after these, the generic finding stands.
+DETECTION_TRIES = 3
 _BODY_BYTES = 64 * 1024
 
 # GET ``url`` within ``timeout_s``: the answer, ``Probe(None)`` when there was none.
@@ -74,10 +77,17 @@ async def resolve(replica: Replica, get: Getter, base_timeout_s: float) -> None:
         if found is None:
             return
         replica.kind, replica.detection = found.kind, found.evidence
-        # A model list that did not answer in time (llama-cpp-python busy generating) leaves a
-        # generic finding provisional: use it now, look again next round.
+        replica.detections += 1
+        # A model list that did not answer in time (llama-cpp-python busy generating), or a
+        # route that might have named the kind (a cold LiteLLM proxy), leaves a generic finding
+        # provisional: use it now, look again next round.
         models = probes.get(MODELS_PATH)
-        provisional = found.kind == "openai" and (models is None or models.status is None)
+        late = any(probes[p].status is None for p in DETECTION_PATHS)
+        provisional = found.kind == "openai" and (
+            models is None
+            or models.status is None
+            or (late and replica.detections < DETECTION_TRIES)
+        )
     else:
         provisional = False
         replica.kind, replica.detection = replica.kind_setting, "configured"
@@ -122,3 +132,4 @@ def forget(replica: Replica) -> None:
     """The replica became unreachable: an ``auto`` one is detected again when it is back."""
     if replica.kind_setting == "auto":
         replica.resolved = False
+        replica.detections = 0

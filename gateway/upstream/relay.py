@@ -59,6 +59,7 @@ _FINISH = re.compile(rb'"finish_reason"\s*:\s*"')
 _TEXT = re.compile(rb'"(?:content|text)"\s*:\s*"[^"]')
 # The usual spelling of a chunk still generating, checked before the pattern above.
 _NO_FINISH_COMPACT = b'"finish_reason":null'
+_CHOICES = b'"choices"'  # in a chunk; not in an error event
 # A ``usage`` object (not ``"usage": null``, as OpenAI and SGLang send on every chunk) to parse.
 _USAGE = b'"usage"'
 _USAGE_OBJECT = re.compile(rb'"usage"\s*:\s*\{')
@@ -312,6 +313,9 @@ class StreamRelay:
                 self.token_events += 1
         else:
             choice = False
+            # No ``finish_reason`` key (LiteLLM's chunks): one with text is a token still.
+            if _CHOICES in event and _TEXT.search(event):
+                self.token_events += 1
         if self.started is not None:
             self._track_choices(event)
         if self.captured is not None:

@@ -84,6 +84,7 @@ class Replica:
     detection: str = ""
     probe_path: str | None = None
     resolved: bool = False
+    detections: int = 0  # ``auto`` detections since it was last reachable (a cold peer: slow)
     last_probe_error: str = ""
     in_flight: int = 0
     # When it last sent a byte of an answer; when it was last given work while it owed the

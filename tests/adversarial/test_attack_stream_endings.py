@@ -202,3 +202,40 @@ async def test_a_token_that_spells_a_finish_reason_does_not_finish(
     sent, outcome, _ = await _relayed(upstream, _sse(_role(), token, DONE))
     assert outcome == Outcome.UPSTREAM_TRUNCATED
     assert DONE not in sent
+
+
+# -- chunks that leave ``finish_reason`` out (LiteLLM's proxy) ----------------------------------
+
+# LiteLLM 1.108's proxy writes its chunks with no ``finish_reason`` key until the final one, and
+# its own error event (a backend lost mid-stream) with spaces and a string code.
+LITELLM_ROLE = (
+    b'data: {"id":"c","choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n'
+)
+LITELLM_TOKEN = b'data: {"id":"c","choices":[{"index":0,"delta":{"content":" x"}}]}\n\n'
+LITELLM_ERROR = (
+    b'data: {"error": {"message": "litellm.APIConnectionError: Connection error.", '
+    b'"type": null, "param": null, "code": "500"}}\n\n'
+)
+
+
+async def test_chunks_without_a_finish_reason_key_are_counted(upstream: UpstreamClient) -> None:
+    """A backend that reports no stream usage and leaves ``finish_reason`` out of its chunks
+    still has each content chunk counted as a token."""
+    events = [LITELLM_ROLE, LITELLM_TOKEN, LITELLM_TOKEN, LITELLM_TOKEN, _final(), DONE]
+    sent, outcome, usage = await _relayed(upstream, _sse(*events))
+    assert outcome == Outcome.COMPLETE
+    assert sent.endswith(DONE)
+    assert usage is not None
+    assert usage.completion_tokens == 3
+
+
+async def test_tokens_before_a_litellm_error_event_are_counted(upstream: UpstreamClient) -> None:
+    """LiteLLM's error event after three tokens ends the stream as the backend's error, and the
+    three tokens the caller got are still counted (limits, budgets, the ledger)."""
+    events = [LITELLM_ROLE, LITELLM_TOKEN, LITELLM_TOKEN, LITELLM_TOKEN, LITELLM_ERROR]
+    sent, outcome, usage = await _relayed(upstream, _sse(*events))
+    assert outcome == Outcome.UPSTREAM_ERROR
+    assert DONE not in sent
+    assert b"litellm.APIConnectionError" in sent
+    assert usage is not None
+    assert usage.completion_tokens == 3

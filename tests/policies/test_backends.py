@@ -44,6 +44,14 @@ def test_sglang_probe_allows_for_its_slow_health() -> None:
         ({MODELS_PATH: _models("someone"), "/health": Probe(404)}, "openai"),
         ({"/metrics": Probe(200, b'[{"iter": 1}]'), MODELS_PATH: Probe(200, b"{}")}, "trtllm"),
         ({"/health": Probe(200)}, "openai"),
+        (
+            {"/openapi.json": Probe(200, b'{"openapi":"3.1.0","info":{"title":"LiteLLM API"}}')},
+            "litellm",
+        ),
+        (
+            {"/health": Probe(200, b'{"healthy_endpoints":[],"unhealthy_endpoints":[]}')},
+            "litellm",
+        ),
     ],
 )
 def test_classify(probes: dict[str, Probe], kind: str) -> None:
@@ -96,6 +104,7 @@ def test_metric_prefixes() -> None:
         "tgi": "tgi_",
         "ollama": "",
         "trtllm": "",
+        "litellm": "",
         "openai": "",
     }
 
@@ -131,6 +140,7 @@ def test_the_kinds_table_of_docs_backends_md() -> None:
         "ollama": (("/api/version",), None, True, False, "openai"),
         "tgi": (("/health",), "tgi_", True, False, "tgi"),
         "trtllm": (("/health",), None, True, False, "openai"),
+        "litellm": (("/health/readiness",), None, True, False, "openai"),
         "openai": (("/health",), None, True, False, "openai"),
     }
     assert set(rows) == set(KINDS)

@@ -13,13 +13,14 @@ from pydantic import ValidationError
 
 from gateway.config.settings import HealthSettings, TierSettings
 from gateway.telemetry.metrics import GatewayMetrics
+from gateway.upstream import backends
 from gateway.upstream.attempt import AttemptFailed
 from gateway.upstream.backends import DETECTION_TIMEOUT_S, kind_of, probe_timeout
 from gateway.upstream.explain import every_tier_failed, final_error, why_none
 from gateway.upstream.health import HealthConfig, HealthMonitor, parse_metrics
 from gateway.upstream.pool import UpstreamPool
 from gateway.upstream.replicas import ReplicaPool
-from policies.backends import KINDS
+from policies.backends import KINDS, Probe
 from tests.processes import free_port
 from tests.simulator.procs import SimulatorFactory, SimulatorProcess, start_simulator
 
@@ -266,6 +267,7 @@ def test_probe_timeouts_per_kind_are_the_documented_ones() -> None:
         "ollama": 1.0,
         "tgi": 1.0,
         "trtllm": 1.0,
+        "litellm": 1.0,
         "openai": 1.0,
     }
     assert set(expected) == set(KINDS)
@@ -277,3 +279,43 @@ def test_probe_timeouts_per_kind_are_the_documented_ones() -> None:
     (unknown,) = ReplicaPool("fast", ["http://127.0.0.1:1"], 4, 0.1).replicas
     assert kind_of(unknown).name == "openai"
     assert DETECTION_TIMEOUT_S == 3.0
+
+
+def _cold_litellm(warm: list[bool]) -> backends.Getter:
+    """A LiteLLM proxy's answers; until ``warm[0]``, its schema takes longer than a probe."""
+    schema = b'{"openapi":"3.1.0","info":{"title":"LiteLLM API"}}'
+    models = b'{"data":[{"id":"m","object":"model","owned_by":"openai"}],"object":"list"}'
+
+    async def get(url: str, _timeout_s: float) -> Probe:
+        path = url.removeprefix("http://peer:4000")
+        if path == "/openapi.json":
+            return Probe(200, schema) if warm[0] else Probe(None)
+        answers = {"/v1/models": Probe(200, models), "/health/readiness": Probe(200, b"{}")}
+        return answers.get(path, Probe(404))
+
+    return get
+
+
+async def test_a_cold_litellm_proxy_is_detected_on_a_later_round() -> None:
+    """A LiteLLM proxy answers its first requests in seconds: a generic finding made while a
+    detection route did not answer is provisional, and the next round names the proxy."""
+    (replica,) = ReplicaPool("fast", ["http://peer:4000"], 4, 0.1).replicas
+    warm = [False]
+    await backends.resolve(replica, _cold_litellm(warm), 0.5)
+    assert (replica.kind, replica.resolved) == ("openai", False)
+    warm[0] = True
+    await backends.resolve(replica, _cold_litellm(warm), 0.5)
+    assert (replica.kind, replica.probe_path, replica.resolved) == (
+        "litellm",
+        "/health/readiness",
+        True,
+    )
+
+
+async def test_a_generic_finding_stands_after_a_few_late_rounds() -> None:
+    """A route that never answers in time does not make detection run every round forever."""
+    (replica,) = ReplicaPool("fast", ["http://peer:4000"], 4, 0.1).replicas
+    for _ in range(backends.DETECTION_TRIES):
+        assert not replica.resolved
+        await backends.resolve(replica, _cold_litellm([False]), 0.5)
+    assert (replica.kind, replica.resolved) == ("openai", True)
