@@ -1,0 +1,268 @@
+"""Attacks on ``tiergate serve --workers N``: its worker processes killed, stopped and crashing
+the way production does it (the OOM killer picks one worker, a node drains, a rolling deploy),
+with real gateway processes, the simulator as the upstream and the official openai client."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.adversarial.rawhttp import connect
+from tests.integration.gateway_proc import GatewayProcess, tiers_config
+from tests.processes import patience
+from tests.simulator.procs import SimulatorProcess
+
+pytestmark = pytest.mark.slow
+
+STREAM = {
+    "model": "fast",
+    "stream": True,
+    "max_tokens": 2000,  # about 7 s at the simulator's pace: outlives every check below
+    "messages": [{"role": "user", "content": "count slowly"}],
+}
+
+
+@pytest.fixture(scope="module")
+def sim() -> Iterator[SimulatorProcess]:
+    """One simulator with real latency: streams last seconds."""
+    with SimulatorProcess(
+        "--profile", "fast", "--model", "tiergate-fast", "--latency-scale", "1"
+    ) as proc:
+        yield proc
+
+
+def _config(sim: SimulatorProcess, **server: Any) -> dict[str, Any]:
+    return {
+        "auth": {"enabled": False},
+        "server": server,
+        "telemetry": {"access_log": False},
+        "tiers": tiers_config([sim.url], [sim.url]),
+    }
+
+
+def _children(pid: int) -> list[int]:
+    text = Path(f"/proc/{pid}/task/{pid}/children").read_text(encoding="ascii")
+    return [int(p) for p in text.split()]
+
+
+def _wait_workers(gw: GatewayProcess, count: int, gone: int | None = None) -> list[int]:
+    """The supervisor's children once there are ``count`` of them (``gone`` not among them)."""
+    deadline = time.monotonic() + patience(30)
+    while True:
+        children = _children(gw.pid)
+        if len(children) == count and gone not in children:
+            return children
+        assert time.monotonic() < deadline, (children, gw.log_text()[-3000:])
+        time.sleep(0.1)
+
+
+def _holder(port: int, client: socket.socket, pids: list[int]) -> int | None:
+    """Which of ``pids`` holds the gateway's end of ``client``'s connection."""
+    client_port = client.getsockname()[1]
+    inode = None
+    for line in Path("/proc/net/tcp").read_text(encoding="ascii").splitlines()[1:]:
+        fields = line.split()
+        local, remote = int(fields[1].split(":")[1], 16), int(fields[2].split(":")[1], 16)
+        if local == port and remote == client_port:
+            inode = fields[9]
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    if os.readlink(f"/proc/{pid}/fd/{fd}") == f"socket:[{inode}]":
+                        return pid
+    return None
+
+
+def _livez(sock: socket.socket) -> bytes:
+    """One keep-alive ``GET /livez`` on ``sock``; the bytes of its answer (b"" if closed)."""
+    sock.sendall(b"GET /livez HTTP/1.1\r\nhost: gw\r\n\r\n")
+    data = b""
+    while b"\r\n\r\n" not in data or not data.endswith(b"}"):
+        chunk = sock.recv(4096)
+        if not chunk:
+            return data
+        data += chunk
+    return data
+
+
+def _connections_on(gw: GatewayProcess, pid: int, want: int = 2) -> list[socket.socket]:
+    """Keep-alive connections (one answered request each) the kernel gave worker ``pid``."""
+    mine: list[socket.socket] = []
+    for _ in range(200):
+        sock = connect(gw.port, timeout=60)
+        assert _livez(sock).startswith(b"HTTP/1.1 200")
+        if _holder(gw.port, sock, [pid]) == pid:
+            mine.append(sock)
+            if len(mine) == want:
+                return mine
+        else:
+            sock.close()
+    raise AssertionError(f"the kernel never gave worker {pid} a connection")
+
+
+def test_a_draining_group_refuses_new_connections(sim: SimulatorProcess) -> None:
+    """SIGTERM to the supervisor: running streams finish, new connections are refused at once
+    (as with one process), not queued unserved until the drain ends and then reset."""
+    with GatewayProcess(_config(sim, shutdown_grace_s=20), workers=2) as gw:
+        with httpx.stream("POST", gw.url + "/v1/chat/completions", json=STREAM, timeout=60) as r:
+            chunks = r.iter_text()
+            assert next(chunks).startswith("data: ")
+            os.kill(gw.pid, signal.SIGTERM)
+            refused = False
+            deadline = time.monotonic() + 3.0  # the stream runs for seconds more
+            while not refused and time.monotonic() < deadline:
+                try:
+                    with socket.create_connection(("127.0.0.1", gw.port), timeout=1):
+                        time.sleep(0.1)  # accepted by the kernel: try again
+                except ConnectionRefusedError:
+                    refused = True
+            rest = "".join(chunks)
+        assert refused, "connections were still accepted 3 s into the drain"
+        assert rest.rstrip().endswith("data: [DONE]")
+        assert gw._proc is not None
+        assert gw._proc.wait(timeout=patience(30)) == 0
+
+
+def test_a_killed_worker_costs_only_its_own_requests(sim: SimulatorProcess) -> None:
+    """SIGKILL of one worker under steady load (streams and whole answers, openai client): the
+    port never refuses, only requests that worker held fail, and a new worker takes its place
+    and serves."""
+    with GatewayProcess(_config(sim), workers=2) as gw:
+        gw.wait_until_ready()
+        victim = _wait_workers(gw, 2)[1]
+        stop = threading.Event()
+        errors: list[BaseException] = []
+        done = [0]
+
+        def load(stream: bool) -> None:
+            client = openai.OpenAI(base_url=gw.url + "/v1", api_key="x", max_retries=0)
+            while not stop.is_set():
+                try:
+                    if stream:
+                        body = client.chat.completions.create(
+                            model="fast", messages=[{"role": "user", "content": "hi"}],
+                            max_tokens=40, stream=True,
+                        )  # fmt: skip
+                        assert list(body)
+                    else:
+                        client.chat.completions.create(
+                            model="fast", messages=[{"role": "user", "content": "hi"}],
+                            max_tokens=8,
+                        )  # fmt: skip
+                    done[0] += 1
+                except openai.APIError as exc:
+                    errors.append(exc)
+            client.close()
+
+        threads = [threading.Thread(target=load, args=(i % 2 == 0,)) for i in range(6)]
+        for thread in threads:
+            thread.start()
+        try:
+            time.sleep(1.5)
+            os.kill(victim, signal.SIGKILL)
+            _wait_workers(gw, 2, gone=victim)
+            after = done[0]
+            deadline = time.monotonic() + patience(10)
+            while done[0] < after + 20:
+                assert time.monotonic() < deadline, errors
+                time.sleep(0.1)
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join(timeout=30)
+        refused = [e for e in errors if isinstance(e.__cause__, httpx.ConnectError)]
+        assert refused == []
+        assert len(errors) <= len(threads), errors  # at most the requests in flight then
+        statuses = {httpx.get(gw.url + "/readyz", headers={"connection": "close"}).status_code
+                    for _ in range(10)}  # fmt: skip
+        assert statuses == {200}
+
+
+def test_a_stopped_worker_is_replaced(sim: SimulatorProcess) -> None:
+    """A worker that stops answering (SIGSTOP, a wedged event loop) is killed and replaced
+    within ``server.worker_stall_s`` (10 s): requests on its connections end instead of
+    hanging forever, and new connections go to the live worker meanwhile."""
+    with GatewayProcess(_config(sim), workers=2) as gw:
+        victim = _wait_workers(gw, 2)[1]
+        held = _connections_on(gw, victim)
+        os.kill(victim, signal.SIGSTOP)
+        try:
+            for _ in range(10):  # the kernel's queue is shared: the live worker takes them
+                answer = httpx.get(gw.url + "/livez", headers={"connection": "close"}, timeout=2)
+                assert answer.status_code == 200
+            started = time.monotonic()
+            for sock in held:
+                sock.settimeout(patience(20))
+                with contextlib.suppress(ConnectionResetError):
+                    assert _livez(sock) == b""  # cut, not answered and not hanging
+            assert time.monotonic() - started < patience(20)
+            _wait_workers(gw, 2, gone=victim)
+            assert "server.worker_stalled" in gw.log_text()
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(victim, signal.SIGKILL)
+            for sock in held:
+                sock.close()
+
+
+def test_the_supervisor_killed_takes_its_workers_along(sim: SimulatorProcess) -> None:
+    """SIGKILL of the supervisor: every worker exits (it had a stream running) and the port
+    is free again; nothing is left running."""
+    gw = GatewayProcess(_config(sim, shutdown_grace_s=2), workers=2).start()
+    try:
+        workers = _wait_workers(gw, 2)
+        with httpx.stream("POST", gw.url + "/v1/chat/completions", json=STREAM, timeout=60) as r:
+            assert next(r.iter_text()).startswith("data: ")
+            gw.kill()
+            deadline = time.monotonic() + patience(15)
+            while any(Path(f"/proc/{pid}").exists() for pid in workers):
+                assert time.monotonic() < deadline, "orphan workers"
+                time.sleep(0.1)
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", gw.port), timeout=1).close()
+    finally:
+        gw.stop()
+        for pid in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+_SLOW_START = """\
+import os, time
+if "tiergate.worker=" in os.environ.get("OTEL_RESOURCE_ATTRIBUTES", ""):
+    time.sleep(6)  # a worker's start-up on a loaded node: longer than five seconds
+"""
+
+
+def test_workers_that_never_start_stop_the_group(sim: SimulatorProcess, tmp_path: Path) -> None:
+    """Worker 0 fails at every start (its metrics port is taken) after a slow start-up (6 s):
+    the supervisor gives up after three failed starts (exit 1, server.workers_failing) instead
+    of restarting it forever."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(_SLOW_START, encoding="utf-8")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        config = _config(sim)
+        config["telemetry"]["metrics_port"] = taken.getsockname()[1]
+        with GatewayProcess(config, workers=2, env={"PYTHONPATH": str(site)}) as gw:
+            assert gw._proc is not None  # worker 1 answers; worker 0 keeps failing
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                gw._proc.wait(timeout=patience(60))
+            code = gw._proc.poll()
+            assert code == 1, gw.log_text()[-3000:]
+            assert "server.workers_failing" in gw.log_text()
