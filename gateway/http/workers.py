@@ -156,6 +156,11 @@ class Supervisor:
 
     def _stop(self, signum: int, _: FrameType | None) -> None:
         self.stopping = True
+        # Stop listening for the whole group at once (every worker's descriptor is this one
+        # socket): a new connection is refused, as by one process, instead of waiting in the
+        # kernel's queue, never accepted, until the last worker has drained and then reset.
+        with contextlib.suppress(OSError):  # already shut down (a second signal)
+            self.sock.shutdown(socket.SHUT_RD)
         for child in self.children.values():
             if child.poll() is None:
                 child.send_signal(signal.SIGTERM if signum == signal.SIGINT else signum)
