@@ -79,6 +79,8 @@ class ServerSettings(Section):
     """Past the cap, all busy: this many more, for /livez and /readyz only (others 503)."""
     workers: int | None = Field(default=None, ge=1, le=256)
     """Worker processes on one socket; unset: usable cores (1 with keys + memory limiter)."""
+    worker_stall_s: float = Field(default=10.0, ge=0)
+    """A worker whose event loop has not run for this long is killed and replaced (0: never)."""
 
 
 class Timeouts(Section):

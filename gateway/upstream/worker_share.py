@@ -67,6 +67,12 @@ class WorkerRole:
         return self.index == 0
 
 
+def metrics_file(share_dir: Path, index: int) -> Path:
+    """Where worker ``index`` publishes its samples: rewritten every second while its event
+    loop runs, so the supervisor also reads it as the worker's heartbeat."""
+    return share_dir / f"metrics-{index}.prom"
+
+
 def _write_atomic(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_bytes(data)
@@ -141,7 +147,7 @@ class GroupMetrics(Collector):
         self._task: asyncio.Task[None] | None = None
 
     def _path(self, index: int) -> Path:
-        return self.role.share_dir / f"metrics-{index}.prom"
+        return metrics_file(self.role.share_dir, index)
 
     def _others(self) -> Iterator[Metric]:
         for index in range(self.role.count):
