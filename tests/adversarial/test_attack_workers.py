@@ -4,7 +4,9 @@ with real gateway processes, the simulator as the upstream and the official open
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -18,10 +20,15 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from redis.asyncio import Redis
 
+from tests.adversarial.keys_stack import CHAT, bearer, redis_key
 from tests.adversarial.rawhttp import connect
+from tests.adversarial.test_attack_fleet import SLOT_LEASE_S, gateway_config, wait_slots
 from tests.integration.gateway_proc import GatewayProcess, tiers_config
 from tests.processes import patience
+from tests.redis_server import RedisServer
 from tests.simulator.procs import SimulatorProcess
 
 pytestmark = pytest.mark.slow
@@ -189,6 +196,21 @@ def test_a_killed_worker_costs_only_its_own_requests(sim: SimulatorProcess) -> N
         statuses = {httpx.get(gw.url + "/readyz", headers={"connection": "close"}).status_code
                     for _ in range(10)}  # fmt: skip
         assert statuses == {200}
+        _assert_one_series_each(httpx.get(gw.url + "/metrics").text)
+
+
+def _assert_one_series_each(exposition: str) -> None:
+    """Every sample of a scrape is one series (a duplicate fails the whole scrape), and the
+    respawned worker's samples are there."""
+    seen: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
+    workers: set[str] = set()
+    for family in text_string_to_metric_families(exposition):
+        for sample in family.samples:
+            key = (sample.name, tuple(sorted(sample.labels.items())))
+            assert key not in seen, key
+            seen.add(key)
+            workers.add(sample.labels.get("worker", ""))
+    assert {"0", "1"} <= workers
 
 
 def test_a_stopped_worker_is_replaced(sim: SimulatorProcess) -> None:
@@ -266,3 +288,49 @@ def test_workers_that_never_start_stop_the_group(sim: SimulatorProcess, tmp_path
             code = gw._proc.poll()
             assert code == 1, gw.log_text()[-3000:]
             assert "server.workers_failing" in gw.log_text()
+
+
+def test_a_killed_workers_slots_free_within_the_lease() -> None:
+    """SIGKILL of the worker holding one of a key's two Redis concurrency slots: that slot is
+    free within the slot lease, while the other worker keeps (renews) its own."""
+    stalling = SimulatorProcess(
+        "--profile", "fast", "--model", "tiergate-fast", "--latency-scale", "0",
+        "--stall-first-byte", "1", "--stall-seconds", "120",
+    )  # fmt: skip
+    with RedisServer() as redis, stalling:
+        record, token = asyncio.run(redis_key(redis.url, max_concurrency=2))
+        with GatewayProcess(gateway_config(redis, stalling.url), workers=2) as gw:
+            workers = _wait_workers(gw, 2)
+            held = {pid: _connections_on(gw, pid, want=1)[0] for pid in workers}
+            body = json.dumps(CHAT).encode()
+            head = (
+                f"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\n"
+                f"authorization: {bearer(token)['Authorization']}\r\n"
+                f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
+            )
+            try:
+                for sock in held.values():
+                    sock.sendall(head.encode() + body)
+                wait_slots(redis.url, record.key_id, 2)
+                os.kill(workers[1], signal.SIGKILL)
+                killed_at = time.monotonic()
+                while asyncio.run(_live_slots(redis.url, record.key_id)) != 1:
+                    waited = time.monotonic() - killed_at
+                    assert waited < SLOT_LEASE_S + 5, f"slot still held {waited:.0f}s after"
+                    time.sleep(0.25)
+                time.sleep(2)  # the survivor renews its own: still held
+                assert asyncio.run(_live_slots(redis.url, record.key_id)) == 1
+            finally:
+                for sock in held.values():
+                    sock.close()
+
+
+async def _live_slots(url: str, key_id: str) -> int:
+    """The key's concurrency slots in Redis whose lease has not run out."""
+    client = Redis.from_url(url)
+    try:
+        seconds, micros = await client.time()
+        now_us = seconds * 1_000_000 + micros
+        return int(await client.zcount(f"tiergate:rl:{{{key_id}}}:c", now_us, "+inf"))
+    finally:
+        await client.aclose()
