@@ -20,9 +20,11 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 from redis.asyncio import Redis
 
+from gateway.upstream.worker_share import GroupMetrics, WorkerRole, metrics_file
 from tests.adversarial.keys_stack import CHAT, bearer, redis_key
 from tests.adversarial.rawhttp import connect
 from tests.adversarial.test_attack_fleet import SLOT_LEASE_S, gateway_config, wait_slots
@@ -30,8 +32,6 @@ from tests.integration.gateway_proc import GatewayProcess, tiers_config
 from tests.processes import patience
 from tests.redis_server import RedisServer
 from tests.simulator.procs import SimulatorProcess
-
-pytestmark = pytest.mark.slow
 
 STREAM = {
     "model": "fast",
@@ -120,6 +120,7 @@ def _connections_on(gw: GatewayProcess, pid: int, want: int = 2) -> list[socket.
     raise AssertionError(f"the kernel never gave worker {pid} a connection")
 
 
+@pytest.mark.slow
 def test_a_draining_group_refuses_new_connections(sim: SimulatorProcess) -> None:
     """SIGTERM to the supervisor: running streams finish, new connections are refused at once
     (as with one process), not queued unserved until the drain ends and then reset."""
@@ -143,6 +144,7 @@ def test_a_draining_group_refuses_new_connections(sim: SimulatorProcess) -> None
         assert gw._proc.wait(timeout=patience(30)) == 0
 
 
+@pytest.mark.slow
 def test_a_killed_worker_costs_only_its_own_requests(sim: SimulatorProcess) -> None:
     """SIGKILL of one worker under steady load (streams and whole answers, openai client): the
     port never refuses, only requests that worker held fail, and a new worker takes its place
@@ -213,6 +215,7 @@ def _assert_one_series_each(exposition: str) -> None:
     assert {"0", "1"} <= workers
 
 
+@pytest.mark.slow
 def test_a_stopped_worker_is_replaced(sim: SimulatorProcess) -> None:
     """A worker that stops answering (SIGSTOP, a wedged event loop) is killed and replaced
     within ``server.worker_stall_s`` (10 s): requests on its connections end instead of
@@ -240,6 +243,7 @@ def test_a_stopped_worker_is_replaced(sim: SimulatorProcess) -> None:
                 sock.close()
 
 
+@pytest.mark.slow
 def test_the_supervisor_killed_takes_its_workers_along(sim: SimulatorProcess) -> None:
     """SIGKILL of the supervisor: every worker exits (it had a stream running) and the port
     is free again; nothing is left running."""
@@ -269,6 +273,7 @@ if "tiergate.worker=" in os.environ.get("OTEL_RESOURCE_ATTRIBUTES", ""):
 """
 
 
+@pytest.mark.slow
 def test_workers_that_never_start_stop_the_group(sim: SimulatorProcess, tmp_path: Path) -> None:
     """Worker 0 fails at every start (its metrics port is taken) after a slow start-up (6 s):
     the supervisor gives up after three failed starts (exit 1, server.workers_failing) instead
@@ -290,6 +295,7 @@ def test_workers_that_never_start_stop_the_group(sim: SimulatorProcess, tmp_path
             assert "server.workers_failing" in gw.log_text()
 
 
+@pytest.mark.slow
 def test_a_killed_workers_slots_free_within_the_lease() -> None:
     """SIGKILL of the worker holding one of a key's two Redis concurrency slots: that slot is
     free within the slot lease, while the other worker keeps (renews) its own."""
@@ -334,3 +340,21 @@ async def _live_slots(url: str, key_id: str) -> int:
         return int(await client.zcount(f"tiergate:rl:{{{key_id}}}:c", now_us, "+inf"))
     finally:
         await client.aclose()
+
+
+async def test_a_failed_metrics_write_does_not_end_publishing(tmp_path: Path) -> None:
+    """A worker's metrics file that cannot be written for a while (the group's directory
+    gone, /dev/shm full) is written again once it can: the worker's samples in every scrape,
+    and the heartbeat the supervisor watches, go on."""
+    share = tmp_path / "group"  # not there yet: the first writes fail
+    group = GroupMetrics(WorkerRole(1, 2, share), CollectorRegistry())
+    group.start()
+    try:
+        await asyncio.sleep(0.3)  # the first write has failed meanwhile
+        share.mkdir()
+        deadline = time.monotonic() + patience(5)
+        while not metrics_file(share, 1).exists():
+            assert time.monotonic() < deadline, "publishing ended at the first failed write"
+            await asyncio.sleep(0.05)
+    finally:
+        await group.stop()
