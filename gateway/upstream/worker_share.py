@@ -19,6 +19,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import structlog
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
@@ -27,6 +28,7 @@ from prometheus_client.registry import Collector
 from gateway.pipeline.tasks import stop_tasks
 from gateway.upstream.replicas import Replica, ReplicaPool
 
+_log = structlog.get_logger("tiergate.server")
 HEALTH_FILE = "health.json"
 METRICS_PUBLISH_S = 1.0
 _SHARED_FIELDS = (
@@ -169,8 +171,18 @@ class GroupMetrics(Collector):
 
     async def _publish_forever(self) -> None:
         path = self._path(self.role.index)
+        failing = False
         while True:
-            await asyncio.to_thread(_write_atomic, path, generate_latest(self.own))
+            try:
+                await asyncio.to_thread(_write_atomic, path, generate_latest(self.own))
+            except OSError as exc:  # the directory gone, /dev/shm full: try again next round
+                if not failing:
+                    _log.warning("server.metrics_publish_failed", error=exc.strerror)
+                with contextlib.suppress(OSError):  # the heartbeat goes on where it can
+                    os.utime(path)
+                failing = True
+            else:
+                failing = False
             await asyncio.sleep(METRICS_PUBLISH_S)
 
     def start(self) -> None:
