@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -147,6 +148,7 @@ class GroupMetrics(Collector):
         self.own = CollectorRegistry(auto_describe=False)
         self.own.register(_Labelled(registry, str(role.index)))
         self._task: asyncio.Task[None] | None = None
+        self._supervisor = os.getppid()
 
     def _path(self, index: int) -> Path:
         return metrics_file(self.role.share_dir, index)
@@ -191,6 +193,8 @@ class GroupMetrics(Collector):
             self._task = asyncio.create_task(self._publish_forever(), name="tiergate-metrics")
 
     async def stop(self) -> None:
-        """Stop publishing."""
+        """Stop publishing; remove the group's directory if the supervisor is gone."""
         task, self._task = self._task, None
         await stop_tasks(task)
+        if os.getppid() != self._supervisor:  # SIGKILLed: it will not remove the directory
+            await asyncio.to_thread(shutil.rmtree, self.role.share_dir, ignore_errors=True)
