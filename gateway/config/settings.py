@@ -1,10 +1,9 @@
 """All configuration, read once: environment (``TIERGATE_*``) over an optional YAML file.
 
-With gateway/config/file.py (the YAML file), the only code that reads the environment or
-configuration files. The YAML file may use ``${VAR}`` and ``${VAR:-default}``; nested settings
-are overridden from the environment with ``__`` (``TIERGATE_SERVER__PORT=9000``,
-``TIERGATE_TIERS__FAST__REPLICAS='["http://..."]'``). The router's sections (``router``,
-``spillover``) are in gateway/config/router_settings.py.
+With gateway/config/file.py, the only code that reads the environment or configuration files.
+The file may use ``${VAR}`` and ``${VAR:-default}``; the environment overrides nested settings
+with ``__`` (``TIERGATE_SERVER__PORT=9000``, ``TIERGATE_TIERS__FAST__REPLICAS='[...]'``). The
+router's sections are in gateway/config/router_settings.py.
 """
 
 from __future__ import annotations
@@ -40,8 +39,7 @@ from gateway.config.strict import (
     format_validation_error,
 )
 
-# The parsed YAML file for the Settings being built now (see load_settings); a ContextVar
-# rather than a global so concurrent loads in tests cannot see each other's files.
+# The YAML file of the Settings being built (load_settings): concurrent loads never share it.
 _FILE_DATA: ContextVar[dict[str, Any]] = ContextVar("tiergate_file_data", default={})  # noqa: B039  # never mutated
 
 _HEADER_SAFE = re.compile(r"[\x21-\x7e]+")
@@ -79,6 +77,8 @@ class ServerSettings(Section):
     """Past the cap, all busy: this many more, for /livez and /readyz only (others 503)."""
     workers: int | None = Field(default=None, ge=1, le=256)
     """Worker processes on one socket; unset: usable cores (1 with keys + memory limiter)."""
+    worker_stall_s: float = Field(default=10.0, ge=0)
+    """A worker whose event loop has not run for this long is killed and replaced (0: never)."""
 
 
 class Timeouts(Section):

@@ -122,6 +122,8 @@ class Acceptor:
             except OSError as exc:
                 if exc.errno in _OUT_OF_FDS:
                     self.pause(exc)
+                elif exc.errno == errno.EINVAL:  # no longer listening (a group's supervisor
+                    self.close()  # shut it down to drain): it stays readable, so stop reading
                 return  # a connection reset before it was taken: nothing to serve
             conn.setblocking(False)
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

@@ -3,7 +3,8 @@
 The supervisor binds the socket once and starts N ``tiergate serve`` children that inherit it
 (the kernel hands each accepted connection to one of the processes waiting in ``accept``). It
 forwards SIGTERM/SIGINT, so every worker drains its streams within ``shutdown_grace_s``;
-restarts a worker that dies (not one that keeps dying at start-up); and removes the group's
+restarts a worker that dies (not one that keeps dying at start-up); kills and restarts one
+whose event loop stopped (``server.worker_stall_s``); and removes the group's
 shared directory at the end (see :mod:`gateway.upstream.worker_share`). Children die with it.
 """
 
@@ -28,11 +29,23 @@ import structlog
 
 from gateway.config.settings import Settings
 from gateway.telemetry.lifecycle import log_started
+from gateway.upstream.worker_share import metrics_file
 
 _log = structlog.get_logger("tiergate.workers")
 _PR_SET_PDEATHSIG = 1
 _QUICK_DEATH_S = 5.0
 _MAX_QUICK_DEATHS = 3
+
+
+@dataclass(slots=True)
+class _Heartbeat:
+    """What the supervisor last saw of one worker's heartbeat: its metrics file, rewritten
+    every second while the worker's event loop runs (:func:`metrics_file`)."""
+
+    spawned_at: float  # monotonic, as the others
+    mtime_ns: int | None  # the file's at the spawn (a previous worker's), then at each change
+    changed_at: float  # the spawn, then the last change
+    serving_since: float | None = None  # the first change: start-up is over
 
 
 class WorkersRefused(ValueError):
@@ -117,7 +130,7 @@ class Supervisor:
         base = shm if shm.is_dir() else None
         self.share_dir = Path(tempfile.mkdtemp(prefix="tiergate-workers-", dir=base))
         self.children: dict[int, subprocess.Popen[bytes]] = {}
-        self.started_at: dict[int, float] = {}
+        self.beats: dict[int, _Heartbeat] = {}
         self.quick_deaths = 0
 
     def _spawn(self, index: int) -> None:
@@ -153,22 +166,63 @@ class Supervisor:
             env=env,
             preexec_fn=_die_with_parent,  # noqa: PLW1509  # one prctl call, no locks taken
         )
-        self.started_at[index] = time.monotonic()
+        now = time.monotonic()
+        self.beats[index] = _Heartbeat(now, self._mtime_ns(index), now)
+
+    def _mtime_ns(self, index: int) -> int | None:
+        try:
+            return metrics_file(self.share_dir, index).stat().st_mtime_ns
+        except FileNotFoundError:
+            return None
+
+    def _beat(self, index: int) -> _Heartbeat:
+        """The worker's heartbeat, brought up to date."""
+        beat = self.beats[index]
+        mtime_ns = self._mtime_ns(index)
+        if mtime_ns != beat.mtime_ns:
+            beat.mtime_ns, beat.changed_at = mtime_ns, time.monotonic()
+            if beat.serving_since is None:
+                beat.serving_since = beat.changed_at
+        return beat
+
+    def _watch(self, index: int, child: subprocess.Popen[bytes]) -> None:
+        """Kill a worker whose event loop stopped running (SIGSTOP, a wedged loop): its
+        connections would hang forever; killed, it is replaced like any dead worker."""
+        beat = self._beat(index)
+        stall_s = self.settings.server.worker_stall_s
+        silent = time.monotonic() - beat.changed_at
+        if beat.serving_since is not None and 0 < stall_s < silent:
+            _log.error("server.worker_stalled", worker=index, silent_s=round(silent, 1))
+            child.kill()
+            beat.changed_at = time.monotonic()  # one kill: the next rounds reap it
 
     def _stop(self, signum: int, _: FrameType | None) -> None:
         self.stopping = True
+        # Stop listening for the whole group at once (every worker's descriptor is this one
+        # socket): a new connection is refused, as by one process, instead of waiting in the
+        # kernel's queue, never accepted, until the last worker has drained and then reset.
+        with contextlib.suppress(OSError):  # already shut down (a second signal)
+            self.sock.shutdown(socket.SHUT_RD)
         for child in self.children.values():
             if child.poll() is None:
                 child.send_signal(signal.SIGTERM if signum == signal.SIGINT else signum)
 
     def _reap(self) -> None:
         for index, child in list(self.children.items()):
+            if self.stopping:
+                return
             code = child.poll()
-            if code is None or self.stopping:
+            if code is None:
+                self._watch(index, child)
                 continue
-            lived = time.monotonic() - self.started_at[index]
+            beat = self._beat(index)
+            now = time.monotonic()
+            lived = now - beat.spawned_at
             _log.warning("server.worker_exited", worker=index, code=code, lived_s=round(lived, 1))
-            self.quick_deaths = self.quick_deaths + 1 if lived < _QUICK_DEATH_S else 0
+            # Quick: before its start-up was over (however long that took: minutes on a loaded
+            # node) or within seconds of it.
+            served = 0.0 if beat.serving_since is None else now - beat.serving_since
+            self.quick_deaths = self.quick_deaths + 1 if served < _QUICK_DEATH_S else 0
             if self.quick_deaths >= _MAX_QUICK_DEATHS:
                 _log.error("server.workers_failing", worker=index)
                 self._stop(signal.SIGTERM, None)

@@ -15,10 +15,12 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import structlog
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
@@ -27,6 +29,7 @@ from prometheus_client.registry import Collector
 from gateway.pipeline.tasks import stop_tasks
 from gateway.upstream.replicas import Replica, ReplicaPool
 
+_log = structlog.get_logger("tiergate.server")
 HEALTH_FILE = "health.json"
 METRICS_PUBLISH_S = 1.0
 _SHARED_FIELDS = (
@@ -65,6 +68,12 @@ class WorkerRole:
     def leader(self) -> bool:
         """Worker 0 probes the replicas for the group."""
         return self.index == 0
+
+
+def metrics_file(share_dir: Path, index: int) -> Path:
+    """Where worker ``index`` publishes its samples: rewritten every second while its event
+    loop runs, so the supervisor also reads it as the worker's heartbeat."""
+    return share_dir / f"metrics-{index}.prom"
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
@@ -139,9 +148,10 @@ class GroupMetrics(Collector):
         self.own = CollectorRegistry(auto_describe=False)
         self.own.register(_Labelled(registry, str(role.index)))
         self._task: asyncio.Task[None] | None = None
+        self._supervisor = os.getppid()
 
     def _path(self, index: int) -> Path:
-        return self.role.share_dir / f"metrics-{index}.prom"
+        return metrics_file(self.role.share_dir, index)
 
     def _others(self) -> Iterator[Metric]:
         for index in range(self.role.count):
@@ -163,8 +173,18 @@ class GroupMetrics(Collector):
 
     async def _publish_forever(self) -> None:
         path = self._path(self.role.index)
+        failing = False
         while True:
-            await asyncio.to_thread(_write_atomic, path, generate_latest(self.own))
+            try:
+                await asyncio.to_thread(_write_atomic, path, generate_latest(self.own))
+            except OSError as exc:  # the directory gone, /dev/shm full: try again next round
+                if not failing:
+                    _log.warning("server.metrics_publish_failed", error=exc.strerror)
+                with contextlib.suppress(OSError):  # the heartbeat goes on where it can
+                    os.utime(path)
+                failing = True
+            else:
+                failing = False
             await asyncio.sleep(METRICS_PUBLISH_S)
 
     def start(self) -> None:
@@ -173,6 +193,8 @@ class GroupMetrics(Collector):
             self._task = asyncio.create_task(self._publish_forever(), name="tiergate-metrics")
 
     async def stop(self) -> None:
-        """Stop publishing."""
+        """Stop publishing; remove the group's directory if the supervisor is gone."""
         task, self._task = self._task, None
         await stop_tasks(task)
+        if os.getppid() != self._supervisor:  # SIGKILLed: it will not remove the directory
+            await asyncio.to_thread(shutil.rmtree, self.role.share_dir, ignore_errors=True)
