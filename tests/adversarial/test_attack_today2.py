@@ -4,13 +4,21 @@ shutdown flush of the log (real redis-server, real gateway processes)."""
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import os
+import signal
+import subprocess
+import termios
 import time
+from pathlib import Path
 
+import httpx
 from redis.asyncio import Redis
 
 from gateway.limits.limiter_redis import RedisRateLimiter
 from gateway.limits.redis import ScriptPipeline
 from policies.ratelimit import LimitSpec
+from tests.integration.gateway_proc import GatewayProcess, tiers_config
 from tests.processes import patience
 from tests.redis_server import RedisServer, redis_server
 
@@ -50,3 +58,50 @@ async def test_a_slot_released_while_its_renewal_reconnects_stays_free(
     finally:
         await limiter.aclose()
         await client.aclose()
+
+
+def _pipe_bytes(fd: int) -> int:
+    """Bytes written to a pipe and not read yet."""
+    buf = bytearray(4)
+    fcntl.ioctl(fd, termios.FIONREAD, buf)
+    return int.from_bytes(buf, "little")
+
+
+def test_sigterm_ends_a_gateway_whose_log_nobody_reads(tmp_path: Path) -> None:
+    """The gateway's output is a pipe nobody reads (a stuck log shipper): its log writer
+    blocks on a full pipe, holding the sink's lock. SIGTERM must still end the process
+    (the shutdown lines are lost, not the shutdown): the flush before uvicorn re-raises the
+    signal waited for that lock for ever, so the process never exited."""
+    read_end, write_end = os.pipe()
+    fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, 4096)  # full after a few lines
+    config = {
+        "auth": {"enabled": False},
+        "tiers": tiers_config(["http://127.0.0.1:9"], ["http://127.0.0.1:9"]),
+        "telemetry": {"log_format": "json", "access_log": True},
+    }
+    gateway = GatewayProcess(config, output=write_end)
+    try:
+        gateway.start()
+        os.close(write_end)
+        write_end = -1
+        body = {"model": "fast", "messages": [{"role": "user", "content": "hi"}]}
+        deadline = time.monotonic() + patience(20)
+        with httpx.Client(base_url=gateway.url, timeout=5) as client:
+            while _pipe_bytes(read_end) < 3072:  # each request logs a line of ~600 bytes
+                assert time.monotonic() < deadline, _pipe_bytes(read_end)
+                client.post("/v1/chat/completions", json=body)
+            for _ in range(20):  # and some more, queued behind the blocked writer
+                client.post("/v1/chat/completions", json=body)
+        proc = gateway._proc
+        assert proc is not None
+        os.kill(proc.pid, signal.SIGTERM)
+        try:
+            code = proc.wait(timeout=patience(10))
+        except subprocess.TimeoutExpired:
+            code = None
+        assert code in (0, -signal.SIGTERM), "SIGTERM left the gateway hanging on its log"
+    finally:
+        gateway.kill()
+        os.close(read_end)
+        if write_end >= 0:
+            os.close(write_end)
