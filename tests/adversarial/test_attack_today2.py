@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 from redis.asyncio import Redis
 
+from gateway.limits.budgets import RedisBudgetStore, Windows
 from gateway.limits.limiter_redis import RedisRateLimiter
 from gateway.limits.redis import ScriptPipeline
 from policies.ratelimit import LimitSpec
@@ -105,3 +106,48 @@ def test_sigterm_ends_a_gateway_whose_log_nobody_reads(tmp_path: Path) -> None:
         os.close(read_end)
         if write_end >= 0:
             os.close(write_end)
+
+
+async def test_a_lost_spend_is_put_back_whichever_process_charges_first(
+    redis_server: RedisServer,
+) -> None:
+    """Redis restarted empty; the next charge of the key is taken by another gateway process
+    than the one that served it (any of N workers or replicas): its floor is 0, so nothing
+    was put back, and the process that knew the spend found the window present and put
+    nothing back either. A budget of 1.0 let 0.9 + 0.4 + 0.5 = 1.8 through."""
+    client = Redis.from_url(redis_server.url)
+    served, other = RedisBudgetStore(client, "t2b:"), RedisBudgetStore(client, "t2b:")
+    today = Windows.at(time.time())
+    try:
+        assert (await served.reserve("k", today, 1.0, None, 0.9))[0] is None
+        await client.flushall()  # Redis restarted empty
+        assert (await other.reserve("k", today, 1.0, None, 0.4))[0] is None  # knew nothing
+        refused, spent = await served.reserve("k", today, 1.0, None, 0.5)
+        assert refused == "budget_daily", f"1.8 spent of a budget of 1.0 (Redis says {spent})"
+        assert 1.3 - 1e-9 <= spent <= 1.3 + 1e-9  # 0.9 put back, and the 0.4 since
+    finally:
+        await served.aclose()
+        await other.aclose()
+        await client.aclose()
+
+
+async def test_the_highest_floor_is_put_back_not_the_first(redis_server: RedisServer) -> None:
+    """Two processes saw the key at different times (0.1 early, 0.9 late); Redis lost it and
+    the one with the older, lower view charged first: the spend restarted from 0.1 and the
+    later view was never counted (0.9 of a budget of 1.0 given again)."""
+    client = Redis.from_url(redis_server.url)
+    early, late = RedisBudgetStore(client, "t2c:"), RedisBudgetStore(client, "t2c:")
+    today = Windows.at(time.time())
+    try:
+        assert (await early.reserve("k", today, 1.0, None, 0.1))[0] is None
+        assert (await late.reserve("k", today, 1.0, None, 0.8))[0] is None  # 0.9 spent
+        await client.flushall()
+        assert (await early.reserve("k", today, 1.0, None, 0.05))[0] is None  # 0.15 in Redis
+        refused, _ = await late.reserve("k", today, 1.0, None, 0.5)
+        assert refused == "budget_daily", "1.45 spent of a budget of 1.0"
+        assert (await early.reserve("k", today, 1.0, None, 0.04))[0] is None  # 0.99: no
+        # process that charged since the loss adds its floor again
+    finally:
+        await early.aclose()
+        await late.aclose()
+        await client.aclose()
