@@ -75,8 +75,8 @@ local function restore(key, record, writer, floor, ttl)
 end
 """
 # KEYS: day, month, marks, day record, month record. ARGV: day budget, month budget (-1:
-# none), amount, day ttl, month ttl, writer, seq, day floor, month floor. Returns {charged (0/1), refused window name or '',
-# day, month}.
+# none), amount, day ttl, month ttl, writer, seq, day floor, month floor. Returns {charged
+# (0/1), refused window name or '', day, month}.
 _RESERVE = (
     _MARK
     + """
@@ -103,8 +103,8 @@ return {1, '', tostring(day + reserve), tostring(month + reserve)}
 )
 _RESERVE_SCRIPT = LuaScript(_RESERVE, keys=5, args=9)
 # KEYS: day, month, marks, day record, month record. ARGV: delta, day ttl, month ttl, writer,
-# seq, day floor, month floor. A settlement, or spend owed since an outage (the keys may be gone: a Redis that lost
-# its data); a spend never goes below zero.
+# seq, day floor, month floor. A settlement, or spend owed since an outage (the keys may be
+# gone: a Redis that lost its data); a spend never goes below zero.
 _ADD = (
     _MARK
     + """
