@@ -18,7 +18,9 @@ from redis.asyncio import Redis
 from gateway.limits.budgets import RedisBudgetStore, Windows
 from gateway.limits.limiter_redis import RedisRateLimiter
 from gateway.limits.redis import ScriptPipeline
+from gateway.routing.dial_sync import RedisDialStore
 from policies.ratelimit import LimitSpec
+from tests.gateway.routing.test_dial_sync import _Worker
 from tests.integration.gateway_proc import GatewayProcess, tiers_config
 from tests.processes import patience
 from tests.redis_server import RedisServer, redis_server
@@ -147,4 +149,30 @@ async def test_the_highest_floor_is_put_back_not_the_first(redis_server: RedisSe
     finally:
         await early.aclose()
         await late.aclose()
+        await client.aclose()
+
+
+async def test_a_stale_workers_dial_put_back_does_not_undo_a_newer_one(
+    redis_server: RedisServer,
+) -> None:
+    """A worker that stopped hearing from Redis (its polls failing) still holds the dial of
+    version 1; meanwhile a tenant's target was cleared and another set (version 3). Redis then
+    restarts empty and the stale worker reaches it first: its version 1 went back in, and the
+    up-to-date worker, finding a version behind its own but not 0, took it for a change made
+    since and kept it: the cleared target came back on every gateway, the new one was gone."""
+    client = Redis.from_url(redis_server.url)
+    fresh = _Worker(RedisDialStore(client, "t2d:"))
+    stale = _Worker(RedisDialStore(client, "t2d:"))
+    try:
+        await fresh.sync.set_target("acme", 0.1, actor="test")
+        await stale.sync.poll()  # version 1 applied; then its polls fail for a while
+        await fresh.sync.set_target("acme", None, actor="test")
+        await fresh.sync.set_target("beta", 0.2, actor="test")
+        await client.flushall()  # Redis restarted empty
+        await stale.sync.poll()  # back first: puts its version 1 back
+        await fresh.sync.poll()
+        await stale.sync.poll()
+        for worker in (fresh, stale):
+            assert dict(worker.targets.tenants) == {"beta": 0.2}, "the newer dial was undone"
+    finally:
         await client.aclose()
