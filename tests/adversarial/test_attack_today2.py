@@ -176,3 +176,20 @@ async def test_a_stale_workers_dial_put_back_does_not_undo_a_newer_one(
             assert dict(worker.targets.tenants) == {"beta": 0.2}, "the newer dial was undone"
     finally:
         await client.aclose()
+
+
+async def test_deleting_a_keys_spend_in_redis_does_not_reset_it(redis_server: RedisServer) -> None:
+    """Pinned trade-off (docs/savings.md): an operator who deletes a key's day window in Redis
+    to give it its budget back finds it put back by the next charge: a window missing while
+    it runs reads as a loss, and the process that saw the spend restores it."""
+    client = Redis.from_url(redis_server.url)
+    store = RedisBudgetStore(client, "t2e:")
+    today = Windows.at(time.time())
+    try:
+        assert (await store.reserve("k", today, 1.0, None, 0.9))[0] is None
+        await client.delete(f"t2e:budget:{{k}}:d:{today.day}", f"t2e:budget:{{k}}:rd:{today.day}")
+        refused, spent = await store.reserve("k", today, 1.0, None, 0.5)
+        assert (refused, spent) == ("budget_daily", 0.9)
+    finally:
+        await store.aclose()
+        await client.aclose()
