@@ -41,7 +41,7 @@ class DrainingServer(uvicorn.Server):
         self,
         config: uvicorn.Config,
         events: ServerEvents | None = None,
-        before_exit: Callable[[], None] | None = None,
+        before_exit: Callable[[], object] | None = None,
     ) -> None:
         super().__init__(config)
         self.events = events

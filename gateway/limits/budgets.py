@@ -38,10 +38,15 @@ _log = structlog.get_logger("tiergate.budgets")
 # charges run in the order it numbered them (one connection, never retried), so one numbered
 # at or below the mark ran.
 # A window's spend that Redis lost (restarted empty, no persistence) is put back, before
-# anything is charged, at what the charging process last saw spent there (its *floor*): the
-# key does not get its budget again, and a refund of a reservation made before the loss does
-# not take the spend below zero. (A window's key outlives its window by an hour: while the
-# window runs, a missing key with a floor above zero is a loss.)
+# anything is charged, from what each process last saw spent there (its *floor*): the key
+# does not get its budget again, and a refund of a reservation made before the loss does not
+# take the spend below zero. (A window's key outlives its window by an hour: while the window
+# runs, a missing key with a floor above zero is a loss.) The process that charges first may
+# have seen little or nothing of the key (another worker or replica served it), so the
+# window's record (KEYS[4] for the day, KEYS[5] for the month: a hash with its window's TTL)
+# keeps the floor put back (``put``) and which writers charged since the window was
+# (re)created: a writer's first charge there adds what its floor is above ``put``, once.
+# A record missing beside a window present (older data) has ``put`` -1: nothing is added.
 _MARK = """
 local function mark(writer, seq)
   if seq <= 0 then return end
@@ -50,21 +55,33 @@ local function mark(writer, seq)
   end
   redis.call('EXPIRE', KEYS[3], 172800)
 end
-local function restore(key, floor, ttl)
+local function restore(key, record, writer, floor, ttl)
   floor = tonumber(floor)
-  if floor > 0 and redis.call('EXISTS', key) == 0 then
-    redis.call('SET', key, tostring(floor), 'EX', ttl)
+  if redis.call('EXISTS', key) == 0 then
+    if floor > 0 then redis.call('SET', key, tostring(floor), 'EX', ttl) end
+    redis.call('DEL', record)
+    redis.call('HSET', record, 'put', tostring(floor), 'w:' .. writer, 1)
+    redis.call('EXPIRE', record, ttl)
+  elseif redis.call('HSETNX', record, 'w:' .. writer, 1) == 1 then
+    local put = tonumber(redis.call('HGET', record, 'put') or '-1')
+    if put < 0 then
+      redis.call('HSET', record, 'put', -1)
+    elseif floor > put then
+      redis.call('INCRBYFLOAT', key, floor - put)
+      redis.call('HSET', record, 'put', tostring(floor))
+    end
+    redis.call('EXPIRE', record, ttl)
   end
 end
 """
-# KEYS: day, month, marks. ARGV: day budget, month budget (-1: none), amount, day ttl, month
-# ttl, writer, seq, day floor, month floor. Returns {charged (0/1), refused window name or '',
-# day, month}.
+# KEYS: day, month, marks, day record, month record. ARGV: day budget, month budget (-1:
+# none), amount, day ttl, month ttl, writer, seq, day floor, month floor. Returns {charged
+# (0/1), refused window name or '', day, month}.
 _RESERVE = (
     _MARK
     + """
-restore(KEYS[1], ARGV[8], ARGV[4])
-restore(KEYS[2], ARGV[9], ARGV[5])
+restore(KEYS[1], KEYS[4], ARGV[6], ARGV[8], ARGV[4])
+restore(KEYS[2], KEYS[5], ARGV[6], ARGV[9], ARGV[5])
 local day = tonumber(redis.call('GET', KEYS[1]) or '0')
 local month = tonumber(redis.call('GET', KEYS[2]) or '0')
 local reserve = tonumber(ARGV[3])
@@ -84,16 +101,16 @@ mark(writer, seq)
 return {1, '', tostring(day + reserve), tostring(month + reserve)}
 """
 )
-_RESERVE_SCRIPT = LuaScript(_RESERVE, keys=3, args=9)
-# KEYS: day, month, marks. ARGV: delta, day ttl, month ttl, writer, seq, day floor, month
-# floor. A settlement, or spend owed since an outage (the keys may be gone: a Redis that lost
-# its data); a spend never goes below zero.
+_RESERVE_SCRIPT = LuaScript(_RESERVE, keys=5, args=9)
+# KEYS: day, month, marks, day record, month record. ARGV: delta, day ttl, month ttl, writer,
+# seq, day floor, month floor. A settlement, or spend owed since an outage (the keys may be
+# gone: a Redis that lost its data); a spend never goes below zero.
 _ADD = (
     _MARK
     + """
 local writer, seq = ARGV[4], tonumber(ARGV[5])
-local function add(key, floor, ttl)
-  restore(key, floor, ttl)
+local function add(key, record, floor, ttl)
+  restore(key, record, writer, floor, ttl)
   local spent = redis.call('INCRBYFLOAT', key, ARGV[1])
   if tonumber(spent) < 0 then
     spent = '0'
@@ -102,13 +119,13 @@ local function add(key, floor, ttl)
   redis.call('EXPIRE', key, ttl)
   return spent
 end
-local day = add(KEYS[1], ARGV[6], ARGV[2])
-local month = add(KEYS[2], ARGV[7], ARGV[3])
+local day = add(KEYS[1], KEYS[4], ARGV[6], ARGV[2])
+local month = add(KEYS[2], KEYS[5], ARGV[7], ARGV[3])
 mark(writer, seq)
 return {day, month}
 """
 )
-ADD_SCRIPT = LuaScript(_ADD, keys=3, args=7)
+ADD_SCRIPT = LuaScript(_ADD, keys=5, args=7)
 _MAX_SEEN = 100_000
 LINGER_S = 0.005  # how long a settlement may wait for the next command to carry it
 
@@ -229,7 +246,9 @@ class RedisBudgetStore:
 
     def _keys(self, key_id: str, windows: Windows) -> list[str]:
         base = f"{self.prefix}budget:{{{key_id}}}"
-        return [f"{base}:d:{windows.day}", f"{base}:m:{windows.month}", f"{base}:w"]
+        day, month = f"{base}:d:{windows.day}", f"{base}:m:{windows.month}"
+        records = f"{base}:rd:{windows.day}", f"{base}:rm:{windows.month}"
+        return [day, month, f"{base}:w", *records]
 
     def next_seq(self) -> int:
         """A number for this process's next charge (higher than every earlier one)."""

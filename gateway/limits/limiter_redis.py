@@ -137,6 +137,7 @@ _MAX_CACHED_KEYS = 10_000
 _ORPHAN_RETRY_S = 0.5
 _ORPHAN_TRIES = 120
 _MAX_ORPHANS = 10_000
+_NO_LIMITS = LimitSpec()  # a slot's release alone: no bucket touched
 _EXCEEDED = {1: Limit.REQUESTS, 2: Limit.TOKENS, 3: Limit.CONCURRENCY}
 
 
@@ -249,13 +250,30 @@ class RedisRateLimiter:
         oldest = time.monotonic() - self._max_hold_s + self._lease_s
         for slot in [slot for slot, since in held.items() if since < oldest]:
             self._drop(key_id, slot)
-        if key_id in self._held:
-            # Read and written in one step of the loop: a release of one of them written
-            # after this goes after it on the connection (retry=False: never re-sent after it).
-            slots = ",".join(held)
+        if key_id not in self._held:
+            return
+        slots = list(held)
+        try:
             await self._runner.run(
-                RENEW, self._keys(key_id)[1:], (self._lease_us, slots), retry=False
+                RENEW, self._keys(key_id)[1:], (self._lease_us, ",".join(slots)), retry=False
             )
+        except (RedisError, OSError):
+            for slot in self._released(key_id, slots):
+                self._free_orphan(key_id, _NO_LIMITS, slot)  # the renewal may have run
+            raise
+        for slot in self._released(key_id, slots):
+            try:
+                await self._send_release(key_id, _NO_LIMITS, 0, slot, 0, lazy=False)
+            except (RedisError, OSError):
+                self._free_orphan(key_id, _NO_LIMITS, slot)
+                raise
+
+    def _released(self, key_id: str, slots: list[str]) -> list[str]:
+        """The slots of a renewal released while it was on its way: their release may have
+        reached Redis first (written while the renewal waited for a new connection; over
+        redis-py's pool, on another connection), and the renewal put them back."""
+        held = self._held.get(key_id, {})
+        return [slot for slot in slots if slot not in held]
 
     def _free_orphan(self, key_id: str, spec: LimitSpec, slot: str) -> None:
         """An admission nobody will settle (its caller gave up, or Redis did not answer in

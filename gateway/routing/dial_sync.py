@@ -234,18 +234,22 @@ class FileDialStore:
 
 
 _DEFAULT_FIELD = "*default"  # not a tenant: tenant fields are "t:<name>"
+# Marks targets put back by a worker, not dialled since: a worker that applied a later
+# version puts its own back over them (the first worker back may have been a stale one).
+_RESTORED_FIELD = "*restored"
 # KEYS: targets, version, reload. ARGV: the version and reload generation a worker applied,
 # then its targets as field, value pairs. Counters behind them mean Redis lost the dial: with
-# nothing written since (version 0) the worker's targets and version are put back; after a
-# change made since, the version moves past the worker's so that every worker reads the targets
-# again. A reload generation behind is raised to the worker's, so the next reload counts above
-# what every worker followed.
+# nothing written since (version 0), or only another worker's older targets put back, the
+# worker's targets and version are put back; after a change made since, the version moves
+# past the worker's so that every worker reads the targets again. A reload generation behind
+# is raised to the worker's, so the next reload counts above what every worker followed.
 _RESTORE = """
 local version, mine = tonumber(redis.call('GET', KEYS[2]) or '0'), tonumber(ARGV[1])
 if version < mine then
-  if version == 0 then
+  if version == 0 or redis.call('HEXISTS', KEYS[1], '*restored') == 1 then
     redis.call('DEL', KEYS[1])
     for i = 3, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+    redis.call('HSET', KEYS[1], '*restored', 1)
     redis.call('SET', KEYS[2], mine)
   else
     redis.call('SET', KEYS[2], mine + 1)
@@ -286,11 +290,10 @@ class RedisDialStore:
         tenants: dict[str, float] = {}
         for name, value in fields.items():
             key = name.decode() if isinstance(name, bytes) else str(name)
-            share = check_share(float(value))
             if key == _DEFAULT_FIELD:
-                default = share
+                default = check_share(float(value))
             elif key.startswith("t:"):
-                tenants[key[2:]] = share
+                tenants[key[2:]] = check_share(float(value))
         return DialState(default, tenants, version, 0)
 
     async def set_target(self, tenant: str | None, share: float | None) -> DialState:
@@ -301,6 +304,7 @@ class RedisDialStore:
                 pipe.hdel(self.targets_key, field)
             else:
                 pipe.hset(self.targets_key, field, repr(share))
+            pipe.hdel(self.targets_key, _RESTORED_FIELD)  # dialled: no restore goes over it
             pipe.incr(self.version_key)
             await pipe.execute()
         return await self.read()

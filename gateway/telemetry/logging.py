@@ -62,6 +62,10 @@ _SECRET_VALUE = re.compile(
 _encoder = msgspec.json.Encoder(enc_hook=str)
 
 
+# How long the last lines may take to be written when the process ends.
+FLUSH_TIMEOUT_S = 2.0
+
+
 class LogSink:
     """A bounded queue of rendered lines and the daemon thread that writes them."""
 
@@ -92,9 +96,15 @@ class LogSink:
             return
         self._lines.append(line)
 
-    def flush(self) -> None:
-        """Write what is queued now, on the calling thread (before the process may end)."""
-        self._drain()
+    def flush(self, timeout_s: float = FLUSH_TIMEOUT_S) -> bool:
+        """Write what is queued now, before the process may end, waiting at most
+        ``timeout_s``: a write that never returns (the output is a full pipe nobody reads)
+        holds the writer's lock, and the process must still end. The write is made on a
+        helper daemon thread, which ends with the process when it cannot finish."""
+        helper = threading.Thread(target=self._drain, name="tiergate-log-flush", daemon=True)
+        helper.start()
+        helper.join(timeout_s)
+        return not helper.is_alive()
 
     def _drain(self) -> None:
         with self._writing:
@@ -128,8 +138,7 @@ class LogSink:
             _access_lines = None
         self._stop.set()
         self._thread.join(timeout=5)
-        self._drain()
-        if self.owns_stream:
+        if self.flush() and self.owns_stream:  # a write still blocked would block the close
             self.stream.close()
 
 

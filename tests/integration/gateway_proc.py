@@ -69,8 +69,10 @@ class GatewayProcess:
         port: int | None = None,
         workers: int = 1,
         module: str = "gateway",
+        output: int | None = None,
     ) -> None:
         self.config = config
+        self.output = output  # a file descriptor for stdout and stderr (default: the log file)
         self.module = module  # run as ``python -m <module> serve ...``
         self.workers = workers
         self.env = env or {}
@@ -99,7 +101,7 @@ class GatewayProcess:
             "--workers",
             str(self.workers),
         ]
-        log = self.log_path.open("wb")
+        log = self.log_path.open("wb") if self.output is None else self.output
         self._proc = subprocess.Popen(command, cwd=REPO_ROOT, stdout=log, stderr=log, env=env)
         wait_ready(
             self._proc,
@@ -118,7 +120,9 @@ class GatewayProcess:
         return self._proc.pid
 
     def log_text(self) -> str:
-        """Everything the process wrote so far (stdout and stderr)."""
+        """Everything the process wrote so far (stdout and stderr; empty with ``output``)."""
+        if not self.log_path.exists():
+            return ""
         return self.log_path.read_text(encoding="utf-8", errors="replace")
 
     def access_lines(self) -> list[dict[str, Any]]:
