@@ -39,6 +39,7 @@ from bench.harness.processes import boosted_own_session
 from bench.overhead import ab
 from bench.streams.legs import ALL_LEGS, UpstreamPace, start_stream_upstream, starter
 from bench.streams.report import Run, errors, render
+from bench.streams.supervision import supervision_note
 from bench.streams.upstream import raise_fd_limit
 from bench.streams.wave import (
     StopSpec,
@@ -312,6 +313,8 @@ def main(argv: list[str] | None = None) -> int:
                 finally:
                     if leg is not upstream:
                         leg.stop()
+                if name.startswith("tiergate"):  # after the stop: the log is complete
+                    run.notes.append(supervision_note(leg.name, leg.main.log_path))
         finally:
             upstream.stop()
             for tree in (workdir / "trees").glob("*"):
