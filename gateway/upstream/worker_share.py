@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 from collections.abc import Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -148,6 +149,11 @@ class GroupMetrics(Collector):
         self.own = CollectorRegistry(auto_describe=False)
         self.own.register(_Labelled(registry, str(role.index)))
         self._task: asyncio.Task[None] | None = None
+        # The file is the heartbeat the supervisor watches, so it is written on a thread of
+        # its own: the loop's default pool is shared (``loop.getaddrinfo``, ``to_thread``)
+        # and slow DNS or file reads can take every thread of it for longer than
+        # ``server.worker_stall_s``, while the loop itself runs.
+        self._writer: ThreadPoolExecutor | None = None
         self._supervisor = os.getppid()
 
     def _path(self, index: int) -> Path:
@@ -173,10 +179,12 @@ class GroupMetrics(Collector):
 
     async def _publish_forever(self) -> None:
         path = self._path(self.role.index)
+        loop = asyncio.get_running_loop()
         failing = False
         while True:
             try:
-                await asyncio.to_thread(_write_atomic, path, generate_latest(self.own))
+                data = generate_latest(self.own)
+                await loop.run_in_executor(self._writer, _write_atomic, path, data)
             except OSError as exc:  # the directory gone, /dev/shm full: try again next round
                 if not failing:
                     _log.warning("server.metrics_publish_failed", error=exc.strerror)
@@ -190,11 +198,15 @@ class GroupMetrics(Collector):
     def start(self) -> None:
         """Publish this worker's samples every second, in the background."""
         if self._task is None:
+            self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tiergate-beat")
             self._task = asyncio.create_task(self._publish_forever(), name="tiergate-metrics")
 
     async def stop(self) -> None:
         """Stop publishing; remove the group's directory if the supervisor is gone."""
         task, self._task = self._task, None
         await stop_tasks(task)
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.shutdown(wait=False)  # a write under way ends on its own
         if os.getppid() != self._supervisor:  # SIGKILLed: it will not remove the directory
             await asyncio.to_thread(shutil.rmtree, self.role.share_dir, ignore_errors=True)
