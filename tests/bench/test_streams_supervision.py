@@ -1,10 +1,24 @@
-"""The streams report's supervisor lines: worker restarts and stall kills read from a log."""
+"""The streams report's supervisor checks: worker restarts and stall kills read from the
+gateway's log, and the longest silence of each worker's heartbeat file."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
-from bench.streams.supervision import supervision_lines, supervision_note
+import pytest
+
+from bench.streams.supervision import (
+    HeartbeatWatch,
+    heartbeat_note,
+    share_dir_of,
+    supervision_lines,
+    supervision_note,
+)
+from tests.processes import patience
 
 LOG = "\n".join(
     [
@@ -47,3 +61,54 @@ def test_a_missing_log_is_reported(tmp_path: Path) -> None:
     """A log that cannot be read is named in the note instead of failing the run's report."""
     note = supervision_note("leg", tmp_path / "absent.log")
     assert "absent.log not read" in note
+
+
+def test_share_dir_is_read_from_a_child_of_the_supervisor(tmp_path: Path) -> None:
+    """The group directory is the ``--share-dir`` of a process whose parent is the supervisor
+    (here this test, with one real child); a process with no such child has none."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()", "--share-dir", str(tmp_path)],
+        stdin=subprocess.PIPE,
+    )
+    try:
+        assert share_dir_of(os.getpid()) == tmp_path
+        assert share_dir_of(child.pid) is None
+    finally:
+        child.communicate(b"")
+
+
+def test_watch_keeps_each_files_longest_silence(tmp_path: Path) -> None:
+    """A file rewritten every second shows ~1 s; one left alone for 4.2 s shows 4.2 s; the
+    silence restarts at each change."""
+    beating, stalled = tmp_path / "metrics-0.prom", tmp_path / "metrics-1.prom"
+    beating.write_text("0")
+    stalled.write_text("0")
+    watch = HeartbeatWatch(tmp_path)
+    for tick in range(43):  # 4.2 s at 0.1 s
+        now = tick / 10
+        if tick % 10 == 0:
+            os.utime(beating, ns=(tick * 10**8, tick * 10**8))
+        watch.sample(now)
+    os.utime(stalled, ns=(1, 1))  # it beats again: its silence so far stays the longest
+    watch.sample(4.3)
+    assert watch.longest_s["metrics-0.prom"] == pytest.approx(0.9)
+    assert watch.longest_s["metrics-1.prom"] == pytest.approx(4.2)
+
+
+def test_watch_runs_on_its_thread_until_stopped(tmp_path: Path) -> None:
+    """Started, it samples by itself; stopped, it returns every file's longest silence."""
+    (tmp_path / "metrics-0.prom").write_text("0")
+    watch = HeartbeatWatch(tmp_path, every_s=0.01).start()
+    deadline = time.monotonic() + patience(5)
+    while "metrics-0.prom" not in watch.longest_s:
+        assert time.monotonic() < deadline, "the watch never sampled"
+        time.sleep(0.01)
+    assert list(watch.stop()) == ["metrics-0.prom"]
+
+
+def test_heartbeat_note_names_the_limit() -> None:
+    """The note gives each worker's longest silence and the watchdog's limit; no files: says so."""
+    note = heartbeat_note("leg", {"metrics-0.prom": 1.04, "metrics-1.prom": 2.26}, 10.0)
+    assert "metrics-0.prom 1.0 s, metrics-1.prom 2.3 s" in note
+    assert note.endswith("kills a worker at 10 s.")
+    assert "no worker heartbeat files" in heartbeat_note("leg", {}, 10.0)
