@@ -4,16 +4,18 @@ event loop stopped) depends on that event loop alone, not on the loop's shared t
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
 from gateway.upstream.worker_share import METRICS_PUBLISH_S, GroupMetrics, WorkerRole, metrics_file
 from tests.processes import patience
+
+POOL_FILLER = 64
 
 
 def _mtime_ns(path: Path) -> int | None:
@@ -42,8 +44,6 @@ async def test_the_heartbeat_goes_on_while_the_default_thread_pool_is_busy(
     written through that pool, so it stopped until a thread came free, and after
     ``server.worker_stall_s`` the supervisor killed a worker serving its streams."""
     loop = asyncio.get_running_loop()
-    pool = ThreadPoolExecutor(max_workers=2)
-    loop.set_default_executor(pool)
     release = threading.Event()
     busy: list[asyncio.Future[bool]] = []
     group = GroupMetrics(WorkerRole(0, 2, tmp_path), CollectorRegistry())
@@ -51,7 +51,8 @@ async def test_the_heartbeat_goes_on_while_the_default_thread_pool_is_busy(
     group.start()
     try:
         await _next_change(path, None, within_s=patience(5))  # the first beat
-        busy = [loop.run_in_executor(None, release.wait) for _ in range(2)]
+        # More jobs than the pool has threads (CPython: at most 32): every thread is taken.
+        busy = [loop.run_in_executor(None, release.wait) for _ in range(POOL_FILLER)]
         mtime = _mtime_ns(path)
         for _ in range(2):  # two beats in a row while the pool stays taken
             mtime = await _next_change(path, mtime, within_s=3 * METRICS_PUBLISH_S)
@@ -60,4 +61,48 @@ async def test_the_heartbeat_goes_on_while_the_default_thread_pool_is_busy(
         release.set()
         await asyncio.gather(*busy)
         await group.stop()
-        pool.shutdown()
+
+
+PASS_S = 0.5  # one pass of an overloaded event loop: thousands of streams' callbacks
+
+
+async def test_the_heartbeat_lags_a_slow_loop_by_one_pass_at_most(tmp_path: Path) -> None:
+    """Under overload every pass of the event loop takes long (here 0.5 s: a callback that
+    blocks that long, once per pass). The heartbeat may be late by the pass it waits for, no
+    more: at most 1 s + one pass (+ a margin of half a pass) between two rewrites. Written
+    with a sleep, then a write whose completion the loop must pick up, then the task woken
+    up, each beat waited for about four passes: at 8,000 streams on one core the file went
+    5.4 s unchanged, half the watchdog's 10 s, while the loop ran."""
+    loop = asyncio.get_running_loop()
+    group = GroupMetrics(WorkerRole(0, 2, tmp_path), CollectorRegistry())
+    path = metrics_file(tmp_path, 0)
+    slow = True
+
+    def one_slow_pass() -> None:
+        time.sleep(PASS_S)  # blocks the loop (not the GIL: the writer thread runs meanwhile)
+        if slow:
+            loop.call_soon(one_slow_pass)
+
+    group.start()
+    try:
+        await _next_change(path, None, within_s=patience(5))  # the first beat
+        loop.call_soon(one_slow_pass)
+        changes: list[float] = []
+        mtime = _mtime_ns(path)
+        while len(changes) < 4:  # sampled from this thread would need the loop: poll files
+            mtime = await asyncio.to_thread(_wait_change, path, mtime, 10.0)
+            changes.append(time.monotonic())
+        gaps = [b - a for a, b in itertools.pairwise(changes)]
+        assert max(gaps) <= METRICS_PUBLISH_S + 1.5 * PASS_S, gaps
+    finally:
+        slow = False
+        await group.stop()
+
+
+def _wait_change(path: Path, after_ns: int | None, within_s: float) -> int | None:
+    """Like :func:`_next_change`, on a thread of its own (the loop is kept busy)."""
+    deadline = time.monotonic() + within_s
+    while (mtime := _mtime_ns(path)) == after_ns:
+        assert time.monotonic() < deadline, f"{path.name} not rewritten for {within_s:g} s"
+        time.sleep(0.01)
+    return mtime
