@@ -69,7 +69,7 @@ PASS_S = 0.5  # one pass of an overloaded event loop: thousands of streams' call
 async def test_the_heartbeat_lags_a_slow_loop_by_one_pass_at_most(tmp_path: Path) -> None:
     """Under overload every pass of the event loop takes long (here 0.5 s: a callback that
     blocks that long, once per pass). The heartbeat may be late by the pass it waits for, no
-    more: at most 1 s + one pass (+ a margin of half a pass) between two rewrites. Written
+    more: at most 1 s + one pass (+ a pass of margin) between two rewrites (1.5 s). Written
     with a sleep, then a write whose completion the loop must pick up, then the task woken
     up, each beat waited for about four passes: at 8,000 streams on one core the file went
     5.4 s unchanged, half the watchdog's 10 s, while the loop ran."""
@@ -93,7 +93,7 @@ async def test_the_heartbeat_lags_a_slow_loop_by_one_pass_at_most(tmp_path: Path
             mtime = await asyncio.to_thread(_wait_change, path, mtime, 10.0)
             changes.append(time.monotonic())
         gaps = [b - a for a, b in itertools.pairwise(changes)]
-        assert max(gaps) <= METRICS_PUBLISH_S + 1.5 * PASS_S, gaps
+        assert max(gaps) <= METRICS_PUBLISH_S + 2 * PASS_S, gaps
     finally:
         slow = False
         await group.stop()
