@@ -97,11 +97,13 @@ def launcher(tree: Path) -> tuple[str, ...]:
 
     ``-P``: ``python -c`` would otherwise put the working directory (this checkout, where the
     legs start) ahead of ``PYTHONPATH``, and every revision would run this checkout's code.
+    ``PYTHONSAFEPATH`` does the same for the processes it starts (``--workers N``: each
+    worker is ``python -m gateway``), which ``-P`` does not reach.
     """
     # The gateway's command line moved from gateway/cli.py to gateway/__main__.py (issue 19).
     module = "gateway.__main__" if (tree / "gateway" / "__main__.py").exists() else "gateway.cli"
     main = f"import sys; from {module} import main; sys.exit(main())"
-    return ("env", f"PYTHONPATH={tree}", sys.executable, "-P", "-c", main)
+    return ("env", f"PYTHONPATH={tree}", "PYTHONSAFEPATH=1", sys.executable, "-P", "-c", main)
 
 
 def round_order(commits: list[str], number: int) -> list[str]:

@@ -39,6 +39,7 @@ from bench.harness.processes import boosted_own_session
 from bench.overhead import ab
 from bench.streams.legs import ALL_LEGS, UpstreamPace, start_stream_upstream, starter
 from bench.streams.report import Run, errors, render
+from bench.streams.supervision import HeartbeatWatch, heartbeat_note, share_dir_of, supervision_note
 from bench.streams.upstream import raise_fd_limit
 from bench.streams.wave import (
     StopSpec,
@@ -48,6 +49,7 @@ from bench.streams.wave import (
     load_average,
     run_wave,
 )
+from gateway.config.settings import Settings
 
 STORM_LEGS = "direct,nginx,tiergate-plain,tiergate-full"
 CEILING_LEGS = "direct,tiergate-plain"
@@ -55,6 +57,7 @@ WARMUP = WaveSpec(streams=20, tokens=8, ramp_s=0.2, deadline_s=20)
 # A leg whose wave fails more often than this, or has a stream still open at the deadline
 # (answer time + 30 s), skips the larger N: it is past what it can carry.
 STOP_ERROR_SHARE = 0.1
+WORKER_STALL_S = Settings().server.worker_stall_s  # the legs' configs keep the default
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -270,6 +273,15 @@ def stop_waves(name: str, leg: Leg, upstream: Leg, args: argparse.Namespace, run
     run.stops[name] = (waves[0], waves[1])
 
 
+def heartbeat_watch(leg: Leg) -> HeartbeatWatch | None:
+    """A watch on the heartbeats of a TierGate leg's workers (None for one process: no
+    supervisor, no watchdog)."""
+    if leg.main.proc is None:
+        return None
+    share = share_dir_of(leg.main.proc.pid)
+    return HeartbeatWatch(share).start() if share is not None else None
+
+
 def compact(result: WaveResult) -> dict[str, object]:
     """A wave's numbers for the raw JSON file, without the per-stream hang-up and abort lists
     (their counts and latencies are in the report)."""
@@ -307,11 +319,16 @@ def main(argv: list[str] | None = None) -> int:
                     run.skipped[name] = str(exc).splitlines()[0][:300]
                     print(f"  skipped: {run.skipped[name]}", flush=True)
                     continue
+                watch = heartbeat_watch(leg) if name.startswith("tiergate") else None
                 try:
                     measure_leg(name, leg, upstream, args, run)
                 finally:
+                    longest = watch.stop() if watch is not None else {}
                     if leg is not upstream:
                         leg.stop()
+                if watch is not None:  # a group of workers; after the stop: its log is complete
+                    run.notes.append(heartbeat_note(leg.name, longest, WORKER_STALL_S))
+                    run.notes.append(supervision_note(leg.name, leg.main.log_path))
         finally:
             upstream.stop()
             for tree in (workdir / "trees").glob("*"):

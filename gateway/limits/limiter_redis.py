@@ -130,6 +130,9 @@ RELEASE = LuaScript(_RELEASE, keys=2, args=6)
 RENEW = LuaScript(_RENEW, keys=1, args=2)
 # A concurrency slot's lease in Redis; its holder renews it every third of that.
 SLOT_LEASE_S = 15.0
+# Keys whose renewals are in flight at once (one write on the pipelined connection; at most
+# this many pooled connections where redis-py itself runs the scripts).
+RENEW_BATCH = 128
 # How long a settlement may wait for the next admission to carry it to Redis.
 LINGER_S = 0.005
 _MAX_CACHED_KEYS = 10_000
@@ -232,16 +235,33 @@ class RedisRateLimiter:
             del self._held[key_id]
 
     async def _renew_held(self) -> None:
-        """Every third of a lease, start the lease of each slot still held again (one script
-        per key), so that only a dead process's slots run out. A slot held past
-        ``max_hold_s`` is let go (its lease bounds it). Redis not answering: the next round."""
+        """Every third of a lease, start the lease of each slot still held again, so that
+        only a dead process's slots run out. A slot held past ``max_hold_s`` is let go (its
+        lease bounds it)."""
         while self._held:
             await asyncio.sleep(self._lease_s / 3)
-            for key_id in list(self._held):
-                try:
-                    await self._renew(key_id)
-                except (RedisError, OSError):
-                    break
+            await self._renew_round()
+
+    async def _renew_round(self) -> None:
+        """Renew every held key once: one script per key (a key's slots share its hash tag,
+        so each script stays on one Redis Cluster slot), ``RENEW_BATCH`` keys at once. On the
+        pipelined connection a batch goes out in one write and costs one round trip, so a
+        round's time grows with the keys over ``RENEW_BATCH``, not with one round trip per
+        key. Redis not answering: the rest waits for the next round."""
+        keys = list(self._held)
+        for start in range(0, len(keys), RENEW_BATCH):
+            batch = keys[start : start + RENEW_BATCH]
+            outcomes = await asyncio.gather(
+                *(self._renew(key_id) for key_id in batch), return_exceptions=True
+            )
+            failed = False
+            for outcome in outcomes:
+                if isinstance(outcome, RedisError | OSError):
+                    failed = True
+                elif isinstance(outcome, BaseException):
+                    raise outcome
+            if failed:
+                return
 
     async def _renew(self, key_id: str) -> None:
         held = self._held.get(key_id)

@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 from collections.abc import Iterable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +27,6 @@ from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-from gateway.pipeline.tasks import stop_tasks
 from gateway.upstream.replicas import Replica, ReplicaPool
 
 _log = structlog.get_logger("tiergate.server")
@@ -80,6 +80,19 @@ def _write_atomic(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_bytes(data)
     tmp.replace(path)
+
+
+def _write_beat(path: Path, data: bytes) -> OSError | None:
+    """Write a worker's metrics file (on its writer's thread); the error, if it failed (the
+    directory gone, /dev/shm full): the file's time is then touched where it can be, so the
+    heartbeat goes on."""
+    try:
+        _write_atomic(path, data)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.utime(path)
+        return exc
+    return None
 
 
 def _replicas(pools: Mapping[str, ReplicaPool]) -> Iterator[tuple[str, Replica]]:
@@ -147,7 +160,16 @@ class GroupMetrics(Collector):
         self.role = role
         self.own = CollectorRegistry(auto_describe=False)
         self.own.register(_Labelled(registry, str(role.index)))
-        self._task: asyncio.Task[None] | None = None
+        # The file is the heartbeat the supervisor watches (``server.worker_stall_s``), so
+        # it must show that the loop runs, not how busy it is: a timer's callback asks for
+        # each write (late by at most the pass it waits for; a sleeping task woken by a
+        # write's completion waited for about four passes, seconds each under overload),
+        # and a thread of its own writes it (the loop's default pool is shared, with
+        # ``loop.getaddrinfo`` and ``to_thread``: slow DNS can take every thread of it).
+        self._timer: asyncio.Handle | None = None
+        self._writer: ThreadPoolExecutor | None = None
+        self._write: Future[OSError | None] | None = None
+        self._failing = False
         self._supervisor = os.getppid()
 
     def _path(self, index: int) -> Path:
@@ -171,30 +193,38 @@ class GroupMetrics(Collector):
             into.samples.extend(family.samples)
         return iter(merged.values())
 
-    async def _publish_forever(self) -> None:
+    def _beat(self) -> None:
+        """Ask the writer for this second's file (on the loop, from the timer)."""
+        loop = asyncio.get_running_loop()
+        self._timer = loop.call_later(METRICS_PUBLISH_S, self._beat)
+        last, writer = self._write, self._writer
+        if writer is None:
+            return
+        if last is not None:
+            if not last.done():
+                return  # the last write is still under way (a slow disk): this one waits
+            self._note(last.result())
         path = self._path(self.role.index)
-        failing = False
-        while True:
-            try:
-                await asyncio.to_thread(_write_atomic, path, generate_latest(self.own))
-            except OSError as exc:  # the directory gone, /dev/shm full: try again next round
-                if not failing:
-                    _log.warning("server.metrics_publish_failed", error=exc.strerror)
-                with contextlib.suppress(OSError):  # the heartbeat goes on where it can
-                    os.utime(path)
-                failing = True
-            else:
-                failing = False
-            await asyncio.sleep(METRICS_PUBLISH_S)
+        self._write = writer.submit(_write_beat, path, generate_latest(self.own))
+
+    def _note(self, error: OSError | None) -> None:
+        if error is not None and not self._failing:
+            _log.warning("server.metrics_publish_failed", error=error.strerror)
+        self._failing = error is not None
 
     def start(self) -> None:
         """Publish this worker's samples every second, in the background."""
-        if self._task is None:
-            self._task = asyncio.create_task(self._publish_forever(), name="tiergate-metrics")
+        if self._timer is None:
+            self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tiergate-beat")
+            self._timer = asyncio.get_running_loop().call_soon(self._beat)
 
     async def stop(self) -> None:
         """Stop publishing; remove the group's directory if the supervisor is gone."""
-        task, self._task = self._task, None
-        await stop_tasks(task)
+        timer, self._timer = self._timer, None
+        if timer is not None:
+            timer.cancel()
+        writer, self._writer, self._write = self._writer, None, None
+        if writer is not None:
+            writer.shutdown(wait=False)  # a write under way ends on its own
         if os.getppid() != self._supervisor:  # SIGKILLed: it will not remove the directory
             await asyncio.to_thread(shutil.rmtree, self.role.share_dir, ignore_errors=True)

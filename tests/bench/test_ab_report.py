@@ -48,6 +48,26 @@ def test_launcher_imports_the_gateway_from_the_tree_not_the_working_directory(
     assert out.stdout.strip() == "from-the-tree"
 
 
+def test_a_launched_gateways_workers_also_run_the_trees_code(tmp_path: Path) -> None:
+    """``--workers N`` starts each worker as ``python -m gateway`` from the same working
+    directory (this checkout): the workers must import ``tree``'s code too, or a
+    ``tiergate-2w@REV`` leg runs REV's supervisor over this checkout's workers. ``-P`` is not
+    passed on to a child; ``PYTHONSAFEPATH`` in the environment is."""
+    tree = tmp_path / "tree"
+    (tree / "gateway").mkdir(parents=True)
+    (tree / "gateway" / "__init__.py").write_text("")
+    (tree / "gateway" / "probe.py").write_text("print('worker-from-the-tree')\n")
+    (tree / "gateway" / "cli.py").write_text(
+        "import subprocess, sys\n"
+        "def main() -> int:\n"
+        "    return subprocess.run([sys.executable, '-m', 'gateway.probe']).returncode\n"
+    )
+    out = subprocess.run(
+        launcher(tree), cwd=REPO_ROOT, capture_output=True, text=True, check=False, timeout=60
+    )
+    assert out.stdout.strip() == "worker-from-the-tree", out.stderr[-500:]
+
+
 def test_rounds_alternate_the_order_of_the_revisions() -> None:
     """Odd rounds measure the revisions as given, even rounds in reverse: no revision always
     gets the faster first slot."""
