@@ -247,7 +247,8 @@ class RedisRateLimiter:
         so each script stays on one Redis Cluster slot), ``RENEW_BATCH`` keys at once. On the
         pipelined connection a batch goes out in one write and costs one round trip, so a
         round's time grows with the keys over ``RENEW_BATCH``, not with one round trip per
-        key. Redis not answering: the rest waits for the next round."""
+        key. Redis not answering: the rest waits for the next round. A key whose script
+        Redis refuses (an error reply: Redis answered) does not stop the others'."""
         keys = list(self._held)
         for start in range(0, len(keys), RENEW_BATCH):
             batch = keys[start : start + RENEW_BATCH]
@@ -256,6 +257,8 @@ class RedisRateLimiter:
             )
             failed = False
             for outcome in outcomes:
+                if isinstance(outcome, ResponseError):
+                    continue  # that key's own: the next key may renew
                 if isinstance(outcome, RedisError | OSError):
                     failed = True
                 elif isinstance(outcome, BaseException):
