@@ -106,3 +106,33 @@ def _wait_change(path: Path, after_ns: int | None, within_s: float) -> int | Non
         assert time.monotonic() < deadline, f"{path.name} not rewritten for {within_s:g} s"
         time.sleep(0.01)
     return mtime
+
+
+BLOCKED_S = 3.0  # three beats' time
+
+
+async def test_a_blocked_loop_stops_the_heartbeat(tmp_path: Path) -> None:
+    """The writer thread writes only what the loop's timer asks for: while the loop is blocked
+    (a call that never yields) the file is rewritten at most once (a write asked for just
+    before), so the watchdog still sees the silence, though the thread itself is free."""
+    group = GroupMetrics(WorkerRole(0, 2, tmp_path), CollectorRegistry())
+    path = metrics_file(tmp_path, 0)
+    group.start()
+    try:
+        await _next_change(path, None, within_s=patience(5))  # the first beat
+        seen: list[int | None] = []
+        stop = threading.Event()
+
+        def sample() -> None:  # the loop is blocked: sampled from a thread of its own
+            while not stop.is_set():
+                seen.append(_mtime_ns(path))
+                time.sleep(0.01)
+
+        sampler = threading.Thread(target=sample)
+        sampler.start()
+        time.sleep(BLOCKED_S)  # blocks the loop
+        stop.set()
+        sampler.join()
+        assert len(set(seen)) <= 2, f"{len(set(seen)) - 1} rewrites while the loop was blocked"
+    finally:
+        await group.stop()
