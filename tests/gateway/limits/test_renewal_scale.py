@@ -96,3 +96,28 @@ async def test_one_key_redis_refuses_does_not_stop_the_other_keys_renewal(
         await limiter.aclose()
         await client.aclose()
         await admin.aclose()
+
+
+async def test_renewal_over_a_capped_connection_pool_renews_every_key(
+    redis_server: RedisServer,
+) -> None:
+    """A client redis-py itself runs scripts for (RESP3 here; TLS alike) whose URL caps its
+    pool at 8 connections: 300 keys hold a slot each, and every slot is still leased 1.5
+    leases later. A batch asked for 128 connections at once; redis-py refused all but 8
+    ("Too many connections"), which ended the round: most keys' slots ran out while their
+    requests still ran (one at a time, as before the batches, one connection sufficed)."""
+    count = 300
+    client = Redis.from_url(redis_server.url + "?protocol=3&max_connections=8")
+    admin = Redis.from_url(redis_server.url)
+    limiter = RedisRateLimiter(client, prefix="rp:", lease_s=1.0, max_hold_s=600.0)
+    spec = LimitSpec(concurrency=1)
+    try:
+        for i in range(count):  # one at a time: the pool's cap is the renewal's to meet
+            assert (await limiter.acquire(f"k{i}", spec, 0, f"s{i}")).allowed
+        taken = time.monotonic()
+        await asyncio.sleep(1.5 - (time.monotonic() - taken))  # past the first lease
+        assert await _live_slots(admin, "rp:", range(count)) == count, "slots ran out while held"
+    finally:
+        await limiter.aclose()
+        await client.aclose()
+        await admin.aclose()
