@@ -120,19 +120,26 @@ async def test_a_blocked_loop_stops_the_heartbeat(tmp_path: Path) -> None:
     group.start()
     try:
         await _next_change(path, None, within_s=patience(5))  # the first beat
-        seen: list[int | None] = []
-        stop = threading.Event()
-
-        def sample() -> None:  # the loop is blocked: sampled from a thread of its own
-            while not stop.is_set():
-                seen.append(_mtime_ns(path))
-                time.sleep(0.01)
-
-        sampler = threading.Thread(target=sample)
-        sampler.start()
-        time.sleep(BLOCKED_S)  # blocks the loop
-        stop.set()
-        sampler.join()
-        assert len(set(seen)) <= 2, f"{len(set(seen)) - 1} rewrites while the loop was blocked"
+        seen = _versions_while_blocked(path, BLOCKED_S)  # called here: it blocks the loop
+        assert len(seen) <= 2, f"{len(seen) - 1} rewrites while the loop was blocked"
     finally:
         await group.stop()
+
+
+def _versions_while_blocked(path: Path, seconds: float) -> set[int | None]:
+    """The file's modification times seen over ``seconds`` (from a thread of its own), while
+    this call, run on the loop, blocks it."""
+    seen: set[int | None] = set()
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            seen.add(_mtime_ns(path))
+            time.sleep(0.01)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    time.sleep(seconds)
+    stop.set()
+    sampler.join()
+    return seen
