@@ -393,7 +393,7 @@ class ProxyService:
         raw = opened.body or b""
         # Read when the answer was checked (gateway.upstream.attempt); a completion of 0 counts
         # its text. No usage (``null``, absent: llama.cpp's list of answers): the reservation.
-        reported = whole_usage(opened) or _reserved_usage(ctx.summary, bound)
+        reported = whole_usage(opened, bound.completion) or _reserved_usage(ctx.summary, bound)
         usage = ctx.usage = self.clip_usage(reported, bound, ctx.tier)
         ctx.status = 200
         used = usage.total if usage is not None else None

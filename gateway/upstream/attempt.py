@@ -226,13 +226,14 @@ def usage_from(data: Any) -> Usage | None:
     return usage_fields(data.get("usage"))
 
 
-def whole_usage(opened: Opened) -> Usage | None:
+def whole_usage(opened: Opened, most: int) -> Usage | None:
     """A whole answer's usage (``usage_fields``). A completion reported as none (0, or no
-    number) while the answer holds text counts that text roughly instead (as a stream counts
-    what it relayed): a broken count does not make an answer free."""
+    number) while the answer holds text counts that text roughly instead, at most ``most``
+    (what the request was allowed; 0: ``echo`` of a prompt, nothing generated), as a stream
+    counts what it relayed: a broken count does not make an answer free."""
     usage = usage_fields(opened.usage)
-    if usage is not None and usage.completion_tokens == 0 and opened.body:
-        usage.completion_tokens = answer_text_tokens(opened.body)
+    if usage is not None and usage.completion_tokens == 0 and most > 0 and opened.body:
+        usage.completion_tokens = min(most, answer_text_tokens(opened.body))
     return usage
 
 
