@@ -85,6 +85,12 @@ def _is_number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
+def text_tokens(text: str) -> int:
+    """A rough count of ``text``'s tokens, as the prompt estimate counts (about four
+    characters a token); at least 1 for any text."""
+    return -(-_text_chars(text) // _CHARS_PER_TOKEN)
+
+
 def _text_chars(text: str) -> int:
     """``text``'s weight, four to a token: ASCII as is, other text three UTF-8 bytes a token.
 

@@ -29,7 +29,7 @@ from gateway.pipeline.usage_bound import UsageBound, UsageClipper
 from gateway.routing.routing import TierRouter
 from gateway.routing.shadow import ShadowRunner, answer_text
 from gateway.routing.spillover import Spillover
-from gateway.upstream.attempt import Opened, usage_fields
+from gateway.upstream.attempt import Opened, whole_usage
 from gateway.upstream.fair_queue import PRIORITY_HEADER, ticket_for
 from gateway.upstream.forwarding import Exchange, Forwarded, Forwarder
 from gateway.upstream.pump import Pump
@@ -391,9 +391,9 @@ class ProxyService:
         bound: UsageBound,
     ) -> Reply:
         raw = opened.body or b""
-        # Read when the answer was checked (gateway.upstream.attempt). An answer without usage
-        # (``null``, absent: llama.cpp's list of answers) is charged what it reserved.
-        reported = usage_fields(opened.usage) or _reserved_usage(ctx.summary, bound)
+        # Read when the answer was checked (gateway.upstream.attempt); a completion of 0 counts
+        # its text. No usage (``null``, absent: llama.cpp's list of answers): the reservation.
+        reported = whole_usage(opened, bound.completion) or _reserved_usage(ctx.summary, bound)
         usage = ctx.usage = self.clip_usage(reported, bound, ctx.tier)
         ctx.status = 200
         used = usage.total if usage is not None else None

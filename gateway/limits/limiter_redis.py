@@ -131,7 +131,8 @@ RENEW = LuaScript(_RENEW, keys=1, args=2)
 # A concurrency slot's lease in Redis; its holder renews it every third of that.
 SLOT_LEASE_S = 15.0
 # Keys whose renewals are in flight at once (one write on the pipelined connection; at most
-# this many pooled connections where redis-py itself runs the scripts).
+# this many pooled connections where redis-py itself runs the scripts, and at most half the
+# pool's cap, the rest left to admissions: redis-py refuses a command over it).
 RENEW_BATCH = 128
 # How long a settlement may wait for the next admission to carry it to Redis.
 LINGER_S = 0.005
@@ -244,24 +245,33 @@ class RedisRateLimiter:
 
     async def _renew_round(self) -> None:
         """Renew every held key once: one script per key (a key's slots share its hash tag,
-        so each script stays on one Redis Cluster slot), ``RENEW_BATCH`` keys at once. On the
+        so each script stays on one Redis Cluster slot), ``RENEW_BATCH`` keys at once (fewer
+        over a capped pool: ``_renew_batch``). On the
         pipelined connection a batch goes out in one write and costs one round trip, so a
         round's time grows with the keys over ``RENEW_BATCH``, not with one round trip per
-        key. Redis not answering: the rest waits for the next round."""
-        keys = list(self._held)
-        for start in range(0, len(keys), RENEW_BATCH):
-            batch = keys[start : start + RENEW_BATCH]
+        key. Redis not answering: the rest waits for the next round. A key whose script
+        Redis refuses (an error reply: Redis answered) does not stop the others'."""
+        keys, size = list(self._held), self._renew_batch()
+        for start in range(0, len(keys), size):
+            batch = keys[start : start + size]
             outcomes = await asyncio.gather(
                 *(self._renew(key_id) for key_id in batch), return_exceptions=True
             )
             failed = False
             for outcome in outcomes:
+                if isinstance(outcome, ResponseError):
+                    continue  # that key's own: the next key may renew
                 if isinstance(outcome, RedisError | OSError):
                     failed = True
                 elif isinstance(outcome, BaseException):
                     raise outcome
             if failed:
                 return
+
+    def _renew_batch(self) -> int:
+        """Keys renewed at once: ``RENEW_BATCH``, within half a capped pool."""
+        cap = self._runner.connections
+        return RENEW_BATCH if cap is None else max(1, min(RENEW_BATCH, cap // 2))
 
     async def _renew(self, key_id: str) -> None:
         held = self._held.get(key_id)

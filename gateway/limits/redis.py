@@ -123,6 +123,12 @@ class LuaScript:
 class ScriptRunner(Protocol):
     """Runs registered scripts and plain commands (``ScriptPipeline`` or ``_ClientScripts``)."""
 
+    @property
+    def connections(self) -> int | None:
+        """The most connections its commands may use at once (None: one, pipelined: no cap
+        on the commands in flight)."""
+        ...
+
     async def run(
         self,
         script: LuaScript,
@@ -310,6 +316,11 @@ class ScriptPipeline:
         self._keys: dict[tuple[str, ...], bytes] = {}
         self._burst = False  # a command was written in this pass of the event loop
         self._burst_due = False  # and others queued behind it
+
+    @property
+    def connections(self) -> int | None:
+        """None: every command shares one pipelined connection."""
+        return None
 
     @staticmethod
     def supports(client: Redis) -> bool:
@@ -516,6 +527,12 @@ class _ClientScripts:
     def __init__(self, client: Redis) -> None:
         self._client = client
         self._scripts: dict[LuaScript, Any] = {}
+
+    @property
+    def connections(self) -> int | None:
+        """The pool's cap (``max_connections`` in the URL): a command over it fails."""
+        cap = self._client.connection_pool.max_connections
+        return cap if isinstance(cap, int) else None
 
     async def run(
         self,

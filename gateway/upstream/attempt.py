@@ -23,6 +23,7 @@ from gateway.pipeline.events import UNREADABLE_JSON, FailureKind, Usage, status_
 from gateway.upstream.connection import ConnectFailed, ConnectTimedOut, Response
 from gateway.upstream.keys import blank
 from gateway.upstream.pool import UpstreamPool
+from policies.requests import text_tokens
 
 _decoder = msgspec.json.Decoder()
 # The largest non-streaming answer read from a backend (a chat answer is some kB; a batch of
@@ -223,6 +224,35 @@ def usage_from(data: Any) -> Usage | None:
     if not isinstance(data, dict):
         return None
     return usage_fields(data.get("usage"))
+
+
+def whole_usage(opened: Opened, most: int) -> Usage | None:
+    """A whole answer's usage (``usage_fields``). A completion reported as none (0, or no
+    number) while the answer holds text counts that text roughly instead, at most ``most``
+    (what the request was allowed; 0: ``echo`` of a prompt, nothing generated), as a stream
+    counts what it relayed: a broken count does not make an answer free."""
+    usage = usage_fields(opened.usage)
+    if usage is not None and usage.completion_tokens == 0 and most > 0 and opened.body:
+        usage.completion_tokens = min(most, answer_text_tokens(opened.body))
+    return usage
+
+
+def answer_text_tokens(body: bytes) -> int:
+    """A rough count of the text of a whole answer's choices (a message's ``content``, a
+    completion's ``text``): decoded only for an answer whose count is in doubt."""
+    answer = _object_of(body)
+    choices = answer.get("choices") if answer is not None else None
+    if not isinstance(choices, list):
+        return 0
+    total = 0
+    for choice in choices:
+        if not isinstance(choice, dict):
+            continue
+        message = choice.get("message")
+        text = message.get("content") if isinstance(message, dict) else choice.get("text")
+        if isinstance(text, str) and text:
+            total += text_tokens(text)
+    return min(total, MAX_COUNT)
 
 
 def usage_fields(usage: Any) -> Usage | None:

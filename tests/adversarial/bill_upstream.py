@@ -103,6 +103,12 @@ async def whole_no_prompt_count(writer: Writer) -> None:
     _json(writer, _answer({"completion_tokens": ANSWER_TOKENS, "total_tokens": 30}))
 
 
+async def whole_claims_no_completion(writer: Writer) -> None:
+    """A whole answer of 10 tokens ("word " ten times) whose usage says
+    ``"completion_tokens": 0``."""
+    _json(writer, _answer(_usage(0)))
+
+
 async def whole_slow(writer: Writer) -> None:
     """A whole answer written after 3 s (the caller has given up by then)."""
     await asyncio.sleep(3)
@@ -168,6 +174,7 @@ SCENARIOS: dict[str, Scenario] = {
     each.__name__: each
     for each in (
         whole,
+        whole_claims_no_completion,
         whole_usage_null,
         whole_no_prompt_count,
         whole_slow,

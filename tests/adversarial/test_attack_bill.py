@@ -268,6 +268,19 @@ def test_a_stream_reported_as_no_completion_is_charged_what_it_streamed(bill: Bi
     assert (row["input_tokens"], row["output_tokens"]) == (20, 5)
 
 
+def test_a_whole_answer_reported_as_no_completion_is_not_free(bill: Bill) -> None:
+    """A whole answer of 10 tokens ("word " ten times, 50 characters) reported as
+    ``"completion_tokens": 0``: its text is counted roughly, as the prompt is (four characters
+    a token: 13), within what it reserved (50), where it was charged no completion at all."""
+    key_id, token = bill.key()
+    answer = bill.client(token).chat.completions.create(**chat("whole_claims_no_completion"))
+    assert answer.choices[0].message.content
+    row = bill.usage(key_id)
+    assert row is not None
+    assert (row["input_tokens"], row["output_tokens"]) == (20, 13)
+    assert bill.settled_spend(key_id) == pytest.approx(33 * PRECISE_PER_TOKEN)
+
+
 async def _token_debt(url: str, key_id: str, tpm: int) -> float:
     """The key's token debt now (tokens charged in the last minute, drained at ``tpm``)."""
     client = Redis.from_url(url)

@@ -15,7 +15,14 @@ from litestar.testing import AsyncTestClient
 from gateway.composition import create_app
 from gateway.config.settings import AuthSettings, Settings, TierSettings
 from gateway.pipeline.events import Usage
-from gateway.upstream.attempt import AttemptFailed, answer_usage, usage_fields, usage_from
+from gateway.upstream.attempt import (
+    AttemptFailed,
+    Opened,
+    answer_usage,
+    usage_fields,
+    usage_from,
+    whole_usage,
+)
 
 ANSWER = {
     "id": "chatcmpl-1",
@@ -172,3 +179,32 @@ async def test_an_answer_with_odd_usage_is_relayed_not_a_500() -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def _opened(answer: dict[str, Any]) -> Opened:
+    body = json.dumps(answer).encode()
+    return Opened(200, "application/json", body, None, answer_usage(body))
+
+
+def test_a_completion_reported_as_none_counts_the_answers_text() -> None:
+    """``completion_tokens`` 0 beside two choices of 40 characters: about four characters a
+    token (10 each), within what the request was allowed; a count above 0 stands as sent."""
+    choice = {"index": 0, "message": {"role": "assistant", "content": "x" * 40}}
+    usage = {"prompt_tokens": 3, "completion_tokens": 0, "total_tokens": 3}
+    answer = {**ANSWER, "choices": [choice, {**choice, "index": 1}], "usage": usage}
+    assert whole_usage(_opened(answer), 100) == Usage(3, 20)
+    assert whole_usage(_opened(answer), 15) == Usage(3, 15)
+    assert whole_usage(_opened({**answer, "usage": {**usage, "completion_tokens": 1}}), 100) == (
+        Usage(3, 1)
+    )
+
+
+def test_an_echoed_prompt_with_nothing_generated_is_no_completion() -> None:
+    """``echo`` with ``max_tokens: 0`` (prompt scoring): the text is the prompt, 0 generated;
+    nothing was allowed, so the text is not counted (nor clipped as a claim)."""
+    answer = {
+        "object": "text_completion",
+        "choices": [{"index": 0, "text": "the prompt, echoed", "logprobs": None}],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 0, "total_tokens": 5},
+    }
+    assert whole_usage(_opened(answer), 0) == Usage(5, 0)

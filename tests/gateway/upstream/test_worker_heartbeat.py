@@ -106,3 +106,40 @@ def _wait_change(path: Path, after_ns: int | None, within_s: float) -> int | Non
         assert time.monotonic() < deadline, f"{path.name} not rewritten for {within_s:g} s"
         time.sleep(0.01)
     return mtime
+
+
+BLOCKED_S = 3.0  # three beats' time
+
+
+async def test_a_blocked_loop_stops_the_heartbeat(tmp_path: Path) -> None:
+    """The writer thread writes only what the loop's timer asks for: while the loop is blocked
+    (a call that never yields) the file is rewritten at most once (a write asked for just
+    before), so the watchdog still sees the silence, though the thread itself is free."""
+    group = GroupMetrics(WorkerRole(0, 2, tmp_path), CollectorRegistry())
+    path = metrics_file(tmp_path, 0)
+    group.start()
+    try:
+        await _next_change(path, None, within_s=patience(5))  # the first beat
+        seen = _versions_while_blocked(path, BLOCKED_S)  # called here: it blocks the loop
+        assert len(seen) <= 2, f"{len(seen) - 1} rewrites while the loop was blocked"
+    finally:
+        await group.stop()
+
+
+def _versions_while_blocked(path: Path, seconds: float) -> set[int | None]:
+    """The file's modification times seen over ``seconds`` (from a thread of its own), while
+    this call, run on the loop, blocks it."""
+    seen: set[int | None] = set()
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            seen.add(_mtime_ns(path))
+            time.sleep(0.01)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    time.sleep(seconds)
+    stop.set()
+    sampler.join()
+    return seen
