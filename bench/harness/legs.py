@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -20,6 +21,18 @@ from bench.harness.processes import Service, free_port, http_answers, post_json,
 UPSTREAM_MODEL = "tiergate-fast"
 CHAT_PATH = "/v1/chat/completions"
 REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def install_into(python: Path, requirement: str) -> subprocess.CompletedProcess[str]:
+    """Install ``requirement`` into the virtualenv of ``python``: with the repository's pinned
+    uv when ``make install`` put it there (its cache makes a fresh clone's install seconds, not
+    minutes), else with that virtualenv's pip."""
+    uv = REPO_ROOT / ".tools" / "bin" / "uv"
+    if uv.exists():
+        command = [str(uv), "pip", "install", "-q", "--python", str(python), requirement]
+    else:
+        command = [str(python), "-m", "pip", "install", "-q", requirement]
+    return subprocess.run(command, capture_output=True, text=True, check=False)
 
 
 class LegUnavailableError(RuntimeError):

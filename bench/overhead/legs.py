@@ -19,6 +19,7 @@ from bench.harness.legs import (
     Leg,
     LegUnavailableError,
     Placement,
+    install_into,
     probe_or_stop,
     start_fixed_upstream,
     start_redis,
@@ -117,8 +118,7 @@ def ensure_litellm() -> Path:
             return litellm
     print(f"installing litellm[proxy]=={LITELLM_VERSION} into {LITELLM_VENV} ...", flush=True)
     subprocess.run(["python3", "-m", "venv", str(LITELLM_VENV)], check=True)
-    pip = [str(python), "-m", "pip", "install", "-q", f"litellm[proxy]=={LITELLM_VERSION}"]
-    proc = subprocess.run(pip, capture_output=True, text=True, check=False)
+    proc = install_into(python, f"litellm[proxy]=={LITELLM_VERSION}")
     if proc.returncode != 0 or not litellm.exists():
         raise LegUnavailableError(f"pip install litellm[proxy] failed:\n{proc.stderr[-2000:]}")
     return litellm

@@ -22,6 +22,7 @@ from bench.harness.legs import (
     Leg,
     LegUnavailableError,
     Placement,
+    install_into,
     probe_or_stop,
     start_service,
 )
@@ -94,8 +95,7 @@ def ensure_vllm_router() -> Installed:
         check=False,
     )
     if proc.returncode == 0:
-        pip = [str(python), "-m", "pip", "install", "-q", f"vllm-router=={VLLM_ROUTER_VERSION}"]
-        proc = subprocess.run(pip, capture_output=True, text=True, check=False)
+        proc = install_into(python, f"vllm-router=={VLLM_ROUTER_VERSION}")
     if proc.returncode != 0 or not command.exists():
         raise LegUnavailableError(f"pip install vllm-router failed:\n{proc.stderr[-1500:]}")
     return Installed(command, VLLM_ROUTER_VERSION)
