@@ -35,7 +35,7 @@ from typing import Any
 import msgspec
 import structlog
 
-from gateway.pipeline.events import NOT_SENT, UNREADABLE_JSON, Usage
+from gateway.pipeline.events import NOT_SENT, Usage
 from gateway.pipeline.tasks import stop_tasks
 from gateway.pipeline.usage_bound import UsageBound
 from gateway.routing.shadow_store import (
@@ -45,7 +45,13 @@ from gateway.routing.shadow_store import (
     ShadowStore,
     rotated,
 )
-from gateway.upstream.attempt import MAX_COUNT, AttemptFailed, attempt, usage_fields
+from gateway.upstream.attempt import (
+    MAX_COUNT,
+    AttemptFailed,
+    attempt,
+    choice_text,
+    usage_fields,
+)
 from gateway.upstream.backends import kind_of
 from gateway.upstream.forwarding import TierRoute
 from gateway.upstream.pool import UpstreamPool
@@ -122,17 +128,7 @@ class _Job:
 
 def answer_text(raw: bytes) -> str | None:
     """The first choice's text of a non-streaming chat or completion answer."""
-    try:
-        data = _decoder.decode(raw)
-    except UNREADABLE_JSON:
-        return None
-    choices = data.get("choices") if isinstance(data, dict) else None
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        return None
-    choice = choices[0]
-    message = choice.get("message")
-    text = message.get("content") if isinstance(message, dict) else choice.get("text")
-    return text if isinstance(text, str) else None
+    return choice_text(raw, "message")
 
 
 class ShadowRunner:

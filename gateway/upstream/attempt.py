@@ -407,3 +407,20 @@ async def attempt(
         if response is not None:
             response.close()  # closing the connection makes vLLM abort the request
         raise
+
+
+def choice_text(raw: bytes, part: str) -> str | None:
+    """The first choice's text in JSON from a backend: ``part`` names where a chat answer keeps
+    it (``delta`` in a streamed chunk, ``message`` in a whole answer); a completion's ``text``
+    either way. ``None`` when there is none, or the JSON cannot be read."""
+    try:
+        data = _decoder.decode(raw)
+    except UNREADABLE_JSON:
+        return None
+    choices = data.get("choices") if isinstance(data, dict) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return None
+    choice = choices[0]
+    holder = choice.get(part)
+    text = holder.get("content") if isinstance(holder, dict) else choice.get("text")
+    return text if isinstance(text, str) else None

@@ -16,7 +16,7 @@ from typing import Any, Final
 import msgspec
 
 from gateway.pipeline.events import UNREADABLE_JSON, FailureKind, status_kind
-from gateway.upstream.attempt import AttemptFailed, error_status
+from gateway.upstream.attempt import AttemptFailed, choice_text, error_status
 
 _decoder = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()
@@ -213,14 +213,4 @@ def unasked(data: dict[str, Any]) -> bytes | None:
 
 def first_choice_text(event: bytes) -> str | None:
     """The text a ``data:`` chunk adds to its first choice (a chat delta's or a completion's)."""
-    try:
-        data = _decoder.decode(event[6:])
-    except UNREADABLE_JSON:
-        return None
-    choices = data.get("choices") if isinstance(data, dict) else None
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        return None
-    choice = choices[0]
-    delta = choice.get("delta")
-    text = delta.get("content") if isinstance(delta, dict) else choice.get("text")
-    return text if isinstance(text, str) else None
+    return choice_text(event[6:], "delta")
