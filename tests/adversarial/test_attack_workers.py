@@ -285,7 +285,7 @@ def test_the_supervisor_killed_takes_its_workers_along(sim: SimulatorProcess) ->
 
 @pytest.mark.slow
 @pytest.mark.xfail(
-    strict=True,
+    strict=False,  # CI on a fresh clone saw it pass once (f9468b6): the cause is not known yet
     reason="a worker stopped or wedged when its supervisor is SIGKILLed never acts on the "
     "SIGTERM its parent's death sends it: it keeps the listening socket (connections queue, "
     "unserved) until killed; run the group under something that kills the whole process "
