@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import httpx
@@ -89,10 +90,10 @@ class Bill:
         )
 
 
-@pytest.fixture(scope="module")
-def bill() -> Iterator[Bill]:
+@contextmanager
+def billed_gateway(**extra: Any) -> Iterator[Bill]:
     """redis-server, the scripted backend behind both tiers, one gateway keeping keys, limits,
-    budgets and usage in Redis."""
+    budgets and usage in Redis; ``extra`` sections join its configuration."""
     port = free_port()
     command = [sys.executable, "-m", "tests.adversarial.bill_upstream", "--port", str(port)]
     with RedisServer() as redis:
@@ -108,12 +109,20 @@ def bill() -> Iterator[Bill]:
                 "ratelimit": {"backend": "redis"},
                 "redis": {"url": redis.url},
                 "tiers": {"fast": {"model": "m", **tier}, "precise": {"model": "m2", **tier}},
+                **extra,
             }
             with GatewayProcess(config) as gateway:
                 gateway.wait_until_ready(timeout=20)
                 yield Bill(redis, url, gateway)
         finally:
             terminate(backend)
+
+
+@pytest.fixture(scope="module")
+def bill() -> Iterator[Bill]:
+    """The billing stack (:func:`billed_gateway`), shared by the module."""
+    with billed_gateway() as stack:
+        yield stack
 
 
 def chat(scenario: str, **extra: Any) -> dict[str, Any]:

@@ -9,9 +9,6 @@ the report's ``shadow`` block before and after one request.
 
 from __future__ import annotations
 
-import asyncio
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -20,11 +17,7 @@ import httpx
 import pytest
 
 from tests.adversarial.bill_upstream import ANSWER_TOKENS, PROMPT
-from tests.adversarial.test_attack_bill import ADMIN, PRECISE_PER_TOKEN, TIMEOUTS, Bill, post
-from tests.integration.gateway_proc import REPO_ROOT, GatewayProcess
-from tests.integration.test_budgets_usage import new_key
-from tests.processes import free_port, http_answers, terminate, wait_ready
-from tests.redis_server import RedisServer
+from tests.adversarial.test_attack_bill import ADMIN, PRECISE_PER_TOKEN, Bill, billed_gateway, post
 
 FAST_PER_TOKEN = PRECISE_PER_TOKEN / 4  # the fast tier's default price
 CAP = 50  # the callers' max_tokens, so the shadows' too
@@ -86,30 +79,9 @@ def _added(seen: dict[str, Any], at: tuple[str, str]) -> tuple[int, int, int, fl
 def world() -> Iterator[Shadowed]:
     """redis-server, the scripted backend behind both tiers, one gateway shadowing every
     answer (a shadow waits 1 s at most)."""
-    port = free_port()
-    command = [sys.executable, "-m", "tests.adversarial.bill_upstream", "--port", str(port)]
-    with RedisServer() as redis:
-        backend = subprocess.Popen(command, cwd=REPO_ROOT)
-        url = f"http://127.0.0.1:{port}"
-        try:
-            wait_ready(backend, lambda: http_answers(url + "/health"), timeout=10, poll_s=0.05,
-                       what="billing backend", log=lambda: "")  # fmt: skip
-            asyncio.run(new_key(redis.url))  # the gateway refuses to start with no key
-            tier = {"replicas": [url], "kind": "vllm", "timeouts": TIMEOUTS}
-            shadow = {"fast_ratio": 1.0, "precise_ratio": 1.0, "max_waiting": 1000,
-                      "timeout_s": 1.0}  # fmt: skip
-            config = {
-                "auth": {"store": "redis", "admin_token": ADMIN},
-                "ratelimit": {"backend": "redis"},
-                "redis": {"url": redis.url},
-                "tiers": {"fast": {"model": "m", **tier}, "precise": {"model": "m2", **tier}},
-                "router": {"shadow": shadow},
-            }
-            with GatewayProcess(config) as gateway:
-                gateway.wait_until_ready(timeout=20)
-                yield Shadowed(redis, url, gateway)
-        finally:
-            terminate(backend)
+    shadow = {"fast_ratio": 1.0, "precise_ratio": 1.0, "max_waiting": 1000, "timeout_s": 1.0}
+    with billed_gateway(router={"shadow": shadow}) as stack:
+        yield Shadowed(stack.redis, stack.backend, stack.gateway)
 
 
 def _chat(model: str, scenario: str) -> dict[str, Any]:
