@@ -16,7 +16,14 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gateway.config.exposure import Finding, Severity, check_exposure, format_finding, refuses_start
+from gateway.config.exposure import (
+    Finding,
+    Severity,
+    check_exposure,
+    format_finding,
+    metrics_listen_host,
+    refuses_start,
+)
 from gateway.config.settings import Settings, load_settings
 from gateway.config.strict import ConfigError
 
@@ -124,6 +131,7 @@ def _findings(settings: Settings) -> list[Finding]:
         tls_in_front=settings.server.tls_terminated_upstream,
         backends={name: tier.replicas for name, tier in settings.tiers.items()},
         redis_url=settings.redis.url if uses_redis else None,
+        metrics_host=metrics_listen_host(settings),
     )
 
 

@@ -194,6 +194,33 @@ def assess_listener(host: str, classes: Sequence[HostClass], tls_in_front: bool)
     return None
 
 
+def assess_metrics_listener(host: str, classes: Sequence[HostClass]) -> Finding | None:
+    """A finding when the unauthenticated metrics port listens where anyone can reach it.
+
+    Unlike the gateway's own port, a TLS proxy in front does not cover it: it answers
+    ``/metrics`` to whoever connects, so it belongs on loopback or one private address.
+    """
+    if HostClass.PUBLIC in classes:
+        return Finding(
+            "metrics_bind_public",
+            Severity.ERROR,
+            "telemetry.metrics_host",
+            f"the unauthenticated metrics port listens on public address {host!r}; set "
+            "telemetry.metrics_host to 127.0.0.1 or the address on your monitoring network",
+        )
+    if HostClass.ALL_INTERFACES in classes:
+        return Finding(
+            "metrics_bind_all_interfaces",
+            Severity.ERROR,
+            "telemetry.metrics_host",
+            f"the unauthenticated metrics port listens on every interface ({host!r}; unset, "
+            "telemetry.metrics_host is server.host), which no TLS proxy covers; set "
+            "telemetry.metrics_host to 127.0.0.1 or the address on your monitoring network "
+            "(compose: the telemetry network's; Kubernetes: the pod IP)",
+        )
+    return None
+
+
 def assess_upstream(subject: str, url: str, resolve: Resolver) -> Finding | None:
     """A finding when an upstream (a vLLM replica, Redis) is not on a private network."""
     host = url_host(url)
@@ -237,17 +264,23 @@ def check_exposure(
     tls_in_front: bool,
     backends: Mapping[str, Sequence[str]],
     redis_url: str | None = None,
+    metrics_host: str | None = None,
     resolve: Resolver = no_resolution,
 ) -> list[Finding]:
     """Every exposure finding for a gateway listening on ``bind_host``.
 
     ``backends`` maps a tier name to its replica URLs; ``redis_url`` is checked when given
-    (pass it only when Redis is in use).
+    (pass it only when Redis is in use); ``metrics_host`` is where the unauthenticated
+    metrics port listens (pass it only when ``telemetry.metrics_port`` is set).
     """
     findings: list[Finding] = []
     listener = assess_listener(bind_host, host_classes(bind_host, resolve), tls_in_front)
     if listener is not None:
         findings.append(listener)
+    if metrics_host is not None:
+        metrics = assess_metrics_listener(metrics_host, host_classes(metrics_host, resolve))
+        if metrics is not None:
+            findings.append(metrics)
     for tier, urls in backends.items():
         for index, url in enumerate(urls):
             found = assess_upstream(f"tiers.{tier}.replicas[{index}]", url, resolve)
