@@ -153,12 +153,31 @@ def url_host(url: str) -> str | None:
 
 
 def host_classes(host: str, resolve: Resolver) -> list[HostClass]:
-    """The classes of ``host``: itself when it is decidable, else of what it resolves to."""
+    """The classes of ``host``: itself when it is an address or a loopback name, else of what
+    it resolves to.
+
+    A name private only by convention (single label, ``.svc``, ``.internal``...) is resolved
+    too: a search domain or an ``/etc/hosts`` line can point it at a public address, and then
+    that address is what the gateway connects to. Unresolvable, it stays private.
+    """
     own = classify_host(host)
+    if own is HostClass.PRIVATE and not _is_numeric(host):
+        resolved = [classify_host(address) for address in resolve(host)]
+        return resolved if HostClass.PUBLIC in resolved else [own]
     if own is not HostClass.UNRESOLVED:
         return [own]
     resolved = [classify_host(address) for address in resolve(host)]
     return resolved or [HostClass.UNRESOLVED]
+
+
+def _is_numeric(host: str) -> bool:
+    """Whether ``host`` is an address literal (any inet_aton spelling, IPv6 in brackets or not)."""
+    name = host.strip().strip("[]").rstrip(".").lower()
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return inet_aton_address(name) is not None
+    return True
 
 
 def assess_listener(host: str, classes: Sequence[HostClass], tls_in_front: bool) -> Finding | None:
