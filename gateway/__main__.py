@@ -141,7 +141,9 @@ def _check_exposure(args: argparse.Namespace) -> int:
     if args.probe:
         from gateway.config.exposure_probe import probe_backends  # noqa: PLC0415  # network IO on demand
 
-        findings += probe_backends({name: tier.replicas for name, tier in settings.tiers.items()})
+        backends = {name: tier.replicas for name, tier in settings.tiers.items()}
+        uses_redis = "redis" in (settings.ratelimit.backend, settings.auth.store)
+        findings += probe_backends(backends, settings.redis.url if uses_redis else None)
     for finding in findings:
         print(format_finding(finding))
     if not findings:
