@@ -13,6 +13,7 @@ from typing import Any
 import helm_python as helm
 import pytest
 
+from tests.deploy import chart_render
 from tests.deploy.chart_render import CHART
 
 SECRET = "SENTINEL-SECRET-IN-CONFIG"
@@ -99,3 +100,17 @@ def test_schema_refuses_a_vllm_api_key_in_extra_args(flag: str) -> None:
         {"vllm": {"tiers": {"fast": {"enabled": True, "extraArgs": [flag, SECRET]}}}},
         "extraArgs",
     )
+
+
+def test_turning_network_policies_off_warns_about_every_open_port() -> None:
+    """networkPolicy.enabled false: NOTES names vLLM, the password-less Redis and metrics."""
+    notes = chart_render.render({"networkPolicy": {"enabled": False}})[
+        "tiergate/templates/NOTES.txt"
+    ]
+    warning = " ".join(notes.split("networkPolicy.enabled is false", 1)[1].split())
+    assert "vLLM" in warning
+    assert "Redis" in warning
+    assert "no password" in warning
+    assert "metrics port" in warning
+    quiet = chart_render.render({"networkPolicy": {"enabled": False}, "redis": {"enabled": False}})
+    assert "Redis" not in quiet["tiergate/templates/NOTES.txt"].split("is false", 1)[1]
