@@ -93,3 +93,18 @@ def test_conventional_names_stay_private_when_they_resolve_privately_or_not_at_a
         resolve=resolve,
     )
     assert findings == []
+
+
+def test_a_localhost_subdomain_resolving_publicly_is_upstream_public() -> None:
+    """glibc sends `*.localhost` to DNS like any name: a public answer is what it connects to."""
+    resolve = _table({"api.localhost": ["8.8.8.8"], "localhost": ["127.0.0.1", "::1"]})
+    findings = check_exposure(
+        bind_host="localhost",
+        tls_in_front=False,
+        backends={"fast": ["http://api.localhost:8000", "http://localhost:8001"]},
+        resolve=resolve,
+    )
+    assert [(f.code, f.subject) for f in findings] == [
+        ("upstream_public", "tiers.fast.replicas[0]")
+    ]
+    assert host_classes("localhost", resolve) == [HostClass.LOOPBACK]
