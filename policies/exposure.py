@@ -153,15 +153,15 @@ def url_host(url: str) -> str | None:
 
 
 def host_classes(host: str, resolve: Resolver) -> list[HostClass]:
-    """The classes of ``host``: itself when it is an address or a loopback name, else of what
-    it resolves to.
+    """The classes of ``host``: itself when it is an address, else of what it resolves to.
 
-    A name private only by convention (single label, ``.svc``, ``.internal``...) is resolved
-    too: a search domain or an ``/etc/hosts`` line can point it at a public address, and then
-    that address is what the gateway connects to. Unresolvable, it stays private.
+    A name private or loopback only by convention (single label, ``.svc``, ``.internal``,
+    ``*.localhost``...) is resolved too: a search domain, an ``/etc/hosts`` line or DNS (glibc
+    does not pin ``*.localhost``) can point it at a public address, and then that address is
+    what the gateway connects to. Unresolvable, it keeps its conventional class.
     """
     own = classify_host(host)
-    if own is HostClass.PRIVATE and not _is_numeric(host):
+    if own in (HostClass.PRIVATE, HostClass.LOOPBACK) and not _is_numeric(host):
         resolved = [classify_host(address) for address in resolve(host)]
         return resolved if HostClass.PUBLIC in resolved else [own]
     if own is not HostClass.UNRESOLVED:
