@@ -16,7 +16,14 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gateway.config.exposure import Finding, Severity, check_exposure, format_finding, refuses_start
+from gateway.config.exposure import (
+    Finding,
+    Severity,
+    check_exposure,
+    format_finding,
+    metrics_listen_host,
+    refuses_start,
+)
 from gateway.config.settings import Settings, load_settings
 from gateway.config.strict import ConfigError
 
@@ -124,6 +131,7 @@ def _findings(settings: Settings) -> list[Finding]:
         tls_in_front=settings.server.tls_terminated_upstream,
         backends={name: tier.replicas for name, tier in settings.tiers.items()},
         redis_url=settings.redis.url if uses_redis else None,
+        metrics_host=metrics_listen_host(settings),
     )
 
 
@@ -133,7 +141,9 @@ def _check_exposure(args: argparse.Namespace) -> int:
     if args.probe:
         from gateway.config.exposure_probe import probe_backends  # noqa: PLC0415  # network IO on demand
 
-        findings += probe_backends({name: tier.replicas for name, tier in settings.tiers.items()})
+        backends = {name: tier.replicas for name, tier in settings.tiers.items()}
+        uses_redis = "redis" in (settings.ratelimit.backend, settings.auth.store)
+        findings += probe_backends(backends, settings.redis.url if uses_redis else None)
     for finding in findings:
         print(format_finding(finding))
     if not findings:

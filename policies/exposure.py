@@ -153,12 +153,31 @@ def url_host(url: str) -> str | None:
 
 
 def host_classes(host: str, resolve: Resolver) -> list[HostClass]:
-    """The classes of ``host``: itself when it is decidable, else of what it resolves to."""
+    """The classes of ``host``: itself when it is an address, else of what it resolves to.
+
+    A name private or loopback only by convention (single label, ``.svc``, ``.internal``,
+    ``*.localhost``...) is resolved too: a search domain, an ``/etc/hosts`` line or DNS (glibc
+    does not pin ``*.localhost``) can point it at a public address, and then that address is
+    what the gateway connects to. Unresolvable, it keeps its conventional class.
+    """
     own = classify_host(host)
+    if own in (HostClass.PRIVATE, HostClass.LOOPBACK) and not _is_numeric(host):
+        resolved = [classify_host(address) for address in resolve(host)]
+        return resolved if HostClass.PUBLIC in resolved else [own]
     if own is not HostClass.UNRESOLVED:
         return [own]
     resolved = [classify_host(address) for address in resolve(host)]
     return resolved or [HostClass.UNRESOLVED]
+
+
+def _is_numeric(host: str) -> bool:
+    """Whether ``host`` is an address literal (any inet_aton spelling, IPv6 in brackets or not)."""
+    name = host.strip().strip("[]").rstrip(".").lower()
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return inet_aton_address(name) is not None
+    return True
 
 
 def assess_listener(host: str, classes: Sequence[HostClass], tls_in_front: bool) -> Finding | None:
@@ -190,6 +209,33 @@ def assess_listener(host: str, classes: Sequence[HostClass], tls_in_front: bool)
             Severity.WARNING,
             "server.host",
             f"cannot tell whether listen host {host!r} is private",
+        )
+    return None
+
+
+def assess_metrics_listener(host: str, classes: Sequence[HostClass]) -> Finding | None:
+    """A finding when the unauthenticated metrics port listens where anyone can reach it.
+
+    Unlike the gateway's own port, a TLS proxy in front does not cover it: it answers
+    ``/metrics`` to whoever connects, so it belongs on loopback or one private address.
+    """
+    if HostClass.PUBLIC in classes:
+        return Finding(
+            "metrics_bind_public",
+            Severity.ERROR,
+            "telemetry.metrics_host",
+            f"the unauthenticated metrics port listens on public address {host!r}; set "
+            "telemetry.metrics_host to 127.0.0.1 or the address on your monitoring network",
+        )
+    if HostClass.ALL_INTERFACES in classes:
+        return Finding(
+            "metrics_bind_all_interfaces",
+            Severity.ERROR,
+            "telemetry.metrics_host",
+            f"the unauthenticated metrics port listens on every interface ({host!r}; unset, "
+            "telemetry.metrics_host is server.host), which no TLS proxy covers; set "
+            "telemetry.metrics_host to 127.0.0.1 or the address on your monitoring network "
+            "(compose: the telemetry network's; Kubernetes: the pod IP)",
         )
     return None
 
@@ -237,17 +283,23 @@ def check_exposure(
     tls_in_front: bool,
     backends: Mapping[str, Sequence[str]],
     redis_url: str | None = None,
+    metrics_host: str | None = None,
     resolve: Resolver = no_resolution,
 ) -> list[Finding]:
     """Every exposure finding for a gateway listening on ``bind_host``.
 
     ``backends`` maps a tier name to its replica URLs; ``redis_url`` is checked when given
-    (pass it only when Redis is in use).
+    (pass it only when Redis is in use); ``metrics_host`` is where the unauthenticated
+    metrics port listens (pass it only when ``telemetry.metrics_port`` is set).
     """
     findings: list[Finding] = []
     listener = assess_listener(bind_host, host_classes(bind_host, resolve), tls_in_front)
     if listener is not None:
         findings.append(listener)
+    if metrics_host is not None:
+        metrics = assess_metrics_listener(metrics_host, host_classes(metrics_host, resolve))
+        if metrics is not None:
+            findings.append(metrics)
     for tier, urls in backends.items():
         for index, url in enumerate(urls):
             found = assess_upstream(f"tiers.{tier}.replicas[{index}]", url, resolve)

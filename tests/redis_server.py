@@ -37,7 +37,12 @@ class RedisServer:
     """One ``redis-server`` process; ``restart()`` keeps the port so clients reconnect."""
 
     def __init__(
-        self, port: int | None = None, *, ready_timeout: float = 10.0, persist: bool = False
+        self,
+        port: int | None = None,
+        *,
+        ready_timeout: float = 10.0,
+        persist: bool = False,
+        bind: str = "127.0.0.1",
     ) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
@@ -46,6 +51,7 @@ class RedisServer:
         self.port = port or free_port()
         self.ready_timeout = ready_timeout
         self.persist = persist
+        self.bind = bind  # "0.0.0.0" only for exposure tests: a server open to every network
         self._dir = tempfile.TemporaryDirectory(prefix="tiergate-redis-")
         self._proc: subprocess.Popen[bytes] | None = None
 
@@ -73,7 +79,7 @@ class RedisServer:
             "--port",
             str(self.port),
             "--bind",
-            "127.0.0.1",
+            self.bind,
             "--save",
             "",
             "--appendonly",

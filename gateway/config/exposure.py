@@ -9,6 +9,7 @@ from __future__ import annotations
 import socket
 from collections.abc import Mapping, Sequence
 
+from gateway.config.settings import Settings
 from policies import exposure
 from policies.exposure import Finding, Severity, refuses_start
 
@@ -17,6 +18,7 @@ __all__ = [
     "Severity",
     "check_exposure",
     "format_finding",
+    "metrics_listen_host",
     "refuses_start",
     "resolve_host",
 ]
@@ -37,6 +39,7 @@ def check_exposure(
     tls_in_front: bool,
     backends: Mapping[str, Sequence[str]],
     redis_url: str | None = None,
+    metrics_host: str | None = None,
 ) -> list[Finding]:
     """Every exposure finding for this gateway, resolving DNS names it cannot classify."""
     return exposure.check_exposure(
@@ -44,8 +47,17 @@ def check_exposure(
         tls_in_front=tls_in_front,
         backends=backends,
         redis_url=redis_url,
+        metrics_host=metrics_host,
         resolve=resolve_host,
     )
+
+
+def metrics_listen_host(settings: Settings) -> str | None:
+    """Where the unauthenticated metrics port listens; None when there is none."""
+    telemetry = settings.telemetry
+    if telemetry.metrics_port is None:
+        return None
+    return telemetry.metrics_host or settings.server.host
 
 
 def format_finding(finding: Finding) -> str:

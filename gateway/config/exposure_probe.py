@@ -3,10 +3,11 @@
 The configuration check (:mod:`policies.exposure`) reads addresses; this module asks the
 backends themselves, from the gateway's host:
 
-a. **A backend on this host listening on every interface.** For a replica URL on a loopback
-   address, the same port is connected to (TCP only) on each of this host's own non-loopback
-   addresses. If one answers, the server is bound to ``0.0.0.0`` / ``::`` (vLLM's default;
-   Ollama with ``OLLAMA_HOST=0.0.0.0``), and anyone on that network reaches it past the gateway.
+a. **A backend on this host listening on every interface.** For a replica URL (or the Redis
+   URL) on a loopback address, the same port is connected to (TCP only) on each of this
+   host's own non-loopback addresses. If one answers, the server is bound to ``0.0.0.0`` /
+   ``::`` (vLLM's default; Ollama with ``OLLAMA_HOST=0.0.0.0``; the official Redis image),
+   and anyone on that network reaches it past the gateway.
 b. **Routes that answer without credentials.** Every backend is sent a keyless ``GET`` for each
    route of vLLM's open table (:data:`policies.vllm_surface.OPEN_ROUTES`) and for
    ``/v1/models``. Only ``GET``: a ``POST`` to ``/sleep`` or ``/scale_elastic_ep`` would act.
@@ -103,17 +104,29 @@ def _answers(address: str, port: int, timeout_s: float) -> bool:
         return False
 
 
+_DEFAULT_PORTS = {"https": 443, "redis": 6379, "rediss": 6379}
+
+
+def _answering_elsewhere(
+    url: str, addresses: Sequence[str], timeout_s: float
+) -> tuple[int, list[str]] | None:
+    """For a loopback ``url``: its port and which of this host's ``addresses`` accept on it."""
+    parts = urlsplit(url)
+    if parts.hostname is None or classify_host(parts.hostname) is not HostClass.LOOPBACK:
+        return None
+    port = parts.port or _DEFAULT_PORTS.get(parts.scheme, 80)
+    answering = [a for a in addresses if _answers(a, port, timeout_s)]
+    return (port, answering) if answering else None
+
+
 def listens_everywhere(
     subject: str, url: str, addresses: Sequence[str], timeout_s: float = PROBE_TIMEOUT_S
 ) -> Finding | None:
     """(a): a loopback backend whose port also answers on one of this host's ``addresses``."""
-    parts = urlsplit(url)
-    if parts.hostname is None or classify_host(parts.hostname) is not HostClass.LOOPBACK:
+    found = _answering_elsewhere(url, addresses, timeout_s)
+    if found is None:
         return None
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    answering = [a for a in addresses if _answers(a, port, timeout_s)]
-    if not answering:
-        return None
+    port, answering = found
     return Finding(
         "backend_all_interfaces",
         Severity.ERROR,
@@ -122,6 +135,27 @@ def listens_everywhere(
         "the backend listens on every interface and anyone on that network reaches it past "
         "the gateway; start it bound to 127.0.0.1 (vLLM: --host 127.0.0.1; Ollama: "
         "OLLAMA_HOST=127.0.0.1)",
+    )
+
+
+def redis_listens_everywhere(
+    url: str, addresses: Sequence[str], timeout_s: float = PROBE_TIMEOUT_S
+) -> Finding | None:
+    """(a) for Redis: a loopback Redis URL whose port also answers on this host's addresses.
+
+    The URL is never quoted (it may carry a password).
+    """
+    found = _answering_elsewhere(url, addresses, timeout_s)
+    if found is None:
+        return None
+    port, answering = found
+    return Finding(
+        "redis_all_interfaces",
+        Severity.ERROR,
+        "redis.url",
+        f"Redis port {port} answers on this host's {', '.join(answering)} too, not only on "
+        "loopback: the keys and rate limits are reachable past the gateway; bind it to "
+        "127.0.0.1 (redis.conf: bind 127.0.0.1 -::1)",
     )
 
 
@@ -197,10 +231,17 @@ def open_routes(subject: str, url: str, timeout_s: float = PROBE_TIMEOUT_S) -> l
     return findings
 
 
-def probe_backends(backends: Mapping[str, Sequence[str]]) -> list[Finding]:
-    """Every finding of (a) and (b) for the tiers' replica URLs."""
+def probe_backends(
+    backends: Mapping[str, Sequence[str]], redis_url: str | None = None
+) -> list[Finding]:
+    """Every finding of (a) and (b) for the tiers' replica URLs, and (a) for Redis (pass
+    ``redis_url`` only when Redis is in use)."""
     addresses = host_addresses()
     findings: list[Finding] = []
+    if redis_url is not None:
+        redis = redis_listens_everywhere(redis_url, addresses)
+        if redis is not None:
+            findings.append(redis)
     for tier, urls in backends.items():
         for index, url in enumerate(urls):
             subject = f"tiers.{tier}.replicas[{index}]"

@@ -7,13 +7,20 @@ from typing import Any
 
 import pytest
 
-from gateway.config.exposure import check_exposure, format_finding, refuses_start, resolve_host
+from gateway.config.exposure import (
+    check_exposure,
+    format_finding,
+    metrics_listen_host,
+    refuses_start,
+    resolve_host,
+)
 from gateway.config.settings import Settings, load_settings
 from tests.deploy.chart_render import of_kind
 from tests.deploy.compose_file import REPO, environment_of, interpolate
 
 SIM_CONFIG = REPO / "config" / "tiergate.sim.yaml"
 GPU_CONFIG = REPO / "deploy" / "compose" / "tiergate.gpu.yaml"
+POD_IP = "10.244.3.17"  # what status.podIP gives the chart's TIERGATE_TELEMETRY__METRICS_HOST
 
 
 def _findings(settings: Settings) -> list[str]:
@@ -23,6 +30,7 @@ def _findings(settings: Settings) -> list[str]:
         tls_in_front=settings.server.tls_terminated_upstream,
         backends={name: tier.replicas for name, tier in settings.tiers.items()},
         redis_url=settings.redis.url if uses_redis else None,
+        metrics_host=metrics_listen_host(settings),
     )
     return [f.code for f in findings]
 
@@ -85,7 +93,8 @@ def _chart_settings(tmp_path: Path, objects: list[dict[str, Any]]) -> Settings:
     (config_map,) = [c for c in of_kind(objects, "ConfigMap") if "tiergate.yaml" in c["data"]]
     path = tmp_path / "tiergate.yaml"
     path.write_text(config_map["data"]["tiergate.yaml"], encoding="utf-8")
-    return load_settings(path, server__host="0.0.0.0")
+    # The Deployment passes --host 0.0.0.0 and sets the metrics host to the pod's IP.
+    return load_settings(path, server__host="0.0.0.0", telemetry__metrics_host=POD_IP)
 
 
 def test_chart_with_tls_ingress_passes_strict_mode(
@@ -95,7 +104,28 @@ def test_chart_with_tls_ingress_passes_strict_mode(
     settings = _chart_settings(tmp_path, everything_objects)
     assert settings.exposure.mode == "strict"
     assert settings.server.tls_terminated_upstream is True
+    assert settings.telemetry.metrics_port == 9464
     assert _findings(settings) == []
+
+
+def test_chart_metrics_port_on_every_interface_would_fail_strict_mode(
+    tmp_path: Path, everything_objects: list[dict[str, Any]]
+) -> None:
+    """Without the pod-IP metrics host, the TLS Ingress would not cover metrics on 0.0.0.0."""
+    settings = _chart_settings(tmp_path, everything_objects)
+    exposed = settings.model_copy(
+        update={"telemetry": settings.telemetry.model_copy(update={"metrics_host": None})}
+    )
+    assert _findings(exposed) == ["metrics_bind_all_interfaces"]
+    assert refuses_start(
+        check_exposure(
+            bind_host="0.0.0.0",
+            tls_in_front=True,
+            backends={},
+            metrics_host=metrics_listen_host(exposed),
+        ),
+        "strict",
+    )
 
 
 def test_chart_defaults_load_and_only_note_the_pod_bind(
