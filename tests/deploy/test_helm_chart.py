@@ -277,6 +277,14 @@ def test_gateway_pod_is_non_root_read_only_and_tokenless(any_objects: list[dict[
     assert account["automountServiceAccountToken"] is False
 
 
+def test_gateway_pod_gets_no_service_link_variables(any_objects: list[dict[str, Any]]) -> None:
+    """The gateway pod turns service links off: Kubernetes would otherwise put a
+    ``TIERGATE_PORT=tcp://...`` variable per Service (release named ``tiergate``) into the
+    environment the settings read under the ``TIERGATE_`` prefix."""
+    spec = _gateway_deployment(any_objects)["spec"]["template"]["spec"]
+    assert spec["enableServiceLinks"] is False
+
+
 def test_termination_grace_outlasts_the_longest_stream(any_objects: list[dict[str, Any]]) -> None:
     """Pods get longer to stop than the gateway drains, and it drains longer than any stream."""
     deployment = _gateway_deployment(any_objects)
