@@ -15,7 +15,8 @@ from litestar.testing import AsyncTestClient
 
 import gateway.http.proxy
 from gateway.composition import create_app
-from gateway.config.settings import AuthSettings, BalancingSettings, Settings, TierSettings
+from gateway.config.settings import AuthSettings, BalancingSettings, Settings
+from gateway.config.tier_settings import TierSettings
 from policies.prefix import prefix_blocks
 from tests.simulator.procs import SimulatorProcess
 
