@@ -3,8 +3,9 @@
 What the pipeline (gateway/http/proxy.py) charges when the backend reported no usage (the
 reservation) or the client left before its answer (nothing, the prompt estimate, or the
 reservation); an admission settled before a whole answer went out (:data:`SETTLED`); an
-admission already granted, awaited like one in flight (:func:`ready`); and one given back
-whole when the request is refused before it is forwarded (:func:`withdraw`).
+admission already granted, awaited like one in flight (:func:`ready`); one given back whole
+when the request is refused before it is forwarded (:func:`withdraw`); and, once a whole
+answer went out, the settlement before the shadow's start (:func:`after_complete`).
 """
 
 from __future__ import annotations
