@@ -26,8 +26,8 @@ from gateway.config.settings import (
     QueueSettings,
     RequestSettings,
     Settings,
-    TierSettings,
 )
+from gateway.config.tier_settings import TierSettings
 from gateway.http.admin_backends import admin_backends_handlers
 from gateway.http.app import Gateway, app_for
 from gateway.http.connections import ConnectionCollector, ConnectionGuard

@@ -1,7 +1,8 @@
 """``docs/settings.md``, generated from the settings models (``tiergate config docs``).
 
 Every option with its type, default, environment variable and description (the field's
-docstring in ``gateway/config/settings.py`` or ``gateway/config/router_settings.py``).
+docstring in ``gateway/config/settings.py``, ``gateway/config/tier_settings.py`` or
+``gateway/config/router_settings.py``).
 ``tests/gateway/test_settings_docs.py`` fails when the committed file is not what this module
 renders, so the reference cannot drift from the code.
 """
@@ -17,8 +18,9 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from gateway.config.settings import Settings, TierSettings
+from gateway.config.settings import Settings
 from gateway.config.strict import ENV_PREFIX, model_at
+from gateway.config.tier_settings import TierSettings
 
 INTRO = """# Settings reference
 

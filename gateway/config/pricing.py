@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gateway.config.router_settings import RouterSettings
-from gateway.config.settings import TierSettings
+from gateway.config.tier_settings import TierSettings
 from policies.cost import TierPrice
 
 FAST_RELATIVE_PRICE = 0.25  # an INT4 tier's token at about a quarter of an FP16 one's

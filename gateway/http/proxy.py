@@ -7,11 +7,21 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple
 
 import structlog
 
+from gateway.http.settlement import (
+    SETTLED,
+    abandoned_usage,
+    after_complete,
+    ready,
+    reserved_usage,
+    withdraw,
+)
+from gateway.http.shadow_sample import Shadow, sampled_shadow
 from gateway.http.stream_settle import settled_before_end
+from gateway.http.upstream_body import prepare_upstream, tier_contexts
 from gateway.limits.budgets import BudgetGate, with_budget
 from gateway.limits.precise_cap import EscalationTracker, PreciseShareCap
 from gateway.pipeline.context import (
@@ -27,14 +37,14 @@ from gateway.pipeline.replies import EVENT_STREAM, Inbound, Reply, error_reply, 
 from gateway.pipeline.request_body import FieldRules, decode
 from gateway.pipeline.usage_bound import UsageBound, UsageClipper
 from gateway.routing.routing import TierRouter
-from gateway.routing.shadow import ShadowRunner, answer_text
+from gateway.routing.shadow import ShadowRunner
 from gateway.routing.spillover import Spillover
 from gateway.upstream.attempt import Opened, whole_usage
 from gateway.upstream.fair_queue import PRIORITY_HEADER, ticket_for
 from gateway.upstream.forwarding import Exchange, Forwarded, Forwarder
 from gateway.upstream.pump import Pump
 from gateway.upstream.relay import StreamRelay
-from policies.context_window import fitting_tiers, max_tokens_that_fit
+from policies.context_window import fitting_tiers
 from policies.errors import (
     AuthenticationFailed,
     InvalidRequest,
@@ -43,7 +53,7 @@ from policies.errors import (
 )
 from policies.fields import MediaUrl
 from policies.ports import Admission, Authenticator, RequestLimiter
-from policies.prefix import PrefixConfig, prefix_blocks
+from policies.prefix import PrefixConfig
 from policies.principal import Principal
 from policies.requests import (
     RequestKind,
@@ -54,7 +64,6 @@ from policies.requests import (
 )
 from policies.tiering import RouteDecision
 
-T = TypeVar("T")
 _log = structlog.get_logger("tiergate.proxy")
 _NO_HEADERS: Mapping[str, str] = {}
 
@@ -130,7 +139,7 @@ class ProxyService:
             )
             forwarded = await inbound.unless_gone(forwarding)
         except ClientGone:
-            ctx.usage = _abandoned_usage(summary, admitted.bound, attempts.tier)
+            ctx.usage = abandoned_usage(summary, admitted.bound, attempts.tier)
             ctx.tier = attempts.tier
             await admission.settle(ctx.usage.total if ctx.usage is not None else 0)
             raise
@@ -138,7 +147,9 @@ class ProxyService:
             await admission.settle(0)
             raise
         _answered(ctx, forwarded)
-        shadow = self._shadow_of(ctx, path, body)
+        shadow = sampled_shadow(
+            self.shadow, ctx, path, body, fields=self.fields, tier_caps=self.tier_caps
+        )
         exchange = forwarded.exchange
         if exchange.opened.body is not None:
             return await self._complete(ctx, exchange.opened, admission, shadow, admitted.bound)
@@ -164,7 +175,7 @@ class ProxyService:
         key_cap = principal.policy.max_tokens
         completion = summary.max_tokens or default_max_tokens(everywhere, key_cap, kind)
         reserve = summary.prompt_token_estimate + completion * summary.completions
-        # Always awaited below (or by _withdraw): an admission dropped un-awaited would be
+        # Always awaited below (or by withdraw): an admission dropped un-awaited would be
         # closed unfinished, its concurrency slot left to the lease.
         admitting = self._start_admission(principal, reserve)
         try:
@@ -175,7 +186,7 @@ class ProxyService:
                 # (429s would pad it with "fast" and buy precise answers).
                 pending = admitting or eager(self.limiter.admit(principal, reserve))
                 admitting = None  # a refusal raises below: nothing to withdraw
-                admitting = eager(_ready(await pending))
+                admitting = eager(ready(await pending))
             decision, tiers = await self._capped(decision, tiers, principal)
             if media:  # only a body with media URLs waits here (their hosts are resolved)
                 await self.fields.check_media(media, tiers[0])
@@ -184,7 +195,7 @@ class ProxyService:
             prepared = self._prepare(body, summary, tiers, key_cap)
         except BaseException:
             if admitting is not None:
-                await _withdraw(admitting)
+                await withdraw(admitting)
             raise
         if admitting is None:
             admission = await self.limiter.admit(principal, reserve)
@@ -250,41 +261,16 @@ class ProxyService:
         tiers: Sequence[str],
         key_cap: int | None,
     ) -> tuple[bool, tuple[int, ...]]:
-        """The upstream body's own fields set, and its prefix blocks: whether the usage chunk
-        must be hidden from the caller, and the blocks that choose a replica (none where no
-        choice on ``tiers`` reads them: one replica, or a strategy without prefix affinity)."""
-        strip_usage = self._prepare_upstream_body(body, summary, tiers, key_cap)
-        if not self.forwarder.uses_prefix(tiers):
-            return strip_usage, ()
-        return strip_usage, prefix_blocks(body, summary.kind, self.prefix)
-
-    def _prepare_upstream_body(
-        self,
-        body: dict[str, Any],
-        summary: RequestSummary,
-        tiers: Sequence[str],
-        key_cap: int | None,
-    ) -> bool:
-        """Ask for stream usage (the gateway needs it) and bound a missing ``max_tokens``.
-
-        Returns whether the usage chunk must be hidden from a caller who did not ask for it.
-        """
-        strip_usage = False
-        if summary.stream and not summary.include_usage:
-            options = body.get("stream_options") or {}
-            body["stream_options"] = {**options, "include_usage": True}
-            strip_usage = True
-        if summary.max_tokens is None:
-            defaults = [self.default_max_tokens[tier] for tier in tiers]
-            bound = default_max_tokens(defaults, key_cap, summary.kind, lowest=True)
-            fits = max_tokens_that_fit(summary, tiers, self._contexts(tiers))
-            body["max_tokens"] = bound if fits is None else min(bound, fits)
-        return strip_usage
-
-    def _contexts(self, tiers: Sequence[str]) -> dict[str, int | None]:
-        """Each tier's context length, as its replicas reported it (``None``: unknown)."""
-        routes = self.forwarder.routes
-        return {tier: routes[tier].pool.context_len for tier in tiers}
+        """The upstream body's own fields set, and its prefix blocks (http/upstream_body.py)."""
+        return prepare_upstream(
+            body,
+            summary,
+            tiers,
+            key_cap,
+            forwarder=self.forwarder,
+            prefix=self.prefix,
+            tier_defaults=self.default_max_tokens,
+        )
 
     def _fit_context(
         self,
@@ -296,39 +282,18 @@ class ProxyService:
         """The tiers whose context the request may fit; a 400 ``context_length_exceeded`` when
         it certainly fits none (:mod:`policies.context_window`). Serving it on a later tier
         than the one chosen is reported as a fallback, for that reason."""
-        fit = fitting_tiers(body, summary, tiers, self._contexts(tiers))
+        fit = fitting_tiers(body, summary, tiers, tier_contexts(self.forwarder, tiers))
         if fit and fit[0] != tiers[0]:
             ctx.extra_headers["x-tiergate-fallback-from"] = tiers[0]
             ctx.extra_headers["x-tiergate-fallback-reason"] = "context_length_exceeded"
         return fit
-
-    def _shadow_of(self, ctx: RequestContext, path: str, body: dict[str, Any]) -> _Shadow | None:
-        """Whether this answered request is sampled for shadow evaluation.
-
-        Never for a tier this key may not use or whose rules would refuse the body; the
-        shadow's ``max_tokens`` is clamped to the target tier's (and the key's) cap.
-        """
-        principal = ctx.principal
-        if self.shadow is None or ctx.tier is None or principal is None:
-            return None
-        direction = self.shadow.sample(ctx.tier)
-        if direction is None:
-            return None
-        target = self.shadow.target_of(direction)
-        if not principal.policy.allows_tier(target) or not self.fields.accepts(body, target):
-            return None
-        cap = self.tier_caps[target]
-        if principal.policy.max_tokens is not None:
-            cap = min(cap, principal.policy.max_tokens)
-        score = ctx.decision.score if ctx.decision is not None else None
-        return _Shadow(self.shadow, direction, path, body, score, cap, ctx.summary)
 
     def _stream(
         self,
         ctx: RequestContext,
         exchange: Exchange,
         admission: Admission,
-        shadow: _Shadow | None,
+        shadow: Shadow | None,
         bound: UsageBound,
         *,
         strip_usage: bool,
@@ -387,13 +352,13 @@ class ProxyService:
         ctx: RequestContext,
         opened: Opened,
         admission: Admission,
-        shadow: _Shadow | None,
+        shadow: Shadow | None,
         bound: UsageBound,
     ) -> Reply:
         raw = opened.body or b""
         # Read when the answer was checked (gateway.upstream.attempt); a completion of 0 counts
         # its text. No usage (``null``, absent: llama.cpp's list of answers): the reservation.
-        reported = whole_usage(opened, bound.completion) or _reserved_usage(ctx.summary, bound)
+        reported = whole_usage(opened, bound.completion) or reserved_usage(ctx.summary, bound)
         usage = ctx.usage = self.clip_usage(reported, bound, ctx.tier)
         ctx.status = 200
         used = usage.total if usage is not None else None
@@ -412,12 +377,12 @@ class ProxyService:
             # answer never finds its slot still taken.
             await admission.settle(used)
             ctx.extra_headers.update(admission.headers)
-            admission = _SETTLED
+            admission = SETTLED
         if shadow is None and not admission.settles:  # nothing to wait for afterwards
             return Reply(200, ctx.headers(), body=raw, finish=finish)
 
         async def after() -> None:
-            await _after_complete(admission, used, shadow, raw)
+            await after_complete(admission, used, shadow, raw)
 
         return Reply(200, ctx.headers(), body=raw, after=after, finish=finish)
 
@@ -511,90 +476,3 @@ class _Admitted(NamedTuple):
     bound: UsageBound  # the most usage the backend may charge
     strip_usage: bool
     blocks: tuple[int, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class _Shadow:
-    """A request sampled for shadow evaluation, to hand over once its answer is known."""
-
-    runner: ShadowRunner
-    direction: str
-    path: str
-    body: dict[str, Any]
-    score: float | None
-    max_tokens: int
-    summary: RequestSummary | None  # the shadow's worst case: prompt estimate, completions
-
-    def submit(self, answer: str) -> None:
-        """Start the shadow (never awaited by the caller's response)."""
-        known = self.summary
-        self.runner.submit(
-            self.direction, self.path, self.body, answer, self.score, max_tokens=self.max_tokens,
-            prompt_tokens=known.prompt_token_estimate if known else 0,
-            completions=known.completions if known else 1,
-        )  # fmt: skip
-
-
-def _abandoned_usage(summary: RequestSummary, bound: UsageBound, tier: str | None) -> Usage | None:
-    """What a request the client left before its answer is charged, on its tier's price, by
-    the token limits, the budget and the usage report alike (``None``: nothing).
-
-    Nothing when no backend was asked yet (``tier`` is the tier of the last attempt). A
-    stream's first event is read before it is answered, so no token had come out: its prompt
-    estimate. A non-streaming answer comes whole at the end, so the backend may have generated
-    up to ``max_tokens`` (it is aborted now; how far it got is unknown): its whole reservation.
-    """
-    if tier is None:
-        return None
-    if summary.stream:
-        return Usage(prompt_tokens=summary.prompt_token_estimate)
-    return _reserved_usage(summary, bound)
-
-
-def _reserved_usage(summary: RequestSummary | None, bound: UsageBound) -> Usage:
-    """The usage a request reserved: its prompt estimate, and ``max_tokens`` per completion."""
-    prompt = summary.prompt_token_estimate if summary is not None else 0
-    return Usage(prompt_tokens=prompt, completion_tokens=bound.completion)
-
-
-async def _after_complete(
-    admission: Admission, used: int | None, shadow: _Shadow | None, raw: bytes
-) -> None:
-    """After a non-streaming answer was sent: settle the limits, then start any shadow."""
-    await admission.settle(used)
-    if shadow is not None:
-        text = answer_text(raw)
-        if text is not None:
-            shadow.submit(text)
-
-
-class _Settled:
-    """An admission already settled: nothing is left to do after the answer."""
-
-    headers: Mapping[str, str] = _NO_HEADERS
-    settles = False
-    settle_first = False
-
-    async def settle(self, used_tokens: int | None) -> None:
-        """Done before the answer."""
-
-    async def withdraw(self) -> None:
-        """Never withdrawn: it was forwarded."""
-
-
-_SETTLED = _Settled()
-
-
-async def _ready(admission: Admission) -> Admission:
-    """An admission already granted, to await like one in flight."""
-    return admission
-
-
-async def _withdraw(admitting: Eager[Admission]) -> None:
-    """The request was refused before forwarding: give back all the limiter took (request,
-    tokens, slot), so refusals such as 403/404/400 never consume a key's limits."""
-    try:
-        admission = await admitting
-    except TierGateError:
-        return  # refused by the limits too; the earlier error is the one the caller sees
-    await admission.withdraw()

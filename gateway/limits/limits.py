@@ -35,7 +35,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from redis.asyncio import Redis
 
 from gateway.config.redis_client import BackendHealth
-from gateway.config.settings import RateLimitSettings, TierSettings
+from gateway.config.settings import RateLimitSettings
+from gateway.config.tier_settings import TierSettings
 from gateway.limits.census import LocalShare, ReplicaCensus
 from gateway.limits.limiter_redis import (
     SLOT_LEASE_S,

@@ -133,7 +133,7 @@ class RequestContext:
     admitted: bool = False
     overhead_s: float | None = None
     prefix_match: bool | None = None
-    # Why a started stream did not reach the caller complete (``gateway.relay.Cut``).
+    # Why a started stream did not reach the caller complete (``gateway.upstream.stream_cuts.Cut``).
     stream_cut: str | None = None
 
     def mark(self, stage: str) -> None:

@@ -13,7 +13,7 @@ An exception (or a cancellation) raised before the first suspension is kept and 
 ``await``, as a task would keep it; ``KeyboardInterrupt`` and ``SystemExit`` propagate at
 once, as from a task's step. Awaiting twice is an error; never awaiting leaves the coroutine
 to be closed when collected (its ``finally`` blocks run then), so a caller that gives up must
-still await it (see ``proxy._withdraw``).
+still await it (see ``gateway.http.settlement.withdraw``).
 """
 
 from __future__ import annotations

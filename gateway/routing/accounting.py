@@ -19,7 +19,8 @@ from redis.asyncio import Redis
 from gateway.config.pricing import tier_prices
 from gateway.config.redis_client import BackendHealth
 from gateway.config.router_settings import RouterSettings
-from gateway.config.settings import RateLimitSettings, TierSettings
+from gateway.config.settings import RateLimitSettings
+from gateway.config.tier_settings import TierSettings
 from gateway.limits.budget_outage import FailOpenBudgetStore
 from gateway.limits.budgets import BudgetGate, BudgetStore, MemoryBudgetStore, RedisBudgetStore
 from gateway.limits.precise_cap import (

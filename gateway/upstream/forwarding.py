@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 
 import msgspec
 
-from gateway.config.settings import Timeouts
+from gateway.config.tier_settings import Timeouts
 from gateway.pipeline.events import (
     NO_EVENTS,
     AttemptEnd,

@@ -6,6 +6,10 @@ stalls after the first byte, the client gets an in-band error event and **no** `
 a truncated answer never looks complete. vLLM (and SGLang) follow their own in-stream error
 event with ``data: [DONE]``; the relay stops at the error, so that ``[DONE]`` never reaches the
 caller, the stream counts as failed and no usage is made up for it.
+
+What the stream delivered (tokens, final chunks, usage) is counted by its base class,
+:class:`~gateway.upstream.stream_tally.StreamTally`; the causes of a cut and their outcomes are
+in gateway/upstream/stream_cuts.py.
 """
 
 from __future__ import annotations
@@ -15,7 +19,6 @@ import math
 import re
 import time
 from collections.abc import AsyncIterator, Callable
-from enum import StrEnum
 from typing import Any, Final
 
 import msgspec
@@ -23,24 +26,22 @@ import structlog
 
 from gateway.pipeline.errors import error_body
 from gateway.pipeline.events import UNREADABLE_JSON, UPSTREAM_FAILURES, Outcome, Usage
-from gateway.upstream.attempt import error_status, usage_from
+from gateway.upstream.attempt import error_status
 from gateway.upstream.forwarding import Exchange
 from gateway.upstream.keys import blank
 from gateway.upstream.sse import (
     ERROR_EVENT,
     MAX_EVENT,
     event_error,
-    first_choice_text,
     is_json,
     quoted_keys,
     standard_event,
-    unasked,
 )
+from gateway.upstream.stream_cuts import CUT_OUTCOMES, CUT_STATUS, Cut, error_event
+from gateway.upstream.stream_tally import StreamTally
 
 _log = structlog.get_logger("tiergate.relay")
-_decoder = msgspec.json.Decoder()
 _checker = msgspec.json.Decoder(msgspec.Raw)  # an event's data is JSON: checked, not built
-_encoder = msgspec.json.Encoder()
 _DONE = b"data: [DONE]"
 _DATA = b"data: "
 _DATA_OBJECT = b"data: {"
@@ -49,62 +50,16 @@ _ERROR_KEY = b'"error"'  # in an error event of any shape (and in a chunk now an
 _SEP = b"\n\n"
 DATA_LINE = b"data:"  # in what a read lets through: an event with data came
 _LF = 0x0A  # b"\n"[0]
-# A chunk still generating (``"finish_reason": null``; JSON spaced any way).
-_NO_FINISH = re.compile(rb'"finish_reason"\s*:\s*null')
-# A choice's last chunk: its ``finish_reason`` is a string ("stop", "length", "tool_calls").
-# An empty one counts too: TGI before 2.3 sends ``""`` on every /v1/completions chunk and no
-# other final chunk, so its streams could never end complete otherwise.
-_FINISH = re.compile(rb'"finish_reason"\s*:\s*"')
-# Text in a chunk: a chat delta's or a completion choice's, not empty.
-_TEXT = re.compile(rb'"(?:content|text)"\s*:\s*"[^"]')
-# The usual spelling of a chunk still generating, checked before the pattern above.
-_NO_FINISH_COMPACT = b'"finish_reason":null'
-_CHOICES = b'"choices"'  # in a chunk; not in an error event
 # A ``usage`` object (not ``"usage": null``, as OpenAI and SGLang send on every chunk) to parse.
 _USAGE = b'"usage"'
 _USAGE_OBJECT = re.compile(rb'"usage"\s*:\s*\{')
-
-
-class Cut(StrEnum):
-    """Why a stream the backend had started did not reach the caller complete."""
-
-    NO_FINISH_REASON = "no_finish_reason"  # [DONE] before every choice had finished
-    EARLY_EOF = "early_eof"  # the body ended with neither [DONE] nor a final chunk
-    RESET = "reset"  # the connection to the backend was lost
-    STALL = "stall"  # no bytes for the tier's idle timeout
-    DEADLINE = "deadline"  # the request's own time limit (timeouts.total_s)
-    UPSTREAM_ERROR = "upstream_error"  # the backend's own in-band error event
-    OVERSIZE_EVENT = "oversize_event"  # an event above the size limit
-    MALFORMED_EVENT = "malformed_event"  # an event whose data is not JSON
-    INTERNAL_ERROR = "internal_error"  # the gateway failed while relaying
-    CLIENT_STALL = "client_stall"  # the client read nothing for server.stream_stall_s
 
 
 def _closed(_outcome: str, _usage: Usage | None) -> None:
     """What a closed relay's ``on_close`` becomes."""
 
 
-def error_event(message: str, code: int) -> bytes:
-    """An in-band SSE error event in vLLM's shape."""
-    return b"data: " + error_body(message, "server_error", None, code) + _SEP
-
-
-_CUT_OUTCOMES: Final = {
-    Cut.NO_FINISH_REASON: Outcome.UPSTREAM_TRUNCATED,
-    Cut.EARLY_EOF: Outcome.UPSTREAM_TRUNCATED,
-    Cut.RESET: Outcome.UPSTREAM_RESET,
-    Cut.STALL: Outcome.UPSTREAM_STALL,
-    Cut.DEADLINE: Outcome.DEADLINE,
-    Cut.UPSTREAM_ERROR: Outcome.UPSTREAM_ERROR,
-    Cut.OVERSIZE_EVENT: Outcome.UPSTREAM_ERROR,
-    Cut.MALFORMED_EVENT: Outcome.UPSTREAM_ERROR,
-    Cut.INTERNAL_ERROR: Outcome.INTERNAL_ERROR,
-    Cut.CLIENT_STALL: Outcome.CLIENT_DISCONNECT,
-}
-_CUT_STATUS: Final = {Cut.STALL: 504, Cut.DEADLINE: 504, Cut.INTERNAL_ERROR: 500}
-
-
-class StreamRelay:
+class StreamRelay(StreamTally):
     """Turns an :class:`Exchange` into the byte stream the client receives.
 
     The relay reports to its caller only: ``on_event`` (if given) sees each event relayed,
@@ -133,14 +88,15 @@ class StreamRelay:
         capture: bool = False,
         choices: int = 1,
     ) -> None:
+        super().__init__(
+            strip_usage=strip_usage,
+            prompt_tokens=prompt_tokens,
+            max_tokens=max_tokens,
+            capture=capture,
+            choices=choices,
+        )
         self.exchange = exchange
-        # The answer's text, kept only for requests sampled for shadow evaluation.
-        self.captured: list[str] | None = [] if capture else None
-        self.usage: Usage | None = None
         self.on_event = on_event
-        self.prompt_tokens = prompt_tokens
-        self.max_tokens = max_tokens
-        self.strip_usage = strip_usage
         self.idle_s = idle_s
         self.on_close = on_close
         self.done = False
@@ -148,16 +104,7 @@ class StreamRelay:
         self.ended = False  # [DONE] or the backend's error: nothing after it is relayed
         self.closed = False
         self.outcome: str = Outcome.CLIENT_DISCONNECT
-        self.token_events = 0
-        # Final chunks seen (a request for one choice needs one).
-        self.finishes = 0
-        self.choices = max(1, choices)
-        # A request for several (``n``, a list of prompts): each choice the backend started,
-        # by index, and whether its final chunk came. A backend may give fewer than asked
-        # (llama-cpp-python and Ollama ignore ``n``); every one it started must finish.
-        self.started: dict[int, bool] | None = {} if self.choices > 1 else None
         self.cut: Cut | None = None
-        self.last_data = b""
         self._cr = b""  # a CRLF stream's read that ended between \r and \n: its \r, held back
         self.expired = False  # the request's deadline (timeouts.total_s) cut the stream
         self.silent = False  # the backend sent no chunk for idle_s: the stream was cut
@@ -299,108 +246,6 @@ class StreamRelay:
             return self._estimated_usage() + event + _SEP
         return event
 
-    def _chunk(self, event: bytes) -> bool:
-        """A ``data: {...}`` event: count its token, note a final chunk, capture its text;
-        whether it names a ``finish_reason`` (a choice's chunk, not the backend's error)."""
-        self.last_data = event
-        choice = True
-        if _NO_FINISH_COMPACT in event or _NO_FINISH.search(event):
-            if b'"role"' not in event or _TEXT.search(event):  # Ollama: a role on every chunk
-                self.token_events += 1
-        elif _FINISH.search(event):
-            self.finishes += 1
-            if _TEXT.search(event):  # a final chunk that carries the last token
-                self.token_events += 1
-        else:
-            choice = False
-            # No ``finish_reason`` key (LiteLLM's chunks): one with text is a token still.
-            if _CHOICES in event and _TEXT.search(event):
-                self.token_events += 1
-        if self.started is not None:
-            self._track_choices(event)
-        if self.captured is not None:
-            self._capture(event)
-        return choice
-
-    def _track_choices(self, event: bytes) -> None:
-        """Note each choice of the chunk by its index, and whether it is its final chunk."""
-        started = self.started
-        try:
-            data = _decoder.decode(event[6:])
-        except UNREADABLE_JSON:
-            return
-        choices = data.get("choices") if isinstance(data, dict) else None
-        if started is None or not isinstance(choices, list):
-            return
-        for choice in choices:
-            if isinstance(choice, dict) and type(index := choice.get("index", 0)) is int:
-                reason = choice.get("finish_reason")
-                started[index] = started.get(index, False) or isinstance(reason, str)
-
-    def _finished(self) -> bool:
-        """Did the backend finish its answer: one final chunk, or one for every choice of a
-        request for several that it started?"""
-        if self.started is None:
-            return self.finishes > 0
-        return bool(self.started) and all(self.started.values())
-
-    def _usage_event(self, event: bytes) -> bytes | None:
-        """An event that may carry ``usage``: recorded; usage the gateway asked for dropped."""
-        try:
-            data = _decoder.decode(event[6:])
-        except UNREADABLE_JSON:
-            return event
-        usage = usage_from(data)
-        if usage is not None:  # never below what was streamed (a count that is no number: 0)
-            usage.completion_tokens = max(usage.completion_tokens, self._streamed())
-            self.usage = usage
-            if self.strip_usage:  # asked for by the gateway: the caller sees none, also where
-                return unasked(data)  # it rides on a chunk with choices (some servers)
-        return event
-
-    def _capture(self, event: bytes) -> None:
-        text = first_choice_text(event)
-        if text is not None and self.captured is not None:
-            self.captured.append(text)
-
-    def _streamed(self) -> int:
-        """Completion tokens streamed, by the gateway's count: a content chunk (of any choice)
-        a token, at most ``max_tokens`` for each choice."""
-        if self.max_tokens is None:
-            return self.token_events
-        return min(self.token_events, self.max_tokens * self.choices)
-
-    def _count_usage(self) -> Usage:
-        """The gateway's own count: its prompt estimate and the tokens it streamed."""
-        self.usage = usage = Usage(self.prompt_tokens, self._streamed())
-        return usage
-
-    def _estimated_usage(self) -> bytes:
-        """Usage for a backend that never reports it in streams (llama.cpp's server).
-
-        The prompt is the gateway's own estimate and the completion one token per content
-        chunk (llama.cpp streams one token a chunk); it settles token limits and, when the
-        caller asked for usage, goes out as the usage chunk vLLM would have sent.
-        """
-        usage = self._count_usage()
-        prompt, completion = usage.prompt_tokens, usage.completion_tokens
-        if self.strip_usage or not self.last_data:
-            return b""
-        try:
-            last = _decoder.decode(self.last_data[6:])
-        except UNREADABLE_JSON:
-            return b""
-        if not isinstance(last, dict):
-            return b""
-        chunk = {key: last[key] for key in ("id", "object", "created", "model") if key in last}
-        chunk["choices"] = []
-        chunk["usage"] = {
-            "prompt_tokens": prompt,
-            "completion_tokens": completion,
-            "total_tokens": prompt + completion,
-        }
-        return b"data: " + _encoder.encode(chunk) + _SEP
-
     def _split(self, buffer: bytes) -> tuple[bytes, bytes]:
         """What to send of ``buffer``'s complete events, and the incomplete rest.
 
@@ -518,7 +363,7 @@ class StreamRelay:
         stream closes, the backend's is aborted, the slot freed and the cut counted."""
         if not self.closed and self.cut is None:
             self.cut = Cut.CLIENT_STALL
-            self.outcome = _CUT_OUTCOMES[Cut.CLIENT_STALL]
+            self.outcome = CUT_OUTCOMES[Cut.CLIENT_STALL]
 
     @property
     def complete(self) -> bool:
@@ -528,8 +373,8 @@ class StreamRelay:
     def _cut(self, cut: Cut, message: str) -> bytes:
         """End the stream as cut short: the outcome, the cause, the caller's error event."""
         self.cut = cut
-        self.outcome = _CUT_OUTCOMES[cut]
-        return error_event(message, _CUT_STATUS.get(cut, 502))
+        self.outcome = CUT_OUTCOMES[cut]
+        return error_event(message, CUT_STATUS.get(cut, 502))
 
     def ending(self) -> bytes:
         """The stream's body ended: complete when the backend finished it, else cut short."""

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from gateway.config.settings import QueueSettings, TierSettings, Timeouts
+from gateway.config.settings import QueueSettings
+from gateway.config.tier_settings import TierSettings, Timeouts
 from gateway.pipeline.events import AttemptEnd, AttemptStart
 from gateway.upstream.attempt import UpstreamClient
 from gateway.upstream.fair_queue import BATCH, Ticket, ticket_for

@@ -12,7 +12,7 @@ import asyncio
 
 import pytest
 
-from gateway.config.settings import Timeouts
+from gateway.config.tier_settings import Timeouts
 from gateway.pipeline.events import Outcome, Usage
 from gateway.upstream.attempt import UpstreamClient
 from gateway.upstream.forwarding import Forwarder, TierRoute

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from gateway.config.settings import Timeouts
+from gateway.config.tier_settings import Timeouts
 from gateway.pipeline.events import UPSTREAM_FAILURES, Outcome, Usage
 from gateway.upstream.attempt import AttemptFailed, UpstreamClient, _upstream_message, answer_usage
 from gateway.upstream.forwarding import Forwarded, Forwarder, TierRoute

@@ -11,7 +11,7 @@ import asyncio
 
 import pytest
 
-from gateway.config.settings import Timeouts
+from gateway.config.tier_settings import Timeouts
 from gateway.pipeline.events import Outcome, Usage
 from gateway.upstream.attempt import UpstreamClient
 from gateway.upstream.connection import UpstreamConnectionError

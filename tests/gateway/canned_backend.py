@@ -15,7 +15,8 @@ from litestar import Litestar
 
 from gateway.access.keystore_file import FileKeyStore
 from gateway.composition import create_app
-from gateway.config.settings import AuthSettings, Settings, TierSettings
+from gateway.config.settings import AuthSettings, Settings
+from gateway.config.tier_settings import TierSettings
 from policies.keys import issue_key
 from policies.principal import KeyPolicy
 

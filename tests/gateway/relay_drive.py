@@ -11,7 +11,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
-from gateway.config.settings import Timeouts
+from gateway.config.tier_settings import Timeouts
 from gateway.upstream.attempt import UpstreamClient
 from gateway.upstream.forwarding import Forwarder, TierRoute
 from gateway.upstream.pump import Pump

@@ -87,6 +87,8 @@ def test_forwarding_and_the_relay_hold_no_telemetry() -> None:
     for name in (
         "upstream/forwarding.py",
         "upstream/relay.py",
+        "upstream/stream_tally.py",
+        "upstream/stream_cuts.py",
         "upstream/attempt.py",
         "upstream/retry.py",
     ):

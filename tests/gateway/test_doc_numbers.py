@@ -8,7 +8,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from gateway.config.settings import Settings, TierSettings
+from gateway.config.settings import Settings
+from gateway.config.tier_settings import TierSettings
 from gateway.http import collector, native, protocol
 from gateway.limits import limiter_redis
 from gateway.limits.limits import limiter_lease_s

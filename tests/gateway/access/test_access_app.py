@@ -19,7 +19,8 @@ from litestar.testing import AsyncTestClient
 from gateway.access.auth import NoKeysConfigured
 from gateway.access.keystore_file import FileKeyStore
 from gateway.composition import create_app
-from gateway.config.settings import AuthSettings, Settings, TierSettings
+from gateway.config.settings import AuthSettings, Settings
+from gateway.config.tier_settings import TierSettings
 from policies.keys import issue_key
 from policies.principal import KeyPolicy
 from tests.key_fields import KeyPolicyFields

@@ -13,7 +13,8 @@ import structlog
 from litestar.testing import TestClient
 
 from gateway.composition import create_app
-from gateway.config.settings import AuthSettings, Settings, TierSettings
+from gateway.config.settings import AuthSettings, Settings
+from gateway.config.tier_settings import TierSettings
 from gateway.http import collector
 
 

@@ -13,9 +13,10 @@ from typing import Any, Literal
 import pytest
 from litestar.testing import AsyncTestClient
 
-import gateway.http.proxy
+import gateway.http.upstream_body
 from gateway.composition import create_app
-from gateway.config.settings import AuthSettings, BalancingSettings, Settings, TierSettings
+from gateway.config.settings import AuthSettings, BalancingSettings, Settings
+from gateway.config.tier_settings import TierSettings
 from policies.prefix import prefix_blocks
 from tests.simulator.procs import SimulatorProcess
 
@@ -79,7 +80,7 @@ async def test_a_family_stays_on_one_replica_of_a_prefix_affinity_tier(
 ) -> None:
     """Two replicas, prefix affinity: every request hashed, all of one family on one replica."""
     counting = _Counting()
-    monkeypatch.setattr(gateway.http.proxy, "prefix_blocks", counting)
+    monkeypatch.setattr(gateway.http.upstream_body, "prefix_blocks", counting)
     one, two = sims
     one.reset()
     two.reset()
@@ -100,7 +101,7 @@ async def test_no_prompt_is_hashed_where_no_choice_reads_the_blocks(
 ) -> None:
     """One replica, or a strategy without affinity: the requests are served, nothing hashed."""
     counting = _Counting()
-    monkeypatch.setattr(gateway.http.proxy, "prefix_blocks", counting)
+    monkeypatch.setattr(gateway.http.upstream_body, "prefix_blocks", counting)
     urls = [sim.url for sim in sims][:replicas]
     for sim in sims:
         sim.reset()

@@ -11,7 +11,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
-from gateway.config.settings import HealthSettings, TierSettings
+from gateway.config.settings import HealthSettings
+from gateway.config.tier_settings import TierSettings
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.upstream import backends
 from gateway.upstream.attempt import AttemptFailed

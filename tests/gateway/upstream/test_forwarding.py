@@ -14,7 +14,7 @@ import msgspec
 import pytest
 from aiohttp import web
 
-from gateway.config.settings import Timeouts
+from gateway.config.tier_settings import Timeouts
 from gateway.pipeline.events import AttemptEnd, AttemptStart, FailureKind, Outcome, Usage
 from gateway.upstream.attempt import AttemptFailed, UpstreamClient, attempt
 from gateway.upstream.forwarding import Forwarder, TierRoute

@@ -9,7 +9,8 @@ import math
 import pytest
 from pydantic import ValidationError
 
-from gateway.config.settings import QueueSettings, Timeouts
+from gateway.config.settings import QueueSettings
+from gateway.config.tier_settings import Timeouts
 from gateway.upstream.fair_queue import BATCH, Ticket
 from gateway.upstream.forwarding import TierRoute, _pick
 from gateway.upstream.replicas import QueueSetup, Replica, ReplicaPool, batch_cap

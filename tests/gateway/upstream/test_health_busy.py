@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from gateway.config.settings import Timeouts
+from gateway.config.tier_settings import Timeouts
 from gateway.pipeline.events import Outcome, Usage
 from gateway.routing.shadow import UNDER, ShadowConfig, ShadowRunner
 from gateway.upstream.attempt import UpstreamClient

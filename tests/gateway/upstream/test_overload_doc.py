@@ -12,7 +12,8 @@ import pytest
 from pydantic import ValidationError
 from structlog.testing import capture_logs
 
-from gateway.config.settings import QueueSettings, TierSettings
+from gateway.config.settings import QueueSettings
+from gateway.config.tier_settings import TierSettings
 from gateway.http.admin_backends import queue_body
 from gateway.telemetry.metrics import OVERHEAD_BUCKETS
 from gateway.upstream.fair_queue import Ticket

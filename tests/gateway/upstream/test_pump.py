@@ -20,7 +20,8 @@ from gateway.pipeline.events import Outcome, Usage
 from gateway.upstream.attempt import UpstreamClient
 from gateway.upstream.connection import HIGH_WATER, Connection
 from gateway.upstream.pump import Pump
-from gateway.upstream.relay import Cut, StreamRelay
+from gateway.upstream.relay import StreamRelay
+from gateway.upstream.stream_cuts import Cut
 from tests.gateway.relay_drive import Flood, Recorder, open_relay
 from tests.processes import patience
 

@@ -13,7 +13,7 @@ import weakref
 
 import pytest
 
-from gateway.config.settings import Timeouts
+from gateway.config.tier_settings import Timeouts
 from gateway.pipeline.events import Outcome, Usage
 from gateway.upstream.attempt import UpstreamClient
 from gateway.upstream.connection import HIGH_WATER

@@ -8,7 +8,8 @@ import pytest
 
 from gateway.composition import build_backends
 from gateway.config.router_settings import RouterSettings, SpilloverSettings
-from gateway.config.settings import RetrySettings, Settings, TierSettings
+from gateway.config.settings import RetrySettings, Settings
+from gateway.config.tier_settings import TierSettings
 from gateway.upstream.attempt import AttemptFailed
 from gateway.upstream.health import STALE_SCRAPES
 from gateway.upstream.retry import RetryPolicy

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from aiohttp import web
 
-from gateway.config.settings import Timeouts
+from gateway.config.tier_settings import Timeouts
 from gateway.upstream.attempt import UpstreamClient
 from gateway.upstream.forwarding import Forwarder, TierRoute
 from gateway.upstream.replicas import ReplicaPool

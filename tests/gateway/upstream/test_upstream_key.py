@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from gateway.composition import build_backends
-from gateway.config.settings import Settings, TierSettings, load_settings
+from gateway.config.settings import Settings, load_settings
+from gateway.config.tier_settings import TierSettings
 from gateway.upstream.keys import UpstreamKeys, every_key_refused
 
 SECRET = "upstream-secret-0123456789"

@@ -13,7 +13,8 @@ import pytest
 from litestar.testing import AsyncTestClient
 
 from gateway.composition import create_app
-from gateway.config.settings import AuthSettings, Settings, TierSettings
+from gateway.config.settings import AuthSettings, Settings
+from gateway.config.tier_settings import TierSettings
 from gateway.pipeline.events import Usage
 from gateway.upstream.attempt import (
     AttemptFailed,
