@@ -228,7 +228,8 @@ def usage_from(data: Any) -> Usage | None:
 
 def whole_usage(opened: Opened, most: int) -> Usage | None:
     """A whole answer's usage (``usage_fields``). A completion reported as none (0, or no
-    number) while the answer holds text counts that text roughly instead, at most ``most``
+    number) while the answer holds text (content, thinking, tool calls: ``generated_texts``)
+    counts that text roughly instead, at most ``most``
     (what the request was allowed; 0: ``echo`` of a prompt, nothing generated), as a stream
     counts what it relayed: a broken count does not make an answer free."""
     usage = usage_fields(opened.usage)
@@ -238,8 +239,10 @@ def whole_usage(opened: Opened, most: int) -> Usage | None:
 
 
 def answer_text_tokens(body: bytes) -> int:
-    """A rough count of the text of a whole answer's choices (a message's ``content``, a
-    completion's ``text``): decoded only for an answer whose count is in doubt."""
+    """A rough count of what a whole answer's choices generated: a message's ``content``,
+    its thinking (``reasoning_content``, or newer vLLM's ``reasoning``) and its tool calls'
+    names and arguments, or a completion's ``text``. Decoded only for an answer whose count
+    is in doubt."""
     answer = _object_of(body)
     choices = answer.get("choices") if answer is not None else None
     if not isinstance(choices, list):
@@ -249,10 +252,31 @@ def answer_text_tokens(body: bytes) -> int:
         if not isinstance(choice, dict):
             continue
         message = choice.get("message")
-        text = message.get("content") if isinstance(message, dict) else choice.get("text")
-        if isinstance(text, str) and text:
-            total += text_tokens(text)
+        texts = generated_texts(message) if isinstance(message, dict) else [choice.get("text")]
+        total += sum(text_tokens(text) for text in texts if isinstance(text, str) and text)
     return min(total, MAX_COUNT)
+
+
+# Where a chat message or delta keeps generated text besides ``content``: the thinking of a
+# reasoning model (vLLM's ``--reasoning-parser``: ``reasoning_content``, ``reasoning`` from
+# 0.10), and the function of a tool call (``tool_calls[].function``, the older
+# ``function_call``).
+REASONING_FIELDS: Final = ("reasoning_content", "reasoning")
+
+
+def generated_texts(message: dict[str, Any]) -> list[Any]:
+    """The generated strings of a chat ``message`` (or streamed ``delta``): its content, its
+    thinking, and each tool call's name and arguments (values as sent: not checked)."""
+    texts = [message.get("content")]
+    texts.extend(message.get(field) for field in REASONING_FIELDS)
+    calls = message.get("tool_calls")
+    functions = [message.get("function_call")]
+    if isinstance(calls, list):
+        functions.extend(call.get("function") for call in calls if isinstance(call, dict))
+    for function in functions:
+        if isinstance(function, dict):
+            texts.extend((function.get("name"), function.get("arguments")))
+    return texts
 
 
 def usage_fields(usage: Any) -> Usage | None:
