@@ -56,7 +56,7 @@ from gateway.upstream.backends import kind_of
 from gateway.upstream.forwarding import TierRoute
 from gateway.upstream.pool import UpstreamPool
 from gateway.upstream.replicas import Replica
-from policies.agreement import agreement
+from policies.agreement import EMPTY, agreement
 from policies.judge import MAX_TOKENS as JUDGE_MAX_TOKENS
 from policies.judge import judge_messages, parse_score
 from policies.requests import validate
@@ -256,6 +256,11 @@ class ShadowRunner:
         text = answer_text(answer) if answer is not None else None
         if text is None:
             self._count(job.direction, "failed")
+            return
+        if not text.strip() and not job.primary.strip():
+            # Neither answered anything (a reasoning model thought until max_tokens on both
+            # tiers): no agreement to record, nor a judge to ask.
+            self._count(job.direction, EMPTY)
             return
         prompt = _prompt_of(body)
         judged = None

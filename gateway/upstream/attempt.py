@@ -23,9 +23,11 @@ from gateway.pipeline.events import UNREADABLE_JSON, FailureKind, Usage, status_
 from gateway.upstream.connection import ConnectFailed, ConnectTimedOut, Response
 from gateway.upstream.keys import blank
 from gateway.upstream.pool import UpstreamPool
+from policies.agreement import tool_call_text
 from policies.requests import text_tokens
 
 _decoder = msgspec.json.Decoder()
+_encoder = msgspec.json.Encoder()
 # The largest non-streaming answer read from a backend (a chat answer is some kB; a batch of
 # long completions or many embeddings a few MB).
 MAX_ANSWER = 32 << 20
@@ -434,9 +436,11 @@ async def attempt(
 
 
 def choice_text(raw: bytes, part: str) -> str | None:
-    """The first choice's text in JSON from a backend: ``part`` names where a chat answer keeps
-    it (``delta`` in a streamed chunk, ``message`` in a whole answer); a completion's ``text``
-    either way. ``None`` when there is none, or the JSON cannot be read."""
+    """The first choice's answer in JSON from a backend: ``part`` names where a chat answer
+    keeps it (``delta`` in a streamed chunk, ``message`` in a whole answer): its ``content``
+    (none: empty), then its tool calls as :func:`policies.agreement.tool_call_text` writes them
+    (a streamed chunk's pieces, joined, make a whole answer's text); a completion's ``text``
+    either way; thinking never. ``None`` when there is none, or the JSON cannot be read."""
     try:
         data = _decoder.decode(raw)
     except UNREADABLE_JSON:
@@ -446,5 +450,23 @@ def choice_text(raw: bytes, part: str) -> str | None:
         return None
     choice = choices[0]
     holder = choice.get(part)
-    text = holder.get("content") if isinstance(holder, dict) else choice.get("text")
-    return text if isinstance(text, str) else None
+    if not isinstance(holder, dict):
+        text = choice.get("text")
+        return text if isinstance(text, str) else None
+    content = holder.get("content")
+    calls = holder.get("tool_calls")
+    answer = content if isinstance(content, str) else ""
+    if isinstance(calls, list) and calls:
+        answer += "".join(_call_text(call) for call in calls)
+    return answer
+
+
+def _call_text(call: Any) -> str:
+    """One tool call of a message, or one streamed piece of it, as answer text."""
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict):
+        return ""
+    name, arguments = function.get("name"), function.get("arguments")
+    if not isinstance(arguments, str):  # an object (Ollama's own API) or nothing yet
+        arguments = _encoder.encode(arguments).decode() if arguments is not None else ""
+    return tool_call_text(name if isinstance(name, str) else None, arguments)
