@@ -301,6 +301,20 @@ async def stream_thinking_slowly(writer: Writer) -> None:
         await asyncio.sleep(0.02)
 
 
+async def stream_thinking_then_answer(writer: Writer) -> None:
+    """10 thinking chunks 0.15 s apart, then the answer "Yes." (final chunk), the usage chunk
+    (20 + 11) and ``[DONE]``: the first word of the answer comes 1.5 s after the first
+    thought."""
+    writer.write(_HEAD % b"text/event-stream" + b"Transfer-Encoding: chunked\r\n\r\n")
+    answer = [_chunk([_delta("Yes.", 0, "stop")]), _usage_chunk(11, 10), DONE]
+    for i, event in enumerate((ROLE, *[_chunk([_reasoning("t")]) for _ in range(10)], *answer)):
+        writer.write(b"%x\r\n%s\r\n" % (len(event), event))
+        await writer.drain()
+        if 1 <= i <= 10:
+            await asyncio.sleep(0.15)
+    writer.write(b"0\r\n\r\n")
+
+
 async def whole_thought_only(writer: Writer) -> None:
     """Thinking ran out of ``max_tokens``: ``content: null``, no tool call."""
     _json(writer, _whole(_message(None, reasoning_content=THOUGHT), "length", _usage(30)))
@@ -345,6 +359,7 @@ SCENARIOS: dict[str, Scenario] = {
         stream_reasoning_answer,
         stream_reasoning_usage_no_final,
         stream_thinking_slowly,
+        stream_thinking_then_answer,
         whole_thought_only,
     )
 }

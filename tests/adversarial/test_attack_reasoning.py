@@ -224,6 +224,21 @@ def test_a_reasoning_stream_reaches_the_openai_client_whole(bill: Bill) -> None:
     assert (row["input_tokens"], row["output_tokens"]) == (PROMPT, 6)
 
 
+def test_time_to_first_token_counts_thinking_as_tokens(bill: Bill) -> None:
+    """The first thought comes at once, the answer's first word 1.5 s later: the gateway's
+    time to first token (``ttft_ms`` in the access log, the histogram behind it) is the
+    first generated token of any kind, thinking included (as vLLM's own
+    ``vllm:time_to_first_token_seconds``), not the first word of ``content``."""
+    _, token = bill.key()
+    response, outcome = _outcome(bill, token, chat("stream_thinking_then_answer", stream=True))
+    assert response.status_code == 200
+    assert outcome == "complete"
+    request_id = response.headers["x-request-id"]
+    entry = bill.gateway.access_of(request_id)
+    assert entry["duration_ms"] >= 1400
+    assert entry["ttft_ms"] < 1000
+
+
 # The request side: tool fields, tool history and thinking control.
 
 
