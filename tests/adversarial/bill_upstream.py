@@ -331,6 +331,17 @@ async def whole_other_call(writer: Writer) -> None:
     _json(writer, _whole(_message(None, tool_calls=_tool_calls(call)), "tool_calls", _usage(9)))
 
 
+def _judged(body: dict[str, Any]) -> bytes:
+    """The judge's answer from a reasoning model: ``SCORE: 4`` when told not to think
+    (``chat_template_kwargs.enable_thinking: false``); else it thinks through its few tokens
+    and says nothing (``content: null``, ``finish_reason: "length"``)."""
+    kwargs = body.get("chat_template_kwargs") or {}
+    if kwargs.get("enable_thinking") is False:
+        return _whole(_message("SCORE: 4"), "stop", _usage(3))
+    cap = body["max_tokens"]
+    return _whole(_message(None, reasoning_content="hmm " * cap), "length", _usage(cap))
+
+
 Scenario = Callable[[Writer], Awaitable[None]]
 SCENARIOS: dict[str, Scenario] = {
     each.__name__: each
@@ -395,6 +406,10 @@ async def _handle(reader: asyncio.StreamReader, writer: Writer, last: list[bytes
                 continue
             last[0] = body
             data = json.loads(body)
+            if b"x-tiergate-shadow: judge" in head.lower():
+                _json(writer, _judged(data))
+                await writer.drain()
+                return
             name = _scenario(data)
             by_model = BY_MODEL.get(name)
             await (by_model[data["model"]] if by_model else SCENARIOS[name])(writer)

@@ -92,3 +92,36 @@ def test_two_empty_answers_after_thinking_do_not_agree(
     ``null``): there is nothing to compare, so no agreement is recorded (it would be a perfect
     1.0 that says nothing of quality); the outcome is counted ``empty``."""
     assert _shadow(world, store, scenario, "empty") == []
+
+
+@pytest.mark.parametrize("told", [True, False])
+def test_a_judge_that_thinks_first_scores_only_when_told_not_to_think(
+    store: Path, told: bool
+) -> None:
+    """A precise tier serving a reasoning model spends the judge's 16 tokens thinking and
+    answers nothing: ``judge:unparsed``, every time (the limit, docs/savings.md). With
+    ``router.shadow.judge_fields`` telling it not to think (Qwen3's ``chat_template_kwargs``),
+    the judge scores (``SCORE: 4``: 0.75)."""
+    fields = {"chat_template_kwargs": {"enable_thinking": False}} if told else {}
+    judged = store.with_name(f"judged-{told}.jsonl")
+    shadow = {"fast_ratio": 1.0, "max_waiting": 1000, "store": str(judged), "judge_ratio": 1.0}
+    with billed_gateway(router={"shadow": {**shadow, "judge_fields": fields}}) as stack:
+        world = Shadowed(stack.redis, stack.backend, stack.gateway)
+        outcome = "judge:scored" if told else "judge:unparsed"
+        _, token = world.key()
+        body = {
+            "model": "fast",
+            "max_tokens": 50,
+            "messages": [{"role": "user", "content": "whole"}],
+        }
+        assert post(world, token, body).status_code == 200
+        deadline = time.monotonic() + 8
+        while world.outcomes().get(outcome, 0) == 0:
+            assert time.monotonic() < deadline, f"no {outcome}: {world.outcomes()}"
+            time.sleep(0.05)
+        deadline = time.monotonic() + 8
+        while not _records(judged):
+            assert time.monotonic() < deadline, "no shadow record"
+            time.sleep(0.05)
+    [record] = _records(judged)
+    assert record["judge"] == (0.75 if told else None)
