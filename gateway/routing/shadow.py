@@ -28,7 +28,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from contextvars import Context
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +104,7 @@ class ShadowConfig:
     max_records: int = 20_000
     store_prompts: bool = False
     judge_ratio: float = 0.0
+    judge_fields: Mapping[str, Any] = field(default_factory=dict)
     digest_key_file: Path | None = None
 
     @property
@@ -334,6 +335,7 @@ class ShadowRunner:
             return None
         route = self.routes[self.precise_tier]
         body = {
+            **self.config.judge_fields,  # the operator's (thinking off); the rest is ours
             "model": route.served_model,
             "messages": judge_messages(question, reference, candidate),
             "max_tokens": JUDGE_MAX_TOKENS,
