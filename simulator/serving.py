@@ -218,16 +218,19 @@ async def _unary(
         engine.tokens(seq, rest, delay / rest)
     engine.finish(seq, plan.finish_reason)
     prefix = "chatcmpl-" if plan.chat else "cmpl-"
+    thinking = _thinking(state, plan)
+    thought = (_thought_field(state), "".join(plan.pieces[:thinking])) if thinking else None
     body = completion_body(
         prefix + headers["x-request-id"],
         int(time.time()),
         state.model,
         chat=plan.chat,
-        text="".join(plan.pieces),
+        text="".join(plan.pieces[thinking:]),
         finish_reason=plan.finish_reason,
         prompt=len(plan.prompt_tokens),
         completion=len(plan.output_tokens),
         cached=_cached(state, seq),
+        thought=thought,
     )
     return web.Response(body=body, content_type=JSON, headers=headers)
 
@@ -257,6 +260,7 @@ async def _stream(
         prefix + headers["x-request-id"], int(time.time()), state.model, chat=plan.chat
     )
     out: list[bytes] = [chunks.role()] if plan.chat else []
+    thinking, field = _thinking(state, plan), _thought_field(state)
     fault = state.faults.mid_stream()
     fault_at = len(plan.pieces) // 2
     last = len(plan.pieces) - 1
@@ -270,7 +274,12 @@ async def _stream(
                 due += delay
                 await asyncio.sleep(max(0.0, due - loop.time()))
             engine.tokens(seq, 1, delay)
-        out.append(chunks.token(piece, plan.finish_reason if index == last else None))
+        finish = plan.finish_reason if index == last else None
+        out.append(
+            chunks.thought(piece, field, finish)
+            if index < thinking
+            else chunks.token(piece, finish)
+        )
         if index != last and state.serial.should_interrupt():
             out.append(DONE)  # llama-cpp-python's interrupt: [DONE], no finish_reason
             await _flush(response, out)
@@ -292,6 +301,17 @@ async def _stream(
     await _flush(response, out)
     await response.write_eof()
     return response
+
+
+def _thinking(state: SimState, plan: Plan) -> int:
+    """How many of the answer's first tokens are thinking (chat answers only)."""
+    return min(state.config.reasoning_tokens, len(plan.pieces)) if plan.chat else 0
+
+
+def _thought_field(state: SimState) -> str:
+    """Where vLLM's reasoning parser puts thinking: ``reasoning_content`` up to 0.11
+    (deprecated later), ``reasoning`` in current releases."""
+    return "reasoning_content" if state.config.vllm_version == "0.11" else "reasoning"
 
 
 async def _flush(response: web.StreamResponse, out: list[bytes]) -> None:

@@ -80,6 +80,19 @@ class ChunkEncoder:
             choice["stop_reason"] = None
         return self._head + encoder.encode(choice) + _TAIL
 
+    def thought(self, text: str, field: str, finish_reason: str | None) -> bytes:
+        """One token of thinking (``field``: ``reasoning_content`` or ``reasoning``), no
+        ``content``, as vLLM's reasoning parser streams it."""
+        choice: dict[str, Any] = {
+            "index": 0,
+            "delta": {field: text},
+            "logprobs": None,
+            "finish_reason": finish_reason,
+        }
+        if finish_reason is not None:
+            choice["stop_reason"] = None
+        return self._head + encoder.encode(choice) + _TAIL
+
     def usage(self, prompt: int, completion: int, cached: int | None) -> bytes:
         """The ``include_usage`` chunk: no choices, only usage."""
         return (
