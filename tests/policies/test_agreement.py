@@ -7,7 +7,14 @@ import json
 import pytest
 
 from gateway.upstream.attempt import choice_text
-from policies.agreement import agreement, lcs_ratio, normalize, token_f1, tool_call_text
+from policies.agreement import (
+    agreement,
+    lcs_ratio,
+    normalize,
+    readable,
+    token_f1,
+    tool_call_text,
+)
 
 
 def test_normalization_ignores_case_punctuation_and_articles() -> None:
@@ -70,6 +77,12 @@ def test_tool_calls_are_compared_by_name_and_parsed_arguments() -> None:
     assert other.score == pytest.approx(2 / 3)
     assert agreement(paris, "It is sunny in Paris today, about 20 degrees.").score == 0.0
     assert agreement("", " ").method == "empty"
+
+
+def test_the_judge_reads_a_tool_call_as_words() -> None:
+    """What the judge is shown of a call: a line of its own, no control characters."""
+    text = "Checking." + tool_call_text("get_weather", '{"city": "Paris"}')
+    assert readable(text) == 'Checking.\n[tool call] get_weather {"city": "Paris"}'
 
 
 def test_a_streamed_tool_call_reads_as_the_whole_one() -> None:
