@@ -130,6 +130,12 @@ def tool_call_text(name: str | None, arguments: str) -> str:
     return start + arguments
 
 
+def readable(text: str) -> str:
+    """An answer's text as a reader (the judge) sees it: each tool call on a line of its own,
+    ``[tool call] name arguments``."""
+    return text.replace(TOOL_CALL, "\n[tool call] ").replace(TOOL_ARGUMENTS, " ").strip()
+
+
 def _calls(text: str) -> dict[str, Any] | None:
     """An answer with tool calls as JSON: its content (when any) and each call's name and
     arguments (parsed when they are JSON); ``None`` for an answer without calls."""

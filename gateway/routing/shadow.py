@@ -56,7 +56,7 @@ from gateway.upstream.backends import kind_of
 from gateway.upstream.forwarding import TierRoute
 from gateway.upstream.pool import UpstreamPool
 from gateway.upstream.replicas import Replica
-from policies.agreement import EMPTY, agreement
+from policies.agreement import EMPTY, agreement, readable
 from policies.judge import MAX_TOKENS as JUDGE_MAX_TOKENS
 from policies.judge import judge_messages, parse_score
 from policies.requests import validate
@@ -337,7 +337,7 @@ class ShadowRunner:
         body = {
             **self.config.judge_fields,  # the operator's (thinking off); the rest is ours
             "model": route.served_model,
-            "messages": judge_messages(question, reference, candidate),
+            "messages": judge_messages(question, readable(reference), readable(candidate)),
             "max_tokens": JUDGE_MAX_TOKENS,
             "temperature": 0,
         }
