@@ -256,11 +256,8 @@ async def _stream(
         await asyncio.sleep(delay)
     engine.first_token(seq)
     prefix = "chatcmpl-" if plan.chat else "cmpl-"
-    chunks = ChunkEncoder(
-        prefix + headers["x-request-id"], int(time.time()), state.model, chat=plan.chat
-    )
+    chunks = _chunk_encoder(state, plan, prefix + headers["x-request-id"])
     out: list[bytes] = [chunks.role()] if plan.chat else []
-    thinking, field = _thinking(state, plan), _thought_field(state)
     fault = state.faults.mid_stream()
     fault_at = len(plan.pieces) // 2
     last = len(plan.pieces) - 1
@@ -274,12 +271,7 @@ async def _stream(
                 due += delay
                 await asyncio.sleep(max(0.0, due - loop.time()))
             engine.tokens(seq, 1, delay)
-        finish = plan.finish_reason if index == last else None
-        out.append(
-            chunks.thought(piece, field, finish)
-            if index < thinking
-            else chunks.token(piece, finish)
-        )
+        out.append(chunks.token(piece, plan.finish_reason if index == last else None))
         if index != last and state.serial.should_interrupt():
             out.append(DONE)  # llama-cpp-python's interrupt: [DONE], no finish_reason
             await _flush(response, out)
@@ -301,6 +293,13 @@ async def _stream(
     await _flush(response, out)
     await response.write_eof()
     return response
+
+
+def _chunk_encoder(state: SimState, plan: Plan, response_id: str) -> ChunkEncoder:
+    """The stream's chunk encoder; a reasoning model's first tokens are thinking."""
+    chunks = ChunkEncoder(response_id, int(time.time()), state.model, chat=plan.chat)
+    chunks.think(_thinking(state, plan), _thought_field(state))
+    return chunks
 
 
 def _thinking(state: SimState, plan: Plan) -> int:
