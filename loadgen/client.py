@@ -101,7 +101,17 @@ def _chunk_text(chunk: dict[str, Any]) -> str:
     choice = choices[0]
     delta = choice.get("delta")
     if isinstance(delta, dict):
-        return str(delta.get("content") or delta.get("reasoning_content") or "")
+        # Generated text of any kind: the answer, a reasoning model's thinking (vLLM:
+        # ``reasoning_content``, ``reasoning`` from 0.10), a tool call's name or arguments.
+        for text in (delta.get(field) for field in ("content", "reasoning_content", "reasoning")):
+            if text:
+                return str(text)
+        calls = delta.get("tool_calls")
+        for call in calls if isinstance(calls, list) else ():
+            function = call.get("function") if isinstance(call, dict) else None
+            if isinstance(function, dict) and (function.get("name") or function.get("arguments")):
+                return str(function.get("name") or function.get("arguments"))
+        return ""
     return str(choice.get("text") or "")
 
 

@@ -1,6 +1,6 @@
 """Summaries of one grid point, with the definitions of ``vllm bench serve``.
 
-- TTFT: send to the first chunk that carries text.
+- TTFT: send to the first chunk that carries text (content, thinking or a tool call).
 - TPOT, per request: (E2E - TTFT) / (output tokens - 1), for requests with >= 2 tokens.
 - ITL: every gap between two text chunks, over all requests.
 - E2EL: send to the end of the stream.

@@ -9,6 +9,13 @@ Pure functions over the two answer texts, each in ``[0, 1]``:
 - other text: the mean of token-level F1 and the longest-common-subsequence ratio (ROUGE-L F).
 
 ``method`` names the measure used, so metrics can be broken down by it.
+
+Answers with tool calls (``content: null`` beside ``tool_calls``, as vLLM's tool-call
+parsers answer) come as their content followed by each call, written with
+:func:`tool_call_text`; two such answers are compared as JSON (each call's name and parsed
+arguments), and a call against words does not agree at all (method ``tool_calls``). Two
+answers with nothing in them (a reasoning model that thought until ``max_tokens``) have
+nothing to compare: method ``empty``, which shadow evaluation does not record.
 """
 
 from __future__ import annotations
@@ -18,13 +25,18 @@ import re
 import string
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 SHORT_WORDS = 4
 _MAX_LCS_TOKENS = 400  # LCS is quadratic: compare the first 400 tokens of long answers
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCTUATION = str.maketrans("", "", string.punctuation)
 _FENCE = re.compile(r"^```(?:json)?\s*|\s*```$")
+# Where a tool call starts in an answer's text, and where its name ends: control characters
+# (record and unit separators) that answers' words do not hold.
+TOOL_CALL: Final = "\x1e"
+TOOL_ARGUMENTS: Final = "\x1f"
+EMPTY: Final = "empty"  # the method of two answers with nothing to compare
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,8 +123,44 @@ def json_agreement(a: Any, b: Any) -> float:
     return same / len(paths)
 
 
+def tool_call_text(name: str | None, arguments: str) -> str:
+    """A tool call's place in an answer's text: where it starts (with its ``name``; a streamed
+    call's later pieces have none and go on the one before), then its ``arguments``."""
+    start = TOOL_CALL + name + TOOL_ARGUMENTS if name else ""
+    return start + arguments
+
+
+def readable(text: str) -> str:
+    """An answer's text as a reader (the judge) sees it: each tool call on a line of its own,
+    ``[tool call] name arguments``."""
+    return text.replace(TOOL_CALL, "\n[tool call] ").replace(TOOL_ARGUMENTS, " ").strip()
+
+
+def _calls(text: str) -> dict[str, Any] | None:
+    """An answer with tool calls as JSON: its content (when any) and each call's name and
+    arguments (parsed when they are JSON); ``None`` for an answer without calls."""
+    content, *calls = text.split(TOOL_CALL)
+    if not calls:
+        return None
+    parsed: list[dict[str, Any]] = []
+    for call in calls:
+        name, _, arguments = call.partition(TOOL_ARGUMENTS)
+        try:
+            value = json.loads(arguments)
+        except ValueError:
+            value = arguments
+        parsed.append({"name": name, "arguments": value})
+    return {"content": content, "tool_calls": parsed} if content.strip() else {"tool_calls": parsed}
+
+
 def agreement(a: str, b: str) -> Agreement:
     """How far answers ``a`` and ``b`` agree, with the measure suited to their shape."""
+    if not a.strip() and not b.strip():
+        return Agreement(0.0, EMPTY)
+    calls_a, calls_b = _calls(a), _calls(b)
+    if calls_a is not None or calls_b is not None:  # a call against words: 0
+        same = json_agreement(calls_a, calls_b) if calls_a and calls_b else 0.0
+        return Agreement(same, "tool_calls")
     parsed_a, parsed_b = _parse_json(a), _parse_json(b)
     if parsed_a is not None and parsed_b is not None:
         return Agreement(json_agreement(parsed_a, parsed_b), "json")

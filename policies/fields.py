@@ -139,6 +139,23 @@ ENGINE_CONTROL_FIELDS = frozenset(
         "thinking_token_budget",
     }
 )
+# The one use of ``chat_template_kwargs`` open to every key: switching a reasoning model's
+# thinking on or off (Qwen3's ``enable_thinking``, DeepSeek's and Granite's ``thinking``), as
+# booleans and nothing else. Other kwargs reach the template, which may read anything it is
+# given (a ``chat_template`` there was a template of the caller's in older vLLM).
+THINKING_SWITCHES = frozenset({"enable_thinking", "thinking"})
+
+
+def _thinking_switch(name: str, value: Any) -> bool:
+    """``chat_template_kwargs`` that only turns thinking on or off (booleans, known names)."""
+    return (
+        name == "chat_template_kwargs"
+        and isinstance(value, dict)
+        and bool(value)
+        and all(k in THINKING_SWITCHES and isinstance(v, bool) for k, v in value.items())
+    )
+
+
 # Keys a content part may carry media under. vLLM finds a part's media by these keys (and a
 # part with a ``uuid`` by its keys alone), not by ``type``, so every part is searched for all.
 MEDIA_KEYS = (
@@ -178,7 +195,7 @@ def check_fields(
     """Refuse (400 naming the field) or drop what this key may not send to this tier."""
     allowed = OPENAI_CHAT_FIELDS if kind == "chat" else OPENAI_COMPLETION_FIELDS
     unknown: list[str] = []
-    for name in body:
+    for name, value in body.items():
         if name in allowed or name in SAMPLING_EXTRAS or name in policy.extra_allowed:
             continue
         if name in STRUCTURED_OUTPUT_FIELDS:
@@ -190,7 +207,7 @@ def check_fields(
                 code="unsupported_parameter",
             )
         if name in ENGINE_CONTROL_FIELDS:
-            if engine_fields:
+            if engine_fields or _thinking_switch(name, value):
                 continue
             raise InvalidRequest(
                 f"'{name}' controls the inference engine; this key may not send it.",

@@ -216,6 +216,15 @@ def _add_vllm_options(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="as vLLM: report usage.prompt_tokens_details.cached_tokens",
     )
+    add(
+        "--reasoning-tokens",
+        type=int,
+        default=0,
+        metavar="N",
+        help="as a reasoning model behind vLLM's --reasoning-parser: the first N output tokens "
+        "of each chat answer are thinking, sent as reasoning_content (--vllm-version 0.11) or "
+        "reasoning (current) instead of content; usage counts them",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -271,6 +280,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         dev_mode=args.dev_mode,
         gated_routes=args.enable_gated_routes,
         prompt_tokens_details=args.enable_prompt_tokens_details,
+        reasoning_tokens=max(0, args.reasoning_tokens),
         quality=(
             QualityModel.load(args.quality_file, weak=args.weak)
             if args.quality_file is not None

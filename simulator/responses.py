@@ -19,8 +19,10 @@ def completion_body(
     prompt: int,
     completion: int,
     cached: int | None,
+    thought: tuple[str, str] | None = None,
 ) -> bytes:
-    """A ``chat.completion`` or ``text_completion`` object."""
+    """A ``chat.completion`` or ``text_completion`` object; ``thought``: a reasoning model's
+    (field, thinking), the thinking kept out of ``content`` (``null`` when nothing is left)."""
     choice: dict[str, Any]
     if chat:
         choice = {
@@ -36,6 +38,10 @@ def completion_body(
             "finish_reason": finish_reason,
             "stop_reason": None,
         }
+        if thought is not None:
+            field, thinking = thought
+            choice["message"][field] = thinking
+            choice["message"]["content"] = text or None
     else:
         choice = {
             "index": 0,

@@ -218,16 +218,19 @@ async def _unary(
         engine.tokens(seq, rest, delay / rest)
     engine.finish(seq, plan.finish_reason)
     prefix = "chatcmpl-" if plan.chat else "cmpl-"
+    thinking = _thinking(state, plan)
+    thought = (_thought_field(state), "".join(plan.pieces[:thinking])) if thinking else None
     body = completion_body(
         prefix + headers["x-request-id"],
         int(time.time()),
         state.model,
         chat=plan.chat,
-        text="".join(plan.pieces),
+        text="".join(plan.pieces[thinking:]),
         finish_reason=plan.finish_reason,
         prompt=len(plan.prompt_tokens),
         completion=len(plan.output_tokens),
         cached=_cached(state, seq),
+        thought=thought,
     )
     return web.Response(body=body, content_type=JSON, headers=headers)
 
@@ -253,9 +256,7 @@ async def _stream(
         await asyncio.sleep(delay)
     engine.first_token(seq)
     prefix = "chatcmpl-" if plan.chat else "cmpl-"
-    chunks = ChunkEncoder(
-        prefix + headers["x-request-id"], int(time.time()), state.model, chat=plan.chat
-    )
+    chunks = _chunk_encoder(state, plan, prefix + headers["x-request-id"])
     out: list[bytes] = [chunks.role()] if plan.chat else []
     fault = state.faults.mid_stream()
     fault_at = len(plan.pieces) // 2
@@ -292,6 +293,24 @@ async def _stream(
     await _flush(response, out)
     await response.write_eof()
     return response
+
+
+def _chunk_encoder(state: SimState, plan: Plan, response_id: str) -> ChunkEncoder:
+    """The stream's chunk encoder; a reasoning model's first tokens are thinking."""
+    chunks = ChunkEncoder(response_id, int(time.time()), state.model, chat=plan.chat)
+    chunks.think(_thinking(state, plan), _thought_field(state))
+    return chunks
+
+
+def _thinking(state: SimState, plan: Plan) -> int:
+    """How many of the answer's first tokens are thinking (chat answers only)."""
+    return min(state.config.reasoning_tokens, len(plan.pieces)) if plan.chat else 0
+
+
+def _thought_field(state: SimState) -> str:
+    """Where vLLM's reasoning parser puts thinking: ``reasoning_content`` up to 0.11
+    (deprecated later), ``reasoning`` in current releases."""
+    return "reasoning_content" if state.config.vllm_version == "0.11" else "reasoning"
 
 
 async def _flush(response: web.StreamResponse, out: list[bytes]) -> None:

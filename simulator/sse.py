@@ -32,10 +32,11 @@ def usage(prompt: int, completion: int, cached: int | None) -> dict[str, Any]:
 class ChunkEncoder:
     """Encodes the events of one stream; the constant head of each chunk is encoded once."""
 
-    __slots__ = ("_chat", "_head")
+    __slots__ = ("_chat", "_field", "_head", "_thinking")
 
     def __init__(self, response_id: str, created: int, model: str, *, chat: bool) -> None:
         self._chat = chat
+        self._thinking, self._field = 0, "reasoning"
         kind = b"chat.completion.chunk" if chat else b"text_completion"
         self._head = (
             b'data: {"id":'
@@ -59,8 +60,15 @@ class ChunkEncoder:
         }
         return self._head + encoder.encode(choice) + _TAIL
 
+    def think(self, tokens: int, field: str) -> None:
+        """Send the next ``tokens`` tokens as thinking, in ``field`` (a reasoning model)."""
+        self._thinking, self._field = tokens, field
+
     def token(self, text: str, finish_reason: str | None) -> bytes:
-        """One token; the last one carries the finish reason."""
+        """One token (thinking while any is left); the last one carries the finish reason."""
+        if self._thinking:
+            self._thinking -= 1
+            return self.thought(text, self._field, finish_reason)
         if finish_reason is None:
             # The hot path: a fixed byte template around the encoded text.
             if self._chat:
@@ -76,6 +84,19 @@ class ChunkEncoder:
             }
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        if finish_reason is not None:
+            choice["stop_reason"] = None
+        return self._head + encoder.encode(choice) + _TAIL
+
+    def thought(self, text: str, field: str, finish_reason: str | None) -> bytes:
+        """One token of thinking (``field``: ``reasoning_content`` or ``reasoning``), no
+        ``content``, as vLLM's reasoning parser streams it."""
+        choice: dict[str, Any] = {
+            "index": 0,
+            "delta": {field: text},
+            "logprobs": None,
+            "finish_reason": finish_reason,
+        }
         if finish_reason is not None:
             choice["stop_reason"] = None
         return self._head + encoder.encode(choice) + _TAIL

@@ -58,6 +58,8 @@ class SimConfig:
     # The routes vLLM serves only behind a flag (profiler, tokenizer info, fault tolerance).
     gated_routes: bool = False
     prompt_tokens_details: bool = False
+    # vLLM's --reasoning-parser: the first N output tokens of a chat answer are thinking.
+    reasoning_tokens: int = 0
     flavor: str = "vllm"
     health_delay_s: float | None = None  # None: the flavour's own
     metrics: str = "auto"  # on | off | auto (the flavour's default)

@@ -8,6 +8,7 @@ Sections of :class:`gateway.config.settings.Settings` (``router``, ``router.shad
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from pydantic import Field
 
@@ -46,6 +47,11 @@ class ShadowSettings(Section):
     judge_ratio: float = Field(default=0.0, ge=0, le=1)
     """Share of compared shadows whose fast answer is also graded by the precise tier with a
     fixed rubric (a judge call; policies/judge.py); 0: off."""
+    judge_fields: dict[str, Any] = Field(default_factory=dict)
+    """Fields added to each judge call's body (its model, messages, max_tokens and temperature
+    stay the gateway's). A precise tier serving a reasoning model spends the judge's 16 tokens
+    thinking and never answers (`judge:unparsed`): tell it not to think, for Qwen3 on vLLM
+    `{"chat_template_kwargs": {"enable_thinking": false}}`."""
     digest_key_file: Path | None = None
     """File holding the deployment secret (at least 16 bytes) that keys each record's prompt
     digest (HMAC-SHA-256, 96 bits): records of one prompt match, a guessed prompt cannot be

@@ -28,7 +28,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from contextvars import Context
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +56,7 @@ from gateway.upstream.backends import kind_of
 from gateway.upstream.forwarding import TierRoute
 from gateway.upstream.pool import UpstreamPool
 from gateway.upstream.replicas import Replica
-from policies.agreement import agreement
+from policies.agreement import EMPTY, agreement, readable
 from policies.judge import MAX_TOKENS as JUDGE_MAX_TOKENS
 from policies.judge import judge_messages, parse_score
 from policies.requests import validate
@@ -104,6 +104,7 @@ class ShadowConfig:
     max_records: int = 20_000
     store_prompts: bool = False
     judge_ratio: float = 0.0
+    judge_fields: Mapping[str, Any] = field(default_factory=dict)
     digest_key_file: Path | None = None
 
     @property
@@ -257,6 +258,11 @@ class ShadowRunner:
         if text is None:
             self._count(job.direction, "failed")
             return
+        if not text.strip() and not job.primary.strip():
+            # Neither answered anything (a reasoning model thought until max_tokens on both
+            # tiers): no agreement to record, nor a judge to ask.
+            self._count(job.direction, EMPTY)
+            return
         prompt = _prompt_of(body)
         judged = None
         if self.config.judge_ratio > 0 and self.rng.random() < self.config.judge_ratio:
@@ -329,8 +335,9 @@ class ShadowRunner:
             return None
         route = self.routes[self.precise_tier]
         body = {
+            **self.config.judge_fields,  # the operator's (thinking off); the rest is ours
             "model": route.served_model,
-            "messages": judge_messages(question, reference, candidate),
+            "messages": judge_messages(question, readable(reference), readable(candidate)),
             "max_tokens": JUDGE_MAX_TOKENS,
             "temperature": 0,
         }

@@ -23,9 +23,11 @@ from gateway.pipeline.events import UNREADABLE_JSON, FailureKind, Usage, status_
 from gateway.upstream.connection import ConnectFailed, ConnectTimedOut, Response
 from gateway.upstream.keys import blank
 from gateway.upstream.pool import UpstreamPool
+from policies.agreement import tool_call_text
 from policies.requests import text_tokens
 
 _decoder = msgspec.json.Decoder()
+_encoder = msgspec.json.Encoder()
 # The largest non-streaming answer read from a backend (a chat answer is some kB; a batch of
 # long completions or many embeddings a few MB).
 MAX_ANSWER = 32 << 20
@@ -228,7 +230,8 @@ def usage_from(data: Any) -> Usage | None:
 
 def whole_usage(opened: Opened, most: int) -> Usage | None:
     """A whole answer's usage (``usage_fields``). A completion reported as none (0, or no
-    number) while the answer holds text counts that text roughly instead, at most ``most``
+    number) while the answer holds text (content, thinking, tool calls: ``generated_texts``)
+    counts that text roughly instead, at most ``most``
     (what the request was allowed; 0: ``echo`` of a prompt, nothing generated), as a stream
     counts what it relayed: a broken count does not make an answer free."""
     usage = usage_fields(opened.usage)
@@ -238,8 +241,10 @@ def whole_usage(opened: Opened, most: int) -> Usage | None:
 
 
 def answer_text_tokens(body: bytes) -> int:
-    """A rough count of the text of a whole answer's choices (a message's ``content``, a
-    completion's ``text``): decoded only for an answer whose count is in doubt."""
+    """A rough count of what a whole answer's choices generated: a message's ``content``,
+    its thinking (``reasoning_content``, or newer vLLM's ``reasoning``) and its tool calls'
+    names and arguments, or a completion's ``text``. Decoded only for an answer whose count
+    is in doubt."""
     answer = _object_of(body)
     choices = answer.get("choices") if answer is not None else None
     if not isinstance(choices, list):
@@ -249,10 +254,31 @@ def answer_text_tokens(body: bytes) -> int:
         if not isinstance(choice, dict):
             continue
         message = choice.get("message")
-        text = message.get("content") if isinstance(message, dict) else choice.get("text")
-        if isinstance(text, str) and text:
-            total += text_tokens(text)
+        texts = generated_texts(message) if isinstance(message, dict) else [choice.get("text")]
+        total += sum(text_tokens(text) for text in texts if isinstance(text, str) and text)
     return min(total, MAX_COUNT)
+
+
+# Where a chat message or delta keeps generated text besides ``content``: the thinking of a
+# reasoning model (vLLM's ``--reasoning-parser``: ``reasoning_content``, ``reasoning`` from
+# 0.10), and the function of a tool call (``tool_calls[].function``, the older
+# ``function_call``).
+REASONING_FIELDS: Final = ("reasoning_content", "reasoning")
+
+
+def generated_texts(message: dict[str, Any]) -> list[Any]:
+    """The generated strings of a chat ``message`` (or streamed ``delta``): its content, its
+    thinking, and each tool call's name and arguments (values as sent: not checked)."""
+    texts = [message.get("content")]
+    texts.extend(message.get(field) for field in REASONING_FIELDS)
+    calls = message.get("tool_calls")
+    functions = [message.get("function_call")]
+    if isinstance(calls, list):
+        functions.extend(call.get("function") for call in calls if isinstance(call, dict))
+    for function in functions:
+        if isinstance(function, dict):
+            texts.extend((function.get("name"), function.get("arguments")))
+    return texts
 
 
 def usage_fields(usage: Any) -> Usage | None:
@@ -410,9 +436,11 @@ async def attempt(
 
 
 def choice_text(raw: bytes, part: str) -> str | None:
-    """The first choice's text in JSON from a backend: ``part`` names where a chat answer keeps
-    it (``delta`` in a streamed chunk, ``message`` in a whole answer); a completion's ``text``
-    either way. ``None`` when there is none, or the JSON cannot be read."""
+    """The first choice's answer in JSON from a backend: ``part`` names where a chat answer
+    keeps it (``delta`` in a streamed chunk, ``message`` in a whole answer): its ``content``
+    (none: empty), then its tool calls as :func:`policies.agreement.tool_call_text` writes them
+    (a streamed chunk's pieces, joined, make a whole answer's text); a completion's ``text``
+    either way; thinking never. ``None`` when there is none, or the JSON cannot be read."""
     try:
         data = _decoder.decode(raw)
     except UNREADABLE_JSON:
@@ -422,5 +450,23 @@ def choice_text(raw: bytes, part: str) -> str | None:
         return None
     choice = choices[0]
     holder = choice.get(part)
-    text = holder.get("content") if isinstance(holder, dict) else choice.get("text")
-    return text if isinstance(text, str) else None
+    if not isinstance(holder, dict):
+        text = choice.get("text")
+        return text if isinstance(text, str) else None
+    content = holder.get("content")
+    calls = holder.get("tool_calls")
+    answer = content if isinstance(content, str) else ""
+    if isinstance(calls, list) and calls:
+        answer += "".join(_call_text(call) for call in calls)
+    return answer
+
+
+def _call_text(call: Any) -> str:
+    """One tool call of a message, or one streamed piece of it, as answer text."""
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict):
+        return ""
+    name, arguments = function.get("name"), function.get("arguments")
+    if not isinstance(arguments, str):  # an object (Ollama's own API) or nothing yet
+        arguments = _encoder.encode(arguments).decode() if arguments is not None else ""
+    return tool_call_text(name if isinstance(name, str) else None, arguments)

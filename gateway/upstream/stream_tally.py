@@ -29,8 +29,8 @@ _NO_FINISH = re.compile(rb'"finish_reason"\s*:\s*null')
 # An empty one counts too: TGI before 2.3 sends ``""`` on every /v1/completions chunk and no
 # other final chunk, so its streams could never end complete otherwise.
 _FINISH = re.compile(rb'"finish_reason"\s*:\s*"')
-# Text in a chunk: a chat delta's or a completion choice's, not empty.
-_TEXT = re.compile(rb'"(?:content|text)"\s*:\s*"[^"]')
+# Generated text in a chunk, not empty: content, a completion's text, thinking, a tool call.
+_TEXT = re.compile(rb'"(?:content|text|reasoning(?:_content)?|name|arguments)"\s*:\s*"[^"]')
 # The usual spelling of a chunk still generating, checked before the pattern above.
 _NO_FINISH_COMPACT = b'"finish_reason":null'
 _CHOICES = b'"choices"'  # in a chunk; not in an error event

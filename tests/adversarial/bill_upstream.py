@@ -169,6 +169,179 @@ async def error_500(writer: Writer) -> None:
     )
 
 
+# Reasoning models and tool calls (vLLM with ``--reasoning-parser`` and
+# ``--enable-auto-tool-choice --tool-call-parser hermes``): the shapes they answer in.
+THOUGHT = "think " * 20  # 120 characters: 30 tokens by the gateway's rough count
+CALL = {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "celsius"}'}
+
+
+def _message(content: str | None, **extra: Any) -> dict[str, Any]:
+    return {"role": "assistant", "content": content, **extra}
+
+
+def _whole(message: dict[str, Any], finish: str, usage: Any) -> bytes:
+    choice = {"index": 0, "message": message, "finish_reason": finish}
+    answer = {"id": "b", "object": "chat.completion", "created": 1, "model": "m"}
+    return json.dumps({**answer, "choices": [choice], "usage": usage}).encode()
+
+
+def _tool_calls(*calls: dict[str, str]) -> list[dict[str, Any]]:
+    return [
+        {"id": f"chatcmpl-tool-{i}", "type": "function", "function": dict(call)}
+        for i, call in enumerate(calls)
+    ]
+
+
+async def whole_reasoning_zero(writer: Writer) -> None:
+    """Thinking (``reasoning_content``, older vLLM) of 30 rough tokens and the answer "Yes."
+    (1), reported as ``"completion_tokens": 0``."""
+    _json(writer, _whole(_message("Yes.", reasoning_content=THOUGHT), "stop", _usage(0)))
+
+
+async def whole_reasoning_new_zero(writer: Writer) -> None:
+    """As :func:`whole_reasoning_zero`, in newer vLLM's field, ``reasoning``."""
+    _json(writer, _whole(_message("Yes.", reasoning=THOUGHT), "stop", _usage(0)))
+
+
+async def whole_tool_call_zero(writer: Writer) -> None:
+    """A tool call (``content: null``) of 3 + 9 rough tokens (name, arguments), reported as
+    ``"completion_tokens": 0``."""
+    message = _message(None, tool_calls=_tool_calls(CALL))
+    _json(writer, _whole(message, "tool_calls", _usage(0)))
+
+
+async def whole_tool_call(writer: Writer) -> None:
+    """A tool call (``content: null``), its usage reported: 20 + 12 tokens."""
+    _json(writer, _whole(_message(None, tool_calls=_tool_calls(CALL)), "tool_calls", _usage(12)))
+
+
+def _reasoning(text: str, field: str = "reasoning_content", **delta: Any) -> dict[str, Any]:
+    return {"index": 0, "delta": {**delta, field: text}, "finish_reason": None}
+
+
+def _call_chunk(call: dict[str, Any]) -> bytes:
+    delta = {"tool_calls": [{"index": 0, **call}]}
+    return _chunk([{"index": 0, "delta": delta, "finish_reason": None}])
+
+
+def _call_deltas() -> list[bytes]:
+    """A streamed tool call as vLLM's hermes parser sends it: the id, type and name first,
+    then the arguments in 5 pieces (``content`` never set)."""
+    first = {"id": "chatcmpl-tool-0", "type": "function", "function": {"name": "get_weather"}}
+    pieces = ['{"city": ', '"Paris"', ', "unit": ', '"celsius"', "}"]
+    return [_call_chunk(first)] + [_call_chunk({"function": {"arguments": p}}) for p in pieces]
+
+
+async def stream_reasoning_cut(writer: Writer) -> None:
+    """6 thinking chunks (``reasoning_content`` only), then the body ends: no answer yet, no
+    final chunk, no usage."""
+    await _events(writer, ROLE, *[_chunk([_reasoning("t")]) for _ in range(6)], end=False)
+
+
+async def stream_reasoning_role_on_every_chunk_cut(writer: Writer) -> None:
+    """6 thinking chunks whose delta also names the role and an empty ``content`` (Ollama's
+    ``reasoning`` chunks), then the body ends."""
+    chunk = _chunk([_reasoning("t", "reasoning", role="assistant", content="")])
+    chunks = [chunk] * 6
+    await _events(writer, *chunks, end=False)
+
+
+async def stream_reasoning_no_finish_key_cut(writer: Writer) -> None:
+    """6 thinking chunks (newer vLLM's ``reasoning``) without a ``finish_reason`` key (as
+    LiteLLM's chunks), then the body ends."""
+    chunk = {"index": 0, "delta": {"reasoning": "t"}}
+    await _events(writer, ROLE, *[_chunk([chunk]) for _ in range(6)], end=False)
+
+
+async def stream_tool_call_cut(writer: Writer) -> None:
+    """A tool call streamed in 6 chunks (name, 5 argument pieces), then the body ends."""
+    await _events(writer, ROLE, *_call_deltas(), end=False)
+
+
+def _usage_chunk(completion: int, reasoning: int = 0) -> bytes:
+    details = {"reasoning_tokens": reasoning}
+    return _chunk([], usage=_usage(completion, completion_tokens_details=details))
+
+
+async def stream_tool_call(writer: Writer) -> None:
+    """A whole streamed tool call: 6 chunks, the final chunk ``finish_reason: "tool_calls"``
+    with an empty delta, the usage chunk (20 + 12), ``[DONE]``."""
+    last = _chunk([{"index": 0, "delta": {}, "finish_reason": "tool_calls"}])
+    await _events(writer, ROLE, *_call_deltas(), last, _usage_chunk(12), DONE)
+
+
+async def stream_tool_call_no_done(writer: Writer) -> None:
+    """As :func:`stream_tool_call` with the final chunk ``finish_reason: "tool_calls"`` and
+    then the clean end of the body: no usage, no ``[DONE]``."""
+    last = _chunk([{"index": 0, "delta": {}, "finish_reason": "tool_calls"}])
+    await _events(writer, ROLE, *_call_deltas(), last)
+
+
+async def stream_reasoning_answer(writer: Writer) -> None:
+    """4 thinking chunks, then the answer in 2 (the last ``finish_reason: "stop"``), the usage
+    chunk (20 + 6, 4 of them ``reasoning_tokens``), ``[DONE]``."""
+    thinking = [_chunk([_reasoning("t")]) for _ in range(4)]
+    answer = [_chunk([_delta("Yes")]), _chunk([_delta(".", 0, "stop")])]
+    await _events(writer, ROLE, *thinking, *answer, _usage_chunk(6, 4), DONE)
+
+
+async def stream_reasoning_usage_no_final(writer: Writer) -> None:
+    """4 thinking chunks, then a usage chunk and ``[DONE]`` with no chunk ever naming a
+    ``finish_reason``: the answer was never finished."""
+    thinking = [_chunk([_reasoning("t")]) for _ in range(4)]
+    await _events(writer, ROLE, *thinking, _usage_chunk(4, 4), DONE)
+
+
+async def stream_thinking_slowly(writer: Writer) -> None:
+    """Thinking chunks every 20 ms for up to 10 s (a client leaves in the middle)."""
+    writer.write(_HEAD % b"text/event-stream" + b"Transfer-Encoding: chunked\r\n\r\n")
+    for event in (ROLE, *[_chunk([_reasoning("t")]) for _ in range(500)]):
+        writer.write(b"%x\r\n%s\r\n" % (len(event), event))
+        await writer.drain()
+        await asyncio.sleep(0.02)
+
+
+async def stream_thinking_then_answer(writer: Writer) -> None:
+    """10 thinking chunks 0.15 s apart, then the answer "Yes." (final chunk), the usage chunk
+    (20 + 11) and ``[DONE]``: the first word of the answer comes 1.5 s after the first
+    thought."""
+    writer.write(_HEAD % b"text/event-stream" + b"Transfer-Encoding: chunked\r\n\r\n")
+    answer = [_chunk([_delta("Yes.", 0, "stop")]), _usage_chunk(11, 10), DONE]
+    for i, event in enumerate((ROLE, *[_chunk([_reasoning("t")]) for _ in range(10)], *answer)):
+        writer.write(b"%x\r\n%s\r\n" % (len(event), event))
+        await writer.drain()
+        if 1 <= i <= 10:
+            await asyncio.sleep(0.15)
+    writer.write(b"0\r\n\r\n")
+
+
+async def whole_thought_only(writer: Writer) -> None:
+    """Thinking ran out of ``max_tokens``: ``content: null``, no tool call."""
+    _json(writer, _whole(_message(None, reasoning_content=THOUGHT), "length", _usage(30)))
+
+
+async def whole_empty_after_thought(writer: Writer) -> None:
+    """Thinking ran out of ``max_tokens``, the answer sent as ``content: ""``."""
+    _json(writer, _whole(_message("", reasoning_content=THOUGHT), "length", _usage(30)))
+
+
+async def whole_other_call(writer: Writer) -> None:
+    """A tool call of another function with other arguments."""
+    call = {"name": "get_time", "arguments": '{"zone": "Asia/Tokyo"}'}
+    _json(writer, _whole(_message(None, tool_calls=_tool_calls(call)), "tool_calls", _usage(9)))
+
+
+def _judged(body: dict[str, Any]) -> bytes:
+    """The judge's answer from a reasoning model: ``SCORE: 4`` when told not to think
+    (``chat_template_kwargs.enable_thinking: false``); else it thinks through its few tokens
+    and says nothing (``content: null``, ``finish_reason: "length"``)."""
+    kwargs = body.get("chat_template_kwargs") or {}
+    if kwargs.get("enable_thinking") is False:
+        return _whole(_message("SCORE: 4"), "stop", _usage(3))
+    cap = body["max_tokens"]
+    return _whole(_message(None, reasoning_content="hmm " * cap), "length", _usage(cap))
+
+
 Scenario = Callable[[Writer], Awaitable[None]]
 SCENARIOS: dict[str, Scenario] = {
     each.__name__: each
@@ -184,12 +357,33 @@ SCENARIOS: dict[str, Scenario] = {
         stream_two_choices_cut,
         stream_role_on_every_chunk_cut,
         stream_claims_no_completion,
+        whole_reasoning_zero,
+        whole_reasoning_new_zero,
+        whole_tool_call_zero,
+        whole_tool_call,
+        stream_reasoning_cut,
+        stream_reasoning_role_on_every_chunk_cut,
+        stream_reasoning_no_finish_key_cut,
+        stream_tool_call_cut,
+        stream_tool_call,
+        stream_tool_call_no_done,
+        stream_reasoning_answer,
+        stream_reasoning_usage_no_final,
+        stream_thinking_slowly,
+        stream_thinking_then_answer,
+        whole_thought_only,
     )
 }
 # Scenarios by the forwarded model: ``m`` answers whole (20 + 10 tokens), ``m2`` as named.
 BY_MODEL: dict[str, dict[str, Scenario]] = {
     "m2_fails": {"m": whole, "m2": error_500},
     "m2_slow": {"m": whole, "m2": whole_slow},
+    "same_call": {"m": whole_tool_call, "m2": whole_tool_call},
+    "other_call": {"m": whole_tool_call, "m2": whole_other_call},
+    "call_or_words": {"m": whole_tool_call, "m2": whole},
+    "both_thought_only": {"m": whole_thought_only, "m2": whole_thought_only},
+    "both_empty": {"m": whole_empty_after_thought, "m2": whole_empty_after_thought},
+    "stream_call_same": {"m": stream_tool_call, "m2": whole_tool_call},
 }
 _MODELS = b'{"object":"list","data":[{"id":"m","object":"model"}]}'
 
@@ -212,6 +406,10 @@ async def _handle(reader: asyncio.StreamReader, writer: Writer, last: list[bytes
                 continue
             last[0] = body
             data = json.loads(body)
+            if b"x-tiergate-shadow: judge" in head.lower():
+                _json(writer, _judged(data))
+                await writer.drain()
+                return
             name = _scenario(data)
             by_model = BY_MODEL.get(name)
             await (by_model[data["model"]] if by_model else SCENARIOS[name])(writer)

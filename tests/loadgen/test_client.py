@@ -49,7 +49,24 @@ def _streams() -> dict[str, list[bytes]]:
         "cut": [role, *tokens],
         "garbage": [role, tokens[0], _event("{not json")],
         "huge": [role, _token("x" * 400_000), done],
+        # A reasoning model on vLLM >= 0.10: thinking in ``reasoning``, then the answer.
+        "thinking": [role, *[_delta({"reasoning": "t"}) for _ in range(3)], *tokens, done],
+        # A tool call (vLLM's hermes parser): no content at all, ``finish_reason: tool_calls``.
+        "tool-call": [role, *_call_pieces(), done],
     }
+
+
+def _delta(delta: dict[str, object], finish: str | None = None) -> bytes:
+    return _event(json.dumps({"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}))
+
+
+def _call_pieces() -> list[bytes]:
+    first = {"index": 0, "id": "c", "type": "function", "function": {"name": "f"}}
+    pieces = [
+        _delta({"tool_calls": [{"index": 0, "function": {"arguments": p}}]})
+        for p in ('{"a"', ": 1}")
+    ]
+    return [_delta({"tool_calls": [first]}), *pieces, _delta({}, "tool_calls")]
 
 
 STREAMS = _streams()
@@ -104,6 +121,22 @@ async def test_stream_without_usage_counts_chunks(server: str) -> None:
     assert result.counted_from == "chunks"
     assert len(result.itl) == 2
     assert result.ttft >= 0.03  # the empty role chunk is not the first token
+
+
+async def test_thinking_is_output_and_starts_the_first_token(server: str) -> None:
+    """Thinking in newer vLLM's ``reasoning`` field (3 chunks) before 3 content chunks: the
+    first token is the first thought, and all 6 are output tokens, as vLLM counts them."""
+    result = await _send(server, "thinking")
+    assert result.ok is True
+    assert result.output_tokens == 6
+    assert len(result.itl) == 5
+
+
+async def test_a_tool_call_stream_is_a_success(server: str) -> None:
+    """A streamed tool call (no ``content`` anywhere) carries tokens: a success of 3 chunks
+    (name, two argument pieces), not "the stream carried no tokens"."""
+    result = await _send(server, "tool-call")
+    assert (result.ok, result.status, result.output_tokens) == (True, "200", 3)
 
 
 async def test_a_huge_event_is_read_whole(server: str) -> None:
