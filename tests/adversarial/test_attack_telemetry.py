@@ -1,0 +1,311 @@
+"""Logs, metrics and traces under a hostile client, a careless operator and an odd backend.
+
+Real ``tiergate serve`` processes, real backends (the simulator, or a recording backend that
+answers with hostile strings: ``tests/adversarial/telemetry_upstream.py``), real OTLP
+receivers on loopback sockets (one that decodes, one that accepts and never answers).
+
+- T1: an OTLP collector that accepts connections and never answers held a stopping gateway
+  for 20 s with nothing in flight (13 s for a refused port): the span flush at shutdown was
+  bounded only by the exporter's own timeouts, twice over.
+- T2: a backend's ``id`` and ``model`` went into the client span whole (300 KB each here) and
+  every ``finish_reason`` of a stream was appended to one attribute: one answer made a span
+  of megabytes, which the bounded span queue holds 2,048 of and a collector refuses whole.
+- T3: a caller's ``tracestate`` (32 members, 6.5 KB) was sent on to every backend verbatim.
+- T4: a secret in the collector's URL (``…/v1/traces?api-key=…``) was written to the log in
+  every export retry's warning.
+- T5: ``log_format: console`` rendered tracebacks with every frame's local variables
+  (structlog's rich formatter), so a password or key held in a local reached the log.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+
+from tests.gateway.telemetry.test_export import http_receiver
+from tests.integration.gateway_proc import REPO_ROOT, GatewayProcess
+from tests.processes import free_port, http_answers, patience, terminate, wait_ready
+from tests.stack import Backends, running_stack
+
+__all__ = ["http_receiver"]  # a fixture of this module too
+
+Received = list[tuple[str, trace_service_pb2.ExportTraceServiceRequest]]
+CHAT = {"model": "fast", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+
+
+@contextmanager
+def recording_upstream(tmp_path: Path, *args: str) -> Iterator[tuple[str, Path]]:
+    """``telemetry_upstream`` as a real process: its URL and the file of headers it got."""
+    record = tmp_path / "upstream-headers.jsonl"
+    record.write_text("", encoding="utf-8")
+    port = free_port()
+    cmd = [sys.executable, "-m", "tests.adversarial.telemetry_upstream", "--port", str(port),
+           "--record", str(record), *args]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=REPO_ROOT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(proc, lambda: http_answers(url + "/health"), timeout=10, poll_s=0.05,
+                   what="telemetry upstream", log=lambda: "")  # fmt: skip
+        yield url, record
+    finally:
+        terminate(proc)
+
+
+@contextmanager
+def silent_collector() -> Iterator[str]:
+    """A TCP port that accepts every connection and never answers: its URL."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(64)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(server.accept()[0])
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    finally:
+        stop.set()
+        thread.join(5)
+        for conn in held:
+            conn.close()
+        server.close()
+
+
+def _traced(config: dict[str, Any], url: str, **telemetry: Any) -> dict[str, Any]:
+    config["tiers"] = {
+        "fast": {"model": "tiergate-fast", "replicas": [url]},
+        "precise": {"model": "tiergate-precise", "replicas": [url]},
+    }
+    config["telemetry"] = {"tracing": True, "log_format": "json", **telemetry}
+    return config
+
+
+def _spans(received: Received) -> list[Any]:
+    return [
+        span
+        for _, request in received
+        for resource in request.resource_spans
+        for scope in resource.scope_spans
+        for span in scope.spans
+    ]
+
+
+def _wait_spans(received: Received, count: int) -> list[Any]:
+    deadline = time.monotonic() + patience(10)
+    while len(_spans(received)) < count:
+        assert time.monotonic() < deadline, f"{len(_spans(received))} spans of {count}"
+        time.sleep(0.05)
+    return _spans(received)
+
+
+def _value(attribute: Any) -> Any:
+    value = attribute.value
+    kind = value.WhichOneof("value")
+    if kind == "array_value":
+        return [_value_of(v) for v in value.array_value.values]
+    return getattr(value, kind) if kind else None
+
+
+def _value_of(value: Any) -> Any:
+    kind = value.WhichOneof("value")
+    return getattr(value, kind) if kind else None
+
+
+# --- T1: a collector that never answers -------------------------------------------------
+
+
+def test_a_silent_collector_does_not_hold_a_stopping_gateway() -> None:
+    """Spans queued for a collector that accepts and never answers are given up within a
+    few seconds of SIGTERM, not the exporter's timeouts (20 s before); requests meanwhile
+    are answered as usual and the stop is still logged."""
+    with silent_collector() as collector:
+
+        def traced(config: dict[str, Any], _: Backends) -> None:
+            config["telemetry"] = {"tracing": True, "log_format": "json", "access_log": False}
+
+        env = {"OTEL_EXPORTER_OTLP_ENDPOINT": collector, "OTEL_BSP_SCHEDULE_DELAY": "50"}
+        with running_stack(configure=traced, env=env) as stack:
+            gateway = stack.gateway
+            with httpx.Client(base_url=gateway.url, timeout=30) as client:
+                for _ in range(30):
+                    started = time.perf_counter()
+                    assert client.post("/v1/chat/completions", json=CHAT).status_code == 200
+                    assert time.perf_counter() - started < 2.0  # never waits on the collector
+            proc = gateway._proc
+            assert proc is not None
+            stopping = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=60)
+            took = time.monotonic() - stopping
+            assert '"server.stopped"' in gateway.log_text()
+    assert took < 8.0, f"the gateway took {took:.1f} s to stop with nothing in flight"
+
+
+# --- T2: a backend's strings in spans --------------------------------------------------
+
+
+def test_a_backends_long_strings_are_clipped_in_spans(
+    tmp_path: Path, http_receiver: tuple[str, Received]
+) -> None:
+    """A backend answering with a 300,000-character ``id`` and ``model``, and a stream with
+    500 events that each carry a ``finish_reason``: every string attribute of every span
+    stays short and the finish reasons list stays bounded."""
+    endpoint, received = http_receiver
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_BSP_SCHEDULE_DELAY": "50"}
+    args = ("--id-bytes", "300000", "--reasons", "500")
+    with recording_upstream(tmp_path, *args) as (url, _):
+        config = _traced({"auth": {"enabled": False}}, url)
+        with GatewayProcess(config, env=env) as gateway:
+            gateway.wait_until_ready()
+            whole = httpx.post(gateway.url + "/v1/chat/completions", json=CHAT, timeout=30)
+            assert whole.status_code == 200
+            assert len(whole.json()["id"]) == 300000  # the caller still gets the answer
+            with httpx.stream(
+                "POST", gateway.url + "/v1/chat/completions", json={**CHAT, "stream": True},
+                timeout=30,
+            ) as streamed:  # fmt: skip
+                assert streamed.status_code == 200
+                streamed.read()
+            spans = _wait_spans(received, 4)
+    client_spans = [s for s in spans if s.name.startswith("chat ")]
+    assert len(client_spans) == 2
+    for span in spans:
+        for attribute in span.attributes:
+            value = _value(attribute)
+            if isinstance(value, str):
+                assert len(value) <= 256, (span.name, attribute.key, len(value))
+            if isinstance(value, list):
+                assert len(value) <= 128, (span.name, attribute.key, len(value))
+    ids = [_value(a) for s in client_spans for a in s.attributes if a.key == "gen_ai.response.id"]
+    assert ids
+    assert all(i.startswith("rrrr") for i in ids)  # clipped, not dropped
+
+
+# --- T3: a caller's tracestate ---------------------------------------------------------
+
+
+def test_a_callers_huge_tracestate_is_not_sent_to_the_backend(
+    tmp_path: Path, http_receiver: tuple[str, Received]
+) -> None:
+    """A 32-member, 6.5 KB ``tracestate`` stops at the gateway (W3C lets a hop drop one over
+    512 characters); a short one is still passed on, and the caller's trace is still joined."""
+    endpoint, received = http_receiver
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_BSP_SCHEDULE_DELAY": "50"}
+    trace_id = "0af7651916cd43dd8448eb211c80319c"
+    parent = f"00-{trace_id}-b7ad6b7169203331-01"
+    huge = ",".join(f"k{i}=" + "v" * 200 for i in range(32))
+    with recording_upstream(tmp_path) as (url, record):
+        config = _traced({"auth": {"enabled": False}}, url)
+        with GatewayProcess(config, env=env) as gateway:
+            gateway.wait_until_ready()
+            for state in (huge, "vendor=abc"):
+                headers = {"traceparent": parent, "tracestate": state}
+                answer = httpx.post(
+                    gateway.url + "/v1/chat/completions", json=CHAT, headers=headers, timeout=30
+                )
+                assert answer.status_code == 200
+            spans = _wait_spans(received, 4)
+    sent = [json.loads(line) for line in record.read_text(encoding="utf-8").splitlines()]
+    assert len(sent) == 2
+    assert all(h["traceparent"].startswith(f"00-{trace_id}-") for h in sent)
+    assert "tracestate" not in sent[0]
+    assert sent[1]["tracestate"] == "vendor=abc"
+    assert all(len(span.trace_state) <= 512 for span in spans)
+    assert all(span.trace_id.hex() == trace_id for span in spans)
+
+
+# --- T4: the collector's URL -----------------------------------------------------------
+
+
+def test_a_secret_in_the_collectors_url_is_not_logged() -> None:
+    """An OTLP endpoint with a password and an ``api-key`` query parameter, refusing
+    connections: the exporter's retry warnings are logged without either."""
+    port = free_port()
+    endpoint = f"http://otel:Pw-7c1f9e@127.0.0.1:{port}/v1/traces?api-key=Key-5d2b8a&tenant=t1"
+
+    def traced(config: dict[str, Any], _: Backends) -> None:
+        config["telemetry"] = {"tracing": True, "log_format": "json", "access_log": False}
+
+    env = {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": endpoint, "OTEL_BSP_SCHEDULE_DELAY": "50"}
+    with running_stack(configure=traced, env=env) as stack:
+        gateway = stack.gateway
+        assert httpx.post(gateway.url + "/v1/chat/completions", json=CHAT).status_code == 200
+        deadline = time.monotonic() + patience(15)
+        while "exporting spans batch" not in gateway.log_text():
+            assert time.monotonic() < deadline, gateway.log_text()[-2000:]
+            time.sleep(0.1)
+        gateway.stop()
+        log = gateway.log_text()
+    assert "Key-5d2b8a" not in log
+    assert "Pw-7c1f9e" not in log
+    assert "tenant=t1" in log  # the rest of the URL still says where spans were going
+
+
+# --- T5: console tracebacks ------------------------------------------------------------
+
+
+def _fail_holding_secrets(seed: str) -> None:
+    """Raise with a password and a long credential in local variables, both built from
+    ``seed`` (a source line shown in a traceback must not hold them)."""
+    password = f"redis-Pw-{seed[::-1]}"
+    authorization = "Basic " + seed.upper() * 12  # longer than a console line
+    raise ConnectionError(f"lost {len(password) + len(authorization)}")
+
+
+def test_console_tracebacks_show_no_local_variables(tmp_path: Path) -> None:
+    """``log_format: console``: a logged exception's traceback names the frames and the
+    error, never a frame's local variables (a password, a credential split across lines)."""
+    script = tmp_path / "fail.py"
+    log_file = tmp_path / "console.log"
+    script.write_text(
+        "import structlog\n"
+        "from gateway.config.settings import TelemetrySettings\n"
+        "from gateway.telemetry.logging import configure_logging\n"
+        "from tests.adversarial.test_attack_telemetry import _fail_holding_secrets\n"
+        f"settings = TelemetrySettings(log_format='console', log_file={str(log_file)!r})\n"
+        "sink = configure_logging(settings)\n"
+        "try:\n"
+        "    _fail_holding_secrets('2e7a9c14')\n"
+        "except ConnectionError:\n"
+        "    structlog.get_logger('t').exception('health.round_failed')\n"
+        "sink.close()\n",
+        encoding="utf-8",
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    text = log_file.read_text(encoding="utf-8")
+    assert "health.round_failed" in text
+    assert "ConnectionError" in text
+    assert "_fail_holding_secrets" in text
+    assert "redis-Pw-41c9a7e2" not in text
+    assert "2E7A9C142E7A9C14" not in text
