@@ -59,6 +59,17 @@ _SECRET_VALUE = re.compile(
     r"(?:[Bb](?:earer|asic)|BEARER|BASIC)(?:\s|\\[tnrfb]|\\u00[0-9a-fA-F]{2})+[^\s\"'\\,]+"
     r"|tg-[a-z0-9]+-[A-Za-z0-9_\-]{16,}"
 )
+# Credentials inside URLs, wherever a line quotes one (an exporter's or client library's
+# error names the URL it failed on): the password of a URL's user-info, and the value of a
+# query parameter named like a credential. Only the secret is replaced, so the line still
+# says where the request went.
+_URL_SECRET = re.compile(
+    r"(?<=://)([^\s/@:\"'\\]*:)[^\s/@\"'\\]+(?=@)"
+    r"|(?<=[?&;])((?:[\w.-]*[-_.])?(?:api[-_.]?key|apikey|key|token|access[-_.]?token|"
+    r"auth|authorization|password|passwd|pwd|secret|sig|signature|credential|code)=)"
+    r"[^\s&;#\"'\\]+",
+    re.IGNORECASE,
+)
 _encoder = msgspec.json.Encoder(enc_hook=str)
 
 
@@ -201,8 +212,15 @@ def scrub(line: str) -> str:
             line = line.replace(secret, _REDACTED)
     # Substring checks first: the regex is ~10x slower and almost every line has no secret.
     if "earer" in line or "asic" in line or "tg-" in line or "EARER" in line or "ASIC" in line:
-        return _SECRET_VALUE.sub(_REDACTED, line)
+        line = _SECRET_VALUE.sub(_REDACTED, line)
+    if "=" in line or ("@" in line and "://" in line):
+        line = _URL_SECRET.sub(_url_redacted, line)
     return line
+
+
+def _url_redacted(match: re.Match[str]) -> str:
+    """The name a URL's secret goes by (``user:``, ``api-key=``), its value redacted."""
+    return f"{match.group(1) or match.group(2)}{_REDACTED}"
 
 
 def _scrubbed(render: Callable[[WrappedLogger, str, EventDict], str]) -> Processor:
@@ -343,7 +361,14 @@ def configure_logging(
     render = (
         _scrubbed(render_json)
         if json_lines
-        else _scrubbed(structlog.dev.ConsoleRenderer(colors=out.isatty()))
+        else _scrubbed(
+            # Plain tracebacks: the default (rich, when installed) prints every frame's local
+            # variables (a password, a request's headers) and wraps long values across lines,
+            # where the scrubbing no longer sees a credential whole.
+            structlog.dev.ConsoleRenderer(
+                colors=out.isatty(), exception_formatter=structlog.dev.plain_traceback
+            )
+        )
     )
     clock = _Timestamp()
     chain: list[Processor] = [
