@@ -15,6 +15,11 @@ receivers on loopback sockets (one that decodes, one that accepts and never answ
   every export retry's warning.
 - T5: ``log_format: console`` rendered tracebacks with every frame's local variables
   (structlog's rich formatter), so a password or key held in a local reached the log.
+- T6: a caller's ``model`` with terminal escapes and no space (``ESC[1A ESC[2K``: up a line,
+  erase it) was written raw by ``log_format: console`` (the format a terminal gets by
+  default), so a caller could rewrite what an operator sees; and U+2028, U+0085, VT or FF
+  (line breaks to ``str.splitlines``, many viewers and log shippers) split a line in two,
+  in JSON lines too.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
 from tests.gateway.telemetry.test_export import http_receiver
@@ -311,3 +317,38 @@ def test_console_tracebacks_show_no_local_variables(tmp_path: Path) -> None:
     assert "_fail_holding_secrets" in text
     assert "redis-Pw-41c9a7e2" not in text
     assert "2E7A9C142E7A9C14" not in text
+
+
+# --- T6: control characters in log lines -------------------------------------------------
+
+HOSTILE_MODELS = (
+    "\x1b[1A\x1b[2K\x1b[1G2026-12-07T00:00:00Z\xa0[info\xa0]\xa0forged\x1b]0;title\x07",
+    "fast\u2028{\\u0022event\\u0022:1}\x85next\x0bvt\x0cff\u2029ps\x1c\x7f",
+)
+
+
+@pytest.mark.parametrize("log_format", ["console", "json"])
+def test_a_callers_control_characters_never_reach_a_log_line_raw(
+    tmp_path: Path, log_format: str
+) -> None:
+    """Models full of terminal escapes and Unicode line breaks: every access line is one
+    line (to ``str.splitlines`` as to ``split("\\n")``) and holds no escape character."""
+    log_file = tmp_path / "gateway.log"
+
+    def logged(config: dict[str, Any], _: Backends) -> None:
+        config["telemetry"] = {"log_format": log_format, "log_file": str(log_file)}
+
+    with running_stack(configure=logged) as stack:
+        for model in HOSTILE_MODELS:
+            answer = stack.post({**CHAT, "model": model})
+            assert answer.status_code == 404  # the model is unknown; the line is still written
+        deadline = time.monotonic() + patience(10)
+        while log_file.read_text(encoding="utf-8").count("request.finished") < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        stack.gateway.stop()
+    text = log_file.read_text(encoding="utf-8")
+    assert text.count("request.finished") == 2
+    assert text.splitlines() == text.split("\n")[:-1]
+    for char in ("\x1b", "\x07", "\x7f", "\x85", "\u2028", "\u2029", "\x0b", "\x0c", "\x1c"):
+        assert char not in text, repr(char)
