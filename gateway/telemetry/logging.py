@@ -71,6 +71,12 @@ _URL_SECRET = re.compile(
     re.IGNORECASE,
 )
 _encoder = msgspec.json.Encoder(enc_hook=str)
+# What JSON leaves raw but a reader may take for a line break (``str.splitlines``, viewers,
+# shippers: U+0085, U+2028, U+2029) or a terminal for a control (DEL, the C1 controls):
+# escaped in every JSON line, so one value never splits or steers its line.
+_JSON_RAW_CONTROLS = str.maketrans(
+    {c: f"\\u{ord(c):04x}" for c in ["\x7f", *map(chr, range(0x80, 0xA0)), "\u2028", "\u2029"]}
+)
 
 
 # How long the last lines may take to be written when the process ends.
@@ -223,6 +229,32 @@ def _url_redacted(match: re.Match[str]) -> str:
     return f"{match.group(1) or match.group(2)}{_REDACTED}"
 
 
+def one_line(line: str) -> str:
+    """A rendered JSON line with the characters JSON leaves raw that split or steer a line
+    escaped (two scans of C speed when there are none, as on almost every line)."""
+    if line.isascii() and "\x7f" not in line:
+        return line
+    return line.translate(_JSON_RAW_CONTROLS)
+
+
+def _escape(value: str) -> str:
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in value)
+
+
+def _printable(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:
+    """Console lines: a string value with any character that is not printable (terminal
+    escapes, line breaks, Unicode separators) is shown escaped, as ``repr`` would show it.
+    The console renderer quotes only values with spaces, quotes, ``=`` or CR/LF, and writes
+    the rest raw: ``ESC[1A ESC[2K`` from a caller would rewrite the operator's screen."""
+    for key, value in event_dict.items():
+        if type(value) is str and not value.isprintable() and key not in _MULTILINE:
+            event_dict[key] = _escape(value)
+    return event_dict
+
+
+_MULTILINE = frozenset({"exception", "stack"})  # tracebacks, rendered by the renderer itself
+
+
 def _scrubbed(render: Callable[[WrappedLogger, str, EventDict], str]) -> Processor:
     def render_scrubbed(logger: WrappedLogger, name: str, event_dict: EventDict) -> str:
         return scrub(render(logger, name, event_dict))
@@ -278,7 +310,7 @@ class AccessLines:
         line.update(fields)
         if self._worker is not None:
             line.setdefault("worker", self._worker)
-        self._write(scrub(_encoder.encode(line).decode()))
+        self._write(scrub(one_line(_encoder.encode(line).decode())))
 
 
 _access_lines: AccessLines | None = None
@@ -301,7 +333,7 @@ def render_json(_: WrappedLogger, __: str, event_dict: EventDict) -> str:
         "event": event_dict.pop("event", None),
     }
     line.update(event_dict)
-    return _encoder.encode(line).decode()
+    return one_line(_encoder.encode(line).decode())
 
 
 def _console(telemetry: TelemetrySettings, stream: TextIO) -> bool:
@@ -379,7 +411,7 @@ def configure_logging(
     ]
     if worker is not None:
         chain.append(_tag_worker(worker))
-    tail: list[Processor] = [structlog.processors.format_exc_info] if json_lines else []
+    tail: list[Processor] = [structlog.processors.format_exc_info if json_lines else _printable]
     structlog.configure(
         processors=[*chain, *tail, render],
         wrapper_class=structlog.make_filtering_bound_logger(level),
