@@ -15,6 +15,8 @@ receivers on loopback sockets (one that decodes, one that accepts and never answ
   every export retry's warning.
 - T5: ``log_format: console`` rendered tracebacks with every frame's local variables
   (structlog's rich formatter), so a password or key held in a local reached the log.
+- T7: a request whose body stalled was answered 408 (``server.body_timeout_s``) but logged
+  and counted as 499 ``ClientGone``, as if the caller had left.
 - T6: a caller's ``model`` with terminal escapes and no space (``ESC[1A ESC[2K``: up a line,
   erase it) was written raw by ``log_format: console`` (the format a terminal gets by
   default), so a caller could rewrite what an operator sees; and U+2028, U+0085, VT or FF
@@ -352,3 +354,126 @@ def test_a_callers_control_characters_never_reach_a_log_line_raw(
     assert text.splitlines() == text.split("\n")[:-1]
     for char in ("\x1b", "\x07", "\x7f", "\x85", "\u2028", "\u2029", "\x0b", "\x0c", "\x1c"):
         assert char not in text, repr(char)
+
+
+# --- one access line and one count per request, whatever its end --------------------------
+
+ADMIN = "telemetry-attack-admin-token-0123456789"
+SLOW_FAST = (
+    "--profile",
+    "fast",
+    "--model",
+    "tiergate-fast",
+    "--decode-tokens-per-s",
+    "40",
+    "--output-tokens",
+    "60",
+)  # fmt: skip (1.5 s streams)
+FAILING_PRECISE = ("--profile", "precise", "--model", "tiergate-precise", "--latency-scale", "0",
+                   "--fail-500", "1.0")  # fmt: skip
+
+
+def _key(keys_file: Path, *options: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "gateway", "keys", "create", "--keys-file", str(keys_file),
+         "--tenant", "acme", "--name", "k", *options],
+        cwd=REPO_ROOT, capture_output=True, text=True, check=True, timeout=60,
+    )  # fmt: skip
+    return done.stdout.strip().splitlines()[-1]
+
+
+def _raw(port: int, head: bytes, body: bytes = b"") -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sock.sendall(head + body)
+    return sock
+
+
+def _post_head(path: str, key: str, length: int) -> bytes:
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n"
+    ).encode()
+
+
+def _requests_total(url: str) -> dict[str, float]:
+    text = httpx.get(url + "/metrics", headers={"Authorization": f"Bearer {ADMIN}"}).text
+    counts: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("tiergate_requests_total{"):
+            labels, value = line.rsplit(" ", 1)
+            status = labels.split('status_class="', 1)[1].split('"', 1)[0]
+            counts[status] = counts.get(status, 0.0) + float(value)
+    return counts
+
+
+def _send_every_kind(gateway: GatewayProcess, key: str, one_rpm: str) -> int:
+    """One request of each ending; how many were sent."""
+    auth = {"Authorization": f"Bearer {key}"}
+    chat = {**CHAT, "max_tokens": 60}
+    url = gateway.url + "/v1/chat/completions"
+    sent: list[int] = []
+    with httpx.Client(timeout=30) as client:
+        sent.append(client.post(url, json=chat, headers=auth).status_code)
+        with client.stream("POST", url, json={**chat, "stream": True}, headers=auth) as r:
+            r.read()
+            sent.append(r.status_code)
+        sent.append(client.post(url, content=b"{not json", headers=auth).status_code)
+        sent.append(client.post(url, json=chat).status_code)
+        sent.append(client.post(url, json={**chat, "model": "nope"}, headers=auth).status_code)
+        one = {"Authorization": f"Bearer {one_rpm}"}
+        sent += [client.post(url, json=chat, headers=one).status_code for _ in range(2)]
+        sent.append(client.post(url, json={**chat, "model": "precise"}, headers=auth).status_code)
+    assert sent == [200, 200, 400, 401, 404, 200, 429, 502], sent
+    port = gateway.port
+    big = _raw(port, _post_head("/v1/chat/completions", key, 10_000_000))
+    assert big.recv(12).startswith(b"HTTP/1.1 413")
+    big.close()
+    stalled = _raw(port, _post_head("/v1/chat/completions", key, 100), b'{"model"')
+    assert stalled.recv(12).startswith(b"HTTP/1.1 408")
+    stalled.close()
+    body = json.dumps({**chat, "stream": True}).encode()
+    leaving = _raw(port, _post_head("/v1/chat/completions", key, len(body)), body)
+    assert b"data: " in leaving.recv(65536)
+    leaving.close()  # mid-stream
+    body = json.dumps(chat).encode()
+    _raw(port, _post_head("/v1/chat/completions", key, len(body)), body).close()
+    return len(sent) + 4
+
+
+def test_every_request_has_one_access_line_and_one_count(tmp_path: Path) -> None:
+    """200s (whole and streamed), 400, 401, 404, 413, 429, a backend's 500 (502), a body
+    that stalls (408), a caller leaving mid-stream and one leaving before its answer: as many
+    access lines as requests, each with the status the caller was sent, and
+    ``tiergate_requests_total`` counts each once, in the class of that status."""
+    keys_file = tmp_path / "keys.yaml"
+    key = _key(keys_file)
+    one_rpm = _key(keys_file, "--rpm", "1")
+
+    def configure(config: dict[str, Any], _: Backends) -> None:
+        config["auth"] = {"enabled": True, "store": "file", "keys_file": str(keys_file),
+                          "admin_token": ADMIN}  # fmt: skip
+        config["server"] = {"body_timeout_s": 1.0}
+        config["telemetry"] = {"log_format": "json", "access_log": True}
+
+    with running_stack(sims=(SLOW_FAST, FAILING_PRECISE), configure=configure) as stack:
+        gateway = stack.gateway
+        gateway.wait_until_ready()
+        expected = _send_every_kind(gateway, key, one_rpm)
+        deadline = time.monotonic() + patience(20)
+        while len(gateway.access_lines()) < expected:
+            assert time.monotonic() < deadline, gateway.log_text()[-3000:]
+            time.sleep(0.05)
+        counted = _requests_total(gateway.url)
+        gateway.stop()
+        lines = gateway.access_lines()
+    assert len(lines) == expected, [line["status"] for line in lines]
+    by_class: dict[str, float] = {}
+    for line in lines:
+        klass = f"{line['status'] // 100}xx"
+        by_class[klass] = by_class.get(klass, 0.0) + 1
+    assert counted == by_class
+    ends = [(line["status"], line["outcome"]) for line in lines]
+    assert ends.count((499, "ClientGone")) == 1, ends  # the caller that left before its answer
+    assert (200, "client_disconnect") in ends
+    assert (413, "PayloadTooLarge") in ends
+    assert (408, "BodyTimedOut") in ends, ends  # the caller was sent 408, not 499
