@@ -15,13 +15,13 @@ receivers on loopback sockets (one that decodes, one that accepts and never answ
   every export retry's warning.
 - T5: ``log_format: console`` rendered tracebacks with every frame's local variables
   (structlog's rich formatter), so a password or key held in a local reached the log.
-- T7: a request whose body stalled was answered 408 (``server.body_timeout_s``) but logged
-  and counted as 499 ``ClientGone``, as if the caller had left.
 - T6: a caller's ``model`` with terminal escapes and no space (``ESC[1A ESC[2K``: up a line,
   erase it) was written raw by ``log_format: console`` (the format a terminal gets by
   default), so a caller could rewrite what an operator sees; and U+2028, U+0085, VT or FF
   (line breaks to ``str.splitlines``, many viewers and log shippers) split a line in two,
   in JSON lines too.
+- T7: a request whose body stalled was answered 408 (``server.body_timeout_s``) but logged
+  and counted as 499 ``ClientGone``, as if the caller had left.
 """
 
 from __future__ import annotations
