@@ -22,6 +22,9 @@ receivers on loopback sockets (one that decodes, one that accepts and never answ
   in JSON lines too.
 - T7: a request whose body stalled was answered 408 (``server.body_timeout_s``) but logged
   and counted as 499 ``ClientGone``, as if the caller had left.
+- T8: with ``--workers 2`` a scrape served its own worker's live counters beside the other's
+  last published ones (up to 1 s old), so a counter series went down from one scrape to the
+  next whenever the other worker answered (4 then 3): Prometheus reads a drop as a restart.
 """
 
 from __future__ import annotations
@@ -477,3 +480,57 @@ def test_every_request_has_one_access_line_and_one_count(tmp_path: Path) -> None
     assert (200, "client_disconnect") in ends
     assert (413, "PayloadTooLarge") in ends
     assert (408, "BodyTimedOut") in ends, ends  # the caller was sent 408, not 499
+
+
+# --- two workers: one exposition that adds up and only goes up -----------------------------
+
+
+def _samples(text: str, names: tuple[str, ...]) -> dict[str, float]:
+    """``name{labels}`` -> value of every sample of ``names``."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith(names):
+            series, value = line.rsplit(" ", 1)
+            out[series] = float(value)
+    return out
+
+
+def test_two_workers_metrics_add_up_and_never_go_down() -> None:
+    """Two workers, a trickle of requests, /metrics scraped on fresh connections (either
+    worker answers): every counter series only grows from scrape to scrape (Prometheus takes
+    a drop for a restart and counts the whole value again), and once traffic stops the sum
+    over workers is the number of requests, as is the latency histogram's count, whose sum
+    (seconds) matches the access lines' ``duration_ms``."""
+
+    def configure(config: dict[str, Any], _: Backends) -> None:
+        config["telemetry"] = {"log_format": "json", "access_log": True}
+
+    names = ("tiergate_requests_total{", "tiergate_request_duration_seconds_count{")
+    sent = 0
+    drops: list[tuple[str, float, float]] = []
+    with running_stack(configure=configure, workers=2) as stack:
+        gateway = stack.gateway
+        last: dict[str, float] = {}
+        for _ in range(40):
+            assert stack.post(CHAT).status_code == 200
+            sent += 1
+            with httpx.Client(timeout=10) as fresh:  # a new connection: either worker
+                now = _samples(fresh.get(gateway.url + "/metrics").text, names)
+            drops += [(s, last[s], v) for s, v in now.items() if v < last.get(s, 0.0)]
+            last.update(now)
+            time.sleep(0.05)
+        deadline = time.monotonic() + patience(10)
+        while True:
+            text = httpx.get(gateway.url + "/metrics", timeout=10).text
+            total = sum(_samples(text, ("tiergate_requests_total{",)).values())
+            if total == sent or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        lines = gateway.access_lines()
+    assert total == sent
+    assert not drops, drops[:5]
+    assert sum(_samples(text, ("tiergate_request_duration_seconds_count{",)).values()) == sent
+    seconds = sum(_samples(text, ("tiergate_request_duration_seconds_sum{",)).values())
+    logged = sum(line["duration_ms"] for line in lines) / 1000.0
+    assert len(lines) == sent
+    assert abs(seconds - logged) < 0.001 * sent + 0.01, (seconds, logged)
