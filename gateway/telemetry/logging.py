@@ -66,7 +66,7 @@ _SECRET_VALUE = re.compile(
 _URL_SECRET = re.compile(
     r"(?<=://)([^\s/@:\"'\\]*:)[^\s/@\"'\\]+(?=@)"
     r"|(?<=[?&;])((?:[\w.-]*[-_.])?(?:api[-_.]?key|apikey|key|token|access[-_.]?token|"
-    r"auth|authorization|password|passwd|pwd|secret|sig|signature|credential|code)=)"
+    r"auth|authorization|password|passwd|pwd|secret|sig|signature|credential)=)"
     r"[^\s&;#\"'\\]+",
     re.IGNORECASE,
 )
