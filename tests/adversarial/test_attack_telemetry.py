@@ -565,3 +565,32 @@ def test_a_callers_sampled_traceparent_is_traced_at_a_ratio_of_zero(
     assert [s.name for s in spans] == ["POST /v1/chat/completions"]
     status = [_value(a) for a in spans[0].attributes if a.key == "http.response.status_code"]
     assert status == [401]
+
+
+# --- a log file moved away by logrotate -------------------------------------------------
+
+
+def test_a_log_file_moved_away_is_created_again(tmp_path: Path) -> None:
+    """``telemetry.log_file`` renamed while the gateway runs (logrotate's default, without
+    ``copytruncate``): the next lines go to a new file at the configured path, not on into
+    the renamed one."""
+    log_file = tmp_path / "gateway.log"
+
+    def logged(config: dict[str, Any], _: Backends) -> None:
+        config["telemetry"] = {"log_format": "json", "log_file": str(log_file)}
+
+    with running_stack(configure=logged) as stack:
+        first = stack.post(CHAT)
+        assert first.status_code == 200
+        deadline = time.monotonic() + patience(10)
+        while first.headers["x-request-id"] not in log_file.read_text(encoding="utf-8"):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        log_file.rename(tmp_path / "gateway.log.1")
+        second = stack.post(CHAT)
+        assert second.status_code == 200
+        deadline = time.monotonic() + patience(10)
+        while not (log_file.exists() and second.headers["x-request-id"] in log_file.read_text()):
+            assert time.monotonic() < deadline, "the line went on into the renamed file"
+            time.sleep(0.05)
+    assert first.headers["x-request-id"] in (tmp_path / "gateway.log.1").read_text()
