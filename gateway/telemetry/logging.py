@@ -10,12 +10,14 @@ counted, and a ``telemetry.log_lines_dropped`` line says how many.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import sys
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TextIO
 
 import msgspec
@@ -83,6 +85,11 @@ _JSON_RAW_CONTROLS = str.maketrans(
 FLUSH_TIMEOUT_S = 2.0
 
 
+def open_log_file(path: Path) -> TextIO:
+    """``path`` opened for appending, as every log file is."""
+    return path.open("a", encoding="utf-8", buffering=1 << 16)
+
+
 class LogSink:
     """A bounded queue of rendered lines and the daemon thread that writes them."""
 
@@ -93,9 +100,11 @@ class LogSink:
         owns_stream: bool = False,
         max_lines: int = 20_000,
         flush_interval_s: float = 0.05,
+        path: Path | None = None,
     ) -> None:
         self.stream = stream
         self.owns_stream = owns_stream
+        self.path = path  # the file ``stream`` was opened from: reopened when moved away
         self.max_lines = max_lines
         self.flush_interval_s = flush_interval_s
         self.dropped = 0
@@ -146,7 +155,29 @@ class LogSink:
 
     def _run(self) -> None:
         while not self._stop.wait(self.flush_interval_s):
+            if self.path is not None and self._lines:  # a stat and an fstat, before each write
+                self._reopen_if_moved(self.path)
             self._drain()
+
+    def _reopen_if_moved(self, path: Path) -> None:
+        """Open a new file at ``path`` when the one written to is no longer there (renamed
+        or deleted by a log rotation); lines went on into the moved file before."""
+        try:
+            here = os.stat(path)
+        except FileNotFoundError:
+            here = None
+        except OSError:
+            return  # the directory cannot be read now: keep writing where we are
+        current = os.fstat(self.stream.fileno())
+        if here is not None and (here.st_ino, here.st_dev) == (current.st_ino, current.st_dev):
+            return
+        try:
+            fresh = open_log_file(path)
+        except OSError:
+            return  # cannot create it (permissions, a full disk): keep the old file
+        with self._writing:
+            old, self.stream = self.stream, fresh
+        old.close()
 
     def close(self) -> None:
         """Write what is queued and stop the writer thread."""
@@ -383,8 +414,8 @@ def configure_logging(
     """
     if telemetry.log_file is not None:
         telemetry.log_file.parent.mkdir(parents=True, exist_ok=True)
-        out: TextIO = telemetry.log_file.open("a", encoding="utf-8", buffering=1 << 16)
-        sink = LogSink(out, owns_stream=True)
+        out: TextIO = open_log_file(telemetry.log_file)
+        sink = LogSink(out, owns_stream=True, path=telemetry.log_file)
     else:
         out = stream or sys.stderr
         sink = LogSink(out)
