@@ -101,6 +101,7 @@ class AsgiCycle:
         "response_complete",
         "response_started",
         "scope",
+        "timed_out",
         "transport",
         "waiting_for_continue",
     )
@@ -123,6 +124,7 @@ class AsgiCycle:
         self.on_response = on_response
         self.message_event = asyncio.Event()
         self.disconnected = False
+        self.timed_out = False
         self.body = bytearray()
         self.more_body = True
         self.response_started = False

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import httptools
 import structlog
 
-from gateway.pipeline.errors import ClientGone, error_body
+from gateway.pipeline.errors import BodyTimedOut, ClientGone, error_body
 from policies.errors import PayloadTooLarge
 
 _log = structlog.get_logger("tiergate.edge")
@@ -37,6 +37,8 @@ class Cycle(Protocol):
     more_body: bool
     message_event: asyncio.Event
     disconnected: bool
+    # The body was cut off by ``server.body_timeout_s`` (the client was sent 408).
+    timed_out: bool
     keep_alive: bool
     response_started: bool
     response_complete: bool
@@ -79,6 +81,22 @@ def refuse_read_length(size: int, limit: int) -> None:
 def client_gone() -> ClientGone:
     """What a request whose client left is ended with (499 in its metrics and spans)."""
     return ClientGone(GONE_MESSAGE)
+
+
+def gone_or_timed_out(cycle: Cycle) -> ClientGone | BodyTimedOut:
+    """What a request whose connection closed while its body was read is ended with: 408
+    when the edge cut it off for a stalled body (what the client was sent), else 499."""
+    if cycle.timed_out:
+        return BodyTimedOut(TIMED_OUT_MESSAGE, code="request_timeout")
+    return client_gone()
+
+
+def cut_off(cycle: Cycle | None, transport: asyncio.Transport) -> None:
+    """Write the 408 of a request cut off by a timeout, and tell ``cycle`` when it is the
+    request whose body was still awaited (its access line and metrics then say 408)."""
+    if cycle is not None and cycle.more_body:
+        cycle.timed_out = True
+    transport.write(TIMED_OUT)
 
 
 async def run_after_work(
@@ -146,9 +164,8 @@ _OVER_CAPACITY_MESSAGE = "The gateway is at its connection limit; retry shortly.
 OVER_CAPACITY = raw_error(
     503, "Service Unavailable", _OVER_CAPACITY_MESSAGE, "server_overloaded", (b"retry-after: 1",)
 )
-TIMED_OUT = raw_error(
-    408, "Request Timeout", "The request was not received in time.", "request_timeout"
-)
+TIMED_OUT_MESSAGE = "The request was not received in time."
+TIMED_OUT = raw_error(408, "Request Timeout", TIMED_OUT_MESSAGE, "request_timeout")
 BAD_REQUEST = raw_error(
     400, "Bad Request", "The request is not valid HTTP/1.1.", "invalid_http_request"
 )

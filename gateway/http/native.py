@@ -31,6 +31,7 @@ import structlog
 from gateway.http.edge import (
     FlowControl,
     client_gone,
+    gone_or_timed_out,
     header_view,
     refuse_declared_length,
     refuse_read_length,
@@ -149,6 +150,7 @@ class NativeCycle:
         "response_complete",
         "response_started",
         "route",
+        "timed_out",
         "transport",
         "was_disconnected",
     )
@@ -181,6 +183,7 @@ class NativeCycle:
         self.response_started = False
         self.response_complete = False
         self.was_disconnected = False
+        self.timed_out = False
         self.lingering = False
         self._headers: dict[str, str] | None = None
         self._task: asyncio.Task[Any] | None = None
@@ -229,7 +232,7 @@ class NativeCycle:
                 await self.message_event.wait()
                 self.message_event.clear()
             if self.was_disconnected:
-                raise client_gone()
+                raise gone_or_timed_out(self)
             refuse_read_length(len(self.body), limit)
         except PayloadTooLarge:
             self.keep_alive = False  # the rest of the body is never read

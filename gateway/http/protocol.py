@@ -28,12 +28,12 @@ from gateway.http.edge import (
     CONNECT_REFUSED,
     OVER_CAPACITY,
     OVER_CAPACITY_APP,
-    TIMED_OUT,
     UNSUPPORTED_CODING,
     ASGIApp,
     Cycle,
     FlowControl,
     TrailerWatch,
+    cut_off,
     head_too_large,
     request_parser,
 )
@@ -179,7 +179,7 @@ class GuardedHttpToolsProtocol(TrailerWatch, asyncio.Protocol):
         if transport.is_closing():
             return
         if self._owes_timeout(reason):
-            transport.write(TIMED_OUT)
+            cut_off(self.cycle, transport)  # 408, and the request ends 408, not 499
         self._close()
 
     def _close(self) -> None:

@@ -21,6 +21,13 @@ class ClientGone(TierGateError):
     error_type = "client_closed_request"
 
 
+class BodyTimedOut(TierGateError):
+    """The request's body stalled past ``server.body_timeout_s``: the edge answered 408."""
+
+    status = 408
+    error_type = "invalid_request_error"
+
+
 _STATUS_TYPES = {
     400: "invalid_request_error",
     401: "invalid_request_error",

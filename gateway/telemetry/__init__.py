@@ -12,20 +12,24 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import structlog
 from opentelemetry.sdk.trace.export import SpanExporter
 from prometheus_client import CollectorRegistry
 
 from gateway.config.router_settings import RouterSettings
 from gateway.config.settings import TelemetrySettings
+from gateway.telemetry import semconv as sc
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.metrics_endpoint import MetricsServer, metrics_handler
 from gateway.telemetry.observer import TelemetryObserver
 from gateway.telemetry.refusals import AuthRefusals
-from gateway.telemetry.tracing import Tracing, build_tracer_provider
+from gateway.telemetry.tracing import SPAN_FLUSH_TIMEOUT_S, Tracing, build_tracer_provider
 from gateway.upstream.replicas import ReplicaPool
 from gateway.upstream.worker_share import GroupMetrics, WorkerRole
 
 __all__ = ["Telemetry", "TelemetryObserver", "build_telemetry"]
+
+_log = structlog.get_logger("tiergate.telemetry")
 
 
 @dataclass
@@ -49,13 +53,14 @@ class Telemetry:
             self.group.start()
 
     async def shutdown(self) -> None:
-        """Close the metrics port; flush queued spans without blocking the loop."""
+        """Close the metrics port; flush queued spans without blocking the loop (at most
+        ``SPAN_FLUSH_TIMEOUT_S``: a collector that never answers does not hold the stop)."""
         if self.group is not None:
             await self.group.stop()
         if self.metrics_server is not None:
             self.metrics_server.stop()
-        if self.tracing is not None:
-            await asyncio.to_thread(self.tracing.shutdown)
+        if self.tracing is not None and not await asyncio.to_thread(self.tracing.shutdown):
+            _log.warning(sc.EV_SPANS_UNFLUSHED, timeout_s=SPAN_FLUSH_TIMEOUT_S)
 
 
 def build_telemetry(

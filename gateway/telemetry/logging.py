@@ -10,12 +10,14 @@ counted, and a ``telemetry.log_lines_dropped`` line says how many.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import sys
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TextIO
 
 import msgspec
@@ -59,11 +61,33 @@ _SECRET_VALUE = re.compile(
     r"(?:[Bb](?:earer|asic)|BEARER|BASIC)(?:\s|\\[tnrfb]|\\u00[0-9a-fA-F]{2})+[^\s\"'\\,]+"
     r"|tg-[a-z0-9]+-[A-Za-z0-9_\-]{16,}"
 )
+# Credentials inside URLs, wherever a line quotes one (an exporter's or client library's
+# error names the URL it failed on): the password of a URL's user-info, and the value of a
+# query parameter named like a credential. Only the secret is replaced, so the line still
+# says where the request went.
+_URL_SECRET = re.compile(
+    r"(?<=://)([^\s/@:\"'\\]*:)[^\s/@\"'\\]+(?=@)"
+    r"|(?<=[?&;])((?:[\w.-]*[-_.])?(?:api[-_.]?key|apikey|key|token|access[-_.]?token|"
+    r"auth|authorization|password|passwd|pwd|secret|sig|signature|credential)=)"
+    r"[^\s&;#\"'\\]+",
+    re.IGNORECASE,
+)
 _encoder = msgspec.json.Encoder(enc_hook=str)
+# What JSON leaves raw but a reader may take for a line break (``str.splitlines``, viewers,
+# shippers: U+0085, U+2028, U+2029) or a terminal for a control (DEL, the C1 controls):
+# escaped in every JSON line, so one value never splits or steers its line.
+_JSON_RAW_CONTROLS = str.maketrans(
+    {c: f"\\u{ord(c):04x}" for c in ["\x7f", *map(chr, range(0x80, 0xA0)), "\u2028", "\u2029"]}
+)
 
 
 # How long the last lines may take to be written when the process ends.
 FLUSH_TIMEOUT_S = 2.0
+
+
+def open_log_file(path: Path) -> TextIO:
+    """``path`` opened for appending, as every log file is."""
+    return path.open("a", encoding="utf-8", buffering=1 << 16)
 
 
 class LogSink:
@@ -76,9 +100,11 @@ class LogSink:
         owns_stream: bool = False,
         max_lines: int = 20_000,
         flush_interval_s: float = 0.05,
+        path: Path | None = None,
     ) -> None:
         self.stream = stream
         self.owns_stream = owns_stream
+        self.path = path  # the file ``stream`` was opened from: reopened when moved away
         self.max_lines = max_lines
         self.flush_interval_s = flush_interval_s
         self.dropped = 0
@@ -129,7 +155,29 @@ class LogSink:
 
     def _run(self) -> None:
         while not self._stop.wait(self.flush_interval_s):
+            if self.path is not None and self._lines:  # a stat and an fstat, before each write
+                self._reopen_if_moved(self.path)
             self._drain()
+
+    def _reopen_if_moved(self, path: Path) -> None:
+        """Open a new file at ``path`` when the one written to is no longer there (renamed
+        or deleted by a log rotation); lines went on into the moved file before."""
+        try:
+            here = os.stat(path)
+        except FileNotFoundError:
+            here = None
+        except OSError:
+            return  # the directory cannot be read now: keep writing where we are
+        current = os.fstat(self.stream.fileno())
+        if here is not None and (here.st_ino, here.st_dev) == (current.st_ino, current.st_dev):
+            return
+        try:
+            fresh = open_log_file(path)
+        except OSError:
+            return  # cannot create it (permissions, a full disk): keep the old file
+        with self._writing:
+            old, self.stream = self.stream, fresh
+        old.close()
 
     def close(self) -> None:
         """Write what is queued and stop the writer thread."""
@@ -201,8 +249,41 @@ def scrub(line: str) -> str:
             line = line.replace(secret, _REDACTED)
     # Substring checks first: the regex is ~10x slower and almost every line has no secret.
     if "earer" in line or "asic" in line or "tg-" in line or "EARER" in line or "ASIC" in line:
-        return _SECRET_VALUE.sub(_REDACTED, line)
+        line = _SECRET_VALUE.sub(_REDACTED, line)
+    if "=" in line or ("@" in line and "://" in line):
+        line = _URL_SECRET.sub(_url_redacted, line)
     return line
+
+
+def _url_redacted(match: re.Match[str]) -> str:
+    """The name a URL's secret goes by (``user:``, ``api-key=``), its value redacted."""
+    return f"{match.group(1) or match.group(2)}{_REDACTED}"
+
+
+def one_line(line: str) -> str:
+    """A rendered JSON line with the characters JSON leaves raw that split or steer a line
+    escaped (two scans of C speed when there are none, as on almost every line)."""
+    if line.isascii() and "\x7f" not in line:
+        return line
+    return line.translate(_JSON_RAW_CONTROLS)
+
+
+def _escape(value: str) -> str:
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in value)
+
+
+def _printable(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:
+    """Console lines: a string value with any character that is not printable (terminal
+    escapes, line breaks, Unicode separators) is shown escaped, as ``repr`` would show it.
+    The console renderer quotes only values with spaces, quotes, ``=`` or CR/LF, and writes
+    the rest raw: ``ESC[1A ESC[2K`` from a caller would rewrite the operator's screen."""
+    for key, value in event_dict.items():
+        if type(value) is str and not value.isprintable() and key not in _MULTILINE:
+            event_dict[key] = _escape(value)
+    return event_dict
+
+
+_MULTILINE = frozenset({"exception", "stack"})  # tracebacks, rendered by the renderer itself
 
 
 def _scrubbed(render: Callable[[WrappedLogger, str, EventDict], str]) -> Processor:
@@ -260,7 +341,7 @@ class AccessLines:
         line.update(fields)
         if self._worker is not None:
             line.setdefault("worker", self._worker)
-        self._write(scrub(_encoder.encode(line).decode()))
+        self._write(scrub(one_line(_encoder.encode(line).decode())))
 
 
 _access_lines: AccessLines | None = None
@@ -283,7 +364,7 @@ def render_json(_: WrappedLogger, __: str, event_dict: EventDict) -> str:
         "event": event_dict.pop("event", None),
     }
     line.update(event_dict)
-    return _encoder.encode(line).decode()
+    return one_line(_encoder.encode(line).decode())
 
 
 def _console(telemetry: TelemetrySettings, stream: TextIO) -> bool:
@@ -333,8 +414,8 @@ def configure_logging(
     """
     if telemetry.log_file is not None:
         telemetry.log_file.parent.mkdir(parents=True, exist_ok=True)
-        out: TextIO = telemetry.log_file.open("a", encoding="utf-8", buffering=1 << 16)
-        sink = LogSink(out, owns_stream=True)
+        out: TextIO = open_log_file(telemetry.log_file)
+        sink = LogSink(out, owns_stream=True, path=telemetry.log_file)
     else:
         out = stream or sys.stderr
         sink = LogSink(out)
@@ -343,7 +424,14 @@ def configure_logging(
     render = (
         _scrubbed(render_json)
         if json_lines
-        else _scrubbed(structlog.dev.ConsoleRenderer(colors=out.isatty()))
+        else _scrubbed(
+            # Plain tracebacks: the default (rich, when installed) prints every frame's local
+            # variables (a password, a request's headers) and wraps long values across lines,
+            # where the scrubbing no longer sees a credential whole.
+            structlog.dev.ConsoleRenderer(
+                colors=out.isatty(), exception_formatter=structlog.dev.plain_traceback
+            )
+        )
     )
     clock = _Timestamp()
     chain: list[Processor] = [
@@ -354,7 +442,7 @@ def configure_logging(
     ]
     if worker is not None:
         chain.append(_tag_worker(worker))
-    tail: list[Processor] = [structlog.processors.format_exc_info] if json_lines else []
+    tail: list[Processor] = [structlog.processors.format_exc_info if json_lines else _printable]
     structlog.configure(
         processors=[*chain, *tail, render],
         wrapper_class=structlog.make_filtering_bound_logger(level),

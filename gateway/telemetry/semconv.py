@@ -142,6 +142,7 @@ OUTCOME_CLIENT_DISCONNECT: Final = Outcome.CLIENT_DISCONNECT
 # --- Log event names (dotted constants) ---
 EVENT_ACCESS: Final = "request.finished"
 EVENT_LOGS_DROPPED: Final = "telemetry.log_lines_dropped"
+EV_SPANS_UNFLUSHED: Final = "telemetry.spans_unflushed"
 EV_CONNECTION_SHED: Final = "connection.shed"
 EV_AUTH_REFUSED: Final = "auth.refused"
 EV_SERVER_STARTED: Final = "server.started"

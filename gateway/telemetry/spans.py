@@ -28,6 +28,11 @@ _encoder = msgspec.json.Encoder()
 _FINISH_REASON = re.compile(rb'"finish_reason"\s*:\s*"([A-Za-z_]{1,32})"')
 _STAGE_ORDER = ("auth", "validate", "classify", "ratelimit")
 _DATA = b"data: "
+# What a backend chooses (an answer's id and model, its finish reasons) is clipped: one
+# answer with a megabyte id would otherwise make a span of megabytes, which the span queue
+# holds thousands of and a collector refuses whole (with the other spans of its batch).
+MAX_BACKEND_STRING = 256
+MAX_FINISH_REASONS = 128
 
 
 def _decode(raw: bytes) -> Any:
@@ -293,9 +298,9 @@ class AttemptSpan:
         if not isinstance(data, dict):
             return
         if isinstance(data.get("id"), str):
-            self.span.set_attribute(sc.GEN_AI_RESPONSE_ID, data["id"])
+            self.span.set_attribute(sc.GEN_AI_RESPONSE_ID, data["id"][:MAX_BACKEND_STRING])
         if isinstance(data.get("model"), str):
-            self.span.set_attribute(sc.GEN_AI_RESPONSE_MODEL, data["model"])
+            self.span.set_attribute(sc.GEN_AI_RESPONSE_MODEL, data["model"][:MAX_BACKEND_STRING])
 
     def opened(self, end: AttemptEnd, ctx: RequestContext) -> None:
         """The backend answered; a complete (non-streaming) answer ends the span now."""
@@ -325,8 +330,8 @@ class AttemptSpan:
 
     def _choice(self, choice: Mapping[str, Any]) -> None:
         reason = choice.get("finish_reason")
-        if isinstance(reason, str):
-            self.reasons.append(reason)
+        if isinstance(reason, str) and len(self.reasons) < MAX_FINISH_REASONS:
+            self.reasons.append(reason[:MAX_BACKEND_STRING])
         if self.capture:
             self.output.append(_choice_text(choice))
 
@@ -352,8 +357,9 @@ class AttemptSpan:
                     if isinstance(choice, dict):
                         self._choice(choice)
             return
-        if b'"finish_reason"' in event:
-            self.reasons.extend(m.decode() for m in _FINISH_REASON.findall(event))
+        if b'"finish_reason"' in event and len(self.reasons) < MAX_FINISH_REASONS:
+            found = [m.decode() for m in _FINISH_REASON.findall(event)]
+            self.reasons.extend(found[: MAX_FINISH_REASONS - len(self.reasons)])
 
     def _end_response(self, error: str | None) -> None:
         span = self.span

@@ -11,6 +11,7 @@ timestamps the request path marks, so the request path itself never opens or clo
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from importlib.metadata import PackageNotFoundError, version
@@ -50,6 +51,14 @@ if TYPE_CHECKING:
 _HTTP_PROTOBUF = "http/protobuf"
 _UNSAMPLED = TraceFlags(TraceFlags.RANDOM_TRACE_ID)  # what the SDK's dropped spans carry
 _CLEAN_OUTCOMES = frozenset({sc.OUTCOME_COMPLETE, sc.OUTCOME_CLIENT_DISCONNECT})
+# How long a stopping process waits for its queued spans to be exported: a collector that
+# accepts and never answers would otherwise hold it for the exporter's timeouts (10 s each,
+# twice: the export under way, then the flush), 20 s with nothing in flight.
+SPAN_FLUSH_TIMEOUT_S = 2.0
+# A caller's ``tracestate`` longer than this is not honoured (not sent to the backends, not
+# kept on the spans): W3C Trace Context asks a hop to pass on at least 512 characters and
+# lets it drop the rest; 32 members of 256 characters would otherwise reach every backend.
+MAX_TRACESTATE = 512
 
 
 class TracingConfigError(ValueError):
@@ -197,7 +206,7 @@ class Tracing:
         parent: Context | None = None
         if traceparent:
             carrier = {"traceparent": traceparent}
-            if tracestate:
+            if tracestate and len(tracestate) <= MAX_TRACESTATE:
                 carrier["tracestate"] = tracestate
             parent = self.propagator.extract(carrier)
         start_ns = time.time_ns() - int((time.perf_counter() - ctx.started) * 1e9)
@@ -215,9 +224,19 @@ class Tracing:
             )
         return trace
 
-    def shutdown(self) -> None:
-        """Flush what is queued (bounded by the exporters' timeouts) and stop."""
-        self.provider.shutdown()
+    def shutdown(self, timeout_s: float = SPAN_FLUSH_TIMEOUT_S) -> bool:
+        """Flush what is queued and stop, waiting at most ``timeout_s``; whether it finished.
+
+        The provider's shutdown runs on a daemon thread of its own: past ``timeout_s`` (an
+        export still waiting on the collector) the process goes on stopping and the spans
+        still queued are lost with it, as the exporters' own threads are.
+        """
+        helper = threading.Thread(
+            target=self.provider.shutdown, name="tiergate-span-flush", daemon=True
+        )
+        helper.start()
+        helper.join(timeout_s)
+        return not helper.is_alive()
 
 
 def trace_headers(context: SpanContext) -> dict[str, str]:

@@ -175,18 +175,33 @@ class GroupMetrics(Collector):
     def _path(self, index: int) -> Path:
         return metrics_file(self.role.share_dir, index)
 
-    def _others(self) -> Iterator[Metric]:
-        for index in range(self.role.count):
-            if index == self.role.index:
-                continue
-            with contextlib.suppress(FileNotFoundError):
-                text = self._path(index).read_text(encoding="utf-8")
-                yield from text_string_to_metric_families(text)
+    def _published(self, index: int) -> list[Metric] | None:
+        """Worker ``index``'s last published samples (``None`` before its first file)."""
+        try:
+            text = self._path(index).read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return None
+        return list(text_string_to_metric_families(text))
 
     def collect(self) -> Iterator[Metric]:
-        """One family per name, with every worker's samples."""
+        """One family per name, with every worker's samples, as last published.
+
+        This worker's own samples come from its file too (live only before its first one):
+        whichever worker a scrape reaches, it then serves the same snapshot of each, so no
+        counter goes down from one scrape to the next. Own live samples beside the others'
+        published ones did: a series read live (4) by one scrape was read from its second-old
+        file (3) by the next, which another worker answered, and Prometheus takes a drop for
+        a restart (``rate`` counts the whole value again). Samples are at most
+        ``METRICS_PUBLISH_S`` old.
+        """
+        families: list[Metric] = []
+        for index in range(self.role.count):
+            published = self._published(index)
+            if published is None and index == self.role.index:
+                published = list(self.own.collect())
+            families += published or []
         merged: dict[str, Metric] = {}
-        for family in [*self.own.collect(), *self._others()]:
+        for family in families:
             into = merged.setdefault(
                 family.name, Metric(family.name, family.documentation, family.type, family.unit)
             )

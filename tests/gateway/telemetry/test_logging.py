@@ -237,3 +237,23 @@ def test_credentials_split_by_json_escapes_or_glued_to_a_word_are_scrubbed(value
     assert "dXNlcjpwYXNz" not in scrubbed
     assert "6t45CZkwdw7" not in scrubbed
     assert "[REDACTED]" in json.loads(scrubbed)["model"]
+
+
+@pytest.mark.parametrize(
+    ("line", "kept", "gone"),
+    [
+        ("url: /v1/traces?api-key=K1x&tenant=t1", "tenant=t1", "K1x"),
+        ("GET /p?status_code=200&x_token=T2x", "status_code=200", "T2x"),
+        ("blob?sv=1;sig=S3x&access_token=A4x", "sv=1", "S3x"),
+        ('{"url":"rediss://user:P5x@host:6380/0"}', "user:", "P5x"),
+        ("model=fast key_id=abc token_count=3 keyboard=1", "token_count=3 keyboard=1", "\0"),
+    ],
+)
+def test_secrets_inside_urls_are_scrubbed_and_nothing_else(line: str, kept: str, gone: str) -> None:
+    """A URL's password and credential-named query parameters go; other ``name=value``
+    pairs (console lines, ordinary query parameters) stay."""
+    out = scrub(line)
+    assert kept in out
+    assert gone not in out
+    if gone != "\0":
+        assert "[REDACTED]" in out
