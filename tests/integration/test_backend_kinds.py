@@ -118,7 +118,8 @@ def test_unavailable_names_the_tier_asked_the_fallback_and_each_reason(
     llama_sims: tuple[SimulatorProcess, SimulatorProcess],
 ) -> None:
     """Forcing /health on a server without it: the 503 names fast (asked), precise
-    (fallback) and each replica's health answer, not only the last tier tried."""
+    (fallback) and each replica's health answer (by tier and place, not address), not only the
+    last tier tried."""
     fast, precise = llama_sims
     with GatewayProcess(_config(fast, precise, health_path="/health")) as gw:
         assert _wait_ready(gw, timeout=3)["status"] == "not_ready"
@@ -134,13 +135,18 @@ def test_unavailable_names_the_tier_asked_the_fallback_and_each_reason(
     assert message.startswith(
         "No tier could serve the request. tier 'fast' (asked): no healthy replica: replica "
     )
-    assert f"replica 127.0.0.1:{fast.port} unhealthy (health check: /health answered 404)" in asked
-    assert f"replica 127.0.0.1:{precise.port} unhealthy" in fallback
+    # A replica is named by its tier and place in the tier's list, never by its address
+    # (the caller has no business knowing the inference network's addresses and ports).
+    assert "replica fast#1 unhealthy (health check: /health answered 404)" in asked
+    assert "replica precise#1 unhealthy" in fallback
+    assert "127.0.0.1" not in message
+    assert str(fast.port) not in message and str(precise.port) not in message
     assert set(error) == {"message", "type", "param", "code"}
 
 
 def test_a_single_tier_failure_names_each_replica_tried() -> None:
-    """Upstream 500s on every replica of a tier (no fallback): the 502 lists the replicas."""
+    """Upstream 500s on every replica of a tier (no fallback): the 502 lists the replicas by
+    tier and place, not address."""
     with _sim("sglang", "fast") as fast, _sim("sglang", "precise") as precise:
         fast.set_faults(fail_500=1.0)
         precise.set_faults(fail_500=1.0)
@@ -155,7 +161,8 @@ def test_a_single_tier_failure_names_each_replica_tried() -> None:
     assert answer.status_code == 502
     message = answer.json()["error"]["message"]
     assert "The 'fast' tier could not serve the request" in message
-    assert f"replica 127.0.0.1:{fast.port}: Simulated 500 error" in message
+    assert "replica fast#1: Simulated 500 error" in message
+    assert "127.0.0.1" not in message and str(fast.port) not in message
 
 
 def test_tgi_validation_errors_pass_through_with_their_message() -> None:

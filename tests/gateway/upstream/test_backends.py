@@ -203,7 +203,8 @@ def test_many_replicas_are_counted_not_listed() -> None:
         replica.healthy = False
         replica.last_probe_error = "health check: could not connect"
     text = why_none(pool, 0.0)
-    assert text.count("replica 10.0.0.") == 8
+    assert text.count("replica fast#") == 8
+    assert "10.0.0." not in text
     assert text.endswith("and 12 more")
 
 
@@ -252,7 +253,7 @@ def test_summaries_name_each_distinct_answer_once() -> None:
     )
     alone = every_tier_failed([("fast", final_error("fast", missing, [missing]))])
     assert alone.message == (
-        "No healthy replica in tier 'fast': replica 10.0.0.2:8000 "
+        "No healthy replica in tier 'fast': replica fast#1 "
         "unhealthy (health check: could not connect)."
     )
 
@@ -320,3 +321,11 @@ async def test_a_generic_finding_stands_after_a_few_late_rounds() -> None:
         assert not replica.resolved
         await backends.resolve(replica, _cold_litellm([False]), 0.5)
     assert (replica.kind, replica.resolved) == ("openai", True)
+
+
+def test_replicas_are_labelled_by_tier_and_place_for_callers() -> None:
+    """Each replica has a caller-facing label, its tier and 1-based place in the tier's list,
+    beside its host:port name (which logs, metrics and the admin view keep)."""
+    pool = ReplicaPool("precise", ["http://u:p@10.0.0.1:8000", "http://10.0.0.2:8000"], 4, 0.1)
+    assert [r.label for r in pool.replicas] == ["precise#1", "precise#2"]
+    assert [r.name for r in pool.replicas] == ["10.0.0.1:8000", "10.0.0.2:8000"]
