@@ -52,6 +52,7 @@ def replica_view(replica: Replica, now: float, wall: float) -> dict[str, Any]:
     """One replica as the admin view shows it."""
     return {
         "replica": replica.name,
+        "label": replica.label,  # what callers' error messages call it
         "state": replica.state(now),
         "healthy": replica.healthy,
         "misconfigured": replica.misconfigured,

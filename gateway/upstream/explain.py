@@ -1,7 +1,8 @@
 """The caller's error when no replica could serve: which tier was asked, which were tried, why.
 
-Only our own texts, replica host:port names and the backends' error messages (already passed to
-callers) go into these messages; never a credential.
+Only our own texts, replica labels (tier and place, ``fast#2``: never an address of the
+inference network) and the backends' error messages (already passed to callers) go into these
+messages; never a credential.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ def why_none(pool: ReplicaPool, now: float) -> str:
     """Each replica of a tier with nothing usable, and why it is not usable."""
     replicas = pool.replicas
     named = "; ".join(
-        f"replica {r.name} {r.unavailable_reason(now) or 'already tried'}"
+        f"replica {r.label} {r.unavailable_reason(now) or 'already tried'}"
         for r in replicas[:_MAX_NAMED]
     )
     more = len(replicas) - _MAX_NAMED

@@ -388,7 +388,7 @@ class Forwarder:
 
     def _record_failure(self, route: TierRoute, replica: Replica, failure: AttemptFailed) -> None:
         """Count ``failure`` on the replica; a Retry-After on 429/503 becomes a cool-down."""
-        failure.replica = replica.name  # named in the caller's error if every attempt fails
+        failure.replica = replica.label  # named in the caller's error if every attempt fails
         failure.blank(self._upstream_secrets)  # before callers, logs or /admin/backends see it
         pool = route.pool
         if failure.status is not None:  # an error answer is still an answer: the server lives

@@ -329,7 +329,9 @@ class HealthMonitor:
             replica.check_successes += 1
             if not replica.healthy and replica.check_successes >= self.config.healthy_after:
                 replica.healthy = True
-                _log.info("replica.healthy", tier=replica.tier, replica=replica.name)
+                _log.info(
+                    "replica.healthy", tier=replica.tier, replica=replica.name, label=replica.label
+                )
             return
         error, definitive = failure
         replica.last_probe_error = error
@@ -339,7 +341,13 @@ class HealthMonitor:
         if replica.healthy and replica.check_failures >= threshold:
             replica.healthy = False
             replica.recent_errors.append(ErrorRecord(time.time(), "health_check", error))
-            _log.warning("replica.unhealthy", tier=replica.tier, replica=replica.name, reason=error)
+            _log.warning(
+                "replica.unhealthy",
+                tier=replica.tier,
+                replica=replica.name,
+                label=replica.label,
+                reason=error,
+            )
 
     async def _engine_state(self, replica: Replica) -> None:
         """``/metrics`` every ``metrics_every`` rounds; between, vLLM's ``/load`` unless the

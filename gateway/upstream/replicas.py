@@ -76,6 +76,9 @@ class Replica:
     url: str
     max_concurrency: int
     name: str = ""
+    # What callers' error messages call it: its tier and 1-based place in the tier's list
+    # (``fast#2``). Its address (``name``) stays in logs, metrics and the admin view.
+    label: str = ""
     # The tier's ``health_path`` (an override) and ``kind`` setting (``auto`` or a kind name).
     health_override: str | None = None
     kind_setting: str = "auto"
@@ -146,6 +149,8 @@ class Replica:
     def __post_init__(self) -> None:
         if not self.name:
             self.name = _display_name(self.url)
+        if not self.label:
+            self.label = f"{self.tier}#?"
         if self.kind_setting != "auto":
             self.kind = self.kind_setting
         if not self.slots:
@@ -233,8 +238,9 @@ class ReplicaPool:
                 health_override=health_path,
                 kind_setting=kind,
                 busy_s=busy_s,
+                label=f"{tier}#{place}",
             )
-            for url in urls
+            for place, url in enumerate(urls, 1)
         ]
         self.max_queue_wait_s = max_queue_wait_s
         self.ejection = ejection or EjectionPolicy()

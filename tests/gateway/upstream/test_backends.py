@@ -237,13 +237,13 @@ def test_summaries_name_each_distinct_answer_once() -> None:
     failures = []
     for _ in range(3):
         failure = AttemptFailed("status_500", "Boom.", status=500)
-        failure.replica = "10.0.0.1:8000"
+        failure.replica = "fast#1"
         failures.append(failure)
     error = final_error("fast", failures[-1], failures)
-    assert error.detail == "replica 10.0.0.1:8000: Boom (x3)"
+    assert error.detail == "replica fast#1: Boom (x3)"
     one = every_tier_failed([("fast", error)])
     assert one.message == (
-        "The 'fast' tier could not serve the request: Boom (replica 10.0.0.1:8000: Boom (x3))."
+        "The 'fast' tier could not serve the request: Boom (replica fast#1: Boom (x3))."
     )
     pool = ReplicaPool("fast", ["http://10.0.0.2:8000"], 4, 0.1)
     pool.replicas[0].healthy = False
