@@ -539,19 +539,25 @@ def test_two_workers_metrics_add_up_and_never_go_down() -> None:
 # --- a limit, pinned: a caller's sampled traceparent is traced whatever the ratio -----------
 
 
-def test_a_callers_sampled_traceparent_is_traced_at_a_ratio_of_zero(
-    tmp_path: Path, http_receiver: tuple[str, Received]
+@pytest.mark.parametrize("trusted", [False, True])
+def test_a_callers_sampled_traceparent_is_traced_at_a_ratio_of_zero_only_when_trusted(
+    tmp_path: Path, http_receiver: tuple[str, Received], trusted: bool
 ) -> None:
-    """Documented limit (docs/observability.md): sampling is parent-based, so a caller that
-    sends a sampled ``traceparent`` is traced even at ``trace_sample_ratio: 0``, refused
-    ones (401) included; one without is not."""
+    """A caller's sampled ``traceparent`` buys no trace at ``trace_sample_ratio: 0`` (a
+    refused caller, 401, could otherwise spend the tracing budget); with
+    ``trust_caller_sampling: true`` it is traced, refused ones (401) included."""
     endpoint, received = http_receiver
     keys_file = tmp_path / "keys.yaml"
     _key(keys_file)
 
     def configure(config: dict[str, Any], _: Backends) -> None:
         config["auth"] = {"enabled": True, "store": "file", "keys_file": str(keys_file)}
-        config["telemetry"] = {"tracing": True, "trace_sample_ratio": 0.0, "log_format": "json"}
+        config["telemetry"] = {
+            "tracing": True,
+            "trace_sample_ratio": 0.0,
+            "log_format": "json",
+            "trust_caller_sampling": trusted,
+        }
 
     env = {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_BSP_SCHEDULE_DELAY": "50"}
     sampled = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
@@ -559,9 +565,13 @@ def test_a_callers_sampled_traceparent_is_traced_at_a_ratio_of_zero(
         url = stack.gateway.url + "/v1/chat/completions"
         assert httpx.post(url, json=CHAT).status_code == 401
         assert httpx.post(url, json=CHAT, headers=sampled).status_code == 401
-        spans = _wait_spans(received, 1)
+        if trusted:
+            _wait_spans(received, 1)
         stack.gateway.stop()  # flushes: nothing else was sampled
     spans = _spans(received)
+    if not trusted:
+        assert spans == []
+        return
     assert [s.name for s in spans] == ["POST /v1/chat/completions"]
     status = [_value(a) for a in spans[0].attributes if a.key == "http.response.status_code"]
     assert status == [401]

@@ -57,6 +57,7 @@ class _Options(TypedDict, total=False):
     trace_sample_ratio: float
     capture_content: bool
     stage_spans: bool
+    trust_caller_sampling: bool
 
 
 def _tracing(exporter: InMemorySpanExporter, **options: Unpack[_Options]) -> Tracing:
@@ -231,10 +232,32 @@ def test_a_span_already_current_is_the_parent_as_the_sdk_would_make_it() -> None
     assert trace.trace_id == "0af7651916cd43dd8448eb211c80319c"
 
 
-async def test_an_incoming_sampled_parent_is_honoured() -> None:
-    """A caller's sampled traceparent wins over a ratio of 0 (parent-based sampling)."""
+async def test_a_callers_sampling_flag_is_not_trusted_by_default() -> None:
+    """A caller's sampled traceparent does not buy a trace at a ratio of 0 (any caller, a
+    refused one included, could otherwise spend the tracing budget); the backend still gets
+    the caller's trace id (continuity), not sampled."""
     exporter = InMemorySpanExporter()
     sent = await _one_request(_tracing(exporter, trace_sample_ratio=0.0), PARENT)
+    assert exporter.get_finished_spans() == ()
+    assert sent["traceparent"].split("-")[1] == "0af7651916cd43dd8448eb211c80319c"
+    assert sent["traceparent"].endswith("-00")
+
+
+async def test_an_untrusted_callers_unsampled_flag_does_not_hide_its_request() -> None:
+    """At a ratio of 1 every request is traced, a caller's "not sampled" flag included."""
+    exporter = InMemorySpanExporter()
+    unsampled_parent = PARENT[:-2] + "00"
+    await _one_request(_tracing(exporter, trace_sample_ratio=1.0), unsampled_parent)
+    server = _by_name(exporter.get_finished_spans())["POST /v1/chat/completions"]
+    assert format(server.context.trace_id, "032x") == "0af7651916cd43dd8448eb211c80319c"
+
+
+async def test_an_incoming_sampled_parent_is_honoured_when_callers_are_trusted() -> None:
+    """With trust_caller_sampling, a caller's sampled traceparent wins over a ratio of 0."""
+    exporter = InMemorySpanExporter()
+    sent = await _one_request(
+        _tracing(exporter, trace_sample_ratio=0.0, trust_caller_sampling=True), PARENT
+    )
     server = _by_name(exporter.get_finished_spans())["POST /v1/chat/completions"]
     assert format(server.context.trace_id, "032x") == "0af7651916cd43dd8448eb211c80319c"
     assert server.parent is not None
@@ -248,10 +271,12 @@ async def test_the_callers_tracestate_travels_on(ratio: float) -> None:
     exporter = InMemorySpanExporter()
     unsampled_parent = PARENT[:-2] + "00"
     sent = await _one_request(
-        _tracing(exporter, trace_sample_ratio=ratio), unsampled_parent, "vendor=abc"
+        _tracing(exporter, trace_sample_ratio=ratio, trust_caller_sampling=True),
+        unsampled_parent,
+        "vendor=abc",
     )
     assert sent["tracestate"] == "vendor=abc"
-    assert sent["traceparent"].endswith("-00")  # the caller decided: not sampled
+    assert sent["traceparent"].endswith("-00")  # the (trusted) caller decided: not sampled
     assert exporter.get_finished_spans() == ()
 
 
