@@ -217,6 +217,12 @@ class TelemetrySettings(Section):
     """Share of requests traced when tracing is on. The default 1.0 traces every request: use
     0.01-0.1 in production.
     """
+    trust_caller_sampling: bool = False
+    """Let a caller's traceparent decide sampling (parent-based: its sampled flag wins over
+    trace_sample_ratio). Off: every request is sampled at trace_sample_ratio, whatever the
+    caller's flag says (the caller's trace id is still kept); turn on only where every caller
+    is trusted to spend the tracing budget.
+    """
     capture_content: bool = False
     """Put prompts and completions into spans (off: they may hold personal data)."""
     stage_spans: bool = False

@@ -10,10 +10,11 @@ timestamps the request path marks, so the request path itself never opens or clo
 
 from __future__ import annotations
 
+import random
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING
 
@@ -27,14 +28,22 @@ from opentelemetry.sdk.trace.export import (
     SpanExporter,
 )
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
-from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+from opentelemetry.sdk.trace.sampling import (
+    Decision,
+    ParentBased,
+    Sampler,
+    SamplingResult,
+    TraceIdRatioBased,
+)
 from opentelemetry.trace import (
+    Link,
     Span,
     SpanContext,
     SpanKind,
     Status,
     StatusCode,
     TraceFlags,
+    TraceState,
     get_current_span,
     set_span_in_context,
 )
@@ -46,6 +55,8 @@ from gateway.telemetry import semconv as sc
 from gateway.telemetry.spans import AttemptSpan, StageRecorder, server_finish_attributes
 
 if TYPE_CHECKING:
+    from opentelemetry.util.types import Attributes
+
     from gateway.pipeline.context import RequestContext
 
 _HTTP_PROTOBUF = "http/protobuf"
@@ -70,14 +81,53 @@ def _span_is_current() -> bool:
     return bool(get_current_span().get_span_context().is_valid)
 
 
+class CallerFlagIgnored(Sampler):
+    """Samples a caller's trace at ``ratio`` by a draw of its own, whatever the caller's
+    sampled flag says. Not by the trace id, which the caller chose: one whose low bits are
+    zero would be sampled every time."""
+
+    def __init__(self, ratio: float) -> None:
+        self.ratio = ratio
+
+    def should_sample(  # noqa: PLR0917  # the SDK's Sampler signature
+        self,
+        parent_context: Context | None,
+        trace_id: int,
+        name: str,
+        kind: SpanKind | None = None,
+        attributes: Attributes = None,
+        links: Sequence[Link] | None = None,
+        trace_state: TraceState | None = None,
+    ) -> SamplingResult:
+        """Sampled at ``ratio``, the parent's trace state kept."""
+        del trace_id, name, kind, links, trace_state
+        parent = get_current_span(parent_context).get_span_context()
+        sampled = random.random() < self.ratio  # noqa: S311  # a sampling draw, not a secret
+        return SamplingResult(
+            Decision.RECORD_AND_SAMPLE if sampled else Decision.DROP,
+            attributes if sampled else None,
+            parent.trace_state if parent.is_valid else None,
+        )
+
+    def get_description(self) -> str:
+        """The SDK's description of this sampler."""
+        return f"CallerFlagIgnored{{{self.ratio}}}"
+
+
 class RatioSampler(ParentBased):
     """``ParentBased(TraceIdRatioBased(ratio))``, its bound in the open: a new trace is sampled
     when its trace id's low 64 bits are below ``bound`` (the SDK's own rule), so the gateway
-    can decide before calling the SDK."""
+    can decide before calling the SDK. Unless callers are trusted, a remote parent's flag is
+    not followed: its trace is sampled by :class:`CallerFlagIgnored` (a child of a span in
+    this process still follows its parent)."""
 
-    def __init__(self, ratio: float) -> None:
+    def __init__(self, ratio: float, *, trust_callers: bool = False) -> None:
         root = TraceIdRatioBased(ratio)
-        super().__init__(root)
+        if trust_callers:
+            super().__init__(root)
+        else:
+            drawn = CallerFlagIgnored(ratio)
+            super().__init__(root, remote_parent_sampled=drawn, remote_parent_not_sampled=drawn)
         self.bound = root.bound
 
 
@@ -152,7 +202,9 @@ def build_tracer_provider(
     if not telemetry.tracing or env.get("OTEL_SDK_DISABLED", "").lower() == "true":
         return None
     provider = TracerProvider(
-        sampler=RatioSampler(telemetry.trace_sample_ratio),
+        sampler=RatioSampler(
+            telemetry.trace_sample_ratio, trust_callers=telemetry.trust_caller_sampling
+        ),
         id_generator=DrawnIds(),
         resource=_service_resource(env),
         shutdown_on_exit=False,
