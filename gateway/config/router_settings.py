@@ -10,9 +10,32 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from gateway.config.strict import Section
+
+# Fields of the judge call that ``judge_fields`` may not hold: those the gateway writes itself,
+# and those that change how much the judge generates (vLLM reads ``max_completion_tokens``
+# before ``max_tokens``; the call is counted at most 16 tokens) or the shape of its answer.
+JUDGE_OWN_FIELDS = frozenset(
+    {
+        "model",
+        "messages",
+        "max_tokens",
+        "max_completion_tokens",
+        "temperature",
+        "n",
+        "best_of",
+        "use_beam_search",
+        "min_tokens",
+        "ignore_eos",
+        "stream",
+        "stream_options",
+        "echo",
+        "add_generation_prompt",
+        "continue_final_message",
+    }
+)
 
 
 class ShadowSettings(Section):
@@ -48,15 +71,29 @@ class ShadowSettings(Section):
     """Share of compared shadows whose fast answer is also graded by the precise tier with a
     fixed rubric (a judge call; policies/judge.py); 0: off."""
     judge_fields: dict[str, Any] = Field(default_factory=dict)
-    """Fields added to each judge call's body (its model, messages, max_tokens and temperature
-    stay the gateway's). A precise tier serving a reasoning model spends the judge's 16 tokens
+    """Fields added to each judge call's body (the gateway writes its model, messages, max_tokens
+    and temperature). A precise tier serving a reasoning model spends the judge's 16 tokens
     thinking and never answers (`judge:unparsed`): tell it not to think, for Qwen3 on vLLM
-    `{"chat_template_kwargs": {"enable_thinking": false}}`."""
+    `{"chat_template_kwargs": {"enable_thinking": false}}`. Refused: the fields the gateway
+    writes, and those that change how much the judge generates or how it answers
+    (`max_completion_tokens`, `n`, `best_of`, `use_beam_search`, `min_tokens`, `ignore_eos`,
+    `stream`, `stream_options`, `echo`, `add_generation_prompt`, `continue_final_message`)."""
     digest_key_file: Path | None = None
     """File holding the deployment secret (at least 16 bytes) that keys each record's prompt
     digest (HMAC-SHA-256, 96 bits): records of one prompt match, a guessed prompt cannot be
     confirmed without it. Unset: `store`.key, created with a random key (and a warning) when
     absent; without a store, a random key per process."""
+
+    @field_validator("judge_fields")
+    @classmethod
+    def _judge_fields_leave_the_call_alone(cls, value: dict[str, Any]) -> dict[str, Any]:
+        own = sorted(JUDGE_OWN_FIELDS.intersection(value))
+        if own:
+            raise ValueError(
+                f"may not set {', '.join(own)}: the judge call's own fields (at most 16 "
+                "tokens, one whole answer)"
+            )
+        return value
 
 
 class RouterSettings(Section):

@@ -93,9 +93,13 @@ def test_an_empty_peer_list_is_refused_not_read_as_everyone(
     _schema_refuses({"networkPolicy": network_policy}, name)
 
 
-@pytest.mark.parametrize("flag", ["--api-key", "--api-key=x", "--api-ke"])
+@pytest.mark.parametrize(
+    "flag", ["--api-key", "--api-key=x", "--api-ke", "--api_key", "--api_key=x", "--api_k"]
+)
 def test_schema_refuses_a_vllm_api_key_in_extra_args(flag: str) -> None:
-    """A key in vLLM's args shows in `kubectl describe`; vllm.apiKeySecret is the way."""
+    """A key in vLLM's args shows in `kubectl describe`; vllm.apiKeySecret is the way. vLLM's
+    parser (FlexibleArgumentParser) reads `_` in an option's name as `-`, so `--api_key` is
+    the same option."""
     _schema_refuses(
         {"vllm": {"tiers": {"fast": {"enabled": True, "extraArgs": [flag, SECRET]}}}},
         "extraArgs",
