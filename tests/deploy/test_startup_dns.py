@@ -74,7 +74,14 @@ def _namespaced(resolv_conf: Path) -> list[str]:
     )
     if probe.returncode != 0:
         pytest.skip(f"no mount namespace here: {probe.stderr.decode(errors='replace')}")
-    return [unshare, "-m", "sh", "-c", f'mount --bind {resolv_conf} /etc/resolv.conf && exec "$@"', "tiergate"]
+    return [
+        unshare,
+        "-m",
+        "sh",
+        "-c",
+        f'mount --bind {resolv_conf} /etc/resolv.conf && exec "$@"',
+        "tiergate",
+    ]
 
 
 def _time_to_live(prefix: list[str], config_path: Path, log_path: Path) -> float:
