@@ -316,26 +316,34 @@ def test_the_report_counts_an_unanswered_batch_once(redis_server: RedisServer) -
 
 
 class _ReadDelayer(_Proxy):
-    """Holds back, for ``delay_s``, the report's read (a write that opens a transaction;
-    ``hold="request"``) or the answers on a connection once it has sent one
-    (``hold="answer"``), and passes everything else on at once: the flusher's batch then
-    reaches Redis before the read, or its answer comes back before the read's."""
+    """Holds back, until :attr:`release` is set (at most ``hold_s``), the report's read (a
+    write that opens a transaction; ``hold="request"``) or the answers on a connection once it
+    has sent one (``hold="answer"``), and passes everything else on at once: the flusher's
+    batch then reaches Redis before the read, or its answer comes back before the read's.
+    :attr:`read_sent` is set once the read has reached the proxy."""
 
-    def __init__(self, redis_port: int, delay_s: float, hold: str = "request") -> None:
+    def __init__(self, redis_port: int, hold: str = "request", hold_s: float = 30.0) -> None:
         super().__init__(redis_port)
-        self.delay_s = delay_s
         self.hold = hold
+        self.hold_s = hold_s
+        self.release = asyncio.Event()
+        self.read_sent = asyncio.Event()
+
+    async def _held(self) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.release.wait(), self.hold_s)
 
     async def pass_up(self, data: bytes, seen: set[str]) -> bool:
         if b"MULTI" in data:
             seen.add("read")
+            self.read_sent.set()
             if self.hold == "request":
-                await asyncio.sleep(self.delay_s)
+                await self._held()
         return True
 
     async def pass_down(self, data: bytes, seen: set[str]) -> bool:
         if "read" in seen and self.hold == "answer":
-            await asyncio.sleep(self.delay_s)
+            await self._held()
         return True
 
 
@@ -349,17 +357,18 @@ def test_a_flush_during_a_report_is_counted_once(redis_server: RedisServer, hold
     either way."""
 
     async def run() -> None:
-        delayer = _ReadDelayer(redis_server.port, delay_s=0.3, hold=hold)
-        client = open_redis(RedisSettings(url=await delayer.start(), socket_timeout_s=5))
+        delayer = _ReadDelayer(redis_server.port, hold=hold)
+        client = open_redis(RedisSettings(url=await delayer.start(), socket_timeout_s=60))
         admin = open_redis(RedisSettings(url=redis_server.url, socket_timeout_s=5))
         try:
             store = RedisUsageStore(client, "u:")
             store.add(5, ROW, (3.0,) * len(FIELDS))
             report = asyncio.create_task(_requests(store))
-            await asyncio.sleep(0.05)  # the report's read (or its answer) is held
+            await asyncio.wait_for(delayer.read_sent.wait(), 30)  # the read (or its answer) held
             await store.flush()
             assert await _counted(admin) == 3.0
             assert not report.done()
+            delayer.release.set()
             assert await report == 3.0
             assert await _requests(store) == 3.0
         finally:
