@@ -326,6 +326,39 @@ def test_a_stopped_worker_does_not_outlive_a_killed_supervisor(sim: SimulatorPro
             shutil.rmtree(share, ignore_errors=True)
 
 
+@pytest.mark.slow
+def test_a_killed_reaper_is_replaced(sim: SimulatorProcess) -> None:
+    """The group's reaper SIGKILLed: the supervisor starts another and hands it the running
+    workers, so a worker stopped when the supervisor is killed later still exits."""
+    gw = GatewayProcess(_config(sim, shutdown_grace_s=2), workers=2).start()
+    workers: list[int] = []
+    share: Path | None = None
+    try:
+        gw.wait_until_ready()
+        workers = _wait_workers(gw, 2)
+        share = _share_dir(workers[0])
+        [first] = _reapers(share)
+        os.kill(first, signal.SIGKILL)
+        deadline = time.monotonic() + patience(10)
+        while not [pid for pid in _reapers(share) if pid != first]:
+            assert time.monotonic() < deadline, gw.log_text()[-3000:]
+            time.sleep(0.1)
+        assert "server.reaper_exited" in gw.log_text()
+        _wait_serving(gw, workers)
+        os.kill(workers[1], signal.SIGSTOP)
+        _wait_stopped(workers[1])
+        gw.kill()
+        assert _gone(workers, 10), "the new reaper did not get the workers"
+        assert _gone_dir(share, 10)
+    finally:
+        gw.stop()
+        for pid in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if share is not None:
+            shutil.rmtree(share, ignore_errors=True)
+
+
 _WEDGE = """\
 import os, signal, time
 if "tiergate.worker=" in os.environ.get("OTEL_RESOURCE_ATTRIBUTES", ""):
