@@ -145,7 +145,13 @@ class Supervisor:
         cmd = [sys.executable, "-m", "gateway.http.reaper", "--fd", str(theirs.fileno())]
         cmd += ["--share-dir", str(self.share_dir), "--grace", str(grace)]
         with theirs:  # it forks at once and this first process exits
-            subprocess.run(cmd, pass_fds=(theirs.fileno(),), check=True)  # noqa: S603  # ours
+            try:
+                subprocess.run(cmd, pass_fds=(theirs.fileno(),), check=True)  # noqa: S603  # ours
+            except (OSError, subprocess.CalledProcessError) as exc:
+                _log.error("server.reaper_unavailable", error=str(exc))
+                ours.close()
+                self.reaper = None
+                return
         self.reaper = ours
         for child in self.children.values():
             self._announce(child)

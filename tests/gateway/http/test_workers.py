@@ -114,3 +114,22 @@ def test_no_pidfds_is_said_once_and_the_reaper_stays(monkeypatch: pytest.MonkeyP
     while supervisor.share_dir.exists():
         assert time.monotonic() < deadline, "the reaper did not remove the group's directory"
         time.sleep(0.05)
+
+
+def test_a_reaper_that_cannot_start_is_said_and_not_fatal(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The reaper's interpreter cannot be run: the supervisor logs it and goes on without
+    one (the limit of before: a stopped or wedged worker outlives a SIGKILLed supervisor)."""
+    settings = Settings.model_validate({"server": {"port": 0}, "auth": {"enabled": False}})
+    supervisor = Supervisor(settings, 2, None)
+    try:
+        monkeypatch.setattr(sys, "executable", str(tmp_path / "no-python"))
+        with capture_logs() as logs:
+            supervisor._start_reaper()
+            supervisor._check_reaper()  # nothing to restart
+        assert [e["event"] for e in logs] == ["server.reaper_unavailable"]
+        assert supervisor.reaper is None
+    finally:
+        supervisor.sock.close()
+        supervisor.share_dir.rmdir()
