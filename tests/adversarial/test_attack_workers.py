@@ -309,6 +309,7 @@ def test_a_stopped_worker_does_not_outlive_a_killed_supervisor(sim: SimulatorPro
         workers = _wait_workers(gw, 2)
         share = _share_dir(workers[0])
         _wait_serving(gw, workers)  # both past start-up: SIGTERM has its handler in each
+        _wait_watched(share, workers)
         os.kill(workers[1], signal.SIGSTOP)
         _wait_stopped(workers[1])
         gw.kill()
@@ -339,11 +340,8 @@ def test_a_killed_reaper_is_replaced(sim: SimulatorProcess) -> None:
         share = _share_dir(workers[0])
         [first] = _reapers(share)
         os.kill(first, signal.SIGKILL)
-        deadline = time.monotonic() + patience(10)
-        while not [pid for pid in _reapers(share) if pid != first]:
-            assert time.monotonic() < deadline, gw.log_text()[-3000:]
-            time.sleep(0.1)
-        assert "server.reaper_exited" in gw.log_text()
+        _wait_watched(share, workers, besides=first)
+        assert _logged(gw, "server.reaper_exited")
         _wait_serving(gw, workers)
         os.kill(workers[1], signal.SIGSTOP)
         _wait_stopped(workers[1])
@@ -424,6 +422,36 @@ def _wait_wedged(beat: Path) -> None:
             return
         last = now
         assert time.monotonic() < deadline, "the worker's event loop still runs"
+
+
+def _watched(reaper: int) -> set[int]:
+    """The processes ``reaper`` holds a pidfd of (``Pid:`` in its descriptors' fdinfo)."""
+    pids = set()
+    with contextlib.suppress(OSError):
+        for info in Path(f"/proc/{reaper}/fdinfo").iterdir():
+            with contextlib.suppress(OSError):
+                for line in info.read_text(encoding="ascii").splitlines():
+                    if line.startswith("Pid:"):
+                        pids.add(int(line.split()[1]))
+    return pids
+
+
+def _wait_watched(share: Path, workers: list[int], besides: int | None = None) -> None:
+    """Until a reaper of the group (not ``besides``) holds a pidfd of each of ``workers``."""
+    deadline = time.monotonic() + patience(10)
+    while not any(set(workers) <= _watched(pid) for pid in _reapers(share) if pid != besides):
+        assert time.monotonic() < deadline, {pid: _watched(pid) for pid in _reapers(share)}
+        time.sleep(0.05)
+
+
+def _logged(gw: GatewayProcess, event: str) -> bool:
+    """Whether ``event`` reaches the log within seconds (a thread of the process writes it)."""
+    deadline = time.monotonic() + patience(5)
+    while event not in gw.log_text():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def _wait_stopped(pid: int) -> None:
