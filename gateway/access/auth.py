@@ -93,6 +93,11 @@ class KeyAuthenticator:
         # What a missing record is compared against: same algorithm and length as a real one.
         self._dummy = key_digest(f"{KEY_PREFIX}-{new_key_id()}-{secrets.token_urlsafe(32)}", pepper)
 
+    @property
+    def health(self) -> BackendHealth | None:
+        """The store's health: lookups back off while it is degraded."""
+        return self._health
+
     def forget(self, key_id: str) -> None:
         """``key_id`` was changed here (admin API): the next request asks the store."""
         self.cache.forget(key_id)
@@ -301,7 +306,11 @@ def _key_feed(
         and client is not None
     ):
         return KeyChangeFeed(
-            client, store.channel, authenticator.cache, retry_interval_s=retry_interval_s
+            client,
+            store.channel,
+            authenticator.cache,
+            retry_interval_s=retry_interval_s,
+            store_health=authenticator.health,
         )
     return None
 

@@ -10,6 +10,12 @@ When the subscription is lost (Redis down, a dead connection found by a PING eve
 but are trusted for at most a second while the store answers. Each (re)subscription confirmed
 by Redis revalidates the whole cache, since changes may have been published while away. One log
 line per transition, never per attempt.
+
+A confirmed subscription or a published id is Redis answering, so the feed also tells the key
+lookups' health (``store_health``) that the store is back: a change published as Redis returns
+drops the key's cached record, and without that news the lookups would keep backing off (one
+try per ``redis_retry_interval_s``), refusing the key with 503 ``auth_unavailable`` though
+Redis answers.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from gateway.access.key_cache import KeyCache
+from gateway.config.redis_client import BackendHealth
 from gateway.pipeline.tasks import stop_tasks
 from policies.keys import valid_key_id
 
@@ -52,8 +59,10 @@ class KeyChangeFeed:
         *,
         retry_interval_s: float = 0.5,
         ping_interval_s: float = 5.0,
+        store_health: BackendHealth | None = None,
     ) -> None:
         self._client = client
+        self._store_health = store_health
         self._channel = channel
         self._cache = cache
         self._retry_s = retry_interval_s
@@ -116,6 +125,8 @@ class KeyChangeFeed:
 
     def _apply(self, message: dict[str, Any]) -> None:
         kind = message.get("type")
+        if kind in ("subscribe", "message") and self._store_health is not None:
+            self._store_health.succeeded()  # Redis answered: the lookups need not back off
         if kind == "subscribe":  # also after redis-py reconnected and resubscribed by itself
             self._cache.revalidate()
             self._cache.feed_live = True

@@ -5,7 +5,9 @@ The supervisor binds the socket once and starts N ``tiergate serve`` children th
 forwards SIGTERM/SIGINT, so every worker drains its streams within ``shutdown_grace_s``;
 restarts a worker that dies (not one that keeps dying at start-up); kills and restarts one
 whose event loop stopped (``server.worker_stall_s``); and removes the group's
-shared directory at the end (see :mod:`gateway.upstream.worker_share`). Children die with it.
+shared directory at the end (see :mod:`gateway.upstream.worker_share`). Children die with it:
+the kernel sends them SIGTERM when it dies, and :mod:`gateway.http.reaper` resumes or kills
+those that cannot act on it (stopped, wedged).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import contextlib
 import ctypes
 import math
 import os
+import select
 import shutil
 import signal
 import socket
@@ -132,6 +135,47 @@ class Supervisor:
         self.children: dict[int, subprocess.Popen[bytes]] = {}
         self.beats: dict[int, _Heartbeat] = {}
         self.quick_deaths = 0
+        self.reaper: socket.socket | None = None
+        self.pidfds = True  # False once pidfd_open failed (logged once)
+
+    def _start_reaper(self) -> None:
+        """Start the group's reaper and hand it every running worker (a pidfd each)."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        grace = self.settings.server.shutdown_grace_s + 10  # as this process waits in run()
+        cmd = [sys.executable, "-m", "gateway.http.reaper", "--fd", str(theirs.fileno())]
+        cmd += ["--share-dir", str(self.share_dir), "--grace", str(grace)]
+        with theirs:  # it forks at once and this first process exits
+            try:
+                subprocess.run(cmd, pass_fds=(theirs.fileno(),), check=True)  # noqa: S603  # ours
+            except (OSError, subprocess.CalledProcessError) as exc:
+                _log.error("server.reaper_unavailable", error=str(exc))
+                ours.close()
+                self.reaper = None
+                return
+        self.reaper = ours
+        for child in self.children.values():
+            self._announce(child)
+
+    def _announce(self, child: subprocess.Popen[bytes]) -> None:
+        """Pass the reaper a pidfd of ``child`` (not yet reaped, so it is that process)."""
+        if self.reaper is None or not self.pidfds:
+            return
+        try:
+            pidfd = os.pidfd_open(child.pid)
+        except OSError as exc:  # Linux before 5.3: the reaper only removes the directory
+            _log.warning("server.reaper_unavailable", error=exc.strerror)
+            self.pidfds = False
+            return
+        with contextlib.suppress(OSError):  # the reaper is gone: _check_reaper restarts it
+            socket.send_fds(self.reaper, [b"w"], [pidfd])
+        os.close(pidfd)
+
+    def _check_reaper(self) -> None:
+        """Restart the reaper if it is gone (its end closed: it never sends anything)."""
+        if self.reaper is not None and select.select([self.reaper], [], [], 0)[0]:
+            _log.warning("server.reaper_exited")
+            self.reaper.close()
+            self._start_reaper()
 
     def _spawn(self, index: int) -> None:
         s = self.settings.server
@@ -166,6 +210,7 @@ class Supervisor:
             env=env,
             preexec_fn=_die_with_parent,  # noqa: PLW1509  # one prctl call, no locks taken
         )
+        self._announce(self.children[index])
         now = time.monotonic()
         self.beats[index] = _Heartbeat(now, self._mtime_ns(index), now)
 
@@ -208,6 +253,7 @@ class Supervisor:
                 child.send_signal(signal.SIGTERM if signum == signal.SIGINT else signum)
 
     def _reap(self) -> None:
+        self._check_reaper()
         for index, child in list(self.children.items()):
             if self.stopping:
                 return
@@ -234,6 +280,7 @@ class Supervisor:
         signal.signal(signal.SIGTERM, self._stop)
         signal.signal(signal.SIGINT, self._stop)
         try:
+            self._start_reaper()
             for index in range(self.count):
                 self._spawn(index)
             log_started(self.settings, port=self.sock.getsockname()[1], workers=self.count)
@@ -250,4 +297,6 @@ class Supervisor:
         finally:
             self.sock.close()
             shutil.rmtree(self.share_dir, ignore_errors=True)
+            if self.reaper is not None:  # every worker has exited: it just leaves
+                self.reaper.close()
         return 1 if self.quick_deaths >= _MAX_QUICK_DEATHS else 0

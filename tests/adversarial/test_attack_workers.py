@@ -283,25 +283,41 @@ def test_the_supervisor_killed_takes_its_workers_along(sim: SimulatorProcess) ->
                 os.kill(pid, signal.SIGKILL)
 
 
+def _reapers(share: Path) -> list[int]:
+    """The group's reaper processes (``python -m gateway.http.reaper``), found by its
+    directory: not children of the supervisor (it detaches)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            if entry.name.isdigit():
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+                if b"gateway.http.reaper" in argv and str(share).encode() in argv:
+                    found.append(int(entry.name))
+    return found
+
+
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=False,  # CI on a fresh clone saw it pass once (f9468b6): the cause is not known yet
-    reason="a worker stopped or wedged when its supervisor is SIGKILLed never acts on the "
-    "SIGTERM its parent's death sends it: it keeps the listening socket (connections queue, "
-    "unserved) until killed; run the group under something that kills the whole process "
-    "group or cgroup (a container, systemd's KillMode=control-group)",
-)
 def test_a_stopped_worker_does_not_outlive_a_killed_supervisor(sim: SimulatorProcess) -> None:
-    """SIGKILL of the supervisor while a worker is stopped: that worker exits too."""
+    """SIGKILL of the supervisor while a worker is stopped (SIGSTOP): that worker exits too
+    (resumed, it drains like the others), the port is free, the group's directory is gone,
+    and no process of the group is left."""
     gw = GatewayProcess(_config(sim, shutdown_grace_s=2), workers=2).start()
     workers: list[int] = []
     share: Path | None = None
     try:
+        gw.wait_until_ready()
         workers = _wait_workers(gw, 2)
         share = _share_dir(workers[0])
+        _wait_serving(gw, workers)  # both past start-up: SIGTERM has its handler in each
+        _wait_watched(share, workers)
         os.kill(workers[1], signal.SIGSTOP)
+        _wait_stopped(workers[1])
         gw.kill()
-        assert _gone(workers, 10)
+        assert _gone(workers, 10), "a stopped worker outlived its supervisor"
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", gw.port), timeout=1).close()
+        assert _gone_dir(share, 10), sorted(p.name for p in share.iterdir())
+        assert _gone(_reapers(share), 10), "the reaper stayed"
     finally:
         gw.stop()
         for pid in workers:
@@ -309,6 +325,151 @@ def test_a_stopped_worker_does_not_outlive_a_killed_supervisor(sim: SimulatorPro
                 os.kill(pid, signal.SIGKILL)
         if share is not None:  # nobody left to remove it
             shutil.rmtree(share, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_a_killed_reaper_is_replaced(sim: SimulatorProcess) -> None:
+    """The group's reaper SIGKILLed: the supervisor starts another and hands it the running
+    workers, so a worker stopped when the supervisor is killed later still exits."""
+    gw = GatewayProcess(_config(sim, shutdown_grace_s=2), workers=2).start()
+    workers: list[int] = []
+    share: Path | None = None
+    try:
+        gw.wait_until_ready()
+        workers = _wait_workers(gw, 2)
+        share = _share_dir(workers[0])
+        [first] = _reapers(share)
+        os.kill(first, signal.SIGKILL)
+        _wait_watched(share, workers, besides=first)
+        assert _logged(gw, "server.reaper_exited")
+        _wait_serving(gw, workers)
+        os.kill(workers[1], signal.SIGSTOP)
+        _wait_stopped(workers[1])
+        gw.kill()
+        assert _gone(workers, 10), "the new reaper did not get the workers"
+        assert _gone_dir(share, 10)
+    finally:
+        gw.stop()
+        for pid in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if share is not None:
+            shutil.rmtree(share, ignore_errors=True)
+
+
+_WEDGE = """\
+import os, signal, time
+if "tiergate.worker=" in os.environ.get("OTEL_RESOURCE_ATTRIBUTES", ""):
+    # SIGUSR1 wedges the worker's event loop: a blocking call that SIGTERM does not end
+    signal.signal(signal.SIGUSR1, lambda *_: time.sleep(3600))
+"""
+
+
+@pytest.mark.slow
+def test_a_wedged_worker_does_not_outlive_a_killed_supervisor(
+    sim: SimulatorProcess, tmp_path: Path
+) -> None:
+    """SIGKILL of the supervisor while a worker's event loop is wedged (it takes SIGTERM but
+    never drains): that worker is killed within ``shutdown_grace_s`` + 10 s."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(_WEDGE, encoding="utf-8")
+    config = _config(sim, shutdown_grace_s=2)
+    gw = GatewayProcess(config, workers=2, env={"PYTHONPATH": str(site)}).start()
+    workers: list[int] = []
+    share: Path | None = None
+    try:
+        gw.wait_until_ready()
+        workers = _wait_workers(gw, 2)
+        share = _share_dir(workers[0])
+        _wait_serving(gw, workers)
+        os.kill(workers[1], signal.SIGUSR1)
+        _wait_wedged(metrics_file(share, 1))
+        gw.kill()
+        killed_at = time.monotonic()
+        assert _gone(workers, 30), "a wedged worker outlived its supervisor"
+        assert time.monotonic() - killed_at > 2, "killed before its grace"
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", gw.port), timeout=1).close()
+        assert _gone_dir(share, 10)
+    finally:
+        gw.stop()
+        for pid in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if share is not None:
+            shutil.rmtree(share, ignore_errors=True)
+
+
+def _wait_serving(gw: GatewayProcess, workers: list[int]) -> None:
+    """Until each of ``workers`` has answered a request (its start-up is over)."""
+    deadline = time.monotonic() + patience(30)
+    for pid in workers:
+        for sock in _connections_on(gw, pid, want=1):
+            sock.close()
+        assert time.monotonic() < deadline
+
+
+def _wait_wedged(beat: Path) -> None:
+    """Until a worker's heartbeat file (rewritten every second while its loop runs) stays
+    the same for 2.5 s."""
+    deadline = time.monotonic() + patience(20)
+    last = beat.stat().st_mtime_ns
+    while True:
+        time.sleep(2.5)
+        now = beat.stat().st_mtime_ns
+        if now == last:
+            return
+        last = now
+        assert time.monotonic() < deadline, "the worker's event loop still runs"
+
+
+def _watched(reaper: int) -> set[int]:
+    """The processes ``reaper`` holds a pidfd of (``Pid:`` in its descriptors' fdinfo)."""
+    pids = set()
+    with contextlib.suppress(OSError):
+        for info in Path(f"/proc/{reaper}/fdinfo").iterdir():
+            with contextlib.suppress(OSError):
+                for line in info.read_text(encoding="ascii").splitlines():
+                    if line.startswith("Pid:"):
+                        pids.add(int(line.split()[1]))
+    return pids
+
+
+def _wait_watched(share: Path, workers: list[int], besides: int | None = None) -> None:
+    """Until a reaper of the group (not ``besides``) holds a pidfd of each of ``workers``."""
+    deadline = time.monotonic() + patience(10)
+    while not any(set(workers) <= _watched(pid) for pid in _reapers(share) if pid != besides):
+        assert time.monotonic() < deadline, {pid: _watched(pid) for pid in _reapers(share)}
+        time.sleep(0.05)
+
+
+def _logged(gw: GatewayProcess, event: str) -> bool:
+    """Whether ``event`` reaches the log within seconds (a thread of the process writes it)."""
+    deadline = time.monotonic() + patience(5)
+    while event not in gw.log_text():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _wait_stopped(pid: int) -> None:
+    """Until ``pid`` is in the stopped state (``T`` in /proc/PID/stat)."""
+    deadline = time.monotonic() + patience(10)
+    while Path(f"/proc/{pid}/stat").read_text(encoding="ascii").rsplit(")", 1)[1].split()[0] != "T":
+        assert time.monotonic() < deadline, f"worker {pid} did not stop"
+        time.sleep(0.05)
+
+
+def _gone_dir(path: Path, within: float) -> bool:
+    """Whether ``path`` is removed within ``within`` seconds."""
+    deadline = time.monotonic() + patience(within)
+    while path.exists():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
 
 
 _SLOW_START = """\

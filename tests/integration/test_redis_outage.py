@@ -15,6 +15,7 @@ from gateway.access.keystore_redis import RedisKeyStore
 from policies.keys import KeyRecord, create_key
 from policies.principal import KeyPolicy
 from tests.integration.gateway_proc import GatewayProcess, tiers_config
+from tests.processes import patience
 from tests.redis_server import RedisServer
 from tests.simulator.procs import SimulatorProcess
 
@@ -126,7 +127,8 @@ async def test_outage_policies_hold_and_limits_return(
     busy_record, busy = keys["busy"]
     for gateway in (open_gw, closed_gw):  # warm each replica's key cache
         for key in (busy, limited):
-            assert (await call(http, gateway, key)).status_code == 200
+            warm = await call(http, gateway, key)
+            assert warm.status_code == 200, (warm.text, gateway.log_text()[-3000:])
     statuses: dict[str, list[int]] = {open_gw.url: [], closed_gw.url: []}
     errors: dict[str, list[str]] = {open_gw.url: [], closed_gw.url: []}
     stop = asyncio.Event()
@@ -182,3 +184,42 @@ async def test_outage_policies_hold_and_limits_return(
         assert "Traceback" not in log
         with suppress(httpx.HTTPError):
             assert (await http.get(gateway.url + "/livez")).status_code == 200
+
+
+async def _logged(gateway: GatewayProcess, event: str, within: float) -> None:
+    """Until ``event`` is in the gateway's log."""
+    deadline = time.monotonic() + patience(within)
+    while event not in gateway.log_text():
+        assert time.monotonic() < deadline, gateway.log_text()[-3000:]
+        await asyncio.sleep(0.05)
+
+
+async def test_a_key_changed_as_redis_returns_is_read_from_the_store(
+    fast_sim: SimulatorProcess, http: httpx.AsyncClient
+) -> None:
+    """Redis back after an outage while key lookups still back off (one try per
+    ``redis_retry_interval_s``): a key changed then (its id published, so the replica drops
+    its cached record) is read from Redis, which the publish shows to answer; it was refused
+    with 503 ``auth_unavailable`` until the next try (fail-open included)."""
+    retry_s = 6.0
+    with RedisServer() as redis:
+        record, key = await store_op(redis.url, rpm=1_000_000)
+        config = gateway_config(redis, fast_sim, "open")
+        config["ratelimit"] = {**config["ratelimit"], "redis_retry_interval_s": retry_s}  # type: ignore[dict-item]
+        with GatewayProcess(config) as gw:
+            assert (await call(http, gw, key)).status_code == 200
+            redis.kill()
+            await _logged(gw, "auth.key_feed_unavailable", 10)  # the feed retries in retry_s
+            await asyncio.sleep(2.5)  # the cached record is stale after a second
+            assert (await call(http, gw, key)).status_code == 200  # from the stale record
+            failed = time.monotonic()  # its lookup failed: the next one in retry_s
+            redis.start()
+            await _logged(gw, "auth.key_feed_subscribed", 2 * retry_s)
+            await store_op(redis.url, record)  # the key changes: its id is published
+            statuses = []
+            for _ in range(5):
+                response = await call(http, gw, key)
+                statuses.append((response.status_code, response.text[:200]))
+                await asyncio.sleep(0.1)
+            assert time.monotonic() - failed < retry_s  # still before the lookups' next try
+            assert [status for status, _ in statuses] == [200] * 5, statuses

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import os
+import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
@@ -217,3 +219,45 @@ async def test_a_resubscription_revalidates_changes_missed_meanwhile(
     finally:
         await feed.stop()
         await client.aclose()
+
+
+async def test_a_key_changed_then_unanswered_is_refused_with_503_not_served_stale(
+    replicas: list[Replica], redis_server: RedisServer
+) -> None:
+    """A key changed (its id published) and then Redis out of reach: the replica has no
+    record it may serve (the cached one predates the change, maybe a revocation), so the key
+    gets 503 ``auth_unavailable``, by design, while a key not changed is still served."""
+    one, two = replicas
+    changed, changed_token = await create_key(store_of(one), "t", KeyPolicy(), now=time.time())
+    _, kept_token = await create_key(store_of(one), "t", KeyPolicy(), now=time.time())
+    assert await two.accepts(changed_token)
+    assert await two.accepts(kept_token)
+    await store_of(one).put(replace(changed, name="renamed"))  # published: B drops it
+    await until(lambda: asyncio.sleep(0, two.auth.cache.entry(changed.key_id) is None))
+    redis_server.kill()
+    with pytest.raises(KeyStoreUnavailable) as refused:
+        await two.auth.authenticate(f"Bearer {changed_token}")
+    assert refused.value.status == 503
+    assert refused.value.code == "auth_unavailable"
+    assert await two.accepts(kept_token)
+
+
+async def test_a_store_that_answers_too_late_is_unavailable_for_an_uncached_key(
+    replicas: list[Replica], redis_server: RedisServer
+) -> None:
+    """Redis that does not answer within ``redis.socket_timeout_s`` (stopped here; starved of
+    CPU on a loaded host alike): a key the replica never cached gets 503
+    ``auth_unavailable`` after that timeout, a cached key is still served."""
+    one, two = replicas
+    _, cached = await create_key(store_of(one), "t", KeyPolicy(), now=time.time())
+    _, fresh = await create_key(store_of(one), "t", KeyPolicy(), now=time.time())
+    assert await two.accepts(cached)
+    os.kill(redis_server.pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        with pytest.raises(KeyStoreUnavailable):
+            await two.auth.authenticate(f"Bearer {fresh}")
+        assert time.monotonic() - started >= 0.5  # the replicas' socket_timeout_s
+        assert await two.accepts(cached)
+    finally:
+        os.kill(redis_server.pid, signal.SIGCONT)

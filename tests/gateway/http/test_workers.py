@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 from structlog.testing import capture_logs
 
 from gateway.config.settings import Settings
-from gateway.http.workers import WorkersRefused, resolve_workers, usable_cores
+from gateway.http.workers import Supervisor, WorkersRefused, resolve_workers, usable_cores
+from tests.processes import patience
 
 
 def _settings(
@@ -77,3 +81,55 @@ def test_usable_cores_follow_the_cgroup_quota(tmp_path: Path) -> None:
     (tmp_path / "cpu.max").write_text("max 100000\n")
     assert usable_cores(tmp_path) == affinity
     assert usable_cores(tmp_path / "missing") == affinity
+
+
+def test_no_pidfds_is_said_once_and_the_reaper_stays(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kernel without pidfds (before 5.3): the supervisor says so once and keeps its reaper
+    (which still removes the group's directory), instead of failing to start workers."""
+
+    def no_pidfds(pid: int, flags: int = 0) -> int:
+        raise OSError(38, "Function not implemented")
+
+    settings = Settings.model_validate({"server": {"port": 0}, "auth": {"enabled": False}})
+    supervisor = Supervisor(settings, 2, None)
+    sleepers = [subprocess.Popen([sys.executable, "-c", "input()"], stdin=subprocess.PIPE)]
+    sleepers.append(subprocess.Popen([sys.executable, "-c", "input()"], stdin=subprocess.PIPE))
+    try:
+        supervisor._start_reaper()
+        monkeypatch.setattr(os, "pidfd_open", no_pidfds)
+        with capture_logs() as logs:
+            for sleeper in sleepers:
+                supervisor._announce(sleeper)
+        assert [e["event"] for e in logs] == ["server.reaper_unavailable"]
+        supervisor._check_reaper()  # still there: not restarted
+        assert supervisor.share_dir.exists()
+    finally:
+        for sleeper in sleepers:
+            sleeper.kill()
+            sleeper.wait()
+        assert supervisor.reaper is not None
+        supervisor.reaper.close()  # the supervisor's end: the reaper removes the directory
+        supervisor.sock.close()
+    deadline = time.monotonic() + patience(10)
+    while supervisor.share_dir.exists():
+        assert time.monotonic() < deadline, "the reaper did not remove the group's directory"
+        time.sleep(0.05)
+
+
+def test_a_reaper_that_cannot_start_is_said_and_not_fatal(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The reaper's interpreter cannot be run: the supervisor logs it and goes on without
+    one (the limit of before: a stopped or wedged worker outlives a SIGKILLed supervisor)."""
+    settings = Settings.model_validate({"server": {"port": 0}, "auth": {"enabled": False}})
+    supervisor = Supervisor(settings, 2, None)
+    try:
+        monkeypatch.setattr(sys, "executable", str(tmp_path / "no-python"))
+        with capture_logs() as logs:
+            supervisor._start_reaper()
+            supervisor._check_reaper()  # nothing to restart
+        assert [e["event"] for e in logs] == ["server.reaper_unavailable"]
+        assert supervisor.reaper is None
+    finally:
+        supervisor.sock.close()
+        supervisor.share_dir.rmdir()
