@@ -21,6 +21,8 @@ import yaml
 
 from tests.processes import run_tiergate
 
+pytestmark = pytest.mark.slow  # an attack suite of real processes: make test-all and CI
+
 TIERS = {
     "fast": {"model": "f", "replicas": ["http://127.0.0.1:9"]},
     "precise": {"model": "p", "replicas": ["http://127.0.0.1:9"]},

@@ -24,6 +24,8 @@ from policies.requests import validate
 from tests.adversarial.bill_upstream import CALL, PROMPT
 from tests.adversarial.test_attack_bill import PRECISE_PER_TOKEN, Bill, billed_gateway, chat, post
 
+pytestmark = pytest.mark.slow  # an attack suite of real processes: make test-all and CI
+
 TOOLS = [
     {
         "type": "function",

@@ -20,6 +20,8 @@ import pytest
 from tests.adversarial.test_attack_bill import billed_gateway, post
 from tests.adversarial.test_attack_shadow_bill import Shadowed
 
+pytestmark = pytest.mark.slow  # an attack suite of real processes: make test-all and CI
+
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -50,6 +50,8 @@ from tests.integration.gateway_proc import REPO_ROOT, GatewayProcess
 from tests.processes import free_port, http_answers, patience, terminate, wait_ready
 from tests.stack import Backends, running_stack
 
+pytestmark = pytest.mark.slow  # an attack suite of real processes: make test-all and CI
+
 __all__ = ["http_receiver"]  # a fixture of this module too
 
 Received = list[tuple[str, trace_service_pb2.ExportTraceServiceRequest]]

@@ -16,10 +16,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from tests.deploy.chart_render import of_kind
 from tests.processes import free_port, patience, run_tiergate, terminate
+
+pytestmark = pytest.mark.slow  # an attack suite of real processes: make test-all and CI
 
 REPO = Path(__file__).resolve().parents[2]
 

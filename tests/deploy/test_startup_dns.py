@@ -26,6 +26,8 @@ import yaml
 from tests.integration.gateway_proc import REPO_ROOT
 from tests.processes import free_port, http_answers, terminate
 
+pytestmark = pytest.mark.slow  # an attack suite of real processes: make test-all and CI
+
 # Each lookup waits 3 s twice (A and AAAA go out together) before it gives up: 6 s a name.
 RESOLV_CONF = "nameserver {address}\noptions timeout:3 attempts:2\n"
 NAMES = ["vllm-a", "vllm-b", "vllm-c.internal", "vllm-d", "vllm-e.svc", "vllm-f.lan"]

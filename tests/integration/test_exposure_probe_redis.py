@@ -18,6 +18,8 @@ import yaml
 from gateway.config.exposure_probe import host_addresses
 from tests.redis_server import RedisServer
 
+pytestmark = pytest.mark.slow  # an attack suite of real processes: make test-all and CI
+
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -16,6 +16,8 @@ import pytest
 
 from tests.stack import FAST_SIM, PRECISE_SIM, Stack, running_stack
 
+pytestmark = pytest.mark.slow  # an attack suite of real processes: make test-all and CI
+
 THINKING = 4
 FIELDS = {"fast": "reasoning_content", "precise": "reasoning"}
 
