@@ -31,6 +31,8 @@ from tests.redis_server import RedisServer
 from tests.simulator.procs import SimulatorProcess
 from tests.stack import Backends, running_stack
 
+pytestmark = pytest.mark.slow  # an attack suite of real processes: make test-all and CI
+
 ADMIN = "attack-bill-admin-token-0000000000000"
 TIMEOUTS = {"connect_s": 1.0, "first_byte_s": 10.0, "idle_s": 5.0, "total_s": 10.0}
 PRECISE_PER_TOKEN = 1 / 1000  # the precise tier's default price

@@ -42,6 +42,8 @@ from tests.processes import free_port
 from tests.redis_server import RedisServer
 from tests.simulator.procs import SimulatorProcess
 
+pytestmark = pytest.mark.slow  # an attack suite of real processes: make test-all and CI
+
 Page = Callable[[], str]
 BROKEN, HANG = "<500>", "<hang>"  # pages the liar answers with a 500, or not at all
 

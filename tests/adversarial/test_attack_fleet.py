@@ -35,6 +35,8 @@ from tests.processes import patience
 from tests.redis_server import RedisServer, redis_server
 from tests.simulator.procs import SimulatorProcess
 
+pytestmark = pytest.mark.slow  # an attack suite of real processes: make test-all and CI
+
 __all__ = ["redis_server"]
 # How long a concurrency slot of a dead gateway may keep its key locked out: the slot lease
 # (gateway/limits/limiter_redis.py), plus a little for the polling.

@@ -23,6 +23,8 @@ from tests.processes import patience
 from tests.simulator.procs import SimulatorProcess
 from tests.stack import Backends, Stack, running_stack
 
+pytestmark = pytest.mark.slow  # an attack suite of real processes: make test-all and CI
+
 CHAT = [{"role": "user", "content": "Tell me a long story."}]
 STREAM = {"model": "fast", "messages": CHAT, "max_tokens": 200, "stream": True}
 

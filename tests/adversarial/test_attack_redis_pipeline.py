@@ -22,6 +22,8 @@ from policies.ratelimit import Limit, LimitSpec
 from tests.processes import patience
 from tests.redis_server import RedisServer
 
+pytestmark = pytest.mark.slow  # an attack suite of real processes: make test-all and CI
+
 
 @contextmanager
 def stopped(server: RedisServer) -> Iterator[None]:

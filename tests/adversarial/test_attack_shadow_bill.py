@@ -19,6 +19,8 @@ import pytest
 from tests.adversarial.bill_upstream import ANSWER_TOKENS, PROMPT
 from tests.adversarial.test_attack_bill import ADMIN, PRECISE_PER_TOKEN, Bill, billed_gateway, post
 
+pytestmark = pytest.mark.slow  # an attack suite of real processes: make test-all and CI
+
 FAST_PER_TOKEN = PRECISE_PER_TOKEN / 4  # the fast tier's default price
 CAP = 50  # the callers' max_tokens, so the shadows' too
 

@@ -22,6 +22,8 @@ import pytest
 from tests.integration.gateway_proc import REPO_ROOT, GatewayProcess
 from tests.processes import free_port, http_answers, terminate, wait_ready
 
+pytestmark = pytest.mark.slow  # an attack suite of real processes: make test-all and CI
+
 TIMEOUTS = {"connect_s": 1.0, "first_byte_s": 1.0, "idle_s": 1.0, "total_s": 3.0}
 
 

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 from redis.asyncio import Redis
 
 from gateway.limits.budgets import RedisBudgetStore, Windows
@@ -24,6 +25,8 @@ from tests.gateway.routing.test_dial_sync import _Worker
 from tests.integration.gateway_proc import GatewayProcess, tiers_config
 from tests.processes import patience
 from tests.redis_server import RedisServer, redis_server
+
+pytestmark = pytest.mark.slow  # an attack suite of real processes: make test-all and CI
 
 __all__ = ["redis_server"]
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from gateway.access.keystore_file import FileKeyStore
 from policies.keys import issue_key
@@ -88,6 +89,7 @@ def test_start_and_stop_are_logged_without_secrets(tmp_path: Path) -> None:
         gw.stop()
 
 
+@pytest.mark.slow  # a drain of real streams: make test-all and CI
 def test_sigterm_counts_the_streams_it_drained_and_the_ones_it_cut(tmp_path: Path) -> None:
     """Two streams in flight at SIGTERM with a 3 s grace: the short one finishes (drained), the
     long one is cut at the deadline; the lines say 2 in flight, 1 drained, 1 cut."""
@@ -145,6 +147,7 @@ def test_sigterm_counts_the_streams_it_drained_and_the_ones_it_cut(tmp_path: Pat
             gw.stop()
 
 
+@pytest.mark.slow  # a drain of real streams: make test-all and CI
 def test_with_workers_the_supervisor_announces_once_and_each_worker_drains() -> None:
     """--workers 2: one server.started (workers 2) from the supervisor, a server.worker_started
     per worker; on SIGTERM each writes its own server.draining and server.stopped."""
