@@ -1,0 +1,117 @@
+"""Attack of the day's merges (fourth pass): the key feed and the key lookups' back-off, the
+group's reaper, replica labels, the caller's sampling flag.
+
+Real processes at the edges: ``redis-server``, a TCP listener that accepts and never answers
+(a Redis that no longer serves reads), ``tiergate serve --workers 2``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from redis.asyncio import Redis
+
+from gateway.access.auth import KeyAuthenticator
+from gateway.access.key_feed import KeyChangeFeed
+from gateway.access.keystore_redis import RedisKeyStore
+from gateway.config.redis_client import BackendHealth, open_redis
+from gateway.config.settings import RedisSettings
+from policies.keys import KeyRecord, KeyStoreUnavailable, new_key_id
+from tests.redis_server import RedisServer, redis_server
+
+__all__ = ["redis_server"]
+
+
+@pytest.fixture
+def silent_redis() -> Iterator[int]:
+    """A port that accepts connections and never answers: every read times out."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        listener.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            held.append(conn)
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield listener.getsockname()[1]
+    stop.set()
+    thread.join(5)
+    listener.close()
+    for conn in held:
+        conn.close()
+
+
+class CountingStore(RedisKeyStore):
+    """The Redis key store, counting reads."""
+
+    gets = 0
+
+    async def get(self, key_id: str) -> KeyRecord | None:
+        self.gets += 1
+        return await super().get(key_id)
+
+
+async def test_feed_messages_do_not_open_the_floodgates_to_a_failing_store(
+    redis_server: RedisServer, silent_redis: int
+) -> None:
+    """Pub/sub answering (a confirmation, anyone's PUBLISH on the channel) is no proof that
+    the store's reads do: while reads time out, a stream of feed messages must not turn the
+    lookups' back-off (one try per retry interval) into one Redis read per request, each
+    holding its caller for socket_timeout_s."""
+    store_client = open_redis(
+        RedisSettings(url=f"redis://127.0.0.1:{silent_redis}/0", socket_timeout_s=0.3)
+    )
+    feed_client = open_redis(RedisSettings(url=redis_server.url, socket_timeout_s=2.0))
+    publisher = Redis.from_url(redis_server.url)
+    store = CountingStore(store_client)
+    health = BackendHealth("redis", down_event="down", up_event="up", retry_interval_s=30.0)
+    auth = KeyAuthenticator(store, cache_ttl_s=600.0, unknown_ttl_s=600.0, health=health)
+    feed = KeyChangeFeed(
+        feed_client, store.channel, auth.cache, retry_interval_s=0.05, store_health=health
+    )
+    feed.start()
+    try:
+        deadline = time.monotonic() + 10
+        while feed.subscriptions == 0:
+            assert time.monotonic() < deadline, "the feed never subscribed"
+            await asyncio.sleep(0.01)
+        with pytest.raises(KeyStoreUnavailable):  # the first read times out: back-off begins
+            await auth.authenticate(f"Bearer tg-{new_key_id()}-{'x' * 43}")
+        assert not health.healthy
+        store.gets = 0
+        refused = 0
+        for _ in range(10):  # a hostile (or merely busy) publisher on the channel
+            generation = auth.cache.generation
+            await publisher.publish(store.channel, "EVERYTHING")
+            while auth.cache.generation == generation:  # the feed has applied it
+                assert time.monotonic() < deadline + 20, "the feed never applied a message"
+                await asyncio.sleep(0.005)
+            tokens = [f"Bearer tg-{new_key_id()}-{'x' * 43}" for _ in range(5)]
+            results = await asyncio.gather(
+                *(auth.authenticate(t) for t in tokens), return_exceptions=True
+            )
+            refused += sum(isinstance(r, KeyStoreUnavailable) for r in results)
+        assert refused == 50
+        # Within one retry interval: at most one early try, not one per request.
+        assert store.gets <= 1, f"{store.gets} reads of a failing store in 10 feed messages"
+    finally:
+        await feed.stop()
+        await publisher.aclose()
+        await feed_client.aclose()
+        await store_client.aclose()
