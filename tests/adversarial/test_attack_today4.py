@@ -8,10 +8,15 @@ Real processes at the edges: ``redis-server``, a TCP listener that accepts and n
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import shutil
+import signal
 import socket
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from redis.asyncio import Redis
@@ -22,7 +27,16 @@ from gateway.access.keystore_redis import RedisKeyStore
 from gateway.config.redis_client import BackendHealth, open_redis
 from gateway.config.settings import RedisSettings
 from policies.keys import KeyRecord, KeyStoreUnavailable, new_key_id
+from tests.adversarial.test_attack_workers import (
+    _config,
+    _reapers,
+    _share_dir,
+    _wait_watched,
+)
+from tests.integration.gateway_proc import GatewayProcess
+from tests.processes import patience
 from tests.redis_server import RedisServer, redis_server
+from tests.simulator.procs import SimulatorProcess
 
 __all__ = ["redis_server"]
 
@@ -115,3 +129,72 @@ async def test_feed_messages_do_not_open_the_floodgates_to_a_failing_store(
         await publisher.aclose()
         await feed_client.aclose()
         await store_client.aclose()
+
+
+_SUBREAPER = """\
+import ctypes
+import runpy
+
+ctypes.CDLL(None).prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: orphans come here, as to PID 1
+runpy.run_module("gateway", run_name="__main__", alter_sys=True)
+"""
+
+
+def _zombies_of(parent: int) -> list[int]:
+    """Children of ``parent`` that exited and were never reaped (state Z)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            if entry.name.isdigit():
+                fields = (entry / "stat").read_text(encoding="ascii").rsplit(")", 1)[1].split()
+                if fields[0] == "Z" and int(fields[1]) == parent:
+                    found.append(int(entry.name))
+    return found
+
+
+def _workers_of(supervisor: int) -> list[int]:
+    """The supervisor's two workers (its children with a ``--worker-index``), once started."""
+    deadline = time.monotonic() + patience(30)
+    while True:
+        children = Path(f"/proc/{supervisor}/task/{supervisor}/children").read_text("ascii")
+        workers = []
+        for pid in children.split():
+            with contextlib.suppress(OSError):
+                if b"--worker-index" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    workers.append(int(pid))
+        if len(workers) == 2:
+            return workers
+        assert time.monotonic() < deadline, children
+        time.sleep(0.1)
+
+
+@pytest.mark.slow
+def test_a_replaced_reaper_is_reaped_by_a_supervisor_that_is_pid_1(tmp_path: Path) -> None:
+    """The supervisor as PID 1 of a container without an init (a subreaper here: orphans are
+    handed to it alike): the detached reaper is its child then, so a reaper that died and was
+    replaced must be reaped, not left a zombie per restart."""
+    (tmp_path / "subreaper_gateway.py").write_text(_SUBREAPER, encoding="utf-8")
+    with SimulatorProcess("--profile", "fast", "--model", "tiergate-fast") as sim:
+        gw = GatewayProcess(
+            _config(sim, shutdown_grace_s=2),
+            workers=2,
+            module="subreaper_gateway",
+            env={"PYTHONPATH": str(tmp_path)},
+        ).start()
+        share: Path | None = None
+        try:
+            workers = _workers_of(gw.pid)
+            share = _share_dir(workers[0])
+            _wait_watched(share, workers)
+            for _ in range(2):
+                [reaper] = _reapers(share)
+                os.kill(reaper, signal.SIGKILL)
+                _wait_watched(share, workers, besides=reaper)
+            deadline = time.monotonic() + patience(10)
+            while zombies := _zombies_of(gw.pid):
+                assert time.monotonic() < deadline, f"reapers left as zombies: {zombies}"
+                time.sleep(0.1)
+        finally:
+            gw.stop()
+            if share is not None:
+                shutil.rmtree(share, ignore_errors=True)
