@@ -13,11 +13,14 @@ import os
 import shutil
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from redis.asyncio import Redis
 
@@ -33,8 +36,8 @@ from tests.adversarial.test_attack_workers import (
     _share_dir,
     _wait_watched,
 )
-from tests.integration.gateway_proc import GatewayProcess
-from tests.processes import patience
+from tests.integration.gateway_proc import REPO_ROOT, GatewayProcess
+from tests.processes import free_port, http_answers, patience, terminate, wait_ready
 from tests.redis_server import RedisServer, redis_server
 from tests.simulator.procs import SimulatorProcess
 
@@ -198,3 +201,48 @@ def test_a_replaced_reaper_is_reaped_by_a_supervisor_that_is_pid_1(tmp_path: Pat
             gw.stop()
             if share is not None:
                 shutil.rmtree(share, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _self_naming(status: int) -> Iterator[tuple[GatewayProcess, int]]:
+    """A gateway in front of a backend whose every error names its own host:port."""
+    port = free_port()
+    command = [sys.executable, "-m", "tests.adversarial.key_echo_upstream", "--port", str(port),
+               "--status", str(status), "--shape", "address"]  # fmt: skip
+    upstream = subprocess.Popen(command, cwd=REPO_ROOT)  # our own test server
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(upstream, lambda: http_answers(url + "/health"), timeout=10, poll_s=0.05,
+                   what="self-naming upstream", log=lambda: "")  # fmt: skip
+        tier = {"replicas": [url]}
+        config = {
+            "auth": {"enabled": False},
+            "tiers": {"fast": {"model": "m", **tier}, "precise": {"model": "m2", **tier}},
+        }
+        with GatewayProcess(config) as gateway:
+            gateway.wait_until_ready()
+            yield gateway, port
+    finally:
+        terminate(upstream)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("status", [400, 500, 200])
+def test_a_backend_naming_its_own_address_never_shows_it_to_callers(status: int) -> None:
+    """Callers' errors name a replica by label (fast#1), never its host:port: a backend whose
+    error quotes its own address (a proxy, a server naming itself; 400 passed on, 500 in the
+    502's reasons, 200 then an in-band error event) must not hand that address to the caller
+    either. The rest of its message is kept, and nothing else a caller reads names it."""
+    with _self_naming(status) as (gateway, port):
+        chat = {"model": "fast", "messages": [{"role": "user", "content": "hi"}]}
+        seen = []
+        for body in (chat, {**chat, "stream": True}):
+            answer = httpx.post(gateway.url + "/v1/chat/completions", json=body, timeout=30)
+            seen.append(answer.text + repr(answer.headers.raw))
+            if status != 200 or body.get("stream"):
+                assert "could not serve" in answer.text, answer.text
+        for path in ("/v1/models", "/v1/models/fast", "/readyz", "/livez"):
+            answer = httpx.get(gateway.url + path, timeout=10)
+            seen.append(answer.text + repr(answer.headers.raw))
+        leaks = [text[:400] for text in seen if str(port) in text]
+        assert not leaks, leaks
