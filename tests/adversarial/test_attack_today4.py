@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -36,7 +37,7 @@ from tests.adversarial.test_attack_workers import (
     _share_dir,
     _wait_watched,
 )
-from tests.integration.gateway_proc import REPO_ROOT, GatewayProcess
+from tests.integration.gateway_proc import REPO_ROOT, GatewayProcess, tiers_config
 from tests.processes import free_port, http_answers, patience, terminate, wait_ready
 from tests.redis_server import RedisServer, redis_server
 from tests.simulator.procs import SimulatorProcess
@@ -246,3 +247,50 @@ def test_a_backend_naming_its_own_address_never_shows_it_to_callers(status: int)
             seen.append(answer.text + repr(answer.headers.raw))
         leaks = [text[:400] for text in seen if str(port) in text]
         assert not leaks, leaks
+
+
+@pytest.mark.slow
+def test_a_process_group_kill_leaves_no_group_directory(tmp_path: Path) -> None:
+    """``kill -KILL -<pgid>`` (a process manager killing the group, a terminal's job killed):
+    the supervisor, its workers and the reaper all die at once, and nobody removed the group's
+    directory in /dev/shm (a leak per kill, in memory). Nothing of the group may be left."""
+    config = tmp_path / "tiergate.yaml"
+    config.write_text(
+        json.dumps(
+            {
+                "auth": {"enabled": False},
+                "server": {"shutdown_grace_s": 2},
+                "telemetry": {"access_log": False},
+                "tiers": tiers_config(["http://127.0.0.1:9"], ["http://127.0.0.1:9"]),
+            }
+        ),
+        encoding="utf-8",
+    )
+    port = free_port()
+    command = [sys.executable, "-m", "gateway", "serve", "--config", str(config),
+               "--port", str(port), "--workers", "2"]  # fmt: skip
+    with (tmp_path / "gateway.log").open("wb") as log:
+        supervisor = subprocess.Popen(  # our own gateway
+            command, cwd=REPO_ROOT, stdout=log, stderr=log, start_new_session=True
+        )
+    share: Path | None = None
+    try:
+        wait_ready(supervisor, lambda: http_answers(f"http://127.0.0.1:{port}/livez"),
+                   timeout=patience(30), poll_s=0.1, what="gateway", log=lambda: "")  # fmt: skip
+        workers = _workers_of(supervisor.pid)
+        share = _share_dir(workers[0])
+        _wait_watched(share, workers)
+        os.killpg(supervisor.pid, signal.SIGKILL)
+        supervisor.wait(10)
+        deadline = time.monotonic() + patience(15)
+        while share.exists() or _reapers(share):
+            assert time.monotonic() < deadline, (share.exists(), _reapers(share))
+            time.sleep(0.1)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(supervisor.pid, signal.SIGKILL)
+        supervisor.wait(10)
+        if share is not None:
+            for pid in _reapers(share):
+                os.kill(pid, signal.SIGKILL)
+            shutil.rmtree(share, ignore_errors=True)
