@@ -11,11 +11,12 @@ but are trusted for at most a second while the store answers. Each (re)subscript
 by Redis revalidates the whole cache, since changes may have been published while away. One log
 line per transition, never per attempt.
 
-A confirmed subscription or a published id is Redis answering, so the feed also tells the key
-lookups' health (``store_health``) that the store is back: a change published as Redis returns
-drops the key's cached record, and without that news the lookups would keep backing off (one
-try per ``redis_retry_interval_s``), refusing the key with 503 ``auth_unavailable`` though
-Redis answers.
+A confirmed subscription or a published id is Redis answering on this connection, so the feed
+hastens the key lookups' next try (``store_health``): a change published as Redis returns drops
+the key's cached record, and without that news the lookups would keep backing off (one try per
+``redis_retry_interval_s``), refusing the key with 503 ``auth_unavailable`` though Redis
+answers. Only one try, at most once per interval: pub/sub answering does not prove that reads
+do (anyone may publish on the channel), and only a read that works ends the back-off.
 """
 
 from __future__ import annotations
@@ -126,7 +127,7 @@ class KeyChangeFeed:
     def _apply(self, message: dict[str, Any]) -> None:
         kind = message.get("type")
         if kind in ("subscribe", "message") and self._store_health is not None:
-            self._store_health.succeeded()  # Redis answered: the lookups need not back off
+            self._store_health.hasten()  # Redis may answer reads again: the next lookup tries
         if kind == "subscribe":  # also after redis-py reconnected and resubscribed by itself
             self._cache.revalidate()
             self._cache.feed_live = True

@@ -56,6 +56,7 @@ class BackendHealth:
         self._clock = clock
         self._since = 0.0
         self._retry_at = 0.0
+        self._hastened_at: float | None = None
         self._fields = log_fields
 
     @property
@@ -72,6 +73,17 @@ class BackendHealth:
             self._retry_at = now + self._retry_interval_s
             return True
         return False
+
+    def hasten(self) -> None:
+        """News that the backend may answer again, heard elsewhere (another connection): a
+        degraded backend gets one try at the next call, not after its interval; at most once
+        per interval, so a stream of such news never makes every call a try."""
+        if self.healthy:
+            return
+        now = self._clock()
+        if self._hastened_at is None or now - self._hastened_at >= self._retry_interval_s:
+            self._hastened_at = now
+            self._retry_at = min(self._retry_at, now)
 
     def failed(self, reason: str) -> None:
         """A call failed: go degraded (logging once) and wait before probing again."""

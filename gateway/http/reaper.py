@@ -15,8 +15,10 @@ supervisor exited, however it exited) the reaper sends every worker still there 
 SIGCONT (a stopped one then drains like the rest), waits ``--grace`` seconds (the
 supervisor's own ``shutdown_grace_s`` + 10 s) for them to exit, SIGKILLs those left (wedged)
 and removes the group's directory. SIGHUP, SIGINT and SIGTERM are ignored: it ends with the
-supervisor, not with its signals. After a clean stop every worker has exited already and it
-just leaves.
+supervisor, not with its signals. It runs in a session of its own, so a kill of the group's
+process group leaves it to remove the directory (the workers are gone then: it exits at once);
+a cgroup kill (a container, systemd) still takes it along. After a clean stop every worker has
+exited already and it just leaves.
 """
 
 from __future__ import annotations
@@ -88,6 +90,9 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signum, signal.SIG_IGN)
     if os.fork() > 0:  # the supervisor waits for this first process only
         os._exit(0)
+    # Out of the group's process group: a kill of that group (``kill -KILL -PGID``) ends the
+    # workers with the supervisor, and this process is left to remove their directory.
+    os.setsid()
     with socket.socket(fileno=args.fd) as sock:
         workers = watch(sock)
     finish(workers, args.grace)

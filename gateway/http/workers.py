@@ -170,6 +170,21 @@ class Supervisor:
             socket.send_fds(self.reaper, [b"w"], [pidfd])
         os.close(pidfd)
 
+    def _reap_strays(self) -> None:
+        """Reap exited children that are not workers: the orphans handed to this process when
+        it is PID 1 of a container without an init (or a subreaper), a replaced reaper among
+        them. A worker's exit is left for its ``Popen`` (``WNOWAIT``: only looked at)."""
+        workers = {child.pid for child in self.children.values()}
+        while True:
+            try:
+                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:  # no children at all
+                return
+            if info is None or info.si_pid in workers:
+                return
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(info.si_pid, 0)
+
     def _check_reaper(self) -> None:
         """Restart the reaper if it is gone (its end closed: it never sends anything)."""
         if self.reaper is not None and select.select([self.reaper], [], [], 0)[0]:
@@ -254,6 +269,7 @@ class Supervisor:
 
     def _reap(self) -> None:
         self._check_reaper()
+        self._reap_strays()
         for index, child in list(self.children.items()):
             if self.stopping:
                 return

@@ -350,7 +350,8 @@ class Forwarder:
                 raise
             finally:
                 waited.upstream_s += time.perf_counter() - started
-            exchange = Exchange(opened, replica, pool, batch=batch, secrets=self._upstream_secrets)
+            secrets = (*self._upstream_secrets, *replica.addresses)  # never to callers
+            exchange = Exchange(opened, replica, pool, batch=batch, secrets=secrets)
             if stream:
                 await self._read_first_event(route, exchange, limit_s, waited)
             else:
@@ -389,7 +390,8 @@ class Forwarder:
     def _record_failure(self, route: TierRoute, replica: Replica, failure: AttemptFailed) -> None:
         """Count ``failure`` on the replica; a Retry-After on 429/503 becomes a cool-down."""
         failure.replica = replica.label  # named in the caller's error if every attempt fails
-        failure.blank(self._upstream_secrets)  # before callers, logs or /admin/backends see it
+        # Keys and the replica's own address: before callers, logs or /admin/backends see them
+        failure.blank((*self._upstream_secrets, *replica.addresses))
         pool = route.pool
         if failure.status is not None:  # an error answer is still an answer: the server lives
             replica.heard_at = time.monotonic()

@@ -68,6 +68,21 @@ def _display_name(url: str) -> str:
     return f"{host}:{parts.port}" if parts.port is not None else host
 
 
+def _addresses(url: str) -> tuple[str, ...]:
+    """How a backend may name itself in its own error texts: its host:port, and its host when
+    that is an IP address or a dotted name (a single label is too likely an ordinary word)."""
+    parts = urlsplit(url)
+    host = parts.hostname
+    if host is None:
+        return ()
+    named = [parts.netloc.rpartition("@")[2], _display_name(url)]
+    if parts.port is not None:
+        named.append(f"{host}:{parts.port}")
+    if "." in host or ":" in host:
+        named.append(host)
+    return tuple(dict.fromkeys(n for n in named if n))
+
+
 @dataclass(slots=True, eq=False)
 class Replica:
     """One backend replica as the gateway sees it."""
@@ -79,6 +94,9 @@ class Replica:
     # What callers' error messages call it: its tier and 1-based place in the tier's list
     # (``fast#2``). Its address (``name``) stays in logs, metrics and the admin view.
     label: str = ""
+    # Its address as the backend may quote it (:func:`_addresses`): blanked, like the upstream
+    # keys, from the backend's error texts before a caller sees them.
+    addresses: tuple[str, ...] = ()
     # The tier's ``health_path`` (an override) and ``kind`` setting (``auto`` or a kind name).
     health_override: str | None = None
     kind_setting: str = "auto"
@@ -151,6 +169,8 @@ class Replica:
             self.name = _display_name(self.url)
         if not self.label:
             self.label = f"{self.tier}#?"
+        if not self.addresses:
+            self.addresses = _addresses(self.url)
         if self.kind_setting != "auto":
             self.kind = self.kind_setting
         if not self.slots:

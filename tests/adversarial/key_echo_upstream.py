@@ -9,7 +9,9 @@ OpenAI-compatible servers and proxies write back). With ``--status 200`` a ``POS
 ``--shape`` says where and how the token is quoted: ``message`` (as above), ``type`` (in the
 error's ``type`` field too), ``escaped`` (every ``/`` written ``\\/``, as PHP's json_encode
 does: JSON for the same text) or ``long`` (the message is the request's last message, then
-the token: a caller sets where the token falls).
+the token: a caller sets where the token falls). ``address`` quotes no token but the backend's
+own address instead, as a proxy or a server naming itself does: ``backend <Host> could not
+serve http://<Host><path>``.
 """
 
 from __future__ import annotations
@@ -35,9 +37,11 @@ def _stream(error: bytes) -> bytes:
     return head % len(body) + body
 
 
-def _error(sent: str, body: bytes, shape: str) -> bytes:
+def _error(sent: str, body: bytes, shape: str, where: tuple[str, str] = ("", "")) -> bytes:
     """The error object quoting ``sent`` in ``shape`` (see the module's docstring)."""
     message = f"Incorrect API key provided: {sent}"
+    if shape == "address":
+        message = f"backend {where[0]} could not serve http://{where[0]}{where[1]}"
     if shape == "long":
         message = f"{json.loads(body)['messages'][-1]['content']} {sent}"
     error = {
@@ -69,7 +73,7 @@ async def _handle(
                 writer.write(_answer(200, body))
             else:
                 sent = headers.get("authorization", "").removeprefix("Bearer ")
-                error = _error(sent, body, shape)
+                error = _error(sent, body, shape, (headers.get("host", ""), path))
                 writer.write(_stream(error) if status == 200 else _answer(status, error))
             await writer.drain()
     except (asyncio.IncompleteReadError, ConnectionError, ValueError):
@@ -90,7 +94,7 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--status", type=int, default=400)
     parser.add_argument(
-        "--shape", choices=["message", "type", "escaped", "long"], default="message"
+        "--shape", choices=["message", "type", "escaped", "long", "address"], default="message"
     )
     args = parser.parse_args()
     asyncio.run(_serve(args.port, args.status, args.shape))
