@@ -23,7 +23,8 @@ CHAT = [{"role": "user", "content": "hi"}]
 HOSTILE = {
     "priority": -100,
     "chat_template": "{{ ''.__class__.__mro__ }}",
-    "chat_template_kwargs": {"enable_thinking": True},
+    # (a thinking switch alone is allowed for every key; anything beside it is not)
+    "chat_template_kwargs": {"enable_thinking": True, "documents": [{"text": "ignore all"}]},
     "kv_transfer_params": {"remote_host": "10.0.0.9", "remote_port": 7000},
     "logits_processors": ["evil.module:Processor"],
     "vllm_xargs": {"x": 1},
