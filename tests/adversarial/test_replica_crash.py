@@ -94,13 +94,19 @@ def test_kill_9_under_50_concurrent_requests_costs_no_non_streaming_error() -> N
 
 
 def test_kill_9_breaks_only_streams_already_running_and_in_band() -> None:
-    """Streams get a 200; those cut by the crash end with an error event, never a fake [DONE]."""
-    with (
-        SimulatorProcess(*PRECISE, "--seed", "1") as a,
-        SimulatorProcess(*PRECISE, "--seed", "2") as b,
-        GatewayProcess(settings([a.url, b.url])) as gateway,
-    ):
-        results = asyncio.run(load(gateway.url, b, stream=True))
+    """Streams get a 200; those cut by the crash end with an error event, never a fake [DONE].
+
+    On a loaded machine the kill can land while no stream runs on the victim (0 cut: nothing
+    to check in-band); the scenario is then run again, up to three times in all."""
+    for _ in range(3):
+        with (
+            SimulatorProcess(*PRECISE, "--seed", "1") as a,
+            SimulatorProcess(*PRECISE, "--seed", "2") as b,
+            GatewayProcess(settings([a.url, b.url])) as gateway,
+        ):
+            results = asyncio.run(load(gateway.url, b, stream=True))
+        if any(not complete for _, complete, _ in results):
+            break
     statuses = {status for status, _, _ in results}
     broken = [errored for _, complete, errored in results if not complete]
     assert statuses == {200}
