@@ -15,6 +15,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -260,14 +261,39 @@ def _gone(pids: list[int], within: float) -> bool:
     return True
 
 
+@dataclass
+class _Group:
+    """A ``serve --workers 2`` under test and what its clean-up needs, filled in as found."""
+
+    gw: GatewayProcess
+    workers: list[int] = field(default_factory=list)
+    share: Path | None = None
+
+
+@contextlib.contextmanager
+def _group(sim: SimulatorProcess, env: dict[str, str] | None = None) -> Iterator[_Group]:
+    """``serve --workers 2`` (shutdown grace 2 s) in front of ``sim``; afterwards it is stopped,
+    any worker left is SIGKILLed and the group's directory removed (a test that killed the
+    supervisor leaves nobody else to do it)."""
+    group = _Group(GatewayProcess(_config(sim, shutdown_grace_s=2), workers=2, env=env).start())
+    try:
+        yield group
+    finally:
+        group.gw.stop()
+        for pid in group.workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if group.share is not None:
+            shutil.rmtree(group.share, ignore_errors=True)
+
+
 @pytest.mark.slow
 def test_the_supervisor_killed_takes_its_workers_along(sim: SimulatorProcess) -> None:
     """SIGKILL of the supervisor: every worker exits (it had a stream running), the port is
     free again and the group's directory in /dev/shm is removed; nothing is left behind."""
-    gw = GatewayProcess(_config(sim, shutdown_grace_s=2), workers=2).start()
-    workers: list[int] = []
-    try:
-        workers = _wait_workers(gw, 2)
+    with _group(sim) as g:
+        gw = g.gw
+        workers = g.workers = _wait_workers(gw, 2)
         share = _share_dir(workers[0])
         with httpx.stream("POST", gw.url + "/v1/chat/completions", json=STREAM, timeout=60) as r:
             assert next(r.iter_text()).startswith("data: ")
@@ -276,11 +302,6 @@ def test_the_supervisor_killed_takes_its_workers_along(sim: SimulatorProcess) ->
         with pytest.raises(ConnectionRefusedError):
             socket.create_connection(("127.0.0.1", gw.port), timeout=1).close()
         assert not share.exists(), sorted(p.name for p in share.iterdir())
-    finally:
-        gw.stop()
-        for pid in workers:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
 
 
 def _reapers(share: Path) -> list[int]:
@@ -301,13 +322,11 @@ def test_a_stopped_worker_does_not_outlive_a_killed_supervisor(sim: SimulatorPro
     """SIGKILL of the supervisor while a worker is stopped (SIGSTOP): that worker exits too
     (resumed, it drains like the others), the port is free, the group's directory is gone,
     and no process of the group is left."""
-    gw = GatewayProcess(_config(sim, shutdown_grace_s=2), workers=2).start()
-    workers: list[int] = []
-    share: Path | None = None
-    try:
+    with _group(sim) as g:
+        gw = g.gw
         gw.wait_until_ready()
-        workers = _wait_workers(gw, 2)
-        share = _share_dir(workers[0])
+        workers = g.workers = _wait_workers(gw, 2)
+        share = g.share = _share_dir(workers[0])
         _wait_serving(gw, workers)  # both past start-up: SIGTERM has its handler in each
         _wait_watched(share, workers)
         os.kill(workers[1], signal.SIGSTOP)
@@ -318,26 +337,17 @@ def test_a_stopped_worker_does_not_outlive_a_killed_supervisor(sim: SimulatorPro
             socket.create_connection(("127.0.0.1", gw.port), timeout=1).close()
         assert _gone_dir(share, 10), sorted(p.name for p in share.iterdir())
         assert _gone(_reapers(share), 10), "the reaper stayed"
-    finally:
-        gw.stop()
-        for pid in workers:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        if share is not None:  # nobody left to remove it
-            shutil.rmtree(share, ignore_errors=True)
 
 
 @pytest.mark.slow
 def test_a_killed_reaper_is_replaced(sim: SimulatorProcess) -> None:
     """The group's reaper SIGKILLed: the supervisor starts another and hands it the running
     workers, so a worker stopped when the supervisor is killed later still exits."""
-    gw = GatewayProcess(_config(sim, shutdown_grace_s=2), workers=2).start()
-    workers: list[int] = []
-    share: Path | None = None
-    try:
+    with _group(sim) as g:
+        gw = g.gw
         gw.wait_until_ready()
-        workers = _wait_workers(gw, 2)
-        share = _share_dir(workers[0])
+        workers = g.workers = _wait_workers(gw, 2)
+        share = g.share = _share_dir(workers[0])
         [first] = _reapers(share)
         os.kill(first, signal.SIGKILL)
         _wait_watched(share, workers, besides=first)
@@ -348,13 +358,6 @@ def test_a_killed_reaper_is_replaced(sim: SimulatorProcess) -> None:
         gw.kill()
         assert _gone(workers, 10), "the new reaper did not get the workers"
         assert _gone_dir(share, 10)
-    finally:
-        gw.stop()
-        for pid in workers:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        if share is not None:
-            shutil.rmtree(share, ignore_errors=True)
 
 
 _WEDGE = """\
@@ -374,14 +377,11 @@ def test_a_wedged_worker_does_not_outlive_a_killed_supervisor(
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(_WEDGE, encoding="utf-8")
-    config = _config(sim, shutdown_grace_s=2)
-    gw = GatewayProcess(config, workers=2, env={"PYTHONPATH": str(site)}).start()
-    workers: list[int] = []
-    share: Path | None = None
-    try:
+    with _group(sim, env={"PYTHONPATH": str(site)}) as g:
+        gw = g.gw
         gw.wait_until_ready()
-        workers = _wait_workers(gw, 2)
-        share = _share_dir(workers[0])
+        workers = g.workers = _wait_workers(gw, 2)
+        share = g.share = _share_dir(workers[0])
         _wait_serving(gw, workers)
         os.kill(workers[1], signal.SIGUSR1)
         _wait_wedged(metrics_file(share, 1))
@@ -392,13 +392,6 @@ def test_a_wedged_worker_does_not_outlive_a_killed_supervisor(
         with pytest.raises(ConnectionRefusedError):
             socket.create_connection(("127.0.0.1", gw.port), timeout=1).close()
         assert _gone_dir(share, 10)
-    finally:
-        gw.stop()
-        for pid in workers:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        if share is not None:
-            shutil.rmtree(share, ignore_errors=True)
 
 
 def _wait_serving(gw: GatewayProcess, workers: list[int]) -> None:
