@@ -10,10 +10,12 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 # The most a wait is stretched: a machine this loaded fails for other reasons anyway.
@@ -29,6 +31,39 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+@contextmanager
+def silent_port() -> Iterator[int]:
+    """A loopback port that accepts every connection and never answers (a collector, a Redis
+    or a backend gone silent): every read from it times out. Its connections are held open
+    until the block ends."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        listener.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                held.append(listener.accept()[0])
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        stop.set()
+        thread.join(5)
+        for conn in held:
+            conn.close()
+        listener.close()
 
 
 def load_per_core() -> float:

@@ -34,7 +34,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -47,7 +46,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
 from tests.gateway.telemetry.test_export import http_receiver
 from tests.integration.gateway_proc import REPO_ROOT, GatewayProcess
-from tests.processes import free_port, http_answers, patience, terminate, wait_ready
+from tests.processes import free_port, http_answers, patience, silent_port, terminate, wait_ready
 from tests.stack import Backends, running_stack
 
 pytestmark = pytest.mark.slow  # an attack suite of real processes: make test-all and CI
@@ -79,32 +78,8 @@ def recording_upstream(tmp_path: Path, *args: str) -> Iterator[tuple[str, Path]]
 @contextmanager
 def silent_collector() -> Iterator[str]:
     """A TCP port that accepts every connection and never answers: its URL."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(64)
-    held: list[socket.socket] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        server.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                held.append(server.accept()[0])
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.getsockname()[1]}"
-    finally:
-        stop.set()
-        thread.join(5)
-        for conn in held:
-            conn.close()
-        server.close()
+    with silent_port() as port:
+        yield f"http://127.0.0.1:{port}"
 
 
 def _traced(config: dict[str, Any], url: str, **telemetry: Any) -> dict[str, Any]:

@@ -13,10 +13,8 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,7 +36,7 @@ from tests.adversarial.test_attack_workers import (
     _wait_watched,
 )
 from tests.integration.gateway_proc import REPO_ROOT, GatewayProcess, tiers_config
-from tests.processes import free_port, http_answers, patience, terminate, wait_ready
+from tests.processes import free_port, http_answers, patience, silent_port, terminate, wait_ready
 from tests.redis_server import RedisServer, redis_server
 from tests.simulator.procs import SimulatorProcess
 
@@ -48,31 +46,8 @@ __all__ = ["redis_server"]
 @pytest.fixture
 def silent_redis() -> Iterator[int]:
     """A port that accepts connections and never answers: every read times out."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(64)
-    held: list[socket.socket] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        listener.settimeout(0.1)
-        while not stop.is_set():
-            try:
-                conn, _ = listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            held.append(conn)
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    yield listener.getsockname()[1]
-    stop.set()
-    thread.join(5)
-    listener.close()
-    for conn in held:
-        conn.close()
+    with silent_port() as port:
+        yield port
 
 
 class CountingStore(RedisKeyStore):
