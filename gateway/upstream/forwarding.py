@@ -350,7 +350,7 @@ class Forwarder:
                 raise
             finally:
                 waited.upstream_s += time.perf_counter() - started
-            secrets = (*self._upstream_secrets, *replica.addresses)  # never to callers
+            secrets = self._secrets(replica)
             exchange = Exchange(opened, replica, pool, batch=batch, secrets=secrets)
             if stream:
                 await self._read_first_event(route, exchange, limit_s, waited)
@@ -387,11 +387,15 @@ class Forwarder:
             exchange.finish(abort=True)
             raise
 
+    def _secrets(self, replica: Replica) -> tuple[str, ...]:
+        """What a backend's own texts must never hand a caller: the upstream keys and the
+        replica's own address."""
+        return (*self._upstream_secrets, *replica.addresses)
+
     def _record_failure(self, route: TierRoute, replica: Replica, failure: AttemptFailed) -> None:
         """Count ``failure`` on the replica; a Retry-After on 429/503 becomes a cool-down."""
         failure.replica = replica.label  # named in the caller's error if every attempt fails
-        # Keys and the replica's own address: before callers, logs or /admin/backends see them
-        failure.blank((*self._upstream_secrets, *replica.addresses))
+        failure.blank(self._secrets(replica))  # before callers, logs or /admin/backends see them
         pool = route.pool
         if failure.status is not None:  # an error answer is still an answer: the server lives
             replica.heard_at = time.monotonic()
