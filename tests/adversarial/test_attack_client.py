@@ -228,6 +228,19 @@ def test_a_spent_budget_tells_the_client_its_quota_is_spent(stack: Stack) -> Non
         assert (len(me.sent), me.received()) == (1, 1)
 
 
+def test_a_request_dearer_than_the_whole_budget_is_sent_once(stack: Stack) -> None:
+    """A request whose reservation costs more than the key's whole daily budget never fits,
+    whatever the day: the client is told not to retry it, even in the day's last two minutes
+    (when the budget's ``Retry-After`` would be short enough for the client to wait)."""
+    me = caller(stack, key(stack, budget_daily=0.000_001))
+    with pytest.raises(openai.RateLimitError) as refused:
+        me.client.chat.completions.create(
+            model="fast", messages=HI, max_tokens=8, extra_headers=me.headers
+        )
+    assert refused.value.response.headers.get("x-should-retry") == "false"
+    assert (len(me.sent), me.received()) == (1, 1)
+
+
 def test_a_prompt_of_token_id_lists_is_a_prompt(stack: Stack) -> None:
     """``prompt=[[ids...]]`` (the client's ``Iterable[Iterable[int]]``) is served, and two
     such prompts count as two completions against the key's ``max_n``."""
