@@ -24,7 +24,7 @@ import structlog
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from gateway.limits.limits import KeyRateLimited
+from gateway.limits.limits import NO_RETRY, KeyRateLimited
 from gateway.limits.redis import LuaScript, ScriptRunner, script_runner
 from gateway.pipeline.context import RequestContext
 from policies.cost import CostModel, TierPrice
@@ -432,11 +432,14 @@ class BudgetGate:
         if refused is not None:
             limit = policy.budget_daily if refused == "budget_daily" else policy.budget_monthly
             wait = windows.day_left_s if refused == "budget_daily" else windows.month_left_s
+            headers = {"Retry-After": str(wait), **_headers(policy.budget_daily, spent, windows)}
+            if limit is not None and amount > limit:  # dearer than the whole budget: never fits
+                headers.update(NO_RETRY)
             raise KeyRateLimited(
                 f"This key's {refused.split('_')[1]} compute budget of {limit:g} is spent "
                 f"({spent:.4g} used; this request needs up to {amount:.4g}).",
                 limit=refused,
-                headers={"Retry-After": str(wait), **_headers(policy.budget_daily, spent, windows)},
+                headers=headers,
             )
         return BudgetReservation(
             self, principal, windows, amount, _headers(policy.budget_daily, spent, windows)
