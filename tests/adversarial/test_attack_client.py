@@ -284,3 +284,24 @@ def test_an_error_mid_stream_raises_the_errors_fields(stack: Stack) -> None:
     assert "mid-stream" in failed.value.message
     assert stream.response.headers["x-request-id"] == me.request_id
     assert (len(me.sent), me.received()) == (1, 1)
+
+
+def test_a_client_timeout_retried_leaves_no_generation_behind(stack: Stack) -> None:
+    """The client's ``timeout=`` against a slow backend: it gives up, retries twice (its
+    default), and each abandoned try is aborted at the backend, none left generating."""
+    before = stack.precise.stats()["aborts_total"]
+    me = caller(stack, key(stack), timeout=1.0)
+    with pytest.raises(openai.APITimeoutError):
+        me.client.chat.completions.create(
+            model="precise", messages=HI, max_tokens=200, extra_headers=me.headers
+        )
+    assert (len(me.sent), me.received()) == (3, 3)
+    statuses = {
+        e["status"] for e in stack.gateway.access_lines() if e.get("request_id") == me.request_id
+    }
+    assert statuses == {499}
+    deadline = time.monotonic() + 5.0
+    while stack.precise.stats()["running"] and time.monotonic() < deadline:
+        time.sleep(0.02)
+    stats = stack.precise.stats()
+    assert (stats["running"], stats["aborts_total"] - before) == (0, 3)
