@@ -60,6 +60,8 @@ def certain_prompt_tokens(body: Mapping[str, Any], summary: RequestSummary) -> i
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
         longest = max(_text_bytes(p) for p in prompt if isinstance(p, str))
         return longest // BYTES_PER_TOKEN_AT_MOST
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], list):
+        return max(len(p) for p in prompt if isinstance(p, list))  # several: the longest
     return len(prompt) if isinstance(prompt, list) else 0  # token ids: exact
 
 

@@ -70,6 +70,8 @@ OPENAI_CHAT_FIELDS = _COMMON | frozenset(
         "web_search_options",
         "verbosity",
         "prompt_cache_key",
+        "prompt_cache_retention",
+        "prompt_cache_options",
         "safety_identifier",
     }
 )

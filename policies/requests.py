@@ -171,10 +171,18 @@ def _prompt_chars(prompt: object) -> int:
             return sum(_text_chars(p) for p in prompt)
         if all(_is_int(p) for p in prompt):
             return len(prompt) * _CHARS_PER_TOKEN
+        if all(_token_ids(p) for p in prompt):  # several prompts of token ids
+            return sum(len(p) for p in prompt) * _CHARS_PER_TOKEN
     raise InvalidRequest(
-        "'prompt' must be a string, an array of strings or an array of token ids.",
+        "'prompt' must be a string, an array of strings, an array of token ids or an array "
+        "of arrays of token ids.",
         param="prompt",
     )
+
+
+def _token_ids(prompt: object) -> bool:
+    """A non-empty array of token ids (one prompt of a list of them)."""
+    return isinstance(prompt, list) and bool(prompt) and all(_is_int(t) for t in prompt)
 
 
 def _check_scalars(body: dict[str, Any]) -> tuple[bool, int | None, str]:
@@ -299,8 +307,9 @@ def validate(body: object, kind: RequestKind) -> RequestSummary:
 
 
 def _prompt_count(prompt: object) -> int:
-    """Prompts in a completion request: a list of strings is several, token ids are one."""
-    if isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
+    """Prompts in a completion request: a list of strings or of token-id lists is several,
+    token ids are one."""
+    if isinstance(prompt, list) and all(isinstance(p, str | list) for p in prompt):
         return len(prompt)
     return 1
 

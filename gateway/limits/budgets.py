@@ -24,7 +24,7 @@ import structlog
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from gateway.limits.limits import KeyRateLimited
+from gateway.limits.limits import NO_RETRY, KeyRateLimited
 from gateway.limits.redis import LuaScript, ScriptRunner, script_runner
 from gateway.pipeline.context import RequestContext
 from policies.cost import CostModel, TierPrice
@@ -32,6 +32,16 @@ from policies.ports import Admission
 from policies.principal import Principal
 
 _log = structlog.get_logger("tiergate.budgets")
+
+
+class BudgetSpent(KeyRateLimited):
+    """A 429 for a spent budget, in OpenAI's words for a spent quota (``insufficient_quota``),
+    so a caller tells it from a rate limit that a slower pace would cure."""
+
+    error_type = "insufficient_quota"
+    default_code = "insufficient_quota"
+
+
 # Every charge carries its writer (a gateway process) and a sequence number that grows with
 # each charge the writer sends; KEYS[3] holds, per writer, the highest number that charged.
 # A charge whose answer was lost (Redis died) is judged by it once Redis is back: a writer's
@@ -432,11 +442,14 @@ class BudgetGate:
         if refused is not None:
             limit = policy.budget_daily if refused == "budget_daily" else policy.budget_monthly
             wait = windows.day_left_s if refused == "budget_daily" else windows.month_left_s
-            raise KeyRateLimited(
+            headers = {"Retry-After": str(wait), **_headers(policy.budget_daily, spent, windows)}
+            if limit is not None and amount > limit:  # dearer than the whole budget: never fits
+                headers.update(NO_RETRY)
+            raise BudgetSpent(
                 f"This key's {refused.split('_')[1]} compute budget of {limit:g} is spent "
                 f"({spent:.4g} used; this request needs up to {amount:.4g}).",
                 limit=refused,
-                headers={"Retry-After": str(wait), **_headers(policy.budget_daily, spent, windows)},
+                headers=headers,
             )
         return BudgetReservation(
             self, principal, windows, amount, _headers(policy.budget_daily, spent, windows)

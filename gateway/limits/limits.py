@@ -61,6 +61,8 @@ METRIC_DEGRADED = "tiergate_ratelimit_backend_degraded"
 ALL_LIMITS = "all"
 _DEGRADED_OUTCOMES = ("allowed_local", "rejected_local", "unavailable")
 _log = structlog.get_logger("tiergate.ratelimit")
+# On a refusal no wait can cure: the official OpenAI clients retry every 429 unless told not to.
+NO_RETRY: Mapping[str, str] = MappingProxyType({"x-should-retry": "false"})
 
 
 class RateLimitUnavailable(TierGateError):
@@ -150,6 +152,7 @@ def _rejection(
     elif verdict.exceeded is Limit.CONCURRENCY:
         message = f"Too many concurrent requests on key {kid}: limit {spec.concurrency} in flight."
     elif wait_ms is None:
+        headers.update(NO_RETRY)
         return KeyRateLimited(
             f"Request too large for key {kid}: it reserves {tokens} tokens (prompt estimate + "
             f"max_tokens) but the key allows {spec.tpm} tokens per minute. Lower max_tokens.",

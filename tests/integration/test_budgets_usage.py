@@ -110,7 +110,7 @@ def test_a_budget_holds_across_three_gateways(
     refused = [r for r in responses if r.status_code == 429]
     assert len(ok) + len(refused) == 30
     assert 1 <= len(ok) <= 5
-    assert all(r.json()["error"]["code"] == "rate_limit_exceeded" for r in refused)
+    assert all(r.json()["error"]["code"] == "insufficient_quota" for r in refused)
     assert all(int(r.headers["Retry-After"]) > 0 for r in refused)
     assert "budget" in refused[0].json()["error"]["message"]
     time.sleep(0.3)  # settlements run after the answers

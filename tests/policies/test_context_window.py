@@ -42,6 +42,8 @@ def test_the_lower_bound_is_eight_bytes_a_token_and_never_above_the_estimate() -
     assert certain_prompt_tokens(body, summary) == 300
     body, summary = _completion(["x" * 80, "y" * 800])
     assert certain_prompt_tokens(body, summary) == 100  # the longest prompt
+    body, summary = _completion([list(range(30)), list(range(300))])
+    assert (certain_prompt_tokens(body, summary), summary.prompts) == (300, 2)
 
 
 def test_certainly_too_long_everywhere_is_a_400_naming_the_largest_context() -> None:

@@ -43,9 +43,9 @@ def test_multimodal_parts_and_tool_messages_are_accepted() -> None:
     )
 
 
-@pytest.mark.parametrize("prompt", ["text", ["a", "b"], [1, 2, 3]])
+@pytest.mark.parametrize("prompt", ["text", ["a", "b"], [1, 2, 3], [[1, 2], [3]]])
 def test_completion_prompt_forms(prompt: Any) -> None:
-    """Completion prompts may be a string, strings or token ids."""
+    """Completion prompts may be a string, strings, token ids or lists of token ids."""
     assert validate({"model": "m", "prompt": prompt}, "completion").kind == "completion"
 
 
@@ -55,6 +55,8 @@ def test_completion_prompt_forms(prompt: Any) -> None:
         ({"model": "m", "prompt": 3}, "prompt"),
         ({"model": "m", "prompt": []}, "prompt"),
         ({"model": "m", "prompt": ["a", 1]}, "prompt"),
+        ({"model": "m", "prompt": [[1], []]}, "prompt"),
+        ({"model": "m", "prompt": [[1], "a"]}, "prompt"),
         ({"model": "m", "prompt": "x", "n": 0}, "n"),
         ({"model": "m", "prompt": "x", "max_tokens": True}, "max_tokens"),
         ({"model": "m", "prompt": "x", "max_completion_tokens": -1}, "max_completion_tokens"),
@@ -95,6 +97,7 @@ def test_steering_fields_are_removed_and_extras_kept() -> None:
         ({"prompt": "hi", "n": 2, "best_of": 5}, 5),
         ({"prompt": ["a", "b", "c"], "n": 2}, 6),
         ({"prompt": [1, 2, 3]}, 1),
+        ({"prompt": [[1, 2], [3]], "n": 2}, 4),
     ],
 )
 def test_completions_count_n_best_of_and_list_prompts(
