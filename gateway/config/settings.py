@@ -318,6 +318,11 @@ class RequestSettings(Section):
     # Deepest nesting of objects and arrays accepted in a body (OpenAI bodies need < 10).
     max_json_depth: int = Field(default=64, ge=4, le=512)
     """Deepest nesting of objects and arrays accepted in a body."""
+    # A replica's prefix cache answering one tenant's prompt from another's blocks tells the
+    # second what the first sent (cached_tokens, time to first token): policies/prefix.py.
+    prefix_cache_scope: Literal["tenant", "shared"] = "tenant"
+    """tenant: a cache_salt of the key's tenant (and the caller's own) is forwarded, so tenants
+    never share cached prefixes (vLLM); shared: the caller's cache_salt as sent."""
 
 
 class QueueSettings(Section):

@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 from redis.asyncio import Redis
 
 from gateway.access.keystore_redis import RedisKeyStore
@@ -116,7 +117,7 @@ def fleet() -> Iterator[Fleet]:
                 gateway.stop()
 
 
-def _memo_chat(question: str) -> list[dict[str, str]]:
+def _memo_chat(question: str) -> list[ChatCompletionMessageParam]:
     return [{"role": "system", "content": MEMO}, {"role": "user", "content": question}]
 
 
@@ -161,9 +162,9 @@ def test_tenant_state_stays_apart_in_the_shared_redis(fleet: Fleet) -> None:
     """Tenants whose names differ only by case or carry the usage store's separator ("acme",
     "ACME", "acme|fast") keep their own rows in /admin/usage, written by both gateways and
     read on either."""
-    for tenant, gateway, count in (("acme", 0, 1), ("ACME", 1, 2), ("acme|fast", 0, 3)):
+    for tenant, which, count in (("acme", 0, 1), ("ACME", 1, 2), ("acme|fast", 0, 3)):
         for _ in range(count):
-            answer = fleet.client(tenant, gateway).chat.completions.with_raw_response.create(
+            answer = fleet.client(tenant, which).chat.completions.with_raw_response.create(
                 model="precise", messages=[{"role": "user", "content": "hi"}], max_tokens=2
             )
             assert answer.http_response.status_code == 200
