@@ -11,6 +11,7 @@ or reach another tenant's state or the operator's surfaces.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 import uuid
 from collections.abc import Iterator
@@ -156,6 +157,60 @@ def _metrics(gateway: GatewayProcess) -> str:
     answer = httpx.get(gateway.url + "/metrics", headers=bearer(ADMIN), timeout=5)
     assert answer.status_code == 200
     return answer.text
+
+
+def _waiting(gateway: GatewayProcess) -> float:
+    text = _metrics(gateway)
+    found = re.search(r'tiergate_queue_waiting\{tier="fast"\} (\S+)', text)
+    assert found is not None
+    return float(found.group(1))
+
+
+async def _post(http: httpx.AsyncClient, url: str, key: str, max_tokens: int) -> httpx.Response:
+    body = {
+        "model": "fast",
+        "messages": [{"role": "user", "content": "write a long story"}],
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+    }
+    return await http.post(url + "/v1/chat/completions", json=body, headers=bearer(key))
+
+
+async def _flood_then_victim(fleet: Fleet) -> tuple[httpx.Response, list[httpx.Response], float]:
+    gateway = fleet.gateways[0]
+    async with httpx.AsyncClient(timeout=120) as http:
+        # The two slots, then the whole queue, then more: a careless batch job.
+        flood = [
+            asyncio.create_task(_post(http, gateway.url, fleet.keys["evil"], 200))
+            for _ in range(2 + QUEUE_LENGTH + 2)
+        ]
+        deadline = time.monotonic() + patience(20)
+        while await asyncio.to_thread(_waiting, gateway) < QUEUE_LENGTH:
+            assert time.monotonic() < deadline, "the flood never filled the queue"
+            await asyncio.sleep(0.05)
+        started = time.monotonic()
+        victim = await _post(http, gateway.url, fleet.keys["victim"], 2)
+        waited = time.monotonic() - started
+        return victim, list(await asyncio.gather(*flood)), waited
+
+
+def test_a_tenant_flooding_a_full_tier_does_not_shut_another_tenant_out(fleet: Fleet) -> None:
+    """Tenant evil holds every fast slot and fills the fast tier's queue; tenant victim's one
+    request must still get a place (fair queuing promises it is served within about one
+    turn), not a 503 at once because evil's waiters took every place (before: 503 in 0 s).
+    Evil pays with its own newest waiter, and nobody waits past the queue's bound."""
+    victim, flood, waited = asyncio.run(_flood_then_victim(fleet))
+    assert victim.status_code == 200, (victim.status_code, victim.text)
+    assert victim.headers["x-tiergate-tier"] == "fast"
+    statuses = sorted(answer.status_code for answer in flood)
+    # Two served at once, four from the queue less the one pushed out; the rest refused.
+    assert statuses.count(200) == 2 + QUEUE_LENGTH - 1, statuses
+    refused = [answer for answer in flood if answer.status_code == 503]
+    assert all(answer.json()["error"]["code"] == "overloaded" for answer in refused)
+    assert all("retry-after" in answer.headers for answer in refused)
+    # One turn: about one answer's time (2 s), well before evil's queued requests are done.
+    assert waited < patience(6), waited
+    assert _waiting(fleet.gateways[0]) == 0
 
 
 def test_tenant_state_stays_apart_in_the_shared_redis(fleet: Fleet) -> None:
