@@ -331,7 +331,8 @@ class QueueSettings(Section):
     policy: Literal["fair", "fifo"] = "fair"
     """fair: interactive before batch, weighted fair across tenants; fifo: arrival order."""
     max_length: int = Field(default=1024, ge=1)
-    """Requests waiting per tier per worker at most; one more gets 503 at once."""
+    """Requests waiting per tier per worker at most; then a newcomer takes the newest place of
+    the tenant holding the most (fair), or gets 503 at once."""
     interactive_wait_s: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     """Longest wait of an interactive request (unset: the tier's max_queue_wait_s)."""
     batch_wait_s: float | None = Field(default=None, ge=0, allow_inf_nan=False)
