@@ -229,6 +229,7 @@ def build_service(
         precise_cap=accounting.precise_cap if accounting is not None else None,
         escalation=accounting.escalation if accounting is not None else None,
         refused=refused,
+        salt_per_tenant=requests.prefix_cache_scope == "tenant",
     )
 
 

@@ -2,8 +2,10 @@
 
 vLLM's prefix cache is per replica, so requests that share a long leading part of their
 rendered prompt should land on the same replica. The key is built from the **whole**
-conversation prefix the engine will see: ``cache_salt`` (it seeds vLLM's block hashes, so
-different salts never share blocks), tool definitions, chat-template options and the messages.
+conversation prefix the engine will see: tool definitions, chat-template options and the
+messages, with ``cache_salt`` seeding the chain as it seeds vLLM's block hashes (different
+salts never share blocks). The salt is not part of the anchor's text: as long as a short
+prompt, it would count as a shared context and key all of a tenant's short prompts alike.
 The model is not part of this key because each tier has its own replicas and its strategy
 seeds its rendezvous hash with the tier's served model.
 
@@ -22,6 +24,12 @@ first user message (tools, system/developer messages), ``first`` that user messa
 The result is a tuple of chained 64-bit block hashes (BLAKE2b, stdlib): element ``i`` covers
 blocks ``0..i``, so two requests share leading elements exactly as far as they share leading
 blocks. Pure: no IO, no clocks, deterministic across processes and machines.
+
+:func:`tenant_cache_salt` is the ``cache_salt`` the gateway writes into a tenant's requests
+(``requests.prefix_cache_scope: tenant``): a replica's prefix cache answers a prompt from
+blocks another tenant left there (``cached_tokens``, a shorter time to first token), which
+tells the second tenant what the first one sent. Salted per tenant, the blocks never match
+across tenants, and the prefix key, which hashes the salt, keys each tenant's families apart.
 """
 
 from __future__ import annotations
@@ -35,7 +43,8 @@ from typing import Any
 _FIELD = "\x1f"
 _RECORD = "\x1e"
 _HASH_BYTES = 8
-_HEADER_FIELDS = ("cache_salt", "chat_template_kwargs", "tools")
+_HEADER_FIELDS = ("chat_template_kwargs", "tools")
+SALT_PREFIX = "tg1-"
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,9 +131,12 @@ def anchor_bytes(body: Mapping[str, Any], kind: str, config: PrefixConfig) -> by
     return _half_power_of_two((lead + first).encode(), block)
 
 
-def chain_hashes(data: bytes, block: int, max_blocks: int) -> tuple[int, ...]:
-    """Chained hashes of the ``block``-byte blocks of ``data`` (the last one may be short)."""
+def chain_hashes(data: bytes, block: int, max_blocks: int, seed: bytes = b"") -> tuple[int, ...]:
+    """Chained hashes of the ``block``-byte blocks of ``data`` (the last one may be short),
+    every one of them seeded with ``seed``."""
     hasher = hashlib.blake2b(digest_size=_HASH_BYTES, person=b"tiergate-prefix")
+    if seed:
+        hasher.update(len(seed).to_bytes(4, "big") + seed)
     out: list[int] = []
     end = min(len(data), block * max_blocks)
     for start in range(0, max(end, 1), block):
@@ -139,4 +151,18 @@ def prefix_blocks(
     """The chained leading-block hashes that identify ``body``'s cache family."""
     config = config or PrefixConfig()
     data = anchor_bytes(body, kind, config)
-    return chain_hashes(data, config.block_chars, config.max_blocks)
+    salt = body.get("cache_salt")
+    seed = b"" if salt is None else _canonical(salt).encode()
+    return chain_hashes(data, config.block_chars, config.max_blocks, seed)
+
+
+def tenant_cache_salt(tenant: str, caller_salt: Any = None) -> str:
+    """The ``cache_salt`` forwarded for ``tenant``'s request that carried ``caller_salt``
+    (``None``: none): a digest of both, so whatever a tenant sends, its requests never carry
+    another tenant's salt, and a tenant's own salts still keep its requests apart."""
+    hasher = hashlib.blake2b(digest_size=16, person=b"tiergate-salt")
+    name = tenant.encode()
+    hasher.update(len(name).to_bytes(4, "big") + name)
+    if caller_salt is not None:
+        hasher.update(b"\x01" + _canonical(caller_salt).encode())
+    return SALT_PREFIX + hasher.hexdigest()

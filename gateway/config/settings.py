@@ -318,6 +318,11 @@ class RequestSettings(Section):
     # Deepest nesting of objects and arrays accepted in a body (OpenAI bodies need < 10).
     max_json_depth: int = Field(default=64, ge=4, le=512)
     """Deepest nesting of objects and arrays accepted in a body."""
+    # A replica's prefix cache answering one tenant's prompt from another's blocks tells the
+    # second what the first sent (cached_tokens, time to first token): policies/prefix.py.
+    prefix_cache_scope: Literal["tenant", "shared"] = "tenant"
+    """tenant: a cache_salt of the key's tenant (and the caller's own) is forwarded, so tenants
+    never share cached prefixes (vLLM); shared: the caller's cache_salt as sent."""
 
 
 class QueueSettings(Section):
@@ -326,7 +331,8 @@ class QueueSettings(Section):
     policy: Literal["fair", "fifo"] = "fair"
     """fair: interactive before batch, weighted fair across tenants; fifo: arrival order."""
     max_length: int = Field(default=1024, ge=1)
-    """Requests waiting per tier per worker at most; one more gets 503 at once."""
+    """Requests waiting per tier per worker at most; then a newcomer takes the newest place of
+    the tenant holding the most (fair), or gets 503 at once."""
     interactive_wait_s: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     """Longest wait of an interactive request (unset: the tier's max_queue_wait_s)."""
     batch_wait_s: float | None = Field(default=None, ge=0, allow_inf_nan=False)

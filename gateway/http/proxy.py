@@ -92,6 +92,8 @@ class ProxyService:
     escalation: EscalationTracker | None = None
     # Told of every refused credential (gateway.telemetry.refusals); only refusals call it.
     refused: Refused | None = None
+    # requests.prefix_cache_scope: tenant (each tenant's cache_salt written) or shared.
+    salt_per_tenant: bool = True
 
     async def handle(self, inbound: Inbound, kind: RequestKind, path: str) -> Reply:
         """Serve one chat or completion request; every error becomes its OpenAI-shaped reply."""
@@ -192,7 +194,7 @@ class ProxyService:
                 await self.fields.check_media(media, tiers[0])
             ctx.decision = decision
             ctx.mark("classify")
-            prepared = self._prepare(body, summary, tiers, key_cap)
+            prepared = self._prepare(body, summary, tiers, key_cap, principal.tenant)
         except BaseException:
             if admitting is not None:
                 await withdraw(admitting)
@@ -260,6 +262,7 @@ class ProxyService:
         summary: RequestSummary,
         tiers: Sequence[str],
         key_cap: int | None,
+        tenant: str,
     ) -> tuple[bool, tuple[int, ...]]:
         """The upstream body's own fields set, and its prefix blocks (http/upstream_body.py)."""
         return prepare_upstream(
@@ -270,6 +273,7 @@ class ProxyService:
             forwarder=self.forwarder,
             prefix=self.prefix,
             tier_defaults=self.default_max_tokens,
+            salt_tenant=tenant if self.salt_per_tenant else None,
         )
 
     def _fit_context(

@@ -3,8 +3,9 @@
 Before a request is forwarded (gateway/http/proxy.py), the gateway asks for stream usage on the
 caller's behalf (it settles token limits with it; the usage chunk is then hidden from a caller
 who did not ask for it), bounds a missing ``max_tokens`` by the tiers' defaults, the key's cap
-and what fits the tiers' context, and hashes the prompt's prefix blocks where a replica choice
-reads them.
+and what fits the tiers' context, writes the tenant's ``cache_salt`` (``requests.
+prefix_cache_scope: tenant``: tenants never share a replica's prefix cache), and hashes the
+prompt's prefix blocks where a replica choice reads them (the salt is part of the key).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 from gateway.upstream.forwarding import Forwarder
 from policies.context_window import max_tokens_that_fit
-from policies.prefix import PrefixConfig, prefix_blocks
+from policies.prefix import PrefixConfig, prefix_blocks, tenant_cache_salt
 from policies.requests import RequestSummary, default_max_tokens
 
 
@@ -27,16 +28,20 @@ def prepare_upstream(
     forwarder: Forwarder,
     prefix: PrefixConfig,
     tier_defaults: Mapping[str, int],
+    salt_tenant: str | None = None,
 ) -> tuple[bool, tuple[int, ...]]:
     """The upstream body's own fields set, and its prefix blocks: whether the usage chunk
     must be hidden from the caller, and the blocks that choose a replica (none where no
     choice on ``tiers`` reads them: one replica, or a strategy without prefix affinity).
 
     ``tier_defaults``: per tier, the ``max_tokens`` written into a request that sets none.
+    ``salt_tenant``: the tenant whose ``cache_salt`` is forwarded (``None``: the caller's).
     """
     strip_usage = _set_upstream_fields(
         body, summary, tiers, key_cap, forwarder=forwarder, tier_defaults=tier_defaults
     )
+    if salt_tenant is not None:
+        body["cache_salt"] = tenant_cache_salt(salt_tenant, body.get("cache_salt"))
     if not forwarder.uses_prefix(tiers):
         return strip_usage, ()
     return strip_usage, prefix_blocks(body, summary.kind, prefix)

@@ -11,6 +11,11 @@ and the class clock moves to it. A tenant with many waiters thus gets its weight
 one with few is served at once. A tenant that stops waiting keeps no credit. Policy ``fifo``
 serves in arrival order, ignoring class and tenant (the behaviour before fair queuing).
 
+A full queue (``max_length`` waiters) refuses a newcomer only when it would hold as many
+places as anyone: otherwise the newcomer takes the place of the newest waiter of the flow
+holding the most (a lower class's first), which is refused in its stead. So one tenant that
+fills the queue cannot shut the others out (under ``fifo`` the newcomer is refused).
+
 Headroom (``batch_max_share`` below 1): batch requests hold at most that share of a tier's
 slots, so an interactive arrival finds a free one; below the cap batch takes any free slot.
 
@@ -56,6 +61,8 @@ class Ticket(NamedTuple):
 
 
 ANONYMOUS: Final = Ticket("-")
+# What a waiter is resolved with when a newcomer of a lighter flow took its place.
+PUSHED_OUT: Final = "pushed-out"
 
 
 def ticket_for(principal: Principal, header: str | None) -> Ticket:
@@ -105,11 +112,16 @@ class FairQueue:
         self._seq = itertools.count()
 
     def push(self, ticket: Ticket, exclude: frozenset[str]) -> Waiter | None:
-        """Queue a waiter; ``None`` when the queue is full."""
-        if self.waiting >= self.max_length:
-            return None
+        """Queue a waiter; ``None`` when the queue is full and the newcomer may take no
+        one's place (a waiter pushed out is resolved with :data:`PUSHED_OUT`)."""
         rank = PRIORITIES.index(ticket.priority) if self.policy == "fair" else 0
         flow = (rank, ticket.tenant if self.policy == "fair" else "")
+        if self.waiting >= self.max_length:
+            victim = self._displaced_by(flow)
+            if victim is None:
+                return None
+            self.drop(victim)
+            victim.future.set_result(PUSHED_OUT)
         start = max(self._clock[rank], self._finish.get(flow, 0.0))
         self._finish[flow] = start + 1.0 / ticket.weight if self.policy == "fair" else 0.0
         waiter = Waiter(ticket, exclude, flow)
@@ -118,6 +130,26 @@ class FairQueue:
         self.waiting += 1
         self.by_class[rank] += 1
         return waiter
+
+    def _displaced_by(self, flow: tuple[int, str]) -> Waiter | None:
+        """The waiter a newcomer of ``flow`` takes the place of in a full queue: the newest of
+        the flow with the most waiters in the lowest class below the newcomer's, else in its
+        own class if that flow holds two more than the newcomer's; ``None`` otherwise."""
+        own = self._flows.get(flow, 0)
+        candidates = [
+            (f[0], count, f)
+            for f, count in self._flows.items()
+            if f[0] > flow[0] or (f[0] == flow[0] and count > own + 1)
+        ]
+        if not candidates:
+            return None
+        heaviest = max(candidates)[2]
+        waiters = [
+            (start, seq, waiter)
+            for _, start, seq, waiter in self._heap
+            if waiter.flow == heaviest and waiter.queued and not waiter.future.done()
+        ]
+        return max(waiters, key=lambda entry: entry[:2])[2] if waiters else None
 
     def ahead_of(self, priority: str) -> int:
         """Waiters a new request of class ``priority`` would find ahead of it at worst."""

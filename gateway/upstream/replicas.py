@@ -27,6 +27,7 @@ from urllib.parse import urlsplit
 import structlog
 
 from gateway.upstream.fair_queue import (
+    PUSHED_OUT,
     FairQueue,
     QueuePolicy,
     QueueStats,
@@ -454,7 +455,10 @@ class ReplicaPool:
                 self.release(_replica(waiter), batch=ticket.batch)
             self.queue.drop(waiter)
             raise
-        if waiter.future.result() is None:  # the tier went down while it waited
+        handed = waiter.future.result()
+        if handed is PUSHED_OUT:  # a lighter tenant took its place in the full queue
+            raise self.overloaded(ticket, "full")
+        if handed is None:  # the tier went down while it waited
             raise self.overloaded(ticket, "down")
         self.queue_stats.waited(ticket, time.monotonic() - started)
         return _replica(waiter)
@@ -530,7 +534,7 @@ def batch_cap(share: float, slots: int) -> float:
 
 def _handed(waiter: Waiter) -> bool:
     future = waiter.future
-    return future.done() and not future.cancelled() and future.result() is not None
+    return future.done() and not future.cancelled() and isinstance(future.result(), Replica)
 
 
 def _replica(waiter: Waiter) -> Replica:

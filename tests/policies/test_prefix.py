@@ -7,7 +7,14 @@ from typing import Any
 
 import pytest
 
-from policies.prefix import PrefixConfig, anchor_bytes, chain_hashes, prefix_blocks
+from policies.prefix import (
+    SALT_PREFIX,
+    PrefixConfig,
+    anchor_bytes,
+    chain_hashes,
+    prefix_blocks,
+    tenant_cache_salt,
+)
 
 SYSTEM = "You are the support assistant of ACME. " * 60  # ~2.3 KB of shared context
 CONFIG = PrefixConfig(block_chars=64, max_blocks=256)
@@ -119,6 +126,29 @@ def test_cache_salt_separates_tenants() -> None:
     body = chat(("system", SYSTEM), ("user", "q"))
     assert key(body)[-1] != key({**body, "cache_salt": "tenant-b"})[-1]
     assert key({**body, "cache_salt": "t"})[-1] == key({**body, "cache_salt": "t"})[-1]
+
+
+def test_a_salt_does_not_key_short_prompts_alike() -> None:
+    """A salt seeds the chain but is no shared context: short single-turn prompts under one
+    salt (every request of a tenant carries its salt) still get keys of their own."""
+    salt = tenant_cache_salt("acme")
+    keys = {key(chat(("user", f"question {n}"), cache_salt=salt)) for n in range(20)}
+    assert len(keys) == 20
+
+
+def test_a_tenant_salt_is_its_own_whatever_the_caller_sends() -> None:
+    """The forwarded salt depends on the tenant and the caller's salt; no caller salt of one
+    tenant gives another tenant's salt (names that differ by case, separators or a length
+    boundary included), and the same tenant and salt always give the same one."""
+    callers: list[Any] = [None, "", "acme", "x", 1, {"a": 1}, "acme\x01"]
+    tenants = ["acme", "ACME", "acme ", "acm", "eacme", "acme|x", "x" * 200]
+    salts = {(t, repr(c)): tenant_cache_salt(t, c) for t in tenants for c in callers}
+    assert len(set(salts.values())) == len(salts)
+    assert tenant_cache_salt("acme") == tenant_cache_salt("acme", None)
+    assert tenant_cache_salt("acme", "s") == tenant_cache_salt("acme", "s")
+    assert all(
+        s.startswith(SALT_PREFIX) and len(s) == len(SALT_PREFIX) + 32 for s in salts.values()
+    )
 
 
 def test_tools_are_part_of_the_key() -> None:

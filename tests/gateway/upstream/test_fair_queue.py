@@ -96,14 +96,78 @@ async def test_deadline_sheds_with_retry_after_from_the_drain_rate() -> None:
 
 
 async def test_a_full_queue_refuses_at_once() -> None:
-    """max_length waiters: the next one gets 503 without waiting."""
+    """max_length waiters of two tenants, one each: a third tenant's request (who would hold
+    as many places as anyone) gets 503 without waiting."""
     pool, _ = full_pool(QueueSetup(max_length=2))
+    waiting = [asyncio.create_task(pool.acquire(Ticket(t), frozenset(), 5.0)) for t in ("a", "b")]
+    await asyncio.sleep(0)
+    with pytest.raises(Overloaded):
+        await pool.acquire(Ticket("c"), frozenset(), 5.0)
+    assert pool.queue_stats.shed["interactive", "full"] == 1
+    assert pool.queue_stats.top()["by_refusals"][0]["tenant"] == "c"
+    assert pool.queue.waiting == 2
+    for task in waiting:
+        task.cancel()
+    await asyncio.gather(*waiting, return_exceptions=True)
+
+
+async def test_a_tenant_that_fills_the_queue_gives_its_newest_place_to_another() -> None:
+    """One tenant's waiters fill the queue: another tenant's request takes the place of the
+    flooder's newest waiter (refused with 503 in its stead) and is served within one turn;
+    the flooder's own next request is refused, and nothing leaks."""
+    pool, replica = full_pool(QueueSetup(max_length=3))
+    flood = [asyncio.create_task(pool.acquire(Ticket("heavy"), frozenset(), 5.0)) for _ in range(3)]
+    await asyncio.sleep(0)
+    light = asyncio.create_task(pool.acquire(Ticket("light"), frozenset(), 5.0))
+    await asyncio.sleep(0)
+    assert pool.queue.waiting == 3
+    with pytest.raises(Overloaded):
+        await flood[2]  # the newest of heavy's waiters
+    with pytest.raises(Overloaded):
+        await pool.acquire(Ticket("heavy"), frozenset(), 5.0)  # heavy holds the most already
+    assert pool.queue_stats.shed["interactive", "full"] == 2
+    assert pool.queue_stats.top()["by_refusals"][0] == {
+        "tenant": "heavy", "waited_s": 0.0, "waits": 0, "refused": 2,
+    }  # fmt: skip
+    for _ in range(2):  # light's turn comes second, after heavy's first (the same tag)
+        pool.release(replica)
+    await asyncio.sleep(0)
+    assert [flood[0].done(), light.done(), flood[1].done()] == [True, True, False]
+    pool.release(replica)
+    await asyncio.gather(light, *flood[:2])
+    assert (pool.queue.waiting, replica.in_flight) == (0, 1)
+
+
+async def test_an_interactive_request_takes_a_batch_place_never_the_reverse() -> None:
+    """A queue full of batch waiters: an interactive newcomer takes the place of the newest
+    batch waiter even of a tenant with one; a batch newcomer never pushes out interactive."""
+    pool, _ = full_pool(QueueSetup(max_length=2))
+    batch = [
+        asyncio.create_task(pool.acquire(Ticket(t, BATCH), frozenset(), 5.0)) for t in ("x", "y")
+    ]
+    await asyncio.sleep(0)
+    interactive = asyncio.create_task(pool.acquire(Ticket("z"), frozenset(), 5.0))
+    await asyncio.sleep(0)
+    with pytest.raises(Overloaded):
+        await batch[1]
+    with pytest.raises(Overloaded):
+        await pool.acquire(Ticket("w", BATCH), frozenset(), 5.0)
+    assert pool.queue_stats.shed["batch", "full"] == 2
+    assert pool.queue.waiting == 2
+    for task in (batch[0], interactive):
+        task.cancel()
+    await asyncio.gather(batch[0], interactive, return_exceptions=True)
+    assert pool.queue.waiting == 0
+
+
+async def test_fifo_never_pushes_a_waiter_out() -> None:
+    """policy fifo: a full queue refuses the newcomer, whoever it is."""
+    pool, _ = full_pool(QueueSetup("fifo", max_length=2))
     waiting = [asyncio.create_task(pool.acquire(Ticket("a"), frozenset(), 5.0)) for _ in range(2)]
     await asyncio.sleep(0)
     with pytest.raises(Overloaded):
         await pool.acquire(Ticket("b"), frozenset(), 5.0)
-    assert pool.queue_stats.shed["interactive", "full"] == 1
-    assert pool.queue_stats.top()["by_refusals"][0]["tenant"] == "b"
+    assert not any(task.done() for task in waiting)
     for task in waiting:
         task.cancel()
     await asyncio.gather(*waiting, return_exceptions=True)
