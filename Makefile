@@ -50,11 +50,17 @@ typecheck: install-dev
 # `make test`: everything but the tests marked `slow` (process fleets, training, benchmarks,
 # attack suites). `make test-all`: every test, as CI runs it (.ci/run, with CI=true, where a
 # test that needs a missing ../shared fails instead of skipping).
+# --tb=native: pytest's own traceback format parses the failing test's file with `ast`, which
+# on CPython 3.11.7 can raise "SystemError: AST constructor recursion depth mismatch"; pytest
+# then dies with INTERNALERROR and every test not yet run is lost (seen in a CI run here,
+# 2026-12-07: one failure, about 360 tests never ran). Native tracebacks parse nothing.
+PYTEST_TB = --tb=native
+
 test: install-dev redis-server lint typecheck
-	$(BIN)/pytest -q -n 2 -m "not slow"
+	$(BIN)/pytest -q -n 2 $(PYTEST_TB) -m "not slow"
 
 test-all: install-dev redis-server lint typecheck
-	$(BIN)/pytest -q -n 4 --dist worksteal --durations=20
+	$(BIN)/pytest -q -n 4 --dist worksteal $(PYTEST_TB) --durations=20
 
 bench: install-dev
 	$(BIN)/python bench/overhead/run.py
