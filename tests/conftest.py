@@ -16,7 +16,7 @@ import pytest
 import structlog
 
 from gateway.upstream.attempt import UpstreamClient
-from tests import shared_data
+from tests import run_order, shared_data
 
 
 def _route_structlog_to_logging() -> None:
@@ -38,10 +38,15 @@ def pytest_configure(config: pytest.Config) -> None:
     logging.getLogger().addHandler(logging.NullHandler())
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests marked ``slow`` first (the order otherwise kept): with several workers, a long
-    test started last would leave the others idle at the end of the run."""
+    test started last would leave the others idle at the end of the run. Under
+    ``--dist worksteal`` (``make test-all``) each worker's first chunk instead starts with
+    its share of the expensive modules (tests/run_order.py)."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    workers = int(getattr(config, "workerinput", {}).get("workercount", 1))
+    if workers > 1 and config.getoption("dist", None) == "worksteal":
+        items[:] = run_order.balanced(items, workers, run_order.load_durations())
 
 
 @pytest.hookimpl(tryfirst=True)
