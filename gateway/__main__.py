@@ -8,8 +8,10 @@ per problem and exit 2, without a traceback unless ``--debug`` is given.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import os
 import select
+import signal
 import sys
 from collections.abc import Callable
 from importlib.metadata import entry_points
@@ -257,6 +259,10 @@ def main(argv: list[str] | None = None) -> int:
         return plugin(args_list[1:])
     debug = "--debug" in args_list
     args_list = [a for a in args_list if a != "--debug"]
+    if args_list[:1] == ["serve"]:
+        # `kill -USR1 PID` (the supervisor or any worker): every thread's Python stack on
+        # stderr, for a process that hangs (a start that never ends, a wedged loop).
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         return _dispatch(args_list)
     except ConfigError as exc:

@@ -7,6 +7,7 @@ Used by ``tests/redis_server.py``, ``tests/simulator/procs.py``,
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -118,11 +119,39 @@ def wait_ready(
             return
         time.sleep(poll_s)
         waited = time.monotonic() - start
+    dump_stacks(proc)  # a `tiergate serve` writes every thread's stack to its stderr (the log)
     kill(proc)
     raise RuntimeError(
         f"{what} did not become ready in {waited:.0f} s (load per core "
         f"{load_per_core():.1f}):\n{log()}"
     )
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (children first, then theirs), from /proc."""
+    found: list[int] = []
+    parents = [pid]
+    while parents:
+        parent = parents.pop()
+        try:
+            children = Path(f"/proc/{parent}/task/{parent}/children").read_text().split()
+        except OSError:
+            continue
+        found.extend(int(child) for child in children)
+        parents.extend(int(child) for child in children)
+    return found
+
+
+def dump_stacks(proc: Process, settle_s: float = 1.0) -> None:
+    """SIGUSR1 to ``proc`` and its descendants: a ``tiergate serve`` process (supervisor or
+    worker) answers with every thread's Python stack on its stderr (faulthandler), so a start
+    that never finished shows where it stands. Then wait ``settle_s`` for the writes."""
+    for pid in [proc.pid, *descendants(proc.pid)]:
+        try:
+            os.kill(pid, signal.SIGUSR1)
+        except ProcessLookupError:
+            continue
+    time.sleep(settle_s)
 
 
 def kill(proc: Process | None) -> None:

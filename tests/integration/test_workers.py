@@ -234,3 +234,21 @@ def test_key_file_changes_reach_every_worker(
             time.sleep(0.5)
         assert statuses == [200] * 20
         assert len(_children(gw.pid)) == 2
+
+
+def test_sigusr1_dumps_every_threads_stack_and_serving_goes_on(gw: GatewayProcess) -> None:
+    """``kill -USR1`` a worker or the supervisor: its threads' stacks on stderr (for a process
+    that hangs), and nothing stops. Last in this module: the stacks are not JSON lines."""
+    worker = _children(gw.pid)[0]
+    for pid in (worker, gw.pid):
+        before = gw.log_text().count("most recent call first")
+        os.kill(pid, signal.SIGUSR1)
+        deadline = time.monotonic() + patience(5)
+        while gw.log_text().count("most recent call first") <= before:
+            assert time.monotonic() < deadline, gw.log_text()[-3000:]
+            time.sleep(0.1)
+    log = gw.log_text()
+    assert "gateway/http/workers.py" in log  # the supervisor's loop
+    assert "uvicorn" in log or "asyncio" in log  # a worker's event loop
+    assert len(_children(gw.pid)) == 2
+    assert httpx.get(gw.url + "/livez", headers={"connection": "close"}).status_code == 200
