@@ -43,8 +43,16 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from gateway.http.workers import (  # noqa: PLC0415  # only when serving
+        WorkersRefused,
+        die_with_supervisor,
+        resolve_workers,
+        usable_cores,
+    )
+
+    if args.worker_index is not None:  # first: the supervisor may die while this one starts
+        die_with_supervisor(args.supervisor_pid)
     from gateway.access.auth import NoKeysConfigured, preflight  # noqa: PLC0415  # only when serving
-    from gateway.http.workers import WorkersRefused, resolve_workers, usable_cores  # noqa: PLC0415
 
     settings = _settings(args)
     if args.worker_index is not None:
@@ -179,7 +187,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="worker processes (default: usable cores; 1 with the memory rate-limit backend)",
     )
-    for hidden, kind in (("--worker-index", int), ("--worker-fd", int), ("--share-dir", str)):
+    for hidden, kind in (
+        ("--worker-index", int),
+        ("--worker-fd", int),
+        ("--share-dir", str),
+        ("--supervisor-pid", int),
+    ):
         serve.add_argument(hidden, type=kind, default=None, help=argparse.SUPPRESS)
     serve.set_defaults(func=_serve)
     check = sub.add_parser("check-exposure", help="check backends and bind address exposure")
@@ -259,9 +272,10 @@ def main(argv: list[str] | None = None) -> int:
         return plugin(args_list[1:])
     debug = "--debug" in args_list
     args_list = [a for a in args_list if a != "--debug"]
-    if args_list[:1] == ["serve"]:
+    if args_list[:1] == ["serve"] and signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL:
         # `kill -USR1 PID` (the supervisor or any worker): every thread's Python stack on
-        # stderr, for a process that hangs (a start that never ends, a wedged loop).
+        # stderr, for a process that hangs (a start that never ends, a wedged loop). Not
+        # where a wrapper took the signal first (a profiler's or a test's own use of it).
         faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         return _dispatch(args_list)

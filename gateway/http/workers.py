@@ -115,9 +115,15 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
+def die_with_supervisor(supervisor_pid: int | None) -> None:
+    """In a worker, first thing: SIGTERM from the kernel when the supervisor dies
+    (``PR_SET_PDEATHSIG``), and the same at once if it died before this call (the worker was
+    reparented). Not a ``preexec_fn`` between fork and exec: the supervisor has threads (the
+    log writer), and Python code in a forked child can deadlock on what they held."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if supervisor_pid is not None and os.getppid() != supervisor_pid:
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 class Supervisor:
@@ -211,6 +217,8 @@ class Supervisor:
             str(self.sock.fileno()),
             "--share-dir",
             str(self.share_dir),
+            "--supervisor-pid",
+            str(os.getpid()),
         ]
         if self.config is not None:
             cmd += ["--config", str(self.config)]
@@ -223,7 +231,6 @@ class Supervisor:
             cmd,
             pass_fds=(self.sock.fileno(),),
             env=env,
-            preexec_fn=_die_with_parent,  # noqa: PLW1509  # one prctl call, no locks taken
         )
         self._announce(self.children[index])
         now = time.monotonic()

@@ -236,6 +236,26 @@ def test_key_file_changes_reach_every_worker(
         assert len(_children(gw.pid)) == 2
 
 
+def test_a_worker_whose_supervisor_died_before_it_asked_for_the_signal_exits(
+    tmp_path: Path,
+) -> None:
+    """The kernel's death signal is asked for by the worker as it starts (not between fork
+    and exec, where the supervisor's threads make Python code unsafe): a worker whose
+    supervisor is already gone (its parent is not the pid it was given) ends itself at once,
+    as SIGTERM from the kernel would have ended it."""
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "gateway", "serve", "--workers", "2", "--worker-index", "0"),
+            *("--worker-fd", "0", "--share-dir", str(tmp_path), "--supervisor-pid", "1"),
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == -signal.SIGTERM, done.stderr[-2000:]
+
+
 def test_sigusr1_dumps_every_threads_stack_and_serving_goes_on(gw: GatewayProcess) -> None:
     """``kill -USR1`` a worker or the supervisor: its threads' stacks on stderr (for a process
     that hangs), and nothing stops. Last in this module: the stacks are not JSON lines."""
