@@ -106,3 +106,32 @@ def running_stack(
             configure(config, backends)
         gateway = running.enter_context(GatewayProcess(config, workers=workers, env=env))
         yield Stack(sims=procs, redis=server, gateway=gateway)
+
+
+@contextmanager
+def running_backends(
+    *, sims: Sequence[Sequence[str]] = (FAST_SIM, PRECISE_SIM), redis: bool = False
+) -> Iterator[Backends]:
+    """Only the backends of ``running_stack``, for a module to share among several gateways
+    (``gateway_in_front``); stopped on exit, in the reverse order of their start."""
+    with ExitStack() as running:
+        server = running.enter_context(RedisServer()) if redis else None
+        procs = tuple(running.enter_context(SimulatorProcess(*args)) for args in sims)
+        yield Backends(procs, server)
+
+
+@contextmanager
+def gateway_in_front(
+    backends: Backends,
+    *,
+    configure: Configure | None = None,
+    workers: int = 1,
+    env: dict[str, str] | None = None,
+) -> Iterator[Stack]:
+    """``running_stack``'s gateway (the same default config, edited by ``configure``) in front
+    of backends already running; only the gateway is stopped on exit."""
+    config = default_config(backends)
+    if configure is not None:
+        configure(config, backends)
+    with GatewayProcess(config, workers=workers, env=env) as gateway:
+        yield Stack(sims=backends.sims, redis=backends.redis, gateway=gateway)

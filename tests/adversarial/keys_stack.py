@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
 import subprocess
 import sys
 import time
@@ -13,6 +15,7 @@ from typing import Unpack
 import httpx
 from redis.asyncio import Redis
 
+from gateway.access.keys_cli import main as keys_main
 from gateway.access.keystore_redis import RedisKeyStore
 from policies.keys import KeyRecord, create_key
 from policies.principal import KeyPolicy
@@ -69,3 +72,18 @@ def keys_cli(*argv: str) -> subprocess.CompletedProcess[str]:
         timeout=60,
         check=False,
     )
+
+
+async def keys_cli_here(*argv: str) -> subprocess.CompletedProcess[str]:
+    """``keys_cli`` in this process, for a test of what the command does and says rather than
+    of an interpreter's start: its entry point, run in a thread (it runs an event loop of its
+    own), its output captured."""
+    out, err = io.StringIO(), io.StringIO()
+
+    def run() -> int:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            return keys_main(list(argv))
+
+    code = await asyncio.to_thread(run)
+    command = ["tiergate", "keys", *argv]
+    return subprocess.CompletedProcess(command, code, out.getvalue(), err.getvalue())

@@ -44,35 +44,30 @@ import httpx
 import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
+from gateway.access.keystore_file import FileKeyStore
+from policies.keys import issue_key
+from policies.principal import KeyPolicy
+from tests.adversarial.telemetry_stack import otlp_receiver, recording_upstream
 from tests.gateway.telemetry.test_export import http_receiver
 from tests.integration.gateway_proc import REPO_ROOT, GatewayProcess
-from tests.processes import free_port, http_answers, patience, silent_port, terminate, wait_ready
-from tests.stack import Backends, running_stack
+from tests.processes import free_port, patience, silent_port
+from tests.stack import Backends, gateway_in_front, running_backends, running_stack
 
 pytestmark = pytest.mark.slow  # an attack suite of real processes: make test-all and CI
 
 __all__ = ["http_receiver"]  # a fixture of this module too
 
 Received = list[tuple[str, trace_service_pb2.ExportTraceServiceRequest]]
+Hostile = tuple[GatewayProcess, Received, Path]
 CHAT = {"model": "fast", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 
 
-@contextmanager
-def recording_upstream(tmp_path: Path, *args: str) -> Iterator[tuple[str, Path]]:
-    """``telemetry_upstream`` as a real process: its URL and the file of headers it got."""
-    record = tmp_path / "upstream-headers.jsonl"
-    record.write_text("", encoding="utf-8")
-    port = free_port()
-    cmd = [sys.executable, "-m", "tests.adversarial.telemetry_upstream", "--port", str(port),
-           "--record", str(record), *args]  # fmt: skip
-    proc = subprocess.Popen(cmd, cwd=REPO_ROOT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_ready(proc, lambda: http_answers(url + "/health"), timeout=10, poll_s=0.05,
-                   what="telemetry upstream", log=lambda: "")  # fmt: skip
-        yield url, record
-    finally:
-        terminate(proc)
+@pytest.fixture(scope="module")
+def backends() -> Iterator[Backends]:
+    """The default zero-latency fast and precise simulators, shared by the module's gateways
+    (no test sets a fault or reads their counters)."""
+    with running_backends() as running:
+        yield running
 
 
 @contextmanager
@@ -125,7 +120,7 @@ def _value_of(value: Any) -> Any:
 # --- T1: a collector that never answers -------------------------------------------------
 
 
-def test_a_silent_collector_does_not_hold_a_stopping_gateway() -> None:
+def test_a_silent_collector_does_not_hold_a_stopping_gateway(backends: Backends) -> None:
     """Spans queued for a collector that accepts and never answers are given up within a
     few seconds of SIGTERM, not the exporter's timeouts (20 s before); requests meanwhile
     are answered as usual and the stop is still logged."""
@@ -135,7 +130,7 @@ def test_a_silent_collector_does_not_hold_a_stopping_gateway() -> None:
             config["telemetry"] = {"tracing": True, "log_format": "json", "access_log": False}
 
         env = {"OTEL_EXPORTER_OTLP_ENDPOINT": collector, "OTEL_BSP_SCHEDULE_DELAY": "50"}
-        with running_stack(configure=traced, env=env) as stack:
+        with gateway_in_front(backends, configure=traced, env=env) as stack:
             gateway = stack.gateway
             with httpx.Client(base_url=gateway.url, timeout=30) as client:
                 for _ in range(30):
@@ -154,32 +149,43 @@ def test_a_silent_collector_does_not_hold_a_stopping_gateway() -> None:
     assert took < 8.0, f"the gateway took {took:.1f} s to stop with nothing in flight"
 
 
-# --- T2: a backend's strings in spans --------------------------------------------------
+# --- T2 and T3: one traced gateway in front of a hostile recording backend ----------------
 
 
-def test_a_backends_long_strings_are_clipped_in_spans(
-    tmp_path: Path, http_receiver: tuple[str, Received]
-) -> None:
-    """A backend answering with a 300,000-character ``id`` and ``model``, and a stream with
-    500 events that each carry a ``finish_reason``: every string attribute of every span
-    stays short and the finish reasons list stays bounded."""
-    endpoint, received = http_receiver
-    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_BSP_SCHEDULE_DELAY": "50"}
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hostile]:
+    """A traced gateway (auth off), its OTLP receiver's list and the file of headers its
+    backend got: ``telemetry_upstream`` answering with 300,000-character ids and models and
+    streams of 500 finish reasons. T2 and T3 share it: each clears the list first and waits
+    for every span of its requests, and reads only the header lines its requests added."""
+    tmp_path = tmp_path_factory.mktemp("hostile")
     args = ("--id-bytes", "300000", "--reasons", "500")
-    with recording_upstream(tmp_path, *args) as (url, _):
+    with (
+        otlp_receiver() as (endpoint, received),
+        recording_upstream(tmp_path, *args) as (url, record),
+    ):
+        env = {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_BSP_SCHEDULE_DELAY": "50"}
         config = _traced({"auth": {"enabled": False}}, url)
         with GatewayProcess(config, env=env) as gateway:
             gateway.wait_until_ready()
-            whole = httpx.post(gateway.url + "/v1/chat/completions", json=CHAT, timeout=30)
-            assert whole.status_code == 200
-            assert len(whole.json()["id"]) == 300000  # the caller still gets the answer
-            with httpx.stream(
-                "POST", gateway.url + "/v1/chat/completions", json={**CHAT, "stream": True},
-                timeout=30,
-            ) as streamed:  # fmt: skip
-                assert streamed.status_code == 200
-                streamed.read()
-            spans = _wait_spans(received, 4)
+            yield gateway, received, record
+
+
+def test_a_backends_long_strings_are_clipped_in_spans(hostile: Hostile) -> None:
+    """A backend answering with a 300,000-character ``id`` and ``model``, and a stream with
+    500 events that each carry a ``finish_reason``: every string attribute of every span
+    stays short and the finish reasons list stays bounded."""
+    gateway, received, _ = hostile
+    received.clear()
+    whole = httpx.post(gateway.url + "/v1/chat/completions", json=CHAT, timeout=30)
+    assert whole.status_code == 200
+    assert len(whole.json()["id"]) == 300000  # the caller still gets the answer
+    with httpx.stream(
+        "POST", gateway.url + "/v1/chat/completions", json={**CHAT, "stream": True}, timeout=30
+    ) as streamed:
+        assert streamed.status_code == 200
+        streamed.read()
+    spans = _wait_spans(received, 4)
     client_spans = [s for s in spans if s.name.startswith("chat ")]
     assert len(client_spans) == 2
     for span in spans:
@@ -194,31 +200,24 @@ def test_a_backends_long_strings_are_clipped_in_spans(
     assert all(i.startswith("rrrr") for i in ids)  # clipped, not dropped
 
 
-# --- T3: a caller's tracestate ---------------------------------------------------------
-
-
-def test_a_callers_huge_tracestate_is_not_sent_to_the_backend(
-    tmp_path: Path, http_receiver: tuple[str, Received]
-) -> None:
+def test_a_callers_huge_tracestate_is_not_sent_to_the_backend(hostile: Hostile) -> None:
     """A 32-member, 6.5 KB ``tracestate`` stops at the gateway (W3C lets a hop drop one over
     512 characters); a short one is still passed on, and the caller's trace is still joined."""
-    endpoint, received = http_receiver
-    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_BSP_SCHEDULE_DELAY": "50"}
+    gateway, received, record = hostile
+    received.clear()
+    earlier = len(record.read_text(encoding="utf-8").splitlines())
     trace_id = "0af7651916cd43dd8448eb211c80319c"
     parent = f"00-{trace_id}-b7ad6b7169203331-01"
     huge = ",".join(f"k{i}=" + "v" * 200 for i in range(32))
-    with recording_upstream(tmp_path) as (url, record):
-        config = _traced({"auth": {"enabled": False}}, url)
-        with GatewayProcess(config, env=env) as gateway:
-            gateway.wait_until_ready()
-            for state in (huge, "vendor=abc"):
-                headers = {"traceparent": parent, "tracestate": state}
-                answer = httpx.post(
-                    gateway.url + "/v1/chat/completions", json=CHAT, headers=headers, timeout=30
-                )
-                assert answer.status_code == 200
-            spans = _wait_spans(received, 4)
-    sent = [json.loads(line) for line in record.read_text(encoding="utf-8").splitlines()]
+    for state in (huge, "vendor=abc"):
+        headers = {"traceparent": parent, "tracestate": state}
+        answer = httpx.post(
+            gateway.url + "/v1/chat/completions", json=CHAT, headers=headers, timeout=30
+        )
+        assert answer.status_code == 200
+    spans = _wait_spans(received, 4)
+    lines = record.read_text(encoding="utf-8").splitlines()[earlier:]
+    sent = [json.loads(line) for line in lines]
     assert len(sent) == 2
     assert all(h["traceparent"].startswith(f"00-{trace_id}-") for h in sent)
     assert "tracestate" not in sent[0]
@@ -230,7 +229,7 @@ def test_a_callers_huge_tracestate_is_not_sent_to_the_backend(
 # --- T4: the collector's URL -----------------------------------------------------------
 
 
-def test_a_secret_in_the_collectors_url_is_not_logged() -> None:
+def test_a_secret_in_the_collectors_url_is_not_logged(backends: Backends) -> None:
     """An OTLP endpoint with a password and an ``api-key`` query parameter, refusing
     connections: the exporter's retry warnings are logged without either."""
     port = free_port()
@@ -240,7 +239,7 @@ def test_a_secret_in_the_collectors_url_is_not_logged() -> None:
         config["telemetry"] = {"tracing": True, "log_format": "json", "access_log": False}
 
     env = {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": endpoint, "OTEL_BSP_SCHEDULE_DELAY": "50"}
-    with running_stack(configure=traced, env=env) as stack:
+    with gateway_in_front(backends, configure=traced, env=env) as stack:
         gateway = stack.gateway
         assert httpx.post(gateway.url + "/v1/chat/completions", json=CHAT).status_code == 200
         deadline = time.monotonic() + patience(15)
@@ -311,7 +310,7 @@ HOSTILE_MODELS = (
 
 @pytest.mark.parametrize("log_format", ["console", "json"])
 def test_a_callers_control_characters_never_reach_a_log_line_raw(
-    tmp_path: Path, log_format: str
+    tmp_path: Path, backends: Backends, log_format: str
 ) -> None:
     """Models full of terminal escapes and Unicode line breaks: every access line is one
     line (to ``str.splitlines`` as to ``split("\\n")``) and holds no escape character."""
@@ -320,7 +319,7 @@ def test_a_callers_control_characters_never_reach_a_log_line_raw(
     def logged(config: dict[str, Any], _: Backends) -> None:
         config["telemetry"] = {"log_format": log_format, "log_file": str(log_file)}
 
-    with running_stack(configure=logged) as stack:
+    with gateway_in_front(backends, configure=logged) as stack:
         for model in HOSTILE_MODELS:
             answer = stack.post({**CHAT, "model": model})
             assert answer.status_code == 404  # the model is unknown; the line is still written
@@ -353,13 +352,12 @@ FAILING_PRECISE = ("--profile", "precise", "--model", "tiergate-precise", "--lat
                    "--fail-500", "1.0")  # fmt: skip
 
 
-def _key(keys_file: Path, *options: str) -> str:
-    done = subprocess.run(
-        [sys.executable, "-m", "gateway", "keys", "create", "--keys-file", str(keys_file),
-         "--tenant", "acme", "--name", "k", *options],
-        cwd=REPO_ROOT, capture_output=True, text=True, check=True, timeout=60,
-    )  # fmt: skip
-    return done.stdout.strip().splitlines()[-1]
+def _key(keys_file: Path, policy: KeyPolicy | None = None) -> str:
+    """A new key of tenant ``acme`` written to ``keys_file`` (what ``tiergate keys create``
+    writes, without starting an interpreter for it)."""
+    record, token = issue_key("acme", policy or KeyPolicy(), now=time.time(), name="k")
+    FileKeyStore(keys_file).put_sync(record)
+    return token
 
 
 def _raw(port: int, head: bytes, body: bytes = b"") -> socket.socket:
@@ -427,7 +425,7 @@ def test_every_request_has_one_access_line_and_one_count(tmp_path: Path) -> None
     ``tiergate_requests_total`` counts each once, in the class of that status."""
     keys_file = tmp_path / "keys.yaml"
     key = _key(keys_file)
-    one_rpm = _key(keys_file, "--rpm", "1")
+    one_rpm = _key(keys_file, KeyPolicy(rpm=1))
 
     def configure(config: dict[str, Any], _: Backends) -> None:
         config["auth"] = {"enabled": True, "store": "file", "keys_file": str(keys_file),
@@ -472,7 +470,7 @@ def _samples(text: str, names: tuple[str, ...]) -> dict[str, float]:
     return out
 
 
-def test_two_workers_metrics_add_up_and_never_go_down() -> None:
+def test_two_workers_metrics_add_up_and_never_go_down(backends: Backends) -> None:
     """Two workers, a trickle of requests, /metrics scraped on fresh connections (either
     worker answers): every counter series only grows from scrape to scrape (Prometheus takes
     a drop for a restart and counts the whole value again), and once traffic stops the sum
@@ -485,7 +483,7 @@ def test_two_workers_metrics_add_up_and_never_go_down() -> None:
     names = ("tiergate_requests_total{", "tiergate_request_duration_seconds_count{")
     sent = 0
     drops: list[tuple[str, float, float]] = []
-    with running_stack(configure=configure, workers=2) as stack:
+    with gateway_in_front(backends, configure=configure, workers=2) as stack:
         gateway = stack.gateway
         last: dict[str, float] = {}
         for _ in range(40):
@@ -518,7 +516,7 @@ def test_two_workers_metrics_add_up_and_never_go_down() -> None:
 
 @pytest.mark.parametrize("trusted", [False, True])
 def test_a_callers_sampled_traceparent_is_traced_at_a_ratio_of_zero_only_when_trusted(
-    tmp_path: Path, http_receiver: tuple[str, Received], trusted: bool
+    tmp_path: Path, backends: Backends, http_receiver: tuple[str, Received], trusted: bool
 ) -> None:
     """A caller's sampled ``traceparent`` buys no trace at ``trace_sample_ratio: 0`` (a
     refused caller, 401, could otherwise spend the tracing budget); with
@@ -538,7 +536,7 @@ def test_a_callers_sampled_traceparent_is_traced_at_a_ratio_of_zero_only_when_tr
 
     env = {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_BSP_SCHEDULE_DELAY": "50"}
     sampled = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
-    with running_stack(configure=configure, env=env) as stack:
+    with gateway_in_front(backends, configure=configure, env=env) as stack:
         url = stack.gateway.url + "/v1/chat/completions"
         assert httpx.post(url, json=CHAT).status_code == 401
         assert httpx.post(url, json=CHAT, headers=sampled).status_code == 401
@@ -557,7 +555,7 @@ def test_a_callers_sampled_traceparent_is_traced_at_a_ratio_of_zero_only_when_tr
 # --- a log file moved away by logrotate -------------------------------------------------
 
 
-def test_a_log_file_moved_away_is_created_again(tmp_path: Path) -> None:
+def test_a_log_file_moved_away_is_created_again(tmp_path: Path, backends: Backends) -> None:
     """``telemetry.log_file`` renamed while the gateway runs (logrotate's default, without
     ``copytruncate``): the next lines go to a new file at the configured path, not on into
     the renamed one."""
@@ -566,7 +564,7 @@ def test_a_log_file_moved_away_is_created_again(tmp_path: Path) -> None:
     def logged(config: dict[str, Any], _: Backends) -> None:
         config["telemetry"] = {"log_format": "json", "log_file": str(log_file)}
 
-    with running_stack(configure=logged) as stack:
+    with gateway_in_front(backends, configure=logged) as stack:
         first = stack.post(CHAT)
         assert first.status_code == 200
         deadline = time.monotonic() + patience(10)

@@ -15,6 +15,7 @@ import os
 import re
 import signal
 import socket
+import ssl
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -45,6 +46,13 @@ STALL_S = 1.0
 ADMIN = "gc-probe-admin-token-0123456789"
 _CUTS = re.compile(r'tiergate_stream_truncated_total\{[^}]*cause="client_stall"[^}]*\} (\S+)')
 BOUND_PER_REQUEST = float(os.environ.get("TIERGATE_GC_PROBE_BOUND", "1"))
+# Client threads per path; a path whose every request holds its thread a fixed time sends
+# them all at once (the stalled reader waits STALL_S + 1.5 s: 2 rounds of 25 took 5 s).
+THREADS = 25
+ALL_AT_ONCE = frozenset({"client_stops_reading"})
+# The fresh-connection path's clients share one TLS context (never used: the URL is http):
+# a new context per httpx.Client loads the CA bundle, 60-100 ms each, 4 s of 40 requests.
+_TLS = ssl.create_default_context()
 
 
 @dataclass
@@ -123,7 +131,7 @@ def _stream(client: httpx.Client, p: Probed, body: dict[str, Any], whole: bool) 
 
 def _fresh_connection(client: httpx.Client, p: Probed) -> int:
     del client
-    with httpx.Client(timeout=10) as own:
+    with httpx.Client(timeout=10, verify=_TLS) as own:
         return _post(CHAT, p.key, own, p.gateway.url).status_code
 
 
@@ -232,7 +240,8 @@ def test_a_request_path_leaves_no_reference_cycles(probed: Probed, path: str) ->
     idle_start = time.monotonic()
     cuts = probed.stall_cuts()
     probed.collect()
-    with httpx.Client(timeout=httpx.Timeout(10.0)) as client, ThreadPoolExecutor(25) as pool:
+    threads = REQUESTS if path in ALL_AT_ONCE else THREADS
+    with httpx.Client(timeout=httpx.Timeout(10.0)) as client, ThreadPoolExecutor(threads) as pool:
         statuses = list(pool.map(lambda _: send(client, probed), range(REQUESTS)))
     probed.sim.set_faults(**_NO_FAULTS)
     _quiet(probed)

@@ -1,4 +1,9 @@
-"""Three gateway processes share one real redis-server: a key's limits hold exactly overall."""
+"""Three gateways share one real redis-server: a key's limits hold exactly overall.
+
+One gateway runs a single process and two run ``--workers 2``, so every burst spreads over
+five server processes of both kinds at once: a limit counted per process, per worker or per
+replica anywhere would let more than its share through.
+"""
 
 from __future__ import annotations
 
@@ -21,7 +26,8 @@ from tests.redis_server import RedisServer
 from tests.simulator.procs import SimulatorProcess
 
 pytestmark = pytest.mark.slow
-REPLICAS = 3
+WORKERS = (1, 2, 2)  # per replica
+REPLICAS = len(WORKERS)
 N = 10
 # Every request carries the same body, so every request reserves the same tokens.
 MAX_TOKENS = 100
@@ -61,11 +67,10 @@ async def new_key(redis_url: str, **policy: Unpack[KeyPolicyFields]) -> str:
     return token
 
 
-@pytest.fixture(scope="module", params=[1, 2], ids=["workers1", "workers2"])
-def gateways(
-    request: pytest.FixtureRequest, redis: RedisServer, slow_sim: SimulatorProcess
-) -> Iterator[list[GatewayProcess]]:
-    """Three gateways (of one, then two workers) with Redis keys and limits, started together."""
+@pytest.fixture(scope="module")
+def gateways(redis: RedisServer, slow_sim: SimulatorProcess) -> Iterator[list[GatewayProcess]]:
+    """Three gateways (one of one process, two of two workers) with Redis keys and limits,
+    started together."""
     asyncio.run(new_key(redis.url))  # a key must exist before a gateway will start
     config = {
         "auth": {"store": "redis", "cache_ttl_s": 5},
@@ -74,10 +79,8 @@ def gateways(
         "tiers": tiers_config([slow_sim.url], ["http://127.0.0.1:9"]),
         "telemetry": {"access_log": False},
     }
-    # Nine processes starting at once on a shared 2-core machine: give them time.
-    procs = [
-        GatewayProcess(config, workers=request.param, ready_timeout=90) for _ in range(REPLICAS)
-    ]
+    # Seven processes starting at once on a shared 2-core machine: give them time.
+    procs = [GatewayProcess(config, workers=count, ready_timeout=90) for count in WORKERS]
     try:
         with ThreadPoolExecutor(REPLICAS) as pool:
             list(pool.map(GatewayProcess.start, procs))

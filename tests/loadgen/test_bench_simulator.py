@@ -4,6 +4,11 @@ The simulators run with ``--jitter 0``, so their latency model is exact: at conc
 TTFT = base + prompt tokens x prefill per token and TPOT = the inter-token latency. The
 measured medians must match within ``REL`` + ``ABS_MS`` (event-loop and socket overhead on a
 busy 2-core machine).
+
+The two latency-model tests run ``python -m gateway bench`` as a separate process, as a user
+does; the others call the same entry point (``gateway.__main__.main``, which finds ``bench``
+by its entry point) in this process, since what they check is the exit status and the
+output, not the interpreter's start (about 2 s each on a busy machine).
 """
 
 from __future__ import annotations
@@ -12,12 +17,13 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from gateway.__main__ import main as tiergate_main
 from simulator.profiles import PRECISE
 from tests.integration.gateway_proc import GatewayProcess, tiers_config
 from tests.simulator.procs import SimulatorProcess
@@ -40,6 +46,33 @@ def bench(*args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
         timeout=timeout,
         check=False,
     )
+
+
+Bench = Callable[..., subprocess.CompletedProcess[str]]
+
+
+@pytest.fixture
+def bench_here(capsys: pytest.CaptureFixture[str]) -> Bench:
+    """``bench`` run in this process: ``tiergate bench ARGS`` through the console command's
+    entry point, its exit status and output as a finished process's."""
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        capsys.readouterr()  # only this run's output
+        try:
+            code = tiergate_main(["bench", *args])
+        except SystemExit as exc:  # argparse refusing an option
+            code = exc.code if isinstance(exc.code, int) else 2
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(["tiergate", "bench", *args], code, out, err)
+
+    return run
+
+
+@pytest.fixture(scope="module")
+def instant() -> Iterator[SimulatorProcess]:
+    """A zero-latency simulator (nothing is set on it: tests may share it)."""
+    with SimulatorProcess("--latency-scale", "0") as sim:
+        yield sim
 
 
 @pytest.fixture(scope="module")
@@ -163,11 +196,11 @@ def test_direct_and_through_the_gateway_in_one_run(
     assert not (out / "bench.png").exists()
 
 
-def test_errors_are_counted_by_status(tmp_path: Path) -> None:
+def test_errors_are_counted_by_status(tmp_path: Path, bench_here: Bench) -> None:
     """A backend failing a third of requests with 503: the error rate and statuses show it."""
     with SimulatorProcess("--latency-scale", "0", "--fail-503", "0.35", "--seed", "3") as sim:
         out = tmp_path / "out"
-        result = bench(
+        result = bench_here(
             "--url",
             sim.url,
             "--model",
@@ -195,33 +228,34 @@ def test_errors_are_counted_by_status(tmp_path: Path) -> None:
     assert "fault injection" in m["first_errors"]["503"]
 
 
-def test_poisson_rate_and_time_bound(tmp_path: Path) -> None:
+def test_poisson_rate_and_time_bound(
+    tmp_path: Path, instant: SimulatorProcess, bench_here: Bench
+) -> None:
     """With a rate and no cap, requests arrive over time; --max-duration stops new ones."""
-    with SimulatorProcess("--latency-scale", "0") as sim:
-        out = tmp_path / "out"
-        started = time.monotonic()
-        result = bench(
-            "--url",
-            sim.url,
-            "--model",
-            "tiergate-fast",
-            "--prompt-tokens",
-            "8",
-            "--output-tokens",
-            "4",
-            "--concurrency",
-            "0",
-            "--request-rate",
-            "20",
-            "--num-requests",
-            "10000",
-            "--max-duration",
-            "1.5",
-            "--no-plot",
-            "--out",
-            str(out),
-        )
-        elapsed = time.monotonic() - started
+    out = tmp_path / "out"
+    started = time.monotonic()
+    result = bench_here(
+        "--url",
+        instant.url,
+        "--model",
+        "tiergate-fast",
+        "--prompt-tokens",
+        "8",
+        "--output-tokens",
+        "4",
+        "--concurrency",
+        "0",
+        "--request-rate",
+        "20",
+        "--num-requests",
+        "10000",
+        "--max-duration",
+        "1.5",
+        "--no-plot",
+        "--out",
+        str(out),
+    )
+    elapsed = time.monotonic() - started
     assert result.returncode == 0, result.stderr
     (point,) = json.loads((out / "bench.json").read_text())["points"]
     m = point["metrics"]
@@ -232,12 +266,12 @@ def test_poisson_rate_and_time_bound(tmp_path: Path) -> None:
     assert elapsed < 30
 
 
-def test_unreachable_url_is_a_clear_error() -> None:
+def test_unreachable_url_is_a_clear_error(bench_here: Bench) -> None:
     """Nothing listening: exit 2 and a message naming the target and the connection error."""
     from tests.processes import free_port
 
     url = f"http://127.0.0.1:{free_port()}"
-    result = bench("--url", url, "--model", "fast", "--num-requests", "1")
+    result = bench_here("--url", url, "--model", "fast", "--num-requests", "1")
     assert result.returncode == 2
     assert (
         f"target fast ({url}, model fast) does not answer: connect: cannot connect" in result.stderr
@@ -246,23 +280,25 @@ def test_unreachable_url_is_a_clear_error() -> None:
 
 
 def test_wrong_model_and_bad_jsonl_are_clear_errors(
-    precise: SimulatorProcess, tmp_path: Path
+    precise: SimulatorProcess, tmp_path: Path, bench_here: Bench
 ) -> None:
     """A model the server lacks shows the server's 404 message; a bad file names its line."""
-    result = bench("--url", precise.url, "--model", "nope", "--num-requests", "1")
+    result = bench_here("--url", precise.url, "--model", "nope", "--num-requests", "1")
     assert result.returncode == 2
     assert "does not answer: HTTP 404: The model `nope` does not exist." in result.stderr
     bad = tmp_path / "p.jsonl"
     bad.write_text('{"prompt": "fine"}\n{"prompt": 3}\n')
-    result = bench("--url", precise.url, "--model", "tiergate-precise", "--prompts", str(bad))
+    result = bench_here("--url", precise.url, "--model", "tiergate-precise", "--prompts", str(bad))
     assert result.returncode == 2
     assert f"{bad}:2: expected a non-empty string `prompt`" in result.stderr
-    result = bench("--url", precise.url, "--model", "tiergate-precise", "--slo", "ttft=1")
+    result = bench_here("--url", precise.url, "--model", "tiergate-precise", "--slo", "ttft=1")
     assert result.returncode == 2
     assert "unknown limit 'ttft'" in result.stderr
 
 
-def test_user_prompts_from_jsonl(precise: SimulatorProcess, tmp_path: Path) -> None:
+def test_user_prompts_from_jsonl(
+    precise: SimulatorProcess, tmp_path: Path, bench_here: Bench
+) -> None:
     """Prompts and chat messages from the user's file drive the run (shape file/<output>)."""
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(
@@ -271,7 +307,7 @@ def test_user_prompts_from_jsonl(precise: SimulatorProcess, tmp_path: Path) -> N
         '{"role": "user", "content": "Why a gateway?"}]}\n'
     )
     out = tmp_path / "out"
-    result = bench(
+    result = bench_here(
         "--url",
         precise.url,
         "--model",
@@ -295,13 +331,13 @@ def test_user_prompts_from_jsonl(precise: SimulatorProcess, tmp_path: Path) -> N
     assert json.loads((out / "bench.json").read_text())["settings"]["prompt_source"] == "file"
 
 
-def test_a_server_that_never_answers_times_out(tmp_path: Path) -> None:
+def test_a_server_that_never_answers_times_out(bench_here: Bench) -> None:
     """A backend stalling longer than --timeout fails the check with a timeout message."""
     with SimulatorProcess(
         "--latency-scale", "0", "--stall-first-byte", "1", "--stall-seconds", "10"
     ) as sim:
         started = time.monotonic()
-        result = bench(
+        result = bench_here(
             "--url", sim.url, "--model", "tiergate-fast", "--timeout", "0.5", "--warmup", "1"
         )
     assert result.returncode == 2
@@ -309,7 +345,7 @@ def test_a_server_that_never_answers_times_out(tmp_path: Path) -> None:
     assert time.monotonic() - started < 20
 
 
-def test_contradictory_options_are_refused() -> None:
+def test_contradictory_options_are_refused(bench_here: Bench) -> None:
     """Contradictory or unusable options exit 2 before any request, saying why."""
     cases = [
         (
@@ -351,36 +387,37 @@ def test_contradictory_options_are_refused() -> None:
         ),
     ]
     for args, message in cases:
-        result = bench(*args)
+        result = bench_here(*args)
         assert result.returncode == 2, args
         assert message in result.stderr, (args, result.stderr)
 
 
-def test_many_requests_at_full_speed_stop_at_the_time_bound(tmp_path: Path) -> None:
+def test_many_requests_at_full_speed_stop_at_the_time_bound(
+    tmp_path: Path, instant: SimulatorProcess, bench_here: Bench
+) -> None:
     """100k requests at concurrency 2 and no rate: --max-duration ends the point in time."""
-    with SimulatorProcess("--latency-scale", "0") as sim:
-        out = tmp_path / "out"
-        started = time.monotonic()
-        result = bench(
-            "--url",
-            sim.url,
-            "--model",
-            "tiergate-fast",
-            "--prompt-tokens",
-            "8",
-            "--output-tokens",
-            "2",
-            "--concurrency",
-            "2",
-            "--num-requests",
-            "100000",
-            "--max-duration",
-            "1",
-            "--no-plot",
-            "--out",
-            str(out),
-        )
-        elapsed = time.monotonic() - started
+    out = tmp_path / "out"
+    started = time.monotonic()
+    result = bench_here(
+        "--url",
+        instant.url,
+        "--model",
+        "tiergate-fast",
+        "--prompt-tokens",
+        "8",
+        "--output-tokens",
+        "2",
+        "--concurrency",
+        "2",
+        "--num-requests",
+        "100000",
+        "--max-duration",
+        "1",
+        "--no-plot",
+        "--out",
+        str(out),
+    )
+    elapsed = time.monotonic() - started
     assert result.returncode == 0, result.stderr
     (point,) = json.loads((out / "bench.json").read_text())["points"]
     assert 0 < point["metrics"]["requests"] < 100000
