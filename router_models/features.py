@@ -483,41 +483,72 @@ def material_index(token: str) -> int:
     return zlib.crc32(token.encode("utf-8"), MATERIAL_SEED) >> HASH_SHIFT
 
 
-def _add_ngrams(feats: SparseFeatures, tokens: list[str]) -> None:
+class WordMemo:
+    """Each word's character n-gram indices, computed once (a corpus repeats its words: 9,000
+    prompts hold ~250,000 instruction words but ~15,000 distinct ones). ``featurize`` shares
+    one across a data set; ``extract`` makes one per request. The indices, and the order in
+    which their values are added, are those of ``char_indices`` and ``after_indices``, so the
+    vector is the same to the last bit."""
+
+    __slots__ = ("after", "chars")
+
+    def __init__(self) -> None:
+        self.chars: dict[str, tuple[int, ...]] = {}
+        self.after: dict[str, tuple[int, tuple[int, ...]]] = {}
+
+    def chars_of(self, token: str) -> tuple[int, ...]:
+        """``char_indices(token)``."""
+        found = self.chars.get(token)
+        if found is None:
+            found = self.chars[token] = tuple(char_indices(token))
+        return found
+
+    def after_of(self, token: str) -> tuple[int, tuple[int, ...]]:
+        """``after_indices(token)``."""
+        found = self.after.get(token)
+        if found is None:
+            word, chars = after_indices(token)
+            found = self.after[token] = (word, tuple(chars))
+        return found
+
+
+def _add_all(feats: SparseFeatures, indices: Sequence[int], value: float) -> None:
+    """``_add`` of ``value`` at each of ``indices``, in order (the hot loop, inlined)."""
+    get = feats.get
+    for i in indices:
+        feats[i] = get(i, 0.0) + value
+
+
+def _add_ngrams(feats: SparseFeatures, tokens: list[str], memo: WordMemo) -> None:
     """Word unigrams, bigrams and character n-grams of the instruction tokens."""
     word_scale = 1.0 / math.sqrt(max(1, len(tokens)))
     hashes = [word_hash(t) for t in tokens]
-    for h in hashes:
-        _add(feats, unigram_index(h), word_scale)
-    for first, second in itertools.pairwise(hashes):
-        _add(feats, bigram_index(first, second), word_scale)
+    _add_all(feats, [unigram_index(h) for h in hashes], word_scale)
+    _add_all(feats, [bigram_index(a, b) for a, b in itertools.pairwise(hashes)], word_scale)
     char_scale = CHAR_WEIGHT * word_scale
     for t in tokens:
-        for i in char_indices(t):
-            _add(feats, i, char_scale)
+        _add_all(feats, memo.chars_of(t), char_scale)
 
 
-def extract(body: Mapping[str, Any]) -> SparseFeatures:
-    """Sparse feature vector ``{index: value}`` of an OpenAI request body."""
+def extract(body: Mapping[str, Any], memo: WordMemo | None = None) -> SparseFeatures:
+    """Sparse feature vector ``{index: value}`` of an OpenAI request body (``memo``: word
+    n-grams already computed, shared across many bodies; the result does not depend on it)."""
+    memo = memo if memo is not None else WordMemo()
     rendered = render(body)
     parts, m_tokens, i_tokens = parts_of(rendered.text)
     feats: SparseFeatures = {}
-    _add_ngrams(feats, i_tokens)
+    _add_ngrams(feats, i_tokens, memo)
     if m_tokens:
         material_scale = MATERIAL_WEIGHT / math.sqrt(len(m_tokens))
-        for t in m_tokens:
-            _add(feats, material_index(t), material_scale)
+        _add_all(feats, [material_index(t) for t in m_tokens], material_scale)
         if i_tokens:
             after_scale = AFTER_WEIGHT / math.sqrt(len(i_tokens))
             for t in i_tokens:
-                word, chars = after_indices(t)
+                word, chars = memo.after_of(t)
                 _add(feats, word, after_scale)
-                for i in chars:
-                    _add(feats, i, CHAR_WEIGHT * after_scale)
+                _add_all(feats, chars, CHAR_WEIGHT * after_scale)
     edges = edge_tokens(i_tokens)
-    edge_scale = 1.0 / math.sqrt(max(1, len(edges)))
-    for t in edges:
-        _add(feats, edge_index(t), edge_scale)
+    _add_all(feats, [edge_index(t) for t in edges], 1.0 / math.sqrt(max(1, len(edges))))
     for j, value in enumerate(structural(rendered, m_tokens + i_tokens, parts=parts)):
         if value:
             feats[HASH_SIZE + j] = value

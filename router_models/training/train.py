@@ -32,7 +32,7 @@ from sklearn.metrics import roc_auc_score
 from policies.threshold import threshold_for_share
 from router_models.artifact import FloatArray, RouterModel
 from router_models.corpus.build import DEFAULT_CORPUS, HARD_CASES
-from router_models.features import FEATURE_SPEC, HASH_SIZE, extract, n_features
+from router_models.features import FEATURE_SPEC, HASH_SIZE, WordMemo, extract, n_features
 from router_models.records import body_of, data_digest, label_of, read_jsonl
 from router_models.training.crossval import (
     BoolArray,
@@ -193,12 +193,13 @@ def load_training(paths: Sequence[Path]) -> list[dict[str, Any]]:
 
 
 def featurize(bodies: Sequence[Mapping[str, Any]]) -> sparse.csr_matrix:
-    """CSR matrix with one row of ``extract(body)`` per body."""
+    """CSR matrix with one row of ``extract(body)`` per body (one word memo for them all)."""
     indptr = [0]
     indices: list[int] = []
     values: list[float] = []
+    memo = WordMemo()
     for body in bodies:
-        feats = extract(body)
+        feats = extract(body, memo)
         keys = sorted(feats)
         indices.extend(keys)
         values.extend(feats[k] for k in keys)

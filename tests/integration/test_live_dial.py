@@ -15,8 +15,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import shutil
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -27,10 +25,11 @@ import httpx
 import pytest
 
 import router_models
+from gateway.__main__ import main as tiergate_main
 from router_models.artifact import load as load_model
 from router_models.artifact import save as save_model
 from tests.integration.dial_traffic import mixed, send
-from tests.integration.gateway_proc import REPO_ROOT, GatewayProcess, tiers_config
+from tests.integration.gateway_proc import GatewayProcess, tiers_config
 from tests.redis_server import RedisServer
 from tests.simulator.procs import SimulatorProcess
 
@@ -69,6 +68,18 @@ def fleet(
                 proc.stop()
 
 
+@pytest.fixture(scope="module")
+def steady_fleet(
+    fleet: tuple[list[GatewayProcess], Path],
+) -> tuple[list[GatewayProcess], Path]:
+    """The fleet after 2,000 requests of the steady mix at the target: every worker's
+    controller and its recent requests (what a reload re-seeds from) hold that mix. The tests
+    that use it send only that mix, so the next one finds the fleet as warm."""
+    gws, _ = fleet
+    asyncio.run(send([gw.url for gw in gws], mixed(500, seed=STEADY_SEED) * 4))
+    return fleet
+
+
 def _views(fleet: list[GatewayProcess], version: int, deadline_s: float = 10.0) -> dict[int, Any]:
     """Each worker's dial view once it shows ``version`` (new connections reach every worker)."""
     seen: dict[int, Any] = {}
@@ -81,12 +92,24 @@ def _views(fleet: list[GatewayProcess], version: int, deadline_s: float = 10.0) 
     return seen
 
 
+def _following(fleet: list[GatewayProcess], artifact_id: str, deadline_s: float = 10.0) -> set[int]:
+    """The workers seen serving ``artifact_id``, once all of them are (or the deadline)."""
+    seen: set[int] = set()
+    end = time.monotonic() + deadline_s
+    while len(seen) < 2 * len(fleet) and time.monotonic() < end:
+        for gw in fleet:
+            view = httpx.get(gw.url + "/admin/routing", headers=HEADERS).json()
+            if view["artifact"]["id"] == artifact_id:
+                seen.add(view["dial"]["worker"])
+    return seen
+
+
 def _put(url: str, body: dict[str, Any]) -> httpx.Response:
     return httpx.put(url + "/admin/router/share", json=body, headers=HEADERS)
 
 
 def test_a_turned_dial_reaches_every_worker_within_a_second(
-    fleet: tuple[list[GatewayProcess], Path], tmp_path: Path
+    fleet: tuple[list[GatewayProcess], Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """PUT on one gateway, then the CLI on the other: all four workers apply each change
     within 1 s of the call, and the gateway that took it logs an audit event."""
@@ -105,18 +128,17 @@ def test_a_turned_dial_reaches_every_worker_within_a_second(
     assert max(delays) <= 1.0
     token = tmp_path / "admin"
     token.write_text(ADMIN)
-    cli = subprocess.run(
+    # The command line in this process: it talks HTTP to the gateway, which is what is tested
+    # here (tests/gateway/test_cli.py runs ``tiergate router dial`` as a process).
+    code = tiergate_main(
         [
-            *(sys.executable, "-m", "gateway", "router", "dial", "0.3", "--tenant", "acme"),
+            *("router", "dial", "0.3", "--tenant", "acme"),
             *("--url", gws[1].url, "--admin-token-file", str(token)),
-        ],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
+        ]
     )
-    assert cli.returncode == 0, cli.stderr
-    version = int(cli.stdout.split("version ")[1].split()[0])
+    cli = capsys.readouterr()
+    assert code == 0, cli.err
+    version = int(cli.out.split("version ")[1].split()[0])
     views = _views(gws, version)
     assert len(views) == 4
     assert all(view["tenant_targets"] == {"acme": 0.3} for view in views.values())
@@ -136,14 +158,13 @@ def _share(tiers: list[str]) -> float:
 
 
 def test_a_warm_fleet_holds_the_new_target_within_500_requests(
-    fleet: tuple[list[GatewayProcess], Path],
+    steady_fleet: tuple[list[GatewayProcess], Path],
 ) -> None:
     """2,000 requests of a steady mix at 0.30, the dial turned to 0.15: the next 500 go
     15 % +- 3 precise."""
-    gws, _ = fleet
+    gws, _ = steady_fleet
     urls = [gw.url for gw in gws]
     steady = mixed(500, seed=STEADY_SEED)
-    asyncio.run(send(urls, steady * 4))
     assert _put(gws[0].url, {"share": 0.15}).status_code == 200
     time.sleep(1.0)
     try:
@@ -155,14 +176,13 @@ def test_a_warm_fleet_holds_the_new_target_within_500_requests(
 
 
 def test_a_reloaded_artifact_holds_the_share_from_its_first_request(
-    fleet: tuple[list[GatewayProcess], Path],
+    steady_fleet: tuple[list[GatewayProcess], Path],
 ) -> None:
     """A retrained artifact whose own calibration puts its 30 % threshold far off: after the
     reload (on one gateway, followed by all workers) the next 500 requests are 30 % +- 3."""
-    gws, artifact = fleet
+    gws, artifact = steady_fleet
     urls = [gw.url for gw in gws]
     steady = mixed(500, seed=STEADY_SEED)
-    asyncio.run(send(urls, steady * 4))
     original = artifact.read_bytes()
     model = load_model(artifact)
     shifted = dataclasses.replace(
@@ -174,7 +194,7 @@ def test_a_reloaded_artifact_holds_the_share_from_its_first_request(
         reloaded = httpx.post(gws[0].url + "/admin/router/reload", headers=HEADERS, timeout=60)
         assert reloaded.status_code == 200, reloaded.text
         new_id = reloaded.json()["artifact"]["id"]
-        time.sleep(2.0)  # every worker follows the reload generation
+        assert len(_following(gws, new_id)) == 4  # every worker follows the reload generation
         for gw in gws:
             for _ in range(6):
                 view = httpx.get(gw.url + "/admin/routing", headers=HEADERS).json()

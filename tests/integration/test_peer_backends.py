@@ -68,6 +68,25 @@ def litellm(engine: Engine) -> Iterator[str]:
         yield url
 
 
+@pytest.fixture(scope="module")
+def litellm_gw(litellm: str, precise_sim: SimulatorProcess) -> Iterator[GatewayProcess]:
+    """A gateway whose fast tier is the LiteLLM proxy (the tier's key: the master key), shared
+    by the LiteLLM tests that keep its default config; each counts from what it found."""
+    with GatewayProcess(_config([litellm], precise_sim.url, api_key=MASTER_KEY)) as gw:
+        yield gw
+
+
+@pytest.fixture(scope="module")
+def router_gw(engine: Engine, precise_sim: SimulatorProcess) -> Iterator[GatewayProcess]:
+    """A gateway whose fast tier is a vllm-router in front of the engine, shared by the tests
+    that keep its default config."""
+    with (
+        vllm_router([engine.url]) as router,
+        GatewayProcess(_config([router], precise_sim.url)) as gw,
+    ):
+        yield gw
+
+
 def _config(fast: list[str], precise: str, **tier: Any) -> dict[str, Any]:
     return {
         "auth": {"enabled": False, "admin_token": ADMIN},
@@ -161,40 +180,38 @@ def _cut_while_streaming(gw: GatewayProcess, engine: Engine, request_id: str) ->
 
 
 def test_litellm_is_detected_and_probing_it_generates_nothing(
-    engine: Engine, litellm: str, precise_sim: SimulatorProcess
+    engine: Engine, litellm_gw: GatewayProcess
 ) -> None:
     """LiteLLM's ``/health`` (with the master key) runs a completion on every deployment: the
     gateway names the kind and probes ``/health/readiness``, so an idle tier costs nothing."""
-    with GatewayProcess(_config([litellm], precise_sim.url, api_key=MASTER_KEY)) as gw:
-        gw.wait_until_ready()
-        # A cold proxy answers its first requests in seconds: a round or two may pass first.
-        deadline = time.monotonic() + patience(10)
-        while _replica(gw)["backend"]["kind"] != "litellm" and time.monotonic() < deadline:
-            time.sleep(0.1)
-        backend = _replica(gw)["backend"]
-        assert (backend["kind"], backend["probe_path"]) == ("litellm", "/health/readiness")
-        engine.sim.reset()
-        rounds = 10  # health.interval_s 0.2: about ten probe rounds
-        deadline = time.monotonic() + rounds * 0.2
-        while time.monotonic() < deadline:
-            assert _replica(gw)["healthy"]
-            time.sleep(0.2)
-        assert engine.requests() == 0, "health probes made the engine generate"
+    gw = litellm_gw
+    gw.wait_until_ready()
+    # A cold proxy answers its first requests in seconds: a round or two may pass first.
+    deadline = time.monotonic() + patience(10)
+    while _replica(gw)["backend"]["kind"] != "litellm" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    backend = _replica(gw)["backend"]
+    assert (backend["kind"], backend["probe_path"]) == ("litellm", "/health/readiness")
+    engine.sim.reset()
+    rounds = 10  # health.interval_s 0.2: about ten probe rounds
+    deadline = time.monotonic() + rounds * 0.2
+    while time.monotonic() < deadline:
+        assert _replica(gw)["healthy"]
+        time.sleep(0.2)
+    assert engine.requests() == 0, "health probes made the engine generate"
 
 
-def test_litellm_streams_arrive_complete_with_usage(
-    engine: Engine, litellm: str, precise_sim: SimulatorProcess
-) -> None:
+def test_litellm_streams_arrive_complete_with_usage(litellm_gw: GatewayProcess) -> None:
     """A stream through LiteLLM reaches the caller whole: chunks, the usage it asked for
     (LiteLLM passes ``include_usage`` on), ``[DONE]``; the access line says complete."""
-    with GatewayProcess(_config([litellm], precise_sim.url, api_key=MASTER_KEY)) as gw:
-        gw.wait_until_ready()
-        lines = _raw_stream(gw, "peer-litellm-stream")
-        assert lines[-1] == "data: [DONE]"
-        assert '"usage"' in lines[-2]
-        access = gw.access_of("peer-litellm-stream")
-        assert access["outcome"] == "complete"
-        assert access["completion_tokens"] > 0
+    gw = litellm_gw
+    gw.wait_until_ready()
+    lines = _raw_stream(gw, "peer-litellm-stream")
+    assert lines[-1] == "data: [DONE]"
+    assert '"usage"' in lines[-2]
+    access = gw.access_of("peer-litellm-stream")
+    assert access["outcome"] == "complete"
+    assert access["completion_tokens"] > 0
 
 
 def test_litellm_errors_keep_status_and_shape_and_the_key_never_leaks(
@@ -230,61 +247,57 @@ def test_litellm_errors_keep_status_and_shape_and_the_key_never_leaks(
 
 
 def test_litellm_stream_cut_by_a_dead_engine_is_an_error_and_counted(
-    engine: Engine, litellm: str, precise_sim: SimulatorProcess
+    engine: Engine, litellm_gw: GatewayProcess
 ) -> None:
     """The engine behind LiteLLM dies mid-stream: LiteLLM sends its own error event; the caller
     gets an error, no ``[DONE]``; the cut is counted, and the tokens it got are charged."""
-    with GatewayProcess(_config([litellm], precise_sim.url, api_key=MASTER_KEY)) as gw:
-        gw.wait_until_ready()
-        try:
-            received = _cut_while_streaming(gw, engine, "peer-litellm-cut")
-        finally:
-            engine.revive()
-        access = gw.access_of("peer-litellm-cut")
-        assert (access["outcome"], access["stream_cut"]) == ("upstream_error", "upstream_error")
-        assert access["completion_tokens"] >= received - 1  # the chunks the caller got
-        assert _truncated(gw, "upstream_error") == 1
+    gw = litellm_gw
+    gw.wait_until_ready()
+    cuts = _truncated(gw, "upstream_error")
+    try:
+        received = _cut_while_streaming(gw, engine, "peer-litellm-cut")
+    finally:
+        engine.revive()
+    access = gw.access_of("peer-litellm-cut")
+    assert (access["outcome"], access["stream_cut"]) == ("upstream_error", "upstream_error")
+    assert access["completion_tokens"] >= received - 1  # the chunks the caller got
+    assert _truncated(gw, "upstream_error") == cuts + 1
 
 
 # -- vllm-router --------------------------------------------------------------------------------
 
 
 def test_vllm_router_is_detected_as_vllm_and_streams_arrive_complete(
-    engine: Engine, precise_sim: SimulatorProcess
+    router_gw: GatewayProcess,
 ) -> None:
     """vllm-router passes its worker's ``/metrics`` on, so ``auto`` names it ``vllm``; streams
     arrive whole with usage and ``[DONE]``, and the caller's request id comes back."""
-    with (
-        vllm_router([engine.url]) as router,
-        GatewayProcess(_config([router], precise_sim.url)) as gw,
-    ):
-        gw.wait_until_ready()
-        backend = _replica(gw)["backend"]
-        assert (backend["kind"], backend["probe_path"]) == ("vllm", "/health")
-        lines = _raw_stream(gw, "peer-router-stream")
-        assert lines[-1] == "data: [DONE]"
-        assert '"usage"' in lines[-2]
-        assert gw.access_of("peer-router-stream")["outcome"] == "complete"
+    gw = router_gw
+    gw.wait_until_ready()
+    backend = _replica(gw)["backend"]
+    assert (backend["kind"], backend["probe_path"]) == ("vllm", "/health")
+    lines = _raw_stream(gw, "peer-router-stream")
+    assert lines[-1] == "data: [DONE]"
+    assert '"usage"' in lines[-2]
+    assert gw.access_of("peer-router-stream")["outcome"] == "complete"
 
 
 def test_vllm_router_stream_cut_by_a_dead_engine_is_a_reset(
-    engine: Engine, precise_sim: SimulatorProcess
+    engine: Engine, router_gw: GatewayProcess
 ) -> None:
     """The worker behind vllm-router dies mid-stream: the router just closes the body; the
     caller gets an error and no ``[DONE]``, the cut is counted as a reset."""
-    with (
-        vllm_router([engine.url]) as router,
-        GatewayProcess(_config([router], precise_sim.url)) as gw,
-    ):
-        gw.wait_until_ready()
-        try:
-            received = _cut_while_streaming(gw, engine, "peer-router-cut")
-        finally:
-            engine.revive()
-        access = gw.access_of("peer-router-cut")
-        assert (access["outcome"], access["stream_cut"]) == ("upstream_reset", "reset")
-        assert access["completion_tokens"] >= received - 1
-        assert _truncated(gw, "reset") == 1
+    gw = router_gw
+    gw.wait_until_ready()
+    cuts = _truncated(gw, "reset")
+    try:
+        received = _cut_while_streaming(gw, engine, "peer-router-cut")
+    finally:
+        engine.revive()
+    access = gw.access_of("peer-router-cut")
+    assert (access["outcome"], access["stream_cut"]) == ("upstream_reset", "reset")
+    assert access["completion_tokens"] >= received - 1
+    assert _truncated(gw, "reset") == cuts + 1
 
 
 def test_a_router_whose_worker_died_is_ejected_while_its_health_says_ok(

@@ -17,13 +17,14 @@ from router_models.records import read_jsonl
 from router_models.training.crossval import group_of, trainable
 from router_models.training.honest import (
     CUES,
+    HeldOutReport,
     held_out_report,
     language_of,
     loso_scores,
     reliability,
     with_sources_perfect,
 )
-from router_models.training.train import TrainSettings, prepare, train
+from router_models.training.train import Prepared, TrainSettings, prepare, train
 
 pytestmark = pytest.mark.slow
 
@@ -37,6 +38,18 @@ def _small_mix() -> list[dict[str, Any]]:
         if i % 5 == 0:
             record["use"] = "eval"
     return corpus + external
+
+
+@pytest.fixture(scope="module")
+def mix() -> Prepared:
+    """``_small_mix()`` prepared with the default settings (read only by the tests)."""
+    return prepare(_small_mix(), TrainSettings())
+
+
+@pytest.fixture(scope="module")
+def mix_report(mix: Prepared) -> HeldOutReport:
+    """The held-out report of ``mix`` with the default settings."""
+    return held_out_report(mix, TrainSettings())
 
 
 def _write(records: list[dict[str, Any]], path: Path) -> Path:
@@ -85,11 +98,11 @@ def test_external_weight_zero_ignores_external_rows(tmp_path: Path) -> None:
     assert np.allclose(with_external.hashed_weight, alone.hashed_weight, atol=1e-9)
 
 
-def test_held_out_report_covers_every_source_and_family() -> None:
+def test_held_out_report_covers_every_source_and_family(
+    mix: Prepared, mix_report: HeldOutReport
+) -> None:
     """LOSO scores every external row, LOFO every corpus family, with cue checks."""
-    settings = TrainSettings()
-    data = prepare(_small_mix(), settings)
-    report = held_out_report(data, settings)
+    data, report = mix, mix_report
     assert {g.name for g in report.loso_sources} == {"ext_a", "ext_b"}
     assert sum(g.n for g in report.loso_sources) == len(read_jsonl(HARD_CASES))
     families = {g for g in data.groups if g.startswith("corpus/")}
@@ -103,18 +116,19 @@ def test_held_out_report_covers_every_source_and_family() -> None:
     assert any(c.name.startswith("strip trailing") for c in report.cues)
 
 
-def test_loso_scores_and_the_perfect_source_counterfactual() -> None:
+def test_loso_scores_and_the_perfect_source_counterfactual(
+    mix: Prepared, mix_report: HeldOutReport
+) -> None:
     """``loso_scores`` are the report's LOSO predictions; scoring sources perfectly helps."""
-    settings = TrainSettings()
-    data = prepare(_small_mix(), settings)
-    scores = loso_scores(data, settings)
+    data = mix
+    scores = loso_scores(data, TrainSettings())
     rows = np.flatnonzero(~np.isnan(scores))
     assert rows.size == len(read_jsonl(HARD_CASES))
     assert all(not data.groups[i].startswith("corpus/") for i in rows)
     y = data.y[rows].astype(np.int_)
     groups = [data.groups[i] for i in rows]
     base = reliability(y, scores[rows])
-    assert base.roc_auc == pytest.approx(held_out_report(data, settings).loso.roc_auc)
+    assert base.roc_auc == pytest.approx(mix_report.loso.roc_auc)
     assert with_sources_perfect(groups, y, scores[rows], frozenset()) == base
     one = with_sources_perfect(groups, y, scores[rows], {"ext_a"})
     assert one.roc_auc >= base.roc_auc
@@ -159,12 +173,11 @@ def test_external_rows_can_be_kept_out_of_the_hashed_fits() -> None:
     assert same.x_fit is same.x
 
 
-def test_calibration_weight_of_external_rows_is_its_own_setting() -> None:
+def test_calibration_weight_of_external_rows_is_its_own_setting(mix: Prepared) -> None:
     """``calibration_external_weight`` sets external rows' weight in the Platt fit only: the
     fit weights stay ``external_weight`` and corpus rows weigh 1 in the calibration."""
-    rows = _small_mix()
-    off = prepare(rows, TrainSettings())
-    on = prepare(rows, TrainSettings(calibration_external_weight=1.0))
+    off = mix
+    on = prepare(_small_mix(), TrainSettings(calibration_external_weight=1.0))
     external = np.array([not g.startswith("corpus/") for g in on.groups])
     assert external.any()
     assert (~external).any()

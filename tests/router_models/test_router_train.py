@@ -12,6 +12,7 @@ from sklearn.metrics import roc_auc_score
 
 import router_models
 from router_models.artifact import load, save
+from router_models.features import extract, parts_of, render
 from router_models.records import body_of, label_of, read_jsonl
 from router_models.training.train import DEFAULT_DATA, TrainSettings, featurize, prepare, train
 
@@ -32,6 +33,24 @@ def test_training_is_deterministic(tmp_path: Path) -> None:
     save(train([data], settings), tmp_path / "a.npz")
     save(train([data], settings), tmp_path / "b.npz")
     assert (tmp_path / "a.npz").read_bytes() == (tmp_path / "b.npz").read_bytes()
+
+
+def test_featurize_shares_word_ngrams_without_changing_a_bit() -> None:
+    """``featurize`` (one word memo across the data set) gives each body exactly the vector
+    ``extract(body)`` gives on its own: same indices, same values to the last bit."""
+    records = read_jsonl(DEFAULT_DATA[0])[::10] + read_jsonl(DEFAULT_DATA[1])
+    bodies = [body_of(r) for r in records]
+    # Prompts with pasted material among them: the after-material n-grams are memoised too.
+    assert any(parts_of(render(b).text)[0].material for b in bodies)
+    x = featurize(bodies)
+    for row, body in enumerate(bodies):
+        alone = extract(body)
+        start, end = x.indptr[row], x.indptr[row + 1]
+        assert x.indices[start:end].tolist() == sorted(alone)
+        assert (
+            x.data[start:end].tobytes()
+            == np.asarray([alone[k] for k in sorted(alone)], dtype=np.float64).tobytes()
+        )
 
 
 def test_shipped_artifact_is_rebuilt_from_the_repository(tmp_path: Path) -> None:
