@@ -43,17 +43,12 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from gateway.http.workers import (  # noqa: PLC0415  # only when serving
-        WorkersRefused,
-        die_with_supervisor,
-        resolve_workers,
-        usable_cores,
-    )
-
     if args.worker_index is not None:  # first: the supervisor may die while this one starts
-        die_with_supervisor(args.supervisor_pid)
-    from gateway.access.auth import NoKeysConfigured, preflight  # noqa: PLC0415  # only when serving
+        from gateway.http.workers import die_with_supervisor  # noqa: PLC0415  # only in workers
 
+        die_with_supervisor(args.supervisor_pid)
+    # The settings and secret files are checked before the app's modules (the web framework,
+    # Redis, the router) are imported: a config `serve` refuses fails in a fraction of a second.
     settings = _settings(args)
     if args.worker_index is not None:
         return _serve_worker(args, settings)
@@ -61,6 +56,9 @@ def _serve(args: argparse.Namespace) -> int:
         print("tiergate: refusing to start (exposure.mode is strict)", file=sys.stderr)
         return 2
     _read_secret_files(settings)
+    from gateway.access.auth import NoKeysConfigured, preflight  # noqa: PLC0415  # only when serving
+    from gateway.http.workers import WorkersRefused, resolve_workers, usable_cores  # noqa: PLC0415
+
     try:
         workers = resolve_workers(settings, args.workers, usable_cores())
         settings = settings.model_copy(

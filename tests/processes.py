@@ -6,11 +6,14 @@ Used by ``tests/redis_server.py``, ``tests/simulator/procs.py``,
 
 from __future__ import annotations
 
+import multiprocessing.context
 import os
+import runpy
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -184,3 +187,55 @@ def run_tiergate(*args: str, env: dict[str, str] | None = None) -> subprocess.Co
         env={**clean, **(env or {})},
         check=False,
     )
+
+
+def run_module_forked(
+    forks: multiprocessing.context.ForkServerContext,
+    module: str,
+    *args: str,
+    cwd: Path,
+    env: dict[str, str],
+    timeout: float = 60.0,
+) -> subprocess.CompletedProcess[str]:
+    """``python -m MODULE ARGS`` as a fork of ``forks``' server: a process of its own, with its
+    exit status, stdout and stderr, but none of a fresh interpreter's start-up and imports
+    (what the server preloaded, see ``set_forkserver_preload``, is imported already).
+
+    The child takes ``cwd`` and exactly ``env``, puts ``cwd`` and ``PYTHONPATH`` first on its
+    path as ``-m`` does, and imports ``MODULE``'s top-level package afresh from there.
+    """
+    with tempfile.TemporaryDirectory(prefix="forked-") as folder:
+        out, err = Path(folder, "stdout"), Path(folder, "stderr")
+        child = forks.Process(
+            target=_module_as_main, args=([module, *args], str(cwd), env, str(out), str(err))
+        )
+        child.start()
+        child.join(timeout)
+        if child.exitcode is None:
+            child.kill()
+            child.join(10)
+            raise subprocess.TimeoutExpired([module, *args], timeout)
+        return subprocess.CompletedProcess(
+            [module, *args], child.exitcode, out.read_text(), err.read_text()
+        )
+
+
+def _module_as_main(command: list[str], cwd: str, env: dict[str, str], out: str, err: str) -> None:
+    """In the forked child: stdout and stderr to files, then run ``command[0]`` (a module) as
+    ``__main__`` (multiprocessing turns its SystemExit into the exit status, a traceback
+    into 1)."""
+    module = command[0]
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
+    sys.dont_write_bytecode = bool(env.get("PYTHONDONTWRITEBYTECODE"))
+    sys.path[:0] = [cwd, *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
+    package = module.split(".", maxsplit=1)[0]
+    for name in [n for n in sys.modules if n == package or n.startswith(package + ".")]:
+        del sys.modules[name]
+    for fd, path in ((1, out), (2, err)):
+        opened = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.dup2(opened, fd)
+        os.close(opened)
+    sys.argv = list(command)  # run_module puts the module's file in sys.argv[0], as -m does
+    runpy.run_module(module, run_name="__main__", alter_sys=True)

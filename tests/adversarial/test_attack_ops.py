@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import socket
 import subprocess
@@ -220,24 +221,34 @@ def test_admin_routes_answer_503_while_redis_is_down_and_never_show_its_password
         assert password not in stack.gateway.log_text()
 
 
-def test_a_metrics_port_takes_metrics_off_the_main_port_and_stays_on_loopback() -> None:
-    """telemetry.metrics_port: /metrics answers there, on server.host (127.0.0.1) by default,
-    and is a 404 on the main port; without an admin token every /admin route is a 404; `serve`
-    without --host listens on 127.0.0.1 only."""
+@pytest.fixture(scope="module")
+def metrics_stack() -> Iterator[tuple[Stack, int]]:
+    """A gateway without an admin token whose /metrics is on telemetry.metrics_port; yields
+    (the stack, that port)."""
     port = free_port()
 
     def configure(config: dict[str, Any], _: Backends) -> None:
         config["telemetry"] = {"access_log": False, "metrics_port": port}
 
     with running_stack(configure=configure) as stack:
-        url = stack.gateway.url
-        assert httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).status_code == 200
-        for path in ("/metrics", *(path for _, path in ADMIN_ROUTES)):
-            answer = httpx.get(url + path, timeout=10)
-            assert answer.status_code in (404, 405), (path, answer.text)
-            _openai_error(answer)
-        assert _listening_addresses(port) == ["0100007F"]  # 127.0.0.1 only, no IPv6
-        assert _listening_addresses(stack.gateway.port) == ["0100007F"]  # serve's default host
+        yield stack, port
+
+
+def test_a_metrics_port_takes_metrics_off_the_main_port_and_stays_on_loopback(
+    metrics_stack: tuple[Stack, int],
+) -> None:
+    """telemetry.metrics_port: /metrics answers there, on server.host (127.0.0.1) by default,
+    and is a 404 on the main port; without an admin token every /admin route is a 404; `serve`
+    without --host listens on 127.0.0.1 only."""
+    stack, port = metrics_stack
+    url = stack.gateway.url
+    assert httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).status_code == 200
+    for path in ("/metrics", *(path for _, path in ADMIN_ROUTES)):
+        answer = httpx.get(url + path, timeout=10)
+        assert answer.status_code in (404, 405), (path, answer.text)
+        _openai_error(answer)
+    assert _listening_addresses(port) == ["0100007F"]  # 127.0.0.1 only, no IPv6
+    assert _listening_addresses(stack.gateway.port) == ["0100007F"]  # serve's default host
 
 
 def _listening_addresses(port: int) -> list[str]:
@@ -274,20 +285,17 @@ def test_a_key_tenant_is_bounded_and_printable(admin_stack: tuple[Stack, str, st
 # Telemetry ------------------------------------------------------------------------------------
 
 
-def _series(url: str) -> set[str]:
-    text = httpx.get(url + "/metrics", headers=bearer(ADMIN), timeout=10).text
+def _series(metrics_url: str) -> set[str]:
+    text = httpx.get(metrics_url, timeout=10).text
     return {line.rsplit(" ", 1)[0] for line in text.splitlines() if line[:1] not in ("#", "")}
 
 
-def test_client_chosen_values_add_no_metric_series() -> None:
+def test_client_chosen_values_add_no_metric_series(metrics_stack: tuple[Stack, int]) -> None:
     """200 rounds of unique models, tier and priority headers, paths and fields: no new series
     once each route has been seen once (labels come from configuration, never the client)."""
-
-    def configure(config: dict[str, Any], _: Backends) -> None:
-        config["auth"] = {"enabled": False, "admin_token": ADMIN}
-
-    with running_stack(configure=configure) as stack, httpx.Client(timeout=10) as client:
-        url = stack.gateway.url
+    stack, port = metrics_stack
+    url, metrics_url = stack.gateway.url, f"http://127.0.0.1:{port}/metrics"
+    with httpx.Client(timeout=10) as client:
 
         def hostile_round(x: str) -> None:
             chat, completions = url + "/v1/chat/completions", url + "/v1/completions"
@@ -302,70 +310,81 @@ def test_client_chosen_values_add_no_metric_series() -> None:
 
         for _ in range(3):
             hostile_round(uuid.uuid4().hex)
-        before = _series(url)
+        before = _series(metrics_url)
+        assert any(name.startswith("tiergate_requests_total{") for name in before)  # counted
         for _ in range(200):
             hostile_round(uuid.uuid4().hex)
-        assert _series(url) - before == set()
+        assert _series(metrics_url) - before == set()
 
 
 # O1 -------------------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def _key_echo(status: int) -> Iterator[GatewayProcess]:
-    """A gateway in front of a key-echoing backend that answers ``status``."""
-    port = free_port()
-    command = [sys.executable, "-m", "tests.adversarial.key_echo_upstream", "--port", str(port),
-               "--status", str(status)]  # fmt: skip
-    upstream = subprocess.Popen(command, cwd=REPO_ROOT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_ready(upstream, lambda: http_answers(url + "/health"), timeout=10, poll_s=0.05,
-                   what="key echo upstream", log=lambda: "")  # fmt: skip
-        tier = {"replicas": [url], "api_key": UPSTREAM_KEY}
-        config = {
-            "auth": {"enabled": False, "admin_token": ADMIN},
-            "tiers": {"fast": {"model": "m", **tier}, "precise": {"model": "m2", **tier}},
+# The tier in front of a key-echoing backend that answers this status (200: a stream whose
+# in-band error event quotes the key). One gateway serves all three: each test asks its tier.
+ECHO_TIERS = {400: "fast", 500: "precise", 200: "inband"}
+
+
+@pytest.fixture(scope="module")
+def key_echo() -> Iterator[GatewayProcess]:
+    """A gateway whose every tier's replica quotes the upstream key back in its errors."""
+    with contextlib.ExitStack() as stack:
+        started = {}
+        for status in ECHO_TIERS:
+            port = free_port()
+            command = [sys.executable, "-m", "tests.adversarial.key_echo_upstream",
+                       "--port", str(port), "--status", str(status)]  # fmt: skip
+            upstream = subprocess.Popen(command, cwd=REPO_ROOT)
+            stack.callback(terminate, upstream)
+            started[status] = (upstream, f"http://127.0.0.1:{port}")
+        for status, (upstream, url) in started.items():  # all started, then each waited for
+            wait_ready(upstream, functools.partial(http_answers, url + "/health"), timeout=10,
+                       poll_s=0.05, what=f"key echo ({status})", log=lambda: "")  # fmt: skip
+        urls = {status: url for status, (_, url) in started.items()}
+        tiers = {
+            tier: {"model": f"m-{tier}", "replicas": [urls[status]], "api_key": UPSTREAM_KEY}
+            for status, tier in ECHO_TIERS.items()
         }
-        with GatewayProcess(config) as gateway:
-            yield gateway
-    finally:
-        terminate(upstream)
+        config = {"auth": {"enabled": False, "admin_token": ADMIN}, "tiers": tiers}
+        yield stack.enter_context(GatewayProcess(config))
 
 
-@pytest.fixture(scope="module", params=[400, 500])
-def key_echo(request: pytest.FixtureRequest) -> Iterator[GatewayProcess]:
-    """A gateway whose every replica quotes the upstream key back in its errors."""
-    with _key_echo(request.param) as gateway:
-        yield gateway
-
-
-def test_a_backend_quoting_the_upstream_key_never_shows_it(key_echo: GatewayProcess) -> None:
+@pytest.mark.parametrize("status", [400, 500])
+def test_a_backend_quoting_the_upstream_key_never_shows_it(
+    key_echo: GatewayProcess, status: int
+) -> None:
     """The upstream key a backend writes into its error reaches neither the caller's error body
     nor /admin/backends nor the log."""
-    answer = httpx.post(key_echo.url + "/v1/chat/completions", json=CHAT, timeout=10)
+    tier = ECHO_TIERS[status]
+    answer = httpx.post(
+        key_echo.url + "/v1/chat/completions", json={**CHAT, "model": tier}, timeout=10
+    )
     assert answer.status_code >= 400
     _openai_error(answer)
     assert UPSTREAM_KEY not in answer.text
     backends = httpx.get(key_echo.url + "/admin/backends", headers=bearer(ADMIN), timeout=10)
     assert backends.status_code == 200
-    assert "Incorrect API key provided" in backends.text  # the message itself is kept
+    # the message itself is kept, in this tier's own record
+    assert "Incorrect API key provided" in json.dumps(backends.json()["tiers"][tier])
     assert UPSTREAM_KEY not in backends.text
     assert UPSTREAM_KEY not in key_echo.log_text()
 
 
-def test_an_in_band_error_event_quoting_the_upstream_key_never_shows_it() -> None:
+def test_an_in_band_error_event_quoting_the_upstream_key_never_shows_it(
+    key_echo: GatewayProcess,
+) -> None:
     """A 200 stream whose error event quotes the upstream key: the caller's stream ends with
     the backend's error, its message kept and the key blanked."""
-    with _key_echo(200) as gateway:
-        answer = httpx.post(
-            gateway.url + "/v1/chat/completions", json={**CHAT, "stream": True}, timeout=10
-        )
-        assert answer.status_code == 200
-        assert "Incorrect API key provided: [REDACTED]" in answer.text
-        assert UPSTREAM_KEY not in answer.text
-        assert "data: [DONE]" not in answer.text
-        assert UPSTREAM_KEY not in gateway.log_text()
+    answer = httpx.post(
+        key_echo.url + "/v1/chat/completions",
+        json={**CHAT, "model": ECHO_TIERS[200], "stream": True},
+        timeout=10,
+    )
+    assert answer.status_code == 200
+    assert "Incorrect API key provided: [REDACTED]" in answer.text
+    assert UPSTREAM_KEY not in answer.text
+    assert "data: [DONE]" not in answer.text
+    assert UPSTREAM_KEY not in key_echo.log_text()
 
 
 # Config: O2, O3, O4 ---------------------------------------------------------------------------

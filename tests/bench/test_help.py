@@ -1,15 +1,22 @@
 """Every runnable script under bench/ answers ``--help`` with its usage, exit 0, and writes
-nothing: a reader who asks what a benchmark does must not overwrite its committed report."""
+nothing: a reader who asks what a benchmark does must not overwrite its committed report.
+
+Each script runs in a process of its own, forked from one server that imported beforehand what
+the scripts import at module level (numpy, scikit-learn, the gateway...): 35 fresh interpreters
+spent most of their seconds importing the same modules again."""
 
 from __future__ import annotations
 
+import ast
+import multiprocessing
+import multiprocessing.context
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.processes import run_module_forked
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = sorted(
@@ -21,6 +28,28 @@ SCRIPTS = sorted(
 
 def _files(root: Path) -> dict[str, float]:
     return {str(path.relative_to(root)): path.stat().st_mtime for path in root.rglob("*")}
+
+
+def _module_level_imports() -> list[str]:
+    """What the files under bench/ import at module level, but bench itself (it runs from the
+    copy) and tests (test modules import bench)."""
+    names: set[str] = set()
+    for path in (REPO / "bench").rglob("*.py"):
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.Import):
+                names.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names.add(node.module)
+    return sorted(n for n in names if n.split(".")[0] not in ("bench", "tests", "__future__"))
+
+
+@pytest.fixture(scope="module")
+def forks() -> multiprocessing.context.ForkServerContext:
+    """The fork server the scripts run from, with their imports preloaded (a server some other
+    test started first lacks them: the scripts then import them themselves, only slower)."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["tests.processes", *_module_level_imports()])
+    return context
 
 
 @pytest.fixture(scope="module")
@@ -41,20 +70,14 @@ def test_the_list_holds_the_scripts_the_docs_name() -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("script", SCRIPTS, ids=str)
-def test_help_prints_usage_and_writes_nothing(copy: Path, script: Path) -> None:
+def test_help_prints_usage_and_writes_nothing(
+    forks: multiprocessing.context.ForkServerContext, copy: Path, script: Path
+) -> None:
     """``python -m bench.X --help``: exit 0, a usage line, no file created or changed."""
     before = _files(copy)
     module = ".".join(script.with_suffix("").parts)
     env = {**os.environ, "PYTHONPATH": str(copy), "PYTHONDONTWRITEBYTECODE": "1"}
-    done = subprocess.run(
-        [sys.executable, "-m", module, "--help"],
-        cwd=copy,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = run_module_forked(forks, module, "--help", cwd=copy, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.startswith("usage:"), done.stdout[:500]
     assert _files(copy) == before

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,28 @@ def test_missing_config_file(tmp_path: Path) -> None:
     """A --config that does not exist: its path and 'not found', no traceback."""
     missing = tmp_path / "nope.yaml"
     _one_line_failure(run_tiergate("serve", "--config", str(missing)), str(missing), "not found")
+
+
+def test_a_bad_config_fails_before_the_app_is_imported(tmp_path: Path) -> None:
+    """`serve` on a config it refuses exits before importing the web framework, Redis or the
+    router (seconds of a fresh interpreter's time): the settings are checked first."""
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump({"ratelimit": {"backnd": "redis"}}))
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "gateway", "serve", "--config", str(config)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "tiergate: ratelimit.backnd" in done.stderr
+    # `import time: self | cumulative | <indent>name`, one line per module imported
+    imported = {line.rsplit("|", 1)[1].strip() for line in done.stderr.splitlines() if "|" in line}
+    assert "gateway.config.settings" in imported  # the listing is read right
+    heavy = {"litestar", "redis", "numpy", "uvicorn", "httpx", "structlog", "router_models"}
+    assert heavy & imported == set()
 
 
 def test_config_is_a_directory(tmp_path: Path) -> None:
