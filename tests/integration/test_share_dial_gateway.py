@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from tests.integration.dial_traffic import mixed, send_lean
+from tests.integration.forked_gateway import ForkedGateway
 from tests.integration.gateway_proc import GatewayProcess, tiers_config
 from tests.shared_data import needs_shared
 from tests.simulator.procs import SimulatorProcess
@@ -52,7 +53,7 @@ def fresh_gateway(
         "tiers": tiers_config([fast_sim.url], [precise_sim.url]),
         "telemetry": {"access_log": False},
     }
-    with GatewayProcess(config) as proc:
+    with ForkedGateway(config) as proc:
         yield proc
 
 

@@ -23,6 +23,7 @@ from gateway.access.keystore_file import FileKeyStore
 from policies.keys import issue_key
 from policies.principal import KeyPolicy
 from tests.integration.dial_traffic import flood, mixed, send_lean
+from tests.integration.forked_gateway import ForkedGateway
 from tests.integration.gateway_proc import GatewayProcess, tiers_config
 from tests.simulator.procs import SimulatorProcess
 
@@ -56,7 +57,7 @@ def two_tenants(
         "telemetry": {"access_log": False},
         "ratelimit": {"memory_divide_per_worker": True},  # no limits here; two workers may start
     }
-    with GatewayProcess(config, workers=request.param, ready_timeout=60) as gateway:
+    with ForkedGateway(config, workers=request.param, ready_timeout=60) as gateway:
         yield victim_key, attacker_key, gateway
 
 
