@@ -9,7 +9,9 @@
 The default configuration puts the first simulator behind the fast tier and the last behind
 the precise tier, with auth off and no access log; ``configure`` edits it in place once the
 simulators (and Redis) listen, before the gateway starts. Every process is stopped on exit,
-in the reverse order of its start.
+in the reverse order of its start. ``gateway_type=ForkedGateway``
+(tests/integration/forked_gateway.py) forks the gateway from a pre-imported fork server
+instead of starting ``python -m gateway``.
 """
 
 from __future__ import annotations
@@ -94,6 +96,7 @@ def running_stack(
     configure: Configure | None = None,
     workers: int = 1,
     env: dict[str, str] | None = None,
+    gateway_type: type[GatewayProcess] = GatewayProcess,
 ) -> Iterator[Stack]:
     """Start Redis (if ``redis``), the simulators, then the gateway (with ``env`` added to its
     environment); stop them all on exit."""
@@ -104,7 +107,7 @@ def running_stack(
         config = default_config(backends)
         if configure is not None:
             configure(config, backends)
-        gateway = running.enter_context(GatewayProcess(config, workers=workers, env=env))
+        gateway = running.enter_context(gateway_type(config, workers=workers, env=env))
         yield Stack(sims=procs, redis=server, gateway=gateway)
 
 

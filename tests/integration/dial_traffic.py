@@ -3,7 +3,8 @@
 ``mixed(n, seed)`` draws ``n`` conversations from router-dev2's ``use: eval`` rows and
 router-dev.jsonl, a quarter complex. ``flood(n)`` is what issue 34's attacker sent: short
 trivial requests behind a LaTeX block, plus complex prompts that score high under any defence.
-``send`` posts them through a gateway and returns the tier of each.
+``send`` posts them through a gateway and returns the tier of each; ``send_lean`` does the
+same through aiohttp, whose client costs a tenth of httpx's CPU per request.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import aiohttp
 import httpx
 import numpy as np
 
@@ -82,4 +84,37 @@ async def send(
     limits = httpx.Limits(max_connections=concurrency)
     async with httpx.AsyncClient(timeout=60, limits=limits) as client:
         await asyncio.gather(*(worker(client) for _ in range(concurrency)))
+    return tiers
+
+
+async def send_lean(
+    urls: list[str],
+    traffic: list[list[dict[str, Any]]],
+    key: str | None = None,
+    concurrency: int = 16,
+) -> list[str]:
+    """``send`` through aiohttp: the same requests, ``concurrency`` at a time on as many
+    keep-alive connections; the tier of each. On the 2-core build machine 2,000 requests cost
+    the client 0.5 s of CPU instead of httpx's 4.4 s (the gateway's share: 1.7 s), so the
+    client no longer paces the gateway."""
+    tiers = [""] * len(traffic)
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for i in range(len(traffic)):
+        queue.put_nowait(i)
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+
+    async def worker(session: aiohttp.ClientSession) -> None:
+        while not queue.empty():
+            i = queue.get_nowait()
+            body = {"model": "auto", "messages": traffic[i], "max_tokens": 1}
+            url = urls[i % len(urls)] + "/v1/chat/completions"
+            async with session.post(url, json=body, headers=headers) as response:
+                text = await response.text()
+                assert response.status == 200, text
+                tiers[i] = response.headers["x-tiergate-tier"]
+
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    timeout = aiohttp.ClientTimeout(total=60)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        await asyncio.gather(*(worker(session) for _ in range(concurrency)))
     return tiers

@@ -17,6 +17,7 @@ from redis.asyncio import Redis
 from gateway.access.keystore_redis import RedisKeyStore
 from policies.keys import create_key
 from policies.principal import KeyPolicy
+from tests.integration.forked_gateway import ForkedGateway
 from tests.integration.gateway_proc import GatewayProcess, tiers_config
 from tests.processes import patience
 from tests.redis_server import RedisServer
@@ -27,6 +28,14 @@ PROCESSES = 4  # 2 gateways x 2 workers
 FAST_PRICE = 0.25 / 1000  # the default price of a fast token (gateway/routing/accounting.py)
 OUTAGE_S = float(os.environ.get("TIERGATE_TEST_OUTAGE_S", "30"))
 BODY = {"model": "fast", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+# The pause between one loop's requests. At 5 ms the four loops sent what the machine could
+# serve: 7,341 requests in the 33.5 s of test_spend_during_an_outage_reaches_redis (the
+# module: 44 s of CPU, load 4-7; 2,455-9,012 by machine in docs/savings.md), about a core for
+# the whole outage. At 30 ms a loop's turn is ~45 ms: 4 loops, ~90 requests a second, ~3,000
+# in all, still hundreds in each second of outage over the 4 processes, each a charge to
+# journal. Fewer charges make the 0.1 % check finer: a "hi" request costs 0.00425 (17
+# tokens), so 0.1 % of the settled sum is 7 requests' worth at 7,341 (31.16), 3 at ~3,000.
+PACE_S = 0.03
 
 
 async def new_key(url: str, policy: KeyPolicy) -> tuple[str, str]:
@@ -66,10 +75,12 @@ def stack(fast_sim: SimulatorProcess) -> Iterator[tuple[RedisServer, list[Gatewa
             "tiers": tiers_config([fast_sim.url], ["http://127.0.0.1:9"]),
             "telemetry": {"access_log": False},
         }
-        procs = [GatewayProcess(config, workers=2, ready_timeout=90) for _ in range(2)]
+        procs: list[GatewayProcess] = [
+            ForkedGateway(config, workers=2, ready_timeout=90) for _ in range(2)
+        ]
         try:
             with ThreadPoolExecutor(2) as pool:
-                list(pool.map(GatewayProcess.start, procs))
+                list(pool.map(lambda proc: proc.start(), procs))
             time.sleep(1.5)  # every process has counted the others (gateway/limits/census.py)
             _warm_up(procs, warm_token)
             yield redis, procs
@@ -142,7 +153,7 @@ class Traffic:
         while not self.stop.is_set():
             await self.one(client, i)
             i += 1
-            await asyncio.sleep(0.005)
+            await asyncio.sleep(PACE_S)
 
 
 def client() -> httpx.AsyncClient:

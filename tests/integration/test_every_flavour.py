@@ -9,13 +9,13 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import ExitStack
 
 import httpx
 import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
+from tests.integration.forked_gateway import ForkedGateway
 from tests.integration.gateway_proc import GatewayProcess
 from tests.processes import patience
 from tests.stack import running_stack
@@ -27,23 +27,23 @@ INSTANT = ("--latency-scale", "0", "--health-delay", "0")
 MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello there"}]
 
 
-class Flavours:
-    """Per flavour, two simulators of it and a gateway before them, started on first use."""
+@pytest.fixture(scope="module", params=FLAVOURS)
+def flavor(request: pytest.FixtureRequest) -> str:
+    """Each flavour in turn: pytest runs every test of one flavour before the next, so one
+    flavour's processes run at a time, and a worker that takes some of this module's tests
+    starts only their flavours."""
+    name: str = request.param
+    return name
 
-    def __init__(self, running: ExitStack) -> None:
-        self.running = running
-        self.gateways: dict[str, GatewayProcess] = {}
 
-    def __call__(self, flavor: str) -> GatewayProcess:
-        if flavor not in self.gateways:
-            sims = [
-                ("--flavor", flavor, "--profile", profile, *INSTANT)
-                for profile in ("fast", "precise")
-            ]
-            stack = self.running.enter_context(running_stack(sims=sims))
-            self.gateways[flavor] = stack.gateway
-            _wait_ready(stack.gateway)
-        return self.gateways[flavor]
+@pytest.fixture(scope="module")
+def gateway(flavor: str) -> Iterator[GatewayProcess]:
+    """Two simulators of the flavour (fast, precise) and a gateway before them on the default
+    configuration, forked from the pre-imported fork server."""
+    sims = [("--flavor", flavor, "--profile", profile, *INSTANT) for profile in ("fast", "precise")]
+    with running_stack(sims=sims, gateway_type=ForkedGateway) as stack:
+        _wait_ready(stack.gateway)
+        yield stack.gateway
 
 
 def _wait_ready(gateway: GatewayProcess) -> None:
@@ -55,21 +55,13 @@ def _wait_ready(gateway: GatewayProcess) -> None:
     raise AssertionError(f"gateway never ready:\n{gateway.log_text()}")
 
 
-@pytest.fixture(scope="module")
-def stack() -> Iterator[Flavours]:
-    """Gateways by flavour."""
-    with ExitStack() as running:
-        yield Flavours(running)
-
-
 def _client(gateway: GatewayProcess) -> openai.OpenAI:
     return openai.OpenAI(base_url=gateway.url + "/v1", api_key="x", max_retries=0, timeout=20)
 
 
-@pytest.mark.parametrize("flavor", FLAVOURS)
-def test_unary_answer_with_usage_and_the_callers_id(stack: Flavours, flavor: str) -> None:
+def test_unary_answer_with_usage_and_the_callers_id(gateway: GatewayProcess) -> None:
     """A non-streaming chat answers 200 from the tier asked, with usage and the caller's id."""
-    raw = _client(stack(flavor)).chat.completions.with_raw_response.create(
+    raw = _client(gateway).chat.completions.with_raw_response.create(
         model="fast",
         messages=MESSAGES,
         max_tokens=4,
@@ -83,11 +75,10 @@ def test_unary_answer_with_usage_and_the_callers_id(stack: Flavours, flavor: str
     assert completion.usage.completion_tokens >= 1
 
 
-@pytest.mark.parametrize("flavor", FLAVOURS)
-def test_stream_with_usage_asked(stack: Flavours, flavor: str) -> None:
+def test_stream_with_usage_asked(gateway: GatewayProcess) -> None:
     """A stream that asked for usage ends with a usage chunk, counted if the server sent none."""
     chunks = list(
-        _client(stack(flavor)).chat.completions.create(
+        _client(gateway).chat.completions.create(
             model="fast",
             messages=MESSAGES,
             max_tokens=4,
@@ -101,10 +92,8 @@ def test_stream_with_usage_asked(stack: Flavours, flavor: str) -> None:
     assert chunks[-1].usage.completion_tokens >= 1
 
 
-@pytest.mark.parametrize("flavor", FLAVOURS)
-def test_stream_without_usage_ends_with_done_and_no_usage(stack: Flavours, flavor: str) -> None:
+def test_stream_without_usage_ends_with_done_and_no_usage(gateway: GatewayProcess) -> None:
     """A stream that did not ask for usage gets none, and ends with [DONE]."""
-    gateway = stack(flavor)
     body = {"model": "fast", "messages": MESSAGES, "max_tokens": 4, "stream": True}
     text = httpx.post(gateway.url + "/v1/chat/completions", json=body, timeout=20).text
     events = [e for e in text.split("\n\n") if e.startswith("data: ")]
@@ -112,11 +101,10 @@ def test_stream_without_usage_ends_with_done_and_no_usage(stack: Flavours, flavo
     assert not any('"usage"' in e for e in events)
 
 
-@pytest.mark.parametrize("flavor", FLAVOURS)
-def test_a_refused_request_keeps_the_servers_message(stack: Flavours, flavor: str) -> None:
+def test_a_refused_request_keeps_the_servers_message(gateway: GatewayProcess, flavor: str) -> None:
     """The server's 4xx (400, TGI's 422) reaches the caller OpenAI-shaped with its message."""
     answer = httpx.post(
-        stack(flavor).url + "/v1/chat/completions",
+        gateway.url + "/v1/chat/completions",
         timeout=20,
         json={"model": "fast", "n": 2, "messages": MESSAGES},
     )

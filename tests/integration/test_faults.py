@@ -1,4 +1,5 @@
-"""Failure behaviour end to end: real gateway and simulator processes, injected faults."""
+"""Failure behaviour end to end: real gateway processes (forked from a pre-imported fork server,
+tests/integration/forked_gateway.py) and simulator processes, injected faults."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 from gateway.access.keystore_file import FileKeyStore
 from policies.keys import issue_key
 from policies.principal import KeyPolicy
+from tests.integration.forked_gateway import ForkedGateway
 from tests.integration.gateway_proc import GatewayProcess
 from tests.processes import free_port, patience
 from tests.simulator.procs import SimulatorProcess
@@ -119,7 +121,7 @@ def gw(
     a, b, p = sims
     timeouts = {"first_byte_s": 2.0, "idle_s": 0.5, "total_s": 10.0}
     settings = config([a.url, b.url], [p.url], fast_tier={"timeouts": timeouts})
-    with GatewayProcess(settings, workers=request.param) as gateway:
+    with ForkedGateway(settings, workers=request.param) as gateway:
         yield gateway
 
 
@@ -253,7 +255,7 @@ def test_killing_a_replica_mid_run_loses_no_request(workers: int) -> None:
     fast = "--profile", "fast", "--model", "tiergate-fast", "--latency-scale", "1"
     with SimulatorProcess(*fast, "--seed", "3") as a, SimulatorProcess(*fast, "--seed", "4") as b:
         settings = config([a.url, b.url], [a.url])
-        with GatewayProcess(settings, workers=workers) as gateway:
+        with ForkedGateway(settings, workers=workers) as gateway:
             statuses = asyncio.run(_kill_during_load(gateway, b))
             assert statuses == [200] * len(statuses)
             assert len(statuses) == 90
@@ -286,7 +288,7 @@ def test_whole_fast_tier_down_falls_back_to_precise(sims: tuple[SimulatorProcess
     """No fast replica answers: the precise tier serves, and the headers say so and why."""
     _, _, p = sims
     dead = [f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"]
-    with GatewayProcess(config(dead, [p.url])) as gateway:
+    with ForkedGateway(config(dead, [p.url])) as gateway:
         resp = httpx.post(gateway.url + "/v1/chat/completions", json=chat())
         assert resp.status_code == 200
         assert resp.headers["x-tiergate-tier"] == "precise"
@@ -303,12 +305,12 @@ def test_precise_tier_down_does_not_downgrade_by_default(
     a, _, _ = sims
     dead = [f"http://127.0.0.1:{free_port()}"]
     body = {**chat(), "model": "precise"}
-    with GatewayProcess(config([a.url], dead)) as gateway:
+    with ForkedGateway(config([a.url], dead)) as gateway:
         resp = httpx.post(gateway.url + "/v1/chat/completions", json=body)
         assert resp.status_code in (502, 503)
         assert resp.json()["error"]["message"]
     downgrade = config([a.url], dead, router={"downgrade_to_fast": True})
-    with GatewayProcess(downgrade) as gateway:
+    with ForkedGateway(downgrade) as gateway:
         resp = httpx.post(gateway.url + "/v1/chat/completions", json=body)
         assert resp.status_code == 200
         assert resp.headers["x-tiergate-tier"] == "fast"
@@ -333,7 +335,7 @@ def test_downgrade_needs_the_keys_downgrade_scope(
     )
     settings["auth"] = {"keys_file": str(store.path), "admin_token": ADMIN}
     body = {**chat(), "model": "precise"}
-    with GatewayProcess(settings) as gateway:
+    with ForkedGateway(settings) as gateway:
         url = gateway.url + "/v1/chat/completions"
         refused = httpx.post(url, json=body, headers={"Authorization": f"Bearer {plain_key}"})
         assert refused.status_code in (502, 503)
@@ -353,7 +355,7 @@ def slow() -> Iterator[tuple[SimulatorProcess, GatewayProcess]]:
         settings = config(
             [sim.url], [sim.url], precise_tier={"max_concurrency": 1, "max_queue_wait_s": 0.2}
         )
-        with GatewayProcess(settings) as gateway:
+        with ForkedGateway(settings) as gateway:
             yield sim, gateway
 
 
@@ -413,7 +415,7 @@ def test_a_full_fast_tier_falls_back_to_precise(sims: tuple[SimulatorProcess, ..
         settings = config(
             [slow_fast.url], [p.url], fast_tier={"max_concurrency": 1, "max_queue_wait_s": 0.2}
         )
-        with GatewayProcess(settings) as gateway:
+        with ForkedGateway(settings) as gateway:
             body = chat(max_tokens=20)
 
             async def burst() -> list[httpx.Response]:

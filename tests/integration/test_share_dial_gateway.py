@@ -14,19 +14,20 @@ import asyncio
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import numpy as np
 import pytest
 
-from router_models.records import label_of, read_jsonl
+from tests.integration.dial_traffic import mixed, send_lean
+from tests.integration.forked_gateway import ForkedGateway
 from tests.integration.gateway_proc import GatewayProcess, tiers_config
-from tests.shared_data import SHARED_DATASETS, needs_shared
+from tests.shared_data import needs_shared
 from tests.simulator.procs import SimulatorProcess
 
 pytestmark = [
     pytest.mark.slow,
-    # 8,000 requests per mix: 100-140 s on a quiet 2-core machine, 284 s and one timeout at
-    # load 13 (six engineers' jobs beside CI). The hang guard is sized for the loaded case.
+    # 8,000 requests per mix: through httpx 100-140 s on a quiet 2-core machine, 284 s and one
+    # timeout at load 13 (six engineers' jobs beside CI); through aiohttp 13-17 s at load 9-12.
+    # The hang guard is sized for the loaded case.
     pytest.mark.timeout(900),
     needs_shared("datasets/router-dev.jsonl", "datasets/router-dev2.jsonl"),
 ]
@@ -36,25 +37,9 @@ WARM_UP = 5_000
 CONCURRENCY = 16
 
 
-def _messages(record: dict[str, Any]) -> list[dict[str, Any]]:
-    messages = record.get("messages")
-    if isinstance(messages, list):
-        return messages
-    return [{"role": "user", "content": record["prompt"]}]
-
-
 def _traffic(complex_share: float) -> list[list[dict[str, Any]]]:
     """REQUESTS conversations, ``complex_share`` of them complex, from evaluation-only prompts."""
-    records = [r for r in read_jsonl(SHARED_DATASETS / "router-dev2.jsonl") if r["use"] == "eval"]
-    records += read_jsonl(SHARED_DATASETS / "router-dev.jsonl")
-    complex_ = [r for r in records if label_of(r) == 1]
-    simple = [r for r in records if label_of(r) == 0]
-    rng = np.random.default_rng(int(complex_share * 100))
-    out = []
-    for is_complex in rng.random(REQUESTS) < complex_share:
-        pool = complex_ if is_complex else simple
-        out.append(_messages(pool[int(rng.integers(len(pool)))]))
-    return out
+    return mixed(REQUESTS, seed=int(complex_share * 100), complex_share=complex_share)
 
 
 @pytest.fixture
@@ -68,29 +53,8 @@ def fresh_gateway(
         "tiers": tiers_config([fast_sim.url], [precise_sim.url]),
         "telemetry": {"access_log": False},
     }
-    with GatewayProcess(config) as proc:
+    with ForkedGateway(config) as proc:
         yield proc
-
-
-async def _send(url: str, traffic: list[list[dict[str, Any]]]) -> list[str]:
-    """Every conversation through the gateway, CONCURRENCY at a time; the tiers, in order."""
-    tiers: list[str] = [""] * len(traffic)
-    queue: asyncio.Queue[int] = asyncio.Queue()
-    for i in range(len(traffic)):
-        queue.put_nowait(i)
-
-    async def worker(client: httpx.AsyncClient) -> None:
-        while not queue.empty():
-            i = queue.get_nowait()
-            body = {"model": "auto", "messages": traffic[i], "max_tokens": 1}
-            response = await client.post(url + "/v1/chat/completions", json=body)
-            assert response.status_code == 200, response.text
-            tiers[i] = response.headers["x-tiergate-tier"]
-
-    limits = httpx.Limits(max_connections=CONCURRENCY)
-    async with httpx.AsyncClient(timeout=30, limits=limits) as client:
-        await asyncio.gather(*(worker(client) for _ in range(CONCURRENCY)))
-    return tiers
 
 
 @pytest.mark.parametrize("complex_share", [0.10, 0.25, 0.50])
@@ -98,7 +62,9 @@ def test_the_gateway_holds_the_precise_share_on_unseen_traffic(
     fresh_gateway: GatewayProcess, complex_share: float
 ) -> None:
     """External traffic of each mix: 30 % +- 3 points precise after the warm-up."""
-    tiers = asyncio.run(_send(fresh_gateway.url, _traffic(complex_share)))
+    tiers = asyncio.run(
+        send_lean([fresh_gateway.url], _traffic(complex_share), concurrency=CONCURRENCY)
+    )
     precise = np.array([tier == "precise" for tier in tiers])
     judged = precise[WARM_UP:].mean()
     print(f"complex {complex_share:.0%}: precise share after the warm-up {judged:.3f}")
