@@ -31,9 +31,13 @@ from router_models.artifact import save as save_model
 from tests.integration.dial_traffic import mixed, send
 from tests.integration.gateway_proc import GatewayProcess, tiers_config
 from tests.redis_server import RedisServer
+from tests.shared_data import needs_shared
 from tests.simulator.procs import SimulatorProcess
 
-pytestmark = pytest.mark.slow
+pytestmark = [
+    pytest.mark.slow,
+    needs_shared("datasets/router-dev.jsonl", "datasets/router-dev2.jsonl"),  # dial_traffic.mixed
+]
 ADMIN = "live-dial-admin-token-00000000000000"
 HEADERS = {"Authorization": f"Bearer {ADMIN}"}
 TARGET = 0.30

@@ -25,9 +25,13 @@ from policies.principal import KeyPolicy
 from tests.integration.dial_traffic import flood, mixed, send_lean
 from tests.integration.forked_gateway import ForkedGateway
 from tests.integration.gateway_proc import GatewayProcess, tiers_config
+from tests.shared_data import needs_shared
 from tests.simulator.procs import SimulatorProcess
 
-pytestmark = pytest.mark.slow
+pytestmark = [
+    pytest.mark.slow,
+    needs_shared("datasets/router-dev.jsonl", "datasets/router-dev2.jsonl"),  # dial_traffic.mixed
+]
 ADMIN = "tenant-dial-admin-token-000000000000"
 TARGET = 0.30
 # The attacker's connections, twice the victim's 4. Through httpx, whose client CPU paced the
