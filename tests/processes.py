@@ -122,7 +122,7 @@ def wait_ready(
             return
         time.sleep(poll_s)
         waited = time.monotonic() - start
-    dump_stacks(proc)  # a `tiergate serve` writes every thread's stack to its stderr (the log)
+    dump_stacks(proc.pid)  # a `tiergate serve` writes every thread's stack to its stderr
     kill(proc)
     raise RuntimeError(
         f"{what} did not become ready in {waited:.0f} s (load per core "
@@ -145,13 +145,13 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-def dump_stacks(proc: Process, settle_s: float = 1.0) -> None:
-    """SIGUSR1 to ``proc`` and its descendants: a ``tiergate serve`` process (supervisor or
-    worker) answers with every thread's Python stack on its stderr (faulthandler), so a start
-    that never finished shows where it stands. Then wait ``settle_s`` for the writes."""
-    for pid in [proc.pid, *descendants(proc.pid)]:
+def dump_stacks(pid: int, settle_s: float = 1.0) -> None:
+    """SIGUSR1 to process ``pid`` and its descendants: a ``tiergate serve`` process (supervisor
+    or worker) answers with every thread's Python stack on its stderr (faulthandler), so a
+    start that never finished shows where it stands. Then wait ``settle_s`` for the writes."""
+    for each in [pid, *descendants(pid)]:
         try:
-            os.kill(pid, signal.SIGUSR1)
+            os.kill(each, signal.SIGUSR1)
         except ProcessLookupError:
             continue
     time.sleep(settle_s)

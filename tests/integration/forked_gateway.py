@@ -30,7 +30,7 @@ from typing import Final
 import yaml
 
 from tests.integration.gateway_proc import REPO_ROOT, GatewayProcess
-from tests.processes import http_answers, load_per_core, patience
+from tests.processes import dump_stacks, http_answers, load_per_core, patience
 
 # What ``serve`` imports (``gateway/__main__.py`` defers most of it to the command), and this
 # module for the child's target; ``__main__`` is a pytest run's script, skipped under xdist.
@@ -96,6 +96,7 @@ class ForkedGateway(GatewayProcess):
                 return
             time.sleep(0.1)
             waited = time.monotonic() - start
+        dump_stacks(self.pid)  # every thread's stack into the log, before the kill
         self.kill()
         raise RuntimeError(
             f"gateway did not become ready in {waited:.0f} s (load per core "
