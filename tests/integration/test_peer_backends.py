@@ -224,6 +224,11 @@ def test_litellm_errors_keep_status_and_shape_and_the_key_never_leaks(
     config["router"] = {"fallback_to_precise": False}
     with GatewayProcess(config) as gw:
         gw.wait_until_ready()
+        # Until detection is over: it asks LiteLLM's /health, which runs a completion on the
+        # engine, and one landing after the reset below would count as a retry of the 400.
+        deadline = time.monotonic() + patience(10)
+        while _replica(gw)["backend"]["kind"] != "litellm" and time.monotonic() < deadline:
+            time.sleep(0.1)
         for fault, status in (("fail_400", 400), ("fail_500", 502)):
             engine.sim.set_faults(**{fault: 1.0})
             engine.sim.reset()
