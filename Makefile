@@ -50,7 +50,8 @@ typecheck: install-dev
 
 # Two pytest workers (pytest-xdist): most tests wait on real processes and sockets, so two
 # halve the wall time on the 2-core CI machine (855 s -> 413 s, 2026-12-03). The full suite
-# runs four, handed out by work stealing, slow tests first: the cores were 80 % busy with two
+# runs four, handed out by work stealing (expensive modules first in each worker's chunk,
+# tests/run_order.py): the cores were 80 % busy with two
 # (many tests wait on processes and sockets). On this 2-core machine test-all took 874 s with
 # two, 726 s with three, 669 s with four (2026-12-07, every test green; 92 % -> 96 % of both
 # cores busy).
