@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,7 +22,9 @@ import pytest
 
 from gateway.config.redis_client import open_redis
 from gateway.config.settings import RateLimitSettings, RedisSettings
-from gateway.limits.limits import LimitMetrics, build_limiter
+from gateway.limits.budgets import BudgetGate, MemoryBudgetStore
+from gateway.limits.limits import KeyRateLimited, LimitMetrics, build_limiter
+from policies.cost import CostModel, TierPrice
 from policies.errors import RateLimited
 from policies.principal import KeyPolicy, Principal
 from tests.integration.test_budgets_usage import new_key
@@ -29,6 +32,7 @@ from tests.processes import free_port
 from tests.stack import FAST_SIM, Backends, Stack, running_stack
 
 pytestmark = pytest.mark.slow  # real processes: make test-all and CI
+NOON = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.UTC).timestamp()
 
 
 def _configure(config: dict[str, Any], backends: Backends) -> None:
@@ -94,3 +98,17 @@ async def test_a_degraded_share_is_not_called_the_keys_tpm() -> None:
     headers = refused.value.headers or {}
     assert headers.get("x-should-retry") != "false", (str(refused.value), headers)
     assert "allows 50 tokens" not in str(refused.value)
+
+
+async def test_dearer_than_the_whole_month_is_final_when_the_day_refuses() -> None:
+    """Daily budget 4, monthly 3 (the month binds): 1.0 spent today, then a request of 3.5.
+    The day refuses it first (1 + 3.5 > 4), but it is dearer than the whole month's budget:
+    no wait cures it, and the 429 must say so."""
+    costs = CostModel({"precise": TierPrice(1.0, 1.0)}, "precise")
+    gate = BudgetGate(MemoryBudgetStore(), costs, clock=lambda: NOON)
+    principal = Principal("k1", "t", KeyPolicy(budget_daily=4.0, budget_monthly=3.0))
+    assert await gate.reserve(principal, ["precise"], 500, 500) is not None  # 1.0
+    with pytest.raises(KeyRateLimited) as refused:
+        await gate.reserve(principal, ["precise"], 1750, 1750)  # 3.5
+    assert refused.value.limit == "budget_daily"
+    assert (refused.value.headers or {}).get("x-should-retry") == "false"
