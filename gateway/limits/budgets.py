@@ -443,8 +443,9 @@ class BudgetGate:
             limit = policy.budget_daily if refused == "budget_daily" else policy.budget_monthly
             wait = windows.day_left_s if refused == "budget_daily" else windows.month_left_s
             headers = {"Retry-After": str(wait), **_headers(policy.budget_daily, spent, windows)}
-            if limit is not None and amount > limit:  # dearer than the whole budget: never fits
-                headers.update(NO_RETRY)
+            whole = (policy.budget_daily, policy.budget_monthly)
+            if any(cap is not None and amount > cap for cap in whole):  # never fits: either
+                headers.update(NO_RETRY)  # window may refuse first, the other never admits it
             raise BudgetSpent(
                 f"This key's {refused.split('_')[1]} compute budget of {limit:g} is spent "
                 f"({spent:.4g} used; this request needs up to {amount:.4g}).",

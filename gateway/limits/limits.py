@@ -137,28 +137,38 @@ def rate_headers(verdict: Verdict) -> dict[str, str]:
 
 
 def _rejection(
-    principal: Principal, spec: LimitSpec, tokens: int, verdict: Verdict
+    principal: Principal,
+    spec: LimitSpec,
+    tokens: int,
+    verdict: Verdict,
+    *,
+    whole: LimitSpec,
+    degraded_retry_s: float | None = None,
 ) -> KeyRateLimited:
+    """The 429 for ``verdict`` on ``spec`` (the limits applied); ``whole``: the key's limits
+    when the shared backend answers. ``x-should-retry: false`` only where no wait cures the
+    request: above ``whole``'s tpm, whichever limit refused it first. ``degraded_retry_s``:
+    set while a share of the key's limits is enforced locally (the backend unreachable)."""
     headers = rate_headers(verdict)
     wait_ms = verdict.retry_after_ms
     kid = principal.key_id
-    later = ""
-    if wait_ms is not None:
-        headers["retry-after"] = str(max(1, math.ceil(wait_ms / 1000)))
-        headers["retry-after-ms"] = str(wait_ms)
-        later = f" Please try again in {format_reset(wait_ms)}."
+    if whole.tpm is not None and tokens > whole.tpm:
+        headers.update(NO_RETRY)
+        return KeyRateLimited(
+            f"Request too large for key {kid}: it reserves {tokens} tokens (prompt estimate + "
+            f"max_tokens) but the key allows {whole.tpm} tokens per minute. Lower max_tokens.",
+            limit=Limit.TOKENS.value,
+            headers=headers,
+        )
+    if wait_ms is None:  # above this process's share only: fits once the backend is back
+        wait_ms = math.ceil((degraded_retry_s or 1.0) * 1000)
+    headers["retry-after"] = str(max(1, math.ceil(wait_ms / 1000)))
+    headers["retry-after-ms"] = str(wait_ms)
+    later = f" Please try again in {format_reset(wait_ms)}."
     if verdict.exceeded is Limit.REQUESTS:
         message = f"Rate limit reached for requests per minute on key {kid}: limit {spec.rpm}."
     elif verdict.exceeded is Limit.CONCURRENCY:
         message = f"Too many concurrent requests on key {kid}: limit {spec.concurrency} in flight."
-    elif wait_ms is None:
-        headers.update(NO_RETRY)
-        return KeyRateLimited(
-            f"Request too large for key {kid}: it reserves {tokens} tokens (prompt estimate + "
-            f"max_tokens) but the key allows {spec.tpm} tokens per minute. Lower max_tokens.",
-            limit=Limit.TOKENS.value,
-            headers=headers,
-        )
     else:
         message = (
             f"Rate limit reached for tokens per minute on key {kid}: limit {spec.tpm}, "
@@ -312,6 +322,7 @@ class KeyLimiter:
             return _UNLIMITED
         if self._primary_share > 1:
             spec = spec.shared(self._primary_share)  # per-worker memory counters
+        whole = spec
         slot = ""
         if spec.concurrency is not None:
             slot = self._slot_prefix + str(next(self._slot_numbers))
@@ -319,7 +330,12 @@ class KeyLimiter:
         suffix = "" if backend is self._backend else "_local"
         if verdict.exceeded is not None:
             self._metrics.decision(verdict.exceeded.value, "rejected" + suffix)
-            raise _rejection(principal, spec, reserve_tokens, verdict)
+            degraded = None
+            if backend is not self._backend:
+                degraded = self._health.retry_interval_s if self._health is not None else 1.0
+            raise _rejection(
+                principal, spec, reserve_tokens, verdict, whole=whole, degraded_retry_s=degraded
+            )
         self._metrics.decision(ALL_LIMITS, "allowed" + suffix)
         return KeyAdmission(
             self,
