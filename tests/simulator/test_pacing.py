@@ -67,5 +67,8 @@ async def test_a_slow_loop_does_not_stretch_the_mean_token_gap() -> None:
         hog.cancel()
         await runner.cleanup()
     model = (TOKENS - 1) * PRECISE.inter_token_s
-    assert model <= took + 0.002
+    # The clock starts when the client, on the same blocked loop, reads the first token: up to
+    # one hold late, while the later tokens keep the server's own schedule (a CI run measured
+    # 0.2740 s against 0.276: the first read was about 2 ms late).
+    assert model <= took + HOLD_S + 0.002, (took, model)
     assert took < model + 0.050, (took, model)  # relative pacing: +23 x HOLD_S at least
