@@ -130,18 +130,24 @@ def wait_ready(
     )
 
 
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (its main thread's children), from /proc."""
+    text = Path(f"/proc/{pid}/task/{pid}/children").read_text(encoding="ascii")
+    return [int(child) for child in text.split()]
+
+
 def descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (children first, then theirs), from /proc."""
+    """Every process below ``pid`` (children first, then theirs); one gone meanwhile has none."""
     found: list[int] = []
     parents = [pid]
     while parents:
         parent = parents.pop()
         try:
-            children = Path(f"/proc/{parent}/task/{parent}/children").read_text().split()
+            below = children(parent)
         except OSError:
             continue
-        found.extend(int(child) for child in children)
-        parents.extend(int(child) for child in children)
+        found.extend(below)
+        parents.extend(below)
     return found
 
 

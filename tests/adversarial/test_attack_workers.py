@@ -31,6 +31,7 @@ from tests.adversarial.keys_stack import CHAT, bearer, redis_key
 from tests.adversarial.rawhttp import connect
 from tests.adversarial.test_attack_fleet import SLOT_LEASE_S, gateway_config, wait_slots
 from tests.integration.gateway_proc import GatewayProcess, tiers_config
+from tests.processes import children as _children
 from tests.processes import patience
 from tests.redis_server import RedisServer
 from tests.simulator.procs import SimulatorProcess
@@ -59,11 +60,6 @@ def _config(sim: SimulatorProcess, **server: Any) -> dict[str, Any]:
         "telemetry": {"access_log": False},
         "tiers": tiers_config([sim.url], [sim.url]),
     }
-
-
-def _children(pid: int) -> list[int]:
-    text = Path(f"/proc/{pid}/task/{pid}/children").read_text(encoding="ascii")
-    return [int(p) for p in text.split()]
 
 
 def _wait_workers(gw: GatewayProcess, count: int, gone: int | None = None) -> list[int]:

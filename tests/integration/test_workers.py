@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from tests.integration.gateway_proc import REPO_ROOT, GatewayProcess, tiers_config
+from tests.processes import children as _children
 from tests.processes import patience
 from tests.simulator.procs import SimulatorProcess
 
@@ -77,11 +78,6 @@ def gw(sim: SimulatorProcess, probed: tuple[str, Counter[str]]) -> Iterator[Gate
     }
     with GatewayProcess(config, workers=2) as proc:
         yield proc
-
-
-def _children(pid: int) -> list[int]:
-    text = Path(f"/proc/{pid}/task/{pid}/children").read_text(encoding="ascii")
-    return [int(p) for p in text.split()]
 
 
 def _workers_seen(gw: GatewayProcess, tries: int = 40) -> set[str]:
@@ -259,8 +255,21 @@ def test_a_worker_whose_supervisor_died_before_it_asked_for_the_signal_exits(
 def test_sigusr1_dumps_every_threads_stack_and_serving_goes_on(gw: GatewayProcess) -> None:
     """``kill -USR1`` a worker or the supervisor: its threads' stacks on stderr (for a process
     that hangs), and nothing stops. Last in this module: the stacks are not JSON lines."""
-    worker = _children(gw.pid)[0]
-    for pid in (worker, gw.pid):
+    # A worker whose start is over (a replaced one still importing has no handler yet, and
+    # SIGUSR1's default would end it).
+    deadline = time.monotonic() + patience(30)
+    while True:
+        started = {
+            json.loads(line)["pid"]
+            for line in gw.log_text().splitlines()
+            if "server.worker_started" in line and line.startswith("{")
+        }
+        ready = [pid for pid in _children(gw.pid) if pid in started]
+        if ready:
+            break
+        assert time.monotonic() < deadline, gw.log_text()[-3000:]
+        time.sleep(0.2)
+    for pid in (ready[0], gw.pid):
         before = gw.log_text().count("most recent call first")
         os.kill(pid, signal.SIGUSR1)
         deadline = time.monotonic() + patience(5)
