@@ -131,6 +131,19 @@ def test_internal_networks_are_internal_and_edge_is_not(compose: dict[str, Any])
     assert not (networks["edge"] or {}).get("internal")
 
 
+@pytest.mark.parametrize("network", ["inference", "state", "telemetry"])
+def test_the_host_has_no_address_on_the_internal_networks(
+    compose: dict[str, Any], network: str
+) -> None:
+    """`internal: true` stops traffic leaving a network, not the host entering it: on a Linux
+    Docker host the bridge of an internal network still gets the network's gateway address
+    (moby restored that in 25.0.x), so any local user reaches vLLM, Redis or the metrics port
+    by container IP. With inhibit_ipv4 the bridge has no IPv4 address: the host has no route
+    into the subnet, and the containers on it still reach each other over the bridge."""
+    options = compose["networks"][network].get("driver_opts") or {}
+    assert options.get("com.docker.network.bridge.inhibit_ipv4") == "true"
+
+
 def test_only_the_gateway_reaches_the_backends(compose: dict[str, Any]) -> None:
     """Nothing but gateways and backends joins the inference and state networks."""
     for name, service in compose["services"].items():
