@@ -10,6 +10,7 @@ starts a real redis-server with the very commands they give it.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import re
 from typing import Any
@@ -158,3 +159,19 @@ def test_compose_gateways_read_the_same_file_and_no_url_holds_a_password(
         assert env["TIERGATE_REDIS__PASSWORD_FILE"] == SECRET_FILE
         for value in env.values():
             assert not re.search(r"redis://[^/]*@", value or ""), value
+
+
+def test_both_pods_roll_when_the_generated_password_changes(
+    any_objects: list[dict[str, Any]],
+) -> None:
+    """The gateway's and Redis's pod templates carry the same checksum of the password (one
+    value per render), so a new password never meets a pod that still holds the old one."""
+    wanted = hashlib.sha256(chart_password(any_objects).encode()).hexdigest()
+    checksums = {
+        t["metadata"]["labels"]["app.kubernetes.io/component"]: t["metadata"]["annotations"][
+            "checksum/redis-auth"
+        ]
+        for _, t in pod_templates(any_objects)
+        if t["metadata"]["labels"]["app.kubernetes.io/component"] in {"gateway", "redis"}
+    }
+    assert checksums == {"gateway": wanted, "redis": wanted}
