@@ -175,3 +175,12 @@ def test_both_pods_roll_when_the_generated_password_changes(
         if t["metadata"]["labels"]["app.kubernetes.io/component"] in {"gateway", "redis"}
     }
     assert checksums == {"gateway": wanted, "redis": wanted}
+
+
+def test_a_chosen_key_name_is_used_by_the_generated_secret_too() -> None:
+    """redis.auth.existingSecretKey alone names the key of the Secret the chart makes."""
+    items = chart_render.objects(
+        chart_render.render({"redis": {"auth": {"existingSecretKey": "k"}}})
+    )
+    assert redis_secret_ref(items) == {"name": "tg-tiergate-redis-auth", "key": "k"}
+    assert len(chart_password(items)) == 40

@@ -47,8 +47,9 @@ annotations), or give redis.auth.existingSecret.
 {{- define "tiergate.redisPassword" -}}
 {{- if not (hasKey .Values "__tiergateRedisPassword") -}}
 {{- $password := randAlphaNum 40 -}}
+{{- $key := include "tiergate.redisAuthKey" . -}}
 {{- with (lookup "v1" "Secret" .Release.Namespace (include "tiergate.redisAuthSecret" .)) -}}
-{{- with (index (.data | default dict) "redis-password") -}}
+{{- with (index (.data | default dict) $key) -}}
 {{- $password = b64dec . -}}
 {{- end -}}
 {{- end -}}
