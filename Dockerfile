@@ -11,7 +11,14 @@ ENV UV_COMPILE_BYTECODE=1 \
     UV_PYTHON_DOWNLOADS=never \
     UV_PROJECT_ENVIRONMENT=/opt/tiergate \
     PIP_DISABLE_PIP_VERSION_CHECK=1
-RUN python -m pip install --no-cache-dir uv==0.13.8
+# uv itself in hash-checking mode: the sha256 of its x86_64 and aarch64 manylinux wheels as PyPI
+# serves them (`pip download uv==0.13.8 --no-deps`, then `pip hash`). A wheel that differs
+# fails the build. The base image above is pinned by tag only (see docs/deployment.md).
+RUN printf '%s\n' \
+      'uv==0.13.8 --hash=sha256:e18a57b8b352eb7c8feb317b9f6f533c8f0ad9673fd6cf34bbe3cf1a9f6a8984 --hash=sha256:0b3e8b1a4f5e405e31e2ff33de8af4744831e9f7338539671efbd8c3c94e791d' \
+      > /tmp/uv-requirements.txt \
+ && python -m pip install --no-cache-dir --no-deps --require-hashes -r /tmp/uv-requirements.txt \
+ && rm /tmp/uv-requirements.txt
 WORKDIR /src
 # Third-party dependencies first: this layer is reused until the lock file changes.
 COPY pyproject.toml uv.lock ./

@@ -280,6 +280,7 @@ async def _run(args: argparse.Namespace, settings: Settings) -> int:
         try:
             redis = RedisSettings(
                 url=args.redis_url or settings.redis.url,
+                password_file=None if args.redis_url else settings.redis.password_file,
                 key_prefix=settings.redis.key_prefix,
                 socket_timeout_s=5.0,
             )

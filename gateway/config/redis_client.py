@@ -27,6 +27,7 @@ def open_redis(settings: RedisSettings) -> Redis:
     """
     return Redis.from_url(
         settings.url,
+        password=settings.read_password(),  # a password in the URL wins; settings refuse both
         socket_timeout=settings.socket_timeout_s,
         socket_connect_timeout=settings.socket_timeout_s,
         retry=Retry(NoBackoff(), 1),

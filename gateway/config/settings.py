@@ -168,6 +168,10 @@ class RateLimitSettings(Section):
 class RedisSettings(Section):
     url: str = Field(default="redis://127.0.0.1:6379/0", repr=False)
     """Redis URL (redis:// or rediss://); a password in it is never logged."""
+    password_file: Path | None = None
+    """File holding the Redis password (a mounted secret; read when a client opens). The URL
+    then carries none.
+    """
     socket_timeout_s: float = Field(default=0.25, gt=0)
     """Per-command Redis timeout; keep it short, it is on the request path."""
     key_prefix: str = "tiergate:"
@@ -185,6 +189,25 @@ class RedisSettings(Section):
         except ValueError:
             raise ValueError("the Redis URL's port must be a number from 0 to 65535") from None
         return url
+
+    @model_validator(mode="after")
+    def _one_password(self) -> RedisSettings:
+        # redis-py would let the URL's password win and the file's be ignored without a word.
+        if self.password_file is not None and urlsplit(self.url).password is not None:
+            raise ValueError(
+                "redis.url carries a password and redis.password_file is set: give one"
+            )
+        return self
+
+    def read_password(self) -> str | None:
+        """The password from ``password_file`` (stripped; ``None`` when unset or empty)."""
+        if self.password_file is None:
+            return None
+        try:
+            return self.password_file.read_text(encoding="utf-8").strip() or None
+        except OSError as exc:
+            where = f"redis.password_file ({self.password_file})"
+            raise ConfigError([f"{where}: cannot be read ({exc.strerror})"]) from None
 
 
 def _otel_environment() -> dict[str, str]:

@@ -131,6 +131,19 @@ def test_internal_networks_are_internal_and_edge_is_not(compose: dict[str, Any])
     assert not (networks["edge"] or {}).get("internal")
 
 
+@pytest.mark.parametrize("network", ["inference", "state", "telemetry"])
+def test_the_host_has_no_address_on_the_internal_networks(
+    compose: dict[str, Any], network: str
+) -> None:
+    """`internal: true` stops traffic leaving a network, not the host entering it: on a Linux
+    Docker host the bridge of an internal network still gets the network's gateway address
+    (moby restored that in 25.0.x), so any local user reaches vLLM, Redis or the metrics port
+    by container IP. With inhibit_ipv4 the bridge has no IPv4 address: the host has no route
+    into the subnet, and the containers on it still reach each other over the bridge."""
+    options = compose["networks"][network].get("driver_opts") or {}
+    assert options.get("com.docker.network.bridge.inhibit_ipv4") == "true"
+
+
 def test_only_the_gateway_reaches_the_backends(compose: dict[str, Any]) -> None:
     """Nothing but gateways and backends joins the inference and state networks."""
     for name, service in compose["services"].items():
@@ -291,14 +304,20 @@ def test_no_secret_is_written_inline(compose: dict[str, Any]) -> None:
         assert set(secret) == {"file"}
     text = COMPOSE_PATH.read_text(encoding="utf-8")
     assert "--api-key" not in text
-    assert "requirepass" not in text
+    # Redis's password is read from its secret file when Redis starts, never written here.
+    read_at_start = 'requirepass \\"$$(cat /run/secrets/redis_password)\\"'
+    assert text.count("requirepass") == text.count(read_at_start) == 1
 
 
 def test_gateway_secrets_arrive_as_files(compose: dict[str, Any]) -> None:
     """Both gateways get the keys file and admin token as compose secrets."""
     for gateway in GATEWAYS.values():
         service = compose["services"][gateway]
-        assert set(service["secrets"]) == {"tiergate_keys", "tiergate_admin_token"}
+        assert set(service["secrets"]) == {
+            "tiergate_keys",
+            "tiergate_admin_token",
+            "redis_password",
+        }
         env = environment_of(service)
         assert env["TIERGATE_KEYS_FILE"] == "/run/secrets/tiergate_keys"
         assert env["TIERGATE_ADMIN_TOKEN_FILE"] == "/run/secrets/tiergate_admin_token"

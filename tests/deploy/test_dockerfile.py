@@ -117,3 +117,35 @@ def test_build_context_holds_every_package_the_wheel_ships() -> None:
     for path in ("pyproject.toml", "uv.lock", "README.md"):
         assert not _ignored(path), path
     assert _ignored("gateway/__pycache__/app.cpython-311.pyc")
+
+
+# sha256 of uv 0.13.8's manylinux wheels (x86_64, aarch64) as PyPI serves them: `pip download
+# uv==0.13.8 --no-deps [--platform manylinux2014_aarch64 --only-binary=:all:]`, then `pip hash`.
+UV_WHEEL_HASHES = {
+    "e18a57b8b352eb7c8feb317b9f6f533c8f0ad9673fd6cf34bbe3cf1a9f6a8984",
+    "0b3e8b1a4f5e405e31e2ff33de8af4744831e9f7338539671efbd8c3c94e791d",
+}
+
+
+def test_uv_is_installed_only_if_its_wheel_matches_a_known_hash() -> None:
+    """pip installs uv in hash-checking mode: a changed or substituted wheel fails the build."""
+    build = _stages()[0]
+    (install,) = [i for i in build if "pip install" in i and "uv" in i]
+    requirement = install[install.index("pip install") :]
+    assert "--require-hashes" in requirement or "--hash=sha256:" in requirement
+    assert "--no-deps" in requirement
+    listed = set(re.findall(r"--hash=sha256:([0-9a-f]{64})", DOCKERFILE))
+    assert listed == UV_WHEEL_HASHES
+    assert "uv==0.13.8" in DOCKERFILE
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="no digest of python:3.11-slim-bookworm could be verified offline (no registry, no "
+    "Docker engine); a digest copied from some repository could be stale or wrong. Pin it with "
+    "`docker buildx imagetools inspect` where a registry is reachable (docs/deployment.md).",
+)
+def test_base_image_is_pinned_by_digest() -> None:
+    """The default PYTHON_IMAGE names an immutable digest, not only a tag that can move."""
+    (base,) = re.findall(r"^ARG PYTHON_IMAGE=(\S+)$", DOCKERFILE, re.MULTILINE)
+    assert re.search(r"@sha256:[0-9a-f]{64}$", base), base

@@ -310,7 +310,11 @@ def test_no_secret_value_appears_in_a_config_map(
         text = json.dumps(config_map)
         for sentinel in SENTINELS:
             assert sentinel not in text, config_map["metadata"]["name"]
-    (secret,) = of_kind(everything_objects, "Secret")
+    (secret,) = [
+        s
+        for s in of_kind(everything_objects, "Secret")
+        if s["metadata"]["name"].endswith("-secrets")
+    ]
     decoded = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
     assert decoded["admin-token"] == "SENTINEL-ADMIN-TOKEN-VALUE"
     assert "SENTINEL-KEYS-FILE-CONTENT" in decoded["keys.yaml"]

@@ -107,14 +107,16 @@ def test_schema_refuses_a_vllm_api_key_in_extra_args(flag: str) -> None:
 
 
 def test_turning_network_policies_off_warns_about_every_open_port() -> None:
-    """networkPolicy.enabled false: NOTES names vLLM, the password-less Redis and metrics."""
+    """networkPolicy.enabled false: NOTES names vLLM and metrics, and Redis as reachable (its
+    password, from a Secret, is then all that guards it)."""
     notes = chart_render.render({"networkPolicy": {"enabled": False}})[
         "tiergate/templates/NOTES.txt"
     ]
     warning = " ".join(notes.split("networkPolicy.enabled is false", 1)[1].split())
     assert "vLLM" in warning
     assert "Redis" in warning
-    assert "no password" in warning
+    assert "no password" not in warning
+    assert "password" in warning
     assert "metrics port" in warning
     quiet = chart_render.render({"networkPolicy": {"enabled": False}, "redis": {"enabled": False}})
     assert "Redis" not in quiet["tiergate/templates/NOTES.txt"].split("is false", 1)[1]

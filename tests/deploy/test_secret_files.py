@@ -14,6 +14,7 @@ REPO = Path(__file__).resolve().parents[2]
 DOC = (REPO / "docs" / "deployment.md").read_text(encoding="utf-8")
 GATEWAY_UID = "10001"
 GRAFANA_UID = "472"  # the grafana/grafana image's user (compose sets no other)
+REDIS_PASSWORD = "deploy/secrets/redis-password"
 
 
 def _setup_block() -> str:
@@ -32,7 +33,8 @@ def test_the_default_advice_is_owner_only() -> None:
     """No chmod in the setup block grants 'others' anything; each secret is chowned to its
     container's uid and made 0400 or 0600."""
     block = _setup_block()
-    modes = [m for cmd in _commands(block, "chmod ") for m in re.findall(r"\b0?([0-7]{3})\b", cmd)]
+    chmods = [cmd for cmd in _commands(block, "chmod ") if REDIS_PASSWORD not in cmd]
+    modes = [m for cmd in chmods for m in re.findall(r"\b0?([0-7]{3})\b", cmd)]
     assert modes, block
     assert all(mode[-1] == "0" for mode in modes), modes
     assert all(mode in {"400", "600"} for mode in modes), modes
@@ -44,6 +46,22 @@ def test_the_default_advice_is_owner_only() -> None:
     assert grafana is not None, chowns
     assert "deploy/secrets/grafana-admin-password" in grafana[1].split()
     assert "0644" not in DOC
+
+
+def test_the_redis_password_is_read_by_the_gateway_and_redis_only(
+    compose: dict[str, Any],
+) -> None:
+    """Two containers read the Redis password: the gateway (uid 10001, the owner) and Redis
+    (uid 999, in group 10001 through group_add); 0440 gives nobody else anything."""
+    block = _setup_block()
+    assert "token_urlsafe" in " ".join(_commands(block, REDIS_PASSWORD))
+    (chown,) = [c for c in _commands(block, "chown ") if REDIS_PASSWORD in c]
+    assert f"chown {GATEWAY_UID}:{GATEWAY_UID} " in chown
+    (chmod,) = [c for c in _commands(block, "chmod ") if REDIS_PASSWORD in c]
+    assert re.search(r"chmod 0?440 ", chmod), chmod
+    redis = compose["services"]["redis"]
+    assert [str(g) for g in redis["group_add"]] == [GATEWAY_UID]
+    assert redis["user"] == "999:1000"
 
 
 def test_the_shared_host_variant_comes_second_and_stays_out_of_reach_of_others() -> None:

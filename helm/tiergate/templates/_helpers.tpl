@@ -29,6 +29,43 @@
 {{- default (printf "%s-secrets" (include "tiergate.fullname" .)) .Values.auth.existingSecret -}}
 {{- end -}}
 
+{{/* The Secret holding the in-chart Redis's password, and its key. */}}
+{{- define "tiergate.redisAuthSecret" -}}
+{{- default (printf "%s-redis-auth" (include "tiergate.fullname" .)) .Values.redis.auth.existingSecret -}}
+{{- end -}}
+
+{{- define "tiergate.redisAuthKey" -}}
+{{- default "redis-password" .Values.redis.auth.existingSecretKey -}}
+{{- end -}}
+
+{{/*
+The in-chart Redis's password when the chart makes its Secret: the one already in the cluster
+(so an upgrade keeps it), else 40 fresh random letters and digits. Offline renders (`helm
+template`) cannot look it up and get a new one each time: pods roll with it (checksum
+annotations), or give redis.auth.existingSecret.
+*/}}
+{{- define "tiergate.redisPassword" -}}
+{{- if not (hasKey .Values "__tiergateRedisPassword") -}}
+{{- $password := randAlphaNum 40 -}}
+{{- $key := include "tiergate.redisAuthKey" . -}}
+{{- with (lookup "v1" "Secret" .Release.Namespace (include "tiergate.redisAuthSecret" .)) -}}
+{{- with (index (.data | default dict) $key) -}}
+{{- $password = b64dec . -}}
+{{- end -}}
+{{- end -}}
+{{- /* one value per render: every template that includes this sees the same password */ -}}
+{{- $_ := set .Values "__tiergateRedisPassword" $password -}}
+{{- end -}}
+{{- index .Values "__tiergateRedisPassword" -}}
+{{- end -}}
+
+{{/* Pod annotation that rolls a pod when the chart-made Redis password changes. */}}
+{{- define "tiergate.redisAuthChecksum" -}}
+{{- if and .Values.redis.enabled (not .Values.redis.auth.existingSecret) }}
+checksum/redis-auth: {{ include "tiergate.redisPassword" . | sha256sum }}
+{{- end -}}
+{{- end -}}
+
 {{/* The Service name of one in-chart vLLM replica: (dict "root" $ "tier" "fast" "index" 0) */}}
 {{- define "tiergate.vllmName" -}}
 {{- printf "%s-vllm-%s-%d" (include "tiergate.fullname" .root) .tier (int .index) | trunc 63 | trimSuffix "-" -}}
@@ -141,7 +178,8 @@ Redis URL (which may carry a password) arrives as an environment variable from t
 {{- end -}}
 {{- $_ := set $cfg "tiers" $tiers -}}
 {{- if .Values.redis.enabled -}}
-{{- $_ := set $cfg "redis" (merge (dict "url" (printf "redis://%s-redis.%s.svc:6379/0" (include "tiergate.fullname" .) .Release.Namespace)) ($cfg.redis | default dict)) -}}
+{{- $redis := dict "url" (printf "redis://%s-redis.%s.svc:6379/0" (include "tiergate.fullname" .) .Release.Namespace) "password_file" "/etc/tiergate/redis/password" -}}
+{{- $_ := set $cfg "redis" (merge $redis ($cfg.redis | default dict)) -}}
 {{- end -}}
 {{- $telemetry := $cfg.telemetry | default dict -}}
 {{- $_ := set $telemetry "metrics_port" (int .Values.service.metricsPort) -}}

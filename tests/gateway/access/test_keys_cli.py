@@ -266,3 +266,30 @@ def test_create_help_names_every_scope_and_explains_expires_in(
     for scope in sorted(KNOWN_SCOPES):
         assert scope in text
     assert re.search(r"--expires-in DAYS \S", text)
+
+
+def test_a_config_with_a_redis_password_file_reaches_a_password_redis(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--config` with redis.password_file (the shipped deployments' Redis) authenticates."""
+    secret = tmp_path / "redis-password"
+    secret.write_text("cli-redis-password-0123456789\n", encoding="utf-8")
+    with RedisServer() as server:
+
+        async def require_password() -> None:
+            client = Redis.from_url(server.url)
+            try:
+                await client.config_set("requirepass", "cli-redis-password-0123456789")
+            finally:
+                await client.aclose()
+
+        asyncio.run(require_password())
+        config = tmp_path / "tiergate.yaml"
+        redis = f"redis: {{url: '{server.url}', password_file: '{secret}'}}\n"
+        config.write_text("auth: {store: redis}\n" + redis, encoding="utf-8")
+        code, out, err = run(capsys, "create", "--config", str(config), "--tenant", "t")
+        assert code == 0, err
+        assert out.strip().splitlines()[-1].startswith("tg-")
+        code, _, err = run(capsys, "list", "--redis-url", server.url)
+        assert code == 2  # the same Redis, without the password
+        assert "cli-redis-password" not in err
