@@ -145,6 +145,13 @@ def _shadow_arguments(train: argparse.ArgumentParser) -> None:
         "tier's rubric score of the fast answer (router.shadow.judge_ratio; complex at 3 of 5 "
         "or lower; prompts never judged are left out)",
     )
+    train.add_argument(
+        "--max-tenant-share",
+        type=float,
+        default=None,
+        help="with --from-shadow: the most of the shadow weight one tenant's prompts may carry "
+        "(default 0.5: none outweighs the others together; at least 1/tenants; 1: off)",
+    )
     train.add_argument("--report", type=Path, default=None, help="also write the report as JSON")
 
 
@@ -161,6 +168,8 @@ def _train_from_shadow(args: argparse.Namespace, out: TextIO) -> int:
         settings = dataclasses.replace(settings, shadow_weight=args.shadow_weight)
     if args.held_out_share is not None:
         settings = dataclasses.replace(settings, held_out_share=args.held_out_share)
+    if args.max_tenant_share is not None:
+        settings = dataclasses.replace(settings, max_tenant_share=args.max_tenant_share)
     settings = dataclasses.replace(settings, label=args.shadow_label)
     base = args.base or DEFAULT_ARTIFACT
     report = retrain(args.from_shadow, args.out, base, list(args.data or DEFAULT_DATA), settings)
@@ -169,6 +178,14 @@ def _train_from_shadow(args: argparse.Namespace, out: TextIO) -> int:
         f"{report['prompts']} prompts, {report['train_prompts']} trained on\n"
         f"base {report['base_artifact']}\n"
     )
+    balance = report["tenant_balance"]
+    if balance["tenants"]:
+        out.write(
+            f"tenants: {balance['tenants']} ({balance['unknown_tenant_rows']} prompts without "
+            f"one); the largest has {balance['largest_row_share']:.1%} of the prompts and "
+            f"{balance['largest_weight_share']:.1%} of the weight (--max-tenant-share "
+            f"{balance['max_tenant_share']})\n"
+        )
     if "comparison" in report:
         out.write(render(report["comparison"]) + "\n")
     else:

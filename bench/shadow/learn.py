@@ -136,6 +136,8 @@ def shadow_config(
                 "max_concurrent": 64,
                 "store": str(store),
                 "judge_ratio": judge_ratio,
+                # one tenant (auth off) whose every request is shadowed on purpose
+                "tenant_samples_per_minute": None,
             },
         },
         "telemetry": {"access_log": False},

@@ -149,6 +149,8 @@ def main() -> int:
                     "fast_ratio": args.shadow,
                     "precise_ratio": args.shadow,
                     "max_concurrent": 8,
+                    # one tenant (auth off): the ratio alone decides, as before the budget
+                    "tenant_samples_per_minute": None,
                 }
             },
             "telemetry": {"access_log": False},

@@ -29,6 +29,7 @@ class Shadow:
     score: float | None
     max_tokens: int
     summary: RequestSummary | None  # the shadow's worst case: prompt estimate, completions
+    tenant: str  # the caller's tenant, for the record (never the key)
 
     def submit(self, answer: str) -> None:
         """Start the shadow (never awaited by the caller's response)."""
@@ -36,7 +37,7 @@ class Shadow:
         self.runner.submit(
             self.direction, self.path, self.body, answer, self.score, max_tokens=self.max_tokens,
             prompt_tokens=known.prompt_token_estimate if known else 0,
-            completions=known.completions if known else 1,
+            completions=known.completions if known else 1, tenant=self.tenant,
         )  # fmt: skip
 
 
@@ -51,8 +52,10 @@ def sampled_shadow(
 ) -> Shadow | None:
     """Whether this answered request is sampled for shadow evaluation.
 
-    Never for a tier this key may not use or whose rules would refuse the body; the
-    shadow's ``max_tokens`` is clamped to the target tier's (and the key's) cap.
+    Never for a tier this key may not use or whose rules would refuse the body, nor beyond
+    the tenant's per-minute sample budget (``router.shadow.tenant_samples_per_minute``, kept
+    in this process: no IO); the shadow's ``max_tokens`` is clamped to the target tier's (and
+    the key's) cap.
     """
     principal = ctx.principal
     if runner is None or ctx.tier is None or principal is None:
@@ -63,8 +66,10 @@ def sampled_shadow(
     target = runner.target_of(direction)
     if not principal.policy.allows_tier(target) or not fields.accepts(body, target):
         return None
+    if not runner.admit(direction, principal.tenant):
+        return None
     cap = tier_caps[target]
     if principal.policy.max_tokens is not None:
         cap = min(cap, principal.policy.max_tokens)
     score = ctx.decision.score if ctx.decision is not None else None
-    return Shadow(runner, direction, path, body, score, cap, ctx.summary)
+    return Shadow(runner, direction, path, body, score, cap, ctx.summary, principal.tenant)

@@ -60,6 +60,7 @@ from policies.agreement import EMPTY, agreement, readable
 from policies.judge import MAX_TOKENS as JUDGE_MAX_TOKENS
 from policies.judge import judge_messages, parse_score
 from policies.requests import validate
+from policies.shadow_budget import TenantSampleBudget
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder()
@@ -106,6 +107,7 @@ class ShadowConfig:
     judge_ratio: float = 0.0
     judge_fields: Mapping[str, Any] = field(default_factory=dict)
     digest_key_file: Path | None = None
+    tenant_samples_per_minute: int | None = 30
 
     @property
     def enabled(self) -> bool:
@@ -125,6 +127,7 @@ class _Job:
     primary: str
     score: float | None
     worst: Usage  # what it may cost at most: the prompt estimate and the completion cap
+    tenant: str | None  # the caller's tenant (never its key), written into the record
 
 
 def answer_text(raw: bytes) -> str | None:
@@ -164,6 +167,7 @@ class ShadowRunner:
         self.agreement_totals: dict[tuple[str, str], list[float]] = {}
         self.store = ShadowStore(config.store, config.max_records) if config.store else None
         self.digest_key = digest_key(config)
+        self.tenant_budget = TenantSampleBudget(config.tenant_samples_per_minute)
         self._tasks: set[asyncio.Task[None]] = set()
 
     def sample(self, tier: str) -> str | None:
@@ -175,6 +179,14 @@ class ShadowRunner:
         else:
             return None
         return direction if ratio > 0 and self.rng.random() < ratio else None
+
+    def admit(self, direction: str, tenant: str) -> bool:
+        """Whether ``tenant`` may take one more shadow sample this minute (counted when so);
+        a refusal is counted as outcome ``skipped_tenant_budget``."""
+        if self.tenant_budget.take(tenant):
+            return True
+        self._count(direction, "skipped_tenant_budget")
+        return False
 
     def _count(self, direction: str, outcome: str, record: ShadowRecord | None = None) -> None:
         key = f"{direction}:{outcome}"
@@ -210,13 +222,14 @@ class ShadowRunner:
         max_tokens: int | None = None,
         prompt_tokens: int = 0,
         completions: int = 1,
+        tenant: str | None = None,
     ) -> None:
         """Start the shadow of one answered request, unless capacity says skip.
 
         ``max_tokens`` caps the shadow's completion (the target tier's limit). Its worst case
         (``prompt_tokens``, the caller's estimate, and the capped ``max_tokens`` for each of
         its ``completions``) is what it counts when its answer reports no usage or it may have
-        run without answering.
+        run without answering. ``tenant`` (the caller's) goes into the record.
         """
         if self.running >= self.config.max_concurrent:
             self._count(direction, "skipped_concurrency")
@@ -232,7 +245,7 @@ class ShadowRunner:
         self.routes[target].pool.lease(replica)
         self.running += 1
         worst = Usage(prompt_tokens, _completion_cap(body) * max(1, completions))
-        job = _Job(direction, target, replica, path, body, primary, score, worst)
+        job = _Job(direction, target, replica, path, body, primary, score, worst, tenant)
         task = asyncio.get_running_loop().create_task(
             self._run(upstream, job),
             context=Context(),  # no request's log or trace context
@@ -279,6 +292,7 @@ class ShadowRunner:
             prompt=prompt,
             body=body,
             judge=judged,
+            tenant=job.tenant,
         )
 
     async def _ask(  # noqa: PLR0917  # one call, as its two callers know it
@@ -372,6 +386,7 @@ class ShadowRunner:
         prompt: str,
         body: Mapping[str, Any] | None = None,
         judge: float | None = None,
+        tenant: str | None = None,
     ) -> ShadowRecord:
         """Compare two answers and keep the outcome (metrics, rolling window, store).
 
@@ -395,6 +410,7 @@ class ShadowRunner:
             features={"index": feats.index, "value": feats.value} if feats is not None else None,
             prompt=prompt if self.config.store_prompts else None,
             judge=judge,
+            tenant=tenant,
         )
         self.recent.append(record)
         totals = self.agreement_totals.setdefault((direction, score_bucket(score)), [0, 0.0])

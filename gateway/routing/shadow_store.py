@@ -22,7 +22,9 @@ class ShadowRecord:
     ``features`` is the router's hashed feature vector of the request (``index``/``value``
     lists, what ``tiergate router train --from-shadow`` learns from), ``feature_space`` the
     space it lives in (a record of another space is stale) and ``artifact`` the id of the
-    artifact that computed ``score``.
+    artifact that computed ``score``. ``tenant`` is the caller's tenant (the key's owner, never
+    the key): training weighs tenants by it. Records written before it existed have none and
+    are read as tenant unknown.
     """
 
     at: float
@@ -38,6 +40,7 @@ class ShadowRecord:
     features: dict[str, list[Any]] | None = None
     prompt: str | None = None
     judge: float | None = None
+    tenant: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

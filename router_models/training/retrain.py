@@ -1,7 +1,8 @@
 """``tiergate router train --from-shadow STORE``: retrain, compare old and new, write.
 
 1. Read the store's records (``shadow_train.read_shadow``; stale feature spaces skipped).
-2. Hold out a share of the prompts by digest hash; train on the corpus plus the rest.
+2. Hold out a share of the prompts by digest hash; train on the corpus plus the rest, each
+   tenant's rows weighing at most ``max_tenant_share`` of the shadow weight.
 3. Score the held-out prompts with the base (live) artifact and the new one, from their
    feature vectors, and compare: simple prompts sent to precise at equal complex caught, and
    quality retained by precise share.
@@ -29,6 +30,7 @@ from router_models.training.shadow_train import (
     to_csr,
     train_from_shadow,
 )
+from router_models.training.tenant_balance import summary, tenant_weights
 
 
 def compare_on(old: RouterModel, new: RouterModel, held: ShadowSet) -> dict[str, Any]:
@@ -76,6 +78,12 @@ def retrain(
         "prompts": len(shadow.digests),
         "train_prompts": len(train_set.digests),
         "base_artifact": provenance["base_artifact"],
+        "tenant_balance": {
+            "max_tenant_share": settings.max_tenant_share,
+            **summary(
+                train_set.tenants, tenant_weights(train_set.tenants, settings.max_tenant_share)
+            ),
+        },
     }
     if np.unique(held_set.y).size == 2:
         report["comparison"] = compare_on(old, new, held_set)

@@ -9,7 +9,8 @@ and how well the two tiers' answers agreed. That is a label:
 * and likewise the other two cases (agreement confirms fast, disagreement confirms precise).
 
 So every record gives ``complex`` when its agreement is below ``agree_at`` and ``simple``
-otherwise; records of one prompt (same ``prompt_digest``) are merged, their agreement averaged.
+otherwise; records of one prompt (same ``prompt_digest``) from one tenant are merged, their
+agreement averaged (one tenant's many records of a prompt never outvote another's view of it).
 Records of another feature space (written before the feature code changed) are stale and
 skipped. With ``label="judge"`` (``--shadow-label judge``) the precise tier's rubric score of
 the fast answer (``router.shadow.judge_ratio``, recorded as ``judge``) labels the prompt
@@ -17,7 +18,9 @@ instead, and prompts never judged are left out. The prompts are split by a hash 
 digest: a held-out share is never trained on and is where ``shadow_eval`` compares the old and
 new artifacts.
 
-Training blends these rows, weighted ``shadow_weight``, with the shipped corpus (featurised
+Training blends these rows, weighted ``shadow_weight`` times the tenant balance
+(``tenant_balance.py``: no tenant's rows carry more than ``max_tenant_share`` of the weight),
+with the shipped corpus (featurised
 from its text as ``train.train`` does): out-of-fold margins over ``folds`` (3) hash folds give the
 Platt calibration and the reference quantiles, then one fit on everything gives the weights.
 """
@@ -40,6 +43,12 @@ from router_models.artifact import FloatArray, RouterModel
 from router_models.features import FEATURE_SPEC, HASH_SIZE, n_features
 from router_models.records import RecordError, data_digest
 from router_models.training.crossval import held_out_margins, platt, sigmoid
+from router_models.training.tenant_balance import (
+    DEFAULT_MAX_SHARE,
+    UNKNOWN,
+    summary,
+    tenant_weights,
+)
 from router_models.training.train import (
     DEFAULT_DATA,
     MODEL_VERSION,
@@ -72,6 +81,9 @@ class ShadowSettings:
     # AUC on never-learned rows stayed within 0.011 of the shipped artifact's. With v4 features
     # and four single-label sources, 1.0 had cost 0.31 AUC elsewhere (docs/savings.md).
     shadow_weight: float = 1.0
+    # No tenant's rows carry more than this share of the shadow weight (1.0: off); records
+    # without a tenant are one tenant, unknown (tenant_balance.py).
+    max_tenant_share: float = DEFAULT_MAX_SHARE
     held_out_share: float = 0.2  # prompts (by digest hash) kept for the comparison
     folds: int = 3  # out-of-fold margins for the calibration: one fit per fold
     base: TrainSettings = field(default_factory=TrainSettings)
@@ -79,7 +91,8 @@ class ShadowSettings:
 
 @dataclass(frozen=True, slots=True)
 class ShadowSet:
-    """Shadow prompts as rows: one vector, mean agreement and label per prompt digest."""
+    """Shadow prompts as rows: one vector, mean agreement and label per tenant and prompt
+    digest (``tenants[i]`` is row i's tenant, ``UNKNOWN`` for records that name none)."""
 
     digests: list[str]
     vectors: list[HashedVector]
@@ -87,6 +100,7 @@ class ShadowSet:
     y: FloatArray
     records: int
     stale: int
+    tenants: list[str]
 
     def subset(self, mask: BoolArray) -> ShadowSet:
         """The rows where ``mask`` is true (record counts kept)."""
@@ -98,6 +112,7 @@ class ShadowSet:
             self.y[rows],
             self.records,
             self.stale,
+            [self.tenants[i] for i in rows],
         )
 
 
@@ -135,6 +150,15 @@ def _judge(where: str, value: object) -> float | None:
     return float(value)
 
 
+def _tenant(where: str, value: object) -> str:
+    """A record's tenant: ``UNKNOWN`` when it names none (written before tenants were)."""
+    if value is None:
+        return UNKNOWN
+    if not isinstance(value, str):
+        raise RecordError(f"{where}: tenant must be a string or null, not {value!r}")
+    return value
+
+
 def read_shadow(
     paths: Sequence[Path],
     agree_at: float = 0.5,
@@ -142,7 +166,7 @@ def read_shadow(
     label: str = "agreement",
     judge_at: float = JUDGE_AT,
 ) -> ShadowSet:
-    """Shadow records merged by prompt digest; records of another feature space skipped.
+    """Shadow records merged by tenant and prompt digest; another feature space is skipped.
 
     ``label="agreement"``: a prompt is complex when its mean agreement is below ``agree_at``.
     ``label="judge"``: when the mean of its records' non-null ``judge`` scores (the precise
@@ -155,7 +179,7 @@ def read_shadow(
     if not 0 < judge_at <= 1:  # also refuses NaN
         raise ValueError(f"judge_at must be in (0, 1], not {judge_at!r}")
     space = feature_space()
-    merged: dict[str, tuple[HashedVector, list[float], list[float]]] = {}
+    merged: dict[tuple[str, str], tuple[HashedVector, list[float], list[float]]] = {}
     records = stale = 0
     for where, record in _records(paths):
         records += 1
@@ -164,25 +188,26 @@ def read_shadow(
             stale += 1
             continue
         vector = HashedVector(space, tuple(feats["index"]), tuple(feats["value"]))
-        digest = str(record["prompt_digest"])
-        entry = merged.setdefault(digest, (vector, [], []))
+        key = (str(record["prompt_digest"]), _tenant(where, record.get("tenant")))
+        entry = merged.setdefault(key, (vector, [], []))
         entry[1].append(float(record["agreement"]))
         judge = _judge(where, record.get("judge"))
         if judge is not None:
             entry[2].append(judge)
-    digests = sorted(d for d in merged if label == "agreement" or merged[d][2])
-    agreement = np.asarray([np.mean(merged[d][1]) for d in digests], dtype=np.float64)
+    keys = sorted(k for k in merged if label == "agreement" or merged[k][2])
+    agreement = np.asarray([np.mean(merged[k][1]) for k in keys], dtype=np.float64)
     if label == "agreement":
         y = agreement < agree_at
     else:
-        y = np.asarray([np.mean(merged[d][2]) < judge_at for d in digests], dtype=np.bool_)
+        y = np.asarray([np.mean(merged[k][2]) < judge_at for k in keys], dtype=np.bool_)
     return ShadowSet(
-        digests,
-        [merged[d][0] for d in digests],
+        [digest for digest, _ in keys],
+        [merged[k][0] for k in keys],
         agreement,
         y.astype(np.float64),
         records,
         stale,
+        [tenant for _, tenant in keys],
     )
 
 
@@ -237,14 +262,16 @@ class Blend:
 
 
 def blend(corpus: Sequence[Path], shadow: ShadowSet, settings: ShadowSettings) -> Blend:
-    """The training matrix: the corpus featurised from text, the shadow rows from vectors."""
+    """The training matrix: the corpus featurised from text, the shadow rows from vectors
+    (weight ``shadow_weight`` times the tenant balance)."""
     data = prepare(load_training(corpus), settings.base)
+    balance = tenant_weights(shadow.tenants, settings.max_tenant_share)
     keys = [str(r.get("id", i)) for i, r in enumerate(data.records)] + shadow.digests
     folds = [f"fold{int(hash_unit(k, 'fold:') * settings.folds)}" for k in keys]
     return Blend(
         sparse.vstack([data.x, to_csr(shadow.vectors)], format="csr"),
         np.concatenate([data.y, shadow.y]),
-        np.concatenate([data.weight, np.full(len(shadow.y), settings.shadow_weight)]),
+        np.concatenate([data.weight, settings.shadow_weight * balance]),
         folds,
         int(data.y.size),
     )
@@ -302,6 +329,8 @@ def train_from_shadow(
         "agree_at": settings.agree_at,
         **({"label": "judge", "judge_at": settings.judge_at} if settings.label == "judge" else {}),
         "shadow_weight": settings.shadow_weight,
+        "max_tenant_share": settings.max_tenant_share,
+        **summary(shadow.tenants, tenant_weights(shadow.tenants, settings.max_tenant_share)),
         "folds": settings.folds,
     }
     return RouterModel(

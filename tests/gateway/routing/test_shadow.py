@@ -52,3 +52,23 @@ def test_prompts_are_stored_only_when_asked(tmp_path: Path) -> None:
     shadow = runner(store, store_prompts=True)
     shadow.record("fast_on_precise", "precise", "4", "5", 0.2, prompt="What?", body=BODY)
     assert json.loads(store.read_text(encoding="utf-8"))["prompt"] == "What?"
+
+
+def test_a_record_names_the_tenant_and_never_the_key(tmp_path: Path) -> None:
+    """The caller's tenant goes into the stored line (training balances by it)."""
+    store = tmp_path / "s.jsonl"
+    shadow = runner(store)
+    shadow.record("fast_on_precise", "precise", "4", "4", 0.2, prompt="x", body=BODY, tenant="t1")
+    assert json.loads(store.read_text(encoding="utf-8"))["tenant"] == "t1"
+
+
+def test_a_tenant_past_its_sample_budget_is_not_shadowed_and_is_counted(tmp_path: Path) -> None:
+    """``tenant_samples_per_minute``: beyond it ``admit`` refuses, outcome skipped_tenant_budget."""
+    config = ShadowConfig(fast_ratio=1.0, tenant_samples_per_minute=2)
+    shadow = ShadowRunner(
+        config, {}, fast_tier="fast", precise_tier="precise", upstream=lambda: None
+    )
+    assert [shadow.admit("fast_on_precise", "a") for _ in range(3)] == [True, True, False]
+    assert shadow.admit("fast_on_precise", "b")
+    assert shadow.counts == {"fast_on_precise:skipped_tenant_budget": 1}
+    assert ShadowConfig().tenant_samples_per_minute == 30  # the documented default
