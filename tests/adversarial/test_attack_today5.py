@@ -28,6 +28,7 @@ from policies.cost import CostModel, TierPrice
 from policies.errors import RateLimited
 from policies.principal import KeyPolicy, Principal
 from tests.integration.test_budgets_usage import new_key
+from tests.key_fields import KeyPolicyFields
 from tests.processes import free_port
 from tests.stack import FAST_SIM, Backends, Stack, running_stack
 
@@ -112,3 +113,23 @@ async def test_dearer_than_the_whole_month_is_final_when_the_day_refuses() -> No
         await gate.reserve(principal, ["precise"], 1750, 1750)  # 3.5
     assert refused.value.limit == "budget_daily"
     assert (refused.value.headers or {}).get("x-should-retry") == "false"
+
+
+@pytest.mark.parametrize("window", ["budget_daily", "budget_monthly"])
+def test_a_request_dearer_than_the_whole_budget_is_final_even_while_rpm_is_spent(
+    stack: Stack, window: str
+) -> None:
+    """The key's one request a minute is used; the next costs more than the key's whole
+    daily (or monthly) budget (300 tokens on fast: about 0.077 against 0.02). No wait cures
+    that: the 429 must say so, as it does for a request above the whole tpm."""
+    policy = (
+        KeyPolicyFields(rpm=1, budget_daily=0.02)
+        if window == "budget_daily"
+        else KeyPolicyFields(rpm=1, budget_monthly=0.02)
+    )
+    _, token = asyncio.run(new_key(stack.redis_url, **policy))
+    assert _chat(stack, token, 5).status_code == 200
+    refused = _chat(stack, token, 300)
+    assert refused.status_code == 429
+    assert refused.headers.get("x-should-retry") == "false", refused.headers
+    assert "budget" in refused.json()["error"]["message"], refused.json()
