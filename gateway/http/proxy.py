@@ -183,6 +183,8 @@ class ProxyService:
         try:
             decision, tiers, media = self._classify(body, summary, principal, headers)
             tiers = self._fit_context(ctx, body, summary, tiers)
+            if self.budgets is not None:
+                self._refuse_never_fitting(principal, tiers, summary, completion)
             if self.precise_cap is not None and self.precise_cap.applies(principal):
                 # The limits first: a request they refuse must not count in the cap's window
                 # (429s would pad it with "fast" and buy precise answers).
@@ -218,6 +220,28 @@ class ProxyService:
         ctx.extra_headers.update(admission.headers)
         bound = UsageBound.of(body_bytes, completion, summary.completions)
         return _Admitted(tiers, admission, bound, *prepared)
+
+    def _refuse_never_fitting(
+        self,
+        principal: Principal,
+        tiers: tuple[str, ...],
+        summary: RequestSummary,
+        completion: int,
+    ) -> None:
+        """Refuse, before any limit's verdict is awaited, a request dearer than a whole budget
+        of its key on its tier and on the fast tier a precise-share cap may still move it to
+        (arithmetic: no round trip), so that verdict (``x-should-retry: false``) wins over a
+        spent rpm's ``retry-after``, as a request above the whole tpm does."""
+        if self.budgets is None:
+            return
+        candidates = tiers[:1]
+        if self.precise_cap is not None and self.precise_cap.applies(principal):
+            candidates = (*candidates, self.router.catalog.fast)
+        refusal = self.budgets.final_refusal(
+            principal, candidates, summary.prompt_token_estimate, completion * summary.completions
+        )
+        if refusal is not None:
+            raise refusal
 
     def _start_admission(self, principal: Principal, reserve: int) -> Eager[Admission] | None:
         """The rate-limit check, started: it is a Redis round trip (its command is written now,

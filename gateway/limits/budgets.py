@@ -416,6 +416,28 @@ class BudgetGate:
         self.fail_open = fail_open
         self.clock = clock or time.time
 
+    def final_refusal(
+        self, principal: Principal, tiers: Sequence[str], prompt_tokens: int, completion_tokens: int
+    ) -> BudgetSpent | None:
+        """The 429 for a request dearer than its key's whole daily or monthly budget on every
+        one of ``tiers`` (those it may still be routed to): no wait cures it
+        (``x-should-retry: false``). Arithmetic only, no store: the pipeline asks before it
+        awaits the rate limits' verdict, so this verdict wins whichever limit refuses first."""
+        policy = principal.policy
+        if policy.budget_daily is None and policy.budget_monthly is None:
+            return None
+        amount = min(self.costs.cost(tier, prompt_tokens, completion_tokens) for tier in tiers)
+        for window, cap in (("daily", policy.budget_daily), ("monthly", policy.budget_monthly)):
+            if cap is not None and amount > cap:
+                return BudgetSpent(
+                    f"This request needs up to {amount:.4g} of compute, more than this key's "
+                    f"whole {window} compute budget of {cap:g}: it can never fit. "
+                    "Lower max_tokens.",
+                    limit=f"budget_{window}",
+                    headers=dict(NO_RETRY),
+                )
+        return None
+
     async def reserve(
         self, principal: Principal, tiers: Sequence[str], prompt_tokens: int, completion_tokens: int
     ) -> BudgetReservation | None:
