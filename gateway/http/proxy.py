@@ -206,7 +206,7 @@ class ProxyService:
         else:
             admission = await admitting
         if self.budgets is not None:
-            admission = await with_budget(
+            admission, tiers = await with_budget(
                 self.budgets,
                 admission,
                 ctx,
