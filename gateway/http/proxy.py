@@ -183,8 +183,7 @@ class ProxyService:
         try:
             decision, tiers, media = self._classify(body, summary, principal, headers)
             tiers = self._fit_context(ctx, body, summary, tiers)
-            if self.budgets is not None:
-                self._refuse_never_fitting(principal, tiers, summary, completion)
+            self._refuse_never_fitting(principal, tiers, summary, completion)
             if self.precise_cap is not None and self.precise_cap.applies(principal):
                 # The limits first: a request they refuse must not count in the cap's window
                 # (429s would pad it with "fast" and buy precise answers).

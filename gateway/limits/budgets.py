@@ -424,8 +424,9 @@ class BudgetGate:
     ) -> BudgetSpent | None:
         """The 429 for a request dearer than its key's whole daily or monthly budget on every
         one of ``tiers`` (those it may still be routed to): no wait cures it
-        (``x-should-retry: false``). Arithmetic only, no store: the pipeline asks before it
-        awaits the rate limits' verdict, so this verdict wins whichever limit refuses first."""
+        (``x-should-retry: false``; ``Retry-After`` until the window turns, as every budget
+        429). Arithmetic only, no store: the pipeline asks before it awaits the rate limits'
+        verdict, so this verdict wins whichever limit refuses first."""
         policy = principal.policy
         if policy.budget_daily is None and policy.budget_monthly is None:
             return None
@@ -437,7 +438,7 @@ class BudgetGate:
                     f"whole {window} compute budget of {cap:g}: it can never fit. "
                     "Lower max_tokens.",
                     limit=f"budget_{window}",
-                    headers=dict(NO_RETRY),
+                    headers={"Retry-After": str(_left_s(window, self.clock())), **NO_RETRY},
                 )
         return None
 
@@ -504,6 +505,12 @@ def _refusal(
         limit=refused,
         headers=headers,
     )
+
+
+def _left_s(window: str, now: float) -> int:
+    """Seconds until the ``daily`` or ``monthly`` window turns."""
+    windows = Windows.at(now)
+    return windows.day_left_s if window == "daily" else windows.month_left_s
 
 
 def _headers(day_budget: float | None, spent_today: float, windows: Windows) -> dict[str, str]:
