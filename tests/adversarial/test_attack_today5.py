@@ -133,3 +133,22 @@ def test_a_request_dearer_than_the_whole_budget_is_final_even_while_rpm_is_spent
     assert refused.status_code == 429
     assert refused.headers.get("x-should-retry") == "false", refused.headers
     assert "budget" in refused.json()["error"]["message"], refused.json()
+
+
+def test_a_request_the_precise_cap_moves_to_fast_is_priced_fast(stack: Stack) -> None:
+    """A key capped at no precise share (downgrade), budget 0.05: ``model: precise`` with 100
+    tokens would cost about 0.1 on precise, 0.026 on fast, where the cap sends it. It is
+    served on fast; with the key's one request a minute spent, the next is refused for the
+    rpm (retryable), not as dearer than the whole budget."""
+    _, token = asyncio.run(
+        new_key(stack.redis_url, rpm=1, budget_daily=0.05, max_precise_share=0.0)
+    )
+    body = {"model": "precise", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 100}
+    url, auth = stack.gateway.url + "/v1/chat/completions", {"authorization": f"Bearer {token}"}
+    served = httpx.post(url, headers=auth, json=body, timeout=30.0)
+    assert served.status_code == 200, served.text
+    assert served.headers["x-tiergate-tier"] == "fast"
+    refused = httpx.post(url, headers=auth, json=body, timeout=30.0)
+    assert refused.status_code == 429
+    assert refused.headers.get("x-should-retry") != "false", refused.headers
+    assert "requests per minute" in refused.json()["error"]["message"]
