@@ -181,7 +181,7 @@ class ProxyService:
         # closed unfinished, its concurrency slot left to the lease.
         admitting = self._start_admission(principal, reserve)
         try:
-            decision, tiers, media = self._classify(body, summary, principal, headers)
+            decision, tiers, media = self._classify(body, summary, principal, headers, completion)
             tiers = self._fit_context(ctx, body, summary, tiers)
             self._refuse_never_fitting(principal, tiers, summary, completion)
             if self.precise_cap is not None and self.precise_cap.applies(principal):
@@ -270,10 +270,13 @@ class ProxyService:
         summary: RequestSummary,
         principal: Principal,
         headers: Mapping[str, str],
+        completion: int,
     ) -> tuple[RouteDecision, tuple[str, ...], list[MediaUrl]]:
         """The request's route decision, the tiers its fields allow, and the media URLs whose
-        hosts must still be checked (:meth:`FieldRules.check_media`) before it goes on."""
-        decision = self._decide(summary, body, principal, headers.get("x-tiergate-tier"))
+        hosts must still be checked (:meth:`FieldRules.check_media`) before it goes on
+        (``completion``: its completion cap, which prices it on a tier)."""
+        override = headers.get("x-tiergate-tier")
+        decision = self._decide(summary, body, principal, override, completion)
         tiers, media = self.fields.check_now(
             body, summary.kind, principal, self.router.tiers_for(decision, principal)
         )
@@ -419,12 +422,24 @@ class ProxyService:
         body: dict[str, Any],
         principal: Principal,
         override: str | None,
+        completion: int,
     ) -> RouteDecision:
         decision = self.router.decide(summary, body, principal, override)
         if self.spillover is not None:
-            decision = self.spillover.adjust(
-                decision, principal, lambda tier: self.fields.accepts(body, tier)
-            )
+            budgets = self.budgets
+            prompt, completions = summary.prompt_token_estimate, completion * summary.completions
+
+            def accepts(tier: str) -> bool:
+                """The request's fields go there, and it is not dearer there than a whole
+                budget of its key (a spill must not turn a request that fits into one that
+                never does)."""
+                if not self.fields.accepts(body, tier):
+                    return False
+                if budgets is None:
+                    return True
+                return budgets.final_refusal(principal, (tier,), prompt, completions) is None
+
+            decision = self.spillover.adjust(decision, principal, accepts)
         self._check_max_tokens(summary, decision.tier, principal.policy.max_tokens)
         return decision
 
