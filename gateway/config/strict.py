@@ -169,8 +169,10 @@ def format_validation_error(
             what = _unknown_key(root, loc)
         else:
             what = error["msg"]
-            # The whole settings (loc empty) is never echoed: it may hold a token.
-            if "input" in error and error["type"] != "missing" and loc and not _secret(loc):
+            # The whole settings (loc empty) is never echoed: it may hold a token; nor is a
+            # mapping or a list (free-form fields such as judge_fields may hold a credential
+            # under any name): the setting's path names what is wrong.
+            if _echoable(error, loc):
                 what += f" (got {str(error['input'])[:80]!r})"
         where = dotted(loc) or "settings"
         source = origin(loc[:-1] if error["type"] == "missing" else loc)
@@ -179,6 +181,14 @@ def format_validation_error(
 
 
 _SECRET_WORDS = ("token", "pepper", "password", "secret", "api_key", "url")
+
+
+def _echoable(error: Mapping[str, Any], loc: Loc) -> bool:
+    """Whether the value an error is about may be quoted back: a scalar at a path that is
+    not a secret's."""
+    if "input" not in error or error["type"] == "missing" or not loc or _secret(loc):
+        return False
+    return not isinstance(error["input"], Mapping | list | tuple | set | frozenset)
 
 
 def _secret(loc: Loc) -> bool:

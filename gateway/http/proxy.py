@@ -181,8 +181,9 @@ class ProxyService:
         # closed unfinished, its concurrency slot left to the lease.
         admitting = self._start_admission(principal, reserve)
         try:
-            decision, tiers, media = self._classify(body, summary, principal, headers)
+            decision, tiers, media = self._classify(body, summary, principal, headers, completion)
             tiers = self._fit_context(ctx, body, summary, tiers)
+            self._refuse_never_fitting(principal, tiers, summary, completion)
             if self.precise_cap is not None and self.precise_cap.applies(principal):
                 # The limits first: a request they refuse must not count in the cap's window
                 # (429s would pad it with "fast" and buy precise answers).
@@ -204,7 +205,7 @@ class ProxyService:
         else:
             admission = await admitting
         if self.budgets is not None:
-            admission = await with_budget(
+            admission, tiers = await with_budget(
                 self.budgets,
                 admission,
                 ctx,
@@ -218,6 +219,28 @@ class ProxyService:
         ctx.extra_headers.update(admission.headers)
         bound = UsageBound.of(body_bytes, completion, summary.completions)
         return _Admitted(tiers, admission, bound, *prepared)
+
+    def _refuse_never_fitting(
+        self,
+        principal: Principal,
+        tiers: tuple[str, ...],
+        summary: RequestSummary,
+        completion: int,
+    ) -> None:
+        """Refuse, before any limit's verdict is awaited, a request dearer than a whole budget
+        of its key on its tier and on the fast tier a precise-share cap may still move it to
+        (arithmetic: no round trip), so that verdict (``x-should-retry: false``) wins over a
+        spent rpm's ``retry-after``, as a request above the whole tpm does."""
+        if self.budgets is None:
+            return
+        candidates = tiers[:1]
+        if self.precise_cap is not None and self.precise_cap.applies(principal):
+            candidates = (*candidates, self.router.catalog.fast)
+        refusal = self.budgets.final_refusal(
+            principal, candidates, summary.prompt_token_estimate, completion * summary.completions
+        )
+        if refusal is not None:
+            raise refusal
 
     def _start_admission(self, principal: Principal, reserve: int) -> Eager[Admission] | None:
         """The rate-limit check, started: it is a Redis round trip (its command is written now,
@@ -247,10 +270,13 @@ class ProxyService:
         summary: RequestSummary,
         principal: Principal,
         headers: Mapping[str, str],
+        completion: int,
     ) -> tuple[RouteDecision, tuple[str, ...], list[MediaUrl]]:
         """The request's route decision, the tiers its fields allow, and the media URLs whose
-        hosts must still be checked (:meth:`FieldRules.check_media`) before it goes on."""
-        decision = self._decide(summary, body, principal, headers.get("x-tiergate-tier"))
+        hosts must still be checked (:meth:`FieldRules.check_media`) before it goes on
+        (``completion``: its completion cap, which prices it on a tier)."""
+        override = headers.get("x-tiergate-tier")
+        decision = self._decide(summary, body, principal, override, completion)
         tiers, media = self.fields.check_now(
             body, summary.kind, principal, self.router.tiers_for(decision, principal)
         )
@@ -396,12 +422,24 @@ class ProxyService:
         body: dict[str, Any],
         principal: Principal,
         override: str | None,
+        completion: int,
     ) -> RouteDecision:
         decision = self.router.decide(summary, body, principal, override)
         if self.spillover is not None:
-            decision = self.spillover.adjust(
-                decision, principal, lambda tier: self.fields.accepts(body, tier)
-            )
+            budgets = self.budgets
+            prompt, completions = summary.prompt_token_estimate, completion * summary.completions
+
+            def accepts(tier: str) -> bool:
+                """The request's fields go there, and it is not dearer there than a whole
+                budget of its key (a spill must not turn a request that fits into one that
+                never does)."""
+                if not self.fields.accepts(body, tier):
+                    return False
+                if budgets is None:
+                    return True
+                return budgets.final_refusal(principal, (tier,), prompt, completions) is None
+
+            decision = self.spillover.adjust(decision, principal, accepts)
         self._check_max_tokens(summary, decision.tier, principal.policy.max_tokens)
         return decision
 

@@ -1,7 +1,8 @@
 """Compute budgets: per-key cost quotas per UTC day and calendar month (issue 17).
 
-A request reserves its worst-case cost on the tier it was routed to (its prompt estimate and
-its completion cap, priced by ``policies/cost.py``) before it is forwarded, and settles with
+A request reserves its worst-case cost (its prompt estimate and its completion cap, priced by
+``policies/cost.py`` on the dearest tier it may be served on, fallbacks included; the routed
+tier alone when that does not fit) before it is forwarded, and settles with
 the real usage priced on the tier that served it. A key whose reservation does not fit gets a
 429 naming the budget, with ``Retry-After`` until the window turns. The Redis store checks
 and reserves in one Lua script, so several gateways share one exact budget: the total charged
@@ -29,7 +30,7 @@ from gateway.limits.redis import LuaScript, ScriptRunner, script_runner
 from gateway.pipeline.context import RequestContext
 from policies.cost import CostModel, TierPrice
 from policies.ports import Admission
-from policies.principal import Principal
+from policies.principal import KeyPolicy, Principal
 
 _log = structlog.get_logger("tiergate.budgets")
 
@@ -367,6 +368,8 @@ class BudgetReservation:
     windows: Windows
     reserved: float
     headers: dict[str, str] = field(default_factory=dict)
+    # The tiers it may be served on: those the reservation pays for (BudgetGate.reserve).
+    tiers: tuple[str, ...] = ()
     settled: bool = False
 
     async def settle(self, ctx: RequestContext) -> None:
@@ -416,45 +419,98 @@ class BudgetGate:
         self.fail_open = fail_open
         self.clock = clock or time.time
 
+    def final_refusal(
+        self, principal: Principal, tiers: Sequence[str], prompt_tokens: int, completion_tokens: int
+    ) -> BudgetSpent | None:
+        """The 429 for a request dearer than its key's whole daily or monthly budget on every
+        one of ``tiers`` (those it may still be routed to): no wait cures it
+        (``x-should-retry: false``; ``Retry-After`` until the window turns, as every budget
+        429). Arithmetic only, no store: the pipeline asks before it awaits the rate limits'
+        verdict, so this verdict wins whichever limit refuses first."""
+        policy = principal.policy
+        if policy.budget_daily is None and policy.budget_monthly is None:
+            return None
+        amount = min(self.costs.cost(tier, prompt_tokens, completion_tokens) for tier in tiers)
+        for window, cap in (("daily", policy.budget_daily), ("monthly", policy.budget_monthly)):
+            if cap is not None and amount > cap:
+                return BudgetSpent(
+                    f"This request needs up to {amount:.4g} of compute, more than this key's "
+                    f"whole {window} compute budget of {cap:g}: it can never fit. "
+                    "Lower max_tokens.",
+                    limit=f"budget_{window}",
+                    headers={"Retry-After": str(_left_s(window, self.clock())), **NO_RETRY},
+                )
+        return None
+
     async def reserve(
         self, principal: Principal, tiers: Sequence[str], prompt_tokens: int, completion_tokens: int
     ) -> BudgetReservation | None:
         """``None`` for keys without budgets; raises a 429 when the reservation does not fit.
 
-        The reservation is priced on ``tiers[0]``, the tier the request was routed to. A
-        fallback tier is priced only if it answers, when the request settles: a fallback to a
-        dearer tier may charge more than was reserved (the budget may end that much over).
+        ``tiers``: the routed tier, then its fallbacks. The reservation is the worst case over
+        them (a fallback to a dearer tier is paid for before it may answer), in one round trip.
+        When that does not fit, the fallbacks dearer than the routed tier are dropped and the
+        routed tier's price is tried (a second round trip, on this refusal only): a request
+        that fits on its routed tier is served there (``reservation.tiers``), never refused
+        because a fallback would not fit.
         """
         policy = principal.policy
         if policy.budget_daily is None and policy.budget_monthly is None:
             return None
         windows = Windows.at(self.clock())
-        amount = self.costs.cost(tiers[0], prompt_tokens, completion_tokens)
+        prices = [self.costs.cost(tier, prompt_tokens, completion_tokens) for tier in tiers]
+        amount = max(prices)
         try:
             refused, spent = await self.store.reserve(
                 principal.key_id, windows, policy.budget_daily, policy.budget_monthly, amount
             )
+            if refused is not None and prices[0] < amount:
+                tiers = [
+                    tier for tier, price in zip(tiers, prices, strict=True) if price <= prices[0]
+                ]
+                amount = prices[0]
+                refused, spent = await self.store.reserve(
+                    principal.key_id, windows, policy.budget_daily, policy.budget_monthly, amount
+                )
         except (RedisError, OSError):
             if self.fail_open:
                 _log.warning("budget.store_unavailable", key_id=principal.key_id)
                 return None
             raise
         if refused is not None:
-            limit = policy.budget_daily if refused == "budget_daily" else policy.budget_monthly
-            wait = windows.day_left_s if refused == "budget_daily" else windows.month_left_s
-            headers = {"Retry-After": str(wait), **_headers(policy.budget_daily, spent, windows)}
-            whole = (policy.budget_daily, policy.budget_monthly)
-            if any(cap is not None and amount > cap for cap in whole):  # never fits: either
-                headers.update(NO_RETRY)  # window may refuse first, the other never admits it
-            raise BudgetSpent(
-                f"This key's {refused.split('_')[1]} compute budget of {limit:g} is spent "
-                f"({spent:.4g} used; this request needs up to {amount:.4g}).",
-                limit=refused,
-                headers=headers,
-            )
+            raise _refusal(policy, refused, spent, amount, windows)
         return BudgetReservation(
-            self, principal, windows, amount, _headers(policy.budget_daily, spent, windows)
+            self,
+            principal,
+            windows,
+            amount,
+            _headers(policy.budget_daily, spent, windows),
+            tiers=tuple(tiers),
         )
+
+
+def _refusal(
+    policy: KeyPolicy, refused: str, spent: float, amount: float, windows: Windows
+) -> BudgetSpent:
+    """The 429 for a reservation of ``amount`` that the ``refused`` window could not take."""
+    limit = policy.budget_daily if refused == "budget_daily" else policy.budget_monthly
+    wait = windows.day_left_s if refused == "budget_daily" else windows.month_left_s
+    headers = {"Retry-After": str(wait), **_headers(policy.budget_daily, spent, windows)}
+    whole = (policy.budget_daily, policy.budget_monthly)
+    if any(cap is not None and amount > cap for cap in whole):  # never fits: either
+        headers.update(NO_RETRY)  # window may refuse first, the other never admits it
+    return BudgetSpent(
+        f"This key's {refused.split('_')[1]} compute budget of {limit:g} is spent "
+        f"({spent:.4g} used; this request needs up to {amount:.4g}).",
+        limit=refused,
+        headers=headers,
+    )
+
+
+def _left_s(window: str, now: float) -> int:
+    """Seconds until the ``daily`` or ``monthly`` window turns."""
+    windows = Windows.at(now)
+    return windows.day_left_s if window == "daily" else windows.month_left_s
 
 
 def _headers(day_budget: float | None, spent_today: float, windows: Windows) -> dict[str, str]:
@@ -513,14 +569,18 @@ async def with_budget(
     ctx: RequestContext,
     *,
     principal: Principal,
-    tiers: Sequence[str],
+    tiers: tuple[str, ...],
     prompt_tokens: int,
     completion_tokens: int,
-) -> Admission:
-    """Reserve the request's worst-case cost; on a 429 give the rate-limit admission back."""
+) -> tuple[Admission, tuple[str, ...]]:
+    """Reserve the request's worst-case cost; on a 429 give the rate-limit admission back.
+    The admission, and the tiers the request may be served on (the budget may drop a dearer
+    fallback it cannot pay for)."""
     try:
         reservation = await gate.reserve(principal, tiers, prompt_tokens, completion_tokens)
     except BaseException:
         await admission.withdraw()
         raise
-    return admission if reservation is None else BudgetedAdmission(admission, reservation, ctx)
+    if reservation is None:
+        return admission, tiers
+    return BudgetedAdmission(admission, reservation, ctx), reservation.tiers

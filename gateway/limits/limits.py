@@ -143,20 +143,27 @@ def _rejection(
     verdict: Verdict,
     *,
     whole: LimitSpec,
+    share: str = "",
     degraded_retry_s: float | None = None,
 ) -> KeyRateLimited:
-    """The 429 for ``verdict`` on ``spec`` (the limits applied); ``whole``: the key's limits
-    when the shared backend answers. ``x-should-retry: false`` only where no wait cures the
-    request: above ``whole``'s tpm, whichever limit refused it first. ``degraded_retry_s``:
-    set while a share of the key's limits is enforced locally (the backend unreachable)."""
+    """The 429 for ``verdict`` on ``spec`` (the limits applied); ``whole``: the most this
+    process ever grants the key (its share of the key's limits when they are divided among
+    workers). ``x-should-retry: false`` only where no wait cures the request: above
+    ``whole``'s tpm, whichever limit refused it first. ``share`` says which processes divide
+    the key's limits when ``spec`` is a share of them (the message states the key's own
+    limits, then the share); ``degraded_retry_s``: set while a share of the key's limits is
+    enforced locally (the backend unreachable)."""
     headers = rate_headers(verdict)
     wait_ms = verdict.retry_after_ms
     kid = principal.key_id
+    key = LimitSpec.of(principal.policy)
     if whole.tpm is not None and tokens > whole.tpm:
         headers.update(NO_RETRY)
+        part = f", {whole.tpm} {share}" if share and whole.tpm != key.tpm else ""
         return KeyRateLimited(
             f"Request too large for key {kid}: it reserves {tokens} tokens (prompt estimate + "
-            f"max_tokens) but the key allows {whole.tpm} tokens per minute. Lower max_tokens.",
+            f"max_tokens) but the key allows {key.tpm} tokens per minute{part}. "
+            "Lower max_tokens.",
             limit=Limit.TOKENS.value,
             headers=headers,
         )
@@ -165,14 +172,24 @@ def _rejection(
     headers["retry-after"] = str(max(1, math.ceil(wait_ms / 1000)))
     headers["retry-after-ms"] = str(wait_ms)
     later = f" Please try again in {format_reset(wait_ms)}."
+
+    def applied(mine: int | None, keys: int | None) -> str:
+        return f"; {mine} {share}" if share and mine != keys else ""
+
     if verdict.exceeded is Limit.REQUESTS:
-        message = f"Rate limit reached for requests per minute on key {kid}: limit {spec.rpm}."
+        message = (
+            f"Rate limit reached for requests per minute on key {kid}: limit {key.rpm}"
+            f"{applied(spec.rpm, key.rpm)}."
+        )
     elif verdict.exceeded is Limit.CONCURRENCY:
-        message = f"Too many concurrent requests on key {kid}: limit {spec.concurrency} in flight."
+        message = (
+            f"Too many concurrent requests on key {kid}: limit {key.concurrency} in flight"
+            f"{applied(spec.concurrency, key.concurrency)}."
+        )
     else:
         message = (
-            f"Rate limit reached for tokens per minute on key {kid}: limit {spec.tpm}, "
-            f"requested {tokens}."
+            f"Rate limit reached for tokens per minute on key {kid}: limit {key.tpm}"
+            f"{applied(spec.tpm, key.tpm)}, requested {tokens}."
         )
     exceeded = verdict.exceeded or Limit.REQUESTS
     return KeyRateLimited(message + later, limit=exceeded.value, headers=headers)
@@ -330,11 +347,8 @@ class KeyLimiter:
         suffix = "" if backend is self._backend else "_local"
         if verdict.exceeded is not None:
             self._metrics.decision(verdict.exceeded.value, "rejected" + suffix)
-            degraded = None
-            if backend is not self._backend:
-                degraded = self._health.retry_interval_s if self._health is not None else 1.0
-            raise _rejection(
-                principal, spec, reserve_tokens, verdict, whole=whole, degraded_retry_s=degraded
+            raise self._refusal(
+                principal, spec, reserve_tokens, verdict, whole=whole, backend=backend
             )
         self._metrics.decision(ALL_LIMITS, "allowed" + suffix)
         return KeyAdmission(
@@ -345,6 +359,40 @@ class KeyLimiter:
             reserved=reserve_tokens,
             slot=slot,
             headers=rate_headers(verdict),
+        )
+
+    def _refusal(
+        self,
+        principal: Principal,
+        spec: LimitSpec,
+        tokens: int,
+        verdict: Verdict,
+        *,
+        whole: LimitSpec,
+        backend: RateLimitBackend,
+    ) -> KeyRateLimited:
+        """The 429 for a refused request; its message names the key's limits, and the share
+        of them that refused it when this process enforces a share."""
+        share, degraded = "", None
+        if backend is not self._backend:
+            degraded = self._health.retry_interval_s if self._health is not None else 1.0
+            share = (
+                f"in each of {self.local_share()} gateway processes while the shared limiter "
+                "is unreachable"
+            )
+        elif self._primary_share > 1:
+            share = (
+                f"in each of {self._primary_share} worker processes "
+                "(ratelimit.memory_divide_per_worker)"
+            )
+        return _rejection(
+            principal,
+            spec,
+            tokens,
+            verdict,
+            whole=whole,
+            share=share,
+            degraded_retry_s=degraded,
         )
 
     async def _acquire(

@@ -8,7 +8,8 @@ classifier routed to one tier goes to the other when the other's estimate plus `
 still below its own, and the key allows it: **up** (fast → precise, route reason ``spill_up``)
 when the key may use the precise tier; **down** (precise → fast, ``spill_down``) only with the
 ``downgrade`` scope. Explicit tiers, overrides and rules (tools, structured output, long
-prompts) are never moved, nor a request whose fields the other tier refuses. The spilled
+prompts) are never moved, nor a request whose fields the other tier refuses, nor one dearer
+there than a whole budget of its key (the caller's ``accepts``). The spilled
 decision then goes through the precise-share caps and budgets like any other
 (gateway/http/proxy.py ``_admit``), so a spill up counts as a precise request. Off by default;
 ``spilled`` counts spills by direction (also in ``tiergate_route_decisions_total`` under their

@@ -150,9 +150,9 @@ def test_a_request_for_n_answers_reserves_n_completions(
 
 
 def test_fallback_to_precise_is_priced_when_it_answers() -> None:
-    """Fast is down: requests are reserved at the fast price (the routed tier) and charged the
-    precise price of the fallback that answered; the overshoot is what docs/savings.md says:
-    the budget plus, per fallback answer, its real cost above its reservation."""
+    """Fast is down: each request is answered by its precise fallback and charged the precise
+    price of the tier that answered, and the key's spend never passes its budget (a fallback
+    the budget cannot pay for is not tried: a 503 instead of an answer paid for by nobody)."""
     budget = 0.65
 
     def fast_down(config: dict[str, Any], backends: Backends) -> None:
@@ -170,12 +170,9 @@ def test_fallback_to_precise_is_priced_when_it_answers() -> None:
         assert all(r.json()["model"] == "tiergate-sim" for r in ok)
         time.sleep(1.0)
         charged = asyncio.run(spent(redis_url, key_id))
-    fast_reservation = (100 + 200) / 1000 * 0.25
-    assert len(ok) <= budget // fast_reservation  # admitted at the fast price
     real = sum(r.json()["usage"]["total_tokens"] / 1000 * 1.0 for r in ok)  # precise: 1 per 1k
     assert charged == pytest.approx(real, rel=1e-6)  # re-priced on the tier that answered
-    overrun = sum(max(0.0, r.json()["usage"]["total_tokens"] / 1000 - fast_reservation) for r in ok)
-    assert charged <= budget + overrun + 1e-9
+    assert charged <= budget + 1e-9, (charged, len(ok))
 
 
 async def burst(url: str, token: str, body: dict[str, object], n: int) -> list[httpx.Response]:

@@ -67,3 +67,16 @@ def test_thinking_switch_in_judge_fields_is_accepted(tmp_path: Path) -> None:
     fields = {"chat_template_kwargs": {"enable_thinking": False}}
     done = run_tiergate("check-exposure", "--config", str(_config(tmp_path, fields)))
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_refused_judge_field_is_named_and_no_value_is_echoed(tmp_path: Path) -> None:
+    """``judge_fields`` may carry a credential for the precise tier's server (a header-like
+    field): the start-up error names the refused field, never quotes a value of the mapping."""
+    secret = "sk-judge-secret-0123456789"
+    fields = {"n": 4, "vllm_xargs": {"api_key": secret}}
+    done = run_tiergate("serve", "--config", str(_config(tmp_path, fields)), "--port", "9")
+    assert done.returncode != 0, done.stderr[-2000:]
+    assert "judge_fields" in done.stderr, done.stderr[-2000:]
+    assert "may not set n" in done.stderr, done.stderr[-2000:]
+    assert secret not in done.stderr, done.stderr[-2000:]
+    assert "sk-judge" not in done.stderr, done.stderr[-2000:]

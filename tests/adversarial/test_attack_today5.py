@@ -28,6 +28,7 @@ from policies.cost import CostModel, TierPrice
 from policies.errors import RateLimited
 from policies.principal import KeyPolicy, Principal
 from tests.integration.test_budgets_usage import new_key
+from tests.key_fields import KeyPolicyFields
 from tests.processes import free_port
 from tests.stack import FAST_SIM, Backends, Stack, running_stack
 
@@ -112,3 +113,42 @@ async def test_dearer_than_the_whole_month_is_final_when_the_day_refuses() -> No
         await gate.reserve(principal, ["precise"], 1750, 1750)  # 3.5
     assert refused.value.limit == "budget_daily"
     assert (refused.value.headers or {}).get("x-should-retry") == "false"
+
+
+@pytest.mark.parametrize("window", ["budget_daily", "budget_monthly"])
+def test_a_request_dearer_than_the_whole_budget_is_final_even_while_rpm_is_spent(
+    stack: Stack, window: str
+) -> None:
+    """The key's one request a minute is used; the next costs more than the key's whole
+    daily (or monthly) budget (300 tokens on fast: about 0.077 against 0.02). No wait cures
+    that: the 429 must say so, as it does for a request above the whole tpm."""
+    policy = (
+        KeyPolicyFields(rpm=1, budget_daily=0.02)
+        if window == "budget_daily"
+        else KeyPolicyFields(rpm=1, budget_monthly=0.02)
+    )
+    _, token = asyncio.run(new_key(stack.redis_url, **policy))
+    assert _chat(stack, token, 5).status_code == 200
+    refused = _chat(stack, token, 300)
+    assert refused.status_code == 429
+    assert refused.headers.get("x-should-retry") == "false", refused.headers
+    assert "budget" in refused.json()["error"]["message"], refused.json()
+
+
+def test_a_request_the_precise_cap_moves_to_fast_is_priced_fast(stack: Stack) -> None:
+    """A key capped at no precise share (downgrade), budget 0.05: ``model: precise`` with 100
+    tokens would cost about 0.1 on precise, 0.026 on fast, where the cap sends it. It is
+    served on fast; with the key's one request a minute spent, the next is refused for the
+    rpm (retryable), not as dearer than the whole budget."""
+    _, token = asyncio.run(
+        new_key(stack.redis_url, rpm=1, budget_daily=0.05, max_precise_share=0.0)
+    )
+    body = {"model": "precise", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 100}
+    url, auth = stack.gateway.url + "/v1/chat/completions", {"authorization": f"Bearer {token}"}
+    served = httpx.post(url, headers=auth, json=body, timeout=30.0)
+    assert served.status_code == 200, served.text
+    assert served.headers["x-tiergate-tier"] == "fast"
+    refused = httpx.post(url, headers=auth, json=body, timeout=30.0)
+    assert refused.status_code == 429
+    assert refused.headers.get("x-should-retry") != "false", refused.headers
+    assert "requests per minute" in refused.json()["error"]["message"]

@@ -229,6 +229,32 @@ def test_spills_count_against_the_precise_share_cap_and_the_budget(stack: Stack)
     assert 1000.0 - 0.1 < remaining < 1000.0 - 0.001
 
 
+def test_a_spill_up_dearer_than_the_whole_budget_does_not_happen(stack: Stack) -> None:
+    """Budget 0.004: the probe costs 0.002 on fast, 0.008 on precise (more than the whole
+    budget). With fast flooded, a plain key spills up; this key's probe stays fast (queued
+    behind the flood, answered once it ends), never refused as never fitting."""
+
+    async def run() -> Mapping[str, str]:
+        plain = await new_key(stack, KeyPolicy())
+        thrifty = await new_key(stack, KeyPolicy(budget_daily=0.004))
+        async with flooded(stack.fast, stack.up, "fast"):
+            await until_spilled(stack.up, plain, "spill_up")
+            waiting = (await stack.fast.astats())["waiting"]
+            answer = asyncio.create_task(probe(stack.up, thrifty))
+            deadline = time.monotonic() + patience(10.0)
+            while not answer.done() and (await stack.fast.astats())["waiting"] <= waiting:
+                assert time.monotonic() < deadline, "the probe neither answered nor queued"
+                await asyncio.sleep(0.05)
+        return await answer
+
+    headers = asyncio.run(run())
+    assert headers.get("x-should-retry") != "false", dict(headers)
+    assert (headers["x-tiergate-tier"], headers["x-tiergate-route-reason"]) == (
+        "fast",
+        "classifier",
+    ), dict(headers)
+
+
 def test_a_drowning_precise_tier_spills_down_only_with_the_downgrade_scope(stack: Stack) -> None:
     """Precise flooded, fast idle: a key with the downgrade scope is answered by fast with
     spill_down; a key without it stays precise."""
