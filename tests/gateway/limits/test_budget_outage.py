@@ -53,3 +53,61 @@ async def test_a_settlement_cancelled_while_paying_back_counts_everything_once(
     finally:
         await store.aclose()
         await client.aclose()
+
+
+async def test_what_an_idle_process_owes_reaches_redis_once_it_answers(
+    redis_server: RedisServer,
+) -> None:
+    """0.75 spent during an outage, then no more requests in this process: once Redis answers
+    again the debt is paid within a few probe intervals all the same (before: only the next
+    budgeted request of this process paid it, so the fleet's other processes saw the key
+    0.75 short for as long as this one was idle, and could spend it twice)."""
+    client = Redis.from_url(redis_server.url)
+    health = BackendHealth("redis", down_event="down", up_event="up", retry_interval_s=0.05)
+    store = FailOpenBudgetStore(RedisBudgetStore(client, "t:"), health, share=lambda: 1)
+    windows = Windows.at(NOON)
+    store.start()
+    try:
+        health.failed("ConnectionError")  # the outage
+        await store.adjust("k1", windows, 0.75)
+        assert store.owed
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 5.0
+        while store.owed and loop.time() < deadline:
+            await asyncio.sleep(0.02)
+        assert await _day_spend(client, windows) == 0.75
+        assert not store.owed
+        assert not store.unsure
+        assert health.healthy
+    finally:
+        await store.aclose()
+        await client.aclose()
+
+
+async def test_the_payback_loop_keeps_trying_while_redis_is_down_and_stops_on_close(
+    redis_server: RedisServer,
+) -> None:
+    """Redis down: the loop's probes fail, the debt stays owed (nothing lost, no traceback);
+    Redis back: paid; ``aclose`` ends the loop."""
+    client = Redis.from_url(redis_server.url, socket_timeout=0.5, socket_connect_timeout=0.5)
+    health = BackendHealth("redis", down_event="down", up_event="up", retry_interval_s=0.05)
+    store = FailOpenBudgetStore(RedisBudgetStore(client, "t:"), health, share=lambda: 1)
+    windows = Windows.at(NOON)
+    store.start()
+    try:
+        redis_server.kill()
+        health.failed("ConnectionError")
+        await store.adjust("k1", windows, 0.5)
+        await asyncio.sleep(0.3)  # several probes, each refused
+        assert sum(delta for delta, _ in store.owed.values()) == 0.5
+        assert not health.healthy
+        redis_server.start()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10.0
+        while (store.owed or store.unsure) and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        assert await _day_spend(client, windows) == 0.5
+    finally:
+        await store.aclose()
+        await client.aclose()
+    assert store._repayer is None
