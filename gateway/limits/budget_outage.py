@@ -7,12 +7,15 @@ being the live gateway processes (:class:`gateway.census.LocalShare`). Every cha
 while Redis could not take it (a reservation, or the settlement of any request, reserved
 before the outage or during it) is added to a journal per key and window; before the next
 charge goes to Redis once it answers, the journal goes first, so Redis again holds what was
-spent. A charge sent whose answer never came (Redis died, or answered after the socket
-timeout) may or may not have run: each charge carries this process's increasing number and
-Redis keeps, per key and process, the highest that ran (``gateway.budgets._MARK``), which
-settles the question once Redis answers. (The one case it cannot: a reservation Redis refused,
-whose answer was lost, followed by a later charge of the same key from the same process that
-ran before the crash: that refusal counts as a charge given back.)
+spent. A process with nothing to charge pays it all the same: while anything is owed, a
+background loop (:meth:`FailOpenBudgetStore.start`) probes Redis at the health's retry
+interval and settles up once it answers. A charge sent whose answer never came (Redis died,
+or answered after the socket timeout) may or may not have run: each charge carries this
+process's increasing number and Redis keeps, per key and process, the highest that ran
+(``gateway.budgets._MARK``), which settles the question once Redis answers. (The one case it
+cannot: a reservation Redis refused, whose answer was lost, followed by a later charge of the
+same key from the same process that ran before the crash: that refusal counts as a charge
+given back.)
 
 The bound: during an outage the fleet spends at most what the key had left at each process's
 last look (divided among N), plus one request's overrun per process (a settlement above its
@@ -29,6 +32,7 @@ from redis.exceptions import RedisError
 
 from gateway.config.redis_client import BackendHealth
 from gateway.limits.budgets import MemoryBudgetStore, RedisBudgetStore, Windows
+from gateway.pipeline.tasks import stop_tasks
 
 _Entry = tuple[str, str, str]  # key id, day, month
 
@@ -54,6 +58,28 @@ class FailOpenBudgetStore:
         # One settling-up at a time, and no new charge sent while one is due: a charge sent
         # after a lost one would raise the marks the lost one is judged by.
         self._settling = asyncio.Lock()
+        self._repayer: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Start the payback loop: what is owed reaches Redis once it answers, also when this
+        process has no request to charge (an idle worker's debt would otherwise hide spend
+        from the fleet's other processes until its next budgeted request)."""
+        if self._repayer is None:
+            self._repayer = asyncio.get_running_loop().create_task(
+                self._repay_forever(), name="budget.payback"
+            )
+
+    async def _repay_forever(self) -> None:
+        interval = max(0.01, self.health.retry_interval_s)
+        while True:
+            await asyncio.sleep(interval)
+            if (self.owed or self.unsure) and self.health.should_try():
+                try:
+                    await self._settle_up()
+                except (RedisError, OSError) as exc:
+                    self.health.failed(type(exc).__name__)
+                else:
+                    self.health.succeeded()
 
     async def reserve(
         self,
@@ -181,7 +207,10 @@ class FailOpenBudgetStore:
         self.local.spent.clear()
 
     async def aclose(self) -> None:
-        """Shutdown: pay what is still owed if Redis answers, then close."""
+        """Shutdown: stop the payback loop, pay what is still owed if Redis answers, then
+        close."""
+        task, self._repayer = self._repayer, None
+        await stop_tasks(task)
         with contextlib.suppress(RedisError, OSError):
             await self._settle_up()
         await self.remote.aclose()

@@ -136,9 +136,12 @@ class Accounting:
     redis_windows: RedisShareWindows | None = None
 
     async def startup(self) -> None:
-        """Start the usage flusher (Redis) and follow the live dial."""
+        """Start the usage flusher (Redis), the budgets' payback loop (outages) and follow
+        the live dial."""
         if self.redis_usage is not None:
             self.redis_usage.start()
+        if isinstance(self.redis_budgets, FailOpenBudgetStore):
+            self.redis_budgets.start()
         if self.dial is not None:
             await self.dial.startup()
 
