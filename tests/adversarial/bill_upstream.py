@@ -258,6 +258,19 @@ async def stream_tool_call_cut(writer: Writer) -> None:
     await _events(writer, ROLE, *_call_deltas(), end=False)
 
 
+# A tool call's arguments in one chunk, as tool parsers that buffer the whole JSON send them
+# (some of vLLM's; llama.cpp): 2,048 characters, 512 tokens by the gateway's rough count.
+BIG_ARGUMENTS = json.dumps({"text": ("word " * 408)[:2036]})
+
+
+async def stream_tool_call_big_arguments_cut(writer: Writer) -> None:
+    """A tool call streamed in 2 chunks (the name, then all 2,048 characters of its
+    arguments at once), then the body ends: no final chunk, no usage."""
+    first = {"id": "chatcmpl-tool-0", "type": "function", "function": {"name": "get_weather"}}
+    arguments = _call_chunk({"function": {"arguments": BIG_ARGUMENTS}})
+    await _events(writer, ROLE, _call_chunk(first), arguments, end=False)
+
+
 def _usage_chunk(completion: int, reasoning: int = 0) -> bytes:
     details = {"reasoning_tokens": reasoning}
     return _chunk([], usage=_usage(completion, completion_tokens_details=details))
@@ -367,6 +380,7 @@ SCENARIOS: dict[str, Scenario] = {
         stream_tool_call_cut,
         stream_tool_call,
         stream_tool_call_no_done,
+        stream_tool_call_big_arguments_cut,
         stream_reasoning_answer,
         stream_reasoning_usage_no_final,
         stream_thinking_slowly,
