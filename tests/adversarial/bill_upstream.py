@@ -160,6 +160,25 @@ async def stream_claims_no_completion(writer: Writer) -> None:
     await _events(writer, ROLE, *tokens, last, _chunk([], usage=usage), DONE)
 
 
+def _split(event: bytes) -> bytes:
+    """``event``'s data over two ``data`` lines, the first empty (the SSE spec joins them with
+    a line feed: the same JSON)."""
+    return b"data:\n" + event
+
+
+async def stream_split_lines_cut(writer: Writer) -> None:
+    """5 tokens, each chunk's data over two ``data`` lines, then the body ends: no final
+    chunk, no usage."""
+    await _events(writer, ROLE, *[_split(_chunk([_delta("t")])) for _ in range(5)], end=False)
+
+
+async def stream_split_usage(writer: Writer) -> None:
+    """2 tokens and a final chunk, then the usage chunk (20 + 7) over two ``data`` lines."""
+    tokens = [_chunk([_delta("t")]) for _ in range(2)]
+    last = _chunk([_delta("", 0, "stop")])
+    await _events(writer, ROLE, *tokens, last, _split(_chunk([], usage=_usage(7))), DONE)
+
+
 async def error_500(writer: Writer) -> None:
     """An HTTP 500 error answer, no usage."""
     body = b'{"error": {"message": "boom", "type": "server_error", "code": 500}}'
@@ -370,6 +389,8 @@ SCENARIOS: dict[str, Scenario] = {
         stream_two_choices_cut,
         stream_role_on_every_chunk_cut,
         stream_claims_no_completion,
+        stream_split_lines_cut,
+        stream_split_usage,
         whole_reasoning_zero,
         whole_reasoning_new_zero,
         whole_tool_call_zero,
