@@ -12,7 +12,8 @@ from gateway.upstream.stream_tally import StreamTally
 from tests.simulator.procs import SimulatorProcess
 
 # A served name as long as a Hugging Face id: vLLM's chunks of one token then pass 256 bytes,
-# so each is decoded and its text estimated (and still counts 1).
+# so the first is decoded and its text estimated (it still counts 1); the later ones, of about
+# its size, are not decoded.
 MODEL = "hugging-quants/Meta-Llama-3.1-70B-Instruct-AWQ-INT4"
 
 
@@ -49,9 +50,19 @@ def test_the_count_of_a_simulator_stream_is_its_reported_usage(
         if data.get("usage"):
             usage = data["usage"]
         if data["choices"]:
+            chunk = data
             tally._chunk(event.encode())
             long_chunks += len(event) > 256
     assert usage is not None
     assert usage["completion_tokens"] > 100
     assert (long_chunks > 100) is long
     assert tally._count_usage().completion_tokens == usage["completion_tokens"]
+    # Then a chunk like the stream's own with 200 characters of text: 50 tokens more, though
+    # chunks of its envelope were no longer decoded.
+    choice = chunk["choices"][0]
+    if "delta" in choice:
+        choice["delta"] = {"content": "abcd" * 50}
+    else:
+        choice["text"] = "abcd" * 50
+    tally._chunk(b"data: " + json.dumps(chunk, separators=(",", ":")).encode())
+    assert tally._count_usage().completion_tokens == usage["completion_tokens"] + 50
