@@ -19,6 +19,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
 
 from gateway.pipeline.events import UNREADABLE_JSON, AttemptEnd, AttemptStart
 from gateway.telemetry import semconv as sc
+from gateway.telemetry.output_parts import MAX_BACKEND_STRING, OutputParts
 
 if TYPE_CHECKING:
     from gateway.pipeline.context import RequestContext
@@ -28,10 +29,6 @@ _encoder = msgspec.json.Encoder()
 _FINISH_REASON = re.compile(rb'"finish_reason"\s*:\s*"([A-Za-z_]{1,32})"')
 _STAGE_ORDER = ("auth", "validate", "classify", "ratelimit")
 _DATA = b"data: "
-# What a backend chooses (an answer's id and model, its finish reasons) is clipped: one
-# answer with a megabyte id would otherwise make a span of megabytes, which the span queue
-# holds thousands of and a collector refuses whole (with the other spans of its batch).
-MAX_BACKEND_STRING = 256
 MAX_FINISH_REASONS = 128
 
 
@@ -68,24 +65,6 @@ def input_messages(body: Mapping[str, Any]) -> str:
     else:
         out = [{"role": "user", "parts": _parts(body.get("prompt"))}]
     return _encoder.encode(out).decode()
-
-
-def _output_messages(text: str, reasons: list[str]) -> str:
-    message = {
-        "role": "assistant",
-        "parts": [{"type": "text", "content": text}],
-        "finish_reason": reasons[0] if reasons else "",
-    }
-    return _encoder.encode([message]).decode()
-
-
-def _choice_text(choice: Mapping[str, Any]) -> str:
-    delta = choice.get("delta") or choice.get("message")
-    if isinstance(delta, dict):
-        content = delta.get("content")
-        return content if isinstance(content, str) else ""
-    text = choice.get("text")
-    return text if isinstance(text, str) else ""
 
 
 def server_finish_attributes(ctx: RequestContext, outcome: str) -> dict[str, Any]:
@@ -243,7 +222,7 @@ class AttemptSpan:
         self.capture = capture
         self.started = time.perf_counter()
         self.reasons: list[str] = []
-        self.output: list[str] = []
+        self.output = OutputParts()
 
     @classmethod
     def start(
@@ -333,7 +312,7 @@ class AttemptSpan:
         if isinstance(reason, str) and len(self.reasons) < MAX_FINISH_REASONS:
             self.reasons.append(reason[:MAX_BACKEND_STRING])
         if self.capture:
-            self.output.append(_choice_text(choice))
+            self.output.add(choice)
 
     def _usage(self, usage: Mapping[str, Any]) -> None:
         for field, name in (
@@ -366,8 +345,8 @@ class AttemptSpan:
         if self.reasons:
             span.set_attribute(sc.GEN_AI_RESPONSE_FINISH_REASONS, self.reasons)
         if self.capture:
-            text = "".join(self.output)
-            span.set_attribute(sc.GEN_AI_OUTPUT_MESSAGES, _output_messages(text, self.reasons))
+            messages = self.output.encoded(self.reasons)
+            span.set_attribute(sc.GEN_AI_OUTPUT_MESSAGES, messages)
         if error is not None:
             span.set_attribute(sc.ERROR_TYPE, error)
             span.set_status(Status(StatusCode.ERROR))

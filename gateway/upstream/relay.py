@@ -34,6 +34,7 @@ from gateway.upstream.sse import (
     MAX_EVENT,
     event_error,
     is_json,
+    joined_event,
     quoted_keys,
     standard_event,
 )
@@ -158,7 +159,9 @@ class StreamRelay(StreamTally):
                 if not event.isascii():
                     event.decode()  # an SSE client decodes each line as UTF-8 first
             except (*UNREADABLE_JSON, UnicodeDecodeError):
-                if not is_json(event):  # data over several lines, NaN: the whole check
+                if _LF in event:  # data over several lines: read joined
+                    return self._data(event)
+                if not is_json(event):  # NaN, Infinity: the whole check
                     return self._malformed()
             error = event_error(event) if event.startswith(ERROR_EVENT) else None
             if error is None and not self._chunk(event) and _ERROR_KEY in event:
@@ -187,7 +190,12 @@ class StreamRelay(StreamTally):
 
     def _data(self, event: bytes) -> bytes | None:
         """An event with data not in the usual spelling: passed on, the backend's in-band
-        error, or data that is not JSON."""
+        error, or data that is not JSON. Data over several lines is read (counted, its
+        usage recorded) joined into one line, and passed on as sent unless that reading
+        changes it (the gateway's usage chunk dropped, an error rewritten)."""
+        if _LF in event and (joined := joined_event(event)) is not None:
+            sent = self._event(joined)
+            return event if sent is joined else sent
         if not is_json(event):
             return self._malformed()
         if _ERROR_KEY in event and (error := event_error(event)) is not None:

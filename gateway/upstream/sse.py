@@ -138,13 +138,28 @@ def stream_error(event: bytes) -> AttemptFailed:
     return AttemptFailed(status_kind(status), text, status=status, body=inner)
 
 
+def joined_event(event: bytes) -> bytes | None:
+    """An event whose data spans several lines, as the one ``data: <JSON>`` line the relay
+    reads (the lines an SSE client joins with line feeds, each line feed made a space: both
+    are blank between JSON's values, and JSON has none inside a string); ``None`` where the
+    joined data is not JSON."""
+    data = event_data(event)
+    if not _json_data(data):
+        return None
+    return b"data: " + data.replace(b"\n", b" ").lstrip(b" \t")
+
+
 def is_json(event: bytes) -> bool:
     """Is a ``data:`` event's data JSON (what an OpenAI client decodes)? Checked, not built.
 
     The check skips strings unread, so text outside ASCII is also checked to be UTF-8: an
     SSE client decodes each line as UTF-8 before any JSON (the openai client fails on a
     stray byte), and the relay's own reads of an event decode it whole."""
-    data = event_data(event)
+    return _json_data(event_data(event))
+
+
+def _json_data(data: bytes) -> bool:
+    """:func:`is_json` for an event's data."""
     try:
         _checker.decode(data)
         if not data.isascii():

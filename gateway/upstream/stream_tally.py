@@ -2,7 +2,8 @@
 
 :class:`StreamTally` is the counting half of :class:`~gateway.upstream.relay.StreamRelay` (its
 base class: the counters stay plain attributes of the relay, read on every event and by the
-pipeline). It counts a token per content chunk (at most ``max_tokens`` per choice), notes
+pipeline). It counts a token per content chunk (a long one by its text: :func:`chunk_tokens`;
+at most ``max_tokens`` per choice), notes
 each choice's final chunk (a string ``finish_reason``; by ``index`` when several were asked
 for), records the backend's ``usage`` (never below what was streamed) and drops the usage
 chunk the gateway asked for on the caller's behalf, estimates usage for a backend that never
@@ -17,8 +18,9 @@ import re
 import msgspec
 
 from gateway.pipeline.events import UNREADABLE_JSON, Usage
-from gateway.upstream.attempt import usage_from
-from gateway.upstream.sse import first_choice_text, unasked
+from gateway.upstream.attempt import generated_texts, usage_from
+from gateway.upstream.sse import MAX_EVENT, first_choice_text, unasked
+from policies.requests import text_tokens
 
 _decoder = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()
@@ -34,6 +36,16 @@ _TEXT = re.compile(rb'"(?:content|text|reasoning(?:_content)?|name|arguments)"\s
 # The usual spelling of a chunk still generating, checked before the pattern above.
 _NO_FINISH_COMPACT = b'"finish_reason":null'
 _CHOICES = b'"choices"'  # in a chunk; not in an error event
+# A chunk counts one token, unless it is longer than ``long_chunk`` bytes (a usual chunk of
+# one token is 150 to 300 bytes, most of it an envelope the same on every chunk) and its text
+# is more than ``_ONE_TOKEN`` tokens by the prompt estimate: then it counts that estimate. A
+# tool parser that buffers a call's whole arguments (some of vLLM's, llama.cpp) sends
+# kilobytes in one chunk. ``long_chunk`` starts at ``_LONG_CHUNK`` and, once a longer chunk
+# turns out to hold one token (a long model name, logprobs), becomes its envelope (the chunk
+# less its text) plus ``_LONG_TEXT``: a stream's later chunks of one token are not decoded.
+_LONG_CHUNK = 256
+_LONG_TEXT = 32
+_ONE_TOKEN = 8  # 32 ASCII characters: longer than a usual token, which counts 1
 
 
 class StreamTally:
@@ -63,6 +75,8 @@ class StreamTally:
         # (llama-cpp-python and Ollama ignore ``n``); every one it started must finish.
         self.started: dict[int, bool] | None = {} if self.choices > 1 else None
         self.last_data = b""
+        self.long_chunk = _LONG_CHUNK  # a chunk past this many bytes is decoded to be counted
+        self._envelope = MAX_EVENT  # the smallest envelope of a decoded chunk of one token
 
     def _chunk(self, event: bytes) -> bool:
         """A ``data: {...}`` event: count its token, note a final chunk, capture its text;
@@ -71,21 +85,30 @@ class StreamTally:
         choice = True
         if _NO_FINISH_COMPACT in event or _NO_FINISH.search(event):
             if b'"role"' not in event or _TEXT.search(event):  # Ollama: a role on every chunk
-                self.token_events += 1
+                self.token_events += 1 if len(event) <= self.long_chunk else self._long(event)
         elif _FINISH.search(event):
             self.finishes += 1
             if _TEXT.search(event):  # a final chunk that carries the last token
-                self.token_events += 1
+                self.token_events += 1 if len(event) <= self.long_chunk else self._long(event)
         else:
             choice = False
             # No ``finish_reason`` key (LiteLLM's chunks): one with text is a token still.
             if _CHOICES in event and _TEXT.search(event):
-                self.token_events += 1
+                self.token_events += 1 if len(event) <= self.long_chunk else self._long(event)
         if self.started is not None:
             self._track_choices(event)
         if self.captured is not None:
             self._capture(event)
         return choice
+
+    def _long(self, event: bytes) -> int:
+        """A long chunk's tokens (:func:`chunk_tokens`); one of a single token raises
+        ``long_chunk`` to its envelope plus ``_LONG_TEXT`` (no lower than ``_LONG_CHUNK``)."""
+        tokens, size = chunk_tokens(event)
+        if tokens == 1:
+            self._envelope = envelope = min(self._envelope, len(event) - size)
+            self.long_chunk = max(_LONG_CHUNK, envelope + _LONG_TEXT)
+        return tokens
 
     def _track_choices(self, event: bytes) -> None:
         """Note each choice of the chunk by its index, and whether it is its final chunk."""
@@ -130,7 +153,8 @@ class StreamTally:
 
     def _streamed(self) -> int:
         """Completion tokens streamed, by the gateway's count: a content chunk (of any choice)
-        a token, at most ``max_tokens`` for each choice."""
+        a token (a long one its estimate: :func:`chunk_tokens`), at most ``max_tokens`` for
+        each choice."""
         if self.max_tokens is None:
             return self.token_events
         return min(self.token_events, self.max_tokens * self.choices)
@@ -144,8 +168,9 @@ class StreamTally:
         """Usage for a backend that never reports it in streams (llama.cpp's server).
 
         The prompt is the gateway's own estimate and the completion one token per content
-        chunk (llama.cpp streams one token a chunk); it settles token limits and, when the
-        caller asked for usage, goes out as the usage chunk vLLM would have sent.
+        chunk (llama.cpp streams one token a chunk; a long chunk counts its estimate); it
+        settles token limits and, when the caller asked for usage, goes out as the usage
+        chunk vLLM would have sent.
         """
         usage = self._count_usage()
         prompt, completion = usage.prompt_tokens, usage.completion_tokens
@@ -165,3 +190,26 @@ class StreamTally:
             "total_tokens": prompt + completion,
         }
         return b"data: " + _encoder.encode(chunk) + _SEP
+
+
+def chunk_tokens(event: bytes) -> tuple[int, int]:
+    """A long chunk's tokens and its text's size in bytes. The tokens are the prompt
+    estimate of the text it adds to its choices (content, a completion's text, thinking, tool
+    calls' names and arguments) where that is more than ``_ONE_TOKEN``, else 1 (a usual chunk
+    with a long envelope)."""
+    try:
+        data = _decoder.decode(event[6:])
+    except UNREADABLE_JSON:
+        return 1, 0
+    choices = data.get("choices") if isinstance(data, dict) else None
+    if not isinstance(choices, list):
+        return 1, 0
+    texts: list[str] = []
+    for choice in choices:
+        if not isinstance(choice, dict):
+            continue
+        delta = choice.get("delta")
+        found = generated_texts(delta) if isinstance(delta, dict) else [choice.get("text")]
+        texts.extend(text for text in found if isinstance(text, str) and text)
+    tokens = sum(text_tokens(text) for text in texts)
+    return (tokens if tokens > _ONE_TOKEN else 1), sum(len(text.encode()) for text in texts)

@@ -160,6 +160,25 @@ async def stream_claims_no_completion(writer: Writer) -> None:
     await _events(writer, ROLE, *tokens, last, _chunk([], usage=usage), DONE)
 
 
+def _split(event: bytes) -> bytes:
+    """``event``'s data over two ``data`` lines, the first empty (the SSE spec joins them with
+    a line feed: the same JSON)."""
+    return b"data:\n" + event
+
+
+async def stream_split_lines_cut(writer: Writer) -> None:
+    """5 tokens, each chunk's data over two ``data`` lines, then the body ends: no final
+    chunk, no usage."""
+    await _events(writer, ROLE, *[_split(_chunk([_delta("t")])) for _ in range(5)], end=False)
+
+
+async def stream_split_usage(writer: Writer) -> None:
+    """2 tokens and a final chunk, then the usage chunk (20 + 7) over two ``data`` lines."""
+    tokens = [_chunk([_delta("t")]) for _ in range(2)]
+    last = _chunk([_delta("", 0, "stop")])
+    await _events(writer, ROLE, *tokens, last, _split(_chunk([], usage=_usage(7))), DONE)
+
+
 async def error_500(writer: Writer) -> None:
     """An HTTP 500 error answer, no usage."""
     body = b'{"error": {"message": "boom", "type": "server_error", "code": 500}}'
@@ -256,6 +275,19 @@ async def stream_reasoning_no_finish_key_cut(writer: Writer) -> None:
 async def stream_tool_call_cut(writer: Writer) -> None:
     """A tool call streamed in 6 chunks (name, 5 argument pieces), then the body ends."""
     await _events(writer, ROLE, *_call_deltas(), end=False)
+
+
+# A tool call's arguments in one chunk, as tool parsers that buffer the whole JSON send them
+# (some of vLLM's; llama.cpp): 2,048 characters, 512 tokens by the gateway's rough count.
+BIG_ARGUMENTS = json.dumps({"text": ("word " * 408)[:2036]})
+
+
+async def stream_tool_call_big_arguments_cut(writer: Writer) -> None:
+    """A tool call streamed in 2 chunks (the name, then all 2,048 characters of its
+    arguments at once), then the body ends: no final chunk, no usage."""
+    first = {"id": "chatcmpl-tool-0", "type": "function", "function": {"name": "get_weather"}}
+    arguments = _call_chunk({"function": {"arguments": BIG_ARGUMENTS}})
+    await _events(writer, ROLE, _call_chunk(first), arguments, end=False)
 
 
 def _usage_chunk(completion: int, reasoning: int = 0) -> bytes:
@@ -357,6 +389,8 @@ SCENARIOS: dict[str, Scenario] = {
         stream_two_choices_cut,
         stream_role_on_every_chunk_cut,
         stream_claims_no_completion,
+        stream_split_lines_cut,
+        stream_split_usage,
         whole_reasoning_zero,
         whole_reasoning_new_zero,
         whole_tool_call_zero,
@@ -367,6 +401,7 @@ SCENARIOS: dict[str, Scenario] = {
         stream_tool_call_cut,
         stream_tool_call,
         stream_tool_call_no_done,
+        stream_tool_call_big_arguments_cut,
         stream_reasoning_answer,
         stream_reasoning_usage_no_final,
         stream_thinking_slowly,

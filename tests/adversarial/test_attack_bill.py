@@ -279,6 +279,24 @@ def test_a_stream_reported_as_no_completion_is_charged_what_it_streamed(bill: Bi
     assert (row["input_tokens"], row["output_tokens"]) == (20, 5)
 
 
+def test_chunks_over_several_data_lines_are_charged_like_single_lines(bill: Bill) -> None:
+    """Chunks whose data comes over two ``data`` lines (the first empty; an SSE client joins
+    them): a cut stream's 5 tokens are charged 5, and a usage chunk so split is the
+    backend's usage (20 + 7), not the gateway's count of 2."""
+    key_id, token = bill.key()
+    response = post(bill, token, chat("stream_split_lines_cut", stream=True))
+    assert response.status_code == 200
+    row = bill.usage(key_id)
+    assert row is not None
+    assert row["output_tokens"] == 5
+    key_id, token = bill.key()
+    response = post(bill, token, chat("stream_split_usage", stream=True))
+    assert response.text.endswith("data: [DONE]\n\n")
+    row = bill.usage(key_id)
+    assert row is not None
+    assert (row["input_tokens"], row["output_tokens"]) == (20, 7)
+
+
 def test_a_whole_answer_reported_as_no_completion_is_not_free(bill: Bill) -> None:
     """A whole answer of 10 tokens ("word " ten times, 50 characters) reported as
     ``"completion_tokens": 0``: its text is counted roughly, as the prompt is (four characters

@@ -21,7 +21,7 @@ import openai
 import pytest
 
 from policies.requests import validate
-from tests.adversarial.bill_upstream import CALL, PROMPT
+from tests.adversarial.bill_upstream import BIG_ARGUMENTS, CALL, PROMPT
 from tests.adversarial.test_attack_bill import PRECISE_PER_TOKEN, Bill, billed_gateway, chat, post
 
 pytestmark = pytest.mark.slow  # an attack suite of real processes: make test-all and CI
@@ -122,6 +122,23 @@ def test_a_stream_cut_mid_thinking_or_mid_call_is_cut_and_charges_what_it_relaye
     row = bill.usage(key_id)
     assert row is not None
     assert row["output_tokens"] == 6
+
+
+def test_a_cut_stream_charges_a_tool_calls_arguments_sent_in_one_chunk_by_their_size(
+    bill: Bill,
+) -> None:
+    """A tool call whose 2,048 characters of arguments come in one chunk (a parser that
+    buffers the whole JSON), then the body ends without usage: the gateway's own count charges
+    that chunk by the prompt estimate (512 tokens) and the name's chunk 1, not 2 in all."""
+    key_id, token = bill.key()
+    body = chat("stream_tool_call_big_arguments_cut", stream=True, max_tokens=1000)
+    response, outcome = _outcome(bill, token, body)
+    assert outcome == "upstream_reset"
+    arguments = _events(response.text)[-2]["choices"][0]["delta"]["tool_calls"][0]["function"]
+    assert arguments["arguments"] == BIG_ARGUMENTS
+    row = bill.usage(key_id)
+    assert row is not None
+    assert row["output_tokens"] == 1 + 512
 
 
 def test_a_stream_that_reports_usage_but_never_finishes_is_cut(bill: Bill) -> None:

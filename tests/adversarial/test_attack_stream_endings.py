@@ -239,3 +239,50 @@ async def test_tokens_before_a_litellm_error_event_are_counted(upstream: Upstrea
     assert b"litellm.APIConnectionError" in sent
     assert usage is not None
     assert usage.completion_tokens == 3
+
+
+# -- data over several lines (the SSE spec joins them with "\n"): counted as one event ---------
+
+
+SPLIT_TOKENS = (  # each joins into a content chunk; none starts ``data: {``
+    b'data:\ndata: {"id":"c","choices":[{"index":0,"delta":{"content":"x"},'
+    b'"finish_reason":null}]}\n\n',
+    b'data:{"id":"c","choices":[{"index":0,\ndata: "delta":{"content":"x"},'
+    b'"finish_reason":null}]}\n\n',
+)
+SPLIT_FINAL = (
+    b'data:{"id":"c","choices":[{"index":0,"delta":{},\ndata:"finish_reason":"stop"}]}\n\n'
+)
+
+
+async def test_chunks_over_several_data_lines_are_counted_and_finish_the_answer(
+    upstream: UpstreamClient,
+) -> None:
+    """Two content chunks and the final chunk, each over two ``data`` lines whose first is not
+    ``data: {``: relayed as sent, both tokens counted, and the final chunk ends the answer
+    complete (not cut for want of a ``finish_reason``)."""
+    events = [_role(), *SPLIT_TOKENS, SPLIT_FINAL, DONE]
+    sent, outcome, usage = await _relayed(upstream, _sse(*events))
+    assert outcome == Outcome.COMPLETE
+    assert all(event in sent for event in (*SPLIT_TOKENS, SPLIT_FINAL))
+    assert sent.endswith(DONE)
+    assert usage is not None
+    assert usage.completion_tokens == 2
+
+
+@pytest.mark.parametrize(
+    "usage_event",
+    [
+        b'data:\ndata: {"id":"c","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":9}}',
+        b'data: {"id":"c","choices":[],\ndata: "usage":{"prompt_tokens":5,"completion_tokens":9}}',
+    ],
+)
+async def test_a_usage_chunk_over_several_data_lines_is_recorded(
+    upstream: UpstreamClient, usage_event: bytes
+) -> None:
+    """The backend's usage chunk over two ``data`` lines is read as its usage (5 + 9), not
+    replaced by the gateway's own count of the one token streamed."""
+    events = [_role(), _token(), _final(), usage_event + b"\n\n", DONE]
+    _sent, outcome, usage = await _relayed(upstream, _sse(*events))
+    assert outcome == Outcome.COMPLETE
+    assert usage == Usage(5, 9)

@@ -1,0 +1,126 @@
+"""An answer's output as ``gen_ai.output.messages`` holds it (``telemetry.capture_content``).
+
+Each choice becomes one assistant message whose parts are what it generated: its thinking
+(``reasoning_content``, or ``reasoning`` in newer vLLM) as a ``reasoning`` part, its text as a
+``text`` part, and each tool call (the older ``function_call`` too) as a ``tool_call`` part
+with its id, name and arguments (the string the model wrote). A stream's pieces are joined
+per choice, and a streamed tool call's pieces by its ``index``. Everything here goes into the
+same attribute as the text, under the same opt-in; nothing else is read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import msgspec
+
+from gateway.upstream.attempt import REASONING_FIELDS
+
+_encoder = msgspec.json.Encoder()
+# What a backend chooses (an answer's id and model, its finish reasons, a tool call's id) is
+# clipped: one answer with a megabyte id would otherwise make a span of megabytes, which the
+# span queue holds thousands of and a collector refuses whole (with the other spans of its
+# batch).
+MAX_BACKEND_STRING = 256
+
+
+class _Call:
+    """One tool call, put together from its pieces."""
+
+    __slots__ = ("arguments", "id", "name")
+
+    def __init__(self) -> None:
+        self.id = ""
+        self.name: list[str] = []
+        self.arguments: list[str] = []
+
+    def add(self, call: Mapping[str, Any], function: Any) -> None:
+        call_id = call.get("id")
+        if isinstance(call_id, str) and call_id:
+            self.id = call_id[:MAX_BACKEND_STRING]
+        if isinstance(function, dict):
+            for field, parts in (("name", self.name), ("arguments", self.arguments)):
+                value = function.get(field)
+                if isinstance(value, str):
+                    parts.append(value)
+
+    def part(self) -> dict[str, Any]:
+        part: dict[str, Any] = {"type": "tool_call", "name": "".join(self.name)}
+        if self.id:
+            part["id"] = self.id
+        part["arguments"] = "".join(self.arguments)
+        return part
+
+
+class _Choice:
+    """What one choice generated so far."""
+
+    __slots__ = ("calls", "finish_reason", "reasoning", "text")
+
+    def __init__(self) -> None:
+        self.reasoning: list[str] = []
+        self.text: list[str] = []
+        self.calls: dict[int, _Call] = {}
+        self.finish_reason = ""
+
+    def add(self, message: Mapping[str, Any]) -> None:
+        """A chat delta or message: its text, thinking and tool calls."""
+        content = message.get("content")
+        if isinstance(content, str):
+            self.text.append(content)
+        for field in REASONING_FIELDS:
+            value = message.get(field)
+            if isinstance(value, str):
+                self.reasoning.append(value)
+        calls = message.get("tool_calls")
+        if isinstance(calls, list):
+            for position, call in enumerate(calls):
+                if isinstance(call, dict):
+                    index = call.get("index", position)
+                    key = index if type(index) is int else position
+                    self.calls.setdefault(key, _Call()).add(call, call.get("function"))
+        legacy = message.get("function_call")
+        if isinstance(legacy, dict):
+            self.calls.setdefault(-1, _Call()).add({}, legacy)
+
+    def message(self) -> dict[str, Any]:
+        parts: list[dict[str, Any]] = []
+        if self.reasoning:
+            parts.append({"type": "reasoning", "content": "".join(self.reasoning)})
+        text = "".join(self.text)
+        if text or not (parts or self.calls):
+            parts.append({"type": "text", "content": text})
+        parts.extend(self.calls[key].part() for key in sorted(self.calls))
+        return {"role": "assistant", "parts": parts, "finish_reason": self.finish_reason}
+
+
+class OutputParts:
+    """The output of an answer, by choice, fed each choice of its chunks (or its whole
+    answer's choices)."""
+
+    __slots__ = ("choices",)
+
+    def __init__(self) -> None:
+        self.choices: dict[int, _Choice] = {}
+
+    def add(self, choice: Mapping[str, Any]) -> None:
+        """One choice of a chunk or of a whole answer."""
+        index = choice.get("index", 0)
+        entry = self.choices.setdefault(index if type(index) is int else 0, _Choice())
+        reason = choice.get("finish_reason")
+        if isinstance(reason, str) and reason:
+            entry.finish_reason = reason[:MAX_BACKEND_STRING]
+        message = choice.get("delta") or choice.get("message")
+        if isinstance(message, dict):
+            entry.add(message)
+        elif isinstance(text := choice.get("text"), str):
+            entry.text.append(text)
+
+    def encoded(self, reasons: list[str]) -> str:
+        """``gen_ai.output.messages``: a message per choice (one, empty, when none came)."""
+        choices = [self.choices[key] for key in sorted(self.choices)] or [_Choice()]
+        messages = [choice.message() for choice in choices]
+        if reasons and not messages[0]["finish_reason"]:
+            messages[0]["finish_reason"] = reasons[0]
+        return _encoder.encode(messages).decode()
