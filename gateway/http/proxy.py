@@ -213,6 +213,7 @@ class ProxyService:
                 tiers=tiers,
                 prompt_tokens=summary.prompt_token_estimate,
                 completion_tokens=completion * summary.completions,
+                movable=self._movable(principal),
             )
         ctx.admitted = True
         ctx.mark("ratelimit")
@@ -233,14 +234,19 @@ class ProxyService:
         spent rpm's ``retry-after``, as a request above the whole tpm does."""
         if self.budgets is None:
             return
-        candidates = tiers[:1]
-        if self.precise_cap is not None and self.precise_cap.applies(principal):
-            candidates = (*candidates, self.router.catalog.fast)
+        candidates = (*tiers[:1], *self._movable(principal))
         refusal = self.budgets.final_refusal(
             principal, candidates, summary.prompt_token_estimate, completion * summary.completions
         )
         if refusal is not None:
             raise refusal
+
+    def _movable(self, principal: Principal) -> tuple[str, ...]:
+        """The tier a later try of a request may be moved to whatever it was routed to: the
+        fast tier, where a precise-share cap applies (its window decides per request)."""
+        if self.precise_cap is not None and self.precise_cap.applies(principal):
+            return (self.router.catalog.fast,)
+        return ()
 
     def _start_admission(self, principal: Principal, reserve: int) -> Eager[Admission] | None:
         """The rate-limit check, started: it is a Redis round trip (its command is written now,
