@@ -3,17 +3,39 @@
 * A key with a precise-share cap (downgrade) and a budget its request fits on fast but not on
   precise: while the cap's window still lets it go precise the budget refuses it with
   ``x-should-retry: false``, yet the same request is served once the window moves it to fast.
+* The Redis password as the deployments hand it over: Redis takes it through a shell's
+  ``$(cat FILE)`` (compose: trailing newlines dropped, nothing else) or the kubelet's
+  ``$(REDIS_PASSWORD)`` (the chart: the Secret's bytes, a trailing newline included, as
+  ``kubectl create secret --from-file`` of an ``echo``-made file gives), the gateway from the
+  same secret as a file. Both sides must make the same password of it, or Redis is ready (its
+  probe authenticates) while every gateway call is refused.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import redis.exceptions
+import yaml
 
+from tests.deploy import chart_render
+from tests.deploy.compose_file import environment_of, interpolate, load_compose
+from tests.deploy.test_redis_password import gateway_config
+from tests.deploy.test_redis_password_live import (
+    CONFIGS,
+    _expand,
+    _gateway_pings,
+    _health,
+    _redis,
+    _shell_append,
+    _stranger_pings,
+)
 from tests.integration.test_budgets_usage import new_key
 from tests.stack import FAST_SIM, Backends, Stack, running_stack
 
@@ -47,3 +69,64 @@ def test_a_budget_refusal_the_precise_cap_cures_is_not_final(stack: Stack) -> No
     assert any(a.status_code == 200 for a in answers), statuses  # the cap's move cures it
     finals = [a for a in answers if a.headers.get("x-should-retry") == "false"]
     assert not finals, (statuses, finals[0].json())
+
+
+# Every character a URL would have to escape, and a trailing space a strip would lose.
+ODD_PASSWORD = "p@ss:w/rd%40#?&= "
+
+
+def test_compose_redis_and_the_gateway_agree_on_an_odd_password(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """compose's Redis command and the gateway's config, one secret file (written by an
+    editor: a trailing newline)."""
+    compose = load_compose()
+    secrets = tmp_path / "secrets"
+    secrets.mkdir()
+    (secrets / "redis_password").write_text(ODD_PASSWORD + "\n", encoding="utf-8")
+
+    def here(text: str) -> str:
+        return text.replace("/run/secrets/", f"{secrets}/")
+
+    redis_service = compose["services"]["redis"]
+    argv = _shell_append([here(part) for part in interpolate(redis_service["command"])])
+    with _redis(argv, dict(os.environ), tmp_path) as port:
+        local = f"redis://127.0.0.1:{port}/0"
+        for key, value in environment_of(compose["services"]["gateway"]).items():
+            if value is not None:
+                monkeypatch.setenv(key, here(interpolate(value)))
+        config = tmp_path / "tiergate.yaml"
+        text = CONFIGS["gateway"].read_text(encoding="utf-8")
+        config.write_text(text.replace("redis://redis:6379/0", local), encoding="utf-8")
+        assert _gateway_pings(config)
+
+
+def test_chart_redis_and_the_gateway_agree_on_a_secret_ending_in_a_newline(
+    tmp_path: Path,
+) -> None:
+    """The chart's Redis args and probe with a Secret (``redis.auth.existingSecret``) whose
+    value ends in a newline, and the gateway reading the same Secret mounted as a file."""
+    objects = chart_render.objects(chart_render.render(None))
+    (template,) = [
+        t
+        for _, t in chart_render.pod_templates(objects)
+        if t["metadata"]["labels"]["app.kubernetes.io/component"] == "redis"
+    ]
+    container = template["spec"]["containers"][0]
+    secret_value = "from-kubectl-create-secret\n"
+    env = dict(os.environ)
+    for item in container["env"]:
+        env[item["name"]] = secret_value  # what the kubelet puts there from the Secret
+    argv = [_expand(arg, env) for arg in container.get("command", []) + container["args"]]
+    with _redis(argv, env, tmp_path) as port:
+        local = f"redis://127.0.0.1:{port}/0"
+        with pytest.raises(redis.exceptions.RedisError):
+            _stranger_pings(local)
+        assert _health(container["readinessProbe"]["exec"]["command"][-1], port, env) == 0
+        secret_file = tmp_path / "password"
+        secret_file.write_text(secret_value, encoding="utf-8")  # the Secret, mounted
+        config = gateway_config(objects)
+        config["redis"] = {**config["redis"], "url": local, "password_file": str(secret_file)}
+        config_path = tmp_path / "tiergate.yaml"
+        config_path.write_text(yaml.safe_dump(config), encoding="utf-8")
+        assert _gateway_pings(config_path)  # ready Redis, and the gateway gets in too
