@@ -117,7 +117,7 @@ def test_chart_redis_and_the_gateway_agree_on_a_secret_ending_in_a_newline(
     env = dict(os.environ)
     for item in container["env"]:
         env[item["name"]] = secret_value  # what the kubelet puts there from the Secret
-    argv = [_expand(arg, env) for arg in container.get("command", []) + container["args"]]
+    argv = _shell_append([_expand(arg, env) for arg in container["args"]])
     with _redis(argv, env, tmp_path) as port:
         local = f"redis://127.0.0.1:{port}/0"
         with pytest.raises(redis.exceptions.RedisError):
