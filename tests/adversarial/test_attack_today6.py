@@ -71,6 +71,33 @@ def test_a_budget_refusal_the_precise_cap_cures_is_not_final(stack: Stack) -> No
     assert not finals, (statuses, finals[0].json())
 
 
+@pytest.mark.parametrize("capped", [False, True])
+def test_never_fitting_refusals_give_back_the_rpm_and_the_slot(stack: Stack, capped: bool) -> None:
+    """Held: rpm 2, one request in flight, budget 0.02 a day. Five requests dearer than the
+    whole budget (300 tokens on fast, about 0.077) are refused as final before the limits'
+    verdict; each must give the request and the slot back, so two that fit are then served
+    (with a precise-share cap too, whose path awaits the limits before its window)."""
+    share = {"max_precise_share": 0.5} if capped else {}
+    _, token = asyncio.run(
+        new_key(stack.redis_url, rpm=2, max_concurrency=1, budget_daily=0.02, **share)
+    )
+    url, auth = stack.gateway.url + "/v1/chat/completions", {"authorization": f"Bearer {token}"}
+
+    def body(max_tokens: int) -> dict[str, Any]:
+        return {
+            "model": "fast",
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": max_tokens,
+        }
+
+    refused = [httpx.post(url, headers=auth, json=body(300), timeout=30.0) for _ in range(5)]
+    assert [(r.status_code, r.headers.get("x-should-retry")) for r in refused] == [
+        (429, "false")
+    ] * 5
+    served = [httpx.post(url, headers=auth, json=body(5), timeout=30.0) for _ in range(2)]
+    assert [r.status_code for r in served] == [200, 200], [r.text for r in served]
+
+
 # Every character a URL would have to escape, and a trailing space a strip would lose.
 ODD_PASSWORD = "p@ss:w/rd%40#?&= "
 
