@@ -9,11 +9,17 @@
   ``kubectl create secret --from-file`` of an ``echo``-made file gives), the gateway from the
   same secret as a file. Both sides must make the same password of it, or Redis is ready (its
   probe authenticates) while every gateway call is refused.
+* A corrupt or hostile shadow store: ``--from-shadow`` validated a record's ``judge`` and
+  ``tenant`` but read its ``agreement`` with ``float()`` (NaN, 1e300, ``true``, ``"0.9"``
+  taken as labels) and let a missing field end the run with a bare ``KeyError`` naming no
+  record.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import math
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +30,8 @@ import pytest
 import redis.exceptions
 import yaml
 
+from router_models.records import RecordError
+from router_models.training.shadow_train import read_shadow
 from tests.deploy import chart_render
 from tests.deploy.compose_file import environment_of, interpolate, load_compose
 from tests.deploy.test_redis_password import gateway_config
@@ -37,6 +45,7 @@ from tests.deploy.test_redis_password_live import (
     _stranger_pings,
 )
 from tests.integration.test_budgets_usage import new_key
+from tests.router_models.test_shadow_train import SIMPLE, record, write_store
 from tests.stack import FAST_SIM, Backends, Stack, running_stack
 
 pytestmark = pytest.mark.slow  # real processes: make test-all and CI
@@ -157,3 +166,43 @@ def test_chart_redis_and_the_gateway_agree_on_a_secret_ending_in_a_newline(
         config_path = tmp_path / "tiergate.yaml"
         config_path.write_text(yaml.safe_dump(config), encoding="utf-8")
         assert _gateway_pings(config_path)  # ready Redis, and the gateway gets in too
+
+
+def _without(record: dict[str, Any], *path: str) -> dict[str, Any]:
+    copy = json.loads(json.dumps(record))
+    *parents, last = path
+    where = copy
+    for part in parents:
+        where = where[part]
+    del where[last]
+    return copy
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"agreement": math.nan},
+        {"agreement": 1e300},
+        {"agreement": -5.0},
+        {"agreement": True},
+        {"agreement": "0.9"},
+        {"agreement": None},
+        {"prompt_digest": 7},
+        {"features": {"index": [1, "x"], "value": [1.0, 1.0]}},
+        {"features": {"index": [1, 2], "value": [1.0]}},
+        {"features": {"index": [-1], "value": [1.0]}},
+        "agreement",
+        "prompt_digest",
+        "features.index",
+    ],
+)
+def test_a_corrupt_shadow_record_is_refused_with_its_place(
+    tmp_path: Path, bad: dict[str, Any] | str
+) -> None:
+    """One good record, then a corrupt one: the reader refuses the store with a RecordError
+    that names the file and line (the CLI prints it and exits 2), never trains on it."""
+    good = record(SIMPLE[0], 1.0)
+    corrupt = _without(good, *bad.split(".")) if isinstance(bad, str) else good | bad
+    store = write_store(tmp_path / "s.jsonl", [good, corrupt])
+    with pytest.raises(RecordError, match=r"s\.jsonl:2"):
+        read_shadow([store])
