@@ -204,22 +204,39 @@ class ProxyService:
             admission = await self.limiter.admit(principal, reserve)
         else:
             admission = await admitting
-        if self.budgets is not None:
-            admission, tiers = await with_budget(
-                self.budgets,
-                admission,
-                ctx,
-                principal=principal,
-                tiers=tiers,
-                prompt_tokens=summary.prompt_token_estimate,
-                completion_tokens=completion * summary.completions,
-                movable=self._movable(principal),
-            )
+        admission, tiers = await self._budgeted(
+            ctx, admission, principal, tiers, summary, completion=completion
+        )
         ctx.admitted = True
         ctx.mark("ratelimit")
         ctx.extra_headers.update(admission.headers)
         bound = UsageBound.of(body_bytes, completion, summary.completions)
         return _Admitted(tiers, admission, bound, *prepared)
+
+    async def _budgeted(
+        self,
+        ctx: RequestContext,
+        admission: Admission,
+        principal: Principal,
+        tiers: tuple[str, ...],
+        summary: RequestSummary,
+        *,
+        completion: int,
+    ) -> tuple[Admission, tuple[str, ...]]:
+        """The admission with the budget's reservation (``completion``: the completion cap it
+        prices), and the tiers it pays for."""
+        if self.budgets is None:
+            return admission, tiers
+        return await with_budget(
+            self.budgets,
+            admission,
+            ctx,
+            principal=principal,
+            tiers=tiers,
+            prompt_tokens=summary.prompt_token_estimate,
+            completion_tokens=completion * summary.completions,
+            movable=self._movable(principal),
+        )
 
     def _refuse_never_fitting(
         self,

@@ -86,9 +86,11 @@ def test_never_fitting_refusals_give_back_the_rpm_and_the_slot(stack: Stack, cap
     whole budget (300 tokens on fast, about 0.077) are refused as final before the limits'
     verdict; each must give the request and the slot back, so two that fit are then served
     (with a precise-share cap too, whose path awaits the limits before its window)."""
-    share = {"max_precise_share": 0.5} if capped else {}
+    share = 0.5 if capped else None
     _, token = asyncio.run(
-        new_key(stack.redis_url, rpm=2, max_concurrency=1, budget_daily=0.02, **share)
+        new_key(
+            stack.redis_url, rpm=2, max_concurrency=1, budget_daily=0.02, max_precise_share=share
+        )
     )
     url, auth = stack.gateway.url + "/v1/chat/completions", {"authorization": f"Bearer {token}"}
 
@@ -169,7 +171,7 @@ def test_chart_redis_and_the_gateway_agree_on_a_secret_ending_in_a_newline(
 
 
 def _without(record: dict[str, Any], *path: str) -> dict[str, Any]:
-    copy = json.loads(json.dumps(record))
+    copy: dict[str, Any] = json.loads(json.dumps(record))
     *parents, last = path
     where = copy
     for part in parents:
