@@ -170,7 +170,9 @@ class RedisSettings(Section):
     """Redis URL (redis:// or rediss://); a password in it is never logged."""
     password_file: Path | None = None
     """File holding the Redis password (a mounted secret; read when a client opens). The URL
-    then carries none.
+    then carries none. Trailing newlines are dropped (as a shell's `$(cat FILE)`, which
+    compose and the chart give Redis); any other character, spaces included, is the
+    password's.
     """
     socket_timeout_s: float = Field(default=0.25, gt=0)
     """Per-command Redis timeout; keep it short, it is on the request path."""
@@ -200,11 +202,12 @@ class RedisSettings(Section):
         return self
 
     def read_password(self) -> str | None:
-        """The password from ``password_file`` (stripped; ``None`` when unset or empty)."""
+        """The password from ``password_file`` without its trailing newlines (``None`` when
+        unset or empty)."""
         if self.password_file is None:
             return None
         try:
-            return self.password_file.read_text(encoding="utf-8").strip() or None
+            return self.password_file.read_text(encoding="utf-8").rstrip("\n") or None
         except OSError as exc:
             where = f"redis.password_file ({self.password_file})"
             raise ConfigError([f"{where}: cannot be read ({exc.strerror})"]) from None

@@ -204,21 +204,39 @@ class ProxyService:
             admission = await self.limiter.admit(principal, reserve)
         else:
             admission = await admitting
-        if self.budgets is not None:
-            admission, tiers = await with_budget(
-                self.budgets,
-                admission,
-                ctx,
-                principal=principal,
-                tiers=tiers,
-                prompt_tokens=summary.prompt_token_estimate,
-                completion_tokens=completion * summary.completions,
-            )
+        admission, tiers = await self._budgeted(
+            ctx, admission, principal, tiers, summary, completion=completion
+        )
         ctx.admitted = True
         ctx.mark("ratelimit")
         ctx.extra_headers.update(admission.headers)
         bound = UsageBound.of(body_bytes, completion, summary.completions)
         return _Admitted(tiers, admission, bound, *prepared)
+
+    async def _budgeted(
+        self,
+        ctx: RequestContext,
+        admission: Admission,
+        principal: Principal,
+        tiers: tuple[str, ...],
+        summary: RequestSummary,
+        *,
+        completion: int,
+    ) -> tuple[Admission, tuple[str, ...]]:
+        """The admission with the budget's reservation (``completion``: the completion cap it
+        prices), and the tiers it pays for."""
+        if self.budgets is None:
+            return admission, tiers
+        return await with_budget(
+            self.budgets,
+            admission,
+            ctx,
+            principal=principal,
+            tiers=tiers,
+            prompt_tokens=summary.prompt_token_estimate,
+            completion_tokens=completion * summary.completions,
+            movable=self._movable(principal),
+        )
 
     def _refuse_never_fitting(
         self,
@@ -233,14 +251,19 @@ class ProxyService:
         spent rpm's ``retry-after``, as a request above the whole tpm does."""
         if self.budgets is None:
             return
-        candidates = tiers[:1]
-        if self.precise_cap is not None and self.precise_cap.applies(principal):
-            candidates = (*candidates, self.router.catalog.fast)
+        candidates = (*tiers[:1], *self._movable(principal))
         refusal = self.budgets.final_refusal(
             principal, candidates, summary.prompt_token_estimate, completion * summary.completions
         )
         if refusal is not None:
             raise refusal
+
+    def _movable(self, principal: Principal) -> tuple[str, ...]:
+        """The tier a later try of a request may be moved to whatever it was routed to: the
+        fast tier, where a precise-share cap applies (its window decides per request)."""
+        if self.precise_cap is not None and self.precise_cap.applies(principal):
+            return (self.router.catalog.fast,)
+        return ()
 
     def _start_admission(self, principal: Principal, reserve: int) -> Eager[Admission] | None:
         """The rate-limit check, started: it is a Redis round trip (its command is written now,

@@ -443,7 +443,13 @@ class BudgetGate:
         return None
 
     async def reserve(
-        self, principal: Principal, tiers: Sequence[str], prompt_tokens: int, completion_tokens: int
+        self,
+        principal: Principal,
+        tiers: Sequence[str],
+        prompt_tokens: int,
+        completion_tokens: int,
+        *,
+        movable: Sequence[str] = (),
     ) -> BudgetReservation | None:
         """``None`` for keys without budgets; raises a 429 when the reservation does not fit.
 
@@ -452,7 +458,10 @@ class BudgetGate:
         When that does not fit, the fallbacks dearer than the routed tier are dropped and the
         routed tier's price is tried (a second round trip, on this refusal only): a request
         that fits on its routed tier is served there (``reservation.tiers``), never refused
-        because a fallback would not fit.
+        because a fallback would not fit. ``movable``: tiers a later try of the same request
+        may be routed to instead (the fast tier a precise-share cap moves it to): a refusal
+        is final (``x-should-retry: false``) only when it is dearer than a whole budget there
+        too.
         """
         policy = principal.policy
         if policy.budget_daily is None and policy.budget_monthly is None:
@@ -478,26 +487,22 @@ class BudgetGate:
                 return None
             raise
         if refused is not None:
-            raise _refusal(policy, refused, spent, amount, windows)
-        return BudgetReservation(
-            self,
-            principal,
-            windows,
-            amount,
-            _headers(policy.budget_daily, spent, windows),
-            tiers=tuple(tiers),
-        )
+            others = [self.costs.cost(t, prompt_tokens, completion_tokens) for t in movable]
+            raise _refusal(policy, refused, spent, amount, windows, least=min([amount, *others]))
+        headers = _headers(policy.budget_daily, spent, windows)
+        return BudgetReservation(self, principal, windows, amount, headers, tiers=tuple(tiers))
 
 
 def _refusal(
-    policy: KeyPolicy, refused: str, spent: float, amount: float, windows: Windows
+    policy: KeyPolicy, refused: str, spent: float, amount: float, windows: Windows, *, least: float
 ) -> BudgetSpent:
-    """The 429 for a reservation of ``amount`` that the ``refused`` window could not take."""
+    """The 429 for a reservation of ``amount`` that the ``refused`` window could not take;
+    final when even ``least`` (its price on the cheapest tier a later try may get) never fits."""
     limit = policy.budget_daily if refused == "budget_daily" else policy.budget_monthly
     wait = windows.day_left_s if refused == "budget_daily" else windows.month_left_s
     headers = {"Retry-After": str(wait), **_headers(policy.budget_daily, spent, windows)}
     whole = (policy.budget_daily, policy.budget_monthly)
-    if any(cap is not None and amount > cap for cap in whole):  # never fits: either
+    if any(cap is not None and least > cap for cap in whole):  # never fits: either
         headers.update(NO_RETRY)  # window may refuse first, the other never admits it
     return BudgetSpent(
         f"This key's {refused.split('_')[1]} compute budget of {limit:g} is spent "
@@ -572,12 +577,15 @@ async def with_budget(
     tiers: tuple[str, ...],
     prompt_tokens: int,
     completion_tokens: int,
+    movable: Sequence[str] = (),
 ) -> tuple[Admission, tuple[str, ...]]:
     """Reserve the request's worst-case cost; on a 429 give the rate-limit admission back.
     The admission, and the tiers the request may be served on (the budget may drop a dearer
     fallback it cannot pay for)."""
     try:
-        reservation = await gate.reserve(principal, tiers, prompt_tokens, completion_tokens)
+        reservation = await gate.reserve(
+            principal, tiers, prompt_tokens, completion_tokens, movable=movable
+        )
     except BaseException:
         await admission.withdraw()
         raise

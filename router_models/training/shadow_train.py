@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -150,6 +151,38 @@ def _judge(where: str, value: object) -> float | None:
     return float(value)
 
 
+def _agreement(where: str, value: object) -> float:
+    """A record's ``agreement``: the gateway writes a number in [0, 1]; anything else (NaN,
+    1e300, a bool, a string, none) is a corrupt record, not a label."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+        raise RecordError(f"{where}: agreement must be a number from 0 to 1, not {value!r:.40}")
+    return float(value)
+
+
+def _digest(where: str, value: object) -> str:
+    if not isinstance(value, str) or not value:
+        raise RecordError(f"{where}: prompt_digest must be a non-empty string")
+    return value
+
+
+def _vector(where: str, space: str, feats: dict[str, Any]) -> HashedVector:
+    """A record's feature vector: in-range integer indices and finite values, as many."""
+    index, value = feats.get("index"), feats.get("value")
+    width = n_features()
+    if (
+        not isinstance(index, list)
+        or not isinstance(value, list)
+        or len(index) != len(value)
+        or not all(type(i) is int and 0 <= i < width for i in index)
+        or not all(type(v) in {int, float} and math.isfinite(v) for v in value)
+    ):
+        raise RecordError(
+            f"{where}: features must be index (integers from 0 to {width - 1}) and value "
+            "(finite numbers) lists of one length"
+        )
+    return HashedVector(space, tuple(index), tuple(float(v) for v in value))
+
+
 def _tenant(where: str, value: object) -> str:
     """A record's tenant: ``UNKNOWN`` when it names none (written before tenants were)."""
     if value is None:
@@ -187,10 +220,10 @@ def read_shadow(
         if record.get("feature_space") != space or not isinstance(feats, dict):
             stale += 1
             continue
-        vector = HashedVector(space, tuple(feats["index"]), tuple(feats["value"]))
-        key = (str(record["prompt_digest"]), _tenant(where, record.get("tenant")))
+        vector = _vector(where, space, feats)
+        key = (_digest(where, record.get("prompt_digest")), _tenant(where, record.get("tenant")))
         entry = merged.setdefault(key, (vector, [], []))
-        entry[1].append(float(record["agreement"]))
+        entry[1].append(_agreement(where, record.get("agreement")))
         judge = _judge(where, record.get("judge"))
         if judge is not None:
             entry[2].append(judge)

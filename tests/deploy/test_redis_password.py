@@ -84,9 +84,10 @@ def test_the_in_chart_redis_requires_a_generated_password_from_a_secret(
 ) -> None:
     """requirepass comes from a Secret through the environment; probes authenticate."""
     redis = _container(any_objects, "redis")
-    args = redis["args"]
-    assert args[args.index("--requirepass") + 1] == "$(REDIS_PASSWORD)"
+    assert redis["args"][:2] == ["sh", "-c"]  # trailing newlines dropped, as the gateway does
+    assert '--requirepass "$$(printf \'%s\' "$REDIS_PASSWORD")"' in redis["args"][2]
     ref = redis_secret_ref(any_objects)
+    assert _env(redis)["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == ref
     assert _env(redis)["REDISCLI_AUTH"]["valueFrom"]["secretKeyRef"] == ref
     for probe in ("readinessProbe", "livenessProbe"):
         command = " ".join(redis[probe]["exec"]["command"])

@@ -152,8 +152,13 @@ def test_compose_redis_refuses_strangers_and_serves_the_gateway(
 
 
 def _expand(text: str, env: dict[str, str]) -> str:
-    """Kubernetes' ``$(VAR)`` expansion of a container's args."""
-    return re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env[m.group(1)], text)
+    """Kubernetes' ``$(VAR)`` expansion of a container's args (``$$`` is a ``$``; a reference
+    to a variable not set is left as it is)."""
+    return re.sub(
+        r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
+        lambda m: "$" if m.group(0) == "$$" else env.get(m.group(1), m.group(0)),
+        text,
+    )
 
 
 def test_chart_redis_refuses_strangers_and_serves_the_gateway(
@@ -172,7 +177,7 @@ def test_chart_redis_refuses_strangers_and_serves_the_gateway(
     for item in container["env"]:
         assert "valueFrom" in item  # the password never sits in the pod spec as a value
         env[item["name"]] = password
-    argv = [_expand(arg, env) for arg in container["args"]]
+    argv = _shell_append([_expand(arg, env) for arg in container["args"]])
     with _redis(argv, env, tmp_path) as port:
         local = f"redis://127.0.0.1:{port}/0"
         with pytest.raises(redis.exceptions.AuthenticationError):
