@@ -165,6 +165,45 @@ def test_sigterm_lets_running_streams_finish(
         assert gw._proc.wait(timeout=30) == 0
 
 
+def test_ctrl_c_drains_like_sigterm(
+    sim: SimulatorProcess, probed: tuple[str, Counter[str]]
+) -> None:
+    """Ctrl-C at a terminal is SIGINT to the whole process group, the workers included; a
+    second one comes while they drain (after the supervisor's SIGTERM). A running stream
+    still ends with [DONE] and the group exits 0: uvicorn alone takes a SIGINT after a
+    SIGTERM as "quit now" and cuts it."""
+    config = {
+        "auth": {"enabled": False},
+        "server": {"shutdown_grace_s": 30},
+        "tiers": tiers_config([sim.url], [probed[0]]),
+    }
+    with GatewayProcess(config, workers=2, session=True) as gw:
+        deadline = time.monotonic() + patience(30)
+        while gw.log_text().count("server.worker_started") < 2:  # past start-up, both
+            assert time.monotonic() < deadline, gw.log_text()[-3000:]
+            time.sleep(0.1)
+        body = {
+            "model": "fast",
+            "stream": True,
+            "max_tokens": 2000,  # seconds at the simulator's pace: outlives both Ctrl-Cs
+            "messages": [{"role": "user", "content": "count slowly"}],
+        }
+        with httpx.stream("POST", gw.url + "/v1/chat/completions", json=body, timeout=60) as resp:
+            chunks = resp.iter_text()
+            first = next(chunks)
+            assert first.startswith("data: ")
+            os.killpg(gw.pid, signal.SIGINT)
+            deadline = time.monotonic() + patience(10)
+            while gw.log_text().count("server.draining") < 2:  # both workers drain
+                assert time.monotonic() < deadline, gw.log_text()[-3000:]
+                time.sleep(0.05)
+            os.killpg(gw.pid, signal.SIGINT)
+            rest = "".join(chunks)
+        assert rest.rstrip().endswith("data: [DONE]"), gw.log_text()[-3000:]
+        assert gw._proc is not None
+        assert gw._proc.wait(timeout=patience(40)) == 0
+
+
 def test_explicit_workers_with_memory_limits_are_refused(tmp_path: Path) -> None:
     """--workers 2 with keys and in-memory limits exits 2 and says what to change."""
     config = tmp_path / "tiergate.yaml"
@@ -281,3 +320,4 @@ def test_sigusr1_dumps_every_threads_stack_and_serving_goes_on(gw: GatewayProces
     assert "uvicorn" in log or "asyncio" in log  # a worker's event loop
     assert len(_children(gw.pid)) == 2
     assert httpx.get(gw.url + "/livez", headers={"connection": "close"}).status_code == 200
+
