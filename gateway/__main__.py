@@ -46,6 +46,10 @@ def _serve(args: argparse.Namespace) -> int:
     if args.worker_index is not None:  # first: the supervisor may die while this one starts
         from gateway.http.workers import die_with_supervisor  # noqa: PLC0415  # only in workers
 
+        # A terminal's Ctrl-C reaches the whole group: the supervisor turns it into one
+        # SIGTERM for each worker, which drains (a SIGINT would end one still starting with a
+        # traceback, and cut the streams of one draining: DrainingServer).
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         die_with_supervisor(args.supervisor_pid)
     # The settings and secret files are checked before the app's modules (the web framework,
     # Redis, the router) are imported: a config `serve` refuses fails in a fraction of a second.

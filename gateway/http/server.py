@@ -153,7 +153,9 @@ def _run(
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     try:
         events = ServerEvents(settings, announce=worker is None)
-        DrainingServer(config, events, before_exit=logs.flush).run(sockets=[sock])
+        # A worker leaves SIGINT to its supervisor (see DrainingServer).
+        server = DrainingServer(config, events, before_exit=logs.flush, sigint=worker is None)
+        server.run(sockets=[sock])
     finally:
         sys.setswitchinterval(default_interval)
         logs.close()
