@@ -321,3 +321,52 @@ def test_sigusr1_dumps_every_threads_stack_and_serving_goes_on(gw: GatewayProces
     assert len(_children(gw.pid)) == 2
     assert httpx.get(gw.url + "/livez", headers={"connection": "close"}).status_code == 200
 
+
+_HANG_ONCE = """\
+import os, sys, time
+if "tiergate.worker=0" in os.environ.get("OTEL_RESOURCE_ATTRIBUTES", "") and not os.path.exists(
+    MARK
+):
+    open(MARK, "w").close()
+
+    class _Hang:  # worker 0's first start hangs importing the app (serve has set up SIGUSR1)
+        def find_spec(self, name, path=None, target=None):
+            if name == "gateway.composition":
+                time.sleep(3600)
+
+    sys.meta_path.insert(0, _Hang())
+"""
+
+
+def test_a_worker_whose_start_hangs_is_dumped_killed_and_replaced(
+    sim: SimulatorProcess, probed: tuple[str, Counter[str]], tmp_path: Path
+) -> None:
+    """Worker 0's first start never ends (it hangs importing the app): once
+    ``server.worker_start_timeout_s`` has passed the supervisor logs why, has the worker's
+    stack written to stderr (SIGUSR1: where it hangs), SIGKILLs it and starts another, which
+    serves; worker 1 serves all along."""
+    site = tmp_path / "site"
+    site.mkdir()
+    hook = _HANG_ONCE.replace("MARK", repr(str(tmp_path / "hung")))
+    (site / "sitecustomize.py").write_text(hook, encoding="utf-8")
+    start_s = patience(10)  # a normal start must fit, on a loaded machine too
+    config = {
+        "auth": {"enabled": False},
+        "server": {"worker_start_timeout_s": start_s},
+        "tiers": tiers_config([sim.url], [probed[0]]),
+    }
+    with GatewayProcess(config, workers=2, env={"PYTHONPATH": str(site)}) as gw:
+        deadline = time.monotonic() + start_s + patience(40)
+        while gw.log_text().count("server.worker_started") < 2:  # worker 1, then the new 0
+            assert time.monotonic() < deadline, gw.log_text()[-3000:]
+            time.sleep(0.2)
+        log = gw.log_text()
+        lines = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
+        [timeout] = [line for line in lines if line["event"] == "server.worker_start_timeout"]
+        assert timeout["worker"] == 0
+        assert timeout["waited_s"] > start_s
+        assert "in find_spec" in log  # the hanging frame, dumped before the kill
+        exited = [line for line in lines if line["event"] == "server.worker_exited"]
+        assert [(e["worker"], e["code"]) for e in exited] == [(0, -signal.SIGKILL)]
+        assert len(_children(gw.pid)) == 2
+        assert httpx.get(gw.url + "/livez", headers={"connection": "close"}).status_code == 200
