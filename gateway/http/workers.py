@@ -38,6 +38,7 @@ _log = structlog.get_logger("tiergate.workers")
 _PR_SET_PDEATHSIG = 1
 _QUICK_DEATH_S = 5.0
 _MAX_QUICK_DEATHS = 3
+_DUMP_S = 1.0  # from a hung worker's SIGUSR1 (its stack dumped) to its SIGKILL
 
 
 @dataclass(slots=True)
@@ -49,6 +50,7 @@ class _Heartbeat:
     mtime_ns: int | None  # the file's at the spawn (a previous worker's), then at each change
     changed_at: float  # the spawn, then the last change
     serving_since: float | None = None  # the first change: start-up is over
+    dumped_at: float | None = None  # when its start ran out of time and it was sent SIGUSR1
 
 
 class WorkersRefused(ValueError):
@@ -256,12 +258,33 @@ class Supervisor:
         """Kill a worker whose event loop stopped running (SIGSTOP, a wedged loop): its
         connections would hang forever; killed, it is replaced like any dead worker."""
         beat = self._beat(index)
+        if beat.serving_since is None:
+            self._watch_start(index, child, beat)
+            return
         stall_s = self.settings.server.worker_stall_s
         silent = time.monotonic() - beat.changed_at
-        if beat.serving_since is not None and 0 < stall_s < silent:
+        if 0 < stall_s < silent:
             _log.error("server.worker_stalled", worker=index, silent_s=round(silent, 1))
             child.kill()
             beat.changed_at = time.monotonic()  # one kill: the next rounds reap it
+
+    def _watch_start(self, index: int, child: subprocess.Popen[bytes], beat: _Heartbeat) -> None:
+        """Kill a worker whose start-up has not ended within ``server.worker_start_timeout_s``
+        (it hangs importing, building the app, binding): first SIGUSR1, so that its stack
+        (where it hangs) is on its stderr, then SIGKILL; it is replaced like any dead worker."""
+        limit_s = self.settings.server.worker_start_timeout_s
+        waited = time.monotonic() - beat.spawned_at
+        if not 0 < limit_s < waited:
+            return
+        if beat.dumped_at is None:
+            _log.error(
+                "server.worker_start_timeout", worker=index, waited_s=round(waited, 1),
+                limit_s=limit_s, pid=child.pid,
+            )  # fmt: skip
+            child.send_signal(signal.SIGUSR1)  # the stack is written in the signal handler
+            beat.dumped_at = time.monotonic()
+        elif time.monotonic() - beat.dumped_at > _DUMP_S:
+            child.kill()
 
     def _stop(self, signum: int, _: FrameType | None) -> None:
         self.stopping = True
