@@ -364,7 +364,8 @@ def test_a_worker_whose_start_hangs_is_dumped_killed_and_replaced(
         lines = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
         [timeout] = [line for line in lines if line["event"] == "server.worker_start_timeout"]
         assert timeout["worker"] == 0
-        assert timeout["waited_s"] > start_s
+        assert timeout["limit_s"] == start_s
+        assert timeout["waited_s"] >= start_s - 0.05  # (rounded to 0.1 s)
         assert "in find_spec" in log  # the hanging frame, dumped before the kill
         exited = [line for line in lines if line["event"] == "server.worker_exited"]
         assert [(e["worker"], e["code"]) for e in exited] == [(0, -signal.SIGKILL)]
