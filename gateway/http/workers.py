@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -31,8 +32,7 @@ from types import FrameType
 import structlog
 
 from gateway.config.settings import Settings
-from gateway.telemetry.lifecycle import log_started
-from gateway.upstream.worker_share import metrics_file
+from gateway.http.listen import listen
 
 _log = structlog.get_logger("tiergate.workers")
 _PR_SET_PDEATHSIG = 1
@@ -109,8 +109,6 @@ def resolve_workers(settings: Settings, requested: int | None, cores: int) -> Wo
 
 
 def _listen(host: str, port: int) -> socket.socket:
-    from gateway.http.server import listen  # noqa: PLC0415  # the same checks and messages
-
     sock = listen(host, port)
     sock.listen(2048)
     sock.set_inheritable(True)
@@ -236,9 +234,14 @@ class Supervisor:
         )
         self._announce(self.children[index])
         now = time.monotonic()
-        self.beats[index] = _Heartbeat(now, self._mtime_ns(index), now)
+        # A replaced worker's file (none before the first start: not read, so the metrics
+        # module is imported after every worker of the group has been started).
+        previous = self._mtime_ns(index) if index in self.beats else None
+        self.beats[index] = _Heartbeat(now, previous, now)
 
     def _mtime_ns(self, index: int) -> int | None:
+        from gateway.upstream.worker_share import metrics_file  # noqa: PLC0415  # see _spawn
+
         try:
             return metrics_file(self.share_dir, index).stat().st_mtime_ns
         except FileNotFoundError:
@@ -321,14 +324,22 @@ class Supervisor:
                 return
             self._spawn(index)
 
-    def run(self) -> int:
-        """Serve until SIGTERM/SIGINT; 0 on a clean stop, 1 when workers kept failing."""
+    def run(self, meanwhile: Callable[[], object] = lambda: None) -> int:
+        """Serve until SIGTERM/SIGINT; 0 on a clean stop, 1 when workers kept failing.
+
+        The workers are started first, then ``meanwhile`` runs (this process's own set-up: its
+        logging) while they start, then the reaper: what this process still has to import or
+        start is not added to the workers' start-up time.
+        """
         signal.signal(signal.SIGTERM, self._stop)
         signal.signal(signal.SIGINT, self._stop)
         try:
-            self._start_reaper()
             for index in range(self.count):
                 self._spawn(index)
+            meanwhile()
+            self._start_reaper()
+            from gateway.telemetry.lifecycle import log_started  # noqa: PLC0415  # see above
+
             log_started(self.settings, port=self.sock.getsockname()[1], workers=self.count)
             while not self.stopping:
                 time.sleep(0.2)
