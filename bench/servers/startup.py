@@ -126,7 +126,12 @@ class _Run:
         if self.done.is_set():
             cpu_s = sum(map(_cpu_s, [self.proc.pid, *_children(self.proc.pid)]))
             return _Took(self.ready_at[-1], spawn_s, supervisor_cpu_s, cpu_s)
+        # The CPU each process had by then: a starved start (a few seconds of CPU at most,
+        # still importing) is told from a stuck one (its stack below; a process still
+        # importing `gateway` itself has no SIGUSR1 handler yet, and dies of it).
         for pid in [self.proc.pid, *_children(self.proc.pid)]:
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")[:120]
+            self.lines.append(f"pid {pid}: {_cpu_s(pid):.2f} s of CPU: {args.decode()}\n")
             try:
                 os.kill(pid, signal.SIGUSR1)
             except ProcessLookupError:
