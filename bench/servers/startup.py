@@ -130,7 +130,10 @@ class _Run:
         # still importing) is told from a stuck one (its stack below; a process still
         # importing `gateway` itself has no SIGUSR1 handler yet, and dies of it).
         for pid in [self.proc.pid, *_children(self.proc.pid)]:
-            args = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")[:120]
+            try:
+                args = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")[:120]
+            except OSError:  # exited meanwhile
+                continue
             self.lines.append(f"pid {pid}: {_cpu_s(pid):.2f} s of CPU: {args.decode()}\n")
             try:
                 os.kill(pid, signal.SIGUSR1)
