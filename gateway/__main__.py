@@ -31,6 +31,7 @@ from gateway.config.strict import ConfigError
 
 if TYPE_CHECKING:
     from gateway.http.workers import WorkerCount
+    from gateway.telemetry.logging import LogSink
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -46,6 +47,10 @@ def _serve(args: argparse.Namespace) -> int:
     if args.worker_index is not None:  # first: the supervisor may die while this one starts
         from gateway.http.workers import die_with_supervisor  # noqa: PLC0415  # only in workers
 
+        # A terminal's Ctrl-C reaches the whole group: the supervisor turns it into one
+        # SIGTERM for each worker, which drains (a SIGINT would end one still starting with a
+        # traceback, and cut the streams of one draining: DrainingServer).
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         die_with_supervisor(args.supervisor_pid)
     # The settings and secret files are checked before the app's modules (the web framework,
     # Redis, the router) are imported: a config `serve` refuses fails in a fraction of a second.
@@ -56,19 +61,36 @@ def _serve(args: argparse.Namespace) -> int:
         print("tiergate: refusing to start (exposure.mode is strict)", file=sys.stderr)
         return 2
     _read_secret_files(settings)
-    from gateway.access.auth import NoKeysConfigured, preflight  # noqa: PLC0415  # only when serving
     from gateway.http.workers import WorkersRefused, resolve_workers, usable_cores  # noqa: PLC0415
 
     try:
         workers = resolve_workers(settings, args.workers, usable_cores())
-        settings = settings.model_copy(
-            update={"server": settings.server.model_copy(update={"workers": workers.count})}
-        )
-        preflight(settings)
-        return _run(settings, workers, args.config)
-    except (NoKeysConfigured, WorkersRefused) as exc:
-        print(f"tiergate: refusing to start: {exc}", file=sys.stderr)
+    except WorkersRefused as exc:
+        refusal: str | None = str(exc)
+    else:
+        refusal = _keys_refusal(settings)
+    if refusal is not None:
+        print(f"tiergate: refusing to start: {refusal}", file=sys.stderr)
         return 2
+    settings = settings.model_copy(
+        update={"server": settings.server.model_copy(update={"workers": workers.count})}
+    )
+    return _run(settings, workers, args.config)
+
+
+def _keys_refusal(settings: Settings) -> str | None:
+    """Why serving is refused for want of a usable key, if it is. With auth off there is
+    nothing to check and the auth modules (the web framework, Redis) are not imported here:
+    a supervisor then starts its workers that much sooner (``bench/workers/startup.py``)."""
+    if not settings.auth.enabled:
+        return None
+    from gateway.access.auth import NoKeysConfigured, preflight  # noqa: PLC0415  # only when serving
+
+    try:
+        preflight(settings)
+    except NoKeysConfigured as exc:
+        return str(exc)
+    return None
 
 
 def _read_secret_files(settings: Settings) -> None:
@@ -107,17 +129,23 @@ def _run(settings: Settings, workers: WorkerCount, config: Path | None) -> int:
         serve(settings, logging_ready=workers.log)
         return 0
     from gateway.http.workers import Supervisor  # noqa: PLC0415  # only when serving
-    from gateway.telemetry.logging import configure_logging  # noqa: PLC0415  # only when serving
 
     settings.auth.read_admin_token()  # a missing token file: one error here, not one per worker
     supervisor = Supervisor(settings, workers.count, config)
-    # The supervisor's own lines (server.worker_exited...) in the configured format and place.
-    logs = configure_logging(settings.telemetry)
-    try:
+    logs: list[LogSink] = []
+
+    def set_up_logging() -> None:  # while the workers start (it imports telemetry's modules)
+        # The supervisor's own lines (server.worker_exited...) in the configured format and place.
+        from gateway.telemetry.logging import configure_logging  # noqa: PLC0415  # only when serving
+
+        logs.append(configure_logging(settings.telemetry))
         workers.log()
-        return supervisor.run()
+
+    try:
+        return supervisor.run(meanwhile=set_up_logging)
     finally:
-        logs.close()
+        for log in logs:
+            log.close()
 
 
 def _serve_worker(args: argparse.Namespace, settings: Settings) -> int:

@@ -76,6 +76,8 @@ class ServerSettings(Section):
     """Worker processes on one socket; unset: usable cores (1 with keys + memory limiter)."""
     worker_stall_s: float = Field(default=10.0, ge=0)
     """A worker whose event loop has not run for this long is killed and replaced (0: never)."""
+    worker_start_timeout_s: float = Field(default=120.0, ge=0)
+    """A worker still starting this long is killed (stack dumped first), replaced (0: never)."""
 
 
 class AuthSettings(Section):

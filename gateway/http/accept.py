@@ -14,8 +14,10 @@ import asyncio
 import contextlib
 import errno
 import functools
+import signal
 import socket
 from collections.abc import Callable, Generator
+from types import FrameType
 
 import structlog
 import uvicorn
@@ -33,7 +35,11 @@ _OUT_OF_FDS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 
 class DrainingServer(uvicorn.Server):
     """uvicorn's server with the listening sockets served by :class:`Acceptor`; ``events``
-    (if given) logs when it starts serving, and what its graceful shutdown drained."""
+    (if given) logs when it starts serving, and what its graceful shutdown drained.
+
+    ``sigint=False`` (a worker of a group) ignores SIGINT: a terminal's Ctrl-C reaches every
+    process of the group, the supervisor passes SIGTERM on, and uvicorn would take a SIGINT
+    arriving after that SIGTERM as "quit now" and cut the streams it drains."""
 
     acceptors: list[Acceptor]
 
@@ -42,10 +48,20 @@ class DrainingServer(uvicorn.Server):
         config: uvicorn.Config,
         events: ServerEvents | None = None,
         before_exit: Callable[[], object] | None = None,
+        *,
+        sigint: bool = True,
     ) -> None:
         super().__init__(config)
         self.events = events
         self.before_exit = before_exit
+        self.sigint = sigint
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        """uvicorn's: the first SIGINT or SIGTERM drains, a SIGINT after it forces the exit;
+        SIGINT is ignored where ``sigint`` is False."""
+        if sig == signal.SIGINT and not self.sigint:
+            return
+        super().handle_exit(sig, frame)
 
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:

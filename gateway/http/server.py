@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import errno
 import functools
 import socket
 import sys
@@ -21,6 +20,7 @@ from gateway.http.connections import (
     fd_limit,
     raise_fd_limit,
 )
+from gateway.http.listen import listen
 from gateway.http.native import Handler
 from gateway.http.protocol import GuardedHttpToolsProtocol
 from gateway.telemetry.lifecycle import ServerEvents
@@ -57,30 +57,6 @@ def connection_limits(server: ServerSettings) -> ConnectionLimits:
         max_connections=cap,
         over_cap_reserve=server.max_connections_reserve,
     )
-
-
-class ListenError(OSError):
-    """The gateway cannot listen where it was told to (port in use, unknown address...)."""
-
-
-def listen(host: str, port: int) -> socket.socket:
-    """A bound socket for ``host:port``, or :class:`ListenError` saying why not."""
-    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    try:
-        family, kind, proto, _, address = socket.getaddrinfo(
-            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )[0]
-    except (socket.gaierror, UnicodeError) as exc:
-        raise ListenError(f"cannot listen on {where}: unknown address ({exc})") from None
-    sock = socket.socket(family, kind, proto)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(address)
-    except OSError as exc:
-        sock.close()
-        reason = "the port is already in use" if exc.errno == errno.EADDRINUSE else exc.strerror
-        raise ListenError(f"cannot listen on {where}: {reason}") from None
-    return sock
 
 
 # What the server serves over one connection guard: the app and the native inference endpoints
@@ -153,7 +129,9 @@ def _run(
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     try:
         events = ServerEvents(settings, announce=worker is None)
-        DrainingServer(config, events, before_exit=logs.flush).run(sockets=[sock])
+        # A worker leaves SIGINT to its supervisor (see DrainingServer).
+        server = DrainingServer(config, events, before_exit=logs.flush, sigint=worker is None)
+        server.run(sockets=[sock])
     finally:
         sys.setswitchinterval(default_interval)
         logs.close()

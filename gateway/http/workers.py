@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -31,13 +32,13 @@ from types import FrameType
 import structlog
 
 from gateway.config.settings import Settings
-from gateway.telemetry.lifecycle import log_started
-from gateway.upstream.worker_share import metrics_file
+from gateway.http.listen import listen
 
 _log = structlog.get_logger("tiergate.workers")
 _PR_SET_PDEATHSIG = 1
 _QUICK_DEATH_S = 5.0
 _MAX_QUICK_DEATHS = 3
+_DUMP_S = 1.0  # from a hung worker's SIGUSR1 (its stack dumped) to its SIGKILL
 
 
 @dataclass(slots=True)
@@ -49,6 +50,7 @@ class _Heartbeat:
     mtime_ns: int | None  # the file's at the spawn (a previous worker's), then at each change
     changed_at: float  # the spawn, then the last change
     serving_since: float | None = None  # the first change: start-up is over
+    dumped_at: float | None = None  # when its start ran out of time and it was sent SIGUSR1
 
 
 class WorkersRefused(ValueError):
@@ -107,8 +109,6 @@ def resolve_workers(settings: Settings, requested: int | None, cores: int) -> Wo
 
 
 def _listen(host: str, port: int) -> socket.socket:
-    from gateway.http.server import listen  # noqa: PLC0415  # the same checks and messages
-
     sock = listen(host, port)
     sock.listen(2048)
     sock.set_inheritable(True)
@@ -234,9 +234,14 @@ class Supervisor:
         )
         self._announce(self.children[index])
         now = time.monotonic()
-        self.beats[index] = _Heartbeat(now, self._mtime_ns(index), now)
+        # A replaced worker's file (none before the first start: not read, so the metrics
+        # module is imported after every worker of the group has been started).
+        previous = self._mtime_ns(index) if index in self.beats else None
+        self.beats[index] = _Heartbeat(now, previous, now)
 
     def _mtime_ns(self, index: int) -> int | None:
+        from gateway.upstream.worker_share import metrics_file  # noqa: PLC0415  # see _spawn
+
         try:
             return metrics_file(self.share_dir, index).stat().st_mtime_ns
         except FileNotFoundError:
@@ -256,12 +261,33 @@ class Supervisor:
         """Kill a worker whose event loop stopped running (SIGSTOP, a wedged loop): its
         connections would hang forever; killed, it is replaced like any dead worker."""
         beat = self._beat(index)
+        if beat.serving_since is None:
+            self._watch_start(index, child, beat)
+            return
         stall_s = self.settings.server.worker_stall_s
         silent = time.monotonic() - beat.changed_at
-        if beat.serving_since is not None and 0 < stall_s < silent:
+        if 0 < stall_s < silent:
             _log.error("server.worker_stalled", worker=index, silent_s=round(silent, 1))
             child.kill()
             beat.changed_at = time.monotonic()  # one kill: the next rounds reap it
+
+    def _watch_start(self, index: int, child: subprocess.Popen[bytes], beat: _Heartbeat) -> None:
+        """Kill a worker whose start-up has not ended within ``server.worker_start_timeout_s``
+        (it hangs importing, building the app, binding): first SIGUSR1, so that its stack
+        (where it hangs) is on its stderr, then SIGKILL; it is replaced like any dead worker."""
+        limit_s = self.settings.server.worker_start_timeout_s
+        waited = time.monotonic() - beat.spawned_at
+        if not 0 < limit_s < waited:
+            return
+        if beat.dumped_at is None:
+            _log.error(
+                "server.worker_start_timeout", worker=index, waited_s=round(waited, 1),
+                limit_s=limit_s, pid=child.pid,
+            )  # fmt: skip
+            child.send_signal(signal.SIGUSR1)  # the stack is written in the signal handler
+            beat.dumped_at = time.monotonic()
+        elif time.monotonic() - beat.dumped_at > _DUMP_S:
+            child.kill()
 
     def _stop(self, signum: int, _: FrameType | None) -> None:
         self.stopping = True
@@ -298,14 +324,22 @@ class Supervisor:
                 return
             self._spawn(index)
 
-    def run(self) -> int:
-        """Serve until SIGTERM/SIGINT; 0 on a clean stop, 1 when workers kept failing."""
+    def run(self, meanwhile: Callable[[], object] = lambda: None) -> int:
+        """Serve until SIGTERM/SIGINT; 0 on a clean stop, 1 when workers kept failing.
+
+        The workers are started first, then ``meanwhile`` runs (this process's own set-up: its
+        logging) while they start, then the reaper: what this process still has to import or
+        start is not added to the workers' start-up time.
+        """
         signal.signal(signal.SIGTERM, self._stop)
         signal.signal(signal.SIGINT, self._stop)
         try:
-            self._start_reaper()
             for index in range(self.count):
                 self._spawn(index)
+            meanwhile()
+            self._start_reaper()
+            from gateway.telemetry.lifecycle import log_started  # noqa: PLC0415  # see above
+
             log_started(self.settings, port=self.sock.getsockname()[1], workers=self.count)
             while not self.stopping:
                 time.sleep(0.2)

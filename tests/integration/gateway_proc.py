@@ -70,9 +70,11 @@ class GatewayProcess:
         workers: int = 1,
         module: str = "gateway",
         output: int | None = None,
+        session: bool = False,
     ) -> None:
         self.config = config
         self.output = output  # a file descriptor for stdout and stderr (default: the log file)
+        self.session = session  # a session (and process group) of its own, as in a terminal
         self.module = module  # run as ``python -m <module> serve ...``
         self.workers = workers
         self.env = env or {}
@@ -102,7 +104,8 @@ class GatewayProcess:
             str(self.workers),
         ]
         log = self.log_path.open("wb") if self.output is None else self.output
-        self._proc = subprocess.Popen(command, cwd=REPO_ROOT, stdout=log, stderr=log, env=env)
+        self._proc = subprocess.Popen(command, cwd=REPO_ROOT, stdout=log, stderr=log, env=env,
+                                      start_new_session=self.session)  # fmt: skip
         wait_ready(
             self._proc,
             lambda: http_answers(self.url + "/livez"),

@@ -165,6 +165,45 @@ def test_sigterm_lets_running_streams_finish(
         assert gw._proc.wait(timeout=30) == 0
 
 
+def test_ctrl_c_drains_like_sigterm(
+    sim: SimulatorProcess, probed: tuple[str, Counter[str]]
+) -> None:
+    """Ctrl-C at a terminal is SIGINT to the whole process group, the workers included; a
+    second one comes while they drain (after the supervisor's SIGTERM). A running stream
+    still ends with [DONE] and the group exits 0: uvicorn alone takes a SIGINT after a
+    SIGTERM as "quit now" and cuts it."""
+    config = {
+        "auth": {"enabled": False},
+        "server": {"shutdown_grace_s": 30},
+        "tiers": tiers_config([sim.url], [probed[0]]),
+    }
+    with GatewayProcess(config, workers=2, session=True) as gw:
+        deadline = time.monotonic() + patience(30)
+        while gw.log_text().count("server.worker_started") < 2:  # past start-up, both
+            assert time.monotonic() < deadline, gw.log_text()[-3000:]
+            time.sleep(0.1)
+        body = {
+            "model": "fast",
+            "stream": True,
+            "max_tokens": 2000,  # seconds at the simulator's pace: outlives both Ctrl-Cs
+            "messages": [{"role": "user", "content": "count slowly"}],
+        }
+        with httpx.stream("POST", gw.url + "/v1/chat/completions", json=body, timeout=60) as resp:
+            chunks = resp.iter_text()
+            first = next(chunks)
+            assert first.startswith("data: ")
+            os.killpg(gw.pid, signal.SIGINT)
+            deadline = time.monotonic() + patience(10)
+            while gw.log_text().count("server.draining") < 2:  # both workers drain
+                assert time.monotonic() < deadline, gw.log_text()[-3000:]
+                time.sleep(0.05)
+            os.killpg(gw.pid, signal.SIGINT)
+            rest = "".join(chunks)
+        assert rest.rstrip().endswith("data: [DONE]"), gw.log_text()[-3000:]
+        assert gw._proc is not None
+        assert gw._proc.wait(timeout=patience(40)) == 0
+
+
 def test_explicit_workers_with_memory_limits_are_refused(tmp_path: Path) -> None:
     """--workers 2 with keys and in-memory limits exits 2 and says what to change."""
     config = tmp_path / "tiergate.yaml"
@@ -281,3 +320,54 @@ def test_sigusr1_dumps_every_threads_stack_and_serving_goes_on(gw: GatewayProces
     assert "uvicorn" in log or "asyncio" in log  # a worker's event loop
     assert len(_children(gw.pid)) == 2
     assert httpx.get(gw.url + "/livez", headers={"connection": "close"}).status_code == 200
+
+
+_HANG_ONCE = """\
+import os, sys, time
+if "tiergate.worker=0" in os.environ.get("OTEL_RESOURCE_ATTRIBUTES", "") and not os.path.exists(
+    MARK
+):
+    open(MARK, "w").close()
+
+    class _Hang:  # worker 0's first start hangs importing the app (serve has set up SIGUSR1)
+        def find_spec(self, name, path=None, target=None):
+            if name == "gateway.composition":
+                time.sleep(3600)
+
+    sys.meta_path.insert(0, _Hang())
+"""
+
+
+def test_a_worker_whose_start_hangs_is_dumped_killed_and_replaced(
+    sim: SimulatorProcess, probed: tuple[str, Counter[str]], tmp_path: Path
+) -> None:
+    """Worker 0's first start never ends (it hangs importing the app): once
+    ``server.worker_start_timeout_s`` has passed the supervisor logs why, has the worker's
+    stack written to stderr (SIGUSR1: where it hangs), SIGKILLs it and starts another, which
+    serves; worker 1 serves all along."""
+    site = tmp_path / "site"
+    site.mkdir()
+    hook = _HANG_ONCE.replace("MARK", repr(str(tmp_path / "hung")))
+    (site / "sitecustomize.py").write_text(hook, encoding="utf-8")
+    start_s = patience(10)  # a normal start must fit, on a loaded machine too
+    config = {
+        "auth": {"enabled": False},
+        "server": {"worker_start_timeout_s": start_s},
+        "tiers": tiers_config([sim.url], [probed[0]]),
+    }
+    with GatewayProcess(config, workers=2, env={"PYTHONPATH": str(site)}) as gw:
+        deadline = time.monotonic() + start_s + patience(40)
+        while gw.log_text().count("server.worker_started") < 2:  # worker 1, then the new 0
+            assert time.monotonic() < deadline, gw.log_text()[-3000:]
+            time.sleep(0.2)
+        log = gw.log_text()
+        lines = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
+        [timeout] = [line for line in lines if line["event"] == "server.worker_start_timeout"]
+        assert timeout["worker"] == 0
+        assert timeout["limit_s"] == start_s
+        assert timeout["waited_s"] >= start_s - 0.05  # (rounded to 0.1 s)
+        assert "in find_spec" in log  # the hanging frame, dumped before the kill
+        exited = [line for line in lines if line["event"] == "server.worker_exited"]
+        assert [(e["worker"], e["code"]) for e in exited] == [(0, -signal.SIGKILL)]
+        assert len(_children(gw.pid)) == 2
+        assert httpx.get(gw.url + "/livez", headers={"connection": "close"}).status_code == 200
