@@ -37,6 +37,7 @@ from gateway.upstream.attempt import (
     Opened,
     UpstreamClient,
     attempt,
+    completion_count,
 )
 from gateway.upstream.connection import Response
 from gateway.upstream.explain import every_tier_failed, final_error, why_none
@@ -78,16 +79,22 @@ class Exchange:
     deadline: float = math.inf
     # The upstream keys, blanked in an error event that quotes one (Forwarder's own tuple).
     secrets: tuple[str, ...] = ()
+    # When the attempt was sent (time.perf_counter()): a finished answer's speed counts from it.
+    started: float = 0.0
 
-    def finish(self, *, abort: bool = False, failed: bool = False) -> None:
+    def finish(self, *, abort: bool = False, failed: bool = False, tokens: int = 0) -> None:
         """Return the lease; ``abort`` closes the connection so the engine stops work.
 
         ``failed``: the backend broke the stream (reset, stall, truncation), which counts
-        against the replica's health like a failed attempt.
+        against the replica's health like a failed attempt. ``tokens``: the completion
+        tokens of an answer that came whole, for the replica's speed.
         """
         if self.finished:
             return
         self.finished = True
+        if tokens and not (abort or failed):
+            now = time.perf_counter()
+            self.pool.record_speed(self.replica, now - self.started, tokens, now)
         if failed:
             self.pool.record_failure(
                 self.replica,
@@ -350,12 +357,12 @@ class Forwarder:
                 raise
             finally:
                 waited.upstream_s += time.perf_counter() - started
-            secrets = self._secrets(replica)
-            exchange = Exchange(opened, replica, pool, batch=batch, secrets=secrets)
+            exchange = Exchange(opened, replica, pool, batch=batch, secrets=self._secrets(replica))
+            exchange.started = started
             if stream:
                 await self._read_first_event(route, exchange, limit_s, waited)
             else:
-                exchange.finish()
+                exchange.finish(tokens=completion_count(opened.usage))
             pool.record_success(replica)
             if route.keys is not None:
                 route.keys.accepted(replica.url)
