@@ -40,6 +40,12 @@ import yaml  # noqa: E402  # after the sys.path fix so that `bench` imports as a
 
 from bench.harness.processes import Service, free_port, http_answers  # noqa: E402  # same
 from bench.prefix.client import run_independent  # noqa: E402  # same
+from bench.slow_replica.mixed import (  # noqa: E402  # same
+    MIXED_HEADER,
+    mixed_bodies,
+    mixed_row,
+    play_mixed,
+)
 from gateway.upstream.health import parse_metrics  # noqa: E402  # same
 
 ADMIN_TOKEN = "bench-slow-replica-admin-token-000000"  # noqa: S105  # a local bench's own token
@@ -211,12 +217,40 @@ def play(gateways: dict[str, str], sims: list[Service], sizes: dict[int, int]) -
     return rows
 
 
+def equal_mixed(workdir: Path, n: int) -> list[str]:
+    """Equal replicas, mixed traffic (bench/slow_replica/mixed.py), prefix affinity with the
+    feature on and off; the rows."""
+    sims = start_sims((1.0, 1.0), workdir)
+    try:
+        rows = []
+        for aware in (True, False):
+            gateway = start_gateway(f"gw-mixed-{aware}", sims, "prefix_affinity", aware, workdir)
+            for sim in sims:
+                _post(f"http://127.0.0.1:{sim.port}/sim/reset")
+            m = play_mixed(gateway, sims, mixed_bodies(n, seed=7), ADMIN_TOKEN)
+            rows.append(
+                mixed_row(f"mixed, c=1, prefix_affinity, speed {'on' if aware else 'off'}", m)
+            )
+            print(rows[-1], flush=True)
+        return rows
+    finally:
+        for service in [*SERVICES, *sims]:
+            service.stop()
+        SERVICES.clear()
+
+
 def main() -> None:
     """Run both phases and write the report."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer requests (a smoke run)")
+    parser.add_argument("--mixed-only", action="store_true", help="only the mixed-traffic leg")
     parser.add_argument("--out", default="bench/results/slow-replica.md")
     args = parser.parse_args()
+    mixed_n = 100 if args.quick else 240
+    if args.mixed_only:
+        with tempfile.TemporaryDirectory(prefix="bench-slow-") as tmp:
+            print("\n".join([MIXED_HEADER, *equal_mixed(Path(tmp), mixed_n)]))
+        return
     sizes = {1: 40, 8: 80} if args.quick else {1: 120, 8: 320}
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="bench-slow-") as tmp:
@@ -253,6 +287,8 @@ def main() -> None:
         finally:
             for service in [*SERVICES, *sims]:
                 service.stop()
+            SERVICES.clear()
+        mixed_rows = equal_mixed(workdir, mixed_n)
     report = [
         "# Slow replica: speed-aware replica choice on and off",
         "",
@@ -271,6 +307,17 @@ def main() -> None:
         "",
         HEADER,
         *equal_rows,
+        "",
+        "## Equal replicas, mixed traffic (bench/slow_replica/mixed.py)",
+        "",
+        "Long documents (~3,000 tokens) asked 1-4 token questions, half of them streamed, "
+        "mixed with streamed chats; sequential. *Repeats on the same replica*: of the requests "
+        "whose prefix group came before, the share served where the group's previous one was. "
+        "*Speed ratio*: the slower replica's `ms_per_token` over the faster's in "
+        "`/admin/backends` after each request.",
+        "",
+        MIXED_HEADER,
+        *mixed_rows,
         "",
     ]
     Path(args.out).write_text("\n".join(report), encoding="utf-8")
