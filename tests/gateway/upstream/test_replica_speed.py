@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.upstream.replicas import SPEED_WEIGHT, ReplicaPool
-from policies.selection import LeastLoaded
+from policies.selection import LeastLoaded, slowness
 
 URLS = ["http://10.0.0.1:8000", "http://10.0.0.2:8000"]
 MARGIN = 1.5
@@ -79,3 +79,25 @@ def test_a_slow_replica_is_tried_now_and_then_and_recovers_once_fast() -> None:
     first_equal = next(i for i in range(len(healed)) if healed[i : i + 4].count("slow") == 2)
     assert first_equal * 0.5 <= 60.0, first_equal
     assert healed[-40:].count("slow") == 20  # equals again: ties alternate
+
+
+def test_one_outlier_answer_does_not_make_an_equal_replica_slower() -> None:
+    """Two equal replicas with a dozen answers each at 10 ms a token; one answer of the
+    first at 100 ms a token (a stalled client, a pause) leaves them within the margin."""
+    p = pool()
+    for step in range(12):
+        for replica in p.replicas:
+            p.record_speed(replica, 0.01 * 20, 20, now=float(step))
+    p.record_speed(p.replicas[0], 0.1 * 20, 20, now=12.0)
+    assert slowness(p.replicas, MARGIN) is None, [r.token_s for r in p.replicas]
+
+
+def test_a_replica_counts_only_after_a_few_answers() -> None:
+    """One answer is not an estimate: the replica stays unknown (the mean, for strategies)."""
+    p = pool()
+    fast, slow = p.replicas
+    for step in range(12):
+        p.record_speed(fast, 0.01 * 20, 20, now=float(step))
+    p.record_speed(slow, 0.05 * 20, 20, now=12.0)
+    assert slow.token_s == 0.0
+    assert slowness(p.replicas, MARGIN) is None
