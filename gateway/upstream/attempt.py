@@ -281,11 +281,6 @@ def generated_texts(message: dict[str, Any]) -> list[Any]:
     return texts
 
 
-def completion_count(usage: Any) -> int:
-    """The completion tokens a ``usage`` value as sent says (0: it says none, or is none)."""
-    return _count(usage.get("completion_tokens")) if isinstance(usage, dict) else 0
-
-
 def usage_fields(usage: Any) -> Usage | None:
     """A ``usage`` object's counts, if it is one."""
     if not isinstance(usage, dict):

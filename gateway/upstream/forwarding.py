@@ -37,7 +37,6 @@ from gateway.upstream.attempt import (
     Opened,
     UpstreamClient,
     attempt,
-    completion_count,
 )
 from gateway.upstream.connection import Response
 from gateway.upstream.explain import every_tier_failed, final_error, why_none
@@ -60,6 +59,7 @@ from policies.selection import Choice, Strategy
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder()
+MIN_DECODE_TOKENS = 8  # a stream's decode this long times its replica (fewer: mostly noise)
 
 
 @dataclass(slots=True)
@@ -79,22 +79,23 @@ class Exchange:
     deadline: float = math.inf
     # The upstream keys, blanked in an error event that quotes one (Forwarder's own tuple).
     secrets: tuple[str, ...] = ()
-    # When the attempt was sent (time.perf_counter()): a finished answer's speed counts from it.
-    started: float = 0.0
 
-    def finish(self, *, abort: bool = False, failed: bool = False, tokens: int = 0) -> None:
+    def finish(
+        self, *, abort: bool = False, failed: bool = False, tokens: int = 0, since: float = 0.0
+    ) -> None:
         """Return the lease; ``abort`` closes the connection so the engine stops work.
 
         ``failed``: the backend broke the stream (reset, stall, truncation), which counts
-        against the replica's health like a failed attempt. ``tokens``: the completion
-        tokens of an answer that came whole, for the replica's speed.
+        against the replica's health like a failed attempt. ``tokens``: those a complete
+        stream of one choice relayed after its first, at ``since`` (perf_counter()): at
+        least ``MIN_DECODE_TOKENS`` of them time the replica's decoding (its speed).
         """
         if self.finished:
             return
         self.finished = True
-        if tokens and not (abort or failed):
+        if tokens >= MIN_DECODE_TOKENS and since and not (abort or failed):
             now = time.perf_counter()
-            self.pool.record_speed(self.replica, now - self.started, tokens, now)
+            self.pool.record_speed(self.replica, now - since, tokens, now)
         if failed:
             self.pool.record_failure(
                 self.replica,
@@ -358,11 +359,10 @@ class Forwarder:
             finally:
                 waited.upstream_s += time.perf_counter() - started
             exchange = Exchange(opened, replica, pool, batch=batch, secrets=self._secrets(replica))
-            exchange.started = started
             if stream:
                 await self._read_first_event(route, exchange, limit_s, waited)
-            else:
-                exchange.finish(tokens=completion_count(opened.usage))
+            else:  # no speed: a whole answer's time is mostly prefill and queueing
+                exchange.finish()
             pool.record_success(replica)
             if route.keys is not None:
                 route.keys.accepted(replica.url)

@@ -146,7 +146,8 @@ class StreamRelay(StreamTally):
         self.exchange.finish(
             abort=not self.done,
             failed=self.outcome in UPSTREAM_FAILURES,
-            tokens=self.token_events,
+            tokens=self.token_events - 1 if self.choices == 1 else 0,  # n > 1: interleaved
+            since=self.first_token_at,
         )
         on_close, self.on_close, self.on_event = self.on_close, _closed, None
         on_close(self.outcome, self.usage)  # then no reference back (the caller's closure

@@ -37,7 +37,11 @@ from gateway.upstream.fair_queue import (
 from policies.errors import Overloaded
 
 RECENT_ERRORS = 10
-SPEED_WEIGHT = 0.25  # weight of a new answer in a replica's seconds-per-token average
+# A replica's seconds-per-token average (docs/replicas.md): a sample is clipped to within
+# SPEED_CLIP times the average, weighs SPEED_UP when slower (slow only after several in a row)
+# and SPEED_DOWN when faster (a healed replica recovers fast), or 1/n while it has n < 1/weight
+# samples; the average counts from its SPEED_MIN_SAMPLES-th sample.
+SPEED_UP, SPEED_DOWN, SPEED_CLIP, SPEED_MIN_SAMPLES = 0.1, 0.25, 2.0, 4
 SHED_QUIET_S = 30.0  # a tier that shed nothing this long starts a new shedding spell
 _log = structlog.get_logger("tiergate.health")
 
@@ -127,11 +131,12 @@ class Replica:
     prefix_queries: float = 0.0
     prefix_hits: float = 0.0
     prefix_hit_rate: float | None = None
-    # Its speed as the gateway saw it: a moving average of the seconds per completion token
-    # of its finished answers (0: no data yet) and when the last one came (perf_counter());
+    # Its speed as the gateway saw it: a moving average of the decode seconds per token of
+    # its finished streams (0: no data yet), their count, when the last came (perf_counter());
     # ``token_s``, what strategies read (policies.selection.slowness), is that average pulled
     # toward the tier's fastest the longer it went without an answer (decay_speeds).
     token_avg: float = 0.0
+    token_n: int = 0
     token_at: float = 0.0
     token_s: float = 0.0
     # Capacity signals (gateway.upstream.signals): requests the engine holds waiting for
@@ -364,15 +369,17 @@ class ReplicaPool:
 
     @staticmethod
     def record_speed(replica: Replica, seconds: float, tokens: int, now: float) -> None:
-        """A finished answer of ``tokens`` completion tokens took ``seconds`` (from sending the
-        request to its last byte): it moves the replica's seconds-per-token average."""
+        """A finished stream decoded ``tokens`` tokens after its first in ``seconds``: the
+        sample moves the replica's seconds-per-token average (``SPEED_*``)."""
         if tokens <= 0:
             return
-        sample = seconds / tokens
-        avg = replica.token_avg
-        avg = sample if avg <= 0 else avg + SPEED_WEIGHT * (sample - avg)
-        replica.token_avg = replica.token_s = avg
-        replica.token_at = now
+        sample, avg, n = seconds / tokens, replica.token_avg, replica.token_n + 1
+        if avg > 0:
+            sample = min(max(sample, avg / SPEED_CLIP), avg * SPEED_CLIP)
+        avg += max(SPEED_UP if sample > avg else SPEED_DOWN, 1 / n) * (sample - avg)
+        replica.token_avg, replica.token_n, replica.token_at = avg, n, now
+        if n >= SPEED_MIN_SAMPLES:
+            replica.token_s = avg
 
     def decay_speeds(self, now: float) -> None:
         """Set each replica's ``token_s``: its average, moved toward the fastest average by
@@ -385,11 +392,13 @@ class ReplicaPool:
         one moves its average toward its new speed). Replicas with no data stay without
         (strategies count them as the mean).
         """
-        known = [r.token_avg for r in self.replicas if r.token_avg > 0]
+        known = [r.token_avg for r in self.replicas if r.token_n >= SPEED_MIN_SAMPLES]
         if len(known) < 2:  # one speed has nothing to decay toward
             return
         best = min(known)
         for replica in self.replicas:
+            if replica.token_n < SPEED_MIN_SAMPLES:
+                continue
             avg = replica.token_avg
             keep = 0.5 ** (max(0.0, now - replica.token_at) / self.speed_half_life_s)
             replica.token_s = best + (avg - best) * keep if avg > best else avg
