@@ -9,17 +9,22 @@ previous request did (*affinity*), and after each request it reads ``/admin/back
 many requests were chosen while one replica's ``ms_per_token`` was ``speed_margin`` (1.5)
 times the other's or more (*speed factor >= 1.5*).
 
+Then the same traffic 4 at a time (no per-request replica there): the replicas' prefix-cache
+hit rate (their ``vllm:prefix_cache_*`` counters) and the speed ratios.
+
 Usage: ``.venv/bin/python bench/slow_replica/run.py --mixed-only`` (also part of a full run).
 """
 
 from __future__ import annotations
 
 import random
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
 
 from bench.harness.processes import Service
+from gateway.upstream.health import parse_metrics
 
 DOCS = 6  # long documents (~3,000 tokens each), asked 1-4 token questions
 CHATS = 6  # chat system prompts (~300 tokens), asked ordinary questions
@@ -72,6 +77,40 @@ def _speed_ratio(client: httpx.Client, gateway: str, token: str) -> float:
     return float(max(speeds) / min(speeds))
 
 
+def _hit_rate(client: httpx.Client, sims: list[Service]) -> float:
+    """The replicas' prefix-cache hits over queries, together."""
+    loads = [parse_metrics(client.get(f"http://127.0.0.1:{s.port}/metrics").text) for s in sims]
+    queries = sum(load.prefix_queries or 0.0 for load in loads)
+    return sum(load.prefix_hits or 0.0 for load in loads) / queries if queries else 0.0
+
+
+def play_mixed_concurrent(
+    gateway: str,
+    sims: list[Service],
+    requests: list[tuple[str, dict[str, Any]]],
+    token: str,
+    conc: int,
+) -> dict[str, Any]:
+    """Send ``requests`` ``conc`` at a time; the hit rate and the speed ratios seen."""
+    with httpx.Client(timeout=60, limits=httpx.Limits(max_connections=conc * 2)) as client:
+
+        def one(body: dict[str, Any]) -> tuple[bool, float]:
+            answer = client.post(gateway + "/v1/chat/completions", json=body)
+            return answer.status_code != 200, _speed_ratio(client, gateway, token)
+
+        with ThreadPoolExecutor(conc) as pool:
+            results = list(pool.map(one, [body for _name, body in requests]))
+        ratios = [ratio for _failed, ratio in results]
+        return {
+            "n": len(requests),
+            "errors": sum(failed for failed, _ratio in results),
+            "affinity": None,
+            "hit_rate": _hit_rate(client, sims),
+            "flagged": sum(r >= 1.5 for r in ratios) / len(ratios),
+            "max_ratio": max(ratios),
+        }
+
+
 def play_mixed(
     gateway: str, sims: list[Service], requests: list[tuple[str, dict[str, Any]]], token: str
 ) -> dict[str, Any]:
@@ -95,10 +134,12 @@ def play_mixed(
             ratio = _speed_ratio(client, gateway, token)
             ratios.append(ratio)
             flagged += ratio >= 1.5
+        hit_rate = _hit_rate(client, sims)
     return {
         "n": len(requests),
         "errors": errors,
         "affinity": same / repeats if repeats else 1.0,
+        "hit_rate": hit_rate,
         "flagged": flagged / len(requests),
         "max_ratio": max(ratios),
     }
@@ -106,13 +147,14 @@ def play_mixed(
 
 def mixed_row(label: str, m: dict[str, Any]) -> str:
     """One table row."""
+    aff = "" if m["affinity"] is None else f"{m['affinity']:.1%}"
     return (
-        f"| {label} | {m['n']} | {m['errors']} | {m['affinity']:.1%} | {m['flagged']:.1%} | "
-        f"{m['max_ratio']:.2f} |"
+        f"| {label} | {m['n']} | {m['errors']} | {aff} | {m['hit_rate']:.1%} | "
+        f"{m['flagged']:.1%} | {m['max_ratio']:.2f} |"
     )
 
 
 MIXED_HEADER = (
-    "| run | requests | errors | repeats on the same replica | chosen with a speed ratio "
-    ">= 1.5 | largest ratio |\n|---|---:|---:|---:|---:|---:|"
+    "| run | requests | errors | repeats on the same replica | prefix-cache hit rate | "
+    "speed ratio >= 1.5 after | largest ratio |\n|---|---:|---:|---:|---:|---:|---:|"
 )

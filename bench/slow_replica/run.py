@@ -45,6 +45,7 @@ from bench.slow_replica.mixed import (  # noqa: E402  # same
     mixed_bodies,
     mixed_row,
     play_mixed,
+    play_mixed_concurrent,
 )
 from gateway.upstream.health import parse_metrics  # noqa: E402  # same
 
@@ -227,10 +228,14 @@ def equal_mixed(workdir: Path, n: int) -> list[str]:
             gateway = start_gateway(f"gw-mixed-{aware}", sims, "prefix_affinity", aware, workdir)
             for sim in sims:
                 _post(f"http://127.0.0.1:{sim.port}/sim/reset")
+            setting = f"prefix_affinity, speed {'on' if aware else 'off'}"
             m = play_mixed(gateway, sims, mixed_bodies(n, seed=7), ADMIN_TOKEN)
-            rows.append(
-                mixed_row(f"mixed, c=1, prefix_affinity, speed {'on' if aware else 'off'}", m)
-            )
+            rows.append(mixed_row(f"mixed, c=1, {setting}", m))
+            print(rows[-1], flush=True)
+            for sim in sims:
+                _post(f"http://127.0.0.1:{sim.port}/sim/reset")
+            m = play_mixed_concurrent(gateway, sims, mixed_bodies(n, seed=8), ADMIN_TOKEN, 4)
+            rows.append(mixed_row(f"mixed, c=4, {setting}", m))
             print(rows[-1], flush=True)
         return rows
     finally:
@@ -311,10 +316,12 @@ def main() -> None:
         "## Equal replicas, mixed traffic (bench/slow_replica/mixed.py)",
         "",
         "Long documents (~3,000 tokens) asked 1-4 token questions, half of them streamed, "
-        "mixed with streamed chats; sequential. *Repeats on the same replica*: of the requests "
+        "mixed with streamed chats; one at a time (c=1), then 4 at a time (c=4, where no "
+        "request's replica is known). *Repeats on the same replica*: of the requests "
         "whose prefix group came before, the share served where the group's previous one was. "
         "*Speed ratio*: the slower replica's `ms_per_token` over the faster's in "
-        "`/admin/backends` after each request.",
+        "`/admin/backends` after each request (1 while either is unknown); >= 1.5 is where "
+        "`speed_aware` starts moving prefixes.",
         "",
         MIXED_HEADER,
         *mixed_rows,
