@@ -10,6 +10,7 @@ import pytest
 from gateway.upstream.attempt import UpstreamClient
 from gateway.upstream.forwarding import MIN_DECODE_TOKENS
 from gateway.upstream.relay import StreamRelay
+from tests.gateway.raw_upstream import Respond
 from tests.gateway.relay_drive import drive, open_relay
 
 HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -31,7 +32,7 @@ def _chunk(data: bytes) -> bytes:
     return b"%x\r\n%s\r\n" % (len(data), data)
 
 
-def _script(tokens: int, choices: int, prefill_s: float):  # type: ignore[no-untyped-def]
+def _script(tokens: int, choices: int, prefill_s: float) -> Respond:
     """A stream that waits ``prefill_s`` before its first token, then sends ``tokens`` tokens
     per choice 2 ms apart."""
 
