@@ -6,7 +6,7 @@ UV := $(TOOLS)/bin/uv
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-all lint typecheck unit install install-dev docs redis-server bench bench-prefix bench-overload bench-streams bench-classify bench-sim bench-llamacpp e2e stream-cut-table clean
+.PHONY: demo test test-all lint typecheck unit install install-dev docs redis-server bench bench-prefix bench-slow-replica bench-overload bench-streams bench-classify bench-sim bench-llamacpp e2e stream-cut-table clean
 
 $(UV):
 	python3 -m venv $(TOOLS)
@@ -75,6 +75,10 @@ bench: install-dev
 
 bench-prefix: install-dev
 	$(BIN)/python bench/prefix/run.py
+
+# One replica 3x slower: speed-aware replica choice on and off (docs/replicas.md)
+bench-slow-replica: install-dev
+	$(BIN)/python bench/slow_replica/run.py
 
 # Issue 36: a batch flood, interactive tenants, a fast-tier brown-out; OVERLOAD_ARGS="--legs fair"
 bench-overload: install-dev

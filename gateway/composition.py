@@ -59,17 +59,19 @@ from policies.tiering import TierCatalog, TierRules
 
 
 def _strategy(tier: TierSettings, balancing: BalancingSettings) -> Strategy:
+    b = balancing
+    margin = b.speed_margin if b.speed_aware else None
     if tier.strategy == "round_robin":
         return RoundRobin()
     if tier.strategy == "least_loaded":
-        return LeastLoaded()
-    b = balancing
+        return LeastLoaded(speed_margin=margin)
     return PrefixAffinity(
         tier.model,
         load_factor=b.load_factor,
         load_slack=b.load_slack,
         imbalance_abs=b.imbalance_abs,
         imbalance_rel=b.imbalance_rel,
+        speed_margin=margin,
     )
 
 
@@ -133,8 +135,7 @@ def build_backends(
     With a ``worker`` of several, the monitor shares its probes: the leader probes, the
     others follow.
     """
-    h = health
-    setup = _queue_setup(queue or QueueSettings())
+    h, setup = health, _queue_setup(queue or QueueSettings())
     ejection = EjectionPolicy(h.eject_after, h.eject_base_s, h.eject_max_s, h.max_ejected_share)
     pools = {
         name: ReplicaPool(
@@ -147,6 +148,7 @@ def build_backends(
             kind=tier.kind,
             busy_s=max(tier.timeouts.first_byte_s, tier.timeouts.idle_s),
             queue=setup,
+            speed_half_life_s=balancing.speed_half_life_s,
         )
         for name, tier in tiers.items()
     }

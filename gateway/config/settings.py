@@ -332,6 +332,18 @@ class BalancingSettings(Section):
     """Imbalance guard: absolute in-flight gap between busiest and idlest replica."""
     imbalance_rel: float = Field(default=1.5, ge=1.0)
     """Imbalance guard: busiest above this multiple of idlest."""
+    speed_aware: bool = True
+    """Prefer the clearly faster replica of a tier (least_loaded; prefix_affinity's hash
+    weight, load bound and fallbacks): a replica whose decode seconds per token (a moving
+    average over its complete streamed answers, the time after their first token; whole
+    answers do not count) is speed_margin times the fastest's or more has its load weighted
+    by that ratio. False: speeds are still measured (/admin/backends) but never used."""
+    speed_margin: float = Field(default=1.5, gt=1.0)
+    """How much slower than the tier's fastest replica one must be before speed counts, so
+    that replicas of equal speed are chosen exactly as without it."""
+    speed_half_life_s: float = Field(default=5.0, gt=0)
+    """A replica's speed without new answers moves halfway to the others' mean in this time,
+    so that one found slow, and hence sent little, is tried again (docs/replicas.md)."""
 
 
 class RequestSettings(Section):

@@ -69,6 +69,7 @@ def replica_view(replica: Replica, now: float, wall: float) -> dict[str, Any]:
         "waiting": replica.waiting,
         "kv_usage": replica.kv_usage,
         "prefix_cache_hit_rate": _hit_rate(replica),
+        "ms_per_token": round(replica.token_s * 1000, 3) if replica.token_s > 0 else None,
         "consecutive_failures": replica.consecutive_failures,
         "ejections_total": replica.ejections_total,
         "last_check_s_ago": round(now - replica.last_check_at, 3) if replica.checked else None,

@@ -59,6 +59,7 @@ from policies.selection import Choice, Strategy
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder()
+MIN_DECODE_TOKENS = 8  # a stream's decode this long times its replica (fewer: mostly noise)
 
 
 @dataclass(slots=True)
@@ -79,15 +80,22 @@ class Exchange:
     # The upstream keys, blanked in an error event that quotes one (Forwarder's own tuple).
     secrets: tuple[str, ...] = ()
 
-    def finish(self, *, abort: bool = False, failed: bool = False) -> None:
+    def finish(
+        self, *, abort: bool = False, failed: bool = False, tokens: int = 0, since: float = 0.0
+    ) -> None:
         """Return the lease; ``abort`` closes the connection so the engine stops work.
 
         ``failed``: the backend broke the stream (reset, stall, truncation), which counts
-        against the replica's health like a failed attempt.
+        against the replica's health like a failed attempt. ``tokens``: those a complete
+        stream of one choice relayed after its first, at ``since`` (perf_counter()): at
+        least ``MIN_DECODE_TOKENS`` of them time the replica's decoding (its speed).
         """
         if self.finished:
             return
         self.finished = True
+        if tokens >= MIN_DECODE_TOKENS and since and not (abort or failed):
+            now = time.perf_counter()
+            self.pool.record_speed(self.replica, now - since, tokens, now)
         if failed:
             self.pool.record_failure(
                 self.replica,
@@ -350,11 +358,10 @@ class Forwarder:
                 raise
             finally:
                 waited.upstream_s += time.perf_counter() - started
-            secrets = self._secrets(replica)
-            exchange = Exchange(opened, replica, pool, batch=batch, secrets=secrets)
+            exchange = Exchange(opened, replica, pool, batch=batch, secrets=self._secrets(replica))
             if stream:
                 await self._read_first_event(route, exchange, limit_s, waited)
-            else:
+            else:  # no speed: a whole answer's time is mostly prefill and queueing
                 exchange.finish()
             pool.record_success(replica)
             if route.keys is not None:

@@ -199,8 +199,10 @@ class HealthMonitor:
         self.rounds += 1
 
     def _refresh_contexts(self) -> None:
+        now = time.perf_counter()
         for pool in self.pools.values():
             pool.refresh_context()
+            pool.decay_speeds(now)
             for replica in pool.replicas:
                 signals.refresh_slots(replica)
 

@@ -144,7 +144,12 @@ class StreamRelay(StreamTally):
                 cause=self.cut,
                 token_events=self.token_events,
             )
-        self.exchange.finish(abort=not self.done, failed=self.outcome in UPSTREAM_FAILURES)
+        self.exchange.finish(
+            abort=not self.done,
+            failed=self.outcome in UPSTREAM_FAILURES,
+            tokens=self.token_events - 1 if self.choices == 1 else 0,  # n > 1: interleaved
+            since=self.first_token_at,
+        )
         on_close, self.on_close, self.on_event = self.on_close, _closed, None
         on_close(self.outcome, self.usage)  # then no reference back (the caller's closure
         # holds the relay): a finished stream is freed by reference counting, not the collector

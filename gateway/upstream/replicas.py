@@ -37,6 +37,11 @@ from gateway.upstream.fair_queue import (
 from policies.errors import Overloaded
 
 RECENT_ERRORS = 10
+# A replica's seconds-per-token average (docs/replicas.md): a sample is clipped to within
+# SPEED_CLIP times the average, weighs SPEED_UP when slower (slow only after several in a row)
+# and SPEED_DOWN when faster (a healed replica recovers fast), or 1/n while it has n < 1/weight
+# samples; the average counts from its SPEED_MIN_SAMPLES-th sample.
+SPEED_UP, SPEED_DOWN, SPEED_CLIP, SPEED_MIN_SAMPLES = 0.1, 0.25, 2.0, 4
 SHED_QUIET_S = 30.0  # a tier that shed nothing this long starts a new shedding spell
 _log = structlog.get_logger("tiergate.health")
 
@@ -126,6 +131,14 @@ class Replica:
     prefix_queries: float = 0.0
     prefix_hits: float = 0.0
     prefix_hit_rate: float | None = None
+    # Its speed as the gateway saw it: a moving average of the decode seconds per token of
+    # its finished streams (0: no data yet), their count, when the last came (perf_counter());
+    # ``token_s``, what strategies read (policies.selection.slowness), is that average pulled
+    # toward the tier's fastest the longer it went without an answer (decay_speeds).
+    token_avg: float = 0.0
+    token_n: int = 0
+    token_at: float = 0.0
+    token_s: float = 0.0
     # Capacity signals (gateway.upstream.signals): requests the engine holds waiting for
     # capacity (``None``: not reported), its finished-request counter and the drain rate seen
     # between scrapes, whether it refused requests at admission since the last scrape, the
@@ -249,6 +262,7 @@ class ReplicaPool:
         kind: str = "auto",
         busy_s: float = 60.0,
         queue: QueueSetup | None = None,
+        speed_half_life_s: float = 5.0,
     ) -> None:
         self.tier = tier
         self.replicas = [
@@ -282,6 +296,7 @@ class ReplicaPool:
         self.queue_stats = QueueStats(max(self.class_waits.values()))
         self._drained: deque[float] = deque(maxlen=64)  # when waiters were handed slots
         self._shed_at = -math.inf
+        self.speed_half_life_s = speed_half_life_s
 
     def usable(self, now: float, exclude: frozenset[str] = frozenset()) -> list[Replica]:
         """Replicas that are up and not excluded (already tried by this request).
@@ -351,6 +366,42 @@ class ReplicaPool:
         replica.outcomes["success"] += 1
         replica.consecutive_failures = 0
         replica.misconfigured = False
+
+    @staticmethod
+    def record_speed(replica: Replica, seconds: float, tokens: int, now: float) -> None:
+        """A finished stream decoded ``tokens`` tokens after its first in ``seconds``: the
+        sample moves the replica's seconds-per-token average (``SPEED_*``)."""
+        if tokens <= 0:
+            return
+        sample, avg, n = seconds / tokens, replica.token_avg, replica.token_n + 1
+        if avg > 0:
+            sample = min(max(sample, avg / SPEED_CLIP), avg * SPEED_CLIP)
+        avg += max(SPEED_UP if sample > avg else SPEED_DOWN, 1 / n) * (sample - avg)
+        replica.token_avg, replica.token_n, replica.token_at = avg, n, now
+        if n >= SPEED_MIN_SAMPLES:
+            replica.token_s = avg
+
+    def decay_speeds(self, now: float) -> None:
+        """Set each replica's ``token_s``: its average, moved toward the fastest average by
+        half the distance per ``speed_half_life_s`` since its last answer (called after each
+        health round).
+
+        A replica found slow gets little traffic, so its average would never learn that it
+        is fast again: after a half-life or two it counts as close to the fastest, is sent
+        a request, and that answer resets the clock (a slow one is avoided again, a healed
+        one moves its average toward its new speed). Replicas with no data stay without
+        (strategies count them as the mean).
+        """
+        known = [r.token_avg for r in self.replicas if r.token_n >= SPEED_MIN_SAMPLES]
+        if len(known) < 2:  # one speed has nothing to decay toward
+            return
+        best = min(known)
+        for replica in self.replicas:
+            if replica.token_n < SPEED_MIN_SAMPLES:
+                continue
+            avg = replica.token_avg
+            keep = 0.5 ** (max(0.0, now - replica.token_at) / self.speed_half_life_s)
+            replica.token_s = best + (avg - best) * keep if avg > best else avg
 
     def mark_misconfigured(self, replica: Replica, status: int) -> None:
         """The backend refused the gateway's credentials (see ``Replica.misconfigured``).

@@ -14,6 +14,7 @@ evaluation.
 from __future__ import annotations
 
 import re
+import time
 
 import msgspec
 
@@ -67,6 +68,7 @@ class StreamTally:
         self.max_tokens = max_tokens
         self.strip_usage = strip_usage
         self.token_events = 0
+        self.first_token_at = 0.0  # when the first token came (perf_counter(); 0.0: none yet)
         # Final chunks seen (a request for one choice needs one).
         self.finishes = 0
         self.choices = max(1, choices)
@@ -95,6 +97,8 @@ class StreamTally:
             # No ``finish_reason`` key (LiteLLM's chunks): one with text is a token still.
             if _CHOICES in event and _TEXT.search(event):
                 self.token_events += 1 if len(event) <= self.long_chunk else self._long(event)
+        if not self.first_token_at and self.token_events:
+            self.first_token_at = time.perf_counter()
         if self.started is not None:
             self._track_choices(event)
         if self.captured is not None:

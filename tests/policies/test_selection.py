@@ -21,6 +21,7 @@ class Node:
     waiting: float = 0.0
     running: float = 0.0
     kv_usage: float = 0.0
+    token_s: float = 0.0
 
 
 def nodes() -> list[Node]:
