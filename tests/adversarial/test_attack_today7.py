@@ -1,0 +1,198 @@
+"""Attacks on today's relay counting (long chunks charged by their text), traced output parts
+and the budgets' payback loop after a Redis outage.
+
+The charge of a stream is checked through a real gateway in front of the scripted billing
+backend (``tests.adversarial.bill_upstream``, with keys and budgets in a real redis-server);
+the counting's own corners on :class:`StreamTally` fed the events a backend writes; the
+payback loop against a real redis-server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+
+from gateway.config.redis_client import BackendHealth
+from gateway.limits.budget_outage import FailOpenBudgetStore
+from gateway.limits.budgets import RedisBudgetStore, Windows
+from gateway.telemetry.output_parts import OutputParts
+from gateway.upstream.stream_tally import StreamTally
+from tests.adversarial.test_attack_bill import Bill, billed_gateway, chat, post
+from tests.redis_server import RedisServer, redis_server
+
+__all__ = ["redis_server"]
+NOON = 1_796_126_400.0  # 2026-12-01 12:00 UTC
+
+
+def _event(choices: list[dict[str, Any]], **extra: Any) -> bytes:
+    data = {"id": "b", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+    return b"data: " + json.dumps({**data, "choices": choices, **extra}).encode()
+
+
+def _content(text: str, **choice: Any) -> bytes:
+    return _event([{"index": 0, "delta": {"content": text}, "finish_reason": None, **choice}])
+
+
+def _tally(max_tokens: int | None = None) -> StreamTally:
+    return StreamTally(
+        strip_usage=False, prompt_tokens=0, max_tokens=max_tokens, capture=False, choices=1
+    )
+
+
+# --- what a stream is charged -------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def bill() -> Iterator[Bill]:
+    """The billing stack of ``test_attack_bill`` (its own, for this module)."""
+    with billed_gateway() as stack:
+        yield stack
+
+
+@pytest.mark.slow
+def test_a_backends_usage_is_not_raised_by_the_estimate_of_cumulative_chunks(bill: Bill) -> None:
+    """A backend whose every chunk repeats the whole text so far (10 chunks, 10 words more
+    each) and reports what it generated: 20 + 100. The caller is charged that, not the sum
+    of the rough estimates of every chunk's whole text (about 650: the long-chunk estimate
+    was also the floor under a reported count)."""
+    key_id, token = bill.key()
+    response = post(bill, token, chat("stream_cumulative_content", stream=True, max_tokens=1000))
+    assert response.text.endswith("data: [DONE]\n\n")
+    row = bill.usage(key_id)
+    assert row is not None
+    assert (row["input_tokens"], row["output_tokens"]) == (20, 100)
+
+
+def test_reported_usage_is_floored_by_the_chunk_count_not_the_estimate() -> None:
+    """The same at the tally: one chunk of 2,000 characters of padded JSON arguments (500
+    tokens by the rough estimate, fewer by a real tokenizer, which merges runs of spaces) and
+    a backend's usage of 120: the usage stands. A count below the chunks streamed is still
+    raised to them (a broken ``"completion_tokens": 0``)."""
+    tally = _tally()
+    padded = json.dumps({"a": 1}, indent=1990)
+    call = {"index": 0, "function": {"arguments": padded}}
+    tally._chunk(_event([{"index": 0, "delta": {"tool_calls": [call]}, "finish_reason": None}]))
+    tally._chunk(_content("x"))
+    tally._usage_event(_event([], usage={"prompt_tokens": 5, "completion_tokens": 120}))
+    assert tally.usage is not None
+    assert tally.usage.completion_tokens == 120
+    tally._usage_event(_event([], usage={"prompt_tokens": 5, "completion_tokens": 0}))
+    assert tally.usage.completion_tokens == 2
+    # A cut stream (no usage) is still charged by the estimate.
+    assert tally._count_usage().completion_tokens > 500
+
+
+def test_a_long_first_chunk_of_one_token_does_not_hide_later_long_chunks() -> None:
+    """A first chunk of one token that carries 100 KB only it has (the prompt's token ids,
+    logprobs), then a chunk of 4,000 characters of buffered arguments (1,000 tokens by the
+    estimate) in a short envelope, then the stream is cut: the second chunk is charged its
+    estimate, not 1 (the first chunk had raised the bar to its envelope, 100 KB)."""
+    tally = _tally()
+    tally._chunk(_content("Hi", prompt_token_ids=list(range(20_000))))
+    tally._chunk(_content("x"))  # a usual chunk of one token
+    tally._chunk(_content("word " * 800))
+    assert tally._count_usage().completion_tokens >= 1000 + 2
+
+
+def test_chunks_just_under_the_bar_are_one_token_each() -> None:
+    """Held as documented (docs/backends.md: a chunk of a few tokens counts 1): 100 chunks of
+    250 bytes with 8 tokens of text each, cut, are charged 100, not 800 (a backend's
+    ``stream_interval``). Recorded so a change to the rule is seen."""
+    tally = _tally()
+    for _ in range(100):
+        event = _content("abcd" * 8)
+        assert len(event) <= 256
+        tally._chunk(event)
+    assert tally._count_usage().completion_tokens == 100
+
+
+# --- traced output (telemetry.capture_content) ----------------------------------------------
+
+
+def _encoded_size(parts: OutputParts) -> int:
+    return len(parts.encoded([]))
+
+
+def test_a_backend_cannot_make_a_span_of_thousands_of_choices() -> None:
+    """A backend (asked for one choice) that numbers each of 10,000 empty chunks with a new
+    ``index``: the traced output keeps at most 128 choices (the most ``n`` a span's finish
+    reasons keep), not 10,000 messages (about 900 KB of span and 10,000 objects held while
+    the stream runs, from 450 KB of stream)."""
+    parts = OutputParts()
+    for index in range(10_000):
+        parts.add({"index": index, "delta": {}, "finish_reason": None})
+    assert len(parts.choices) <= 128
+    assert _encoded_size(parts) < 20_000
+
+
+def test_a_backend_cannot_make_a_span_of_thousands_of_tool_calls() -> None:
+    """One chunk (a few dozen KB) naming 10,000 tool calls by ``index``: at most 128 are
+    kept per choice."""
+    parts = OutputParts()
+    calls = [{"index": index} for index in range(10_000)]
+    parts.add({"index": 0, "delta": {"tool_calls": calls}, "finish_reason": None})
+    assert len(parts.choices[0].calls) <= 128
+
+
+# --- the budgets' payback loop ---------------------------------------------------------------
+
+
+async def test_a_settlement_lost_while_the_loop_checks_an_earlier_one_counts_once(
+    redis_server: RedisServer,
+) -> None:
+    """The payback is checking whether a lost charge (0.5, never applied) ran, when another
+    request's settlement (0.25, sent before, answer lost: its client left) joins the unsure
+    list. Each must be judged once: 0.75 owed and paid. (Before: the loop popped the newer
+    entry unjudged, judged the older one twice: 1.0 paid, the 0.25 lost.)"""
+    client = Redis.from_url(redis_server.url)
+    health = BackendHealth("redis", down_event="down", up_event="up")
+    store = FailOpenBudgetStore(RedisBudgetStore(client, "t:"), health, share=lambda: 1)
+    windows = Windows.at(NOON)
+    remote_charged = store.remote.charged
+    joined = False
+
+    async def charged(key_id: str, seq: int) -> bool:
+        nonlocal joined
+        if not joined:  # while this check is out, the other request's answer is lost
+            joined = True
+            late = store.remote.next_seq()
+            await store._not_answered("k1", windows, 0.25, late)
+        return await remote_charged(key_id, seq)
+
+    store.remote.charged = charged  # type: ignore[method-assign]
+    try:
+        store.unsure.append(("k1", windows, 0.5, store.remote.next_seq(), False))
+        await store._settle_up()
+        assert not store.unsure
+        assert not store.owed
+        spend = float(await client.get(f"t:budget:{{k1}}:d:{windows.day}") or 0)
+        assert spend == 0.75
+    finally:
+        await store.aclose()
+        await client.aclose()
+
+
+async def test_starting_the_payback_loop_twice_runs_one_loop(
+    redis_server: RedisServer,
+) -> None:
+    """``Accounting.startup`` called twice (tests, a reload): one payback task, stopped by
+    ``aclose``; started again after it, a fresh one. Held."""
+    client = Redis.from_url(redis_server.url)
+    health = BackendHealth("redis", down_event="down", up_event="up", retry_interval_s=0.05)
+    store = FailOpenBudgetStore(RedisBudgetStore(client, "t:"), health, share=lambda: 1)
+    try:
+        store.start()
+        first = store._repayer
+        store.start()
+        assert store._repayer is first
+        names = [t.get_name() for t in asyncio.all_tasks()]
+        assert names.count("budget.payback") == 1
+    finally:
+        await store.aclose()
+        await client.aclose()
+    assert first is not None and first.done()
