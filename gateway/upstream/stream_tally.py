@@ -5,7 +5,7 @@ base class: the counters stay plain attributes of the relay, read on every event
 pipeline). It counts a token per content chunk (a long one by its text: :func:`chunk_tokens`;
 at most ``max_tokens`` per choice), notes
 each choice's final chunk (a string ``finish_reason``; by ``index`` when several were asked
-for), records the backend's ``usage`` (never below what was streamed) and drops the usage
+for), records the backend's ``usage`` (never below a token per content chunk) and drops the usage
 chunk the gateway asked for on the caller's behalf, estimates usage for a backend that never
 reports it in streams, and keeps the answer's text for a request sampled for shadow
 evaluation.
@@ -66,7 +66,8 @@ class StreamTally:
         self.prompt_tokens = prompt_tokens
         self.max_tokens = max_tokens
         self.strip_usage = strip_usage
-        self.token_events = 0
+        self.token_events = 0  # tokens streamed by the gateway's count (long chunks estimated)
+        self.chunk_events = 0  # content chunks streamed: each holds at least one token
         # Final chunks seen (a request for one choice needs one).
         self.finishes = 0
         self.choices = max(1, choices)
@@ -85,21 +86,26 @@ class StreamTally:
         choice = True
         if _NO_FINISH_COMPACT in event or _NO_FINISH.search(event):
             if b'"role"' not in event or _TEXT.search(event):  # Ollama: a role on every chunk
-                self.token_events += 1 if len(event) <= self.long_chunk else self._long(event)
+                self._count(event)
         elif _FINISH.search(event):
             self.finishes += 1
             if _TEXT.search(event):  # a final chunk that carries the last token
-                self.token_events += 1 if len(event) <= self.long_chunk else self._long(event)
+                self._count(event)
         else:
             choice = False
             # No ``finish_reason`` key (LiteLLM's chunks): one with text is a token still.
             if _CHOICES in event and _TEXT.search(event):
-                self.token_events += 1 if len(event) <= self.long_chunk else self._long(event)
+                self._count(event)
         if self.started is not None:
             self._track_choices(event)
         if self.captured is not None:
             self._capture(event)
         return choice
+
+    def _count(self, event: bytes) -> None:
+        """A content chunk: one more chunk, and its tokens (a long one its estimate)."""
+        self.chunk_events += 1
+        self.token_events += 1 if len(event) <= self.long_chunk else self._long(event)
 
     def _long(self, event: bytes) -> int:
         """A long chunk's tokens (:func:`chunk_tokens`); one of a single token raises
@@ -139,8 +145,10 @@ class StreamTally:
         except UNREADABLE_JSON:
             return event
         usage = usage_from(data)
-        if usage is not None:  # never below what was streamed (a count that is no number: 0)
-            usage.completion_tokens = max(usage.completion_tokens, self._streamed())
+        if usage is not None:  # never below a token a chunk (a count that is no number: 0);
+            # not the estimate of long chunks, a guess that may be above what was generated
+            chunks = self._capped(self.chunk_events)
+            usage.completion_tokens = max(usage.completion_tokens, chunks)
             self.usage = usage
             if self.strip_usage:  # asked for by the gateway: the caller sees none, also where
                 return unasked(data)  # it rides on a chunk with choices (some servers)
@@ -155,9 +163,13 @@ class StreamTally:
         """Completion tokens streamed, by the gateway's count: a content chunk (of any choice)
         a token (a long one its estimate: :func:`chunk_tokens`), at most ``max_tokens`` for
         each choice."""
+        return self._capped(self.token_events)
+
+    def _capped(self, tokens: int) -> int:
+        """``tokens``, at most ``max_tokens`` for each choice."""
         if self.max_tokens is None:
-            return self.token_events
-        return min(self.token_events, self.max_tokens * self.choices)
+            return tokens
+        return min(tokens, self.max_tokens * self.choices)
 
     def _count_usage(self) -> Usage:
         """The gateway's own count: its prompt estimate and the tokens it streamed."""
