@@ -40,9 +40,10 @@ _CHOICES = b'"choices"'  # in a chunk; not in an error event
 # one token is 150 to 300 bytes, most of it an envelope the same on every chunk) and its text
 # is more than ``_ONE_TOKEN`` tokens by the prompt estimate: then it counts that estimate. A
 # tool parser that buffers a call's whole arguments (some of vLLM's, llama.cpp) sends
-# kilobytes in one chunk. ``long_chunk`` starts at ``_LONG_CHUNK`` and, once a longer chunk
-# turns out to hold one token (a long model name, logprobs), becomes its envelope (the chunk
-# less its text) plus ``_LONG_TEXT``: a stream's later chunks of one token are not decoded.
+# kilobytes in one chunk. ``long_chunk`` starts at ``_LONG_CHUNK`` and, once two longer chunks
+# turn out to hold one token (a long model name, logprobs), becomes the smaller envelope (a
+# chunk less its text) plus ``_LONG_TEXT``: a stream's later chunks of one token are not
+# decoded.
 _LONG_CHUNK = 256
 _LONG_TEXT = 32
 _ONE_TOKEN = 8  # 32 ASCII characters: longer than a usual token, which counts 1
@@ -78,6 +79,7 @@ class StreamTally:
         self.last_data = b""
         self.long_chunk = _LONG_CHUNK  # a chunk past this many bytes is decoded to be counted
         self._envelope = MAX_EVENT  # the smallest envelope of a decoded chunk of one token
+        self._singles = 0  # decoded chunks of one token
 
     def _chunk(self, event: bytes) -> bool:
         """A ``data: {...}`` event: count its token, note a final chunk, capture its text;
@@ -108,12 +110,16 @@ class StreamTally:
         self.token_events += 1 if len(event) <= self.long_chunk else self._long(event)
 
     def _long(self, event: bytes) -> int:
-        """A long chunk's tokens (:func:`chunk_tokens`); one of a single token raises
-        ``long_chunk`` to its envelope plus ``_LONG_TEXT`` (no lower than ``_LONG_CHUNK``)."""
+        """A long chunk's tokens (:func:`chunk_tokens`); from the second of a single token on,
+        ``long_chunk`` is the smallest such envelope plus ``_LONG_TEXT`` (no lower than
+        ``_LONG_CHUNK``): a first chunk with 100 KB only it has (the prompt's token ids) would
+        otherwise leave every later chunk under 100 KB undecoded, counted 1."""
         tokens, size = chunk_tokens(event)
         if tokens == 1:
             self._envelope = envelope = min(self._envelope, len(event) - size)
-            self.long_chunk = max(_LONG_CHUNK, envelope + _LONG_TEXT)
+            self._singles += 1
+            if self._singles > 1:  # not on the first alone, which may carry what only it has
+                self.long_chunk = max(_LONG_CHUNK, envelope + _LONG_TEXT)
         return tokens
 
     def _track_choices(self, event: bytes) -> None:
