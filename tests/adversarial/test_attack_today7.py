@@ -22,7 +22,9 @@ from gateway.limits.budget_outage import FailOpenBudgetStore
 from gateway.limits.budgets import RedisBudgetStore, Windows
 from gateway.telemetry.output_parts import OutputParts
 from gateway.upstream.stream_tally import StreamTally
+from gateway.upstream.attempt import UpstreamClient
 from tests.adversarial.test_attack_bill import Bill, billed_gateway, chat, post
+from tests.adversarial.test_attack_stream_endings import _relayed, _sse
 from tests.redis_server import RedisServer, redis_server
 
 __all__ = ["redis_server"]
@@ -109,6 +111,36 @@ def test_chunks_just_under_the_bar_are_one_token_each() -> None:
         assert len(event) <= 256
         tally._chunk(event)
     assert tally._count_usage().completion_tokens == 100
+
+
+@pytest.mark.slow
+def test_a_cut_streams_estimate_is_at_most_max_tokens(bill: Bill) -> None:
+    """Held: a cut tool call whose 2,048 characters of arguments came in one chunk (512 tokens
+    by the estimate) on a request of ``max_tokens: 50`` is charged 50, not 512."""
+    key_id, token = bill.key()
+    post(bill, token, chat("stream_tool_call_big_arguments_cut", stream=True))
+    row = bill.usage(key_id)
+    assert row is not None
+    assert row["output_tokens"] == 50
+
+
+@pytest.mark.parametrize("framing", [b"\n", b"\r\n"])
+async def test_both_relay_paths_count_a_long_chunk_alike(
+    upstream: UpstreamClient, framing: bytes
+) -> None:
+    """A cut stream, LF or CRLF framed: a first chunk with 100 KB of prompt ids, then 4,000
+    characters of text split over two ``data`` lines. Iterated (Litestar) and pumped (the
+    native server) the caller gets the same bytes and the stream the same count: the long
+    chunk's estimate (1,000) and the first chunk's token."""
+    first = _content("Hi", prompt_token_ids=list(range(20_000)))
+    body = _content("word " * 800)
+    cut = body.index(b'"content"')  # between two of JSON's tokens: the same JSON joined
+    split = body[:cut] + b"\ndata:" + body[cut:]
+    events = [(e + b"\n\n").replace(b"\n", framing) for e in (first, split)]
+    _, outcome, usage = await _relayed(upstream, _sse(*events))
+    assert outcome != "complete"
+    assert usage is not None
+    assert usage.completion_tokens == 1000 + 1
 
 
 # --- traced output (telemetry.capture_content) ----------------------------------------------
