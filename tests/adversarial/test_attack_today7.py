@@ -228,3 +228,75 @@ async def test_starting_the_payback_loop_twice_runs_one_loop(
         await store.aclose()
         await client.aclose()
     assert first is not None and first.done()
+
+
+async def test_a_read_only_redis_is_probed_at_the_interval_and_paid_once_writable(
+    redis_server: RedisServer,
+) -> None:
+    """Held: Redis answers reads but refuses writes (a replica: READONLY) while 0.5 is owed.
+    The payback loop's tries stay at its interval (no spin: 0.05 s, so at most about a dozen
+    in 0.5 s), the debt is kept, and once Redis takes writes again it is paid once."""
+    client = Redis.from_url(redis_server.url)
+    health = BackendHealth("redis", down_event="down", up_event="up", retry_interval_s=0.05)
+    store = FailOpenBudgetStore(RedisBudgetStore(client, "t:"), health, share=lambda: 1)
+    windows = Windows.at(NOON)
+    remote_adjust = store.remote.adjust
+    tries = 0
+
+    async def adjust(*args: Any, **kwargs: Any) -> float | None:
+        nonlocal tries
+        tries += 1
+        return await remote_adjust(*args, **kwargs)
+
+    store.remote.adjust = adjust  # type: ignore[method-assign]
+    admin = Redis.from_url(redis_server.url)
+    store.start()
+    try:
+        await admin.execute_command("REPLICAOF", "127.0.0.1", "1")  # read-only, no master
+        health.failed("ConnectionError")
+        await store.adjust("k1", windows, 0.5)
+        await asyncio.sleep(0.5)
+        assert 1 <= tries <= 15
+        assert not health.healthy
+        kept = sum(d for d, _ in store.owed.values()) + sum(u[2] for u in store.unsure)
+        assert kept == 0.5
+        await admin.execute_command("REPLICAOF", "NO", "ONE")
+        for _ in range(250):
+            if not (store.owed or store.unsure):
+                break
+            await asyncio.sleep(0.02)
+        spend = float(await client.get(f"t:budget:{{k1}}:d:{windows.day}") or 0)
+        assert spend == 0.5
+    finally:
+        await store.aclose()
+        await client.aclose()
+        await admin.aclose()
+
+
+async def test_shutdown_while_the_loop_pays_back_pays_once(redis_server: RedisServer) -> None:
+    """Held: ``aclose`` (shutdown) cancels the payback loop while its write of 0.5 is out to
+    Redis: the write is judged by Redis' marks and the debt is in Redis once, 0.5."""
+    client = Redis.from_url(redis_server.url)
+    health = BackendHealth("redis", down_event="down", up_event="up", retry_interval_s=0.02)
+    store = FailOpenBudgetStore(RedisBudgetStore(client, "t:"), health, share=lambda: 1)
+    windows = Windows.at(NOON)
+    remote_adjust = store.remote.adjust
+    out = asyncio.Event()
+
+    async def adjust(*args: Any, **kwargs: Any) -> float | None:
+        out.set()
+        return await remote_adjust(*args, **kwargs)
+
+    store.remote.adjust = adjust  # type: ignore[method-assign]
+    health.failed("ConnectionError")
+    await store.adjust("k1", windows, 0.5)
+    store.start()
+    try:
+        async with asyncio.timeout(5):
+            await out.wait()
+    finally:
+        await store.aclose()
+    spend = float(await client.get(f"t:budget:{{k1}}:d:{windows.day}") or 0)
+    await client.aclose()
+    assert spend == 0.5
+    assert not (store.owed or store.unsure)
