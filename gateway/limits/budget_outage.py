@@ -179,8 +179,8 @@ class FailOpenBudgetStore:
         key and window at a time (a failure keeps the rest, and makes that one unsure). Once
         all is paid the local counts start afresh."""
         while self.unsure:
-            entry = self.unsure[-1]
-            key_id, windows, amount, seq, reserve = entry
+            lost = self.unsure[-1]
+            key_id, windows, amount, seq, reserve = lost
             applied = await self.remote.charged(key_id, seq)
             if reserve and applied:
                 self._owe(key_id, windows, -amount)
@@ -188,7 +188,7 @@ class FailOpenBudgetStore:
                 self._owe(key_id, windows, amount)
             # This one (by its number): a request whose answer was lost meanwhile may have
             # added another at the end, to be judged in turn.
-            self.unsure.remove(entry)
+            self.unsure.remove(lost)
         while self.owed:
             entry, (delta, windows) = next(iter(self.owed.items()))
             seq = self.remote.next_seq()

@@ -21,8 +21,8 @@ from gateway.config.redis_client import BackendHealth
 from gateway.limits.budget_outage import FailOpenBudgetStore
 from gateway.limits.budgets import RedisBudgetStore, Windows
 from gateway.telemetry.output_parts import OutputParts
-from gateway.upstream.stream_tally import StreamTally
 from gateway.upstream.attempt import UpstreamClient
+from gateway.upstream.stream_tally import StreamTally
 from tests.adversarial.test_attack_bill import Bill, billed_gateway, chat, post
 from tests.adversarial.test_attack_stream_endings import _relayed, _sse
 from tests.redis_server import RedisServer, redis_server
@@ -227,7 +227,8 @@ async def test_starting_the_payback_loop_twice_runs_one_loop(
     finally:
         await store.aclose()
         await client.aclose()
-    assert first is not None and first.done()
+    assert first is not None
+    assert first.done()
 
 
 async def test_a_read_only_redis_is_probed_at_the_interval_and_paid_once_writable(
@@ -252,7 +253,7 @@ async def test_a_read_only_redis_is_probed_at_the_interval_and_paid_once_writabl
     admin = Redis.from_url(redis_server.url)
     store.start()
     try:
-        await admin.execute_command("REPLICAOF", "127.0.0.1", "1")  # read-only, no master
+        await admin.replicaof("127.0.0.1", 1)  # read-only, no master
         health.failed("ConnectionError")
         await store.adjust("k1", windows, 0.5)
         await asyncio.sleep(0.5)
@@ -260,7 +261,7 @@ async def test_a_read_only_redis_is_probed_at_the_interval_and_paid_once_writabl
         assert not health.healthy
         kept = sum(d for d, _ in store.owed.values()) + sum(u[2] for u in store.unsure)
         assert kept == 0.5
-        await admin.execute_command("REPLICAOF", "NO", "ONE")
+        await admin.replicaof("NO", "ONE")
         for _ in range(250):
             if not (store.owed or store.unsure):
                 break
@@ -299,4 +300,5 @@ async def test_shutdown_while_the_loop_pays_back_pays_once(redis_server: RedisSe
     spend = float(await client.get(f"t:budget:{{k1}}:d:{windows.day}") or 0)
     await client.aclose()
     assert spend == 0.5
-    assert not (store.owed or store.unsure)
+    assert not store.owed
+    assert not store.unsure
