@@ -5,7 +5,8 @@ Each choice becomes one assistant message whose parts are what it generated: its
 ``text`` part, and each tool call (the older ``function_call`` too) as a ``tool_call`` part
 with its id, name and arguments (the string the model wrote). A stream's pieces are joined
 per choice, and a streamed tool call's pieces by its ``index``. Everything here goes into the
-same attribute as the text, under the same opt-in; nothing else is read.
+same attribute as the text, under the same opt-in; nothing else is read. An upstream key the
+backend wrote into its answer is blanked (secrets never in spans).
 """
 
 from __future__ import annotations
@@ -29,6 +30,15 @@ MAX_BACKEND_STRING = 256
 # 3 MB held while the stream runs). 128 is the most finish reasons a span keeps, and the
 # most tools OpenAI's API takes in one request.
 MAX_PARTS = 128
+REDACTED = "[REDACTED]"
+
+
+def _blank(text: str, secrets: tuple[str, ...]) -> str:
+    """``text`` with each of ``secrets`` in it replaced by ``[REDACTED]``."""
+    for secret in secrets:
+        if secret in text:
+            text = text.replace(secret, REDACTED)
+    return text
 
 
 _Part = TypeVar("_Part")
@@ -62,11 +72,12 @@ class _Call:
                 if isinstance(value, str):
                     parts.append(value)
 
-    def part(self) -> dict[str, Any]:
-        part: dict[str, Any] = {"type": "tool_call", "name": "".join(self.name)}
+    def part(self, secrets: tuple[str, ...]) -> dict[str, Any]:
+        name = _blank("".join(self.name), secrets)
+        part: dict[str, Any] = {"type": "tool_call", "name": name}
         if self.id:
-            part["id"] = self.id
-        part["arguments"] = "".join(self.arguments)
+            part["id"] = _blank(self.id, secrets)
+        part["arguments"] = _blank("".join(self.arguments), secrets)
         return part
 
 
@@ -102,14 +113,15 @@ class _Choice:
         if isinstance(legacy, dict) and (entry := _kept(self.calls, -1, _Call)):
             entry.add({}, legacy)
 
-    def message(self) -> dict[str, Any]:
+    def message(self, secrets: tuple[str, ...]) -> dict[str, Any]:
         parts: list[dict[str, Any]] = []
         if self.reasoning:
-            parts.append({"type": "reasoning", "content": "".join(self.reasoning)})
-        text = "".join(self.text)
+            reasoning = _blank("".join(self.reasoning), secrets)
+            parts.append({"type": "reasoning", "content": reasoning})
+        text = _blank("".join(self.text), secrets)
         if text or not (parts or self.calls):
             parts.append({"type": "text", "content": text})
-        parts.extend(self.calls[key].part() for key in sorted(self.calls))
+        parts.extend(self.calls[key].part(secrets) for key in sorted(self.calls))
         return {"role": "assistant", "parts": parts, "finish_reason": self.finish_reason}
 
 
@@ -137,10 +149,11 @@ class OutputParts:
         elif isinstance(text := choice.get("text"), str):
             entry.text.append(text)
 
-    def encoded(self, reasons: list[str]) -> str:
-        """``gen_ai.output.messages``: a message per choice (one, empty, when none came)."""
+    def encoded(self, reasons: list[str], secrets: tuple[str, ...] = ()) -> str:
+        """``gen_ai.output.messages``: a message per choice (one, empty, when none came), each
+        of ``secrets`` (the upstream keys) blanked."""
         choices = [self.choices[key] for key in sorted(self.choices)] or [_Choice()]
-        messages = [choice.message() for choice in choices]
+        messages = [choice.message(secrets) for choice in choices]
         if reasons and not messages[0]["finish_reason"]:
             messages[0]["finish_reason"] = reasons[0]
         return _encoder.encode(messages).decode()
