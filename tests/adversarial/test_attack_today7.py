@@ -25,6 +25,7 @@ from gateway.limits.budget_outage import FailOpenBudgetStore
 from gateway.limits.budgets import RedisBudgetStore, Windows
 from gateway.telemetry.output_parts import OutputParts
 from gateway.upstream.attempt import UpstreamClient
+from gateway.upstream.sse import joined_event
 from gateway.upstream.stream_tally import StreamTally
 from tests.adversarial.telemetry_stack import otlp_receiver
 from tests.adversarial.test_attack_bill import Bill, billed_gateway, chat, post
@@ -118,6 +119,27 @@ def test_chunks_just_under_the_bar_are_one_token_each() -> None:
         assert len(event) <= 256
         tally._chunk(event)
     assert tally._count_usage().completion_tokens == 100
+
+
+def test_a_long_chunk_of_thinking_and_text_counts_both_once() -> None:
+    """Held: one chunk with 1,000 characters of ``reasoning_content`` and 1,000 of ``content``
+    (a server that sends both in one delta) counts 500 tokens: both were generated, and
+    neither twice."""
+    tally = _tally()
+    delta = {"reasoning_content": "a" * 1000, "content": "b" * 1000}
+    tally._chunk(_event([{"index": 0, "delta": delta, "finish_reason": None}]))
+    assert tally._count_usage().completion_tokens == 500
+
+
+def test_a_line_feed_inside_a_string_is_not_joined_into_json() -> None:
+    """Held: data over two lines that split a JSON string (an SSE client joins them with a
+    line feed, a raw control character inside the string: no JSON for an SDK) is not read
+    as JSON by the relay either, though joining with a space would make it JSON; split
+    between two tokens, ``data:`` without the space, it is."""
+    inside = b'data: {"choices":[{"delta":{"content":"a\ndata: b"}}]}'
+    between = b'data: {"choices":[{"delta":\ndata:{"content":"ab"}}]}'
+    assert joined_event(inside) is None
+    assert joined_event(between) == b'data: {"choices":[{"delta": {"content":"ab"}}]}'
 
 
 @pytest.mark.slow
