@@ -179,13 +179,16 @@ class FailOpenBudgetStore:
         key and window at a time (a failure keeps the rest, and makes that one unsure). Once
         all is paid the local counts start afresh."""
         while self.unsure:
-            key_id, windows, amount, seq, reserve = self.unsure[-1]
+            lost = self.unsure[-1]
+            key_id, windows, amount, seq, reserve = lost
             applied = await self.remote.charged(key_id, seq)
             if reserve and applied:
                 self._owe(key_id, windows, -amount)
             elif not reserve and not applied:
                 self._owe(key_id, windows, amount)
-            self.unsure.pop()
+            # This one (by its number): a request whose answer was lost meanwhile may have
+            # added another at the end, to be judged in turn.
+            self.unsure.remove(lost)
         while self.owed:
             entry, (delta, windows) = next(iter(self.owed.items()))
             seq = self.remote.next_seq()

@@ -107,6 +107,8 @@ class AttemptStart(NamedTuple):
     prefix_match: bool | None
     upstream_request_id: str
     body: Mapping[str, Any]
+    # The upstream keys: blanked where a span captures what the backend wrote.
+    secrets: tuple[str, ...] = ()
 
 
 class AttemptEnd(NamedTuple):

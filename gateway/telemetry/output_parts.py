@@ -5,13 +5,14 @@ Each choice becomes one assistant message whose parts are what it generated: its
 ``text`` part, and each tool call (the older ``function_call`` too) as a ``tool_call`` part
 with its id, name and arguments (the string the model wrote). A stream's pieces are joined
 per choice, and a streamed tool call's pieces by its ``index``. Everything here goes into the
-same attribute as the text, under the same opt-in; nothing else is read.
+same attribute as the text, under the same opt-in; nothing else is read. An upstream key the
+backend wrote into its answer is blanked (secrets never in spans).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -23,6 +24,32 @@ _encoder = msgspec.json.Encoder()
 # span queue holds thousands of and a collector refuses whole (with the other spans of its
 # batch).
 MAX_BACKEND_STRING = 256
+# Choices of an answer, and tool calls of a choice, kept (by the backend's ``index``); later
+# ones are left out. A backend numbers them itself: one that gives every chunk a new index
+# would otherwise make a span of as many messages (10,000 empty chunks: 790 KB of span and
+# 3 MB held while the stream runs). 128 is the most finish reasons a span keeps, and the
+# most tools OpenAI's API takes in one request.
+MAX_PARTS = 128
+REDACTED = "[REDACTED]"
+
+
+def _blank(text: str, secrets: tuple[str, ...]) -> str:
+    """``text`` with each of ``secrets`` in it replaced by ``[REDACTED]``."""
+    for secret in secrets:
+        if secret in text:
+            text = text.replace(secret, REDACTED)
+    return text
+
+
+_Part = TypeVar("_Part")
+
+
+def _kept(parts: dict[int, _Part], key: int, new: Callable[[], _Part]) -> _Part | None:
+    """The part under ``key``, made if fewer than ``MAX_PARTS`` are kept; else ``None``."""
+    part = parts.get(key)
+    if part is None and len(parts) < MAX_PARTS:
+        part = parts[key] = new()
+    return part
 
 
 class _Call:
@@ -45,11 +72,12 @@ class _Call:
                 if isinstance(value, str):
                     parts.append(value)
 
-    def part(self) -> dict[str, Any]:
-        part: dict[str, Any] = {"type": "tool_call", "name": "".join(self.name)}
+    def part(self, secrets: tuple[str, ...]) -> dict[str, Any]:
+        name = _blank("".join(self.name), secrets)
+        part: dict[str, Any] = {"type": "tool_call", "name": name}
         if self.id:
-            part["id"] = self.id
-        part["arguments"] = "".join(self.arguments)
+            part["id"] = _blank(self.id, secrets)
+        part["arguments"] = _blank("".join(self.arguments), secrets)
         return part
 
 
@@ -79,19 +107,21 @@ class _Choice:
                 if isinstance(call, dict):
                     index = call.get("index", position)
                     key = index if type(index) is int else position
-                    self.calls.setdefault(key, _Call()).add(call, call.get("function"))
+                    if entry := _kept(self.calls, key, _Call):
+                        entry.add(call, call.get("function"))
         legacy = message.get("function_call")
-        if isinstance(legacy, dict):
-            self.calls.setdefault(-1, _Call()).add({}, legacy)
+        if isinstance(legacy, dict) and (entry := _kept(self.calls, -1, _Call)):
+            entry.add({}, legacy)
 
-    def message(self) -> dict[str, Any]:
+    def message(self, secrets: tuple[str, ...]) -> dict[str, Any]:
         parts: list[dict[str, Any]] = []
         if self.reasoning:
-            parts.append({"type": "reasoning", "content": "".join(self.reasoning)})
-        text = "".join(self.text)
+            reasoning = _blank("".join(self.reasoning), secrets)
+            parts.append({"type": "reasoning", "content": reasoning})
+        text = _blank("".join(self.text), secrets)
         if text or not (parts or self.calls):
             parts.append({"type": "text", "content": text})
-        parts.extend(self.calls[key].part() for key in sorted(self.calls))
+        parts.extend(self.calls[key].part(secrets) for key in sorted(self.calls))
         return {"role": "assistant", "parts": parts, "finish_reason": self.finish_reason}
 
 
@@ -107,7 +137,9 @@ class OutputParts:
     def add(self, choice: Mapping[str, Any]) -> None:
         """One choice of a chunk or of a whole answer."""
         index = choice.get("index", 0)
-        entry = self.choices.setdefault(index if type(index) is int else 0, _Choice())
+        entry = _kept(self.choices, index if type(index) is int else 0, _Choice)
+        if entry is None:
+            return
         reason = choice.get("finish_reason")
         if isinstance(reason, str) and reason:
             entry.finish_reason = reason[:MAX_BACKEND_STRING]
@@ -117,10 +149,11 @@ class OutputParts:
         elif isinstance(text := choice.get("text"), str):
             entry.text.append(text)
 
-    def encoded(self, reasons: list[str]) -> str:
-        """``gen_ai.output.messages``: a message per choice (one, empty, when none came)."""
+    def encoded(self, reasons: list[str], secrets: tuple[str, ...] = ()) -> str:
+        """``gen_ai.output.messages``: a message per choice (one, empty, when none came), each
+        of ``secrets`` (the upstream keys) blanked."""
         choices = [self.choices[key] for key in sorted(self.choices)] or [_Choice()]
-        messages = [choice.message() for choice in choices]
+        messages = [choice.message(secrets) for choice in choices]
         if reasons and not messages[0]["finish_reason"]:
             messages[0]["finish_reason"] = reasons[0]
         return _encoder.encode(messages).decode()

@@ -215,11 +215,12 @@ def _ms(seconds: float) -> float:
 class AttemptSpan:
     """The GenAI client span of one upstream attempt."""
 
-    __slots__ = ("capture", "output", "reasons", "span", "started")
+    __slots__ = ("capture", "output", "reasons", "secrets", "span", "started")
 
-    def __init__(self, span: Span, capture: bool) -> None:
+    def __init__(self, span: Span, capture: bool, secrets: tuple[str, ...] = ()) -> None:
         self.span = span
         self.capture = capture
+        self.secrets = secrets  # the upstream keys, blanked in the captured output
         self.started = time.perf_counter()
         self.reasons: list[str] = []
         self.output = OutputParts()
@@ -265,7 +266,7 @@ class AttemptSpan:
         span = tracer.start_span(
             f"{operation} {model}", context=parent, kind=SpanKind.CLIENT, attributes=attrs
         )
-        return cls(span, capture)
+        return cls(span, capture, start.secrets if capture else ())
 
     def fail(self, kind: str) -> None:
         """The attempt failed: ``error.type`` is the failure kind."""
@@ -345,7 +346,7 @@ class AttemptSpan:
         if self.reasons:
             span.set_attribute(sc.GEN_AI_RESPONSE_FINISH_REASONS, self.reasons)
         if self.capture:
-            messages = self.output.encoded(self.reasons)
+            messages = self.output.encoded(self.reasons, self.secrets)
             span.set_attribute(sc.GEN_AI_OUTPUT_MESSAGES, messages)
         if error is not None:
             span.set_attribute(sc.ERROR_TYPE, error)

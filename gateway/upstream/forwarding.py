@@ -313,6 +313,7 @@ class Forwarder:
             choice.affinity,
             upstream_id,
             body,
+            self._upstream_secrets,
         )
         extra = events.attempt_started(start)
         headers = {**self._base_headers[tier], "x-request-id": upstream_id, **extra}

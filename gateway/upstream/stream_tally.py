@@ -5,7 +5,7 @@ base class: the counters stay plain attributes of the relay, read on every event
 pipeline). It counts a token per content chunk (a long one by its text: :func:`chunk_tokens`;
 at most ``max_tokens`` per choice), notes
 each choice's final chunk (a string ``finish_reason``; by ``index`` when several were asked
-for), records the backend's ``usage`` (never below what was streamed) and drops the usage
+for), records the backend's ``usage`` (never below a token per content chunk) and drops the usage
 chunk the gateway asked for on the caller's behalf, estimates usage for a backend that never
 reports it in streams, and keeps the answer's text for a request sampled for shadow
 evaluation.
@@ -41,9 +41,10 @@ _CHOICES = b'"choices"'  # in a chunk; not in an error event
 # one token is 150 to 300 bytes, most of it an envelope the same on every chunk) and its text
 # is more than ``_ONE_TOKEN`` tokens by the prompt estimate: then it counts that estimate. A
 # tool parser that buffers a call's whole arguments (some of vLLM's, llama.cpp) sends
-# kilobytes in one chunk. ``long_chunk`` starts at ``_LONG_CHUNK`` and, once a longer chunk
-# turns out to hold one token (a long model name, logprobs), becomes its envelope (the chunk
-# less its text) plus ``_LONG_TEXT``: a stream's later chunks of one token are not decoded.
+# kilobytes in one chunk. ``long_chunk`` starts at ``_LONG_CHUNK`` and, once two longer chunks
+# turn out to hold one token (a long model name, logprobs), becomes the smaller envelope (a
+# chunk less its text) plus ``_LONG_TEXT``: a stream's later chunks of one token are not
+# decoded.
 _LONG_CHUNK = 256
 _LONG_TEXT = 32
 _ONE_TOKEN = 8  # 32 ASCII characters: longer than a usual token, which counts 1
@@ -67,7 +68,8 @@ class StreamTally:
         self.prompt_tokens = prompt_tokens
         self.max_tokens = max_tokens
         self.strip_usage = strip_usage
-        self.token_events = 0
+        self.token_events = 0  # tokens streamed by the gateway's count (long chunks estimated)
+        self.chunk_events = 0  # content chunks streamed: each holds at least one token
         self.first_token_at = 0.0  # when the first token came (perf_counter(); 0.0: none yet)
         # Final chunks seen (a request for one choice needs one).
         self.finishes = 0
@@ -79,6 +81,7 @@ class StreamTally:
         self.last_data = b""
         self.long_chunk = _LONG_CHUNK  # a chunk past this many bytes is decoded to be counted
         self._envelope = MAX_EVENT  # the smallest envelope of a decoded chunk of one token
+        self._singles = 0  # decoded chunks of one token
 
     def _chunk(self, event: bytes) -> bool:
         """A ``data: {...}`` event: count its token, note a final chunk, capture its text;
@@ -87,16 +90,16 @@ class StreamTally:
         choice = True
         if _NO_FINISH_COMPACT in event or _NO_FINISH.search(event):
             if b'"role"' not in event or _TEXT.search(event):  # Ollama: a role on every chunk
-                self.token_events += 1 if len(event) <= self.long_chunk else self._long(event)
+                self._count(event)
         elif _FINISH.search(event):
             self.finishes += 1
             if _TEXT.search(event):  # a final chunk that carries the last token
-                self.token_events += 1 if len(event) <= self.long_chunk else self._long(event)
+                self._count(event)
         else:
             choice = False
             # No ``finish_reason`` key (LiteLLM's chunks): one with text is a token still.
             if _CHOICES in event and _TEXT.search(event):
-                self.token_events += 1 if len(event) <= self.long_chunk else self._long(event)
+                self._count(event)
         if not self.first_token_at and self.token_events:
             self.first_token_at = time.perf_counter()
         if self.started is not None:
@@ -105,13 +108,22 @@ class StreamTally:
             self._capture(event)
         return choice
 
+    def _count(self, event: bytes) -> None:
+        """A content chunk: one more chunk, and its tokens (a long one its estimate)."""
+        self.chunk_events += 1
+        self.token_events += 1 if len(event) <= self.long_chunk else self._long(event)
+
     def _long(self, event: bytes) -> int:
-        """A long chunk's tokens (:func:`chunk_tokens`); one of a single token raises
-        ``long_chunk`` to its envelope plus ``_LONG_TEXT`` (no lower than ``_LONG_CHUNK``)."""
+        """A long chunk's tokens (:func:`chunk_tokens`); from the second of a single token on,
+        ``long_chunk`` is the smallest such envelope plus ``_LONG_TEXT`` (no lower than
+        ``_LONG_CHUNK``): a first chunk with 100 KB only it has (the prompt's token ids) would
+        otherwise leave every later chunk under 100 KB undecoded, counted 1."""
         tokens, size = chunk_tokens(event)
         if tokens == 1:
             self._envelope = envelope = min(self._envelope, len(event) - size)
-            self.long_chunk = max(_LONG_CHUNK, envelope + _LONG_TEXT)
+            self._singles += 1
+            if self._singles > 1:  # not on the first alone, which may carry what only it has
+                self.long_chunk = max(_LONG_CHUNK, envelope + _LONG_TEXT)
         return tokens
 
     def _track_choices(self, event: bytes) -> None:
@@ -143,8 +155,10 @@ class StreamTally:
         except UNREADABLE_JSON:
             return event
         usage = usage_from(data)
-        if usage is not None:  # never below what was streamed (a count that is no number: 0)
-            usage.completion_tokens = max(usage.completion_tokens, self._streamed())
+        if usage is not None:  # never below a token a chunk (a count that is no number: 0);
+            # not the estimate of long chunks, a guess that may be above what was generated
+            chunks = self._capped(self.chunk_events)
+            usage.completion_tokens = max(usage.completion_tokens, chunks)
             self.usage = usage
             if self.strip_usage:  # asked for by the gateway: the caller sees none, also where
                 return unasked(data)  # it rides on a chunk with choices (some servers)
@@ -159,9 +173,13 @@ class StreamTally:
         """Completion tokens streamed, by the gateway's count: a content chunk (of any choice)
         a token (a long one its estimate: :func:`chunk_tokens`), at most ``max_tokens`` for
         each choice."""
+        return self._capped(self.token_events)
+
+    def _capped(self, tokens: int) -> int:
+        """``tokens``, at most ``max_tokens`` for each choice."""
         if self.max_tokens is None:
-            return self.token_events
-        return min(self.token_events, self.max_tokens * self.choices)
+            return tokens
+        return min(tokens, self.max_tokens * self.choices)
 
     def _count_usage(self) -> Usage:
         """The gateway's own count: its prompt estimate and the tokens it streamed."""

@@ -290,6 +290,14 @@ async def stream_tool_call_big_arguments_cut(writer: Writer) -> None:
     await _events(writer, ROLE, _call_chunk(first), arguments, end=False)
 
 
+async def stream_cumulative_content(writer: Writer) -> None:
+    """10 chunks of 10 words each, every chunk's ``content`` the whole text so far (as some
+    servers send it), a final chunk and the usage chunk (20 + 100: what was generated)."""
+    words = [_chunk([_delta("word " * 10 * i)]) for i in range(1, 11)]
+    last = _chunk([_delta("", 0, "stop")])
+    await _events(writer, ROLE, *words, last, _usage_chunk(100), DONE)
+
+
 def _usage_chunk(completion: int, reasoning: int = 0) -> bytes:
     details = {"reasoning_tokens": reasoning}
     return _chunk([], usage=_usage(completion, completion_tokens_details=details))
@@ -402,6 +410,7 @@ SCENARIOS: dict[str, Scenario] = {
         stream_tool_call,
         stream_tool_call_no_done,
         stream_tool_call_big_arguments_cut,
+        stream_cumulative_content,
         stream_reasoning_answer,
         stream_reasoning_usage_no_final,
         stream_thinking_slowly,

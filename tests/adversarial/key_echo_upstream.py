@@ -11,7 +11,8 @@ error's ``type`` field too), ``escaped`` (every ``/`` written ``\\/``, as PHP's 
 does: JSON for the same text) or ``long`` (the message is the request's last message, then
 the token: a caller sets where the token falls). ``address`` quotes no token but the backend's
 own address instead, as a proxy or a server naming itself does: ``backend <Host> could not
-serve http://<Host><path>``.
+serve http://<Host><path>``. ``content`` (with ``--status 200``) streams the token as the
+answer's text instead: ``your key: <token>``, then a final chunk and ``[DONE]``.
 """
 
 from __future__ import annotations
@@ -28,13 +29,18 @@ def _answer(status: int, body: bytes) -> bytes:
     return head % (status, _REASONS.get(status, b"Error"), len(body)) + body
 
 
-def _stream(error: bytes) -> bytes:
-    """A 200 stream (closed at its end): one token, then ``error`` in-band, then ``[DONE]``."""
-    token = b'{"id":"c","object":"chat.completion.chunk","created":1,"model":"m",'
-    token += b'"choices":[{"index":0,"delta":{"content":"x"},"finish_reason":null}]}'
+def _stream(error: bytes, text: str = "x") -> bytes:
+    """A 200 stream (closed at its end): one token (``text``), then ``error`` in-band (a final
+    chunk when empty), then ``[DONE]``."""
+    head = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+    choice = {"index": 0, "delta": {"content": text}, "finish_reason": None}
+    token = json.dumps({**head, "choices": [choice]}, separators=(",", ":")).encode()
+    if not error:
+        last = {"index": 0, "delta": {}, "finish_reason": "stop"}
+        error = json.dumps({**head, "choices": [last]}, separators=(",", ":")).encode()
     body = b"data: " + token + b"\n\ndata: " + error + b"\n\ndata: [DONE]\n\n"
-    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n"
-    return head % len(body) + body
+    answer = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n"
+    return answer % len(body) + body
 
 
 def _error(sent: str, body: bytes, shape: str, where: tuple[str, str] = ("", "")) -> bytes:
@@ -74,7 +80,10 @@ async def _handle(
             else:
                 sent = headers.get("authorization", "").removeprefix("Bearer ")
                 error = _error(sent, body, shape, (headers.get("host", ""), path))
-                writer.write(_stream(error) if status == 200 else _answer(status, error))
+                if shape == "content":
+                    writer.write(_stream(b"", f"your key: {sent}"))
+                else:
+                    writer.write(_stream(error) if status == 200 else _answer(status, error))
             await writer.drain()
     except (asyncio.IncompleteReadError, ConnectionError, ValueError):
         writer.close()
@@ -94,7 +103,9 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--status", type=int, default=400)
     parser.add_argument(
-        "--shape", choices=["message", "type", "escaped", "long", "address"], default="message"
+        "--shape",
+        choices=["message", "type", "escaped", "long", "address", "content"],
+        default="message",
     )
     args = parser.parse_args()
     asyncio.run(_serve(args.port, args.status, args.shape))
