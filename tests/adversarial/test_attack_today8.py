@@ -1,0 +1,167 @@
+"""Attack review of the wave-workers merge: the start deadline, signals, the supervisor's
+start before its logging and reaper (real ``tiergate serve --workers 2`` groups)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.adversarial.test_attack_workers import _gone, _share_dir
+from tests.integration.gateway_proc import REPO_ROOT, GatewayProcess, tiers_config
+from tests.processes import children as _children
+from tests.processes import free_port, kill, patience
+from tests.simulator.procs import SimulatorProcess
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def sim() -> Iterator[SimulatorProcess]:
+    """A simulator (the workers' upstream; only /livez is asked of the gateway here)."""
+    with SimulatorProcess("--profile", "fast", "--model", "tiergate-fast") as proc:
+        yield proc
+
+
+def _config(sim: SimulatorProcess, **server: Any) -> dict[str, Any]:
+    return {
+        "auth": {"enabled": False},
+        "server": server,
+        "telemetry": {"access_log": False},
+        "tiers": tiers_config([sim.url], [sim.url]),
+    }
+
+
+def _site(tmp_path: Path, hook: str) -> dict[str, str]:
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(hook, encoding="utf-8")
+    return {"PYTHONPATH": str(site)}
+
+
+# A worker's start that is slow only because it waits for a CPU: for STARVED_CPU_S seconds of
+# its own CPU time it runs pinned to one CPU beside the test's busy loops (each of them as
+# entitled to that CPU as the worker), then it starts as usual.
+_STARVED = """\
+import os, time
+if "tiergate.worker=" in os.environ.get("OTEL_RESOURCE_ATTRIBUTES", ""):
+    cpus = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {int(os.environ["STARVE_ON_CPU"])})
+    end = time.process_time() + float(os.environ["STARVED_CPU_S"])
+    while time.process_time() < end:
+        pass
+    os.sched_setaffinity(0, cpus)
+"""
+_BUSY = "import os, sys\nos.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True:\n    pass\n"
+
+
+@contextlib.contextmanager
+def _busy_loops(cpu: int, count: int) -> Iterator[None]:
+    """``count`` busy loops pinned to ``cpu`` (at this process's nice, as the gateway)."""
+    loops = [subprocess.Popen([sys.executable, "-c", _BUSY, str(cpu)]) for _ in range(count)]
+    try:
+        yield
+    finally:
+        for loop in loops:
+            loop.kill()
+            loop.wait(10)
+
+
+def _events(gw: GatewayProcess, name: str) -> list[dict[str, Any]]:
+    lines = (json.loads(line) for line in gw.log_text().splitlines() if line.startswith("{"))
+    return [line for line in lines if line.get("event") == name]
+
+
+def test_a_start_slow_for_want_of_a_cpu_is_not_killed_into_an_outage(
+    sim: SimulatorProcess, tmp_path: Path
+) -> None:
+    """Both workers' starts are CPU-starved (a loaded node): each needs little of its own
+    time but waits for a CPU far longer than ``worker_start_timeout_s``. They are healthy, not
+    hung: they must be left to start. (Killed at the deadline, every replacement starts
+    from scratch as starved as the last, and three such kills stop the group: exit 1, an
+    outage made of a slow start.)"""
+    cpu = max(os.sched_getaffinity(0))
+    env = {**_site(tmp_path, _STARVED), "STARVE_ON_CPU": str(cpu), "STARVED_CPU_S": "1.5"}
+    limit_s = 8.0  # above a worker's own start-up time (~3 s of CPU), below its starved wall time
+    config = _config(sim, worker_start_timeout_s=limit_s)
+    with _busy_loops(cpu, 4), GatewayProcess(config, workers=2, env=env) as gw:
+        deadline = time.monotonic() + patience(60)
+        while len(_events(gw, "server.worker_started")) < 2:
+            assert gw._proc is not None
+            assert gw._proc.poll() is None, gw.log_text()[-4000:]
+            assert time.monotonic() < deadline, gw.log_text()[-4000:]
+            time.sleep(0.2)
+        assert _events(gw, "server.worker_start_timeout") == [], gw.log_text()[-4000:]
+        assert _events(gw, "server.worker_exited") == []
+
+
+# The supervisor's own set-up after it started its workers (its logging) takes long, and so
+# do the workers' starts: a loaded node, a cold disk. MARK tells the test the supervisor is there.
+_SLOW_SET_UP = """\
+import os, sys, time
+if "tiergate.worker=" in os.environ.get("OTEL_RESOURCE_ATTRIBUTES", ""):
+    time.sleep(4)
+else:
+
+    class _Slow:
+        def find_spec(self, name, path=None, target=None):
+            if name == "gateway.telemetry.logging" and not os.path.exists(MARK):
+                open(MARK, "w").close()
+                time.sleep(60)
+
+    sys.meta_path.insert(0, _Slow())
+"""
+
+
+def test_a_supervisor_killed_while_its_workers_start_leaves_no_group_directory(
+    sim: SimulatorProcess, tmp_path: Path
+) -> None:
+    """SIGKILL of the supervisor after it started its workers, before its own set-up and
+    theirs ended: the workers exit and the group's directory in /dev/shm is removed, as for
+    a supervisor killed any later (the reaper's job: it must run as soon as there are
+    workers; a worker still starting has not asked for the kernel's signal yet, and when it
+    finds its supervisor gone it ends itself without a drain that would remove it)."""
+    mark = tmp_path / "setting-up"
+    env = {**os.environ, **_site(tmp_path, _SLOW_SET_UP.replace("MARK", repr(str(mark))))}
+    env.pop("TIERGATE_CONFIG", None)
+    config = tmp_path / "tiergate.yaml"
+    config.write_text(json.dumps(_config(sim, shutdown_grace_s=2)), encoding="utf-8")
+    cmd = [sys.executable, "-m", "gateway", "serve", "--config", str(config), "--port",
+           str(free_port()), "--workers", "2"]  # fmt: skip
+    log = tmp_path / "gateway.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=out, stderr=out, env=env)
+    workers: list[int] = []
+    share: Path | None = None
+    try:
+        deadline = time.monotonic() + patience(30)
+        while not mark.exists() or len(_children(proc.pid)) < 2:
+            assert proc.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        workers = _children(proc.pid)
+        share = _share_dir(workers[0])
+        proc.kill()
+        proc.wait(10)
+        assert _gone(workers, 20), "a worker outlived its supervisor"
+        deadline = time.monotonic() + patience(10)
+        while share.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not share.exists(), sorted(p.name for p in share.iterdir())
+    finally:
+        kill(proc)
+        for pid in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if share is not None:
+            shutil.rmtree(share, ignore_errors=True)
