@@ -15,12 +15,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.adversarial.test_attack_workers import _gone, _share_dir
 from tests.integration.gateway_proc import REPO_ROOT, GatewayProcess, tiers_config
 from tests.processes import children as _children
-from tests.processes import free_port, kill, patience
+from tests.processes import free_port, http_answers, kill, patience, wait_ready
 from tests.simulator.procs import SimulatorProcess
 
 pytestmark = pytest.mark.slow
@@ -30,6 +31,15 @@ pytestmark = pytest.mark.slow
 def sim() -> Iterator[SimulatorProcess]:
     """A simulator (the workers' upstream; only /livez is asked of the gateway here)."""
     with SimulatorProcess("--profile", "fast", "--model", "tiergate-fast") as proc:
+        yield proc
+
+
+@pytest.fixture(scope="module")
+def sim_slow() -> Iterator[SimulatorProcess]:
+    """A simulator with real latency: a stream lasts seconds."""
+    with SimulatorProcess(
+        "--profile", "fast", "--model", "tiergate-fast", "--latency-scale", "1"
+    ) as proc:
         yield proc
 
 
@@ -165,3 +175,62 @@ def test_a_supervisor_killed_while_its_workers_start_leaves_no_group_directory(
                 os.kill(pid, signal.SIGKILL)
         if share is not None:
             shutil.rmtree(share, ignore_errors=True)
+
+
+def _pid1_serve(tmp_path: Path, config: dict[str, Any], workers: int) -> tuple[Any, int, str]:
+    """``tiergate serve`` as PID 1 of a PID namespace of its own, as in a container without an
+    init (no terminal): the ``unshare`` process, the gateway's pid out here, its URL."""
+    path = tmp_path / "tiergate.yaml"
+    path.write_text(json.dumps(config), encoding="utf-8")
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "TIERGATE_CONFIG"}
+    cmd = ["unshare", "--pid", "--fork", "--kill-child", sys.executable, "-m", "gateway"]
+    cmd += ["serve", "--config", str(path), "--port", str(port), "--workers", str(workers)]
+    log = tmp_path / "gateway.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=out, stderr=out, env=env)
+    url = f"http://127.0.0.1:{port}"
+    wait_ready(proc, lambda: http_answers(url + "/livez"), timeout=30, poll_s=0.1,
+               what="gateway (PID 1)", log=log.read_text)  # fmt: skip
+    [gateway] = _children(proc.pid)
+    return proc, gateway, url
+
+
+@pytest.mark.parametrize(
+    ("workers", "signum"),
+    [(1, signal.SIGINT), (1, signal.SIGTERM), (2, signal.SIGINT), (2, signal.SIGTERM)],
+)
+def test_pid_1_in_a_container_drains_on_sigterm_and_sigint(
+    sim_slow: SimulatorProcess, tmp_path: Path, workers: int, signum: int
+) -> None:
+    """PID 1 without an init (the image's ``CMD tiergate serve``): the kernel delivers it only
+    the signals it has a handler for. ``docker stop`` (SIGTERM) and Ctrl-C proxied by
+    ``docker run`` (SIGINT, no terminal) both let a running stream end with [DONE], and the
+    gateway exits 0 (130 for one process's Ctrl-C), with no traceback."""
+    if (
+        shutil.which("unshare") is None
+        or subprocess.run(
+            ["unshare", "--pid", "--fork", "true"], capture_output=True, check=False
+        ).returncode
+    ):
+        pytest.skip("no PID namespaces here (unshare --pid needs privileges)")
+    config = _config(sim_slow, shutdown_grace_s=30)
+    proc, gateway, url = _pid1_serve(tmp_path, config, workers)
+    try:
+        body = {"model": "fast", "stream": True, "max_tokens": 400,
+                "messages": [{"role": "user", "content": "count slowly"}]}  # fmt: skip
+        with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=60) as resp:
+            chunks = resp.iter_text()
+            first = next(chunks)
+            assert first.startswith("data: ")
+            os.kill(gateway, signum)
+            rest = "".join(chunks)
+        code = proc.wait(timeout=patience(40))
+        log = (tmp_path / "gateway.log").read_text()
+        assert rest.rstrip().endswith("data: [DONE]"), log[-3000:]
+        assert "server.stopped" in log, log[-3000:]
+        assert "Traceback" not in log, log[-3000:]
+        # Ctrl-C of one process: 130, as a shell reports an interrupted command.
+        assert code == (130 if (workers, signum) == (1, signal.SIGINT) else 0), log[-3000:]
+    finally:
+        kill(proc)
