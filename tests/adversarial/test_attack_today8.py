@@ -234,3 +234,36 @@ def test_pid_1_in_a_container_drains_on_sigterm_and_sigint(
         assert code == (130 if (workers, signum) == (1, signal.SIGINT) else 0), log[-3000:]
     finally:
         kill(proc)
+
+
+_HANG_BEFORE_MAIN = """\
+import os, time
+if "tiergate.worker=0" in os.environ.get("OTEL_RESOURCE_ATTRIBUTES", "") and not os.path.exists(
+    MARK
+):
+    open(MARK, "w").close()
+    time.sleep(3600)  # worker 0's first start hangs before `main()` (a cold disk, an import)
+"""
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="SIGUSR1 reaches a worker that has no handler for it yet (it is registered in "
+    "main(), after the interpreter's start and the first imports): its default action ends "
+    "the worker (code -10) and no stack is written",
+)
+def test_a_start_that_hangs_before_main_is_dumped_too(
+    sim: SimulatorProcess, tmp_path: Path
+) -> None:
+    """A start that hangs before ``main()`` (interpreter start-up, ``gateway``'s first imports:
+    a cold or hung disk) shows where it hangs, as one that hangs later does."""
+    env = _site(tmp_path, _HANG_BEFORE_MAIN.replace("MARK", repr(str(tmp_path / "hung"))))
+    config = _config(sim, worker_start_timeout_s=patience(10))
+    with GatewayProcess(config, workers=2, env=env) as gw:
+        deadline = time.monotonic() + patience(60)
+        while len(_events(gw, "server.worker_started")) < 2:  # worker 1, then the new 0
+            assert time.monotonic() < deadline, gw.log_text()[-3000:]
+            time.sleep(0.2)
+        [exited] = _events(gw, "server.worker_exited")
+        assert "most recent call first" in gw.log_text(), gw.log_text()[-3000:]
+        assert exited["code"] == -signal.SIGKILL
