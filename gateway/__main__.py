@@ -126,7 +126,10 @@ def _run(settings: Settings, workers: WorkerCount, config: Path | None) -> int:
     if workers.count == 1:
         from gateway.composition import serve  # noqa: PLC0415  # uvicorn only when serving
 
-        serve(settings, logging_ready=workers.log)
+        try:
+            serve(settings, logging_ready=workers.log)
+        except KeyboardInterrupt:  # Ctrl-C: served until drained; uvicorn raises it again after
+            return 130  # as a shell reports an interrupted command, without a traceback
         return 0
     from gateway.http.workers import Supervisor  # noqa: PLC0415  # only when serving
 

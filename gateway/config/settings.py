@@ -77,7 +77,7 @@ class ServerSettings(Section):
     worker_stall_s: float = Field(default=10.0, ge=0)
     """A worker whose event loop has not run for this long is killed and replaced (0: never)."""
     worker_start_timeout_s: float = Field(default=120.0, ge=0)
-    """A worker still starting this long is killed (stack dumped first), replaced (0: never)."""
+    """A worker starting this long (waits for a CPU not counted) is killed, replaced (0: never)."""
 
 
 class AuthSettings(Section):

@@ -115,6 +115,15 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _waited_for_cpu_s(pid: int) -> float:
+    """Seconds process ``pid``'s main thread was ready to run but waited for a CPU (the
+    scheduler's run-queue delay, ``/proc/PID/schedstat``); 0.0 where the kernel has none."""
+    try:
+        return int(Path(f"/proc/{pid}/schedstat").read_text(encoding="ascii").split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
 def die_with_supervisor(supervisor_pid: int | None) -> None:
     """In a worker, first thing: SIGTERM from the kernel when the supervisor dies
     (``PR_SET_PDEATHSIG``), and the same at once if it died before this call (the worker was
@@ -274,15 +283,22 @@ class Supervisor:
     def _watch_start(self, index: int, child: subprocess.Popen[bytes], beat: _Heartbeat) -> None:
         """Kill a worker whose start-up has not ended within ``server.worker_start_timeout_s``
         (it hangs importing, building the app, binding): first SIGUSR1, so that its stack
-        (where it hangs) is on its stderr, then SIGKILL; it is replaced like any dead worker."""
+        (where it hangs) is on its stderr, then SIGKILL; it is replaced like any dead worker.
+
+        The time it waited for a CPU does not count: a start slowed down by a loaded node is
+        not hung, and a replacement would start from scratch as starved (three such kills
+        would stop the group)."""
         limit_s = self.settings.server.worker_start_timeout_s
         waited = time.monotonic() - beat.spawned_at
         if not 0 < limit_s < waited:
             return
+        starved = _waited_for_cpu_s(child.pid)
         if beat.dumped_at is None:
+            if waited - starved <= limit_s:
+                return
             _log.error(
                 "server.worker_start_timeout", worker=index, waited_s=round(waited, 1),
-                limit_s=limit_s, pid=child.pid,
+                starved_s=round(starved, 1), limit_s=limit_s, pid=child.pid,
             )  # fmt: skip
             child.send_signal(signal.SIGUSR1)  # the stack is written in the signal handler
             beat.dumped_at = time.monotonic()
@@ -327,17 +343,20 @@ class Supervisor:
     def run(self, meanwhile: Callable[[], object] = lambda: None) -> int:
         """Serve until SIGTERM/SIGINT; 0 on a clean stop, 1 when workers kept failing.
 
-        The workers are started first, then ``meanwhile`` runs (this process's own set-up: its
-        logging) while they start, then the reaper: what this process still has to import or
-        start is not added to the workers' start-up time.
+        The workers are started first, then the reaper, then ``meanwhile`` runs (this
+        process's own set-up: its logging) while they start: what this process still has to
+        import or start is not added to the workers' start-up time.
         """
         signal.signal(signal.SIGTERM, self._stop)
         signal.signal(signal.SIGINT, self._stop)
         try:
             for index in range(self.count):
                 self._spawn(index)
-            meanwhile()
+            # Before anything else: killed while its workers start, this process leaves the
+            # reaper to end those that have not asked for the kernel's signal yet and to
+            # remove the group's directory.
             self._start_reaper()
+            meanwhile()
             from gateway.telemetry.lifecycle import log_started  # noqa: PLC0415  # see above
 
             log_started(self.settings, port=self.sock.getsockname()[1], workers=self.count)
