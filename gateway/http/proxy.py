@@ -249,8 +249,9 @@ class ProxyService:
         of its key on its tier and on the fast tier a precise-share cap may still move it to
         (arithmetic: no round trip), so that verdict (``x-should-retry: false``) wins over a
         spent rpm's ``retry-after``, as a request above the whole tpm does."""
-        if self.budgets is None:
-            return
+        policy = principal.policy
+        if self.budgets is None or (policy.budget_daily is None and policy.budget_monthly is None):
+            return  # the common case: no budget, nothing to price
         candidates = (*tiers[:1], *self._movable(principal))
         refusal = self.budgets.final_refusal(
             principal, candidates, summary.prompt_token_estimate, completion * summary.completions
