@@ -310,14 +310,21 @@ def test_a_router_whose_worker_died_is_ejected_while_its_health_says_ok(
 ) -> None:
     """vllm-router's ``/health`` stays 200 for minutes after its only worker died (its own
     checks run every 60 s by default); the gateway ejects that router on its failures and
-    serves the tier from the other router: every caller gets an answer from the fast tier."""
+    serves the tier from the other router: every caller gets an answer from the fast tier.
+
+    An ejection lasts ``health.eject_base_s`` (2 s by default), then the replica is tried
+    again, and this router, whose health still says OK, fails again. On a loaded machine a
+    request through the dead router took 3 to 10 s, longer than 2 s: the replica was back
+    and failing before the test looked. The ejection here lasts a minute, so every read
+    below falls inside it (each asserts so), which is what "no more traffic" is promised for.
+    """
     quick = ("--profile", "fast", "--model", FAST, "--latency-scale", "0")
     with (
         SimulatorProcess(*quick) as doomed,
         SimulatorProcess(*quick) as survivor,
         vllm_router([doomed.url]) as lying,
         vllm_router([survivor.url]) as healthy,
-        GatewayProcess(_config([lying, healthy], precise_sim.url)) as gw,
+        GatewayProcess(_long_ejection(_config([lying, healthy], precise_sim.url))) as gw,
     ):
         gw.wait_until_ready()
         doomed.kill()
@@ -332,7 +339,15 @@ def test_a_router_whose_worker_died_is_ejected_while_its_health_says_ok(
         assert attempts == 5  # health.eject_after failures in a row, then no more traffic
         for n in range(10):
             _ask_fast(gw, f"after {n}")
-        assert sum(_replica(gw, index=0)["attempts"].values()) == attempts
+        after = _replica(gw, index=0)
+        assert after["state"] == "ejected", after  # still inside the one ejection
+        assert sum(after["attempts"].values()) == attempts
+
+
+def _long_ejection(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` with a first ejection of a minute (``health.eject_base_s``)."""
+    config["health"]["eject_base_s"] = 60.0
+    return config
 
 
 def _ask_fast(gw: GatewayProcess, prompt: str) -> None:
