@@ -36,7 +36,7 @@ pytestmark = pytest.mark.slow  # real processes: make test-all and CI
 NOON = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.UTC).timestamp()
 
 
-def _configure(config: dict[str, Any], backends: Backends) -> None:
+def configure_redis(config: dict[str, Any], backends: Backends) -> None:
     asyncio.run(new_key(backends.redis_url))  # the gateway refuses to start with no key
     config["auth"] = {"store": "redis"}
     config["ratelimit"] = {"backend": "redis"}
@@ -46,7 +46,7 @@ def _configure(config: dict[str, Any], backends: Backends) -> None:
 @pytest.fixture(scope="module")
 def stack() -> Iterator[Stack]:
     """Redis, a fast simulator, one gateway with keys and limits on Redis."""
-    with running_stack(sims=[FAST_SIM], redis=True, configure=_configure) as up:
+    with running_stack(sims=[FAST_SIM], redis=True, configure=configure_redis) as up:
         yield up
 
 

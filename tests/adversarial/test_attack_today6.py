@@ -32,6 +32,7 @@ import yaml
 
 from router_models.records import RecordError
 from router_models.training.shadow_train import read_shadow
+from tests.adversarial.test_attack_today5 import configure_redis
 from tests.deploy import chart_render
 from tests.deploy.compose_file import environment_of, interpolate, load_compose
 from tests.deploy.test_redis_password import gateway_config
@@ -46,22 +47,15 @@ from tests.deploy.test_redis_password_live import (
 )
 from tests.integration.test_budgets_usage import new_key
 from tests.router_models.test_shadow_train import SIMPLE, record, write_store
-from tests.stack import FAST_SIM, Backends, Stack, running_stack
+from tests.stack import FAST_SIM, Stack, running_stack
 
 pytestmark = pytest.mark.slow  # real processes: make test-all and CI
-
-
-def _configure(config: dict[str, Any], backends: Backends) -> None:
-    asyncio.run(new_key(backends.redis_url))  # the gateway refuses to start with no key
-    config["auth"] = {"store": "redis"}
-    config["ratelimit"] = {"backend": "redis"}
-    config["redis"] = {"url": backends.redis_url}
 
 
 @pytest.fixture(scope="module")
 def stack() -> Iterator[Stack]:
     """Redis, a fast simulator, one gateway with keys, limits and budgets on Redis."""
-    with running_stack(sims=[FAST_SIM], redis=True, configure=_configure) as up:
+    with running_stack(sims=[FAST_SIM], redis=True, configure=configure_redis) as up:
         yield up
 
 

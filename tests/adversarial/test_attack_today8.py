@@ -18,8 +18,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.adversarial.test_attack_workers import _gone, _share_dir
-from tests.integration.gateway_proc import REPO_ROOT, GatewayProcess, tiers_config
+from tests.adversarial.test_attack_workers import _gone, _share_dir, serve_config
+from tests.integration.gateway_proc import REPO_ROOT, GatewayProcess
 from tests.processes import children as _children
 from tests.processes import free_port, http_answers, kill, patience, wait_ready
 from tests.simulator.procs import SimulatorProcess
@@ -41,15 +41,6 @@ def sim_slow() -> Iterator[SimulatorProcess]:
         "--profile", "fast", "--model", "tiergate-fast", "--latency-scale", "1"
     ) as proc:
         yield proc
-
-
-def _config(sim: SimulatorProcess, **server: Any) -> dict[str, Any]:
-    return {
-        "auth": {"enabled": False},
-        "server": server,
-        "telemetry": {"access_log": False},
-        "tiers": tiers_config([sim.url], [sim.url]),
-    }
 
 
 def _site(tmp_path: Path, hook: str) -> dict[str, str]:
@@ -103,7 +94,7 @@ def test_a_start_slow_for_want_of_a_cpu_is_not_killed_into_an_outage(
     cpu = max(os.sched_getaffinity(0))
     env = {**_site(tmp_path, _STARVED), "STARVE_ON_CPU": str(cpu), "STARVED_CPU_S": "1.5"}
     limit_s = 8.0  # above a worker's own start-up time (~3 s of CPU), below its starved wall time
-    config = _config(sim, worker_start_timeout_s=limit_s)
+    config = serve_config(sim, worker_start_timeout_s=limit_s)
     with _busy_loops(cpu, 4), GatewayProcess(config, workers=2, env=env) as gw:
         deadline = time.monotonic() + patience(60)
         while len(_events(gw, "server.worker_started")) < 2:
@@ -145,7 +136,7 @@ def test_a_supervisor_killed_while_its_workers_start_leaves_no_group_directory(
     env = {**os.environ, **_site(tmp_path, _SLOW_SET_UP.replace("MARK", repr(str(mark))))}
     env.pop("TIERGATE_CONFIG", None)
     config = tmp_path / "tiergate.yaml"
-    config.write_text(json.dumps(_config(sim, shutdown_grace_s=2)), encoding="utf-8")
+    config.write_text(json.dumps(serve_config(sim, shutdown_grace_s=2)), encoding="utf-8")
     cmd = [sys.executable, "-m", "gateway", "serve", "--config", str(config), "--port",
            str(free_port()), "--workers", "2"]  # fmt: skip
     log = tmp_path / "gateway.log"
@@ -214,7 +205,7 @@ def test_pid_1_in_a_container_drains_on_sigterm_and_sigint(
         ).returncode
     ):
         pytest.skip("no PID namespaces here (unshare --pid needs privileges)")
-    config = _config(sim_slow, shutdown_grace_s=30)
+    config = serve_config(sim_slow, shutdown_grace_s=30)
     proc, gateway, url = _pid1_serve(tmp_path, config, workers)
     try:
         body = {"model": "fast", "stream": True, "max_tokens": 400,
@@ -258,7 +249,7 @@ def test_a_start_that_hangs_before_main_is_dumped_too(
     """A start that hangs before ``main()`` (interpreter start-up, ``gateway``'s first imports:
     a cold or hung disk) shows where it hangs, as one that hangs later does."""
     env = _site(tmp_path, _HANG_BEFORE_MAIN.replace("MARK", repr(str(tmp_path / "hung"))))
-    config = _config(sim, worker_start_timeout_s=patience(10))
+    config = serve_config(sim, worker_start_timeout_s=patience(10))
     with GatewayProcess(config, workers=2, env=env) as gw:
         deadline = time.monotonic() + patience(60)
         while len(_events(gw, "server.worker_started")) < 2:  # worker 1, then the new 0

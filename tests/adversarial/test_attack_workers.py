@@ -53,7 +53,7 @@ def sim() -> Iterator[SimulatorProcess]:
         yield proc
 
 
-def _config(sim: SimulatorProcess, **server: Any) -> dict[str, Any]:
+def serve_config(sim: SimulatorProcess, **server: Any) -> dict[str, Any]:
     return {
         "auth": {"enabled": False},
         "server": server,
@@ -122,7 +122,7 @@ def _connections_on(gw: GatewayProcess, pid: int, want: int = 2) -> list[socket.
 def test_a_draining_group_refuses_new_connections(sim: SimulatorProcess) -> None:
     """SIGTERM to the supervisor: running streams finish, new connections are refused at once
     (as with one process), not queued unserved until the drain ends and then reset."""
-    with GatewayProcess(_config(sim, shutdown_grace_s=20), workers=2) as gw:
+    with GatewayProcess(serve_config(sim, shutdown_grace_s=20), workers=2) as gw:
         with httpx.stream("POST", gw.url + "/v1/chat/completions", json=STREAM, timeout=60) as r:
             chunks = r.iter_text()
             assert next(chunks).startswith("data: ")
@@ -147,7 +147,7 @@ def test_a_killed_worker_costs_only_its_own_requests(sim: SimulatorProcess) -> N
     """SIGKILL of one worker under steady load (streams and whole answers, openai client): the
     port never refuses, only requests that worker held fail, and a new worker takes its place
     and serves."""
-    with GatewayProcess(_config(sim), workers=2) as gw:
+    with GatewayProcess(serve_config(sim), workers=2) as gw:
         gw.wait_until_ready()
         victim = _wait_workers(gw, 2)[1]
         stop = threading.Event()
@@ -218,7 +218,7 @@ def test_a_stopped_worker_is_replaced(sim: SimulatorProcess) -> None:
     """A worker that stops answering (SIGSTOP, a wedged event loop) is killed and replaced
     within ``server.worker_stall_s`` (10 s): requests on its connections end instead of
     hanging forever, and new connections go to the live worker meanwhile."""
-    with GatewayProcess(_config(sim), workers=2) as gw:
+    with GatewayProcess(serve_config(sim), workers=2) as gw:
         victim = _wait_workers(gw, 2)[1]
         held = _connections_on(gw, victim)
         os.kill(victim, signal.SIGSTOP)
@@ -271,7 +271,9 @@ def _group(sim: SimulatorProcess, env: dict[str, str] | None = None) -> Iterator
     """``serve --workers 2`` (shutdown grace 2 s) in front of ``sim``; afterwards it is stopped,
     any worker left is SIGKILLed and the group's directory removed (a test that killed the
     supervisor leaves nobody else to do it)."""
-    group = _Group(GatewayProcess(_config(sim, shutdown_grace_s=2), workers=2, env=env).start())
+    group = _Group(
+        GatewayProcess(serve_config(sim, shutdown_grace_s=2), workers=2, env=env).start()
+    )
     try:
         yield group
     finally:
@@ -479,7 +481,7 @@ def test_workers_that_never_start_stop_the_group(sim: SimulatorProcess, tmp_path
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        config = _config(sim)
+        config = serve_config(sim)
         config["telemetry"]["metrics_port"] = taken.getsockname()[1]
         with GatewayProcess(config, workers=2, env={"PYTHONPATH": str(site)}) as gw:
             assert gw._proc is not None  # worker 1 answers; worker 0 keeps failing
