@@ -19,9 +19,23 @@ import pytest
 from tests.processes import run_module_forked
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def _bench_sources() -> list[Path]:
+    """The Python files of bench/, not those under a hidden folder: ``bench/.peers`` holds
+    the peers' virtual environments once a peer test installed them (thousands of
+    site-packages files; preloading their imports broke the fork server on mypy's)."""
+    root = REPO / "bench"
+    return [
+        path
+        for path in root.rglob("*.py")
+        if not any(part.startswith(".") for part in path.relative_to(root).parts)
+    ]
+
+
 SCRIPTS = sorted(
     path.relative_to(REPO)
-    for path in (REPO / "bench").rglob("*.py")
+    for path in _bench_sources()
     if 'if __name__ == "__main__":' in path.read_text(encoding="utf-8")
 )
 
@@ -34,7 +48,7 @@ def _module_level_imports() -> list[str]:
     """What the files under bench/ import at module level, but bench itself (it runs from the
     copy) and tests (test modules import bench)."""
     names: set[str] = set()
-    for path in (REPO / "bench").rglob("*.py"):
+    for path in _bench_sources():
         for node in ast.parse(path.read_text(encoding="utf-8")).body:
             if isinstance(node, ast.Import):
                 names.update(alias.name for alias in node.names)
@@ -57,7 +71,8 @@ def copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A copy of bench/ in a folder of its own: a script that ran instead of
     printing its usage writes there, never into the checkout."""
     root = tmp_path_factory.mktemp("benchcopy")
-    shutil.copytree(REPO / "bench", root / "bench", ignore=shutil.ignore_patterns("__pycache__"))
+    skip = shutil.ignore_patterns("__pycache__", ".*")  # hidden: the peers' environments
+    shutil.copytree(REPO / "bench", root / "bench", ignore=skip)
     return root
 
 
