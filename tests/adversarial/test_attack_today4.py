@@ -30,10 +30,10 @@ from gateway.config.redis_client import BackendHealth, open_redis
 from gateway.config.settings import RedisSettings
 from policies.keys import KeyRecord, KeyStoreUnavailable, new_key_id
 from tests.adversarial.test_attack_workers import (
-    _config,
     _reapers,
     _share_dir,
     _wait_watched,
+    serve_config,
 )
 from tests.integration.gateway_proc import REPO_ROOT, GatewayProcess, tiers_config
 from tests.processes import free_port, http_answers, patience, silent_port, terminate, wait_ready
@@ -155,7 +155,7 @@ def test_a_replaced_reaper_is_reaped_by_a_supervisor_that_is_pid_1(tmp_path: Pat
     (tmp_path / "subreaper_gateway.py").write_text(_SUBREAPER, encoding="utf-8")
     with SimulatorProcess("--profile", "fast", "--model", "tiergate-fast") as sim:
         gw = GatewayProcess(
-            _config(sim, shutdown_grace_s=2),
+            serve_config(sim, shutdown_grace_s=2),
             workers=2,
             module="subreaper_gateway",
             env={"PYTHONPATH": str(tmp_path)},
