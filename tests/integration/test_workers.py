@@ -308,16 +308,22 @@ def test_sigusr1_dumps_every_threads_stack_and_serving_goes_on(gw: GatewayProces
             break
         assert time.monotonic() < deadline, gw.log_text()[-3000:]
         time.sleep(0.2)
-    for pid in (ready[0], gw.pid):
-        before = gw.log_text().count("most recent call first")
+    # Each dump is read until the frame it must show has arrived: a dump is written thread
+    # by thread, and the log can be read between two of them (a CI run read the
+    # supervisor's worker threads before its main loop).
+    for pid, frame in (
+        (ready[0], ("uvicorn", "asyncio")),  # a worker's event loop
+        (gw.pid, ("gateway/http/workers.py",)),  # the supervisor's loop
+    ):
+        before = len(gw.log_text())
         os.kill(pid, signal.SIGUSR1)
         deadline = time.monotonic() + patience(5)
-        while gw.log_text().count("most recent call first") <= before:
-            assert time.monotonic() < deadline, gw.log_text()[-3000:]
+        while True:
+            dump = gw.log_text()[before:]
+            if "most recent call first" in dump and any(f in dump for f in frame):
+                break
+            assert time.monotonic() < deadline, dump[-3000:]
             time.sleep(0.1)
-    log = gw.log_text()
-    assert "gateway/http/workers.py" in log  # the supervisor's loop
-    assert "uvicorn" in log or "asyncio" in log  # a worker's event loop
     assert len(_children(gw.pid)) == 2
     assert httpx.get(gw.url + "/livez", headers={"connection": "close"}).status_code == 200
 
