@@ -31,7 +31,7 @@ from collections.abc import Callable
 from redis.exceptions import RedisError
 
 from gateway.config.redis_client import BackendHealth
-from gateway.limits.budgets import MemoryBudgetStore, RedisBudgetStore, Windows
+from gateway.limits.budget_stores import MemoryBudgetStore, RedisBudgetStore, Windows
 from gateway.pipeline.tasks import stop_tasks
 
 _Entry = tuple[str, str, str]  # key id, day, month

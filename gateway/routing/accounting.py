@@ -22,7 +22,8 @@ from gateway.config.router_settings import RouterSettings
 from gateway.config.settings import RateLimitSettings
 from gateway.config.tier_settings import TierSettings
 from gateway.limits.budget_outage import FailOpenBudgetStore
-from gateway.limits.budgets import BudgetGate, BudgetStore, MemoryBudgetStore, RedisBudgetStore
+from gateway.limits.budget_stores import BudgetStore, MemoryBudgetStore, RedisBudgetStore
+from gateway.limits.budgets import BudgetGate
 from gateway.limits.precise_cap import (
     EscalationTracker,
     PreciseShareCap,

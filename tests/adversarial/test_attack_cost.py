@@ -25,7 +25,7 @@ from bench.packaging.run import KINDS
 from gateway.access.keystore_redis import RedisKeyStore
 from gateway.config.redis_client import BackendHealth
 from gateway.limits.budget_outage import FailOpenBudgetStore
-from gateway.limits.budgets import RedisBudgetStore, Windows
+from gateway.limits.budget_stores import RedisBudgetStore, Windows
 from gateway.routing import dial_cli
 from gateway.routing.admin_routing import _share_change
 from gateway.routing.dial_sync import DialState, MemoryDialStore, RedisDialStore

@@ -20,7 +20,7 @@ from redis.asyncio import Redis
 
 import router_models
 from gateway.access.keystore_file import FileKeyStore
-from gateway.limits.budgets import RedisBudgetStore, Windows
+from gateway.limits.budget_stores import RedisBudgetStore, Windows
 from gateway.limits.limiter_redis import RedisRateLimiter
 from gateway.routing.dial_sync import RedisDialStore
 from policies.keys import issue_key

@@ -15,7 +15,7 @@ import pytest
 
 from gateway.config.redis_client import open_redis
 from gateway.config.settings import RedisSettings
-from gateway.limits.budgets import RedisBudgetStore, Windows
+from gateway.limits.budget_stores import RedisBudgetStore, Windows
 from gateway.limits.limiter_redis import RateLimitBackendUnavailable, RedisRateLimiter
 from gateway.limits.redis import ScriptPipeline
 from policies.ratelimit import Limit, LimitSpec

@@ -16,7 +16,7 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
-from gateway.limits.budgets import RedisBudgetStore, Windows
+from gateway.limits.budget_stores import RedisBudgetStore, Windows
 from gateway.limits.limiter_redis import RedisRateLimiter
 from gateway.limits.redis import ScriptPipeline
 from gateway.routing.dial_sync import RedisDialStore

@@ -22,7 +22,8 @@ import pytest
 
 from gateway.config.redis_client import open_redis
 from gateway.config.settings import RateLimitSettings, RedisSettings
-from gateway.limits.budgets import BudgetGate, MemoryBudgetStore
+from gateway.limits.budget_stores import MemoryBudgetStore
+from gateway.limits.budgets import BudgetGate
 from gateway.limits.limits import KeyRateLimited, LimitMetrics, build_limiter
 from policies.cost import CostModel, TierPrice
 from policies.errors import RateLimited

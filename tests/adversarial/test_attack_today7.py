@@ -22,7 +22,7 @@ from redis.asyncio import Redis
 
 from gateway.config.redis_client import BackendHealth
 from gateway.limits.budget_outage import FailOpenBudgetStore
-from gateway.limits.budgets import RedisBudgetStore, Windows
+from gateway.limits.budget_stores import RedisBudgetStore, Windows
 from gateway.telemetry.output_parts import OutputParts
 from gateway.upstream.attempt import UpstreamClient
 from gateway.upstream.sse import joined_event

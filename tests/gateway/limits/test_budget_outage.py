@@ -11,7 +11,7 @@ from redis.asyncio import Redis
 
 from gateway.config.redis_client import BackendHealth
 from gateway.limits.budget_outage import FailOpenBudgetStore
-from gateway.limits.budgets import RedisBudgetStore, Windows
+from gateway.limits.budget_stores import RedisBudgetStore, Windows
 from tests.redis_server import RedisServer, redis_server
 
 __all__ = ["redis_server"]

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.limits.budgets import BudgetGate, BudgetReservation, BudgetStore, Windows
+from gateway.limits.budget_stores import BudgetStore, Windows
+from gateway.limits.budgets import BudgetGate, BudgetReservation
 from gateway.limits.limits import KeyRateLimited
 from gateway.pipeline.context import RequestContext
 from tests.gateway.limits.test_budgets import COSTS, NOON, key, served, store

@@ -8,13 +8,8 @@ from collections.abc import AsyncIterator
 import pytest
 from redis.asyncio import Redis
 
-from gateway.limits.budgets import (
-    BudgetGate,
-    BudgetStore,
-    MemoryBudgetStore,
-    RedisBudgetStore,
-    Windows,
-)
+from gateway.limits.budget_stores import BudgetStore, MemoryBudgetStore, RedisBudgetStore, Windows
+from gateway.limits.budgets import BudgetGate
 from gateway.limits.limits import KeyRateLimited
 from gateway.pipeline.context import RequestContext, Usage
 from policies.cost import CostModel, TierPrice
