@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -27,12 +25,10 @@ from gateway.telemetry.output_parts import OutputParts
 from gateway.upstream.attempt import UpstreamClient
 from gateway.upstream.sse import joined_event
 from gateway.upstream.stream_tally import StreamTally
-from tests.adversarial.telemetry_stack import otlp_receiver
+from tests.adversarial.telemetry_stack import traced_gateway
 from tests.adversarial.test_attack_bill import Bill, billed_gateway, chat, post
 from tests.adversarial.test_attack_stream_endings import _relayed, _sse
 from tests.adversarial.test_attack_telemetry import _value, _wait_spans
-from tests.integration.gateway_proc import REPO_ROOT, GatewayProcess
-from tests.processes import free_port, http_answers, terminate, wait_ready
 from tests.redis_server import RedisServer, redis_server
 
 __all__ = ["redis_server"]
@@ -209,33 +205,15 @@ def test_an_upstream_key_the_backend_writes_in_its_answer_is_not_in_the_span() -
     (``your key: <key>``): the span's ``gen_ai.output.messages`` holds the answer with the key
     blanked, as the gateway blanks it in the backend's error messages (secrets never in
     spans). The caller's stream is the backend's text as it came (content is not rewritten)."""
-    port = free_port()
-    command = [sys.executable, "-m", "tests.adversarial.key_echo_upstream", "--port", str(port),
-               "--status", "200", "--shape", "content"]  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    with otlp_receiver() as (endpoint, received):
-        backend = subprocess.Popen(command, cwd=REPO_ROOT)  # our own test server
-        try:
-            wait_ready(backend, lambda: http_answers(url + "/health"), timeout=10, poll_s=0.05,
-                       what="key-echo backend", log=lambda: "")  # fmt: skip
-            tier = {"replicas": [url], "api_key": UPSTREAM_KEY}
-            config = {
-                "auth": {"enabled": False},
-                "tiers": {"fast": {"model": "m", **tier}, "precise": {"model": "m2", **tier}},
-                "telemetry": {"tracing": True, "capture_content": True, "log_format": "json"},
-            }
-            env = {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_BSP_SCHEDULE_DELAY": "50"}
-            with GatewayProcess(config, env=env) as gateway:
-                gateway.wait_until_ready()
-                body = {"model": "fast", "messages": [{"role": "user", "content": "hi"}]}
-                answer = httpx.post(
-                    gateway.url + "/v1/chat/completions", json={**body, "stream": True},
-                    timeout=10,
-                )  # fmt: skip
-                assert UPSTREAM_KEY in answer.text
-                spans = _wait_spans(received, 2)
-        finally:
-            terminate(backend)
+    args = ("--status", "200", "--shape", "content")
+    with traced_gateway("key_echo_upstream", *args, tier={"api_key": UPSTREAM_KEY}) as stack:
+        gateway, received = stack
+        body = {"model": "fast", "messages": [{"role": "user", "content": "hi"}]}
+        answer = httpx.post(
+            gateway.url + "/v1/chat/completions", json={**body, "stream": True}, timeout=10
+        )
+        assert UPSTREAM_KEY in answer.text
+        spans = _wait_spans(received, 2)
     (client,) = [span for span in spans if span.name.startswith("chat ")]
     attributes = {a.key: _value(a) for a in client.attributes}
     output = attributes["gen_ai.output.messages"]

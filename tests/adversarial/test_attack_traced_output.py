@@ -9,8 +9,6 @@ answers as vLLM does with ``--reasoning-parser`` and ``--tool-call-parser hermes
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,11 +16,10 @@ import httpx
 import pytest
 
 from tests.adversarial.bill_upstream import CALL
-from tests.adversarial.telemetry_stack import Received, otlp_receiver
+from tests.adversarial.telemetry_stack import Received, traced_gateway
 from tests.adversarial.test_attack_bill import chat
 from tests.adversarial.test_attack_telemetry import _value, _wait_spans
-from tests.integration.gateway_proc import REPO_ROOT, GatewayProcess
-from tests.processes import free_port, http_answers, terminate, wait_ready
+from tests.integration.gateway_proc import GatewayProcess
 
 pytestmark = pytest.mark.slow  # real processes: make test-all and CI
 
@@ -33,26 +30,8 @@ Traced = tuple[GatewayProcess, Received]
 def traced() -> Iterator[Traced]:
     """The scripted backend behind both tiers and a gateway tracing every request with
     content capture on; the OTLP receiver's list of export requests."""
-    port = free_port()
-    command = [sys.executable, "-m", "tests.adversarial.bill_upstream", "--port", str(port)]
-    url = f"http://127.0.0.1:{port}"
-    with otlp_receiver() as (endpoint, received):
-        backend = subprocess.Popen(command, cwd=REPO_ROOT)
-        try:
-            wait_ready(backend, lambda: http_answers(url + "/health"), timeout=10, poll_s=0.05,
-                       what="billing backend", log=lambda: "")  # fmt: skip
-            tier = {"replicas": [url], "kind": "vllm"}
-            config = {
-                "auth": {"enabled": False},
-                "tiers": {"fast": {"model": "m", **tier}, "precise": {"model": "m2", **tier}},
-                "telemetry": {"tracing": True, "capture_content": True, "log_format": "json"},
-            }
-            env = {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_BSP_SCHEDULE_DELAY": "50"}
-            with GatewayProcess(config, env=env) as gateway:
-                gateway.wait_until_ready()
-                yield gateway, received
-        finally:
-            terminate(backend)
+    with traced_gateway("bill_upstream", tier={"kind": "vllm"}) as stack:
+        yield stack
 
 
 def _output(traced: Traced, body: dict[str, Any]) -> list[dict[str, Any]]:
