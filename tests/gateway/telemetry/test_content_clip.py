@@ -1,0 +1,115 @@
+"""Captured content is clipped (``telemetry.capture_content_max_chars``): a long prompt or a
+long answer cannot make a span of megabytes, nor make the gateway hold a whole answer's text
+while it streams; an upstream key cut by the clip is not left half visible."""
+
+from __future__ import annotations
+
+import json
+
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from gateway.config.settings import TelemetrySettings
+from gateway.pipeline.context import RequestContext
+from gateway.pipeline.events import AttemptEnd, AttemptStart
+from gateway.telemetry.output_parts import OutputParts
+from gateway.telemetry.tracing import Tracing, build_tracer_provider
+from tests.gateway.telemetry.factories import summary
+
+LIMIT = 1_000
+
+
+def _spans(body: dict[str, object], answer: dict[str, object]) -> dict[str, object]:
+    """The client span's attributes for one traced request with content capture on."""
+    settings = TelemetrySettings(
+        tracing=True, otel_env={}, capture_content=True, capture_content_max_chars=LIMIT
+    )
+    exporter = InMemorySpanExporter()
+    provider = build_tracer_provider(settings, exporter)
+    assert provider is not None
+    tracing = Tracing(
+        provider, capture_content=True, capture_content_max_chars=settings.capture_content_max_chars
+    )
+    ctx = RequestContext("req-1", route="/v1/chat/completions")
+    ctx.summary = summary()
+    trace = ctx.trace = tracing.start(ctx, None, None)
+    ctx.admitted = True
+    start = AttemptStart(
+        "fast", "127.0.0.1:9", "http://127.0.0.1:9", "round_robin", ctx.started, 0, None, "u1", body
+    )
+    ctx.attempts = 1
+    trace.attempt_started(ctx, start)
+    trace.attempt_ended(ctx, AttemptEnd(0.001, body=json.dumps(answer).encode()))
+    ctx.status = 200
+    trace.finish(ctx, "complete")
+    (client,) = [s for s in exporter.get_finished_spans() if s.name.startswith("chat ")]
+    assert client.attributes is not None
+    return dict(client.attributes)
+
+
+def _answer(text: str) -> dict[str, object]:
+    message = {"role": "assistant", "content": text}
+    return {"id": "c", "choices": [{"index": 0, "finish_reason": "stop", "message": message}]}
+
+
+def _contents(messages: list[dict[str, object]]) -> str:
+    return "".join(
+        str(part.get("content", "")) for m in messages for part in m["parts"]  # type: ignore[attr-defined]
+    )
+
+
+def test_a_long_prompt_and_a_long_answer_are_clipped_and_the_span_says_so() -> None:
+    body = {
+        "model": "m",
+        "messages": [
+            {"role": "system", "content": "s" * 800},
+            {"role": "user", "content": [{"type": "text", "text": "u" * 50_000}]},
+        ],
+    }
+    attributes = _spans(body, _answer("a" * 200_000))
+    inputs = json.loads(str(attributes["gen_ai.input.messages"]))
+    outputs = json.loads(str(attributes["gen_ai.output.messages"]))
+    assert _contents(inputs) == "s" * 800 + "u" * 200  # the first LIMIT characters, in order
+    assert [m["role"] for m in inputs] == ["system", "user"]
+    assert _contents(outputs) == "a" * LIMIT
+    assert outputs[0]["finish_reason"] == "stop"
+    assert attributes["tiergate.content.clipped"] is True
+    assert len(str(attributes["gen_ai.output.messages"])) < LIMIT + 200
+
+
+def test_content_within_the_bound_is_whole_and_not_marked() -> None:
+    body = {"model": "m", "messages": [{"role": "user", "content": "x" * LIMIT}]}
+    attributes = _spans(body, _answer("y" * LIMIT))
+    assert _contents(json.loads(str(attributes["gen_ai.input.messages"]))) == "x" * LIMIT
+    assert _contents(json.loads(str(attributes["gen_ai.output.messages"]))) == "y" * LIMIT
+    assert "tiergate.content.clipped" not in attributes
+
+
+def test_a_streamed_answer_holds_no_more_than_the_bound_while_it_runs() -> None:
+    """100,000 chunks of 10 characters (1 MB of text): what is held stays near the bound."""
+    parts = OutputParts(LIMIT)
+    for _ in range(100_000):
+        parts.add({"index": 0, "delta": {"content": "0123456789"}})
+    held = sum(len(piece) for piece in parts.choices[0].text.pieces)
+    assert held <= LIMIT
+    assert parts.clipped
+    assert _contents(json.loads(parts.encoded([]))) == "0123456789" * (LIMIT // 10)
+
+
+def test_an_upstream_key_cut_by_the_clip_is_not_left_half_visible() -> None:
+    """The key starts just before the bound: its whole is blanked or none of it is shown,
+    whichever part (text, thinking, tool arguments) it is in, and however it was streamed."""
+    key = "sk-upstream-clip-0123456789abcdef"
+    for field in ("content", "reasoning_content", "arguments"):
+        for cut in range(LIMIT - len(key), LIMIT + 1, 7):
+            text = "z" * cut + key + "tail"
+            parts = OutputParts(LIMIT, slack=len(key))
+            for at in range(0, len(text), 5):
+                piece = text[at : at + 5]
+                if field == "arguments":
+                    call = {"index": 0, "function": {"arguments": piece}}
+                    parts.add({"index": 0, "delta": {"tool_calls": [call]}})
+                else:
+                    parts.add({"index": 0, "delta": {field: piece}})
+            encoded = parts.encoded([], (key,))
+            for length in range(6, len(key) + 1):
+                assert key[:length] not in encoded, (field, cut, length)
