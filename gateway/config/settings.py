@@ -253,6 +253,11 @@ class TelemetrySettings(Section):
     """
     capture_content: bool = False
     """Put prompts and completions into spans (off: they may hold personal data)."""
+    capture_content_max_chars: int = Field(default=32_768, ge=64)
+    """With capture_content: the most characters of prompt text, and of answer text, a span
+    holds (the rest is left out, and the span's ``tiergate.content.clipped`` is true). Bounds
+    what a long answer holds while it streams and the size of each exported span.
+    """
     stage_spans: bool = False
     """One child span per request stage (auth, validate, classify, ratelimit, and a route span
     per attempt). Off: the stages' durations are attributes of the server span

@@ -93,7 +93,12 @@ def build_telemetry(
     )
     provider = build_tracer_provider(t, span_exporter)
     tracing = (
-        Tracing(provider, capture_content=t.capture_content, stage_spans=t.stage_spans)
+        Tracing(
+            provider,
+            capture_content=t.capture_content,
+            stage_spans=t.stage_spans,
+            capture_content_max_chars=t.capture_content_max_chars,
+        )
         if provider
         else None
     )

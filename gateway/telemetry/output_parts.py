@@ -7,6 +7,12 @@ with its id, name and arguments (the string the model wrote). A stream's pieces 
 per choice, and a streamed tool call's pieces by its ``index``. Everything here goes into the
 same attribute as the text, under the same opt-in; nothing else is read. An upstream key the
 backend wrote into its answer is blanked (secrets never in spans).
+
+The text kept is bounded (``telemetry.capture_content_max_chars``): pieces past the bound are
+not held while the answer streams, and the attribute holds at most that many characters of
+content (``clipped`` says some were left out). A key the bound cuts is never left half visible:
+a part cut while it streamed keeps ``slack`` more characters (the longest key), is blanked
+whole, and loses those characters again before it is shown.
 """
 
 from __future__ import annotations
@@ -31,6 +37,54 @@ MAX_BACKEND_STRING = 256
 # most tools OpenAI's API takes in one request.
 MAX_PARTS = 128
 REDACTED = "[REDACTED]"
+DEFAULT_MAX_CHARS = 32_768
+
+
+class Room:
+    """Characters of content that may still be kept; ``clipped`` once a piece did not fit."""
+
+    __slots__ = ("clipped", "left")
+
+    def __init__(self, chars: int) -> None:
+        self.left = chars
+        self.clipped = False
+
+    def take(self, text: str) -> str:
+        """``text``, or as much of its start as there is room for."""
+        if len(text) <= self.left:
+            self.left -= len(text)
+            return text
+        self.clipped = True
+        kept = text[: self.left]
+        self.left = 0
+        return kept
+
+
+class _Text:
+    """One part's text, put together from its pieces while the room lasts."""
+
+    __slots__ = ("cut", "pieces", "room")
+
+    def __init__(self, room: Room) -> None:
+        self.room = room
+        self.pieces: list[str] = []
+        self.cut = False  # a piece of it did not fit
+
+    def add(self, piece: str) -> None:
+        kept = self.room.take(piece)
+        if kept:
+            self.pieces.append(kept)
+        self.cut |= len(kept) < len(piece)
+
+    def __bool__(self) -> bool:
+        return bool(self.pieces)
+
+    def shown(self, secrets: tuple[str, ...], slack: int, room: Room) -> str:
+        """The text blanked, less what a cut key could be in, as much as ``room`` takes."""
+        text = _blank("".join(self.pieces), secrets)
+        if self.cut and slack:
+            text = text[: max(0, len(text) - slack)]
+        return room.take(text)
 
 
 def _blank(text: str, secrets: tuple[str, ...]) -> str:
@@ -57,10 +111,10 @@ class _Call:
 
     __slots__ = ("arguments", "id", "name")
 
-    def __init__(self) -> None:
+    def __init__(self, room: Room) -> None:
         self.id = ""
-        self.name: list[str] = []
-        self.arguments: list[str] = []
+        self.name = _Text(room)
+        self.arguments = _Text(room)
 
     def add(self, call: Mapping[str, Any], function: Any) -> None:
         call_id = call.get("id")
@@ -70,25 +124,26 @@ class _Call:
             for field, parts in (("name", self.name), ("arguments", self.arguments)):
                 value = function.get(field)
                 if isinstance(value, str):
-                    parts.append(value)
+                    parts.add(value)
 
-    def part(self, secrets: tuple[str, ...]) -> dict[str, Any]:
-        name = _blank("".join(self.name), secrets)
+    def part(self, secrets: tuple[str, ...], slack: int, room: Room) -> dict[str, Any]:
+        name = self.name.shown(secrets, slack, room)
         part: dict[str, Any] = {"type": "tool_call", "name": name}
         if self.id:
             part["id"] = _blank(self.id, secrets)
-        part["arguments"] = _blank("".join(self.arguments), secrets)
+        part["arguments"] = self.arguments.shown(secrets, slack, room)
         return part
 
 
 class _Choice:
     """What one choice generated so far."""
 
-    __slots__ = ("calls", "finish_reason", "reasoning", "text")
+    __slots__ = ("calls", "finish_reason", "reasoning", "room", "text")
 
-    def __init__(self) -> None:
-        self.reasoning: list[str] = []
-        self.text: list[str] = []
+    def __init__(self, room: Room) -> None:
+        self.room = room
+        self.reasoning = _Text(room)
+        self.text = _Text(room)
         self.calls: dict[int, _Call] = {}
         self.finish_reason = ""
 
@@ -96,32 +151,35 @@ class _Choice:
         """A chat delta or message: its text, thinking and tool calls."""
         content = message.get("content")
         if isinstance(content, str):
-            self.text.append(content)
+            self.text.add(content)
         for field in REASONING_FIELDS:
             value = message.get(field)
             if isinstance(value, str):
-                self.reasoning.append(value)
+                self.reasoning.add(value)
         calls = message.get("tool_calls")
         if isinstance(calls, list):
             for position, call in enumerate(calls):
                 if isinstance(call, dict):
                     index = call.get("index", position)
                     key = index if type(index) is int else position
-                    if entry := _kept(self.calls, key, _Call):
+                    if entry := _kept(self.calls, key, self._call):
                         entry.add(call, call.get("function"))
         legacy = message.get("function_call")
-        if isinstance(legacy, dict) and (entry := _kept(self.calls, -1, _Call)):
+        if isinstance(legacy, dict) and (entry := _kept(self.calls, -1, self._call)):
             entry.add({}, legacy)
 
-    def message(self, secrets: tuple[str, ...]) -> dict[str, Any]:
+    def _call(self) -> _Call:
+        return _Call(self.room)
+
+    def message(self, secrets: tuple[str, ...], slack: int, room: Room) -> dict[str, Any]:
         parts: list[dict[str, Any]] = []
         if self.reasoning:
-            reasoning = _blank("".join(self.reasoning), secrets)
+            reasoning = self.reasoning.shown(secrets, slack, room)
             parts.append({"type": "reasoning", "content": reasoning})
-        text = _blank("".join(self.text), secrets)
+        text = self.text.shown(secrets, slack, room)
         if text or not (parts or self.calls):
             parts.append({"type": "text", "content": text})
-        parts.extend(self.calls[key].part(secrets) for key in sorted(self.calls))
+        parts.extend(self.calls[key].part(secrets, slack, room) for key in sorted(self.calls))
         return {"role": "assistant", "parts": parts, "finish_reason": self.finish_reason}
 
 
@@ -129,15 +187,28 @@ class OutputParts:
     """The output of an answer, by choice, fed each choice of its chunks (or its whole
     answer's choices)."""
 
-    __slots__ = ("choices",)
+    __slots__ = ("_shown_clipped", "choices", "limit", "room", "slack")
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int = DEFAULT_MAX_CHARS, *, slack: int = 0) -> None:
+        """``limit``: characters of content shown; ``slack``: the longest key to blank."""
         self.choices: dict[int, _Choice] = {}
+        self.limit = limit
+        self.slack = slack
+        self.room = Room(limit + slack)  # what is held while the answer comes
+        self._shown_clipped = False
+
+    @property
+    def clipped(self) -> bool:
+        """Some content was left out (while it came, or by the last ``encoded``)."""
+        return self.room.clipped or self._shown_clipped
+
+    def _choice(self) -> _Choice:
+        return _Choice(self.room)
 
     def add(self, choice: Mapping[str, Any]) -> None:
         """One choice of a chunk or of a whole answer."""
         index = choice.get("index", 0)
-        entry = _kept(self.choices, index if type(index) is int else 0, _Choice)
+        entry = _kept(self.choices, index if type(index) is int else 0, self._choice)
         if entry is None:
             return
         reason = choice.get("finish_reason")
@@ -147,13 +218,15 @@ class OutputParts:
         if isinstance(message, dict):
             entry.add(message)
         elif isinstance(text := choice.get("text"), str):
-            entry.text.append(text)
+            entry.text.add(text)
 
     def encoded(self, reasons: list[str], secrets: tuple[str, ...] = ()) -> str:
         """``gen_ai.output.messages``: a message per choice (one, empty, when none came), each
         of ``secrets`` (the upstream keys) blanked."""
-        choices = [self.choices[key] for key in sorted(self.choices)] or [_Choice()]
-        messages = [choice.message(secrets) for choice in choices]
+        choices = [self.choices[key] for key in sorted(self.choices)] or [self._choice()]
+        shown = Room(self.limit)
+        messages = [choice.message(secrets, self.slack, shown) for choice in choices]
+        self._shown_clipped = shown.clipped
         if reasons and not messages[0]["finish_reason"]:
             messages[0]["finish_reason"] = reasons[0]
         return _encoder.encode(messages).decode()

@@ -85,6 +85,8 @@ TG_RATELIMIT_OUTCOME: Final = "tiergate.ratelimit.outcome"
 TG_STAGE_DURATION: Final = "tiergate.stage.{}.duration_ms"
 TG_STAGE_FAILED: Final = "tiergate.stage.failed"
 TG_ROUTE_DURATION: Final = "tiergate.route.duration_ms"
+# Captured content (telemetry.capture_content) was cut at capture_content_max_chars.
+TG_CONTENT_CLIPPED: Final = "tiergate.content.clipped"
 
 # --- Span names of the request stages (children of the server span) ---
 SPAN_AUTH: Final = "tiergate.auth"

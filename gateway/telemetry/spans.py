@@ -19,7 +19,12 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
 
 from gateway.pipeline.events import UNREADABLE_JSON, AttemptEnd, AttemptStart
 from gateway.telemetry import semconv as sc
-from gateway.telemetry.output_parts import MAX_BACKEND_STRING, OutputParts
+from gateway.telemetry.output_parts import (
+    DEFAULT_MAX_CHARS,
+    MAX_BACKEND_STRING,
+    OutputParts,
+    Room,
+)
 
 if TYPE_CHECKING:
     from gateway.pipeline.context import RequestContext
@@ -39,31 +44,39 @@ def _decode(raw: bytes) -> Any:
         return None
 
 
-def _parts(content: object) -> list[dict[str, Any]]:
+def _parts(content: object, room: Room) -> list[dict[str, Any]]:
     if isinstance(content, str):
-        return [{"type": "text", "content": content}]
+        return [{"type": "text", "content": room.take(content)}]
     if isinstance(content, list):
         return [
-            {"type": "text", "content": p.get("text")}
+            {
+                "type": "text",
+                "content": room.take(text if isinstance(text := p.get("text"), str) else ""),
+            }
             if p.get("type") == "text"
-            else {"type": str(p.get("type"))}
+            else {"type": str(p.get("type"))[:MAX_BACKEND_STRING]}
             for p in content
             if isinstance(p, dict)
         ]
     return []
 
 
-def input_messages(body: Mapping[str, Any]) -> str:
-    """``gen_ai.input.messages`` (opt-in content capture) as JSON."""
+def input_messages(body: Mapping[str, Any], room: Room | None = None) -> str:
+    """``gen_ai.input.messages`` (opt-in content capture) as JSON: as much text as ``room``
+    takes (``DEFAULT_MAX_CHARS`` when not given), in the messages' order."""
+    room = room or Room(DEFAULT_MAX_CHARS)
     messages = body.get("messages")
     if isinstance(messages, list):
         out = [
-            {"role": str(m.get("role")), "parts": _parts(m.get("content"))}
+            {
+                "role": str(m.get("role"))[:MAX_BACKEND_STRING],
+                "parts": _parts(m.get("content"), room),
+            }
             for m in messages
             if isinstance(m, dict)
         ]
     else:
-        out = [{"role": "user", "parts": _parts(body.get("prompt"))}]
+        out = [{"role": "user", "parts": _parts(body.get("prompt"), room)}]
     return _encoder.encode(out).decode()
 
 
@@ -217,13 +230,20 @@ class AttemptSpan:
 
     __slots__ = ("capture", "output", "reasons", "secrets", "span", "started")
 
-    def __init__(self, span: Span, capture: bool, secrets: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        span: Span,
+        capture: bool,
+        secrets: tuple[str, ...] = (),
+        limit: int = DEFAULT_MAX_CHARS,
+    ) -> None:
         self.span = span
         self.capture = capture
         self.secrets = secrets  # the upstream keys, blanked in the captured output
         self.started = time.perf_counter()
         self.reasons: list[str] = []
-        self.output = OutputParts()
+        slack = max(map(len, secrets), default=0)
+        self.output = OutputParts(limit, slack=slack)
 
     @classmethod
     def start(
@@ -234,6 +254,7 @@ class AttemptSpan:
         start: AttemptStart,
         *,
         capture: bool,
+        limit: int = DEFAULT_MAX_CHARS,
         route: Mapping[str, Any] | None = None,
     ) -> AttemptSpan:
         """Open the client span with the request's allowlisted attributes (and ``route``'s:
@@ -262,11 +283,14 @@ class AttemptSpan:
         if route:
             attrs.update(route)
         if capture:
-            attrs[sc.GEN_AI_INPUT_MESSAGES] = input_messages(body)
+            room = Room(limit)
+            attrs[sc.GEN_AI_INPUT_MESSAGES] = input_messages(body, room)
+            if room.clipped:
+                attrs[sc.TG_CONTENT_CLIPPED] = True
         span = tracer.start_span(
             f"{operation} {model}", context=parent, kind=SpanKind.CLIENT, attributes=attrs
         )
-        return cls(span, capture, start.secrets if capture else ())
+        return cls(span, capture, start.secrets if capture else (), limit)
 
     def fail(self, kind: str) -> None:
         """The attempt failed: ``error.type`` is the failure kind."""
@@ -348,6 +372,8 @@ class AttemptSpan:
         if self.capture:
             messages = self.output.encoded(self.reasons, self.secrets)
             span.set_attribute(sc.GEN_AI_OUTPUT_MESSAGES, messages)
+            if self.output.clipped:
+                span.set_attribute(sc.TG_CONTENT_CLIPPED, True)
         if error is not None:
             span.set_attribute(sc.ERROR_TYPE, error)
             span.set_status(Status(StatusCode.ERROR))

@@ -52,6 +52,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from gateway.config.settings import TelemetrySettings
 from gateway.pipeline.events import AttemptEnd, AttemptStart
 from gateway.telemetry import semconv as sc
+from gateway.telemetry.output_parts import DEFAULT_MAX_CHARS
 from gateway.telemetry.spans import AttemptSpan, StageRecorder, server_finish_attributes
 
 if TYPE_CHECKING:
@@ -221,12 +222,18 @@ class Tracing:
     """Starts request traces on one provider; W3C trace context in and out."""
 
     def __init__(
-        self, provider: TracerProvider, *, capture_content: bool, stage_spans: bool = False
+        self,
+        provider: TracerProvider,
+        *,
+        capture_content: bool,
+        stage_spans: bool = False,
+        capture_content_max_chars: int = DEFAULT_MAX_CHARS,
     ) -> None:
         self.provider = provider
         self.tracer = provider.get_tracer(sc.INSTRUMENTATION_SCOPE)
         self.propagator = TraceContextTextMapPropagator()
         self.capture_content = capture_content
+        self.capture_content_max_chars = capture_content_max_chars
         self.stage_spans = stage_spans
         # New traces sampled out are decided here, without the SDK (which would spend ~20 µs
         # building a span nobody records): only with the sampler and ids built above, and
@@ -413,6 +420,7 @@ class RequestTrace:
             ctx,
             start,
             capture=self.tracing.capture_content,
+            limit=self.tracing.capture_content_max_chars,
             route=route,
         )
         self._attempt = span

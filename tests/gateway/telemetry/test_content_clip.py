@@ -5,6 +5,7 @@ while it streams; an upstream key cut by the clip is not left half visible."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
@@ -18,7 +19,7 @@ from tests.gateway.telemetry.factories import summary
 LIMIT = 1_000
 
 
-def _spans(body: dict[str, object], answer: dict[str, object]) -> dict[str, object]:
+def _spans(body: Mapping[str, object], answer: Mapping[str, object]) -> dict[str, object]:
     """The client span's attributes for one traced request with content capture on."""
     settings = TelemetrySettings(
         tracing=True, otel_env={}, capture_content=True, capture_content_max_chars=LIMIT
@@ -53,7 +54,9 @@ def _answer(text: str) -> dict[str, object]:
 
 def _contents(messages: list[dict[str, object]]) -> str:
     return "".join(
-        str(part.get("content", "")) for m in messages for part in m["parts"]  # type: ignore[attr-defined]
+        str(part.get("content", ""))
+        for m in messages
+        for part in m["parts"]  # type: ignore[attr-defined]
     )
 
 
