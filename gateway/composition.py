@@ -316,6 +316,7 @@ def build_gateway(
         observed_share=telemetry.metrics.share.share,
         share_dir=o.worker.share_dir if o.worker is not None and o.worker.count > 1 else None,
         local_share=getattr(access.limiter, "local_share", lambda: 1),
+        workers=o.worker.count if o.worker is not None else 1,
     )
     return _assemble(
         settings,

@@ -17,9 +17,17 @@ from collections.abc import Callable
 WINDOW_S = 60.0
 
 
+def worker_share(per_minute: int | None, workers: int) -> int | None:
+    """One worker's part of a gateway's per-tenant cap: the cap divided among its ``workers``
+    processes, rounded down, at least 1 (so N workers above the cap take N a minute)."""
+    if per_minute is None or workers <= 1:
+        return per_minute
+    return max(1, per_minute // workers)
+
+
 class TenantSampleBudget:
     """At most ``per_minute`` shadow samples per tenant in each one-minute window (``None``:
-    no cap). Per process: with N workers a tenant may take up to N times the cap.
+    no cap). Per process: a gateway of N workers gives each its :func:`worker_share`.
 
     The windows are fixed (the first sample after one has run out starts the next) and the
     counts of the previous window are dropped when it ends, so the memory held is one entry

@@ -84,12 +84,13 @@ class ShadowSettings(Section):
     confirmed without it. Unset: `store`.key, created with a random key (and a warning) when
     absent; without a store, a random key per process."""
     tenant_samples_per_minute: int | None = Field(default=30, ge=1)
-    """Shadow samples one tenant may take per minute in each worker process (a fixed
-    one-minute window, kept in memory: no Redis round trip on the request path); a request
-    sampled beyond it is not shadowed (outcome `skipped_tenant_budget`), so a tenant flooding
-    traffic cannot fill the store and the retrain's data with its own prompts. A tenant under
-    the cap is sampled at the ratio as before. With N workers a tenant may take up to N times
-    this. Null: no cap (uniform sampling)."""
+    """Shadow samples one tenant may take per minute from one gateway (a fixed one-minute
+    window, kept in memory: no Redis round trip on the request path); a request sampled
+    beyond it is not shadowed (outcome `skipped_tenant_budget`), so a tenant flooding traffic
+    cannot fill the store and the retrain's data with its own prompts. A tenant under the cap
+    is sampled at the ratio as before. With N workers each counts its own share (the cap
+    divided by N, rounded down, at least 1); N gateway replicas take up to N times this.
+    Null: no cap (uniform sampling)."""
 
     @field_validator("judge_fields")
     @classmethod

@@ -46,6 +46,7 @@ from gateway.routing.shadow import Featurizer, RequestFeatures, ShadowConfig, Sh
 from gateway.upstream.forwarding import Forwarder
 from policies.cost import CostModel
 from policies.errors import InvalidRequest
+from policies.shadow_budget import worker_share
 from router_models import Router
 from router_models.vectors import hashed_vector
 
@@ -59,15 +60,26 @@ def cost_model(tiers: Mapping[str, TierSettings], precise: str) -> CostModel:
     return CostModel(tier_prices(tiers, precise), precise)
 
 
+def shadow_config(settings: RouterSettings, workers: int = 1) -> ShadowConfig:
+    """``settings.shadow`` for one of ``workers`` processes: each takes its share of the
+    per-tenant sample cap (``policies.shadow_budget.worker_share``)."""
+    values = settings.shadow.model_dump()
+    cap = values["tenant_samples_per_minute"]
+    values["tenant_samples_per_minute"] = worker_share(cap, workers)
+    return ShadowConfig(**values)
+
+
 def build_shadow(
     settings: RouterSettings,
     forwarder: Forwarder,
     router: TierRouter,
     ledger: UsageLedger | None = None,
+    *,
+    workers: int = 1,
 ) -> ShadowRunner | None:
     """The shadow-evaluation runner, when ``settings.shadow`` samples anything; what its
     calls spend goes to ``ledger`` (apart from every tenant)."""
-    config = ShadowConfig(**settings.shadow.model_dump())
+    config = shadow_config(settings, workers)
     if not config.enabled:
         return None
     return ShadowRunner(
@@ -196,6 +208,7 @@ def build_accounting(
     observed_share: Callable[[], float],
     share_dir: Path | None = None,
     local_share: Callable[[], int] = lambda: 1,
+    workers: int = 1,
 ) -> Accounting:
     """Shadow runner, ledger, budgets, their routes and metrics.
 
@@ -210,7 +223,7 @@ def build_accounting(
     ledger = UsageLedger(costs, redis_usage or MemoryUsageStore())
     store = _budget_store(ratelimit, client if shared else None, key_prefix, local_share)
     budgets = BudgetGate(store, costs, fail_open=ratelimit.on_redis_error == "open")
-    shadow = build_shadow(router_settings, forwarder, router, ledger)
+    shadow = build_shadow(router_settings, forwarder, router, ledger, workers=workers)
     cap, windows = build_precise_cap(
         ratelimit, router_settings, client=client if shared else None, key_prefix=key_prefix
     )
