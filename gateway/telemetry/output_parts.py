@@ -38,6 +38,9 @@ MAX_BACKEND_STRING = 256
 MAX_PARTS = 128
 REDACTED = "[REDACTED]"
 DEFAULT_MAX_CHARS = 32_768
+# A part's pieces are joined this many at a time: a stream of one character per chunk would
+# otherwise hold a string object (~80 bytes) per character kept.
+_JOIN_EVERY = 64
 
 
 class Room:
@@ -63,17 +66,27 @@ class Room:
 class _Text:
     """One part's text, put together from its pieces while the room lasts."""
 
-    __slots__ = ("cut", "pieces", "room")
+    __slots__ = ("cut", "loose", "pieces", "room")
 
     def __init__(self, room: Room) -> None:
         self.room = room
         self.pieces: list[str] = []
+        self.loose = 0  # pieces at the end of ``pieces`` not joined yet
         self.cut = False  # a piece of it did not fit
 
     def add(self, piece: str) -> None:
-        kept = self.room.take(piece)
+        room = self.room
+        if not room.left:  # past the bound: nothing more is held
+            if piece:
+                room.clipped = self.cut = True
+            return
+        kept = room.take(piece)
         if kept:
             self.pieces.append(kept)
+            self.loose += 1
+            if self.loose == _JOIN_EVERY:
+                self.pieces[-_JOIN_EVERY:] = ["".join(self.pieces[-_JOIN_EVERY:])]
+                self.loose = 0
         self.cut |= len(kept) < len(piece)
 
     def __bool__(self) -> bool:
@@ -81,17 +94,24 @@ class _Text:
 
     def shown(self, secrets: tuple[str, ...], slack: int, room: Room) -> str:
         """The text blanked, less what a cut key could be in, as much as ``room`` takes."""
-        text = _blank("".join(self.pieces), secrets)
-        if self.cut and slack:
-            text = text[: max(0, len(text) - slack)]
-        return room.take(text)
+        return room.take(_trimmed("".join(self.pieces), secrets, slack, cut=self.cut))
 
 
 def _blank(text: str, secrets: tuple[str, ...]) -> str:
-    """``text`` with each of ``secrets`` in it replaced by ``[REDACTED]``."""
-    for secret in secrets:
+    """``text`` with each of ``secrets`` in it replaced by ``[REDACTED]``: the longest first,
+    so a key inside another does not leave the rest of the longer one shown."""
+    for secret in sorted(secrets, key=len, reverse=True):
         if secret in text:
             text = text.replace(secret, REDACTED)
+    return text
+
+
+def _trimmed(text: str, secrets: tuple[str, ...], slack: int, *, cut: bool) -> str:
+    """``text`` blanked; when it was ``cut``, less its last ``slack`` characters (where the
+    start of a key the cut split could be)."""
+    text = _blank(text, secrets)
+    if cut and slack:
+        text = text[: max(0, len(text) - slack)]
     return text
 
 
@@ -109,17 +129,21 @@ def _kept(parts: dict[int, _Part], key: int, new: Callable[[], _Part]) -> _Part 
 class _Call:
     """One tool call, put together from its pieces."""
 
-    __slots__ = ("arguments", "id", "name")
+    __slots__ = ("arguments", "id", "id_cut", "name", "slack")
 
-    def __init__(self, room: Room) -> None:
+    def __init__(self, room: Room, slack: int) -> None:
         self.id = ""
+        self.id_cut = False
+        self.slack = slack
         self.name = _Text(room)
         self.arguments = _Text(room)
 
     def add(self, call: Mapping[str, Any], function: Any) -> None:
         call_id = call.get("id")
         if isinstance(call_id, str) and call_id:
-            self.id = call_id[:MAX_BACKEND_STRING]
+            # Longer than shown by the longest key: one the cut splits is blanked whole.
+            self.id = call_id[: MAX_BACKEND_STRING + self.slack]
+            self.id_cut = len(self.id) < len(call_id)
         if isinstance(function, dict):
             for field, parts in (("name", self.name), ("arguments", self.arguments)):
                 value = function.get(field)
@@ -130,7 +154,8 @@ class _Call:
         name = self.name.shown(secrets, slack, room)
         part: dict[str, Any] = {"type": "tool_call", "name": name}
         if self.id:
-            part["id"] = _blank(self.id, secrets)
+            shown = _trimmed(self.id, secrets, slack, cut=self.id_cut)
+            part["id"] = shown[:MAX_BACKEND_STRING]
         part["arguments"] = self.arguments.shown(secrets, slack, room)
         return part
 
@@ -138,10 +163,11 @@ class _Call:
 class _Choice:
     """What one choice generated so far."""
 
-    __slots__ = ("calls", "finish_reason", "reasoning", "room", "text")
+    __slots__ = ("calls", "finish_reason", "reasoning", "room", "slack", "text")
 
-    def __init__(self, room: Room) -> None:
+    def __init__(self, room: Room, slack: int) -> None:
         self.room = room
+        self.slack = slack
         self.reasoning = _Text(room)
         self.text = _Text(room)
         self.calls: dict[int, _Call] = {}
@@ -169,7 +195,7 @@ class _Choice:
             entry.add({}, legacy)
 
     def _call(self) -> _Call:
-        return _Call(self.room)
+        return _Call(self.room, self.slack)
 
     def message(self, secrets: tuple[str, ...], slack: int, room: Room) -> dict[str, Any]:
         parts: list[dict[str, Any]] = []
@@ -203,7 +229,7 @@ class OutputParts:
         return self.room.clipped or self._shown_clipped
 
     def _choice(self) -> _Choice:
-        return _Choice(self.room)
+        return _Choice(self.room, self.slack)
 
     def add(self, choice: Mapping[str, Any]) -> None:
         """One choice of a chunk or of a whole answer."""
