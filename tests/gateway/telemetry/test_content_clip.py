@@ -179,3 +179,21 @@ def test_a_prompt_of_many_empty_messages_makes_a_small_span() -> None:
     attributes = _spans(body, _answer("ok"))
     assert len(str(attributes["gen_ai.input.messages"])) < 100 * LIMIT
     assert attributes["tiergate.content.clipped"] is True
+
+
+def test_thinking_sent_in_both_reasoning_fields_is_taken_once_and_a_key_in_it_blanked() -> None:
+    """A backend that writes its thinking under both names (vLLM's ``reasoning`` and, for older
+    clients, ``reasoning_content``, the same text): the part is the text once, not the pieces
+    of both interleaved (``thinkthink sk-0 sk-0123...``), where a streamed key is never whole
+    and was shown unblanked."""
+    key = "sk-upstream-both-0123456789abcdef"
+    text = f"think {key} done"
+    streamed = OutputParts(LIMIT, slack=len(key))
+    for at in range(0, len(text), 5):
+        piece = text[at : at + 5]
+        streamed.add({"index": 0, "delta": {"reasoning_content": piece, "reasoning": piece}})
+    whole = OutputParts(LIMIT, slack=len(key))
+    whole.add({"index": 0, "message": {"reasoning_content": text, "reasoning": text}})
+    for parts in (streamed, whole):
+        (message,) = json.loads(parts.encoded([], (key,)))
+        assert message["parts"] == [{"type": "reasoning", "content": "think [REDACTED] done"}]
