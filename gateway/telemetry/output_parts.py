@@ -178,10 +178,11 @@ class _Choice:
         content = message.get("content")
         if isinstance(content, str):
             self.text.add(content)
-        for field in REASONING_FIELDS:
+        for field in REASONING_FIELDS:  # the first only: a backend may send both (the same)
             value = message.get(field)
-            if isinstance(value, str):
+            if isinstance(value, str) and value:
                 self.reasoning.add(value)
+                break
         calls = message.get("tool_calls")
         if isinstance(calls, list):
             for position, call in enumerate(calls):

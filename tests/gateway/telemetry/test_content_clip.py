@@ -194,6 +194,8 @@ def test_thinking_sent_in_both_reasoning_fields_is_taken_once_and_a_key_in_it_bl
         streamed.add({"index": 0, "delta": {"reasoning_content": piece, "reasoning": piece}})
     whole = OutputParts(LIMIT, slack=len(key))
     whole.add({"index": 0, "message": {"reasoning_content": text, "reasoning": text}})
-    for parts in (streamed, whole):
+    newer = OutputParts(LIMIT, slack=len(key))  # the older name empty: the newer one is read
+    newer.add({"index": 0, "message": {"reasoning_content": "", "reasoning": text}})
+    for parts in (streamed, whole, newer):
         (message,) = json.loads(parts.encoded([], (key,)))
         assert message["parts"] == [{"type": "reasoning", "content": "think [REDACTED] done"}]
