@@ -199,3 +199,35 @@ def test_thinking_sent_in_both_reasoning_fields_is_taken_once_and_a_key_in_it_bl
     for parts in (streamed, whole, newer):
         (message,) = json.loads(parts.encoded([], (key,)))
         assert message["parts"] == [{"type": "reasoning", "content": "think [REDACTED] done"}]
+
+
+def test_many_tool_calls_with_long_ids_are_bounded_while_they_stream_and_in_the_span() -> None:
+    """128 choices of 128 tool calls, each with a 256-character id and no text: nothing was
+    charged to the bound, so the stream held 10 MB and the span was 5 MB (clipped unset)."""
+    decoder = msgspec.json.Decoder()
+    events = [
+        msgspec.json.encode(
+            {
+                "index": c,
+                "delta": {
+                    "tool_calls": [
+                        {"index": k, "id": f"{c:03d}{k:03d}" * 43, "function": {"arguments": ""}}
+                    ]
+                },
+            }
+        )
+        for c in range(128)
+        for k in range(128)
+    ]
+    tracemalloc.start()
+    try:
+        parts = OutputParts(LIMIT, slack=32)
+        for event in events:
+            parts.add(decoder.decode(event))
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    encoded = parts.encoded([])
+    assert held < 1_000_000, held
+    assert len(encoded) < 100 * LIMIT
+    assert parts.clipped
