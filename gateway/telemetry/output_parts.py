@@ -38,19 +38,34 @@ MAX_BACKEND_STRING = 256
 MAX_PARTS = 128
 REDACTED = "[REDACTED]"
 DEFAULT_MAX_CHARS = 32_768
+# Entries (messages and parts of a prompt; choices and tool calls of an answer) kept in all:
+# those hold no text of their own, and a body of empty messages, or an answer of 16,384
+# tool calls, made a span of megabytes at any bound on the text.
+MAX_ENTRIES = 1_024
 # A part's pieces are joined this many at a time: a stream of one character per chunk would
 # otherwise hold a string object (~80 bytes) per character kept.
 _JOIN_EVERY = 64
 
 
 class Room:
-    """Characters of content that may still be kept; ``clipped`` once a piece did not fit."""
+    """Characters of content, and entries, that may still be kept; ``clipped`` once a piece
+    did not fit or an entry was refused."""
 
-    __slots__ = ("clipped", "left")
+    __slots__ = ("clipped", "entries", "left")
 
     def __init__(self, chars: int) -> None:
         self.left = chars
+        self.entries = MAX_ENTRIES
         self.clipped = False
+
+    def enter(self) -> bool:
+        """Room for one more entry: not once ``MAX_ENTRIES`` were made, nor once the text
+        ran out (the entry's would be left out too)."""
+        if self.entries and not self.clipped:
+            self.entries -= 1
+            return True
+        self.clipped = True
+        return False
 
     def take(self, text: str) -> str:
         """``text``, or as much of its start as there is room for."""
@@ -118,10 +133,11 @@ def _trimmed(text: str, secrets: tuple[str, ...], slack: int, *, cut: bool) -> s
 _Part = TypeVar("_Part")
 
 
-def _kept(parts: dict[int, _Part], key: int, new: Callable[[], _Part]) -> _Part | None:
-    """The part under ``key``, made if fewer than ``MAX_PARTS`` are kept; else ``None``."""
+def _kept(parts: dict[int, _Part], key: int, new: Callable[[], _Part], room: Room) -> _Part | None:
+    """The part under ``key``, made if fewer than ``MAX_PARTS`` are kept and ``room`` has an
+    entry for it; else ``None``."""
     part = parts.get(key)
-    if part is None and len(parts) < MAX_PARTS:
+    if part is None and len(parts) < MAX_PARTS and room.enter():
         part = parts[key] = new()
     return part
 
@@ -129,20 +145,22 @@ def _kept(parts: dict[int, _Part], key: int, new: Callable[[], _Part]) -> _Part 
 class _Call:
     """One tool call, put together from its pieces."""
 
-    __slots__ = ("arguments", "id", "id_cut", "name", "slack")
+    __slots__ = ("arguments", "id", "id_cut", "name", "room", "slack")
 
     def __init__(self, room: Room, slack: int) -> None:
         self.id = ""
         self.id_cut = False
+        self.room = room
         self.slack = slack
         self.name = _Text(room)
         self.arguments = _Text(room)
 
     def add(self, call: Mapping[str, Any], function: Any) -> None:
         call_id = call.get("id")
-        if isinstance(call_id, str) and call_id:
-            # Longer than shown by the longest key: one the cut splits is blanked whole.
-            self.id = call_id[: MAX_BACKEND_STRING + self.slack]
+        if isinstance(call_id, str) and call_id and not self.id:
+            # Longer than shown by the longest key: one the cut splits is blanked whole. The
+            # first id sent is kept (a backend may repeat it), charged to the room.
+            self.id = self.room.take(call_id[: MAX_BACKEND_STRING + self.slack])
             self.id_cut = len(self.id) < len(call_id)
         if isinstance(function, dict):
             for field, parts in (("name", self.name), ("arguments", self.arguments)):
@@ -189,10 +207,10 @@ class _Choice:
                 if isinstance(call, dict):
                     index = call.get("index", position)
                     key = index if type(index) is int else position
-                    if entry := _kept(self.calls, key, self._call):
+                    if entry := _kept(self.calls, key, self._call, self.room):
                         entry.add(call, call.get("function"))
         legacy = message.get("function_call")
-        if isinstance(legacy, dict) and (entry := _kept(self.calls, -1, self._call)):
+        if isinstance(legacy, dict) and (entry := _kept(self.calls, -1, self._call, self.room)):
             entry.add({}, legacy)
 
     def _call(self) -> _Call:
@@ -235,7 +253,8 @@ class OutputParts:
     def add(self, choice: Mapping[str, Any]) -> None:
         """One choice of a chunk or of a whole answer."""
         index = choice.get("index", 0)
-        entry = _kept(self.choices, index if type(index) is int else 0, self._choice)
+        key = index if type(index) is int else 0
+        entry = _kept(self.choices, key, self._choice, self.room)
         if entry is None:
             return
         reason = choice.get("finish_reason")

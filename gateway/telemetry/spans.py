@@ -35,9 +35,6 @@ _FINISH_REASON = re.compile(rb'"finish_reason"\s*:\s*"([A-Za-z_]{1,32})"')
 _STAGE_ORDER = ("auth", "validate", "classify", "ratelimit")
 _DATA = b"data: "
 MAX_FINISH_REASONS = 128
-# Messages and parts (together) that gen_ai.input.messages holds: a body of empty messages
-# (``[{}, {}, ...]``) holds no text, and made a span ~9 times its size (35 MB from 4 MB).
-MAX_INPUT_ENTRIES = 1_024
 
 
 def _decode(raw: bytes) -> Any:
@@ -47,25 +44,6 @@ def _decode(raw: bytes) -> Any:
         return None
 
 
-class _Entries:
-    """What ``gen_ai.input.messages`` may still hold: text (``room``) and entries (messages
-    and parts, ``MAX_INPUT_ENTRIES``); once either runs out the rest is left out (clipped)."""
-
-    __slots__ = ("left", "room")
-
-    def __init__(self, room: Room) -> None:
-        self.room = room
-        self.left = MAX_INPUT_ENTRIES
-
-    def full(self) -> bool:
-        """No room for one more entry (and ``clipped`` set: there was one to add)."""
-        if self.left and not self.room.clipped:
-            self.left -= 1
-            return False
-        self.room.clipped = True
-        return True
-
-
 def _part(p: Mapping[str, Any], room: Room) -> dict[str, Any]:
     if p.get("type") == "text":
         text = p.get("text")
@@ -73,36 +51,36 @@ def _part(p: Mapping[str, Any], room: Room) -> dict[str, Any]:
     return {"type": str(p.get("type"))[:MAX_BACKEND_STRING]}
 
 
-def _parts(content: object, entries: _Entries) -> list[dict[str, Any]]:
+def _parts(content: object, room: Room) -> list[dict[str, Any]]:
     if isinstance(content, str):
-        return [] if entries.full() else [{"type": "text", "content": entries.room.take(content)}]
+        return [{"type": "text", "content": room.take(content)}] if room.enter() else []
     out: list[dict[str, Any]] = []
     if isinstance(content, list):
         for p in content:
             if isinstance(p, dict):
-                if entries.full():
+                if not room.enter():
                     break
-                out.append(_part(p, entries.room))
+                out.append(_part(p, room))
     return out
 
 
 def input_messages(body: Mapping[str, Any], room: Room | None = None) -> str:
     """``gen_ai.input.messages`` (opt-in content capture) as JSON: as much text as ``room``
-    takes (``DEFAULT_MAX_CHARS`` when not given), in the messages' order, in at most
-    ``MAX_INPUT_ENTRIES`` messages and parts."""
-    entries = _Entries(room or Room(DEFAULT_MAX_CHARS))
+    takes (``DEFAULT_MAX_CHARS`` when not given), in the messages' order, in as many messages
+    and parts as it has entries for (``MAX_ENTRIES``)."""
+    room = room or Room(DEFAULT_MAX_CHARS)
     messages = body.get("messages")
     if not isinstance(messages, list):
         return _encoder.encode(
-            [{"role": "user", "parts": _parts(body.get("prompt"), entries)}]
+            [{"role": "user", "parts": _parts(body.get("prompt"), room)}]
         ).decode()
     out: list[dict[str, Any]] = []
     for m in messages:
         if isinstance(m, dict):
-            if entries.full():
+            if not room.enter():
                 break
             role = str(m.get("role"))[:MAX_BACKEND_STRING]
-            out.append({"role": role, "parts": _parts(m.get("content"), entries)})
+            out.append({"role": role, "parts": _parts(m.get("content"), room)})
     return _encoder.encode(out).decode()
 
 
