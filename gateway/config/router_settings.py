@@ -89,7 +89,9 @@ class ShadowSettings(Section):
     beyond it is not shadowed (outcome `skipped_tenant_budget`), so a tenant flooding traffic
     cannot fill the store and the retrain's data with its own prompts. A tenant under the cap
     is sampled at the ratio as before. With N workers each counts its own share (the cap
-    divided by N, rounded down, at least 1); N gateway replicas take up to N times this.
+    divided by N, rounded down, at least 1), so a tenant whose requests all come over one
+    kept-alive connection, served by one worker, takes only that share; N gateway replicas
+    take up to N times this.
     Null: no cap (uniform sampling)."""
 
     @field_validator("judge_fields")

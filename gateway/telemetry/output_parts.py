@@ -38,16 +38,34 @@ MAX_BACKEND_STRING = 256
 MAX_PARTS = 128
 REDACTED = "[REDACTED]"
 DEFAULT_MAX_CHARS = 32_768
+# Entries (messages and parts of a prompt; choices and tool calls of an answer) kept in all:
+# those hold no text of their own, and a body of empty messages, or an answer of 16,384
+# tool calls, made a span of megabytes at any bound on the text.
+MAX_ENTRIES = 1_024
+# A part's pieces are joined this many at a time: a stream of one character per chunk would
+# otherwise hold a string object (~80 bytes) per character kept.
+_JOIN_EVERY = 64
 
 
 class Room:
-    """Characters of content that may still be kept; ``clipped`` once a piece did not fit."""
+    """Characters of content, and entries, that may still be kept; ``clipped`` once a piece
+    did not fit or an entry was refused."""
 
-    __slots__ = ("clipped", "left")
+    __slots__ = ("clipped", "entries", "left")
 
     def __init__(self, chars: int) -> None:
         self.left = chars
+        self.entries = MAX_ENTRIES
         self.clipped = False
+
+    def enter(self) -> bool:
+        """Room for one more entry: not once ``MAX_ENTRIES`` were made, nor once the text
+        ran out (the entry's would be left out too)."""
+        if self.entries and not self.clipped:
+            self.entries -= 1
+            return True
+        self.clipped = True
+        return False
 
     def take(self, text: str) -> str:
         """``text``, or as much of its start as there is room for."""
@@ -63,17 +81,27 @@ class Room:
 class _Text:
     """One part's text, put together from its pieces while the room lasts."""
 
-    __slots__ = ("cut", "pieces", "room")
+    __slots__ = ("cut", "loose", "pieces", "room")
 
     def __init__(self, room: Room) -> None:
         self.room = room
         self.pieces: list[str] = []
+        self.loose = 0  # pieces at the end of ``pieces`` not joined yet
         self.cut = False  # a piece of it did not fit
 
     def add(self, piece: str) -> None:
-        kept = self.room.take(piece)
+        room = self.room
+        if not room.left:  # past the bound: nothing more is held
+            if piece:
+                room.clipped = self.cut = True
+            return
+        kept = room.take(piece)
         if kept:
             self.pieces.append(kept)
+            self.loose += 1
+            if self.loose == _JOIN_EVERY:
+                self.pieces[-_JOIN_EVERY:] = ["".join(self.pieces[-_JOIN_EVERY:])]
+                self.loose = 0
         self.cut |= len(kept) < len(piece)
 
     def __bool__(self) -> bool:
@@ -81,27 +109,35 @@ class _Text:
 
     def shown(self, secrets: tuple[str, ...], slack: int, room: Room) -> str:
         """The text blanked, less what a cut key could be in, as much as ``room`` takes."""
-        text = _blank("".join(self.pieces), secrets)
-        if self.cut and slack:
-            text = text[: max(0, len(text) - slack)]
-        return room.take(text)
+        return room.take(_trimmed("".join(self.pieces), secrets, slack, cut=self.cut))
 
 
 def _blank(text: str, secrets: tuple[str, ...]) -> str:
-    """``text`` with each of ``secrets`` in it replaced by ``[REDACTED]``."""
-    for secret in secrets:
+    """``text`` with each of ``secrets`` in it replaced by ``[REDACTED]``: the longest first,
+    so a key inside another does not leave the rest of the longer one shown."""
+    for secret in sorted(secrets, key=len, reverse=True):
         if secret in text:
             text = text.replace(secret, REDACTED)
+    return text
+
+
+def _trimmed(text: str, secrets: tuple[str, ...], slack: int, *, cut: bool) -> str:
+    """``text`` blanked; when it was ``cut``, less its last ``slack`` characters (where the
+    start of a key the cut split could be)."""
+    text = _blank(text, secrets)
+    if cut and slack:
+        text = text[: max(0, len(text) - slack)]
     return text
 
 
 _Part = TypeVar("_Part")
 
 
-def _kept(parts: dict[int, _Part], key: int, new: Callable[[], _Part]) -> _Part | None:
-    """The part under ``key``, made if fewer than ``MAX_PARTS`` are kept; else ``None``."""
+def _kept(parts: dict[int, _Part], key: int, new: Callable[[], _Part], room: Room) -> _Part | None:
+    """The part under ``key``, made if fewer than ``MAX_PARTS`` are kept and ``room`` has an
+    entry for it; else ``None``."""
     part = parts.get(key)
-    if part is None and len(parts) < MAX_PARTS:
+    if part is None and len(parts) < MAX_PARTS and room.enter():
         part = parts[key] = new()
     return part
 
@@ -109,17 +145,23 @@ def _kept(parts: dict[int, _Part], key: int, new: Callable[[], _Part]) -> _Part 
 class _Call:
     """One tool call, put together from its pieces."""
 
-    __slots__ = ("arguments", "id", "name")
+    __slots__ = ("arguments", "id", "id_cut", "name", "room", "slack")
 
-    def __init__(self, room: Room) -> None:
+    def __init__(self, room: Room, slack: int) -> None:
         self.id = ""
+        self.id_cut = False
+        self.room = room
+        self.slack = slack
         self.name = _Text(room)
         self.arguments = _Text(room)
 
     def add(self, call: Mapping[str, Any], function: Any) -> None:
         call_id = call.get("id")
-        if isinstance(call_id, str) and call_id:
-            self.id = call_id[:MAX_BACKEND_STRING]
+        if isinstance(call_id, str) and call_id and not self.id:
+            # Longer than shown by the longest key: one the cut splits is blanked whole. The
+            # first id sent is kept (a backend may repeat it), charged to the room.
+            self.id = self.room.take(call_id[: MAX_BACKEND_STRING + self.slack])
+            self.id_cut = len(self.id) < len(call_id)
         if isinstance(function, dict):
             for field, parts in (("name", self.name), ("arguments", self.arguments)):
                 value = function.get(field)
@@ -130,7 +172,8 @@ class _Call:
         name = self.name.shown(secrets, slack, room)
         part: dict[str, Any] = {"type": "tool_call", "name": name}
         if self.id:
-            part["id"] = _blank(self.id, secrets)
+            shown = _trimmed(self.id, secrets, slack, cut=self.id_cut)
+            part["id"] = shown[:MAX_BACKEND_STRING]
         part["arguments"] = self.arguments.shown(secrets, slack, room)
         return part
 
@@ -138,10 +181,11 @@ class _Call:
 class _Choice:
     """What one choice generated so far."""
 
-    __slots__ = ("calls", "finish_reason", "reasoning", "room", "text")
+    __slots__ = ("calls", "finish_reason", "reasoning", "room", "slack", "text")
 
-    def __init__(self, room: Room) -> None:
+    def __init__(self, room: Room, slack: int) -> None:
         self.room = room
+        self.slack = slack
         self.reasoning = _Text(room)
         self.text = _Text(room)
         self.calls: dict[int, _Call] = {}
@@ -152,24 +196,25 @@ class _Choice:
         content = message.get("content")
         if isinstance(content, str):
             self.text.add(content)
-        for field in REASONING_FIELDS:
+        for field in REASONING_FIELDS:  # the first only: a backend may send both (the same)
             value = message.get(field)
-            if isinstance(value, str):
+            if isinstance(value, str) and value:
                 self.reasoning.add(value)
+                break
         calls = message.get("tool_calls")
         if isinstance(calls, list):
             for position, call in enumerate(calls):
                 if isinstance(call, dict):
                     index = call.get("index", position)
                     key = index if type(index) is int else position
-                    if entry := _kept(self.calls, key, self._call):
+                    if entry := _kept(self.calls, key, self._call, self.room):
                         entry.add(call, call.get("function"))
         legacy = message.get("function_call")
-        if isinstance(legacy, dict) and (entry := _kept(self.calls, -1, self._call)):
+        if isinstance(legacy, dict) and (entry := _kept(self.calls, -1, self._call, self.room)):
             entry.add({}, legacy)
 
     def _call(self) -> _Call:
-        return _Call(self.room)
+        return _Call(self.room, self.slack)
 
     def message(self, secrets: tuple[str, ...], slack: int, room: Room) -> dict[str, Any]:
         parts: list[dict[str, Any]] = []
@@ -203,12 +248,13 @@ class OutputParts:
         return self.room.clipped or self._shown_clipped
 
     def _choice(self) -> _Choice:
-        return _Choice(self.room)
+        return _Choice(self.room, self.slack)
 
     def add(self, choice: Mapping[str, Any]) -> None:
         """One choice of a chunk or of a whole answer."""
         index = choice.get("index", 0)
-        entry = _kept(self.choices, index if type(index) is int else 0, self._choice)
+        key = index if type(index) is int else 0
+        entry = _kept(self.choices, key, self._choice, self.room)
         if entry is None:
             return
         reason = choice.get("finish_reason")

@@ -44,39 +44,43 @@ def _decode(raw: bytes) -> Any:
         return None
 
 
+def _part(p: Mapping[str, Any], room: Room) -> dict[str, Any]:
+    if p.get("type") == "text":
+        text = p.get("text")
+        return {"type": "text", "content": room.take(text if isinstance(text, str) else "")}
+    return {"type": str(p.get("type"))[:MAX_BACKEND_STRING]}
+
+
 def _parts(content: object, room: Room) -> list[dict[str, Any]]:
     if isinstance(content, str):
-        return [{"type": "text", "content": room.take(content)}]
+        return [{"type": "text", "content": room.take(content)}] if room.enter() else []
+    out: list[dict[str, Any]] = []
     if isinstance(content, list):
-        return [
-            {
-                "type": "text",
-                "content": room.take(text if isinstance(text := p.get("text"), str) else ""),
-            }
-            if p.get("type") == "text"
-            else {"type": str(p.get("type"))[:MAX_BACKEND_STRING]}
-            for p in content
-            if isinstance(p, dict)
-        ]
-    return []
+        for p in content:
+            if isinstance(p, dict):
+                if not room.enter():
+                    break
+                out.append(_part(p, room))
+    return out
 
 
 def input_messages(body: Mapping[str, Any], room: Room | None = None) -> str:
     """``gen_ai.input.messages`` (opt-in content capture) as JSON: as much text as ``room``
-    takes (``DEFAULT_MAX_CHARS`` when not given), in the messages' order."""
+    takes (``DEFAULT_MAX_CHARS`` when not given), in the messages' order, in as many messages
+    and parts as it has entries for (``MAX_ENTRIES``)."""
     room = room or Room(DEFAULT_MAX_CHARS)
     messages = body.get("messages")
-    if isinstance(messages, list):
-        out = [
-            {
-                "role": str(m.get("role"))[:MAX_BACKEND_STRING],
-                "parts": _parts(m.get("content"), room),
-            }
-            for m in messages
-            if isinstance(m, dict)
-        ]
-    else:
-        out = [{"role": "user", "parts": _parts(body.get("prompt"), room)}]
+    if not isinstance(messages, list):
+        return _encoder.encode(
+            [{"role": "user", "parts": _parts(body.get("prompt"), room)}]
+        ).decode()
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        if isinstance(m, dict):
+            if not room.enter():
+                break
+            role = str(m.get("role"))[:MAX_BACKEND_STRING]
+            out.append({"role": role, "parts": _parts(m.get("content"), room)})
     return _encoder.encode(out).decode()
 
 

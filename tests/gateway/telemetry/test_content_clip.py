@@ -5,8 +5,10 @@ while it streams; an upstream key cut by the clip is not left half visible."""
 from __future__ import annotations
 
 import json
+import tracemalloc
 from collections.abc import Mapping
 
+import msgspec
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from gateway.config.settings import TelemetrySettings
@@ -116,3 +118,116 @@ def test_an_upstream_key_cut_by_the_clip_is_not_left_half_visible() -> None:
             encoded = parts.encoded([], (key,))
             for length in range(6, len(key) + 1):
                 assert key[:length] not in encoded, (field, cut, length)
+
+
+def test_a_key_cut_by_the_bound_on_a_tool_call_id_is_not_left_partly_visible() -> None:
+    """A backend's tool-call id is clipped at 256 characters: a key across that cut is
+    blanked whole or not shown, as in the text."""
+    key = "sk-upstream-id-0123456789abcdef"
+    for start in range(256 - len(key), 257):
+        call = {"id": "c" * start + key + "tail", "function": {"name": "f", "arguments": "{}"}}
+        parts = OutputParts(LIMIT, slack=len(key))
+        parts.add({"index": 0, "message": {"role": "assistant", "tool_calls": [call]}})
+        (message,) = json.loads(parts.encoded([], (key,)))
+        (shown,) = [p["id"] for p in message["parts"] if p["type"] == "tool_call"]
+        assert len(shown) <= 256
+        for length in range(6, len(key) + 1):
+            assert key[:length] not in shown, (start, length)
+
+
+def test_a_key_inside_another_key_does_not_leave_the_longer_one_partly_visible() -> None:
+    """Two upstream keys where one holds the other (``team`` and ``team-2``, say): the longer
+    is blanked whole whichever order the keys come in."""
+    short, long = "sk-team-0123456789", "sk-team-0123456789-second-key"
+    for secrets in ((short, long), (long, short)):
+        parts = OutputParts(LIMIT, slack=len(long))
+        parts.add({"index": 0, "message": {"content": f"a {long} b {short} c"}})
+        (message,) = json.loads(parts.encoded([], secrets))
+        assert message["parts"][0]["content"] == "a [REDACTED] b [REDACTED] c", secrets
+
+
+def test_a_stream_of_one_character_pieces_holds_about_its_text_not_a_string_per_piece() -> None:
+    """A tokenizer that writes one CJK character per chunk: 100,000 chunks, each decoded from
+    its own event. What the answer holds is near its kept text (32,768 characters, 64 KB),
+    not one string object of ~80 bytes per character (2.7 MB per stream)."""
+    decoder = msgspec.json.Decoder()
+    events = [
+        msgspec.json.encode({"index": 0, "delta": {"content": chr(0x4E00 + i % 9000)}})
+        for i in range(100_000)
+    ]
+    tracemalloc.start()
+    try:
+        parts = OutputParts(32_768, slack=64)
+        for event in events:
+            parts.add(decoder.decode(event))
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert parts.clipped
+    assert held < 8 * 32_768, held  # at most 8 bytes per character kept (UCS-2 text: 2)
+
+
+def test_a_prompt_of_many_empty_messages_makes_a_small_span() -> None:
+    """The bound is on the span, not only on its text: 200,000 empty messages (a 600 KB body,
+    under server.max_body_bytes) made a 5 MB attribute, and 1.3 million one of 35 MB, which a
+    collector refuses whole."""
+    body: dict[str, object] = {"model": "m", "messages": [{}] * 200_000}
+    attributes = _spans(body, _answer("ok"))
+    assert len(str(attributes["gen_ai.input.messages"])) < 100 * LIMIT
+    assert attributes["tiergate.content.clipped"] is True
+    body = {"model": "m", "messages": [{"role": "user", "content": [{}] * 200_000}]}
+    attributes = _spans(body, _answer("ok"))
+    assert len(str(attributes["gen_ai.input.messages"])) < 100 * LIMIT
+    assert attributes["tiergate.content.clipped"] is True
+
+
+def test_thinking_sent_in_both_reasoning_fields_is_taken_once_and_a_key_in_it_blanked() -> None:
+    """A backend that writes its thinking under both names (vLLM's ``reasoning`` and, for older
+    clients, ``reasoning_content``, the same text): the part is the text once, not the pieces
+    of both interleaved (``thinkthink sk-0 sk-0123...``), where a streamed key is never whole
+    and was shown unblanked."""
+    key = "sk-upstream-both-0123456789abcdef"
+    text = f"think {key} done"
+    streamed = OutputParts(LIMIT, slack=len(key))
+    for at in range(0, len(text), 5):
+        piece = text[at : at + 5]
+        streamed.add({"index": 0, "delta": {"reasoning_content": piece, "reasoning": piece}})
+    whole = OutputParts(LIMIT, slack=len(key))
+    whole.add({"index": 0, "message": {"reasoning_content": text, "reasoning": text}})
+    newer = OutputParts(LIMIT, slack=len(key))  # the older name empty: the newer one is read
+    newer.add({"index": 0, "message": {"reasoning_content": "", "reasoning": text}})
+    for parts in (streamed, whole, newer):
+        (message,) = json.loads(parts.encoded([], (key,)))
+        assert message["parts"] == [{"type": "reasoning", "content": "think [REDACTED] done"}]
+
+
+def test_many_tool_calls_with_long_ids_are_bounded_while_they_stream_and_in_the_span() -> None:
+    """128 choices of 128 tool calls, each with a 256-character id and no text: nothing was
+    charged to the bound, so the stream held 10 MB and the span was 5 MB (clipped unset)."""
+    decoder = msgspec.json.Decoder()
+    events = [
+        msgspec.json.encode(
+            {
+                "index": c,
+                "delta": {
+                    "tool_calls": [
+                        {"index": k, "id": f"{c:03d}{k:03d}" * 43, "function": {"arguments": ""}}
+                    ]
+                },
+            }
+        )
+        for c in range(128)
+        for k in range(128)
+    ]
+    tracemalloc.start()
+    try:
+        parts = OutputParts(LIMIT, slack=32)
+        for event in events:
+            parts.add(decoder.decode(event))
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    encoded = parts.encoded([])
+    assert held < 1_000_000, held
+    assert len(encoded) < 100 * LIMIT
+    assert parts.clipped
