@@ -332,3 +332,13 @@ def test_the_linear_latex_scan_drops_what_the_old_regex_dropped() -> None:
     for _ in range(30_000):
         text = "".join(rng.choice(_ATOMS) for _ in range(rng.randint(0, 24)))
         assert _drop_latex(text) == _OLD_LATEX.sub(" ", text), text
+
+
+def test_a_key_inside_another_key_leaves_nothing_of_the_longer_one() -> None:
+    """Two tiers' keys, one the start of the other (``sk-team`` and ``sk-team-second``): the
+    backend's message naming the longer one is blanked whole, whichever order the keys come in
+    (the shorter blanked first left ``[REDACTED]-second``)."""
+    short, long = "sk-team-0123456789", "sk-team-0123456789-second-key"
+    for keys in ((short, long), (long, short)):
+        assert blank(f"Incorrect key: {long}.", keys) == "Incorrect key: [REDACTED]."
+        assert blank(f"{short} then {long}", keys) == "[REDACTED] then [REDACTED]"
