@@ -108,8 +108,9 @@ _CUT_KEY_MIN = 4
 
 def blank(text: str, secrets: Sequence[str]) -> str:
     """``text`` with every one of ``secrets`` in it replaced by ``[REDACTED]``, and the start of
-    one that ends it (a text cut short in the middle of a key)."""
-    for secret in secrets:
+    one that ends it (a text cut short in the middle of a key). The longest first: a key that
+    starts another is not blanked out of the longer one, leaving its tail."""
+    for secret in sorted(secrets, key=len, reverse=True):
         if secret in text:
             text = text.replace(secret, "[REDACTED]")
         for size in range(min(len(secret), len(text) + 1) - 1, _CUT_KEY_MIN - 1, -1):
