@@ -21,24 +21,34 @@ from tests.gateway.telemetry.factories import summary
 LIMIT = 1_000
 
 
-def _spans(body: Mapping[str, object], answer: Mapping[str, object]) -> dict[str, object]:
-    """The client span's attributes for one traced request with content capture on."""
+def _spans(
+    body: Mapping[str, object],
+    answer: Mapping[str, object],
+    *,
+    secrets: tuple[str, ...] = (),
+    capture: bool = True,
+) -> dict[str, object]:
+    """The client span's attributes for one traced request (content capture on by default;
+    ``secrets``: the upstream keys the attempt was sent with)."""
     settings = TelemetrySettings(
-        tracing=True, otel_env={}, capture_content=True, capture_content_max_chars=LIMIT
+        tracing=True, otel_env={}, capture_content=capture, capture_content_max_chars=LIMIT
     )
     exporter = InMemorySpanExporter()
     provider = build_tracer_provider(settings, exporter)
     assert provider is not None
     tracing = Tracing(
-        provider, capture_content=True, capture_content_max_chars=settings.capture_content_max_chars
+        provider,
+        capture_content=capture,
+        capture_content_max_chars=settings.capture_content_max_chars,
     )
     ctx = RequestContext("req-1", route="/v1/chat/completions")
     ctx.summary = summary()
     trace = ctx.trace = tracing.start(ctx, None, None)
     ctx.admitted = True
     start = AttemptStart(
-        "fast", "127.0.0.1:9", "http://127.0.0.1:9", "round_robin", ctx.started, 0, None, "u1", body
-    )
+        "fast", "127.0.0.1:9", "http://127.0.0.1:9", "round_robin", ctx.started, 0, None, "u1",
+        body, secrets,
+    )  # fmt: skip
     ctx.attempts = 1
     trace.attempt_started(ctx, start)
     trace.attempt_ended(ctx, AttemptEnd(0.001, body=json.dumps(answer).encode()))
@@ -231,3 +241,23 @@ def test_many_tool_calls_with_long_ids_are_bounded_while_they_stream_and_in_the_
     assert held < 1_000_000, held
     assert len(encoded) < 100 * LIMIT
     assert parts.clipped
+
+
+def test_a_key_the_backend_writes_into_the_answers_id_model_or_reason_is_not_in_the_span() -> None:
+    """Content capture on or off: the answer's ``id``, ``model`` and finish reason are span
+    attributes of every traced request, so a key the backend echoes there is blanked too,
+    also where the 256-character cut splits it."""
+    key = "sk-upstream-echo-0123456789abcdef"
+    for capture in (False, True):
+        for pad in (0, 256 - 20, 300):
+            answer = {
+                "id": "x" * pad + key,
+                "model": key,
+                "choices": [{"index": 0, "finish_reason": key, "message": {"content": "hi"}}],
+            }
+            attributes = _spans(
+                {"model": "m", "messages": []}, answer, secrets=(key,), capture=capture
+            )
+            shown = json.dumps({k: str(v) for k, v in attributes.items()})
+            for length in range(6, len(key) + 1):
+                assert key[:length] not in shown, (capture, pad, length)
