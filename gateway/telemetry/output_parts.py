@@ -130,6 +130,16 @@ def _trimmed(text: str, secrets: tuple[str, ...], slack: int, *, cut: bool) -> s
     return text
 
 
+def backend_string(text: str, secrets: tuple[str, ...], slack: int) -> str:
+    """A string the backend chose (an answer's id or model, a finish reason, a tool call's
+    id): at most ``MAX_BACKEND_STRING`` characters, each of ``secrets`` blanked whole, also
+    one the cut splits (``slack``: the longest of them)."""
+    if not secrets:
+        return text[:MAX_BACKEND_STRING]
+    kept = text[: MAX_BACKEND_STRING + slack]
+    return _trimmed(kept, secrets, slack, cut=len(kept) < len(text))[:MAX_BACKEND_STRING]
+
+
 _Part = TypeVar("_Part")
 
 
@@ -225,7 +235,8 @@ class _Choice:
         if text or not (parts or self.calls):
             parts.append({"type": "text", "content": text})
         parts.extend(self.calls[key].part(secrets, slack, room) for key in sorted(self.calls))
-        return {"role": "assistant", "parts": parts, "finish_reason": self.finish_reason}
+        reason = backend_string(self.finish_reason, secrets, slack)
+        return {"role": "assistant", "parts": parts, "finish_reason": reason}
 
 
 class OutputParts:
@@ -259,7 +270,7 @@ class OutputParts:
             return
         reason = choice.get("finish_reason")
         if isinstance(reason, str) and reason:
-            entry.finish_reason = reason[:MAX_BACKEND_STRING]
+            entry.finish_reason = reason[: MAX_BACKEND_STRING + self.slack]
         message = choice.get("delta") or choice.get("message")
         if isinstance(message, dict):
             entry.add(message)

@@ -24,6 +24,7 @@ from gateway.telemetry.output_parts import (
     MAX_BACKEND_STRING,
     OutputParts,
     Room,
+    backend_string,
 )
 
 if TYPE_CHECKING:
@@ -232,7 +233,7 @@ def _ms(seconds: float) -> float:
 class AttemptSpan:
     """The GenAI client span of one upstream attempt."""
 
-    __slots__ = ("capture", "output", "reasons", "secrets", "span", "started")
+    __slots__ = ("capture", "output", "reasons", "secrets", "slack", "span", "started")
 
     def __init__(
         self,
@@ -243,11 +244,13 @@ class AttemptSpan:
     ) -> None:
         self.span = span
         self.capture = capture
-        self.secrets = secrets  # the upstream keys, blanked in the captured output
+        # The upstream keys, blanked in what the backend wrote (its answer's id, model and
+        # finish reasons; with capture, its output)
+        self.secrets = secrets
         self.started = time.perf_counter()
         self.reasons: list[str] = []
-        slack = max(map(len, secrets), default=0)
-        self.output = OutputParts(limit, slack=slack)
+        self.slack = max(map(len, secrets), default=0)
+        self.output = OutputParts(limit, slack=self.slack)
 
     @classmethod
     def start(
@@ -294,7 +297,7 @@ class AttemptSpan:
         span = tracer.start_span(
             f"{operation} {model}", context=parent, kind=SpanKind.CLIENT, attributes=attrs
         )
-        return cls(span, capture, start.secrets if capture else (), limit)
+        return cls(span, capture, start.secrets, limit)
 
     def fail(self, kind: str) -> None:
         """The attempt failed: ``error.type`` is the failure kind."""
@@ -305,10 +308,10 @@ class AttemptSpan:
     def _response(self, data: Any) -> None:
         if not isinstance(data, dict):
             return
-        if isinstance(data.get("id"), str):
-            self.span.set_attribute(sc.GEN_AI_RESPONSE_ID, data["id"][:MAX_BACKEND_STRING])
-        if isinstance(data.get("model"), str):
-            self.span.set_attribute(sc.GEN_AI_RESPONSE_MODEL, data["model"][:MAX_BACKEND_STRING])
+        for field, name in (("id", sc.GEN_AI_RESPONSE_ID), ("model", sc.GEN_AI_RESPONSE_MODEL)):
+            value = data.get(field)
+            if isinstance(value, str):
+                self.span.set_attribute(name, backend_string(value, self.secrets, self.slack))
 
     def opened(self, end: AttemptEnd, ctx: RequestContext) -> None:
         """The backend answered; a complete (non-streaming) answer ends the span now."""
@@ -339,7 +342,7 @@ class AttemptSpan:
     def _choice(self, choice: Mapping[str, Any]) -> None:
         reason = choice.get("finish_reason")
         if isinstance(reason, str) and len(self.reasons) < MAX_FINISH_REASONS:
-            self.reasons.append(reason[:MAX_BACKEND_STRING])
+            self.reasons.append(backend_string(reason, self.secrets, self.slack))
         if self.capture:
             self.output.add(choice)
 
