@@ -261,3 +261,12 @@ def test_a_key_the_backend_writes_into_the_answers_id_model_or_reason_is_not_in_
             shown = json.dumps({k: str(v) for k, v in attributes.items()})
             for length in range(6, len(key) + 1):
                 assert key[:length] not in shown, (capture, pad, length)
+
+
+def test_a_completions_prompt_given_as_a_list_of_strings_is_captured() -> None:
+    """``/v1/completions`` takes ``prompt`` as a string or a list of them (a batch): each is a
+    text part, under the same bound; token-id prompts are not text and are left out."""
+    attributes = _spans({"model": "m", "prompt": ["first", "s" * 5_000, [1, 2, 3]]}, _answer("ok"))
+    (message,) = json.loads(str(attributes["gen_ai.input.messages"]))
+    assert [part["content"] for part in message["parts"]] == ["first", "s" * (LIMIT - 5)]
+    assert attributes["tiergate.content.clipped"] is True
