@@ -58,10 +58,14 @@ def _parts(content: object, room: Room) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     if isinstance(content, list):
         for p in content:
-            if isinstance(p, dict):
+            if isinstance(p, dict | str):  # a message's parts; a completions prompt's texts
                 if not room.enter():
                     break
-                out.append(_part(p, room))
+                out.append(
+                    _part(p, room)
+                    if isinstance(p, dict)
+                    else {"type": "text", "content": room.take(p)}
+                )
     return out
 
 
