@@ -130,11 +130,13 @@ def gateway_in_front(
     configure: Configure | None = None,
     workers: int = 1,
     env: dict[str, str] | None = None,
+    gateway_type: type[GatewayProcess] = GatewayProcess,
 ) -> Iterator[Stack]:
     """``running_stack``'s gateway (the same default config, edited by ``configure``) in front
-    of backends already running; only the gateway is stopped on exit."""
+    of backends already running; only the gateway is stopped on exit. ``gateway_type`` as in
+    ``running_stack``."""
     config = default_config(backends)
     if configure is not None:
         configure(config, backends)
-    with GatewayProcess(config, workers=workers, env=env) as gateway:
+    with gateway_type(config, workers=workers, env=env) as gateway:
         yield Stack(sims=backends.sims, redis=backends.redis, gateway=gateway)

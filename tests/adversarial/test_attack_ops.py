@@ -41,9 +41,11 @@ import yaml
 
 from tests.adversarial.keys_stack import bearer, redis_key
 from tests.adversarial.rawhttp import connect, read_response
+from tests.integration.forked_gateway import ForkedGateway
 from tests.integration.gateway_proc import REPO_ROOT, GatewayProcess
 from tests.processes import free_port, http_answers, run_tiergate, terminate, wait_ready
-from tests.stack import Backends, Stack, running_stack
+from tests.redis_server import RedisServer
+from tests.stack import Backends, Stack, gateway_in_front, running_backends
 
 pytestmark = pytest.mark.slow
 
@@ -72,7 +74,17 @@ def _openai_error(response: httpx.Response) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def admin_stack() -> Iterator[tuple[Stack, str, str]]:
+def sims() -> Iterator[Backends]:
+    """The default zero-latency fast and precise simulators, shared by the module's gateways
+    (each gateway, and Redis where one has it, is its own; no test sets a fault or reads the
+    simulators' counters). The gateways are forked (tests/integration/forked_gateway.py):
+    no test here is about a gateway's start; the start-up failures run ``python -m gateway``."""
+    with running_backends() as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def admin_stack(sims: Backends) -> Iterator[tuple[Stack, str, str]]:
     """A Redis-backed gateway with the admin token; yields (stack, a live key, a revoked key)."""
 
     def configure(config: dict[str, Any], backends: Backends) -> None:
@@ -81,7 +93,12 @@ def admin_stack() -> Iterator[tuple[Stack, str, str]]:
         config["redis"] = {"url": backends.redis_url}
         config["ratelimit"] = {"backend": "redis"}
 
-    with running_stack(redis=True, configure=configure) as stack:
+    with (
+        RedisServer() as redis,
+        gateway_in_front(
+            Backends(sims.sims, redis), configure=configure, gateway_type=ForkedGateway
+        ) as stack,
+    ):
         url = stack.gateway.url
         live = httpx.post(url + "/admin/keys", json={"tenant": "ops"}, headers=bearer(ADMIN))
         gone = httpx.post(url + "/admin/keys", json={"tenant": "ops"}, headers=bearer(ADMIN))
@@ -180,7 +197,9 @@ def test_metrics_refuses_like_every_admin_route(admin_stack: tuple[Stack, str, s
             assert (metrics.status_code, _openai_error(metrics)["code"]) == (status, code)
 
 
-def test_admin_routes_answer_503_while_redis_is_down_and_never_show_its_password() -> None:
+def test_admin_routes_answer_503_while_redis_is_down_and_never_show_its_password(
+    sims: Backends,
+) -> None:
     """Redis (with a password) killed: every admin route that needs it is a 503 OpenAI error,
     the others still answer, and the password is in no body and no log line."""
     password = "REDIS-PW-" + uuid.uuid4().hex[:12]
@@ -197,7 +216,12 @@ def test_admin_routes_answer_503_while_redis_is_down_and_never_show_its_password
         config["ratelimit"] = {"backend": "redis"}
         config["telemetry"] = {"log_level": "debug"}
 
-    with running_stack(redis=True, configure=configure) as stack:
+    with (
+        RedisServer() as redis,
+        gateway_in_front(
+            Backends(sims.sims, redis), configure=configure, gateway_type=ForkedGateway
+        ) as stack,
+    ):
         assert stack.redis is not None
         stack.redis.kill()
         calls = (
@@ -222,7 +246,7 @@ def test_admin_routes_answer_503_while_redis_is_down_and_never_show_its_password
 
 
 @pytest.fixture(scope="module")
-def metrics_stack() -> Iterator[tuple[Stack, int]]:
+def metrics_stack(sims: Backends) -> Iterator[tuple[Stack, int]]:
     """A gateway without an admin token whose /metrics is on telemetry.metrics_port; yields
     (the stack, that port)."""
     port = free_port()
@@ -230,7 +254,7 @@ def metrics_stack() -> Iterator[tuple[Stack, int]]:
     def configure(config: dict[str, Any], _: Backends) -> None:
         config["telemetry"] = {"access_log": False, "metrics_port": port}
 
-    with running_stack(configure=configure) as stack:
+    with gateway_in_front(sims, configure=configure, gateway_type=ForkedGateway) as stack:
         yield stack, port
 
 
@@ -346,7 +370,7 @@ def key_echo() -> Iterator[GatewayProcess]:
             for status, tier in ECHO_TIERS.items()
         }
         config = {"auth": {"enabled": False, "admin_token": ADMIN}, "tiers": tiers}
-        yield stack.enter_context(GatewayProcess(config))
+        yield stack.enter_context(ForkedGateway(config))
 
 
 @pytest.mark.parametrize("status", [400, 500])

@@ -3,21 +3,37 @@
 Each test runs real parts: a real ``tiergate serve`` process in front of simulator processes,
 the official ``openai`` client where a well-behaved client is measured. A hostile request is
 one a client may send without any special scope.
+
+One fast and one precise simulator serve the whole module; a test about one replica's
+behaviour starts that replica (or two) beside them, and only reads or kills its own. The
+gateways are forked from a pre-imported fork server (tests/integration/forked_gateway.py):
+no test here is about a gateway's start.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import httpx
 import openai
 import pytest
 
+from tests.integration.forked_gateway import ForkedGateway
 from tests.simulator.procs import SimulatorProcess
-from tests.stack import CHAT_PATH, FAST_SIM, PRECISE_SIM, Backends, Stack, running_stack
+from tests.stack import (
+    CHAT_PATH,
+    FAST_SIM,
+    PRECISE_SIM,
+    Backends,
+    Configure,
+    Stack,
+    gateway_in_front,
+    running_backends,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -29,10 +45,30 @@ LONG_CONTEXT = ("--max-model-len", "131072")
 
 
 @pytest.fixture(scope="module")
-def stack() -> Iterator[Stack]:
-    """Two zero-latency simulators (fast, precise) behind one gateway, auth off."""
-    with running_stack(sims=(FAST_SIM + LONG_CONTEXT, PRECISE_SIM + LONG_CONTEXT)) as running:
+def backends() -> Iterator[Backends]:
+    """Two zero-latency simulators (fast, precise) with room for every hostile prompt, shared
+    by the module's gateways (no test sets a fault on them or reads their counters)."""
+    with running_backends(sims=(FAST_SIM + LONG_CONTEXT, PRECISE_SIM + LONG_CONTEXT)) as running:
         yield running
+
+
+@pytest.fixture(scope="module")
+def stack(backends: Backends) -> Iterator[Stack]:
+    """The two simulators behind one gateway, auth off."""
+    with gateway_in_front(backends, gateway_type=ForkedGateway) as running:
+        yield running
+
+
+@contextlib.contextmanager
+def _beside(backends: Backends, *extra: Sequence[str], configure: Configure) -> Iterator[Stack]:
+    """A gateway (``configure``-d) in front of the module's fast simulator, one of its own per
+    ``extra`` argument list, then the module's precise one: ``stack.sims`` in that order."""
+    with contextlib.ExitStack() as started:
+        own = tuple(started.enter_context(SimulatorProcess(*args)) for args in extra)
+        sims = Backends((backends.fast, *own, backends.precise))
+        yield started.enter_context(
+            gateway_in_front(sims, configure=configure, gateway_type=ForkedGateway)
+        )
 
 
 def _user(text: str) -> dict[str, Any]:
@@ -83,16 +119,21 @@ def _no_long_prompt_rule(config: dict[str, Any], _: object) -> None:
     config["router"] = {"long_prompt_tokens": None}
 
 
-def test_megabyte_prompts_without_the_long_prompt_rule_do_not_stall_other_clients() -> None:
+def test_megabyte_prompts_without_the_long_prompt_rule_do_not_stall_other_clients(
+    backends: Backends,
+) -> None:
     """With ``router.long_prompt_tokens: null`` (documented: "no such rule") every prompt is
     scored; a 1 MB one must not hold the event loop for long.
 
     The scorer reads only the text's first 4,000 and last 2,000 characters, but the packaging
     pass before it ran its regexes over the whole text: about 1.4 s a megabyte here.
     """
-    with running_stack(configure=_no_long_prompt_rule) as stack:
+    with gateway_in_front(
+        backends, configure=_no_long_prompt_rule, gateway_type=ForkedGateway
+    ) as stack:
         # The gateway refuses a prompt beyond the replicas' context (400, nothing forwarded:
-        # only the gateway's work is measured); routing ran before that.
+        # only the gateway's work is measured; 500,000 words are far beyond even 131,072
+        # tokens); routing ran before that.
         waited = _normal_latency(stack, _user("a " * 500_000), 3, frozenset({200, 400}))
     assert waited < 1.0, f"a short request waited {waited:.2f}s behind three 1 MB prompts"
 
@@ -199,12 +240,14 @@ def _received(url: str) -> int:
     return int(httpx.get(url + "/sim/stats", timeout=5).json()["requests_total"])
 
 
-def test_a_replica_that_answers_500_to_everything_is_ejected_and_costs_no_errors() -> None:
+def test_a_replica_that_answers_500_to_everything_is_ejected_and_costs_no_errors(
+    backends: Backends,
+) -> None:
     """docs/replicas.md: one retry for a 500 on another replica, and 5 consecutive 5xx eject
     a replica (2 s, doubling). A replica whose health route is fine but whose every answer is
     500 costs the clients nothing and sees few of 60 requests sent over about 2 s."""
     bad = (*FAST_SIM, "--fail-500", "1.0")
-    with running_stack(sims=(FAST_SIM, bad, PRECISE_SIM), configure=_two_fast) as stack:
+    with _beside(backends, bad, configure=_two_fast) as stack:
         stack.gateway.wait_until_ready()
         client = openai.OpenAI(base_url=stack.gateway.url + "/v1", api_key="x", max_retries=0)
         for i in range(60):
@@ -223,12 +266,12 @@ def _stalling_first_byte(config: dict[str, Any], backends: Backends) -> None:
     config["tiers"]["fast"]["timeouts"] = {"first_byte_s": 1.0}
 
 
-def test_a_replica_that_never_starts_its_streams_is_ejected() -> None:
+def test_a_replica_that_never_starts_its_streams_is_ejected(backends: Backends) -> None:
     """docs/replicas.md: a stream's first-token timeout is retried on another replica, and
     counts like a connection failure. A replica whose health route answers but whose streams
     never start costs each client one timeout at most, and is ejected after 5 of them."""
     stalls = (*FAST_SIM, "--stall-first-byte", "1.0", "--stall-seconds", "30")
-    with running_stack(sims=(FAST_SIM, stalls, PRECISE_SIM), configure=_stalling_first_byte) as st:
+    with _beside(backends, stalls, configure=_stalling_first_byte) as st:
         st.gateway.wait_until_ready()
         client = openai.OpenAI(base_url=st.gateway.url + "/v1", api_key="x", max_retries=0)
         waits = []
@@ -256,7 +299,7 @@ def _hot_prefix_tier(config: dict[str, Any], backends: Backends) -> None:
     config["tiers"]["fast"]["max_concurrency"] = 64
 
 
-def test_one_hot_prefix_from_many_clients_is_spread_by_the_load_bound() -> None:
+def test_one_hot_prefix_from_many_clients_is_spread_by_the_load_bound(backends: Backends) -> None:
     """docs/settings.md ``balancing.load_factor`` / ``load_slack``: a replica is preferred
     while its in-flight count stays within 1.25 times the mean plus 4. Forty concurrent
     clients sharing one system prompt (one prefix key) must not all land on one replica:
@@ -267,7 +310,15 @@ def test_one_hot_prefix_from_many_clients_is_spread_by_the_load_bound() -> None:
     than 29 in all without ever holding more than 29 at once (CI saw 32 of 40). So each
     simulator is read while it has finished no answer yet: all it received is in flight."""
     slow = (*FAST_SIM[:-1], "30")  # latency scale 30: an answer takes about 6 s
-    with running_stack(sims=(slow, slow, PRECISE_SIM), configure=_hot_prefix_tier) as st:
+    with (
+        SimulatorProcess(*slow) as one,
+        SimulatorProcess(*slow) as two,
+        gateway_in_front(
+            Backends((one, two, backends.precise)),
+            configure=_hot_prefix_tier,
+            gateway_type=ForkedGateway,
+        ) as st,
+    ):
         st.gateway.wait_until_ready()
         body = {"model": "fast", "max_tokens": 48}
 
@@ -310,11 +361,13 @@ def _held_before_any_answer(urls: list[str], clients: list[threading.Thread]) ->
     return held
 
 
-def test_a_replica_killed_and_restarted_again_and_again_costs_no_errors() -> None:
+def test_a_replica_killed_and_restarted_again_and_again_costs_no_errors(
+    backends: Backends,
+) -> None:
     """docs/replicas.md: a refused connection is retried on another replica at once and never
     charged. A fast replica that is ``kill -9``-ed and restarted on its port four times while a
     client sends non-streaming requests costs that client no error."""
-    with running_stack(sims=(FAST_SIM, FAST_SIM, PRECISE_SIM), configure=_two_fast) as st:
+    with _beside(backends, FAST_SIM, configure=_two_fast) as st:
         st.gateway.wait_until_ready()
         victim = st.sims[1]
         port = str(victim.port)

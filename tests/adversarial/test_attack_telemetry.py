@@ -25,11 +25,16 @@ receivers on loopback sockets (one that decodes, one that accepts and never answ
 - T8: with ``--workers 2`` a scrape served its own worker's live counters beside the other's
   last published ones (up to 1 s old), so a counter series went down from one scrape to the
   next whenever the other worker answered (4 then 3): Prometheus reads a drop as a restart.
+
+Every gateway here is forked from a pre-imported fork server (tests/integration/
+forked_gateway.py): no test is about a gateway's start or its interpreter, and a fork serves,
+logs, exports and stops as ``python -m gateway serve`` does.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -49,6 +54,7 @@ from policies.keys import issue_key
 from policies.principal import KeyPolicy
 from tests.adversarial.telemetry_stack import otlp_receiver, recording_upstream
 from tests.gateway.telemetry.test_export import http_receiver
+from tests.integration.forked_gateway import ForkedGateway
 from tests.integration.gateway_proc import REPO_ROOT, GatewayProcess
 from tests.processes import free_port, patience, silent_port
 from tests.stack import Backends, gateway_in_front, running_backends, running_stack
@@ -130,19 +136,23 @@ def test_a_silent_collector_does_not_hold_a_stopping_gateway(backends: Backends)
             config["telemetry"] = {"tracing": True, "log_format": "json", "access_log": False}
 
         env = {"OTEL_EXPORTER_OTLP_ENDPOINT": collector, "OTEL_BSP_SCHEDULE_DELAY": "50"}
-        with gateway_in_front(backends, configure=traced, env=env) as stack:
+        with gateway_in_front(
+            backends, configure=traced, env=env, gateway_type=ForkedGateway
+        ) as stack:
             gateway = stack.gateway
+            assert isinstance(gateway, ForkedGateway)
             with httpx.Client(base_url=gateway.url, timeout=30) as client:
                 for _ in range(30):
                     started = time.perf_counter()
                     assert client.post("/v1/chat/completions", json=CHAT).status_code == 200
                     assert time.perf_counter() - started < 2.0  # never waits on the collector
-            proc = gateway._proc
+            proc = gateway._child
             assert proc is not None
             stopping = time.monotonic()
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=60)
+            os.kill(gateway.pid, signal.SIGTERM)
+            proc.join(timeout=60)
             took = time.monotonic() - stopping
+            assert proc.exitcode is not None, "still running 60 s after SIGTERM"
             log = gateway.log_text()
     assert '"server.stopped"' in log
     assert '"telemetry.spans_unflushed"' in log  # said, not silent
@@ -166,7 +176,7 @@ def hostile(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hostile]:
     ):
         env = {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_BSP_SCHEDULE_DELAY": "50"}
         config = _traced({"auth": {"enabled": False}}, url)
-        with GatewayProcess(config, env=env) as gateway:
+        with ForkedGateway(config, env=env) as gateway:
             gateway.wait_until_ready()
             yield gateway, received, record
 
@@ -239,7 +249,7 @@ def test_a_secret_in_the_collectors_url_is_not_logged(backends: Backends) -> Non
         config["telemetry"] = {"tracing": True, "log_format": "json", "access_log": False}
 
     env = {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": endpoint, "OTEL_BSP_SCHEDULE_DELAY": "50"}
-    with gateway_in_front(backends, configure=traced, env=env) as stack:
+    with gateway_in_front(backends, configure=traced, env=env, gateway_type=ForkedGateway) as stack:
         gateway = stack.gateway
         assert httpx.post(gateway.url + "/v1/chat/completions", json=CHAT).status_code == 200
         deadline = time.monotonic() + patience(15)
@@ -319,7 +329,7 @@ def test_a_callers_control_characters_never_reach_a_log_line_raw(
     def logged(config: dict[str, Any], _: Backends) -> None:
         config["telemetry"] = {"log_format": log_format, "log_file": str(log_file)}
 
-    with gateway_in_front(backends, configure=logged) as stack:
+    with gateway_in_front(backends, configure=logged, gateway_type=ForkedGateway) as stack:
         for model in HOSTILE_MODELS:
             answer = stack.post({**CHAT, "model": model})
             assert answer.status_code == 404  # the model is unknown; the line is still written
@@ -433,7 +443,9 @@ def test_every_request_has_one_access_line_and_one_count(tmp_path: Path) -> None
         config["server"] = {"body_timeout_s": 1.0}
         config["telemetry"] = {"log_format": "json", "access_log": True}
 
-    with running_stack(sims=(SLOW_FAST, FAILING_PRECISE), configure=configure) as stack:
+    with running_stack(
+        sims=(SLOW_FAST, FAILING_PRECISE), configure=configure, gateway_type=ForkedGateway
+    ) as stack:
         gateway = stack.gateway
         gateway.wait_until_ready()
         expected = _send_every_kind(gateway, key, one_rpm)
@@ -483,7 +495,9 @@ def test_two_workers_metrics_add_up_and_never_go_down(backends: Backends) -> Non
     names = ("tiergate_requests_total{", "tiergate_request_duration_seconds_count{")
     sent = 0
     drops: list[tuple[str, float, float]] = []
-    with gateway_in_front(backends, configure=configure, workers=2) as stack:
+    with gateway_in_front(
+        backends, configure=configure, workers=2, gateway_type=ForkedGateway
+    ) as stack:
         gateway = stack.gateway
         last: dict[str, float] = {}
         for _ in range(40):
@@ -536,7 +550,9 @@ def test_a_callers_sampled_traceparent_is_traced_at_a_ratio_of_zero_only_when_tr
 
     env = {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_BSP_SCHEDULE_DELAY": "50"}
     sampled = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
-    with gateway_in_front(backends, configure=configure, env=env) as stack:
+    with gateway_in_front(
+        backends, configure=configure, env=env, gateway_type=ForkedGateway
+    ) as stack:
         url = stack.gateway.url + "/v1/chat/completions"
         assert httpx.post(url, json=CHAT).status_code == 401
         assert httpx.post(url, json=CHAT, headers=sampled).status_code == 401
@@ -564,7 +580,7 @@ def test_a_log_file_moved_away_is_created_again(tmp_path: Path, backends: Backen
     def logged(config: dict[str, Any], _: Backends) -> None:
         config["telemetry"] = {"log_format": "json", "log_file": str(log_file)}
 
-    with gateway_in_front(backends, configure=logged) as stack:
+    with gateway_in_front(backends, configure=logged, gateway_type=ForkedGateway) as stack:
         first = stack.post(CHAT)
         assert first.status_code == 200
         deadline = time.monotonic() + patience(10)

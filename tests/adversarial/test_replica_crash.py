@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterator
 
 import httpx
 import pytest
 
-from tests.integration.gateway_proc import GatewayProcess
+from tests.integration.forked_gateway import ForkedGateway
 from tests.processes import patience
 from tests.simulator.procs import SimulatorProcess
 
@@ -17,6 +18,16 @@ CONCURRENCY = 50
 BEFORE = 50  # answers in before the kill: traffic is flowing to both replicas
 AFTER = 200  # answers in after it
 PRECISE = ("--profile", "precise", "--model", "tiergate-precise", "--latency-scale", "0.3")
+
+
+@pytest.fixture(scope="module")
+def survivor() -> Iterator[SimulatorProcess]:
+    """The replica that stays up, shared by the tests (none reads its counters); each test
+    starts its own victim and its own gateway in front of both. The gateways are forked from a
+    pre-imported fork server (tests/integration/forked_gateway.py): no test here is about a
+    gateway's start."""
+    with SimulatorProcess(*PRECISE, "--seed", "1") as sim:
+        yield sim
 
 
 def settings(precise: list[str]) -> dict[str, object]:
@@ -80,12 +91,13 @@ async def load(
     return results
 
 
-def test_kill_9_under_50_concurrent_requests_costs_no_non_streaming_error() -> None:
+def test_kill_9_under_50_concurrent_requests_costs_no_non_streaming_error(
+    survivor: SimulatorProcess,
+) -> None:
     """Every non-streaming request gets a 200 while one of the two replicas is SIGKILLed."""
     with (
-        SimulatorProcess(*PRECISE, "--seed", "1") as a,
         SimulatorProcess(*PRECISE, "--seed", "2") as b,
-        GatewayProcess(settings([a.url, b.url])) as gateway,
+        ForkedGateway(settings([survivor.url, b.url])) as gateway,
     ):
         results = asyncio.run(load(gateway.url, b, stream=False))
     errors = [status for status, _, _ in results if status != 200]
@@ -93,16 +105,17 @@ def test_kill_9_under_50_concurrent_requests_costs_no_non_streaming_error() -> N
     assert errors == [], f"{len(errors)} of {len(results)} failed: {sorted(set(errors))}"
 
 
-def test_kill_9_breaks_only_streams_already_running_and_in_band() -> None:
+def test_kill_9_breaks_only_streams_already_running_and_in_band(
+    survivor: SimulatorProcess,
+) -> None:
     """Streams get a 200; those cut by the crash end with an error event, never a fake [DONE].
 
     On a loaded machine the kill can land while no stream runs on the victim (0 cut: nothing
     to check in-band); the scenario is then run again, up to three times in all."""
     for _ in range(3):
         with (
-            SimulatorProcess(*PRECISE, "--seed", "1") as a,
             SimulatorProcess(*PRECISE, "--seed", "2") as b,
-            GatewayProcess(settings([a.url, b.url])) as gateway,
+            ForkedGateway(settings([survivor.url, b.url])) as gateway,
         ):
             results = asyncio.run(load(gateway.url, b, stream=True))
         if any(not complete for _, complete, _ in results):

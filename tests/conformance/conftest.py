@@ -15,6 +15,7 @@ from gateway.access.keystore_file import FileKeyStore
 from policies.keys import issue_key
 from policies.principal import KeyPolicy
 from tests.conformance.backends import BACKENDS, Backend
+from tests.integration.forked_gateway import ForkedGateway
 from tests.integration.gateway_proc import GatewayProcess
 from tests.simulator.procs import SimulatorProcess
 
@@ -83,7 +84,9 @@ def _keys(path: Path) -> tuple[str, str]:
 def stack(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Stack]:
-    """A simulator of the variant (fast profile, real latencies) and a gateway in front."""
+    """A simulator of the variant (fast profile, real latencies) and a gateway in front,
+    forked from a pre-imported fork server (tests/integration/forked_gateway.py): no scenario
+    is about the gateway's start."""
     backend: Backend = request.param
     keys_file = tmp_path_factory.mktemp("conformance") / "keys.yaml"
     key, capped_key = _keys(keys_file)
@@ -99,5 +102,5 @@ def stack(
     ]
     if backend.api_key:
         args += ["--api-key", UPSTREAM_KEY]
-    with SimulatorProcess(*args) as sim, GatewayProcess(gateway_config(sim, keys_file)) as gw:
+    with SimulatorProcess(*args) as sim, ForkedGateway(gateway_config(sim, keys_file)) as gw:
         yield Stack(backend, sim, gw, key, capped_key, keys_file)

@@ -18,7 +18,7 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from tests.conformance.conftest import ADMIN, TIER_CAP, Stack, gateway_config
-from tests.integration.gateway_proc import GatewayProcess
+from tests.integration.forked_gateway import ForkedGateway
 
 pytestmark = pytest.mark.slow
 CHAT: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Tell me about tiers."}]
@@ -244,7 +244,7 @@ def test_slow_non_streaming_reply_is_generated_once(stack: Stack) -> None:
     config = gateway_config(
         stack.sim, stack.keys_file, timeouts={"first_byte_s": 0.1, "total_s": 30}
     )
-    with GatewayProcess(config) as gw:
+    with ForkedGateway(config) as gw:
         before = stack.sim.stats()["requests_total"]
         resp = httpx.post(
             gw.url + "/v1/chat/completions",
@@ -262,7 +262,7 @@ def test_upstream_credentials_refused(stack: Stack) -> None:
     if not stack.backend.api_key:
         pytest.xfail(f"{stack.backend.name} has no API key option")
     config = gateway_config(stack.sim, stack.keys_file, api_key="not-the-key")
-    with GatewayProcess(config) as gw:
+    with ForkedGateway(config) as gw:
         resp = httpx.post(
             gw.url + "/v1/chat/completions",
             headers=stack.auth(),

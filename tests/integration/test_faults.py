@@ -249,11 +249,24 @@ def test_backend_error_event_is_passed_on_without_done(
     assert "[DONE]" not in events
 
 
+SLOW_FAST = "--profile", "fast", "--model", "tiergate-fast", "--latency-scale", "1"
+
+
+@pytest.fixture(scope="module")
+def survivor() -> Iterator[SimulatorProcess]:
+    """The replica that stays up while another is killed: both runs of the test below share
+    it (neither reads its counters), each with a victim and a gateway of its own."""
+    with SimulatorProcess(*SLOW_FAST, "--seed", "3") as sim:
+        yield sim
+
+
 @pytest.mark.parametrize("workers", [1, 2])
-def test_killing_a_replica_mid_run_loses_no_request(workers: int) -> None:
+def test_killing_a_replica_mid_run_loses_no_request(
+    survivor: SimulatorProcess, workers: int
+) -> None:
     """One of two replicas dies mid-run: every non-streaming request still succeeds."""
-    fast = "--profile", "fast", "--model", "tiergate-fast", "--latency-scale", "1"
-    with SimulatorProcess(*fast, "--seed", "3") as a, SimulatorProcess(*fast, "--seed", "4") as b:
+    a = survivor
+    with SimulatorProcess(*SLOW_FAST, "--seed", "4") as b:
         settings = config([a.url, b.url], [a.url])
         with ForkedGateway(settings, workers=workers) as gateway:
             statuses = asyncio.run(_kill_during_load(gateway, b))

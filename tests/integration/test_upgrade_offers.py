@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from tests.adversarial.rawhttp import connect, status_of, statuses
+from tests.integration.forked_gateway import ForkedGateway
 from tests.integration.gateway_proc import GatewayProcess, tiers_config
 from tests.simulator.procs import SimulatorProcess
 
@@ -63,7 +64,9 @@ def smuggled_get(tag: str) -> bytes:
 
 
 def _gateway(latency_scale: str) -> Iterator[GatewayProcess]:
-    """A gateway in front of a simulator at ``latency_scale``, auth off, a 64 KiB body limit."""
+    """A gateway in front of a simulator at ``latency_scale``, auth off, a 64 KiB body limit;
+    forked from a pre-imported fork server (tests/integration/forked_gateway.py): no test here
+    is about its start."""
     with SimulatorProcess(
         "--profile", "fast", "--model", "tiergate-fast", "--latency-scale", latency_scale
     ) as sim:
@@ -72,7 +75,7 @@ def _gateway(latency_scale: str) -> Iterator[GatewayProcess]:
             "server": {"max_body_bytes": 65536},
             "tiers": tiers_config([sim.url], [sim.url], max_tokens_cap=1000),
         }
-        with GatewayProcess(config) as process:
+        with ForkedGateway(config) as process:
             yield process
 
 
