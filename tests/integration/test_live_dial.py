@@ -28,7 +28,8 @@ import router_models
 from gateway.__main__ import main as tiergate_main
 from router_models.artifact import load as load_model
 from router_models.artifact import save as save_model
-from tests.integration.dial_traffic import mixed, send
+from tests.integration.dial_traffic import mixed, send_lean
+from tests.integration.forked_gateway import ForkedGateway
 from tests.integration.gateway_proc import GatewayProcess, tiers_config
 from tests.redis_server import RedisServer
 from tests.shared_data import needs_shared
@@ -50,7 +51,9 @@ def fleet(
     fast_sim: SimulatorProcess,
     precise_sim: SimulatorProcess,
 ) -> Iterator[tuple[list[GatewayProcess], Path]]:
-    """Two gateways of two workers, one Redis, a router artifact we can replace."""
+    """Two gateways of two workers, one Redis, a router artifact we can replace. Each gateway
+    is forked from the pre-imported fork server (``ForkedGateway``: no test here is about a
+    start); its two workers are still ``python -m gateway`` processes of their own."""
     artifact = tmp_path_factory.mktemp("artifact") / "router.npz"
     shutil.copy(router_models.DEFAULT_ARTIFACT, artifact)
     with RedisServer() as redis:
@@ -62,10 +65,12 @@ def fleet(
             "tiers": tiers_config([fast_sim.url], [precise_sim.url]),
             "telemetry": {"access_log": False},
         }
-        procs = [GatewayProcess(config, workers=2, ready_timeout=90) for _ in range(2)]
+        procs: list[GatewayProcess] = [
+            ForkedGateway(config, workers=2, ready_timeout=90) for _ in range(2)
+        ]
         try:
             with ThreadPoolExecutor(2) as pool:
-                list(pool.map(GatewayProcess.start, procs))
+                list(pool.map(lambda proc: proc.start(), procs))
             yield procs, artifact
         finally:
             for proc in procs:
@@ -80,12 +85,14 @@ def steady_fleet(
     controller and its recent requests (what a reload re-seeds from) hold that mix. The tests
     that use it send only that mix, so the next one finds the fleet as warm."""
     gws, _ = fleet
-    asyncio.run(send([gw.url for gw in gws], mixed(500, seed=STEADY_SEED) * 4))
+    asyncio.run(send_lean([gw.url for gw in gws], mixed(500, seed=STEADY_SEED) * 4))
     return fleet
 
 
 def _views(fleet: list[GatewayProcess], version: int, deadline_s: float = 10.0) -> dict[int, Any]:
-    """Each worker's dial view once it shows ``version`` (new connections reach every worker)."""
+    """Each worker's dial view once it shows ``version`` (new connections reach every worker).
+    Polled every 20 ms: each view carries the time its worker applied the change
+    (``applied_at``), so how often it is read does not change what the tests measure."""
     seen: dict[int, Any] = {}
     end = time.monotonic() + deadline_s
     while len(seen) < 2 * len(fleet) and time.monotonic() < end:
@@ -93,6 +100,8 @@ def _views(fleet: list[GatewayProcess], version: int, deadline_s: float = 10.0) 
             dial = httpx.get(gw.url + "/admin/routing", headers=HEADERS).json()["dial"]
             if dial["version"] >= version:
                 seen.setdefault(dial["worker"], dial)
+        if len(seen) < 2 * len(fleet):
+            time.sleep(0.02)
     return seen
 
 
@@ -105,6 +114,8 @@ def _following(fleet: list[GatewayProcess], artifact_id: str, deadline_s: float 
             view = httpx.get(gw.url + "/admin/routing", headers=HEADERS).json()
             if view["artifact"]["id"] == artifact_id:
                 seen.add(view["dial"]["worker"])
+        if len(seen) < 2 * len(fleet):
+            time.sleep(0.02)
     return seen
 
 
@@ -169,10 +180,14 @@ def test_a_warm_fleet_holds_the_new_target_within_500_requests(
     gws, _ = steady_fleet
     urls = [gw.url for gw in gws]
     steady = mixed(500, seed=STEADY_SEED)
-    assert _put(gws[0].url, {"share": 0.15}).status_code == 200
-    time.sleep(1.0)
+    turned = _put(gws[0].url, {"share": 0.15})
+    assert turned.status_code == 200, turned.text
     try:
-        share = _share(asyncio.run(send(urls, steady)))
+        # Every worker applies the new target before the 500 are sent (polled, not waited out).
+        views = _views(gws, turned.json()["version"])
+        assert len(views) == 4
+        assert all(view["default_target"] == 0.15 for view in views.values())
+        share = _share(asyncio.run(send_lean(urls, steady)))
     finally:
         assert _put(gws[0].url, {"share": TARGET}).status_code == 200
     print(f"after turning the dial to 0.15: {share:.3f} of the next 500 requests precise")
@@ -203,7 +218,7 @@ def test_a_reloaded_artifact_holds_the_share_from_its_first_request(
             for _ in range(6):
                 view = httpx.get(gw.url + "/admin/routing", headers=HEADERS).json()
                 assert view["artifact"]["id"] == new_id
-        share = _share(asyncio.run(send(urls, steady)))
+        share = _share(asyncio.run(send_lean(urls, steady)))
         view = httpx.get(gws[1].url + "/admin/routing", headers=HEADERS).json()
     finally:
         artifact.write_bytes(original)

@@ -5,6 +5,8 @@ TierGate → peer → simulator, all real processes. Each test holds one of Tier
 against the peer: what ``auto`` detects and how the peer is probed, streams arriving complete
 with usage, a stream cut behind the peer reported as cut (never a success), the peer's errors
 reaching the caller OpenAI-shaped, and the tier's upstream key never reaching the caller.
+The gateways are forked from the pre-imported fork server (``ForkedGateway``): no test here is
+about a gateway's start, and each start then costs a fraction of a new interpreter's.
 The peers are installed from PyPI, pinned and cached, by the benchmarks' installers
 (``tests/integration/peer_procs.py``); where that is impossible the tests skip, saying why.
 """
@@ -20,6 +22,7 @@ import httpx
 import openai
 import pytest
 
+from tests.integration.forked_gateway import ForkedGateway
 from tests.integration.gateway_proc import GatewayProcess
 from tests.integration.peer_procs import litellm_proxy, vllm_router
 from tests.processes import patience
@@ -72,7 +75,7 @@ def litellm(engine: Engine) -> Iterator[str]:
 def litellm_gw(litellm: str, precise_sim: SimulatorProcess) -> Iterator[GatewayProcess]:
     """A gateway whose fast tier is the LiteLLM proxy (the tier's key: the master key), shared
     by the LiteLLM tests that keep its default config; each counts from what it found."""
-    with GatewayProcess(_config([litellm], precise_sim.url, api_key=MASTER_KEY)) as gw:
+    with ForkedGateway(_config([litellm], precise_sim.url, api_key=MASTER_KEY)) as gw:
         yield gw
 
 
@@ -82,7 +85,7 @@ def router_gw(engine: Engine, precise_sim: SimulatorProcess) -> Iterator[Gateway
     that keep its default config."""
     with (
         vllm_router([engine.url]) as router,
-        GatewayProcess(_config([router], precise_sim.url)) as gw,
+        ForkedGateway(_config([router], precise_sim.url)) as gw,
     ):
         yield gw
 
@@ -222,7 +225,7 @@ def test_litellm_errors_keep_status_and_shape_and_the_key_never_leaks(
     seen: list[str] = []
     config = _config([litellm], precise_sim.url, api_key=MASTER_KEY)
     config["router"] = {"fallback_to_precise": False}
-    with GatewayProcess(config) as gw:
+    with ForkedGateway(config) as gw:
         gw.wait_until_ready()
         # Until detection is over: it asks LiteLLM's /health, which runs a completion on the
         # engine, and one landing after the reset below would count as a retry of the 400.
@@ -324,7 +327,7 @@ def test_a_router_whose_worker_died_is_ejected_while_its_health_says_ok(
         SimulatorProcess(*quick) as survivor,
         vllm_router([doomed.url]) as lying,
         vllm_router([survivor.url]) as healthy,
-        GatewayProcess(_long_ejection(_config([lying, healthy], precise_sim.url))) as gw,
+        ForkedGateway(_long_ejection(_config([lying, healthy], precise_sim.url))) as gw,
     ):
         gw.wait_until_ready()
         doomed.kill()
