@@ -21,6 +21,7 @@ import pytest
 from gateway.access.keystore_file import FileKeyStore
 from policies.keys import issue_key
 from policies.principal import KeyPolicy
+from tests.integration.forked_gateway import ForkedGateway
 from tests.processes import patience
 from tests.simulator.procs import SimulatorProcess
 from tests.stack import Backends, Stack, running_stack
@@ -70,7 +71,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
             "shadow": {"fast_ratio": 1.0, "precise_ratio": 1.0, "max_waiting": 1000}
         }
 
-    with running_stack(configure=configure) as stack:
+    # Forked (tests/integration/forked_gateway.py): these tests are not about start-up.
+    with running_stack(configure=configure, gateway_type=ForkedGateway) as stack:
         yield World(stack, Keys(full, fast_only))
 
 
