@@ -27,6 +27,7 @@ Platt calibration and the reference quantiles, then one fit on everything gives 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -55,6 +56,7 @@ from router_models.training.train import (
     MODEL_VERSION,
     QUANTILE_POINTS,
     REFERENCE_COMPLEX_SHARE,
+    Prepared,
     TrainSettings,
     load_training,
     prepare,
@@ -294,10 +296,21 @@ class Blend:
     n_corpus: int
 
 
+@functools.lru_cache(maxsize=1)
+def _prepared_corpus(corpus: tuple[Path, ...], digest: str, settings: TrainSettings) -> Prepared:
+    """The corpus featurised from its text, kept for this process's next retraining on the
+    same files (featurising its ~9,000 prompts costs about as much as a fit: a bench that
+    retrains at several steps, or a test that retrains twice, pays it once). ``digest`` (of
+    the files' bytes) is part of the key, so a file changed in between is read again. Read
+    only: ``blend`` copies what it uses into the blend."""
+    del digest  # the cache key only
+    return prepare(load_training(corpus), settings)
+
+
 def blend(corpus: Sequence[Path], shadow: ShadowSet, settings: ShadowSettings) -> Blend:
     """The training matrix: the corpus featurised from text, the shadow rows from vectors
     (weight ``shadow_weight`` times the tenant balance)."""
-    data = prepare(load_training(corpus), settings.base)
+    data = _prepared_corpus(tuple(corpus), data_digest(corpus), settings.base)
     balance = tenant_weights(shadow.tenants, settings.max_tenant_share)
     keys = [str(r.get("id", i)) for i, r in enumerate(data.records)] + shadow.digests
     folds = [f"fold{int(hash_unit(k, 'fold:') * settings.folds)}" for k in keys]

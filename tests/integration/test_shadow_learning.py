@@ -16,7 +16,7 @@ import pytest
 
 import router_models
 from bench.shadow import learn
-from tests.integration.gateway_proc import GatewayProcess
+from tests.integration.forked_gateway import ForkedGateway
 from tests.shared_data import needs_shared
 from tests.simulator.procs import SimulatorProcess
 
@@ -54,7 +54,8 @@ def test_two_thousand_shadows_cut_simple_prompts_sent_to_precise(tmp_path: Path)
         SimulatorProcess(
             "--profile", "precise", "--model", "tiergate-precise", *quality
         ) as precise,
-        GatewayProcess(learn.shadow_config(fast.url, precise.url, store, live, ADMIN)) as gateway,
+        # Forked (tests/integration/forked_gateway.py): this test is not about start-up.
+        ForkedGateway(learn.shadow_config(fast.url, precise.url, store, live, ADMIN)) as gateway,
     ):
         loop = learn.drive(gateway.url, ADMIN, traffic, SHADOWED)
         assert loop["compared"] >= SHADOWED
