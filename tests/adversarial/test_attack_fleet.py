@@ -11,6 +11,7 @@ import shutil
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,8 @@ from policies.principal import KeyPolicy
 from policies.ratelimit import LimitSpec
 from router_models.artifact import load as load_model
 from router_models.artifact import save as save_model
-from tests.adversarial.keys_stack import ADMIN, CHAT, bearer, redis_key, start_all
+from tests.adversarial.keys_stack import ADMIN, CHAT, bearer, redis_key
+from tests.integration.forked_gateway import ForkedGateway
 from tests.integration.gateway_proc import GatewayProcess, tiers_config
 from tests.integration.test_budget_outage import cost_of, recorded_spend
 from tests.processes import patience
@@ -78,6 +80,13 @@ def gateway_config(redis: RedisServer, replica: str) -> dict[str, Any]:
         "tiers": tiers_config([replica], ["http://127.0.0.1:9"]),
         "telemetry": {"access_log": False},
     }
+
+
+def start_forked(gateways: list[ForkedGateway]) -> list[ForkedGateway]:
+    """Start forked gateways in parallel (each start waits for /livez)."""
+    with ThreadPoolExecutor(len(gateways)) as pool:
+        list(pool.map(ForkedGateway.start, gateways))
+    return gateways
 
 
 def hold_requests(url: str, token: str, count: int) -> list[threading.Thread]:
@@ -156,9 +165,9 @@ def test_a_gateway_killed_mid_request_does_not_lock_its_key_out(
     while it lives (even past the lease: it renews them), and once it is dead another gateway
     admits the key again within the slot lease, not after the longest tier timeout + 60 s."""
     record, token = asyncio.run(redis_key(redis.url, max_concurrency=2))
-    doomed = GatewayProcess(gateway_config(redis, stalling_sim.url))
-    other = GatewayProcess(gateway_config(redis, fast_sim.url))
-    start_all([doomed, other])
+    doomed = ForkedGateway(gateway_config(redis, stalling_sim.url))
+    other = ForkedGateway(gateway_config(redis, fast_sim.url))
+    start_forked([doomed, other])
     try:
         hold_requests(doomed.url, token, 2)
         wait_slots(redis.url, record.key_id, 2)
@@ -199,7 +208,7 @@ def test_a_redis_restarted_empty_does_not_give_a_key_its_budget_again(
     with RedisServer() as redis:
         config = gateway_config(redis, fast_sim.url)
         config["auth"] = {"keys_file": str(keys)}
-        with GatewayProcess(config) as gateway:
+        with ForkedGateway(config) as gateway:
             spend = Spend(gateway.url, token)
             while spend.cost < budget / 2:
                 assert spend.one() == 200
@@ -255,7 +264,7 @@ def test_keys_of_the_redis_store_are_gone_with_a_redis_restarted_empty(
     lost its keys; the gateway refuses them (401) at once, never serves them from its cache."""
     with RedisServer() as redis:
         _, token = asyncio.run(redis_key(redis.url))
-        with GatewayProcess(gateway_config(redis, fast_sim.url)) as gateway:
+        with ForkedGateway(gateway_config(redis, fast_sim.url)) as gateway:
             chat = gateway.url + "/v1/chat/completions"
             assert httpx.post(chat, json=CHAT, headers=bearer(token)).status_code == 200
             redis.restart()
@@ -279,8 +288,8 @@ def test_a_redis_restarted_empty_keeps_the_fleets_dial_and_reloads(
         config = gateway_config(redis, fast_sim.url)
         config["auth"] = {"enabled": False, "admin_token": ADMIN}
         config["router"] = {"artifact": str(artifact)}
-        first, second = start_all([GatewayProcess(config) for _ in range(2)])
-        late = GatewayProcess(config)
+        first, second = start_forked([ForkedGateway(config) for _ in range(2)])
+        late = ForkedGateway(config)
         try:
             dialled = httpx.put(
                 first.url + "/admin/router/share", json={"share": 0.1, "tenant": "acme"},

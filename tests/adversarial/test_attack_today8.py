@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from tests.adversarial.test_attack_workers import _gone, _share_dir, serve_config
+from tests.integration.forked_gateway import ForkedGateway
 from tests.integration.gateway_proc import REPO_ROOT, GatewayProcess
 from tests.processes import children as _children
 from tests.processes import free_port, http_answers, kill, patience, wait_ready
@@ -29,14 +30,8 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def sim() -> Iterator[SimulatorProcess]:
-    """A simulator (the workers' upstream; only /livez is asked of the gateway here)."""
-    with SimulatorProcess("--profile", "fast", "--model", "tiergate-fast") as proc:
-        yield proc
-
-
-@pytest.fixture(scope="module")
-def sim_slow() -> Iterator[SimulatorProcess]:
-    """A simulator with real latency: a stream lasts seconds."""
+    """The workers' upstream, a simulator with real latency (its default): a stream lasts
+    seconds. (Most tests here ask the gateway only for /livez.)"""
     with SimulatorProcess(
         "--profile", "fast", "--model", "tiergate-fast", "--latency-scale", "1"
     ) as proc:
@@ -52,7 +47,8 @@ def _site(tmp_path: Path, hook: str) -> dict[str, str]:
 
 # A worker's start that is slow only because it waits for a CPU: for STARVED_CPU_S seconds of
 # its own CPU time it runs pinned to one CPU beside the test's busy loops (each of them as
-# entitled to that CPU as the worker), then it starts as usual.
+# entitled to that CPU as the worker), then it starts as usual (and says so in STARVED_DONE:
+# the busy loops are needed no longer).
 _STARVED = """\
 import os, time
 if "tiergate.worker=" in os.environ.get("OTEL_RESOURCE_ATTRIBUTES", ""):
@@ -62,20 +58,26 @@ if "tiergate.worker=" in os.environ.get("OTEL_RESOURCE_ATTRIBUTES", ""):
     while time.process_time() < end:
         pass
     os.sched_setaffinity(0, cpus)
+    open(os.path.join(os.environ["STARVED_DONE"], str(os.getpid())), "w").close()
 """
 _BUSY = "import os, sys\nos.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True:\n    pass\n"
 
 
 @contextlib.contextmanager
-def _busy_loops(cpu: int, count: int) -> Iterator[None]:
-    """``count`` busy loops pinned to ``cpu`` (at this process's nice, as the gateway)."""
+def _busy_loops(cpu: int, count: int) -> Iterator[Callable[[], None]]:
+    """``count`` busy loops pinned to ``cpu`` (at this process's nice, as the gateway); what
+    it gives stops them early (they burn a whole CPU while they run)."""
     loops = [subprocess.Popen([sys.executable, "-c", _BUSY, str(cpu)]) for _ in range(count)]
-    try:
-        yield
-    finally:
+
+    def stop() -> None:
         for loop in loops:
             loop.kill()
             loop.wait(10)
+
+    try:
+        yield stop
+    finally:
+        stop()
 
 
 def _events(gw: GatewayProcess, name: str) -> list[dict[str, Any]]:
@@ -92,14 +94,18 @@ def test_a_start_slow_for_want_of_a_cpu_is_not_killed_into_an_outage(
     from scratch as starved as the last, and three such kills stop the group: exit 1, an
     outage made of a slow start.)"""
     cpu = max(os.sched_getaffinity(0))
-    env = {**_site(tmp_path, _STARVED), "STARVE_ON_CPU": str(cpu), "STARVED_CPU_S": "1.5"}
+    done = tmp_path / "starved"  # a file each, once a worker's starved part is over
+    done.mkdir()
+    env = {**_site(tmp_path, _STARVED), "STARVE_ON_CPU": str(cpu), "STARVED_CPU_S": "1.5",
+           "STARVED_DONE": str(done)}  # fmt: skip
     limit_s = 8.0  # above a worker's own start-up time (~3 s of CPU), below its starved wall time
     config = serve_config(sim, worker_start_timeout_s=limit_s)
-    with _busy_loops(cpu, 4), GatewayProcess(config, workers=2, env=env) as gw:
+    with _busy_loops(cpu, 4) as stop_loops, ForkedGateway(config, workers=2, env=env) as gw:
         deadline = time.monotonic() + patience(60)
         while len(_events(gw, "server.worker_started")) < 2:
-            assert gw._proc is not None
-            assert gw._proc.poll() is None, gw.log_text()[-4000:]
+            if len(list(done.iterdir())) >= 2:  # both past their starved part (a worker
+                stop_loops()  # killed before that one's end: its replacement starves too)
+            assert gw.exitcode is None, gw.log_text()[-4000:]
             assert time.monotonic() < deadline, gw.log_text()[-4000:]
             time.sleep(0.2)
         assert _events(gw, "server.worker_start_timeout") == [], gw.log_text()[-4000:]
@@ -192,7 +198,7 @@ def _pid1_serve(tmp_path: Path, config: dict[str, Any], workers: int) -> tuple[A
     [(1, signal.SIGINT), (1, signal.SIGTERM), (2, signal.SIGINT), (2, signal.SIGTERM)],
 )
 def test_pid_1_in_a_container_drains_on_sigterm_and_sigint(
-    sim_slow: SimulatorProcess, tmp_path: Path, workers: int, signum: int
+    sim: SimulatorProcess, tmp_path: Path, workers: int, signum: int
 ) -> None:
     """PID 1 without an init (the image's ``CMD tiergate serve``): the kernel delivers it only
     the signals it has a handler for. ``docker stop`` (SIGTERM) and Ctrl-C proxied by
@@ -205,7 +211,7 @@ def test_pid_1_in_a_container_drains_on_sigterm_and_sigint(
         ).returncode
     ):
         pytest.skip("no PID namespaces here (unshare --pid needs privileges)")
-    config = serve_config(sim_slow, shutdown_grace_s=30)
+    config = serve_config(sim, shutdown_grace_s=30)
     proc, gateway, url = _pid1_serve(tmp_path, config, workers)
     try:
         body = {"model": "fast", "stream": True, "max_tokens": 400,
@@ -249,8 +255,10 @@ def test_a_start_that_hangs_before_main_is_dumped_too(
     """A start that hangs before ``main()`` (interpreter start-up, ``gateway``'s first imports:
     a cold or hung disk) shows where it hangs, as one that hangs later does."""
     env = _site(tmp_path, _HANG_BEFORE_MAIN.replace("MARK", repr(str(tmp_path / "hung"))))
-    config = serve_config(sim, worker_start_timeout_s=patience(10))
-    with GatewayProcess(config, workers=2, env=env) as gw:
+    # A fixed limit, as in test_a_start_slow_for_want_of_a_cpu_is_not_killed_into_an_outage:
+    # a start's wait for a CPU is not counted (a normal one needs ~3 s of its own time).
+    config = serve_config(sim, worker_start_timeout_s=10.0)
+    with ForkedGateway(config, workers=2, env=env) as gw:
         deadline = time.monotonic() + patience(60)
         while len(_events(gw, "server.worker_started")) < 2:  # worker 1, then the new 0
             assert time.monotonic() < deadline, gw.log_text()[-3000:]

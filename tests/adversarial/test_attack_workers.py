@@ -11,7 +11,6 @@ import os
 import shutil
 import signal
 import socket
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -30,6 +29,7 @@ from gateway.upstream.worker_share import GroupMetrics, WorkerRole, metrics_file
 from tests.adversarial.keys_stack import CHAT, bearer, redis_key
 from tests.adversarial.rawhttp import connect
 from tests.adversarial.test_attack_fleet import SLOT_LEASE_S, gateway_config, wait_slots
+from tests.integration.forked_gateway import ForkedGateway
 from tests.integration.gateway_proc import GatewayProcess, tiers_config
 from tests.processes import children as _children
 from tests.processes import patience
@@ -51,6 +51,15 @@ def sim() -> Iterator[SimulatorProcess]:
         "--profile", "fast", "--model", "tiergate-fast", "--latency-scale", "1"
     ) as proc:
         yield proc
+
+
+@pytest.fixture(scope="module")
+def steady(sim: SimulatorProcess) -> Iterator[ForkedGateway]:
+    """``serve --workers 2`` with the default settings, shared by the tests that kill or stop
+    one worker and leave the group serving again with two workers: each first waits until
+    both of the group's workers serve, and reads only the log written since it began."""
+    with ForkedGateway(serve_config(sim), workers=2) as gw:
+        yield gw
 
 
 def serve_config(sim: SimulatorProcess, **server: Any) -> dict[str, Any]:
@@ -122,7 +131,7 @@ def _connections_on(gw: GatewayProcess, pid: int, want: int = 2) -> list[socket.
 def test_a_draining_group_refuses_new_connections(sim: SimulatorProcess) -> None:
     """SIGTERM to the supervisor: running streams finish, new connections are refused at once
     (as with one process), not queued unserved until the drain ends and then reset."""
-    with GatewayProcess(serve_config(sim, shutdown_grace_s=20), workers=2) as gw:
+    with ForkedGateway(serve_config(sim, shutdown_grace_s=20), workers=2) as gw:
         with httpx.stream("POST", gw.url + "/v1/chat/completions", json=STREAM, timeout=60) as r:
             chunks = r.iter_text()
             assert next(chunks).startswith("data: ")
@@ -138,65 +147,66 @@ def test_a_draining_group_refuses_new_connections(sim: SimulatorProcess) -> None
             rest = "".join(chunks)
         assert refused, "connections were still accepted 3 s into the drain"
         assert rest.rstrip().endswith("data: [DONE]")
-        assert gw._proc is not None
-        assert gw._proc.wait(timeout=patience(30)) == 0
+        assert gw.wait(timeout=patience(30)) == 0
 
 
 @pytest.mark.slow
-def test_a_killed_worker_costs_only_its_own_requests(sim: SimulatorProcess) -> None:
+def test_a_killed_worker_costs_only_its_own_requests(steady: ForkedGateway) -> None:
     """SIGKILL of one worker under steady load (streams and whole answers, openai client): the
     port never refuses, only requests that worker held fail, and a new worker takes its place
     and serves."""
-    with GatewayProcess(serve_config(sim), workers=2) as gw:
-        gw.wait_until_ready()
-        victim = _wait_workers(gw, 2)[1]
-        stop = threading.Event()
-        errors: list[BaseException] = []
-        done = [0]
+    gw = steady
+    gw.wait_until_ready()
+    workers = _wait_workers(gw, 2)
+    _wait_serving(gw, workers)  # a worker another test had replaced included
+    victim = workers[1]
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    done = [0]
 
-        def load(stream: bool) -> None:
-            client = openai.OpenAI(base_url=gw.url + "/v1", api_key="x", max_retries=0)
-            while not stop.is_set():
-                try:
-                    if stream:
-                        body = client.chat.completions.create(
-                            model="fast", messages=[{"role": "user", "content": "hi"}],
-                            max_tokens=40, stream=True,
-                        )  # fmt: skip
-                        assert list(body)
-                    else:
-                        client.chat.completions.create(
-                            model="fast", messages=[{"role": "user", "content": "hi"}],
-                            max_tokens=8,
-                        )  # fmt: skip
-                    done[0] += 1
-                except openai.APIError as exc:
-                    errors.append(exc)
-            client.close()
+    def load(stream: bool) -> None:
+        client = openai.OpenAI(base_url=gw.url + "/v1", api_key="x", max_retries=0)
+        while not stop.is_set():
+            try:
+                if stream:
+                    body = client.chat.completions.create(
+                        model="fast", messages=[{"role": "user", "content": "hi"}],
+                        max_tokens=40, stream=True,
+                    )  # fmt: skip
+                    assert list(body)
+                else:
+                    client.chat.completions.create(
+                        model="fast", messages=[{"role": "user", "content": "hi"}],
+                        max_tokens=8,
+                    )  # fmt: skip
+                done[0] += 1
+            except openai.APIError as exc:
+                errors.append(exc)
+        client.close()
 
-        threads = [threading.Thread(target=load, args=(i % 2 == 0,)) for i in range(6)]
+    threads = [threading.Thread(target=load, args=(i % 2 == 0,)) for i in range(6)]
+    for thread in threads:
+        thread.start()
+    try:
+        time.sleep(1.5)
+        os.kill(victim, signal.SIGKILL)
+        _wait_workers(gw, 2, gone=victim)
+        after = done[0]
+        deadline = time.monotonic() + patience(10)
+        while done[0] < after + 20:
+            assert time.monotonic() < deadline, errors
+            time.sleep(0.1)
+    finally:
+        stop.set()
         for thread in threads:
-            thread.start()
-        try:
-            time.sleep(1.5)
-            os.kill(victim, signal.SIGKILL)
-            _wait_workers(gw, 2, gone=victim)
-            after = done[0]
-            deadline = time.monotonic() + patience(10)
-            while done[0] < after + 20:
-                assert time.monotonic() < deadline, errors
-                time.sleep(0.1)
-        finally:
-            stop.set()
-            for thread in threads:
-                thread.join(timeout=30)
-        refused = [e for e in errors if isinstance(e.__cause__, httpx.ConnectError)]
-        assert refused == []
-        assert len(errors) <= len(threads), errors  # at most the requests in flight then
-        statuses = {httpx.get(gw.url + "/readyz", headers={"connection": "close"}).status_code
-                    for _ in range(10)}  # fmt: skip
-        assert statuses == {200}
-        _assert_one_series_each(httpx.get(gw.url + "/metrics").text)
+            thread.join(timeout=30)
+    refused = [e for e in errors if isinstance(e.__cause__, httpx.ConnectError)]
+    assert refused == []
+    assert len(errors) <= len(threads), errors  # at most the requests in flight then
+    statuses = {httpx.get(gw.url + "/readyz", headers={"connection": "close"}).status_code
+                for _ in range(10)}  # fmt: skip
+    assert statuses == {200}
+    _assert_one_series_each(httpx.get(gw.url + "/metrics").text)
 
 
 def _assert_one_series_each(exposition: str) -> None:
@@ -214,31 +224,34 @@ def _assert_one_series_each(exposition: str) -> None:
 
 
 @pytest.mark.slow
-def test_a_stopped_worker_is_replaced(sim: SimulatorProcess) -> None:
+def test_a_stopped_worker_is_replaced(steady: ForkedGateway) -> None:
     """A worker that stops answering (SIGSTOP, a wedged event loop) is killed and replaced
     within ``server.worker_stall_s`` (10 s): requests on its connections end instead of
     hanging forever, and new connections go to the live worker meanwhile."""
-    with GatewayProcess(serve_config(sim), workers=2) as gw:
-        victim = _wait_workers(gw, 2)[1]
-        held = _connections_on(gw, victim)
-        os.kill(victim, signal.SIGSTOP)
-        try:
-            for _ in range(10):  # the kernel's queue is shared: the live worker takes them
-                answer = httpx.get(gw.url + "/livez", headers={"connection": "close"}, timeout=2)
-                assert answer.status_code == 200
-            started = time.monotonic()
-            for sock in held:
-                sock.settimeout(patience(20))
-                with contextlib.suppress(ConnectionResetError):
-                    assert _livez(sock) == b""  # cut, not answered and not hanging
-            assert time.monotonic() - started < patience(20)
-            _wait_workers(gw, 2, gone=victim)
-            assert "server.worker_stalled" in gw.log_text()
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(victim, signal.SIGKILL)
-            for sock in held:
-                sock.close()
+    gw = steady
+    logged = len(gw.log_text())
+    workers = _wait_workers(gw, 2)
+    _wait_serving(gw, workers)  # a worker another test had replaced included
+    victim = workers[1]
+    held = _connections_on(gw, victim)
+    os.kill(victim, signal.SIGSTOP)
+    try:
+        for _ in range(10):  # the kernel's queue is shared: the live worker takes them
+            answer = httpx.get(gw.url + "/livez", headers={"connection": "close"}, timeout=2)
+            assert answer.status_code == 200
+        started = time.monotonic()
+        for sock in held:
+            sock.settimeout(patience(20))
+            with contextlib.suppress(ConnectionResetError):
+                assert _livez(sock) == b""  # cut, not answered and not hanging
+        assert time.monotonic() - started < patience(20)
+        _wait_workers(gw, 2, gone=victim)
+        assert "server.worker_stalled" in gw.log_text()[logged:]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(victim, signal.SIGKILL)
+        for sock in held:
+            sock.close()
 
 
 def _share_dir(worker: int) -> Path:
@@ -271,9 +284,7 @@ def _group(sim: SimulatorProcess, env: dict[str, str] | None = None) -> Iterator
     """``serve --workers 2`` (shutdown grace 2 s) in front of ``sim``; afterwards it is stopped,
     any worker left is SIGKILLed and the group's directory removed (a test that killed the
     supervisor leaves nobody else to do it)."""
-    group = _Group(
-        GatewayProcess(serve_config(sim, shutdown_grace_s=2), workers=2, env=env).start()
-    )
+    group = _Group(ForkedGateway(serve_config(sim, shutdown_grace_s=2), workers=2, env=env).start())
     try:
         yield group
     finally:
@@ -483,11 +494,8 @@ def test_workers_that_never_start_stop_the_group(sim: SimulatorProcess, tmp_path
         taken.listen()
         config = serve_config(sim)
         config["telemetry"]["metrics_port"] = taken.getsockname()[1]
-        with GatewayProcess(config, workers=2, env={"PYTHONPATH": str(site)}) as gw:
-            assert gw._proc is not None  # worker 1 answers; worker 0 keeps failing
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                gw._proc.wait(timeout=patience(60))
-            code = gw._proc.poll()
+        with ForkedGateway(config, workers=2, env={"PYTHONPATH": str(site)}) as gw:
+            code = gw.wait(timeout=patience(60))  # worker 1 answers; worker 0 keeps failing
             assert code == 1, gw.log_text()[-3000:]
             assert "server.workers_failing" in gw.log_text()
 
@@ -502,7 +510,7 @@ def test_a_killed_workers_slots_free_within_the_lease() -> None:
     )  # fmt: skip
     with RedisServer() as redis, stalling:
         record, token = asyncio.run(redis_key(redis.url, max_concurrency=2))
-        with GatewayProcess(gateway_config(redis, stalling.url), workers=2) as gw:
+        with ForkedGateway(gateway_config(redis, stalling.url), workers=2) as gw:
             workers = _wait_workers(gw, 2)
             held = {pid: _connections_on(gw, pid, want=1)[0] for pid in workers}
             body = json.dumps(CHAT).encode()

@@ -83,6 +83,9 @@ class ForkedGateway(GatewayProcess):
         self._wait_live()
         return self
 
+    def __enter__(self) -> ForkedGateway:
+        return self.start()
+
     def _wait_live(self) -> None:
         """``tests.processes.wait_ready`` for a fork: fail at once if it exits, and after the
         stretched timeout (killed) with its log."""
@@ -114,6 +117,13 @@ class ForkedGateway(GatewayProcess):
     def exitcode(self) -> int | None:
         """None while it runs; its exit status (minus the signal that ended it) after."""
         return None if self._child is None else self._child.exitcode
+
+    def wait(self, timeout: float) -> int | None:
+        """Wait up to ``timeout`` seconds for the gateway to exit on its own; its exit status
+        (as ``exitcode``: None if it still runs)."""
+        assert self._child is not None
+        self._child.join(timeout)
+        return self.exitcode
 
     def stop(self) -> None:
         """SIGTERM, wait up to 10 s, then SIGKILL (``tests.processes.terminate``)."""
