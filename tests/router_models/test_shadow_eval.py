@@ -99,6 +99,7 @@ def test_a_flooding_tenant_cannot_make_the_held_out_comparison_claim_an_improvem
     assert weighted["tenant_weighted"] is True
     assert plain["tenant_weighted"] is False
     assert "tenant-weighted" in render(weighted)
+    assert "(925.0% more)" in render(weighted)
     assert "tenant-weighted" not in render(plain)
 
     def quality(scores: FloatArray, w: FloatArray | None) -> float:
