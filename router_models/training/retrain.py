@@ -5,7 +5,8 @@
    tenant's rows weighing at most ``max_tenant_share`` of the shadow weight.
 3. Score the held-out prompts with the base (live) artifact and the new one, from their
    feature vectors, and compare: simple prompts sent to precise at equal complex caught, and
-   quality retained by precise share.
+   quality retained by precise share, each held-out row carrying its tenant's training
+   weight (a flooding tenant's held-out rows count no more than its training rows did).
 4. Write the new artifact (the pickle-free format the gateway loads) and return the report.
 """
 
@@ -30,16 +31,28 @@ from router_models.training.shadow_train import (
     to_csr,
     train_from_shadow,
 )
-from router_models.training.tenant_balance import summary, tenant_weights
+from router_models.training.tenant_balance import DEFAULT_MAX_SHARE, summary, tenant_weights
 
 
-def compare_on(old: RouterModel, new: RouterModel, held: ShadowSet) -> dict[str, Any]:
-    """Old against new on held-out shadow prompts (labels and agreement from the shadows)."""
+def compare_on(
+    old: RouterModel,
+    new: RouterModel,
+    held: ShadowSet,
+    max_tenant_share: float = DEFAULT_MAX_SHARE,
+) -> dict[str, Any]:
+    """Old against new on held-out shadow prompts (labels and agreement from the shadows),
+    each tenant's rows weighted as training weighs them (at most ``max_tenant_share``)."""
     x = to_csr(held.vectors)
     old_scores, new_scores = scores(old, x), scores(new, x)
-    report = compare(old_scores, new_scores, held.y, float(old.metadata["default_threshold"]))
-    report["quality_old"] = quality_curve(old_scores, held.agreement)
-    report["quality_new"] = quality_curve(new_scores, held.agreement)
+    weights = tenant_weights(held.tenants, max_tenant_share)
+    threshold = float(old.metadata["default_threshold"])
+    report = compare(old_scores, new_scores, held.y, threshold, weights)
+    report["tenant_balance"] = {
+        "max_tenant_share": max_tenant_share,
+        **summary(held.tenants, weights),
+    }
+    report["quality_old"] = quality_curve(old_scores, held.agreement, weights=weights)
+    report["quality_new"] = quality_curve(new_scores, held.agreement, weights=weights)
     return report
 
 
@@ -86,7 +99,7 @@ def retrain(
         },
     }
     if np.unique(held_set.y).size == 2:
-        report["comparison"] = compare_on(old, new, held_set)
+        report["comparison"] = compare_on(old, new, held_set, settings.max_tenant_share)
     save(new, out)
     report["artifact"] = {"path": str(out), "id": artifact_digest(out)}
     return report

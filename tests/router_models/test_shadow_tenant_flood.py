@@ -43,7 +43,12 @@ def test_a_twentyfold_flood_cannot_flip_the_router_on_the_other_tenants_prompts(
         assert main([*args, *extra], out=text) == 0
         scores = b_later_scores(out)
         results[name] = (float(np.mean(scores)), sum(s >= 0.5 for s in scores) / len(scores))
-        balance = json.loads(report.read_text(encoding="utf-8"))["tenant_balance"]
+        data = json.loads(report.read_text(encoding="utf-8"))
+        balance = data["tenant_balance"]
+        held = data["comparison"]["tenant_balance"]  # held-out rows weighted as in training
+        assert held["largest_weight_share"] == (
+            0.5 if name == "balanced" else pytest.approx(held["largest_row_share"])
+        )
         assert balance["tenants"] == 2
         assert balance["largest_row_share"] > 0.9  # a sent 20x b's traffic
         assert balance["largest_weight_share"] == (

@@ -104,6 +104,9 @@ def test_train_from_shadow_writes_a_loadable_artifact_and_compares(tmp_path: Pat
     data = json.loads(report.read_text(encoding="utf-8"))
     assert data["artifact"]["id"] == router_models.artifact_digest(out)
     assert data["comparison"]["rows"] == 60 - data["train_prompts"]
+    assert data["comparison"]["tenant_weighted"] is True  # one tenant (unknown): weights all 1
+    assert data["comparison"]["tenant_balance"]["tenants"] == 1
+    assert "tenant-weighted as in training (1 tenant, largest 100% of rows" in printed
     router = router_models.load(out)
     assert router.metadata["shadow"]["prompts"] == data["train_prompts"]
     assert router.metadata["shadow"]["base_artifact"] == data["base_artifact"]
