@@ -4,8 +4,9 @@ One gateway for the module. A test that says a shadow must *not* reach a tier do
 out a time limit for it: after the request under test it sends a probe (text only, by a key
 that may use both tiers) whose shadow does reach that tier, and waits until the gateway has
 finished every shadow it started (the probe's among them). The shadow of the request under
-test would have been started before the probe was even sent (once its answer went out), so by
-then it was either sent or never made: the tier must have received the probe's shadow alone.
+test would be submitted as its answer is written out, once its limits are settled: before the
+probe's own request can have been served and shadowed, so by then it was either sent or never
+made: the tier must have received the probe's shadow alone.
 """
 
 from __future__ import annotations
