@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import multiprocessing.context
 import os
+import random
 import runpy
 import signal
 import socket
@@ -29,12 +30,40 @@ MAX_STRETCH = 8.0
 Process = subprocess.Popen[bytes] | subprocess.Popen[str]
 
 
+def _ports_below_ephemeral() -> range | None:
+    """Listening ports outside the kernel's ephemeral range (which it hands to outgoing
+    connections as their source ports), or ``None`` where that range leaves too few below it."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    first = max(10_000, low - 12_000)
+    return range(first, low) if low - first >= 2_000 else None
+
+
+_PORTS = _ports_below_ephemeral()
+_DRAW = random.Random()  # spreading test ports, not security
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nobody listened on a moment ago."""
+    """A TCP port on 127.0.0.1 that nobody listened on a moment ago.
+
+    Drawn below the ephemeral range where there is room: a port the kernel picked (bind to 0)
+    is an ephemeral one, which any client connection of the run may take as its source port
+    before the server the test starts binds it (a CI run's gateway failed to start with "the
+    port is already in use" beside 2,800 tests' connections). Only another test drawing the
+    same port within that moment can still collide there."""
+    for port in _DRAW.sample(_PORTS, 50) if _PORTS is not None else ():
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+        chosen: int = sock.getsockname()[1]
+        return chosen
 
 
 @contextmanager
