@@ -20,7 +20,6 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
 from gateway.pipeline.events import UNREADABLE_JSON, AttemptEnd, AttemptStart
 from gateway.telemetry import semconv as sc
 from gateway.telemetry.output_parts import (
-    DEFAULT_MAX_CHARS,
     MAX_BACKEND_STRING,
     OutputParts,
     Room,
@@ -45,7 +44,9 @@ def _decode(raw: bytes) -> Any:
         return None
 
 
-def _part(p: Mapping[str, Any], room: Room) -> dict[str, Any]:
+def _part(p: Mapping[str, Any] | str, room: Room) -> dict[str, Any]:
+    if isinstance(p, str):  # a completions prompt's text, or a message's whole content
+        return {"type": "text", "content": room.take(p)}
     if p.get("type") == "text":
         text = p.get("text")
         return {"type": "text", "content": room.take(text if isinstance(text, str) else "")}
@@ -53,27 +54,21 @@ def _part(p: Mapping[str, Any], room: Room) -> dict[str, Any]:
 
 
 def _parts(content: object, room: Room) -> list[dict[str, Any]]:
-    if isinstance(content, str):
-        return [{"type": "text", "content": room.take(content)}] if room.enter() else []
+    items = [content] if isinstance(content, str) else content
     out: list[dict[str, Any]] = []
-    if isinstance(content, list):
-        for p in content:
-            if isinstance(p, dict | str):  # a message's parts; a completions prompt's texts
+    if isinstance(items, list):
+        for p in items:
+            if isinstance(p, dict | str):
                 if not room.enter():
                     break
-                out.append(
-                    _part(p, room)
-                    if isinstance(p, dict)
-                    else {"type": "text", "content": room.take(p)}
-                )
+                out.append(_part(p, room))
     return out
 
 
-def input_messages(body: Mapping[str, Any], room: Room | None = None) -> str:
+def input_messages(body: Mapping[str, Any], room: Room) -> str:
     """``gen_ai.input.messages`` (opt-in content capture) as JSON: as much text as ``room``
-    takes (``DEFAULT_MAX_CHARS`` when not given), in the messages' order, in as many messages
-    and parts as it has entries for (``MAX_ENTRIES``)."""
-    room = room or Room(DEFAULT_MAX_CHARS)
+    takes, in the messages' order, in as many messages and parts as it has entries for
+    (``MAX_ENTRIES``)."""
     messages = body.get("messages")
     if not isinstance(messages, list):
         return _encoder.encode(
@@ -243,8 +238,8 @@ class AttemptSpan:
         self,
         span: Span,
         capture: bool,
-        secrets: tuple[str, ...] = (),
-        limit: int = DEFAULT_MAX_CHARS,
+        secrets: tuple[str, ...],
+        limit: int,
     ) -> None:
         self.span = span
         self.capture = capture
@@ -265,7 +260,7 @@ class AttemptSpan:
         start: AttemptStart,
         *,
         capture: bool,
-        limit: int = DEFAULT_MAX_CHARS,
+        limit: int,
         route: Mapping[str, Any] | None = None,
     ) -> AttemptSpan:
         """Open the client span with the request's allowlisted attributes (and ``route``'s:
