@@ -294,6 +294,7 @@ class Blend:
     weight: FloatArray
     folds: list[str]
     n_corpus: int
+    corpus_digest: str  # of the corpus files' bytes, as the artifact's metadata records it
 
 
 @functools.lru_cache(maxsize=1)
@@ -310,7 +311,8 @@ def _prepared_corpus(corpus: tuple[Path, ...], digest: str, settings: TrainSetti
 def blend(corpus: Sequence[Path], shadow: ShadowSet, settings: ShadowSettings) -> Blend:
     """The training matrix: the corpus featurised from text, the shadow rows from vectors
     (weight ``shadow_weight`` times the tenant balance)."""
-    data = _prepared_corpus(tuple(corpus), data_digest(corpus), settings.base)
+    digest = data_digest(corpus)
+    data = _prepared_corpus(tuple(corpus), digest, settings.base)
     balance = tenant_weights(shadow.tenants, settings.max_tenant_share)
     keys = [str(r.get("id", i)) for i, r in enumerate(data.records)] + shadow.digests
     folds = [f"fold{int(hash_unit(k, 'fold:') * settings.folds)}" for k in keys]
@@ -320,6 +322,7 @@ def blend(corpus: Sequence[Path], shadow: ShadowSet, settings: ShadowSettings) -
         np.concatenate([data.weight, settings.shadow_weight * balance]),
         folds,
         int(data.y.size),
+        digest,
     )
 
 
@@ -333,7 +336,7 @@ def _metadata(
     return {
         "model_version": MODEL_VERSION,
         "data_files": [p.name for p in corpus],
-        "data_digest": data_digest(corpus),
+        "data_digest": data.corpus_digest,
         "n_examples": int(data.y.size),
         "n_complex": int(data.y.sum()),
         "feature_spec": FEATURE_SPEC,
