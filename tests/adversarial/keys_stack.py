@@ -10,7 +10,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Unpack
+from typing import TypeVar, Unpack
 
 import httpx
 from redis.asyncio import Redis
@@ -40,10 +40,13 @@ async def redis_key(url: str, **policy: Unpack[KeyPolicyFields]) -> tuple[KeyRec
         await client.aclose()
 
 
-def start_all(procs: list[GatewayProcess]) -> list[GatewayProcess]:
-    """Start gateways in parallel (each start waits for /livez)."""
+_G = TypeVar("_G", bound=GatewayProcess)
+
+
+def start_all(procs: list[_G]) -> list[_G]:
+    """Start gateways in parallel (each start waits for /livez), forked ones as forks."""
     with ThreadPoolExecutor(len(procs)) as pool:
-        list(pool.map(GatewayProcess.start, procs))
+        list(pool.map(lambda proc: proc.start(), procs))
     return procs
 
 

@@ -11,7 +11,6 @@ import shutil
 import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,7 @@ from policies.principal import KeyPolicy
 from policies.ratelimit import LimitSpec
 from router_models.artifact import load as load_model
 from router_models.artifact import save as save_model
-from tests.adversarial.keys_stack import ADMIN, CHAT, bearer, redis_key
+from tests.adversarial.keys_stack import ADMIN, CHAT, bearer, redis_key, start_all
 from tests.integration.forked_gateway import ForkedGateway
 from tests.integration.gateway_proc import GatewayProcess, tiers_config
 from tests.integration.test_budget_outage import cost_of, recorded_spend
@@ -80,13 +79,6 @@ def gateway_config(redis: RedisServer, replica: str) -> dict[str, Any]:
         "tiers": tiers_config([replica], ["http://127.0.0.1:9"]),
         "telemetry": {"access_log": False},
     }
-
-
-def start_forked(gateways: list[ForkedGateway]) -> list[ForkedGateway]:
-    """Start forked gateways in parallel (each start waits for /livez)."""
-    with ThreadPoolExecutor(len(gateways)) as pool:
-        list(pool.map(ForkedGateway.start, gateways))
-    return gateways
 
 
 def hold_requests(url: str, token: str, count: int) -> list[threading.Thread]:
@@ -167,7 +159,7 @@ def test_a_gateway_killed_mid_request_does_not_lock_its_key_out(
     record, token = asyncio.run(redis_key(redis.url, max_concurrency=2))
     doomed = ForkedGateway(gateway_config(redis, stalling_sim.url))
     other = ForkedGateway(gateway_config(redis, fast_sim.url))
-    start_forked([doomed, other])
+    start_all([doomed, other])
     try:
         hold_requests(doomed.url, token, 2)
         wait_slots(redis.url, record.key_id, 2)
@@ -288,7 +280,7 @@ def test_a_redis_restarted_empty_keeps_the_fleets_dial_and_reloads(
         config = gateway_config(redis, fast_sim.url)
         config["auth"] = {"enabled": False, "admin_token": ADMIN}
         config["router"] = {"artifact": str(artifact)}
-        first, second = start_forked([ForkedGateway(config) for _ in range(2)])
+        first, second = start_all([ForkedGateway(config) for _ in range(2)])
         late = ForkedGateway(config)
         try:
             dialled = httpx.put(
